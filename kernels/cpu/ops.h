@@ -1,0 +1,96 @@
+// The CPU kernels: fast paths of every device op, forward and backward side by side.
+// Raw pointers and sizes only; nothing here knows models, tiers or files (DESIGN §4).
+// Each has a plain-loop twin in kernels/cpu/ref.h with the same argument order.
+//
+// Legend: N rows (tokens, = B*T), B batch, T tokens per row, C hidden, H heads, Hk kv heads,
+// D head dim, V vocab, F ffn. Row-major throughout. Activations and gradients are f32;
+// matrices may be bf16 (f32 accumulate). Conventions:
+//   - input gradients are written (=); weight gradients are accumulated (+=);
+//   - results are bitwise independent of the thread count (fixed chunking, fixed-order sums);
+//   - in-place is allowed only where a comment says so.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common/bf16.h"
+
+namespace strata::cpu {
+
+// ---- matmul ------------------------------------------------------------------------------
+// c (M,N) = op(a) (M,K) · op(b) (K,N) + beta * c, with beta 0 (overwrite) or 1 (accumulate).
+// op(a) is a stored (M,K), or a^T with a stored (K,M) when trans_a; likewise b.
+// Linear layer y = x W^T with W (O,I):  matmul(y, x, W, N, O, I, false, true, 0)
+//                 dx = dy W:            matmul(dx, dy, W, N, I, O, false, false, 0)
+//                 dW += dy^T x:         matmul(dW, dy, x, O, I, N, true, false, 1)
+void matmul_f32(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
+                bool trans_a, bool trans_b, float beta);
+void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
+                 bool trans_a, bool trans_b, float beta);
+
+// ---- RMSNorm (also per-head RMSNorm: n = N*H rows of c = D) -------------------------------
+// out = weight * in * rstd, rstd = 1/sqrt(mean(in^2) + eps) saved per row (n).
+void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
+                     int64_t c, float eps);
+void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                      const float* weight, const float* rstd, int64_t n, int64_t c);
+
+// ---- RoPE, Hugging Face rotate-half layout ------------------------------------------------
+// x (N, nh, D); pos (N) position of each token; inv_freq (D/2). angle = float(pos) * inv_freq[j]
+// in f32, cos/sin in f32 (as HF computes them). out[j] = x[j] cos - x[j+D/2] sin,
+// out[j+D/2] = x[j+D/2] cos + x[j] sin. In-place allowed (out == in, din == dout).
+void rope_forward(float* out, const float* in, const int32_t* pos, const float* inv_freq,
+                  int64_t n, int64_t nh, int64_t d);
+void rope_backward(float* din, const float* dout, const int32_t* pos, const float* inv_freq,
+                   int64_t n, int64_t nh, int64_t d);
+
+// ---- SwiGLU: out = silu(gate) * up, elementwise over n = N*F ------------------------------
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n);
+
+// ---- bias: y (N,O) += b (O); db += column sums of dy --------------------------------------
+void bias_forward(float* y, const float* b, int64_t n, int64_t o);
+void bias_backward(float* db, const float* dy, int64_t n, int64_t o);
+
+// ---- embedding: out (N,C) = table[ids]; dtable (V,C) += scatter of dout, in token order ----
+void embedding_forward(float* out, const float* table, const int32_t* ids, int64_t n, int64_t c);
+void embedding_forward_bf16(float* out, const bf16* table, const int32_t* ids, int64_t n,
+                            int64_t c);
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t n,
+                        int64_t c);
+
+// ---- causal GQA attention, flash-style (memory O(tile), never O(T^2)) ---------------------
+// q (B,T,H,D), k and v (B,T,Hk,D), out (B,T,H,D), lse (B,T,H) log-sum-exp saved for backward.
+// Head h reads kv head h / (H/Hk). doc_start (B,T) or null: query t sees keys s with
+// doc_start[b,t] <= s <= t (packed rows: documents never attend across each other).
+// dk, dv (B,T,Hk,D) are written.
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                       int64_t d, float scale);
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                        int64_t d, float scale);
+
+// ---- lm_head + cross-entropy, chunked over rows (never all N x V logits at once) ----------
+// h (N,C) final hidden, w (V,C) lm_head, targets (N) with -100 ignored.
+// Returns the sum of -log softmax(h w^T)[target] over counted rows; *count = counted rows.
+// The backward variant is fused (it needs the logits anyway): dh (N,C) is written and
+// dw (V,C) accumulated with the gradient of grad_scale * (returned sum).
+// With bf16 w, h and the logit gradient are rounded to bf16 for the matmuls.
+double lm_head_ce_forward(int64_t* count, const float* h, const float* w, const int32_t* targets,
+                          int64_t n, int64_t c, int64_t v);
+double lm_head_ce_forward_bf16(int64_t* count, const float* h, const bf16* w,
+                               const int32_t* targets, int64_t n, int64_t c, int64_t v);
+double lm_head_ce_backward(float* dh, float* dw, int64_t* count, const float* h, const float* w,
+                           const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                           float grad_scale);
+double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const float* h,
+                                const bf16* w, const int32_t* targets, int64_t n, int64_t c,
+                                int64_t v, float grad_scale);
+
+// ---- elementwise helpers ------------------------------------------------------------------
+void add_inplace(float* y, const float* x, int64_t n);  // y += x
+void cast_f32_to_bf16(bf16* out, const float* in, int64_t n);
+void cast_bf16_to_f32(float* out, const bf16* in, int64_t n);
+
+}  // namespace strata::cpu
