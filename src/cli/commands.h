@@ -1,0 +1,16 @@
+// The `strata` subcommands. Each takes its arguments after the subcommand name and returns the
+// process exit code (0 done, 2 bad input, 3 memory budget, 4 I/O error, 130 interrupted).
+// Errors are thrown as strata::Error; main() prints them and maps them to exit codes.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace strata {
+
+int cmd_grad(const std::vector<std::string>& args);
+int cmd_train(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_detokenize(const std::vector<std::string>& args);
+int cmd_chat_template(const std::vector<std::string>& args);
+
+}  // namespace strata
