@@ -1,1 +1,60 @@
-int main() { return 0; }
+// strata: the command-line entry point. Dispatches to a subcommand and maps errors to the
+// documented exit codes: 0 done, 2 bad recipe or input, 3 memory budget, 4 I/O error,
+// 130 interrupted after saving.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "src/cli/commands.h"
+#include "src/core/error.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(const std::vector<std::string>&);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"train", strata::cmd_train, "train a model from a recipe: strata train RECIPE.toml [key=value ...]"},
+    {"grad", strata::cmd_grad, "loss and gradients of one batch: strata grad --model DIR --batch FILE --out GRADS.safetensors"},
+};
+
+void print_usage(FILE* f) {
+  std::fprintf(f, "strata: fine-tune large language models on one workstation\n\nusage: strata <command> [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(f, "  %-15s %s\n", c.name, c.help);
+  std::fprintf(f, "\n'strata <command> --help' describes a command's options.\n"
+                  "exit codes: 0 done, 2 bad recipe or input, 3 memory budget, 4 I/O error, 130 interrupted after saving\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    print_usage(stdout);
+    return 0;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : kCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const strata::Error& e) {
+      std::fprintf(stderr, "strata %s: error: %s\n", c.name, e.what());
+      return e.exit_code();
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "strata %s: error: out of host memory\n", c.name);
+      return 3;
+    }
+  }
+  std::fprintf(stderr, "strata: unknown command '%s'\n\n", name.c_str());
+  print_usage(stderr);
+  return 2;
+}

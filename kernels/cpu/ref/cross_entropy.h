@@ -1,1 +1,78 @@
+// Plain-loop twin of the lm_head + cross-entropy kernels in kernels/cpu/ops.h (same argument
+// order). One row's logits (V) at a time, max-subtracted log-softmax; no chunking, no threads.
 #pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "src/core/error.h"
+
+namespace strata::ref {
+
+inline constexpr int32_t kCeIgnoreIndex = -100;
+
+// logits (V) of row i = h[i] · w^T, and their log-sum-exp.
+template <class T>
+T ce_row_logits(std::vector<T>& logits, const T* h, const T* w, int64_t i, int64_t c, int64_t v) {
+  logits.assign(size_t(v), T(0));
+  T m = 0;
+  for (int64_t j = 0; j < v; ++j) {
+    T s = 0;
+    for (int64_t e = 0; e < c; ++e) s += h[i * c + e] * w[j * c + e];
+    logits[j] = s;
+    if (j == 0 || s > m) m = s;
+  }
+  T sum = 0;
+  for (int64_t j = 0; j < v; ++j) sum += std::exp(logits[j] - m);
+  return m + std::log(sum);
+}
+
+inline void ce_check_target(const int32_t* targets, int64_t i, int64_t v) {
+  STRATA_CHECK(targets[i] == kCeIgnoreIndex || (targets[i] >= 0 && targets[i] < v), "lm_head_ce: row ",
+               i, " has target id ", targets[i], " outside [0, ", v, "); use -100 to ignore a token");
+}
+
+// h (N,C), w (V,C), targets (N). Returns sum over counted rows of -log p[target].
+template <class T>
+double lm_head_ce_forward(int64_t* count, const T* h, const T* w, const int32_t* targets,
+                          int64_t n, int64_t c, int64_t v) {
+  std::vector<T> logits;  // (V)
+  T loss = 0;
+  *count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ce_check_target(targets, i, v);
+    if (targets[i] == kCeIgnoreIndex) continue;
+    const T lse = ce_row_logits(logits, h, w, i, c, v);
+    loss += lse - logits[targets[i]];
+    ++*count;
+  }
+  return double(loss);
+}
+
+// dh (N,C) written, dw (V,C) accumulated, with the gradient of grad_scale * (returned sum).
+template <class T>
+double lm_head_ce_backward(T* dh, T* dw, int64_t* count, const T* h, const T* w,
+                           const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                           T grad_scale) {
+  std::vector<T> logits;  // (V)
+  T loss = 0;
+  *count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ce_check_target(targets, i, v);
+    for (int64_t e = 0; e < c; ++e) dh[i * c + e] = 0;
+    if (targets[i] == kCeIgnoreIndex) continue;
+    const T lse = ce_row_logits(logits, h, w, i, c, v);
+    loss += lse - logits[targets[i]];
+    ++*count;
+    for (int64_t j = 0; j < v; ++j) {
+      const T g = grad_scale * (std::exp(logits[j] - lse) - (j == targets[i] ? T(1) : T(0)));
+      for (int64_t e = 0; e < c; ++e) {
+        dh[i * c + e] += g * w[j * c + e];
+        dw[j * c + e] += g * h[i * c + e];
+      }
+    }
+  }
+  return double(loss);
+}
+
+}  // namespace strata::ref

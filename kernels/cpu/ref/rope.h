@@ -1,1 +1,51 @@
+// Plain-loop twin of cpu::rope_forward / rope_backward (kernels/cpu/ops.h), Hugging Face
+// rotate-half layout, templated on the element type: angle, cos and sin are computed in T.
 #pragma once
+#include <cmath>
+#include <cstdint>
+
+namespace strata::ref {
+
+// x (n, nh, d); pos (n); inv_freq (d/2). out[j] = x[j] cos - x[j+d/2] sin,
+// out[j+d/2] = x[j+d/2] cos + x[j] sin. In-place allowed.
+template <class T>
+void rope_forward(T* out, const T* in, const int32_t* pos, const T* inv_freq, int64_t n,
+                  int64_t nh, int64_t d) {
+  int64_t half = d / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const T* x = in + (i * nh + h) * d;
+      T* y = out + (i * nh + h) * d;
+      for (int64_t j = 0; j < half; ++j) {
+        T angle = T(pos[i]) * inv_freq[j];
+        T cs = std::cos(angle), sn = std::sin(angle);
+        T x0 = x[j], x1 = x[j + half];
+        y[j] = x0 * cs - x1 * sn;
+        y[j + half] = x1 * cs + x0 * sn;
+      }
+    }
+  }
+}
+
+// The transpose of the rotation: din[j] = dout[j] cos + dout[j+d/2] sin,
+// din[j+d/2] = dout[j+d/2] cos - dout[j] sin. In-place allowed.
+template <class T>
+void rope_backward(T* din, const T* dout, const int32_t* pos, const T* inv_freq, int64_t n,
+                   int64_t nh, int64_t d) {
+  int64_t half = d / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const T* dy = dout + (i * nh + h) * d;
+      T* dx = din + (i * nh + h) * d;
+      for (int64_t j = 0; j < half; ++j) {
+        T angle = T(pos[i]) * inv_freq[j];
+        T cs = std::cos(angle), sn = std::sin(angle);
+        T g0 = dy[j], g1 = dy[j + half];
+        dx[j] = g0 * cs + g1 * sn;
+        dx[j + half] = g1 * cs - g0 * sn;
+      }
+    }
+  }
+}
+
+}  // namespace strata::ref

@@ -1,0 +1,307 @@
+// config.json parsing for llama / mistral / qwen2 / qwen3. Defaults are those of transformers'
+// LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (v4.5x), applied when a key is absent;
+// a key set to null falls back the way those classes do (e.g. num_key_value_heads -> heads).
+#include "io/hf_config.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "io/safetensors.h"
+#include "src/core/error.h"
+
+namespace strata {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Family {
+  const char* model_type;
+  const char* architecture;
+};
+constexpr Family kFamilies[] = {{"llama", "LlamaForCausalLM"},
+                                {"mistral", "MistralForCausalLM"},
+                                {"qwen2", "Qwen2ForCausalLM"},
+                                {"qwen3", "Qwen3ForCausalLM"}};
+
+std::string supported_list() {
+  std::string s;
+  for (const auto& f : kFamilies) s += str_cat(s.empty() ? "" : ", ", f.architecture, " (", f.model_type, ")");
+  return s;
+}
+
+// Typed access to one config object with messages that name the file and the key.
+struct Reader {
+  const json& j;
+  const std::string& origin;
+  std::string prefix;  // "" for top level, "rope_scaling." inside
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(ErrorKind::input, str_cat("config ", origin, ": key '", prefix, key, "' ", what));
+  }
+  // Present and not null.
+  const json* get(const std::string& key) const {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool has_key(const std::string& key) const { return j.contains(key); }
+
+  int64_t integer(const std::string& key, const json* v) const {
+    if (v->is_number_unsigned()) {
+      uint64_t u = v->get<uint64_t>();
+      if (u > uint64_t(INT64_MAX)) fail(key, str_cat("is too large: ", u));
+      return int64_t(u);
+    }
+    if (v->is_number_integer()) return v->get<int64_t>();
+    fail(key, str_cat("must be an integer, got ", v->type_name(), " ", v->dump()));
+  }
+  int64_t req_int(const std::string& key) const {
+    auto it = j.find(key);
+    if (it == j.end()) fail(key, "is missing (required)");
+    if (it->is_null()) fail(key, "must be an integer, got null");
+    return integer(key, &*it);
+  }
+  int64_t opt_int(const std::string& key, int64_t dflt) const {
+    const json* v = get(key);
+    return v ? integer(key, v) : dflt;
+  }
+  double number(const std::string& key, const json* v) const {
+    if (!v->is_number()) fail(key, str_cat("must be a number, got ", v->type_name(), " ", v->dump()));
+    return v->get<double>();
+  }
+  double req_num(const std::string& key) const {
+    const json* v = get(key);
+    if (!v) fail(key, "is missing (required)");
+    return number(key, v);
+  }
+  double opt_num(const std::string& key, double dflt) const {
+    const json* v = get(key);
+    return v ? number(key, v) : dflt;
+  }
+  bool opt_bool(const std::string& key, bool dflt) const {
+    const json* v = get(key);
+    if (!v) return dflt;
+    if (!v->is_boolean()) fail(key, str_cat("must be true or false, got ", v->type_name(), " ", v->dump()));
+    return v->get<bool>();
+  }
+  std::string opt_str(const std::string& key) const {
+    const json* v = get(key);
+    if (!v) return "";
+    if (!v->is_string()) fail(key, str_cat("must be a string, got ", v->type_name(), " ", v->dump()));
+    return v->get<std::string>();
+  }
+  void positive(const std::string& key, int64_t v) const {
+    if (v <= 0) fail(key, str_cat("must be positive, got ", v));
+  }
+  void positive(const std::string& key, double v) const {
+    if (!(v > 0) || !std::isfinite(v)) fail(key, str_cat("must be a positive finite number, got ", v));
+  }
+};
+
+RopeScaling rope_parse(const json& rs, const std::string& origin, const std::string& key) {
+  RopeScaling r;
+  if (rs.is_null()) return r;
+  if (!rs.is_object())
+    throw Error(ErrorKind::input, str_cat("config ", origin, ": key '", key, "' must be an object or null, got ",
+                                          rs.type_name()));
+  Reader rd{rs, origin, key + "."};
+  std::string type = rd.opt_str("rope_type");
+  if (type.empty()) type = rd.opt_str("type");
+  if (type.empty()) rd.fail("rope_type", "is missing: say which RoPE scaling to use (default, linear, llama3)");
+  r.type = type;
+  if (type == "default") return r;
+  if (type == "linear") {
+    r.factor = rd.req_num("factor");
+    rd.positive("factor", r.factor);
+    return r;
+  }
+  if (type == "llama3") {
+    r.factor = rd.req_num("factor");
+    r.low_freq_factor = rd.req_num("low_freq_factor");
+    r.high_freq_factor = rd.req_num("high_freq_factor");
+    r.original_max_position_embeddings = rd.req_int("original_max_position_embeddings");
+    rd.positive("factor", r.factor);
+    rd.positive("low_freq_factor", r.low_freq_factor);
+    rd.positive("original_max_position_embeddings", r.original_max_position_embeddings);
+    if (!(r.high_freq_factor > r.low_freq_factor))
+      rd.fail("high_freq_factor", str_cat("must be greater than low_freq_factor (", r.high_freq_factor,
+                                          " <= ", r.low_freq_factor, ")"));
+    return r;
+  }
+  rd.fail(type == rd.opt_str("rope_type") ? "rope_type" : "type",
+          str_cat("names RoPE scaling '", type, "', which strata does not support (supported: default, linear, llama3)"));
+}
+
+}  // namespace
+
+std::vector<std::string> hf_config_supported_architectures() {
+  std::vector<std::string> v;
+  for (const auto& f : kFamilies) v.push_back(f.architecture);
+  return v;
+}
+
+ModelConfig hf_config_parse(const std::string& json_text, const std::string& origin) {
+  ModelConfig c;
+  try {
+    c.raw = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::input, str_cat("config ", origin, " is not valid JSON (", e.what(), ")"));
+  }
+  STRATA_CHECK(c.raw.is_object(), "config ", origin, " must be a JSON object, got ", c.raw.type_name());
+  const Reader rd{c.raw, origin, ""};
+
+  // ---- family: model_type, cross-checked with architectures[0] ----
+  std::string model_type = rd.opt_str("model_type");
+  std::string arch;
+  if (const json* a = rd.get("architectures")) {
+    if (!a->is_array() || a->empty() || !(*a)[0].is_string())
+      rd.fail("architectures", str_cat("must be a non-empty list of class names, got ", a->dump()));
+    arch = (*a)[0].get<std::string>();
+  }
+  STRATA_CHECK(!model_type.empty() || !arch.empty(), "config ", origin,
+               " has neither 'model_type' nor 'architectures'; supported: ", supported_list());
+  const Family* fam_t = nullptr;
+  const Family* fam_a = nullptr;
+  for (const auto& f : kFamilies) {
+    if (model_type == f.model_type) fam_t = &f;
+    if (arch == f.architecture) fam_a = &f;
+  }
+  if (!model_type.empty() && !fam_t)
+    rd.fail("model_type", str_cat("is '", model_type, "', which strata does not support; supported: ", supported_list()));
+  if (!arch.empty() && !fam_a)
+    rd.fail("architectures", str_cat("names '", arch, "', which strata does not support; supported: ", supported_list()));
+  if (fam_t && fam_a && fam_t != fam_a)
+    rd.fail("model_type", str_cat("is '", model_type, "' but architectures[0] is '", arch,
+                                  "'; they must name the same family"));
+  const Family& fam = fam_t ? *fam_t : *fam_a;
+  c.family = fam.model_type;
+  c.architecture = fam.architecture;
+  const bool llama = c.family == "llama", mistral = c.family == "mistral";
+  const bool qwen = c.family == "qwen2" || c.family == "qwen3";
+
+  // ---- sizes ----
+  c.hidden_size = rd.req_int("hidden_size");
+  c.intermediate_size = rd.req_int("intermediate_size");
+  c.num_hidden_layers = rd.req_int("num_hidden_layers");
+  c.num_attention_heads = rd.req_int("num_attention_heads");
+  c.vocab_size = rd.req_int("vocab_size");
+  for (auto [k, v] : {std::pair<const char*, int64_t>{"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"vocab_size", c.vocab_size}})
+    rd.positive(k, v);
+
+  // num_key_value_heads: the class default when the key is absent (llama None, mistral 8,
+  // qwen2/qwen3 32); null means "same as num_attention_heads" in every class.
+  const int64_t kv_default = llama ? c.num_attention_heads : mistral ? 8 : 32;
+  c.num_key_value_heads = rd.has_key("num_key_value_heads")
+                              ? rd.opt_int("num_key_value_heads", c.num_attention_heads)
+                              : kv_default;
+  rd.positive("num_key_value_heads", c.num_key_value_heads);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    rd.fail("num_key_value_heads", str_cat("(", c.num_key_value_heads, ") must divide num_attention_heads (",
+                                           c.num_attention_heads, ")",
+                                           rd.has_key("num_key_value_heads") ? "" : "; the key is absent and transformers' default applies: set it"));
+
+  // head_dim: qwen3's class default is 128; elsewhere (and for null) hidden_size / heads.
+  const json* hd = rd.get("head_dim");
+  if (hd) {
+    c.head_dim = rd.integer("head_dim", hd);
+    rd.positive("head_dim", c.head_dim);
+  } else if (c.family == "qwen3" && !rd.has_key("head_dim")) {
+    c.head_dim = 128;
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      rd.fail("hidden_size", str_cat("(", c.hidden_size, ") is not divisible by num_attention_heads (",
+                                      c.num_attention_heads, "); set head_dim explicitly"));
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.head_dim % 2 != 0) rd.fail("head_dim", str_cat("must be even for rotary embeddings, got ", c.head_dim));
+
+  c.max_position_embeddings =
+      rd.opt_int("max_position_embeddings", llama ? 2048 : mistral ? 4096 * 32 : 32768);
+  rd.positive("max_position_embeddings", c.max_position_embeddings);
+
+  // ---- numerics ----
+  c.rms_norm_eps = rd.opt_num("rms_norm_eps", 1e-6);
+  rd.positive("rms_norm_eps", c.rms_norm_eps);
+  // Newer transformers write RoPE settings as "rope_parameters" {"rope_type", "rope_theta", ...}.
+  const json* rp = rd.get("rope_parameters");
+  if (rp && !rp->is_object()) rd.fail("rope_parameters", str_cat("must be an object, got ", rp->type_name()));
+  double theta_default = 10000.0;
+  if (rp && rp->contains("rope_theta")) theta_default = Reader{*rp, origin, "rope_parameters."}.req_num("rope_theta");
+  c.rope_theta = rd.opt_num("rope_theta", theta_default);
+  rd.positive("rope_theta", c.rope_theta);
+  if (const json* rs = rd.get("rope_scaling"))
+    c.rope_scaling = rope_parse(*rs, origin, "rope_scaling");
+  else if (rp)
+    c.rope_scaling = rope_parse(*rp, origin, "rope_parameters");
+
+  const std::string act = rd.opt_str("hidden_act");
+  if (!act.empty() && act != "silu")
+    rd.fail("hidden_act", str_cat("is '", act, "'; strata's ", c.family, " implementation uses silu"));
+
+  // ---- structure ----
+  c.tie_word_embeddings = rd.opt_bool("tie_word_embeddings", false);
+  const bool attention_bias = rd.opt_bool("attention_bias", false);
+  if (c.family == "qwen2") {
+    c.qkv_bias = true;
+    c.o_bias = false;
+  } else if (mistral) {
+    c.qkv_bias = c.o_bias = false;  // MistralAttention builds its projections without bias
+  } else {
+    c.qkv_bias = c.o_bias = attention_bias;
+  }
+  c.qk_norm = c.family == "qwen3";
+  c.mlp_bias = llama && rd.opt_bool("mlp_bias", false);
+
+  if (mistral) {
+    c.sliding_window = rd.has_key("sliding_window") ? rd.opt_int("sliding_window", 0) : 4096;
+    c.max_window_layers = 0;
+  } else if (qwen && rd.opt_bool("use_sliding_window", false)) {
+    c.sliding_window = rd.has_key("sliding_window") ? rd.opt_int("sliding_window", 0) : 4096;
+    c.max_window_layers = rd.opt_int("max_window_layers", 28);
+    if (c.max_window_layers < 0) rd.fail("max_window_layers", str_cat("must be >= 0, got ", c.max_window_layers));
+  }
+  if (c.sliding_window < 0) rd.fail("sliding_window", str_cat("must be positive or null, got ", c.sliding_window));
+
+  c.torch_dtype = rd.opt_str("torch_dtype");
+  if (c.torch_dtype.empty()) c.torch_dtype = rd.opt_str("dtype");
+  return c;
+}
+
+ModelConfig hf_config_load(const std::string& path) {
+  std::error_code ec;
+  std::string file = std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "config.json").string()
+                                                             : path;
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  STRATA_CHECK_IO(fd >= 0, "cannot open config ", file, ": ", std::strerror(errno));
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int err = errno;
+      ::close(fd);
+      throw Error(ErrorKind::io, str_cat("cannot read config ", file, ": ", std::strerror(err)));
+    }
+    if (r == 0) break;
+    text.append(buf, size_t(r));
+  }
+  ::close(fd);
+  return hf_config_parse(text, file);
+}
+
+void hf_config_save(const ModelConfig& cfg, const std::string& path) {
+  std::string text = cfg.raw.dump(2) + "\n";
+  io_write_file_atomic(path, text.data(), text.size());
+}
+
+}  // namespace strata

@@ -1,0 +1,44 @@
+// Hugging Face config.json for the supported decoder families (llama, mistral, qwen2, qwen3):
+// parse with transformers' own class defaults, validate with messages that name the file and
+// the key, and write back unchanged.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct RopeScaling {
+  std::string type;  // "" = none (null/absent), "default", "linear", "llama3"
+  double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string family;        // "llama" | "mistral" | "qwen2" | "qwen3" (model_type, cross-checked with architectures[0])
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
+          num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6, rope_theta = 10000;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // qwen2: always true; llama/qwen3: "attention_bias"; mistral: false (transformers ignores the key)
+  bool o_bias = false;    // llama/qwen3: "attention_bias"; qwen2/mistral: false
+  bool qk_norm = false;   // qwen3: true
+  bool mlp_bias = false;  // llama "mlp_bias" (default false)
+  int64_t sliding_window = 0;     // 0 = none; mistral: "sliding_window"; qwen2/qwen3: only when "use_sliding_window"
+  int64_t max_window_layers = 0;  // sliding window applies to layers >= this (qwen2/qwen3); 0 = all layers
+  std::string torch_dtype;        // as written ("torch_dtype", or "dtype" from newer transformers); may be ""
+  nlohmann::json raw;             // the parsed file, for writing it back unchanged
+};
+
+// Parses and validates; throws strata::Error (kind input) naming `origin` and the key.
+ModelConfig hf_config_parse(const std::string& json_text, const std::string& origin);
+// A config.json path, or a directory holding one.
+ModelConfig hf_config_load(const std::string& path);
+// Writes cfg.raw (pretty, 2-space indent) atomically; the typed fields are not written back.
+void hf_config_save(const ModelConfig& cfg, const std::string& path);
+std::vector<std::string> hf_config_supported_architectures();
+
+}  // namespace strata

@@ -1,0 +1,371 @@
+// Causal GQA attention on the CPU, flash-style: queries and keys in 64 x 64 tiles, online
+// softmax (running max and sum) in the forward, FlashAttention-2 recomputation in the backward.
+// Memory is O(tile) per thread plus one (B,T,H) row-sum buffer in the backward; never O(T^2).
+//
+// Determinism: every output element is owned by exactly one OpenMP work item and computed in a
+// fixed order, so results are bitwise independent of the thread count. The backward therefore
+// runs two passes instead of accumulating dq with atomics: pass 1 over (b, kv head, key block)
+// writes dk and dv (summing the query heads of the group in order), pass 2 over
+// (b, head, query block) writes dq. Scores are recomputed in both.
+//
+// Masking: query t sees keys s with doc_start[b,t] <= s <= t. Key tiles entirely outside
+// [min doc_start of the query tile, last query of the tile] are skipped, and in the backward,
+// query tiles that cannot see a key tile are skipped.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "src/core/error.h"
+
+namespace strata::cpu {
+namespace {
+
+constexpr int64_t kTileQ = 64;  // queries per tile
+constexpr int64_t kTileK = 64;  // keys per tile
+
+struct AttentionShape {
+  int64_t b, t, h, hk, d;
+  int64_t rep;       // query heads per kv head
+  int64_t q_tiles;   // ceil(t / kTileQ)
+  int64_t k_tiles;   // ceil(t / kTileK)
+};
+
+void attention_check_inputs(const AttentionShape& s, const int32_t* doc_start) {
+  STRATA_CHECK(s.b >= 0 && s.t >= 0 && s.d > 0, "attention: sizes must be non-negative (got b=",
+               s.b, " t=", s.t, " d=", s.d, ")");
+  STRATA_CHECK(s.h > 0 && s.hk > 0 && s.h % s.hk == 0, "attention: heads (", s.h,
+               ") must be a positive multiple of kv heads (", s.hk, ")");
+  if (!doc_start) return;
+  for (int64_t bi = 0; bi < s.b; ++bi)
+    for (int64_t ti = 0; ti < s.t; ++ti) {
+      const int32_t ds = doc_start[bi * s.t + ti];
+      STRATA_CHECK(ds >= 0 && ds <= ti, "attention: doc_start[", bi, ",", ti, "] = ", ds,
+                   " must lie in [0, ", ti, "] (the start of the token's document)");
+    }
+}
+
+// Smallest doc_start of each query tile: (B, q_tiles).
+std::vector<int32_t> attention_tile_first_keys(const AttentionShape& s, const int32_t* doc_start) {
+  std::vector<int32_t> first(size_t(s.b * s.q_tiles), 0);
+  if (!doc_start) return first;
+  for (int64_t bi = 0; bi < s.b; ++bi)
+    for (int64_t qt = 0; qt < s.q_tiles; ++qt) {
+      const int64_t t0 = qt * kTileQ, t1 = std::min(s.t, t0 + kTileQ);
+      int32_t m = doc_start[bi * s.t + t0];
+      for (int64_t ti = t0 + 1; ti < t1; ++ti) m = std::min(m, doc_start[bi * s.t + ti]);
+      first[bi * s.q_tiles + qt] = m;
+    }
+  return first;
+}
+
+// Per-thread tiles. The names say the layout: *_rows are (tile, D), *_cols are (D, kTileK).
+struct AttentionWorkspace {
+  std::vector<float> q_rows, do_rows;   // (kTileQ, D)
+  std::vector<float> k_cols, v_cols;    // (D, kTileK)
+  std::vector<float> k_rows, v_rows;    // (kTileK, D)
+  std::vector<float> scores, dscores;   // (kTileQ, kTileK)
+  std::vector<float> acc, acc2;         // (max tile, D)
+  std::vector<float> row_a, row_b;      // (kTileQ)
+  std::vector<int64_t> first, last;     // (kTileQ) visible key range of each query
+  explicit AttentionWorkspace(int64_t d)
+      : q_rows(size_t(kTileQ * d)), do_rows(size_t(kTileQ * d)), k_cols(size_t(d * kTileK)),
+        v_cols(size_t(d * kTileK)), k_rows(size_t(kTileK * d)), v_rows(size_t(kTileK * d)),
+        scores(size_t(kTileQ * kTileK)), dscores(size_t(kTileQ * kTileK)),
+        acc(size_t(std::max(kTileQ, kTileK) * d)), acc2(size_t(std::max(kTileQ, kTileK) * d)),
+        row_a(size_t(kTileQ)), row_b(size_t(kTileQ)), first(size_t(kTileQ)), last(size_t(kTileQ)) {}
+};
+
+// Copies n rows of one head from x (B,T,nh,D) starting at token t0 into rows (n, D).
+void attention_load_rows(float* rows, const float* x, int64_t bi, int64_t t0, int64_t n,
+                         int64_t head, int64_t nh, const AttentionShape& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* src = x + ((bi * s.t + t0 + i) * nh + head) * s.d;
+    std::copy(src, src + s.d, rows + i * s.d);
+  }
+}
+
+// Same, transposed into cols (D, kTileK).
+void attention_load_cols(float* cols, const float* x, int64_t bi, int64_t t0, int64_t n,
+                         int64_t head, int64_t nh, const AttentionShape& s) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* src = x + ((bi * s.t + t0 + j) * nh + head) * s.d;
+    for (int64_t e = 0; e < s.d; ++e) cols[e * kTileK + j] = src[e];
+  }
+}
+
+// c (nq, kTileK) = a (nq, D) · cols (D, kTileK) over the first nk columns.
+void attention_tile_dot(float* c, const float* a, const float* cols, int64_t nq, int64_t nk,
+                        int64_t d) {
+  for (int64_t i = 0; i < nq; ++i) {
+    float* ci = c + i * kTileK;
+    std::fill(ci, ci + nk, 0.f);
+    for (int64_t e = 0; e < d; ++e) {
+      const float ae = a[i * d + e];
+      const float* col = cols + e * kTileK;
+      for (int64_t j = 0; j < nk; ++j) ci[j] += ae * col[j];
+    }
+  }
+}
+
+// Visible key range [first, last] of each query of the tile, relative to key s0; empty when
+// first > last. Queries t0.., doc start from doc_start (or 0).
+void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int64_t bi,
+                           int64_t t0, int64_t nq, int64_t s0, int64_t nk, const AttentionShape& s) {
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t ds = doc_start ? int64_t(doc_start[bi * s.t + t0 + i]) : 0;
+    ws.first[i] = std::max<int64_t>(ds - s0, 0);
+    ws.last[i] = std::min<int64_t>(t0 + i - s0, nk - 1);
+  }
+}
+
+// One forward work item: query tile qt of head hi in batch row bi.
+void attention_forward_tile(float* out, float* lse, const float* q, const float* k,
+                            const float* v, const int32_t* doc_start, int32_t first_key,
+                            int64_t bi, int64_t hi, int64_t qt, float scale,
+                            const AttentionShape& s, AttentionWorkspace& ws) {
+  const int64_t d = s.d, g = hi / s.rep;
+  const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
+  float* o = ws.acc.data();       // (nq, D) unnormalised output
+  float* m = ws.row_a.data();     // (nq) running max of scaled scores
+  float* l = ws.row_b.data();     // (nq) running sum of exp(score - m)
+  float* p = ws.scores.data();    // (nq, kTileK)
+  attention_load_rows(ws.q_rows.data(), q, bi, t0, nq, hi, s.h, s);
+  std::fill(o, o + nq * d, 0.f);
+  std::fill(m, m + nq, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + nq, 0.f);
+
+  for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
+    const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
+    attention_load_cols(ws.k_cols.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_load_rows(ws.v_rows.data(), v, bi, s0, nk, g, s.hk, s);
+    attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, nk, d);
+    attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t j0 = ws.first[i], j1 = ws.last[i];
+      if (j0 > j1) continue;
+      float* pi = p + i * kTileK;
+      float tile_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = j0; j <= j1; ++j) {
+        pi[j] *= scale;
+        tile_max = std::max(tile_max, pi[j]);
+      }
+      const float m_new = std::max(m[i], tile_max);
+      const float alpha = std::exp(m[i] - m_new);  // 0 on the first visible tile
+      float sum = 0.f;
+      for (int64_t j = j0; j <= j1; ++j) {
+        pi[j] = std::exp(pi[j] - m_new);
+        sum += pi[j];
+      }
+      l[i] = l[i] * alpha + sum;
+      m[i] = m_new;
+      float* oi = o + i * d;
+      for (int64_t e = 0; e < d; ++e) oi[e] *= alpha;
+      for (int64_t j = j0; j <= j1; ++j) {
+        const float pij = pi[j];
+        const float* vj = ws.v_rows.data() + j * d;
+        for (int64_t e = 0; e < d; ++e) oi[e] += pij * vj[e];
+      }
+    }
+  }
+  // Every query sees at least itself, so l > 0.
+  for (int64_t i = 0; i < nq; ++i) {
+    const float inv = 1.f / l[i];
+    float* dst = out + ((bi * s.t + t0 + i) * s.h + hi) * d;
+    for (int64_t e = 0; e < d; ++e) dst[e] = o[i * d + e] * inv;
+    lse[(bi * s.t + t0 + i) * s.h + hi] = m[i] + std::log(l[i]);
+  }
+}
+
+// Recomputes P and dS = P * (dP - D_i) of one (query tile, key tile) pair into ws.scores and
+// ws.dscores (zero outside the visible ranges). Needs ws.q_rows, ws.do_rows, ws.k_cols,
+// ws.v_cols loaded and the query tile's lse and D_i in lse_t, di_t.
+void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int32_t* doc_start,
+                                int64_t bi, int64_t t0, int64_t nq, int64_t s0, int64_t nk,
+                                float scale, const AttentionShape& s, AttentionWorkspace& ws) {
+  float* p = ws.scores.data();
+  float* dp = ws.dscores.data();
+  attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, nk, s.d);
+  attention_tile_dot(dp, ws.do_rows.data(), ws.v_cols.data(), nq, nk, s.d);
+  attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* pi = p + i * kTileK;
+    float* dpi = dp + i * kTileK;
+    const int64_t j0 = ws.first[i], j1 = ws.last[i];
+    for (int64_t j = 0; j < nk; ++j) {
+      if (j < j0 || j > j1) {
+        pi[j] = 0.f;
+        dpi[j] = 0.f;
+      } else {
+        pi[j] = std::exp(pi[j] * scale - lse_t[i]);
+        dpi[j] = pi[j] * (dpi[j] - di_t[i]);
+      }
+    }
+  }
+}
+
+// Loads lse and D_i of query tile (bi, hi, t0..t0+nq) into ws.row_a, ws.row_b.
+void attention_load_row_stats(const float* lse, const float* di, int64_t bi, int64_t hi,
+                              int64_t t0, int64_t nq, const AttentionShape& s,
+                              AttentionWorkspace& ws) {
+  for (int64_t i = 0; i < nq; ++i) {
+    ws.row_a[i] = lse[(bi * s.t + t0 + i) * s.h + hi];
+    ws.row_b[i] = di[(bi * s.t + t0 + i) * s.h + hi];
+  }
+}
+
+// Backward pass 1 work item: key tile kt of kv head g in batch row bi; writes dk, dv there.
+void attention_backward_kv_tile(float* dk, float* dv, const float* dout, const float* q,
+                                const float* k, const float* v, const float* lse,
+                                const float* di, const int32_t* doc_start,
+                                const int32_t* tile_first_keys, int64_t bi, int64_t g,
+                                int64_t kt, float scale, const AttentionShape& s,
+                                AttentionWorkspace& ws) {
+  const int64_t d = s.d;
+  const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
+  float* dk_acc = ws.acc.data();   // (nk, D)
+  float* dv_acc = ws.acc2.data();  // (nk, D)
+  std::fill(dk_acc, dk_acc + nk * d, 0.f);
+  std::fill(dv_acc, dv_acc + nk * d, 0.f);
+  attention_load_cols(ws.k_cols.data(), k, bi, s0, nk, g, s.hk, s);
+  attention_load_cols(ws.v_cols.data(), v, bi, s0, nk, g, s.hk, s);
+  for (int64_t hi = g * s.rep; hi < (g + 1) * s.rep; ++hi) {
+    for (int64_t qt = s0 / kTileQ; qt < s.q_tiles; ++qt) {
+      if (tile_first_keys[bi * s.q_tiles + qt] > s0 + nk - 1) continue;  // no query sees these keys
+      const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
+      attention_load_rows(ws.q_rows.data(), q, bi, t0, nq, hi, s.h, s);
+      attention_load_rows(ws.do_rows.data(), dout, bi, t0, nq, hi, s.h, s);
+      attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
+      attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
+                                 scale, s, ws);
+      for (int64_t i = 0; i < nq; ++i) {
+        const float* pi = ws.scores.data() + i * kTileK;
+        const float* dsi = ws.dscores.data() + i * kTileK;
+        const float* qi = ws.q_rows.data() + i * d;
+        const float* doi = ws.do_rows.data() + i * d;
+        for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
+          float* dvj = dv_acc + j * d;
+          float* dkj = dk_acc + j * d;
+          const float pij = pi[j], dsij = dsi[j];
+          for (int64_t e = 0; e < d; ++e) dvj[e] += pij * doi[e];
+          for (int64_t e = 0; e < d; ++e) dkj[e] += dsij * qi[e];
+        }
+      }
+    }
+  }
+  for (int64_t j = 0; j < nk; ++j) {
+    float* dkj = dk + ((bi * s.t + s0 + j) * s.hk + g) * d;
+    float* dvj = dv + ((bi * s.t + s0 + j) * s.hk + g) * d;
+    for (int64_t e = 0; e < d; ++e) {
+      dkj[e] = dk_acc[j * d + e] * scale;
+      dvj[e] = dv_acc[j * d + e];
+    }
+  }
+}
+
+// Backward pass 2 work item: query tile qt of head hi in batch row bi; writes dq there.
+void attention_backward_q_tile(float* dq, const float* dout, const float* q, const float* k,
+                               const float* v, const float* lse, const float* di,
+                               const int32_t* doc_start, int32_t first_key, int64_t bi,
+                               int64_t hi, int64_t qt, float scale, const AttentionShape& s,
+                               AttentionWorkspace& ws) {
+  const int64_t d = s.d, g = hi / s.rep;
+  const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
+  float* dq_acc = ws.acc.data();  // (nq, D)
+  std::fill(dq_acc, dq_acc + nq * d, 0.f);
+  attention_load_rows(ws.q_rows.data(), q, bi, t0, nq, hi, s.h, s);
+  attention_load_rows(ws.do_rows.data(), dout, bi, t0, nq, hi, s.h, s);
+  attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
+  for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
+    const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
+    attention_load_cols(ws.k_cols.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_load_cols(ws.v_cols.data(), v, bi, s0, nk, g, s.hk, s);
+    attention_load_rows(ws.k_rows.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
+                               scale, s, ws);
+    for (int64_t i = 0; i < nq; ++i) {
+      const float* dsi = ws.dscores.data() + i * kTileK;
+      float* dqi = dq_acc + i * d;
+      for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
+        const float dsij = dsi[j];
+        const float* kj = ws.k_rows.data() + j * d;
+        for (int64_t e = 0; e < d; ++e) dqi[e] += dsij * kj[e];
+      }
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    float* dst = dq + ((bi * s.t + t0 + i) * s.h + hi) * d;
+    for (int64_t e = 0; e < d; ++e) dst[e] = dq_acc[i * d + e] * scale;
+  }
+}
+
+AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d) {
+  AttentionShape s{b, t, h, hk, d, hk > 0 ? h / hk : 0, (t + kTileQ - 1) / kTileQ,
+                   (t + kTileK - 1) / kTileK};
+  return s;
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                       int64_t d, float scale) {
+  const AttentionShape s = attention_shape(b, t, h, hk, d);
+  attention_check_inputs(s, doc_start);
+  const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
+  const int64_t items = s.b * s.h * s.q_tiles;
+#pragma omp parallel
+  {
+    AttentionWorkspace ws(d);
+    // Late query tiles cost the most (causal), so hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
+      const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
+      attention_forward_tile(out, lse, q, k, v, doc_start, first_keys[bi * s.q_tiles + qt], bi,
+                             hi, qt, scale, s, ws);
+    }
+  }
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                        int64_t d, float scale) {
+  const AttentionShape s = attention_shape(b, t, h, hk, d);
+  attention_check_inputs(s, doc_start);
+  const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
+  std::vector<float> di(size_t(b * t * h));  // (B,T,H) rowsum(dout * out)
+  const int64_t rows = b * t * h;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc = 0.f;
+    for (int64_t e = 0; e < d; ++e) acc += dout[r * d + e] * out[r * d + e];
+    di[r] = acc;
+  }
+  const int64_t kv_items = s.b * s.hk * s.k_tiles;
+  const int64_t q_items = s.b * s.h * s.q_tiles;
+#pragma omp parallel
+  {
+    AttentionWorkspace ws(d);
+    // Early key tiles are seen by the most queries, so hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < kv_items; ++it) {
+      const int64_t kt = it % s.k_tiles;
+      const int64_t g = (it / s.k_tiles) % s.hk, bi = it / (s.k_tiles * s.hk);
+      attention_backward_kv_tile(dk, dv, dout, q, k, v, lse, di.data(), doc_start,
+                                 first_keys.data(), bi, g, kt, scale, s, ws);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < q_items; ++it) {
+      const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
+      const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
+      attention_backward_q_tile(dq, dout, q, k, v, lse, di.data(), doc_start,
+                                first_keys[bi * s.q_tiles + qt], bi, hi, qt, scale, s, ws);
+    }
+  }
+}
+
+}  // namespace strata::cpu

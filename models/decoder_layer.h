@@ -1,0 +1,79 @@
+// One Llama-family decoder layer on a Device: forward, and the hand-written backward that
+// recomputes from the layer input (no autograd). Shared by llama, mistral, qwen2 (q/k/v bias)
+// and qwen3 (per-head q_norm/k_norm, head_dim independent of hidden/heads).
+//
+// Legend: B batch, T tokens per row, N = B*T, C hidden, H heads, Hk kv heads, D head dim,
+// F ffn. All buffers are device pointers, row-major.
+//
+//   xn1 = rmsnorm(x) ; q,k,v = xn1 Wq^T (+bq), ... ; [q,k = per-head rmsnorm] ; rope(q,k)
+//   a = attention(q,k,v) ; h = x + a Wo^T (+bo)
+//   xn2 = rmsnorm(h) ; out = h + (silu(xn2 Wg^T) * xn2 Wu^T) Wd^T
+#pragma once
+#include <cstdint>
+
+#include "src/device/device.h"
+
+namespace strata {
+
+struct LayerDims {
+  int64_t B = 0, T = 0, C = 0, H = 0, Hk = 0, D = 0, F = 0;
+  float eps = 1e-6f;
+  DType wt = DType::f32;  // dtype of the 2-D weights; f32 or bf16 (then matmul inputs are bf16)
+  int64_t N() const { return B * T; }
+};
+
+// Weights of one layer on the device. Matrices are `wt`; vectors f32; absent ones null.
+struct LayerWeights {
+  const void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  const void *gate = nullptr, *up = nullptr, *down = nullptr;
+  const float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+};
+
+// Gradients of one layer, f32, accumulated (+=); null where the weight is absent.
+struct LayerGrads {
+  float *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  float *gate = nullptr, *up = nullptr, *down = nullptr;
+  float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+};
+
+// Per-token context shared by every layer of a micro-batch.
+struct TokenContext {
+  const int32_t* pos = nullptr;        // (N) position of each token (restarts per document)
+  const int32_t* doc_start = nullptr;  // (N) or null: first token of each token's document
+  const float* inv_freq = nullptr;     // (D/2)
+};
+
+// The activation workspace of one layer: saved by forward, read by backward, reused by every
+// layer in turn. Sized by layer_workspace_bytes; carved from one device allocation.
+struct LayerWorkspace {
+  float *xn1, *rstd1;          // (N, C), (N)
+  float *q_raw, *k_raw;        // (N, H*D), (N, Hk*D) before per-head norm (qk_norm only)
+  float *rstd_q, *rstd_k;      // (N*H), (N*Hk)
+  float *q, *k, *v;            // (N, H*D), (N, Hk*D), (N, Hk*D) as attention sees them
+  float *attn, *lse;           // (N, H*D), (N, H)
+  float *h, *xn2, *rstd2;      // (N, C), (N, C), (N)
+  float *gate, *up, *act;      // (N, F) each
+  // backward scratch
+  float *dh, *dxn;             // (N, C)
+  float *dattn, *dq, *dk, *dv; // (N, H*D), (N, H*D), (N, Hk*D), (N, Hk*D)
+  float *dact, *dgate, *dup;   // (N, F)
+  float *dk_raw;               // (N, Hk*D) gradient before the per-head k norm (qk_norm only)
+  bf16 *cast_a, *cast_b;       // (N, max(C, H*D, F)) bf16 copies of matmul inputs (bf16 mode)
+};
+
+size_t layer_workspace_bytes(const LayerDims& d);
+LayerWorkspace layer_workspace_carve(const LayerDims& d, void* base);
+
+// out (N,C) = layer(x (N,C)); fills the forward part of ws. out must not alias x.
+void layer_forward(Device& dev, Stream s, const LayerDims& d, const LayerWeights& w,
+                   const TokenContext& ctx, LayerWorkspace& ws, float* out, const float* x);
+
+// dx (N,C) = d layer / d x applied to dout (N,C); grads accumulated. Recomputes the forward
+// from x first. dx must not alias dout or x.
+void layer_backward(Device& dev, Stream s, const LayerDims& d, const LayerWeights& w,
+                    LayerGrads& g, const TokenContext& ctx, LayerWorkspace& ws, float* dx,
+                    const float* dout, const float* x);
+
+}  // namespace strata

@@ -1,0 +1,68 @@
+#include "models/model_io.h"
+
+#include <filesystem>
+#include <random>
+
+#include "io/safetensors.h"
+#include "src/core/error.h"
+
+namespace strata {
+
+void model_load_weights(CausalLM& model, const std::string& dir) {
+  const ModelSpec& spec = model.spec();
+  SafetensorsDir st = SafetensorsDir::open(dir);
+  safetensors_check_tensors(st, spec.expected_tensors(),
+                            str_cat("config.json describes a ", spec.config.family, " model with ",
+                                    spec.config.num_hidden_layers, " layers"));
+  std::vector<float> buf;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const TensorSpec& r = spec.params[i];
+    buf.resize(size_t(r.numel()));
+    st.read(r.name, DType::f32, buf.data());
+    model.set_param(i, buf.data());
+  }
+}
+
+void model_init_weights(CausalLM& model, uint64_t seed, double std) {
+  const ModelSpec& spec = model.spec();
+  std::vector<float> buf;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const TensorSpec& r = spec.params[i];
+    buf.assign(size_t(r.numel()), 0.f);
+    const bool is_norm = r.name.find("norm") != std::string::npos;
+    if (r.shape.size() == 2) {
+      // one generator per tensor, seeded by (seed, row): adding a tensor never shifts others
+      std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + i);
+      std::normal_distribution<double> dist(0.0, std);
+      for (auto& x : buf) x = float(dist(rng));
+    } else if (is_norm) {
+      for (auto& x : buf) x = 1.f;
+    }
+    model.set_param(i, buf.data());
+  }
+}
+
+void model_save_hf(const CausalLM& model, const std::string& dir, DType dtype,
+                   uint64_t max_shard_bytes) {
+  const ModelSpec& spec = model.spec();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  STRATA_CHECK_IO(!ec, "cannot create output directory ", dir, ": ", ec.message());
+  std::vector<std::vector<char>> storage(spec.params.size());
+  std::vector<TensorToWrite> tensors;
+  std::vector<float> buf;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const TensorSpec& r = spec.params[i];
+    buf.resize(size_t(r.numel()));
+    model.get_param(i, buf.data());
+    storage[i].resize(size_t(r.numel()) * dtype_size(dtype));
+    dtype_convert(storage[i].data(), dtype, buf.data(), DType::f32, buf.size());
+    tensors.push_back(TensorToWrite{r.name, dtype, r.shape, storage[i].data()});
+  }
+  safetensors_write_dir(dir, tensors, max_shard_bytes);
+  ModelConfig cfg = spec.config;
+  cfg.raw["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
+  hf_config_save(cfg, dir + "/config.json");
+}
+
+}  // namespace strata

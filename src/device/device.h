@@ -1,0 +1,115 @@
+// The device interface (DESIGN §5): CUDA-shaped and asynchronous. Every copy and op is
+// enqueued on a stream and returns at once; ordering across streams is expressed with
+// events only. The engine is written once against this interface; the CPU backend
+// (cpu_device.cpp) runs streams as worker threads, the CUDA backend (issue 5) maps it to
+// CUDA streams. Pointers passed to ops are device pointers from alloc(); int arrays
+// (ids, positions, targets, doc starts) are device arrays too.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "src/core/dtype.h"
+
+namespace strata {
+
+enum class Stream : uint8_t { compute = 0, h2d = 1, d2h = 2 };
+constexpr int kStreamCount = 3;
+
+// An event marks a point in one stream's queue. record() moves the mark; wait() makes another
+// stream (or the host, via synchronize) block until the work before the mark has finished.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+struct DeviceOptions {
+  std::string backend = "cpu";       // "cpu" | "cuda"
+  size_t memory_bytes = 512ull << 20;  // the device arena budget
+  double link_bytes_per_s = 0;        // CPU backend: throttle host<->device copies (0 = off)
+};
+
+struct DeviceCounters {
+  size_t h2d_bytes = 0, d2h_bytes = 0;
+  double h2d_busy_s = 0, d2h_busy_s = 0, compute_busy_s = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory ----
+  virtual void* alloc(size_t bytes, const std::string& tensor) = 0;  // budgeted arena
+  virtual void free(void* p) = 0;
+  virtual size_t budget_bytes() const = 0;
+  virtual size_t used_bytes() const = 0;
+  virtual size_t peak_bytes() const = 0;
+  virtual void reset_peak() = 0;
+  virtual void* alloc_pinned(size_t bytes) = 0;  // host memory usable by async copies
+  virtual void free_pinned(void* p) = 0;
+
+  // ---- streams, events, copies ----
+  virtual std::unique_ptr<Event> event_create() = 0;
+  virtual void event_record(Event& e, Stream s) = 0;
+  virtual void stream_wait_event(Stream s, Event& e) = 0;
+  virtual void event_synchronize(Event& e) = 0;
+  virtual void stream_synchronize(Stream s) = 0;
+  void synchronize() {
+    for (int s = 0; s < kStreamCount; ++s) stream_synchronize(Stream(s));
+  }
+  virtual void copy_h2d(void* dst, const void* src, size_t bytes, Stream s) = 0;
+  virtual void copy_d2h(void* dst, const void* src, size_t bytes, Stream s) = 0;
+  virtual void copy_d2d(void* dst, const void* src, size_t bytes, Stream s) = 0;
+  virtual void memset_zero(void* dst, size_t bytes, Stream s) = 0;
+  virtual DeviceCounters counters() const = 0;
+
+  // ---- ops (kernels/cpu/ops.h documents shapes and semantics; same argument order) ----
+  virtual void matmul(Stream s, float* c, const void* a, const void* b, DType ab, int64_t m,
+                      int64_t n, int64_t k, bool trans_a, bool trans_b, float beta) = 0;
+  virtual void rmsnorm_forward(Stream s, float* out, float* rstd, const float* in,
+                               const float* weight, int64_t n, int64_t c, float eps) = 0;
+  virtual void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout,
+                                const float* in, const float* weight, const float* rstd,
+                                int64_t n, int64_t c) = 0;
+  virtual void rope_forward(Stream s, float* out, const float* in, const int32_t* pos,
+                            const float* inv_freq, int64_t n, int64_t nh, int64_t d) = 0;
+  virtual void rope_backward(Stream s, float* din, const float* dout, const int32_t* pos,
+                             const float* inv_freq, int64_t n, int64_t nh, int64_t d) = 0;
+  virtual void swiglu_forward(Stream s, float* out, const float* gate, const float* up,
+                              int64_t n) = 0;
+  virtual void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout,
+                               const float* gate, const float* up, int64_t n) = 0;
+  virtual void bias_forward(Stream s, float* y, const float* b, int64_t n, int64_t o) = 0;
+  virtual void bias_backward(Stream s, float* db, const float* dy, int64_t n, int64_t o) = 0;
+  virtual void embedding_forward(Stream s, float* out, const void* table, DType table_type,
+                                 const int32_t* ids, int64_t n, int64_t c) = 0;
+  virtual void embedding_backward(Stream s, float* dtable, const float* dout,
+                                  const int32_t* ids, int64_t n, int64_t c) = 0;
+  virtual void attention_forward(Stream s, float* out, float* lse, const float* q,
+                                 const float* k, const float* v, const int32_t* doc_start,
+                                 int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
+                                 float scale) = 0;
+  virtual void attention_backward(Stream s, float* dq, float* dk, float* dv, const float* dout,
+                                  const float* q, const float* k, const float* v,
+                                  const float* out, const float* lse, const int32_t* doc_start,
+                                  int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
+                                  float scale) = 0;
+  // loss_sum (1 double, device) += the summed loss; dh written, dw accumulated when dh != null
+  // (the fused backward), forward only when dh == null.
+  virtual void lm_head_ce(Stream s, double* loss_sum, float* dh, float* dw, const float* h,
+                          const void* w, DType w_type, const int32_t* targets, int64_t n,
+                          int64_t c, int64_t v, float grad_scale) = 0;
+  virtual void add_inplace(Stream s, float* y, const float* x, int64_t n) = 0;
+  virtual void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) = 0;
+};
+
+// Creates the backend named in options; a clear error when it is unavailable.
+std::unique_ptr<Device> device_create(const DeviceOptions& options);
+
+// "512MiB", "2GiB", "1.5GB", "4096" -> bytes; "16GB/s" -> bytes per second. Throws on bad text.
+size_t parse_bytes(const std::string& text, const std::string& what);
+double parse_bandwidth(const std::string& text, const std::string& what);
+
+}  // namespace strata

@@ -1,0 +1,226 @@
+// Tests of the causal GQA attention kernels: the fp64 reference against finite differences,
+// the tiled f32 fast path against the reference at awkward sizes, thread-count independence,
+// and a long sequence that an O(T^2) implementation could not run in the time allowed.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ref.h"
+#include "src/core/error.h"
+#include "tests/testing.h"
+
+using namespace strata;
+using strata::testing::convert;
+using strata::testing::max_rel_error;
+using strata::testing::random_floats;
+
+namespace {
+
+struct AttnCase {
+  int64_t b, t, h, hk, d;
+};
+
+// doc_start (B,T) with documents of pseudo-random lengths 1..max_len, or every token its own
+// document when max_len == 1.
+std::vector<int32_t> make_doc_start(int64_t b, int64_t t, int64_t max_len, uint64_t seed) {
+  std::vector<int32_t> ds(size_t(b * t));
+  uint64_t state = seed;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    int64_t start = 0, left = 0;
+    for (int64_t ti = 0; ti < t; ++ti) {
+      if (left == 0) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        left = 1 + int64_t((state >> 33) % uint64_t(max_len));
+        start = ti;
+      }
+      ds[bi * t + ti] = int32_t(start);
+      --left;
+    }
+  }
+  return ds;
+}
+
+struct AttnResult {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+AttnResult run_fast(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                    const std::vector<float>& v, const std::vector<float>& dout,
+                    const int32_t* doc_start, float scale) {
+  AttnResult r;
+  r.out.resize(q.size());
+  r.lse.resize(size_t(c.b * c.t * c.h));
+  r.dq.resize(q.size());
+  r.dk.resize(k.size());
+  r.dv.resize(v.size());
+  cpu::attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), doc_start, c.b,
+                         c.t, c.h, c.hk, c.d, scale);
+  cpu::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
+                          v.data(), r.out.data(), r.lse.data(), doc_start, c.b, c.t, c.h, c.hk,
+                          c.d, scale);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("attention reference backward matches finite differences in fp64", "[kernels]") {
+  // GQA with document boundaries, and MHA without.
+  const AttnCase cases[] = {{2, 7, 4, 2, 3}, {1, 6, 2, 2, 5}, {1, 9, 3, 1, 2}};
+  for (int ci = 0; ci < 3; ++ci) {
+    const AttnCase c = cases[ci];
+    const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;
+    std::vector<int32_t> docs = make_doc_start(c.b, c.t, 3, 11 + ci);
+    const int32_t* ds = ci == 1 ? nullptr : docs.data();
+    const double scale = 0.7;
+    // x = [q, k, v]; loss = sum(out * proj) with a fixed random projection.
+    std::vector<double> x = convert<double>(random_floats(size_t(nq + 2 * nk), 100 + ci));
+    const std::vector<double> proj = convert<double>(random_floats(size_t(nq), 200 + ci));
+    auto loss = [&](const std::vector<double>& xs) {
+      std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(c.b * c.t * c.h));
+      ref::attention_forward(out.data(), lse.data(), xs.data(), xs.data() + nq,
+                             xs.data() + nq + nk, ds, c.b, c.t, c.h, c.hk, c.d, scale);
+      double l = 0;
+      for (int64_t i = 0; i < nq; ++i) l += out[i] * proj[i];
+      return l;
+    };
+    std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(c.b * c.t * c.h));
+    std::vector<double> grad(x.size());
+    ref::attention_forward(out.data(), lse.data(), x.data(), x.data() + nq, x.data() + nq + nk, ds,
+                           c.b, c.t, c.h, c.hk, c.d, scale);
+    ref::attention_backward(grad.data(), grad.data() + nq, grad.data() + nq + nk, proj.data(),
+                            x.data(), x.data() + nq, x.data() + nq + nk, out.data(), lse.data(), ds,
+                            c.b, c.t, c.h, c.hk, c.d, scale);
+    const std::vector<double> fd = strata::testing::finite_difference(x, loss);
+    INFO("case " << ci << " rel err " << max_rel_error(grad, fd));
+    CHECK(max_rel_error(grad, fd) <= 1e-6);
+  }
+}
+
+TEST_CASE("attention fast path matches the fp64 reference at awkward sizes", "[kernels]") {
+  // f32 vs fp64: ||fast - ref||_inf / max(||ref||_inf, floor) <= 1e-5 for out, lse, dq, dk, dv.
+  // The floor (0.1; inputs are O(1)) matters only where a gradient is zero in exact arithmetic:
+  // T=1 or one-token documents give dq = dk = 0, but f32 leaves the rounding of dP - D_i.
+  const double tol = 1e-5, floor = 0.1;
+  double worst_fwd = 0, worst_bwd = 0;
+  int idx = 0;
+  for (int64_t b : {1, 2})
+    for (int64_t t : {1, 17, 70, 130})
+      for (auto [h, hk] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {6, 2}})
+        for (int64_t d : {5, 24, 64}) {
+          ++idx;
+          const AttnCase c{b, t, h, hk, d};
+          const int64_t nq = b * t * h * d, nk = b * t * hk * d;
+          const auto q = random_floats(size_t(nq), 1000 + idx, -2.f, 2.f);
+          const auto k = random_floats(size_t(nk), 2000 + idx, -2.f, 2.f);
+          const auto v = random_floats(size_t(nk), 3000 + idx);
+          const auto dout = random_floats(size_t(nq), 4000 + idx);
+          // Rotate through: no documents, documents up to 40 tokens, every token its own.
+          const int64_t doc_len = idx % 3 == 0 ? 0 : idx % 3 == 1 ? 40 : 1;
+          std::vector<int32_t> docs = make_doc_start(b, t, std::max<int64_t>(doc_len, 1), idx);
+          const int32_t* ds = doc_len == 0 ? nullptr : docs.data();
+          const float scale = 1.f / std::sqrt(float(d));
+
+          const AttnResult fast = run_fast(c, q, k, v, dout, ds, scale);
+          std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(b * t * h)),
+              dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
+          const auto qd = convert<double>(q), kd = convert<double>(k), vd = convert<double>(v),
+                     dod = convert<double>(dout);
+          ref::attention_forward(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), ds, b, t,
+                                 h, hk, d, double(scale));
+          ref::attention_backward(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
+                                  vd.data(), out.data(), lse.data(), ds, b, t, h, hk, d,
+                                  double(scale));
+          const double e_fwd =
+              std::max(max_rel_error(fast.out, out, floor), max_rel_error(fast.lse, lse, floor));
+          const double e_bwd =
+              std::max({max_rel_error(fast.dq, dq, floor), max_rel_error(fast.dk, dk, floor),
+                        max_rel_error(fast.dv, dv, floor)});
+          INFO("b=" << b << " t=" << t << " h=" << h << " hk=" << hk << " d=" << d
+                    << " doc_len=" << doc_len << " fwd " << e_fwd << " bwd " << e_bwd);
+          REQUIRE(e_fwd <= tol);
+          REQUIRE(e_bwd <= tol);
+          worst_fwd = std::max(worst_fwd, e_fwd);
+          worst_bwd = std::max(worst_bwd, e_bwd);
+        }
+  INFO("worst rel err: forward " << worst_fwd << ", backward " << worst_bwd);
+  CHECK(worst_fwd <= tol);
+  CHECK(worst_bwd <= tol);
+}
+
+TEST_CASE("attention results are bitwise independent of the thread count", "[kernels]") {
+  const AttnCase c{2, 200, 6, 2, 24};
+  const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;
+  const auto q = random_floats(size_t(nq), 1), k = random_floats(size_t(nk), 2),
+             v = random_floats(size_t(nk), 3), dout = random_floats(size_t(nq), 4);
+  const std::vector<int32_t> docs = make_doc_start(c.b, c.t, 90, 5);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const AttnResult one = run_fast(c, q, k, v, dout, docs.data(), 0.2f);
+  omp_set_num_threads(2);
+  const AttnResult two = run_fast(c, q, k, v, dout, docs.data(), 0.2f);
+  omp_set_num_threads(threads);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  CHECK(same(one.out, two.out));
+  CHECK(same(one.lse, two.lse));
+  CHECK(same(one.dq, two.dq));
+  CHECK(same(one.dk, two.dk));
+  CHECK(same(one.dv, two.dv));
+}
+
+TEST_CASE("attention forward at T=4096 runs in tile-sized memory", "[kernels]") {
+  // The fast path keeps only 64 x 64 tiles per thread (see kernels/cpu/attention.cpp); here a
+  // 4096-token row (a (T,T) score matrix would be 64 MiB per head) must run quickly and agree
+  // with a per-row fp64 computation on sampled queries, with and without documents.
+  const int64_t t = 4096, d = 64;
+  const auto q = random_floats(size_t(t * d), 7), k = random_floats(size_t(t * d), 8),
+             v = random_floats(size_t(t * d), 9);
+  const std::vector<int32_t> docs = make_doc_start(1, t, 700, 3);
+  const float scale = 0.125f;
+  for (const int32_t* ds : {static_cast<const int32_t*>(nullptr), docs.data()}) {
+    std::vector<float> out(size_t(t * d)), lse(static_cast<size_t>(t));
+    const auto start = std::chrono::steady_clock::now();
+    cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), ds, 1, t, 1, 1,
+                           d, scale);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO("forward T=4096 took " << seconds << " s");
+    CHECK(seconds < 2.0);
+    for (int64_t i : {int64_t(0), int64_t(1), int64_t(63), int64_t(64), int64_t(2047),
+                      int64_t(4095)}) {
+      const int64_t lo = ds ? ds[i] : 0;
+      std::vector<double> s(size_t(i + 1));
+      double m = -1e300;
+      for (int64_t j = lo; j <= i; ++j) {
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e) dot += double(q[i * d + e]) * k[j * d + e];
+        s[j] = scale * dot;
+        m = std::max(m, s[j]);
+      }
+      double sum = 0;
+      for (int64_t j = lo; j <= i; ++j) sum += std::exp(s[j] - m);
+      std::vector<double> o(size_t(d), 0.0);
+      for (int64_t j = lo; j <= i; ++j)
+        for (int64_t e = 0; e < d; ++e) o[e] += std::exp(s[j] - m) / sum * v[j * d + e];
+      std::vector<float> got(out.begin() + i * d, out.begin() + (i + 1) * d);
+      INFO("query " << i);
+      CHECK(max_rel_error(got, o) <= 1e-5);
+      CHECK(std::abs(lse[i] - (m + std::log(sum))) <= 1e-5 * std::abs(m + std::log(sum)) + 1e-6);
+    }
+  }
+}
+
+TEST_CASE("attention rejects a doc_start after its token", "[kernels]") {
+  const int64_t t = 4, d = 2;
+  std::vector<float> q(size_t(t * d), 0.1f), out(size_t(t * d)), lse(static_cast<size_t>(t));
+  const std::vector<int32_t> docs = {0, 0, 3, 2};  // token 2 claims a document starting at 3
+  REQUIRE_THROWS_AS(cpu::attention_forward(out.data(), lse.data(), q.data(), q.data(), q.data(),
+                                           docs.data(), 1, t, 1, 1, d, 1.f),
+                    strata::Error);
+}

@@ -1,0 +1,251 @@
+// Matmul (oneDNN) against the plain-loop reference in fp64: all four transpose combinations,
+// beta 0 and 1, f32 and bf16 inputs, awkward shapes; the reference's transpose handling checked
+// by finite differences; thread-count independence measured. Also the elementwise helpers that
+// feed matmul_bf16: the f32 -> bf16 rounding against an independent rounding in double,
+// bf16 -> f32 and add_inplace.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <omp.h>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ref.h"
+#include "src/core/error.h"
+#include "tests/testing.h"
+
+namespace {
+
+using strata::bf16;
+using strata::testing::convert;
+using strata::testing::finite_difference;
+using strata::testing::max_rel_error;
+using strata::testing::random_floats;
+
+struct MatmulShape {
+  int64_t m, n, k;
+};
+const MatmulShape kShapes[] = {{1, 1, 1}, {3, 17, 15}, {65, 33, 129}, {128, 256, 96}};
+
+// ---- matmul -------------------------------------------------------------------------------
+
+// Worst error of the fast path (f32 or bf16 inputs) against the fp64 reference over all shapes,
+// transposes and betas. The reference runs on the same (for bf16: rounded) inputs.
+template <bool kBf16>
+double matmul_check_all(double tol) {
+  double worst = 0;
+  for (const MatmulShape& s : kShapes) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        for (float beta : {0.f, 1.f}) {
+          uint64_t seed = uint64_t(s.m * 1000 + s.n * 10 + s.k + ta * 7 + tb * 13);
+          auto a = random_floats(s.m * s.k, seed);  // (M,K) or (K,M)
+          auto b = random_floats(s.k * s.n, seed + 1);  // (K,N) or (N,K)
+          auto c0 = random_floats(s.m * s.n, seed + 2);  // (M,N)
+          if (kBf16) {
+            a = strata::testing::round_bf16(a);
+            b = strata::testing::round_bf16(b);
+          }
+          // beta 0 must overwrite: start from NaN.
+          std::vector<float> c = beta == 0.f
+              ? std::vector<float>(c0.size(), std::numeric_limits<float>::quiet_NaN()) : c0;
+          if (kBf16) {
+            auto a16 = strata::testing::to_bf16(a), b16 = strata::testing::to_bf16(b);
+            strata::cpu::matmul_bf16(c.data(), a16.data(), b16.data(), s.m, s.n, s.k, ta, tb, beta);
+          } else {
+            strata::cpu::matmul_f32(c.data(), a.data(), b.data(), s.m, s.n, s.k, ta, tb, beta);
+          }
+          auto ad = convert<double>(a), bd = convert<double>(b), cd = convert<double>(c0);
+          strata::ref::matmul(cd.data(), ad.data(), bd.data(), s.m, s.n, s.k, ta, tb,
+                              double(beta));
+          double e = max_rel_error(c, cd);
+          INFO((kBf16 ? "bf16" : "f32") << " m=" << s.m << " n=" << s.n << " k=" << s.k
+                                        << " ta=" << ta << " tb=" << tb << " beta=" << beta
+                                        << " err " << e);
+          CHECK(e <= tol);
+          worst = std::max(worst, e);
+        }
+      }
+    }
+  }
+  return worst;
+}
+
+// True when matmul_f32 gives the same bits with 1 and 2 OpenMP threads.
+bool matmul_same_bits_1_2_threads(int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                                  float beta) {
+  auto a = random_floats(m * k, 1), b = random_floats(k * n, 2), c0 = random_floats(m * n, 3);
+  std::vector<float> one = c0, two = c0;
+  const int keep = omp_get_max_threads();
+  omp_set_num_threads(1);
+  strata::cpu::matmul_f32(one.data(), a.data(), b.data(), m, n, k, ta, tb, beta);
+  omp_set_num_threads(2);
+  strata::cpu::matmul_f32(two.data(), a.data(), b.data(), m, n, k, ta, tb, beta);
+  omp_set_num_threads(keep);
+  return std::memcmp(one.data(), two.data(), one.size() * 4) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("matmul reference gradients match finite differences for every transpose", "[kernels]") {
+  // The backward of c = op(a) op(b) is two more matmuls (ops.h shows the linear-layer use);
+  // check those calls of the reference against finite differences of its forward.
+  const int64_t m = 3, n = 4, k = 5;
+  double worst = 0;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      auto a = convert<double>(random_floats(m * k, 1 + ta));
+      auto b = convert<double>(random_floats(k * n, 3 + tb));
+      auto r = convert<double>(random_floats(m * n, 5));  // loss = sum(c * r)
+      auto loss = [&](const std::vector<double>& aa, const std::vector<double>& bb) {
+        std::vector<double> c(m * n);
+        strata::ref::matmul(c.data(), aa.data(), bb.data(), m, n, k, ta, tb, 0.0);
+        double s = 0;
+        for (size_t i = 0; i < c.size(); ++i) s += c[i] * r[i];
+        return s;
+      };
+      std::vector<double> da(m * k), db(k * n);
+      if (!ta) strata::ref::matmul(da.data(), r.data(), b.data(), m, k, n, false, !tb, 0.0);
+      else strata::ref::matmul(da.data(), b.data(), r.data(), k, m, n, bool(tb), true, 0.0);
+      if (!tb) strata::ref::matmul(db.data(), a.data(), r.data(), k, n, m, !ta, false, 0.0);
+      else strata::ref::matmul(db.data(), r.data(), a.data(), n, k, m, true, bool(ta), 0.0);
+      double ea = max_rel_error(da, finite_difference(a, [&](const auto& v) { return loss(v, b); }));
+      double eb = max_rel_error(db, finite_difference(b, [&](const auto& v) { return loss(a, v); }));
+      INFO("ta=" << ta << " tb=" << tb);
+      CHECK(ea <= 1e-6);
+      CHECK(eb <= 1e-6);
+      worst = std::max({worst, ea, eb});
+    }
+  }
+  std::printf("matmul ref gradients vs finite differences: %.2e\n", worst);
+}
+
+TEST_CASE("matmul_f32 matches the fp64 reference", "[kernels]") {
+  double worst = matmul_check_all<false>(1e-5);
+  std::printf("matmul_f32 vs fp64 ref (worst over shapes/transposes/beta): %.2e\n", worst);
+}
+
+TEST_CASE("matmul_bf16 matches the fp64 reference on the rounded inputs", "[kernels]") {
+  double worst = matmul_check_all<true>(1e-5);
+  std::printf("matmul_bf16 vs fp64 ref on bf16-rounded inputs (worst): %.2e\n", worst);
+}
+
+TEST_CASE("matmul handles empty sizes and rejects other betas", "[kernels]") {
+  std::vector<float> c(6, 3.f), a(1), b(1);
+  strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 2, 3, 0, false, false, 1.f);
+  CHECK(c == std::vector<float>(6, 3.f));  // k = 0, beta 1: unchanged
+  strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 2, 3, 0, false, false, 0.f);
+  CHECK(c == std::vector<float>(6, 0.f));  // k = 0, beta 0: zeros
+  strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 0, 3, 4, false, false, 0.f);  // no-op
+  CHECK_THROWS_AS(strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 1, 1, 1, false, false, 0.5f),
+                  strata::Error);
+}
+
+TEST_CASE("matmul_f32 results with 1 and 2 threads", "[kernels]") {
+  // Shapes of a model's three matmuls (forward, dx, dW accumulate) and a long-K small-MN one,
+  // where a GEMM is most tempted to split K across threads.
+  struct Case { int64_t m, n, k; bool ta, tb; float beta; const char* what; };
+  const Case cases[] = {{256, 192, 320, false, true, 0.f, "y = x W^T"},
+                        {256, 320, 192, false, false, 0.f, "dx = dy W"},
+                        {192, 320, 256, true, false, 1.f, "dW += dy^T x"},
+                        {8, 8, 16384, false, false, 0.f, "long K"},
+                        {64, 64, 8192, true, false, 1.f, "dW, long N"}};
+  int differ = 0;
+  for (const Case& c : cases) {
+    bool same = matmul_same_bits_1_2_threads(c.m, c.n, c.k, c.ta, c.tb, c.beta);
+    std::printf("matmul_f32 %-14s m=%ld n=%ld k=%ld: 1 vs 2 threads %s\n", c.what, long(c.m),
+                long(c.n), long(c.k), same ? "bitwise equal" : "DIFFER");
+    differ += !same;
+  }
+  CHECK(differ == 0);
+}
+
+// ---- elementwise helpers that feed matmul_bf16 ---------------------------------------------
+
+namespace {
+
+// Value of a bf16 bit pattern in double, decoded from the fields; the all-ones exponent with
+// a zero mantissa decodes as 2^128, the "next value" past the largest finite bf16, which is
+// what round-to-nearest compares against before overflowing to infinity.
+double bf16_bits_value(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 7) & 0xff, mant = h & 0x7f;
+  double mag = exp == 0 ? std::ldexp(mant / 128.0, -126) : std::ldexp(1 + mant / 128.0, exp - 127);
+  return sign ? -mag : mag;
+}
+
+// Independent f32 -> bf16: pick the nearer of the two neighbouring bf16 values by comparing
+// distances in double; ties go to the even mantissa. NaN -> quiet NaN of the same sign.
+uint16_t bf16_round_by_distance(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return uint16_t((u >> 16) | 0x40);
+  if (std::isinf(f)) return uint16_t(u >> 16);
+  uint16_t lo = uint16_t(u >> 16), hi = uint16_t(lo + 1);  // |lo| <= |f| < |hi|, same sign
+  double dlo = std::abs(double(f) - bf16_bits_value(lo));
+  double dhi = std::abs(bf16_bits_value(hi) - double(f));
+  if (dlo < dhi) return lo;
+  if (dhi < dlo) return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+}  // namespace
+
+TEST_CASE("cast_f32_to_bf16 rounds to nearest even like an independent rounding", "[kernels]") {
+  std::vector<uint32_t> bits = {
+      0x00000000, 0x80000000, 0x3f800000, 0xbf800000,  // zeros, +-1
+      0x3f808000, 0x3f818000, 0x3f808001, 0x3f80ffff,  // ties to even (down, up), above tie
+      0x3f807fff, 0x7f7fffff, 0xff7fffff, 0x7f7f7fff,  // below tie, max float -> inf
+      0x7f7f8000, 0x7f7f0000, 0x7f800000, 0xff800000,  // tie at max -> inf, max bf16, infs
+      0x7fc00000, 0x7f800001, 0xff800001, 0x7fffffff,  // quiet and signalling NaNs
+      0x00000001, 0x00008000, 0x00018000, 0x807fffff,  // subnormals, ties among them
+      0x007fffff, 0x00800000, 0x4b800000, 0x33000000};
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 200000; ++i) bits.push_back(uint32_t(rng()));
+  std::vector<float> in(bits.size());
+  std::memcpy(in.data(), bits.data(), bits.size() * 4);
+  std::vector<bf16> out(in.size());
+  strata::cpu::cast_f32_to_bf16(out.data(), in.data(), int64_t(in.size()));
+  int64_t bad = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    uint16_t want = bf16_round_by_distance(in[i]);
+    if (out[i].bits != want || strata::f32_to_bf16(in[i]).bits != want) {
+      if (bad++ < 5) UNSCOPED_INFO("0x" << std::hex << bits[i] << " -> 0x" << out[i].bits
+                                        << " want 0x" << want);
+    }
+  }
+  CHECK(bad == 0);
+  // A short array takes the serial path.
+  std::vector<bf16> head(17);
+  strata::cpu::cast_f32_to_bf16(head.data(), in.data(), 17);
+  for (int i = 0; i < 17; ++i) CHECK(head[i].bits == out[i].bits);
+}
+
+TEST_CASE("cast_bf16_to_f32 is exact for every bit pattern", "[kernels]") {
+  std::vector<bf16> in(65536);
+  for (uint32_t i = 0; i < 65536; ++i) in[i].bits = uint16_t(i);
+  std::vector<float> out(in.size());
+  strata::cpu::cast_bf16_to_f32(out.data(), in.data(), int64_t(in.size()));
+  int64_t bad = 0;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    bool is_nan = ((i >> 7) & 0xff) == 0xff && (i & 0x7f);
+    bool inf = ((i >> 7) & 0xff) == 0xff && !(i & 0x7f);
+    double want = inf ? ((i >> 15) ? -INFINITY : INFINITY) : bf16_bits_value(uint16_t(i));
+    bool ok = is_nan ? std::isnan(out[i]) : double(out[i]) == want && std::signbit(out[i]) == bool(i >> 15);
+    bad += !ok;
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("add_inplace adds elementwise", "[kernels]") {
+  for (int64_t n : {1, 15, 17, 4097, 100003}) {
+    auto y = random_floats(n, 1 + n), x = random_floats(n, 2 + n);
+    std::vector<float> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = y[i] + x[i];
+    strata::cpu::add_inplace(y.data(), x.data(), n);
+    CHECK(std::memcmp(y.data(), want.data(), n * 4) == 0);
+  }
+}
