@@ -43,6 +43,9 @@ class CausalLM {
   void set_param(size_t row, const float* values);  // converts into the mirror
   void get_param(size_t row, float* values) const;  // from the mirror
   void upload_weights();                            // mirror -> device (synchronous)
+  // The mirror's storage of one parameter (dtype spec().params[row].dtype), for in-place
+  // optimizer updates followed by upload_weights().
+  void* host_param(size_t row) { return weights_host_ + spec_.params[row].offset; }
 
   void zero_grads();
   // Forward + backward of one micro-batch; gradients of grad_scale * (summed loss) are

@@ -200,7 +200,7 @@ class Lexer {
         case 'u':
         case 'U': {
           size_t len = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          if (p + len > n) fail(p - 2, "truncated \\", e, " escape");
+          if (p + len > n) fail(p - 2, str_cat("truncated \\", e, " escape"));
           char32_t cp = 0;
           for (size_t i = 0; i < len; ++i) {
             char h = src_[p + i];

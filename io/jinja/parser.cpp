@@ -563,7 +563,7 @@ class Parser {
   }
 
   ExprPtr parse_call(ExprPtr callee) {
-    auto c = make(ExprKind::call, peek().pos);
+    auto c = make(ExprKind::call, callee->pos);
     c->items.push_back(std::move(callee));
     parse_args(c.get());
     return c;

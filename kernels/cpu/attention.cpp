@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -28,14 +29,14 @@ constexpr int64_t kTileK = 64;  // keys per tile
 
 struct AttentionShape {
   int64_t b, t, h, hk, d;
-  int64_t rep;       // query heads per kv head
-  int64_t q_tiles;   // ceil(t / kTileQ)
-  int64_t k_tiles;   // ceil(t / kTileK)
+  int64_t rep;      // query heads per kv head
+  int64_t q_tiles;  // ceil(t / kTileQ)
+  int64_t k_tiles;  // ceil(t / kTileK)
 };
 
 void attention_check_inputs(const AttentionShape& s, const int32_t* doc_start) {
-  STRATA_CHECK(s.b >= 0 && s.t >= 0 && s.d > 0, "attention: sizes must be non-negative (got b=",
-               s.b, " t=", s.t, " d=", s.d, ")");
+  STRATA_CHECK(s.b >= 0 && s.t >= 0 && s.d > 0,
+               "attention: sizes must be non-negative (got b=", s.b, " t=", s.t, " d=", s.d, ")");
   STRATA_CHECK(s.h > 0 && s.hk > 0 && s.h % s.hk == 0, "attention: heads (", s.h,
                ") must be a positive multiple of kv heads (", s.hk, ")");
   if (!doc_start) return;
@@ -63,19 +64,28 @@ std::vector<int32_t> attention_tile_first_keys(const AttentionShape& s, const in
 
 // Per-thread tiles. The names say the layout: *_rows are (tile, D), *_cols are (D, kTileK).
 struct AttentionWorkspace {
-  std::vector<float> q_rows, do_rows;   // (kTileQ, D)
-  std::vector<float> k_cols, v_cols;    // (D, kTileK)
-  std::vector<float> k_rows, v_rows;    // (kTileK, D)
-  std::vector<float> scores, dscores;   // (kTileQ, kTileK)
-  std::vector<float> acc, acc2;         // (max tile, D)
-  std::vector<float> row_a, row_b;      // (kTileQ)
-  std::vector<int64_t> first, last;     // (kTileQ) visible key range of each query
+  std::vector<float> q_rows, do_rows;  // (kTileQ, D)
+  std::vector<float> k_cols, v_cols;   // (D, kTileK)
+  std::vector<float> k_rows, v_rows;   // (kTileK, D)
+  std::vector<float> scores, dscores;  // (kTileQ, kTileK)
+  std::vector<float> acc, acc2;        // (max tile, D)
+  std::vector<float> row_a, row_b;     // (kTileQ)
+  std::vector<int64_t> first, last;    // (kTileQ) visible key range of each query
   explicit AttentionWorkspace(int64_t d)
-      : q_rows(size_t(kTileQ * d)), do_rows(size_t(kTileQ * d)), k_cols(size_t(d * kTileK)),
-        v_cols(size_t(d * kTileK)), k_rows(size_t(kTileK * d)), v_rows(size_t(kTileK * d)),
-        scores(size_t(kTileQ * kTileK)), dscores(size_t(kTileQ * kTileK)),
-        acc(size_t(std::max(kTileQ, kTileK) * d)), acc2(size_t(std::max(kTileQ, kTileK) * d)),
-        row_a(size_t(kTileQ)), row_b(size_t(kTileQ)), first(size_t(kTileQ)), last(size_t(kTileQ)) {}
+      : q_rows(size_t(kTileQ * d)),
+        do_rows(size_t(kTileQ * d)),
+        k_cols(size_t(d * kTileK)),
+        v_cols(size_t(d * kTileK)),
+        k_rows(size_t(kTileK * d)),
+        v_rows(size_t(kTileK * d)),
+        scores(size_t(kTileQ * kTileK)),
+        dscores(size_t(kTileQ * kTileK)),
+        acc(size_t(std::max(kTileQ, kTileK) * d)),
+        acc2(size_t(std::max(kTileQ, kTileK) * d)),
+        row_a(size_t(kTileQ)),
+        row_b(size_t(kTileQ)),
+        first(size_t(kTileQ)),
+        last(size_t(kTileQ)) {}
 };
 
 // Copies n rows of one head from x (B,T,nh,D) starting at token t0 into rows (n, D).
@@ -96,24 +106,46 @@ void attention_load_cols(float* cols, const float* x, int64_t bi, int64_t t0, in
   }
 }
 
-// c (nq, kTileK) = a (nq, D) · cols (D, kTileK) over the first nk columns.
-void attention_tile_dot(float* c, const float* a, const float* cols, int64_t nq, int64_t nk,
-                        int64_t d) {
-  for (int64_t i = 0; i < nq; ++i) {
-    float* ci = c + i * kTileK;
-    std::fill(ci, ci + nk, 0.f);
+// c (nq, kTileK) = a (nq, D) · cols (D, kTileK). All kTileK columns are computed, four rows at
+// a time in 16-float vectors so the 4 x 64 accumulators stay in registers; callers read only
+// the first nk columns. Each c[i][j] sums over D in order, whatever the row blocking.
+typedef float AttentionVec __attribute__((vector_size(64)));  // 16 floats
+constexpr int64_t kVecPerTile = kTileK / 16;
+static_assert(kTileK % 16 == 0);
+
+void attention_tile_dot(float* c, const float* a, const float* cols, int64_t nq, int64_t d) {
+  auto load = [](const float* p) {
+    AttentionVec x;
+    std::memcpy(&x, p, sizeof(x));
+    return x;
+  };
+  constexpr int64_t kRows = 4;
+  int64_t i = 0;
+  for (; i + kRows <= nq; i += kRows) {
+    AttentionVec acc[kRows][kVecPerTile] = {};
     for (int64_t e = 0; e < d; ++e) {
-      const float ae = a[i * d + e];
       const float* col = cols + e * kTileK;
-      for (int64_t j = 0; j < nk; ++j) ci[j] += ae * col[j];
+      for (int64_t u = 0; u < kVecPerTile; ++u) {
+        const AttentionVec cv = load(col + 16 * u);
+        for (int64_t r = 0; r < kRows; ++r) acc[r][u] += a[(i + r) * d + e] * cv;
+      }
     }
+    for (int64_t r = 0; r < kRows; ++r) std::memcpy(c + (i + r) * kTileK, acc[r], sizeof(acc[r]));
+  }
+  for (; i < nq; ++i) {
+    AttentionVec acc[kVecPerTile] = {};
+    for (int64_t e = 0; e < d; ++e) {
+      const float* col = cols + e * kTileK;
+      for (int64_t u = 0; u < kVecPerTile; ++u) acc[u] += a[i * d + e] * load(col + 16 * u);
+    }
+    std::memcpy(c + i * kTileK, acc, sizeof(acc));
   }
 }
 
 // Visible key range [first, last] of each query of the tile, relative to key s0; empty when
 // first > last. Queries t0.., doc start from doc_start (or 0).
-void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int64_t bi,
-                           int64_t t0, int64_t nq, int64_t s0, int64_t nk, const AttentionShape& s) {
+void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int64_t bi, int64_t t0,
+                           int64_t nq, int64_t s0, int64_t nk, const AttentionShape& s) {
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t ds = doc_start ? int64_t(doc_start[bi * s.t + t0 + i]) : 0;
     ws.first[i] = std::max<int64_t>(ds - s0, 0);
@@ -122,16 +154,16 @@ void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int
 }
 
 // One forward work item: query tile qt of head hi in batch row bi.
-void attention_forward_tile(float* out, float* lse, const float* q, const float* k,
-                            const float* v, const int32_t* doc_start, int32_t first_key,
-                            int64_t bi, int64_t hi, int64_t qt, float scale,
-                            const AttentionShape& s, AttentionWorkspace& ws) {
+void attention_forward_tile(float* out, float* lse, const float* q, const float* k, const float* v,
+                            const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
+                            int64_t qt, float scale, const AttentionShape& s,
+                            AttentionWorkspace& ws) {
   const int64_t d = s.d, g = hi / s.rep;
   const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
-  float* o = ws.acc.data();       // (nq, D) unnormalised output
-  float* m = ws.row_a.data();     // (nq) running max of scaled scores
-  float* l = ws.row_b.data();     // (nq) running sum of exp(score - m)
-  float* p = ws.scores.data();    // (nq, kTileK)
+  float* o = ws.acc.data();     // (nq, D) unnormalised output
+  float* m = ws.row_a.data();   // (nq) running max of scaled scores
+  float* l = ws.row_b.data();   // (nq) running sum of exp(score - m)
+  float* p = ws.scores.data();  // (nq, kTileK)
   attention_load_rows(ws.q_rows.data(), q, bi, t0, nq, hi, s.h, s);
   std::fill(o, o + nq * d, 0.f);
   std::fill(m, m + nq, -std::numeric_limits<float>::infinity());
@@ -141,7 +173,7 @@ void attention_forward_tile(float* out, float* lse, const float* q, const float*
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
     attention_load_cols(ws.k_cols.data(), k, bi, s0, nk, g, s.hk, s);
     attention_load_rows(ws.v_rows.data(), v, bi, s0, nk, g, s.hk, s);
-    attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, nk, d);
+    attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, d);
     attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
     for (int64_t i = 0; i < nq; ++i) {
       const int64_t j0 = ws.first[i], j1 = ws.last[i];
@@ -187,8 +219,8 @@ void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int
                                 float scale, const AttentionShape& s, AttentionWorkspace& ws) {
   float* p = ws.scores.data();
   float* dp = ws.dscores.data();
-  attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, nk, s.d);
-  attention_tile_dot(dp, ws.do_rows.data(), ws.v_cols.data(), nq, nk, s.d);
+  attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, s.d);
+  attention_tile_dot(dp, ws.do_rows.data(), ws.v_cols.data(), nq, s.d);
   attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
   for (int64_t i = 0; i < nq; ++i) {
     float* pi = p + i * kTileK;
@@ -207,9 +239,8 @@ void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int
 }
 
 // Loads lse and D_i of query tile (bi, hi, t0..t0+nq) into ws.row_a, ws.row_b.
-void attention_load_row_stats(const float* lse, const float* di, int64_t bi, int64_t hi,
-                              int64_t t0, int64_t nq, const AttentionShape& s,
-                              AttentionWorkspace& ws) {
+void attention_load_row_stats(const float* lse, const float* di, int64_t bi, int64_t hi, int64_t t0,
+                              int64_t nq, const AttentionShape& s, AttentionWorkspace& ws) {
   for (int64_t i = 0; i < nq; ++i) {
     ws.row_a[i] = lse[(bi * s.t + t0 + i) * s.h + hi];
     ws.row_b[i] = di[(bi * s.t + t0 + i) * s.h + hi];
@@ -218,11 +249,10 @@ void attention_load_row_stats(const float* lse, const float* di, int64_t bi, int
 
 // Backward pass 1 work item: key tile kt of kv head g in batch row bi; writes dk, dv there.
 void attention_backward_kv_tile(float* dk, float* dv, const float* dout, const float* q,
-                                const float* k, const float* v, const float* lse,
-                                const float* di, const int32_t* doc_start,
-                                const int32_t* tile_first_keys, int64_t bi, int64_t g,
-                                int64_t kt, float scale, const AttentionShape& s,
-                                AttentionWorkspace& ws) {
+                                const float* k, const float* v, const float* lse, const float* di,
+                                const int32_t* doc_start, const int32_t* tile_first_keys,
+                                int64_t bi, int64_t g, int64_t kt, float scale,
+                                const AttentionShape& s, AttentionWorkspace& ws) {
   const int64_t d = s.d;
   const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
   float* dk_acc = ws.acc.data();   // (nk, D)
@@ -268,8 +298,8 @@ void attention_backward_kv_tile(float* dk, float* dv, const float* dout, const f
 // Backward pass 2 work item: query tile qt of head hi in batch row bi; writes dq there.
 void attention_backward_q_tile(float* dq, const float* dout, const float* q, const float* k,
                                const float* v, const float* lse, const float* di,
-                               const int32_t* doc_start, int32_t first_key, int64_t bi,
-                               int64_t hi, int64_t qt, float scale, const AttentionShape& s,
+                               const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
+                               int64_t qt, float scale, const AttentionShape& s,
                                AttentionWorkspace& ws) {
   const int64_t d = s.d, g = hi / s.rep;
   const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
@@ -302,8 +332,8 @@ void attention_backward_q_tile(float* dq, const float* dout, const float* q, con
 }
 
 AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d) {
-  AttentionShape s{b, t, h, hk, d, hk > 0 ? h / hk : 0, (t + kTileQ - 1) / kTileQ,
-                   (t + kTileK - 1) / kTileK};
+  AttentionShape s{
+      b, t, h, hk, d, hk > 0 ? h / hk : 0, (t + kTileQ - 1) / kTileQ, (t + kTileK - 1) / kTileK};
   return s;
 }
 
@@ -324,8 +354,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
       const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
-      attention_forward_tile(out, lse, q, k, v, doc_start, first_keys[bi * s.q_tiles + qt], bi,
-                             hi, qt, scale, s, ws);
+      attention_forward_tile(out, lse, q, k, v, doc_start, first_keys[bi * s.q_tiles + qt], bi, hi,
+                             qt, scale, s, ws);
     }
   }
 }

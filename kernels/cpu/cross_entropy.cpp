@@ -45,15 +45,15 @@ W ce_from_f32(float x) {
 
 // Checks sizes and targets; returns the indices of counted rows in order.
 std::vector<int64_t> ce_counted_rows(const int32_t* targets, int64_t n, int64_t c, int64_t v) {
-  STRATA_CHECK(n >= 0 && c > 0 && v > 0, "lm_head_ce: sizes must be positive (got n=", n,
-               " c=", c, " v=", v, ")");
+  STRATA_CHECK(n >= 0 && c > 0 && v > 0, "lm_head_ce: sizes must be positive (got n=", n, " c=", c,
+               " v=", v, ")");
   std::vector<int64_t> rows;
   rows.reserve(size_t(n));
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = targets[i];
     if (id == kCeIgnoreIndex) continue;
-    STRATA_CHECK(id >= 0 && id < v, "lm_head_ce: row ", i, " has target id ", id,
-                 " outside [0, ", v, "); use -100 to ignore a token");
+    STRATA_CHECK(id >= 0 && id < v, "lm_head_ce: row ", i, " has target id ", id, " outside [0, ",
+                 v, "); use -100 to ignore a token");
     rows.push_back(i);
   }
   return rows;
@@ -74,11 +74,11 @@ double ce_run(bool backward, float* dh, float* dw, int64_t* count, const float* 
   if (counted == 0) return 0.0;
 
   const int64_t chunk = std::min(kCeChunkRows, counted);
-  std::vector<W> h_chunk(size_t(chunk * c));          // (chunk, C) gathered counted rows
-  std::vector<float> logits(size_t(chunk * v));       // (chunk, V), then dlogits
+  std::vector<W> h_chunk(size_t(chunk * c));                 // (chunk, C) gathered counted rows
+  std::vector<float> logits(size_t(chunk * v));              // (chunk, V), then dlogits
   std::vector<double> row_loss(static_cast<size_t>(chunk));  // (chunk)
-  std::vector<W> dlogits_cast;                        // (chunk, V) bf16 copy, bf16 w only
-  std::vector<float> dh_chunk;                        // (chunk, C)
+  std::vector<W> dlogits_cast;                               // (chunk, V) bf16 copy, bf16 w only
+  std::vector<float> dh_chunk;                               // (chunk, C)
   if (backward) {
     if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * v));
     dh_chunk.resize(size_t(chunk * c));
@@ -154,9 +154,9 @@ double lm_head_ce_backward(float* dh, float* dw, int64_t* count, const float* h,
   return ce_run<float>(true, dh, dw, count, h, w, targets, n, c, v, grad_scale);
 }
 
-double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const float* h,
-                                const bf16* w, const int32_t* targets, int64_t n, int64_t c,
-                                int64_t v, float grad_scale) {
+double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const float* h, const bf16* w,
+                                const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                float grad_scale) {
   return ce_run<bf16>(true, dh, dw, count, h, w, targets, n, c, v, grad_scale);
 }
 

@@ -1,5 +1,23 @@
+// `strata train RECIPE.toml [section.key=value ...]`
+#include <cstdio>
+
+#include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
-#include "src/core/error.h"
+#include "src/train/trainer.h"
+
 namespace strata {
-int cmd_train(const std::vector<std::string>&) { STRATA_CHECK(false, "train: not built yet"); }
+
+int cmd_train(const std::vector<std::string>& args) {
+  CLI::App app{"Fine-tune or train a model from a recipe (recipes/README.md documents every key)",
+               "strata train"};
+  std::string recipe_path;
+  std::vector<std::string> overrides;
+  app.add_option("recipe", recipe_path, "the recipe TOML file")->required();
+  app.add_option("overrides", overrides, "section.key=value overrides, e.g. train.max_steps=6");
+  int rc = 0;
+  if (!parse_args(app, args, &rc)) return rc;
+  train_run(recipe_load(recipe_path, overrides));
+  return 0;
 }
+
+}  // namespace strata

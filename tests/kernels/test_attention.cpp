@@ -61,8 +61,8 @@ AttnResult run_fast(const AttnCase& c, const std::vector<float>& q, const std::v
   cpu::attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), doc_start, c.b,
                          c.t, c.h, c.hk, c.d, scale);
   cpu::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
-                          v.data(), r.out.data(), r.lse.data(), doc_start, c.b, c.t, c.h, c.hk,
-                          c.d, scale);
+                          v.data(), r.out.data(), r.lse.data(), doc_start, c.b, c.t, c.h, c.hk, c.d,
+                          scale);
   return r;
 }
 
@@ -82,8 +82,8 @@ TEST_CASE("attention reference backward matches finite differences in fp64", "[k
     const std::vector<double> proj = convert<double>(random_floats(size_t(nq), 200 + ci));
     auto loss = [&](const std::vector<double>& xs) {
       std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(c.b * c.t * c.h));
-      ref::attention_forward(out.data(), lse.data(), xs.data(), xs.data() + nq,
-                             xs.data() + nq + nk, ds, c.b, c.t, c.h, c.hk, c.d, scale);
+      ref::attention_forward(out.data(), lse.data(), xs.data(), xs.data() + nq, xs.data() + nq + nk,
+                             ds, c.b, c.t, c.h, c.hk, c.d, scale);
       double l = 0;
       for (int64_t i = 0; i < nq; ++i) l += out[i] * proj[i];
       return l;
@@ -101,55 +101,67 @@ TEST_CASE("attention reference backward matches finite differences in fp64", "[k
   }
 }
 
-TEST_CASE("attention fast path matches the fp64 reference at awkward sizes", "[kernels]") {
-  // f32 vs fp64: ||fast - ref||_inf / max(||ref||_inf, floor) <= 1e-5 for out, lse, dq, dk, dv.
-  // The floor (0.1; inputs are O(1)) matters only where a gradient is zero in exact arithmetic:
-  // T=1 or one-token documents give dq = dk = 0, but f32 leaves the rounding of dP - D_i.
+namespace {
+
+// Fast f32 path vs the fp64 reference over T x (H,Hk) x D for one batch size B.
+// ||fast - ref||_inf / max(||ref||_inf, floor) <= 1e-5 for out, lse, dq, dk, dv. The floor
+// (0.1; inputs are O(1)) matters only where a gradient is zero in exact arithmetic: T=1 or
+// one-token documents give dq = dk = 0, but f32 leaves the rounding of dP - D_i.
+void check_attention_sizes(int64_t b) {
   const double tol = 1e-5, floor = 0.1;
   double worst_fwd = 0, worst_bwd = 0;
-  int idx = 0;
-  for (int64_t b : {1, 2})
-    for (int64_t t : {1, 17, 70, 130})
-      for (auto [h, hk] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {6, 2}})
-        for (int64_t d : {5, 24, 64}) {
-          ++idx;
-          const AttnCase c{b, t, h, hk, d};
-          const int64_t nq = b * t * h * d, nk = b * t * hk * d;
-          const auto q = random_floats(size_t(nq), 1000 + idx, -2.f, 2.f);
-          const auto k = random_floats(size_t(nk), 2000 + idx, -2.f, 2.f);
-          const auto v = random_floats(size_t(nk), 3000 + idx);
-          const auto dout = random_floats(size_t(nq), 4000 + idx);
-          // Rotate through: no documents, documents up to 40 tokens, every token its own.
-          const int64_t doc_len = idx % 3 == 0 ? 0 : idx % 3 == 1 ? 40 : 1;
-          std::vector<int32_t> docs = make_doc_start(b, t, std::max<int64_t>(doc_len, 1), idx);
-          const int32_t* ds = doc_len == 0 ? nullptr : docs.data();
-          const float scale = 1.f / std::sqrt(float(d));
+  int idx = int(b) * 100;
+  for (int64_t t : {1, 17, 70, 130})
+    for (auto [h, hk] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {6, 2}})
+      for (int64_t d : {5, 24, 64}) {
+        ++idx;
+        const AttnCase c{b, t, h, hk, d};
+        const int64_t nq = b * t * h * d, nk = b * t * hk * d;
+        const auto q = random_floats(size_t(nq), 1000 + idx, -2.f, 2.f);
+        const auto k = random_floats(size_t(nk), 2000 + idx, -2.f, 2.f);
+        const auto v = random_floats(size_t(nk), 3000 + idx);
+        const auto dout = random_floats(size_t(nq), 4000 + idx);
+        // Rotate through: no documents, documents up to 40 tokens, every token its own.
+        const int64_t doc_len = idx % 3 == 0 ? 0 : idx % 3 == 1 ? 40 : 1;
+        std::vector<int32_t> docs = make_doc_start(b, t, std::max<int64_t>(doc_len, 1), idx);
+        const int32_t* ds = doc_len == 0 ? nullptr : docs.data();
+        const float scale = 1.f / std::sqrt(float(d));
 
-          const AttnResult fast = run_fast(c, q, k, v, dout, ds, scale);
-          std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(b * t * h)),
-              dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
-          const auto qd = convert<double>(q), kd = convert<double>(k), vd = convert<double>(v),
-                     dod = convert<double>(dout);
-          ref::attention_forward(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), ds, b, t,
-                                 h, hk, d, double(scale));
-          ref::attention_backward(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
-                                  vd.data(), out.data(), lse.data(), ds, b, t, h, hk, d,
-                                  double(scale));
-          const double e_fwd =
-              std::max(max_rel_error(fast.out, out, floor), max_rel_error(fast.lse, lse, floor));
-          const double e_bwd =
-              std::max({max_rel_error(fast.dq, dq, floor), max_rel_error(fast.dk, dk, floor),
-                        max_rel_error(fast.dv, dv, floor)});
-          INFO("b=" << b << " t=" << t << " h=" << h << " hk=" << hk << " d=" << d
-                    << " doc_len=" << doc_len << " fwd " << e_fwd << " bwd " << e_bwd);
-          REQUIRE(e_fwd <= tol);
-          REQUIRE(e_bwd <= tol);
-          worst_fwd = std::max(worst_fwd, e_fwd);
-          worst_bwd = std::max(worst_bwd, e_bwd);
-        }
+        const AttnResult fast = run_fast(c, q, k, v, dout, ds, scale);
+        std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(b * t * h)),
+            dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
+        const auto qd = convert<double>(q), kd = convert<double>(k), vd = convert<double>(v),
+                   dod = convert<double>(dout);
+        ref::attention_forward(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), ds, b, t, h,
+                               hk, d, double(scale));
+        ref::attention_backward(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
+                                vd.data(), out.data(), lse.data(), ds, b, t, h, hk, d,
+                                double(scale));
+        const double e_fwd =
+            std::max(max_rel_error(fast.out, out, floor), max_rel_error(fast.lse, lse, floor));
+        const double e_bwd =
+            std::max({max_rel_error(fast.dq, dq, floor), max_rel_error(fast.dk, dk, floor),
+                      max_rel_error(fast.dv, dv, floor)});
+        INFO("b=" << b << " t=" << t << " h=" << h << " hk=" << hk << " d=" << d
+                  << " doc_len=" << doc_len << " fwd " << e_fwd << " bwd " << e_bwd);
+        REQUIRE(e_fwd <= tol);
+        REQUIRE(e_bwd <= tol);
+        worst_fwd = std::max(worst_fwd, e_fwd);
+        worst_bwd = std::max(worst_bwd, e_bwd);
+      }
   INFO("worst rel err: forward " << worst_fwd << ", backward " << worst_bwd);
   CHECK(worst_fwd <= tol);
   CHECK(worst_bwd <= tol);
+}
+
+}  // namespace
+
+TEST_CASE("attention fast path matches the fp64 reference at awkward sizes, B=1", "[kernels]") {
+  check_attention_sizes(1);
+}
+
+TEST_CASE("attention fast path matches the fp64 reference at awkward sizes, B=2", "[kernels]") {
+  check_attention_sizes(2);
 }
 
 TEST_CASE("attention results are bitwise independent of the thread count", "[kernels]") {
@@ -186,14 +198,14 @@ TEST_CASE("attention forward at T=4096 runs in tile-sized memory", "[kernels]") 
   for (const int32_t* ds : {static_cast<const int32_t*>(nullptr), docs.data()}) {
     std::vector<float> out(size_t(t * d)), lse(static_cast<size_t>(t));
     const auto start = std::chrono::steady_clock::now();
-    cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), ds, 1, t, 1, 1,
-                           d, scale);
+    cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), ds, 1, t, 1, 1, d,
+                           scale);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     INFO("forward T=4096 took " << seconds << " s");
     CHECK(seconds < 2.0);
-    for (int64_t i : {int64_t(0), int64_t(1), int64_t(63), int64_t(64), int64_t(2047),
-                      int64_t(4095)}) {
+    for (int64_t i :
+         {int64_t(0), int64_t(1), int64_t(63), int64_t(64), int64_t(2047), int64_t(4095)}) {
       const int64_t lo = ds ? ds[i] : 0;
       std::vector<double> s(size_t(i + 1));
       double m = -1e300;

@@ -75,16 +75,20 @@ double matmul_check_all(double tol) {
   return worst;
 }
 
-// True when matmul_f32 gives the same bits with 1 and 2 OpenMP threads.
-bool matmul_same_bits_1_2_threads(int64_t m, int64_t n, int64_t k, bool ta, bool tb,
-                                  float beta) {
+// True when matmul (f32 or bf16 inputs) gives the same bits with 1 and 2 OpenMP threads.
+bool matmul_same_bits_1_2_threads(bool use_bf16, int64_t m, int64_t n, int64_t k, bool ta,
+                                  bool tb, float beta) {
   auto a = random_floats(m * k, 1), b = random_floats(k * n, 2), c0 = random_floats(m * n, 3);
+  auto a16 = strata::testing::to_bf16(a), b16 = strata::testing::to_bf16(b);
   std::vector<float> one = c0, two = c0;
   const int keep = omp_get_max_threads();
-  omp_set_num_threads(1);
-  strata::cpu::matmul_f32(one.data(), a.data(), b.data(), m, n, k, ta, tb, beta);
-  omp_set_num_threads(2);
-  strata::cpu::matmul_f32(two.data(), a.data(), b.data(), m, n, k, ta, tb, beta);
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    float* c = threads == 1 ? one.data() : two.data();
+    if (use_bf16) strata::cpu::matmul_bf16(c, a16.data(), b16.data(), m, n, k, ta, tb, beta);
+    else strata::cpu::matmul_f32(c, a.data(), b.data(), m, n, k, ta, tb, beta);
+    CHECK(omp_get_max_threads() == threads);  // matmul leaves the caller's thread count alone
+  }
   omp_set_num_threads(keep);
   return std::memcmp(one.data(), two.data(), one.size() * 4) == 0;
 }
@@ -145,23 +149,26 @@ TEST_CASE("matmul handles empty sizes and rejects other betas", "[kernels]") {
                   strata::Error);
 }
 
-TEST_CASE("matmul_f32 results with 1 and 2 threads", "[kernels]") {
-  // Shapes of a model's three matmuls (forward, dx, dW accumulate) and a long-K small-MN one,
-  // where a GEMM is most tempted to split K across threads.
+TEST_CASE("matmul results are bitwise independent of the thread count", "[kernels]") {
+  // A model's three matmuls (forward, dx, dW accumulate) with edge tiles, and long-K products
+  // with small M x N, where oneDNN on its own splits K across threads (measured: it does for a
+  // transposed a, e.g. m = n = 64, k = 2048, in f32 and bf16).
   struct Case { int64_t m, n, k; bool ta, tb; float beta; const char* what; };
-  const Case cases[] = {{256, 192, 320, false, true, 0.f, "y = x W^T"},
-                        {256, 320, 192, false, false, 0.f, "dx = dy W"},
-                        {192, 320, 256, true, false, 1.f, "dW += dy^T x"},
-                        {8, 8, 16384, false, false, 0.f, "long K"},
-                        {64, 64, 8192, true, false, 1.f, "dW, long N"}};
+  const Case cases[] = {{300, 520, 96, false, true, 0.f, "y = x W^T"},
+                        {300, 96, 520, false, false, 0.f, "dx = dy W"},
+                        {520, 96, 300, true, false, 1.f, "dW += dy^T x"},
+                        {8, 8, 16384, true, false, 0.f, "long K"},
+                        {64, 64, 8192, true, false, 1.f, "dW, many tokens"}};
   int differ = 0;
   for (const Case& c : cases) {
-    bool same = matmul_same_bits_1_2_threads(c.m, c.n, c.k, c.ta, c.tb, c.beta);
-    std::printf("matmul_f32 %-14s m=%ld n=%ld k=%ld: 1 vs 2 threads %s\n", c.what, long(c.m),
-                long(c.n), long(c.k), same ? "bitwise equal" : "DIFFER");
-    differ += !same;
+    for (bool use_bf16 : {false, true}) {
+      bool same = matmul_same_bits_1_2_threads(use_bf16, c.m, c.n, c.k, c.ta, c.tb, c.beta);
+      INFO((use_bf16 ? "bf16 " : "f32 ") << c.what << " m=" << c.m << " n=" << c.n << " k=" << c.k);
+      CHECK(same);
+      differ += !same;
+    }
   }
-  CHECK(differ == 0);
+  std::printf("matmul 1 vs 2 threads: %d of %d cases differ\n", differ, int(2 * std::size(cases)));
 }
 
 // ---- elementwise helpers that feed matmul_bf16 ---------------------------------------------

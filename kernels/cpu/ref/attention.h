@@ -43,9 +43,8 @@ void attention_probs(std::vector<T>& p, T* lse_row, int64_t lse_stride, const T*
 
 // out (B,T,H,D), lse (B,T,H); q (B,T,H,D), k and v (B,T,Hk,D); doc_start (B,T) or null.
 template <class T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                       const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, T scale) {
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* doc_start,
+                       int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, T scale) {
   std::vector<T> p;  // (T, T)
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t hi = 0; hi < h; ++hi) {
@@ -67,8 +66,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
 // dS = P * (dP - rowsum(dout * out)), dq = scale dS k, dk = scale dS^T q, dv = P^T dout.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, const int32_t* doc_start, int64_t b,
-                        int64_t t, int64_t h, int64_t hk, int64_t d, T scale) {
+                        const T* out, const T* lse, const int32_t* doc_start, int64_t b, int64_t t,
+                        int64_t h, int64_t hk, int64_t d, T scale) {
   for (int64_t i = 0; i < b * t * hk * d; ++i) dk[i] = dv[i] = 0;
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t hi = 0; hi < h; ++hi) {

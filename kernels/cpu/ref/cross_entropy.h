@@ -28,14 +28,15 @@ T ce_row_logits(std::vector<T>& logits, const T* h, const T* w, int64_t i, int64
 }
 
 inline void ce_check_target(const int32_t* targets, int64_t i, int64_t v) {
-  STRATA_CHECK(targets[i] == kCeIgnoreIndex || (targets[i] >= 0 && targets[i] < v), "lm_head_ce: row ",
-               i, " has target id ", targets[i], " outside [0, ", v, "); use -100 to ignore a token");
+  STRATA_CHECK(targets[i] == kCeIgnoreIndex || (targets[i] >= 0 && targets[i] < v),
+               "lm_head_ce: row ", i, " has target id ", targets[i], " outside [0, ", v,
+               "); use -100 to ignore a token");
 }
 
 // h (N,C), w (V,C), targets (N). Returns sum over counted rows of -log p[target].
 template <class T>
-double lm_head_ce_forward(int64_t* count, const T* h, const T* w, const int32_t* targets,
-                          int64_t n, int64_t c, int64_t v) {
+double lm_head_ce_forward(int64_t* count, const T* h, const T* w, const int32_t* targets, int64_t n,
+                          int64_t c, int64_t v) {
   std::vector<T> logits;  // (V)
   T loss = 0;
   *count = 0;
@@ -52,8 +53,7 @@ double lm_head_ce_forward(int64_t* count, const T* h, const T* w, const int32_t*
 // dh (N,C) written, dw (V,C) accumulated, with the gradient of grad_scale * (returned sum).
 template <class T>
 double lm_head_ce_backward(T* dh, T* dw, int64_t* count, const T* h, const T* w,
-                           const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                           T grad_scale) {
+                           const int32_t* targets, int64_t n, int64_t c, int64_t v, T grad_scale) {
   std::vector<T> logits;  // (V)
   T loss = 0;
   *count = 0;

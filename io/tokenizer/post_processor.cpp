@@ -1,0 +1,118 @@
+// Post-processor implementations (see post_processor.h).
+#include "io/tokenizer/post_processor.h"
+
+#include <algorithm>
+
+#include "src/core/error.h"
+
+namespace strata::tok {
+namespace {
+
+// The single-sequence template: special-token ids before and after sequence A.
+class TemplateProcessor final : public PostProcessor {
+ public:
+  TemplateProcessor(std::vector<int32_t> before, std::vector<int32_t> after)
+      : before_(std::move(before)), after_(std::move(after)) {}
+  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, bool add_special_tokens,
+               const std::function<const std::string&(int32_t)>&) const override {
+    if (!add_special_tokens) return;
+    ids.insert(ids.begin(), before_.begin(), before_.end());
+    if (spans) spans->insert(spans->begin(), before_.size(), Span{0, 0});
+    ids.insert(ids.end(), after_.begin(), after_.end());
+    if (spans) spans->insert(spans->end(), after_.size(), Span{0, 0});
+  }
+
+ private:
+  std::vector<int32_t> before_, after_;
+};
+
+// ByteLevel with trim_offsets: offsets lose the leading/trailing spaces ('Ġ') of their token.
+class ByteLevelProcessor final : public PostProcessor {
+ public:
+  ByteLevelProcessor(bool trim_offsets, bool add_prefix_space)
+      : trim_(trim_offsets), add_prefix_space_(add_prefix_space) {}
+  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, bool,
+               const std::function<const std::string&(int32_t)>& token_text) const override {
+    if (!trim_ || !spans) return;
+    auto is_space = [](uint32_t cp) { return cp == 0x120 || unicode_is_whitespace(cp); };
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string& t = token_text(ids[i]);
+      std::vector<uint32_t> cps;
+      for (size_t p = 0; p < t.size();) {
+        size_t len;
+        cps.push_back(utf8_decode(t.data(), p, &len));
+        p += len;
+      }
+      size_t lead = 0, trail = 0;
+      while (lead < cps.size() && is_space(cps[lead])) ++lead;
+      while (trail < cps.size() && is_space(cps[cps.size() - 1 - trail])) ++trail;
+      if (lead == 0 && trail == 0) continue;
+      Span& s = (*spans)[i];
+      if (lead > 0) {
+        bool is_first = i == 0 || s.begin == 0;
+        if (is_first && add_prefix_space_ && lead == 1) lead = 0;
+        s.begin = std::min<uint32_t>(s.begin + uint32_t(lead), s.end);
+      }
+      if (trail > 0 && s.end >= trail) s.end = std::max<uint32_t>(s.end - uint32_t(trail), s.begin);
+    }
+  }
+
+ private:
+  bool trim_, add_prefix_space_;
+};
+
+class SequenceProcessor final : public PostProcessor {
+ public:
+  explicit SequenceProcessor(std::vector<std::unique_ptr<PostProcessor>> parts) : parts_(std::move(parts)) {}
+  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, bool add_special_tokens,
+               const std::function<const std::string&(int32_t)>& token_text) const override {
+    for (const auto& p : parts_) p->process(ids, spans, add_special_tokens, token_text);
+  }
+
+ private:
+  std::vector<std::unique_ptr<PostProcessor>> parts_;
+};
+
+}  // namespace
+
+std::unique_ptr<PostProcessor> post_processor_from_json(const nlohmann::json& j) {
+  if (j.is_null()) return nullptr;
+  STRATA_CHECK(j.is_object() && j.contains("type"), "tokenizer.json: a post_processor has no \"type\"");
+  const std::string type = j["type"].get<std::string>();
+  if (type == "ByteLevel")
+    return std::make_unique<ByteLevelProcessor>(j.value("trim_offsets", true), j.value("add_prefix_space", true));
+  if (type == "TemplateProcessing") {
+    const auto& specials = j.contains("special_tokens") ? j["special_tokens"] : nlohmann::json::object();
+    std::vector<int32_t> before, after;
+    bool seen_a = false;
+    const auto& single = j.at("single");
+    STRATA_CHECK(single.is_array(), "tokenizer.json: TemplateProcessing \"single\" must be an array");
+    for (const auto& piece : single) {
+      if (piece.contains("Sequence")) {
+        std::string seq = piece["Sequence"].value("id", std::string("A"));
+        STRATA_CHECK(seq == "A", "tokenizer.json: TemplateProcessing single template uses sequence \"", seq,
+                     "\"; only A exists for one text");
+        seen_a = true;
+      } else {
+        STRATA_CHECK(piece.contains("SpecialToken"), "tokenizer.json: TemplateProcessing piece is neither "
+                                                     "Sequence nor SpecialToken");
+        std::string name = piece["SpecialToken"].at("id").get<std::string>();
+        STRATA_CHECK(specials.contains(name), "tokenizer.json: TemplateProcessing uses special token \"", name,
+                     "\" missing from its special_tokens");
+        for (const auto& id : specials[name].at("ids")) (seen_a ? after : before).push_back(id.get<int32_t>());
+      }
+    }
+    return std::make_unique<TemplateProcessor>(std::move(before), std::move(after));
+  }
+  if (type == "Sequence") {
+    std::vector<std::unique_ptr<PostProcessor>> parts;
+    for (const auto& p : j.at("processors"))
+      if (auto pp = post_processor_from_json(p)) parts.push_back(std::move(pp));
+    return std::make_unique<SequenceProcessor>(std::move(parts));
+  }
+  STRATA_CHECK(false, "tokenizer.json: post_processor type \"", type,
+               "\" is not supported (supported: TemplateProcessing, ByteLevel, Sequence)");
+  return nullptr;
+}
+
+}  // namespace strata::tok

@@ -1,0 +1,276 @@
+#include "src/recipe/recipe.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "src/core/error.h"
+
+namespace strata {
+
+const std::vector<RecipeKey>& recipe_schema() {
+  static const std::vector<RecipeKey> keys = {
+      {"model.path", "path", "", "Hugging Face model dir (config.json + safetensors) to fine-tune"},
+      {"model.config", "path", "", "config.json of a model to initialise from model.init_seed instead of loading weights"},
+      {"model.init_seed", "int", "0", "seed of the random initialisation (with model.config)"},
+      {"model.init_std", "float", "0.02", "standard deviation of initial matrix weights (with model.config)"},
+      {"model.dtype", "string", "\"f32\"", "compute dtype of the weights on the device: \"f32\" or \"bf16\""},
+      {"data.path", "path", "", "training data: .txt (documents separated by blank lines), .jsonl ({\"text\"} per line) or .json ({\"input_ids\": [[...]]})"},
+      {"data.format", "string", "\"auto\"", "\"auto\" (by extension), \"text\", \"jsonl\" or \"tokens\""},
+      {"data.tokenizer", "string", "\"auto\"", "\"bytes\" (UTF-8 bytes as ids; vocab >= 256) or \"auto\" (bytes unless the data is pre-tokenized)"},
+      {"data.sequence_len", "int", "256", "tokens per row"},
+      {"data.packing", "bool", "true", "pack documents into full rows; attention and positions restart at each document"},
+      {"train.max_steps", "int", "100", "optimizer steps to run"},
+      {"train.micro_batch_size", "int", "1", "rows per micro-batch"},
+      {"train.gradient_accumulation_steps", "int", "1", "micro-batches per optimizer step"},
+      {"train.seed", "int", "0", "seed of the data order"},
+      {"train.log_steps", "int", "1", "print a progress line every this many steps"},
+      {"optim.learning_rate", "float", "1e-5", "peak learning rate"},
+      {"optim.weight_decay", "float", "0.0", "AdamW decoupled weight decay (matrices only; norms and biases are not decayed)"},
+      {"optim.adam_beta1", "float", "0.9", "AdamW beta1"},
+      {"optim.adam_beta2", "float", "0.999", "AdamW beta2"},
+      {"optim.adam_epsilon", "float", "1e-8", "AdamW epsilon"},
+      {"optim.max_grad_norm", "float", "1.0", "clip the global gradient L2 norm to this (0 = no clipping)"},
+      {"optim.lr_scheduler_type", "string", "\"cosine\"", "\"cosine\", \"linear\" or \"constant\" after warmup"},
+      {"optim.warmup_steps", "int", "0", "linear warmup steps (overrides warmup_ratio when > 0)"},
+      {"optim.warmup_ratio", "float", "0.0", "warmup as a fraction of max_steps"},
+      {"optim.min_lr_ratio", "float", "0.0", "the schedule decays to learning_rate * min_lr_ratio"},
+      {"device.backend", "string", "\"cpu\"", "\"cpu\", \"cuda\" or \"auto\""},
+      {"device.memory", "size", "\"2GiB\"", "device arena budget, e.g. \"512MiB\", \"20GiB\""},
+      {"device.link_bandwidth", "string", "", "CPU backend only: throttle host<->device copies, e.g. \"16GB/s\" (unset = unthrottled)"},
+      {"checkpoint.output_dir", "path", "\"out\"", "where metrics.jsonl and the final model are written"},
+      {"checkpoint.save_steps", "int", "0", "save every this many steps (0 = only at the end)"},
+      {"checkpoint.save_dtype", "string", "\"bf16\"", "dtype of exported weights: \"bf16\" or \"f32\""},
+  };
+  return keys;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+namespace {
+
+const RecipeKey* find_key(const std::string& name) {
+  for (auto& k : recipe_schema())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+std::string closest_key(const std::string& name) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (auto& k : recipe_schema()) {
+    // compare both the full name and the bare key, so "optim.lr_rate" and "train.learning_rate" both hit
+    std::string full = k.name, bare = full.substr(full.find('.') + 1);
+    std::string nb = name.substr(name.find('.') == std::string::npos ? 0 : name.find('.') + 1);
+    size_t d = std::min(edit_distance(name, full), edit_distance(nb, bare) + 1);
+    if (d < best_d) best_d = d, best = full;
+  }
+  return best;
+}
+
+using Values = std::map<std::string, toml::node_view<const toml::node>>;
+
+void check_key(const std::string& name, const std::string& origin) {
+  STRATA_CHECK(find_key(name), origin, ": unknown key '", name, "'; did you mean '", closest_key(name),
+               "'? (recipes/README.md lists every key)");
+}
+
+struct Reader {
+  std::map<std::string, std::unique_ptr<toml::node>> values;
+  std::string origin;
+
+  const toml::node* get(const char* name) const {
+    auto it = values.find(name);
+    return it == values.end() ? nullptr : it->second.get();
+  }
+  void read(const char* name, std::string& out) const {
+    if (auto* n = get(name)) {
+      STRATA_CHECK(n->is_string(), origin, ": ", name, " must be a string (in quotes)");
+      out = n->as_string()->get();
+    }
+  }
+  void read(const char* name, int64_t& out) const {
+    if (auto* n = get(name)) {
+      STRATA_CHECK(n->is_integer(), origin, ": ", name, " must be an integer");
+      out = n->as_integer()->get();
+    }
+  }
+  void read(const char* name, double& out) const {
+    if (auto* n = get(name)) {
+      STRATA_CHECK(n->is_number(), origin, ": ", name, " must be a number");
+      out = n->is_integer() ? double(n->as_integer()->get()) : n->as_floating_point()->get();
+    }
+  }
+  void read(const char* name, bool& out) const {
+    if (auto* n = get(name)) {
+      STRATA_CHECK(n->is_boolean(), origin, ": ", name, " must be true or false");
+      out = n->as_boolean()->get();
+    }
+  }
+};
+
+void collect(const toml::table& t, const std::string& prefix, Reader& r) {
+  for (auto&& [k, v] : t) {
+    std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (v.is_table()) {
+      STRATA_CHECK(prefix.empty(), r.origin, ": unexpected table [", name, "]");
+      collect(*v.as_table(), name, r);
+      continue;
+    }
+    if (prefix.empty()) {  // a top-level key that belongs to a section
+      STRATA_CHECK(false, r.origin, ": key '", name, "' must be inside a section; did you mean '",
+                   closest_key(name), "'?");
+    }
+    check_key(name, r.origin);
+    std::unique_ptr<toml::node> copy;
+    v.visit([&](auto&& node) { copy = std::make_unique<std::decay_t<decltype(node)>>(node); });
+    r.values[name] = std::move(copy);
+  }
+}
+
+std::string resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::path(base_dir) / p).lexically_normal().string();
+}
+
+}  // namespace
+
+Recipe recipe_parse(const std::string& text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  Reader r;
+  r.origin = origin;
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    STRATA_CHECK(false, origin, ":", e.source().begin.line, ":", e.source().begin.column,
+                 ": invalid TOML: ", e.description());
+  }
+  collect(tbl, "", r);
+  for (const std::string& o : overrides) {
+    size_t eq = o.find('=');
+    STRATA_CHECK(eq != std::string::npos && eq > 0, "override '", o,
+                 "' must look like section.key=value, e.g. train.max_steps=6");
+    std::string name = o.substr(0, eq), value = o.substr(eq + 1);
+    check_key(name, "command line");
+    std::unique_ptr<toml::node> node;
+    try {
+      toml::table one = toml::parse("v = " + value);
+      one["v"].node()->visit([&](auto&& n) { node = std::make_unique<std::decay_t<decltype(n)>>(n); });
+    } catch (const toml::parse_error&) {
+      node = std::make_unique<toml::value<std::string>>(value);  // bare words are strings
+    }
+    r.values[name] = std::move(node);
+  }
+
+  Recipe rc;
+  rc.source_path = origin;
+  r.read("model.path", rc.model_path);
+  r.read("model.config", rc.model_config);
+  r.read("model.init_seed", rc.model_init_seed);
+  r.read("model.init_std", rc.model_init_std);
+  r.read("model.dtype", rc.model_dtype);
+  r.read("data.path", rc.data_path);
+  r.read("data.format", rc.data_format);
+  r.read("data.tokenizer", rc.data_tokenizer);
+  r.read("data.sequence_len", rc.sequence_len);
+  r.read("data.packing", rc.packing);
+  r.read("train.max_steps", rc.max_steps);
+  r.read("train.micro_batch_size", rc.micro_batch_size);
+  r.read("train.gradient_accumulation_steps", rc.gradient_accumulation_steps);
+  r.read("train.seed", rc.seed);
+  r.read("train.log_steps", rc.log_steps);
+  r.read("optim.learning_rate", rc.learning_rate);
+  r.read("optim.weight_decay", rc.weight_decay);
+  r.read("optim.adam_beta1", rc.adam_beta1);
+  r.read("optim.adam_beta2", rc.adam_beta2);
+  r.read("optim.adam_epsilon", rc.adam_epsilon);
+  r.read("optim.max_grad_norm", rc.max_grad_norm);
+  r.read("optim.lr_scheduler_type", rc.lr_scheduler_type);
+  r.read("optim.warmup_steps", rc.warmup_steps);
+  r.read("optim.warmup_ratio", rc.warmup_ratio);
+  r.read("optim.min_lr_ratio", rc.min_lr_ratio);
+  r.read("device.backend", rc.device_backend);
+  r.read("device.memory", rc.device_memory);
+  r.read("device.link_bandwidth", rc.device_link_bandwidth);
+  r.read("checkpoint.output_dir", rc.output_dir);
+  r.read("checkpoint.save_steps", rc.save_steps);
+  r.read("checkpoint.save_dtype", rc.save_dtype);
+
+  const std::string base = std::filesystem::path(origin).parent_path().string();
+  rc.model_path = resolve(base, rc.model_path);
+  rc.model_config = resolve(base, rc.model_config);
+  rc.data_path = resolve(base, rc.data_path);
+  rc.output_dir = resolve(base, rc.output_dir);
+
+  // validation: every message names the key and what to write instead
+  STRATA_CHECK(rc.model_path.empty() != rc.model_config.empty(), origin,
+               ": set exactly one of model.path (load weights) or model.config (random init)");
+  STRATA_CHECK(!rc.data_path.empty(), origin, ": data.path is required");
+  STRATA_CHECK(rc.model_dtype == "f32" || rc.model_dtype == "bf16", origin, ": model.dtype must be \"f32\" or \"bf16\"");
+  STRATA_CHECK(rc.save_dtype == "f32" || rc.save_dtype == "bf16", origin, ": checkpoint.save_dtype must be \"f32\" or \"bf16\"");
+  STRATA_CHECK(rc.sequence_len >= 2, origin, ": data.sequence_len must be at least 2");
+  STRATA_CHECK(rc.max_steps >= 1, origin, ": train.max_steps must be at least 1");
+  STRATA_CHECK(rc.micro_batch_size >= 1, origin, ": train.micro_batch_size must be at least 1");
+  STRATA_CHECK(rc.gradient_accumulation_steps >= 1, origin, ": train.gradient_accumulation_steps must be at least 1");
+  STRATA_CHECK(rc.log_steps >= 1, origin, ": train.log_steps must be at least 1");
+  STRATA_CHECK(rc.learning_rate >= 0, origin, ": optim.learning_rate must not be negative");
+  STRATA_CHECK(rc.adam_beta1 >= 0 && rc.adam_beta1 < 1 && rc.adam_beta2 >= 0 && rc.adam_beta2 < 1,
+               origin, ": optim.adam_beta1 and adam_beta2 must be in [0, 1)");
+  STRATA_CHECK(rc.adam_epsilon > 0, origin, ": optim.adam_epsilon must be positive");
+  STRATA_CHECK(rc.max_grad_norm >= 0, origin, ": optim.max_grad_norm must be >= 0 (0 disables clipping)");
+  STRATA_CHECK(rc.warmup_ratio >= 0 && rc.warmup_ratio <= 1, origin, ": optim.warmup_ratio must be in [0, 1]");
+  STRATA_CHECK(rc.warmup_steps >= 0, origin, ": optim.warmup_steps must be >= 0");
+  STRATA_CHECK(rc.lr_scheduler_type == "cosine" || rc.lr_scheduler_type == "linear" ||
+                   rc.lr_scheduler_type == "constant",
+               origin, ": optim.lr_scheduler_type must be \"cosine\", \"linear\" or \"constant\"");
+  STRATA_CHECK(rc.save_steps >= 0, origin, ": checkpoint.save_steps must be >= 0");
+  return rc;
+}
+
+Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  STRATA_CHECK(in, "cannot open recipe ", path, ": check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return recipe_parse(ss.str(), path, overrides);
+}
+
+std::string Recipe::to_toml() const {
+  std::ostringstream os;
+  auto q = [](const std::string& s) { return "\"" + s + "\""; };
+  os << "[model]\n";
+  if (!model_path.empty()) os << "path = " << q(model_path) << "\n";
+  if (!model_config.empty()) os << "config = " << q(model_config) << "\ninit_seed = " << model_init_seed
+                                << "\ninit_std = " << model_init_std << "\n";
+  os << "dtype = " << q(model_dtype) << "\n\n[data]\npath = " << q(data_path) << "\nformat = "
+     << q(data_format) << "\ntokenizer = " << q(data_tokenizer) << "\nsequence_len = " << sequence_len
+     << "\npacking = " << (packing ? "true" : "false") << "\n\n[train]\nmax_steps = " << max_steps
+     << "\nmicro_batch_size = " << micro_batch_size << "\ngradient_accumulation_steps = "
+     << gradient_accumulation_steps << "\nseed = " << seed << "\nlog_steps = " << log_steps
+     << "\n\n[optim]\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
+     << "\nadam_beta1 = " << adam_beta1 << "\nadam_beta2 = " << adam_beta2 << "\nadam_epsilon = "
+     << adam_epsilon << "\nmax_grad_norm = " << max_grad_norm << "\nlr_scheduler_type = "
+     << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio
+     << "\nmin_lr_ratio = " << min_lr_ratio << "\n\n[device]\nbackend = " << q(device_backend)
+     << "\nmemory = " << q(device_memory) << "\n";
+  if (!device_link_bandwidth.empty()) os << "link_bandwidth = " << q(device_link_bandwidth) << "\n";
+  os << "\n[checkpoint]\noutput_dir = " << q(output_dir) << "\nsave_steps = " << save_steps
+     << "\nsave_dtype = " << q(save_dtype) << "\n";
+  return os.str();
+}
+
+}  // namespace strata

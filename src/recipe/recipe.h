@@ -1,0 +1,57 @@
+// Recipes: TOML files users copy and edit (recipes/README.md documents every key). The schema
+// is one table of keys with types, defaults and a line of help; an unknown key is an error that
+// names the closest valid key; `key=value` overrides on the command line use the same schema.
+// Relative paths in a recipe are resolved against the recipe file's folder.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct RecipeKey {
+  const char* name;     // "optim.learning_rate"
+  const char* type;     // "string" | "int" | "float" | "bool" | "size" | "path"
+  const char* fallback; // default, as TOML text ("" for none/unset)
+  const char* help;
+};
+const std::vector<RecipeKey>& recipe_schema();
+
+struct Recipe {
+  std::string source_path;  // the recipe file
+  // [model]
+  std::string model_path;     // HF dir with weights (and tokenizer)
+  std::string model_config;   // config.json for a freshly initialised model
+  int64_t model_init_seed = 0;
+  double model_init_std = 0.02;
+  std::string model_dtype = "f32";
+  // [data]
+  std::string data_path, data_format = "auto", data_tokenizer = "auto";
+  int64_t sequence_len = 256;
+  bool packing = true;
+  // [train]
+  int64_t max_steps = 100, micro_batch_size = 1, gradient_accumulation_steps = 1, seed = 0;
+  int64_t log_steps = 1;
+  // [optim]
+  double learning_rate = 1e-5, weight_decay = 0.0, adam_beta1 = 0.9, adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8, max_grad_norm = 1.0, warmup_ratio = 0.0, min_lr_ratio = 0.0;
+  int64_t warmup_steps = 0;
+  std::string lr_scheduler_type = "cosine";
+  // [device]
+  std::string device_backend = "cpu", device_memory = "2GiB", device_link_bandwidth;
+  // [checkpoint]
+  std::string output_dir = "out", save_dtype = "bf16";
+  int64_t save_steps = 0;
+
+  std::string to_toml() const;  // the effective recipe, every key
+};
+
+// Parses a recipe file and applies "section.key=value" overrides; throws strata::Error.
+Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides);
+Recipe recipe_parse(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides);
+
+// Levenshtein distance; used to suggest the closest key name.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace strata

@@ -1,0 +1,225 @@
+#include "src/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "io/metrics.h"
+#include "io/token_rows.h"
+#include "kernels/cpu/ops.h"
+#include "models/model_io.h"
+#include "offload/adamw.h"
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Peak f32 GEMM throughput of the CPU backend, measured once so MFU is a ratio to something
+// real on this machine rather than a datasheet number.
+double measure_cpu_gemm_peak() {
+  const int64_t n = 512;
+  std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
+  cpu::matmul_f32(c.data(), a.data(), b.data(), n, n, n, false, true, 0.f);  // warm up
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = Clock::now();
+    cpu::matmul_f32(c.data(), a.data(), b.data(), n, n, n, false, true, 0.f);
+    best = std::min(best, seconds_since(t0));
+  }
+  return 2.0 * double(n * n * n) / best;
+}
+
+// Model FLOPs of one token's forward + backward: 6 per matmul parameter plus attention
+// (12 * layers * heads * head_dim * context / 2 for a causal mask), as the MFU literature counts.
+double flops_per_token(const ModelSpec& spec, int64_t T) {
+  double matmul_params = 0;
+  for (auto& r : spec.params.rows())
+    if (r.shape.size() == 2 && r.name != "model.embed_tokens.weight") matmul_params += double(r.numel());
+  if (spec.lm_head == kAbsent) matmul_params += double(spec.params[size_t(spec.embed)].numel());
+  const auto& c = spec.config;
+  return 6.0 * matmul_params +
+         6.0 * double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * double(T);
+}
+
+MicroBatch take_rows(const TokenRows& rows, const std::vector<int64_t>& order, size_t first, int64_t count) {
+  MicroBatch mb;
+  mb.B = count;
+  mb.T = rows.T;
+  for (int64_t b = 0; b < count; ++b) {
+    size_t r = size_t(order[(first + size_t(b)) % order.size()]);
+    auto span = [&](const std::vector<int32_t>& v, std::vector<int32_t>& out) {
+      out.insert(out.end(), v.begin() + int64_t(r) * rows.T, v.begin() + int64_t(r + 1) * rows.T);
+    };
+    span(rows.ids, mb.ids);
+    span(rows.targets, mb.targets);
+    span(rows.pos, mb.pos);
+    span(rows.doc_start, mb.doc_start);
+  }
+  return mb;
+}
+
+}  // namespace
+
+double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio) {
+  if (s < warmup) return double(s) / double(warmup);  // as HF: the first warmup step has lr 0
+  if (type == "constant") return 1.0;
+  double progress = double(s - warmup) / double(std::max<int64_t>(1, total - warmup));
+  double decay = type == "linear" ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
+  return min_ratio + (1.0 - min_ratio) * std::max(0.0, decay);
+}
+
+TrainSummary train_run(const Recipe& rc) {
+  std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc.source_path.c_str(), rc.to_toml().c_str());
+
+  // model config
+  ModelConfig cfg = hf_config_load(rc.model_path.empty() ? rc.model_config : rc.model_path);
+  ModelSpec spec = model_spec_build(cfg, dtype_parse(rc.model_dtype));
+
+  // data
+  STRATA_CHECK(rc.data_tokenizer == "auto" || rc.data_tokenizer == "bytes", "data.tokenizer = \"",
+               rc.data_tokenizer, "\" is not supported yet: use \"bytes\" or \"auto\"");
+  std::vector<Document> docs = dataset_read_documents(rc.data_path, rc.data_format);
+  for (size_t d = 0; d < docs.size(); ++d)
+    for (int32_t id : docs[d])
+      STRATA_CHECK(id < cfg.vocab_size, rc.data_path, ": document ", d, " holds token id ", id,
+                   " but the model's vocab_size is ", cfg.vocab_size,
+                   " (byte-level text needs vocab_size >= 256)");
+  TokenRows rows = pack_documents(docs, rc.sequence_len, rc.packing);
+  std::fprintf(stderr, "strata train: %zu documents -> %ld rows of %ld tokens\n", docs.size(),
+               long(rows.rows()), long(rows.T));
+
+  // device and model
+  DeviceOptions dopt;
+  dopt.backend = rc.device_backend;
+  dopt.memory_bytes = parse_bytes(rc.device_memory, "device.memory");
+  if (!rc.device_link_bandwidth.empty())
+    dopt.link_bytes_per_s = parse_bandwidth(rc.device_link_bandwidth, "device.link_bandwidth");
+  auto dev = device_create(dopt);
+  CausalLM model(*dev, std::move(spec), rc.micro_batch_size, rc.sequence_len);
+  if (!rc.model_path.empty()) model_load_weights(model, rc.model_path);
+  else model_init_weights(model, uint64_t(rc.model_init_seed), rc.model_init_std);
+  model.upload_weights();
+  const ModelSpec& ms = model.spec();
+
+  // host optimizer state: fp32 master, m, v in the gradient table's layout
+  const TensorTable& gt = model.grad_table();
+  const size_t total_floats = gt.tier_bytes(Tier::device) / 4;
+  std::vector<float> master(total_floats, 0.f), m1(total_floats, 0.f), m2(total_floats, 0.f), grads;
+  for (size_t i = 0; i < ms.params.size(); ++i) model.get_param(i, master.data() + gt[i].offset / 4);
+  const size_t host_bytes = 3 * total_floats * 4 + total_floats * 4 + ms.params.tier_bytes(Tier::device);
+  std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), device %s of %s, host %s\n",
+               cfg.family.c_str(), double(ms.parameter_count()) / 1e6, rc.model_dtype.c_str(),
+               format_bytes(dev->used_bytes()).c_str(), format_bytes(dev->budget_bytes()).c_str(),
+               format_bytes(host_bytes).c_str());
+
+  const double peak = measure_cpu_gemm_peak();
+  const double fpt = flops_per_token(ms, rc.sequence_len);
+  std::filesystem::create_directories(rc.output_dir);
+  MetricsWriter metrics(rc.output_dir + "/metrics.jsonl");
+  {
+    std::ofstream f(rc.output_dir + "/recipe.toml");
+    f << rc.to_toml();
+    STRATA_CHECK_IO(f.good(), "cannot write ", rc.output_dir, "/recipe.toml");
+  }
+
+  std::vector<int64_t> order(size_t(rows.rows()));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(uint64_t(rc.seed));
+  std::shuffle(order.begin(), order.end(), rng);
+  size_t cursor = 0;
+  const int64_t warmup = rc.warmup_steps > 0 ? rc.warmup_steps
+                                             : int64_t(std::ceil(rc.warmup_ratio * double(rc.max_steps)));
+  TrainSummary summary;
+  double tokens_after_first = 0, time_after_first = 0;
+  for (int64_t step = 1; step <= rc.max_steps; ++step) {
+    auto t_step = Clock::now();
+    const DeviceCounters c0 = dev->counters();
+    // the micro-batches of this step, and the token count the loss is averaged over
+    std::vector<MicroBatch> mbs;
+    int64_t counted = 0;
+    for (int64_t a = 0; a < rc.gradient_accumulation_steps; ++a) {
+      if (cursor + size_t(rc.micro_batch_size) > order.size()) {  // next epoch, reshuffled
+        std::shuffle(order.begin(), order.end(), rng);
+        cursor = 0;
+      }
+      mbs.push_back(take_rows(rows, order, cursor, rc.micro_batch_size));
+      cursor += size_t(rc.micro_batch_size);
+      counted += mbs.back().counted();
+    }
+    STRATA_CHECK(counted > 0, "step ", step, " has no labelled tokens");
+    model.zero_grads();
+    double loss_sum = 0;
+    auto t_fb = Clock::now();
+    for (auto& mb : mbs) loss_sum += model.forward_backward(mb, float(1.0 / double(counted)));
+    const double fb_s = seconds_since(t_fb);
+
+    auto t_d2h = Clock::now();
+    model.download_grads(grads);
+    const double d2h_s = seconds_since(t_d2h);
+
+    auto t_opt = Clock::now();
+    const double grad_norm = std::sqrt(sum_of_squares(grads.data(), int64_t(grads.size())));
+    STRATA_CHECK(std::isfinite(grad_norm), "step ", step, ": the gradient norm is not finite (",
+                 grad_norm, "); lower optim.learning_rate or check the data");
+    AdamWParams ap;
+    ap.lr = float(rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, rc.max_steps, warmup, rc.min_lr_ratio));
+    ap.beta1 = float(rc.adam_beta1);
+    ap.beta2 = float(rc.adam_beta2);
+    ap.eps = float(rc.adam_epsilon);
+    ap.step = step;
+    ap.clip_scale = rc.max_grad_norm > 0 && grad_norm > rc.max_grad_norm
+                        ? float(rc.max_grad_norm / (grad_norm + 1e-6)) : 1.f;
+    for (size_t i = 0; i < ms.params.size(); ++i) {
+      const size_t off = gt[i].offset / 4;
+      ap.weight_decay = ms.params[i].shape.size() == 2 ? float(rc.weight_decay) : 0.f;
+      adamw_update(master.data() + off, m1.data() + off, m2.data() + off, grads.data() + off,
+                   model.host_param(i), ms.params[i].dtype, ms.params[i].numel(), ap);
+    }
+    const double opt_s = seconds_since(t_opt);
+    auto t_h2d = Clock::now();
+    model.upload_weights();
+    const double h2d_s = seconds_since(t_h2d);
+
+    const double step_s = seconds_since(t_step);
+    const DeviceCounters c1 = dev->counters();
+    const int64_t tokens = rc.gradient_accumulation_steps * rc.micro_batch_size * rc.sequence_len;
+    const double loss = loss_sum / double(counted);
+    summary.losses.push_back(loss);
+    if (step > 1) {
+      tokens_after_first += double(tokens);
+      time_after_first += step_s;
+    }
+    const double tps = double(tokens) / step_s;
+    nlohmann::json rec = {
+        {"step", step}, {"loss", loss}, {"lr", ap.lr}, {"grad_norm", grad_norm},
+        {"tokens", tokens}, {"loss_tokens", counted}, {"tokens_per_s", tps},
+        {"mfu", tps * fpt / peak}, {"step_s", step_s}, {"compute_s", c1.compute_busy_s - c0.compute_busy_s},
+        {"forward_backward_s", fb_s}, {"h2d_wait_s", h2d_s}, {"d2h_wait_s", d2h_s},
+        {"optimizer_s", opt_s}, {"optimizer_exposed_s", opt_s}, {"nvme_wait_s", 0.0},
+        {"device_peak_bytes", dev->peak_bytes()}, {"host_pinned_bytes", ms.params.tier_bytes(Tier::device)},
+        {"host_bytes", host_bytes},
+        {"link_bytes", (c1.h2d_bytes - c0.h2d_bytes) + (c1.d2h_bytes - c0.d2h_bytes)}};
+    metrics.write(rec);
+    if (step % rc.log_steps == 0 || step == rc.max_steps || step == 1)
+      std::fprintf(stderr, "step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  mfu %.1f%%\n",
+                   long(step), long(rc.max_steps), loss, double(ap.lr), grad_norm, tps,
+                   100.0 * tps * fpt / peak);
+  }
+  summary.tokens_per_s = time_after_first > 0 ? tokens_after_first / time_after_first : 0;
+  summary.final_dir = rc.output_dir + "/final";
+  model_save_hf(model, summary.final_dir, dtype_parse(rc.save_dtype));
+  std::fprintf(stderr, "strata train: done; model written to %s, metrics to %s/metrics.jsonl\n",
+               summary.final_dir.c_str(), rc.output_dir.c_str());
+  return summary;
+}
+
+}  // namespace strata
