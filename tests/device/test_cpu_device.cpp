@@ -1,0 +1,110 @@
+// The CPU backend as a device: streams run in order on their own threads, events order work
+// across streams, copies are asynchronous, the link throttle holds, errors are sticky.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "src/core/error.h"
+#include "src/device/device.h"
+
+namespace strata {
+
+TEST_CASE("device memory is budgeted and NaN-poisoned", "[device]") {
+  DeviceOptions o;
+  o.memory_bytes = 1 << 20;
+  auto dev = device_create(o);
+  float* p = static_cast<float*>(dev->alloc(64 * 4, "probe"));
+  CHECK(std::isnan(p[0]));
+  CHECK(std::isnan(p[63]));
+  CHECK_THROWS_AS(dev->alloc(2 << 20, "too big"), Error);
+  dev->free(p);
+  CHECK(dev->used_bytes() == 0);
+}
+
+TEST_CASE("copies and ops are asynchronous and ordered by events across streams", "[device]") {
+  auto dev = device_create(DeviceOptions{});
+  const int64_t n = 1 << 16;
+  std::vector<float> host(n, 2.f), back(n, 0.f);
+  float* a = static_cast<float*>(dev->alloc(n * 4, "a"));
+  float* b = static_cast<float*>(dev->alloc(n * 4, "b"));
+  auto uploaded = dev->event_create();
+  auto computed = dev->event_create();
+  dev->copy_h2d(a, host.data(), n * 4, Stream::h2d);
+  dev->event_record(*uploaded, Stream::h2d);
+  dev->stream_wait_event(Stream::compute, *uploaded);
+  dev->memset_zero(b, n * 4, Stream::compute);
+  dev->add_inplace(Stream::compute, b, a, n);  // b = 2
+  dev->add_inplace(Stream::compute, b, a, n);  // b = 4
+  dev->event_record(*computed, Stream::compute);
+  dev->stream_wait_event(Stream::d2h, *computed);
+  dev->copy_d2h(back.data(), b, n * 4, Stream::d2h);
+  dev->stream_synchronize(Stream::d2h);
+  for (int64_t i = 0; i < n; i += 997) REQUIRE(back[size_t(i)] == 4.f);
+  CHECK(back[size_t(n - 1)] == 4.f);
+  CHECK(dev->counters().h2d_bytes == size_t(n) * 4);
+  CHECK(dev->counters().d2h_bytes == size_t(n) * 4);
+  dev->free(a);
+  dev->free(b);
+}
+
+TEST_CASE("an event waits only for the work recorded before it", "[device]") {
+  auto dev = device_create(DeviceOptions{});
+  float* x = static_cast<float*>(dev->alloc(4, "x"));
+  std::vector<float> one(1, 1.f), out(1, 0.f);
+  auto ev = dev->event_create();
+  dev->copy_h2d(x, one.data(), 4, Stream::h2d);
+  dev->event_record(*ev, Stream::h2d);
+  dev->event_synchronize(*ev);
+  dev->copy_d2h(out.data(), x, 4, Stream::compute);
+  dev->stream_synchronize(Stream::compute);
+  CHECK(out[0] == 1.f);
+  dev->free(x);
+}
+
+TEST_CASE("the link throttle holds copies to the set bandwidth", "[device]") {
+  DeviceOptions o;
+  o.link_bytes_per_s = 100e6;  // 100 MB/s: 8 MB takes >= 80 ms
+  auto dev = device_create(o);
+  const size_t bytes = 8'000'000;
+  std::vector<char> host(bytes, 1);
+  void* d = dev->alloc(bytes, "d");
+  auto t0 = std::chrono::steady_clock::now();
+  dev->copy_h2d(d, host.data(), bytes, Stream::h2d);
+  auto enqueued = std::chrono::steady_clock::now();
+  dev->stream_synchronize(Stream::h2d);
+  double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double enqueue = std::chrono::duration<double>(enqueued - t0).count();
+  CHECK(total >= 0.079);
+  CHECK(enqueue < total / 4);  // the copy returned before it finished
+  dev->free(d);
+}
+
+TEST_CASE("a kernel error is sticky and surfaces at synchronize", "[device]") {
+  auto dev = device_create(DeviceOptions{});
+  const int64_t n = 4, c = 8, v = 5;
+  float* h = static_cast<float*>(dev->alloc(n * c * 4, "h"));
+  float* w = static_cast<float*>(dev->alloc(v * c * 4, "w"));
+  int32_t* t = static_cast<int32_t*>(dev->alloc(n * 4, "t"));
+  double* loss = static_cast<double*>(dev->alloc(8, "loss"));
+  std::vector<float> zeros(size_t(v * c), 0.f);
+  std::vector<int32_t> bad = {0, 1, 99, 2};  // 99 is outside the vocabulary
+  dev->copy_h2d(h, zeros.data(), n * c * 4, Stream::compute);
+  dev->copy_h2d(w, zeros.data(), v * c * 4, Stream::compute);
+  dev->copy_h2d(t, bad.data(), n * 4, Stream::compute);
+  dev->memset_zero(loss, 8, Stream::compute);
+  dev->lm_head_ce(Stream::compute, loss, nullptr, nullptr, h, w, DType::f32, t, n, c, v, 1.f);
+  CHECK_THROWS_AS(dev->stream_synchronize(Stream::compute), Error);
+  dev->stream_synchronize(Stream::compute);  // cleared once reported
+}
+
+TEST_CASE("unknown and unavailable backends are clear input errors", "[device]") {
+  DeviceOptions o;
+  o.backend = "cuda";
+  CHECK_THROWS_AS(device_create(o), Error);
+  o.backend = "tpu";
+  CHECK_THROWS_AS(device_create(o), Error);
+}
+
+}  // namespace strata
