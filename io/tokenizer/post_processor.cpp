@@ -13,7 +13,7 @@ class TemplateProcessor final : public PostProcessor {
  public:
   TemplateProcessor(std::vector<int32_t> before, std::vector<int32_t> after)
       : before_(std::move(before)), after_(std::move(after)) {}
-  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, bool add_special_tokens,
+  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, std::string_view original, bool add_special_tokens,
                const std::function<const std::string&(int32_t)>&) const override {
     if (!add_special_tokens) return;
     ids.insert(ids.begin(), before_.begin(), before_.end());
@@ -31,7 +31,7 @@ class ByteLevelProcessor final : public PostProcessor {
  public:
   ByteLevelProcessor(bool trim_offsets, bool add_prefix_space)
       : trim_(trim_offsets), add_prefix_space_(add_prefix_space) {}
-  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, bool,
+  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, std::string_view original, bool,
                const std::function<const std::string&(int32_t)>& token_text) const override {
     if (!trim_ || !spans) return;
     auto is_space = [](uint32_t cp) { return cp == 0x120 || unicode_is_whitespace(cp); };
@@ -47,13 +47,23 @@ class ByteLevelProcessor final : public PostProcessor {
       while (lead < cps.size() && is_space(cps[lead])) ++lead;
       while (trail < cps.size() && is_space(cps[cps.size() - 1 - trail])) ++trail;
       if (lead == 0 && trail == 0) continue;
+      // Hugging Face trims in character offsets: step over whole characters of the original.
       Span& s = (*spans)[i];
       if (lead > 0) {
         bool is_first = i == 0 || s.begin == 0;
         if (is_first && add_prefix_space_ && lead == 1) lead = 0;
-        s.begin = std::min<uint32_t>(s.begin + uint32_t(lead), s.end);
+        for (; lead > 0 && s.begin < s.end; --lead) s.begin += uint32_t(utf8_char_len((unsigned char)original[s.begin]));
+        s.begin = std::min(s.begin, s.end);
       }
-      if (trail > 0 && s.end >= trail) s.end = std::max<uint32_t>(s.end - uint32_t(trail), s.begin);
+      if (trail > 0) {
+        uint32_t e = s.end;
+        size_t k = 0;
+        for (; k < trail && e > 0; ++k) {
+          --e;
+          while (e > 0 && ((unsigned char)original[e] & 0xC0) == 0x80) --e;
+        }
+        if (k == trail) s.end = std::max(e, s.begin);
+      }
     }
   }
 
@@ -64,9 +74,9 @@ class ByteLevelProcessor final : public PostProcessor {
 class SequenceProcessor final : public PostProcessor {
  public:
   explicit SequenceProcessor(std::vector<std::unique_ptr<PostProcessor>> parts) : parts_(std::move(parts)) {}
-  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, bool add_special_tokens,
+  void process(std::vector<int32_t>& ids, std::vector<Span>* spans, std::string_view original, bool add_special_tokens,
                const std::function<const std::string&(int32_t)>& token_text) const override {
-    for (const auto& p : parts_) p->process(ids, spans, add_special_tokens, token_text);
+    for (const auto& p : parts_) p->process(ids, spans, original, add_special_tokens, token_text);
   }
 
  private:

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,9 +18,10 @@ namespace strata::tok {
 class PostProcessor {
  public:
   virtual ~PostProcessor() = default;
-  // ids and (when not null) their original byte spans, same length, are rewritten in place.
+  // ids and (when not null) their byte spans in `original`, same length, are rewritten in place.
   // token_text(id) returns the token's string.
-  virtual void process(std::vector<int32_t>& ids, std::vector<Span>* spans, bool add_special_tokens,
+  virtual void process(std::vector<int32_t>& ids, std::vector<Span>* spans, std::string_view original,
+                       bool add_special_tokens,
                        const std::function<const std::string&(int32_t)>& token_text) const = 0;
 };
 

@@ -172,7 +172,7 @@ std::vector<int32_t> Tokenizer::encode_impl(std::string_view text, bool add_spec
 
   // 4. Post-processor.
   if (m.post_processor)
-    m.post_processor->process(ids, offsets ? &spans : nullptr, add_special_tokens,
+    m.post_processor->process(ids, offsets ? &spans : nullptr, text, add_special_tokens,
                               [this](int32_t id) -> const std::string& { return id_to_token(id); });
   if (offsets) {
     offsets->clear();

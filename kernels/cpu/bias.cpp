@@ -11,6 +11,8 @@
 namespace strata::cpu {
 namespace {
 
+constexpr int64_t kParallelMin = 1 << 14;  // elements; fewer are not worth waking threads
+
 constexpr int64_t kRowsPerChunk = 64;  // fixed: the db sum order must not follow threads
 
 // s (o) = sum of rows [begin, end) of dy (n,o), in row order.
@@ -27,7 +29,7 @@ void bias_sum_rows(float* s, const float* dy, int64_t begin, int64_t end, int64_
 
 void bias_forward(float* y, const float* b, int64_t n, int64_t o) {
   STRATA_CHECK(n >= 0 && o > 0, "bias_forward: need n >= 0 and o > 0, got n=", n, " o=", o);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * o >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float* row = y + i * o;
 #pragma omp simd
@@ -46,7 +48,7 @@ void bias_backward(float* db, const float* dy, int64_t n, int64_t o) {
     return;
   }
   std::vector<float> partial(size_t(chunks * o));  // (chunks, o) one column sum per chunk
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * o >= kParallelMin)
   for (int64_t ch = 0; ch < chunks; ++ch)
     bias_sum_rows(partial.data() + ch * o, dy, ch * kRowsPerChunk,
                   std::min(n, (ch + 1) * kRowsPerChunk), o);

@@ -6,7 +6,7 @@
 namespace strata::cpu {
 
 namespace {
-constexpr int64_t kParallelMin = 1 << 14;  // below this, waking threads costs more than it saves
+constexpr int64_t kParallelMin = 1 << 14;  // elements; fewer are not worth waking threads
 }  // namespace
 
 void add_inplace(float* y, const float* x, int64_t n) {

@@ -13,6 +13,8 @@
 namespace strata::cpu {
 namespace {
 
+constexpr int64_t kParallelMin = 1 << 14;  // elements; fewer are not worth waking threads
+
 constexpr int64_t kRowsPerChunk = 64;  // fixed: the dweight sum order must not follow threads
 
 }  // namespace
@@ -20,7 +22,7 @@ constexpr int64_t kRowsPerChunk = 64;  // fixed: the dweight sum order must not 
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
                      int64_t c, float eps) {
   STRATA_CHECK(n >= 0 && c > 0, "rmsnorm_forward: need n >= 0 and c > 0, got n=", n, " c=", c);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = in + i * c;  // (c)
     float* y = out + i * c;       // (c)
@@ -39,7 +41,7 @@ void rmsnorm_backward(float* din, float* dweight, const float* dout, const float
   STRATA_CHECK(n >= 0 && c > 0, "rmsnorm_backward: need n >= 0 and c > 0, got n=", n, " c=", c);
   int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
   std::vector<float> partial(size_t(chunks * c), 0.f);  // (chunks, c) dweight per chunk
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (int64_t ch = 0; ch < chunks; ++ch) {
     float* dw = partial.data() + ch * c;  // (c)
     int64_t end = std::min(n, (ch + 1) * kRowsPerChunk);

@@ -10,8 +10,10 @@
 namespace strata::cpu {
 namespace {
 
-// out[j] = x[j] cos - x[j+half] sin*sign', out[j+half] = x[j+half] cos + x[j] sin*sign'
-// with sin negated for the backward (the transpose of a rotation is the opposite rotation).
+constexpr int64_t kParallelMin = 1 << 14;  // elements; fewer are not worth waking threads
+
+// out[j] = x[j] cos - x[j+half] sin, out[j+half] = x[j+half] cos + x[j] sin; with transpose
+// (the backward) sin is negated, since the transpose of a rotation is the opposite rotation.
 // out == in is safe: iteration j reads and writes only elements j and j+half.
 void rope_rotate(float* out, const float* in, const int32_t* pos, const float* inv_freq,
                  int64_t n, int64_t nh, int64_t d, bool transpose) {
@@ -19,9 +21,10 @@ void rope_rotate(float* out, const float* in, const int32_t* pos, const float* i
                "rope: need n >= 0, nh > 0 and an even head dim d > 0, got n=", n, " nh=", nh,
                " d=", d);
   const int64_t half = d / 2;
-#pragma omp parallel
+#pragma omp parallel if (n * nh * d >= kParallelMin)
   {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));  // (half) this token's cos, sin
+    // (half) this token's cos and sin, shared by its nh heads
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float p = float(pos[i]);

@@ -11,7 +11,7 @@
 namespace strata::cpu {
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 14;  // below this, waking threads costs more than it saves
+constexpr int64_t kParallelMin = 1 << 14;  // elements; fewer are not worth waking threads
 
 // e^x for x clamped to [-87, 88] (results stay normal and finite); NaN stays NaN.
 inline float swiglu_exp(float x) {

@@ -123,7 +123,11 @@ TrainSummary train_run(const Recipe& rc) {
 
   const double peak = measure_cpu_gemm_peak();
   const double fpt = flops_per_token(ms, rc.sequence_len);
-  std::filesystem::create_directories(rc.output_dir);
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(rc.output_dir, ec);
+    STRATA_CHECK_IO(!ec, "cannot create checkpoint.output_dir ", rc.output_dir, ": ", ec.message());
+  }
   MetricsWriter metrics(rc.output_dir + "/metrics.jsonl");
   {
     std::ofstream f(rc.output_dir + "/recipe.toml");

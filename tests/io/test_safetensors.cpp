@@ -76,6 +76,7 @@ void require_open_error(const std::string& path, const std::string& phrase, Erro
 
 void require_dir_error(const std::string& dir, const std::vector<std::string>& phrases,
                        ErrorKind kind = ErrorKind::input) {
+  INFO("model directory " << dir);
   try {
     SafetensorsDir::open(dir);
     FAIL("opened a bad model directory");
@@ -332,9 +333,10 @@ TEST_CASE("safetensors: corpus of bad files, each error names the file and the p
 TEST_CASE("safetensors: bad model directories (missing shard, index/shard disagreement)", "[io]") {
   TempDir tmp;
   std::vector<float> v = testing::random_floats(6, 9);
-  auto mk = [&](const std::string& name) {
+  auto mk = [&](const std::string& name) {  // shard 1: x, y; shard 2: z
     std::string d = tmp / name;
-    safetensors_write_dir(d, {tw("x", DType::f32, {3}, v), tw("y", DType::f32, {3}, v)}, 12);  // 2 shards
+    safetensors_write_dir(d, {tw("x", DType::f32, {3}, v), tw("y", DType::f32, {3}, v), tw("z", DType::f32, {3}, v)},
+                          24);
     return d;
   };
   const std::string shard1 = "model-00001-of-00002.safetensors", shard2 = "model-00002-of-00002.safetensors";
@@ -345,9 +347,9 @@ TEST_CASE("safetensors: bad model directories (missing shard, index/shard disagr
 
   d = mk("index_names_absent_tensor");
   json idx = json::parse(read_bytes(d + "/model.safetensors.index.json"));
-  idx["weight_map"]["z"] = shard1;
+  idx["weight_map"]["w"] = shard1;
   write_bytes(d + "/model.safetensors.index.json", idx.dump());
-  require_dir_error(d, {"'z'", shard1, "lacks it", d});
+  require_dir_error(d, {"'w'", shard1, "lacks it", d});
 
   d = mk("shard_has_unindexed_tensor");
   idx = json::parse(read_bytes(d + "/model.safetensors.index.json"));
@@ -357,9 +359,9 @@ TEST_CASE("safetensors: bad model directories (missing shard, index/shard disagr
 
   d = mk("index_wrong_shard");
   idx = json::parse(read_bytes(d + "/model.safetensors.index.json"));
-  idx["weight_map"]["y"] = shard1;
+  idx["weight_map"]["y"] = shard2;
   write_bytes(d + "/model.safetensors.index.json", idx.dump());
-  require_dir_error(d, {"'y'", "index puts it in " + shard1, "lacks it"});
+  require_dir_error(d, {"'y'", "index puts it in " + shard2, "lacks it"});
 
   d = mk("index_bad_json");
   write_bytes(d + "/model.safetensors.index.json", "{\"weight_map\": {");
@@ -551,6 +553,7 @@ TEST_CASE("safetensors: 3000 seeded mutations of a valid file open or throw stra
   int opened = 0, rejected = 0;
   const std::string p = tmp / "m.safetensors";
   for (int it = 0; it < 3000; ++it) {
+    fs::remove(p);  // a fresh file: ext4 flushes a truncated-and-rewritten file on close (slow)
     write_bytes(p, mutate(base, rng));
     try {
       SafetensorsFile f = SafetensorsFile::open(p);

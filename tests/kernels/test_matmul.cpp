@@ -29,7 +29,8 @@ using strata::testing::random_floats;
 struct MatmulShape {
   int64_t m, n, k;
 };
-const MatmulShape kShapes[] = {{1, 1, 1}, {3, 17, 15}, {65, 33, 129}, {128, 256, 96}};
+// (300, 520, 70) spans 2 x 3 of matmul.cpp's 256 x 256 tiles, edge tiles included.
+const MatmulShape kShapes[] = {{1, 1, 1}, {3, 17, 15}, {65, 33, 129}, {128, 256, 96}, {300, 520, 70}};
 
 // ---- matmul -------------------------------------------------------------------------------
 
@@ -117,8 +118,9 @@ TEST_CASE("matmul reference gradients match finite differences for every transpo
       else strata::ref::matmul(da.data(), b.data(), r.data(), k, m, n, bool(tb), true, 0.0);
       if (!tb) strata::ref::matmul(db.data(), a.data(), r.data(), k, n, m, !ta, false, 0.0);
       else strata::ref::matmul(db.data(), r.data(), a.data(), n, k, m, true, bool(ta), 0.0);
-      double ea = max_rel_error(da, finite_difference(a, [&](const auto& v) { return loss(v, b); }));
-      double eb = max_rel_error(db, finite_difference(b, [&](const auto& v) { return loss(a, v); }));
+      auto fd_a = finite_difference(a, [&](const auto& v) { return loss(v, b); });
+      auto fd_b = finite_difference(b, [&](const auto& v) { return loss(a, v); });
+      double ea = max_rel_error(da, fd_a), eb = max_rel_error(db, fd_b);
       INFO("ta=" << ta << " tb=" << tb);
       CHECK(ea <= 1e-6);
       CHECK(eb <= 1e-6);
@@ -145,8 +147,9 @@ TEST_CASE("matmul handles empty sizes and rejects other betas", "[kernels]") {
   strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 2, 3, 0, false, false, 0.f);
   CHECK(c == std::vector<float>(6, 0.f));  // k = 0, beta 0: zeros
   strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 0, 3, 4, false, false, 0.f);  // no-op
-  CHECK_THROWS_AS(strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 1, 1, 1, false, false, 0.5f),
-                  strata::Error);
+  CHECK_THROWS_AS(
+      strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 1, 1, 1, false, false, 0.5f),
+      strata::Error);
 }
 
 TEST_CASE("matmul results are bitwise independent of the thread count", "[kernels]") {
@@ -241,7 +244,8 @@ TEST_CASE("cast_bf16_to_f32 is exact for every bit pattern", "[kernels]") {
     bool is_nan = ((i >> 7) & 0xff) == 0xff && (i & 0x7f);
     bool inf = ((i >> 7) & 0xff) == 0xff && !(i & 0x7f);
     double want = inf ? ((i >> 15) ? -INFINITY : INFINITY) : bf16_bits_value(uint16_t(i));
-    bool ok = is_nan ? std::isnan(out[i]) : double(out[i]) == want && std::signbit(out[i]) == bool(i >> 15);
+    bool ok = is_nan ? std::isnan(out[i])
+                     : double(out[i]) == want && std::signbit(out[i]) == bool(i >> 15);
     bad += !ok;
   }
   CHECK(bad == 0);

@@ -51,7 +51,8 @@ TEST_CASE("swiglu fast path matches the fp64 reference", "[kernels]") {
     auto dy = random_floats(n, 30 + n);
     // Saturating and special gates where exp over/underflows.
     const float special[] = {0.f, -0.f, 87.5f, -87.5f, 88.5f, -88.5f, 100.f, -100.f, 1e-30f};
-    for (size_t i = 0; i < std::size(special) && i < size_t(n); ++i) g[i * (n / 9 + 1) % n] = special[i];
+    for (size_t i = 0; i < std::size(special) && i < size_t(n); ++i)
+      g[i * (n / 9 + 1) % n] = special[i];
     std::vector<float> out(n), dg(n), du(n);
     strata::cpu::swiglu_forward(out.data(), g.data(), u.data(), n);
     strata::cpu::swiglu_backward(dg.data(), du.data(), dy.data(), g.data(), u.data(), n);

@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds)
       break;
     const std::string m = mutate(seeds[rng() % seeds.size()], rng);
+    ::unlink(path.c_str());  // a fresh file: ext4 flushes a truncated-and-rewritten file on close (slow)
     if (!write_all(path, m)) {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
       return 1;
