@@ -69,6 +69,9 @@ bool tensor_bytes(DType t, const std::vector<int64_t>& shape, uint64_t* out) {
   return true;
 }
 
+// A name or value from the file, cut short for messages (a hostile header can hold 100 MB strings).
+std::string clip(const std::string& s) { return s.size() <= 200 ? s : s.substr(0, 200) + "..."; }
+
 std::string span_text(uint64_t b, uint64_t e) { return str_cat("[", b, ", ", e, "]"); }
 
 // Parses the header JSON. Rejects duplicate tensor names (nlohmann would keep the last silently)
@@ -80,7 +83,7 @@ json header_parse(const std::string& path, const char* p, size_t n) {
       st_bad(path, "header nests objects/arrays deeper than a safetensors header can (3 levels)");
     if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
       if (!seen.insert(parsed.get<std::string>()).second)
-        st_bad(path, "duplicate tensor name '", parsed.get<std::string>(), "' in the header");
+        st_bad(path, "duplicate tensor name '", clip(parsed.get<std::string>()), "' in the header");
     }
     return true;
   };
@@ -88,8 +91,8 @@ json header_parse(const std::string& path, const char* p, size_t n) {
     return json::parse(p, p + n, cb, /*allow_exceptions=*/true);
   } catch (const json::parse_error& e) {
     st_bad(path, "header is not valid JSON (", e.what(), ")");
-  } catch (const json::exception& e) {
-    st_bad(path, "header could not be parsed (", e.what(), ")");
+  } catch (const json::exception& e) {  // e.g. out_of_range for a number like 1e999
+    st_bad(path, "header is not valid JSON (", e.what(), ")");
   }
 }
 
@@ -97,41 +100,42 @@ SafetensorsEntry entry_parse(const std::string& path, const std::string& name, c
                              uint64_t data_bytes) {
   SafetensorsEntry e;
   e.name = name;
-  if (!j.is_object()) st_bad(path, "header entry '", name, "' must be an object, got ", json_type_name(j));
+  const std::string nm = clip(name);
+  if (!j.is_object()) st_bad(path, "header entry '", nm, "' must be an object, got ", json_type_name(j));
   auto dt = j.find("dtype");
   auto sh = j.find("shape");
   auto off = j.find("data_offsets");
-  if (dt == j.end()) st_bad(path, "tensor '", name, "' has no \"dtype\"");
-  if (sh == j.end()) st_bad(path, "tensor '", name, "' has no \"shape\"");
-  if (off == j.end()) st_bad(path, "tensor '", name, "' has no \"data_offsets\"");
-  if (!dt->is_string()) st_bad(path, "tensor '", name, "' dtype must be a string, got ", json_type_name(*dt));
+  if (dt == j.end()) st_bad(path, "tensor '", nm, "' has no \"dtype\"");
+  if (sh == j.end()) st_bad(path, "tensor '", nm, "' has no \"shape\"");
+  if (off == j.end()) st_bad(path, "tensor '", nm, "' has no \"data_offsets\"");
+  if (!dt->is_string()) st_bad(path, "tensor '", nm, "' dtype must be a string, got ", json_type_name(*dt));
   const std::string& dts = dt->get_ref<const std::string&>();
   if (!dtype_from_safetensors(dts, &e.dtype))
-    st_bad(path, "tensor '", name, "' has unsupported dtype '", dts,
+    st_bad(path, "tensor '", nm, "' has unsupported dtype '", clip(dts),
            "' (strata reads F32, BF16, F16, I32, I64)");
-  if (!sh->is_array()) st_bad(path, "tensor '", name, "' shape must be an array, got ", json_type_name(*sh));
+  if (!sh->is_array()) st_bad(path, "tensor '", nm, "' shape must be an array, got ", json_type_name(*sh));
   for (const json& d : *sh) {
     uint64_t v;
     if (!json_get_u64(d, &v) || v > uint64_t(INT64_MAX))
-      st_bad(path, "tensor '", name, "' shape ", shape_of_json(*sh),
+      st_bad(path, "tensor '", nm, "' shape ", shape_of_json(*sh),
              " must hold non-negative integers");
     e.shape.push_back(int64_t(v));
   }
   if (!off->is_array() || off->size() != 2)
-    st_bad(path, "tensor '", name, "' data_offsets must be an array [begin, end], got ", shape_of_json(*off));
+    st_bad(path, "tensor '", nm, "' data_offsets must be an array [begin, end], got ", shape_of_json(*off));
   if (!json_get_u64((*off)[0], &e.begin) || !json_get_u64((*off)[1], &e.end))
-    st_bad(path, "tensor '", name, "' data_offsets ", shape_of_json(*off),
+    st_bad(path, "tensor '", nm, "' data_offsets ", shape_of_json(*off),
            " must be non-negative integers");
   if (e.begin > e.end)
-    st_bad(path, "tensor '", name, "' data_offsets ", span_text(e.begin, e.end), " have begin > end");
+    st_bad(path, "tensor '", nm, "' data_offsets ", span_text(e.begin, e.end), " have begin > end");
   if (e.end > data_bytes)
-    st_bad(path, "tensor '", name, "' data_offsets ", span_text(e.begin, e.end),
+    st_bad(path, "tensor '", nm, "' data_offsets ", span_text(e.begin, e.end),
            " are out of range: the data section holds ", data_bytes, " bytes (file truncated?)");
   uint64_t want;
   if (!tensor_bytes(e.dtype, e.shape, &want))
-    st_bad(path, "tensor '", name, "' shape ", safetensors_format_shape(e.shape), " is too large");
+    st_bad(path, "tensor '", nm, "' shape ", safetensors_format_shape(e.shape), " is too large");
   if (want != e.end - e.begin)
-    st_bad(path, "tensor '", name, "' size mismatch: ", dts, " ", safetensors_format_shape(e.shape), " needs ",
+    st_bad(path, "tensor '", nm, "' size mismatch: ", dts, " ", safetensors_format_shape(e.shape), " needs ",
            want, " bytes but data_offsets ", span_text(e.begin, e.end), " span ", e.end - e.begin);
   return e;
 }
@@ -267,7 +271,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       if (!it->is_object()) st_bad(path, "__metadata__ must be an object, got ", json_type_name(*it));
       for (auto m2 = it->begin(); m2 != it->end(); ++m2) {
         if (!m2->is_string())
-          st_bad(path, "__metadata__ value of '", m2.key(), "' must be a string, got ", json_type_name(*m2));
+          st_bad(path, "__metadata__ value of '", clip(m2.key()), "' must be a string, got ", json_type_name(*m2));
         f.metadata_[m2.key()] = m2->get<std::string>();
       }
       continue;
@@ -282,7 +286,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   for (const auto& e : f.entries_) {
     if (e.begin == e.end) continue;
     if (prev && prev->end > e.begin)
-      st_bad(path, "tensors '", prev->name, "' ", span_text(prev->begin, prev->end), " and '", e.name, "' ",
+      st_bad(path, "tensors '", clip(prev->name), "' ", span_text(prev->begin, prev->end), " and '", clip(e.name), "' ",
              span_text(e.begin, e.end), " overlap in the data section");
     prev = &e;
   }

@@ -90,6 +90,14 @@ void BpeModel::tokenize(std::string_view word, std::vector<BpeToken>* out) const
     }
   }
   if (word.size() > kCacheMaxWordBytes) {
+    tokenize_long(word, out);
+    return;
+  }
+  tokenize_cached(word, out);
+}
+
+void BpeModel::tokenize_cached(std::string_view word, std::vector<BpeToken>* out) const {
+  if (word.size() > kCacheMaxWordBytes) {
     merge_word(word, out);
     return;
   }
@@ -111,6 +119,45 @@ void BpeModel::tokenize(std::string_view word, std::vector<BpeToken>* out) const
     shard.tokens.insert(shard.tokens.end(), out->begin() + first, out->end());
     shard.index.insert(word, h, off << 16 | uint64_t(out->size() - first));
   }
+}
+
+bool BpeModel::boundary_is_safe(uint32_t c1, std::string_view s1, uint32_t c2, std::string_view s2) const {
+  if (!vocab_.find(s1) || !vocab_.find(s2)) return false;  // would become byte-fallback or unk symbols
+  return !std::binary_search(inner_pairs_.begin(), inner_pairs_.end(), uint64_t(c1) << 32 | c2);
+}
+
+void BpeModel::tokenize_long(std::string_view w, std::vector<BpeToken>* out) const {
+  if (!prefix_.empty() || !suffix_.empty()) {  // affixes change symbol strings; no cutting
+    merge_word(w, out);
+    return;
+  }
+  std::call_once(pairs_once_, [this] {
+    for (const std::string& t : vocab_r_) {
+      uint32_t prev = 0;
+      for (size_t i = 0; i < t.size();) {
+        size_t len;
+        uint32_t cp = utf8_decode(t.data(), i, &len);
+        if (i > 0) inner_pairs_.push_back(uint64_t(prev) << 32 | cp);
+        prev = cp;
+        i += len;
+      }
+    }
+    std::sort(inner_pairs_.begin(), inner_pairs_.end());
+    inner_pairs_.erase(std::unique(inner_pairs_.begin(), inner_pairs_.end()), inner_pairs_.end());
+  });
+  size_t part = 0, prev_i = 0;
+  uint32_t prev_cp = 0;
+  for (size_t i = 0; i < w.size();) {
+    size_t len;
+    uint32_t cp = utf8_decode(w.data(), i, &len);
+    if (i > 0 && boundary_is_safe(prev_cp, w.substr(prev_i, i - prev_i), cp, w.substr(i, len))) {
+      tokenize_cached(w.substr(part, i - part), out);
+      part = i;
+    }
+    prev_cp = cp, prev_i = i;
+    i += len;
+  }
+  tokenize_cached(w.substr(part), out);
 }
 
 void BpeModel::merge_word(std::string_view w, std::vector<BpeToken>* out) const {

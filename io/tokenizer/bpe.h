@@ -45,6 +45,12 @@ class BpeModel {
     int32_t rank, new_id;
   };
   void merge_word(std::string_view word, std::vector<BpeToken>* out) const;
+  void tokenize_cached(std::string_view word, std::vector<BpeToken>* out) const;
+  // Long words (a SentencePiece-style file has no pre-tokenizer: the whole text is one word) are cut
+  // where no merge can ever cross: between characters c1 c2 that are both vocabulary tokens and
+  // never appear side by side inside any vocabulary token. BPE of the parts equals BPE of the whole.
+  void tokenize_long(std::string_view word, std::vector<BpeToken>* out) const;
+  bool boundary_is_safe(uint32_t c1, std::string_view s1, uint32_t c2, std::string_view s2) const;
 
   FlatStrMap<int32_t> vocab_;
   std::vector<std::string> vocab_r_;
@@ -65,6 +71,9 @@ class BpeModel {
     std::vector<BpeToken> tokens;
   };
   mutable std::unique_ptr<CacheShard[]> cache_ = std::make_unique<CacheShard[]>(kCacheShards);
+  // Sorted (c1 << 32 | c2) of adjacent characters inside vocabulary tokens; built on first use.
+  mutable std::once_flag pairs_once_;
+  mutable std::vector<uint64_t> inner_pairs_;
 };
 
 }  // namespace strata::tok

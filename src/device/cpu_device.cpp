@@ -12,6 +12,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -219,6 +220,8 @@ class CpuDevice final : public Device {
     c.compute_busy_s = workers_[0].busy_s();
     c.h2d_busy_s = workers_[1].busy_s();
     c.d2h_busy_s = workers_[2].busy_s();
+    std::lock_guard lock(op_mu_);
+    for (int k = 0; k < int(OpKind::count); ++k) c.op_s[k] = op_s_[k];
     return c;
   }
 
@@ -226,7 +229,7 @@ class CpuDevice final : public Device {
   void matmul(Stream s, float* c, const void* a, const void* b, DType ab, int64_t m, int64_t n,
               int64_t k, bool ta, bool tb, float beta) override {
     STRATA_ASSERT(ab == DType::f32 || ab == DType::bf16, "matmul inputs must be f32 or bf16");
-    worker(s).enqueue([=] {
+    enqueue_op(s, OpKind::matmul, [=] {
       if (ab == DType::f32)
         cpu::matmul_f32(c, static_cast<const float*>(a), static_cast<const float*>(b), m, n, k, ta, tb, beta);
       else
@@ -235,36 +238,36 @@ class CpuDevice final : public Device {
   }
   void rmsnorm_forward(Stream s, float* out, float* rstd, const float* in, const float* weight,
                        int64_t n, int64_t c, float eps) override {
-    worker(s).enqueue([=] { cpu::rmsnorm_forward(out, rstd, in, weight, n, c, eps); });
+    enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_forward(out, rstd, in, weight, n, c, eps); });
   }
   void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, const float* in,
                         const float* weight, const float* rstd, int64_t n, int64_t c) override {
-    worker(s).enqueue([=] { cpu::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c); });
+    enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c); });
   }
   void rope_forward(Stream s, float* out, const float* in, const int32_t* pos,
                     const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
-    worker(s).enqueue([=] { cpu::rope_forward(out, in, pos, inv_freq, n, nh, d); });
+    enqueue_op(s, OpKind::rope, [=] { cpu::rope_forward(out, in, pos, inv_freq, n, nh, d); });
   }
   void rope_backward(Stream s, float* din, const float* dout, const int32_t* pos,
                      const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
-    worker(s).enqueue([=] { cpu::rope_backward(din, dout, pos, inv_freq, n, nh, d); });
+    enqueue_op(s, OpKind::rope, [=] { cpu::rope_backward(din, dout, pos, inv_freq, n, nh, d); });
   }
   void swiglu_forward(Stream s, float* out, const float* gate, const float* up, int64_t n) override {
-    worker(s).enqueue([=] { cpu::swiglu_forward(out, gate, up, n); });
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_forward(out, gate, up, n); });
   }
   void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n) override {
-    worker(s).enqueue([=] { cpu::swiglu_backward(dgate, dup, dout, gate, up, n); });
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_backward(dgate, dup, dout, gate, up, n); });
   }
   void bias_forward(Stream s, float* y, const float* b, int64_t n, int64_t o) override {
-    worker(s).enqueue([=] { cpu::bias_forward(y, b, n, o); });
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::bias_forward(y, b, n, o); });
   }
   void bias_backward(Stream s, float* db, const float* dy, int64_t n, int64_t o) override {
-    worker(s).enqueue([=] { cpu::bias_backward(db, dy, n, o); });
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::bias_backward(db, dy, n, o); });
   }
   void embedding_forward(Stream s, float* out, const void* table, DType tt, const int32_t* ids,
                          int64_t n, int64_t c) override {
-    worker(s).enqueue([=] {
+    enqueue_op(s, OpKind::embedding, [=] {
       if (tt == DType::f32)
         cpu::embedding_forward(out, static_cast<const float*>(table), ids, n, c);
       else
@@ -273,25 +276,25 @@ class CpuDevice final : public Device {
   }
   void embedding_backward(Stream s, float* dtable, const float* dout, const int32_t* ids,
                           int64_t n, int64_t c) override {
-    worker(s).enqueue([=] { cpu::embedding_backward(dtable, dout, ids, n, c); });
+    enqueue_op(s, OpKind::embedding, [=] { cpu::embedding_backward(dtable, dout, ids, n, c); });
   }
   void attention_forward(Stream s, float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
                          int64_t h, int64_t hk, int64_t d, float scale) override {
-    worker(s).enqueue([=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale); });
+    enqueue_op(s, OpKind::attention, [=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale); });
   }
   void attention_backward(Stream s, float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
                           int64_t h, int64_t hk, int64_t d, float scale) override {
-    worker(s).enqueue([=] {
+    enqueue_op(s, OpKind::attention, [=] {
       cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale);
     });
   }
   void lm_head_ce(Stream s, double* loss_sum, float* dh, float* dw, const float* h, const void* w,
                   DType wt, const int32_t* targets, int64_t n, int64_t c, int64_t v,
                   float grad_scale) override {
-    worker(s).enqueue([=] {
+    enqueue_op(s, OpKind::cross_entropy, [=] {
       int64_t count = 0;
       double sum;
       if (wt == DType::f32) {
@@ -307,10 +310,10 @@ class CpuDevice final : public Device {
     });
   }
   void add_inplace(Stream s, float* y, const float* x, int64_t n) override {
-    worker(s).enqueue([=] { cpu::add_inplace(y, x, n); });
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::add_inplace(y, x, n); });
   }
   void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) override {
-    worker(s).enqueue([=] { cpu::cast_f32_to_bf16(out, in, n); });
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::cast_f32_to_bf16(out, in, n); });
   }
 
  private:
@@ -324,6 +327,17 @@ class CpuDevice final : public Device {
   };
 
   Worker& worker(Stream s) { return workers_[int(s)]; }
+
+  template <class F>
+  void enqueue_op(Stream s, OpKind kind, F&& f) {
+    worker(s).enqueue([this, kind, f = std::forward<F>(f)] {
+      auto t0 = Clock::now();
+      f();
+      double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::lock_guard lock(op_mu_);
+      op_s_[int(kind)] += dt;
+    });
+  }
 
   void check_device_range(const void* p, size_t bytes, const char* what) const {
     auto* c = static_cast<const char*>(p);
@@ -346,6 +360,8 @@ class CpuDevice final : public Device {
   std::mutex arena_mu_;
   Arena arena_;
   std::atomic<size_t> h2d_bytes_{0}, d2h_bytes_{0};
+  mutable std::mutex op_mu_;
+  double op_s_[int(OpKind::count)] = {};
   QuietWorker workers_[kStreamCount];
 };
 

@@ -9,6 +9,20 @@ namespace strata {
 
 std::unique_ptr<Device> device_create_cpu(const DeviceOptions& options);
 
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::matmul: return "matmul";
+    case OpKind::attention: return "attention";
+    case OpKind::cross_entropy: return "cross_entropy";
+    case OpKind::norm: return "norm";
+    case OpKind::rope: return "rope";
+    case OpKind::elementwise: return "elementwise";
+    case OpKind::embedding: return "embedding";
+    case OpKind::count: break;
+  }
+  return "?";
+}
+
 std::unique_ptr<Device> device_create(const DeviceOptions& options) {
   if (options.backend == "cpu" || options.backend == "auto") return device_create_cpu(options);
   STRATA_CHECK(options.backend != "cuda",

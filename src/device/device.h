@@ -30,9 +30,14 @@ struct DeviceOptions {
   double link_bytes_per_s = 0;        // CPU backend: throttle host<->device copies (0 = off)
 };
 
+// Op families, for the per-op time split the trainer reports (matmul share, attention, ...).
+enum class OpKind : uint8_t { matmul, attention, cross_entropy, norm, rope, elementwise, embedding, count };
+const char* op_kind_name(OpKind k);
+
 struct DeviceCounters {
   size_t h2d_bytes = 0, d2h_bytes = 0;
   double h2d_busy_s = 0, d2h_busy_s = 0, compute_busy_s = 0;
+  double op_s[int(OpKind::count)] = {};  // time spent in each op family (all streams)
 };
 
 class Device {

@@ -26,11 +26,11 @@ double seconds_since(Clock::time_point t0) {
 // Peak f32 GEMM throughput of the CPU backend, measured once so MFU is a ratio to something
 // real on this machine rather than a datasheet number.
 double measure_cpu_gemm_peak() {
-  const int64_t n = 512;
+  const int64_t n = 1024;
   std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
   cpu::matmul_f32(c.data(), a.data(), b.data(), n, n, n, false, true, 0.f);  // warm up
   double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
+  for (int r = 0; r < 3; ++r) {
     auto t0 = Clock::now();
     cpu::matmul_f32(c.data(), a.data(), b.data(), n, n, n, false, true, 0.f);
     best = std::min(best, seconds_since(t0));
@@ -144,6 +144,7 @@ TrainSummary train_run(const Recipe& rc) {
                                              : int64_t(std::ceil(rc.warmup_ratio * double(rc.max_steps)));
   TrainSummary summary;
   double tokens_after_first = 0, time_after_first = 0;
+  DeviceCounters after_first{};
   for (int64_t step = 1; step <= rc.max_steps; ++step) {
     auto t_step = Clock::now();
     const DeviceCounters c0 = dev->counters();
@@ -201,6 +202,8 @@ TrainSummary train_run(const Recipe& rc) {
     if (step > 1) {
       tokens_after_first += double(tokens);
       time_after_first += step_s;
+    } else {
+      after_first = c1;
     }
     const double tps = double(tokens) / step_s;
     nlohmann::json rec = {
@@ -212,6 +215,9 @@ TrainSummary train_run(const Recipe& rc) {
         {"device_peak_bytes", dev->peak_bytes()}, {"host_pinned_bytes", ms.params.tier_bytes(Tier::device)},
         {"host_bytes", host_bytes},
         {"link_bytes", (c1.h2d_bytes - c0.h2d_bytes) + (c1.d2h_bytes - c0.d2h_bytes)}};
+    nlohmann::json ops = nlohmann::json::object();
+    for (int k = 0; k < int(OpKind::count); ++k) ops[op_kind_name(OpKind(k))] = c1.op_s[k] - c0.op_s[k];
+    rec["op_s"] = ops;
     metrics.write(rec);
     if (step % rc.log_steps == 0 || step == rc.max_steps || step == 1)
       std::fprintf(stderr, "step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  mfu %.1f%%\n",
@@ -219,6 +225,19 @@ TrainSummary train_run(const Recipe& rc) {
                    100.0 * tps * fpt / peak);
   }
   summary.tokens_per_s = time_after_first > 0 ? tokens_after_first / time_after_first : 0;
+  {
+    const DeviceCounters end = dev->counters();
+    double total = 0;
+    for (int k = 0; k < int(OpKind::count); ++k) total += end.op_s[k] - after_first.op_s[k];
+    summary.matmul_share = total > 0 ? (end.op_s[0] - after_first.op_s[0]) / total : 0;
+    std::string split;
+    for (int k = 0; k < int(OpKind::count); ++k)
+      split += str_cat(k ? ", " : "", op_kind_name(OpKind(k)), " ",
+                       int(std::lround(100 * (end.op_s[k] - after_first.op_s[k]) / std::max(total, 1e-12))), "%");
+    if (rc.max_steps > 1)
+      std::fprintf(stderr, "strata train: %.0f tokens/s after step 1; device op time: %s\n",
+                   summary.tokens_per_s, split.c_str());
+  }
   summary.final_dir = rc.output_dir + "/final";
   model_save_hf(model, summary.final_dir, dtype_parse(rc.save_dtype));
   std::fprintf(stderr, "strata train: done; model written to %s, metrics to %s/metrics.jsonl\n",

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "io/safetensors.h"
 #include "src/core/error.h"
 
@@ -56,6 +58,48 @@ const char* kTokens[] = {"{", "}", "[", "]", ",", ":", "\"", "-1", "0", "1e30", 
                          "\"data_offsets\"", "\"shape\"", "\"dtype\"", "[0,0]", "[0,18446744073709551615]",
                          "[]", "{}", "\\u0000", "\"\\ud800\"", "\xff", "\xc3\xa9", "[[[[", "]]]]", "{\"a\":"};
 
+// Header-aware edit: re-serialises the header with one entry changed in a way that keeps the JSON
+// valid and often keeps the sizes consistent, to reach the overlap / range / size checks.
+bool mutate_header(std::string& s, std::mt19937_64& rng) {
+  const uint64_t hlen = get_len(s);
+  if (s.size() < 8 || hlen > s.size() - 8) return false;
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(s.substr(8, hlen));
+  } catch (...) {
+    return false;
+  }
+  if (!h.is_object() || h.empty()) return false;
+  std::vector<std::string> names;
+  for (auto it = h.begin(); it != h.end(); ++it) names.push_back(it.key());
+  auto& e = h[names[rng() % names.size()]];
+  const uint64_t data_bytes = s.size() - 8 - hlen;
+  auto u = [&](uint64_t n) { return n ? rng() % n : 0; };
+  const uint64_t big[] = {~uint64_t(0), ~uint64_t(0) - 7, uint64_t(1) << 63, (uint64_t(1) << 63) - 1, uint64_t(1) << 32};
+  if (e.is_object() && e.contains("data_offsets") && e["data_offsets"].is_array() && e["data_offsets"].size() == 2 &&
+      e["data_offsets"][0].is_number_unsigned() && e["data_offsets"][1].is_number_unsigned()) {
+    uint64_t b = e["data_offsets"][0], en = e["data_offsets"][1], n = en - b;
+    switch (rng() % 8) {
+      case 0: b = u(data_bytes + 1); break;                         // move, keep size: overlaps
+      case 1: b = data_bytes - std::min(n, data_bytes) + u(3); break;  // near the end
+      case 2: b = big[rng() % std::size(big)]; break;              // huge begin, size kept (wraps)
+      case 3: en = big[rng() % std::size(big)]; n = en - b; break;
+      case 4: e["shape"] = nlohmann::json::array({u(5), u(5), u(5)}); break;
+      case 5: e["shape"] = nlohmann::json::array({big[rng() % std::size(big)], 0}); break;
+      case 6: e["dtype"] = std::vector<const char*>{"F32", "BF16", "F16", "I32", "I64", "F8_E4M3", "BOOL"}[rng() % 7]; break;
+      case 7: e.erase(rng() % 2 ? "shape" : "dtype"); break;
+    }
+    e["data_offsets"] = {b, b + n};
+  } else if (e.is_object()) {  // __metadata__
+    e[std::to_string(rng() % 4)] = rng() % 2 ? nlohmann::json(int(rng() % 9)) : nlohmann::json("v");
+  }
+  std::string text = h.dump();
+  text.append(rng() % 8, ' ');
+  s = std::string(8, '\0') + text + s.substr(8 + hlen);
+  set_len(s, text.size());
+  return true;
+}
+
 // One mutation; applies 1..3 stacked edits so that combinations get explored too.
 std::string mutate(const std::string& base, std::mt19937_64& rng) {
   std::string s = base;
@@ -65,7 +109,11 @@ std::string mutate(const std::string& base, std::mt19937_64& rng) {
     const uint64_t hlen = get_len(s);
     const size_t before = s.size();
     bool fix_len = false;
-    switch (rng() % 8) {
+    switch (rng() % 10) {
+      case 8:
+      case 9:
+        mutate_header(s, rng);
+        break;
       case 0:
         for (int i = 0, n = 1 + int(rng() % 8); i < n && !s.empty(); ++i) s[pick(s.size())] ^= char(1 << (rng() % 8));
         break;
