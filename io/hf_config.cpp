@@ -300,8 +300,11 @@ ModelConfig hf_config_load(const std::string& path) {
 }
 
 void hf_config_save(const ModelConfig& cfg, const std::string& path) {
+  std::error_code ec;
+  std::string file = std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "config.json").string()
+                                                             : path;
   std::string text = cfg.raw.dump(2) + "\n";
-  io_write_file_atomic(path, text.data(), text.size());
+  io_write_file_atomic(file, text.data(), text.size());
 }
 
 }  // namespace strata

@@ -37,7 +37,8 @@ struct ModelConfig {
 ModelConfig hf_config_parse(const std::string& json_text, const std::string& origin);
 // A config.json path, or a directory holding one.
 ModelConfig hf_config_load(const std::string& path);
-// Writes cfg.raw (pretty, 2-space indent) atomically; the typed fields are not written back.
+// Writes cfg.raw (pretty, 2-space indent) atomically to path (a file, or a directory that gets
+// config.json); the typed fields are not written back: edit raw to change the file.
 void hf_config_save(const ModelConfig& cfg, const std::string& path);
 std::vector<std::string> hf_config_supported_architectures();
 

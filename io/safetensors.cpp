@@ -118,7 +118,7 @@ SafetensorsEntry entry_parse(const std::string& path, const std::string& name, c
     uint64_t v;
     if (!json_get_u64(d, &v) || v > uint64_t(INT64_MAX))
       st_bad(path, "tensor '", nm, "' shape ", shape_of_json(*sh),
-             " must hold non-negative integers");
+             " must hold non-negative integers (below 2^63)");
     e.shape.push_back(int64_t(v));
   }
   if (!off->is_array() || off->size() != 2)

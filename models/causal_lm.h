@@ -8,26 +8,11 @@
 #include <vector>
 
 #include "models/decoder_layer.h"
+#include "models/micro_batch.h"
 #include "models/model_spec.h"
 #include "src/device/device.h"
 
 namespace strata {
-
-// One micro-batch on the host. Targets are already shifted (targets[n] is the label of the
-// token after n; -100 where nothing is predicted), the HF causal-LM convention.
-struct MicroBatch {
-  int64_t B = 0, T = 0;
-  std::vector<int32_t> ids;        // (B*T)
-  std::vector<int32_t> targets;    // (B*T)
-  std::vector<int32_t> pos;        // (B*T)
-  std::vector<int32_t> doc_start;  // (B*T) or empty when every row is one document
-  int64_t counted() const;         // targets != -100
-};
-
-// From rows of input ids and labels (labels empty: = input ids): targets = labels shifted
-// left by one, positions 0..T-1, no document boundaries.
-MicroBatch micro_batch_from_labels(const std::vector<std::vector<int32_t>>& input_ids,
-                                   const std::vector<std::vector<int32_t>>& labels);
 
 class CausalLM {
  public:

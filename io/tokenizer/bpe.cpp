@@ -144,13 +144,22 @@ void BpeModel::tokenize_long(std::string_view w, std::vector<BpeToken>* out) con
     }
     std::sort(inner_pairs_.begin(), inner_pairs_.end());
     inner_pairs_.erase(std::unique(inner_pairs_.begin(), inner_pairs_.end()), inner_pairs_.end());
+    ascii_safe_.assign(128 * 128, 0);
+    for (uint32_t a = 0; a < 128; ++a)
+      for (uint32_t b = 0; b < 128; ++b) {
+        char sa = char(a), sb = char(b);
+        ascii_safe_[a * 128 + b] = boundary_is_safe(a, std::string_view(&sa, 1), b, std::string_view(&sb, 1));
+      }
   });
   size_t part = 0, prev_i = 0;
   uint32_t prev_cp = 0;
   for (size_t i = 0; i < w.size();) {
     size_t len;
     uint32_t cp = utf8_decode(w.data(), i, &len);
-    if (i > 0 && boundary_is_safe(prev_cp, w.substr(prev_i, i - prev_i), cp, w.substr(i, len))) {
+    bool safe = i > 0 && (prev_cp < 128 && cp < 128
+                              ? ascii_safe_[prev_cp * 128 + cp] != 0
+                              : boundary_is_safe(prev_cp, w.substr(prev_i, i - prev_i), cp, w.substr(i, len)));
+    if (safe) {
       tokenize_cached(w.substr(part, i - part), out);
       part = i;
     }

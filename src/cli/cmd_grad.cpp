@@ -6,7 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
-#include "models/model_io.h"
+#include "offload/engine.h"
+#include "offload/model_io.h"
 #include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
@@ -66,20 +67,22 @@ int cmd_grad(const std::vector<std::string>& args) {
   DeviceOptions dopt;
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
   auto dev = device_create(dopt);
-  CausalLM model(*dev, std::move(spec), mb.B, mb.T);
-  model_load_weights(model, model_dir);
-  model.upload_weights();
-  model.zero_grads();
-  const double loss_sum = model.forward_backward(mb, float(1.0 / double(counted)));
-  std::vector<float> grads;
-  model.download_grads(grads);
+  HostStore store(*dev, spec);
+  model_load_weights(store, model_dir);
+  EngineOptions eopt;
+  eopt.weights = "device";
+  eopt.max_batch = mb.B;
+  eopt.max_tokens = mb.T;
+  Engine engine(*dev, store, eopt);
+  const double loss_sum = engine.forward_backward(mb, float(1.0 / double(counted)));
+  engine.synchronize();
 
-  const ModelSpec& s = model.spec();
   std::vector<TensorToWrite> out;
-  for (auto& r : model.grad_table().rows())
-    out.push_back(TensorToWrite{r.name, DType::f32, r.shape, grads.data() + r.offset / 4});
+  for (size_t i = 0; i < store.f32_table().size(); ++i) {
+    const TensorSpec& r = store.f32_table()[i];
+    out.push_back(TensorToWrite{r.name, DType::f32, r.shape, store.grad_of(i)});
+  }
   safetensors_write_file(out_path, out);
-  (void)s;
   nlohmann::json result = {{"loss", loss_sum / double(counted)}, {"tokens", counted}};
   std::printf("%s\n", result.dump().c_str());
   return 0;

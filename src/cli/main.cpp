@@ -20,6 +20,9 @@ struct Command {
 const Command kCommands[] = {
     {"train", strata::cmd_train, "train a model from a recipe: strata train RECIPE.toml [key=value ...]"},
     {"grad", strata::cmd_grad, "loss and gradients of one batch: strata grad --model DIR --batch FILE --out GRADS.safetensors"},
+    {"tokenize", strata::cmd_tokenize, "{\"text\"} JSON lines on stdin -> {\"ids\"} lines: strata tokenize --tokenizer DIR [--add-special-tokens]"},
+    {"detokenize", strata::cmd_detokenize, "{\"ids\"} JSON lines on stdin -> {\"text\"} lines: strata detokenize --tokenizer DIR"},
+    {"chat-template", strata::cmd_chat_template, "render chat templates: {\"messages\", \"add_generation_prompt\", \"tools\"} lines -> {\"text\"} lines: strata chat-template --tokenizer DIR"},
 };
 
 void print_usage(FILE* f) {

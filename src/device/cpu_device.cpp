@@ -181,7 +181,12 @@ class CpuDevice final : public Device {
       std::lock_guard lock(ev.mu);
       gen = ev.recorded;
     }
-    worker(s).enqueue([&ev, gen] { ev.wait_for(gen); });
+    double* waited = &stream_wait_s_[int(s)];
+    worker(s).enqueue([&ev, gen, waited] {
+      auto t0 = Clock::now();
+      ev.wait_for(gen);
+      *waited += std::chrono::duration<double>(Clock::now() - t0).count();  // only this stream's thread writes it
+    });
   }
   void event_synchronize(Event& e) override {
     auto& ev = static_cast<CpuEvent&>(e);
@@ -222,6 +227,7 @@ class CpuDevice final : public Device {
     c.d2h_busy_s = workers_[2].busy_s();
     std::lock_guard lock(op_mu_);
     for (int k = 0; k < int(OpKind::count); ++k) c.op_s[k] = op_s_[k];
+    for (int k = 0; k < kStreamCount; ++k) c.stream_wait_s[k] = stream_wait_s_[k];
     return c;
   }
 
@@ -362,6 +368,7 @@ class CpuDevice final : public Device {
   std::atomic<size_t> h2d_bytes_{0}, d2h_bytes_{0};
   mutable std::mutex op_mu_;
   double op_s_[int(OpKind::count)] = {};
+  double stream_wait_s_[kStreamCount] = {};
   QuietWorker workers_[kStreamCount];
 };
 

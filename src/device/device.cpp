@@ -8,6 +8,9 @@
 namespace strata {
 
 std::unique_ptr<Device> device_create_cpu(const DeviceOptions& options);
+#ifdef STRATA_HAVE_CUDA
+std::unique_ptr<Device> device_create_cuda(const DeviceOptions& options);  // cuda_device.cpp
+#endif
 
 const char* op_kind_name(OpKind k) {
   switch (k) {
@@ -25,9 +28,12 @@ const char* op_kind_name(OpKind k) {
 
 std::unique_ptr<Device> device_create(const DeviceOptions& options) {
   if (options.backend == "cpu" || options.backend == "auto") return device_create_cpu(options);
+#ifdef STRATA_HAVE_CUDA
+  if (options.backend == "cuda") return device_create_cuda(options);
+#endif
   STRATA_CHECK(options.backend != "cuda",
-               "device backend 'cuda' is not built into this strata (the CUDA backend is not "
-               "available yet); use [device] backend = \"cpu\"");
+               "device backend 'cuda' is not built into this strata (configure with "
+               "-DSTRATA_CUDA=ON on a machine with the CUDA Toolkit); use [device] backend = \"cpu\"");
   STRATA_CHECK(false, "unknown device backend '", options.backend, "': use \"cpu\", \"cuda\" or \"auto\"");
 }
 

@@ -38,6 +38,7 @@ struct DeviceCounters {
   size_t h2d_bytes = 0, d2h_bytes = 0;
   double h2d_busy_s = 0, d2h_busy_s = 0, compute_busy_s = 0;
   double op_s[int(OpKind::count)] = {};  // time spent in each op family (all streams)
+  double stream_wait_s[kStreamCount] = {};  // time each stream spent blocked on events
 };
 
 class Device {

@@ -38,6 +38,8 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"optim.warmup_steps", "int", "0", "linear warmup steps (overrides warmup_ratio when > 0)"},
       {"optim.warmup_ratio", "float", "0.0", "warmup as a fraction of max_steps"},
       {"optim.min_lr_ratio", "float", "0.0", "the schedule decays to learning_rate * min_lr_ratio"},
+      {"offload.weights", "string", "\"stream\"", "\"stream\": layers cross to the device one at a time (two slots); \"device\": every layer resident"},
+      {"offload.checkpoints", "string", "\"auto\"", "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\" or \"host\""},
       {"device.backend", "string", "\"cpu\"", "\"cpu\", \"cuda\" or \"auto\""},
       {"device.memory", "size", "\"2GiB\"", "device arena budget, e.g. \"512MiB\", \"20GiB\""},
       {"device.link_bandwidth", "string", "", "CPU backend only: throttle host<->device copies, e.g. \"16GB/s\" (unset = unthrottled)"},
@@ -203,6 +205,8 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("optim.warmup_steps", rc.warmup_steps);
   r.read("optim.warmup_ratio", rc.warmup_ratio);
   r.read("optim.min_lr_ratio", rc.min_lr_ratio);
+  r.read("offload.weights", rc.offload_weights);
+  r.read("offload.checkpoints", rc.offload_checkpoints);
   r.read("device.backend", rc.device_backend);
   r.read("device.memory", rc.device_memory);
   r.read("device.link_bandwidth", rc.device_link_bandwidth);
@@ -237,6 +241,11 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.lr_scheduler_type == "cosine" || rc.lr_scheduler_type == "linear" ||
                    rc.lr_scheduler_type == "constant",
                origin, ": optim.lr_scheduler_type must be \"cosine\", \"linear\" or \"constant\"");
+  STRATA_CHECK(rc.offload_weights == "stream" || rc.offload_weights == "device", origin,
+               ": offload.weights must be \"stream\" or \"device\"");
+  STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
+                   rc.offload_checkpoints == "host",
+               origin, ": offload.checkpoints must be \"auto\", \"device\" or \"host\"");
   STRATA_CHECK(rc.save_steps >= 0, origin, ": checkpoint.save_steps must be >= 0");
   return rc;
 }
@@ -265,7 +274,8 @@ std::string Recipe::to_toml() const {
      << "\nadam_beta1 = " << adam_beta1 << "\nadam_beta2 = " << adam_beta2 << "\nadam_epsilon = "
      << adam_epsilon << "\nmax_grad_norm = " << max_grad_norm << "\nlr_scheduler_type = "
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio
-     << "\nmin_lr_ratio = " << min_lr_ratio << "\n\n[device]\nbackend = " << q(device_backend)
+     << "\nmin_lr_ratio = " << min_lr_ratio << "\n\n[offload]\nweights = " << q(offload_weights)
+     << "\ncheckpoints = " << q(offload_checkpoints) << "\n\n[device]\nbackend = " << q(device_backend)
      << "\nmemory = " << q(device_memory) << "\n";
   if (!device_link_bandwidth.empty()) os << "link_bandwidth = " << q(device_link_bandwidth) << "\n";
   os << "\n[checkpoint]\noutput_dir = " << q(output_dir) << "\nsave_steps = " << save_steps

@@ -37,6 +37,8 @@ struct Recipe {
   double adam_epsilon = 1e-8, max_grad_norm = 1.0, warmup_ratio = 0.0, min_lr_ratio = 0.0;
   int64_t warmup_steps = 0;
   std::string lr_scheduler_type = "cosine";
+  // [offload]
+  std::string offload_weights = "stream", offload_checkpoints = "auto";
   // [device]
   std::string device_backend = "cpu", device_memory = "2GiB", device_link_bandwidth;
   // [checkpoint]

@@ -11,7 +11,8 @@
 #include "io/metrics.h"
 #include "io/token_rows.h"
 #include "kernels/cpu/ops.h"
-#include "models/model_io.h"
+#include "offload/engine.h"
+#include "offload/model_io.h"
 #include "offload/adamw.h"
 #include "src/core/error.h"
 
@@ -104,22 +105,23 @@ TrainSummary train_run(const Recipe& rc) {
   if (!rc.device_link_bandwidth.empty())
     dopt.link_bytes_per_s = parse_bandwidth(rc.device_link_bandwidth, "device.link_bandwidth");
   auto dev = device_create(dopt);
-  CausalLM model(*dev, std::move(spec), rc.micro_batch_size, rc.sequence_len);
-  if (!rc.model_path.empty()) model_load_weights(model, rc.model_path);
-  else model_init_weights(model, uint64_t(rc.model_init_seed), rc.model_init_std);
-  model.upload_weights();
-  const ModelSpec& ms = model.spec();
-
-  // host optimizer state: fp32 master, m, v in the gradient table's layout
-  const TensorTable& gt = model.grad_table();
-  const size_t total_floats = gt.tier_bytes(Tier::device) / 4;
-  std::vector<float> master(total_floats, 0.f), m1(total_floats, 0.f), m2(total_floats, 0.f), grads;
-  for (size_t i = 0; i < ms.params.size(); ++i) model.get_param(i, master.data() + gt[i].offset / 4);
-  const size_t host_bytes = 3 * total_floats * 4 + total_floats * 4 + ms.params.tier_bytes(Tier::device);
-  std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), device %s of %s, host %s\n",
+  HostStore store(*dev, spec);
+  if (!rc.model_path.empty()) model_load_weights(store, rc.model_path);
+  else model_init_weights(store, uint64_t(rc.model_init_seed), rc.model_init_std);
+  EngineOptions eopt;
+  eopt.weights = rc.offload_weights;
+  eopt.checkpoints = rc.offload_checkpoints;
+  eopt.max_batch = rc.micro_batch_size;
+  eopt.max_tokens = rc.sequence_len;
+  Engine engine(*dev, store, eopt);
+  const ModelSpec& ms = store.spec();
+  const size_t host_bytes = store.host_bytes() + store.pinned_bytes();
+  std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
+               "checkpoints on the device; device %s of %s, host %s (%s pinned)\n",
                cfg.family.c_str(), double(ms.parameter_count()) / 1e6, rc.model_dtype.c_str(),
+               rc.offload_weights.c_str(), engine.device_checkpoints(), ms.layers.size(),
                format_bytes(dev->used_bytes()).c_str(), format_bytes(dev->budget_bytes()).c_str(),
-               format_bytes(host_bytes).c_str());
+               format_bytes(host_bytes).c_str(), format_bytes(store.pinned_bytes()).c_str());
 
   const double peak = measure_cpu_gemm_peak();
   const double fpt = flops_per_token(ms, rc.sequence_len);
@@ -161,39 +163,18 @@ TrainSummary train_run(const Recipe& rc) {
       counted += mbs.back().counted();
     }
     STRATA_CHECK(counted > 0, "step ", step, " has no labelled tokens");
-    model.zero_grads();
+    const EngineStats e0 = engine.stats();
     double loss_sum = 0;
-    auto t_fb = Clock::now();
-    for (auto& mb : mbs) loss_sum += model.forward_backward(mb, float(1.0 / double(counted)));
-    const double fb_s = seconds_since(t_fb);
-
-    auto t_d2h = Clock::now();
-    model.download_grads(grads);
-    const double d2h_s = seconds_since(t_d2h);
-
-    auto t_opt = Clock::now();
-    const double grad_norm = std::sqrt(sum_of_squares(grads.data(), int64_t(grads.size())));
-    STRATA_CHECK(std::isfinite(grad_norm), "step ", step, ": the gradient norm is not finite (",
-                 grad_norm, "); lower optim.learning_rate or check the data");
+    for (auto& mb : mbs) loss_sum += engine.forward_backward(mb, float(1.0 / double(counted)));
     AdamWParams ap;
     ap.lr = float(rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, rc.max_steps, warmup, rc.min_lr_ratio));
     ap.beta1 = float(rc.adam_beta1);
     ap.beta2 = float(rc.adam_beta2);
     ap.eps = float(rc.adam_epsilon);
     ap.step = step;
-    ap.clip_scale = rc.max_grad_norm > 0 && grad_norm > rc.max_grad_norm
-                        ? float(rc.max_grad_norm / (grad_norm + 1e-6)) : 1.f;
-    for (size_t i = 0; i < ms.params.size(); ++i) {
-      const size_t off = gt[i].offset / 4;
-      ap.weight_decay = ms.params[i].shape.size() == 2 ? float(rc.weight_decay) : 0.f;
-      adamw_update(master.data() + off, m1.data() + off, m2.data() + off, grads.data() + off,
-                   model.host_param(i), ms.params[i].dtype, ms.params[i].numel(), ap);
-    }
-    const double opt_s = seconds_since(t_opt);
-    auto t_h2d = Clock::now();
-    model.upload_weights();
-    const double h2d_s = seconds_since(t_h2d);
-
+    const double grad_norm = engine.optimizer_step(ap, rc.max_grad_norm, rc.weight_decay);
+    if (step == rc.max_steps) engine.synchronize();
+    const EngineStats e1 = engine.stats();
     const double step_s = seconds_since(t_step);
     const DeviceCounters c1 = dev->counters();
     const int64_t tokens = rc.gradient_accumulation_steps * rc.micro_batch_size * rc.sequence_len;
@@ -209,12 +190,12 @@ TrainSummary train_run(const Recipe& rc) {
     nlohmann::json rec = {
         {"step", step}, {"loss", loss}, {"lr", ap.lr}, {"grad_norm", grad_norm},
         {"tokens", tokens}, {"loss_tokens", counted}, {"tokens_per_s", tps},
-        {"mfu", tps * fpt / peak}, {"step_s", step_s}, {"compute_s", c1.compute_busy_s - c0.compute_busy_s},
-        {"forward_backward_s", fb_s}, {"h2d_wait_s", h2d_s}, {"d2h_wait_s", d2h_s},
-        {"optimizer_s", opt_s}, {"optimizer_exposed_s", opt_s}, {"nvme_wait_s", 0.0},
-        {"device_peak_bytes", dev->peak_bytes()}, {"host_pinned_bytes", ms.params.tier_bytes(Tier::device)},
-        {"host_bytes", host_bytes},
-        {"link_bytes", (c1.h2d_bytes - c0.h2d_bytes) + (c1.d2h_bytes - c0.d2h_bytes)}};
+        {"mfu", tps * fpt / peak}, {"step_s", step_s}, {"compute_s", e1.compute_s - e0.compute_s},
+        {"h2d_wait_s", e1.h2d_wait_s - e0.h2d_wait_s}, {"d2h_wait_s", e1.d2h_wait_s - e0.d2h_wait_s},
+        {"optimizer_s", e1.optimizer_s - e0.optimizer_s},
+        {"optimizer_exposed_s", e1.optimizer_exposed_s - e0.optimizer_exposed_s}, {"nvme_wait_s", 0.0},
+        {"device_peak_bytes", dev->peak_bytes()}, {"host_pinned_bytes", store.pinned_bytes()},
+        {"host_bytes", host_bytes}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
     nlohmann::json ops = nlohmann::json::object();
     for (int k = 0; k < int(OpKind::count); ++k) ops[op_kind_name(OpKind(k))] = c1.op_s[k] - c0.op_s[k];
     rec["op_s"] = ops;
@@ -239,7 +220,8 @@ TrainSummary train_run(const Recipe& rc) {
                    summary.tokens_per_s, split.c_str());
   }
   summary.final_dir = rc.output_dir + "/final";
-  model_save_hf(model, summary.final_dir, dtype_parse(rc.save_dtype));
+  engine.synchronize();
+  model_save_hf(store, summary.final_dir, dtype_parse(rc.save_dtype));
   std::fprintf(stderr, "strata train: done; model written to %s, metrics to %s/metrics.jsonl\n",
                summary.final_dir.c_str(), rc.output_dir.c_str());
   return summary;

@@ -325,6 +325,9 @@ TEST_CASE("hf_config: load from a file or a directory, save writes the raw JSON 
   CHECK(c.raw == a.raw);
   CHECK(c.raw["rope_scaling"].is_null());
   CHECK(!fs::exists(dir / "saved.json.tmp"));
+  fs::create_directories(dir / "out");
+  hf_config_save(c, (dir / "out").string());  // a directory gets config.json
+  CHECK(hf_config_load((dir / "out").string()).raw == a.raw);
   try {
     hf_config_load((dir / "nope").string());
     FAIL("loaded a missing config");

@@ -1,16 +1,18 @@
 // Tokenizer tests: ids, offsets and decodes compared line by line with goldens written by the Hugging
 // Face Rust tokenizers (tools/fixtures/make_tokenizer_fixtures.mjs), for the two real tokenizer files
-// and eight synthetic ones covering the other components; plus round trips, errors, the CLI and a
+// and nine synthetic ones covering the other components; plus round trips, errors, the CLI and a
 // hidden throughput benchmark ([.bench]).
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -168,6 +170,7 @@ TEST_CASE("tokenizer: synthetic tokenizers match Hugging Face goldens", "[tokeni
   };
   for (Case c : {Case{"gpt2-bytelevel", Form::none, false}, Case{"llama3-style", Form::none, true},
                  Case{"metaspace-first", Form::nfkc, false}, Case{"metaspace-always", Form::none, false},
+                 Case{"metaspace-never", Form::none, false},
                  Case{"normalizers-mix", Form::nfkc, false}, Case{"split-behaviors-a", Form::none, false},
                  Case{"split-behaviors-b", Form::nfc, false}, Case{"subword-affixes", Form::none, false}}) {
     SECTION(c.name) {
@@ -259,6 +262,22 @@ TEST_CASE("tokenizer: merges as pairs and as strings give the same ids; long wor
   CHECK(long_ids.back() == 0);
 }
 
+TEST_CASE("tokenizer: pathological inputs stay fast and lossless", "[tokenizer]") {
+  const Tokenizer& q = tokenizer_cached("bpe-qwen3");
+  const Tokenizer& s = tokenizer_cached("sp-bpe-32k");
+  // A 200k-space run (the whitespace-lookahead branch backtracks), a 100k-letter word, and 300 KB of
+  // SentencePiece text that is one BPE "word" unless cut at safe boundaries.
+  std::string spaces(200001, ' '), letters(100003, 'a'), prose;
+  for (int i = 0; i < 20000; ++i) prose += "word" + std::to_string(i % 97) + " ";
+  auto t0 = std::chrono::steady_clock::now();
+  for (const std::string* t : {&spaces, &letters, &prose}) {
+    CHECK(q.decode(q.encode(*t)) == *t);
+    CHECK(s.decode(s.encode(*t)) == *t);
+  }
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(sec < 2.0);
+}
+
 TEST_CASE("tokenizer: concurrent encodes agree with a serial one", "[tokenizer]") {
   const Tokenizer& q = tokenizer_cached("bpe-qwen3");
   std::vector<std::string> texts;
@@ -303,6 +322,9 @@ TEST_CASE("tokenizer: strata tokenize / detokenize JSON lines", "[tokenizer]") {
 }
 
 // Throughput on English prose (not a pass/fail test): run with `strata_tests "[.bench]"`.
+// Two texts: (a) English sentences repeated (every word is a word-cache hit after the first pass),
+// (b) sentences over 20k generated words drawn Zipf-like, encoded by a freshly loaded tokenizer,
+// so rare words keep missing the cache.
 TEST_CASE("tokenizer: throughput on English prose", "[.bench]") {
   const char* sentences[] = {
       "The committee met on Tuesday to review the budget, and after a long discussion it agreed to postpone the vote.",
@@ -317,14 +339,36 @@ TEST_CASE("tokenizer: throughput on English prose", "[.bench]") {
   std::string prose;
   for (int rep = 0; prose.size() < (4u << 20); ++rep)
     for (const char* s : sentences) (prose += s) += rep % 5 == 4 ? "\n\n" : " ";
+
+  std::mt19937_64 rng(7);
+  const char* syllables[] = {"an", "ber", "con", "de", "ex", "for", "gra", "hol", "in", "ject", "ka", "lo", "men",
+                             "nor", "op", "pre", "qui", "ros", "sta", "tion", "un", "ver", "wal", "yes", "zen"};
+  std::vector<std::string> words(20000);
+  for (auto& w : words)
+    for (int k = 0, n = 1 + int(rng() % 4); k < n; ++k) w += syllables[rng() % 25];
+  std::string varied;
+  while (varied.size() < (4u << 20)) {
+    double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    varied += words[size_t(std::pow(20000.0, u)) - 1];  // log-uniform rank: a Zipf-like tail
+    varied += rng() % 12 == 0 ? ", " : rng() % 15 == 0 ? ".\n" : " ";
+  }
+
   for (const char* name : {"bpe-qwen3", "sp-bpe-32k"}) {
     const Tokenizer& tok = tokenizer_cached(name);
     tok.encode(prose.substr(0, 1 << 16));  // warm the word cache
     auto t0 = std::chrono::steady_clock::now();
     size_t n = tok.encode(prose).size();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("tokenizer %-10s: %zu tokens in %.3f s = %.2f M tokens/s (one thread, %.1f MB of prose)\n", name, n,
-                s, n / s / 1e6, prose.size() / 1e6);
+    std::printf("tokenizer %-10s (a) repeated prose : %zu tokens in %.3f s = %.2f M tokens/s (one thread)\n", name,
+                n, s, n / s / 1e6);
     CHECK(n > prose.size() / 8);
+
+    Tokenizer fresh = Tokenizer::load(tokenizer_path(name));
+    t0 = std::chrono::steady_clock::now();
+    n = fresh.encode(varied).size();
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("tokenizer %-10s (b) 20k-word prose : %zu tokens in %.3f s = %.2f M tokens/s (one thread, cold cache)\n",
+                name, n, s, n / s / 1e6);
+    CHECK(n > varied.size() / 8);
   }
 }

@@ -1,5 +1,7 @@
 // A short training run on the bundled quickstart: the loss falls, metrics.jsonl has a record
 // per step with the documented fields, the exported model reloads, and two runs are identical.
+#include <omp.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -12,11 +14,34 @@
 
 namespace strata {
 
-static Recipe small_recipe(const std::string& out) {
-  return recipe_load(testing::source_path("recipes/quickstart.toml"),
-                     {"train.max_steps=25", "data.sequence_len=64", "train.micro_batch_size=4",
-                      "train.gradient_accumulation_steps=2", "optim.warmup_steps=3",
-                      "checkpoint.output_dir=" + out, "train.log_steps=100"});
+static Recipe small_recipe(const std::string& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"train.max_steps=25", "data.sequence_len=64", "train.micro_batch_size=4",
+                                "train.gradient_accumulation_steps=2", "optim.warmup_steps=3",
+                                "checkpoint.output_dir=" + out, "train.log_steps=100",
+                                "checkpoint.save_dtype=f32"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return recipe_load(testing::source_path("recipes/quickstart.toml"), o);
+}
+
+// Every exported tensor of two runs, compared bit for bit.
+static void require_same_weights(const std::string& a, const std::string& b) {
+  SafetensorsDir x = SafetensorsDir::open(a), y = SafetensorsDir::open(b);
+  REQUIRE(x.names() == y.names());
+  for (const auto& name : x.names()) {
+    const SafetensorsEntry* ex = x.find(name);
+    const SafetensorsEntry* ey = y.find(name);
+    std::vector<float> vx(size_t(ex->end - ex->begin) / 4), vy(vx.size());
+    x.read(name, DType::f32, vx.data());
+    y.read(name, DType::f32, vy.data());
+    INFO(name);
+    REQUIRE(vx == vy);
+  }
+}
+
+static std::string tmp_out(const char* name) {
+  std::string out = (std::filesystem::temp_directory_path() / name).string();
+  std::filesystem::remove_all(out);
+  return out;
 }
 
 TEST_CASE("training the quickstart model lowers the loss and writes metrics and a model", "[train]") {
@@ -46,11 +71,32 @@ TEST_CASE("training the quickstart model lowers the loss and writes metrics and 
   CHECK(std::filesystem::exists(out + "/final/config.json"));
 
   SECTION("a second run of the same recipe is bit-identical") {
-    const std::string out2 = (std::filesystem::temp_directory_path() / "strata_train_b").string();
-    std::filesystem::remove_all(out2);
+    const std::string out2 = tmp_out("strata_train_b");
     TrainSummary s2 = train_run(small_recipe(out2));
     CHECK(s2.losses == s.losses);
+    require_same_weights(out + "/final", out2 + "/final");
   }
+}
+
+TEST_CASE("streamed and resident runs give bit-identical losses and final weights", "[train][engine]") {
+  const std::string a = tmp_out("strata_train_resident"), b = tmp_out("strata_train_streamed");
+  TrainSummary resident = train_run(small_recipe(a, {"offload.weights=device", "offload.checkpoints=device"}));
+  TrainSummary streamed = train_run(small_recipe(b, {"offload.weights=stream", "offload.checkpoints=host",
+                                                     "device.link_bandwidth=2GB/s"}));
+  CHECK(resident.losses == streamed.losses);
+  require_same_weights(a + "/final", b + "/final");
+}
+
+TEST_CASE("the thread count does not change results", "[train][engine]") {
+  const std::string a = tmp_out("strata_train_1thread"), b = tmp_out("strata_train_2threads");
+  const int keep = omp_get_max_threads();
+  omp_set_num_threads(1);
+  TrainSummary one = train_run(small_recipe(a, {"train.max_steps=8"}));
+  omp_set_num_threads(2);
+  TrainSummary two = train_run(small_recipe(b, {"train.max_steps=8"}));
+  omp_set_num_threads(keep);
+  CHECK(one.losses == two.losses);
+  require_same_weights(a + "/final", b + "/final");
 }
 
 }  // namespace strata

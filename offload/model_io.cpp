@@ -1,4 +1,4 @@
-#include "models/model_io.h"
+#include "offload/model_io.h"
 
 #include <filesystem>
 #include <random>
@@ -8,8 +8,8 @@
 
 namespace strata {
 
-void model_load_weights(CausalLM& model, const std::string& dir) {
-  const ModelSpec& spec = model.spec();
+void model_load_weights(HostStore& store, const std::string& dir) {
+  const ModelSpec& spec = store.spec();
   SafetensorsDir st = SafetensorsDir::open(dir);
   safetensors_check_tensors(st, spec.expected_tensors(),
                             str_cat("config.json describes a ", spec.config.family, " model with ",
@@ -19,12 +19,12 @@ void model_load_weights(CausalLM& model, const std::string& dir) {
     const TensorSpec& r = spec.params[i];
     buf.resize(size_t(r.numel()));
     st.read(r.name, DType::f32, buf.data());
-    model.set_param(i, buf.data());
+    store.set_param(i, buf.data());
   }
 }
 
-void model_init_weights(CausalLM& model, uint64_t seed, double std) {
-  const ModelSpec& spec = model.spec();
+void model_init_weights(HostStore& store, uint64_t seed, double std) {
+  const ModelSpec& spec = store.spec();
   std::vector<float> buf;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const TensorSpec& r = spec.params[i];
@@ -38,13 +38,13 @@ void model_init_weights(CausalLM& model, uint64_t seed, double std) {
     } else if (is_norm) {
       for (auto& x : buf) x = 1.f;
     }
-    model.set_param(i, buf.data());
+    store.set_param(i, buf.data());
   }
 }
 
-void model_save_hf(const CausalLM& model, const std::string& dir, DType dtype,
+void model_save_hf(const HostStore& store, const std::string& dir, DType dtype,
                    uint64_t max_shard_bytes) {
-  const ModelSpec& spec = model.spec();
+  const ModelSpec& spec = store.spec();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   STRATA_CHECK_IO(!ec, "cannot create output directory ", dir, ": ", ec.message());
@@ -54,7 +54,7 @@ void model_save_hf(const CausalLM& model, const std::string& dir, DType dtype,
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const TensorSpec& r = spec.params[i];
     buf.resize(size_t(r.numel()));
-    model.get_param(i, buf.data());
+    store.get_param(i, buf.data());
     storage[i].resize(size_t(r.numel()) * dtype_size(dtype));
     dtype_convert(storage[i].data(), dtype, buf.data(), DType::f32, buf.size());
     tensors.push_back(TensorToWrite{r.name, dtype, r.shape, storage[i].data()});

@@ -1,0 +1,92 @@
+// The CUDA kernels: host-callable launchers of every device op, forward and backward side by
+// side, in the argument order of kernels/cpu/ops.h (which documents shapes and semantics) with
+// the stream last. Raw device pointers and sizes only; nothing here knows models or tiers.
+// Every launcher checks its sizes (strata::Error), enqueues on `stream` and returns at once.
+//
+// Legend: N rows (= B*T), B batch, T tokens per row, C hidden, H heads, Hk kv heads, D head
+// dim, V vocab. Conventions as on the CPU: input gradients written, weight gradients
+// accumulated, results independent of launch timing (no float atomics: every output element
+// is summed by one thread in a fixed order).
+//
+// `error_word` (one device int, may be null) collects KernelError bits (below)
+// when a kernel finds bad input it cannot report by throwing: a target outside [0, V), a
+// doc_start outside [0, t], a negative token id.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/bf16.h"
+
+namespace strata::cuda {
+
+// Bits of the kernel error word: kernels that find bad input set a bit; the device reports it
+// at the next stream synchronize, as the CPU backend reports an exception from queued work.
+enum KernelError : int {
+  kErrorTarget = 1,    // lm_head_ce: target outside [0, V) and not -100
+  kErrorDocStart = 2,  // attention: doc_start[b,t] outside [0, t]
+  kErrorTokenId = 4,   // embedding: negative token id
+};
+
+// ---- matmul (cuBLAS, f32 accumulate) -------------------------------------------------------
+// c (M,N) = op(a) (M,K) · op(b) (K,N) + beta * c, row-major, beta 0 or 1; a and b both f32 or
+// both bf16 (bf16 = true). Runs on the stream the handle is set to here.
+void matmul(cublasHandle_t handle, cudaStream_t stream, float* c, const void* a, const void* b,
+            bool bf16, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float beta);
+
+// ---- RMSNorm (also per-head: n = N*H rows of c = D) ----------------------------------------
+void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
+                     int64_t c, float eps, cudaStream_t stream);
+void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                      const float* weight, const float* rstd, int64_t n, int64_t c,
+                      cudaStream_t stream);
+
+// ---- RoPE, HF rotate-half; in-place allowed -------------------------------------------------
+void rope_forward(float* out, const float* in, const int32_t* pos, const float* inv_freq,
+                  int64_t n, int64_t nh, int64_t d, cudaStream_t stream);
+void rope_backward(float* din, const float* dout, const int32_t* pos, const float* inv_freq,
+                   int64_t n, int64_t nh, int64_t d, cudaStream_t stream);
+
+// ---- SwiGLU, bias ----------------------------------------------------------------------------
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n,
+                    cudaStream_t stream);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n, cudaStream_t stream);
+void bias_forward(float* y, const float* b, int64_t n, int64_t o, cudaStream_t stream);
+void bias_backward(float* db, const float* dy, int64_t n, int64_t o, cudaStream_t stream);
+
+// ---- embedding: table f32 or bf16 (table_bf16) -----------------------------------------------
+void embedding_forward(float* out, const void* table, bool table_bf16, const int32_t* ids,
+                       int64_t n, int64_t c, int* error_word, cudaStream_t stream);
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t n,
+                        int64_t c, int* error_word, cudaStream_t stream);
+
+// ---- causal GQA attention, flash-style, document-masked --------------------------------------
+// Head dim d <= kAttentionMaxHeadDim.
+constexpr int64_t kAttentionMaxHeadDim = 128;
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                       int64_t d, float scale, int* error_word, cudaStream_t stream);
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                        int64_t d, float scale, int* error_word, cudaStream_t stream);
+
+// ---- lm_head + cross-entropy, chunked over rows -----------------------------------------------
+// *loss_sum (device double) += summed loss over counted rows; when dh != null (fused backward)
+// dh (N,C) is written and dw (V,C) accumulated with the gradient of grad_scale * loss.
+// w (V,C) f32 or bf16 (w_bf16). The workspace (device) holds lm_head_ce_workspace_bytes(c, v).
+size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v);
+void lm_head_ce(cublasHandle_t handle, cudaStream_t stream, double* loss_sum, float* dh,
+                float* dw, const float* h, const void* w, bool w_bf16, const int32_t* targets,
+                int64_t n, int64_t c, int64_t v, float grad_scale, void* workspace,
+                size_t workspace_bytes, int* error_word);
+
+// ---- elementwise ------------------------------------------------------------------------------
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);  // y += x
+void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
+void cast_bf16_to_f32(float* out, const bf16* in, int64_t n, cudaStream_t stream);
+
+}  // namespace strata::cuda

@@ -1,0 +1,51 @@
+// SwiGLU on CUDA (twin: kernels/cpu/ref/swiglu.h): out = silu(gate) * up, elementwise, and its
+// backward dgate = dout * up * s * (1 + g (1 - s)), dup = dout * silu(g), s = sigmoid(g).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void swiglu_forward_kernel(float* out, const float* gate, const float* up, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float g = gate[i];
+    const float s = 1.f / (1.f + expf(-g));
+    out[i] = g * s * up[i];
+  }
+}
+
+__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout,
+                                       const float* gate, const float* up, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float g = gate[i], u = up[i], dy = dout[i];
+    const float s = 1.f / (1.f + expf(-g));
+    dgate[i] = dy * u * s * (1.f + g * (1.f - s));
+    dup[i] = dy * g * s;
+  }
+}
+
+}  // namespace
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n,
+                    cudaStream_t stream) {
+  STRATA_CHECK(n >= 0, "swiglu_forward: need n >= 0, got n=", n);
+  if (n == 0) return;
+  STRATA_LAUNCH(swiglu_forward_kernel, grid_blocks(n, kThreads), kThreads, 0, stream, out, gate,
+                up, n);
+  STRATA_CUDA_CHECK_LAUNCH("swiglu_forward");
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n, cudaStream_t stream) {
+  STRATA_CHECK(n >= 0, "swiglu_backward: need n >= 0, got n=", n);
+  if (n == 0) return;
+  STRATA_LAUNCH(swiglu_backward_kernel, grid_blocks(n, kThreads), kThreads, 0, stream, dgate,
+                dup, dout, gate, up, n);
+  STRATA_CUDA_CHECK_LAUNCH("swiglu_backward");
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,94 @@
+// Internal to offload/adamw*.cpp: the per-ISA AdamW kernels and the one scalar element step they
+// all share, so that the scalar, AVX2 and AVX-512 variants give identical bits.
+//
+// Bitwise agreement rests on three things: every variant does the same IEEE operations in the
+// same order (mul, add, div, sqrt: each correctly rounded, vector or not); no variant fuses a
+// multiply and an add (each kernel file starts with `#pragma GCC optimize("fp-contract=off")`,
+// since -march=native would otherwise let GCC contract a*b+c into an FMA); and bf16 rounding
+// is the same integer round-to-nearest-even everywhere (not vcvtneps2bf16, which flushes
+// subnormal inputs to zero).
+//
+// The element step follows torch.optim.AdamW (1.13, foreach=False and True) operation by
+// operation, in f32:
+//   g  = grad * clip
+//   p  = p * (1 - lr wd)
+//   m  = m * b1 + (1 - b1) * g
+//   v  = v * b2 + ((1 - b2) * g) * g
+//   d  = sqrt(v) / sqrt(1 - b2^t) + eps
+//   p  = p + (-(lr / (1 - b1^t)) * m) / d
+// The scalar constants are computed in double (as Python does) and rounded to f32 once.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/common/bf16.h"
+#include "src/core/dtype.h"
+
+namespace strata::adamw_detail {
+
+struct AdamWConsts {
+  float clip, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+};
+
+// The buffers of one update, n elements each. m and v have moment_type (f32 or bf16);
+// working (may be null) has working_type (f32 or bf16).
+struct AdamWSpan {
+  float* master;
+  void* m;
+  void* v;
+  const float* grad;
+  void* working;
+  DType moment_type;
+  DType working_type;
+};
+
+// Each variant updates elements [begin, end) of the span. Defined in adamw_kernels_<isa>.cpp.
+void adamw_kernel_scalar(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
+void adamw_kernel_avx2(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
+void adamw_kernel_avx512(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
+
+// Internal linkage on purpose: each kernel file gets its own copy compiled under its own
+// options, so no ISA-specific copy can be picked by the linker for another variant.
+namespace {
+
+inline void adamw_step_element(const AdamWConsts& c, float& p, float& m, float& v, float grad) {
+  const float g = grad * c.clip;
+  const float pd = p * c.decay;
+  const float mi = m * c.beta1 + c.one_minus_beta1 * g;
+  const float vi = v * c.beta2 + (c.one_minus_beta2 * g) * g;
+  const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+  p = pd + (c.neg_step_size * mi) / denom;
+  m = mi;
+  v = vi;
+}
+
+// The i-th element of a buffer of f32 or bf16.
+inline float adamw_load(const void* buf, DType t, int64_t i) {
+  return t == DType::f32 ? static_cast<const float*>(buf)[i]
+                         : bf16_to_f32(static_cast<const bf16*>(buf)[i]);
+}
+inline void adamw_store(void* buf, DType t, int64_t i, float x) {
+  if (t == DType::f32) {
+    static_cast<float*>(buf)[i] = x;
+  } else {
+    static_cast<bf16*>(buf)[i] = f32_to_bf16(x);
+  }
+}
+
+// Elements [begin, end) one at a time: the scalar variant, and the tails of the vector ones.
+inline void adamw_span_scalar(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    float p = s.master[i];
+    float m = adamw_load(s.m, s.moment_type, i);
+    float v = adamw_load(s.v, s.moment_type, i);
+    adamw_step_element(c, p, m, v, s.grad[i]);
+    s.master[i] = p;
+    adamw_store(s.m, s.moment_type, i, m);
+    adamw_store(s.v, s.moment_type, i, v);
+    if (s.working) adamw_store(s.working, s.working_type, i, p);
+  }
+}
+
+}  // namespace
+}  // namespace strata::adamw_detail

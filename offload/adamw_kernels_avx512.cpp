@@ -1,0 +1,91 @@
+// AdamW, the AVX-512 variant: 16 f32 lanes, the same operations in the same order as the
+// scalar element step (adamw_kernels.h), no FMA, so its bits equal the scalar variant's. The
+// tail (< 16 elements) runs through the same vector code under a lane mask.
+#pragma GCC optimize("fp-contract=off")
+#include <immintrin.h>
+
+#include "offload/adamw_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl")
+// GCC 12 flags the deliberate self-initialisation inside _mm512_undefined_ps (used by
+// _mm512_sqrt_ps, _mm512_srli_epi32) as maybe-uninitialised; it is not our code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace strata::adamw_detail {
+namespace {
+
+// 16 bf16 -> 16 f32 (lanes outside k read as 0): the bf16 bits are the high half of the f32.
+inline __m512 adamw_avx512_load_bf16(const bf16* p, __mmask16 k) {
+  const __m256i h = _mm256_maskz_loadu_epi16(k, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// 16 f32 -> 16 bf16 (lanes in k), round to nearest even, NaN kept quiet: the integer form of
+// f32_to_bf16 (vcvtneps2bf16 would flush subnormal inputs and break agreement with scalar).
+inline void adamw_avx512_store_bf16(bf16* p, __m512 x, __mmask16 k) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(r));
+}
+
+template <bool kBf16Moments>
+inline __m512 adamw_avx512_load_moment(const void* buf, int64_t i, __mmask16 k) {
+  if constexpr (kBf16Moments) return adamw_avx512_load_bf16(static_cast<const bf16*>(buf) + i, k);
+  else return _mm512_maskz_loadu_ps(k, static_cast<const float*>(buf) + i);
+}
+template <bool kBf16Moments>
+inline void adamw_avx512_store_moment(void* buf, int64_t i, __m512 x, __mmask16 k) {
+  if constexpr (kBf16Moments) adamw_avx512_store_bf16(static_cast<bf16*>(buf) + i, x, k);
+  else _mm512_mask_storeu_ps(static_cast<float*>(buf) + i, k, x);
+}
+
+// kWork: 0 no working copy, 1 f32, 2 bf16. Full blocks use mask 0xffff (compiles to plain
+// loads and stores); the last partial block a narrower mask.
+template <bool kBf16Moments, int kWork>
+void adamw_avx512_run(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+  const __m512 clip = _mm512_set1_ps(c.clip), decay = _mm512_set1_ps(c.decay);
+  const __m512 b1 = _mm512_set1_ps(c.beta1), omb1 = _mm512_set1_ps(c.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_beta2);
+  const __m512 bc2s = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps);
+  const __m512 nss = _mm512_set1_ps(c.neg_step_size);
+  auto block = [&](int64_t i, __mmask16 k) __attribute__((always_inline)) {
+    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s.grad + i), clip);
+    const __m512 pd = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s.master + i), decay);
+    __m512 m = adamw_avx512_load_moment<kBf16Moments>(s.m, i, k);
+    __m512 v = adamw_avx512_load_moment<kBf16Moments>(s.v, i, k);
+    m = _mm512_add_ps(_mm512_mul_ps(m, b1), _mm512_mul_ps(omb1, g));
+    v = _mm512_add_ps(_mm512_mul_ps(v, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2s), eps);
+    const __m512 p = _mm512_add_ps(pd, _mm512_div_ps(_mm512_mul_ps(nss, m), denom));
+    _mm512_mask_storeu_ps(s.master + i, k, p);
+    adamw_avx512_store_moment<kBf16Moments>(s.m, i, m, k);
+    adamw_avx512_store_moment<kBf16Moments>(s.v, i, v, k);
+    if constexpr (kWork == 1) _mm512_mask_storeu_ps(static_cast<float*>(s.working) + i, k, p);
+    if constexpr (kWork == 2) adamw_avx512_store_bf16(static_cast<bf16*>(s.working) + i, p, k);
+  };
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) block(i, __mmask16(0xffff));
+  if (i < end) block(i, __mmask16((1u << (end - i)) - 1u));
+}
+
+}  // namespace
+
+void adamw_kernel_avx512(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+  const bool bm = s.moment_type == DType::bf16;
+  const int work = !s.working ? 0 : s.working_type == DType::f32 ? 1 : 2;
+  if (!bm && work == 0) adamw_avx512_run<false, 0>(c, s, begin, end);
+  if (!bm && work == 1) adamw_avx512_run<false, 1>(c, s, begin, end);
+  if (!bm && work == 2) adamw_avx512_run<false, 2>(c, s, begin, end);
+  if (bm && work == 0) adamw_avx512_run<true, 0>(c, s, begin, end);
+  if (bm && work == 1) adamw_avx512_run<true, 1>(c, s, begin, end);
+  if (bm && work == 2) adamw_avx512_run<true, 2>(c, s, begin, end);
+}
+
+}  // namespace strata::adamw_detail
+
+#pragma GCC pop_options

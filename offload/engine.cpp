@@ -1,0 +1,465 @@
+#include "offload/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/ops.h"
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+template <class T>
+T* device_alloc(Device& dev, size_t bytes, const std::string& what) {
+  return static_cast<T*>(dev.alloc(bytes, what));
+}
+
+// dst += src, elementwise: the fixed-order host accumulation of gradients.
+void accumulate(float* dst, const float* src, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
+    : dev_(dev), store_(store), opt_(opt) {
+  STRATA_CHECK(opt_.weights == "stream" || opt_.weights == "device", "offload.weights = \"",
+               opt_.weights, "\": use \"stream\" or \"device\"");
+  STRATA_CHECK(opt_.checkpoints == "auto" || opt_.checkpoints == "device" || opt_.checkpoints == "host",
+               "offload.checkpoints = \"", opt_.checkpoints, "\": use \"auto\", \"device\" or \"host\"");
+  const ModelSpec& spec = store_.spec();
+  const ModelConfig& cfg = spec.config;
+  L_ = spec.layers.size();
+  tied_ = spec.lm_head == kAbsent;
+  dims_.B = opt_.max_batch;
+  dims_.T = opt_.max_tokens;
+  dims_.C = cfg.hidden_size;
+  dims_.H = cfg.num_attention_heads;
+  dims_.Hk = cfg.num_key_value_heads;
+  dims_.D = cfg.head_dim;
+  dims_.F = cfg.intermediate_size;
+  dims_.eps = float(cfg.rms_norm_eps);
+  dims_.wt = spec.matrix_dtype;
+  const int64_t N = opt_.max_batch * opt_.max_tokens, C = dims_.C;
+  const size_t act_bytes = size_t(N * C) * 4;
+
+  size_t max_w = 0, max_g = 0;
+  for (size_t i = 0; i < L_; ++i) {
+    max_w = std::max(max_w, store_.layer_group(i).working_bytes);
+    max_g = std::max(max_g, store_.layer_group(i).f32_bytes);
+  }
+  const bool stream = opt_.weights == "stream";
+  const size_t nslots = stream ? std::min<size_t>(2, L_) : L_;
+  for (size_t s = 0; s < nslots; ++s) {
+    weight_slots_.push_back(device_alloc<char>(dev_, max_w, str_cat("layer weight slot ", s)));
+    slot_layer_.push_back(-1);
+    slot_loaded_.push_back(dev_.event_create());
+    slot_free_.push_back(dev_.event_create());
+  }
+  head_dev_ = device_alloc<char>(dev_, store_.head_group().working_bytes, "head weights (final norm, lm_head)");
+  head_grad_dev_ = device_alloc<char>(dev_, store_.head_group().f32_bytes, "head gradients");
+  if (tied_) {
+    lm_dev_ = device_alloc<char>(dev_, store_.embed_group().working_bytes, "lm_head (tied embedding)");
+    lm_grad_dev_ = device_alloc<float>(dev_, store_.embed_group().f32_bytes, "lm_head gradient (tied)");
+  }
+  for (auto& g : grad_slots_) g = device_alloc<char>(dev_, max_g, "layer gradient slot");
+  x_final_ = device_alloc<float>(dev_, act_bytes, "last layer output");
+  for (auto& x : x_pp_) x = device_alloc<float>(dev_, act_bytes, "activation staging");
+  hn_ = device_alloc<float>(dev_, act_bytes, "final norm output");
+  rstd_final_ = device_alloc<float>(dev_, size_t(N) * 4, "final norm rstd");
+  dhn_ = device_alloc<float>(dev_, act_bytes, "d final norm output");
+  for (auto& d : dx_) d = device_alloc<float>(dev_, act_bytes, "d hidden");
+  ids_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "input ids");
+  targets_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "targets");
+  pos_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "positions");
+  doc_start_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "document starts");
+  loss_dev_ = device_alloc<double>(dev_, sizeof(double), "loss");
+  std::vector<float> inv = model_rope_inv_freq(cfg);
+  inv_freq_ = device_alloc<float>(dev_, inv.size() * 4, "rope inv_freq");
+  dev_.copy_h2d(inv_freq_, inv.data(), inv.size() * 4, Stream::compute);
+  workspace_ = dev_.alloc(layer_workspace_bytes(dims_), "layer workspace");
+  ws_ = layer_workspace_carve(dims_, workspace_);
+  dev_.stream_synchronize(Stream::compute);
+
+  // checkpoints: the last layers' inputs stay on the device while the budget allows
+  size_t count = 0;
+  if (opt_.checkpoints == "device") count = L_;
+  if (opt_.checkpoints == "auto") {
+    const size_t margin = 1 << 20;
+    size_t left = dev_.budget_bytes() > dev_.used_bytes() + margin ? dev_.budget_bytes() - dev_.used_bytes() - margin : 0;
+    count = std::min(L_, left / ((act_bytes + 255) / 256 * 256));
+  }
+  device_ckpt_count_ = count;
+  if (count) ckpt_dev_ = device_alloc<float>(dev_, count * act_bytes, str_cat(count, " layer checkpoints"));
+
+  auto pinned = [&](size_t bytes) { return static_cast<float*>(dev_.alloc_pinned(bytes)); };
+  x0_host_ = pinned(act_bytes);
+  dx0_host_ = pinned(act_bytes);
+  if (L_ > count) ckpt_host_ = pinned((L_ - count) * act_bytes);
+  for (auto& g : grad_staging_) g = pinned(max_g);
+  head_staging_ = pinned(store_.head_group().f32_bytes + (tied_ ? store_.embed_group().f32_bytes : 0));
+
+  for (auto& e : pp_saved_) e = dev_.event_create();
+  for (auto& e : ckpt_fetched_) e = dev_.event_create();
+  for (auto& e : stage_free_) e = dev_.event_create();
+  x_ready_ = dev_.event_create();
+  loss_copied_ = dev_.event_create();
+  for (size_t i = 0; i < L_; ++i) grad_copied_.push_back(std::shared_ptr<Event>(dev_.event_create()));
+  head_copied_ = std::shared_ptr<Event>(dev_.event_create());
+  dx0_copied_ = std::shared_ptr<Event>(dev_.event_create());
+  optimizer_ticket_.assign(store_.groups().size(), 0);
+}
+
+Engine::~Engine() {
+  try {
+    synchronize();
+  } catch (...) {  // an error already reported by the caller's path; still free everything
+  }
+  for (char* p : weight_slots_) dev_.free(p);
+  for (void* p : {(void*)head_dev_, (void*)head_grad_dev_, (void*)lm_dev_, (void*)lm_grad_dev_,
+                  (void*)grad_slots_[0], (void*)grad_slots_[1], (void*)x_final_, (void*)x_pp_[0],
+                  (void*)x_pp_[1], (void*)ckpt_dev_, (void*)hn_, (void*)rstd_final_, (void*)dhn_,
+                  (void*)dx_[0], (void*)dx_[1], (void*)ids_, (void*)targets_, (void*)pos_,
+                  (void*)doc_start_, (void*)loss_dev_, (void*)inv_freq_, workspace_})
+    if (p) dev_.free(p);
+  for (void* p : {(void*)x0_host_, (void*)dx0_host_, (void*)ckpt_host_, (void*)grad_staging_[0],
+                  (void*)grad_staging_[1], (void*)head_staging_})
+    if (p) dev_.free_pinned(p);
+}
+
+// ---- weights ---------------------------------------------------------------------------
+
+LayerWeights Engine::weights_at(const char* base, size_t layer) const {
+  const ParamGroup& g = store_.layer_group(layer);
+  const TensorTable& wt = store_.working_table();
+  auto at = [&](int64_t row) -> const void* {
+    return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
+  };
+  auto f = [&](int64_t row) { return static_cast<const float*>(at(row)); };
+  const LayerParamRows& r = store_.spec().layers[layer];
+  LayerWeights w;
+  w.q = at(r.q); w.k = at(r.k); w.v = at(r.v); w.o = at(r.o);
+  w.gate = at(r.gate); w.up = at(r.up); w.down = at(r.down);
+  w.input_norm = f(r.input_norm); w.post_norm = f(r.post_norm);
+  w.q_norm = f(r.q_norm); w.k_norm = f(r.k_norm);
+  w.q_bias = f(r.q_bias); w.k_bias = f(r.k_bias); w.v_bias = f(r.v_bias); w.o_bias = f(r.o_bias);
+  return w;
+}
+
+LayerGrads Engine::grads_at(char* base, size_t layer) const {
+  const ParamGroup& g = store_.layer_group(layer);
+  const TensorTable& ft = store_.f32_table();
+  auto at = [&](int64_t row) -> float* {
+    return row == kAbsent ? nullptr : reinterpret_cast<float*>(base + (ft[size_t(row)].offset - g.f32_offset));
+  };
+  const LayerParamRows& r = store_.spec().layers[layer];
+  LayerGrads d;
+  d.q = at(r.q); d.k = at(r.k); d.v = at(r.v); d.o = at(r.o);
+  d.gate = at(r.gate); d.up = at(r.up); d.down = at(r.down);
+  d.input_norm = at(r.input_norm); d.post_norm = at(r.post_norm);
+  d.q_norm = at(r.q_norm); d.k_norm = at(r.k_norm);
+  d.q_bias = at(r.q_bias); d.k_bias = at(r.k_bias); d.v_bias = at(r.v_bias); d.o_bias = at(r.o_bias);
+  return d;
+}
+
+void Engine::wait_optimizer(size_t group) {
+  if (!optimizer_ticket_[group]) return;
+  auto t0 = Clock::now();
+  host_.wait(optimizer_ticket_[group]);
+  optimizer_exposed_s_ += seconds_since(t0);
+  optimizer_ticket_[group] = 0;
+}
+
+void Engine::ensure_layer(size_t layer) {
+  const size_t s = opt_.weights == "stream" ? layer % weight_slots_.size() : layer;
+  if (slot_layer_[s] != int64_t(layer)) {
+    wait_optimizer(1 + layer);  // the update of this layer must have landed in the working copy
+    const ParamGroup& g = store_.layer_group(layer);
+    dev_.stream_wait_event(Stream::h2d, *slot_free_[s]);
+    dev_.copy_h2d(weight_slots_[s], store_.working() + g.working_offset, g.working_bytes, Stream::h2d);
+    dev_.event_record(*slot_loaded_[s], Stream::h2d);
+    slot_layer_[s] = int64_t(layer);
+  }
+  dev_.stream_wait_event(Stream::compute, *slot_loaded_[s]);
+}
+
+void Engine::ensure_head() {
+  if (!head_stale_) return;
+  wait_optimizer(store_.groups().size() - 1);
+  const ParamGroup& h = store_.head_group();
+  dev_.copy_h2d(head_dev_, store_.working() + h.working_offset, h.working_bytes, Stream::compute);
+  if (tied_) {
+    wait_optimizer(0);
+    const ParamGroup& e = store_.embed_group();
+    dev_.copy_h2d(lm_dev_, store_.working() + e.working_offset, e.working_bytes, Stream::compute);
+  }
+  head_stale_ = false;
+}
+
+// ---- activations -----------------------------------------------------------------------
+
+float* Engine::ckpt_device(size_t layer, bool) {
+  const size_t first_dev = L_ - device_ckpt_count_;
+  const int64_t NC = dims_.B * dims_.T * dims_.C;
+  if (layer >= first_dev) return ckpt_dev_ + (layer - first_dev) * size_t(NC);
+  return x_pp_[layer % 2];
+}
+
+void Engine::upload_tokens(const MicroBatch& mb) {
+  STRATA_CHECK(mb.B >= 1 && mb.T >= 1 && mb.B <= opt_.max_batch && mb.T <= opt_.max_tokens,
+               "micro-batch of ", mb.B, "x", mb.T, " tokens exceeds the engine's buffers (",
+               opt_.max_batch, "x", opt_.max_tokens, ")");
+  const size_t n = size_t(mb.B * mb.T);
+  STRATA_ASSERT(mb.ids.size() == n && mb.targets.size() == n && mb.pos.size() == n);
+  const int64_t V = store_.spec().config.vocab_size;
+  for (size_t i = 0; i < n; ++i) {
+    STRATA_CHECK(mb.ids[i] >= 0 && mb.ids[i] < V, "token id ", mb.ids[i], " at position ", i,
+                 " is outside the vocabulary [0, ", V, ")");
+    STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
+                 mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
+  }
+  host_.drain();  // the previous micro-batch's scatter still reads ids_host_ and dx0_host_
+  dims_.B = mb.B;
+  dims_.T = mb.T;
+  has_docs_ = !mb.doc_start.empty();
+  ids_host_ = mb.ids;
+  dev_.copy_h2d(ids_, mb.ids.data(), n * 4, Stream::compute);
+  dev_.copy_h2d(targets_, mb.targets.data(), n * 4, Stream::compute);
+  dev_.copy_h2d(pos_, mb.pos.data(), n * 4, Stream::compute);
+  if (has_docs_) {
+    STRATA_ASSERT(mb.doc_start.size() == n);
+    dev_.copy_h2d(doc_start_, mb.doc_start.data(), n * 4, Stream::compute);
+  }
+}
+
+void Engine::forward(const MicroBatch& mb) {
+  const Stream s = Stream::compute;
+  const int64_t N = mb.B * mb.T, C = dims_.C;
+  const size_t act_bytes = size_t(N * C) * 4;
+
+  // embedding on the host: gather rows of the working table (exact conversion to f32)
+  wait_optimizer(0);
+  const TensorSpec& emb = store_.working_table()[size_t(store_.spec().embed)];
+  const char* table = store_.working() + emb.offset;
+  const size_t row_bytes = size_t(C) * dtype_size(emb.dtype);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    dtype_convert(x0_host_ + n * C, DType::f32, table + size_t(mb.ids[size_t(n)]) * row_bytes, emb.dtype, size_t(C));
+  dev_.stream_wait_event(s, *pp_saved_[0]);
+  dev_.copy_h2d(ckpt_device(0, false), x0_host_, act_bytes, s);
+
+  TokenContext ctx{pos_, has_docs_ ? doc_start_ : nullptr, inv_freq_};
+  const size_t first_dev = L_ - device_ckpt_count_;
+  for (size_t i = 0; i < L_; ++i) {
+    ensure_layer(i);
+    const size_t slot = opt_.weights == "stream" ? i % weight_slots_.size() : i;
+    float* in = ckpt_device(i, false);
+    float* out = i + 1 < L_ ? ckpt_device(i + 1, false) : x_final_;
+    const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
+    if (out_spills) dev_.stream_wait_event(s, *pp_saved_[(i + 1) % 2]);  // its last d2h is done
+    layer_forward(dev_, s, dims_, weights_at(weight_slots_[slot], i), ctx, ws_, out, in);
+    dev_.event_record(*slot_free_[slot], s);
+    if (out_spills) {
+      dev_.event_record(*x_ready_, s);
+      dev_.stream_wait_event(Stream::d2h, *x_ready_);
+      dev_.copy_d2h(ckpt_host_ + (i + 1) * size_t(N * C), out, act_bytes, Stream::d2h);
+      dev_.event_record(*pp_saved_[(i + 1) % 2], Stream::d2h);
+    }
+  }
+  ensure_head();
+  const TensorTable& wt = store_.working_table();
+  const ParamGroup& hg = store_.head_group();
+  const float* norm_w = reinterpret_cast<const float*>(head_dev_ + wt[size_t(store_.spec().final_norm)].offset - hg.working_offset);
+  dev_.rmsnorm_forward(s, hn_, rstd_final_, x_final_, norm_w, N, C, dims_.eps);
+}
+
+void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
+  const Stream s = Stream::compute;
+  const ModelSpec& spec = store_.spec();
+  const int64_t N = mb.B * mb.T, C = dims_.C, V = spec.config.vocab_size;
+  const TensorTable& wt = store_.working_table();
+  const TensorTable& ft = store_.f32_table();
+  const ParamGroup& hg = store_.head_group();
+  const void* lm_w = tied_ ? static_cast<const void*>(lm_dev_)
+                           : head_dev_ + wt[size_t(spec.lm_head)].offset - hg.working_offset;
+  const DType lm_type = wt[size_t(spec.lm_head_row())].dtype;
+  dev_.memset_zero(loss_dev_, sizeof(double), s);
+  if (!backward) {
+    dev_.lm_head_ce(s, loss_dev_, nullptr, nullptr, hn_, lm_w, lm_type, targets_, N, C, V, 1.f);
+    return;
+  }
+  dev_.memset_zero(head_grad_dev_, hg.f32_bytes, s);
+  if (tied_) dev_.memset_zero(lm_grad_dev_, store_.embed_group().f32_bytes, s);
+  float* lm_grad = tied_ ? lm_grad_dev_
+                         : reinterpret_cast<float*>(head_grad_dev_ + ft[size_t(spec.lm_head)].offset - hg.f32_offset);
+  dev_.lm_head_ce(s, loss_dev_, dhn_, lm_grad, hn_, lm_w, lm_type, targets_, N, C, V, grad_scale);
+  const size_t fn = size_t(spec.final_norm);
+  const float* norm_w = reinterpret_cast<const float*>(head_dev_ + wt[fn].offset - hg.working_offset);
+  float* norm_g = reinterpret_cast<float*>(head_grad_dev_ + ft[fn].offset - hg.f32_offset);
+  dev_.rmsnorm_backward(s, dx_[0], norm_g, dhn_, x_final_, norm_w, rstd_final_, N, C);
+
+  // head gradients -> host staging -> accumulation (the lm part of a tied model into embed)
+  dev_.event_record(*x_ready_, s);
+  dev_.stream_wait_event(Stream::d2h, *x_ready_);
+  dev_.copy_d2h(head_staging_, head_grad_dev_, hg.f32_bytes, Stream::d2h);
+  if (tied_)
+    dev_.copy_d2h(reinterpret_cast<char*>(head_staging_) + hg.f32_bytes, lm_grad_dev_,
+                  store_.embed_group().f32_bytes, Stream::d2h);
+  dev_.event_record(*head_copied_, Stream::d2h);
+  auto ev = head_copied_;
+  host_.enqueue([this, ev] {
+    dev_.event_synchronize(*ev);
+    const ParamGroup& h = store_.head_group();
+    accumulate(store_.grad() + h.f32_offset / 4, head_staging_, h.f32_bytes / 4);
+    if (tied_) {
+      const ParamGroup& e = store_.embed_group();
+      accumulate(store_.grad() + e.f32_offset / 4, head_staging_ + h.f32_bytes / 4, e.f32_bytes / 4);
+    }
+  });
+}
+
+void Engine::backward(const MicroBatch& mb) {
+  const Stream s = Stream::compute;
+  const int64_t N = mb.B * mb.T, C = dims_.C;
+  const size_t act_bytes = size_t(N * C) * 4;
+  const size_t first_dev = L_ - device_ckpt_count_;
+  TokenContext ctx{pos_, has_docs_ ? doc_start_ : nullptr, inv_freq_};
+  float* dout = dx_[0];
+  float* dx = dx_[1];
+  std::vector<bool> copied_this_step(L_, false);
+  for (size_t step = 0; step < L_; ++step) {
+    const size_t i = L_ - 1 - step;
+    const size_t b = i % 2;
+    ensure_layer(i);
+    const size_t slot = opt_.weights == "stream" ? i % weight_slots_.size() : i;
+    float* x = ckpt_device(i, true);
+    if (i < first_dev) {  // bring the spilled checkpoint back
+      dev_.stream_wait_event(Stream::h2d, *stage_free_[b]);
+      dev_.stream_wait_event(Stream::h2d, *pp_saved_[b]);
+      const float* src = i == 0 ? x0_host_ : ckpt_host_ + i * size_t(N * C);
+      dev_.copy_h2d(x, src, act_bytes, Stream::h2d);
+      dev_.event_record(*ckpt_fetched_[b], Stream::h2d);
+      dev_.stream_wait_event(s, *ckpt_fetched_[b]);
+    }
+    char* g = grad_slots_[b];
+    if (i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(s, *grad_copied_[i + 2]);
+    const ParamGroup& grp = store_.layer_group(i);
+    dev_.memset_zero(g, grp.f32_bytes, s);
+    LayerGrads lg = grads_at(g, i);
+    layer_backward(dev_, s, dims_, weights_at(weight_slots_[slot], i), lg, ctx, ws_, dx, dout, x);
+    dev_.event_record(*slot_free_[slot], s);
+    dev_.event_record(*stage_free_[b], s);
+
+    // gradient out: device slot -> pinned staging -> host accumulation, in layer order
+    dev_.event_record(*x_ready_, s);
+    auto t0 = Clock::now();
+    if (staging_ticket_[b]) host_.wait(staging_ticket_[b]);
+    d2h_wait_s_ += seconds_since(t0);
+    dev_.stream_wait_event(Stream::d2h, *x_ready_);
+    dev_.copy_d2h(grad_staging_[b], g, grp.f32_bytes, Stream::d2h);
+    dev_.event_record(*grad_copied_[i], Stream::d2h);
+    copied_this_step[i] = true;
+    auto ev = grad_copied_[i];
+    float* staging = grad_staging_[b];
+    staging_ticket_[b] = host_.enqueue([this, ev, staging, i] {
+      dev_.event_synchronize(*ev);
+      const ParamGroup& gg = store_.layer_group(i);
+      accumulate(store_.grad() + gg.f32_offset / 4, staging, gg.f32_bytes / 4);
+    });
+    std::swap(dout, dx);
+  }
+  // embedding backward on the host: scatter-add d x0 into the table's gradient, in token order
+  dev_.event_record(*x_ready_, s);
+  dev_.stream_wait_event(Stream::d2h, *x_ready_);
+  dev_.copy_d2h(dx0_host_, dout, act_bytes, Stream::d2h);
+  dev_.event_record(*dx0_copied_, Stream::d2h);
+  auto ev = dx0_copied_;
+  const int64_t n_tokens = N;
+  host_.enqueue([this, ev, n_tokens] {
+    dev_.event_synchronize(*ev);
+    cpu::embedding_backward(store_.grad_of(size_t(store_.spec().embed)), dx0_host_, ids_host_.data(),
+                            n_tokens, dims_.C);
+  });
+}
+
+double Engine::forward_backward(const MicroBatch& mb, float grad_scale) {
+  upload_tokens(mb);
+  forward(mb);
+  loss_head(mb, true, grad_scale);
+  backward(mb);
+  dev_.copy_d2h(&loss_host_, loss_dev_, sizeof(double), Stream::compute);
+  dev_.event_record(*loss_copied_, Stream::compute);
+  auto t0 = Clock::now();
+  dev_.event_synchronize(*loss_copied_);
+  dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
+  dev_.event_synchronize(*dx0_copied_);
+  d2h_wait_s_ += seconds_since(t0);
+  return loss_host_;
+}
+
+double Engine::forward_loss(const MicroBatch& mb) {
+  upload_tokens(mb);
+  forward(mb);
+  loss_head(mb, false, 1.f);
+  dev_.copy_d2h(&loss_host_, loss_dev_, sizeof(double), Stream::compute);
+  dev_.stream_synchronize(Stream::compute);
+  return loss_host_;
+}
+
+void Engine::zero_grads() {
+  host_.drain();
+  std::memset(store_.grad(), 0, store_.f32_floats() * 4);
+}
+
+double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
+  host_.drain();  // every gradient has landed
+  const double norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats())));
+  STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
+               "); lower optim.learning_rate or check the data");
+  params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? float(max_grad_norm / (norm + 1e-6)) : 1.f;
+  const auto& groups = store_.groups();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] {
+      const ParamGroup& g = store_.groups()[gi];
+      const TensorTable& wt = store_.working_table();
+      AdamWParams p = params;
+      for (size_t r = g.first_row; r < g.end_row; ++r) {
+        p.weight_decay = wt[r].shape.size() == 2 ? float(weight_decay) : 0.f;  // no decay on norms, biases
+        adamw_update(store_.master_of(r), store_.m() + store_.f32_table()[r].offset / 4,
+                     store_.v() + store_.f32_table()[r].offset / 4, store_.grad_of(r),
+                     store_.working_of(r), wt[r].dtype, wt[r].numel(), p);
+      }
+      std::memset(store_.grad() + g.f32_offset / 4, 0, g.f32_bytes);  // consumed
+    });
+  }
+  for (auto& l : slot_layer_) l = -1;  // every device copy of the weights is now stale
+  head_stale_ = true;
+  return norm;
+}
+
+void Engine::synchronize() {
+  dev_.synchronize();
+  host_.drain();
+  for (auto& t : optimizer_ticket_) t = 0;
+}
+
+EngineStats Engine::stats() const {
+  DeviceCounters c = dev_.counters();
+  EngineStats s;
+  s.compute_s = c.compute_busy_s;
+  s.h2d_wait_s = c.stream_wait_s[int(Stream::compute)];
+  s.d2h_wait_s = d2h_wait_s_;
+  s.optimizer_s = host_.busy_s();
+  s.optimizer_exposed_s = optimizer_exposed_s_;
+  s.link_bytes = c.h2d_bytes + c.d2h_bytes;
+  return s;
+}
+
+}  // namespace strata

@@ -1,0 +1,84 @@
+#include "offload/host_store.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+float* alloc_host_floats(size_t n, const char* what) {
+  void* p = std::aligned_alloc(4096, std::max<size_t>((n * 4 + 4095) / 4096 * 4096, 4096));
+  STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(n * 4), " of host memory for ", what,
+                      ": the model's optimizer state does not fit in RAM (the NVMe tier is "
+                      "issue-tracked; use a smaller model for now)");
+  std::memset(p, 0, n * 4);
+  return static_cast<float*>(p);
+}
+
+}  // namespace
+
+HostStore::HostStore(Device& dev, const ModelSpec& spec) : dev_(dev), spec_(spec) {
+  // groups: embed | layer 0 .. L-1 | head (final norm, lm_head) — the spec's row order
+  const auto& rows = spec_.params.rows();
+  auto group_of = [&](size_t r) -> std::string {
+    const std::string& n = rows[r].name;
+    if (n.rfind("model.layers.", 0) == 0) return "layer." + n.substr(13, n.find('.', 13) - 13);
+    if (n == "model.embed_tokens.weight") return "embed";
+    return "head";
+  };
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::string g = group_of(r);
+    if (groups_.empty() || groups_.back().name != g) groups_.push_back(ParamGroup{g, r, r});
+    STRATA_ASSERT(groups_.back().name == g);
+    groups_.back().end_row = r + 1;
+    working_.add(TensorSpec{rows[r].name, rows[r].shape, rows[r].dtype, Tier::host_pinned});
+    f32_.add(TensorSpec{rows[r].name, rows[r].shape, DType::f32, Tier::host});
+  }
+  STRATA_ASSERT(groups_.size() == spec_.layers.size() + 2 && groups_.front().name == "embed" &&
+                groups_.back().name == "head", "unexpected parameter order");
+  working_.layout(Tier::host_pinned);
+  f32_.layout(Tier::host);
+  for (auto& g : groups_) {
+    g.working_offset = working_[g.first_row].offset;
+    g.f32_offset = f32_[g.first_row].offset;
+    const TensorSpec& last_w = working_[g.end_row - 1];
+    const TensorSpec& last_f = f32_[g.end_row - 1];
+    g.working_bytes = last_w.offset + last_w.bytes() - g.working_offset;
+    g.f32_bytes = last_f.offset + last_f.bytes() - g.f32_offset;
+  }
+  working_data_ = static_cast<char*>(dev_.alloc_pinned(working_.tier_bytes(Tier::host_pinned)));
+  std::memset(working_data_, 0, working_.tier_bytes(Tier::host_pinned));
+  const size_t n = f32_floats();
+  master_ = alloc_host_floats(n, "master weights");
+  m_ = alloc_host_floats(n, "AdamW first moments");
+  v_ = alloc_host_floats(n, "AdamW second moments");
+  grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
+  std::memset(grad_, 0, n * 4);
+}
+
+HostStore::~HostStore() {
+  dev_.free_pinned(working_data_);
+  dev_.free_pinned(grad_);
+  std::free(master_);
+  std::free(m_);
+  std::free(v_);
+}
+
+void HostStore::set_param(size_t row, const float* values) {
+  const size_t n = size_t(f32_[row].numel());
+  std::memcpy(master_of(row), values, n * 4);
+  dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, n);
+}
+
+void HostStore::get_param(size_t row, float* values) const {
+  std::memcpy(values, master_ + f32_[row].offset / 4, size_t(f32_[row].numel()) * 4);
+}
+
+size_t HostStore::pinned_bytes() const {
+  return working_.tier_bytes(Tier::host_pinned) + f32_.tier_bytes(Tier::host);
+}
+size_t HostStore::host_bytes() const { return 3 * f32_.tier_bytes(Tier::host); }
+
+}  // namespace strata

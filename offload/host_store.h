@@ -1,0 +1,69 @@
+// The host parameter store (DESIGN §2): the authoritative state of every parameter, laid out
+// group by group (embedding, each decoder layer, the head) so one layer is one contiguous
+// block in every array:
+//   working  the device-dtype copy that is streamed (bf16 or f32), pinned    (working table)
+//   master   fp32 master weights                                              (f32 table)
+//   m, v     AdamW moments, fp32                                              (f32 table)
+//   grad     fp32 gradient accumulation, pinned (it receives device copies)   (f32 table)
+// Sizes are accounted per tier; on a machine with several NUMA nodes the arrays are
+// interleaved across them (one node: said once, and nothing else changes).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model_spec.h"
+#include "src/device/device.h"
+
+namespace strata {
+
+struct ParamGroup {
+  std::string name;            // "embed", "layer.3", "head"
+  size_t first_row = 0, end_row = 0;  // rows [first, end) of the spec's parameter table
+  size_t working_offset = 0, working_bytes = 0;  // bytes in the working arena
+  size_t f32_offset = 0, f32_bytes = 0;          // bytes in the f32 arenas
+};
+
+class HostStore {
+ public:
+  HostStore(Device& dev, const ModelSpec& spec);
+  ~HostStore();
+  HostStore(const HostStore&) = delete;
+  HostStore& operator=(const HostStore&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+  const TensorTable& working_table() const { return working_; }  // device dtypes
+  const TensorTable& f32_table() const { return f32_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  const ParamGroup& layer_group(size_t layer) const { return groups_[1 + layer]; }
+  const ParamGroup& embed_group() const { return groups_.front(); }
+  const ParamGroup& head_group() const { return groups_.back(); }
+
+  char* working() { return working_data_; }
+  float* master() { return master_; }
+  float* m() { return m_; }
+  float* v() { return v_; }
+  float* grad() { return grad_; }
+  size_t f32_floats() const { return f32_.tier_bytes(Tier::host) / 4; }
+
+  float* master_of(size_t row) { return master_ + f32_[row].offset / 4; }
+  float* grad_of(size_t row) { return grad_ + f32_[row].offset / 4; }
+  void* working_of(size_t row) { return working_data_ + working_[row].offset; }
+
+  // Values of one parameter as f32 (set writes master and the working copy).
+  void set_param(size_t row, const float* values);
+  void get_param(size_t row, float* values) const;
+
+  size_t pinned_bytes() const;  // working + grad
+  size_t host_bytes() const;    // master + m + v (pageable)
+
+ private:
+  Device& dev_;
+  ModelSpec spec_;
+  TensorTable working_, f32_;
+  std::vector<ParamGroup> groups_;
+  char* working_data_ = nullptr;
+  float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grad_ = nullptr;
+};
+
+}  // namespace strata

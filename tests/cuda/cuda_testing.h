@@ -1,0 +1,77 @@
+// Helpers of the CUDA backend tests (tests/cuda): the device under test and typed buffers.
+// The same test sources build twice: under the CPU emulator (strata_cuda_emu_tests, g++ with
+// tools/cuemu/cuemu.h force-included, STRATA_CUEMU defined), where the CUDA device always
+// exists, and against the real CUDA runtime (strata_cuda_tests), where a machine without a GPU
+// skips every case with a message instead of failing.
+#pragma once
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/core/error.h"
+#include "src/device/device.h"
+
+namespace strata {
+
+std::unique_ptr<Device> device_create_cuda(const DeviceOptions& options);  // cuda_device.cpp
+
+namespace cuda_testing {
+
+// The CUDA device, or null (after a WARN saying why) on a machine without a usable GPU.
+inline std::unique_ptr<Device> test_device(size_t memory_bytes = size_t(96) << 20) {
+  DeviceOptions o;
+  o.backend = "cuda";
+  o.memory_bytes = memory_bytes;
+#if defined(STRATA_CUEMU)
+  return device_create_cuda(o);
+#else
+  try {
+    return device_create_cuda(o);
+  } catch (const Error& e) {
+    WARN("skipped, no usable CUDA GPU: " << e.what());
+    return nullptr;
+  }
+#endif
+}
+
+// A device buffer of n elements of T, filled from / read into host vectors synchronously.
+template <class T>
+class Buffer {
+ public:
+  Buffer(Device& dev, size_t n, const std::string& name = "test buffer")
+      : dev_(dev), n_(n), p_(static_cast<T*>(dev.alloc(std::max<size_t>(n, 1) * sizeof(T), name))) {}
+  Buffer(Device& dev, const std::vector<T>& host, const std::string& name = "test buffer")
+      : Buffer(dev, host.size(), name) {
+    upload(host);
+  }
+  ~Buffer() { dev_.free(p_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  T* get() const { return p_; }
+  operator T*() const { return p_; }
+  void upload(const std::vector<T>& host) {
+    REQUIRE(host.size() == n_);
+    if (n_ == 0) return;
+    dev_.copy_h2d(p_, host.data(), n_ * sizeof(T), Stream::compute);
+    dev_.stream_synchronize(Stream::compute);
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    dev_.synchronize();
+    if (n_ == 0) return host;
+    dev_.copy_d2h(host.data(), p_, n_ * sizeof(T), Stream::compute);
+    dev_.stream_synchronize(Stream::compute);
+    return host;
+  }
+
+ private:
+  Device& dev_;
+  size_t n_;
+  T* p_;
+};
+
+}  // namespace cuda_testing
+}  // namespace strata

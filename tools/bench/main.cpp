@@ -1,0 +1,65 @@
+// strata-bench: the benchmark program (not a test; DESIGN §7). Dispatches to a subcommand;
+// each prints a table and ends with one JSON line of its figures. Timings never fail anything:
+// the exit code is 0 unless the arguments are wrong (2) or the run itself fails.
+#include <cstdio>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "src/core/error.h"
+
+namespace strata::bench {
+// One entry per subcommand, defined in tools/bench/bench_<name>.cpp.
+int bench_adamw(const std::vector<std::string>& args);
+}  // namespace strata::bench
+
+namespace {
+
+struct BenchCommand {
+  const char* name;
+  int (*run)(const std::vector<std::string>&);
+  const char* help;
+};
+
+const BenchCommand kBenchCommands[] = {
+    {"adamw", strata::bench::bench_adamw,
+     "CPU AdamW params/s against a STREAM-triad bound and torch.optim.AdamW: "
+     "strata-bench adamw [--params N] [--rounds R] [--no-torch]"},
+};
+
+void bench_print_usage(FILE* f) {
+  std::fprintf(f, "strata-bench: benchmarks with ratios to ceilings measured in the same run\n\n"
+                  "usage: strata-bench <benchmark> [options]\n\nbenchmarks:\n");
+  for (const auto& c : kBenchCommands) std::fprintf(f, "  %-10s %s\n", c.name, c.help);
+  std::fprintf(f, "\n'strata-bench <benchmark> --help' describes its options. Each ends with one JSON line.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    bench_print_usage(stderr);
+    return 2;
+  }
+  const std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    bench_print_usage(stdout);
+    return 0;
+  }
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : kBenchCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const strata::Error& e) {
+      std::fprintf(stderr, "strata-bench %s: error: %s\n", c.name, e.what());
+      return e.exit_code();
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "strata-bench %s: error: out of host memory; try a smaller size\n", c.name);
+      return 3;
+    }
+  }
+  std::fprintf(stderr, "strata-bench: unknown benchmark '%s'\n\n", name.c_str());
+  bench_print_usage(stderr);
+  return 2;
+}
