@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "src/core/threads.h"
+
 namespace strata {
 
 using Clock = std::chrono::steady_clock;
@@ -54,6 +56,7 @@ void HostQueue::run() {
     auto t0 = Clock::now();
     std::exception_ptr err;
     try {
+      cpu_threads_apply();
       task();
     } catch (...) {
       err = std::current_exception();

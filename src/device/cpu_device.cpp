@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "src/core/error.h"
+#include "src/core/threads.h"
 #include "src/device/arena.h"
 #include "src/device/device.h"
 
@@ -90,6 +91,7 @@ class Worker {
         skip = error_ != nullptr;  // after a failure, drain (events still fire) without work
       }
       try {
+        cpu_threads_apply();
         if (!skip) task();
       } catch (...) {
         std::lock_guard lock(mu_);

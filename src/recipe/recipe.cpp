@@ -43,6 +43,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"device.backend", "string", "\"cpu\"", "\"cpu\", \"cuda\" or \"auto\""},
       {"device.memory", "size", "\"2GiB\"", "device arena budget, e.g. \"512MiB\", \"20GiB\""},
       {"device.link_bandwidth", "string", "", "CPU backend only: throttle host<->device copies, e.g. \"16GB/s\" (unset = unthrottled)"},
+      {"device.cpu_threads", "int", "0", "CPU threads for kernels and the optimizer (0 = OMP_NUM_THREADS or all cores); results do not depend on it"},
       {"checkpoint.output_dir", "path", "\"out\"", "where metrics.jsonl and the final model are written"},
       {"checkpoint.save_steps", "int", "0", "save every this many steps (0 = only at the end)"},
       {"checkpoint.save_dtype", "string", "\"bf16\"", "dtype of exported weights: \"bf16\" or \"f32\""},
@@ -210,6 +211,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("device.backend", rc.device_backend);
   r.read("device.memory", rc.device_memory);
   r.read("device.link_bandwidth", rc.device_link_bandwidth);
+  r.read("device.cpu_threads", rc.device_cpu_threads);
   r.read("checkpoint.output_dir", rc.output_dir);
   r.read("checkpoint.save_steps", rc.save_steps);
   r.read("checkpoint.save_dtype", rc.save_dtype);
@@ -246,6 +248,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
                    rc.offload_checkpoints == "host",
                origin, ": offload.checkpoints must be \"auto\", \"device\" or \"host\"");
+  STRATA_CHECK(rc.device_cpu_threads >= 0, origin, ": device.cpu_threads must be >= 0");
   STRATA_CHECK(rc.save_steps >= 0, origin, ": checkpoint.save_steps must be >= 0");
   return rc;
 }
@@ -276,7 +279,7 @@ std::string Recipe::to_toml() const {
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio
      << "\nmin_lr_ratio = " << min_lr_ratio << "\n\n[offload]\nweights = " << q(offload_weights)
      << "\ncheckpoints = " << q(offload_checkpoints) << "\n\n[device]\nbackend = " << q(device_backend)
-     << "\nmemory = " << q(device_memory) << "\n";
+     << "\nmemory = " << q(device_memory) << "\ncpu_threads = " << device_cpu_threads << "\n";
   if (!device_link_bandwidth.empty()) os << "link_bandwidth = " << q(device_link_bandwidth) << "\n";
   os << "\n[checkpoint]\noutput_dir = " << q(output_dir) << "\nsave_steps = " << save_steps
      << "\nsave_dtype = " << q(save_dtype) << "\n";

@@ -41,6 +41,7 @@ struct Recipe {
   std::string offload_weights = "stream", offload_checkpoints = "auto";
   // [device]
   std::string device_backend = "cpu", device_memory = "2GiB", device_link_bandwidth;
+  int64_t device_cpu_threads = 0;
   // [checkpoint]
   std::string output_dir = "out", save_dtype = "bf16";
   int64_t save_steps = 0;

@@ -15,6 +15,7 @@
 #include "offload/model_io.h"
 #include "offload/adamw.h"
 #include "src/core/error.h"
+#include "src/core/threads.h"
 
 namespace strata {
 namespace {
@@ -104,6 +105,8 @@ TrainSummary train_run(const Recipe& rc) {
   dopt.memory_bytes = parse_bytes(rc.device_memory, "device.memory");
   if (!rc.device_link_bandwidth.empty())
     dopt.link_bytes_per_s = parse_bandwidth(rc.device_link_bandwidth, "device.link_bandwidth");
+  cpu_threads_set(int(rc.device_cpu_threads));
+  cpu_threads_apply();
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
   if (!rc.model_path.empty()) model_load_weights(store, rc.model_path);

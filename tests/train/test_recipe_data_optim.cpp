@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "io/token_rows.h"
 #include "offload/adamw.h"
@@ -129,6 +130,21 @@ TEST_CASE("learning-rate schedules follow the Hugging Face shapes", "[optim]") {
   CHECK(lr_schedule("cosine", 100, 100, 10, 0.1) == Approx(0.1));
   CHECK(lr_schedule("linear", 55, 100, 10, 0.0) == Approx(0.5));
   CHECK(lr_schedule("constant", 90, 100, 10, 0.0) == 1.0);
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("every recipe key is documented in recipes/README.md", "[recipe]") {
+  std::ifstream in(testing::source_path("recipes/README.md"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  for (const auto& k : recipe_schema()) {
+    INFO(k.name);
+    CHECK(doc.find(std::string("`") + k.name + "`") != std::string::npos);
+  }
 }
 
 }  // namespace strata

@@ -1,7 +1,5 @@
 // A short training run on the bundled quickstart: the loss falls, metrics.jsonl has a record
 // per step with the documented fields, the exported model reloads, and two runs are identical.
-#include <omp.h>
-
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -89,12 +87,8 @@ TEST_CASE("streamed and resident runs give bit-identical losses and final weight
 
 TEST_CASE("the thread count does not change results", "[train][engine]") {
   const std::string a = tmp_out("strata_train_1thread"), b = tmp_out("strata_train_2threads");
-  const int keep = omp_get_max_threads();
-  omp_set_num_threads(1);
-  TrainSummary one = train_run(small_recipe(a, {"train.max_steps=8"}));
-  omp_set_num_threads(2);
-  TrainSummary two = train_run(small_recipe(b, {"train.max_steps=8"}));
-  omp_set_num_threads(keep);
+  TrainSummary one = train_run(small_recipe(a, {"train.max_steps=8", "device.cpu_threads=1"}));
+  TrainSummary two = train_run(small_recipe(b, {"train.max_steps=8", "device.cpu_threads=2"}));
   CHECK(one.losses == two.losses);
   require_same_weights(a + "/final", b + "/final");
 }
