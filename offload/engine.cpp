@@ -15,10 +15,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-template <class T>
-T* device_alloc(Device& dev, size_t bytes, const std::string& what) {
-  return static_cast<T*>(dev.alloc(bytes, what));
-}
 
 // dst += src, elementwise: the fixed-order host accumulation of gradients.
 void accumulate(float* dst, const float* src, size_t n) {
@@ -57,34 +53,71 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   }
   const bool stream = opt_.weights == "stream";
   const size_t nslots = stream ? std::min<size_t>(2, L_) : L_;
+  std::vector<float> inv = model_rope_inv_freq(cfg);
+
+  // The device placement plan: every allocation, named, summed and checked against the budget
+  // before anything is allocated, so a budget that is too small fails before step 1 with the
+  // minimum it needs.
+  std::vector<std::pair<std::string, size_t>> plan;
   for (size_t s = 0; s < nslots; ++s) {
-    weight_slots_.push_back(device_alloc<char>(dev_, max_w, str_cat("layer weight slot ", s)));
+    size_t bytes = stream ? max_w : store_.layer_group(s).working_bytes;
+    plan.push_back({str_cat("layer weight slot ", s), bytes});
+  }
+  plan.push_back({"head weights (final norm, lm_head)", store_.head_group().working_bytes});
+  plan.push_back({"head gradients", store_.head_group().f32_bytes});
+  if (tied_) {
+    plan.push_back({"lm_head (tied embedding)", store_.embed_group().working_bytes});
+    plan.push_back({"lm_head gradient (tied)", store_.embed_group().f32_bytes});
+  }
+  plan.push_back({"layer gradient slot 0", max_g});
+  plan.push_back({"layer gradient slot 1", max_g});
+  for (const char* name : {"last layer output", "activation staging 0", "activation staging 1",
+                           "final norm output", "d final norm output", "d hidden 0", "d hidden 1"})
+    plan.push_back({name, act_bytes});
+  for (const char* name : {"final norm rstd", "input ids", "targets", "positions", "document starts"})
+    plan.push_back({name, size_t(N) * 4});
+  plan.push_back({"loss", sizeof(double)});
+  plan.push_back({"rope inv_freq", inv.size() * 4});
+  plan.push_back({"layer workspace", layer_workspace_bytes(dims_)});
+  size_t needed = 0;
+  for (auto& [name, bytes] : plan) needed += (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  STRATA_CHECK_BUDGET(needed + dev_.used_bytes() <= dev_.budget_bytes(), "the device budget of ",
+                      format_bytes(dev_.budget_bytes()), " is too small: this model and micro-batch need at least ",
+                      format_bytes(needed), " (", stream ? "two layer slots" : "every layer resident",
+                      ", one layer's activations and workspace, the head); raise [device] memory to at least ",
+                      format_bytes(needed + (1 << 20)), ", or lower micro_batch_size / sequence_len",
+                      stream ? "" : ", or set offload.weights = \"stream\"");
+  std::vector<void*> got;
+  for (auto& [name, bytes] : plan) got.push_back(dev_.alloc(bytes, name));
+  size_t k = 0;
+  for (size_t s = 0; s < nslots; ++s) {
+    weight_slots_.push_back(static_cast<char*>(got[k++]));
     slot_layer_.push_back(-1);
     slot_loaded_.push_back(dev_.event_create());
     slot_free_.push_back(dev_.event_create());
   }
-  head_dev_ = device_alloc<char>(dev_, store_.head_group().working_bytes, "head weights (final norm, lm_head)");
-  head_grad_dev_ = device_alloc<char>(dev_, store_.head_group().f32_bytes, "head gradients");
+  head_dev_ = static_cast<char*>(got[k++]);
+  head_grad_dev_ = static_cast<char*>(got[k++]);
   if (tied_) {
-    lm_dev_ = device_alloc<char>(dev_, store_.embed_group().working_bytes, "lm_head (tied embedding)");
-    lm_grad_dev_ = device_alloc<float>(dev_, store_.embed_group().f32_bytes, "lm_head gradient (tied)");
+    lm_dev_ = static_cast<char*>(got[k++]);
+    lm_grad_dev_ = static_cast<float*>(got[k++]);
   }
-  for (auto& g : grad_slots_) g = device_alloc<char>(dev_, max_g, "layer gradient slot");
-  x_final_ = device_alloc<float>(dev_, act_bytes, "last layer output");
-  for (auto& x : x_pp_) x = device_alloc<float>(dev_, act_bytes, "activation staging");
-  hn_ = device_alloc<float>(dev_, act_bytes, "final norm output");
-  rstd_final_ = device_alloc<float>(dev_, size_t(N) * 4, "final norm rstd");
-  dhn_ = device_alloc<float>(dev_, act_bytes, "d final norm output");
-  for (auto& d : dx_) d = device_alloc<float>(dev_, act_bytes, "d hidden");
-  ids_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "input ids");
-  targets_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "targets");
-  pos_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "positions");
-  doc_start_ = device_alloc<int32_t>(dev_, size_t(N) * 4, "document starts");
-  loss_dev_ = device_alloc<double>(dev_, sizeof(double), "loss");
-  std::vector<float> inv = model_rope_inv_freq(cfg);
-  inv_freq_ = device_alloc<float>(dev_, inv.size() * 4, "rope inv_freq");
+  for (auto& g : grad_slots_) g = static_cast<char*>(got[k++]);
+  x_final_ = static_cast<float*>(got[k++]);
+  for (auto& x : x_pp_) x = static_cast<float*>(got[k++]);
+  hn_ = static_cast<float*>(got[k++]);
+  dhn_ = static_cast<float*>(got[k++]);
+  for (auto& d : dx_) d = static_cast<float*>(got[k++]);
+  rstd_final_ = static_cast<float*>(got[k++]);
+  ids_ = static_cast<int32_t*>(got[k++]);
+  targets_ = static_cast<int32_t*>(got[k++]);
+  pos_ = static_cast<int32_t*>(got[k++]);
+  doc_start_ = static_cast<int32_t*>(got[k++]);
+  loss_dev_ = static_cast<double*>(got[k++]);
+  inv_freq_ = static_cast<float*>(got[k++]);
+  workspace_ = got[k++];
+  STRATA_ASSERT(k == plan.size());
   dev_.copy_h2d(inv_freq_, inv.data(), inv.size() * 4, Stream::compute);
-  workspace_ = dev_.alloc(layer_workspace_bytes(dims_), "layer workspace");
   ws_ = layer_workspace_carve(dims_, workspace_);
   dev_.stream_synchronize(Stream::compute);
 
@@ -97,7 +130,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
     count = std::min(L_, left / ((act_bytes + 255) / 256 * 256));
   }
   device_ckpt_count_ = count;
-  if (count) ckpt_dev_ = device_alloc<float>(dev_, count * act_bytes, str_cat(count, " layer checkpoints"));
+  if (count) ckpt_dev_ = static_cast<float*>(dev_.alloc(count * act_bytes, str_cat(count, " layer checkpoints")));
 
   auto pinned = [&](size_t bytes) { return static_cast<float*>(dev_.alloc_pinned(bytes)); };
   x0_host_ = pinned(act_bytes);

@@ -93,6 +93,14 @@ TEST_CASE("a device budget too small for the model exits 3 and names what did no
   CHECK(r.out.find("budget") != std::string::npos);
 }
 
+TEST_CASE("a device budget below two layers plus one layer's activations fails before step 1, stating the minimum", "[cli]") {
+  RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
+                           " train.max_steps=1 device.memory=8MiB checkpoint.output_dir=" + tmp("small_budget"));
+  CHECK(r.code == 3);
+  CHECK(r.out.find("need at least") != std::string::npos);
+  CHECK(r.out.find("step 1/") == std::string::npos);  // nothing ran
+}
+
 TEST_CASE("an output directory that cannot be created exits 4", "[cli]") {
   RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
                            " train.max_steps=1 checkpoint.output_dir=/proc/strata_cannot_write_here");
