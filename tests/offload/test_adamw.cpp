@@ -222,7 +222,7 @@ TEST_CASE("AdamW with bf16 moments stays within its bound of the fp64 reference"
       adamw_state_step(s, isa, DType::bf16, DType::bf16, g, ap);
       adamw_update_ref(pd.data(), md.data(), vd.data(), gd.data(), n, ap);
     }
-    std::vector<float> m(size_t(n)), v(size_t(n));
+    std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
     for (size_t i = 0; i < size_t(n); ++i) {
       m[i] = bf16_to_f32(s.mb[i]);
       v[i] = bf16_to_f32(s.vb[i]);
