@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <atomic>
+#include <iterator>
 #include <functional>
 
 #include "io/tokenizer/text.h"
@@ -11,7 +13,9 @@
 namespace strata::tok {
 
 std::unique_ptr<BpeModel> BpeModel::from_json(const nlohmann::json& j) {
+  static std::atomic<uint64_t> serials{0};
   auto m = std::make_unique<BpeModel>();
+  m->serial_ = ++serials;
   if (j.contains("dropout") && !j["dropout"].is_null())
     STRATA_CHECK(j["dropout"].get<double>() == 0.0, "tokenizer.json: BPE dropout is not supported (it makes "
                                                      "tokenization random); set \"dropout\": null");
@@ -144,21 +148,33 @@ void BpeModel::tokenize_long(std::string_view w, std::vector<BpeToken>* out) con
     }
     std::sort(inner_pairs_.begin(), inner_pairs_.end());
     inner_pairs_.erase(std::unique(inner_pairs_.begin(), inner_pairs_.end()), inner_pairs_.end());
-    ascii_safe_.assign(128 * 128, 0);
-    for (uint32_t a = 0; a < 128; ++a)
-      for (uint32_t b = 0; b < 128; ++b) {
-        char sa = char(a), sb = char(b);
-        ascii_safe_[a * 128 + b] = boundary_is_safe(a, std::string_view(&sa, 1), b, std::string_view(&sb, 1));
-      }
   });
+  // Direct-mapped per-thread memo of boundary_is_safe: text repeats few character pairs.
+  struct Memo {
+    uint64_t serial = 0;
+    uint64_t key[4096];
+    uint8_t safe[4096];
+  };
+  thread_local Memo memo;
+  if (memo.serial != serial_) {
+    memo.serial = serial_;
+    std::fill(std::begin(memo.key), std::end(memo.key), 0);
+  }
   size_t part = 0, prev_i = 0;
   uint32_t prev_cp = 0;
   for (size_t i = 0; i < w.size();) {
     size_t len;
     uint32_t cp = utf8_decode(w.data(), i, &len);
-    bool safe = i > 0 && (prev_cp < 128 && cp < 128
-                              ? ascii_safe_[prev_cp * 128 + cp] != 0
-                              : boundary_is_safe(prev_cp, w.substr(prev_i, i - prev_i), cp, w.substr(i, len)));
+    bool safe = false;
+    if (i > 0) {
+      uint64_t key = (uint64_t(prev_cp) << 32 | cp) + 1;
+      size_t slot = hash_u64(key) & 4095;
+      if (memo.key[slot] != key) {
+        memo.key[slot] = key;
+        memo.safe[slot] = boundary_is_safe(prev_cp, w.substr(prev_i, i - prev_i), cp, w.substr(i, len));
+      }
+      safe = memo.safe[slot];
+    }
     if (safe) {
       tokenize_cached(w.substr(part, i - part), out);
       part = i;

@@ -74,7 +74,7 @@ class BpeModel {
   // Sorted (c1 << 32 | c2) of adjacent characters inside vocabulary tokens; built on first use.
   mutable std::once_flag pairs_once_;
   mutable std::vector<uint64_t> inner_pairs_;
-  mutable std::vector<uint8_t> ascii_safe_;  // (128 * 128) boundary_is_safe for ASCII pairs
+  uint64_t serial_ = 0;  // tells this model's entries apart in the per-thread boundary memo
 };
 
 }  // namespace strata::tok
