@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -30,7 +31,11 @@ std::string extension_format(const std::string& path) {
 
 }  // namespace
 
-std::vector<Document> dataset_read_documents(const std::string& path, const std::string& format_in) {
+std::vector<Document> dataset_read_documents(const std::string& path, const std::string& format_in,
+                                             const Tokenizer* tokenizer) {
+  auto bytes_of = [&](const std::string& text) {
+    return tokenizer ? tokenizer->encode(text, true) : strata::bytes_of(text);
+  };
   std::ifstream in(path, std::ios::binary);
   STRATA_CHECK(in, "cannot open dataset ", path, ": check data.path");
   const std::string format = format_in == "auto" ? extension_format(path) : format_in;

@@ -1,5 +1,5 @@
 // Training rows from documents: read plain text, {"text"} JSONL or pre-tokenized JSON, turn
-// text into ids (UTF-8 bytes for now; tokenizer.json lands with the text pipeline), and pack
+// text into ids (a tokenizer.json, or UTF-8 bytes), and pack
 // documents into fixed-length rows with per-token positions and document starts, so attention
 // never crosses documents and positions restart at each one. Targets are the next token's id
 // within the same document, -100 at each document's last token and on padding.
@@ -12,9 +12,14 @@ namespace strata {
 
 using Document = std::vector<int32_t>;
 
+class Tokenizer;
+
 // format: "auto" (by extension: .txt text, .jsonl jsonl, .json tokens), "text", "jsonl", "tokens".
 // Text documents in a .txt file are separated by blank lines. Bad lines are errors naming the line.
-std::vector<Document> dataset_read_documents(const std::string& path, const std::string& format);
+// Text becomes ids through `tokenizer` (with its special tokens, e.g. BOS), or as UTF-8 bytes
+// when it is null.
+std::vector<Document> dataset_read_documents(const std::string& path, const std::string& format,
+                                             const Tokenizer* tokenizer = nullptr);
 
 struct TokenRows {
   int64_t T = 0;

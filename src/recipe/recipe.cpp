@@ -20,7 +20,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"model.dtype", "string", "\"f32\"", "compute dtype of the weights on the device: \"f32\" or \"bf16\""},
       {"data.path", "path", "", "training data: .txt (documents separated by blank lines), .jsonl ({\"text\"} per line) or .json ({\"input_ids\": [[...]]})"},
       {"data.format", "string", "\"auto\"", "\"auto\" (by extension), \"text\", \"jsonl\" or \"tokens\""},
-      {"data.tokenizer", "string", "\"auto\"", "\"bytes\" (UTF-8 bytes as ids; vocab >= 256) or \"auto\" (bytes unless the data is pre-tokenized)"},
+      {"data.tokenizer", "string", "\"auto\"", "\"bytes\" (UTF-8 bytes as ids; vocab >= 256), a directory holding tokenizer.json, or \"auto\" (model.path's tokenizer.json when present, else bytes)"},
       {"data.sequence_len", "int", "256", "tokens per row"},
       {"data.packing", "bool", "true", "pack documents into full rows; attention and positions restart at each document"},
       {"train.max_steps", "int", "100", "optimizer steps to run"},
@@ -221,6 +221,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   rc.model_config = resolve(base, rc.model_config);
   rc.data_path = resolve(base, rc.data_path);
   rc.output_dir = resolve(base, rc.output_dir);
+  if (rc.data_tokenizer != "auto" && rc.data_tokenizer != "bytes") rc.data_tokenizer = resolve(base, rc.data_tokenizer);
 
   // validation: every message names the key and what to write instead
   STRATA_CHECK(rc.model_path.empty() != rc.model_config.empty(), origin,

@@ -10,6 +10,7 @@
 
 #include "io/metrics.h"
 #include "io/token_rows.h"
+#include "io/tokenizer/tokenizer.h"
 #include "kernels/cpu/ops.h"
 #include "offload/engine.h"
 #include "offload/model_io.h"
@@ -87,9 +88,18 @@ TrainSummary train_run(const Recipe& rc) {
   ModelSpec spec = model_spec_build(cfg, dtype_parse(rc.model_dtype));
 
   // data
-  STRATA_CHECK(rc.data_tokenizer == "auto" || rc.data_tokenizer == "bytes", "data.tokenizer = \"",
-               rc.data_tokenizer, "\" is not supported yet: use \"bytes\" or \"auto\"");
-  std::vector<Document> docs = dataset_read_documents(rc.data_path, rc.data_format);
+  // data.tokenizer: "bytes", a directory with tokenizer.json, or "auto" (the model dir's
+  // tokenizer.json when there is one, else bytes)
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string tok_dir = rc.data_tokenizer;
+  if (tok_dir == "auto")
+    tok_dir = !rc.model_path.empty() && std::filesystem::exists(rc.model_path + "/tokenizer.json") ? rc.model_path : "bytes";
+  if (tok_dir != "bytes") {
+    tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(tok_dir));
+    STRATA_CHECK(tokenizer->vocab_size() <= cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
+                 tokenizer->vocab_size(), " ids but the model's vocab_size is ", cfg.vocab_size);
+  }
+  std::vector<Document> docs = dataset_read_documents(rc.data_path, rc.data_format, tokenizer.get());
   for (size_t d = 0; d < docs.size(); ++d)
     for (int32_t id : docs[d])
       STRATA_CHECK(id < cfg.vocab_size, rc.data_path, ": document ", d, " holds token id ", id,

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "src/core/error.h"
+#include <cmath>
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"
 #include "tests/testing.h"
@@ -91,6 +93,36 @@ TEST_CASE("the thread count does not change results", "[train][engine]") {
   TrainSummary two = train_run(small_recipe(b, {"train.max_steps=8", "device.cpu_threads=2"}));
   CHECK(one.losses == two.losses);
   require_same_weights(a + "/final", b + "/final");
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("training text goes through a tokenizer.json when the recipe names one", "[train]") {
+  const std::string out = tmp_out("strata_train_tok");
+  std::filesystem::create_directories(out);
+  // a small Llama with the 32k SentencePiece-style vocabulary of the shared fixture
+  std::ofstream(out + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "vocab_size": 32000, "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true})";
+  Recipe r = recipe_load(testing::source_path("recipes/quickstart.toml"),
+                         {"model.config=" + out + "/config.json",
+                          "data.tokenizer=" + testing::source_path("../shared/fixtures/tokenizers/sp-bpe-32k"),
+                          "train.max_steps=3", "data.sequence_len=64", "train.micro_batch_size=2",
+                          "checkpoint.output_dir=" + out + "/run", "optim.warmup_steps=0"});
+  TrainSummary s = train_run(r);
+  REQUIRE(s.losses.size() == 3);
+  CHECK(s.losses[0] == Approx(std::log(32000.0)).epsilon(0.05));  // ~uniform over the real vocab
+  CHECK(s.losses[2] < s.losses[0]);
+
+  // a tokenizer with more ids than the model's vocabulary is refused
+  std::ofstream(out + "/small.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "vocab_size": 300, "max_position_embeddings": 512, "tie_word_embeddings": true})";
+  r.model_config = out + "/small.json";
+  CHECK_THROWS_AS(train_run(r), Error);
 }
 
 }  // namespace strata
