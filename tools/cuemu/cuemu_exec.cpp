@@ -330,8 +330,9 @@ void run_grid(const LaunchSite& site, const std::function<void()>& body) {
   b.threads = bd.x * bd.y * bd.z;
   b.warps = std::vector<WarpState>((b.threads + 31) / 32);
   b.waiting_on.assign(b.threads, nullptr);
-  std::unique_ptr<unsigned char[]> smem(new (std::align_val_t(128)) unsigned char[std::max<size_t>(site.dynamic_smem_bytes, 16)]);
-  b.dyn_smem = smem.get();
+  const size_t smem_alloc = (std::max<size_t>(site.dynamic_smem_bytes, 16) + 127) / 128 * 128;
+  std::unique_ptr<void, decltype(&std::free)> smem(std::aligned_alloc(128, smem_alloc), &std::free);
+  b.dyn_smem = static_cast<unsigned char*>(smem.get());
 
   std::lock_guard<std::mutex> kernel_lock(g_kernel_mutex);
   if (b.fibers) {
