@@ -454,6 +454,7 @@ void SafetensorsDir::read(std::string_view name, DType dst_type, void* dst) cons
                files_[l->file].path(), " is ", dtype_safetensors_name(e.dtype), " and cannot be read as ",
                dtype_name(dst_type));
   const size_t n = size_t(e.numel());
+  if (n == 0) return;
   const char* src = static_cast<const char*>(files_[l->file].data(e));
   const size_t es = dtype_size(e.dtype);
   if (e.dtype == dst_type || reinterpret_cast<uintptr_t>(src) % es == 0) {
