@@ -33,7 +33,7 @@ bool adamw_isa_supported(AdamWIsa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case AdamWIsa::scalar: return true;
-    case AdamWIsa::avx2: return __builtin_cpu_supports("avx2");
+    case AdamWIsa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case AdamWIsa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");

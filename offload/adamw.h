@@ -1,7 +1,8 @@
 // CPU AdamW over fp32 master weights (DESIGN §3, §6): one fused pass per element — clip scale,
 // decoupled weight decay, moment updates, bias correction, master update — that also writes
 // the working copy the device reads (f32 or bf16, round to nearest even). torch.optim.AdamW
-// semantics, operation for operation in f32 (the order is spelt out in adamw_kernels.h):
+// semantics, operation for operation in f32 (the order is spelt out in adamw_kernels.h; it
+// reproduces Debian's torch 1.13 CPU AdamW bit for bit):
 //   g = grad * clip_scale;  p *= 1 - lr wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
 // Moments are f32, or bf16 as an option (stored bf16, computed in f32, rounded back).
@@ -9,7 +10,7 @@
 // Variants: AVX-512, AVX2 and scalar, picked at run time from what the CPU offers (the choice is
 // logged once to stderr, "adamw: avx512"; STRATA_ADAMW_ISA=scalar|avx2|avx512 overrides it).
 // All three give identical bits, and so does any thread count: the update is elementwise, the
-// operation order is the same in every variant and nothing is fused into an FMA.
+// operation order is the same in every variant, and the same two multiply-adds are fused in all.
 #pragma once
 #include <cstdint>
 
@@ -25,7 +26,7 @@ struct AdamWParams {
   double clip_scale = 1.0;   // global-norm clipping factor applied to the gradient
 };
 
-enum class AdamWIsa : uint8_t { scalar, avx2, avx512 };
+enum class AdamWIsa : uint8_t { scalar, avx2, avx512 };  // avx2 means AVX2 + FMA; avx512: F, BW, VL
 
 const char* adamw_isa_name(AdamWIsa isa);     // "scalar", "avx2", "avx512"
 bool adamw_isa_supported(AdamWIsa isa);       // this CPU can run the variant

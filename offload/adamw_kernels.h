@@ -2,21 +2,23 @@
 // all share, so that the scalar, AVX2 and AVX-512 variants give identical bits.
 //
 // Bitwise agreement rests on three things: every variant does the same IEEE operations in the
-// same order (mul, add, div, sqrt: each correctly rounded, vector or not); no variant fuses a
-// multiply and an add (each kernel file starts with `#pragma GCC optimize("fp-contract=off")`,
-// since -march=native would otherwise let GCC contract a*b+c into an FMA); and bf16 rounding
-// is the same integer round-to-nearest-even everywhere (not vcvtneps2bf16, which flushes
-// subnormal inputs to zero).
+// same order (mul, add, div, sqrt, fma: each correctly rounded, vector or not); the only fused
+// multiply-adds are the two written as fma below, in every variant (each kernel file starts
+// with `#pragma GCC optimize("fp-contract=off")`, since -march=native would otherwise let GCC
+// contract other a*b+c into FMAs, differently per variant); and bf16 rounding is the same
+// integer round-to-nearest-even everywhere (not vcvtneps2bf16, which flushes subnormal inputs
+// to zero).
 //
-// The element step follows torch.optim.AdamW (1.13, foreach=False and True) operation by
-// operation, in f32:
+// The element step follows torch.optim.AdamW (1.13, foreach=False and True, CPU kernels)
+// operation by operation, in f32, including where ATen fuses (add_ with alpha and addcmul_):
 //   g  = grad * clip
 //   p  = p * (1 - lr wd)
-//   m  = m * b1 + (1 - b1) * g
-//   v  = v * b2 + ((1 - b2) * g) * g
+//   m  = fma(1 - b1, g, m * b1)
+//   v  = fma((1 - b2) * g, g, v * b2)
 //   d  = sqrt(v) / sqrt(1 - b2^t) + eps
 //   p  = p + (-(lr / (1 - b1^t)) * m) / d
-// The scalar constants are computed in double (as Python does) and rounded to f32 once.
+// The scalar constants are computed in double (as Python does) and rounded to f32 once. With
+// this order the results equal Debian's torch 1.13 bit for bit on its goldens.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -43,6 +45,9 @@ struct AdamWSpan {
   DType working_type;
 };
 
+// Ranges at least this long write the working copy with non-temporal stores (when aligned).
+constexpr int64_t kAdamWStreamMin = int64_t(1) << 16;
+
 // Each variant updates elements [begin, end) of the span. Defined in adamw_kernels_<isa>.cpp.
 void adamw_kernel_scalar(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
 void adamw_kernel_avx2(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
@@ -55,8 +60,8 @@ namespace {
 inline void adamw_step_element(const AdamWConsts& c, float& p, float& m, float& v, float grad) {
   const float g = grad * c.clip;
   const float pd = p * c.decay;
-  const float mi = m * c.beta1 + c.one_minus_beta1 * g;
-  const float vi = v * c.beta2 + (c.one_minus_beta2 * g) * g;
+  const float mi = std::fma(c.one_minus_beta1, g, m * c.beta1);
+  const float vi = std::fma(c.one_minus_beta2 * g, g, v * c.beta2);
   const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
   p = pd + (c.neg_step_size * mi) / denom;
   m = mi;

@@ -1,6 +1,6 @@
 // AdamW, the AVX-512 variant: 16 f32 lanes, the same operations in the same order as the
-// scalar element step (adamw_kernels.h), no FMA, so its bits equal the scalar variant's. The
-// tail (< 16 elements) runs through the same vector code under a lane mask.
+// scalar element step (adamw_kernels.h), fused exactly where it is, so its bits equal the
+// scalar variant's. The tail (< 16 elements) runs through the same vector code under a mask.
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
 
@@ -21,16 +21,19 @@ inline __m512 adamw_avx512_load_bf16(const bf16* p, __mmask16 k) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// 16 f32 -> 16 bf16 (lanes in k), round to nearest even, NaN kept quiet: the integer form of
+// 16 f32 -> 16 bf16 bits, round to nearest even, NaN kept quiet: the integer form of
 // f32_to_bf16 (vcvtneps2bf16 would flush subnormal inputs and break agreement with scalar).
-inline void adamw_avx512_store_bf16(bf16* p, __m512 x, __mmask16 k) {
+inline __m256i adamw_avx512_bf16_bits(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i hi = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(r));
+  return _mm512_cvtepi32_epi16(r);
+}
+inline void adamw_avx512_store_bf16(bf16* p, __m512 x, __mmask16 k) {
+  _mm256_mask_storeu_epi16(p, k, adamw_avx512_bf16_bits(x));
 }
 
 template <bool kBf16Moments>
@@ -45,9 +48,14 @@ inline void adamw_avx512_store_moment(void* buf, int64_t i, __m512 x, __mmask16 
 }
 
 // kWork: 0 no working copy, 1 f32, 2 bf16. Full blocks use mask 0xffff (compiles to plain
-// loads and stores); the last partial block a narrower mask.
+// loads and stores); the last partial block a narrower mask. The working copy is write-only, so
+// on long aligned ranges it goes out with non-temporal stores (no read for ownership: 2 or 4
+// bytes per element less traffic; it is read next by the upload, not by this core).
 template <bool kBf16Moments, int kWork>
 void adamw_avx512_run(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+  const size_t work_bytes = kWork == 1 ? 4 : 2;
+  const bool stream = kWork != 0 && end - begin >= kAdamWStreamMin &&
+                      (reinterpret_cast<uintptr_t>(s.working) + size_t(begin) * work_bytes) % (16 * work_bytes) == 0;
   const __m512 clip = _mm512_set1_ps(c.clip), decay = _mm512_set1_ps(c.decay);
   const __m512 b1 = _mm512_set1_ps(c.beta1), omb1 = _mm512_set1_ps(c.one_minus_beta1);
   const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_beta2);
@@ -58,19 +66,27 @@ void adamw_avx512_run(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, i
     const __m512 pd = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s.master + i), decay);
     __m512 m = adamw_avx512_load_moment<kBf16Moments>(s.m, i, k);
     __m512 v = adamw_avx512_load_moment<kBf16Moments>(s.v, i, k);
-    m = _mm512_add_ps(_mm512_mul_ps(m, b1), _mm512_mul_ps(omb1, g));
-    v = _mm512_add_ps(_mm512_mul_ps(v, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    m = _mm512_fmadd_ps(omb1, g, _mm512_mul_ps(m, b1));
+    v = _mm512_fmadd_ps(_mm512_mul_ps(omb2, g), g, _mm512_mul_ps(v, b2));
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2s), eps);
     const __m512 p = _mm512_add_ps(pd, _mm512_div_ps(_mm512_mul_ps(nss, m), denom));
     _mm512_mask_storeu_ps(s.master + i, k, p);
     adamw_avx512_store_moment<kBf16Moments>(s.m, i, m, k);
     adamw_avx512_store_moment<kBf16Moments>(s.v, i, v, k);
-    if constexpr (kWork == 1) _mm512_mask_storeu_ps(static_cast<float*>(s.working) + i, k, p);
-    if constexpr (kWork == 2) adamw_avx512_store_bf16(static_cast<bf16*>(s.working) + i, p, k);
+    if constexpr (kWork == 1) {
+      if (stream && k == 0xffff) _mm512_stream_ps(static_cast<float*>(s.working) + i, p);
+      else _mm512_mask_storeu_ps(static_cast<float*>(s.working) + i, k, p);
+    }
+    if constexpr (kWork == 2) {
+      if (stream && k == 0xffff)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<bf16*>(s.working) + i), adamw_avx512_bf16_bits(p));
+      else adamw_avx512_store_bf16(static_cast<bf16*>(s.working) + i, p, k);
+    }
   };
   int64_t i = begin;
   for (; i + 16 <= end; i += 16) block(i, __mmask16(0xffff));
   if (i < end) block(i, __mmask16((1u << (end - i)) - 1u));
+  if (stream) _mm_sfence();  // order the non-temporal stores before whatever reads them next
 }
 
 }  // namespace

@@ -456,7 +456,7 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
   const double norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats())));
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
-  params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? float(max_grad_norm / (norm + 1e-6)) : 1.f;
+  params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
   const auto& groups = store_.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] {
@@ -464,7 +464,7 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
       const TensorTable& wt = store_.working_table();
       AdamWParams p = params;
       for (size_t r = g.first_row; r < g.end_row; ++r) {
-        p.weight_decay = wt[r].shape.size() == 2 ? float(weight_decay) : 0.f;  // no decay on norms, biases
+        p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
         adamw_update(store_.master_of(r), store_.m() + store_.f32_table()[r].offset / 4,
                      store_.v() + store_.f32_table()[r].offset / 4, store_.grad_of(r),
                      store_.working_of(r), wt[r].dtype, wt[r].numel(), p);

@@ -180,10 +180,10 @@ TrainSummary train_run(const Recipe& rc) {
     double loss_sum = 0;
     for (auto& mb : mbs) loss_sum += engine.forward_backward(mb, float(1.0 / double(counted)));
     AdamWParams ap;
-    ap.lr = float(rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, rc.max_steps, warmup, rc.min_lr_ratio));
-    ap.beta1 = float(rc.adam_beta1);
-    ap.beta2 = float(rc.adam_beta2);
-    ap.eps = float(rc.adam_epsilon);
+    ap.lr = rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, rc.max_steps, warmup, rc.min_lr_ratio);
+    ap.beta1 = rc.adam_beta1;
+    ap.beta2 = rc.adam_beta2;
+    ap.eps = rc.adam_epsilon;
     ap.step = step;
     const double grad_norm = engine.optimizer_step(ap, rc.max_grad_norm, rc.weight_decay);
     if (step == rc.max_steps) engine.synchronize();

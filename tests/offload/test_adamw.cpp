@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -44,11 +45,26 @@ std::vector<float> spread_floats(size_t n, uint64_t seed) {
 
 struct AdamWState {  // one run of the f32 kernel (moments f32 or bf16)
   std::vector<float> p, m, v;
-  std::vector<bf16> mb, vb, wb;
-  std::vector<float> wf;
+  std::vector<bf16> mb, vb;
+  // working copies in padded storage, placed 64-byte aligned or deliberately misaligned, so
+  // both the non-temporal and the plain store paths run
+  std::vector<bf16> wb_store;
+  std::vector<float> wf_store;
+  bf16* wb = nullptr;
+  float* wf = nullptr;
+  std::vector<bf16> working_bf16() const { return {wb, wb + p.size()}; }
+  std::vector<float> working_f32() const { return {wf, wf + p.size()}; }
 };
 
-AdamWState adamw_state_init(const std::vector<float>& p0) {
+template <class T>
+T* adamw_place(std::vector<T>& store, size_t n, bool aligned) {
+  store.assign(n + 64, T{});
+  auto addr = reinterpret_cast<uintptr_t>(store.data());
+  addr = (addr + 63) / 64 * 64 + (aligned ? 0 : sizeof(T));
+  return reinterpret_cast<T*>(addr);
+}
+
+AdamWState adamw_state_init(const std::vector<float>& p0, bool aligned_working = true) {
   const size_t n = p0.size();
   AdamWState s;
   s.p = p0;
@@ -56,14 +72,14 @@ AdamWState adamw_state_init(const std::vector<float>& p0) {
   s.v.assign(n, 0.f);
   s.mb.assign(n, bf16{0});
   s.vb.assign(n, bf16{0});
-  s.wb.assign(n, bf16{0});
-  s.wf.assign(n, 0.f);
+  s.wb = adamw_place(s.wb_store, n, aligned_working);
+  s.wf = adamw_place(s.wf_store, n, aligned_working);
   return s;
 }
 
 void adamw_state_step(AdamWState& s, AdamWIsa isa, DType moments, DType working,
                       const std::vector<float>& g, const AdamWParams& ap) {
-  void* w = working == DType::bf16 ? static_cast<void*>(s.wb.data()) : static_cast<void*>(s.wf.data());
+  void* w = working == DType::bf16 ? static_cast<void*>(s.wb) : static_cast<void*>(s.wf);
   void* m = moments == DType::bf16 ? static_cast<void*>(s.mb.data()) : static_cast<void*>(s.m.data());
   void* v = moments == DType::bf16 ? static_cast<void*>(s.vb.data()) : static_cast<void*>(s.v.data());
   adamw_update_isa(isa, s.p.data(), m, v, moments, g.data(), w, working, int64_t(g.size()), ap);
@@ -90,8 +106,8 @@ AdamWParams test_params() {
 TEST_CASE("AdamW variants match the fp64 reference element-wise at odd sizes", "[optim]") {
   // Bound per element: |p - p64| <= 1e-6 |p64| + 1e-5 lr (f32 rounding of p itself, plus a
   // few ulp of the update). Moments: ||x - x64||_inf / ||x64||_inf <= 2e-6. Measured worst on
-  // this machine: p 2.3e-7 relative / 1.3e-6 lr, m 2.0e-7, v 3.6e-7.
-  double worst_p_rel = 0, worst_p_lr = 0, worst_m = 0, worst_v = 0;
+  // this machine: p at 0.20 of its bound, m 2.7e-7, v 2.9e-7.
+  double worst_p = 0, worst_m = 0, worst_v = 0;
   for (AdamWIsa isa : supported_isas()) {
     for (int64_t n : {1, 15, 17, 4097, 100003}) {
       INFO(adamw_isa_name(isa) << " n=" << n);
@@ -108,9 +124,9 @@ TEST_CASE("AdamW variants match the fp64 reference element-wise at odd sizes", "
         adamw_update_ref(pd.data(), md.data(), vd.data(), gd.data(), n, ap);
         for (int64_t i = 0; i < n; ++i) {
           const double err = std::abs(double(s.p[size_t(i)]) - pd[size_t(i)]);
-          REQUIRE(err <= 1e-6 * std::abs(pd[size_t(i)]) + 1e-5 * ap.lr);
-          worst_p_rel = std::max(worst_p_rel, err / std::max(std::abs(pd[size_t(i)]), 1e-30));
-          worst_p_lr = std::max(worst_p_lr, err / ap.lr);
+          const double bound = 1e-6 * std::abs(pd[size_t(i)]) + 1e-5 * ap.lr;
+          REQUIRE(err <= bound);
+          worst_p = std::max(worst_p, err / bound);
         }
         // the working copy is the new master, rounded to its dtype (round to nearest even)
         for (int64_t i = 0; i < n; ++i) {
@@ -125,15 +141,15 @@ TEST_CASE("AdamW variants match the fp64 reference element-wise at odd sizes", "
       }
     }
   }
-  WARN("AdamW vs fp64: worst p " << worst_p_rel << " rel, " << worst_p_lr << " lr; m " << worst_m
-       << "; v " << worst_v);
+  WARN("AdamW vs fp64: worst p at " << worst_p << " of its bound; m " << worst_m << "; v " << worst_v);
 }
 
 TEST_CASE("AdamW matches torch.optim.AdamW goldens (foreach=False and True)", "[optim]") {
-  // f32 vs torch's f32: torch (AVX2 kernels) fuses m*b1 + (1-b1)*g into an FMA and we do not,
-  // so bits may differ by rounding. Bound per element: |x - torch| <= 4 ulp(torch value) +
-  // 2^-22 ||torch tensor||_inf (the absolute term covers cancellation in m near 0).
-  // Measured worst on this machine: 1 ulp (most elements bit-equal).
+  // f32 vs torch's f32. Bound per element: |x - torch| <= 2 ulp(torch value) + 2^-22
+  // ||torch tensor||_inf (the absolute term covers cancellation in m near 0 should a torch
+  // build not fuse add_/addcmul_ as its AVX2 kernels do). Stronger, and measured: our kernels
+  // follow ATen's operation order and fusion, so every value equals the committed goldens
+  // (Debian torch 1.13, AVX2 kernels) bit for bit, in every variant.
   const std::string dir = testing::source_path("tests/golden/adamw/");
   nlohmann::json meta;
   {
@@ -152,7 +168,7 @@ TEST_CASE("AdamW matches torch.optim.AdamW goldens (foreach=False and True)", "[
     return out;
   };
   const int64_t steps = meta["steps"];
-  double worst_ulp = 0;
+  std::map<std::string, double> worst_ulp;  // per state tensor, ignoring the absolute term
   int64_t compared = 0, bit_equal = 0;
   for (AdamWIsa isa : supported_isas()) {
     for (const auto& c : meta["cases"]) {
@@ -184,20 +200,22 @@ TEST_CASE("AdamW matches torch.optim.AdamW goldens (foreach=False and True)", "[
                                           double(std::numeric_limits<float>::denorm_min()));
               const double err = std::abs(x - r);
               INFO(suffix << "[" << i << "] ours " << x << " torch " << r);
-              REQUIRE(err <= 4 * ulp + std::ldexp(scale, -22));
-              worst_ulp = std::max(worst_ulp, err / ulp);
+              REQUIRE(err <= 2 * ulp + std::ldexp(scale, -22));
+              worst_ulp[suffix] = std::max(worst_ulp[suffix], err / ulp);
               ++compared;
               bit_equal += x == r;
             }
           }
-          CHECK(s.wf == s.p);
+          CHECK(s.working_f32() == s.p);
         }
       }
     }
   }
   CHECK(compared > 0);
-  WARN("AdamW vs torch goldens: worst " << worst_ulp << " ulp; " << bit_equal << " of " << compared
-       << " values bit-equal");
+  CHECK(bit_equal == compared);
+  WARN("AdamW vs torch goldens: worst ulp param " << worst_ulp[".param"] << ", exp_avg "
+       << worst_ulp[".exp_avg"] << ", exp_avg_sq " << worst_ulp[".exp_avg_sq"] << "; " << bit_equal
+       << " of " << compared << " values bit-equal");
 }
 
 TEST_CASE("AdamW with bf16 moments stays within its bound of the fp64 reference", "[optim]") {
@@ -249,9 +267,10 @@ TEST_CASE("AdamW with bf16 moments stays within its bound of the fp64 reference"
 }
 
 TEST_CASE("AdamW gives identical bits across variants, thread counts and awkward values", "[optim]") {
-  // n above the serial threshold so two threads split the work; step 1 uses lr = 0 so the
-  // working copy is the bf16 rounding of chosen bit patterns (ties, subnormals, inf, NaN).
-  const int64_t n = 100003;
+  // n large enough that two threads split the work and each range streams the working copy
+  // when it is aligned; step 1 uses lr = 0 so the working copy is the bf16 rounding of chosen
+  // bit patterns (ties, subnormals, inf, NaN).
+  const int64_t n = 140003;
   auto p0 = spread_floats(size_t(n), 5);
   const uint32_t patterns[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x00000001u,
                                0x807fffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0x7fc00001u,
@@ -264,9 +283,11 @@ TEST_CASE("AdamW gives identical bits across variants, thread counts and awkward
       std::vector<AdamWState> runs;
       std::vector<std::string> names;
       for (AdamWIsa isa : supported_isas()) {
-        for (int threads : {1, 2}) {
+        for (int run = 0; run < 4; ++run) {
+          const int threads = 1 + run % 2;
+          const bool aligned = run < 2;
           ScopedThreads st(threads);
-          AdamWState s = adamw_state_init(p0);
+          AdamWState s = adamw_state_init(p0, aligned);
           AdamWParams ap = test_params();
           for (int64_t step = 1; step <= 3; ++step) {
             ap.step = step;
@@ -276,8 +297,9 @@ TEST_CASE("AdamW gives identical bits across variants, thread counts and awkward
               for (size_t i = 0; i < size_t(n); ++i) REQUIRE(s.wb[i].bits == f32_to_bf16(s.p[i]).bits);
             }
           }
-          runs.push_back(std::move(s));
-          names.push_back(std::string(adamw_isa_name(isa)) + "/" + std::to_string(threads) + "t");
+          runs.push_back(std::move(s));  // moving the vectors keeps wb, wf valid
+          names.push_back(std::string(adamw_isa_name(isa)) + "/" + std::to_string(threads) + "t/" +
+                          (aligned ? "aligned" : "misaligned"));
         }
       }
       for (size_t r = 1; r < runs.size(); ++r) {
@@ -288,8 +310,8 @@ TEST_CASE("AdamW gives identical bits across variants, thread counts and awkward
         CHECK(same_bits(runs[r].v, runs[0].v));
         CHECK(std::memcmp(runs[r].mb.data(), runs[0].mb.data(), size_t(n) * 2) == 0);
         CHECK(std::memcmp(runs[r].vb.data(), runs[0].vb.data(), size_t(n) * 2) == 0);
-        CHECK(std::memcmp(runs[r].wb.data(), runs[0].wb.data(), size_t(n) * 2) == 0);
-        CHECK(same_bits(runs[r].wf, runs[0].wf));
+        CHECK(std::memcmp(runs[r].wb, runs[0].wb, size_t(n) * 2) == 0);
+        CHECK(same_bits(runs[r].working_f32(), runs[0].working_f32()));
       }
     }
   }

@@ -11,6 +11,7 @@
 namespace strata::bench {
 // One entry per subcommand, defined in tools/bench/bench_<name>.cpp.
 int bench_adamw(const std::vector<std::string>& args);
+int bench_pipeline(const std::vector<std::string>& args);
 }  // namespace strata::bench
 
 namespace {
@@ -25,6 +26,9 @@ const BenchCommand kBenchCommands[] = {
     {"adamw", strata::bench::bench_adamw,
      "CPU AdamW params/s against a STREAM-triad bound and torch.optim.AdamW: "
      "strata-bench adamw [--params N] [--rounds R] [--no-torch]"},
+    {"pipeline", strata::bench::bench_pipeline,
+     "the streaming engine on the CPU backend with a throttled link, step time over "
+     "max(compute, transfer) and the device peak at 4 and L layers: strata-bench pipeline [--layers L]"},
 };
 
 void bench_print_usage(FILE* f) {
