@@ -46,7 +46,7 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
   if (!dev) return;
   const AttnCase cases[] = {
       {1, 1, 1, 1, 5, 0},     {2, 17, 4, 2, 24, 0}, {2, 17, 4, 2, 24, 6}, {1, 40, 8, 2, 16, 9},
-      {1, 40, 3, 3, 64, 13},  {1, 70, 2, 1, 128, 0}, {1, 70, 2, 2, 33, 40}};
+      {1, 40, 3, 3, 64, 13},  {1, 40, 2, 1, 128, 0}, {1, 70, 2, 2, 33, 40}};
   for (const AttnCase& c : cases) {
     INFO("b=" << c.b << " t=" << c.t << " h=" << c.h << " hk=" << c.hk << " d=" << c.d
               << " max_doc=" << c.max_doc);
@@ -74,14 +74,14 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
                            float(scale));
     dev->attention_backward(Stream::compute, gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
                             c.t, c.h, c.hk, c.d, float(scale));
-    // f32 online softmax and dot products over D <= 128: forward within 1e-5; the backward
-    // recomputes P from the f32 lse and sums up to T*H/Hk terms: within 5e-5.
-    CHECK(max_rel_error(gout.download(), out) <= 1e-5);
+    // f32 online softmax and dot products over D <= 128 (measured <= 6e-7 under the emulator);
+    // the backward recomputes P from the f32 lse and sums up to T*H/Hk terms.
+    CHECK(max_rel_error(gout.download(), out) <= 5e-6);
     CHECK(max_rel_error(glse.download(), lse) <= 1e-6);
     const std::vector<float> dq1 = gdq.download(), dk1 = gdk.download(), dv1 = gdv.download();
-    CHECK(max_rel_error(dq1, dq) <= 5e-5);
-    CHECK(max_rel_error(dk1, dk) <= 5e-5);
-    CHECK(max_rel_error(dv1, dv) <= 5e-5);
+    CHECK(max_rel_error(dq1, dq) <= 1e-5);
+    CHECK(max_rel_error(dk1, dk) <= 1e-5);
+    CHECK(max_rel_error(dv1, dv) <= 1e-5);
 
     // No atomics: a second backward (blocks run in another shuffled order) is bitwise equal.
     dev->attention_backward(Stream::compute, gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,

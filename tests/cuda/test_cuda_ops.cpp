@@ -87,7 +87,9 @@ TEST_CASE("cuda rmsnorm forward and backward match the fp64 reference", "[cuda-e
     dev->rmsnorm_backward(Stream::compute, gdx, gdw, gdy, gx, gw, grstd, s.n, s.c);
     CHECK(max_rel_error(gout.download(), out) <= kF32Tol);
     CHECK(max_rel_error(grstd.download(), rstd) <= kF32Tol);
-    CHECK(max_rel_error(gdx.download(), dx) <= 1e-5);  // r^3 * dot: a longer chain
+    // r^3 * dot: a longer chain. With c = 1 the exact din is ~eps-small (x r = +-1 almost
+    // exactly) and all that is left is cancellation noise: measure it against the O(1) scale.
+    CHECK(max_rel_error(gdx.download(), dx, 1e-2) <= 1e-5);
     CHECK(max_rel_error(gdw.download(), dw) <= 1e-5);
   }
 }
