@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <vector>
 #include <tuple>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -45,7 +46,7 @@ struct MatmulKey {
 // keep the full matrices' strides).
 struct MatmulPlan {
   dnnl::matmul prim;
-  dnnl::memory::desc a_md, b_md, c_md;
+  dnnl::memory::desc a_md, b_md, c_md, scratch_md;
 };
 
 dnnl::engine& matmul_engine() {
@@ -68,6 +69,9 @@ MatmulPlan matmul_make_plan(const MatmulKey& key) {
   dnnl::memory::desc b_md({k, tn}, key.dtype, key.trans_b ? dims{1, k} : dims{n, 1});
   dnnl::memory::desc c_md({tm, tn}, dnnl::memory::data_type::f32, dims{n, 1});
   dnnl::primitive_attr attr;
+  // A user scratchpad per thread: oneDNN's library scratchpad is shared between concurrent
+  // executions (Debian's build has no concurrent-exec support), and tiles run concurrently.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (key.accumulate) {
     dnnl::post_ops ops;
     ops.append_sum(1.f);
@@ -75,7 +79,7 @@ MatmulPlan matmul_make_plan(const MatmulKey& key) {
   }
   dnnl::matmul::desc desc(a_md, b_md, c_md);
   dnnl::matmul::primitive_desc pd(desc, attr, matmul_engine());
-  return MatmulPlan{dnnl::matmul(pd), a_md, b_md, c_md};
+  return MatmulPlan{dnnl::matmul(pd), a_md, b_md, c_md, pd.scratchpad_desc()};
 }
 
 // The cached plan for key, made on first use. Entries are never erased, so the reference
@@ -142,9 +146,13 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
         dnnl::memory a_mem(plan.a_md, engine, const_cast<char*>(a_bytes + a_off));
         dnnl::memory b_mem(plan.b_md, engine, const_cast<char*>(b_bytes + b_off));
         dnnl::memory c_mem(plan.c_md, engine, c + i0 * n + j0);
+        thread_local std::vector<char> scratch;
+        if (scratch.size() < plan.scratch_md.get_size()) scratch.resize(plan.scratch_md.get_size());
+        dnnl::memory s_mem(plan.scratch_md, engine, scratch.data());
         plan.prim.execute(matmul_stream(), {{DNNL_ARG_SRC, a_mem},
                                             {DNNL_ARG_WEIGHTS, b_mem},
-                                            {DNNL_ARG_DST, c_mem}});
+                                            {DNNL_ARG_DST, c_mem},
+                                            {DNNL_ARG_SCRATCHPAD, s_mem}});
         matmul_stream().wait();
       } catch (const dnnl::error& e) {  // nothing may leave an OpenMP region
         STRATA_ASSERT(false, "oneDNN matmul failed (m=", m, " n=", n, " k=", k, "): ", e.what());
