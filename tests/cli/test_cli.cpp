@@ -19,10 +19,11 @@ struct RunResult {
   std::string out;  // stdout and stderr together
 };
 
-RunResult run_strata(const std::string& args) {
+// stdout and stderr together, or stdout alone (results) when stdout_only.
+RunResult run_strata(const std::string& args, bool stdout_only = false) {
   const char* bin = std::getenv("STRATA_BIN");
   std::string exe = bin ? bin : std::string(STRATA_BINARY_DIR) + "/strata";
-  std::string cmd = exe + " " + args + " 2>&1";
+  std::string cmd = exe + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -45,8 +46,8 @@ std::string tmp(const std::string& name) {
 TEST_CASE("strata grad prints loss and tokens as one JSON line and writes every gradient", "[cli]") {
   const std::string dir = testing::source_path("tests/golden/qwen3");
   const std::string out = tmp("grads.safetensors");
-  RunResult r = run_strata("grad --model " + dir + " --batch " + dir + "/batch.json --out " + out);
-  REQUIRE(r.code == 0);
+  RunResult r = run_strata("grad --model " + dir + " --batch " + dir + "/batch.json --out " + out, true);
+  REQUIRE(r.code == 0);  // stdout holds exactly the JSON line; logs go to stderr
   auto j = nlohmann::json::parse(r.out);
   auto want = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
   CHECK(j["tokens"] == want["tokens"]);
