@@ -238,7 +238,7 @@ void Engine::ensure_head() {
 
 // ---- activations -----------------------------------------------------------------------
 
-float* Engine::ckpt_device(size_t layer, bool) {
+float* Engine::ckpt_device(size_t layer) {
   const size_t first_dev = L_ - device_ckpt_count_;
   const int64_t NC = dims_.B * dims_.T * dims_.C;
   if (layer >= first_dev) return ckpt_dev_ + (layer - first_dev) * size_t(NC);
@@ -286,15 +286,15 @@ void Engine::forward(const MicroBatch& mb) {
   for (int64_t n = 0; n < N; ++n)
     dtype_convert(x0_host_ + n * C, DType::f32, table + size_t(mb.ids[size_t(n)]) * row_bytes, emb.dtype, size_t(C));
   dev_.stream_wait_event(s, *pp_saved_[0]);
-  dev_.copy_h2d(ckpt_device(0, false), x0_host_, act_bytes, s);
+  dev_.copy_h2d(ckpt_device(0), x0_host_, act_bytes, s);
 
   TokenContext ctx{pos_, has_docs_ ? doc_start_ : nullptr, inv_freq_};
   const size_t first_dev = L_ - device_ckpt_count_;
   for (size_t i = 0; i < L_; ++i) {
     ensure_layer(i);
     const size_t slot = opt_.weights == "stream" ? i % weight_slots_.size() : i;
-    float* in = ckpt_device(i, false);
-    float* out = i + 1 < L_ ? ckpt_device(i + 1, false) : x_final_;
+    float* in = ckpt_device(i);
+    float* out = i + 1 < L_ ? ckpt_device(i + 1) : x_final_;
     const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
     if (out_spills) dev_.stream_wait_event(s, *pp_saved_[(i + 1) % 2]);  // its last d2h is done
     layer_forward(dev_, s, dims_, weights_at(weight_slots_[slot], i), ctx, ws_, out, in);
@@ -372,7 +372,7 @@ void Engine::backward(const MicroBatch& mb) {
     const size_t b = i % 2;
     ensure_layer(i);
     const size_t slot = opt_.weights == "stream" ? i % weight_slots_.size() : i;
-    float* x = ckpt_device(i, true);
+    float* x = ckpt_device(i);
     if (i < first_dev) {  // bring the spilled checkpoint back
       dev_.stream_wait_event(Stream::h2d, *stage_free_[b]);
       dev_.stream_wait_event(Stream::h2d, *pp_saved_[b]);

@@ -67,14 +67,13 @@ class Engine {
   const EngineOptions& options() const { return opt_; }
 
  private:
-  struct Slot;  // a device copy of one group's working weights
   void upload_tokens(const MicroBatch& mb);
   void forward(const MicroBatch& mb);
   void loss_head(const MicroBatch& mb, bool backward, float grad_scale);
   void backward(const MicroBatch& mb);
   void ensure_layer(size_t layer);        // weights of `layer` in its slot (h2d when needed)
   void ensure_head();
-  float* ckpt_device(size_t layer, bool for_backward);  // where the input of `layer` lives on device
+  float* ckpt_device(size_t layer);  // where the input of `layer` lives on the device
   LayerWeights weights_at(const char* base, size_t layer) const;
   LayerGrads grads_at(char* base, size_t layer) const;
   void wait_optimizer(size_t group);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iostream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,6 +63,26 @@ inline std::vector<double> finite_difference(std::vector<double> x,
     g[i] = (fp - fm) / (2 * h);
   }
   return g;
+}
+
+// Runs a CLI subcommand in-process with `input` as standard input; returns standard output
+// and the exit code through *rc. The streams are restored even when the command throws.
+inline std::string run_cli(int (*cmd)(const std::vector<std::string>&),
+                           const std::vector<std::string>& args, const std::string& input, int* rc) {
+  std::istringstream in(input);
+  std::ostringstream out;
+  auto* old_in = std::cin.rdbuf(in.rdbuf());
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  try {
+    *rc = cmd(args);
+  } catch (...) {
+    std::cin.rdbuf(old_in);
+    std::cout.rdbuf(old_out);
+    throw;
+  }
+  std::cin.rdbuf(old_in);
+  std::cout.rdbuf(old_out);
+  return out.str();
 }
 
 inline std::string source_path(const std::string& rel) { return std::string(STRATA_SOURCE_DIR) + "/" + rel; }

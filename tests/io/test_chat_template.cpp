@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/chat_template.h"
+#include "tests/testing.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 
@@ -42,24 +43,6 @@ struct TempDir {
   }
   ~TempDir() { fs::remove_all(path); }
 };
-
-// Runs cmd_chat_template with `input` on standard input; returns standard output.
-std::string run_cli(const std::vector<std::string>& args, const std::string& input, int* rc) {
-  std::istringstream in(input);
-  std::ostringstream out;
-  auto* old_in = std::cin.rdbuf(in.rdbuf());
-  auto* old_out = std::cout.rdbuf(out.rdbuf());
-  try {
-    *rc = cmd_chat_template(args);
-  } catch (...) {
-    std::cin.rdbuf(old_in);
-    std::cout.rdbuf(old_out);
-    throw;
-  }
-  std::cin.rdbuf(old_in);
-  std::cout.rdbuf(old_out);
-  return out.str();
-}
 
 }  // namespace
 
@@ -162,7 +145,7 @@ TEST_CASE("chat-template command: JSON lines in, {\"text\"} lines out", "[jinja]
       R"({"messages": [{"role": "user", "content": "w?"}], "add_generation_prompt": false, "tools": [{"type": "function", "function": {"name": "f", "description": "d"}}]})" "\n"
       R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": true, "enable_thinking": false})" "\n";
   int rc = -1;
-  std::string out = run_cli({"--tokenizer", dir.path.string()}, input, &rc);
+  std::string out = strata::testing::run_cli(cmd_chat_template, {"--tokenizer", dir.path.string()}, input, &rc);
   CHECK(rc == 0);
   std::istringstream lines(out);
   std::vector<std::string> texts;
@@ -173,12 +156,12 @@ TEST_CASE("chat-template command: JSON lines in, {\"text\"} lines out", "[jinja]
   CHECK_THAT(texts[1], Catch::Contains(R"({"type": "function", "function": {"name": "f", "description": "d"}})"));
   CHECK_THAT(texts[2], Catch::EndsWith("<think>\n\n</think>\n\n"));
 
-  CHECK_THROWS_WITH(run_cli({"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n{not json\n", &rc),
+  CHECK_THROWS_WITH(strata::testing::run_cli(cmd_chat_template, {"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n{not json\n", &rc),
                     Catch::Contains("stdin line 2") && Catch::Contains("not valid JSON"));
-  CHECK_THROWS_WITH(run_cli({"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n[1]\n", &rc),
+  CHECK_THROWS_WITH(strata::testing::run_cli(cmd_chat_template, {"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n[1]\n", &rc),
                     Catch::Contains("stdin line 2") && Catch::Contains("expected an object"));
-  CHECK_THROWS_WITH(run_cli({"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\"}]}\n", &rc),
+  CHECK_THROWS_WITH(strata::testing::run_cli(cmd_chat_template, {"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\"}]}\n", &rc),
                     Catch::Contains("stdin line 1") && Catch::Contains("template line"));
-  CHECK_THROWS_WITH(run_cli({"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"add_generation_prompt\": 1}\n", &rc),
+  CHECK_THROWS_WITH(strata::testing::run_cli(cmd_chat_template, {"--tokenizer", dir.path.string()}, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"add_generation_prompt\": 1}\n", &rc),
                     Catch::Contains("stdin line 1") && Catch::Contains("add_generation_prompt"));
 }

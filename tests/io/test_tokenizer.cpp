@@ -129,25 +129,6 @@ GoldenStats check_goldens(const std::string& name, Form form, bool lossless) {
   return st;
 }
 
-// Runs a CLI command with `input` as stdin; returns stdout.
-std::string run_cli(int (*cmd)(const std::vector<std::string>&), const std::vector<std::string>& args,
-                    const std::string& input, int* rc) {
-  std::istringstream in(input);
-  std::ostringstream out;
-  auto* old_in = std::cin.rdbuf(in.rdbuf());
-  auto* old_out = std::cout.rdbuf(out.rdbuf());
-  try {
-    *rc = cmd(args);
-  } catch (...) {
-    std::cin.rdbuf(old_in);
-    std::cout.rdbuf(old_out);
-    throw;
-  }
-  std::cin.rdbuf(old_in);
-  std::cout.rdbuf(old_out);
-  return out.str();
-}
-
 }  // namespace
 
 TEST_CASE("tokenizer: Qwen3 byte-level BPE matches Hugging Face goldens", "[tokenizer]") {
@@ -296,29 +277,29 @@ TEST_CASE("tokenizer: concurrent encodes agree with a serial one", "[tokenizer]"
 TEST_CASE("tokenizer: strata tokenize / detokenize JSON lines", "[tokenizer]") {
   const std::string dir = tokenizer_real_dir("sp-bpe-32k");
   int rc = -1;
-  std::string out = run_cli(strata::cmd_tokenize, {"--tokenizer", dir, "--add-special-tokens"},
+  std::string out = strata::testing::run_cli(strata::cmd_tokenize, {"--tokenizer", dir, "--add-special-tokens"},
                             "{\"text\": \"Hello world\"}\n\n{\"text\": \"a\\nb\"}\n", &rc);
   CHECK(rc == 0);
   const Tokenizer& s = tokenizer_cached("sp-bpe-32k");
   auto ids1 = s.encode("Hello world", true), ids2 = s.encode("a\nb", true);
   CHECK(out == nlohmann::json({{"ids", ids1}}).dump() + "\n" + nlohmann::json({{"ids", ids2}}).dump() + "\n");
 
-  std::string back = run_cli(strata::cmd_detokenize, {"--tokenizer", dir, "--skip-special-tokens"}, out, &rc);
+  std::string back = strata::testing::run_cli(strata::cmd_detokenize, {"--tokenizer", dir, "--skip-special-tokens"}, out, &rc);
   CHECK(rc == 0);
   CHECK(back == "{\"text\":\"Hello world\"}\n{\"text\":\"a\\nb\"}\n");
 
   try {
-    run_cli(strata::cmd_tokenize, {"--tokenizer", dir}, "{\"text\": \"ok\"}\n{\"txt\": 1}\n", &rc);
+    strata::testing::run_cli(strata::cmd_tokenize, {"--tokenizer", dir}, "{\"text\": \"ok\"}\n{\"txt\": 1}\n", &rc);
     FAIL("a line without \"text\" must be an error");
   } catch (const strata::Error& e) {
     CHECK(e.exit_code() == 2);
     CHECK_THAT(e.what(), Catch::Contains("line 2"));
   }
-  CHECK_THROWS_WITH(run_cli(strata::cmd_tokenize, {"--tokenizer", dir}, "{\"text\": \"ok\"\n", &rc),
+  CHECK_THROWS_WITH(strata::testing::run_cli(strata::cmd_tokenize, {"--tokenizer", dir}, "{\"text\": \"ok\"\n", &rc),
                     Catch::Contains("line 1") && Catch::Contains("not valid JSON"));
-  CHECK_THROWS_WITH(run_cli(strata::cmd_detokenize, {"--tokenizer", dir}, "{\"ids\": [1, 32000]}\n", &rc),
+  CHECK_THROWS_WITH(strata::testing::run_cli(strata::cmd_detokenize, {"--tokenizer", dir}, "{\"ids\": [1, 32000]}\n", &rc),
                     Catch::Contains("line 1") && Catch::Contains("32000"));
-  CHECK_THROWS_WITH(run_cli(strata::cmd_tokenize, {"--tokenizr", dir}, "", &rc), Catch::Contains("--tokenizr"));
+  CHECK_THROWS_WITH(strata::testing::run_cli(strata::cmd_tokenize, {"--tokenizr", dir}, "", &rc), Catch::Contains("--tokenizr"));
 }
 
 // Throughput on English prose (not a pass/fail test): run with `strata_tests "[.bench]"`.
