@@ -116,7 +116,7 @@ class Worker {
   std::thread thread_;
 };
 
-class CpuDevice final : public Device {
+class CpuDevice final : public ArenaDevice {
  public:
   explicit CpuDevice(const DeviceOptions& o) : link_bytes_per_s_(o.link_bytes_per_s) {
     STRATA_CHECK(o.memory_bytes > 0, "[device] memory must be positive");
@@ -127,7 +127,7 @@ class CpuDevice final : public Device {
                         " bytes for the CPU device arena: ", std::strerror(errno),
                         "; lower [device] memory");
     base_ = static_cast<char*>(base);
-    arena_ = Arena(base_, mapping_bytes_, "device");
+    arena_init(base_, mapping_bytes_);
   }
   ~CpuDevice() override {
     for (auto& w : workers_) w.synchronize_quiet();
@@ -137,21 +137,9 @@ class CpuDevice final : public Device {
   std::string name() const override { return "cpu"; }
 
   void* alloc(size_t bytes, const std::string& tensor) override {
-    std::lock_guard lock(arena_mu_);
-    char* p = arena_.alloc(bytes, tensor);
+    char* p = arena_alloc(bytes, tensor);
     std::memset(p, 0xff, bytes);  // NaN poison: reading memory nobody wrote shows up in results
     return p;
-  }
-  void free(void* p) override {
-    std::lock_guard lock(arena_mu_);
-    arena_.free(p);
-  }
-  size_t budget_bytes() const override { return arena_.budget_bytes(); }
-  size_t used_bytes() const override { return arena_.used_bytes(); }
-  size_t peak_bytes() const override { return arena_.peak_bytes(); }
-  void reset_peak() override {
-    std::lock_guard lock(arena_mu_);
-    arena_.reset_peak();
   }
   void* alloc_pinned(size_t bytes) override {
     void* p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
@@ -365,8 +353,6 @@ class CpuDevice final : public Device {
   double link_bytes_per_s_;
   char* base_ = nullptr;
   size_t mapping_bytes_ = 0;
-  std::mutex arena_mu_;
-  Arena arena_;
   std::atomic<size_t> h2d_bytes_{0}, d2h_bytes_{0};
   mutable std::mutex op_mu_;
   double op_s_[int(OpKind::count)] = {};

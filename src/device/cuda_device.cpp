@@ -79,7 +79,7 @@ class CudaEvent final : public Event {
   cudaEvent_t event = nullptr;
 };
 
-class CudaDevice final : public Device {
+class CudaDevice final : public ArenaDevice {
  public:
   explicit CudaDevice(const DeviceOptions& o) {
     STRATA_CHECK(o.memory_bytes > 0, "[device] memory must be positive");
@@ -95,7 +95,7 @@ class CudaDevice final : public Device {
                           " MiB); lower [device] memory");
     }
     mapping_bytes_ = o.memory_bytes;
-    arena_ = Arena(base_, mapping_bytes_, "device");
+    arena_init(base_, mapping_bytes_);
     for (auto& s : streams_) STRATA_CUDA_DEVICE_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     error_word_ = static_cast<int*>(alloc(sizeof(int), "kernel error word"));
     STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(error_word_, 0, sizeof(int), stream(Stream::compute)));
@@ -118,11 +118,7 @@ class CudaDevice final : public Device {
 
   // ---- memory ----
   void* alloc(size_t bytes, const std::string& tensor) override {
-    char* p;
-    {
-      std::lock_guard lock(arena_mu_);
-      p = arena_.alloc(bytes, tensor);
-    }
+    char* p = arena_alloc(bytes, tensor);
     // NaN poison, finished before the memory is handed out so that no stream's later use of it
     // can race with the fill.
     if (bytes > 0) {
@@ -131,17 +127,6 @@ class CudaDevice final : public Device {
       STRATA_CUDA_DEVICE_CHECK(cudaStreamSynchronize(s));
     }
     return p;
-  }
-  void free(void* p) override {
-    std::lock_guard lock(arena_mu_);
-    arena_.free(p);
-  }
-  size_t budget_bytes() const override { return arena_.budget_bytes(); }
-  size_t used_bytes() const override { return arena_.used_bytes(); }
-  size_t peak_bytes() const override { return arena_.peak_bytes(); }
-  void reset_peak() override {
-    std::lock_guard lock(arena_mu_);
-    arena_.reset_peak();
   }
   void* alloc_pinned(size_t bytes) override {
     void* p = nullptr;
@@ -335,8 +320,6 @@ class CudaDevice final : public Device {
 
   char* base_ = nullptr;
   size_t mapping_bytes_ = 0;
-  std::mutex arena_mu_;
-  Arena arena_;
   cudaStream_t streams_[kStreamCount] = {};
   cublasHandle_t cublas_[kStreamCount] = {};
   int* error_word_ = nullptr;       // device, KernelError bits

@@ -5,12 +5,39 @@
 #include "src/core/error.h"
 #include "src/device/device.h"
 
+#include "src/device/arena.h"
+
 namespace strata {
 
 std::unique_ptr<Device> device_create_cpu(const DeviceOptions& options);
 #ifdef STRATA_HAVE_CUDA
 std::unique_ptr<Device> device_create_cuda(const DeviceOptions& options);  // cuda_device.cpp
 #endif
+
+void ArenaDevice::arena_init(char* base, size_t bytes) {
+  arena_ = std::make_unique<Arena>(base, bytes, "device");
+}
+char* ArenaDevice::arena_alloc(size_t bytes, const std::string& tensor) {
+  std::lock_guard lock(arena_mu_);
+  return arena_->alloc(bytes, tensor);
+}
+void ArenaDevice::free(void* p) {
+  std::lock_guard lock(arena_mu_);
+  arena_->free(p);
+}
+size_t ArenaDevice::budget_bytes() const { return arena_->budget_bytes(); }
+size_t ArenaDevice::used_bytes() const {
+  std::lock_guard lock(arena_mu_);
+  return arena_->used_bytes();
+}
+size_t ArenaDevice::peak_bytes() const {
+  std::lock_guard lock(arena_mu_);
+  return arena_->peak_bytes();
+}
+void ArenaDevice::reset_peak() {
+  std::lock_guard lock(arena_mu_);
+  arena_->reset_peak();
+}
 
 const char* op_kind_name(OpKind k) {
   switch (k) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "src/core/dtype.h"
@@ -109,6 +110,26 @@ class Device {
                           int64_t c, int64_t v, float grad_scale) = 0;
   virtual void add_inplace(Stream s, float* y, const float* x, int64_t n) = 0;
   virtual void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) = 0;
+};
+
+// The arena bookkeeping both backends share: allocations carved from one reserved block by a
+// budgeted Arena under a lock. A backend reserves the block, calls arena_init, and adds its
+// own poisoning in alloc().
+class ArenaDevice : public Device {
+ public:
+  void free(void* p) override;
+  size_t budget_bytes() const override;
+  size_t used_bytes() const override;
+  size_t peak_bytes() const override;
+  void reset_peak() override;
+
+ protected:
+  void arena_init(char* base, size_t bytes);
+  char* arena_alloc(size_t bytes, const std::string& tensor);
+
+ private:
+  mutable std::mutex arena_mu_;
+  std::unique_ptr<class Arena> arena_;
 };
 
 // Creates the backend named in options; a clear error when it is unavailable.
