@@ -19,15 +19,23 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"model.init_std", "float", "0.02", "standard deviation of initial matrix weights (with model.config)"},
       {"model.dtype", "string", "\"f32\"", "compute dtype of the weights on the device: \"f32\" or \"bf16\""},
       {"data.path", "path", "", "training data: .txt (documents separated by blank lines), .jsonl ({\"text\"} per line) or .json ({\"input_ids\": [[...]]})"},
-      {"data.format", "string", "\"auto\"", "\"auto\" (by extension), \"text\", \"jsonl\" or \"tokens\""},
+      {"data.format", "string", "\"auto\"", "\"auto\" (by extension and, for JSONL, by the fields of the first record), \"text\", \"jsonl\" ({\"text\"} pretraining), \"alpaca\", \"sharegpt\", \"messages\", \"preference\" or \"tokens\""},
       {"data.tokenizer", "string", "\"auto\"", "\"bytes\" (UTF-8 bytes as ids; vocab >= 256), a directory holding tokenizer.json, or \"auto\" (model.path's tokenizer.json when present, else bytes)"},
       {"data.sequence_len", "int", "256", "tokens per row"},
       {"data.packing", "bool", "true", "pack documents into full rows; attention and positions restart at each document"},
-      {"train.max_steps", "int", "100", "optimizer steps to run"},
+      {"data.train_on", "string", "\"assistant\"", "which tokens of a chat sample carry loss: \"assistant\" (every assistant turn), \"last\" (the last assistant turn) or \"all\""},
+      {"data.overlong", "string", "\"truncate\"", "a sample longer than sequence_len (without packing) is \"truncate\"d or \"drop\"ped; either is counted and reported"},
+      {"data.skip_bad_lines", "bool", "false", "skip malformed JSONL lines (counted and reported) instead of stopping at the first"},
+      {"data.eval_path", "path", "", "held-out dataset for eval loss (same formats as data.path)"},
+      {"data.eval_split", "float", "0.0", "fraction of data.path's samples held out for eval loss when data.eval_path is unset"},
+      {"data.prepared_dir", "path", "", "binary token shards written by `strata prepare`; when set and present, training reads them instead of data.path"},
+      {"train.max_steps", "int", "0", "optimizer steps to run (0 = from num_train_epochs)"},
+      {"train.num_train_epochs", "float", "1.0", "passes over the training rows when max_steps is 0"},
       {"train.micro_batch_size", "int", "1", "rows per micro-batch"},
       {"train.gradient_accumulation_steps", "int", "1", "micro-batches per optimizer step"},
       {"train.seed", "int", "0", "seed of the data order"},
       {"train.log_steps", "int", "1", "print a progress line every this many steps"},
+      {"train.eval_steps", "int", "0", "eval loss on the held-out split every this many steps and at the end (0 = only at the end, when there is a split)"},
       {"optim.learning_rate", "float", "1e-5", "peak learning rate"},
       {"optim.weight_decay", "float", "0.0", "AdamW decoupled weight decay (matrices only; norms and biases are not decayed)"},
       {"optim.adam_beta1", "float", "0.9", "AdamW beta1"},
@@ -39,6 +47,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"optim.warmup_ratio", "float", "0.0", "warmup as a fraction of max_steps"},
       {"optim.min_lr_ratio", "float", "0.0", "the schedule decays to learning_rate * min_lr_ratio"},
       {"offload.weights", "string", "\"stream\"", "\"stream\": layers cross to the device one at a time (two slots); \"device\": every layer resident"},
+      {"offload.host_memory", "size", "", "host RAM budget for weights, optimizer state and staging (unset = the machine's available memory)"},
       {"offload.checkpoints", "string", "\"auto\"", "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\" or \"host\""},
       {"device.backend", "string", "\"cpu\"", "\"cpu\", \"cuda\" or \"auto\""},
       {"device.memory", "size", "\"2GiB\"", "device arena budget, e.g. \"512MiB\", \"20GiB\""},
@@ -47,6 +56,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"checkpoint.output_dir", "path", "\"out\"", "where metrics.jsonl and the final model are written"},
       {"checkpoint.save_steps", "int", "0", "save every this many steps (0 = only at the end)"},
       {"checkpoint.save_dtype", "string", "\"bf16\"", "dtype of exported weights: \"bf16\" or \"f32\""},
+      {"checkpoint.keep_last", "int", "0", "keep only the newest this many checkpoint-<step> dirs (0 = keep all)"},
   };
   return keys;
 }
@@ -191,11 +201,19 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("data.tokenizer", rc.data_tokenizer);
   r.read("data.sequence_len", rc.sequence_len);
   r.read("data.packing", rc.packing);
+  r.read("data.train_on", rc.train_on);
+  r.read("data.overlong", rc.overlong);
+  r.read("data.skip_bad_lines", rc.skip_bad_lines);
+  r.read("data.eval_path", rc.eval_path);
+  r.read("data.eval_split", rc.eval_split);
+  r.read("data.prepared_dir", rc.prepared_dir);
   r.read("train.max_steps", rc.max_steps);
   r.read("train.micro_batch_size", rc.micro_batch_size);
   r.read("train.gradient_accumulation_steps", rc.gradient_accumulation_steps);
   r.read("train.seed", rc.seed);
+  r.read("train.num_train_epochs", rc.num_train_epochs);
   r.read("train.log_steps", rc.log_steps);
+  r.read("train.eval_steps", rc.eval_steps);
   r.read("optim.learning_rate", rc.learning_rate);
   r.read("optim.weight_decay", rc.weight_decay);
   r.read("optim.adam_beta1", rc.adam_beta1);
@@ -208,6 +226,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("optim.min_lr_ratio", rc.min_lr_ratio);
   r.read("offload.weights", rc.offload_weights);
   r.read("offload.checkpoints", rc.offload_checkpoints);
+  r.read("offload.host_memory", rc.host_memory);
   r.read("device.backend", rc.device_backend);
   r.read("device.memory", rc.device_memory);
   r.read("device.link_bandwidth", rc.device_link_bandwidth);
@@ -215,11 +234,14 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("checkpoint.output_dir", rc.output_dir);
   r.read("checkpoint.save_steps", rc.save_steps);
   r.read("checkpoint.save_dtype", rc.save_dtype);
+  r.read("checkpoint.keep_last", rc.keep_last);
 
   const std::string base = std::filesystem::path(origin).parent_path().string();
   rc.model_path = resolve(base, rc.model_path);
   rc.model_config = resolve(base, rc.model_config);
   rc.data_path = resolve(base, rc.data_path);
+  rc.eval_path = resolve(base, rc.eval_path);
+  rc.prepared_dir = resolve(base, rc.prepared_dir);
   rc.output_dir = resolve(base, rc.output_dir);
   if (rc.data_tokenizer != "auto" && rc.data_tokenizer != "bytes") rc.data_tokenizer = resolve(base, rc.data_tokenizer);
 
@@ -230,7 +252,20 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.model_dtype == "f32" || rc.model_dtype == "bf16", origin, ": model.dtype must be \"f32\" or \"bf16\"");
   STRATA_CHECK(rc.save_dtype == "f32" || rc.save_dtype == "bf16", origin, ": checkpoint.save_dtype must be \"f32\" or \"bf16\"");
   STRATA_CHECK(rc.sequence_len >= 2, origin, ": data.sequence_len must be at least 2");
-  STRATA_CHECK(rc.max_steps >= 1, origin, ": train.max_steps must be at least 1");
+  STRATA_CHECK(rc.max_steps >= 0, origin, ": train.max_steps must be >= 0 (0 = from num_train_epochs)");
+  STRATA_CHECK(rc.max_steps > 0 || rc.num_train_epochs > 0, origin,
+               ": set train.max_steps or a positive train.num_train_epochs");
+  STRATA_CHECK(rc.eval_steps >= 0, origin, ": train.eval_steps must be >= 0");
+  const char* formats[] = {"auto", "text", "jsonl", "alpaca", "sharegpt", "messages", "preference", "tokens"};
+  STRATA_CHECK(std::find(std::begin(formats), std::end(formats), rc.data_format) != std::end(formats), origin,
+               ": data.format must be one of \"auto\", \"text\", \"jsonl\", \"alpaca\", \"sharegpt\", "
+               "\"messages\", \"preference\", \"tokens\"");
+  STRATA_CHECK(rc.train_on == "assistant" || rc.train_on == "last" || rc.train_on == "all", origin,
+               ": data.train_on must be \"assistant\", \"last\" or \"all\"");
+  STRATA_CHECK(rc.overlong == "truncate" || rc.overlong == "drop", origin,
+               ": data.overlong must be \"truncate\" or \"drop\"");
+  STRATA_CHECK(rc.eval_split >= 0 && rc.eval_split < 1, origin, ": data.eval_split must be in [0, 1)");
+  STRATA_CHECK(rc.keep_last >= 0, origin, ": checkpoint.keep_last must be >= 0 (0 keeps all)");
   STRATA_CHECK(rc.micro_batch_size >= 1, origin, ": train.micro_batch_size must be at least 1");
   STRATA_CHECK(rc.gradient_accumulation_steps >= 1, origin, ": train.gradient_accumulation_steps must be at least 1");
   STRATA_CHECK(rc.log_steps >= 1, origin, ": train.log_steps must be at least 1");
@@ -271,19 +306,26 @@ std::string Recipe::to_toml() const {
                                 << "\ninit_std = " << model_init_std << "\n";
   os << "dtype = " << q(model_dtype) << "\n\n[data]\npath = " << q(data_path) << "\nformat = "
      << q(data_format) << "\ntokenizer = " << q(data_tokenizer) << "\nsequence_len = " << sequence_len
-     << "\npacking = " << (packing ? "true" : "false") << "\n\n[train]\nmax_steps = " << max_steps
+     << "\npacking = " << (packing ? "true" : "false") << "\ntrain_on = " << q(train_on)
+     << "\noverlong = " << q(overlong) << "\nskip_bad_lines = " << (skip_bad_lines ? "true" : "false")
+     << "\neval_split = " << eval_split << "\n";
+  if (!eval_path.empty()) os << "eval_path = " << q(eval_path) << "\n";
+  if (!prepared_dir.empty()) os << "prepared_dir = " << q(prepared_dir) << "\n";
+  os << "\n[train]\nmax_steps = " << max_steps << "\nnum_train_epochs = " << num_train_epochs
      << "\nmicro_batch_size = " << micro_batch_size << "\ngradient_accumulation_steps = "
-     << gradient_accumulation_steps << "\nseed = " << seed << "\nlog_steps = " << log_steps
+     << gradient_accumulation_steps << "\nseed = " << seed << "\nlog_steps = " << log_steps << "\neval_steps = " << eval_steps
      << "\n\n[optim]\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
      << "\nadam_beta1 = " << adam_beta1 << "\nadam_beta2 = " << adam_beta2 << "\nadam_epsilon = "
      << adam_epsilon << "\nmax_grad_norm = " << max_grad_norm << "\nlr_scheduler_type = "
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio
      << "\nmin_lr_ratio = " << min_lr_ratio << "\n\n[offload]\nweights = " << q(offload_weights)
-     << "\ncheckpoints = " << q(offload_checkpoints) << "\n\n[device]\nbackend = " << q(device_backend)
+     << "\ncheckpoints = " << q(offload_checkpoints) << "\n";
+  if (!host_memory.empty()) os << "host_memory = " << q(host_memory) << "\n";
+  os << "\n[device]\nbackend = " << q(device_backend)
      << "\nmemory = " << q(device_memory) << "\ncpu_threads = " << device_cpu_threads << "\n";
   if (!device_link_bandwidth.empty()) os << "link_bandwidth = " << q(device_link_bandwidth) << "\n";
   os << "\n[checkpoint]\noutput_dir = " << q(output_dir) << "\nsave_steps = " << save_steps
-     << "\nsave_dtype = " << q(save_dtype) << "\n";
+     << "\nsave_dtype = " << q(save_dtype) << "\nkeep_last = " << keep_last << "\n";
   return os.str();
 }
 

@@ -29,9 +29,14 @@ struct Recipe {
   std::string data_path, data_format = "auto", data_tokenizer = "auto";
   int64_t sequence_len = 256;
   bool packing = true;
+  std::string train_on = "assistant", overlong = "truncate";
+  bool skip_bad_lines = false;
+  std::string eval_path, prepared_dir;
+  double eval_split = 0.0;
   // [train]
-  int64_t max_steps = 100, micro_batch_size = 1, gradient_accumulation_steps = 1, seed = 0;
-  int64_t log_steps = 1;
+  int64_t max_steps = 0, micro_batch_size = 1, gradient_accumulation_steps = 1, seed = 0;
+  double num_train_epochs = 1.0;
+  int64_t log_steps = 1, eval_steps = 0;
   // [optim]
   double learning_rate = 1e-5, weight_decay = 0.0, adam_beta1 = 0.9, adam_beta2 = 0.999;
   double adam_epsilon = 1e-8, max_grad_norm = 1.0, warmup_ratio = 0.0, min_lr_ratio = 0.0;
@@ -39,12 +44,13 @@ struct Recipe {
   std::string lr_scheduler_type = "cosine";
   // [offload]
   std::string offload_weights = "stream", offload_checkpoints = "auto";
+  std::string host_memory;  // unset: the machine's available memory
   // [device]
   std::string device_backend = "cpu", device_memory = "2GiB", device_link_bandwidth;
   int64_t device_cpu_threads = 0;
   // [checkpoint]
   std::string output_dir = "out", save_dtype = "bf16";
-  int64_t save_steps = 0;
+  int64_t save_steps = 0, keep_last = 0;
 
   std::string to_toml() const;  // the effective recipe, every key
 };

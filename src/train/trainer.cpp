@@ -155,12 +155,15 @@ TrainSummary train_run(const Recipe& rc) {
   std::mt19937_64 rng(uint64_t(rc.seed));
   std::shuffle(order.begin(), order.end(), rng);
   size_t cursor = 0;
+  const int64_t rows_per_step = rc.micro_batch_size * rc.gradient_accumulation_steps;
+  const int64_t max_steps = rc.max_steps > 0 ? rc.max_steps
+      : std::max<int64_t>(1, int64_t(std::ceil(rc.num_train_epochs * double(rows.rows()) / double(rows_per_step))));
   const int64_t warmup = rc.warmup_steps > 0 ? rc.warmup_steps
-                                             : int64_t(std::ceil(rc.warmup_ratio * double(rc.max_steps)));
+                                             : int64_t(std::ceil(rc.warmup_ratio * double(max_steps)));
   TrainSummary summary;
   double tokens_after_first = 0, time_after_first = 0;
   DeviceCounters after_first{};
-  for (int64_t step = 1; step <= rc.max_steps; ++step) {
+  for (int64_t step = 1; step <= max_steps; ++step) {
     auto t_step = Clock::now();
     const DeviceCounters c0 = dev->counters();
     // the micro-batches of this step, and the token count the loss is averaged over
@@ -180,13 +183,13 @@ TrainSummary train_run(const Recipe& rc) {
     double loss_sum = 0;
     for (auto& mb : mbs) loss_sum += engine.forward_backward(mb, float(1.0 / double(counted)));
     AdamWParams ap;
-    ap.lr = rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, rc.max_steps, warmup, rc.min_lr_ratio);
+    ap.lr = rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, max_steps, warmup, rc.min_lr_ratio);
     ap.beta1 = rc.adam_beta1;
     ap.beta2 = rc.adam_beta2;
     ap.eps = rc.adam_epsilon;
     ap.step = step;
     const double grad_norm = engine.optimizer_step(ap, rc.max_grad_norm, rc.weight_decay);
-    if (step == rc.max_steps) engine.synchronize();
+    if (step == max_steps) engine.synchronize();
     const EngineStats e1 = engine.stats();
     const double step_s = seconds_since(t_step);
     const DeviceCounters c1 = dev->counters();
@@ -213,9 +216,9 @@ TrainSummary train_run(const Recipe& rc) {
     for (int k = 0; k < int(OpKind::count); ++k) ops[op_kind_name(OpKind(k))] = c1.op_s[k] - c0.op_s[k];
     rec["op_s"] = ops;
     metrics.write(rec);
-    if (step % rc.log_steps == 0 || step == rc.max_steps || step == 1)
+    if (step % rc.log_steps == 0 || step == max_steps || step == 1)
       std::fprintf(stderr, "step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  mfu %.1f%%\n",
-                   long(step), long(rc.max_steps), loss, double(ap.lr), grad_norm, tps,
+                   long(step), long(max_steps), loss, double(ap.lr), grad_norm, tps,
                    100.0 * tps * fpt / peak);
   }
   summary.tokens_per_s = time_after_first > 0 ? tokens_after_first / time_after_first : 0;
@@ -228,7 +231,7 @@ TrainSummary train_run(const Recipe& rc) {
     for (int k = 0; k < int(OpKind::count); ++k)
       split += str_cat(k ? ", " : "", op_kind_name(OpKind(k)), " ",
                        int(std::lround(100 * (end.op_s[k] - after_first.op_s[k]) / std::max(total, 1e-12))), "%");
-    if (rc.max_steps > 1)
+    if (max_steps > 1)
       std::fprintf(stderr, "strata train: %.0f tokens/s after step 1; device op time: %s\n",
                    summary.tokens_per_s, split.c_str());
   }

@@ -29,7 +29,7 @@ static void require_same_weights(const std::string& a, const std::string& b) {
   REQUIRE(x.names() == y.names());
   for (const auto& name : x.names()) {
     const SafetensorsEntry* ex = x.find(name);
-    const SafetensorsEntry* ey = y.find(name);
+    REQUIRE(y.find(name) != nullptr);
     std::vector<float> vx(size_t(ex->end - ex->begin) / 4), vy(vx.size());
     x.read(name, DType::f32, vx.data());
     y.read(name, DType::f32, vy.data());
