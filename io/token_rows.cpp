@@ -1,140 +1,96 @@
+// Packing samples into fixed-length training rows (see io/token_rows.h).
 #include "io/token_rows.h"
 
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <algorithm>
 
-#include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
 
 namespace strata {
-namespace {
 
-Document bytes_of(const std::string& text) {
-  Document d;
-  d.reserve(text.size());
-  for (unsigned char c : text) d.push_back(int32_t(c));
-  return d;
+Sample sample_from_document(Document ids) {
+  Sample s;
+  s.labels.assign(ids.size(), 1);
+  if (!s.labels.empty()) s.labels[0] = 0;
+  s.ids = std::move(ids);
+  s.may_split = true;
+  return s;
 }
 
-std::string extension_format(const std::string& path) {
-  auto ends = [&](const char* s) {
-    std::string e = s;
-    return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
-  };
-  if (ends(".txt")) return "text";
-  if (ends(".jsonl")) return "jsonl";
-  if (ends(".json")) return "tokens";
-  STRATA_CHECK(false, "cannot tell the format of ", path,
-               " from its extension: set data.format to \"text\", \"jsonl\" or \"tokens\"");
-}
-
-}  // namespace
-
-std::vector<Document> dataset_read_documents(const std::string& path, const std::string& format_in,
-                                             const Tokenizer* tokenizer) {
-  auto bytes_of = [&](const std::string& text) {
-    return tokenizer ? tokenizer->encode(text, true) : strata::bytes_of(text);
-  };
-  std::ifstream in(path, std::ios::binary);
-  STRATA_CHECK(in, "cannot open dataset ", path, ": check data.path");
-  const std::string format = format_in == "auto" ? extension_format(path) : format_in;
-  std::vector<Document> docs;
-  if (format == "text") {
-    std::string line, current;
-    while (std::getline(in, line)) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) {
-        if (!current.empty()) docs.push_back(bytes_of(current));
-        current.clear();
-      } else {
-        current += line + "\n";
-      }
-    }
-    if (!current.empty()) docs.push_back(bytes_of(current));
-  } else if (format == "jsonl") {
-    std::string line;
-    for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        STRATA_CHECK(false, path, ":", lineno, ": not valid JSON (", e.what(), ")");
-      }
-      STRATA_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), path, ":", lineno,
-                   ": expected an object with a string \"text\"");
-      docs.push_back(bytes_of(j["text"].get<std::string>()));
-    }
-  } else if (format == "tokens") {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      STRATA_CHECK(false, path, ": not valid JSON (", e.what(), ")");
-    }
-    STRATA_CHECK(j.is_object() && j.contains("input_ids") && j["input_ids"].is_array(), path,
-                 ": expected {\"input_ids\": [[...], ...]}");
-    for (size_t i = 0; i < j["input_ids"].size(); ++i) {
-      const auto& row = j["input_ids"][i];
-      STRATA_CHECK(row.is_array(), path, ": input_ids[", i, "] is not a list");
-      Document d;
-      for (auto& x : row) {
-        STRATA_CHECK(x.is_number_integer() && x.get<int64_t>() >= 0, path, ": input_ids[", i,
-                     "] holds something that is not a token id");
-        d.push_back(x.get<int32_t>());
-      }
-      docs.push_back(std::move(d));
-    }
-  } else {
-    STRATA_CHECK(false, "unknown data.format '", format, "': use \"auto\", \"text\", \"jsonl\" or \"tokens\"");
-  }
-  std::erase_if(docs, [](const Document& d) { return d.empty(); });
-  STRATA_CHECK(!docs.empty(), "dataset ", path, " holds no documents");
-  return docs;
-}
-
-TokenRows pack_documents(const std::vector<Document>& docs, int64_t T, bool packing) {
+TokenRows pack_samples(const std::vector<Sample>& samples, int64_t T, bool packing, bool pad_last_row) {
   STRATA_ASSERT(T >= 2);
   TokenRows r;
   r.T = T;
+  bool only_text = true;
+  size_t total = 0;
+  for (const Sample& s : samples) {
+    STRATA_ASSERT(s.labels.size() == s.ids.size(), "a sample's labels and ids differ in length");
+    only_text = only_text && s.may_split;
+    total += s.ids.size();
+  }
+  r.ids.reserve(total + size_t(T));
+  r.targets.reserve(total + size_t(T));
+  r.pos.reserve(total + size_t(T));
+  r.doc_start.reserve(total + size_t(T));
   auto push = [&](int32_t id, int32_t target, int32_t pos, int32_t start) {
     r.ids.push_back(id);
     r.targets.push_back(target);
     r.pos.push_back(pos);
     r.doc_start.push_back(start);
   };
-  if (packing) {
-    int64_t col = 0;
-    for (const Document& d : docs) {
-      int32_t start = int32_t(col), pos = 0;
-      for (size_t i = 0; i < d.size(); ++i) {
-        if (col == T) {  // row full: the document continues in the next row
-          col = 0;
-          start = 0;
-          pos = 0;
-        }
-        bool last_in_row = col == T - 1, last_in_doc = i + 1 == d.size();
-        push(d[i], last_in_row || last_in_doc ? -100 : d[i + 1], pos++, start);
-        ++col;
-      }
+  int64_t col = 0;  // next free column of the current row; T = the row is full
+  // The rest of the current row becomes padding: id 0, no loss, a document of its own.
+  auto pad_row = [&] {
+    const int32_t start = int32_t(col);
+    for (int64_t t = col; t < T; ++t) push(0, -100, int32_t(t - start), start);
+    col = 0;
+  };
+  for (const Sample& s : samples) {
+    int64_t n = int64_t(s.ids.size());
+    if (n == 0) continue;
+    const bool split = packing && s.may_split;
+    if (!split) {
+      n = std::min(n, T);
+      if (!packing || col + n > T) pad_row();
     }
-    // drop the unfinished last row: every row of a packed dataset is full
-    r.ids.resize(size_t(r.rows() * T));
-    r.targets.resize(r.ids.size());
-    r.pos.resize(r.ids.size());
-    r.doc_start.resize(r.ids.size());
-    STRATA_CHECK(r.rows() > 0, "the dataset has fewer tokens than one row of data.sequence_len = ",
-                 T, ": lower sequence_len or add data");
-  } else {
-    for (const Document& d : docs) {
-      const int64_t n = std::min<int64_t>(T, int64_t(d.size()));
-      for (int64_t t = 0; t < T; ++t) {
-        if (t < n) push(d[size_t(t)], t + 1 < n ? d[size_t(t + 1)] : -100, int32_t(t), 0);
-        else push(0, -100, int32_t(t - n), int32_t(n));  // padding: its own document
+    int32_t start = int32_t(col), pos = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (col == T) {  // row full: a pretraining document continues in the next row
+        col = 0;
+        start = 0;
+        pos = 0;
       }
+      const bool next_in_row = i + 1 < n && col + 1 < T;
+      const int32_t target = next_in_row && s.labels[size_t(i + 1)] ? s.ids[size_t(i + 1)] : -100;
+      push(s.ids[size_t(i)], target, pos++, start);
+      ++col;
+    }
+    if (!packing) pad_row();
+  }
+  if (col == T) {
+    col = 0;
+  } else if (col > 0) {
+    if (only_text && !pad_last_row) {
+      // drop the unfinished last row: every row of a packed pretraining dataset is full
+      const size_t keep = r.ids.size() - size_t(col);
+      r.ids.resize(keep);
+      r.targets.resize(keep);
+      r.pos.resize(keep);
+      r.doc_start.resize(keep);
+    } else {
+      pad_row();
     }
   }
+  STRATA_CHECK(r.rows() > 0 || !packing || !only_text,
+               "the dataset has fewer tokens than one row of data.sequence_len = ", T,
+               ": lower sequence_len or add data");
   return r;
+}
+
+TokenRows pack_documents(const std::vector<Document>& docs, int64_t T, bool packing) {
+  std::vector<Sample> samples;
+  samples.reserve(docs.size());
+  for (const Document& d : docs) samples.push_back(sample_from_document(d));
+  return pack_samples(samples, T, packing);
 }
 
 }  // namespace strata

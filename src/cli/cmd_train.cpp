@@ -14,10 +14,16 @@ int cmd_train(const std::vector<std::string>& args) {
   std::vector<std::string> overrides;
   app.add_option("recipe", recipe_path, "the recipe TOML file")->required();
   app.add_option("overrides", overrides, "section.key=value overrides, e.g. train.max_steps=6");
+  TrainOptions topt;
+  app.add_option("--resume", topt.resume,
+                 "\"auto\": continue from the newest complete checkpoint in output_dir (start fresh when there is "
+                 "none); or the path of a checkpoint-<step> dir");
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
-  train_run(recipe_load(recipe_path, overrides));
-  return 0;
+  Recipe recipe = recipe_load(recipe_path, overrides);
+  train_install_signal_handlers();
+  TrainSummary s = train_run(recipe, topt);
+  return s.interrupted ? 130 : 0;
 }
 
 }  // namespace strata

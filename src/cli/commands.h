@@ -12,5 +12,6 @@ int cmd_train(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_detokenize(const std::vector<std::string>& args);
 int cmd_chat_template(const std::vector<std::string>& args);
+int cmd_plot(const std::vector<std::string>& args);
 
 }  // namespace strata

@@ -1,6 +1,7 @@
 // strata: the command-line entry point. Dispatches to a subcommand and maps errors to the
 // documented exit codes: 0 done, 2 bad recipe or input, 3 memory budget, 4 I/O error,
 // 130 interrupted after saving.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -19,6 +20,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", strata::cmd_train, "train a model from a recipe: strata train RECIPE.toml [key=value ...]"},
+    {"plot", strata::cmd_plot, "draw a run's loss, eval loss and lr as an SVG: strata plot OUTPUT_DIR [--out FILE.svg]"},
     {"grad", strata::cmd_grad, "loss and gradients of one batch: strata grad --model DIR --batch FILE --out GRADS.safetensors"},
     {"tokenize", strata::cmd_tokenize, "{\"text\"} JSON lines on stdin -> {\"ids\"} lines: strata tokenize --tokenizer DIR [--add-special-tokens]"},
     {"detokenize", strata::cmd_detokenize, "{\"ids\"} JSON lines on stdin -> {\"text\"} lines: strata detokenize --tokenizer DIR"},
@@ -39,6 +41,9 @@ int main(int argc, char** argv) {
     print_usage(stderr);
     return 2;
   }
+  // A file-size limit (ulimit -f) then fails the write with EFBIG, reported like a full disk,
+  // instead of killing the process mid-save.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::string name = argv[1];
   if (name == "--help" || name == "-h" || name == "help") {
     print_usage(stdout);

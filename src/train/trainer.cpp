@@ -7,8 +7,14 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <atomic>
+#include <csignal>
+#include <map>
+#include <sstream>
+#include <unistd.h>
 
 #include "io/metrics.h"
+#include "io/safetensors.h"
 #include "io/token_rows.h"
 #include "io/tokenizer/tokenizer.h"
 #include "kernels/cpu/ops.h"
@@ -17,6 +23,7 @@
 #include "offload/adamw.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
+#include "src/train/checkpoint.h"
 
 namespace strata {
 namespace {
@@ -80,16 +87,63 @@ double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t wa
   return min_ratio + (1.0 - min_ratio) * std::max(0.0, decay);
 }
 
-TrainSummary train_run(const Recipe& rc) {
-  std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc.source_path.c_str(), rc.to_toml().c_str());
+namespace {
 
-  // model config
-  ModelConfig cfg = hf_config_load(rc.model_path.empty() ? rc.model_config : rc.model_path);
-  ModelSpec spec = model_spec_build(cfg, dtype_parse(rc.model_dtype));
+uint64_t rows_hash(const TokenRows& rows) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::vector<int32_t>& v) {
+    for (int32_t x : v) {
+      uint32_t u = uint32_t(x);
+      for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 1099511628211ull;
+    }
+  };
+  mix(rows.ids);
+  mix(rows.targets);
+  mix(rows.pos);
+  mix(rows.doc_start);
+  return h ^ uint64_t(rows.T);
+}
 
-  // data
+// "section.key = value" lines of an effective recipe, for comparing a resumed run's recipe
+// with the checkpoint's.
+std::map<std::string, std::string> recipe_lines(const std::string& toml) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(toml);
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (line.size() > 2 && line.front() == '[') section = line.substr(1, line.find(']') - 1);
+    size_t eq = line.find(" = ");
+    if (eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
+// Keeps the records of steps <= last_step (a resumed run rewrites what came after).
+void metrics_truncate(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("step") && j["step"].get<int64_t>() <= last_step) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {
+      // a torn last line of an interrupted run: dropped
+    }
+  }
+  io_write_file_atomic(path, kept.data(), kept.size());
+}
+
+// The run's data: training rows, and eval rows (empty without a held-out split).
+struct RunData {
+  TokenRows train, eval;
+  std::string tokenizer_dir;  // "" for bytes
+};
+
+RunData load_run_data(const Recipe& rc, const ModelConfig& cfg) {
   // data.tokenizer: "bytes", a directory with tokenizer.json, or "auto" (the model dir's
   // tokenizer.json when there is one, else bytes)
+  RunData out;
   std::unique_ptr<Tokenizer> tokenizer;
   std::string tok_dir = rc.data_tokenizer;
   if (tok_dir == "auto")
@@ -98,6 +152,7 @@ TrainSummary train_run(const Recipe& rc) {
     tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(tok_dir));
     STRATA_CHECK(tokenizer->vocab_size() <= cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
                  tokenizer->vocab_size(), " ids but the model's vocab_size is ", cfg.vocab_size);
+    out.tokenizer_dir = tok_dir;
   }
   std::vector<Document> docs = dataset_read_documents(rc.data_path, rc.data_format, tokenizer.get());
   for (size_t d = 0; d < docs.size(); ++d)
@@ -105,9 +160,68 @@ TrainSummary train_run(const Recipe& rc) {
       STRATA_CHECK(id < cfg.vocab_size, rc.data_path, ": document ", d, " holds token id ", id,
                    " but the model's vocab_size is ", cfg.vocab_size,
                    " (byte-level text needs vocab_size >= 256)");
-  TokenRows rows = pack_documents(docs, rc.sequence_len, rc.packing);
+  out.train = pack_documents(docs, rc.sequence_len, rc.packing);
   std::fprintf(stderr, "strata train: %zu documents -> %ld rows of %ld tokens\n", docs.size(),
-               long(rows.rows()), long(rows.T));
+               long(out.train.rows()), long(out.train.T));
+  return out;
+}
+
+std::atomic<int> g_signals{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_signals.fetch_add(1) == 0) {
+    const char msg[] = "\nstrata train: stopping after this step and saving a checkpoint "
+                       "(signal again to stop at once without saving)\n";
+    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    return;
+  }
+  const char msg[] = "\nstrata train: second signal: stopped at once; earlier checkpoints are intact\n";
+  ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+  (void)ignored;
+  (void)sig;
+  ::_exit(kExitStoppedAtOnce);
+}
+
+}  // namespace
+
+void train_install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+void train_request_stop() { g_signals.fetch_add(1); }
+
+TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
+  g_signals.store(0);
+  std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc.source_path.c_str(), rc.to_toml().c_str());
+
+  // model config
+  ModelConfig cfg = hf_config_load(rc.model_path.empty() ? rc.model_config : rc.model_path);
+  ModelSpec spec = model_spec_build(cfg, dtype_parse(rc.model_dtype));
+
+  // output dir first: a run that cannot write its results should fail before any work
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(rc.output_dir, ec);
+    STRATA_CHECK_IO(!ec, "cannot create checkpoint.output_dir ", rc.output_dir, ": ", ec.message());
+    STRATA_CHECK_IO(::access(rc.output_dir.c_str(), W_OK) == 0, "checkpoint.output_dir ", rc.output_dir,
+                    " is not writable: choose another output_dir or fix its permissions");
+  }
+  std::string resume_dir;
+  if (!topt.resume.empty()) {
+    resume_dir = topt.resume == "auto" ? checkpoint_find_latest(rc.output_dir) : topt.resume;
+    if (resume_dir.empty())
+      std::fprintf(stderr, "strata train: --resume auto: no complete checkpoint in %s; starting from step 0\n",
+                   rc.output_dir.c_str());
+  }
+
+  // data
+  RunData data = load_run_data(rc, cfg);
+  const TokenRows& rows = data.train;
 
   // device and model
   DeviceOptions dopt;
@@ -138,44 +252,104 @@ TrainSummary train_run(const Recipe& rc) {
 
   const double peak = measure_cpu_gemm_peak();
   const double fpt = flops_per_token(ms, rc.sequence_len);
-  {
-    std::error_code ec;
-    std::filesystem::create_directories(rc.output_dir, ec);
-    STRATA_CHECK_IO(!ec, "cannot create checkpoint.output_dir ", rc.output_dir, ": ", ec.message());
-  }
-  MetricsWriter metrics(rc.output_dir + "/metrics.jsonl");
-  {
-    std::ofstream f(rc.output_dir + "/recipe.toml");
-    f << rc.to_toml();
-    STRATA_CHECK_IO(f.good(), "cannot write ", rc.output_dir, "/recipe.toml");
-  }
+  const std::string recipe_toml = rc.to_toml();
+  io_write_file_atomic(rc.output_dir + "/recipe.toml", recipe_toml.data(), recipe_toml.size());
+  CheckpointFiles files{data.tokenizer_dir, rc.model_path};
+  const DType save_dtype = dtype_parse(rc.save_dtype);
 
-  std::vector<int64_t> order(size_t(rows.rows()));
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(uint64_t(rc.seed));
-  std::shuffle(order.begin(), order.end(), rng);
-  size_t cursor = 0;
+  // the data order and where a resumed run continues
   const int64_t rows_per_step = rc.micro_batch_size * rc.gradient_accumulation_steps;
   const int64_t max_steps = rc.max_steps > 0 ? rc.max_steps
       : std::max<int64_t>(1, int64_t(std::ceil(rc.num_train_epochs * double(rows.rows()) / double(rows_per_step))));
+  TrainState state;
+  state.rows = rows.rows();
+  state.data_hash = rows_hash(rows);
+  std::mt19937_64 rng(uint64_t(rc.seed));
+  if (resume_dir.empty()) {
+    state.order.resize(size_t(rows.rows()));
+    std::iota(state.order.begin(), state.order.end(), 0);
+    std::shuffle(state.order.begin(), state.order.end(), rng);
+    metrics_truncate(rc.output_dir + "/metrics.jsonl", 0);
+  } else {
+    TrainState saved = checkpoint_load(resume_dir, store);
+    STRATA_CHECK(saved.rows == state.rows && saved.data_hash == state.data_hash, "cannot resume from ",
+                 resume_dir, ": its training data (", saved.rows, " rows) differs from this run's (", state.rows,
+                 " rows, or the same count with other tokens); resume needs the same data, tokenizer, "
+                 "sequence_len and packing");
+    STRATA_CHECK(saved.step < max_steps, "cannot resume from ", resume_dir, ": it is at step ", saved.step,
+                 " and the run ends at step ", max_steps, "; raise train.max_steps to train further");
+    std::istringstream rs(saved.rng);
+    rs >> rng;
+    STRATA_CHECK(!rs.fail(), resume_dir, "/trainer_state.json: the RNG state is damaged");
+    std::string saved_recipe;
+    {
+      std::ifstream f(resume_dir + "/recipe.toml");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      saved_recipe = ss.str();
+    }
+    auto was = recipe_lines(saved_recipe), now = recipe_lines(recipe_toml);
+    for (auto& [k, v] : now) {
+      if (k.rfind("checkpoint.", 0) == 0 || k.rfind("device.", 0) == 0 || k == "train.max_steps" ||
+          k == "train.log_steps" || k == "train.eval_steps" || k.rfind("offload.", 0) == 0)
+        continue;
+      auto it = was.find(k);
+      if (it != was.end() && it->second != v)
+        std::fprintf(stderr, "strata train: warning: %s is %s now but was %s in the checkpoint; the resumed run "
+                     "is not the run it continues\n", k.c_str(), v.c_str(), it->second.c_str());
+    }
+    state = std::move(saved);
+    metrics_truncate(rc.output_dir + "/metrics.jsonl", state.step);
+    std::fprintf(stderr, "strata train: resumed from %s at step %ld of %ld\n", resume_dir.c_str(),
+                 long(state.step), long(max_steps));
+  }
+  state.max_steps = max_steps;
+  MetricsWriter metrics(rc.output_dir + "/metrics.jsonl", /*append=*/true);
+
   const int64_t warmup = rc.warmup_steps > 0 ? rc.warmup_steps
                                              : int64_t(std::ceil(rc.warmup_ratio * double(max_steps)));
+  auto save = [&]() {
+    engine.synchronize();
+    std::string dir = checkpoint_save(rc.output_dir, store, state, recipe_toml, save_dtype, files, rc.keep_last);
+    std::fprintf(stderr, "strata train: saved %s\n", dir.c_str());
+    return dir;
+  };
+  auto evaluate = [&](int64_t step) {
+    if (data.eval.rows() == 0) return;
+    double loss_sum = 0;
+    int64_t counted = 0;
+    std::vector<int64_t> seq(size_t(data.eval.rows()));
+    std::iota(seq.begin(), seq.end(), 0);
+    for (size_t first = 0; first < seq.size(); first += size_t(rc.micro_batch_size)) {
+      int64_t n = std::min<int64_t>(rc.micro_batch_size, int64_t(seq.size() - first));
+      MicroBatch mb = take_rows(data.eval, seq, first, n);
+      counted += mb.counted();
+      loss_sum += engine.forward_loss(mb);
+    }
+    const double eval_loss = counted ? loss_sum / double(counted) : 0.0;
+    metrics.write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}});
+    std::fprintf(stderr, "step %ld/%ld  eval_loss %.4f over %ld tokens\n", long(step), long(max_steps), eval_loss,
+                 long(counted));
+  };
+
   TrainSummary summary;
   double tokens_after_first = 0, time_after_first = 0;
+  const int64_t first_step = state.step + 1;
   DeviceCounters after_first{};
-  for (int64_t step = 1; step <= max_steps; ++step) {
+  for (int64_t step = first_step; step <= max_steps; ++step) {
     auto t_step = Clock::now();
     const DeviceCounters c0 = dev->counters();
     // the micro-batches of this step, and the token count the loss is averaged over
     std::vector<MicroBatch> mbs;
     int64_t counted = 0;
     for (int64_t a = 0; a < rc.gradient_accumulation_steps; ++a) {
-      if (cursor + size_t(rc.micro_batch_size) > order.size()) {  // next epoch, reshuffled
-        std::shuffle(order.begin(), order.end(), rng);
-        cursor = 0;
+      if (state.cursor + uint64_t(rc.micro_batch_size) > state.order.size()) {  // next epoch, reshuffled
+        std::shuffle(state.order.begin(), state.order.end(), rng);
+        state.cursor = 0;
+        ++state.epoch;
       }
-      mbs.push_back(take_rows(rows, order, cursor, rc.micro_batch_size));
-      cursor += size_t(rc.micro_batch_size);
+      mbs.push_back(take_rows(rows, state.order, state.cursor, rc.micro_batch_size));
+      state.cursor += uint64_t(rc.micro_batch_size);
       counted += mbs.back().counted();
     }
     STRATA_CHECK(counted > 0, "step ", step, " has no labelled tokens");
@@ -193,10 +367,12 @@ TrainSummary train_run(const Recipe& rc) {
     const EngineStats e1 = engine.stats();
     const double step_s = seconds_since(t_step);
     const DeviceCounters c1 = dev->counters();
-    const int64_t tokens = rc.gradient_accumulation_steps * rc.micro_batch_size * rc.sequence_len;
+    const int64_t tokens = rows_per_step * rc.sequence_len;
     const double loss = loss_sum / double(counted);
+    state.step = step;
+    state.tokens_seen += double(tokens);
     summary.losses.push_back(loss);
-    if (step > 1) {
+    if (step > first_step) {
       tokens_after_first += double(tokens);
       time_after_first += step_s;
     } else {
@@ -216,10 +392,28 @@ TrainSummary train_run(const Recipe& rc) {
     for (int k = 0; k < int(OpKind::count); ++k) ops[op_kind_name(OpKind(k))] = c1.op_s[k] - c0.op_s[k];
     rec["op_s"] = ops;
     metrics.write(rec);
-    if (step % rc.log_steps == 0 || step == max_steps || step == 1)
+    if (step % rc.log_steps == 0 || step == max_steps || step == first_step)
       std::fprintf(stderr, "step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  mfu %.1f%%\n",
                    long(step), long(max_steps), loss, double(ap.lr), grad_norm, tps,
                    100.0 * tps * fpt / peak);
+
+    const bool last = step == max_steps;
+    if (rc.eval_steps > 0 && step % rc.eval_steps == 0 && !last) evaluate(step);
+    const bool stop = g_signals.load() > 0 || step == topt.stop_at_step;
+    if (last || stop || (rc.save_steps > 0 && step % rc.save_steps == 0)) {
+      std::ostringstream rs;
+      rs << rng;
+      state.rng = rs.str();
+      if (last) evaluate(step);
+      summary.last_checkpoint = save();
+    }
+    if (stop && !last) {
+      summary.interrupted = true;
+      std::fprintf(stderr, "strata train: interrupted at step %ld; resume with: strata train %s --resume auto\n",
+                   long(step), rc.source_path.c_str());
+      engine.synchronize();
+      return summary;
+    }
   }
   summary.tokens_per_s = time_after_first > 0 ? tokens_after_first / time_after_first : 0;
   {
@@ -231,13 +425,13 @@ TrainSummary train_run(const Recipe& rc) {
     for (int k = 0; k < int(OpKind::count); ++k)
       split += str_cat(k ? ", " : "", op_kind_name(OpKind(k)), " ",
                        int(std::lround(100 * (end.op_s[k] - after_first.op_s[k]) / std::max(total, 1e-12))), "%");
-    if (max_steps > 1)
-      std::fprintf(stderr, "strata train: %.0f tokens/s after step 1; device op time: %s\n",
+    if (max_steps > first_step)
+      std::fprintf(stderr, "strata train: %.0f tokens/s after the first step; device op time: %s\n",
                    summary.tokens_per_s, split.c_str());
   }
   summary.final_dir = rc.output_dir + "/final";
   engine.synchronize();
-  model_save_hf(store, summary.final_dir, dtype_parse(rc.save_dtype));
+  export_hf_atomic(store, summary.final_dir, save_dtype, files);
   std::fprintf(stderr, "strata train: done; model written to %s, metrics to %s/metrics.jsonl\n",
                summary.final_dir.c_str(), rc.output_dir.c_str());
   return summary;

@@ -1,7 +1,13 @@
-// The first-order trainer (issue 2's first `strata train`): model resident in the device arena,
-// fp32 master weights and AdamW moments on the host, gradient accumulation with a token-mean
-// loss over the whole optimizer step, exact global-norm clipping, warmup + cosine/linear
-// schedule, metrics.jsonl per step and a Hugging Face export at the end.
+// The first-order trainer: the step engine (offload/engine.h) fed from packed token rows, with
+// a token-mean loss over every micro-batch of an optimizer step, exact global-norm clipping,
+// warmup + cosine/linear schedule, metrics.jsonl per step, eval loss on a held-out split,
+// checkpoints every save_steps and at the end (src/train/checkpoint.h), bit-exact resume, and
+// a Hugging Face export in output_dir/final.
+//
+// Stopping: SIGINT/SIGTERM (after train_install_signal_handlers) or train_request_stop() make
+// the run finish its current step, save a checkpoint and return with `interrupted` set (the
+// CLI exits 130). A second signal exits the process at once with kExitStoppedAtOnce; every save
+// is atomic, so what was saved before stays intact.
 #pragma once
 #include <string>
 #include <vector>
@@ -14,10 +20,21 @@ struct TrainSummary {
   std::vector<double> losses;  // per optimizer step
   double tokens_per_s = 0;     // over the whole run, after the first step
   double matmul_share = 0;     // fraction of compute time spent in matmuls (sampled)
-  std::string final_dir;
+  std::string final_dir;        // set when the run finished
+  std::string last_checkpoint;  // the newest checkpoint this run saved
+  bool interrupted = false;     // stopped by a signal after saving
 };
 
-TrainSummary train_run(const Recipe& recipe);
+struct TrainOptions {
+  std::string resume;  // "": start at step 0; "auto": newest complete checkpoint in output_dir; or a checkpoint dir
+  int64_t stop_at_step = 0;  // > 0: behave as if a signal arrived during this step (tests)
+};
+
+inline constexpr int kExitStoppedAtOnce = 5;
+
+TrainSummary train_run(const Recipe& recipe, const TrainOptions& options = {});
+void train_install_signal_handlers();
+void train_request_stop();  // as a first signal would
 
 // HF-style learning-rate multiplier for 0-based step `s` of `total`.
 double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio);

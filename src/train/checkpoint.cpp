@@ -1,0 +1,269 @@
+#include "src/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "io/safetensors.h"
+#include "offload/model_io.h"
+#include "src/core/error.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kMarker = "COMPLETE";
+constexpr const char* kStateFile = "optimizer_state.safetensors";
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                          "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt"};
+
+std::string errno_str(int e) { return std::strerror(e); }
+
+void fsync_path(const fs::path& p, bool directory) {
+  int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  STRATA_CHECK_IO(fd >= 0, "cannot open ", p.string(), " to fsync it: ", errno_str(errno));
+  int rc = ::fsync(fd), err = errno;
+  ::close(fd);
+  // some filesystems cannot fsync a directory (EINVAL); files must sync
+  STRATA_CHECK_IO(rc == 0 || (directory && err == EINVAL), "cannot fsync ", p.string(), ": ", errno_str(err));
+}
+
+// fsync every file and directory under root, children before parents.
+void fsync_tree(const fs::path& root) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    fsync_path(it->path(), it->is_directory());
+  STRATA_CHECK_IO(!ec, "cannot list ", root.string(), ": ", ec.message());
+  fsync_path(root, true);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  STRATA_CHECK_IO(in, "cannot read ", p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  STRATA_CHECK_IO(!in.bad(), "cannot read ", p.string());
+  return ss.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) { io_write_file_atomic(p.string(), text.data(), text.size()); }
+
+void copy_into(const std::string& from_dir, const char* name, const fs::path& to_dir) {
+  if (from_dir.empty()) return;
+  fs::path src = fs::path(from_dir) / name;
+  std::error_code ec;
+  if (!fs::is_regular_file(src, ec)) return;
+  write_text(to_dir / name, read_file(src));
+}
+
+void write_hf(const HostStore& store, const fs::path& dir, DType dtype, const CheckpointFiles& files) {
+  model_save_hf(store, dir.string(), dtype);
+  for (const char* name : kTokenizerFiles) copy_into(files.tokenizer_dir, name, dir);
+  copy_into(files.model_dir, "generation_config.json", dir);
+}
+
+// ".<name><suffix>" (built with appends: GCC 12 warns falsely about "." + std::string)
+std::string hidden_name(const std::string& name, const char* suffix) {
+  std::string s = ".";
+  s += name;
+  s += suffix;
+  return s;
+}
+
+void remove_quietly(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+}
+
+// Moves a fully written temp dir to `dst`: fsync the tree, move any existing dst aside, rename,
+// fsync the parent, drop what was moved aside.
+void commit_dir(const fs::path& tmp, const fs::path& dst) {
+  fsync_tree(tmp);
+  const fs::path aside = dst.parent_path() / hidden_name(dst.filename().string(), ".old");
+  std::error_code ec;
+  remove_quietly(aside);
+  if (fs::exists(dst, ec)) {
+    fs::rename(dst, aside, ec);
+    STRATA_CHECK_IO(!ec, "cannot move ", dst.string(), " aside: ", ec.message());
+  }
+  fs::rename(tmp, dst, ec);
+  STRATA_CHECK_IO(!ec, "cannot rename ", tmp.string(), " to ", dst.string(), ": ", ec.message());
+  fsync_path(dst.parent_path(), true);
+  remove_quietly(aside);
+}
+
+int64_t checkpoint_step(const fs::path& p) {
+  const std::string name = p.filename().string();
+  const std::string prefix = "checkpoint-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
+  int64_t step = 0;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (int64_t(1) << 50)) return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// Complete checkpoints under output_dir, oldest first.
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    int64_t step = checkpoint_step(e.path());
+    std::error_code ec2;
+    if (step >= 0 && e.is_directory(ec2) && fs::is_regular_file(e.path() / kMarker, ec2))
+      found.emplace_back(step, e.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+void export_hf_atomic(const HostStore& store, const std::string& dir, DType dtype, const CheckpointFiles& files) {
+  const fs::path dst = fs::path(dir).lexically_normal();
+  const fs::path tmp = dst.parent_path() / hidden_name(dst.filename().string(), ".tmp");
+  std::error_code ec;
+  fs::create_directories(dst.parent_path(), ec);
+  STRATA_CHECK_IO(!ec, "cannot create ", dst.parent_path().string(), ": ", ec.message());
+  remove_quietly(tmp);
+  try {
+    write_hf(store, tmp, dtype, files);
+    commit_dir(tmp, dst);
+  } catch (...) {
+    remove_quietly(tmp);
+    throw;
+  }
+}
+
+std::string checkpoint_save(const std::string& output_dir, const HostStore& store, const TrainState& state,
+                            const std::string& recipe_toml, DType save_dtype, const CheckpointFiles& files,
+                            int64_t keep_last) {
+  const std::string name = "checkpoint-" + std::to_string(state.step);
+  const fs::path dst = fs::path(output_dir) / name;
+  const fs::path tmp = fs::path(output_dir) / hidden_name(name, ".tmp");
+  remove_quietly(tmp);
+  try {
+    std::error_code ec;
+    fs::create_directories(tmp, ec);
+    STRATA_CHECK_IO(!ec, "cannot create ", tmp.string(), ": ", ec.message());
+
+    // optimizer state: pointers straight into the host store, no copies
+    const ModelSpec& spec = store.spec();
+    auto& s = const_cast<HostStore&>(store);
+    std::vector<TensorToWrite> tensors;
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      const TensorSpec& r = spec.params[i];
+      const size_t off = store.f32_table()[i].offset / 4;
+      tensors.push_back({"master/" + r.name, DType::f32, r.shape, s.master() + off});
+      tensors.push_back({"exp_avg/" + r.name, DType::f32, r.shape, s.m() + off});
+      tensors.push_back({"exp_avg_sq/" + r.name, DType::f32, r.shape, s.v() + off});
+    }
+    safetensors_write_file((tmp / kStateFile).string(), tensors, {{"step", std::to_string(state.step)}});
+
+    json st = {{"step", state.step},           {"max_steps", state.max_steps}, {"rows", state.rows},
+               {"data_hash", state.data_hash}, {"cursor", state.cursor},       {"epoch", state.epoch},
+               {"rng", state.rng},             {"tokens_seen", state.tokens_seen},
+               {"order_count", state.order.size()}};
+    write_text(tmp / "trainer_state.json", st.dump(2) + "\n");
+    io_write_file_atomic((tmp / "data_order.bin").string(), state.order.data(), state.order.size() * sizeof(int64_t));
+    write_text(tmp / "recipe.toml", recipe_toml);
+    write_hf(store, tmp / "hf", save_dtype, files);
+
+    commit_dir(tmp, dst);
+    json marker = {{"step", state.step}, {"unix_time", int64_t(std::time(nullptr))}};
+    write_text(dst / kMarker, marker.dump() + "\n");
+  } catch (...) {
+    remove_quietly(tmp);
+    throw;
+  }
+
+  if (keep_last > 0) {
+    auto all = complete_checkpoints(output_dir);
+    for (size_t i = 0; i + size_t(keep_last) < all.size(); ++i) {
+      std::error_code ec;
+      fs::remove_all(all[i].second, ec);
+      if (ec)
+        std::fprintf(stderr, "strata train: warning: cannot remove old checkpoint %s: %s\n",
+                     all[i].second.c_str(), ec.message().c_str());
+    }
+  }
+  return dst.string();
+}
+
+std::string checkpoint_find_latest(const std::string& output_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".checkpoint-", 0) == 0) remove_quietly(e.path());  // an interrupted save
+  }
+  auto all = complete_checkpoints(output_dir);
+  return all.empty() ? std::string() : all.back().second.string();
+}
+
+TrainState checkpoint_load(const std::string& dir, HostStore& store) {
+  const fs::path d(dir);
+  std::error_code ec;
+  STRATA_CHECK(fs::is_regular_file(d / kMarker, ec), dir, " is not a complete checkpoint (no ", kMarker,
+               " marker): its save did not finish; resume from an earlier one");
+  TrainState st;
+  try {
+    json j = json::parse(read_file(d / "trainer_state.json"));
+    st.step = j.at("step").get<int64_t>();
+    st.max_steps = j.at("max_steps").get<int64_t>();
+    st.rows = j.at("rows").get<int64_t>();
+    st.data_hash = j.at("data_hash").get<uint64_t>();
+    st.cursor = j.at("cursor").get<uint64_t>();
+    st.epoch = j.at("epoch").get<int64_t>();
+    st.rng = j.at("rng").get<std::string>();
+    st.tokens_seen = j.at("tokens_seen").get<double>();
+    const size_t count = j.at("order_count").get<size_t>();
+    std::string order = read_file(d / "data_order.bin");
+    STRATA_CHECK(order.size() == count * sizeof(int64_t), dir, "/data_order.bin holds ", order.size(),
+                 " bytes, expected ", count * sizeof(int64_t), ": the checkpoint is damaged");
+    st.order.resize(count);
+    std::memcpy(st.order.data(), order.data(), order.size());
+  } catch (const json::exception& e) {
+    STRATA_CHECK(false, dir, "/trainer_state.json is damaged (", e.what(), "): resume from another checkpoint");
+  }
+  STRATA_CHECK(st.cursor <= st.order.size(), dir, ": data cursor beyond the row order: the checkpoint is damaged");
+
+  SafetensorsFile f = SafetensorsFile::open((d / kStateFile).string());
+  const ModelSpec& spec = store.spec();
+  std::vector<float> buf;
+  auto fetch = [&](const std::string& name, const TensorSpec& r) {
+    const SafetensorsEntry* e = f.find(name);
+    STRATA_CHECK(e, dir, "/", kStateFile, " has no tensor ", name, ": the checkpoint belongs to another model");
+    STRATA_CHECK(e->dtype == DType::f32 && e->shape == r.shape, dir, "/", kStateFile, ": ", name, " is ",
+                 safetensors_format_shape(e->shape), " but the model expects f32 ", safetensors_format_shape(r.shape));
+    buf.resize(size_t(r.numel()));
+    std::memcpy(buf.data(), f.data(*e), buf.size() * 4);
+  };
+  STRATA_CHECK(f.entries().size() == 3 * spec.params.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
+               " tensors but the model has ", 3 * spec.params.size(), " (master, exp_avg, exp_avg_sq per "
+               "parameter): the checkpoint belongs to another model");
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const TensorSpec& r = spec.params[i];
+    const size_t off = store.f32_table()[i].offset / 4;
+    fetch("master/" + r.name, r);
+    store.set_param(i, buf.data());
+    fetch("exp_avg/" + r.name, r);
+    std::memcpy(store.m() + off, buf.data(), buf.size() * 4);
+    fetch("exp_avg_sq/" + r.name, r);
+    std::memcpy(store.v() + off, buf.data(), buf.size() * 4);
+  }
+  return st;
+}
+
+}  // namespace strata

@@ -1,0 +1,63 @@
+// Checkpoints (issue 6): everything a run needs to continue bit-exactly, plus a Hugging Face
+// export other tools load. Layout under output_dir:
+//
+//   checkpoint-<step>/
+//     optimizer_state.safetensors   f32 master weights, AdamW exp_avg and exp_avg_sq per parameter
+//     trainer_state.json            step, data position (cursor, row count, data hash, RNG state),
+//                                   schedule, tokens seen
+//     data_order.bin                the current epoch's row order (int64 little-endian)
+//     recipe.toml                   the effective recipe
+//     hf/                           config.json, safetensors (save_dtype), tokenizer files
+//     COMPLETE                      written last: a checkpoint without it is ignored
+//
+// Writing is atomic: everything goes to `.checkpoint-<step>.tmp/`, every file and directory is
+// fsync'd, the directory is renamed into place, the parent fsync'd, then COMPLETE is written.
+// A save that fails (full disk, I/O error) removes its temp dir, leaves earlier checkpoints as
+// they were, and throws strata::Error of kind io.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "offload/host_store.h"
+#include "src/core/dtype.h"
+
+namespace strata {
+
+struct TrainState {
+  int64_t step = 0;              // optimizer steps done
+  int64_t max_steps = 0;         // the run's total when it was saved
+  int64_t rows = 0;              // training rows; resume requires the same data
+  uint64_t data_hash = 0;        // hash of the training rows' ids and targets
+  uint64_t cursor = 0;           // next position in `order`
+  std::vector<int64_t> order;    // this epoch's shuffled row order
+  std::string rng;               // std::mt19937_64 state, as its operator<< writes it
+  int64_t epoch = 0;
+  double tokens_seen = 0;
+};
+
+struct CheckpointFiles {
+  std::string tokenizer_dir;  // tokenizer.json etc. are copied from here into hf/ ("" = none)
+  std::string model_dir;      // generation_config.json is copied from here ("" = none)
+};
+
+// Writes output_dir/checkpoint-<state.step> and prunes to the newest keep_last (0 = keep all).
+// Returns the checkpoint's path.
+std::string checkpoint_save(const std::string& output_dir, const HostStore& store, const TrainState& state,
+                            const std::string& recipe_toml, DType save_dtype, const CheckpointFiles& files,
+                            int64_t keep_last);
+
+// The newest complete checkpoint-<step> under output_dir; "" when there is none. Removes
+// leftover temp dirs of saves that were interrupted.
+std::string checkpoint_find_latest(const std::string& output_dir);
+
+// Restores master and working weights and the moments into `store` and returns the trainer
+// state. The checkpoint must match the store's parameters (names and shapes) exactly.
+TrainState checkpoint_load(const std::string& dir, HostStore& store);
+
+// An HF model dir: config.json, safetensors in `dtype`, tokenizer files copied. Atomic the same
+// way (temp dir, fsync, rename; an existing dir of that name is replaced only after the new
+// one is complete).
+void export_hf_atomic(const HostStore& store, const std::string& dir, DType dtype, const CheckpointFiles& files);
+
+}  // namespace strata
