@@ -102,6 +102,20 @@ TEST_CASE("a device budget below two layers plus one layer's activations fails b
   CHECK(r.out.find("step 1/") == std::string::npos);  // nothing ran
 }
 
+TEST_CASE("a model dir missing a shard is an error naming the shard, before any step", "[cli]") {
+  const std::string dir = tmp("model_missing_shard");
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(testing::source_path("tests/golden/mistral"), dir);
+  std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+  RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") + " model.config= model.path=" +
+                           dir + " data.path=" + dir + "/batch.json data.sequence_len=8 train.max_steps=1 "
+                           "checkpoint.output_dir=" + tmp("missing_shard_out"));
+  CHECK(r.code == 4);
+  CHECK(r.out.find("model-00002-of-00002.safetensors") != std::string::npos);
+  CHECK(r.out.find("is missing") != std::string::npos);
+  CHECK(r.out.find("step 1/") == std::string::npos);
+}
+
 TEST_CASE("an output directory that cannot be created exits 4", "[cli]") {
   RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
                            " train.max_steps=1 checkpoint.output_dir=/proc/strata_cannot_write_here");
