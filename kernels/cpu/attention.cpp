@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_exp.h"
 #include "src/core/error.h"
 
 namespace strata::cpu {
@@ -180,6 +181,7 @@ void attention_forward_tile(float* out, float* lse, const float* q, const float*
       if (j0 > j1) continue;
       float* pi = p + i * kTileK;
       float tile_max = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : tile_max)
       for (int64_t j = j0; j <= j1; ++j) {
         pi[j] *= scale;
         tile_max = std::max(tile_max, pi[j]);
@@ -187,8 +189,9 @@ void attention_forward_tile(float* out, float* lse, const float* q, const float*
       const float m_new = std::max(m[i], tile_max);
       const float alpha = std::exp(m[i] - m_new);  // 0 on the first visible tile
       float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
       for (int64_t j = j0; j <= j1; ++j) {
-        pi[j] = std::exp(pi[j] - m_new);
+        pi[j] = exp_f32(pi[j] - m_new);
         sum += pi[j];
       }
       l[i] = l[i] * alpha + sum;
@@ -226,14 +229,13 @@ void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int
     float* pi = p + i * kTileK;
     float* dpi = dp + i * kTileK;
     const int64_t j0 = ws.first[i], j1 = ws.last[i];
+    const float lse_i = lse_t[i], di_i = di_t[i];
+#pragma omp simd
     for (int64_t j = 0; j < nk; ++j) {
-      if (j < j0 || j > j1) {
-        pi[j] = 0.f;
-        dpi[j] = 0.f;
-      } else {
-        pi[j] = std::exp(pi[j] * scale - lse_t[i]);
-        dpi[j] = pi[j] * (dpi[j] - di_t[i]);
-      }
+      const bool visible = j >= j0 && j <= j1;
+      const float pij = exp_f32(pi[j] * scale - lse_i);
+      pi[j] = visible ? pij : 0.f;
+      dpi[j] = visible ? pij * (dpi[j] - di_i) : 0.f;
     }
   }
 }
