@@ -40,6 +40,7 @@ TokenRows pack_samples(const std::vector<Sample>& samples, int64_t T, bool packi
   int64_t col = 0;  // next free column of the current row; T = the row is full
   // The rest of the current row becomes padding: id 0, no loss, a document of its own.
   auto pad_row = [&] {
+    if (col == 0) return;
     const int32_t start = int32_t(col);
     for (int64_t t = col; t < T; ++t) push(0, -100, int32_t(t - start), start);
     col = 0;

@@ -20,6 +20,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", strata::cmd_train, "train a model from a recipe: strata train RECIPE.toml [key=value ...]"},
+    {"prepare", strata::cmd_prepare, "tokenize a recipe's data once into shards in data.prepared_dir: strata prepare RECIPE.toml [key=value ...]"},
     {"plot", strata::cmd_plot, "draw a run's loss, eval loss and lr as an SVG: strata plot OUTPUT_DIR [--out FILE.svg]"},
     {"grad", strata::cmd_grad, "loss and gradients of one batch: strata grad --model DIR --batch FILE --out GRADS.safetensors"},
     {"tokenize", strata::cmd_tokenize, "{\"text\"} JSON lines on stdin -> {\"ids\"} lines: strata tokenize --tokenizer DIR [--add-special-tokens]"},

@@ -13,10 +13,10 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "io/datasets.h"
 #include "io/metrics.h"
 #include "io/safetensors.h"
 #include "io/token_rows.h"
-#include "io/tokenizer/tokenizer.h"
 #include "kernels/cpu/ops.h"
 #include "offload/engine.h"
 #include "offload/model_io.h"
@@ -24,6 +24,7 @@
 #include "src/core/error.h"
 #include "src/core/threads.h"
 #include "src/train/checkpoint.h"
+#include "src/train/progress.h"
 
 namespace strata {
 namespace {
@@ -134,38 +135,6 @@ void metrics_truncate(const std::string& path, int64_t last_step) {
   io_write_file_atomic(path, kept.data(), kept.size());
 }
 
-// The run's data: training rows, and eval rows (empty without a held-out split).
-struct RunData {
-  TokenRows train, eval;
-  std::string tokenizer_dir;  // "" for bytes
-};
-
-RunData load_run_data(const Recipe& rc, const ModelConfig& cfg) {
-  // data.tokenizer: "bytes", a directory with tokenizer.json, or "auto" (the model dir's
-  // tokenizer.json when there is one, else bytes)
-  RunData out;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::string tok_dir = rc.data_tokenizer;
-  if (tok_dir == "auto")
-    tok_dir = !rc.model_path.empty() && std::filesystem::exists(rc.model_path + "/tokenizer.json") ? rc.model_path : "bytes";
-  if (tok_dir != "bytes") {
-    tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(tok_dir));
-    STRATA_CHECK(tokenizer->vocab_size() <= cfg.vocab_size, "the tokenizer in ", tok_dir, " has ",
-                 tokenizer->vocab_size(), " ids but the model's vocab_size is ", cfg.vocab_size);
-    out.tokenizer_dir = tok_dir;
-  }
-  std::vector<Document> docs = dataset_read_documents(rc.data_path, rc.data_format, tokenizer.get());
-  for (size_t d = 0; d < docs.size(); ++d)
-    for (int32_t id : docs[d])
-      STRATA_CHECK(id < cfg.vocab_size, rc.data_path, ": document ", d, " holds token id ", id,
-                   " but the model's vocab_size is ", cfg.vocab_size,
-                   " (byte-level text needs vocab_size >= 256)");
-  out.train = pack_documents(docs, rc.sequence_len, rc.packing);
-  std::fprintf(stderr, "strata train: %zu documents -> %ld rows of %ld tokens\n", docs.size(),
-               long(out.train.rows()), long(out.train.T));
-  return out;
-}
-
 std::atomic<int> g_signals{0};
 
 extern "C" void on_stop_signal(int sig) {
@@ -220,7 +189,7 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
   }
 
   // data
-  RunData data = load_run_data(rc, cfg);
+  TrainingData data = training_data_load(rc, cfg.vocab_size);
   const TokenRows& rows = data.train;
 
   // device and model
@@ -308,10 +277,11 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
 
   const int64_t warmup = rc.warmup_steps > 0 ? rc.warmup_steps
                                              : int64_t(std::ceil(rc.warmup_ratio * double(max_steps)));
+  Progress progress(max_steps, rc.log_steps);
   auto save = [&]() {
     engine.synchronize();
     std::string dir = checkpoint_save(rc.output_dir, store, state, recipe_toml, save_dtype, files, rc.keep_last);
-    std::fprintf(stderr, "strata train: saved %s\n", dir.c_str());
+    progress.message("strata train: saved " + dir);
     return dir;
   };
   auto evaluate = [&](int64_t step) {
@@ -328,8 +298,7 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
     }
     const double eval_loss = counted ? loss_sum / double(counted) : 0.0;
     metrics.write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}});
-    std::fprintf(stderr, "step %ld/%ld  eval_loss %.4f over %ld tokens\n", long(step), long(max_steps), eval_loss,
-                 long(counted));
+    progress.message(str_cat("step ", step, "/", max_steps, "  eval_loss ", eval_loss, " over ", counted, " tokens"));
   };
 
   TrainSummary summary;
@@ -392,10 +361,8 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
     for (int k = 0; k < int(OpKind::count); ++k) ops[op_kind_name(OpKind(k))] = c1.op_s[k] - c0.op_s[k];
     rec["op_s"] = ops;
     metrics.write(rec);
-    if (step % rc.log_steps == 0 || step == max_steps || step == first_step)
-      std::fprintf(stderr, "step %ld/%ld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  mfu %.1f%%\n",
-                   long(step), long(max_steps), loss, double(ap.lr), grad_norm, tps,
-                   100.0 * tps * fpt / peak);
+    progress.step({step, max_steps, loss, ap.lr, grad_norm, tps, tps * fpt / peak, step_s, dev->peak_bytes(),
+                   store.pinned_bytes(), host_bytes});
 
     const bool last = step == max_steps;
     if (rc.eval_steps > 0 && step % rc.eval_steps == 0 && !last) evaluate(step);
@@ -409,12 +376,14 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
     }
     if (stop && !last) {
       summary.interrupted = true;
+      progress.finish();
       std::fprintf(stderr, "strata train: interrupted at step %ld; resume with: strata train %s --resume auto\n",
                    long(step), rc.source_path.c_str());
       engine.synchronize();
       return summary;
     }
   }
+  progress.finish();
   summary.tokens_per_s = time_after_first > 0 ? tokens_after_first / time_after_first : 0;
   {
     const DeviceCounters end = dev->counters();

@@ -1,0 +1,69 @@
+#include "io/metrics_curves.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+// A loss or lr field: a number, or null for the NaN/inf that JSON cannot hold.
+double metrics_number(const nlohmann::json& rec, const char* key, const std::string& where) {
+  auto it = rec.find(key);
+  if (it == rec.end() || it->is_null()) return NAN;
+  STRATA_CHECK(it->is_number(), where, ": \"", key, "\" must be a number or null, found ", it->dump());
+  return it->get<double>();
+}
+
+}  // namespace
+
+MetricsCurves metrics_read_curves(const std::string& path) {
+  std::ifstream in(path);
+  STRATA_CHECK_IO(in.is_open(), "cannot open ", path, ": ", std::strerror(errno));
+  std::map<int64_t, std::pair<double, double>> train;  // step -> (loss, lr); the last record wins
+  std::map<int64_t, double> eval;
+  MetricsCurves out;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const bool terminated = !in.eof();
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(lineno);
+    nlohmann::json rec;
+    try {
+      rec = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      if (!terminated) {  // a record still being written, or torn by a kill
+        ++out.skipped_torn_lines;
+        break;
+      }
+      STRATA_CHECK(false, where, ": not valid JSON (", e.what(), "); fix or delete that line");
+    }
+    STRATA_CHECK(rec.is_object(), where, ": expected a JSON object, found ", rec.dump());
+    auto step = rec.find("step");
+    STRATA_CHECK(step != rec.end() && step->is_number_integer() && step->get<int64_t>() >= 0, where,
+                 ": expected a non-negative integer \"step\"");
+    const int64_t s = step->get<int64_t>();
+    if (rec.contains("loss")) train[s] = {metrics_number(rec, "loss", where), metrics_number(rec, "lr", where)};
+    if (rec.contains("eval_loss")) eval[s] = metrics_number(rec, "eval_loss", where);
+  }
+  STRATA_CHECK_IO(!in.bad(), "reading ", path, " failed: ", std::strerror(errno));
+  for (auto& [s, v] : train) {
+    out.steps.push_back(s);
+    out.loss.push_back(v.first);
+    out.lr.push_back(v.second);
+  }
+  for (auto& [s, v] : eval) {
+    out.eval_steps.push_back(s);
+    out.eval_loss.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace strata

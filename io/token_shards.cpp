@@ -1,0 +1,424 @@
+// Binary token shards and the prepared-data manifest (see io/token_shards.h).
+#include "io/token_shards.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "io/tokenizer/tokenizer.h"
+#include "src/core/error.h"
+#include "src/recipe/recipe.h"
+
+namespace strata {
+
+static_assert(std::endian::native == std::endian::little, "shards are little-endian");
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'S', 'H'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kFlagMaySplit = 1;
+constexpr int kManifestVersion = 1;
+// Bumped when the samples a dataset turns into change meaning (masks, formats), so older
+// shards read as stale.
+constexpr int kSamplesVersion = 1;
+
+struct ShardHeader {
+  char magic[8];
+  uint32_t version, token_bytes;
+  uint64_t vocab_size, sample_count, token_count;
+  uint64_t tokens_offset, labels_offset, offsets_offset;
+  uint64_t fingerprint_hash;
+  uint32_t flags, reserved;
+  uint8_t zero[48];
+};
+static_assert(sizeof(ShardHeader) == 128);
+
+uint64_t align8(uint64_t x) { return (x + 7) & ~uint64_t(7); }
+
+std::string rerun(const std::string& path) {
+  return str_cat(path, ": rerun `strata prepare RECIPE.toml` to rebuild data.prepared_dir");
+}
+
+// Writes all of `n` bytes, or an I/O error naming the file and offset.
+void write_all(int fd, const void* p, size_t n, const std::string& path, uint64_t* offset) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    STRATA_CHECK_IO(w > 0, "writing ", path, " at offset ", *offset, " failed: ", std::strerror(errno));
+    c += w;
+    n -= size_t(w);
+    *offset += uint64_t(w);
+  }
+}
+
+// Writes `fill(fd, path, &offset)` to a temporary file next to `path`, fsyncs it and renames it
+// into place (then fsyncs the directory), so `path` is either the old file or the complete new one.
+template <class Fill>
+void write_atomically(const std::string& path, Fill&& fill) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  STRATA_CHECK_IO(fd >= 0, "cannot create ", tmp, ": ", std::strerror(errno));
+  try {
+    uint64_t offset = 0;
+    fill(fd, tmp, &offset);
+    STRATA_CHECK_IO(::fsync(fd) == 0, "fsync of ", tmp, " failed: ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  STRATA_CHECK_IO(::close(fd) == 0, "closing ", tmp, " failed: ", std::strerror(errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    STRATA_CHECK_IO(false, "cannot rename ", tmp, " to ", path, ": ", std::strerror(err));
+  }
+  const std::string dir = fs::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// A read-only mapping of a whole file.
+struct Mapped {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  explicit Mapped(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    STRATA_CHECK_IO(fd >= 0, "cannot open shard ", path, ": ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      STRATA_CHECK_IO(false, "cannot stat shard ", path, ": ", std::strerror(err));
+    }
+    size = size_t(st.st_size);
+    if (size > 0) {
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+      int err = errno;
+      ::close(fd);
+      STRATA_CHECK_IO(p != MAP_FAILED, "cannot map shard ", path, ": ", std::strerror(err));
+      data = static_cast<const uint8_t*>(p);
+    } else {
+      ::close(fd);
+    }
+  }
+  ~Mapped() {
+    if (data) ::munmap(const_cast<uint8_t*>(data), size);
+  }
+  Mapped(const Mapped&) = delete;
+  Mapped& operator=(const Mapped&) = delete;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  STRATA_CHECK_IO(in, "cannot open ", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  STRATA_CHECK_IO(!in.bad(), "reading ", path, " failed");
+  return ss.str();
+}
+
+std::string hex64(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Identity of a data file: its absolute path, size and modification time ("missing" when it
+// is gone: shards may travel to a machine without the raw data).
+nlohmann::json file_identity(const std::string& path) {
+  std::error_code ec;
+  fs::path abs = fs::weakly_canonical(path, ec);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {{"path", ec ? path : abs.string()}, {"missing", true}};
+  return {{"path", ec ? path : abs.string()},
+          {"size", int64_t(st.st_size)},
+          {"mtime_ns", int64_t(st.st_mtim.tv_sec) * 1000000000 + int64_t(st.st_mtim.tv_nsec)}};
+}
+
+// Content hash of a file, or "absent".
+std::string file_hash(const fs::path& p) {
+  if (!fs::exists(p)) return "absent";
+  std::string text = read_text(p.string());
+  return hex64(fnv1a64(text.data(), text.size()));
+}
+
+nlohmann::json dataset_stats_json(const Dataset& d) {
+  const DatasetStats& s = d.stats;
+  return {{"path", d.path},         {"format", d.format},       {"samples", s.samples},
+          {"tokens", s.tokens},     {"labelled", s.labelled},   {"skipped_lines", s.skipped_lines},
+          {"truncated", s.truncated}, {"dropped_overlong", s.dropped_overlong},
+          {"dropped_unlabelled", s.dropped_unlabelled}};
+}
+
+Dataset dataset_from_stats_json(const nlohmann::json& j) {
+  Dataset d;
+  d.path = j.at("path").get<std::string>();
+  d.format = j.at("format").get<std::string>();
+  DatasetStats& s = d.stats;
+  s.samples = j.at("samples");
+  s.tokens = j.at("tokens");
+  s.labelled = j.at("labelled");
+  s.skipped_lines = j.at("skipped_lines");
+  s.truncated = j.at("truncated");
+  s.dropped_overlong = j.at("dropped_overlong");
+  s.dropped_unlabelled = j.at("dropped_unlabelled");
+  return d;
+}
+
+}  // namespace
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+void shard_write(const std::string& path, const std::vector<Sample>& samples, int64_t vocab_size,
+                 uint64_t fingerprint_hash) {
+  STRATA_ASSERT(vocab_size > 0);
+  ShardHeader h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kVersion;
+  h.token_bytes = vocab_size <= 65536 ? 2 : 4;
+  h.vocab_size = uint64_t(vocab_size);
+  h.sample_count = samples.size();
+  uint64_t tokens = 0;
+  bool may_split = !samples.empty() && samples[0].may_split;
+  for (const Sample& s : samples) {
+    STRATA_ASSERT(s.may_split == may_split, "a shard holds one kind of sample");
+    STRATA_ASSERT(s.ids.size() == s.labels.size());
+    tokens += s.ids.size();
+  }
+  h.token_count = tokens;
+  h.tokens_offset = sizeof(ShardHeader);
+  h.labels_offset = h.tokens_offset + tokens * h.token_bytes;
+  h.offsets_offset = align8(h.labels_offset + tokens);
+  h.fingerprint_hash = fingerprint_hash;
+  h.flags = may_split ? kFlagMaySplit : 0;
+  write_atomically(path, [&](int fd, const std::string& tmp, uint64_t* off) {
+    write_all(fd, &h, sizeof h, tmp, off);
+    std::vector<uint8_t> buf;
+    buf.reserve(1 << 20);
+    auto drain = [&](bool force) {
+      if (buf.size() >= (1u << 20) || (force && !buf.empty())) {
+        write_all(fd, buf.data(), buf.size(), tmp, off);
+        buf.clear();
+      }
+    };
+    for (const Sample& s : samples)
+      for (int32_t id : s.ids) {
+        STRATA_ASSERT(id >= 0 && uint64_t(id) < h.vocab_size, "token id ", id, " outside the vocabulary of ", vocab_size);
+        uint32_t v = uint32_t(id);
+        buf.insert(buf.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + h.token_bytes);
+        drain(false);
+      }
+    for (const Sample& s : samples) {
+      buf.insert(buf.end(), s.labels.begin(), s.labels.end());
+      drain(false);
+    }
+    buf.resize(buf.size() + size_t(h.offsets_offset - h.labels_offset - tokens));  // zero padding to 8 bytes
+    uint64_t at = 0;
+    for (size_t i = 0; i <= samples.size(); ++i) {
+      buf.insert(buf.end(), reinterpret_cast<uint8_t*>(&at), reinterpret_cast<uint8_t*>(&at) + 8);
+      if (i < samples.size()) at += samples[i].ids.size();
+      drain(false);
+    }
+    drain(true);
+    STRATA_ASSERT(*off == h.offsets_offset + 8 * (h.sample_count + 1));
+  });
+}
+
+std::vector<Sample> shard_read(const std::string& path, int64_t max_vocab_size, uint64_t fingerprint_hash) {
+  Mapped m(path);
+  ShardHeader h{};
+  STRATA_CHECK(m.size >= sizeof h, "shard is truncated: ", m.size, " bytes, shorter than its header; ", rerun(path));
+  std::memcpy(&h, m.data, sizeof h);
+  STRATA_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "not a strata shard (bad magic); ", rerun(path));
+  STRATA_CHECK(h.version == kVersion, "shard format version ", h.version, " (this strata reads ", kVersion, "); ",
+               rerun(path));
+  STRATA_CHECK(h.fingerprint_hash == fingerprint_hash, "shard belongs to another preparation than manifest.json; ",
+               rerun(path));
+  STRATA_CHECK(h.vocab_size > 0 && h.token_bytes == (h.vocab_size <= 65536 ? 2u : 4u),
+               "shard header is corrupt (vocab_size ", h.vocab_size, ", token_bytes ", h.token_bytes, "); ", rerun(path));
+  STRATA_CHECK(h.vocab_size <= uint64_t(max_vocab_size), "shard was prepared for a vocabulary of ", h.vocab_size,
+               " ids but the model's vocab_size is ", max_vocab_size, "; ", rerun(path));
+  const uint64_t size = m.size;
+  // each count bounded by the file size first, so the products below cannot overflow
+  const bool sizes_ok = h.token_count <= size && h.sample_count <= size / 8 && h.tokens_offset == sizeof h &&
+                        h.labels_offset == h.tokens_offset + h.token_count * h.token_bytes &&
+                        h.offsets_offset == align8(h.labels_offset + h.token_count) &&
+                        size == h.offsets_offset + 8 * (h.sample_count + 1);
+  STRATA_CHECK(sizes_ok, "shard is truncated or its header is corrupt (", size, " bytes on disk; the header says ",
+               h.sample_count, " samples, ", h.token_count, " tokens); ", rerun(path));
+  std::vector<uint64_t> offsets(h.sample_count + 1);
+  std::memcpy(offsets.data(), m.data + h.offsets_offset, offsets.size() * 8);
+  STRATA_CHECK(offsets.front() == 0 && offsets.back() == h.token_count, "shard's sample offsets do not span its ",
+               h.token_count, " tokens; ", rerun(path));
+  for (size_t i = 0; i + 1 < offsets.size(); ++i)
+    STRATA_CHECK(offsets[i] < offsets[i + 1], "shard's sample offsets are not ascending at sample ", i, "; ", rerun(path));
+  const uint8_t* tokens = m.data + h.tokens_offset;
+  const uint8_t* labels = m.data + h.labels_offset;
+  std::vector<Sample> out(h.sample_count);
+  for (size_t i = 0; i < out.size(); ++i) {
+    Sample& s = out[i];
+    const size_t b = offsets[i], n = offsets[i + 1] - offsets[i];
+    s.may_split = (h.flags & kFlagMaySplit) != 0;
+    s.ids.resize(n);
+    if (h.token_bytes == 2) {
+      for (size_t t = 0; t < n; ++t) {
+        uint16_t v;
+        std::memcpy(&v, tokens + 2 * (b + t), 2);
+        s.ids[t] = int32_t(v);
+      }
+    } else {
+      for (size_t t = 0; t < n; ++t) {
+        uint32_t v;
+        std::memcpy(&v, tokens + 4 * (b + t), 4);
+        STRATA_CHECK(v < h.vocab_size, "shard holds token id ", v, " at sample ", i, ", not below its vocab_size ",
+                     h.vocab_size, "; ", rerun(path));
+        s.ids[t] = int32_t(v);
+      }
+    }
+    if (h.token_bytes == 2)
+      for (size_t t = 0; t < n; ++t)
+        STRATA_CHECK(uint64_t(s.ids[t]) < h.vocab_size, "shard holds token id ", s.ids[t], " at sample ", i,
+                     ", not below its vocab_size ", h.vocab_size, "; ", rerun(path));
+    s.labels.assign(labels + b, labels + b + n);
+    for (uint8_t l : s.labels)
+      STRATA_CHECK(l <= 1, "shard holds a label flag of ", int(l), " at sample ", i, " (0 or 1 expected); ", rerun(path));
+  }
+  return out;
+}
+
+nlohmann::json prepared_fingerprint(const Recipe& rc, const TextEncoder& enc) {
+  nlohmann::json f;
+  f["samples_version"] = kSamplesVersion;
+  f["data.path"] = file_identity(rc.data_path);
+  f["data.eval_path"] = rc.eval_path.empty() ? nlohmann::json(nullptr) : file_identity(rc.eval_path);
+  f["data.format"] = rc.data_format;
+  f["data.train_on"] = rc.train_on;
+  f["data.overlong"] = rc.overlong;
+  f["data.sequence_len"] = rc.sequence_len;
+  f["data.packing"] = rc.packing;
+  f["data.skip_bad_lines"] = rc.skip_bad_lines;
+  f["data.eval_split"] = rc.eval_split;
+  if (enc.is_bytes()) {
+    f["tokenizer"] = "bytes";
+  } else if (enc.dir().empty()) {
+    f["tokenizer"] = "in-memory";
+  } else {
+    const fs::path dir(enc.dir());
+    f["tokenizer"] = {{"tokenizer.json", file_hash(dir / "tokenizer.json")},
+                      {"tokenizer_config.json", file_hash(dir / "tokenizer_config.json")},
+                      {"chat_template.jinja", file_hash(dir / "chat_template.jinja")}};
+  }
+  return f;
+}
+
+bool prepared_exists(const std::string& dir) { return fs::exists(fs::path(dir) / "manifest.json"); }
+
+void prepared_write(const std::string& dir, const TrainingSamples& s, const nlohmann::json& fingerprint,
+                    int64_t vocab_size) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  STRATA_CHECK_IO(!ec, "cannot create data.prepared_dir ", dir, ": ", ec.message());
+  const fs::path manifest = fs::path(dir) / "manifest.json";
+  fs::remove(manifest, ec);  // shards being replaced are never paired with an old manifest
+  STRATA_CHECK_IO(!ec, "cannot remove the old ", manifest.string(), ": ", ec.message());
+  const std::string fp_text = fingerprint.dump();
+  const uint64_t fp_hash = fnv1a64(fp_text.data(), fp_text.size());
+  nlohmann::json m;
+  m["strata_prepared"] = kManifestVersion;
+  m["fingerprint"] = fingerprint;
+  m["fingerprint_hash"] = hex64(fp_hash);
+  m["vocab_size"] = vocab_size;
+  m["report"] = s.report;
+  nlohmann::json splits = nlohmann::json::object();
+  auto put = [&](const char* name, const Dataset& d) {
+    if (d.samples.empty()) return;
+    nlohmann::json e = dataset_stats_json(d);
+    e["file"] = std::string(name) + ".bin";
+    shard_write((fs::path(dir) / e["file"].get<std::string>()).string(), d.samples, vocab_size, fp_hash);
+    if (!d.rejected.empty()) {
+      e["rejected_file"] = std::string(name) + ".rejected.bin";
+      shard_write((fs::path(dir) / e["rejected_file"].get<std::string>()).string(), d.rejected, vocab_size, fp_hash);
+    }
+    splits[name] = e;
+  };
+  put("train", s.train);
+  put("eval", s.eval);
+  m["splits"] = splits;
+  const std::string text = m.dump(2) + "\n";
+  write_atomically(manifest.string(), [&](int fd, const std::string& tmp, uint64_t* off) {
+    write_all(fd, text.data(), text.size(), tmp, off);
+  });
+}
+
+TrainingSamples prepared_read(const std::string& dir, const Recipe& rc, const TextEncoder& enc,
+                              int64_t model_vocab_size) {
+  const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
+  nlohmann::json m = nlohmann::json::parse(read_text(manifest_path), nullptr, false);
+  STRATA_CHECK(!m.is_discarded() && m.is_object() && m.value("strata_prepared", 0) == kManifestVersion &&
+                   m.contains("fingerprint") && m.contains("fingerprint_hash") && m.contains("splits") &&
+                   m["splits"].is_object(),
+               "manifest is not one this strata wrote; ", rerun(manifest_path));
+  const nlohmann::json want = prepared_fingerprint(rc, enc);
+  const nlohmann::json& have = m["fingerprint"];
+  for (auto it = want.begin(); it != want.end(); ++it) {
+    if (it.value().is_object() && it.value().contains("missing")) {
+      std::fprintf(stderr, "strata data: %s %s is not here: using the shards prepared from it (its other settings "
+                           "still checked)\n", it.key().c_str(), it.value()["path"].get<std::string>().c_str());
+      continue;
+    }
+    const bool same = have.contains(it.key()) && have[it.key()] == it.value();
+    STRATA_CHECK(same, "data.prepared_dir ", dir, " is stale: ", it.key(), " was ",
+                 have.contains(it.key()) ? have[it.key()].dump() : std::string("absent"), " when it was prepared and is ",
+                 it.value().dump(), " now; rerun `strata prepare RECIPE.toml`");
+  }
+  const std::string fp_text = have.dump();
+  const uint64_t fp_hash = fnv1a64(fp_text.data(), fp_text.size());
+  STRATA_CHECK(m["fingerprint_hash"] == hex64(fp_hash), "manifest's fingerprint hash does not match; ", rerun(manifest_path));
+  TrainingSamples out;
+  out.report = m.value("report", std::string());
+  auto get = [&](const char* name, Dataset* d) {
+    if (!m["splits"].contains(name)) return;
+    const nlohmann::json& e = m["splits"][name];
+    try {
+      *d = dataset_from_stats_json(e);
+      d->samples = shard_read((fs::path(dir) / e.at("file").get<std::string>()).string(), model_vocab_size, fp_hash);
+      if (e.contains("rejected_file"))
+        d->rejected = shard_read((fs::path(dir) / e.at("rejected_file").get<std::string>()).string(), model_vocab_size, fp_hash);
+    } catch (const nlohmann::json::exception& ex) {
+      STRATA_CHECK(false, "manifest's \"", name, "\" entry is malformed (", ex.what(), "); ", rerun(manifest_path));
+    }
+    STRATA_CHECK(int64_t(d->samples.size()) == d->stats.samples &&
+                     (d->rejected.empty() || d->rejected.size() == d->samples.size()),
+                 "shards of \"", name, "\" do not hold the samples the manifest lists; ", rerun(manifest_path));
+  };
+  get("train", &out.train);
+  get("eval", &out.eval);
+  STRATA_CHECK(!out.train.samples.empty(), "manifest lists no train shard; ", rerun(manifest_path));
+  return out;
+}
+
+}  // namespace strata
