@@ -10,11 +10,6 @@
 
 namespace strata {
 
-static uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 static float from_bits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
