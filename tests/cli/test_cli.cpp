@@ -14,26 +14,8 @@
 namespace strata {
 namespace {
 
-struct RunResult {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-// stdout and stderr together, or stdout alone (results) when stdout_only.
-RunResult run_strata(const std::string& args, bool stdout_only = false) {
-  const char* bin = std::getenv("STRATA_BIN");
-  std::string exe = bin ? bin : std::string(STRATA_BINARY_DIR) + "/strata";
-  std::string cmd = exe + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using RunResult = testing::ProcessResult;
+using testing::run_strata;
 
 std::string tmp(const std::string& name) {
   auto d = std::filesystem::temp_directory_path() / "strata_cli";

@@ -34,15 +34,7 @@ void write_file(const fs::path& p, const std::string& text) {
   out << text;
 }
 
-// A fresh directory under the build tree, removed when the test ends.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::path(STRATA_BINARY_DIR) / "test_tmp" / name) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing::TempDir;
 
 }  // namespace
 

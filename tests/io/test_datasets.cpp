@@ -27,18 +27,7 @@ const std::string kFixtures = STRATA_SOURCE_DIR "/tests/fixtures/datasets/";
 const std::string kQwen3 = STRATA_SOURCE_DIR "/../shared/fixtures/tokenizers/bpe-qwen3";
 const std::string kTinyModel = STRATA_SOURCE_DIR "/recipes/sft-tiny/models/tiny";
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::path(STRATA_BINARY_DIR) / "test_tmp" / name) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return (path / name).string();
-  }
-};
+using testing::TempDir;
 
 DatasetOptions options(const std::string& format = "auto", TrainOn on = TrainOn::assistant, int64_t T = 256) {
   DatasetOptions o;

@@ -22,18 +22,7 @@ namespace {
 
 const std::string kTinyModel = STRATA_SOURCE_DIR "/recipes/sft-tiny/models/tiny";
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::path(STRATA_BINARY_DIR) / "test_tmp" / name) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return (path / name).string();
-  }
-};
+using testing::TempDir;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -2,10 +2,6 @@
 // wins, damaged or foreign checkpoints are refused, the HF export reloads, SIGTERM mid-run saves
 // and exits 130, a second signal stops at once, and a save that hits a full disk leaves the
 // previous checkpoint intact.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -86,19 +82,12 @@ std::vector<double> metric_losses(const std::string& out) {
   return losses;
 }
 
-std::string strata_bin() {
-  const char* bin = std::getenv("STRATA_BIN");
-  return bin ? bin : std::string(STRATA_BINARY_DIR) + "/strata";
-}
+std::string strata_bin() { return testing::strata_binary(); }
 
 int run_shell(const std::string& cmd, std::string* output) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output->append(buf, n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  testing::ProcessResult r = testing::run_shell(cmd);
+  *output += r.out;
+  return r.code;
 }
 
 }  // namespace
@@ -217,36 +206,13 @@ TEST_CASE("SIGTERM mid-run saves and exits 130; resume finishes the run as if un
   args += " train.max_steps=30 train.log_steps=1";
 
   // start, wait for the second step's log line, then SIGTERM
-  int pipefd[2];
-  REQUIRE(pipe(pipefd) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(pipefd[1], 2);
-    close(pipefd[0]);
-    std::string cmd = "exec " + strata_bin() + " train " + recipe + args;
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
-    _exit(127);
-  }
-  close(pipefd[1]);
-  std::string err;
-  char buf[512];
-  bool signalled = false;
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) {
-    err.append(buf, size_t(n));
-    if (!signalled && err.find("step 2/30") != std::string::npos) {
-      kill(pid, SIGTERM);
-      signalled = true;
-    }
-  }
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  size_t fired = 0;
+  testing::ProcessResult run =
+      testing::run_strata_signalled("train " + recipe + args, {{"step 2/30", SIGTERM}}, &fired);
+  const std::string& err = run.out;
   INFO(err);
-  REQUIRE(signalled);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 130);
+  REQUIRE(fired == 1);
+  CHECK(run.code == 130);
   CHECK(err.find("--resume auto") != std::string::npos);
   std::string latest = checkpoint_find_latest(b);
   REQUIRE(!latest.empty());
@@ -270,40 +236,12 @@ TEST_CASE("a second signal stops at once, leaving earlier checkpoints intact", "
   for (auto& o : small_overrides(b)) args += " " + o;
   // a throttled link makes each step long enough that the second signal lands mid-step or mid-save
   args += " train.max_steps=200 train.log_steps=1 checkpoint.save_steps=2 device.link_bandwidth=20MB/s";
-  int pipefd[2];
-  REQUIRE(pipe(pipefd) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(pipefd[1], 2);
-    close(pipefd[0]);
-    std::string cmd = "exec " + strata_bin() + " train " + recipe + args;
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
-    _exit(127);
-  }
-  close(pipefd[1]);
-  std::string err;
-  char buf[512];
-  bool signalled = false, twice = false;
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) {
-    err.append(buf, size_t(n));
-    if (!signalled && err.find("step 5/200") != std::string::npos) {
-      kill(pid, SIGINT);
-      signalled = true;
-    }
-    if (signalled && !twice && err.find("signal again to stop at once") != std::string::npos) {
-      kill(pid, SIGINT);  // separately: two pending signals of one kind would merge into one
-      twice = true;
-    }
-  }
-  close(pipefd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  INFO(err);
-  REQUIRE(signalled);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == kExitStoppedAtOnce);
+  size_t fired = 0;
+  testing::ProcessResult run = testing::run_strata_signalled(
+      "train " + recipe + args, {{"step 5/200", SIGINT}, {"signal again to stop at once", SIGINT}}, &fired);
+  INFO(run.out);
+  REQUIRE(fired == 2);
+  CHECK(run.code == kExitStoppedAtOnce);
   // checkpoint-2 and -4 were complete before the signals; whatever else is there is not complete
   std::string latest = checkpoint_find_latest(b);
   REQUIRE(!latest.empty());

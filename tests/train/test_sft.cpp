@@ -1,8 +1,6 @@
 // SFT end to end through the strata binary, on the bundled tiny chat model
 // (recipes/sft-tiny): the contract recipe as written, its output layout, a model that learns,
 // eval loss, `strata prepare` shards giving the same run, resume from the CLI, and bad data.
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -19,24 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
-  int code = -1;
-  std::string log;
-};
-
-Run strata(const std::string& args) {
-  const char* bin = std::getenv("STRATA_BIN");
-  std::string cmd = (bin ? bin : std::string(STRATA_BINARY_DIR) + "/strata") + " " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.log.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Run = testing::ProcessResult;
+Run strata(const std::string& args) { return testing::run_strata(args); }
 
 std::string fresh(const char* name) {
   std::string d = (fs::temp_directory_path() / "strata_sft" / name).string();
@@ -72,9 +54,9 @@ Metrics read_metrics(const std::string& out) {
 TEST_CASE("the SFT contract recipe runs as written and lays out checkpoints and exports", "[sft][cli]") {
   const std::string out = fresh("contract");
   Run r = strata("train " + kRecipe + " checkpoint.output_dir=" + out);
-  INFO(r.log);
+  INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(r.log.find("(messages)") != std::string::npos);  // the format was auto-detected
+  CHECK(r.out.find("(messages)") != std::string::npos);  // the format was auto-detected
   Metrics m = read_metrics(out);
   REQUIRE(m.loss.size() == 6);
   CHECK(m.loss.back() < m.loss.front());
@@ -103,9 +85,9 @@ TEST_CASE("the SFT contract recipe runs as written and lays out checkpoints and 
 
   SECTION("--resume auto continues from checkpoint-6") {
     Run more = strata("train " + kRecipe + " checkpoint.output_dir=" + out + " train.max_steps=9 --resume auto");
-    INFO(more.log);
+    INFO(more.out);
     REQUIRE(more.code == 0);
-    CHECK(more.log.find("resumed from " + out + "/checkpoint-6 at step 6 of 9") != std::string::npos);
+    CHECK(more.out.find("resumed from " + out + "/checkpoint-6 at step 6 of 9") != std::string::npos);
     Metrics after = read_metrics(out);
     CHECK(after.loss.size() == 9);
     for (size_t i = 0; i < 6; ++i) CHECK(after.loss[i] == m.loss[i]);
@@ -116,9 +98,9 @@ TEST_CASE("SFT on the tiny chat model learns, with eval loss on a held-out split
   const std::string out = fresh("learn");
   Run r = strata("train " + kRecipe + " checkpoint.output_dir=" + out +
                  " train.max_steps=60 checkpoint.save_steps=0 data.eval_split=0.05 train.eval_steps=30");
-  INFO(r.log);
+  INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(r.log.find("15 of 300 samples held out") != std::string::npos);
+  CHECK(r.out.find("15 of 300 samples held out") != std::string::npos);
   Metrics m = read_metrics(out);
   REQUIRE(m.loss.size() == 60);
   REQUIRE(m.eval_loss.size() == 2);  // steps 30 and 60
@@ -134,21 +116,21 @@ TEST_CASE("SFT on the tiny chat model learns, with eval loss on a held-out split
 TEST_CASE("training from `strata prepare` shards equals training from the JSONL", "[sft][cli]") {
   const std::string out = fresh("prepared"), direct = fresh("direct");
   Run p = strata("prepare " + kRecipe + " data.prepared_dir=" + out + "/shards");
-  INFO(p.log);
+  INFO(p.out);
   REQUIRE(p.code == 0);
   Run a = strata("train " + kRecipe + " checkpoint.output_dir=" + out + " data.prepared_dir=" + out + "/shards");
   Run b = strata("train " + kRecipe + " checkpoint.output_dir=" + direct);
-  INFO(a.log);
+  INFO(a.out);
   REQUIRE(a.code == 0);
   REQUIRE(b.code == 0);
-  CHECK(a.log.find("tokenizing") == std::string::npos);  // the shards were read, not the JSONL
+  CHECK(a.out.find("tokenizing") == std::string::npos);  // the shards were read, not the JSONL
   CHECK(read_metrics(out).loss == read_metrics(direct).loss);
 
   // shards made for other settings are refused, and say how to fix it
   Run stale = strata("train " + kRecipe + " checkpoint.output_dir=" + out + " data.prepared_dir=" + out +
                      "/shards data.train_on=all");
   CHECK(stale.code == 2);
-  CHECK(stale.log.find("strata prepare") != std::string::npos);
+  CHECK(stale.out.find("strata prepare") != std::string::npos);
 }
 
 TEST_CASE("a chat dataset with a broken line stops with file:line, or is skipped and counted", "[sft][cli]") {
@@ -164,16 +146,16 @@ TEST_CASE("a chat dataset with a broken line stops with file:line, or is skipped
     }
   }
   Run r = strata("train " + kRecipe + " checkpoint.output_dir=" + out + "/run data.path=" + data);
-  INFO(r.log);
+  INFO(r.out);
   CHECK(r.code == 2);
-  CHECK(r.log.find(data + ":6") != std::string::npos);
-  CHECK(r.log.find("step 1/") == std::string::npos);
+  CHECK(r.out.find(data + ":6") != std::string::npos);
+  CHECK(r.out.find("step 1/") == std::string::npos);
 
   Run skip = strata("train " + kRecipe + " checkpoint.output_dir=" + out + "/run data.path=" + data +
                     " data.skip_bad_lines=true train.max_steps=1");
-  INFO(skip.log);
+  INFO(skip.out);
   CHECK(skip.code == 0);
-  CHECK(skip.log.find("skipped 1 bad line") != std::string::npos);
+  CHECK(skip.out.find("skipped 1 bad line") != std::string::npos);
 }
 
 }  // namespace strata
