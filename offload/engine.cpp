@@ -24,6 +24,28 @@ void accumulate(float* dst, const float* src, size_t n) {
 
 }  // namespace
 
+int64_t Engine::head_chunk_rows(const ModelSpec& spec, const EngineOptions& options) {
+  const int64_t V = spec.config.vocab_size;
+  STRATA_CHECK(options.head_chunk_rows >= 0, "head_chunk_rows must be >= 0 (0: the default)");
+  return std::min(V, options.head_chunk_rows > 0 ? options.head_chunk_rows : kHeadChunkRows);
+}
+
+EngineHostBytes Engine::host_bytes(const ModelSpec& spec, const EngineOptions& options) {
+  const HostStoreLayout layout = HostStore::layout(spec);
+  const size_t L = spec.layers.size();
+  const int64_t C = spec.config.hidden_size;
+  const size_t act_bytes = size_t(options.max_batch * options.max_tokens * C) * 4;
+  size_t max_g = 0;
+  for (size_t i = 0; i < L; ++i) max_g = std::max(max_g, layout.groups[1 + i].f32_bytes);
+  const int64_t V = spec.config.vocab_size, rows = head_chunk_rows(spec, options);
+  const size_t head_slots = (V + rows - 1) / rows > 1 ? 2 : 1;
+  EngineHostBytes b;
+  // x0 and dx0, two layer gradient stagings, the final norm gradient, lm_head gradient chunks
+  b.staging = 2 * act_bytes + 2 * max_g + size_t(C) * 4 + head_slots * size_t(rows * C) * 4;
+  b.checkpoints = options.checkpoints == "device" ? 0 : L * act_bytes;
+  return b;
+}
+
 Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
     : dev_(dev), store_(store), opt_(opt) {
   STRATA_CHECK(opt_.weights == "stream" || opt_.weights == "device", "offload.weights = \"",
@@ -43,8 +65,15 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   dims_.F = cfg.intermediate_size;
   dims_.eps = float(cfg.rms_norm_eps);
   dims_.wt = spec.matrix_dtype;
-  const int64_t N = opt_.max_batch * opt_.max_tokens, C = dims_.C;
+  const int64_t N = opt_.max_batch * opt_.max_tokens, C = dims_.C, V = cfg.vocab_size;
   const size_t act_bytes = size_t(N * C) * 4;
+  const TensorTable& wt = store_.working_table();
+  STRATA_ASSERT(wt[size_t(spec.final_norm)].dtype == DType::f32, "the final norm's working copy must be f32");
+  head_rows_ = head_chunk_rows(spec, opt_);
+  head_chunks_ = size_t((V + head_rows_ - 1) / head_rows_);
+  head_slot_count_ = std::min<size_t>(2, head_chunks_);  // one chunk has nothing to prefetch
+  const size_t lm_row_bytes = size_t(C) * dtype_size(wt[size_t(spec.lm_head_row())].dtype);
+  const size_t head_chunk_w = size_t(head_rows_) * lm_row_bytes, head_chunk_g = size_t(head_rows_ * C) * 4;
 
   size_t max_w = 0, max_g = 0;
   for (size_t i = 0; i < L_; ++i) {
@@ -63,12 +92,17 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
     size_t bytes = stream ? max_w : store_.layer_group(s).working_bytes;
     plan.push_back({str_cat("layer weight slot ", s), bytes});
   }
-  plan.push_back({"head weights (final norm, lm_head)", store_.head_group().working_bytes});
-  plan.push_back({"head gradients", store_.head_group().f32_bytes});
-  if (tied_) {
-    plan.push_back({"lm_head (tied embedding)", store_.embed_group().working_bytes});
-    plan.push_back({"lm_head gradient (tied)", store_.embed_group().f32_bytes});
+  plan.push_back({"final norm weight", size_t(C) * 4});
+  plan.push_back({"final norm gradient", size_t(C) * 4});
+  if (stream) {
+    for (size_t b = 0; b < head_slot_count_; ++b)
+      plan.push_back({str_cat("lm_head chunk slot ", b, " (", head_rows_, " vocab rows)"), head_chunk_w});
+  } else {
+    plan.push_back({tied_ ? "lm_head (tied embedding, resident)" : "lm_head (resident)", size_t(V) * lm_row_bytes});
   }
+  for (size_t b = 0; b < head_slot_count_; ++b)
+    plan.push_back({str_cat("lm_head gradient chunk ", b), head_chunk_g});
+  plan.push_back({"cross-entropy token statistics", size_t(N) * 3 * sizeof(double)});
   plan.push_back({"layer gradient slot 0", max_g});
   plan.push_back({"layer gradient slot 1", max_g});
   for (const char* name : {"last layer output", "activation staging 0", "activation staging 1",
@@ -84,7 +118,8 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   STRATA_CHECK_BUDGET(needed + dev_.used_bytes() <= dev_.budget_bytes(), "the device budget of ",
                       format_bytes(dev_.budget_bytes()), " is too small: this model and micro-batch need at least ",
                       format_bytes(needed), " (", stream ? "two layer slots" : "every layer resident",
-                      ", one layer's activations and workspace, the head); raise [device] memory to at least ",
+                      ", one layer's activations and workspace, the final norm and ",
+                      stream ? "two lm_head chunks" : "the lm_head", "); raise [device] memory to at least ",
                       format_bytes(needed + (1 << 20)), ", or lower micro_batch_size / sequence_len",
                       stream ? "" : ", or set offload.weights = \"stream\"");
   std::vector<void*> got;
@@ -96,12 +131,15 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
     slot_loaded_.push_back(dev_.event_create());
     slot_free_.push_back(dev_.event_create());
   }
-  head_dev_ = static_cast<char*>(got[k++]);
-  head_grad_dev_ = static_cast<char*>(got[k++]);
-  if (tied_) {
-    lm_dev_ = static_cast<char*>(got[k++]);
-    lm_grad_dev_ = static_cast<float*>(got[k++]);
+  norm_dev_ = static_cast<float*>(got[k++]);
+  norm_grad_dev_ = static_cast<float*>(got[k++]);
+  if (stream) {
+    for (size_t b = 0; b < head_slot_count_; ++b) head_slots_[b] = static_cast<char*>(got[k++]);
+  } else {
+    lm_resident_ = static_cast<char*>(got[k++]);
   }
+  for (size_t b = 0; b < head_slot_count_; ++b) head_grad_slots_[b] = static_cast<float*>(got[k++]);
+  ce_stats_ = static_cast<double*>(got[k++]);
   for (auto& g : grad_slots_) g = static_cast<char*>(got[k++]);
   x_final_ = static_cast<float*>(got[k++]);
   for (auto& x : x_pp_) x = static_cast<float*>(got[k++]);
@@ -132,12 +170,18 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   device_ckpt_count_ = count;
   if (count) ckpt_dev_ = static_cast<float*>(dev_.alloc(count * act_bytes, str_cat(count, " layer checkpoints")));
 
-  auto pinned = [&](size_t bytes) { return static_cast<float*>(dev_.alloc_pinned(bytes)); };
+  size_t staging_bytes = 0;  // must be what host_bytes() tells the host budget check
+  auto pinned = [&](size_t bytes) {
+    staging_bytes += bytes;
+    return static_cast<float*>(dev_.alloc_pinned(bytes));
+  };
   x0_host_ = pinned(act_bytes);
   dx0_host_ = pinned(act_bytes);
-  if (L_ > count) ckpt_host_ = pinned((L_ - count) * act_bytes);
   for (auto& g : grad_staging_) g = pinned(max_g);
-  head_staging_ = pinned(store_.head_group().f32_bytes + (tied_ ? store_.embed_group().f32_bytes : 0));
+  norm_grad_staging_ = pinned(size_t(C) * 4);
+  for (size_t b = 0; b < head_slot_count_; ++b) head_grad_staging_[b] = pinned(head_chunk_g);
+  STRATA_ASSERT(staging_bytes == host_bytes(spec, opt_).staging, "host staging estimate drifted");
+  if (L_ > count) ckpt_host_ = static_cast<float*>(dev_.alloc_pinned((L_ - count) * act_bytes));
 
   for (auto& e : pp_saved_) e = dev_.event_create();
   for (auto& e : ckpt_fetched_) e = dev_.event_create();
@@ -145,8 +189,13 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   x_ready_ = dev_.event_create();
   loss_copied_ = dev_.event_create();
   for (size_t i = 0; i < L_; ++i) grad_copied_.push_back(std::shared_ptr<Event>(dev_.event_create()));
-  head_copied_ = std::shared_ptr<Event>(dev_.event_create());
+  norm_grad_copied_ = std::shared_ptr<Event>(dev_.event_create());
   dx0_copied_ = std::shared_ptr<Event>(dev_.event_create());
+  for (int b = 0; b < 2; ++b) {
+    head_slot_loaded_[b] = dev_.event_create();
+    head_slot_free_[b] = dev_.event_create();
+    head_grad_copied_[b] = std::shared_ptr<Event>(dev_.event_create());
+  }
   optimizer_ticket_.assign(store_.groups().size(), 0);
 }
 
@@ -156,14 +205,16 @@ Engine::~Engine() {
   } catch (...) {  // an error already reported by the caller's path; still free everything
   }
   for (char* p : weight_slots_) dev_.free(p);
-  for (void* p : {(void*)head_dev_, (void*)head_grad_dev_, (void*)lm_dev_, (void*)lm_grad_dev_,
-                  (void*)grad_slots_[0], (void*)grad_slots_[1], (void*)x_final_, (void*)x_pp_[0],
+  for (void* p : {(void*)norm_dev_, (void*)norm_grad_dev_, (void*)lm_resident_, (void*)head_slots_[0],
+                  (void*)head_slots_[1], (void*)head_grad_slots_[0], (void*)head_grad_slots_[1],
+                  (void*)ce_stats_, (void*)grad_slots_[0], (void*)grad_slots_[1], (void*)x_final_, (void*)x_pp_[0],
                   (void*)x_pp_[1], (void*)ckpt_dev_, (void*)hn_, (void*)rstd_final_, (void*)dhn_,
                   (void*)dx_[0], (void*)dx_[1], (void*)ids_, (void*)targets_, (void*)pos_,
                   (void*)doc_start_, (void*)loss_dev_, (void*)inv_freq_, workspace_})
     if (p) dev_.free(p);
   for (void* p : {(void*)x0_host_, (void*)dx0_host_, (void*)ckpt_host_, (void*)grad_staging_[0],
-                  (void*)grad_staging_[1], (void*)head_staging_})
+                  (void*)grad_staging_[1], (void*)norm_grad_staging_, (void*)head_grad_staging_[0],
+                  (void*)head_grad_staging_[1]})
     if (p) dev_.free_pinned(p);
 }
 
@@ -223,17 +274,45 @@ void Engine::ensure_layer(size_t layer) {
   dev_.stream_wait_event(Stream::compute, *slot_loaded_[s]);
 }
 
-void Engine::ensure_head() {
-  if (!head_stale_) return;
+void Engine::ensure_final_norm() {
+  if (!norm_stale_) return;
   wait_optimizer(store_.groups().size() - 1);
-  const ParamGroup& h = store_.head_group();
-  dev_.copy_h2d(head_dev_, store_.working() + h.working_offset, h.working_bytes, Stream::compute);
-  if (tied_) {
-    wait_optimizer(0);
-    const ParamGroup& e = store_.embed_group();
-    dev_.copy_h2d(lm_dev_, store_.working() + e.working_offset, e.working_bytes, Stream::compute);
+  const TensorSpec& row = store_.working_table()[size_t(store_.spec().final_norm)];
+  dev_.copy_h2d(norm_dev_, store_.working() + row.offset, row.bytes(), Stream::compute);
+  norm_stale_ = false;
+}
+
+// The lm_head rows [chunk * head_rows, ...) on the device, ready for the compute stream: read
+// in place from the resident copy, or copied into slot chunk % slots on the h2d stream (once the
+// compute stream has released what the slot held) unless the slot still holds them.
+const void* Engine::ensure_head_chunk(size_t chunk) {
+  const TensorSpec& row = store_.working_table()[size_t(store_.spec().lm_head_row())];
+  const size_t row_bytes = size_t(dims_.C) * dtype_size(row.dtype);
+  const int64_t v0 = int64_t(chunk) * head_rows_;
+  if (lm_resident_) {
+    if (lm_resident_stale_) {
+      wait_optimizer(lm_group());
+      dev_.copy_h2d(lm_resident_, store_.working() + row.offset, row.bytes(), Stream::compute);
+      lm_resident_stale_ = false;
+    }
+    return lm_resident_ + size_t(v0) * row_bytes;
   }
-  head_stale_ = false;
+  const size_t s = chunk % head_slot_count_;
+  if (head_slot_chunk_[s] != int64_t(chunk)) {
+    wait_optimizer(lm_group());  // the update must have landed in the working copy
+    const int64_t vc = std::min(head_rows_, store_.spec().config.vocab_size - v0);
+    dev_.stream_wait_event(Stream::h2d, *head_slot_free_[s]);
+    dev_.copy_h2d(head_slots_[s], store_.working() + row.offset + size_t(v0) * row_bytes, size_t(vc) * row_bytes,
+                  Stream::h2d);
+    dev_.event_record(*head_slot_loaded_[s], Stream::h2d);
+    head_slot_chunk_[s] = int64_t(chunk);
+  }
+  dev_.stream_wait_event(Stream::compute, *head_slot_loaded_[s]);
+  return head_slots_[s];
+}
+
+void Engine::release_head_chunk(size_t chunk) {
+  if (!lm_resident_) dev_.event_record(*head_slot_free_[chunk % head_slot_count_], Stream::compute);
 }
 
 // ---- activations -----------------------------------------------------------------------
@@ -306,56 +385,74 @@ void Engine::forward(const MicroBatch& mb) {
       dev_.event_record(*pp_saved_[(i + 1) % 2], Stream::d2h);
     }
   }
-  ensure_head();
-  const TensorTable& wt = store_.working_table();
-  const ParamGroup& hg = store_.head_group();
-  const float* norm_w = reinterpret_cast<const float*>(head_dev_ + wt[size_t(store_.spec().final_norm)].offset - hg.working_offset);
-  dev_.rmsnorm_forward(s, hn_, rstd_final_, x_final_, norm_w, N, C, dims_.eps);
+  ensure_final_norm();
+  dev_.rmsnorm_forward(s, hn_, rstd_final_, x_final_, norm_dev_, N, C, dims_.eps);
 }
 
+// The loss head: lm_head chunk by chunk (engine.h). Forward: online-softmax statistics per
+// token over chunks 0..K-1, then the summed loss. Backward: chunks K-1..0 again, each adding its
+// share into d(hidden) and sending its dW chunk to the host; then the final norm's backward.
 void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
   const Stream s = Stream::compute;
   const ModelSpec& spec = store_.spec();
   const int64_t N = mb.B * mb.T, C = dims_.C, V = spec.config.vocab_size;
-  const TensorTable& wt = store_.working_table();
-  const TensorTable& ft = store_.f32_table();
-  const ParamGroup& hg = store_.head_group();
-  const void* lm_w = tied_ ? static_cast<const void*>(lm_dev_)
-                           : head_dev_ + wt[size_t(spec.lm_head)].offset - hg.working_offset;
-  const DType lm_type = wt[size_t(spec.lm_head_row())].dtype;
-  dev_.memset_zero(loss_dev_, sizeof(double), s);
-  if (!backward) {
-    dev_.lm_head_ce(s, loss_dev_, nullptr, nullptr, hn_, lm_w, lm_type, targets_, N, C, V, 1.f);
-    return;
+  const DType lm_type = store_.working_table()[size_t(spec.lm_head_row())].dtype;
+  auto chunk_rows = [&](size_t k) { return std::min(head_rows_, V - int64_t(k) * head_rows_); };
+  for (size_t k = 0; k < head_chunks_; ++k) {
+    const void* w = ensure_head_chunk(k);
+    dev_.lm_head_ce_chunk_stats(s, ce_stats_, hn_, w, lm_type, targets_, N, C, V, int64_t(k) * head_rows_,
+                                chunk_rows(k), k == 0);
+    release_head_chunk(k);
   }
-  dev_.memset_zero(head_grad_dev_, hg.f32_bytes, s);
-  if (tied_) dev_.memset_zero(lm_grad_dev_, store_.embed_group().f32_bytes, s);
-  float* lm_grad = tied_ ? lm_grad_dev_
-                         : reinterpret_cast<float*>(head_grad_dev_ + ft[size_t(spec.lm_head)].offset - hg.f32_offset);
-  dev_.lm_head_ce(s, loss_dev_, dhn_, lm_grad, hn_, lm_w, lm_type, targets_, N, C, V, grad_scale);
-  const size_t fn = size_t(spec.final_norm);
-  const float* norm_w = reinterpret_cast<const float*>(head_dev_ + wt[fn].offset - hg.working_offset);
-  float* norm_g = reinterpret_cast<float*>(head_grad_dev_ + ft[fn].offset - hg.f32_offset);
-  dev_.rmsnorm_backward(s, dx_[0], norm_g, dhn_, x_final_, norm_w, rstd_final_, N, C);
+  dev_.memset_zero(loss_dev_, sizeof(double), s);
+  dev_.lm_head_ce_stats_loss(s, loss_dev_, ce_stats_, targets_, N, V);
+  if (!backward) return;
 
-  // head gradients -> host staging -> accumulation (the lm part of a tied model into embed)
+  dev_.memset_zero(dhn_, size_t(N * C) * 4, s);
+  float* lm_grad = store_.grad_of(size_t(spec.lm_head_row()));  // (V, C) host accumulation
+  for (size_t step = 0; step < head_chunks_; ++step) {
+    const size_t k = head_chunks_ - 1 - step;
+    const size_t b = step % head_slot_count_;
+    const int64_t v0 = int64_t(k) * head_rows_, vc = chunk_rows(k);
+    const void* w = ensure_head_chunk(k);
+    dev_.stream_wait_event(s, *head_grad_copied_[b]);  // the slot's previous chunk has left
+    dev_.memset_zero(head_grad_slots_[b], size_t(vc * C) * 4, s);
+    dev_.lm_head_ce_chunk_backward(s, dhn_, head_grad_slots_[b], hn_, w, lm_type, ce_stats_, targets_, N, C, V,
+                                   v0, vc, grad_scale);
+    release_head_chunk(k);
+
+    // dW chunk -> pinned staging -> added into its rows of the host gradient
+    dev_.event_record(*x_ready_, s);
+    auto t0 = Clock::now();
+    if (head_staging_ticket_[b]) host_.wait(head_staging_ticket_[b]);
+    d2h_wait_s_ += seconds_since(t0);
+    dev_.stream_wait_event(Stream::d2h, *x_ready_);
+    dev_.copy_d2h(head_grad_staging_[b], head_grad_slots_[b], size_t(vc * C) * 4, Stream::d2h);
+    dev_.event_record(*head_grad_copied_[b], Stream::d2h);
+    auto ev = head_grad_copied_[b];
+    float* staging = head_grad_staging_[b];
+    float* dst = lm_grad + size_t(v0 * C);
+    const size_t count = size_t(vc * C);
+    head_staging_ticket_[b] = host_.enqueue([this, ev, staging, dst, count] {
+      dev_.event_synchronize(*ev);
+      accumulate(dst, staging, count);
+    });
+  }
+
+  // final norm backward; its gradient goes to the host like the others
+  dev_.stream_wait_event(s, *norm_grad_copied_);
+  dev_.memset_zero(norm_grad_dev_, size_t(C) * 4, s);
+  dev_.rmsnorm_backward(s, dx_[0], norm_grad_dev_, dhn_, x_final_, norm_dev_, rstd_final_, N, C);
   dev_.event_record(*x_ready_, s);
   dev_.stream_wait_event(Stream::d2h, *x_ready_);
-  dev_.copy_d2h(head_staging_, head_grad_dev_, hg.f32_bytes, Stream::d2h);
-  if (tied_)
-    dev_.copy_d2h(reinterpret_cast<char*>(head_staging_) + hg.f32_bytes, lm_grad_dev_,
-                  store_.embed_group().f32_bytes, Stream::d2h);
-  dev_.event_record(*head_copied_, Stream::d2h);
-  auto ev = head_copied_;
+  dev_.copy_d2h(norm_grad_staging_, norm_grad_dev_, size_t(C) * 4, Stream::d2h);
+  dev_.event_record(*norm_grad_copied_, Stream::d2h);
+  auto ev = norm_grad_copied_;
   host_.enqueue([this, ev] {
     dev_.event_synchronize(*ev);
-    const ParamGroup& h = store_.head_group();
-    accumulate(store_.grad() + h.f32_offset / 4, head_staging_, h.f32_bytes / 4);
-    if (tied_) {
-      const ParamGroup& e = store_.embed_group();
-      accumulate(store_.grad() + e.f32_offset / 4, head_staging_ + h.f32_bytes / 4, e.f32_bytes / 4);
-    }
+    accumulate(store_.grad_of(size_t(store_.spec().final_norm)), norm_grad_staging_, size_t(dims_.C));
   });
+  update_group_when_landed(store_.groups().size() - 1);  // final norm (and an untied lm_head)
 }
 
 void Engine::backward(const MicroBatch& mb) {
@@ -406,6 +503,7 @@ void Engine::backward(const MicroBatch& mb) {
       const ParamGroup& gg = store_.layer_group(i);
       accumulate(store_.grad() + gg.f32_offset / 4, staging, gg.f32_bytes / 4);
     });
+    update_group_when_landed(1 + i);
     std::swap(dout, dx);
   }
   // embedding backward on the host: scatter-add d x0 into the table's gradient, in token order
@@ -420,6 +518,7 @@ void Engine::backward(const MicroBatch& mb) {
     cpu::embedding_backward(store_.grad_of(size_t(store_.spec().embed)), dx0_host_, ids_host_.data(),
                             n_tokens, dims_.C);
   });
+  update_group_when_landed(0);  // the embedding (and a tied lm_head)
 }
 
 double Engine::forward_backward(const MicroBatch& mb, float grad_scale) {
@@ -457,23 +556,65 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
-  const auto& groups = store_.groups();
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] {
-      const ParamGroup& g = store_.groups()[gi];
-      const TensorTable& wt = store_.working_table();
-      AdamWParams p = params;
-      for (size_t r = g.first_row; r < g.end_row; ++r) {
-        p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
-        adamw_update(store_.master_of(r), store_.m() + store_.f32_table()[r].offset / 4,
-                     store_.v() + store_.f32_table()[r].offset / 4, store_.grad_of(r),
-                     store_.working_of(r), wt[r].dtype, wt[r].numel(), p);
-      }
-      std::memset(store_.grad() + g.f32_offset / 4, 0, g.f32_bytes);  // consumed
-    });
-  }
+  for (size_t gi = 0; gi < store_.groups().size(); ++gi)
+    optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] { adamw_group(gi, params, weight_decay); });
   for (auto& l : slot_layer_) l = -1;  // every device copy of the weights is now stale
-  head_stale_ = true;
+  for (auto& c : head_slot_chunk_) c = -1;
+  lm_resident_stale_ = norm_stale_ = true;
+  return norm;
+}
+
+// Runs on the host queue: AdamW over one group's rows, then its gradient is zeroed (consumed).
+void Engine::adamw_group(size_t gi, const AdamWParams& params, double weight_decay) {
+  const ParamGroup& g = store_.groups()[gi];
+  const TensorTable& wt = store_.working_table();
+  AdamWParams p = params;
+  for (size_t r = g.first_row; r < g.end_row; ++r) {
+    p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
+    adamw_update(store_.master_of(r), store_.m() + store_.f32_table()[r].offset / 4,
+                 store_.v() + store_.f32_table()[r].offset / 4, store_.grad_of(r), store_.working_of(r),
+                 wt[r].dtype, wt[r].numel(), p);
+  }
+  std::memset(store_.grad() + g.f32_offset / 4, 0, g.f32_bytes);
+}
+
+void Engine::update_group_when_landed(size_t gi) {
+  if (!landed_.active) return;
+  const AdamWParams params = landed_.params;
+  const double wd = landed_.weight_decay;
+  optimizer_ticket_[gi] = host_.enqueue([this, gi, params, wd] {
+    const ParamGroup& g = store_.groups()[gi];
+    group_sq_[gi] = sum_of_squares(store_.grad() + g.f32_offset / 4, int64_t(g.f32_bytes / 4));
+    adamw_group(gi, params, wd);
+  });
+}
+
+double Engine::forward_backward_update(const MicroBatch& mb, float grad_scale, AdamWParams params,
+                                       double weight_decay) {
+  params.clip_scale = 1.0;
+  landed_ = {true, params, weight_decay};
+  group_sq_.assign(store_.groups().size(), 0.0);
+  double loss;
+  try {
+    loss = forward_backward(mb, grad_scale);
+  } catch (...) {
+    landed_.active = false;
+    throw;
+  }
+  landed_.active = false;
+  for (auto& l : slot_layer_) l = -1;  // every device copy of the weights is now stale
+  for (auto& c : head_slot_chunk_) c = -1;
+  lm_resident_stale_ = norm_stale_ = true;
+  return loss;
+}
+
+double Engine::landed_update_norm() {
+  host_.drain();
+  double sq = 0;
+  for (double g : group_sq_) sq += g;
+  const double norm = std::sqrt(sq);
+  STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
+               "); lower optim.learning_rate or check the data");
   return norm;
 }
 

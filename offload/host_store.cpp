@@ -45,9 +45,10 @@ float* alloc_host_floats(size_t n, const char* what) {
 
 }  // namespace
 
-HostStore::HostStore(Device& dev, const ModelSpec& spec) : dev_(dev), spec_(spec) {
+HostStoreLayout HostStore::layout(const ModelSpec& spec) {
   // groups: embed | layer 0 .. L-1 | head (final norm, lm_head) — the spec's row order
-  const auto& rows = spec_.params.rows();
+  HostStoreLayout l;
+  const auto& rows = spec.params.rows();
   auto group_of = [&](size_t r) -> std::string {
     const std::string& n = rows[r].name;
     if (n.rfind("model.layers.", 0) == 0) return "layer." + n.substr(13, n.find('.', 13) - 13);
@@ -56,31 +57,56 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec) : dev_(dev), spec_(spec
   };
   for (size_t r = 0; r < rows.size(); ++r) {
     std::string g = group_of(r);
-    if (groups_.empty() || groups_.back().name != g) groups_.push_back(ParamGroup{g, r, r});
-    STRATA_ASSERT(groups_.back().name == g);
-    groups_.back().end_row = r + 1;
-    working_.add(TensorSpec{rows[r].name, rows[r].shape, rows[r].dtype, Tier::host_pinned});
-    f32_.add(TensorSpec{rows[r].name, rows[r].shape, DType::f32, Tier::host});
+    if (l.groups.empty() || l.groups.back().name != g) l.groups.push_back(ParamGroup{g, r, r});
+    STRATA_ASSERT(l.groups.back().name == g);
+    l.groups.back().end_row = r + 1;
+    l.working.add(TensorSpec{rows[r].name, rows[r].shape, rows[r].dtype, Tier::host_pinned});
+    l.f32.add(TensorSpec{rows[r].name, rows[r].shape, DType::f32, Tier::host});
   }
-  STRATA_ASSERT(groups_.size() == spec_.layers.size() + 2 && groups_.front().name == "embed" &&
-                groups_.back().name == "head", "unexpected parameter order");
-  working_.layout(Tier::host_pinned);
-  f32_.layout(Tier::host);
-  for (auto& g : groups_) {
-    g.working_offset = working_[g.first_row].offset;
-    g.f32_offset = f32_[g.first_row].offset;
-    const TensorSpec& last_w = working_[g.end_row - 1];
-    const TensorSpec& last_f = f32_[g.end_row - 1];
+  STRATA_ASSERT(l.groups.size() == spec.layers.size() + 2 && l.groups.front().name == "embed" &&
+                l.groups.back().name == "head", "unexpected parameter order");
+  l.working.layout(Tier::host_pinned);
+  l.f32.layout(Tier::host);
+  for (auto& g : l.groups) {
+    g.working_offset = l.working[g.first_row].offset;
+    g.f32_offset = l.f32[g.first_row].offset;
+    const TensorSpec& last_w = l.working[g.end_row - 1];
+    const TensorSpec& last_f = l.f32[g.end_row - 1];
     g.working_bytes = last_w.offset + last_w.bytes() - g.working_offset;
     g.f32_bytes = last_f.offset + last_f.bytes() - g.f32_offset;
   }
-  working_data_ = static_cast<char*>(dev_.alloc_pinned(working_.tier_bytes(Tier::host_pinned)));
-  std::memset(working_data_, 0, working_.tier_bytes(Tier::host_pinned));
+  return l;
+}
+
+HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOptions& options) {
+  const HostStoreLayout l = layout(spec);
+  const size_t f32_bytes = l.f32.tier_bytes(Tier::host);
+  HostMemoryEstimate e;
+  e.working = l.working.tier_bytes(Tier::host_pinned);
+  e.master = f32_bytes;
+  e.moments = 2 * f32_bytes / 4 * dtype_size(options.moments);
+  e.grads = f32_bytes;
+  return e;
+}
+
+HostStore::HostStore(Device& dev, const ModelSpec& spec) : dev_(dev), spec_(spec) {
+  HostStoreLayout l = layout(spec_);
+  working_ = std::move(l.working);
+  f32_ = std::move(l.f32);
+  groups_ = std::move(l.groups);
+  const size_t working_bytes = working_.tier_bytes(Tier::host_pinned);
   const size_t n = f32_floats();
+  // pinned where the device can pin it; a fallback to pageable memory counts as host
+  auto account = [&](const void* p, size_t bytes) { (dev_.host_is_pinned(p) ? pinned_bytes_ : host_bytes_) += bytes; };
+  working_data_ = static_cast<char*>(dev_.alloc_pinned(working_bytes));
+  account(working_data_, working_bytes);
+  std::memset(working_data_, 0, working_bytes);
   master_ = alloc_host_floats(n, "master weights");
   m_ = alloc_host_floats(n, "AdamW first moments");
   v_ = alloc_host_floats(n, "AdamW second moments");
+  host_bytes_ += 3 * n * 4;
   grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
+  account(grad_, n * 4);
   std::memset(grad_, 0, n * 4);
 }
 
@@ -101,10 +127,5 @@ void HostStore::set_param(size_t row, const float* values) {
 void HostStore::get_param(size_t row, float* values) const {
   std::memcpy(values, master_ + f32_[row].offset / 4, size_t(f32_[row].numel()) * 4);
 }
-
-size_t HostStore::pinned_bytes() const {
-  return working_.tier_bytes(Tier::host_pinned) + f32_.tier_bytes(Tier::host);
-}
-size_t HostStore::host_bytes() const { return 3 * f32_.tier_bytes(Tier::host); }
 
 }  // namespace strata

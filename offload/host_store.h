@@ -5,8 +5,10 @@
 //   master   fp32 master weights                                              (f32 table)
 //   m, v     AdamW moments, fp32                                              (f32 table)
 //   grad     fp32 gradient accumulation, pinned (it receives device copies)   (f32 table)
-// Sizes are accounted per tier; on a machine with several NUMA nodes the arrays are
-// interleaved across them (one node: said once, and nothing else changes).
+// Sizes are accounted per tier (a pinned allocation that fell back to pageable memory counts
+// as host, not pinned); on a machine with several NUMA nodes the arrays are interleaved across
+// them (one node: said once, and nothing else changes). estimate() gives the same tiers' bytes
+// from the spec alone, before anything is allocated (offload/host_budget.h checks them).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,8 +26,34 @@ struct ParamGroup {
   size_t f32_offset = 0, f32_bytes = 0;          // bytes in the f32 arenas
 };
 
+// The store's tables and groups, computed from the spec alone (nothing allocated).
+struct HostStoreLayout {
+  TensorTable working, f32;
+  std::vector<ParamGroup> groups;
+};
+
+struct HostStoreOptions {
+  DType moments = DType::f32;  // AdamW m and v; the store allocates f32 (bf16 is for estimates)
+};
+
+// Host bytes per tier, as the store and the step engine will allocate them.
+struct HostMemoryEstimate {
+  size_t working = 0;      // pinned: the device-dtype working weights (what is streamed)
+  size_t master = 0;       // fp32 master weights
+  size_t moments = 0;      // AdamW m and v
+  size_t grads = 0;        // pinned: fp32 gradient accumulation
+  size_t staging = 0;      // pinned: the engine's activation and gradient staging
+  size_t checkpoints = 0;  // pinned: layer inputs spilled from the device (upper bound)
+  size_t total() const { return working + master + moments + grads + staging + checkpoints; }
+};
+
 class HostStore {
  public:
+  static HostStoreLayout layout(const ModelSpec& spec);
+  // The store's own tiers (working, master, moments, grads); staging and checkpoints are the
+  // engine's (Engine::host_staging) and stay 0 here.
+  static HostMemoryEstimate estimate(const ModelSpec& spec, const HostStoreOptions& options);
+
   HostStore(Device& dev, const ModelSpec& spec);
   ~HostStore();
   HostStore(const HostStore&) = delete;
@@ -54,8 +82,8 @@ class HostStore {
   void set_param(size_t row, const float* values);
   void get_param(size_t row, float* values) const;
 
-  size_t pinned_bytes() const;  // working + grad
-  size_t host_bytes() const;    // master + m + v (pageable)
+  size_t pinned_bytes() const { return pinned_bytes_; }  // working + grad, when pinning worked
+  size_t host_bytes() const { return host_bytes_; }      // master + m + v, and any pinned fallback
 
  private:
   Device& dev_;
@@ -64,6 +92,7 @@ class HostStore {
   std::vector<ParamGroup> groups_;
   char* working_data_ = nullptr;
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grad_ = nullptr;
+  size_t pinned_bytes_ = 0, host_bytes_ = 0;
 };
 
 }  // namespace strata

@@ -10,6 +10,12 @@
 // The backward is fused with the forward: dlogits = (softmax - onehot) * grad_scale overwrites
 // the logits chunk, then dh = dlogits · w (written) and dw += dlogits^T · h (accumulated).
 // With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
+//
+// The vocab-chunked variant (lm_head_ce_chunk_*, for a streamed lm_head) runs the same per-row
+// arithmetic on one chunk of vocab rows at a time: a stats pass keeps each row's running max
+// and sum of exps (online softmax, combined in double), the loss is read from the stats, and a
+// backward pass recomputes each chunk's logits. With one chunk it computes what the fused
+// functions compute, operation for operation.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -136,6 +142,115 @@ double ce_run(bool backward, float* dh, float* dw, int64_t* count, const float* 
   return loss;
 }
 
+void ce_check_chunk(int64_t v, int64_t v0, int64_t vc) {
+  STRATA_CHECK(v0 >= 0 && vc > 0 && v0 + vc <= v, "lm_head_ce chunk: vocab rows [", v0, ", ",
+               v0 + vc, ") are not a non-empty range inside [0, ", v, ")");
+}
+
+// Gathers counted rows [r0, r0 + nr) of h into a (nr, C) tile, rounded to W.
+template <class W>
+void ce_gather(W* tile, const float* h, const std::vector<int64_t>& rows, int64_t r0, int64_t nr,
+               int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < nr; ++r) {
+    const float* src = h + rows[size_t(r0 + r)] * c;
+    for (int64_t e = 0; e < c; ++e) tile[r * c + e] = ce_from_f32<W>(src[e]);
+  }
+}
+
+// Stats pass over one vocab chunk: stats (N,3) = {max, sum of exp(z - max), target logit}.
+template <class W>
+void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* targets, int64_t n,
+                    int64_t c, int64_t v, int64_t v0, int64_t vc, bool first) {
+  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
+  ce_check_chunk(v, v0, vc);
+  if (first) std::fill(stats, stats + 3 * n, 0.0);
+  const int64_t counted = int64_t(rows.size());
+  if (counted == 0) return;
+  const int64_t chunk = std::min(kCeChunkRows, counted);
+  std::vector<W> h_tile(size_t(chunk * c));       // (chunk, C)
+  std::vector<float> logits(size_t(chunk * vc));  // (chunk, vc)
+  for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
+    const int64_t nr = std::min(chunk, counted - r0);
+    ce_gather(h_tile.data(), h, rows, r0, nr, c);
+    ce_matmul(logits.data(), h_tile.data(), w, nr, vc, c, false, true, 0.f);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nr; ++r) {
+      const float* x = logits.data() + r * vc;
+      const int64_t i = rows[size_t(r0 + r)];
+      float m = x[0];
+      for (int64_t j = 1; j < vc; ++j) m = std::max(m, x[j]);
+      double sum = 0.0;
+      for (int64_t j = 0; j < vc; ++j) sum += double(std::exp(x[j] - m));
+      double* st = stats + 3 * i;
+      if (first) {
+        st[0] = double(m);
+        st[1] = sum;
+      } else {
+        const double mx = std::max(st[0], double(m));
+        st[1] = st[1] * std::exp(st[0] - mx) + sum * std::exp(double(m) - mx);
+        st[0] = mx;
+      }
+      const int64_t t = int64_t(targets[i]) - v0;
+      if (t >= 0 && t < vc) st[2] = double(x[t]);
+    }
+  }
+}
+
+// Backward pass over one vocab chunk: dh += dlogits · w_chunk, dw_chunk += dlogits^T · h.
+template <class W>
+void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const double* stats,
+                       const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                       int64_t vc, float grad_scale) {
+  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
+  ce_check_chunk(v, v0, vc);
+  const int64_t counted = int64_t(rows.size());
+  if (counted == 0) return;
+  const int64_t chunk = std::min(kCeChunkRows, counted);
+  std::vector<W> h_tile(size_t(chunk * c));       // (chunk, C)
+  std::vector<float> logits(size_t(chunk * vc));  // (chunk, vc), then dlogits
+  std::vector<W> dlogits_cast;                    // (chunk, vc) bf16 copy, bf16 w only
+  if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * vc));
+  std::vector<float> dh_tile(size_t(chunk * c));  // (chunk, C)
+  for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
+    const int64_t nr = std::min(chunk, counted - r0);
+    ce_gather(h_tile.data(), h, rows, r0, nr, c);
+    ce_matmul(logits.data(), h_tile.data(), w, nr, vc, c, false, true, 0.f);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nr; ++r) {
+      float* x = logits.data() + r * vc;
+      const int64_t i = rows[size_t(r0 + r)];
+      const double* st = stats + 3 * i;
+      const float m = float(st[0]);
+      const float inv_sum = float(1.0 / st[1]);
+      for (int64_t j = 0; j < vc; ++j) {
+        x[j] = std::exp(x[j] - m);
+        x[j] = x[j] * inv_sum * grad_scale;
+      }
+      const int64_t t = int64_t(targets[i]) - v0;
+      if (t >= 0 && t < vc) x[t] -= grad_scale;
+      if constexpr (std::is_same_v<W, bf16>) {
+        bf16* xb = dlogits_cast.data() + r * vc;
+        for (int64_t j = 0; j < vc; ++j) xb[j] = f32_to_bf16(x[j]);
+      }
+    }
+    const W* dlogits;
+    if constexpr (std::is_same_v<W, bf16>) {
+      dlogits = dlogits_cast.data();
+    } else {
+      dlogits = logits.data();
+    }
+    ce_matmul(dh_tile.data(), dlogits, w, nr, c, vc, false, false, 0.f);   // (nr, C)
+    ce_matmul(dw, dlogits, h_tile.data(), vc, c, nr, true, false, 1.f);    // (vc, C) +=
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nr; ++r) {
+      float* dst = dh + rows[size_t(r0 + r)] * c;
+      const float* src = dh_tile.data() + r * c;
+      for (int64_t e = 0; e < c; ++e) dst[e] += src[e];
+    }
+  }
+}
+
 }  // namespace
 
 double lm_head_ce_forward(int64_t* count, const float* h, const float* w, const int32_t* targets,
@@ -158,6 +273,43 @@ double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const floa
                                 const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                 float grad_scale) {
   return ce_run<bf16>(true, dh, dw, count, h, w, targets, n, c, v, grad_scale);
+}
+
+void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
+                            const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                            int64_t vc, bool first) {
+  ce_chunk_stats<float>(stats, h, w_chunk, targets, n, c, v, v0, vc, first);
+}
+
+void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_chunk,
+                                 const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                 int64_t v0, int64_t vc, bool first) {
+  ce_chunk_stats<bf16>(stats, h, w_chunk, targets, n, c, v, v0, vc, first);
+}
+
+double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
+                             int64_t n, int64_t v) {
+  const std::vector<int64_t> rows = ce_counted_rows(targets, n, 1, v);
+  *count = int64_t(rows.size());
+  double loss = 0.0;
+  for (int64_t i : rows) {  // row order, as the fused kernels sum
+    const double* st = stats + 3 * i;
+    loss += st[0] + std::log(st[1]) - st[2];
+  }
+  return loss;
+}
+
+void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const float* w_chunk,
+                               const double* stats, const int32_t* targets, int64_t n, int64_t c,
+                               int64_t v, int64_t v0, int64_t vc, float grad_scale) {
+  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, n, c, v, v0, vc, grad_scale);
+}
+
+void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
+                                    const bf16* w_chunk, const double* stats,
+                                    const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                    int64_t v0, int64_t vc, float grad_scale) {
+  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, n, c, v, v0, vc, grad_scale);
 }
 
 }  // namespace strata::cpu

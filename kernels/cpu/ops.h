@@ -88,6 +88,38 @@ double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const floa
                                 const bf16* w, const int32_t* targets, int64_t n, int64_t c,
                                 int64_t v, float grad_scale);
 
+// ---- the same loss with lm_head streamed in vocab chunks ----------------------------------
+// The head's device footprint then scales with the chunk, not with V. w_chunk (vc,C) holds
+// the vocab rows [v0, v0 + vc) of w (V,C). Two passes over the chunks:
+//   stats pass:   for each counted row i, logits z = h_i · w_chunk^T (vc) update the row's
+//                 online-softmax statistics stats (N,3) = {running max M (an f32 value),
+//                 running sum S = Σ exp(z - M) (double), the target's logit}. first = the
+//                 chunk initialises them: M = max z, S = Σ double(exp(z - M)); later chunks
+//                 combine in double: M' = max(M, m), S' = S exp(M - M') + s exp(m - M').
+//   loss:         Σ over counted rows, in row order, of M + log S - z_target.
+//   backward pass: dlogits = (exp(z - M) / S - onehot) * grad_scale recomputed per chunk;
+//                 dh (N,C) += dlogits · w_chunk and dw_chunk (vc,C) += dlogits^T · h (both
+//                 accumulated: the caller zeroes dh once before the first chunk).
+// With a single chunk (v0 = 0, vc = V) every number is computed as lm_head_ce_* computes it.
+// Ignored rows (-100) are left out of the matmuls; their stats are zeroed by the first chunk
+// and their dh is not touched. With bf16 w, h and dlogits are rounded to bf16 for the
+// matmuls. Thread-count independent like the rest.
+void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
+                            const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                            int64_t vc, bool first);
+void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_chunk,
+                                 const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                 int64_t v0, int64_t vc, bool first);
+double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
+                             int64_t n, int64_t v);
+void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const float* w_chunk,
+                               const double* stats, const int32_t* targets, int64_t n, int64_t c,
+                               int64_t v, int64_t v0, int64_t vc, float grad_scale);
+void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
+                                    const bf16* w_chunk, const double* stats,
+                                    const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                    int64_t v0, int64_t vc, float grad_scale);
+
 // ---- elementwise helpers ------------------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n);  // y += x
 void cast_f32_to_bf16(bf16* out, const float* in, int64_t n);

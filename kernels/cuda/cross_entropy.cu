@@ -10,6 +10,12 @@
 // (also rounded to bf16 for bf16 w); then dh_chunk = dlogits · w (written) and
 // dw += dlogits^T · h_chunk. Row losses are added serially in row order into a double in the
 // workspace, which is added to *loss_sum at the end: deterministic, as on the CPU.
+//
+// The vocab-chunked variant (lm_head_ce_chunk_*, a streamed lm_head) runs the same tiles over
+// one chunk of vocab rows: the stats pass updates each row's running max and sum of exps (one
+// block per row, thread 0 combines in double), one thread sums the loss from the stats in row
+// order, and the backward pass recomputes the chunk's logits into dlogits and accumulates
+// dh += dlogits · w_chunk and dw_chunk += dlogits^T · h.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -100,6 +106,105 @@ __global__ void ce_cast_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
     out[i] = bf16_from(in[i]);
 }
 
+// Stats pass, grid (rows of the tile), block kCeThreads. x: the tile's logits (rows, vc);
+// stats and targets start at the tile's first row.
+__global__ void ce_chunk_stats_kernel(double* stats, const float* x, const int32_t* targets,
+                                      int64_t v, int64_t v0, int64_t vc, int first,
+                                      int* error_word) {
+  __shared__ float fscratch[kWarp];
+  __shared__ double dscratch[kWarp];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * vc;  // (vc)
+  double* st = stats + 3 * r;
+  const int32_t target = targets[r];
+  const bool bad = target != kCeIgnoreIndex && (target < 0 || target >= v);
+  if (bad && threadIdx.x == 0) kernel_error_raise(error_word, kErrorTarget);
+  if (target == kCeIgnoreIndex || bad) {  // uniform over the block
+    if (first && threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0;
+    return;
+  }
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vc; j += kCeThreads) m = fmaxf(m, xr[j]);
+  m = block_max(m, fscratch);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < vc; j += kCeThreads) sum += double(expf(xr[j] - m));
+  sum = block_sum(sum, dscratch);
+  if (threadIdx.x != 0) return;
+  if (first) {
+    st[0] = double(m);
+    st[1] = sum;
+    st[2] = 0.0;
+  } else {
+    const double mx = fmax(st[0], double(m));
+    st[1] = st[1] * exp(st[0] - mx) + sum * exp(double(m) - mx);
+    st[0] = mx;
+  }
+  const int64_t t = int64_t(target) - v0;
+  if (t >= 0 && t < vc) st[2] = double(xr[t]);
+}
+
+// Backward pass, grid (rows of the tile), block kCeThreads: the tile's logits become dlogits =
+// (exp(z - max) / sum - onehot) * grad_scale (and their bf16 copy when x_bf16 != null).
+__global__ void ce_chunk_grad_kernel(float* x, __nv_bfloat16* x_bf16, const double* stats,
+                                     const int32_t* targets, int64_t v, int64_t v0, int64_t vc,
+                                     float grad_scale, int* error_word) {
+  const int64_t r = blockIdx.x;
+  float* xr = x + r * vc;  // (vc)
+  const int32_t target = targets[r];
+  const bool bad = target != kCeIgnoreIndex && (target < 0 || target >= v);
+  if (bad && threadIdx.x == 0) kernel_error_raise(error_word, kErrorTarget);
+  if (target == kCeIgnoreIndex || bad) {
+    for (int64_t j = threadIdx.x; j < vc; j += kCeThreads) {
+      xr[j] = 0.f;
+      if (x_bf16) x_bf16[r * vc + j] = bf16_from(0.f);
+    }
+    return;
+  }
+  const double* st = stats + 3 * r;
+  const float m = float(st[0]);
+  const float inv_sum = float(1.0 / st[1]);
+  const int64_t t = int64_t(target) - v0;
+  for (int64_t j = threadIdx.x; j < vc; j += kCeThreads) {
+    float g = expf(xr[j] - m) * inv_sum * grad_scale;
+    if (j == t) g -= grad_scale;
+    xr[j] = g;
+    if (x_bf16) x_bf16[r * vc + j] = bf16_from(g);
+  }
+}
+
+// One thread: *loss_sum += Σ over counted rows, in row order, of max + log(sum) - target logit.
+__global__ void ce_stats_loss_kernel(double* loss_sum, const double* stats, const int32_t* targets,
+                                     int64_t n, int64_t v) {
+  double acc = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t t = targets[r];
+    if (t < 0 || t >= v) continue;  // ignored (-100); a bad id was reported by the stats pass
+    acc += stats[3 * r] + log(stats[3 * r + 1]) - stats[3 * r + 2];
+  }
+  *loss_sum += acc;
+}
+
+// Checks shared by the chunk launchers.
+void ce_chunk_check(int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc, size_t workspace_bytes) {
+  STRATA_CHECK(n >= 0 && c > 0 && v > 0, "lm_head_ce chunk: sizes must be positive (got n=", n,
+               " c=", c, " v=", v, ")");
+  STRATA_CHECK(v0 >= 0 && vc > 0 && v0 + vc <= v, "lm_head_ce chunk: vocab rows [", v0, ", ",
+               v0 + vc, ") are not a non-empty range inside [0, ", v, ")");
+  STRATA_CHECK(workspace_bytes >= lm_head_ce_workspace_bytes(c, vc), "lm_head_ce chunk: workspace of ",
+               workspace_bytes, " bytes is smaller than the ", lm_head_ce_workspace_bytes(c, vc),
+               " it needs");
+}
+
+// The tile's h as the matmul reads it: f32 in place, or rounded to bf16 into the workspace.
+const void* ce_tile_h(const CeWorkspace& ws, const float* h, int64_t nr, int64_t c, bool w_bf16,
+                      cudaStream_t stream) {
+  if (!w_bf16) return h;
+  STRATA_LAUNCH(ce_cast_kernel, grid_blocks(nr * c, kCeThreads), kCeThreads, 0, stream, ws.h_bf16,
+                h, nr * c);
+  STRATA_CUDA_CHECK_LAUNCH("lm_head_ce cast");
+  return ws.h_bf16;
+}
+
 }  // namespace
 
 size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v) {
@@ -144,6 +249,51 @@ void lm_head_ce(cublasHandle_t handle, cudaStream_t stream, double* loss_sum, fl
     const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : ws.logits;
     matmul(handle, stream, dh + r0 * c, dlogits, w, w_bf16, nr, c, v, false, false, 0.f);
     matmul(handle, stream, dw, dlogits, h_chunk, w_bf16, v, c, nr, true, false, 1.f);
+  }
+}
+
+void lm_head_ce_chunk_stats(cublasHandle_t handle, cudaStream_t stream, double* stats,
+                            const float* h, const void* w_chunk, bool w_bf16,
+                            const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                            int64_t vc, bool first, void* workspace, size_t workspace_bytes,
+                            int* error_word) {
+  ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
+  const CeWorkspace ws = ce_carve(workspace, c, vc);
+  for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
+    const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
+    const void* h_tile = ce_tile_h(ws, h + r0 * c, nr, c, w_bf16, stream);  // (nr, C)
+    matmul(handle, stream, ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f);
+    STRATA_LAUNCH(ce_chunk_stats_kernel, unsigned(nr), kCeThreads, 0, stream, stats + 3 * r0,
+                  ws.logits, targets + r0, v, v0, vc, first ? 1 : 0, error_word);
+    STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk stats");
+  }
+}
+
+void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
+                           int64_t n, int64_t v, cudaStream_t stream) {
+  STRATA_CHECK(n >= 0 && v > 0, "lm_head_ce loss: sizes must be positive (got n=", n, " v=", v, ")");
+  STRATA_LAUNCH(ce_stats_loss_kernel, 1, 1, 0, stream, loss_sum, stats, targets, n, v);
+  STRATA_CUDA_CHECK_LAUNCH("lm_head_ce stats loss");
+}
+
+void lm_head_ce_chunk_backward(cublasHandle_t handle, cudaStream_t stream, float* dh,
+                               float* dw_chunk, const float* h, const void* w_chunk, bool w_bf16,
+                               const double* stats, const int32_t* targets, int64_t n, int64_t c,
+                               int64_t v, int64_t v0, int64_t vc, float grad_scale,
+                               void* workspace, size_t workspace_bytes, int* error_word) {
+  ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
+  const CeWorkspace ws = ce_carve(workspace, c, vc);
+  for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
+    const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
+    const void* h_tile = ce_tile_h(ws, h + r0 * c, nr, c, w_bf16, stream);  // (nr, C)
+    matmul(handle, stream, ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f);
+    STRATA_LAUNCH(ce_chunk_grad_kernel, unsigned(nr), kCeThreads, 0, stream, ws.logits,
+                  w_bf16 ? ws.dl_bf16 : nullptr, stats + 3 * r0, targets + r0, v, v0, vc,
+                  grad_scale, error_word);
+    STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk grad");
+    const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : ws.logits;
+    matmul(handle, stream, dh + r0 * c, dlogits, w_chunk, w_bf16, nr, c, vc, false, false, 1.f);
+    matmul(handle, stream, dw_chunk, dlogits, h_tile, w_bf16, vc, c, nr, true, false, 1.f);
   }
 }
 

@@ -84,9 +84,42 @@ void lm_head_ce(cublasHandle_t handle, cudaStream_t stream, double* loss_sum, fl
                 int64_t n, int64_t c, int64_t v, float grad_scale, void* workspace,
                 size_t workspace_bytes, int* error_word);
 
+// ---- the same loss with lm_head streamed in vocab chunks (kernels/cpu/ops.h: lm_head_ce_chunk_*)
+// w_chunk (vc,C) holds vocab rows [v0, v0 + vc); stats (N,3) double = {running max, running sum
+// of exp(z - max), target logit}, initialised by the chunk with first = true. The stats pass
+// and the backward pass take a workspace of lm_head_ce_workspace_bytes(c, vc). The backward
+// accumulates dh (N,C) += dlogits · w_chunk and dw_chunk (vc,C) += dlogits^T · h. The loss adds
+// Σ over counted rows (in row order) of max + log(sum) - target logit into *loss_sum.
+void lm_head_ce_chunk_stats(cublasHandle_t handle, cudaStream_t stream, double* stats,
+                            const float* h, const void* w_chunk, bool w_bf16,
+                            const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                            int64_t vc, bool first, void* workspace, size_t workspace_bytes,
+                            int* error_word);
+void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
+                           int64_t n, int64_t v, cudaStream_t stream);
+void lm_head_ce_chunk_backward(cublasHandle_t handle, cudaStream_t stream, float* dh,
+                               float* dw_chunk, const float* h, const void* w_chunk, bool w_bf16,
+                               const double* stats, const int32_t* targets, int64_t n, int64_t c,
+                               int64_t v, int64_t v0, int64_t vc, float grad_scale,
+                               void* workspace, size_t workspace_bytes, int* error_word);
+
 // ---- elementwise ------------------------------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);  // y += x
 void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
 void cast_bf16_to_f32(float* out, const bf16* in, int64_t n, cudaStream_t stream);
+
+// ---- AdamW (optional; the engine keeps AdamW on the CPU by design, see adamw.cu) --------------
+// The CPU AdamW's f32 constants (offload/adamw.cpp), derived from the hyperparameters in double
+// and rounded once, so the GPU update gives the CPU's bits.
+struct AdamWConstants {
+  float clip, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+};
+AdamWConstants adamw_constants(double lr, double beta1, double beta2, double eps,
+                               double weight_decay, int64_t step, double clip_scale);
+// n elements: master (f32), m and v (f32, or bf16 when moments_bf16) updated in place from
+// grad; working (f32, or bf16 when working_bf16; may be null) receives the new master weights.
+void adamw_update(float* master, void* m, void* v, bool moments_bf16, const float* grad,
+                  void* working, bool working_bf16, int64_t n, const AdamWConstants& c,
+                  cudaStream_t stream);
 
 }  // namespace strata::cuda

@@ -141,12 +141,17 @@ class CpuDevice final : public ArenaDevice {
     std::memset(p, 0xff, bytes);  // NaN poison: reading memory nobody wrote shows up in results
     return p;
   }
+  // Host memory is what the copies use either way here; STRATA_FAKE_PINNED_FAIL=1 makes every
+  // pinned allocation take the pageable fallback so its accounting and warning can be tested.
   void* alloc_pinned(size_t bytes) override {
+    if (pinned_fail_forced()) return pageable_fallback_alloc(bytes, "STRATA_FAKE_PINNED_FAIL=1");
     void* p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
     STRATA_CHECK_BUDGET(p, "cannot allocate ", bytes, " bytes of pinned host memory");
     return p;
   }
-  void free_pinned(void* p) override { std::free(p); }
+  void free_pinned(void* p) override {
+    if (!pageable_fallback_free(p)) std::free(p);
+  }
 
   std::unique_ptr<Event> event_create() override { return std::make_unique<CpuEvent>(); }
   void event_record(Event& e, Stream s) override {
@@ -303,6 +308,37 @@ class CpuDevice final : public ArenaDevice {
                  : cpu::lm_head_ce_forward_bf16(&count, h, wb, targets, n, c, v);
       }
       *loss_sum += sum;
+    });
+  }
+  void lm_head_ce_chunk_stats(Stream s, double* stats, const float* h, const void* w, DType wt,
+                              const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                              int64_t vc, bool first) override {
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    enqueue_op(s, OpKind::cross_entropy, [=] {
+      if (wt == DType::f32)
+        cpu::lm_head_ce_chunk_stats(stats, h, static_cast<const float*>(w), targets, n, c, v, v0, vc, first);
+      else
+        cpu::lm_head_ce_chunk_stats_bf16(stats, h, static_cast<const bf16*>(w), targets, n, c, v, v0, vc, first);
+    });
+  }
+  void lm_head_ce_stats_loss(Stream s, double* loss_sum, const double* stats, const int32_t* targets,
+                             int64_t n, int64_t v) override {
+    enqueue_op(s, OpKind::cross_entropy, [=] {
+      int64_t count = 0;
+      *loss_sum += cpu::lm_head_ce_stats_loss(&count, stats, targets, n, v);
+    });
+  }
+  void lm_head_ce_chunk_backward(Stream s, float* dh, float* dw_chunk, const float* h, const void* w,
+                                 DType wt, const double* stats, const int32_t* targets, int64_t n,
+                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale) override {
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    enqueue_op(s, OpKind::cross_entropy, [=] {
+      if (wt == DType::f32)
+        cpu::lm_head_ce_chunk_backward(dh, dw_chunk, h, static_cast<const float*>(w), stats, targets, n, c,
+                                       v, v0, vc, grad_scale);
+      else
+        cpu::lm_head_ce_chunk_backward_bf16(dh, dw_chunk, h, static_cast<const bf16*>(w), stats, targets,
+                                            n, c, v, v0, vc, grad_scale);
     });
   }
   void add_inplace(Stream s, float* y, const float* x, int64_t n) override {

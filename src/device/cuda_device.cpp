@@ -1,7 +1,7 @@
 // The CUDA backend of the device interface (DESIGN §5): three CUDA streams (compute, h2d, d2h),
-// events, pinned host memory from cudaMallocHost, device memory from one cudaMalloc carved by
-// the budgeted Arena (poisoned with NaN on allocation, like the CPU backend), cuBLAS for the
-// matmuls and kernels/cuda for every other op. Clear errors: no GPU or no driver, a driver
+// events, pinned host memory from cudaMallocHost (pageable, with a warning, when that fails),
+// device memory from one cudaMalloc carved by the budgeted Arena (poisoned with NaN on
+// allocation, like the CPU backend), cuBLAS for the matmuls and kernels/cuda for every other op. Clear errors: no GPU or no driver, a driver
 // older than the CUDA this was built with, a GPU older than sm_80, out of memory naming the
 // tensor.
 //
@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
@@ -79,6 +81,122 @@ class CudaEvent final : public Event {
   cudaEvent_t event = nullptr;
 };
 
+// Busy and wait times (DeviceCounters) from CUDA timing events, without synchronising anything:
+// a span is a pair of events recorded on one stream around an op, a copy or a memset, or a
+// stream's wait on an event. A span's time is added once its end event has completed; spans
+// are read in each stream's order when counters() is called and whenever the pool of free
+// events runs dry, so the events alive stay about as many as the spans still queued.
+class CudaSpanTimer {
+ public:
+  enum class What : uint8_t { op, copy, wait };
+
+  CudaSpanTimer() = default;
+  CudaSpanTimer(const CudaSpanTimer&) = delete;
+  CudaSpanTimer& operator=(const CudaSpanTimer&) = delete;
+  ~CudaSpanTimer() {  // after the device has synchronised its streams
+    for (auto& spans : pending_)
+      for (const Span& sp : spans) {
+        cudaEventDestroy(sp.begin);
+        cudaEventDestroy(sp.end);
+      }
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+
+  // Records the start of a span on `st`; its event goes back to end().
+  cudaEvent_t begin(cudaStream_t st) {
+    std::lock_guard lock(mu_);
+    cudaEvent_t e = take_locked();
+    const cudaError_t status = cudaEventRecord(e, st);
+    if (status != cudaSuccess) free_.push_back(e);
+    STRATA_CUDA_DEVICE_CHECK(status);
+    return e;
+  }
+
+  // Records the end of the span begun with `begin` on the same stream (s) and queues it. Runs in
+  // destructors, so it never throws: a span whose end cannot be recorded is dropped.
+  void end(cudaEvent_t begin, cudaStream_t st, Stream s, What what, OpKind kind) noexcept {
+    std::lock_guard lock(mu_);
+    cudaEvent_t e = nullptr;
+    try {
+      e = take_locked();
+    } catch (...) {
+    }
+    if (!e || cudaEventRecord(e, st) != cudaSuccess) {
+      cudaGetLastError();
+      free_.push_back(begin);  // re-recording a pending event is allowed
+      if (e) free_.push_back(e);
+      return;
+    }
+    pending_[int(s)].push_back(Span{begin, e, what, kind});
+  }
+
+  // Adds the spans finished so far to c's busy, per-op and wait times.
+  void add_to(DeviceCounters& c) {
+    std::lock_guard lock(mu_);
+    harvest_locked();
+    c.compute_busy_s = busy_s_[int(Stream::compute)];
+    c.h2d_busy_s = busy_s_[int(Stream::h2d)];
+    c.d2h_busy_s = busy_s_[int(Stream::d2h)];
+    for (int k = 0; k < int(OpKind::count); ++k) c.op_s[k] = op_s_[k];
+    for (int k = 0; k < kStreamCount; ++k) c.stream_wait_s[k] = wait_s_[k];
+  }
+
+ private:
+  struct Span {
+    cudaEvent_t begin, end;
+    What what;
+    OpKind kind;
+  };
+
+  cudaEvent_t take_locked() {
+    if (free_.empty()) harvest_locked();
+    if (free_.empty()) {
+      cudaEvent_t e = nullptr;
+      STRATA_CUDA_DEVICE_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+      return e;
+    }
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+
+  // Moves the completed spans at the front of each stream's queue into the totals.
+  void harvest_locked() {
+    for (int s = 0; s < kStreamCount; ++s) {
+      auto& spans = pending_[s];
+      while (!spans.empty()) {
+        const Span sp = spans.front();
+        const cudaError_t status = cudaEventQuery(sp.end);
+        if (status != cudaSuccess) {
+          // "not ready" is no error; don't leave it for the next launch check to find
+          if (cudaPeekAtLastError() == status) cudaGetLastError();
+          break;
+        }
+        float ms = 0.f;
+        if (cudaEventElapsedTime(&ms, sp.begin, sp.end) == cudaSuccess) {
+          const double sec = std::max(0.0, double(ms) * 1e-3);
+          if (sp.what == What::wait) {
+            wait_s_[s] += sec;
+          } else {
+            busy_s_[s] += sec;
+            if (sp.what == What::op) op_s_[int(sp.kind)] += sec;
+          }
+        } else {
+          cudaGetLastError();
+        }
+        free_.push_back(sp.begin);
+        free_.push_back(sp.end);
+        spans.pop_front();
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+  std::deque<Span> pending_[kStreamCount];
+  double busy_s_[kStreamCount] = {}, wait_s_[kStreamCount] = {}, op_s_[int(OpKind::count)] = {};
+};
+
 class CudaDevice final : public ArenaDevice {
  public:
   explicit CudaDevice(const DeviceOptions& o) {
@@ -128,17 +246,17 @@ class CudaDevice final : public ArenaDevice {
     }
     return p;
   }
+  // cudaMallocHost, or pageable memory (one warning, counted) when pinning fails.
   void* alloc_pinned(size_t bytes) override {
+    if (pinned_fail_forced()) return pageable_fallback_alloc(bytes, "STRATA_FAKE_PINNED_FAIL=1");
     void* p = nullptr;
     const cudaError_t status = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
-    if (status != cudaSuccess) cudaGetLastError();
-    STRATA_CHECK_BUDGET(status == cudaSuccess, "cannot allocate ", bytes, " bytes (", bytes >> 20,
-                        " MiB) of pinned host memory: ", cudaGetErrorString(status),
-                        "; lower the host memory the recipe needs");
-    return p;
+    if (status == cudaSuccess) return p;
+    cudaGetLastError();  // clear it: the fallback is not an error
+    return pageable_fallback_alloc(bytes, str_cat("cudaMallocHost: ", cudaGetErrorString(status)));
   }
   void free_pinned(void* p) override {
-    if (p) STRATA_CUDA_DEVICE_CHECK(cudaFreeHost(p));
+    if (p && !pageable_fallback_free(p)) STRATA_CUDA_DEVICE_CHECK(cudaFreeHost(p));
   }
 
   // ---- streams, events, copies ----
@@ -147,6 +265,7 @@ class CudaDevice final : public ArenaDevice {
     STRATA_CUDA_DEVICE_CHECK(cudaEventRecord(static_cast<CudaEvent&>(e).event, stream(s)));
   }
   void stream_wait_event(Stream s, Event& e) override {
+    const auto timed = time_wait(s);
     STRATA_CUDA_DEVICE_CHECK(cudaStreamWaitEvent(stream(s), static_cast<CudaEvent&>(e).event, 0));
   }
   void event_synchronize(Event& e) override {
@@ -158,82 +277,99 @@ class CudaDevice final : public ArenaDevice {
   }
 
   void copy_h2d(void* dst, const void* src, size_t bytes, Stream s) override {
+    const auto timed = time_copy(s);
     check_device_range(dst, bytes, "copy_h2d destination");
     h2d_bytes_ += bytes;
     STRATA_CUDA_DEVICE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(s)));
   }
   void copy_d2h(void* dst, const void* src, size_t bytes, Stream s) override {
+    const auto timed = time_copy(s);
     check_device_range(src, bytes, "copy_d2h source");
     d2h_bytes_ += bytes;
     STRATA_CUDA_DEVICE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(s)));
   }
   void copy_d2d(void* dst, const void* src, size_t bytes, Stream s) override {
+    const auto timed = time_copy(s);
     check_device_range(dst, bytes, "copy_d2d destination");
     check_device_range(src, bytes, "copy_d2d source");
     STRATA_CUDA_DEVICE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(s)));
   }
   void memset_zero(void* dst, size_t bytes, Stream s) override {
+    const auto timed = time_copy(s);
     check_device_range(dst, bytes, "memset destination");
     STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(dst, 0, bytes, stream(s)));
   }
-  // Busy times and the per-op split are not measured on this backend yet (they would need
-  // timing events around every op); bytes are counted.
+  // Busy: ops, copies and memsets on each stream; waits: the time a stream stood blocked in
+  // stream_wait_event. Spans still queued on the GPU count once they finish (CudaSpanTimer).
   DeviceCounters counters() const override {
     DeviceCounters c;
     c.h2d_bytes = h2d_bytes_;
     c.d2h_bytes = d2h_bytes_;
+    timer_.add_to(c);
     return c;
   }
 
   // ---- ops ----
   void matmul(Stream s, float* c, const void* a, const void* b, DType ab, int64_t m, int64_t n,
               int64_t k, bool ta, bool tb, float beta) override {
+    const auto timed = time_op(s, OpKind::matmul);
     STRATA_ASSERT(ab == DType::f32 || ab == DType::bf16, "matmul inputs must be f32 or bf16");
     cuda::matmul(cublas(s), stream(s), c, a, b, ab == DType::bf16, m, n, k, ta, tb, beta);
   }
   void rmsnorm_forward(Stream s, float* out, float* rstd, const float* in, const float* weight,
                        int64_t n, int64_t c, float eps) override {
+    const auto timed = time_op(s, OpKind::norm);
     cuda::rmsnorm_forward(out, rstd, in, weight, n, c, eps, stream(s));
   }
   void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, const float* in,
                         const float* weight, const float* rstd, int64_t n, int64_t c) override {
+    const auto timed = time_op(s, OpKind::norm);
     cuda::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c, stream(s));
   }
   void rope_forward(Stream s, float* out, const float* in, const int32_t* pos,
                     const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
+    const auto timed = time_op(s, OpKind::rope);
     cuda::rope_forward(out, in, pos, inv_freq, n, nh, d, stream(s));
   }
   void rope_backward(Stream s, float* din, const float* dout, const int32_t* pos,
                      const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
+    const auto timed = time_op(s, OpKind::rope);
     cuda::rope_backward(din, dout, pos, inv_freq, n, nh, d, stream(s));
   }
   void swiglu_forward(Stream s, float* out, const float* gate, const float* up, int64_t n) override {
+    const auto timed = time_op(s, OpKind::elementwise);
     cuda::swiglu_forward(out, gate, up, n, stream(s));
   }
   void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n) override {
+    const auto timed = time_op(s, OpKind::elementwise);
     cuda::swiglu_backward(dgate, dup, dout, gate, up, n, stream(s));
   }
   void bias_forward(Stream s, float* y, const float* b, int64_t n, int64_t o) override {
+    const auto timed = time_op(s, OpKind::elementwise);
     cuda::bias_forward(y, b, n, o, stream(s));
   }
   void bias_backward(Stream s, float* db, const float* dy, int64_t n, int64_t o) override {
+    const auto timed = time_op(s, OpKind::elementwise);
     cuda::bias_backward(db, dy, n, o, stream(s));
   }
   void embedding_forward(Stream s, float* out, const void* table, DType tt, const int32_t* ids,
                          int64_t n, int64_t c) override {
+    const auto timed = time_op(s, OpKind::embedding);
     STRATA_ASSERT(tt == DType::f32 || tt == DType::bf16, "embedding table must be f32 or bf16");
     checks_pending_[int(s)] = true;
     cuda::embedding_forward(out, table, tt == DType::bf16, ids, n, c, error_word_, stream(s));
   }
   void embedding_backward(Stream s, float* dtable, const float* dout, const int32_t* ids,
                           int64_t n, int64_t c) override {
+    const auto timed = time_op(s, OpKind::embedding);
     checks_pending_[int(s)] = true;
     cuda::embedding_backward(dtable, dout, ids, n, c, error_word_, stream(s));
   }
   void attention_forward(Stream s, float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
                          int64_t h, int64_t hk, int64_t d, float scale) override {
+    const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
     cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, error_word_, stream(s));
   }
@@ -241,6 +377,7 @@ class CudaDevice final : public ArenaDevice {
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
                           int64_t h, int64_t hk, int64_t d, float scale) override {
+    const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
                              error_word_, stream(s));
@@ -248,6 +385,7 @@ class CudaDevice final : public ArenaDevice {
   void lm_head_ce(Stream s, double* loss_sum, float* dh, float* dw, const float* h, const void* w,
                   DType wt, const int32_t* targets, int64_t n, int64_t c, int64_t v,
                   float grad_scale) override {
+    const auto timed = time_op(s, OpKind::cross_entropy);
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     STRATA_CHECK(c > 0 && v > 0, "lm_head_ce: sizes must be positive (got c=", c, " v=", v, ")");
     void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, v));
@@ -255,15 +393,66 @@ class CudaDevice final : public ArenaDevice {
     cuda::lm_head_ce(cublas(s), stream(s), loss_sum, dh, dw, h, w, wt == DType::bf16, targets, n, c,
                      v, grad_scale, ws, ce_workspace_bytes_, error_word_);
   }
+  void lm_head_ce_chunk_stats(Stream s, double* stats, const float* h, const void* w, DType wt,
+                              const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                              int64_t vc, bool first) override {
+    const auto timed = time_op(s, OpKind::cross_entropy);
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
+    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
+    checks_pending_[int(s)] = true;
+    cuda::lm_head_ce_chunk_stats(cublas(s), stream(s), stats, h, w, wt == DType::bf16, targets, n, c, v, v0,
+                                 vc, first, ws, ce_workspace_bytes_, error_word_);
+  }
+  void lm_head_ce_stats_loss(Stream s, double* loss_sum, const double* stats, const int32_t* targets,
+                             int64_t n, int64_t v) override {
+    const auto timed = time_op(s, OpKind::cross_entropy);
+    cuda::lm_head_ce_stats_loss(loss_sum, stats, targets, n, v, stream(s));
+  }
+  void lm_head_ce_chunk_backward(Stream s, float* dh, float* dw_chunk, const float* h, const void* w,
+                                 DType wt, const double* stats, const int32_t* targets, int64_t n,
+                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale) override {
+    const auto timed = time_op(s, OpKind::cross_entropy);
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
+    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
+    checks_pending_[int(s)] = true;
+    cuda::lm_head_ce_chunk_backward(cublas(s), stream(s), dh, dw_chunk, h, w, wt == DType::bf16, stats,
+                                    targets, n, c, v, v0, vc, grad_scale, ws, ce_workspace_bytes_,
+                                    error_word_);
+  }
   void add_inplace(Stream s, float* y, const float* x, int64_t n) override {
+    const auto timed = time_op(s, OpKind::elementwise);
     cuda::add_inplace(y, x, n, stream(s));
   }
   void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) override {
+    const auto timed = time_op(s, OpKind::elementwise);
     cuda::cast_f32_to_bf16(out, in, n, stream(s));
   }
 
  private:
   cudaStream_t stream(Stream s) const { return streams_[int(s)]; }
+
+  // Times the rest of the calling scope's work on stream s (CudaSpanTimer): an op of family
+  // `kind`, a copy or memset, or a wait on an event.
+  class Timed {
+   public:
+    Timed(const CudaDevice& d, Stream s, CudaSpanTimer::What what, OpKind kind)
+        : d_(d), s_(s), what_(what), kind_(kind), begin_(d.timer_.begin(d.stream(s))) {}
+    ~Timed() { d_.timer_.end(begin_, d_.stream(s_), s_, what_, kind_); }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    const CudaDevice& d_;
+    Stream s_;
+    CudaSpanTimer::What what_;
+    OpKind kind_;
+    cudaEvent_t begin_;
+  };
+  Timed time_op(Stream s, OpKind kind) const { return Timed(*this, s, CudaSpanTimer::What::op, kind); }
+  Timed time_copy(Stream s) const { return Timed(*this, s, CudaSpanTimer::What::copy, OpKind::count); }
+  Timed time_wait(Stream s) const { return Timed(*this, s, CudaSpanTimer::What::wait, OpKind::count); }
 
   // The cuBLAS handle of a stream, created on first use with its own workspace from the arena
   // (so cuBLAS allocates nothing behind the budget's back and streams never share one).
@@ -328,6 +517,7 @@ class CudaDevice final : public ArenaDevice {
   void* ce_workspace_ = nullptr;
   size_t ce_workspace_bytes_ = 0;
   std::atomic<size_t> h2d_bytes_{0}, d2h_bytes_{0};
+  mutable CudaSpanTimer timer_;  // busy, per-op and wait times
 };
 
 }  // namespace

@@ -1,8 +1,12 @@
-// Backend selection and the byte/bandwidth parsers used by recipes.
+// Backend selection, the bookkeeping both backends share (the device arena, pinned host
+// allocations that fell back to pageable memory) and the byte/bandwidth parsers used by recipes.
 #include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "src/core/error.h"
+#include "src/core/tensor.h"
 #include "src/device/device.h"
 
 #include "src/device/arena.h"
@@ -13,6 +17,56 @@ std::unique_ptr<Device> device_create_cpu(const DeviceOptions& options);
 #ifdef STRATA_HAVE_CUDA
 std::unique_ptr<Device> device_create_cuda(const DeviceOptions& options);  // cuda_device.cpp
 #endif
+
+ArenaDevice::ArenaDevice() {
+  const char* fake = std::getenv("STRATA_FAKE_PINNED_FAIL");
+  pinned_fail_forced_ = fake && std::string(fake) == "1";
+}
+ArenaDevice::~ArenaDevice() = default;
+
+void* ArenaDevice::pageable_fallback_alloc(size_t bytes, const std::string& why) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  void* p = std::aligned_alloc(4096, rounded);
+  STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(bytes), " of host memory (pinning it failed: ",
+                      why, ", and pageable memory is exhausted too); lower the host memory the "
+                      "recipe needs (a smaller model, micro_batch_size or sequence_len)");
+  std::lock_guard lock(arena_mu_);
+  pageable_[p] = bytes;
+  pageable_bytes_ += bytes;
+  if (!pageable_warned_) {
+    pageable_warned_ = true;
+    std::fprintf(stderr,
+                 "strata: warning: cannot pin %s of host memory (%s); using pageable memory for it "
+                 "instead. Copies between pageable memory and the device are staged by the driver "
+                 "through its own pinned buffer: they typically run at about half the bandwidth and "
+                 "block the host thread, so streaming overlaps less and steps get slower. Further "
+                 "fallbacks are not repeated here; they are counted as host (not pinned) bytes.\n",
+                 format_bytes(bytes).c_str(), why.c_str());
+  }
+  return p;
+}
+
+bool ArenaDevice::pageable_fallback_free(void* p) {
+  {
+    std::lock_guard lock(arena_mu_);
+    auto it = pageable_.find(p);
+    if (it == pageable_.end()) return false;
+    pageable_bytes_ -= it->second;
+    pageable_.erase(it);
+  }
+  std::free(p);
+  return true;
+}
+
+bool ArenaDevice::host_is_pinned(const void* p) const {
+  std::lock_guard lock(arena_mu_);
+  return pageable_.find(p) == pageable_.end();
+}
+
+size_t ArenaDevice::pageable_fallback_bytes() const {
+  std::lock_guard lock(arena_mu_);
+  return pageable_bytes_;
+}
 
 void ArenaDevice::arena_init(char* base, size_t bytes) {
   arena_ = std::make_unique<Arena>(base, bytes, "device");

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,8 +55,14 @@ class Device {
   virtual size_t used_bytes() const = 0;
   virtual size_t peak_bytes() const = 0;
   virtual void reset_peak() = 0;
-  virtual void* alloc_pinned(size_t bytes) = 0;  // host memory usable by async copies
+  // Host memory usable by async copies. When pinning fails (cudaMallocHost out of pinned
+  // memory; STRATA_FAKE_PINNED_FAIL=1 in the environment simulates it on either backend) the
+  // allocation falls back to pageable memory, with one warning per device on stderr that states
+  // the cost; host_is_pinned() then says false for it and pageable_fallback_bytes() counts it.
+  virtual void* alloc_pinned(size_t bytes) = 0;
   virtual void free_pinned(void* p) = 0;
+  virtual bool host_is_pinned(const void* p) const = 0;
+  virtual size_t pageable_fallback_bytes() const = 0;
 
   // ---- streams, events, copies ----
   virtual std::unique_ptr<Event> event_create() = 0;
@@ -108,28 +115,54 @@ class Device {
   virtual void lm_head_ce(Stream s, double* loss_sum, float* dh, float* dw, const float* h,
                           const void* w, DType w_type, const int32_t* targets, int64_t n,
                           int64_t c, int64_t v, float grad_scale) = 0;
+  // The same loss with lm_head streamed in vocab chunks (ops.h: lm_head_ce_chunk_*):
+  // w_chunk (vc,C) holds vocab rows [v0, v0 + vc) of the (V,C) lm_head, stats (N,3) double the
+  // rows' online-softmax statistics (first = this chunk initialises them). The backward pass
+  // accumulates dh (N,C) and dw_chunk (vc,C); the loss adds the summed loss into *loss_sum.
+  virtual void lm_head_ce_chunk_stats(Stream s, double* stats, const float* h, const void* w_chunk,
+                                      DType w_type, const int32_t* targets, int64_t n, int64_t c,
+                                      int64_t v, int64_t v0, int64_t vc, bool first) = 0;
+  virtual void lm_head_ce_stats_loss(Stream s, double* loss_sum, const double* stats,
+                                     const int32_t* targets, int64_t n, int64_t v) = 0;
+  virtual void lm_head_ce_chunk_backward(Stream s, float* dh, float* dw_chunk, const float* h,
+                                         const void* w_chunk, DType w_type, const double* stats,
+                                         const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                         int64_t v0, int64_t vc, float grad_scale) = 0;
   virtual void add_inplace(Stream s, float* y, const float* x, int64_t n) = 0;
   virtual void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) = 0;
 };
 
-// The arena bookkeeping both backends share: allocations carved from one reserved block by a
-// budgeted Arena under a lock. A backend reserves the block, calls arena_init, and adds its
-// own poisoning in alloc().
+// The bookkeeping both backends share: device allocations carved from one reserved block by a
+// budgeted Arena under a lock (a backend reserves the block, calls arena_init, and adds its
+// own poisoning in alloc()), and the pinned host allocations that fell back to pageable memory.
 class ArenaDevice : public Device {
  public:
+  ArenaDevice();
+  ~ArenaDevice() override;
   void free(void* p) override;
   size_t budget_bytes() const override;
   size_t used_bytes() const override;
   size_t peak_bytes() const override;
   void reset_peak() override;
+  bool host_is_pinned(const void* p) const override;
+  size_t pageable_fallback_bytes() const override;
 
  protected:
   void arena_init(char* base, size_t bytes);
   char* arena_alloc(size_t bytes, const std::string& tensor);
+  // Pinned allocation failed (`why`: the runtime's error): pageable memory instead, recorded,
+  // and the cost said once.
+  void* pageable_fallback_alloc(size_t bytes, const std::string& why);
+  bool pageable_fallback_free(void* p);  // true when p was a fallback (and is now freed)
+  bool pinned_fail_forced() const { return pinned_fail_forced_; }  // STRATA_FAKE_PINNED_FAIL=1
 
  private:
   mutable std::mutex arena_mu_;
   std::unique_ptr<class Arena> arena_;
+  bool pinned_fail_forced_ = false;
+  bool pageable_warned_ = false;
+  size_t pageable_bytes_ = 0;
+  std::map<const void*, size_t> pageable_;  // fallback allocations -> bytes
 };
 
 // Creates the backend named in options; a clear error when it is unavailable.

@@ -19,6 +19,7 @@
 #include "io/token_rows.h"
 #include "kernels/cpu/ops.h"
 #include "offload/engine.h"
+#include "offload/host_budget.h"
 #include "offload/model_io.h"
 #include "offload/adamw.h"
 #include "src/core/error.h"
@@ -200,6 +201,10 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
     dopt.link_bytes_per_s = parse_bandwidth(rc.device_link_bandwidth, "device.link_bandwidth");
   cpu_threads_set(int(rc.device_cpu_threads));
   cpu_threads_apply();
+  // the host tiers must fit before anything is allocated (exit 3 naming what to move to NVMe)
+  host_budget_check(spec, HostStoreOptions{},
+                    EngineOptions{rc.offload_weights, rc.offload_checkpoints, rc.micro_batch_size, rc.sequence_len},
+                    host_memory_budget(rc.host_memory));
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
   if (!rc.model_path.empty()) model_load_weights(store, rc.model_path);
@@ -323,15 +328,22 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
     }
     STRATA_CHECK(counted > 0, "step ", step, " has no labelled tokens");
     const EngineStats e0 = engine.stats();
-    double loss_sum = 0;
-    for (auto& mb : mbs) loss_sum += engine.forward_backward(mb, float(1.0 / double(counted)));
     AdamWParams ap;
     ap.lr = rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, max_steps, warmup, rc.min_lr_ratio);
     ap.beta1 = rc.adam_beta1;
     ap.beta2 = rc.adam_beta2;
     ap.eps = rc.adam_epsilon;
     ap.step = step;
-    const double grad_norm = engine.optimizer_step(ap, rc.max_grad_norm, rc.weight_decay);
+    const float scale = float(1.0 / double(counted));
+    double loss_sum = 0, grad_norm = 0;
+    if (rc.max_grad_norm > 0) {  // clipping needs the global norm before any update
+      for (auto& mb : mbs) loss_sum += engine.forward_backward(mb, scale);
+      grad_norm = engine.optimizer_step(ap, rc.max_grad_norm, rc.weight_decay);
+    } else {  // no clipping: the last micro-batch updates each group as its gradient lands
+      for (size_t a = 0; a + 1 < mbs.size(); ++a) loss_sum += engine.forward_backward(mbs[a], scale);
+      loss_sum += engine.forward_backward_update(mbs.back(), scale, ap, rc.weight_decay);
+      grad_norm = engine.landed_update_norm();
+    }
     if (step == max_steps) engine.synchronize();
     const EngineStats e1 = engine.stats();
     const double step_s = seconds_since(t_step);

@@ -98,6 +98,15 @@ TEST_CASE("a model dir missing a shard is an error naming the shard, before any 
   CHECK(r.out.find("step 1/") == std::string::npos);
 }
 
+TEST_CASE("a host memory budget too small for the model exits 3 before any work, naming the tiers", "[cli]") {
+  RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
+                           " train.max_steps=1 offload.host_memory=1MiB checkpoint.output_dir=" + tmp("host_budget"));
+  CHECK(r.code == 3);
+  CHECK(r.out.find("offload.host_memory") != std::string::npos);
+  CHECK(r.out.find("NVMe") != std::string::npos);
+  CHECK(r.out.find("step 1/") == std::string::npos);
+}
+
 TEST_CASE("an output directory that cannot be created exits 4", "[cli]") {
   RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
                            " train.max_steps=1 checkpoint.output_dir=/proc/strata_cannot_write_here");

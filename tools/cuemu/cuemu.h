@@ -233,9 +233,27 @@ inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+namespace cuemu::detail {
+// A value the compiler must take as it is: nvcc never fuses __fmul_rn / __fadd_rn into an FMA,
+// but g++ (-ffp-contract=fast, the GNU default) would contract a*b + c across inlined calls.
+inline float fp_opaque(float x) {
+#if defined(__x86_64__)
+  __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  volatile float keep = x;
+  x = keep;
+#endif
+  return x;
+}
+}  // namespace cuemu::detail
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return cuemu::detail::fp_opaque(a * b); }
+inline float __fadd_rn(float a, float b) {
+  return cuemu::detail::fp_opaque(cuemu::detail::fp_opaque(a) + cuemu::detail::fp_opaque(b));
+}
+inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __sinf(float x) { return std::sin(x); }
 inline float __cosf(float x) { return std::cos(x); }
 inline void __sincosf(float x, float* s, float* c) {

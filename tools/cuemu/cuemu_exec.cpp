@@ -252,6 +252,89 @@ namespace {
 std::mutex g_kernel_mutex;  // kernels run one at a time: function-static __shared__ stays per block
 std::atomic<uint64_t> g_launch_counter{0};
 
+// The OS threads of the thread executor, kept from launch to launch: creating a block's worth of
+// threads per launch cost most of a ThreadSanitizer run, and every thread ever created widens
+// TSan's vector clocks. Used under g_kernel_mutex (one kernel at a time), so one team suffices.
+// Launch -> team thread -> launch hand-offs go through mutexes, which gives TSan the same
+// happens-before edges as creating and joining threads did: a kernel's writes are ordered
+// before the next kernel on the stream, nothing more.
+class ThreadTeam {
+ public:
+  ThreadTeam() = default;
+  ThreadTeam(const ThreadTeam&) = delete;
+  ThreadTeam& operator=(const ThreadTeam&) = delete;
+  ~ThreadTeam() {
+    for (auto& m : members_) {
+      {
+        std::lock_guard<std::mutex> lock(m->mutex);
+        m->stop = true;
+      }
+      m->cv.notify_one();
+      m->thread.join();
+    }
+  }
+
+  // Runs job(t) for t = 0..n-1, each on its own team thread; returns when all have returned.
+  void run(unsigned n, const std::function<void(unsigned)>& job) {
+    while (members_.size() < n) {
+      auto m = std::make_unique<Member>();
+      Member* raw = m.get();
+      const auto index = static_cast<unsigned>(members_.size());
+      m->thread = std::thread([this, raw, index] { member_loop(*raw, index); });
+      members_.push_back(std::move(m));
+    }
+    {
+      std::lock_guard<std::mutex> lock(done_mutex_);
+      running_ = n;
+    }
+    for (unsigned t = 0; t < n; ++t) {
+      Member& m = *members_[t];
+      {
+        std::lock_guard<std::mutex> lock(m.mutex);
+        m.job = &job;
+      }
+      m.cv.notify_one();
+    }
+    std::unique_lock<std::mutex> lock(done_mutex_);
+    done_cv_.wait(lock, [&] { return running_ == 0; });
+  }
+
+ private:
+  struct Member {
+    std::thread thread;
+    std::mutex mutex;
+    std::condition_variable cv;
+    const std::function<void(unsigned)>* job = nullptr;
+    bool stop = false;
+  };
+
+  void member_loop(Member& m, unsigned index) {
+    for (;;) {
+      const std::function<void(unsigned)>* job;
+      {
+        std::unique_lock<std::mutex> lock(m.mutex);
+        m.cv.wait(lock, [&] { return m.stop || m.job != nullptr; });
+        if (m.stop) return;
+        job = m.job;
+        m.job = nullptr;
+      }
+      (*job)(index);
+      std::lock_guard<std::mutex> lock(done_mutex_);
+      if (--running_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::vector<std::unique_ptr<Member>> members_;
+  std::mutex done_mutex_;
+  std::condition_variable done_cv_;
+  unsigned running_ = 0;
+};
+
+ThreadTeam& thread_team() {
+  static ThreadTeam team;
+  return team;
+}
+
 void block_reset(BlockState& b) {
   b.live = b.threads;
   b.arrived = 0;
@@ -351,29 +434,25 @@ void run_grid(const LaunchSite& site, const std::function<void()>& body) {
   }
   // One OS thread per CUDA thread, reused for every block of the launch.
   std::barrier<> between(b.threads);
-  std::vector<std::thread> threads;
-  threads.reserve(b.threads);
-  for (unsigned t = 0; t < b.threads; ++t)
-    threads.emplace_back([&, t] {
-      tl_block = &b;
-      tl_linear = t;
-      blockDim = bd;
-      gridDim = g;
-      threadIdx = thread_index(t, bd);
-      for (const uint3& bi : order) {
-        if (t == 0) {
-          block_reset(b);
-          std::memset(b.dyn_smem, 0xff, site.dynamic_smem_bytes);
-        }
-        between.arrive_and_wait();  // the block starts with every thread live
-        blockIdx = bi;
-        body();
-        thread_exit_block();
-        between.arrive_and_wait();  // the block ends before its shared memory is reused
+  thread_team().run(b.threads, [&](unsigned t) {
+    tl_block = &b;
+    tl_linear = t;
+    blockDim = bd;
+    gridDim = g;
+    threadIdx = thread_index(t, bd);
+    for (const uint3& bi : order) {
+      if (t == 0) {
+        block_reset(b);
+        std::memset(b.dyn_smem, 0xff, site.dynamic_smem_bytes);
       }
-      tl_block = nullptr;
-    });
-  for (std::thread& th : threads) th.join();
+      between.arrive_and_wait();  // the block starts with every thread live
+      blockIdx = bi;
+      body();
+      thread_exit_block();
+      between.arrive_and_wait();  // the block ends before its shared memory is reused
+    }
+    tl_block = nullptr;
+  });
 }
 
 }  // namespace

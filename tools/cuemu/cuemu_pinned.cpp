@@ -8,6 +8,11 @@
 // which ignores page protection. A SIGSEGV handler tells our faults from others (which it passes
 // on), reports the address, and either aborts or, under HazardPolicy::record, records the hazard,
 // unprotects the page and lets the program continue.
+//
+// Under ThreadSanitizer the copy engine's /proc/self/mem transfers would hide the pinned side of
+// every copy (the kernel, not instrumented code, touches it); mem_io reports that side to TSan as
+// a read or write by the stream's thread, so a host access to a pinned buffer that is not ordered
+// after its copy's completion is a TSan race as well as (while the copy is in flight) a hazard.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -24,6 +29,12 @@
 #include <vector>
 
 #include "tools/cuemu/cuemu_internal.h"
+
+#if defined(__SANITIZE_THREAD__)
+// libtsan's entry points for an access of a whole range (declared as GCC's built-ins are).
+extern "C" void __tsan_read_range(void* addr, long size);
+extern "C" void __tsan_write_range(void* addr, long size);
+#endif
 
 namespace cuemu::detail {
 namespace {
@@ -63,7 +74,7 @@ HazardSlot g_hazards[kMaxHazards];
 std::atomic<int> g_hazard_count{0};
 
 struct sigaction g_previous;
-int g_mem_fd = -1;
+std::atomic<int> g_mem_fd{-1};  // /proc/self/mem, opened on first use by whichever stream copies first
 
 int range_find(uintptr_t a) {
   for (int i = 0; i < kMaxRanges; ++i) {
@@ -152,15 +163,24 @@ void handler_ensure() {
 }
 
 void mem_io(bool write_to, void* local, uintptr_t remote, size_t bytes) {
-  if (g_mem_fd < 0) {
+  int fd = g_mem_fd.load(std::memory_order_acquire);
+  if (fd < 0) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_mem_fd < 0) g_mem_fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
-    if (g_mem_fd < 0) fatal("cannot open /proc/self/mem for the emulated copy engine");
+    fd = g_mem_fd.load(std::memory_order_relaxed);
+    if (fd < 0) {
+      fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+      if (fd < 0) fatal("cannot open /proc/self/mem for the emulated copy engine");
+      g_mem_fd.store(fd, std::memory_order_release);
+    }
   }
+#if defined(__SANITIZE_THREAD__)
+  if (write_to) __tsan_write_range(reinterpret_cast<void*>(remote), static_cast<long>(bytes));
+  else __tsan_read_range(reinterpret_cast<void*>(remote), static_cast<long>(bytes));
+#endif
   char* p = static_cast<char*>(local);
   while (bytes > 0) {
-    ssize_t n = write_to ? pwrite(g_mem_fd, p, bytes, static_cast<off_t>(remote))
-                         : pread(g_mem_fd, p, bytes, static_cast<off_t>(remote));
+    ssize_t n = write_to ? pwrite(fd, p, bytes, static_cast<off_t>(remote))
+                         : pread(fd, p, bytes, static_cast<off_t>(remote));
     if (n <= 0) fatal("copy engine: /proc/self/mem %s of %zu bytes at %p failed", write_to ? "write" : "read", bytes,
                       reinterpret_cast<void*>(remote));
     p += n;

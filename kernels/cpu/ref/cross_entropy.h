@@ -1,5 +1,7 @@
 // Plain-loop twin of the lm_head + cross-entropy kernels in kernels/cpu/ops.h (same argument
 // order). One row's logits (V) at a time, max-subtracted log-softmax; no chunking, no threads.
+// The vocab-chunked twins (lm_head_ce_chunk_*) keep per-row stats (N,3) = {max, sum of
+// exp(z - max), target logit} across chunks of vocab rows, as ops.h describes.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -73,6 +75,73 @@ double lm_head_ce_backward(T* dh, T* dw, int64_t* count, const T* h, const T* w,
     }
   }
   return double(loss);
+}
+
+// ---- vocab-chunked: w_chunk (vc,C) holds vocab rows [v0, v0 + vc) -------------------------
+
+// Updates stats (N,3) with one chunk's logits; `first` initialises them.
+template <class T>
+void lm_head_ce_chunk_stats(T* stats, const T* h, const T* w_chunk, const int32_t* targets,
+                            int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc, bool first) {
+  std::vector<T> logits;  // (vc)
+  for (int64_t i = 0; i < n; ++i) {
+    ce_check_target(targets, i, v);
+    T* st = stats + 3 * i;
+    if (first) st[0] = st[1] = st[2] = T(0);
+    if (targets[i] == kCeIgnoreIndex) continue;
+    const T lse = ce_row_logits(logits, h, w_chunk, i, c, vc);
+    T m = logits[0];
+    for (int64_t j = 1; j < vc; ++j) m = logits[j] > m ? logits[j] : m;
+    const T s = std::exp(lse - m);  // sum of exp(z - m)
+    if (first) {
+      st[0] = m;
+      st[1] = s;
+    } else {
+      const T mx = st[0] > m ? st[0] : m;
+      st[1] = st[1] * std::exp(st[0] - mx) + s * std::exp(m - mx);
+      st[0] = mx;
+    }
+    const int64_t t = targets[i] - v0;
+    if (t >= 0 && t < vc) st[2] = logits[size_t(t)];
+  }
+}
+
+// Sum over counted rows of max + log(sum) - target logit.
+template <class T>
+double lm_head_ce_stats_loss(int64_t* count, const T* stats, const int32_t* targets, int64_t n,
+                             int64_t v) {
+  T loss = 0;
+  *count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ce_check_target(targets, i, v);
+    if (targets[i] == kCeIgnoreIndex) continue;
+    loss += stats[3 * i] + std::log(stats[3 * i + 1]) - stats[3 * i + 2];
+    ++*count;
+  }
+  return double(loss);
+}
+
+// dh (N,C) and dw_chunk (vc,C) accumulated with this chunk's share of the gradient of
+// grad_scale * (summed loss), from the final stats.
+template <class T>
+void lm_head_ce_chunk_backward(T* dh, T* dw_chunk, const T* h, const T* w_chunk, const T* stats,
+                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                               int64_t vc, T grad_scale) {
+  std::vector<T> logits;  // (vc)
+  for (int64_t i = 0; i < n; ++i) {
+    ce_check_target(targets, i, v);
+    if (targets[i] == kCeIgnoreIndex) continue;
+    ce_row_logits(logits, h, w_chunk, i, c, vc);
+    const T* st = stats + 3 * i;
+    for (int64_t j = 0; j < vc; ++j) {
+      const T p = std::exp(logits[size_t(j)] - st[0]) / st[1];
+      const T g = grad_scale * (p - (j + v0 == targets[i] ? T(1) : T(0)));
+      for (int64_t e = 0; e < c; ++e) {
+        dh[i * c + e] += g * w_chunk[j * c + e];
+        dw_chunk[j * c + e] += g * h[i * c + e];
+      }
+    }
+  }
 }
 
 }  // namespace strata::ref

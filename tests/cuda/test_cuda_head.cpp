@@ -1,0 +1,217 @@
+// The CUDA backend's vocab-chunked lm_head loss (kernels/cuda/cross_entropy.cu) against its CPU
+// twins, the streaming engine on CUDA with lm_head in many small chunks against the CPU backend,
+// and the engine on CUDA when pinned host memory falls back to pageable memory.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "offload/engine.h"
+#include "offload/model_io.h"
+#include "tests/cuda/cuda_testing.h"
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+using cuda_testing::Buffer;
+using testing::max_rel_error;
+using testing::random_floats;
+
+struct ChunkedResult {
+  double loss = 0;
+  std::vector<float> dh, dw;
+};
+
+// The CPU twins over chunks of `rows` vocab rows: stats forward, backward in reverse.
+ChunkedResult cpu_chunked(const std::vector<float>& h, const std::vector<float>& w, DType wt,
+                          const std::vector<int32_t>& targets, int64_t n, int64_t c, int64_t v, int64_t rows,
+                          float scale, const std::vector<float>& dw0) {
+  const std::vector<bf16> wb = testing::to_bf16(w);
+  std::vector<double> stats(size_t(3 * n));
+  const int64_t chunks = (v + rows - 1) / rows;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
+    if (wt == DType::bf16)
+      cpu::lm_head_ce_chunk_stats_bf16(stats.data(), h.data(), wb.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0);
+    else
+      cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0);
+  }
+  ChunkedResult r;
+  int64_t count = 0;
+  r.loss = cpu::lm_head_ce_stats_loss(&count, stats.data(), targets.data(), n, v);
+  r.dh.assign(size_t(n * c), 0.f);
+  r.dw = dw0;
+  for (int64_t k = chunks - 1; k >= 0; --k) {
+    const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
+    if (wt == DType::bf16)
+      cpu::lm_head_ce_chunk_backward_bf16(r.dh.data(), r.dw.data() + v0 * c, h.data(), wb.data() + v0 * c,
+                                          stats.data(), targets.data(), n, c, v, v0, vc, scale);
+    else
+      cpu::lm_head_ce_chunk_backward(r.dh.data(), r.dw.data() + v0 * c, h.data(), w.data() + v0 * c, stats.data(),
+                                     targets.data(), n, c, v, v0, vc, scale);
+  }
+  return r;
+}
+
+// The same on a device, each chunk's weights and gradient in their own buffers as the engine
+// keeps them.
+ChunkedResult device_chunked(Device& dev, const std::vector<float>& h, const std::vector<float>& w, DType wt,
+                             const std::vector<int32_t>& targets, int64_t n, int64_t c, int64_t v, int64_t rows,
+                             float scale, const std::vector<float>& dw0) {
+  Buffer<float> bh(dev, h), bdh(dev, std::vector<float>(h.size(), 0.f));
+  Buffer<int32_t> bt(dev, targets);
+  Buffer<double> bstats(dev, size_t(3 * n)), bloss(dev, std::vector<double>{0.25});  // the loss adds into it
+  const int64_t chunks = (v + rows - 1) / rows;
+  std::vector<std::unique_ptr<Buffer<float>>> w32, dwc;
+  std::vector<std::unique_ptr<Buffer<bf16>>> w16;
+  std::vector<const void*> wp;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
+    std::vector<float> part(w.begin() + long(v0 * c), w.begin() + long((v0 + vc) * c));
+    if (wt == DType::bf16) {
+      w16.push_back(std::make_unique<Buffer<bf16>>(dev, testing::to_bf16(part)));
+      wp.push_back(w16.back()->get());
+    } else {
+      w32.push_back(std::make_unique<Buffer<float>>(dev, part));
+      wp.push_back(w32.back()->get());
+    }
+    dwc.push_back(std::make_unique<Buffer<float>>(
+        dev, std::vector<float>(dw0.begin() + long(v0 * c), dw0.begin() + long((v0 + vc) * c))));
+  }
+  for (int64_t k = 0; k < chunks; ++k)
+    dev.lm_head_ce_chunk_stats(Stream::compute, bstats, bh, wp[size_t(k)], wt, bt, n, c, v, k * rows,
+                               std::min(rows, v - k * rows), k == 0);
+  dev.lm_head_ce_stats_loss(Stream::compute, bloss, bstats, bt, n, v);
+  for (int64_t k = chunks - 1; k >= 0; --k)
+    dev.lm_head_ce_chunk_backward(Stream::compute, bdh, *dwc[size_t(k)], bh, wp[size_t(k)], wt, bstats, bt, n, c, v,
+                                  k * rows, std::min(rows, v - k * rows), scale);
+  ChunkedResult r;
+  r.loss = bloss.download()[0] - 0.25;
+  r.dh = bdh.download();
+  for (auto& d : dwc) {
+    auto part = d->download();
+    r.dw.insert(r.dw.end(), part.begin(), part.end());
+  }
+  return r;
+}
+
+std::vector<std::vector<int32_t>> rows_of(const nlohmann::json& j) {
+  std::vector<std::vector<int32_t>> rows;
+  for (auto& r : j) rows.push_back(r.get<std::vector<int32_t>>());
+  return rows;
+}
+
+struct StepResult {
+  double loss = 0;
+  std::vector<float> grads;
+  TensorTable table;
+  size_t pageable_bytes = 0;
+};
+
+StepResult golden_step(Device& dev, const std::string& name, int64_t head_chunk_rows) {
+  const std::string dir = testing::source_path("tests/golden/" + name);
+  nlohmann::json batch = nlohmann::json::parse(std::ifstream(dir + "/batch.json"));
+  const MicroBatch mb = micro_batch_from_labels(
+      rows_of(batch["input_ids"]), batch.contains("labels") ? rows_of(batch["labels"]) : std::vector<std::vector<int32_t>>{});
+  HostStore store(dev, model_spec_build(hf_config_load(dir), DType::f32));
+  model_load_weights(store, dir);
+  EngineOptions eo;
+  eo.weights = "stream";
+  eo.checkpoints = "host";
+  eo.max_batch = mb.B;
+  eo.max_tokens = mb.T;
+  eo.head_chunk_rows = head_chunk_rows;
+  Engine engine(dev, store, eo);
+  StepResult r;
+  const double tokens = double(mb.counted());
+  r.loss = engine.forward_backward(mb, float(1.0 / tokens)) / tokens;
+  engine.synchronize();
+  r.grads.assign(store.grad(), store.grad() + store.f32_floats());
+  r.table = store.f32_table();
+  r.pageable_bytes = dev.pageable_fallback_bytes();
+  return r;
+}
+
+double worst_tensor_error(const StepResult& got, const StepResult& want) {
+  double worst = 0;
+  for (auto& row : want.table.rows()) {
+    const long at = long(row.offset / 4), n = long(row.numel());
+    worst = std::max(worst, max_rel_error(std::vector<float>(got.grads.begin() + at, got.grads.begin() + at + n),
+                                          std::vector<float>(want.grads.begin() + at, want.grads.begin() + at + n)));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("cuda vocab-chunked lm_head cross-entropy matches the CPU twins, f32 and bf16", "[cuda-emu]") {
+  auto dev = cuda_testing::test_device();
+  if (!dev) return;
+  struct Shape {
+    int64_t n, c, v, rows;
+  };
+  // 130 rows cross the 128-row tile; 300 in chunks of 64 leaves 44; rows = v is one chunk.
+  for (Shape s : {Shape{1, 5, 71, 71}, Shape{17, 24, 300, 64}, Shape{130, 8, 71, 16}, Shape{130, 8, 71, 1}}) {
+    for (DType wt : {DType::f32, DType::bf16}) {
+      INFO("n=" << s.n << " c=" << s.c << " v=" << s.v << " rows=" << s.rows << " " << dtype_name(wt));
+      const auto h = random_floats(size_t(s.n * s.c), 71, -2.f, 2.f);
+      const auto w = random_floats(size_t(s.v * s.c), 72, -1.f, 1.f);
+      const auto dw0 = random_floats(size_t(s.v * s.c), 73, -0.1f, 0.1f);
+      std::vector<int32_t> targets(size_t(s.n));
+      for (int64_t i = 0; i < s.n; ++i) targets[size_t(i)] = (i % 5 == 3) ? -100 : int32_t((i * 13) % s.v);
+      const float scale = 0.37f;
+      const ChunkedResult want = cpu_chunked(h, w, wt, targets, s.n, s.c, s.v, s.rows, scale, dw0);
+      const ChunkedResult got = device_chunked(*dev, h, w, wt, targets, s.n, s.c, s.v, s.rows, scale, dw0);
+      CHECK(std::abs(got.loss - want.loss) <= 2e-6 * std::abs(want.loss));
+      // bf16: both round dlogits to bf16; an f32 rounding apart can round to neighbouring values.
+      const double tol = wt == DType::f32 ? 1e-5 : 1e-2;
+      CHECK(max_rel_error(got.dh, want.dh) <= tol);
+      CHECK(max_rel_error(got.dw, want.dw) <= tol);
+    }
+  }
+}
+
+TEST_CASE("cuda vocab-chunked cross-entropy reports a target outside the vocabulary", "[cuda-emu]") {
+  auto dev = cuda_testing::test_device();
+  if (!dev) return;
+  const int64_t n = 4, c = 3, v = 9;
+  Buffer<float> bh(*dev, random_floats(size_t(n * c), 1)), bw(*dev, random_floats(size_t(v * c), 2));
+  Buffer<int32_t> bt(*dev, std::vector<int32_t>{0, -100, 9, 2});
+  Buffer<double> bstats(*dev, size_t(3 * n));
+  dev->lm_head_ce_chunk_stats(Stream::compute, bstats, bh, bw.get(), DType::f32, bt, n, c, v, 0, 5, true);
+  REQUIRE_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("target id"));
+}
+
+TEST_CASE("the streaming engine on CUDA with lm_head in small chunks tracks the CPU backend", "[cuda-emu]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  auto cpu = device_create(DeviceOptions{});
+  for (const char* name : {"llama", "qwen3"}) {  // tied and untied lm_head
+    INFO(name);
+    const StepResult on_cuda = golden_step(*cuda, name, 7);
+    const StepResult on_cpu = golden_step(*cpu, name, 7);
+    CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * std::abs(on_cpu.loss));
+    CHECK(worst_tensor_error(on_cuda, on_cpu) <= 2e-5);
+  }
+}
+
+TEST_CASE("the engine on CUDA with pinned memory fallen back to pageable gives the same results", "[cuda-emu]") {
+  auto pinned = cuda_testing::test_device();
+  if (!pinned) return;
+  setenv("STRATA_FAKE_PINNED_FAIL", "1", 1);
+  auto pageable = cuda_testing::test_device();
+  unsetenv("STRATA_FAKE_PINNED_FAIL");
+  const StepResult a = golden_step(*pinned, "qwen3", 0);
+  const StepResult b = golden_step(*pageable, "qwen3", 0);
+  CHECK(a.pageable_bytes == 0);
+  CHECK(b.pageable_bytes > 0);
+  CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0);
+  CHECK(std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * 4) == 0);
+}
+
+}  // namespace strata

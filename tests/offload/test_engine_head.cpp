@@ -1,0 +1,192 @@
+// The lm_head streamed in vocab chunks (offload/engine.h): the device footprint of the head
+// does not grow with V, the chunked loss and gradients agree with one whole-vocabulary chunk
+// within f32 rounding, streamed and resident heads are bit-identical (also across an optimizer
+// step and across thread counts), and the torch goldens still hold with many small chunks.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "offload/engine.h"
+#include "offload/model_io.h"
+#include "src/core/threads.h"
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+ModelConfig head_config(int64_t vocab, bool tied) {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", vocab},
+                      {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
+  return hf_config_parse(j.dump(), "test config");
+}
+
+MicroBatch head_batch(int64_t vocab) {
+  MicroBatch mb;
+  mb.B = 2;
+  mb.T = 33;
+  for (int64_t i = 0; i < 66; ++i) {  // ids spread over the whole vocabulary, so every chunk has targets
+    mb.ids.push_back(int32_t((i * 7919) % vocab));
+    mb.targets.push_back(i % 33 == 32 ? -100 : int32_t(((i + 1) * 7919) % vocab));
+    mb.pos.push_back(int32_t(i % 33));
+  }
+  return mb;
+}
+
+struct HeadRun {
+  std::vector<double> losses;
+  std::vector<float> grads, master;
+  TensorTable table;
+  size_t device_peak = 0;
+};
+
+// forward_backward, an optimizer step, forward_backward and forward_loss again: the losses, the
+// gradients of the second step and the master weights after the update.
+HeadRun run_head(const ModelConfig& cfg, DType dtype, const std::string& weights, int64_t head_chunk_rows = 0) {
+  auto dev = device_create(DeviceOptions{});
+  HostStore store(*dev, model_spec_build(cfg, dtype));
+  model_init_weights(store, 3);
+  EngineOptions eo;
+  eo.weights = weights;
+  eo.checkpoints = "host";
+  eo.max_batch = 2;
+  eo.max_tokens = 33;
+  eo.head_chunk_rows = head_chunk_rows;
+  Engine engine(*dev, store, eo);
+  const MicroBatch mb = head_batch(cfg.vocab_size);
+  HeadRun r;
+  const float scale = 1.f / float(mb.counted());
+  r.losses.push_back(engine.forward_backward(mb, scale));
+  AdamWParams ap;
+  ap.lr = 1e-3f;
+  engine.optimizer_step(ap, 1.0, 0.0);
+  r.losses.push_back(engine.forward_backward(mb, scale));
+  r.losses.push_back(engine.forward_loss(mb));
+  engine.synchronize();
+  r.grads.assign(store.grad(), store.grad() + store.f32_floats());
+  r.master.assign(store.master(), store.master() + store.f32_floats());
+  r.table = store.f32_table();
+  r.device_peak = dev->peak_bytes();
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// Worst per-tensor relative error of got against want (same layout).
+double worst_tensor_error(const TensorTable& table, const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0;
+  for (auto& row : table.rows()) {
+    const size_t at = row.offset / 4, n = size_t(row.numel());
+    worst = std::max(worst, testing::max_rel_error(std::vector<float>(got.begin() + long(at), got.begin() + long(at + n)),
+                                                   std::vector<float>(want.begin() + long(at), want.begin() + long(at + n))));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("a large vocabulary's lm_head is streamed in chunks: the device peak does not scale with V", "[engine][head]") {
+  const int64_t V = 50000, C = 64;
+  for (bool tied : {false, true}) {
+    INFO((tied ? "tied" : "untied"));
+    const HeadRun large = run_head(head_config(V, tied), DType::bf16, "stream");
+    const HeadRun medium = run_head(head_config(9000, tied), DType::bf16, "stream");
+    std::printf("lm_head streamed, %s, V %ld C %ld bf16: device peak %zu bytes (V x C x (2 + 4) = %ld)\n",
+                tied ? "tied" : "untied", long(V), long(C), large.device_peak, long(V * C * 6));
+    // Resident, the bf16 weights and f32 gradient of lm_head alone would be V x C x 6 = 19.2 MB.
+    CHECK(large.device_peak * 4 < size_t(V * C * 6));
+    // Both vocabularies need more than one 4096-row chunk: the same slots, the same peak.
+    CHECK(large.device_peak == medium.device_peak);
+    CHECK(std::isfinite(large.losses[0]));
+  }
+}
+
+TEST_CASE("vocab-chunked loss and gradients match one whole-vocabulary chunk within f32 rounding", "[engine][head]") {
+  for (bool tied : {false, true}) {
+    INFO((tied ? "tied" : "untied"));
+    const ModelConfig cfg = head_config(50000, tied);
+    const HeadRun chunked = run_head(cfg, DType::f32, "stream");            // 13 chunks of <= 4096 rows
+    const HeadRun whole = run_head(cfg, DType::f32, "stream", 50000);        // one chunk: the fused kernel's math
+    for (size_t i = 0; i < whole.losses.size(); ++i)
+      CHECK(std::abs(chunked.losses[i] - whole.losses[i]) <= 1e-6 * std::abs(whole.losses[i]));
+    const double err = worst_tensor_error(whole.table, chunked.grads, whole.grads);
+    INFO("worst per-tensor gradient error " << err);
+    CHECK(err <= 1e-5);
+    CHECK(err > 0);  // a different summation order: not the same arithmetic
+  }
+}
+
+TEST_CASE("streamed and resident lm_head chunks are bit-identical, across an optimizer step and thread counts", "[engine][head]") {
+  for (bool tied : {false, true}) {
+    INFO((tied ? "tied" : "untied"));
+    const ModelConfig cfg = head_config(20000, tied);  // 5 chunks: slots reused and refilled
+    const HeadRun resident = run_head(cfg, DType::bf16, "device");
+    const HeadRun streamed = run_head(cfg, DType::bf16, "stream");
+    CHECK(std::memcmp(resident.losses.data(), streamed.losses.data(), resident.losses.size() * sizeof(double)) == 0);
+    CHECK(same_bits(resident.grads, streamed.grads));
+    CHECK(same_bits(resident.master, streamed.master));
+    cpu_threads_set(1);
+    const HeadRun one_thread = run_head(cfg, DType::bf16, "stream");
+    cpu_threads_set(2);
+    const HeadRun two_threads = run_head(cfg, DType::bf16, "stream");
+    cpu_threads_set(0);
+    CHECK(std::memcmp(one_thread.losses.data(), two_threads.losses.data(), one_thread.losses.size() * sizeof(double)) == 0);
+    CHECK(same_bits(one_thread.grads, two_threads.grads));
+    CHECK(same_bits(one_thread.grads, streamed.grads));
+  }
+}
+
+TEST_CASE("the torch goldens still hold with lm_head in many small chunks", "[engine][head][golden]") {
+  // The tolerances of tests/models/test_golden_grad.cpp (f32 vs fp64 torch): loss 2e-6, gradients
+  // 2e-5 of each tensor's max. 7-row chunks over vocabularies of 61 to 97 rows: 9 to 14 chunks,
+  // an uneven last one; llama's lm_head is its tied embedding.
+  for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
+    INFO(name);
+    const std::string dir = testing::source_path(std::string("tests/golden/") + name);
+    nlohmann::json batch = nlohmann::json::parse(std::ifstream(dir + "/batch.json"));
+    nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
+    auto rows_of = [](const nlohmann::json& j) {
+      std::vector<std::vector<int32_t>> rows;
+      for (auto& r : j) rows.push_back(r.get<std::vector<int32_t>>());
+      return rows;
+    };
+    const MicroBatch mb = micro_batch_from_labels(rows_of(batch["input_ids"]),
+                                                  batch.contains("labels") ? rows_of(batch["labels"])
+                                                                           : std::vector<std::vector<int32_t>>{});
+    auto dev = device_create(DeviceOptions{});
+    HostStore store(*dev, model_spec_build(hf_config_load(dir), DType::f32));
+    model_load_weights(store, dir);
+    EngineOptions eo;
+    eo.weights = "stream";
+    eo.checkpoints = "host";
+    eo.max_batch = mb.B;
+    eo.max_tokens = mb.T;
+    eo.head_chunk_rows = 7;
+    Engine engine(*dev, store, eo);
+    const double tokens = double(mb.counted());
+    const double loss = engine.forward_backward(mb, float(1.0 / tokens)) / tokens;
+    engine.synchronize();
+    const double want = expected["loss"].get<double>();
+    CHECK(std::abs(loss - want) <= 2e-6 * std::abs(want));
+    SafetensorsFile file = SafetensorsFile::open(dir + "/grads.safetensors");
+    double worst = 0;
+    for (size_t r = 0; r < store.f32_table().size(); ++r) {
+      const TensorSpec& row = store.f32_table()[r];
+      const SafetensorsEntry* e = file.find(row.name);
+      REQUIRE(e != nullptr);
+      const float* w = static_cast<const float*>(file.data(*e));
+      worst = std::max(worst, testing::max_rel_error(store.grad_of(r), std::vector<float>(w, w + row.numel())));
+    }
+    std::printf("golden %-8s f32, lm_head in 7-row chunks: loss %.9f (want %.9f) worst grad rel err %.2e\n", name,
+                loss, want, worst);
+    CHECK(worst <= 2e-5);
+  }
+}
+
+}  // namespace strata
