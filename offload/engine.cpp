@@ -470,7 +470,10 @@ void Engine::backward(const MicroBatch& mb) {
     ensure_layer(i);
     const size_t slot = opt_.weights == "stream" ? i % weight_slots_.size() : i;
     float* x = ckpt_device(i);
-    if (i < first_dev) {  // bring the spilled checkpoint back
+    // Bring a spilled checkpoint back, except for the last two layers: the forward's last
+    // writes into the ping-pong buffers were exactly their inputs, still there (fetching them
+    // again would also overwrite a buffer the forward may still be reading).
+    if (i < first_dev && i + 2 < L_) {
       dev_.stream_wait_event(Stream::h2d, *stage_free_[b]);
       dev_.stream_wait_event(Stream::h2d, *pp_saved_[b]);
       const float* src = i == 0 ? x0_host_ : ckpt_host_ + i * size_t(N * C);
