@@ -8,6 +8,8 @@
 #   strata_cuemu_tsan_race  a ThreadSanitizer build of the missing-__syncthreads reduction; its ctest
 #                           passes when TSan reports the race, and a second one when TSan stays
 #                           silent on the correct kernel (label cuda-emu)
+#   strata_cuda_emu_tests_tsan  the emulated CUDA suite (kernels/cuda/cuda.cmake) under ThreadSanitizer,
+#                           ctest "tsan: <case>" (label cuda-emu); see the end of this file
 find_path(STRATA_CUDA_INCLUDE_DIR cuda_runtime_api.h
   PATHS /usr/local/cuda/include /usr/include NO_DEFAULT_PATH)
 if(NOT STRATA_CUDA_INCLUDE_DIR OR NOT EXISTS ${STRATA_CUDA_INCLUDE_DIR}/cublasLt.h)
