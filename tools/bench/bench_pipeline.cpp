@@ -1,11 +1,16 @@
-// strata-bench pipeline: the streaming engine on the CPU backend with a throttled host<->device
-// link. Reports (1) step time over max(compute, transfer) for a model whose per-layer transfer
-// time is set close to its per-layer compute time — 1.0 means streaming and the optimizer are
-// fully hidden — and (2) the device high-water mark of the same model at 4 and at L layers,
-// which must not grow with depth.
+// strata-bench pipeline: the streaming engine with weights crossing the host<->device link.
+// CPU backend: the link is throttled so that moving a step's streamed bytes takes as long as its
+// compute. CUDA backend (--backend cuda): the real link, its pinned host->device bandwidth and
+// the bf16 GEMM rate measured in the same run. Reports (1) step time over max(compute, transfer)
+// — 1.0 means streaming and the optimizer are fully hidden — (2) streamed against resident step
+// time and model FLOP/s against the measured GEMM rate, and (3) the device high-water mark of
+// the same model at 4 and at L layers, which must not grow with depth.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "io/token_rows.h"
@@ -48,9 +53,67 @@ struct PipelineRun {
   size_t device_peak = 0;
 };
 
-PipelineRun run_pipeline(const ModelConfig& cfg, const std::string& weights, double bandwidth,
-                         int64_t B, int64_t T, int steps, const std::string& memory) {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Pinned host -> device bytes/s over the real link: the median of several 256 MiB copies.
+double measure_link_bytes_per_s(Device& dev) {
+  const size_t bytes = 256ull << 20;
+  void* host = dev.alloc_pinned(bytes);
+  void* devbuf = dev.alloc(bytes, "bench link buffer");
+  std::memset(host, 1, bytes);
+  std::vector<double> rates;
+  for (int i = 0; i < 7; ++i) {
+    auto t0 = Clock::now();
+    dev.copy_h2d(devbuf, host, bytes, Stream::h2d);
+    dev.stream_synchronize(Stream::h2d);
+    rates.push_back(double(bytes) / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  dev.free(devbuf);
+  dev.free_pinned(host);
+  return median(rates);
+}
+
+// The device's bf16 GEMM rate (f32 accumulate) on a square product large enough to saturate it.
+double measure_gemm_flops(Device& dev, int64_t n) {
+  const size_t ab_bytes = size_t(n * n) * sizeof(bf16);
+  void* a = dev.alloc(ab_bytes, "bench gemm a");
+  void* b = dev.alloc(ab_bytes, "bench gemm b");
+  auto* c = static_cast<float*>(dev.alloc(size_t(n * n) * sizeof(float), "bench gemm c"));
+  dev.memset_zero(a, ab_bytes, Stream::compute);
+  dev.memset_zero(b, ab_bytes, Stream::compute);
+  std::vector<double> rates;
+  for (int i = 0; i < 6; ++i) {
+    dev.stream_synchronize(Stream::compute);
+    auto t0 = Clock::now();
+    for (int r = 0; r < 4; ++r) dev.matmul(Stream::compute, c, a, b, DType::bf16, n, n, n, false, true, 0.f);
+    dev.stream_synchronize(Stream::compute);
+    if (i > 0) rates.push_back(4 * 2.0 * double(n) * n * n / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  dev.free(c);
+  dev.free(b);
+  dev.free(a);
+  return median(rates);
+}
+
+// Model FLOPs of one training step: 6 per parameter per token for the matmuls (forward, and
+// backward's two products) plus causal attention (QK^T and PV, forward 2, backward 4 products).
+double step_model_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
+  const double C = double(cfg.hidden_size), F = double(cfg.intermediate_size);
+  const double D = double(cfg.head_dim), H = double(cfg.num_attention_heads);
+  const double Hk = double(cfg.num_key_value_heads);
+  const double layer_params = C * H * D * 2 + C * Hk * D * 2 + 3 * C * F;
+  const double params = layer_params * double(cfg.num_hidden_layers) + C * double(cfg.vocab_size);
+  const double attention = 2.0 * 2.0 * H * D * double(T) * double(T) / 2 * double(cfg.num_hidden_layers);
+  return double(B) * (6.0 * params * double(T) + 3.0 * attention);
+}
+
+PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, const std::string& weights,
+                         double bandwidth, int64_t B, int64_t T, int steps, const std::string& memory) {
   DeviceOptions dopt;
+  dopt.backend = backend;
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
   dopt.link_bytes_per_s = bandwidth;
   auto dev = device_create(dopt);
@@ -92,10 +155,13 @@ PipelineRun run_pipeline(const ModelConfig& cfg, const std::string& weights, dou
 }  // namespace
 
 int bench_pipeline(const std::vector<std::string>& args) {
-  CLI::App app{"The streaming pipeline on the CPU backend with a throttled link", "strata-bench pipeline"};
+  CLI::App app{"The streaming pipeline: a throttled link on the CPU backend, the real one on CUDA",
+               "strata-bench pipeline"};
   int64_t layers = 32, hidden = 256, batch = 1, tokens = 256;
   int steps = 3;
-  std::string memory = "1GiB";
+  std::string memory = "1GiB", backend = "cpu";
+  app.add_option("--backend", backend, "cpu (throttled link) or cuda (the real link)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--layers", layers, "decoder layers of the deep model (the shallow one has 4)");
   app.add_option("--hidden", hidden, "hidden size (multiple of 64)");
   app.add_option("--tokens", tokens, "tokens per row");
@@ -107,33 +173,55 @@ int bench_pipeline(const std::vector<std::string>& args) {
   STRATA_CHECK(hidden % 64 == 0 && hidden >= 64, "--hidden must be a positive multiple of 64");
   STRATA_CHECK(layers >= 4, "--layers must be at least 4");
 
-  // 1. resident and unthrottled: the compute time per step, and the bytes streaming will move
+  const bool cuda = backend == "cuda";
   const ModelConfig deep = bench_config(layers, hidden);
-  PipelineRun resident = run_pipeline(deep, "device", 0, batch, tokens, steps, memory);
-  PipelineRun probe = run_pipeline(deep, "stream", 0, batch, tokens, 1, memory);
-  // 2. throttle the link so that moving the streamed bytes takes as long as the compute
-  const double bandwidth = probe.link_bytes / std::max(resident.compute_s, 1e-6);
-  PipelineRun streamed = run_pipeline(deep, "stream", bandwidth, batch, tokens, steps, memory);
+  // 1. resident and unthrottled: the compute time per step, and the bytes streaming will move
+  PipelineRun resident = run_pipeline(backend, deep, "device", 0, batch, tokens, steps, memory);
+  PipelineRun probe = run_pipeline(backend, deep, "stream", 0, batch, tokens, 1, memory);
+  // 2. the link: on the CPU backend throttled so that moving the streamed bytes takes as long as
+  //    the compute; on CUDA the real one, measured in this run
+  double bandwidth = probe.link_bytes / std::max(resident.compute_s, 1e-6);
+  double gemm_flops = 0;
+  if (cuda) {
+    DeviceOptions dopt;
+    dopt.backend = backend;
+    dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+    auto dev = device_create(dopt);
+    bandwidth = measure_link_bytes_per_s(*dev);
+    gemm_flops = measure_gemm_flops(*dev, 8192);
+  }
+  PipelineRun streamed = run_pipeline(backend, deep, "stream", cuda ? 0 : bandwidth, batch, tokens, steps, memory);
   const double transfer_s = streamed.link_bytes / bandwidth;
   const double bound = std::max(streamed.compute_s, transfer_s);
   const double ratio = streamed.step_s / bound;
+  const double model_flops = step_model_flops(deep, batch, tokens);
   // 3. the device high-water mark does not grow with depth
-  PipelineRun shallow = run_pipeline(bench_config(4, hidden), "stream", 0, batch, tokens, 1, memory);
+  PipelineRun shallow = run_pipeline(backend, bench_config(4, hidden), "stream", 0, batch, tokens, 1, memory);
 
-  std::printf("strata-bench pipeline: llama, hidden %ld, %ld layers, %ldx%ld tokens, bf16 weights, "
-              "checkpoints on the host\n", long(hidden), long(layers), long(batch), long(tokens));
-  std::printf("  %-40s %10.4f s\n", "resident step (unthrottled)", resident.step_s);
+  std::printf("strata-bench pipeline (%s): llama, hidden %ld, %ld layers, %ldx%ld tokens, bf16 weights, "
+              "checkpoints on the host\n", backend.c_str(), long(hidden), long(layers), long(batch), long(tokens));
+  std::printf("  %-40s %10.4f s\n", "resident step", resident.step_s);
   std::printf("  %-40s %10.4f s\n", "compute per step (streamed)", streamed.compute_s);
-  std::printf("  %-40s %10.2f MB at %.2f GB/s = %.4f s\n", "link traffic per step",
-              streamed.link_bytes / 1e6, bandwidth / 1e9, transfer_s);
-  std::printf("  %-40s %10.4f s\n", "streamed step (throttled link)", streamed.step_s);
+  std::printf("  %-40s %10.2f MB at %.2f GB/s%s = %.4f s\n", "link traffic per step",
+              streamed.link_bytes / 1e6, bandwidth / 1e9, cuda ? " (measured)" : " (throttled)", transfer_s);
+  std::printf("  %-40s %10.4f s\n", "streamed step", streamed.step_s);
   std::printf("  %-40s %10.3f  (target <= 1.15)\n", "step / max(compute, transfer)", ratio);
+  std::printf("  %-40s %10.3f\n", "streamed step / resident step", streamed.step_s / resident.step_s);
   std::printf("  %-40s %10.4f s, compute waited %.4f s for weights\n", "optimizer exposed per step",
               streamed.optimizer_exposed_s, streamed.h2d_wait_s);
+  std::printf("  %-40s %10.0f tokens/s\n", "streamed throughput", double(batch * tokens) / streamed.step_s);
+  if (cuda)
+    std::printf("  %-40s %10.1f TFLOP/s = %.3f of the bf16 GEMM rate measured here (%.1f TFLOP/s)\n",
+                "model FLOP/s (streamed)", model_flops / streamed.step_s / 1e12,
+                model_flops / streamed.step_s / gemm_flops, gemm_flops / 1e12);
   std::printf("  %-40s %10.2f MiB (4 layers) vs %.2f MiB (%ld layers)\n", "device peak",
               double(shallow.device_peak) / 1048576, double(streamed.device_peak) / 1048576, long(layers));
-  nlohmann::json j = {{"pipeline", {{"step_s", streamed.step_s}, {"compute_s", streamed.compute_s},
+  nlohmann::json j = {{"pipeline", {{"backend", backend}, {"step_s", streamed.step_s},
+                                    {"resident_step_s", resident.step_s}, {"compute_s", streamed.compute_s},
                                     {"transfer_s", transfer_s}, {"ratio", ratio},
+                                    {"tokens_per_s", double(batch * tokens) / streamed.step_s},
+                                    {"model_flops_per_s", model_flops / streamed.step_s},
+                                    {"gemm_flops_per_s", gemm_flops},
                                     {"device_peak_bytes", streamed.device_peak},
                                     {"device_peak_bytes_4_layers", shallow.device_peak},
                                     {"link_bytes_per_s", bandwidth}}}};
