@@ -56,11 +56,15 @@ inline namespace STRATA_ZO_NS {
 constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
 
-STRATA_ZO_FN uint32_t zo_mulhi(uint32_t a, uint32_t b) {
+// hi, lo = the 64-bit product a * b (on the host one widening multiply, which g++ vectorises).
+STRATA_ZO_FN void zo_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
 #if defined(__CUDA_ARCH__)
-  return __umulhi(a, b);
+  hi = __umulhi(a, b);
+  lo = a * b;
 #else
-  return uint32_t((uint64_t(a) * uint64_t(b)) >> 32);
+  const uint64_t p = uint64_t(a) * uint64_t(b);
+  hi = uint32_t(p >> 32);
+  lo = uint32_t(p);
 #endif
 }
 
@@ -74,8 +78,9 @@ STRATA_ZO_FN void zo_philox4x32_10(uint32_t& c0, uint32_t& c1, uint32_t& c2, uin
 #pragma GCC unroll 10
 #endif
   for (int round = 0; round < 10; ++round) {
-    const uint32_t hi0 = zo_mulhi(kPhiloxM0, c0), lo0 = kPhiloxM0 * c0;
-    const uint32_t hi1 = zo_mulhi(kPhiloxM1, c2), lo1 = kPhiloxM1 * c2;
+    uint32_t hi0, lo0, hi1, lo1;
+    zo_mulhilo(kPhiloxM0, c0, hi0, lo0);
+    zo_mulhilo(kPhiloxM1, c2, hi1, lo1);
     const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
     c0 = n0;
     c1 = lo1;

@@ -3,7 +3,8 @@
 // (computed in f32, rounded to nearest even once). z comes from kernels/common/zo_rng.h, whose
 // float transform uses only __fmul_rn / __fadd_rn / __fdiv_rn / __fsqrt_rn here: nvcc never
 // fuses those, so the bits equal the CPU's (tests/cuda/test_cuda_zo.cpp; -fmad=false is set for
-// this file as well, kernels/cuda/cuda.cmake, so nothing else in it is contracted either).
+// this file as well, kernels/cuda/cuda.cmake, so nothing else in it is contracted either; its PTX
+// holds mul.rn / add.rn / div.rn / sqrt.rn .f32 only, which the PTX ISA forbids ptxas to fuse).
 //
 // One thread per Philox block (4 consecutive elements of the tensor's global index), grid-stride;
 // a range [offset, offset + n) that starts or ends inside a block skips the lanes outside it.
