@@ -244,7 +244,9 @@ STRATA_ZO_FN float zo_gaussian(uint64_t seed, uint32_t tensor, uint64_t element)
 }
 
 // p + scale z, the perturbation of one f32 value (a multiply, then an add: never fused).
-STRATA_ZO_FN float zo_perturbed(float p, float scale, float z) { return zo_add(p, zo_mul(scale, z)); }
+STRATA_ZO_FN float zo_perturbed(float p, float scale, float z) {
+  return zo_add(p, zo_mul(scale, z));
+}
 
 // The ZO-SGD update of one master weight, given gz = Σ_j c_j z_j:
 // master - lr (gz + wd master), in this order.

@@ -40,11 +40,13 @@ void gaussian_blocks(float* buf, uint64_t seed, uint32_t tensor, uint64_t b0, in
   }
 }
 
-// Calls body(z, i0, len) for consecutive pieces of [0, n): z[0 .. len) holds the perturbation of
-// elements offset + i0 .. offset + i0 + len. Pieces follow kChunk-aligned global indices, and
-// are spread over OpenMP threads when n is large.
+// Calls body(buf, b0, nb, skip, i0, len) for consecutive pieces of [0, n), each given a buffer of
+// kChunk floats: the piece covers elements offset + i0 .. offset + i0 + len of the tensor, which
+// lie in Philox blocks b0 .. b0 + nb; once gaussian_blocks(buf, ..., b0, nb) has filled the
+// buffer, element offset + i0 sits at buf[skip]. Pieces follow kChunk-aligned global indices
+// (so no piece depends on the thread count) and are spread over OpenMP threads when n is large.
 template <class Body>
-void for_each_chunk(uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n, Body body) {
+void for_each_chunk(uint64_t offset, int64_t n, Body body) {
   if (n == 0) return;
   const uint64_t first = offset / kChunk, last = (offset + uint64_t(n) - 1) / kChunk;
   const int64_t chunks = int64_t(last - first) + 1;
@@ -52,9 +54,10 @@ void for_each_chunk(uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n, 
   for (int64_t c = 0; c < chunks; ++c) {
     alignas(64) float buf[kChunk];
     const uint64_t g0 = std::max<uint64_t>(offset, (first + uint64_t(c)) * kChunk);
-    const uint64_t g1 = std::min<uint64_t>(offset + uint64_t(n), (first + uint64_t(c) + 1) * kChunk);
+    const uint64_t g1 =
+        std::min<uint64_t>(offset + uint64_t(n), (first + uint64_t(c) + 1) * kChunk);
     const uint64_t b0 = g0 / 4, b1 = (g1 + 3) / 4;
-    body(seed, buf, b0, int64_t(b1 - b0), g0 - 4 * b0, int64_t(g0 - offset), int64_t(g1 - g0));
+    body(buf, b0, int64_t(b1 - b0), g0 - 4 * b0, int64_t(g0 - offset), int64_t(g1 - g0));
   }
 }
 
@@ -62,9 +65,9 @@ void for_each_chunk(uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n, 
 
 void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n) {
   zo_check(offset, n, "zo_generate");
-  for_each_chunk(seed, tensor, offset, n,
-                 [&](uint64_t s, float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
-                   gaussian_blocks(buf, s, tensor, b0, nb);
+  for_each_chunk(offset, n,
+                 [&](float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
+                   gaussian_blocks(buf, seed, tensor, b0, nb);
                    std::copy(buf + skip, buf + skip + len, z + i0);
                  });
 }
@@ -72,9 +75,9 @@ void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int6
 void zo_perturb_f32(float* p, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
                     int64_t n) {
   zo_check(offset, n, "zo_perturb");
-  for_each_chunk(seed, tensor, offset, n,
-                 [&](uint64_t s, float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
-                   gaussian_blocks(buf, s, tensor, b0, nb);
+  for_each_chunk(offset, n,
+                 [&](float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
+                   gaussian_blocks(buf, seed, tensor, b0, nb);
                    const float* zc = buf + skip;
                    float* pc = p + i0;
 #pragma omp simd
@@ -85,9 +88,9 @@ void zo_perturb_f32(float* p, uint64_t seed, uint32_t tensor, uint64_t offset, f
 void zo_perturb_bf16(bf16* p, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
                      int64_t n) {
   zo_check(offset, n, "zo_perturb");
-  for_each_chunk(seed, tensor, offset, n,
-                 [&](uint64_t s, float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
-                   gaussian_blocks(buf, s, tensor, b0, nb);
+  for_each_chunk(offset, n,
+                 [&](float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
+                   gaussian_blocks(buf, seed, tensor, b0, nb);
                    const float* zc = buf + skip;
                    bf16* pc = p + i0;
 #pragma omp simd
@@ -104,8 +107,8 @@ void zo_sgd_update(float* master, void* working, bool working_bf16, const uint64
                "be in [1, ", kMaxPerturbations, "], got ", q);
   auto* work_f32 = working_bf16 ? nullptr : static_cast<float*>(working);
   auto* work_bf16 = working_bf16 ? static_cast<bf16*>(working) : nullptr;
-  for_each_chunk(seeds[0], tensor, offset, n,
-                 [&](uint64_t, float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
+  for_each_chunk(offset, n,
+                 [&](float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
                    alignas(64) float gz[kChunk];
                    for (int j = 0; j < q; ++j) {
                      gaussian_blocks(buf, seeds[j], tensor, b0, nb);
@@ -116,7 +119,8 @@ void zo_sgd_update(float* master, void* working, bool working_bf16, const uint64
                        for (int64_t i = 0; i < len; ++i) gz[i] = zo::zo_mul(c, zc[i]);
                      } else {
 #pragma omp simd
-                       for (int64_t i = 0; i < len; ++i) gz[i] = zo::zo_add(gz[i], zo::zo_mul(c, zc[i]));
+                       for (int64_t i = 0; i < len; ++i)
+                         gz[i] = zo::zo_add(gz[i], zo::zo_mul(c, zc[i]));
                      }
                    }
                    float* m = master + i0;
@@ -137,7 +141,7 @@ void zo_probe_sincos_turn(uint32_t j, float* sin_out, float* cos_out) {
 
 }  // namespace strata::cpu
 
-// ---- the f32 twins: one element at a time --------------------------------------------------------
+// ---- the f32 twins: one element at a time ------------------------------------------------------
 namespace strata::ref {
 
 void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n) {
