@@ -416,3 +416,13 @@ TEST_CASE("zo: the CPU backend's device ops run the CPU kernels", "[zo]") {
   dev->free(p);
   dev->free(pb);
 }
+
+TEST_CASE("zo: bad sizes are clear errors", "[zo]") {
+  float x[4] = {};
+  CHECK_THROWS_WITH(cpu::zo_generate(x, 1, 0, 0, -1), Catch::Contains("need n >= 0"));
+  CHECK_THROWS_WITH(cpu::zo_perturb_f32(x, 1, 0, ~0ull - 2, 0.1f, 4), Catch::Contains("overflows"));
+  const uint64_t seeds[1] = {1};
+  const float coefs[1] = {1.f};
+  CHECK_THROWS_WITH(cpu::zo_sgd_update(x, nullptr, false, seeds, coefs, 0, 0, 0, 1e-3f, 0.f, 4),
+                    Catch::Contains("number of perturbations"));
+}
