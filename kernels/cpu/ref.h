@@ -11,3 +11,4 @@
 #include "kernels/cpu/ref/embedding.h"
 #include "kernels/cpu/ref/attention.h"
 #include "kernels/cpu/ref/cross_entropy.h"
+#include "kernels/cpu/ref/zo.h"

@@ -122,4 +122,12 @@ void adamw_update(float* master, void* m, void* v, bool moments_bf16, const floa
                   void* working, bool working_bf16, int64_t n, const AdamWConstants& c,
                   cudaStream_t stream);
 
+// ---- zeroth-order perturbations (kernels/common/zo_rng.h; twins: kernels/cpu/ref/zo.h) --------
+// z (n) = z(seed, tensor, offset + i);  p (n, f32 or bf16 when p_bf16) += scale * z(...), in f32,
+// bf16 rounded to nearest even once. Bit-identical to the CPU kernels (kernels/cpu/zo.h).
+void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n,
+                 cudaStream_t stream);
+void zo_perturb(void* p, bool p_bf16, uint64_t seed, uint32_t tensor, uint64_t offset,
+                float scale, int64_t n, cudaStream_t stream);
+
 }  // namespace strata::cuda

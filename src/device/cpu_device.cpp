@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/zo.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
 #include "src/device/arena.h"
@@ -346,6 +347,20 @@ class CpuDevice final : public ArenaDevice {
   }
   void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::cast_f32_to_bf16(out, in, n); });
+  }
+  void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n,
+                   Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::zo_generate(z, seed, tensor, offset, n); });
+  }
+  void zo_perturb(void* p, DType pt, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
+                  int64_t n, Stream s) override {
+    STRATA_ASSERT(pt == DType::f32 || pt == DType::bf16, "zo_perturb: tensors must be f32 or bf16");
+    enqueue_op(s, OpKind::elementwise, [=] {
+      if (pt == DType::f32)
+        cpu::zo_perturb_f32(static_cast<float*>(p), seed, tensor, offset, scale, n);
+      else
+        cpu::zo_perturb_bf16(static_cast<bf16*>(p), seed, tensor, offset, scale, n);
+    });
   }
 
  private:

@@ -429,6 +429,17 @@ class CudaDevice final : public ArenaDevice {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::cast_f32_to_bf16(out, in, n, stream(s));
   }
+  void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n,
+                   Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::zo_generate(z, seed, tensor, offset, n, stream(s));
+  }
+  void zo_perturb(void* p, DType pt, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
+                  int64_t n, Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    STRATA_ASSERT(pt == DType::f32 || pt == DType::bf16, "zo_perturb: tensors must be f32 or bf16");
+    cuda::zo_perturb(p, pt == DType::bf16, seed, tensor, offset, scale, n, stream(s));
+  }
 
  private:
   cudaStream_t stream(Stream s) const { return streams_[int(s)]; }

@@ -130,6 +130,14 @@ class Device {
                                          int64_t v0, int64_t vc, float grad_scale) = 0;
   virtual void add_inplace(Stream s, float* y, const float* x, int64_t n) = 0;
   virtual void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) = 0;
+
+  // ---- zeroth-order perturbations (kernels/cpu/zo.h; the same bits on every backend) ----
+  // z (n) = z(seed, tensor, offset + i), the Gaussian of kernels/common/zo_rng.h.
+  virtual void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n,
+                           Stream s) = 0;
+  // p (n, f32 or bf16) += scale * z(seed, tensor, offset + i), in f32 (bf16 rounded once).
+  virtual void zo_perturb(void* p, DType p_type, uint64_t seed, uint32_t tensor, uint64_t offset,
+                          float scale, int64_t n, Stream s) = 0;
 };
 
 // The bookkeeping both backends share: device allocations carved from one reserved block by a

@@ -12,6 +12,7 @@ namespace strata::bench {
 // One entry per subcommand, defined in tools/bench/bench_<name>.cpp.
 int bench_adamw(const std::vector<std::string>& args);
 int bench_pipeline(const std::vector<std::string>& args);
+int bench_zo(const std::vector<std::string>& args);
 }  // namespace strata::bench
 
 namespace {
@@ -29,6 +30,9 @@ const BenchCommand kBenchCommands[] = {
     {"pipeline", strata::bench::bench_pipeline,
      "the streaming engine on the CPU backend with a throttled link, step time over "
      "max(compute, transfer) and the device peak at 4 and L layers: strata-bench pipeline [--layers L]"},
+    {"zo", strata::bench::bench_zo,
+     "the ZO host side: z generation and the ZO-SGD update (bf16 working copy) per parameter against "
+     "a plain pass over the same bytes, 1..N threads: strata-bench zo [--params N] [--rounds R]"},
 };
 
 void bench_print_usage(FILE* f) {
