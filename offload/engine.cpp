@@ -4,8 +4,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/ops.h"
+#include "src/device/host_ops.h"
 #include "src/core/error.h"
+#include "src/device/arena.h"
 
 namespace strata {
 namespace {
@@ -114,7 +115,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   plan.push_back({"rope inv_freq", inv.size() * 4});
   plan.push_back({"layer workspace", layer_workspace_bytes(dims_)});
   size_t needed = 0;
-  for (auto& [name, bytes] : plan) needed += (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  for (auto& [name, bytes] : plan) needed += Arena::footprint(bytes);
   STRATA_CHECK_BUDGET(needed + dev_.used_bytes() <= dev_.budget_bytes(), "the device budget of ",
                       format_bytes(dev_.budget_bytes()), " is too small: this model and micro-batch need at least ",
                       format_bytes(needed), " (", stream ? "two layer slots" : "every layer resident",
@@ -165,7 +166,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   if (opt_.checkpoints == "auto") {
     const size_t margin = 1 << 20;
     size_t left = dev_.budget_bytes() > dev_.used_bytes() + margin ? dev_.budget_bytes() - dev_.used_bytes() - margin : 0;
-    count = std::min(L_, left / ((act_bytes + 255) / 256 * 256));
+    count = std::min(L_, left / Arena::footprint(act_bytes));
   }
   device_ckpt_count_ = count;
   if (count) ckpt_dev_ = static_cast<float*>(dev_.alloc(count * act_bytes, str_cat(count, " layer checkpoints")));
@@ -376,7 +377,7 @@ void Engine::forward(const MicroBatch& mb) {
     float* out = i + 1 < L_ ? ckpt_device(i + 1) : x_final_;
     const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
     if (out_spills) dev_.stream_wait_event(s, *pp_saved_[(i + 1) % 2]);  // its last d2h is done
-    layer_forward(dev_, s, dims_, weights_at(weight_slots_[slot], i), ctx, ws_, out, in);
+    layer_forward(dev_, out, in, weights_at(weight_slots_[slot], i), ctx, ws_, dims_, s);
     dev_.event_record(*slot_free_[slot], s);
     if (out_spills) {
       dev_.event_record(*x_ready_, s);
@@ -386,7 +387,7 @@ void Engine::forward(const MicroBatch& mb) {
     }
   }
   ensure_final_norm();
-  dev_.rmsnorm_forward(s, hn_, rstd_final_, x_final_, norm_dev_, N, C, dims_.eps);
+  dev_.rmsnorm_forward(hn_, rstd_final_, x_final_, norm_dev_, N, C, dims_.eps, s);
 }
 
 // The loss head: lm_head chunk by chunk (engine.h). Forward: online-softmax statistics per
@@ -400,12 +401,12 @@ void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
   auto chunk_rows = [&](size_t k) { return std::min(head_rows_, V - int64_t(k) * head_rows_); };
   for (size_t k = 0; k < head_chunks_; ++k) {
     const void* w = ensure_head_chunk(k);
-    dev_.lm_head_ce_chunk_stats(s, ce_stats_, hn_, w, lm_type, targets_, N, C, V, int64_t(k) * head_rows_,
-                                chunk_rows(k), k == 0);
+    dev_.lm_head_ce_chunk_stats(ce_stats_, hn_, w, lm_type, targets_, N, C, V, int64_t(k) * head_rows_,
+                                chunk_rows(k), k == 0, s);
     release_head_chunk(k);
   }
   dev_.memset_zero(loss_dev_, sizeof(double), s);
-  dev_.lm_head_ce_stats_loss(s, loss_dev_, ce_stats_, targets_, N, V);
+  dev_.lm_head_ce_stats_loss(loss_dev_, ce_stats_, targets_, N, V, s);
   if (!backward) return;
 
   dev_.memset_zero(dhn_, size_t(N * C) * 4, s);
@@ -417,8 +418,8 @@ void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
     const void* w = ensure_head_chunk(k);
     dev_.stream_wait_event(s, *head_grad_copied_[b]);  // the slot's previous chunk has left
     dev_.memset_zero(head_grad_slots_[b], size_t(vc * C) * 4, s);
-    dev_.lm_head_ce_chunk_backward(s, dhn_, head_grad_slots_[b], hn_, w, lm_type, ce_stats_, targets_, N, C, V,
-                                   v0, vc, grad_scale);
+    dev_.lm_head_ce_chunk_backward(dhn_, head_grad_slots_[b], hn_, w, lm_type, ce_stats_, targets_, N, C, V,
+                                   v0, vc, grad_scale, s);
     release_head_chunk(k);
 
     // dW chunk -> pinned staging -> added into its rows of the host gradient
@@ -442,7 +443,7 @@ void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
   // final norm backward; its gradient goes to the host like the others
   dev_.stream_wait_event(s, *norm_grad_copied_);
   dev_.memset_zero(norm_grad_dev_, size_t(C) * 4, s);
-  dev_.rmsnorm_backward(s, dx_[0], norm_grad_dev_, dhn_, x_final_, norm_dev_, rstd_final_, N, C);
+  dev_.rmsnorm_backward(dx_[0], norm_grad_dev_, dhn_, x_final_, norm_dev_, rstd_final_, N, C, s);
   dev_.event_record(*x_ready_, s);
   dev_.stream_wait_event(Stream::d2h, *x_ready_);
   dev_.copy_d2h(norm_grad_staging_, norm_grad_dev_, size_t(C) * 4, Stream::d2h);
@@ -486,7 +487,7 @@ void Engine::backward(const MicroBatch& mb) {
     const ParamGroup& grp = store_.layer_group(i);
     dev_.memset_zero(g, grp.f32_bytes, s);
     LayerGrads lg = grads_at(g, i);
-    layer_backward(dev_, s, dims_, weights_at(weight_slots_[slot], i), lg, ctx, ws_, dx, dout, x);
+    layer_backward(dev_, dx, lg, dout, x, weights_at(weight_slots_[slot], i), ctx, ws_, dims_, s);
     dev_.event_record(*slot_free_[slot], s);
     dev_.event_record(*stage_free_[b], s);
 
@@ -518,7 +519,7 @@ void Engine::backward(const MicroBatch& mb) {
   const int64_t n_tokens = N;
   host_.enqueue([this, ev, n_tokens] {
     dev_.event_synchronize(*ev);
-    cpu::embedding_backward(store_.grad_of(size_t(store_.spec().embed)), dx0_host_, ids_host_.data(),
+    host_embedding_backward(store_.grad_of(size_t(store_.spec().embed)), dx0_host_, ids_host_.data(),
                             n_tokens, dims_.C);
   });
   update_group_when_landed(0);  // the embedding (and a tied lm_head)

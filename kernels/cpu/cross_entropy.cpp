@@ -1,21 +1,17 @@
-// lm_head + cross-entropy on the CPU, chunked over rows so at most kCeChunkRows x V logits
-// exist at once (vocab is 32k-152k; all N x V logits would not fit). Ignored rows (-100) are
-// dropped before the matmuls: only counted rows are gathered into chunks.
+// lm_head + cross-entropy on the CPU, with lm_head in vocab chunks (a streamed lm_head) and
+// rows in chunks of kCeChunkRows, so at most kCeChunkRows x vc logits exist at once (vocab is
+// 32k-152k; all N x V logits would not fit). Ignored rows (-100) are dropped before the
+// matmuls: only counted rows are gathered into tiles.
 //
-// Numerics: logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate);
-// log-softmax is max-subtracted, exp in f32, the row's sum of exps and its loss in double.
-// Row losses are summed serially in row order, so the result is bitwise independent of the
-// thread count (given deterministic matmuls).
+// A stats pass keeps each row's running max and sum of exps (online softmax, combined in
+// double), the loss is read from the stats, and a backward pass recomputes each chunk's logits:
+// dlogits = (softmax - onehot) * grad_scale, then dh += dlogits · w_chunk and
+// dw_chunk += dlogits^T · h. With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
+// Logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate); exp in f32,
+// sums in double; row losses are summed serially in row order, so results are bitwise
+// independent of the thread count (given deterministic matmuls).
 //
-// The backward is fused with the forward: dlogits = (softmax - onehot) * grad_scale overwrites
-// the logits chunk, then dh = dlogits · w (written) and dw += dlogits^T · h (accumulated).
-// With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
-//
-// The vocab-chunked variant (lm_head_ce_chunk_*, for a streamed lm_head) runs the same per-row
-// arithmetic on one chunk of vocab rows at a time: a stats pass keeps each row's running max
-// and sum of exps (online softmax, combined in double), the loss is read from the stats, and a
-// backward pass recomputes each chunk's logits. With one chunk it computes what the fused
-// functions compute, operation for operation.
+// The whole-vocabulary entries (lm_head_ce_forward / _backward) are the one-chunk case.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -63,83 +59,6 @@ std::vector<int64_t> ce_counted_rows(const int32_t* targets, int64_t n, int64_t 
     rows.push_back(i);
   }
   return rows;
-}
-
-// Forward, or the fused backward when `backward`. W is float or bf16.
-template <class W>
-double ce_run(bool backward, float* dh, float* dw, int64_t* count, const float* h, const W* w,
-              const int32_t* targets, int64_t n, int64_t c, int64_t v, float grad_scale) {
-  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
-  const int64_t counted = int64_t(rows.size());
-  *count = counted;
-  if (backward) {
-    // Ignored rows get zero gradient; counted rows are overwritten chunk by chunk.
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) std::fill(dh + i * c, dh + (i + 1) * c, 0.f);
-  }
-  if (counted == 0) return 0.0;
-
-  const int64_t chunk = std::min(kCeChunkRows, counted);
-  std::vector<W> h_chunk(size_t(chunk * c));                 // (chunk, C) gathered counted rows
-  std::vector<float> logits(size_t(chunk * v));              // (chunk, V), then dlogits
-  std::vector<double> row_loss(static_cast<size_t>(chunk));  // (chunk)
-  std::vector<W> dlogits_cast;                               // (chunk, V) bf16 copy, bf16 w only
-  std::vector<float> dh_chunk;                               // (chunk, C)
-  if (backward) {
-    if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * v));
-    dh_chunk.resize(size_t(chunk * c));
-  }
-
-  double loss = 0.0;
-  for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
-    const int64_t nr = std::min(chunk, counted - r0);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; ++r) {
-      const float* src = h + rows[r0 + r] * c;
-      W* dst = h_chunk.data() + r * c;
-      for (int64_t e = 0; e < c; ++e) dst[e] = ce_from_f32<W>(src[e]);
-    }
-    ce_matmul(logits.data(), h_chunk.data(), w, nr, v, c, false, true, 0.f);
-
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; ++r) {
-      float* x = logits.data() + r * v;
-      const int32_t target = targets[rows[r0 + r]];
-      float m = x[0];
-      for (int64_t j = 1; j < v; ++j) m = std::max(m, x[j]);
-      const float x_target = x[target];
-      double sum = 0.0;
-      for (int64_t j = 0; j < v; ++j) {
-        x[j] = std::exp(x[j] - m);
-        sum += double(x[j]);
-      }
-      row_loss[r] = double(m) + std::log(sum) - double(x_target);
-      if (backward) {
-        const float inv_sum = float(1.0 / sum);
-        for (int64_t j = 0; j < v; ++j) x[j] = x[j] * inv_sum * grad_scale;
-        x[target] -= grad_scale;
-        if constexpr (std::is_same_v<W, bf16>) {
-          bf16* xb = dlogits_cast.data() + r * v;
-          for (int64_t j = 0; j < v; ++j) xb[j] = f32_to_bf16(x[j]);
-        }
-      }
-    }
-    for (int64_t r = 0; r < nr; ++r) loss += row_loss[r];  // fixed order
-    if (!backward) continue;
-
-    const W* dlogits;
-    if constexpr (std::is_same_v<W, bf16>) {
-      dlogits = dlogits_cast.data();
-    } else {
-      dlogits = logits.data();
-    }
-    ce_matmul(dh_chunk.data(), dlogits, w, nr, c, v, false, false, 0.f);  // (nr, C)
-    ce_matmul(dw, dlogits, h_chunk.data(), v, c, nr, true, false, 1.f);   // (V, C) +=
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; ++r)
-      std::copy(dh_chunk.data() + r * c, dh_chunk.data() + (r + 1) * c, dh + rows[r0 + r] * c);
-  }
-  return loss;
 }
 
 void ce_check_chunk(int64_t v, int64_t v0, int64_t vc) {
@@ -253,28 +172,6 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
 
 }  // namespace
 
-double lm_head_ce_forward(int64_t* count, const float* h, const float* w, const int32_t* targets,
-                          int64_t n, int64_t c, int64_t v) {
-  return ce_run<float>(false, nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
-}
-
-double lm_head_ce_forward_bf16(int64_t* count, const float* h, const bf16* w,
-                               const int32_t* targets, int64_t n, int64_t c, int64_t v) {
-  return ce_run<bf16>(false, nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
-}
-
-double lm_head_ce_backward(float* dh, float* dw, int64_t* count, const float* h, const float* w,
-                           const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                           float grad_scale) {
-  return ce_run<float>(true, dh, dw, count, h, w, targets, n, c, v, grad_scale);
-}
-
-double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const float* h, const bf16* w,
-                                const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                float grad_scale) {
-  return ce_run<bf16>(true, dh, dw, count, h, w, targets, n, c, v, grad_scale);
-}
-
 void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                             int64_t vc, bool first) {
@@ -310,6 +207,47 @@ void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
                                     const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                     int64_t v0, int64_t vc, float grad_scale) {
   ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, n, c, v, v0, vc, grad_scale);
+}
+
+// ---- the whole vocabulary at once: the one-chunk case of the chunked loss ------------------
+
+namespace {
+
+template <class W>
+double ce_one_chunk(float* dh, float* dw, int64_t* count, const float* h, const W* w,
+                    const int32_t* targets, int64_t n, int64_t c, int64_t v, float grad_scale) {
+  std::vector<double> stats(size_t(3 * std::max<int64_t>(n, 0)));  // (N, 3)
+  ce_chunk_stats<W>(stats.data(), h, w, targets, n, c, v, 0, v, true);
+  const double loss = lm_head_ce_stats_loss(count, stats.data(), targets, n, v);
+  if (dh) {
+    std::fill(dh, dh + n * c, 0.f);  // written: ignored rows keep zero
+    ce_chunk_backward<W>(dh, dw, h, w, stats.data(), targets, n, c, v, 0, v, grad_scale);
+  }
+  return loss;
+}
+
+}  // namespace
+
+double lm_head_ce_forward(int64_t* count, const float* h, const float* w, const int32_t* targets,
+                          int64_t n, int64_t c, int64_t v) {
+  return ce_one_chunk<float>(nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
+}
+
+double lm_head_ce_forward_bf16(int64_t* count, const float* h, const bf16* w,
+                               const int32_t* targets, int64_t n, int64_t c, int64_t v) {
+  return ce_one_chunk<bf16>(nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
+}
+
+double lm_head_ce_backward(float* dh, float* dw, int64_t* count, const float* h, const float* w,
+                           const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                           float grad_scale) {
+  return ce_one_chunk<float>(dh, dw, count, h, w, targets, n, c, v, grad_scale);
+}
+
+double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const float* h, const bf16* w,
+                                const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                float grad_scale) {
+  return ce_one_chunk<bf16>(dh, dw, count, h, w, targets, n, c, v, grad_scale);
 }
 
 }  // namespace strata::cpu
