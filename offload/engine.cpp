@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "src/core/error.h"
 #include "src/device/arena.h"
@@ -170,37 +171,37 @@ size_t Engine::slot_of(size_t layer) const {
   return shape_.weights == WeightsMode::stream ? layer % buf_.weight_slots.size() : layer;
 }
 
+namespace {
+
+// A layer's tensors inside one contiguous block (a weight slot or a gradient slot): `at` maps a
+// parameter row to its address (null where the family has no such tensor).
+template <class View, class At>
+View layer_view(const LayerParamRows& r, At at) {
+  View v;
+  auto set = [&](auto& field, int64_t row) { field = static_cast<std::remove_reference_t<decltype(field)>>(at(row)); };
+  set(v.q, r.q), set(v.k, r.k), set(v.v, r.v), set(v.o, r.o);
+  set(v.gate, r.gate), set(v.up, r.up), set(v.down, r.down);
+  set(v.input_norm, r.input_norm), set(v.post_norm, r.post_norm), set(v.q_norm, r.q_norm), set(v.k_norm, r.k_norm);
+  set(v.q_bias, r.q_bias), set(v.k_bias, r.k_bias), set(v.v_bias, r.v_bias), set(v.o_bias, r.o_bias);
+  return v;
+}
+
+}  // namespace
+
 LayerWeights Engine::weights_at(const char* base, size_t layer) const {
   const ParamGroup& g = store_.layer_group(layer);
   const TensorTable& wt = store_.working_table();
-  auto at = [&](int64_t row) -> const void* {
+  return layer_view<LayerWeights>(store_.spec().layers[layer], [&](int64_t row) -> const void* {
     return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
-  };
-  auto f = [&](int64_t row) { return static_cast<const float*>(at(row)); };
-  const LayerParamRows& r = store_.spec().layers[layer];
-  LayerWeights w;
-  w.q = at(r.q); w.k = at(r.k); w.v = at(r.v); w.o = at(r.o);
-  w.gate = at(r.gate); w.up = at(r.up); w.down = at(r.down);
-  w.input_norm = f(r.input_norm); w.post_norm = f(r.post_norm);
-  w.q_norm = f(r.q_norm); w.k_norm = f(r.k_norm);
-  w.q_bias = f(r.q_bias); w.k_bias = f(r.k_bias); w.v_bias = f(r.v_bias); w.o_bias = f(r.o_bias);
-  return w;
+  });
 }
 
 LayerGrads Engine::grads_at(char* base, size_t layer) const {
   const ParamGroup& g = store_.layer_group(layer);
   const TensorTable& ft = store_.f32_table();
-  auto at = [&](int64_t row) -> float* {
-    return row == kAbsent ? nullptr : reinterpret_cast<float*>(base + (ft[size_t(row)].offset - g.f32_offset));
-  };
-  const LayerParamRows& r = store_.spec().layers[layer];
-  LayerGrads d;
-  d.q = at(r.q); d.k = at(r.k); d.v = at(r.v); d.o = at(r.o);
-  d.gate = at(r.gate); d.up = at(r.up); d.down = at(r.down);
-  d.input_norm = at(r.input_norm); d.post_norm = at(r.post_norm);
-  d.q_norm = at(r.q_norm); d.k_norm = at(r.k_norm);
-  d.q_bias = at(r.q_bias); d.k_bias = at(r.k_bias); d.v_bias = at(r.v_bias); d.o_bias = at(r.o_bias);
-  return d;
+  return layer_view<LayerGrads>(store_.spec().layers[layer], [&](int64_t row) -> void* {
+    return row == kAbsent ? nullptr : base + (ft[size_t(row)].offset - g.f32_offset);
+  });
 }
 
 void Engine::ensure_layer(size_t layer) {
