@@ -77,13 +77,12 @@ void ce_gather(W* tile, const float* h, const std::vector<int64_t>& rows, int64_
   }
 }
 
-// Stats pass over one vocab chunk: stats (N,3) = {max, sum of exp(z - max), target logit}.
-template <class W>
-void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* targets, int64_t n,
-                    int64_t c, int64_t v, int64_t v0, int64_t vc, bool first) {
-  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
-  ce_check_chunk(v, v0, vc);
-  if (first) std::fill(stats, stats + 3 * n, 0.0);
+// For each tile of up to kCeChunkRows counted rows (in order): the tile's rows of h gathered
+// and rounded to W, its logits (nr, vc) = h_tile · w_chunk^T, then per_tile(r0, nr, h_tile,
+// logits) with rows [r0, r0 + nr) of `rows`.
+template <class W, class F>
+void ce_for_each_tile(const float* h, const W* w, const std::vector<int64_t>& rows, int64_t c, int64_t vc,
+                      F&& per_tile) {
   const int64_t counted = int64_t(rows.size());
   if (counted == 0) return;
   const int64_t chunk = std::min(kCeChunkRows, counted);
@@ -93,9 +92,21 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
     const int64_t nr = std::min(chunk, counted - r0);
     ce_gather(h_tile.data(), h, rows, r0, nr, c);
     ce_matmul(logits.data(), h_tile.data(), w, nr, vc, c, false, true, 0.f);
+    per_tile(r0, nr, h_tile.data(), logits.data());
+  }
+}
+
+// Stats pass over one vocab chunk: stats (N,3) = {max, sum of exp(z - max), target logit}.
+template <class W>
+void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* targets, int64_t n,
+                    int64_t c, int64_t v, int64_t v0, int64_t vc, bool first) {
+  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
+  ce_check_chunk(v, v0, vc);
+  if (first) std::fill(stats, stats + 3 * n, 0.0);
+  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W*, const float* logits) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
-      const float* x = logits.data() + r * vc;
+      const float* x = logits + r * vc;
       const int64_t i = rows[size_t(r0 + r)];
       float m = x[0];
       for (int64_t j = 1; j < vc; ++j) m = std::max(m, x[j]);
@@ -113,7 +124,7 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
       const int64_t t = int64_t(targets[i]) - v0;
       if (t >= 0 && t < vc) st[2] = double(x[t]);
     }
-  }
+  });
 }
 
 // Backward pass over one vocab chunk: dh += dlogits · w_chunk, dw_chunk += dlogits^T · h.
@@ -123,21 +134,14 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
                        int64_t vc, float grad_scale) {
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
-  const int64_t counted = int64_t(rows.size());
-  if (counted == 0) return;
-  const int64_t chunk = std::min(kCeChunkRows, counted);
-  std::vector<W> h_tile(size_t(chunk * c));       // (chunk, C)
-  std::vector<float> logits(size_t(chunk * vc));  // (chunk, vc), then dlogits
+  const int64_t chunk = std::min<int64_t>(kCeChunkRows, int64_t(rows.size()));
   std::vector<W> dlogits_cast;                    // (chunk, vc) bf16 copy, bf16 w only
   if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * vc));
   std::vector<float> dh_tile(size_t(chunk * c));  // (chunk, C)
-  for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
-    const int64_t nr = std::min(chunk, counted - r0);
-    ce_gather(h_tile.data(), h, rows, r0, nr, c);
-    ce_matmul(logits.data(), h_tile.data(), w, nr, vc, c, false, true, 0.f);
+  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W* h_tile, float* logits) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
-      float* x = logits.data() + r * vc;
+      float* x = logits + r * vc;  // logits, then dlogits
       const int64_t i = rows[size_t(r0 + r)];
       const double* st = stats + 3 * i;
       const float m = float(st[0]);
@@ -157,17 +161,17 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
     if constexpr (std::is_same_v<W, bf16>) {
       dlogits = dlogits_cast.data();
     } else {
-      dlogits = logits.data();
+      dlogits = logits;
     }
     ce_matmul(dh_tile.data(), dlogits, w, nr, c, vc, false, false, 0.f);   // (nr, C)
-    ce_matmul(dw, dlogits, h_tile.data(), vc, c, nr, true, false, 1.f);    // (vc, C) +=
+    ce_matmul(dw, dlogits, h_tile, vc, c, nr, true, false, 1.f);           // (vc, C) +=
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
       float* dst = dh + rows[size_t(r0 + r)] * c;
       const float* src = dh_tile.data() + r * c;
       for (int64_t e = 0; e < c; ++e) dst[e] += src[e];
     }
-  }
+  });
 }
 
 }  // namespace

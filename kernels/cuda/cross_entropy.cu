@@ -136,14 +136,19 @@ void ce_chunk_check(int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc, siz
                " it needs");
 }
 
-// The tile's h as the matmul reads it: f32 in place, or rounded to bf16 into the workspace.
-const void* ce_tile_h(const CeWorkspace& ws, const float* h, int64_t nr, int64_t c, bool w_bf16,
-                      cudaStream_t stream) {
-  if (!w_bf16) return h;
-  STRATA_LAUNCH(ce_cast_kernel, grid_blocks(nr * c, kCeThreads), kCeThreads, 0, stream, ws.h_bf16,
-                h, nr * c);
-  STRATA_CUDA_CHECK_LAUNCH("lm_head_ce cast");
-  return ws.h_bf16;
+// Tile [r0, r0 + nr) of the rows: h rounded to bf16 into the workspace when w is bf16, then
+// ws.logits (nr, vc) = h_tile · w_chunk^T. Returns h_tile as the matmuls read it.
+const void* ce_tile_logits(const CeWorkspace& ws, const float* h, const void* w_chunk, bool w_bf16, int64_t r0,
+                           int64_t nr, int64_t c, int64_t vc, cublasHandle_t handle, cudaStream_t stream) {
+  const void* h_tile = h + r0 * c;  // (nr, C)
+  if (w_bf16) {
+    STRATA_LAUNCH(ce_cast_kernel, grid_blocks(nr * c, kCeThreads), kCeThreads, 0, stream, ws.h_bf16,
+                  h + r0 * c, nr * c);
+    STRATA_CUDA_CHECK_LAUNCH("lm_head_ce cast");
+    h_tile = ws.h_bf16;
+  }
+  matmul(ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f, handle, stream);
+  return h_tile;
 }
 
 }  // namespace
@@ -162,8 +167,7 @@ void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, 
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
     const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
-    const void* h_tile = ce_tile_h(ws, h + r0 * c, nr, c, w_bf16, stream);  // (nr, C)
-    matmul(ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f, handle, stream);
+    ce_tile_logits(ws, h, w_chunk, w_bf16, r0, nr, c, vc, handle, stream);
     STRATA_LAUNCH(ce_chunk_stats_kernel, unsigned(nr), kCeThreads, 0, stream, stats + 3 * r0,
                   ws.logits, targets + r0, v, v0, vc, first ? 1 : 0, error_word);
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk stats");
@@ -186,8 +190,7 @@ void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
     const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
-    const void* h_tile = ce_tile_h(ws, h + r0 * c, nr, c, w_bf16, stream);  // (nr, C)
-    matmul(ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f, handle, stream);
+    const void* h_tile = ce_tile_logits(ws, h, w_chunk, w_bf16, r0, nr, c, vc, handle, stream);
     STRATA_LAUNCH(ce_chunk_grad_kernel, unsigned(nr), kCeThreads, 0, stream, ws.logits,
                   w_bf16 ? ws.dl_bf16 : nullptr, stats + 3 * r0, targets + r0, v, v0, vc,
                   grad_scale, error_word);
