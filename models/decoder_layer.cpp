@@ -3,64 +3,65 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/core/align.h"
 #include "src/core/error.h"
 
 namespace strata {
 namespace {
 
 // y (N,O) = x (N,I) W^T (+ b). W (O,I) is d.wt; in bf16 mode x is rounded into `cast` first.
-void linear_forward(Device& dev, Stream s, const LayerDims& d, bf16* cast, float* y,
-                    const float* x, const void* w, const float* b, int64_t n, int64_t o,
-                    int64_t i) {
+void linear_forward(Device& dev, float* y, const float* x, const void* w, const float* b,
+                    bf16* cast, int64_t n, int64_t o, int64_t i, const LayerDims& d, Stream s) {
   if (d.wt == DType::f32) {
-    dev.matmul(s, y, x, w, DType::f32, n, o, i, false, true, 0.f);
+    dev.matmul(y, x, w, DType::f32, n, o, i, false, true, 0.f, s);
   } else {
-    dev.cast_f32_to_bf16(s, cast, x, n * i);
-    dev.matmul(s, y, cast, w, DType::bf16, n, o, i, false, true, 0.f);
+    dev.cast_f32_to_bf16(cast, x, n * i, s);
+    dev.matmul(y, cast, w, DType::bf16, n, o, i, false, true, 0.f, s);
   }
-  if (b) dev.bias_forward(s, y, b, n, o);
+  if (b) dev.bias_forward(y, b, n, o, s);
 }
 
 // dx (N,I) = dy W (written, or added when accumulate); dW (O,I) += dy^T x; db (O) += sum dy.
-void linear_backward(Device& dev, Stream s, const LayerDims& d, LayerWorkspace& ws, float* dx,
-                     float* dw, float* db, const float* dy, const float* x, const void* w,
-                     int64_t n, int64_t o, int64_t i, bool accumulate) {
+void linear_backward(Device& dev, float* dx, float* dw, float* db, const float* dy, const float* x,
+                     const void* w, LayerWorkspace& ws, int64_t n, int64_t o, int64_t i,
+                     bool accumulate, const LayerDims& d, Stream s) {
   const float beta = accumulate ? 1.f : 0.f;
   if (d.wt == DType::f32) {
-    dev.matmul(s, dx, dy, w, DType::f32, n, i, o, false, false, beta);
-    dev.matmul(s, dw, dy, x, DType::f32, o, i, n, true, false, 1.f);
+    dev.matmul(dx, dy, w, DType::f32, n, i, o, false, false, beta, s);
+    dev.matmul(dw, dy, x, DType::f32, o, i, n, true, false, 1.f, s);
   } else {
-    dev.cast_f32_to_bf16(s, ws.cast_a, dy, n * o);
-    dev.matmul(s, dx, ws.cast_a, w, DType::bf16, n, i, o, false, false, beta);
-    dev.cast_f32_to_bf16(s, ws.cast_b, x, n * i);
-    dev.matmul(s, dw, ws.cast_a, ws.cast_b, DType::bf16, o, i, n, true, false, 1.f);
+    dev.cast_f32_to_bf16(ws.cast_a, dy, n * o, s);
+    dev.matmul(dx, ws.cast_a, w, DType::bf16, n, i, o, false, false, beta, s);
+    dev.cast_f32_to_bf16(ws.cast_b, x, n * i, s);
+    dev.matmul(dw, ws.cast_a, ws.cast_b, DType::bf16, o, i, n, true, false, 1.f, s);
   }
-  if (db) dev.bias_backward(s, db, dy, n, o);
+  if (db) dev.bias_backward(db, dy, n, o, s);
 }
 
 // Everything up to the MLP activation: fills ws (xn1 .. act).
-void forward_to_act(Device& dev, Stream s, const LayerDims& d, const LayerWeights& w,
-                    const TokenContext& ctx, LayerWorkspace& ws, const float* x) {
+void forward_to_act(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
+                    LayerWorkspace& ws, const LayerDims& d, Stream s) {
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
   const bool qk_norm = w.q_norm != nullptr;
-  dev.rmsnorm_forward(s, ws.xn1, ws.rstd1, x, w.input_norm, N, C, d.eps);
-  linear_forward(dev, s, d, ws.cast_a, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, N, H * D, C);
-  linear_forward(dev, s, d, ws.cast_a, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, N, Hk * D, C);
-  linear_forward(dev, s, d, ws.cast_a, ws.v, ws.xn1, w.v, w.v_bias, N, Hk * D, C);
+  dev.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, d.eps, s);
+  linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, ws.cast_a, N, H * D, C, d, s);
+  linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, ws.cast_a, N, Hk * D, C,
+                 d, s);
+  linear_forward(dev, ws.v, ws.xn1, w.v, w.v_bias, ws.cast_a, N, Hk * D, C, d, s);
   if (qk_norm) {
-    dev.rmsnorm_forward(s, ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, d.eps);
-    dev.rmsnorm_forward(s, ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, d.eps);
+    dev.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, d.eps, s);
+    dev.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, d.eps, s);
   }
-  dev.rope_forward(s, ws.q, ws.q, ctx.pos, ctx.inv_freq, N, H, D);
-  dev.rope_forward(s, ws.k, ws.k, ctx.pos, ctx.inv_freq, N, Hk, D);
+  dev.rope_forward(ws.q, ws.q, ctx.pos, ctx.inv_freq, N, H, D, s);
+  dev.rope_forward(ws.k, ws.k, ctx.pos, ctx.inv_freq, N, Hk, D, s);
   const float scale = 1.0f / std::sqrt(float(D));
-  dev.attention_forward(s, ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, H, Hk, D, scale);
-  linear_forward(dev, s, d, ws.cast_a, ws.h, ws.attn, w.o, w.o_bias, N, C, H * D);
-  dev.add_inplace(s, ws.h, x, N * C);  // residual
-  dev.rmsnorm_forward(s, ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, d.eps);
-  linear_forward(dev, s, d, ws.cast_a, ws.gate, ws.xn2, w.gate, nullptr, N, F, C);
-  linear_forward(dev, s, d, ws.cast_a, ws.up, ws.xn2, w.up, nullptr, N, F, C);
-  dev.swiglu_forward(s, ws.act, ws.gate, ws.up, N * F);
+  dev.attention_forward(ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, H, Hk, D, scale, s);
+  linear_forward(dev, ws.h, ws.attn, w.o, w.o_bias, ws.cast_a, N, C, H * D, d, s);
+  dev.add_inplace(ws.h, x, N * C, s);  // residual
+  dev.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, d.eps, s);
+  linear_forward(dev, ws.gate, ws.xn2, w.gate, nullptr, ws.cast_a, N, F, C, d, s);
+  linear_forward(dev, ws.up, ws.xn2, w.up, nullptr, ws.cast_a, N, F, C, d, s);
+  dev.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
 }
 
 struct Carver {
@@ -69,7 +70,7 @@ struct Carver {
   template <class T>
   T* take(int64_t count) {
     T* p = base ? reinterpret_cast<T*>(base + offset) : nullptr;
-    offset += (size_t(count) * sizeof(T) + 255) / 256 * 256;
+    offset += align_up(size_t(count) * sizeof(T));
     return p;
   }
 };
@@ -124,51 +125,51 @@ LayerWorkspace layer_workspace_carve(const LayerDims& d, void* base) {
   return carve(d, c);
 }
 
-void layer_forward(Device& dev, Stream s, const LayerDims& d, const LayerWeights& w,
-                   const TokenContext& ctx, LayerWorkspace& ws, float* out, const float* x) {
+void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& w,
+                   const TokenContext& ctx, LayerWorkspace& ws, const LayerDims& d, Stream s) {
   STRATA_ASSERT(out != x, "layer_forward: out aliases x");
-  forward_to_act(dev, s, d, w, ctx, ws, x);
+  forward_to_act(dev, x, w, ctx, ws, d, s);
   const int64_t N = d.N();
-  linear_forward(dev, s, d, ws.cast_a, out, ws.act, w.down, nullptr, N, d.C, d.F);
-  dev.add_inplace(s, out, ws.h, N * d.C);  // residual
+  linear_forward(dev, out, ws.act, w.down, nullptr, ws.cast_a, N, d.C, d.F, d, s);
+  dev.add_inplace(out, ws.h, N * d.C, s);  // residual
 }
 
-void layer_backward(Device& dev, Stream s, const LayerDims& d, const LayerWeights& w,
-                    LayerGrads& g, const TokenContext& ctx, LayerWorkspace& ws, float* dx,
-                    const float* dout, const float* x) {
+void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
+                    const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
+                    const LayerDims& d, Stream s) {
   STRATA_ASSERT(dx != dout && dx != x, "layer_backward: dx aliases an input");
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
   const bool qk_norm = w.q_norm != nullptr;
-  forward_to_act(dev, s, d, w, ctx, ws, x);  // recompute from the checkpoint
+  forward_to_act(dev, x, w, ctx, ws, d, s);  // recompute from the checkpoint
 
   // MLP: out = h + act Wd^T
-  linear_backward(dev, s, d, ws, ws.dact, g.down, nullptr, dout, ws.act, w.down, N, C, F, false);
-  dev.swiglu_backward(s, ws.dgate, ws.dup, ws.dact, ws.gate, ws.up, N * F);
-  linear_backward(dev, s, d, ws, ws.dxn, g.gate, nullptr, ws.dgate, ws.xn2, w.gate, N, F, C, false);
-  linear_backward(dev, s, d, ws, ws.dxn, g.up, nullptr, ws.dup, ws.xn2, w.up, N, F, C, true);
-  dev.rmsnorm_backward(s, ws.dh, g.post_norm, ws.dxn, ws.h, w.post_norm, ws.rstd2, N, C);
-  dev.add_inplace(s, ws.dh, dout, N * C);  // residual
+  linear_backward(dev, ws.dact, g.down, nullptr, dout, ws.act, w.down, ws, N, C, F, false, d, s);
+  dev.swiglu_backward(ws.dgate, ws.dup, ws.dact, ws.gate, ws.up, N * F, s);
+  linear_backward(dev, ws.dxn, g.gate, nullptr, ws.dgate, ws.xn2, w.gate, ws, N, F, C, false, d, s);
+  linear_backward(dev, ws.dxn, g.up, nullptr, ws.dup, ws.xn2, w.up, ws, N, F, C, true, d, s);
+  dev.rmsnorm_backward(ws.dh, g.post_norm, ws.dxn, ws.h, w.post_norm, ws.rstd2, N, C, s);
+  dev.add_inplace(ws.dh, dout, N * C, s);  // residual
 
   // attention: h = x + attn Wo^T (+ bo)
-  linear_backward(dev, s, d, ws, ws.dattn, g.o, g.o_bias, ws.dh, ws.attn, w.o, N, C, H * D, false);
+  linear_backward(dev, ws.dattn, g.o, g.o_bias, ws.dh, ws.attn, w.o, ws, N, C, H * D, false, d, s);
   const float scale = 1.0f / std::sqrt(float(D));
-  dev.attention_backward(s, ws.dq, ws.dk, ws.dv, ws.dattn, ws.q, ws.k, ws.v, ws.attn, ws.lse,
-                         ctx.doc_start, d.B, d.T, H, Hk, D, scale);
-  dev.rope_backward(s, ws.dq, ws.dq, ctx.pos, ctx.inv_freq, N, H, D);
-  dev.rope_backward(s, ws.dk, ws.dk, ctx.pos, ctx.inv_freq, N, Hk, D);
+  dev.attention_backward(ws.dq, ws.dk, ws.dv, ws.dattn, ws.q, ws.k, ws.v, ws.attn, ws.lse,
+                         ctx.doc_start, d.B, d.T, H, Hk, D, scale, s);
+  dev.rope_backward(ws.dq, ws.dq, ctx.pos, ctx.inv_freq, N, H, D, s);
+  dev.rope_backward(ws.dk, ws.dk, ctx.pos, ctx.inv_freq, N, Hk, D, s);
   float* dq_lin = ws.dq;
   float* dk_lin = ws.dk;
   if (qk_norm) {  // dattn is free here: it holds the pre-norm q gradient
-    dev.rmsnorm_backward(s, ws.dattn, g.q_norm, ws.dq, ws.q_raw, w.q_norm, ws.rstd_q, N * H, D);
-    dev.rmsnorm_backward(s, ws.dk_raw, g.k_norm, ws.dk, ws.k_raw, w.k_norm, ws.rstd_k, N * Hk, D);
+    dev.rmsnorm_backward(ws.dattn, g.q_norm, ws.dq, ws.q_raw, w.q_norm, ws.rstd_q, N * H, D, s);
+    dev.rmsnorm_backward(ws.dk_raw, g.k_norm, ws.dk, ws.k_raw, w.k_norm, ws.rstd_k, N * Hk, D, s);
     dq_lin = ws.dattn;
     dk_lin = ws.dk_raw;
   }
-  linear_backward(dev, s, d, ws, ws.dxn, g.q, g.q_bias, dq_lin, ws.xn1, w.q, N, H * D, C, false);
-  linear_backward(dev, s, d, ws, ws.dxn, g.k, g.k_bias, dk_lin, ws.xn1, w.k, N, Hk * D, C, true);
-  linear_backward(dev, s, d, ws, ws.dxn, g.v, g.v_bias, ws.dv, ws.xn1, w.v, N, Hk * D, C, true);
-  dev.rmsnorm_backward(s, dx, g.input_norm, ws.dxn, x, w.input_norm, ws.rstd1, N, C);
-  dev.add_inplace(s, dx, ws.dh, N * C);  // residual
+  linear_backward(dev, ws.dxn, g.q, g.q_bias, dq_lin, ws.xn1, w.q, ws, N, H * D, C, false, d, s);
+  linear_backward(dev, ws.dxn, g.k, g.k_bias, dk_lin, ws.xn1, w.k, ws, N, Hk * D, C, true, d, s);
+  linear_backward(dev, ws.dxn, g.v, g.v_bias, ws.dv, ws.xn1, w.v, ws, N, Hk * D, C, true, d, s);
+  dev.rmsnorm_backward(dx, g.input_norm, ws.dxn, x, w.input_norm, ws.rstd1, N, C, s);
+  dev.add_inplace(dx, ws.dh, N * C, s);  // residual
 }
 
 }  // namespace strata

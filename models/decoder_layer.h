@@ -67,13 +67,13 @@ size_t layer_workspace_bytes(const LayerDims& d);
 LayerWorkspace layer_workspace_carve(const LayerDims& d, void* base);
 
 // out (N,C) = layer(x (N,C)); fills the forward part of ws. out must not alias x.
-void layer_forward(Device& dev, Stream s, const LayerDims& d, const LayerWeights& w,
-                   const TokenContext& ctx, LayerWorkspace& ws, float* out, const float* x);
+void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& w,
+                   const TokenContext& ctx, LayerWorkspace& ws, const LayerDims& d, Stream s);
 
 // dx (N,C) = d layer / d x applied to dout (N,C); grads accumulated. Recomputes the forward
 // from x first. dx must not alias dout or x.
-void layer_backward(Device& dev, Stream s, const LayerDims& d, const LayerWeights& w,
-                    LayerGrads& g, const TokenContext& ctx, LayerWorkspace& ws, float* dx,
-                    const float* dout, const float* x);
+void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
+                    const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
+                    const LayerDims& d, Stream s);
 
 }  // namespace strata

@@ -17,7 +17,6 @@
 
 namespace strata {
 
-using adamw_detail::AdamWConsts;
 using adamw_detail::AdamWSpan;
 
 const char* adamw_isa_name(AdamWIsa isa) {
@@ -71,23 +70,11 @@ AdamWIsa adamw_isa_active() {
 
 namespace {
 
-AdamWConsts adamw_make_consts(const AdamWParams& p) {
-  STRATA_CHECK(p.step >= 1, "AdamW step is ", p.step, "; steps count from 1");
-  const double t = double(p.step);
-  AdamWConsts c;
-  c.clip = float(p.clip_scale);
-  c.decay = float(1.0 - p.lr * p.weight_decay);
-  c.beta1 = float(p.beta1);
-  c.one_minus_beta1 = float(1.0 - p.beta1);
-  c.beta2 = float(p.beta2);
-  c.one_minus_beta2 = float(1.0 - p.beta2);
-  c.bc2_sqrt = float(std::sqrt(1.0 - std::pow(p.beta2, t)));
-  c.eps = float(p.eps);
-  c.neg_step_size = float(-(p.lr / (1.0 - std::pow(p.beta1, t))));
-  return c;
+AdamWConstants adamw_make_consts(const AdamWParams& p) {
+  return adamw_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.clip_scale);
 }
 
-using AdamWKernel = void (*)(const AdamWConsts&, const AdamWSpan&, int64_t, int64_t);
+using AdamWKernel = void (*)(const AdamWConstants&, const AdamWSpan&, int64_t, int64_t);
 
 AdamWKernel adamw_kernel_for(AdamWIsa isa) {
   switch (isa) {
@@ -117,7 +104,7 @@ void adamw_update_isa(AdamWIsa isa, float* master, void* m, void* v, DType momen
   STRATA_CHECK(adamw_isa_supported(isa), "AdamW variant ", adamw_isa_name(isa),
                " cannot run on this CPU");
   if (n == 0) return;
-  const AdamWConsts c = adamw_make_consts(p);
+  const AdamWConstants c = adamw_make_consts(p);
   const AdamWSpan s{master, m, v, grad, working, moment_type, working_type};
   const AdamWKernel kernel = adamw_kernel_for(isa);
   if (n < kAdamWSerialBelow || omp_get_max_threads() == 1) {

@@ -24,14 +24,12 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/common/bf16.h"
+#include "src/core/bf16.h"
+#include "src/core/adamw_constants.h"
 #include "src/core/dtype.h"
 
 namespace strata::adamw_detail {
 
-struct AdamWConsts {
-  float clip, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
-};
 
 // The buffers of one update, n elements each. m and v have moment_type (f32 or bf16);
 // working (may be null) has working_type (f32 or bf16).
@@ -49,15 +47,15 @@ struct AdamWSpan {
 constexpr int64_t kAdamWStreamMin = int64_t(1) << 16;
 
 // Each variant updates elements [begin, end) of the span. Defined in adamw_kernels_<isa>.cpp.
-void adamw_kernel_scalar(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
-void adamw_kernel_avx2(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
-void adamw_kernel_avx512(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end);
+void adamw_kernel_scalar(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
+void adamw_kernel_avx2(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
+void adamw_kernel_avx512(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
 
 // Internal linkage on purpose: each kernel file gets its own copy compiled under its own
 // options, so no ISA-specific copy can be picked by the linker for another variant.
 namespace {
 
-inline void adamw_step_element(const AdamWConsts& c, float& p, float& m, float& v, float grad) {
+inline void adamw_step_element(const AdamWConstants& c, float& p, float& m, float& v, float grad) {
   const float g = grad * c.clip;
   const float pd = p * c.decay;
   const float mi = std::fma(c.one_minus_beta1, g, m * c.beta1);
@@ -82,7 +80,7 @@ inline void adamw_store(void* buf, DType t, int64_t i, float x) {
 }
 
 // Elements [begin, end) one at a time: the scalar variant, and the tails of the vector ones.
-inline void adamw_span_scalar(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+inline void adamw_span_scalar(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float p = s.master[i];
     float m = adamw_load(s.m, s.moment_type, i);

@@ -45,7 +45,7 @@ inline void adamw_avx2_store_moment(void* buf, int64_t i, __m256 x) {
 
 // kWork: 0 no working copy, 1 f32, 2 bf16.
 template <bool kBf16Moments, int kWork>
-void adamw_avx2_run(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+void adamw_avx2_run(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
   const __m256 clip = _mm256_set1_ps(c.clip), decay = _mm256_set1_ps(c.decay);
   const __m256 b1 = _mm256_set1_ps(c.beta1), omb1 = _mm256_set1_ps(c.one_minus_beta1);
   const __m256 b2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_beta2);
@@ -72,7 +72,7 @@ void adamw_avx2_run(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int
 
 }  // namespace
 
-void adamw_kernel_avx2(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+void adamw_kernel_avx2(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
   const bool bm = s.moment_type == DType::bf16;
   const int work = !s.working ? 0 : s.working_type == DType::f32 ? 1 : 2;
   if (!bm && work == 0) adamw_avx2_run<false, 0>(c, s, begin, end);

@@ -52,7 +52,7 @@ inline void adamw_avx512_store_moment(void* buf, int64_t i, __m512 x, __mmask16 
 // on long aligned ranges it goes out with non-temporal stores (no read for ownership: 2 or 4
 // bytes per element less traffic; it is read next by the upload, not by this core).
 template <bool kBf16Moments, int kWork>
-void adamw_avx512_run(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+void adamw_avx512_run(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
   const size_t work_bytes = kWork == 1 ? 4 : 2;
   const bool stream = kWork != 0 && end - begin >= kAdamWStreamMin &&
                       (reinterpret_cast<uintptr_t>(s.working) + size_t(begin) * work_bytes) % (16 * work_bytes) == 0;
@@ -91,7 +91,7 @@ void adamw_avx512_run(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, i
 
 }  // namespace
 
-void adamw_kernel_avx512(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+void adamw_kernel_avx512(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
   const bool bm = s.moment_type == DType::bf16;
   const int work = !s.working ? 0 : s.working_type == DType::f32 ? 1 : 2;
   if (!bm && work == 0) adamw_avx512_run<false, 0>(c, s, begin, end);

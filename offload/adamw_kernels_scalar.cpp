@@ -6,7 +6,7 @@
 
 namespace strata::adamw_detail {
 
-void adamw_kernel_scalar(const AdamWConsts& c, const AdamWSpan& s, int64_t begin, int64_t end) {
+void adamw_kernel_scalar(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
   adamw_span_scalar(c, s, begin, end);
 }
 

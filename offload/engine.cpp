@@ -1,11 +1,38 @@
+// The step engine (engine.h). Reading order: set-up (buffers from the table, events), the
+// weights (which slot holds what), one pass (tokens, forward, head, backward, finish), the
+// staging helper every gradient goes through, then the optimizer.
+//
+// Events: each guards the reuse of one buffer across streams (or the host).
+//   event               recorded on (after)        waited by (before)           guards against
+//   slot_loaded[s]      h2d (upload into slot s)   compute (the layer)          reading weights not yet uploaded
+//   slot_free[s]        compute (the layer)        h2d (next upload into s)     overwriting weights still read
+//   head_slot_loaded[b] h2d (lm_head chunk upload) compute (the chunk)          the same, lm_head chunk slot b
+//   head_slot_free[b]   compute (the chunk)        h2d (next chunk upload)      the same, lm_head chunk slot b
+//   pp_saved[b]         d2h (spill of x_pp[b])     compute (writing x_pp[b]);   overwriting a ping-pong checkpoint
+//                                                  h2d (fetching into x_pp[b])  before it reached the host
+//   ckpt_fetched[b]     h2d (fetch into x_pp[b])   compute (the recompute)      reading a checkpoint not yet back
+//   stage_free[b]       compute (layer backward)   h2d (next fetch into x_pp[b]) overwriting a checkpoint still read
+//   compute_done        compute (what d2h copies)  d2h (the copy)               copying out unfinished results
+//   grad_copied[i]      d2h (layer i's gradient)   compute (zeroing slot i % 2  reusing a gradient slot before it
+//                                                  for layer i - 2); host task  left; adding staging before it landed
+//   head_grad_copied[b] d2h (chunk gradient)       compute; host task           the same, lm_head gradient slot b
+//   norm_grad_copied    d2h (final norm gradient)  compute; host task           the same, final norm gradient
+//   dx0_copied          d2h (d x0)                 host task; finish_step       scattering d x0 before it landed
+//   loss_copied         compute (loss d2h)         host (finish_step)           reading the loss before it landed
+// Host-side reuse is guarded by host-queue tickets: staging_ticket[b] / head_staging_ticket[b]
+// (a staging buffer's previous reader), optimizer_ticket[g] (group g's update, before its
+// weights are uploaded), and upload_tokens drains the queue (ids_host and dx0_host are read by
+// the previous micro-batch's scatter).
 #include "offload/engine.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
-#include "kernels/cpu/ops.h"
 #include "src/core/error.h"
+#include "src/device/arena.h"
+#include "src/device/host_ops.h"
 
 namespace strata {
 namespace {
@@ -15,7 +42,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-
 // dst += src, elementwise: the fixed-order host accumulation of gradients.
 void accumulate(float* dst, const float* src, size_t n) {
 #pragma omp parallel for simd schedule(static)
@@ -24,97 +50,29 @@ void accumulate(float* dst, const float* src, size_t n) {
 
 }  // namespace
 
-int64_t Engine::head_chunk_rows(const ModelSpec& spec, const EngineOptions& options) {
-  const int64_t V = spec.config.vocab_size;
-  STRATA_CHECK(options.head_chunk_rows >= 0, "head_chunk_rows must be >= 0 (0: the default)");
-  return std::min(V, options.head_chunk_rows > 0 ? options.head_chunk_rows : kHeadChunkRows);
-}
+// ---- set-up ------------------------------------------------------------------------------
 
 EngineHostBytes Engine::host_bytes(const ModelSpec& spec, const EngineOptions& options) {
-  const HostStoreLayout layout = HostStore::layout(spec);
-  const size_t L = spec.layers.size();
-  const int64_t C = spec.config.hidden_size;
-  const size_t act_bytes = size_t(options.max_batch * options.max_tokens * C) * 4;
-  size_t max_g = 0;
-  for (size_t i = 0; i < L; ++i) max_g = std::max(max_g, layout.groups[1 + i].f32_bytes);
-  const int64_t V = spec.config.vocab_size, rows = head_chunk_rows(spec, options);
-  const size_t head_slots = (V + rows - 1) / rows > 1 ? 2 : 1;
+  const EngineShape shape = EngineShape::of(spec, HostStore::layout(spec), options);
   EngineHostBytes b;
-  // x0 and dx0, two layer gradient stagings, the final norm gradient, lm_head gradient chunks
-  b.staging = 2 * act_bytes + 2 * max_g + size_t(C) * 4 + head_slots * size_t(rows * C) * 4;
-  b.checkpoints = options.checkpoints == "device" ? 0 : L * act_bytes;
+  b.staging = engine_pinned_bytes(engine_buffer_table(shape, nullptr));
+  b.checkpoints = shape.checkpoints == CheckpointMode::device ? 0 : shape.layers * shape.activation_bytes();
   return b;
 }
 
 Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
-    : dev_(dev), store_(store), opt_(opt) {
-  STRATA_CHECK(opt_.weights == "stream" || opt_.weights == "device", "offload.weights = \"",
-               opt_.weights, "\": use \"stream\" or \"device\"");
-  STRATA_CHECK(opt_.checkpoints == "auto" || opt_.checkpoints == "device" || opt_.checkpoints == "host",
-               "offload.checkpoints = \"", opt_.checkpoints, "\": use \"auto\", \"device\" or \"host\"");
+    : dev_(dev), store_(store), opt_(opt), shape_(EngineShape::of(store.spec(), HostStore::layout(store.spec()), opt)) {
   const ModelSpec& spec = store_.spec();
-  const ModelConfig& cfg = spec.config;
-  L_ = spec.layers.size();
-  tied_ = spec.lm_head == kAbsent;
-  dims_.B = opt_.max_batch;
-  dims_.T = opt_.max_tokens;
-  dims_.C = cfg.hidden_size;
-  dims_.H = cfg.num_attention_heads;
-  dims_.Hk = cfg.num_key_value_heads;
-  dims_.D = cfg.head_dim;
-  dims_.F = cfg.intermediate_size;
-  dims_.eps = float(cfg.rms_norm_eps);
-  dims_.wt = spec.matrix_dtype;
-  const int64_t N = opt_.max_batch * opt_.max_tokens, C = dims_.C, V = cfg.vocab_size;
-  const size_t act_bytes = size_t(N * C) * 4;
-  const TensorTable& wt = store_.working_table();
-  STRATA_ASSERT(wt[size_t(spec.final_norm)].dtype == DType::f32, "the final norm's working copy must be f32");
-  head_rows_ = head_chunk_rows(spec, opt_);
-  head_chunks_ = size_t((V + head_rows_ - 1) / head_rows_);
-  head_slot_count_ = std::min<size_t>(2, head_chunks_);  // one chunk has nothing to prefetch
-  const size_t lm_row_bytes = size_t(C) * dtype_size(wt[size_t(spec.lm_head_row())].dtype);
-  const size_t head_chunk_w = size_t(head_rows_) * lm_row_bytes, head_chunk_g = size_t(head_rows_ * C) * 4;
+  L_ = shape_.layers;
+  dims_ = shape_.layer_capacity;
+  STRATA_ASSERT(store_.working_table()[size_t(spec.final_norm)].dtype == DType::f32,
+                "the final norm's working copy must be f32");
 
-  size_t max_w = 0, max_g = 0;
-  for (size_t i = 0; i < L_; ++i) {
-    max_w = std::max(max_w, store_.layer_group(i).working_bytes);
-    max_g = std::max(max_g, store_.layer_group(i).f32_bytes);
-  }
-  const bool stream = opt_.weights == "stream";
-  const size_t nslots = stream ? std::min<size_t>(2, L_) : L_;
-  std::vector<float> inv = model_rope_inv_freq(cfg);
-
-  // The device placement plan: every allocation, named, summed and checked against the budget
-  // before anything is allocated, so a budget that is too small fails before step 1 with the
-  // minimum it needs.
-  std::vector<std::pair<std::string, size_t>> plan;
-  for (size_t s = 0; s < nslots; ++s) {
-    size_t bytes = stream ? max_w : store_.layer_group(s).working_bytes;
-    plan.push_back({str_cat("layer weight slot ", s), bytes});
-  }
-  plan.push_back({"final norm weight", size_t(C) * 4});
-  plan.push_back({"final norm gradient", size_t(C) * 4});
-  if (stream) {
-    for (size_t b = 0; b < head_slot_count_; ++b)
-      plan.push_back({str_cat("lm_head chunk slot ", b, " (", head_rows_, " vocab rows)"), head_chunk_w});
-  } else {
-    plan.push_back({tied_ ? "lm_head (tied embedding, resident)" : "lm_head (resident)", size_t(V) * lm_row_bytes});
-  }
-  for (size_t b = 0; b < head_slot_count_; ++b)
-    plan.push_back({str_cat("lm_head gradient chunk ", b), head_chunk_g});
-  plan.push_back({"cross-entropy token statistics", size_t(N) * 3 * sizeof(double)});
-  plan.push_back({"layer gradient slot 0", max_g});
-  plan.push_back({"layer gradient slot 1", max_g});
-  for (const char* name : {"last layer output", "activation staging 0", "activation staging 1",
-                           "final norm output", "d final norm output", "d hidden 0", "d hidden 1"})
-    plan.push_back({name, act_bytes});
-  for (const char* name : {"final norm rstd", "input ids", "targets", "positions", "document starts"})
-    plan.push_back({name, size_t(N) * 4});
-  plan.push_back({"loss", sizeof(double)});
-  plan.push_back({"rope inv_freq", inv.size() * 4});
-  plan.push_back({"layer workspace", layer_workspace_bytes(dims_)});
-  size_t needed = 0;
-  for (auto& [name, bytes] : plan) needed += (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  // Every buffer from the table: summed and checked against the device budget before anything
+  // is allocated, so a budget that is too small fails before step 1 with the minimum it needs.
+  table_ = engine_buffer_table(shape_, &buf_);
+  const size_t needed = engine_device_bytes(table_);
+  const bool stream = shape_.weights == WeightsMode::stream;
   STRATA_CHECK_BUDGET(needed + dev_.used_bytes() <= dev_.budget_bytes(), "the device budget of ",
                       format_bytes(dev_.budget_bytes()), " is too small: this model and micro-batch need at least ",
                       format_bytes(needed), " (", stream ? "two layer slots" : "every layer resident",
@@ -122,81 +80,81 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
                       stream ? "two lm_head chunks" : "the lm_head", "); raise [device] memory to at least ",
                       format_bytes(needed + (1 << 20)), ", or lower micro_batch_size / sequence_len",
                       stream ? "" : ", or set offload.weights = \"stream\"");
-  std::vector<void*> got;
-  for (auto& [name, bytes] : plan) got.push_back(dev_.alloc(bytes, name));
-  size_t k = 0;
-  for (size_t s = 0; s < nslots; ++s) {
-    weight_slots_.push_back(static_cast<char*>(got[k++]));
-    slot_layer_.push_back(-1);
-    slot_loaded_.push_back(dev_.event_create());
-    slot_free_.push_back(dev_.event_create());
-  }
-  norm_dev_ = static_cast<float*>(got[k++]);
-  norm_grad_dev_ = static_cast<float*>(got[k++]);
-  if (stream) {
-    for (size_t b = 0; b < head_slot_count_; ++b) head_slots_[b] = static_cast<char*>(got[k++]);
-  } else {
-    lm_resident_ = static_cast<char*>(got[k++]);
-  }
-  for (size_t b = 0; b < head_slot_count_; ++b) head_grad_slots_[b] = static_cast<float*>(got[k++]);
-  ce_stats_ = static_cast<double*>(got[k++]);
-  for (auto& g : grad_slots_) g = static_cast<char*>(got[k++]);
-  x_final_ = static_cast<float*>(got[k++]);
-  for (auto& x : x_pp_) x = static_cast<float*>(got[k++]);
-  hn_ = static_cast<float*>(got[k++]);
-  dhn_ = static_cast<float*>(got[k++]);
-  for (auto& d : dx_) d = static_cast<float*>(got[k++]);
-  rstd_final_ = static_cast<float*>(got[k++]);
-  ids_ = static_cast<int32_t*>(got[k++]);
-  targets_ = static_cast<int32_t*>(got[k++]);
-  pos_ = static_cast<int32_t*>(got[k++]);
-  doc_start_ = static_cast<int32_t*>(got[k++]);
-  loss_dev_ = static_cast<double*>(got[k++]);
-  inv_freq_ = static_cast<float*>(got[k++]);
-  workspace_ = got[k++];
-  STRATA_ASSERT(k == plan.size());
-  dev_.copy_h2d(inv_freq_, inv.data(), inv.size() * 4, Stream::compute);
-  ws_ = layer_workspace_carve(dims_, workspace_);
+  allocate(table_);
+  const std::vector<float> inv = model_rope_inv_freq(spec.config);
+  dev_.copy_h2d(buf_.inv_freq, inv.data(), bytes_of<float>(int64_t(inv.size())), Stream::compute);
+  ws_ = layer_workspace_carve(shape_.layer_capacity, buf_.workspace);
   dev_.stream_synchronize(Stream::compute);
 
   // checkpoints: the last layers' inputs stay on the device while the budget allows
-  size_t count = 0;
-  if (opt_.checkpoints == "device") count = L_;
-  if (opt_.checkpoints == "auto") {
-    const size_t margin = 1 << 20;
-    size_t left = dev_.budget_bytes() > dev_.used_bytes() + margin ? dev_.budget_bytes() - dev_.used_bytes() - margin : 0;
-    count = std::min(L_, left / ((act_bytes + 255) / 256 * 256));
-  }
-  device_ckpt_count_ = count;
-  if (count) ckpt_dev_ = static_cast<float*>(dev_.alloc(count * act_bytes, str_cat(count, " layer checkpoints")));
+  device_ckpt_count_ = device_checkpoint_count();
+  std::vector<EngineBuffer> ckpt = engine_checkpoint_table(shape_, device_ckpt_count_, &buf_);
+  allocate(ckpt);
+  for (EngineBuffer& b : ckpt) table_.push_back(std::move(b));
 
-  size_t staging_bytes = 0;  // must be what host_bytes() tells the host budget check
-  auto pinned = [&](size_t bytes) {
-    staging_bytes += bytes;
-    return static_cast<float*>(dev_.alloc_pinned(bytes));
-  };
-  x0_host_ = pinned(act_bytes);
-  dx0_host_ = pinned(act_bytes);
-  for (auto& g : grad_staging_) g = pinned(max_g);
-  norm_grad_staging_ = pinned(size_t(C) * 4);
-  for (size_t b = 0; b < head_slot_count_; ++b) head_grad_staging_[b] = pinned(head_chunk_g);
-  STRATA_ASSERT(staging_bytes == host_bytes(spec, opt_).staging, "host staging estimate drifted");
-  if (L_ > count) ckpt_host_ = static_cast<float*>(dev_.alloc_pinned((L_ - count) * act_bytes));
-
-  for (auto& e : pp_saved_) e = dev_.event_create();
-  for (auto& e : ckpt_fetched_) e = dev_.event_create();
-  for (auto& e : stage_free_) e = dev_.event_create();
-  x_ready_ = dev_.event_create();
-  loss_copied_ = dev_.event_create();
-  for (size_t i = 0; i < L_; ++i) grad_copied_.push_back(std::shared_ptr<Event>(dev_.event_create()));
-  norm_grad_copied_ = std::shared_ptr<Event>(dev_.event_create());
-  dx0_copied_ = std::shared_ptr<Event>(dev_.event_create());
-  for (int b = 0; b < 2; ++b) {
-    head_slot_loaded_[b] = dev_.event_create();
-    head_slot_free_[b] = dev_.event_create();
-    head_grad_copied_[b] = std::shared_ptr<Event>(dev_.event_create());
-  }
+  create_events();
+  slot_layer_.assign(shape_.slot_bytes.size(), -1);
   optimizer_ticket_.assign(store_.groups().size(), 0);
+  objective_ = std::make_unique<TokenCrossEntropy>();
+  placement_ = std::make_unique<RamStatePlacement>(store_);
+  optimizer_ = std::make_unique<HostAdamW>(store_, *placement_);
+  reduction_ = std::make_unique<NoGradReduction>();
+}
+
+// Allocates every row (device rows from the arena, named; pinned rows from the device's pinned
+// allocator) and stores each pointer in its field. On failure everything allocated is freed.
+void Engine::allocate(std::vector<EngineBuffer>& table) {
+  try {
+    for (EngineBuffer& b : table) {
+      b.ptr = b.memory == Memory::device ? dev_.alloc(b.bytes, b.name) : dev_.alloc_pinned(b.bytes);
+      b.bind(b.ptr);
+    }
+  } catch (...) {
+    free_rows(table);
+    if (&table != &table_) free_rows(table_);
+    throw;
+  }
+}
+
+void Engine::free_rows(std::vector<EngineBuffer>& table) {
+  for (EngineBuffer& b : table) {
+    if (!b.ptr) continue;
+    if (b.memory == Memory::device) dev_.free(b.ptr);
+    else dev_.free_pinned(b.ptr);
+    b.ptr = nullptr;
+  }
+}
+
+size_t Engine::device_checkpoint_count() const {
+  switch (shape_.checkpoints) {
+    case CheckpointMode::device: return L_;
+    case CheckpointMode::host: return 0;
+    case CheckpointMode::automatic: break;
+  }
+  const size_t margin = 1 << 20;
+  const size_t used = dev_.used_bytes() + margin;
+  const size_t left = dev_.budget_bytes() > used ? dev_.budget_bytes() - used : 0;
+  return std::min(L_, left / Arena::footprint(shape_.activation_bytes()));
+}
+
+void Engine::create_events() {
+  for (size_t s = 0; s < shape_.slot_bytes.size(); ++s) {
+    ev_.slot_loaded.push_back(dev_.event_create());
+    ev_.slot_free.push_back(dev_.event_create());
+  }
+  for (int b = 0; b < 2; ++b) {
+    ev_.head_slot_loaded[b] = dev_.event_create();
+    ev_.head_slot_free[b] = dev_.event_create();
+    ev_.pp_saved[b] = dev_.event_create();
+    ev_.ckpt_fetched[b] = dev_.event_create();
+    ev_.stage_free[b] = dev_.event_create();
+    ev_.head_grad_copied[b] = std::shared_ptr<Event>(dev_.event_create());
+  }
+  ev_.compute_done = dev_.event_create();
+  ev_.loss_copied = dev_.event_create();
+  for (size_t i = 0; i < L_; ++i) ev_.grad_copied.push_back(std::shared_ptr<Event>(dev_.event_create()));
+  ev_.norm_grad_copied = std::shared_ptr<Event>(dev_.event_create());
+  ev_.dx0_copied = std::shared_ptr<Event>(dev_.event_create());
 }
 
 Engine::~Engine() {
@@ -204,54 +162,373 @@ Engine::~Engine() {
     synchronize();
   } catch (...) {  // an error already reported by the caller's path; still free everything
   }
-  for (char* p : weight_slots_) dev_.free(p);
-  for (void* p : {(void*)norm_dev_, (void*)norm_grad_dev_, (void*)lm_resident_, (void*)head_slots_[0],
-                  (void*)head_slots_[1], (void*)head_grad_slots_[0], (void*)head_grad_slots_[1],
-                  (void*)ce_stats_, (void*)grad_slots_[0], (void*)grad_slots_[1], (void*)x_final_, (void*)x_pp_[0],
-                  (void*)x_pp_[1], (void*)ckpt_dev_, (void*)hn_, (void*)rstd_final_, (void*)dhn_,
-                  (void*)dx_[0], (void*)dx_[1], (void*)ids_, (void*)targets_, (void*)pos_,
-                  (void*)doc_start_, (void*)loss_dev_, (void*)inv_freq_, workspace_})
-    if (p) dev_.free(p);
-  for (void* p : {(void*)x0_host_, (void*)dx0_host_, (void*)ckpt_host_, (void*)grad_staging_[0],
-                  (void*)grad_staging_[1], (void*)norm_grad_staging_, (void*)head_grad_staging_[0],
-                  (void*)head_grad_staging_[1]})
-    if (p) dev_.free_pinned(p);
+  free_rows(table_);
 }
 
 // ---- weights ---------------------------------------------------------------------------
 
+size_t Engine::slot_of(size_t layer) const {
+  return shape_.weights == WeightsMode::stream ? layer % buf_.weight_slots.size() : layer;
+}
+
+namespace {
+
+// A layer's tensors inside one contiguous block (a weight slot or a gradient slot): `at` maps a
+// parameter row to its address (null where the family has no such tensor).
+template <class View, class At>
+View layer_view(const LayerParamRows& r, At at) {
+  View v;
+  auto set = [&](auto& field, int64_t row) { field = static_cast<std::remove_reference_t<decltype(field)>>(at(row)); };
+  set(v.q, r.q), set(v.k, r.k), set(v.v, r.v), set(v.o, r.o);
+  set(v.gate, r.gate), set(v.up, r.up), set(v.down, r.down);
+  set(v.input_norm, r.input_norm), set(v.post_norm, r.post_norm), set(v.q_norm, r.q_norm), set(v.k_norm, r.k_norm);
+  set(v.q_bias, r.q_bias), set(v.k_bias, r.k_bias), set(v.v_bias, r.v_bias), set(v.o_bias, r.o_bias);
+  return v;
+}
+
+}  // namespace
+
 LayerWeights Engine::weights_at(const char* base, size_t layer) const {
   const ParamGroup& g = store_.layer_group(layer);
   const TensorTable& wt = store_.working_table();
-  auto at = [&](int64_t row) -> const void* {
+  return layer_view<LayerWeights>(store_.spec().layers[layer], [&](int64_t row) -> const void* {
     return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
-  };
-  auto f = [&](int64_t row) { return static_cast<const float*>(at(row)); };
-  const LayerParamRows& r = store_.spec().layers[layer];
-  LayerWeights w;
-  w.q = at(r.q); w.k = at(r.k); w.v = at(r.v); w.o = at(r.o);
-  w.gate = at(r.gate); w.up = at(r.up); w.down = at(r.down);
-  w.input_norm = f(r.input_norm); w.post_norm = f(r.post_norm);
-  w.q_norm = f(r.q_norm); w.k_norm = f(r.k_norm);
-  w.q_bias = f(r.q_bias); w.k_bias = f(r.k_bias); w.v_bias = f(r.v_bias); w.o_bias = f(r.o_bias);
-  return w;
+  });
 }
 
 LayerGrads Engine::grads_at(char* base, size_t layer) const {
   const ParamGroup& g = store_.layer_group(layer);
   const TensorTable& ft = store_.f32_table();
-  auto at = [&](int64_t row) -> float* {
-    return row == kAbsent ? nullptr : reinterpret_cast<float*>(base + (ft[size_t(row)].offset - g.f32_offset));
-  };
-  const LayerParamRows& r = store_.spec().layers[layer];
-  LayerGrads d;
-  d.q = at(r.q); d.k = at(r.k); d.v = at(r.v); d.o = at(r.o);
-  d.gate = at(r.gate); d.up = at(r.up); d.down = at(r.down);
-  d.input_norm = at(r.input_norm); d.post_norm = at(r.post_norm);
-  d.q_norm = at(r.q_norm); d.k_norm = at(r.k_norm);
-  d.q_bias = at(r.q_bias); d.k_bias = at(r.k_bias); d.v_bias = at(r.v_bias); d.o_bias = at(r.o_bias);
-  return d;
+  return layer_view<LayerGrads>(store_.spec().layers[layer], [&](int64_t row) -> void* {
+    return row == kAbsent ? nullptr : base + (ft[size_t(row)].offset - g.f32_offset);
+  });
 }
+
+void Engine::ensure_layer(size_t layer) {
+  const size_t s = slot_of(layer);
+  if (slot_layer_[s] != int64_t(layer)) {
+    wait_optimizer(1 + layer);  // the update of this layer must have landed in the working copy
+    const ParamGroup& g = store_.layer_group(layer);
+    dev_.stream_wait_event(Stream::h2d, *ev_.slot_free[s]);
+    dev_.copy_h2d(buf_.weight_slots[s], store_.working() + g.working_offset, g.working_bytes, Stream::h2d);
+    dev_.event_record(*ev_.slot_loaded[s], Stream::h2d);
+    slot_layer_[s] = int64_t(layer);
+  }
+  dev_.stream_wait_event(Stream::compute, *ev_.slot_loaded[s]);
+}
+
+void Engine::ensure_final_norm() {
+  if (!norm_stale_) return;
+  wait_optimizer(store_.groups().size() - 1);
+  const TensorSpec& row = store_.working_table()[size_t(store_.spec().final_norm)];
+  dev_.copy_h2d(buf_.norm, store_.working() + row.offset, row.bytes(), Stream::compute);
+  norm_stale_ = false;
+}
+
+// The lm_head rows [chunk * R, ...) on the device, ready for the compute stream: read in place
+// from the resident copy, or copied into slot chunk % slots on the h2d stream (once the compute
+// stream has released what the slot held) unless the slot still holds them.
+const void* Engine::ensure_head_chunk(size_t chunk) {
+  const TensorSpec& row = store_.working_table()[size_t(store_.spec().lm_head_row())];
+  const size_t row_bytes = shape_.lm_row_bytes;
+  const int64_t v0 = int64_t(chunk) * shape_.head_rows;
+  if (buf_.lm_resident) {
+    if (lm_resident_stale_) {
+      wait_optimizer(lm_group());
+      dev_.copy_h2d(buf_.lm_resident, store_.working() + row.offset, row.bytes(), Stream::compute);
+      lm_resident_stale_ = false;
+    }
+    return buf_.lm_resident + size_t(v0) * row_bytes;
+  }
+  const size_t s = chunk % shape_.head_slots;
+  if (head_slot_chunk_[s] != int64_t(chunk)) {
+    wait_optimizer(lm_group());  // the update must have landed in the working copy
+    const int64_t vc = std::min(shape_.head_rows, shape_.V - v0);
+    dev_.stream_wait_event(Stream::h2d, *ev_.head_slot_free[s]);
+    dev_.copy_h2d(buf_.head_slots[s], store_.working() + row.offset + size_t(v0) * row_bytes, size_t(vc) * row_bytes,
+                  Stream::h2d);
+    dev_.event_record(*ev_.head_slot_loaded[s], Stream::h2d);
+    head_slot_chunk_[s] = int64_t(chunk);
+  }
+  dev_.stream_wait_event(Stream::compute, *ev_.head_slot_loaded[s]);
+  return buf_.head_slots[s];
+}
+
+void Engine::release_head_chunk(size_t chunk) {
+  if (!buf_.lm_resident) dev_.event_record(*ev_.head_slot_free[chunk % shape_.head_slots], Stream::compute);
+}
+
+void Engine::mark_device_weights_stale() {
+  for (auto& l : slot_layer_) l = -1;
+  for (auto& c : head_slot_chunk_) c = -1;
+  lm_resident_stale_ = norm_stale_ = true;
+}
+
+// ---- one pass: tokens, forward ------------------------------------------------------------
+
+double Engine::step(const MicroBatch& mb, StepKind kind, float grad_scale) {
+  upload_tokens(mb);
+  forward();
+  head_forward();
+  if (kind == StepKind::forward_backward) {
+    head_backward(grad_scale);
+    final_norm_backward();
+    backward();
+  }
+  return finish_step(kind);
+}
+
+void Engine::upload_tokens(const MicroBatch& mb) {
+  STRATA_CHECK(mb.B >= 1 && mb.T >= 1 && mb.B <= opt_.max_batch && mb.T <= opt_.max_tokens,
+               "micro-batch of ", mb.B, "x", mb.T, " tokens exceeds the engine's buffers (",
+               opt_.max_batch, "x", opt_.max_tokens, ")");
+  const size_t n = size_t(mb.B * mb.T);
+  STRATA_ASSERT(mb.ids.size() == n && mb.targets.size() == n && mb.pos.size() == n);
+  const int64_t V = shape_.V;
+  for (size_t i = 0; i < n; ++i) {
+    STRATA_CHECK(mb.ids[i] >= 0 && mb.ids[i] < V, "token id ", mb.ids[i], " at position ", i,
+                 " is outside the vocabulary [0, ", V, ")");
+    STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
+                 mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
+  }
+  host_.drain();  // the previous micro-batch's scatter still reads ids_host_ and dx0_host
+  dims_.B = mb.B;
+  dims_.T = mb.T;
+  has_docs_ = !mb.doc_start.empty();
+  ids_host_ = mb.ids;
+  const size_t ids_bytes = bytes_of<int32_t>(int64_t(n));
+  dev_.copy_h2d(buf_.ids, mb.ids.data(), ids_bytes, Stream::compute);
+  dev_.copy_h2d(buf_.targets, mb.targets.data(), ids_bytes, Stream::compute);
+  dev_.copy_h2d(buf_.pos, mb.pos.data(), ids_bytes, Stream::compute);
+  if (has_docs_) {
+    STRATA_ASSERT(mb.doc_start.size() == n);
+    dev_.copy_h2d(buf_.doc_start, mb.doc_start.data(), ids_bytes, Stream::compute);
+  }
+}
+
+float* Engine::ckpt_device(size_t layer) {
+  const size_t first_dev = L_ - device_ckpt_count_;
+  if (layer >= first_dev) return buf_.ckpt_dev + (layer - first_dev) * size_t(dims_.N() * dims_.C);
+  return buf_.x_pp[layer % 2];
+}
+
+// The embedding on the host: rows of the working table gathered into x0 (exact conversion to
+// f32), uploaded as layer 0's input.
+void Engine::embed_forward() {
+  const int64_t N = dims_.N(), C = dims_.C;
+  wait_optimizer(0);
+  const TensorSpec& emb = store_.working_table()[size_t(store_.spec().embed)];
+  const char* table = store_.working() + emb.offset;
+  const size_t row_bytes = size_t(C) * dtype_size(emb.dtype);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    dtype_convert(buf_.x0_host + n * C, DType::f32, table + size_t(ids_host_[size_t(n)]) * row_bytes, emb.dtype,
+                  size_t(C));
+  dev_.stream_wait_event(Stream::compute, *ev_.pp_saved[0]);
+  dev_.copy_h2d(ckpt_device(0), buf_.x0_host, bytes_of<float>(N * C), Stream::compute);
+}
+
+void Engine::forward() {
+  const Stream s = Stream::compute;
+  const int64_t N = dims_.N(), C = dims_.C;
+  const size_t act_bytes = bytes_of<float>(N * C);
+  embed_forward();
+  TokenContext ctx{buf_.pos, has_docs_ ? buf_.doc_start : nullptr, buf_.inv_freq};
+  const size_t first_dev = L_ - device_ckpt_count_;
+  for (size_t i = 0; i < L_; ++i) {
+    ensure_layer(i);
+    const size_t slot = slot_of(i);
+    float* in = ckpt_device(i);
+    float* out = i + 1 < L_ ? ckpt_device(i + 1) : buf_.x_final;
+    const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
+    if (out_spills) dev_.stream_wait_event(s, *ev_.pp_saved[(i + 1) % 2]);  // its last d2h is done
+    layer_forward(dev_, out, in, weights_at(buf_.weight_slots[slot], i), ctx, ws_, dims_, s);
+    dev_.event_record(*ev_.slot_free[slot], s);
+    if (out_spills) {  // the next layer's input also goes to the host, for the backward
+      dev_.event_record(*ev_.compute_done, s);
+      dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
+      dev_.copy_d2h(buf_.ckpt_host + (i + 1) * size_t(N * C), out, act_bytes, Stream::d2h);
+      dev_.event_record(*ev_.pp_saved[(i + 1) % 2], Stream::d2h);
+    }
+  }
+  ensure_final_norm();
+  dev_.rmsnorm_forward(buf_.hn, buf_.rstd_final, buf_.x_final, buf_.norm, N, C, dims_.eps, s);
+}
+
+// ---- one pass: the loss head (engine.h) ------------------------------------------------------
+
+// Forward: online-softmax statistics per token over chunks 0..K-1, then the objective's loss.
+void Engine::head_forward() {
+  const Stream s = Stream::compute;
+  const int64_t N = dims_.N(), C = dims_.C, V = shape_.V, R = shape_.head_rows;
+  const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
+  for (size_t k = 0; k < shape_.head_chunks; ++k) {
+    const void* w = ensure_head_chunk(k);
+    dev_.lm_head_ce_chunk_stats(buf_.ce_stats, buf_.hn, w, lm_type, buf_.targets, N, C, V, int64_t(k) * R,
+                                std::min(R, V - int64_t(k) * R), k == 0, s);
+    release_head_chunk(k);
+  }
+  dev_.memset_zero(buf_.loss, sizeof(double), s);
+  objective_->loss(buf_.loss, HeadTensors{buf_.hn, buf_.targets, buf_.ce_stats, N, C, V}, dev_, s);
+}
+
+// Backward: chunks K-1..0 again, each adding its share into d(hidden) and sending its dW chunk
+// to the host, where it is added into its rows of the lm_head (or tied embedding) gradient.
+void Engine::head_backward(float grad_scale) {
+  const Stream s = Stream::compute;
+  const int64_t N = dims_.N(), C = dims_.C, V = shape_.V, R = shape_.head_rows;
+  const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
+  const HeadTensors head{buf_.hn, buf_.targets, buf_.ce_stats, N, C, V};
+  dev_.memset_zero(buf_.dhn, bytes_of<float>(N * C), s);
+  float* lm_grad = store_.grad_of(size_t(store_.spec().lm_head_row()));  // (V, C) host accumulation
+  for (size_t step = 0; step < shape_.head_chunks; ++step) {
+    const size_t k = shape_.head_chunks - 1 - step;
+    const size_t b = step % shape_.head_slots;
+    const int64_t v0 = int64_t(k) * R, vc = std::min(R, V - v0);
+    const size_t chunk_bytes = bytes_of<float>(vc * C);
+    const void* w = ensure_head_chunk(k);
+    dev_.stream_wait_event(s, *ev_.head_grad_copied[b]);  // the slot's previous chunk has left
+    dev_.memset_zero(buf_.head_grad_slots[b], chunk_bytes, s);
+    objective_->chunk_backward(buf_.dhn, buf_.head_grad_slots[b], head, w, lm_type, v0, vc, grad_scale, dev_, s);
+    release_head_chunk(k);
+    reduction_->device_grad(buf_.head_grad_slots[b], vc * C, dev_, s);
+    float* staging = buf_.head_grad_staging[b];
+    float* dst = lm_grad + size_t(v0 * C);
+    const size_t count = count_of<float>(chunk_bytes);
+    head_staging_ticket_[b] = stage_to_host(staging, buf_.head_grad_slots[b], chunk_bytes, ev_.head_grad_copied[b],
+                                            head_staging_ticket_[b],
+                                            [dst, staging, count] { accumulate(dst, staging, count); });
+  }
+}
+
+// The final norm's backward; d(last layer output) goes to dx[0], the norm's gradient to the host.
+void Engine::final_norm_backward() {
+  const Stream s = Stream::compute;
+  const int64_t N = dims_.N(), C = dims_.C;
+  dev_.stream_wait_event(s, *ev_.norm_grad_copied);
+  dev_.memset_zero(buf_.norm_grad, bytes_of<float>(C), s);
+  dev_.rmsnorm_backward(buf_.dx[0], buf_.norm_grad, buf_.dhn, buf_.x_final, buf_.norm, buf_.rstd_final, N, C, s);
+  reduction_->device_grad(buf_.norm_grad, C, dev_, s);
+  float* dst = store_.grad_of(size_t(store_.spec().final_norm));
+  float* staging = buf_.norm_grad_staging;
+  stage_to_host(staging, buf_.norm_grad, bytes_of<float>(C), ev_.norm_grad_copied, 0,
+                [dst, staging, C] { accumulate(dst, staging, size_t(C)); });
+  update_group_when_landed(store_.groups().size() - 1);  // final norm (and an untied lm_head)
+}
+
+// ---- one pass: backward ------------------------------------------------------------------------
+
+// Brings layer i's spilled checkpoint back into x_pp[i % 2], except for the last two layers:
+// the forward's last writes into the ping-pong buffers were exactly their inputs, still there
+// (fetching them again would also overwrite a buffer the forward may still be reading).
+void Engine::fetch_checkpoint(size_t i) {
+  const size_t b = i % 2;
+  if (i >= L_ - device_ckpt_count_ || i + 2 >= L_) return;
+  dev_.stream_wait_event(Stream::h2d, *ev_.stage_free[b]);
+  dev_.stream_wait_event(Stream::h2d, *ev_.pp_saved[b]);
+  const int64_t NC = dims_.N() * dims_.C;
+  const float* src = i == 0 ? buf_.x0_host : buf_.ckpt_host + i * size_t(NC);
+  dev_.copy_h2d(ckpt_device(i), src, bytes_of<float>(NC), Stream::h2d);
+  dev_.event_record(*ev_.ckpt_fetched[b], Stream::h2d);
+  dev_.stream_wait_event(Stream::compute, *ev_.ckpt_fetched[b]);
+}
+
+void Engine::backward() {
+  const Stream s = Stream::compute;
+  TokenContext ctx{buf_.pos, has_docs_ ? buf_.doc_start : nullptr, buf_.inv_freq};
+  float* dout = buf_.dx[0];
+  float* dx = buf_.dx[1];
+  std::vector<bool> copied_this_step(L_, false);
+  for (size_t step = 0; step < L_; ++step) {
+    const size_t i = L_ - 1 - step;
+    const size_t b = i % 2;
+    ensure_layer(i);
+    const size_t slot = slot_of(i);
+    fetch_checkpoint(i);
+    char* g = buf_.grad_slots[b];
+    if (i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(s, *ev_.grad_copied[i + 2]);
+    dev_.memset_zero(g, store_.layer_group(i).f32_bytes, s);
+    LayerGrads lg = grads_at(g, i);
+    layer_backward(dev_, dx, lg, dout, ckpt_device(i), weights_at(buf_.weight_slots[slot], i), ctx, ws_, dims_, s);
+    dev_.event_record(*ev_.slot_free[slot], s);
+    dev_.event_record(*ev_.stage_free[b], s);
+    layer_grad_to_host(i, g);
+    copied_this_step[i] = true;
+    update_group_when_landed(1 + i);
+    std::swap(dout, dx);
+  }
+  STRATA_ASSERT(dout == buf_.dx[L_ % 2]);
+  embed_backward();
+}
+
+// Layer i's gradient: device slot -> pinned staging -> added into the host accumulation, in
+// layer order.
+void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
+  const size_t b = i % 2;
+  const ParamGroup& grp = store_.layer_group(i);
+  reduction_->device_grad(reinterpret_cast<float*>(grad_slot), int64_t(count_of<float>(grp.f32_bytes)), dev_,
+                          Stream::compute);
+  float* staging = buf_.grad_staging[b];
+  float* dst = store_.grad() + count_of<float>(grp.f32_offset);
+  const size_t count = count_of<float>(grp.f32_bytes);
+  staging_ticket_[b] = stage_to_host(staging, grad_slot, grp.f32_bytes, ev_.grad_copied[i], staging_ticket_[b],
+                                     [dst, staging, count] { accumulate(dst, staging, count); });
+}
+
+// The embedding's backward on the host: d x0 is staged out and scatter-added into the table's
+// gradient, in token order.
+void Engine::embed_backward() {
+  const int64_t N = dims_.N(), C = dims_.C;
+  float* dtable = store_.grad_of(size_t(store_.spec().embed));
+  const size_t table_floats = count_of<float>(store_.f32_table()[size_t(store_.spec().embed)].bytes());
+  stage_to_host(buf_.dx0_host, buf_.dx[L_ % 2], bytes_of<float>(N * C), ev_.dx0_copied, 0,
+                [this, dtable, table_floats, N, C] {
+                  host_embedding_backward(dtable, buf_.dx0_host, ids_host_.data(), N, C);
+                  reduction_->host_grad(dtable, int64_t(table_floats));
+                });
+  update_group_when_landed(0);  // the embedding (and a tied lm_head)
+}
+
+// The loss back to the host; after a backward also every copy the host tasks wait for.
+double Engine::finish_step(StepKind kind) {
+  dev_.copy_d2h(&loss_host_, buf_.loss, sizeof(double), Stream::compute);
+  if (kind == StepKind::forward_only) {
+    dev_.stream_synchronize(Stream::compute);
+    return loss_host_;
+  }
+  dev_.event_record(*ev_.loss_copied, Stream::compute);
+  auto t0 = Clock::now();
+  dev_.event_synchronize(*ev_.loss_copied);
+  dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
+  dev_.event_synchronize(*ev_.dx0_copied);
+  d2h_wait_s_ += seconds_since(t0);
+  return loss_host_;
+}
+
+// ---- staging ---------------------------------------------------------------------------------
+
+// `bytes` of device memory `src`, just written on the compute stream, go to pinned `staging`
+// on the d2h stream; `copied` is recorded after the copy, and `task` runs on the host queue once
+// it has landed. `reuse` (0: none) is the ticket of the host task that last read `staging`: the
+// copy waits for it. Returns the ticket of `task`.
+uint64_t Engine::stage_to_host(void* staging, const void* src, size_t bytes, const std::shared_ptr<Event>& copied,
+                               uint64_t reuse, std::function<void()> task) {
+  dev_.event_record(*ev_.compute_done, Stream::compute);
+  if (reuse) {
+    auto t0 = Clock::now();
+    host_.wait(reuse);
+    d2h_wait_s_ += seconds_since(t0);
+  }
+  dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
+  dev_.copy_d2h(staging, src, bytes, Stream::d2h);
+  dev_.event_record(*copied, Stream::d2h);
+  return host_.enqueue([this, copied, task = std::move(task)] {
+    dev_.event_synchronize(*copied);
+    task();
+  });
+}
+
+// ---- optimizer -------------------------------------------------------------------------------
 
 void Engine::wait_optimizer(size_t group) {
   if (!optimizer_ticket_[group]) return;
@@ -261,296 +538,9 @@ void Engine::wait_optimizer(size_t group) {
   optimizer_ticket_[group] = 0;
 }
 
-void Engine::ensure_layer(size_t layer) {
-  const size_t s = opt_.weights == "stream" ? layer % weight_slots_.size() : layer;
-  if (slot_layer_[s] != int64_t(layer)) {
-    wait_optimizer(1 + layer);  // the update of this layer must have landed in the working copy
-    const ParamGroup& g = store_.layer_group(layer);
-    dev_.stream_wait_event(Stream::h2d, *slot_free_[s]);
-    dev_.copy_h2d(weight_slots_[s], store_.working() + g.working_offset, g.working_bytes, Stream::h2d);
-    dev_.event_record(*slot_loaded_[s], Stream::h2d);
-    slot_layer_[s] = int64_t(layer);
-  }
-  dev_.stream_wait_event(Stream::compute, *slot_loaded_[s]);
-}
-
-void Engine::ensure_final_norm() {
-  if (!norm_stale_) return;
-  wait_optimizer(store_.groups().size() - 1);
-  const TensorSpec& row = store_.working_table()[size_t(store_.spec().final_norm)];
-  dev_.copy_h2d(norm_dev_, store_.working() + row.offset, row.bytes(), Stream::compute);
-  norm_stale_ = false;
-}
-
-// The lm_head rows [chunk * head_rows, ...) on the device, ready for the compute stream: read
-// in place from the resident copy, or copied into slot chunk % slots on the h2d stream (once the
-// compute stream has released what the slot held) unless the slot still holds them.
-const void* Engine::ensure_head_chunk(size_t chunk) {
-  const TensorSpec& row = store_.working_table()[size_t(store_.spec().lm_head_row())];
-  const size_t row_bytes = size_t(dims_.C) * dtype_size(row.dtype);
-  const int64_t v0 = int64_t(chunk) * head_rows_;
-  if (lm_resident_) {
-    if (lm_resident_stale_) {
-      wait_optimizer(lm_group());
-      dev_.copy_h2d(lm_resident_, store_.working() + row.offset, row.bytes(), Stream::compute);
-      lm_resident_stale_ = false;
-    }
-    return lm_resident_ + size_t(v0) * row_bytes;
-  }
-  const size_t s = chunk % head_slot_count_;
-  if (head_slot_chunk_[s] != int64_t(chunk)) {
-    wait_optimizer(lm_group());  // the update must have landed in the working copy
-    const int64_t vc = std::min(head_rows_, store_.spec().config.vocab_size - v0);
-    dev_.stream_wait_event(Stream::h2d, *head_slot_free_[s]);
-    dev_.copy_h2d(head_slots_[s], store_.working() + row.offset + size_t(v0) * row_bytes, size_t(vc) * row_bytes,
-                  Stream::h2d);
-    dev_.event_record(*head_slot_loaded_[s], Stream::h2d);
-    head_slot_chunk_[s] = int64_t(chunk);
-  }
-  dev_.stream_wait_event(Stream::compute, *head_slot_loaded_[s]);
-  return head_slots_[s];
-}
-
-void Engine::release_head_chunk(size_t chunk) {
-  if (!lm_resident_) dev_.event_record(*head_slot_free_[chunk % head_slot_count_], Stream::compute);
-}
-
-// ---- activations -----------------------------------------------------------------------
-
-float* Engine::ckpt_device(size_t layer) {
-  const size_t first_dev = L_ - device_ckpt_count_;
-  const int64_t NC = dims_.B * dims_.T * dims_.C;
-  if (layer >= first_dev) return ckpt_dev_ + (layer - first_dev) * size_t(NC);
-  return x_pp_[layer % 2];
-}
-
-void Engine::upload_tokens(const MicroBatch& mb) {
-  STRATA_CHECK(mb.B >= 1 && mb.T >= 1 && mb.B <= opt_.max_batch && mb.T <= opt_.max_tokens,
-               "micro-batch of ", mb.B, "x", mb.T, " tokens exceeds the engine's buffers (",
-               opt_.max_batch, "x", opt_.max_tokens, ")");
-  const size_t n = size_t(mb.B * mb.T);
-  STRATA_ASSERT(mb.ids.size() == n && mb.targets.size() == n && mb.pos.size() == n);
-  const int64_t V = store_.spec().config.vocab_size;
-  for (size_t i = 0; i < n; ++i) {
-    STRATA_CHECK(mb.ids[i] >= 0 && mb.ids[i] < V, "token id ", mb.ids[i], " at position ", i,
-                 " is outside the vocabulary [0, ", V, ")");
-    STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
-                 mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
-  }
-  host_.drain();  // the previous micro-batch's scatter still reads ids_host_ and dx0_host_
-  dims_.B = mb.B;
-  dims_.T = mb.T;
-  has_docs_ = !mb.doc_start.empty();
-  ids_host_ = mb.ids;
-  dev_.copy_h2d(ids_, mb.ids.data(), n * 4, Stream::compute);
-  dev_.copy_h2d(targets_, mb.targets.data(), n * 4, Stream::compute);
-  dev_.copy_h2d(pos_, mb.pos.data(), n * 4, Stream::compute);
-  if (has_docs_) {
-    STRATA_ASSERT(mb.doc_start.size() == n);
-    dev_.copy_h2d(doc_start_, mb.doc_start.data(), n * 4, Stream::compute);
-  }
-}
-
-void Engine::forward(const MicroBatch& mb) {
-  const Stream s = Stream::compute;
-  const int64_t N = mb.B * mb.T, C = dims_.C;
-  const size_t act_bytes = size_t(N * C) * 4;
-
-  // embedding on the host: gather rows of the working table (exact conversion to f32)
-  wait_optimizer(0);
-  const TensorSpec& emb = store_.working_table()[size_t(store_.spec().embed)];
-  const char* table = store_.working() + emb.offset;
-  const size_t row_bytes = size_t(C) * dtype_size(emb.dtype);
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    dtype_convert(x0_host_ + n * C, DType::f32, table + size_t(mb.ids[size_t(n)]) * row_bytes, emb.dtype, size_t(C));
-  dev_.stream_wait_event(s, *pp_saved_[0]);
-  dev_.copy_h2d(ckpt_device(0), x0_host_, act_bytes, s);
-
-  TokenContext ctx{pos_, has_docs_ ? doc_start_ : nullptr, inv_freq_};
-  const size_t first_dev = L_ - device_ckpt_count_;
-  for (size_t i = 0; i < L_; ++i) {
-    ensure_layer(i);
-    const size_t slot = opt_.weights == "stream" ? i % weight_slots_.size() : i;
-    float* in = ckpt_device(i);
-    float* out = i + 1 < L_ ? ckpt_device(i + 1) : x_final_;
-    const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
-    if (out_spills) dev_.stream_wait_event(s, *pp_saved_[(i + 1) % 2]);  // its last d2h is done
-    layer_forward(dev_, s, dims_, weights_at(weight_slots_[slot], i), ctx, ws_, out, in);
-    dev_.event_record(*slot_free_[slot], s);
-    if (out_spills) {
-      dev_.event_record(*x_ready_, s);
-      dev_.stream_wait_event(Stream::d2h, *x_ready_);
-      dev_.copy_d2h(ckpt_host_ + (i + 1) * size_t(N * C), out, act_bytes, Stream::d2h);
-      dev_.event_record(*pp_saved_[(i + 1) % 2], Stream::d2h);
-    }
-  }
-  ensure_final_norm();
-  dev_.rmsnorm_forward(s, hn_, rstd_final_, x_final_, norm_dev_, N, C, dims_.eps);
-}
-
-// The loss head: lm_head chunk by chunk (engine.h). Forward: online-softmax statistics per
-// token over chunks 0..K-1, then the summed loss. Backward: chunks K-1..0 again, each adding its
-// share into d(hidden) and sending its dW chunk to the host; then the final norm's backward.
-void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
-  const Stream s = Stream::compute;
-  const ModelSpec& spec = store_.spec();
-  const int64_t N = mb.B * mb.T, C = dims_.C, V = spec.config.vocab_size;
-  const DType lm_type = store_.working_table()[size_t(spec.lm_head_row())].dtype;
-  auto chunk_rows = [&](size_t k) { return std::min(head_rows_, V - int64_t(k) * head_rows_); };
-  for (size_t k = 0; k < head_chunks_; ++k) {
-    const void* w = ensure_head_chunk(k);
-    dev_.lm_head_ce_chunk_stats(s, ce_stats_, hn_, w, lm_type, targets_, N, C, V, int64_t(k) * head_rows_,
-                                chunk_rows(k), k == 0);
-    release_head_chunk(k);
-  }
-  dev_.memset_zero(loss_dev_, sizeof(double), s);
-  dev_.lm_head_ce_stats_loss(s, loss_dev_, ce_stats_, targets_, N, V);
-  if (!backward) return;
-
-  dev_.memset_zero(dhn_, size_t(N * C) * 4, s);
-  float* lm_grad = store_.grad_of(size_t(spec.lm_head_row()));  // (V, C) host accumulation
-  for (size_t step = 0; step < head_chunks_; ++step) {
-    const size_t k = head_chunks_ - 1 - step;
-    const size_t b = step % head_slot_count_;
-    const int64_t v0 = int64_t(k) * head_rows_, vc = chunk_rows(k);
-    const void* w = ensure_head_chunk(k);
-    dev_.stream_wait_event(s, *head_grad_copied_[b]);  // the slot's previous chunk has left
-    dev_.memset_zero(head_grad_slots_[b], size_t(vc * C) * 4, s);
-    dev_.lm_head_ce_chunk_backward(s, dhn_, head_grad_slots_[b], hn_, w, lm_type, ce_stats_, targets_, N, C, V,
-                                   v0, vc, grad_scale);
-    release_head_chunk(k);
-
-    // dW chunk -> pinned staging -> added into its rows of the host gradient
-    dev_.event_record(*x_ready_, s);
-    auto t0 = Clock::now();
-    if (head_staging_ticket_[b]) host_.wait(head_staging_ticket_[b]);
-    d2h_wait_s_ += seconds_since(t0);
-    dev_.stream_wait_event(Stream::d2h, *x_ready_);
-    dev_.copy_d2h(head_grad_staging_[b], head_grad_slots_[b], size_t(vc * C) * 4, Stream::d2h);
-    dev_.event_record(*head_grad_copied_[b], Stream::d2h);
-    auto ev = head_grad_copied_[b];
-    float* staging = head_grad_staging_[b];
-    float* dst = lm_grad + size_t(v0 * C);
-    const size_t count = size_t(vc * C);
-    head_staging_ticket_[b] = host_.enqueue([this, ev, staging, dst, count] {
-      dev_.event_synchronize(*ev);
-      accumulate(dst, staging, count);
-    });
-  }
-
-  // final norm backward; its gradient goes to the host like the others
-  dev_.stream_wait_event(s, *norm_grad_copied_);
-  dev_.memset_zero(norm_grad_dev_, size_t(C) * 4, s);
-  dev_.rmsnorm_backward(s, dx_[0], norm_grad_dev_, dhn_, x_final_, norm_dev_, rstd_final_, N, C);
-  dev_.event_record(*x_ready_, s);
-  dev_.stream_wait_event(Stream::d2h, *x_ready_);
-  dev_.copy_d2h(norm_grad_staging_, norm_grad_dev_, size_t(C) * 4, Stream::d2h);
-  dev_.event_record(*norm_grad_copied_, Stream::d2h);
-  auto ev = norm_grad_copied_;
-  host_.enqueue([this, ev] {
-    dev_.event_synchronize(*ev);
-    accumulate(store_.grad_of(size_t(store_.spec().final_norm)), norm_grad_staging_, size_t(dims_.C));
-  });
-  update_group_when_landed(store_.groups().size() - 1);  // final norm (and an untied lm_head)
-}
-
-void Engine::backward(const MicroBatch& mb) {
-  const Stream s = Stream::compute;
-  const int64_t N = mb.B * mb.T, C = dims_.C;
-  const size_t act_bytes = size_t(N * C) * 4;
-  const size_t first_dev = L_ - device_ckpt_count_;
-  TokenContext ctx{pos_, has_docs_ ? doc_start_ : nullptr, inv_freq_};
-  float* dout = dx_[0];
-  float* dx = dx_[1];
-  std::vector<bool> copied_this_step(L_, false);
-  for (size_t step = 0; step < L_; ++step) {
-    const size_t i = L_ - 1 - step;
-    const size_t b = i % 2;
-    ensure_layer(i);
-    const size_t slot = opt_.weights == "stream" ? i % weight_slots_.size() : i;
-    float* x = ckpt_device(i);
-    // Bring a spilled checkpoint back, except for the last two layers: the forward's last
-    // writes into the ping-pong buffers were exactly their inputs, still there (fetching them
-    // again would also overwrite a buffer the forward may still be reading).
-    if (i < first_dev && i + 2 < L_) {
-      dev_.stream_wait_event(Stream::h2d, *stage_free_[b]);
-      dev_.stream_wait_event(Stream::h2d, *pp_saved_[b]);
-      const float* src = i == 0 ? x0_host_ : ckpt_host_ + i * size_t(N * C);
-      dev_.copy_h2d(x, src, act_bytes, Stream::h2d);
-      dev_.event_record(*ckpt_fetched_[b], Stream::h2d);
-      dev_.stream_wait_event(s, *ckpt_fetched_[b]);
-    }
-    char* g = grad_slots_[b];
-    if (i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(s, *grad_copied_[i + 2]);
-    const ParamGroup& grp = store_.layer_group(i);
-    dev_.memset_zero(g, grp.f32_bytes, s);
-    LayerGrads lg = grads_at(g, i);
-    layer_backward(dev_, s, dims_, weights_at(weight_slots_[slot], i), lg, ctx, ws_, dx, dout, x);
-    dev_.event_record(*slot_free_[slot], s);
-    dev_.event_record(*stage_free_[b], s);
-
-    // gradient out: device slot -> pinned staging -> host accumulation, in layer order
-    dev_.event_record(*x_ready_, s);
-    auto t0 = Clock::now();
-    if (staging_ticket_[b]) host_.wait(staging_ticket_[b]);
-    d2h_wait_s_ += seconds_since(t0);
-    dev_.stream_wait_event(Stream::d2h, *x_ready_);
-    dev_.copy_d2h(grad_staging_[b], g, grp.f32_bytes, Stream::d2h);
-    dev_.event_record(*grad_copied_[i], Stream::d2h);
-    copied_this_step[i] = true;
-    auto ev = grad_copied_[i];
-    float* staging = grad_staging_[b];
-    staging_ticket_[b] = host_.enqueue([this, ev, staging, i] {
-      dev_.event_synchronize(*ev);
-      const ParamGroup& gg = store_.layer_group(i);
-      accumulate(store_.grad() + gg.f32_offset / 4, staging, gg.f32_bytes / 4);
-    });
-    update_group_when_landed(1 + i);
-    std::swap(dout, dx);
-  }
-  // embedding backward on the host: scatter-add d x0 into the table's gradient, in token order
-  dev_.event_record(*x_ready_, s);
-  dev_.stream_wait_event(Stream::d2h, *x_ready_);
-  dev_.copy_d2h(dx0_host_, dout, act_bytes, Stream::d2h);
-  dev_.event_record(*dx0_copied_, Stream::d2h);
-  auto ev = dx0_copied_;
-  const int64_t n_tokens = N;
-  host_.enqueue([this, ev, n_tokens] {
-    dev_.event_synchronize(*ev);
-    cpu::embedding_backward(store_.grad_of(size_t(store_.spec().embed)), dx0_host_, ids_host_.data(),
-                            n_tokens, dims_.C);
-  });
-  update_group_when_landed(0);  // the embedding (and a tied lm_head)
-}
-
-double Engine::forward_backward(const MicroBatch& mb, float grad_scale) {
-  upload_tokens(mb);
-  forward(mb);
-  loss_head(mb, true, grad_scale);
-  backward(mb);
-  dev_.copy_d2h(&loss_host_, loss_dev_, sizeof(double), Stream::compute);
-  dev_.event_record(*loss_copied_, Stream::compute);
-  auto t0 = Clock::now();
-  dev_.event_synchronize(*loss_copied_);
-  dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
-  dev_.event_synchronize(*dx0_copied_);
-  d2h_wait_s_ += seconds_since(t0);
-  return loss_host_;
-}
-
-double Engine::forward_loss(const MicroBatch& mb) {
-  upload_tokens(mb);
-  forward(mb);
-  loss_head(mb, false, 1.f);
-  dev_.copy_d2h(&loss_host_, loss_dev_, sizeof(double), Stream::compute);
-  dev_.stream_synchronize(Stream::compute);
-  return loss_host_;
-}
-
 void Engine::zero_grads() {
   host_.drain();
-  std::memset(store_.grad(), 0, store_.f32_floats() * 4);
+  std::memset(store_.grad(), 0, bytes_of<float>(int64_t(store_.f32_floats())));
 }
 
 double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
@@ -560,25 +550,9 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
                "); lower optim.learning_rate or check the data");
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
   for (size_t gi = 0; gi < store_.groups().size(); ++gi)
-    optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] { adamw_group(gi, params, weight_decay); });
-  for (auto& l : slot_layer_) l = -1;  // every device copy of the weights is now stale
-  for (auto& c : head_slot_chunk_) c = -1;
-  lm_resident_stale_ = norm_stale_ = true;
+    optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
+  mark_device_weights_stale();
   return norm;
-}
-
-// Runs on the host queue: AdamW over one group's rows, then its gradient is zeroed (consumed).
-void Engine::adamw_group(size_t gi, const AdamWParams& params, double weight_decay) {
-  const ParamGroup& g = store_.groups()[gi];
-  const TensorTable& wt = store_.working_table();
-  AdamWParams p = params;
-  for (size_t r = g.first_row; r < g.end_row; ++r) {
-    p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
-    adamw_update(store_.master_of(r), store_.m() + store_.f32_table()[r].offset / 4,
-                 store_.v() + store_.f32_table()[r].offset / 4, store_.grad_of(r), store_.working_of(r),
-                 wt[r].dtype, wt[r].numel(), p);
-  }
-  std::memset(store_.grad() + g.f32_offset / 4, 0, g.f32_bytes);
 }
 
 void Engine::update_group_when_landed(size_t gi) {
@@ -587,8 +561,8 @@ void Engine::update_group_when_landed(size_t gi) {
   const double wd = landed_.weight_decay;
   optimizer_ticket_[gi] = host_.enqueue([this, gi, params, wd] {
     const ParamGroup& g = store_.groups()[gi];
-    group_sq_[gi] = sum_of_squares(store_.grad() + g.f32_offset / 4, int64_t(g.f32_bytes / 4));
-    adamw_group(gi, params, wd);
+    group_sq_[gi] = sum_of_squares(store_.grad() + count_of<float>(g.f32_offset), int64_t(count_of<float>(g.f32_bytes)));
+    optimizer_->update(gi, params, wd);
   });
 }
 
@@ -605,9 +579,7 @@ double Engine::forward_backward_update(const MicroBatch& mb, float grad_scale, A
     throw;
   }
   landed_.active = false;
-  for (auto& l : slot_layer_) l = -1;  // every device copy of the weights is now stale
-  for (auto& c : head_slot_chunk_) c = -1;
-  lm_resident_stale_ = norm_stale_ = true;
+  mark_device_weights_stale();
   return loss;
 }
 

@@ -14,44 +14,40 @@
 //     streamed in chunks of vocab rows through two device chunk slots (one when one chunk holds
 //     the whole vocabulary), so the head's device footprint scales with the chunk, not with V
 //     (V x C is often the largest tensor: 1 GiB of bf16 weights and 2 GiB of f32 gradient for
-//     Llama-3 8B). The loss takes two passes
-//     over the chunks: forward (chunk k+1 prefetched on h2d while chunk k computes) keeps each
-//     token's online-softmax statistics; backward walks the chunks in reverse (the two chunks
-//     still in the slots are reused), recomputes each chunk's logits, adds dlogits · W_chunk
-//     into d(hidden) and stages dW_chunk device -> host through two gradient chunk slots, where
-//     it is added into the lm_head (or embedding) gradient in a fixed order.
+//     Llama-3 8B). The loss takes two passes over the chunks: forward (chunk k+1 prefetched on
+//     h2d while chunk k computes) keeps each token's online-softmax statistics; then the loss
+//     objective (offload/loss_objective.h) reads them; backward walks the chunks in reverse
+//     (the two chunks still in the slots are reused), recomputes each chunk's logits, adds
+//     dlogits · W_chunk into d(hidden) and stages dW_chunk device -> host through two gradient
+//     chunk slots, where it is added into the lm_head (or embedding) gradient in a fixed order.
 //     Chunk size: kHeadChunkRows (4096) vocab rows, or V when smaller. The rule depends on
 //     nothing else — not the budget, not offload.weights — so every configuration of one model
 //     does the same arithmetic; at C = 4096 in bf16 the head then costs 2 x 32 MiB of weight
 //     slots and 2 x 64 MiB of gradient slots on the device whatever V is. With weights =
 //     "device" the whole lm_head is resident instead and the chunks are read in place: the
 //     same chunks, the same math, bit-identical results.
-//   - optimizer: after the global norm, AdamW runs group by group on the host queue while the
-//     next forward streams each layer right behind its update.
-// Events guard every buffer reuse.
+//   - optimizer: after the global norm, the group optimizer (offload/optimizer.h: AdamW on
+//     RAM-placed state) runs group by group on the host queue while the next forward streams
+//     each layer right behind its update.
+// Every buffer is a row of one table (offload/engine_buffers.h); events guard every buffer
+// reuse (the table of events is in engine.cpp).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "models/decoder_layer.h"
 #include "models/micro_batch.h"
 #include "offload/adamw.h"
+#include "offload/engine_buffers.h"
+#include "offload/grad_reduction.h"
 #include "offload/host_queue.h"
 #include "offload/host_store.h"
+#include "offload/loss_objective.h"
+#include "offload/optimizer.h"
 
 namespace strata {
-
-// Vocab rows per lm_head chunk (see above).
-constexpr int64_t kHeadChunkRows = 4096;
-
-struct EngineOptions {
-  std::string weights = "stream";     // "stream" | "device"
-  std::string checkpoints = "auto";   // "auto" (device while the budget allows) | "device" | "host"
-  int64_t max_batch = 1, max_tokens = 1;
-  int64_t head_chunk_rows = 0;        // 0: kHeadChunkRows (tests set it to compare chunkings)
-};
 
 // The pinned host memory an engine allocates (offload/host_budget.h checks it before anything
 // is allocated).
@@ -70,35 +66,44 @@ struct EngineStats {            // cumulative; the trainer reports per-step diff
   size_t link_bytes = 0;        // h2d + d2h
 };
 
+// What one pass over a micro-batch does. Today: forward only (eval) and forward + backward.
+// Next: the zeroth-order dual forward (θ + εz and θ − εz side by side).
+enum class StepKind : uint8_t { forward_only, forward_backward };
+
 class Engine {
  public:
   static EngineHostBytes host_bytes(const ModelSpec& spec, const EngineOptions& options);
-  static int64_t head_chunk_rows(const ModelSpec& spec, const EngineOptions& options);
+  static int64_t head_chunk_rows(const ModelSpec& spec, const EngineOptions& options) {
+    return engine_head_chunk_rows(spec, options);
+  }
 
   Engine(Device& dev, HostStore& store, const EngineOptions& options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Forward, loss head, backward of one micro-batch; gradients of grad_scale * (summed loss)
-  // are added into store.grad(). Returns the summed loss over counted positions.
-  double forward_backward(const MicroBatch& mb, float grad_scale);
-  double forward_loss(const MicroBatch& mb);  // no gradients
+  // One pass over a micro-batch. forward_backward: gradients of grad_scale * (summed loss) are
+  // added into store.grad(). Returns the summed loss over counted positions.
+  double step(const MicroBatch& mb, StepKind kind, float grad_scale);
+  double forward_backward(const MicroBatch& mb, float grad_scale) {
+    return step(mb, StepKind::forward_backward, grad_scale);
+  }
+  double forward_loss(const MicroBatch& mb) { return step(mb, StepKind::forward_only, 1.f); }
 
-  // The optimizer step over the accumulated gradients: exact global norm, clip, AdamW per
-  // group on the host queue (grads are zeroed as they are consumed). Returns the norm
-  // before clipping. Non-blocking: later forwards wait layer by layer.
+  // The optimizer step over the accumulated gradients: exact global norm, clip, the group
+  // optimizer per group on the host queue (grads are zeroed as they are consumed). Returns the
+  // norm before clipping. Non-blocking: later forwards wait layer by layer.
   double optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
 
   // With clipping off, the last micro-batch of a step can update as it goes: forward_backward,
-  // and each group's AdamW update queued on the host right behind the last addition into its
+  // and each group's update queued on the host right behind the last addition into its
   // gradient (the head first, then layers L-1..0, the embedding last), so the updates run
   // inside backward instead of after it. Bit-identical to forward_backward + optimizer_step
   // with max_grad_norm = 0. landed_update_norm() waits for the updates and returns the
   // gradient norm they saw (sum of per-group squares, in group order).
   double forward_backward_update(const MicroBatch& mb, float grad_scale, AdamWParams params, double weight_decay);
   double landed_update_norm();
-  void zero_grads();  // waits for pending accumulation, then zeroes store.grad()
+  void zero_grads();   // waits for pending accumulation, then zeroes store.grad()
   void synchronize();  // all queued device and host work finished
 
   EngineStats stats() const;
@@ -106,85 +111,90 @@ class Engine {
   const EngineOptions& options() const { return opt_; }
 
  private:
-  void upload_tokens(const MicroBatch& mb);
-  void forward(const MicroBatch& mb);
-  void loss_head(const MicroBatch& mb, bool backward, float grad_scale);
-  void backward(const MicroBatch& mb);
+  // set-up (engine.cpp, top)
+  void allocate(std::vector<EngineBuffer>& table);
+  void free_rows(std::vector<EngineBuffer>& table);
+  size_t device_checkpoint_count() const;
+  void create_events();
+  // weights
+  size_t slot_of(size_t layer) const;     // the weight slot that holds `layer`
   void ensure_layer(size_t layer);        // weights of `layer` in its slot (h2d when needed)
   void ensure_final_norm();
   const void* ensure_head_chunk(size_t chunk);  // lm_head rows of `chunk` on the device
   void release_head_chunk(size_t chunk);        // the compute stream is done reading it
-  size_t lm_group() const { return tied_ ? 0 : store_.groups().size() - 1; }
-  float* ckpt_device(size_t layer);  // where the input of `layer` lives on the device
+  void mark_device_weights_stale();             // after an update: every device copy is old
   LayerWeights weights_at(const char* base, size_t layer) const;
   LayerGrads grads_at(char* base, size_t layer) const;
+  size_t lm_group() const { return shape_.tied ? 0 : store_.groups().size() - 1; }
+  // one pass
+  void upload_tokens(const MicroBatch& mb);
+  void forward();
+  void embed_forward();
+  float* ckpt_device(size_t layer);       // where the input of `layer` lives on the device
+  void head_forward();
+  void head_backward(float grad_scale);
+  void final_norm_backward();
+  void backward();
+  void fetch_checkpoint(size_t layer);
+  void layer_grad_to_host(size_t layer, char* grad_slot);
+  void embed_backward();
+  double finish_step(StepKind kind);
+  // staging: device -> pinned host -> a task on the host queue
+  uint64_t stage_to_host(void* staging, const void* src, size_t bytes, const std::shared_ptr<Event>& copied,
+                         uint64_t reuse, std::function<void()> task);
+  // optimizer
   void wait_optimizer(size_t group);
-  void host_accumulate(size_t group_index, const float* staging, std::shared_ptr<Event> copied);
+  void update_group_when_landed(size_t group);
 
   Device& dev_;
   HostStore& store_;
   EngineOptions opt_;
-  LayerDims dims_;
+  EngineShape shape_;     // capacities: what every buffer is sized for
+  LayerDims dims_;        // the current micro-batch's shape (B, T set by upload_tokens)
   size_t L_ = 0;
-  bool tied_ = false;
 
-  // device buffers
-  std::vector<char*> weight_slots_;        // 2 (stream) or L (device)
-  std::vector<int64_t> slot_layer_;        // which layer each slot holds (-1: none / stale)
-  std::vector<std::unique_ptr<Event>> slot_loaded_, slot_free_;
-  float* norm_dev_ = nullptr;               // (C) final norm weight
-  float* norm_grad_dev_ = nullptr;          // (C) its gradient
-  bool norm_stale_ = true;
-  int64_t head_rows_ = 0;                  // vocab rows per lm_head chunk
-  size_t head_chunks_ = 0;                 // ceil(V / head_rows_)
-  size_t head_slot_count_ = 0;             // min(2, head_chunks_): weight and gradient chunk slots
-  char* lm_resident_ = nullptr;            // weights = "device": (V, C) lm_head
-  bool lm_resident_stale_ = true;
-  char* head_slots_[2] = {};               // weights = "stream": (head_rows, C) lm_head chunks
-  int64_t head_slot_chunk_[2] = {-1, -1};  // which chunk each slot holds (-1: none / stale)
-  std::unique_ptr<Event> head_slot_loaded_[2], head_slot_free_[2];
-  float* head_grad_slots_[2] = {};         // (head_rows, C) f32 lm_head gradient chunks
-  double* ce_stats_ = nullptr;             // (N, 3) per-token online-softmax statistics
-  char* grad_slots_[2] = {};               // f32, one layer's gradients
-  float* x_final_ = nullptr;               // (N, C) output of the last layer
-  float* x_pp_[2] = {};                    // (N, C) ping-pong for spilled checkpoints
-  float* ckpt_dev_ = nullptr;              // (device_ckpt_count, N, C)
-  size_t device_ckpt_count_ = 0;           // layers [L - count, L) keep their input on the device
-  float *hn_ = nullptr, *rstd_final_ = nullptr, *dhn_ = nullptr, *dx_[2] = {};
-  int32_t *ids_ = nullptr, *targets_ = nullptr, *pos_ = nullptr, *doc_start_ = nullptr;
-  float* inv_freq_ = nullptr;
-  double* loss_dev_ = nullptr;
-  void* workspace_ = nullptr;
+  // buffers: the table's rows, and where they are (engine_buffers.h)
+  std::vector<EngineBuffer> table_;
+  EngineBuffers buf_;
   LayerWorkspace ws_{};
+  size_t device_ckpt_count_ = 0;   // layers [L - count, L) keep their input on the device
+
+  // what the device copies hold
+  std::vector<int64_t> slot_layer_;          // which layer each weight slot holds (-1: none / stale)
+  int64_t head_slot_chunk_[2] = {-1, -1};    // which chunk each head slot holds (-1: none / stale)
+  bool norm_stale_ = true, lm_resident_stale_ = true;
   bool has_docs_ = false;
-
-  // pinned host staging
-  float* x0_host_ = nullptr;               // (N, C) embedding output = checkpoint 0 when spilled
-  float* dx0_host_ = nullptr;              // (N, C)
-  float* ckpt_host_ = nullptr;             // (L, N, C) spilled checkpoints
-  float* grad_staging_[2] = {};            // one layer's f32 gradients
-  float* norm_grad_staging_ = nullptr;     // (C) final norm gradient
-  float* head_grad_staging_[2] = {};       // (head_rows, C) lm_head gradient chunks
   double loss_host_ = 0;
-  std::vector<int32_t> ids_host_;
+  std::vector<int32_t> ids_host_;            // the embedding gather and scatter read them
 
-  // events
-  std::unique_ptr<Event> pp_saved_[2], x_ready_, ckpt_fetched_[2], stage_free_[2];
-  std::vector<std::shared_ptr<Event>> grad_copied_;   // per layer
-  std::shared_ptr<Event> norm_grad_copied_, dx0_copied_, head_grad_copied_[2];
-  std::unique_ptr<Event> loss_copied_;
+  // events (engine.cpp has the table: who records, who waits, what reuse each guards)
+  struct Events {
+    std::vector<std::unique_ptr<Event>> slot_loaded, slot_free;   // per weight slot
+    std::unique_ptr<Event> head_slot_loaded[2], head_slot_free[2];
+    std::unique_ptr<Event> pp_saved[2], ckpt_fetched[2], stage_free[2];
+    std::unique_ptr<Event> compute_done;
+    std::vector<std::shared_ptr<Event>> grad_copied;              // per layer
+    std::shared_ptr<Event> norm_grad_copied, dx0_copied, head_grad_copied[2];
+    std::unique_ptr<Event> loss_copied;
+  } ev_;
 
+  // the host side
   HostQueue host_;
-  uint64_t staging_ticket_[2] = {}, head_staging_ticket_[2] = {};
-  std::vector<uint64_t> optimizer_ticket_;   // per group
+  uint64_t staging_ticket_[2] = {}, head_staging_ticket_[2] = {};  // host tasks reading staging
+  std::vector<uint64_t> optimizer_ticket_;   // per group: its pending update
+
+  // seams (one implementation each today)
+  std::unique_ptr<LossObjective> objective_;
+  std::unique_ptr<StatePlacement> placement_;
+  std::unique_ptr<GroupOptimizer> optimizer_;
+  std::unique_ptr<GradReduction> reduction_;
+
   struct LandedUpdate {
     bool active = false;
     AdamWParams params;
     double weight_decay = 0;
   } landed_;                                 // forward_backward_update's pending updates
   std::vector<double> group_sq_;             // per group: sum of squared gradients it updated with
-  void update_group_when_landed(size_t group);
-  void adamw_group(size_t group, const AdamWParams& params, double weight_decay);
   double d2h_wait_s_ = 0, optimizer_exposed_s_ = 0;
 };
 

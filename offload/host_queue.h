@@ -1,40 +1,16 @@
-// A host worker thread running tasks in order, with tickets: the engine hands it gradient
-// accumulation and optimizer updates so they overlap device work, and waits on a ticket only
-// where a result is needed (a staging buffer about to be reused, a layer about to be uploaded).
+// The engine's host queue: one worker thread running tasks in order, with tickets
+// (src/core/task_worker.h). The engine hands it gradient accumulation and optimizer updates so
+// they overlap device work, and waits on a ticket only where a result is needed (a staging
+// buffer about to be reused, a layer about to be uploaded). After a task throws, later tasks
+// still run; the error comes back from the next wait().
 #pragma once
-#include <condition_variable>
-#include <cstdint>
-#include <deque>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <thread>
+#include "src/core/task_worker.h"
 
 namespace strata {
 
-class HostQueue {
+class HostQueue : public TaskWorker {
  public:
-  HostQueue();
-  ~HostQueue();
-  HostQueue(const HostQueue&) = delete;
-  HostQueue& operator=(const HostQueue&) = delete;
-
-  uint64_t enqueue(std::function<void()> task);  // returns the task's ticket (1, 2, ...)
-  void wait(uint64_t ticket);                     // until that task ran; rethrows its error
-  void drain() { wait(issued_); }
-  double busy_s() const;                          // seconds spent running tasks
-  double waited_s() const { return waited_s_; }   // seconds callers spent blocked in wait()
-
- private:
-  void run();
-  mutable std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<std::function<void()>> queue_;
-  uint64_t issued_ = 0, done_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  double busy_s_ = 0, waited_s_ = 0;
-  std::thread thread_;
+  HostQueue() : TaskWorker(AfterError::run_all) {}
 };
 
 }  // namespace strata

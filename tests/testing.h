@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/bf16.h"
+#include "src/core/bf16.h"
 
 namespace strata::testing {
 

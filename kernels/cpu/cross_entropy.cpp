@@ -1,21 +1,17 @@
-// lm_head + cross-entropy on the CPU, chunked over rows so at most kCeChunkRows x V logits
-// exist at once (vocab is 32k-152k; all N x V logits would not fit). Ignored rows (-100) are
-// dropped before the matmuls: only counted rows are gathered into chunks.
+// lm_head + cross-entropy on the CPU, with lm_head in vocab chunks (a streamed lm_head) and
+// rows in chunks of kCeChunkRows, so at most kCeChunkRows x vc logits exist at once (vocab is
+// 32k-152k; all N x V logits would not fit). Ignored rows (-100) are dropped before the
+// matmuls: only counted rows are gathered into tiles.
 //
-// Numerics: logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate);
-// log-softmax is max-subtracted, exp in f32, the row's sum of exps and its loss in double.
-// Row losses are summed serially in row order, so the result is bitwise independent of the
-// thread count (given deterministic matmuls).
+// A stats pass keeps each row's running max and sum of exps (online softmax, combined in
+// double), the loss is read from the stats, and a backward pass recomputes each chunk's logits:
+// dlogits = (softmax - onehot) * grad_scale, then dh += dlogits · w_chunk and
+// dw_chunk += dlogits^T · h. With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
+// Logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate); exp in f32,
+// sums in double; row losses are summed serially in row order, so results are bitwise
+// independent of the thread count (given deterministic matmuls).
 //
-// The backward is fused with the forward: dlogits = (softmax - onehot) * grad_scale overwrites
-// the logits chunk, then dh = dlogits · w (written) and dw += dlogits^T · h (accumulated).
-// With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
-//
-// The vocab-chunked variant (lm_head_ce_chunk_*, for a streamed lm_head) runs the same per-row
-// arithmetic on one chunk of vocab rows at a time: a stats pass keeps each row's running max
-// and sum of exps (online softmax, combined in double), the loss is read from the stats, and a
-// backward pass recomputes each chunk's logits. With one chunk it computes what the fused
-// functions compute, operation for operation.
+// The whole-vocabulary entries (lm_head_ce_forward / _backward) are the one-chunk case.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -65,83 +61,6 @@ std::vector<int64_t> ce_counted_rows(const int32_t* targets, int64_t n, int64_t 
   return rows;
 }
 
-// Forward, or the fused backward when `backward`. W is float or bf16.
-template <class W>
-double ce_run(bool backward, float* dh, float* dw, int64_t* count, const float* h, const W* w,
-              const int32_t* targets, int64_t n, int64_t c, int64_t v, float grad_scale) {
-  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
-  const int64_t counted = int64_t(rows.size());
-  *count = counted;
-  if (backward) {
-    // Ignored rows get zero gradient; counted rows are overwritten chunk by chunk.
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) std::fill(dh + i * c, dh + (i + 1) * c, 0.f);
-  }
-  if (counted == 0) return 0.0;
-
-  const int64_t chunk = std::min(kCeChunkRows, counted);
-  std::vector<W> h_chunk(size_t(chunk * c));                 // (chunk, C) gathered counted rows
-  std::vector<float> logits(size_t(chunk * v));              // (chunk, V), then dlogits
-  std::vector<double> row_loss(static_cast<size_t>(chunk));  // (chunk)
-  std::vector<W> dlogits_cast;                               // (chunk, V) bf16 copy, bf16 w only
-  std::vector<float> dh_chunk;                               // (chunk, C)
-  if (backward) {
-    if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * v));
-    dh_chunk.resize(size_t(chunk * c));
-  }
-
-  double loss = 0.0;
-  for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
-    const int64_t nr = std::min(chunk, counted - r0);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; ++r) {
-      const float* src = h + rows[r0 + r] * c;
-      W* dst = h_chunk.data() + r * c;
-      for (int64_t e = 0; e < c; ++e) dst[e] = ce_from_f32<W>(src[e]);
-    }
-    ce_matmul(logits.data(), h_chunk.data(), w, nr, v, c, false, true, 0.f);
-
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; ++r) {
-      float* x = logits.data() + r * v;
-      const int32_t target = targets[rows[r0 + r]];
-      float m = x[0];
-      for (int64_t j = 1; j < v; ++j) m = std::max(m, x[j]);
-      const float x_target = x[target];
-      double sum = 0.0;
-      for (int64_t j = 0; j < v; ++j) {
-        x[j] = std::exp(x[j] - m);
-        sum += double(x[j]);
-      }
-      row_loss[r] = double(m) + std::log(sum) - double(x_target);
-      if (backward) {
-        const float inv_sum = float(1.0 / sum);
-        for (int64_t j = 0; j < v; ++j) x[j] = x[j] * inv_sum * grad_scale;
-        x[target] -= grad_scale;
-        if constexpr (std::is_same_v<W, bf16>) {
-          bf16* xb = dlogits_cast.data() + r * v;
-          for (int64_t j = 0; j < v; ++j) xb[j] = f32_to_bf16(x[j]);
-        }
-      }
-    }
-    for (int64_t r = 0; r < nr; ++r) loss += row_loss[r];  // fixed order
-    if (!backward) continue;
-
-    const W* dlogits;
-    if constexpr (std::is_same_v<W, bf16>) {
-      dlogits = dlogits_cast.data();
-    } else {
-      dlogits = logits.data();
-    }
-    ce_matmul(dh_chunk.data(), dlogits, w, nr, c, v, false, false, 0.f);  // (nr, C)
-    ce_matmul(dw, dlogits, h_chunk.data(), v, c, nr, true, false, 1.f);   // (V, C) +=
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; ++r)
-      std::copy(dh_chunk.data() + r * c, dh_chunk.data() + (r + 1) * c, dh + rows[r0 + r] * c);
-  }
-  return loss;
-}
-
 void ce_check_chunk(int64_t v, int64_t v0, int64_t vc) {
   STRATA_CHECK(v0 >= 0 && vc > 0 && v0 + vc <= v, "lm_head_ce chunk: vocab rows [", v0, ", ",
                v0 + vc, ") are not a non-empty range inside [0, ", v, ")");
@@ -158,13 +77,12 @@ void ce_gather(W* tile, const float* h, const std::vector<int64_t>& rows, int64_
   }
 }
 
-// Stats pass over one vocab chunk: stats (N,3) = {max, sum of exp(z - max), target logit}.
-template <class W>
-void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* targets, int64_t n,
-                    int64_t c, int64_t v, int64_t v0, int64_t vc, bool first) {
-  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
-  ce_check_chunk(v, v0, vc);
-  if (first) std::fill(stats, stats + 3 * n, 0.0);
+// For each tile of up to kCeChunkRows counted rows (in order): the tile's rows of h gathered
+// and rounded to W, its logits (nr, vc) = h_tile · w_chunk^T, then per_tile(r0, nr, h_tile,
+// logits) with rows [r0, r0 + nr) of `rows`.
+template <class W, class F>
+void ce_for_each_tile(const float* h, const W* w, const std::vector<int64_t>& rows, int64_t c, int64_t vc,
+                      F&& per_tile) {
   const int64_t counted = int64_t(rows.size());
   if (counted == 0) return;
   const int64_t chunk = std::min(kCeChunkRows, counted);
@@ -174,9 +92,21 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
     const int64_t nr = std::min(chunk, counted - r0);
     ce_gather(h_tile.data(), h, rows, r0, nr, c);
     ce_matmul(logits.data(), h_tile.data(), w, nr, vc, c, false, true, 0.f);
+    per_tile(r0, nr, h_tile.data(), logits.data());
+  }
+}
+
+// Stats pass over one vocab chunk: stats (N,3) = {max, sum of exp(z - max), target logit}.
+template <class W>
+void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* targets, int64_t n,
+                    int64_t c, int64_t v, int64_t v0, int64_t vc, bool first) {
+  const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
+  ce_check_chunk(v, v0, vc);
+  if (first) std::fill(stats, stats + 3 * n, 0.0);
+  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W*, const float* logits) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
-      const float* x = logits.data() + r * vc;
+      const float* x = logits + r * vc;
       const int64_t i = rows[size_t(r0 + r)];
       float m = x[0];
       for (int64_t j = 1; j < vc; ++j) m = std::max(m, x[j]);
@@ -194,7 +124,7 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
       const int64_t t = int64_t(targets[i]) - v0;
       if (t >= 0 && t < vc) st[2] = double(x[t]);
     }
-  }
+  });
 }
 
 // Backward pass over one vocab chunk: dh += dlogits · w_chunk, dw_chunk += dlogits^T · h.
@@ -204,21 +134,14 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
                        int64_t vc, float grad_scale) {
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
-  const int64_t counted = int64_t(rows.size());
-  if (counted == 0) return;
-  const int64_t chunk = std::min(kCeChunkRows, counted);
-  std::vector<W> h_tile(size_t(chunk * c));       // (chunk, C)
-  std::vector<float> logits(size_t(chunk * vc));  // (chunk, vc), then dlogits
+  const int64_t chunk = std::min<int64_t>(kCeChunkRows, int64_t(rows.size()));
   std::vector<W> dlogits_cast;                    // (chunk, vc) bf16 copy, bf16 w only
   if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * vc));
   std::vector<float> dh_tile(size_t(chunk * c));  // (chunk, C)
-  for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
-    const int64_t nr = std::min(chunk, counted - r0);
-    ce_gather(h_tile.data(), h, rows, r0, nr, c);
-    ce_matmul(logits.data(), h_tile.data(), w, nr, vc, c, false, true, 0.f);
+  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W* h_tile, float* logits) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
-      float* x = logits.data() + r * vc;
+      float* x = logits + r * vc;  // logits, then dlogits
       const int64_t i = rows[size_t(r0 + r)];
       const double* st = stats + 3 * i;
       const float m = float(st[0]);
@@ -238,42 +161,20 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
     if constexpr (std::is_same_v<W, bf16>) {
       dlogits = dlogits_cast.data();
     } else {
-      dlogits = logits.data();
+      dlogits = logits;
     }
     ce_matmul(dh_tile.data(), dlogits, w, nr, c, vc, false, false, 0.f);   // (nr, C)
-    ce_matmul(dw, dlogits, h_tile.data(), vc, c, nr, true, false, 1.f);    // (vc, C) +=
+    ce_matmul(dw, dlogits, h_tile, vc, c, nr, true, false, 1.f);           // (vc, C) +=
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
       float* dst = dh + rows[size_t(r0 + r)] * c;
       const float* src = dh_tile.data() + r * c;
       for (int64_t e = 0; e < c; ++e) dst[e] += src[e];
     }
-  }
+  });
 }
 
 }  // namespace
-
-double lm_head_ce_forward(int64_t* count, const float* h, const float* w, const int32_t* targets,
-                          int64_t n, int64_t c, int64_t v) {
-  return ce_run<float>(false, nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
-}
-
-double lm_head_ce_forward_bf16(int64_t* count, const float* h, const bf16* w,
-                               const int32_t* targets, int64_t n, int64_t c, int64_t v) {
-  return ce_run<bf16>(false, nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
-}
-
-double lm_head_ce_backward(float* dh, float* dw, int64_t* count, const float* h, const float* w,
-                           const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                           float grad_scale) {
-  return ce_run<float>(true, dh, dw, count, h, w, targets, n, c, v, grad_scale);
-}
-
-double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const float* h, const bf16* w,
-                                const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                float grad_scale) {
-  return ce_run<bf16>(true, dh, dw, count, h, w, targets, n, c, v, grad_scale);
-}
 
 void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
@@ -310,6 +211,47 @@ void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
                                     const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                     int64_t v0, int64_t vc, float grad_scale) {
   ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, n, c, v, v0, vc, grad_scale);
+}
+
+// ---- the whole vocabulary at once: the one-chunk case of the chunked loss ------------------
+
+namespace {
+
+template <class W>
+double ce_one_chunk(float* dh, float* dw, int64_t* count, const float* h, const W* w,
+                    const int32_t* targets, int64_t n, int64_t c, int64_t v, float grad_scale) {
+  std::vector<double> stats(size_t(3 * std::max<int64_t>(n, 0)));  // (N, 3)
+  ce_chunk_stats<W>(stats.data(), h, w, targets, n, c, v, 0, v, true);
+  const double loss = lm_head_ce_stats_loss(count, stats.data(), targets, n, v);
+  if (dh) {
+    std::fill(dh, dh + n * c, 0.f);  // written: ignored rows keep zero
+    ce_chunk_backward<W>(dh, dw, h, w, stats.data(), targets, n, c, v, 0, v, grad_scale);
+  }
+  return loss;
+}
+
+}  // namespace
+
+double lm_head_ce_forward(int64_t* count, const float* h, const float* w, const int32_t* targets,
+                          int64_t n, int64_t c, int64_t v) {
+  return ce_one_chunk<float>(nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
+}
+
+double lm_head_ce_forward_bf16(int64_t* count, const float* h, const bf16* w,
+                               const int32_t* targets, int64_t n, int64_t c, int64_t v) {
+  return ce_one_chunk<bf16>(nullptr, nullptr, count, h, w, targets, n, c, v, 0.f);
+}
+
+double lm_head_ce_backward(float* dh, float* dw, int64_t* count, const float* h, const float* w,
+                           const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                           float grad_scale) {
+  return ce_one_chunk<float>(dh, dw, count, h, w, targets, n, c, v, grad_scale);
+}
+
+double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const float* h, const bf16* w,
+                                const int32_t* targets, int64_t n, int64_t c, int64_t v,
+                                float grad_scale) {
+  return ce_one_chunk<bf16>(dh, dw, count, h, w, targets, n, c, v, grad_scale);
 }
 
 }  // namespace strata::cpu

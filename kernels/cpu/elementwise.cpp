@@ -1,5 +1,5 @@
 // Elementwise helpers, fast CPU path: residual add and f32 <-> bf16 casts (rounding as in
-// kernels/common/bf16.h: nearest, ties to even, NaN kept quiet).
+// src/core/bf16.h: nearest, ties to even, NaN kept quiet).
 #include "kernels/cpu/ops.h"
 #include "src/core/error.h"
 

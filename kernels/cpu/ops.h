@@ -11,7 +11,7 @@
 #pragma once
 #include <cstdint>
 
-#include "kernels/common/bf16.h"
+#include "src/core/bf16.h"
 
 namespace strata::cpu {
 
@@ -71,12 +71,13 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                         int64_t d, float scale);
 
-// ---- lm_head + cross-entropy, chunked over rows (never all N x V logits at once) ----------
+// ---- lm_head + cross-entropy over the whole vocabulary (never all N x V logits at once) ----
 // h (N,C) final hidden, w (V,C) lm_head, targets (N) with -100 ignored.
 // Returns the sum of -log softmax(h w^T)[target] over counted rows; *count = counted rows.
-// The backward variant is fused (it needs the logits anyway): dh (N,C) is written and
-// dw (V,C) accumulated with the gradient of grad_scale * (returned sum).
-// With bf16 w, h and the logit gradient are rounded to bf16 for the matmuls.
+// The backward variant also writes dh (N,C) and accumulates dw (V,C) with the gradient of
+// grad_scale * (returned sum). These are the one-chunk case (v0 = 0, vc = V) of the chunked
+// functions below, which they call. With bf16 w, h and the logit gradient are rounded to bf16
+// for the matmuls.
 double lm_head_ce_forward(int64_t* count, const float* h, const float* w, const int32_t* targets,
                           int64_t n, int64_t c, int64_t v);
 double lm_head_ce_forward_bf16(int64_t* count, const float* h, const bf16* w,
@@ -100,7 +101,6 @@ double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const floa
 //   backward pass: dlogits = (exp(z - M) / S - onehot) * grad_scale recomputed per chunk;
 //                 dh (N,C) += dlogits · w_chunk and dw_chunk (vc,C) += dlogits^T · h (both
 //                 accumulated: the caller zeroes dh once before the first chunk).
-// With a single chunk (v0 = 0, vc = V) every number is computed as lm_head_ce_* computes it.
 // Ignored rows (-100) are left out of the matmuls; their stats are zeroed by the first chunk
 // and their dh is not touched. With bf16 w, h and dlogits are rounded to bf16 for the
 // matmuls. Thread-count independent like the rest.

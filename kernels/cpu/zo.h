@@ -13,7 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#include "kernels/common/bf16.h"
+#include "src/core/bf16.h"
 
 namespace strata::cpu {
 

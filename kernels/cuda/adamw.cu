@@ -60,23 +60,6 @@ void adamw_launch(float* master, void* m, void* v, const float* grad, void* work
 
 }  // namespace
 
-AdamWConstants adamw_constants(double lr, double beta1, double beta2, double eps,
-                               double weight_decay, int64_t step, double clip_scale) {
-  STRATA_CHECK(step >= 1, "AdamW step is ", step, "; steps count from 1");
-  const double t = double(step);
-  AdamWConstants c;
-  c.clip = float(clip_scale);
-  c.decay = float(1.0 - lr * weight_decay);
-  c.beta1 = float(beta1);
-  c.one_minus_beta1 = float(1.0 - beta1);
-  c.beta2 = float(beta2);
-  c.one_minus_beta2 = float(1.0 - beta2);
-  c.bc2_sqrt = float(std::sqrt(1.0 - std::pow(beta2, t)));
-  c.eps = float(eps);
-  c.neg_step_size = float(-(lr / (1.0 - std::pow(beta1, t))));
-  return c;
-}
-
 void adamw_update(float* master, void* m, void* v, bool moments_bf16, const float* grad,
                   void* working, bool working_bf16, int64_t n, const AdamWConstants& c,
                   cudaStream_t stream) {

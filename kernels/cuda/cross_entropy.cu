@@ -1,23 +1,20 @@
-// lm_head + softmax cross-entropy on CUDA, chunked over rows (twin: kernels/cpu/ref/
-// cross_entropy.h; CPU fast path kernels/cpu/cross_entropy.cpp). At most kCeChunkRows x V
-// logits exist at once, in a caller-provided workspace; the matmuls go through cuBLAS
-// (matmul.cu). Unlike the CPU path, ignored rows (-100) are not compacted away (that would need
-// the targets on the host): they ride through the matmuls and get zero loss and zero gradient.
+// lm_head + softmax cross-entropy on CUDA with lm_head in vocab chunks (twin: kernels/cpu/ref/
+// cross_entropy.h; CPU fast path kernels/cpu/cross_entropy.cpp; the whole vocabulary is the
+// one-chunk case v0 = 0, vc = V). Rows go in tiles of kCeChunkRows, so at most
+// kCeChunkRows x vc logits exist at once, in a caller-provided workspace; the matmuls go
+// through cuBLAS (matmul.cu). Unlike the CPU path, ignored rows (-100) are not compacted away
+// (that would need the targets on the host): they ride through the matmuls and get zero loss
+// and zero gradient.
 //
-// Per chunk: logits = h_chunk · w^T (h rounded to bf16 first when w is bf16); one block per row
-// takes the max, the sum of exp(x - max) in double, the row loss m + log(sum) - x[target] in
-// double, and in the backward overwrites the row with dlogits = (softmax - onehot) * grad_scale
-// (also rounded to bf16 for bf16 w); then dh_chunk = dlogits · w (written) and
-// dw += dlogits^T · h_chunk. Row losses are added serially in row order into a double in the
-// workspace, which is added to *loss_sum at the end: deterministic, as on the CPU.
-//
-// The vocab-chunked variant (lm_head_ce_chunk_*, a streamed lm_head) runs the same tiles over
-// one chunk of vocab rows: the stats pass updates each row's running max and sum of exps (one
-// block per row, thread 0 combines in double), one thread sums the loss from the stats in row
-// order, and the backward pass recomputes the chunk's logits into dlogits and accumulates
-// dh += dlogits · w_chunk and dw_chunk += dlogits^T · h.
+// Per tile: logits = h_tile · w_chunk^T (h rounded to bf16 first when w is bf16). The stats
+// pass updates each row's running max and sum of exps (one block per row, thread 0 combines in
+// double); one thread sums the loss from the stats in row order (deterministic, as on the
+// CPU); the backward pass recomputes the tile's logits into dlogits = (softmax - onehot) *
+// grad_scale (also rounded to bf16 for bf16 w) and accumulates dh += dlogits · w_chunk and
+// dw_chunk += dlogits^T · h.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "src/core/align.h"
 
 namespace strata::cuda {
 namespace {
@@ -26,78 +23,22 @@ constexpr int32_t kCeIgnoreIndex = -100;
 constexpr int64_t kCeChunkRows = 128;
 constexpr int kCeThreads = 256;
 
-size_t ce_align(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // The workspace, carved in this order.
 struct CeWorkspace {
-  float* logits;          // (chunk, V) logits, then dlogits
-  double* row_loss;       // (chunk)
-  double* total;          // (1) running loss of this call
+  float* logits;          // (chunk, vc) logits, then dlogits
   __nv_bfloat16* h_bf16;  // (chunk, C) bf16 w only
-  __nv_bfloat16* dl_bf16; // (chunk, V) bf16 w only
+  __nv_bfloat16* dl_bf16; // (chunk, vc) bf16 w only
 };
 
 CeWorkspace ce_carve(void* base, int64_t c, int64_t v) {
   char* p = static_cast<char*>(base);
   CeWorkspace ws;
   ws.logits = reinterpret_cast<float*>(p);
-  p += ce_align(size_t(kCeChunkRows * v) * sizeof(float));
-  ws.row_loss = reinterpret_cast<double*>(p);
-  p += ce_align(size_t(kCeChunkRows) * sizeof(double));
-  ws.total = reinterpret_cast<double*>(p);
-  p += ce_align(sizeof(double));
+  p += align_up(size_t(kCeChunkRows * v) * sizeof(float));
   ws.h_bf16 = reinterpret_cast<__nv_bfloat16*>(p);
-  p += ce_align(size_t(kCeChunkRows * c) * sizeof(__nv_bfloat16));
+  p += align_up(size_t(kCeChunkRows * c) * sizeof(__nv_bfloat16));
   ws.dl_bf16 = reinterpret_cast<__nv_bfloat16*>(p);
   return ws;
-}
-
-// grid (rows of the chunk), block kCeThreads. x: the chunk's logits (rows, V).
-__global__ void ce_rows_kernel(float* x, __nv_bfloat16* x_bf16, double* row_loss,
-                               const int32_t* targets, int64_t v, float grad_scale,
-                               int backward, int* error_word) {
-  __shared__ float fscratch[kWarp];
-  __shared__ double dscratch[kWarp];
-  const int64_t r = blockIdx.x;
-  float* xr = x + r * v;  // (V)
-  const int32_t target = targets[r];
-  const bool bad = target != kCeIgnoreIndex && (target < 0 || target >= v);
-  if (bad && threadIdx.x == 0) kernel_error_raise(error_word, kErrorTarget);
-  if (target == kCeIgnoreIndex || bad) {  // uniform over the block
-    if (threadIdx.x == 0) row_loss[r] = 0.0;
-    if (backward)
-      for (int64_t j = threadIdx.x; j < v; j += kCeThreads) {
-        xr[j] = 0.f;
-        if (x_bf16) x_bf16[r * v + j] = bf16_from(0.f);
-      }
-    return;
-  }
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += kCeThreads) m = fmaxf(m, xr[j]);
-  m = block_max(m, fscratch);
-  double sum = 0.0;
-  for (int64_t j = threadIdx.x; j < v; j += kCeThreads) sum += double(expf(xr[j] - m));
-  sum = block_sum(sum, dscratch);
-  const float x_target = xr[target];
-  if (threadIdx.x == 0) row_loss[r] = double(m) + log(sum) - double(x_target);
-  __syncthreads();  // x_target is read before the row is overwritten
-  if (!backward) return;
-  const float inv_sum = float(1.0 / sum);
-  for (int64_t j = threadIdx.x; j < v; j += kCeThreads) {
-    float g = expf(xr[j] - m) * inv_sum * grad_scale;
-    if (j == target) g -= grad_scale;
-    xr[j] = g;
-    if (x_bf16) x_bf16[r * v + j] = bf16_from(g);
-  }
-}
-
-// One thread: total (+)= row losses in row order; on the last chunk *loss_sum += total.
-__global__ void ce_loss_kernel(double* loss_sum, double* total, const double* row_loss,
-                               int64_t rows, int first, int last) {
-  double acc = first ? 0.0 : *total;
-  for (int64_t r = 0; r < rows; ++r) acc += row_loss[r];
-  *total = acc;
-  if (last) *loss_sum += acc;
 }
 
 __global__ void ce_cast_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
@@ -195,74 +136,38 @@ void ce_chunk_check(int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc, siz
                " it needs");
 }
 
-// The tile's h as the matmul reads it: f32 in place, or rounded to bf16 into the workspace.
-const void* ce_tile_h(const CeWorkspace& ws, const float* h, int64_t nr, int64_t c, bool w_bf16,
-                      cudaStream_t stream) {
-  if (!w_bf16) return h;
-  STRATA_LAUNCH(ce_cast_kernel, grid_blocks(nr * c, kCeThreads), kCeThreads, 0, stream, ws.h_bf16,
-                h, nr * c);
-  STRATA_CUDA_CHECK_LAUNCH("lm_head_ce cast");
-  return ws.h_bf16;
+// Tile [r0, r0 + nr) of the rows: h rounded to bf16 into the workspace when w is bf16, then
+// ws.logits (nr, vc) = h_tile · w_chunk^T. Returns h_tile as the matmuls read it.
+const void* ce_tile_logits(const CeWorkspace& ws, const float* h, const void* w_chunk, bool w_bf16, int64_t r0,
+                           int64_t nr, int64_t c, int64_t vc, cublasHandle_t handle, cudaStream_t stream) {
+  const void* h_tile = h + r0 * c;  // (nr, C)
+  if (w_bf16) {
+    STRATA_LAUNCH(ce_cast_kernel, grid_blocks(nr * c, kCeThreads), kCeThreads, 0, stream, ws.h_bf16,
+                  h + r0 * c, nr * c);
+    STRATA_CUDA_CHECK_LAUNCH("lm_head_ce cast");
+    h_tile = ws.h_bf16;
+  }
+  matmul(ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f, handle, stream);
+  return h_tile;
 }
 
 }  // namespace
 
 size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v) {
-  return ce_align(size_t(kCeChunkRows * v) * sizeof(float)) +
-         ce_align(size_t(kCeChunkRows) * sizeof(double)) + ce_align(sizeof(double)) +
-         ce_align(size_t(kCeChunkRows * c) * sizeof(__nv_bfloat16)) +
-         ce_align(size_t(kCeChunkRows * v) * sizeof(__nv_bfloat16));
+  return align_up(size_t(kCeChunkRows * v) * sizeof(float)) +
+         align_up(size_t(kCeChunkRows * c) * sizeof(__nv_bfloat16)) +
+         align_up(size_t(kCeChunkRows * v) * sizeof(__nv_bfloat16));
 }
 
-void lm_head_ce(cublasHandle_t handle, cudaStream_t stream, double* loss_sum, float* dh,
-                float* dw, const float* h, const void* w, bool w_bf16, const int32_t* targets,
-                int64_t n, int64_t c, int64_t v, float grad_scale, void* workspace,
-                size_t workspace_bytes, int* error_word) {
-  STRATA_CHECK(n >= 0 && c > 0 && v > 0, "lm_head_ce: sizes must be positive (got n=", n, " c=", c,
-               " v=", v, ")");
-  STRATA_CHECK(workspace_bytes >= lm_head_ce_workspace_bytes(c, v),
-               "lm_head_ce: workspace of ", workspace_bytes, " bytes is smaller than the ",
-               lm_head_ce_workspace_bytes(c, v), " it needs");
-  STRATA_CHECK(dh == nullptr || dw != nullptr, "lm_head_ce: the backward needs dw with dh");
-  if (n == 0) return;
-  const bool backward = dh != nullptr;
-  const CeWorkspace ws = ce_carve(workspace, c, v);
-  for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
-    const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
-    const void* h_chunk = h + r0 * c;  // (nr, C)
-    if (w_bf16) {
-      STRATA_LAUNCH(ce_cast_kernel, grid_blocks(nr * c, kCeThreads), kCeThreads, 0, stream,
-                    ws.h_bf16, h + r0 * c, nr * c);
-      STRATA_CUDA_CHECK_LAUNCH("lm_head_ce cast");
-      h_chunk = ws.h_bf16;
-    }
-    matmul(handle, stream, ws.logits, h_chunk, w, w_bf16, nr, v, c, false, true, 0.f);
-    STRATA_LAUNCH(ce_rows_kernel, unsigned(nr), kCeThreads, 0, stream, ws.logits,
-                  w_bf16 && backward ? ws.dl_bf16 : nullptr, ws.row_loss, targets + r0, v,
-                  grad_scale, backward ? 1 : 0, error_word);
-    STRATA_CUDA_CHECK_LAUNCH("lm_head_ce rows");
-    const bool last = r0 + kCeChunkRows >= n;
-    STRATA_LAUNCH(ce_loss_kernel, 1, 1, 0, stream, loss_sum, ws.total, ws.row_loss, nr,
-                  r0 == 0 ? 1 : 0, last ? 1 : 0);
-    STRATA_CUDA_CHECK_LAUNCH("lm_head_ce loss");
-    if (!backward) continue;
-    const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : ws.logits;
-    matmul(handle, stream, dh + r0 * c, dlogits, w, w_bf16, nr, c, v, false, false, 0.f);
-    matmul(handle, stream, dw, dlogits, h_chunk, w_bf16, v, c, nr, true, false, 1.f);
-  }
-}
-
-void lm_head_ce_chunk_stats(cublasHandle_t handle, cudaStream_t stream, double* stats,
-                            const float* h, const void* w_chunk, bool w_bf16,
+void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, bool w_bf16,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                             int64_t vc, bool first, void* workspace, size_t workspace_bytes,
-                            int* error_word) {
+                            int* error_word, cublasHandle_t handle, cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
     const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
-    const void* h_tile = ce_tile_h(ws, h + r0 * c, nr, c, w_bf16, stream);  // (nr, C)
-    matmul(handle, stream, ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f);
+    ce_tile_logits(ws, h, w_chunk, w_bf16, r0, nr, c, vc, handle, stream);
     STRATA_LAUNCH(ce_chunk_stats_kernel, unsigned(nr), kCeThreads, 0, stream, stats + 3 * r0,
                   ws.logits, targets + r0, v, v0, vc, first ? 1 : 0, error_word);
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk stats");
@@ -276,24 +181,23 @@ void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t*
   STRATA_CUDA_CHECK_LAUNCH("lm_head_ce stats loss");
 }
 
-void lm_head_ce_chunk_backward(cublasHandle_t handle, cudaStream_t stream, float* dh,
-                               float* dw_chunk, const float* h, const void* w_chunk, bool w_bf16,
-                               const double* stats, const int32_t* targets, int64_t n, int64_t c,
-                               int64_t v, int64_t v0, int64_t vc, float grad_scale,
-                               void* workspace, size_t workspace_bytes, int* error_word) {
+void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w_chunk,
+                               bool w_bf16, const double* stats, const int32_t* targets, int64_t n,
+                               int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale,
+                               void* workspace, size_t workspace_bytes, int* error_word,
+                               cublasHandle_t handle, cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
     const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
-    const void* h_tile = ce_tile_h(ws, h + r0 * c, nr, c, w_bf16, stream);  // (nr, C)
-    matmul(handle, stream, ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f);
+    const void* h_tile = ce_tile_logits(ws, h, w_chunk, w_bf16, r0, nr, c, vc, handle, stream);
     STRATA_LAUNCH(ce_chunk_grad_kernel, unsigned(nr), kCeThreads, 0, stream, ws.logits,
                   w_bf16 ? ws.dl_bf16 : nullptr, stats + 3 * r0, targets + r0, v, v0, vc,
                   grad_scale, error_word);
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk grad");
     const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : ws.logits;
-    matmul(handle, stream, dh + r0 * c, dlogits, w_chunk, w_bf16, nr, c, vc, false, false, 1.f);
-    matmul(handle, stream, dw_chunk, dlogits, h_tile, w_bf16, vc, c, nr, true, false, 1.f);
+    matmul(dh + r0 * c, dlogits, w_chunk, w_bf16, nr, c, vc, false, false, 1.f, handle, stream);
+    matmul(dw_chunk, dlogits, h_tile, w_bf16, vc, c, nr, true, false, 1.f, handle, stream);
   }
 }
 

@@ -1,6 +1,6 @@
 // Elementwise CUDA kernels: y += x (residual adds) and the f32 <-> bf16 casts that feed bf16
 // matmuls. Grid-stride loops, one element per thread per step. Casts round to nearest even,
-// as kernels/common/bf16.h does on the CPU.
+// as src/core/bf16.h does on the CPU.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 

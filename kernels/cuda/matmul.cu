@@ -26,8 +26,8 @@ namespace strata::cuda {
                  ": ", #call, " failed with cuBLAS status ", int(strata_cublas_status));   \
   } while (0)
 
-void matmul(cublasHandle_t handle, cudaStream_t stream, float* c, const void* a, const void* b,
-            bool bf16, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float beta) {
+void matmul(float* c, const void* a, const void* b, bool bf16, int64_t m, int64_t n, int64_t k,
+            bool trans_a, bool trans_b, float beta, cublasHandle_t handle, cudaStream_t stream) {
   STRATA_CHECK(m >= 0 && n >= 0 && k >= 0, "matmul: sizes must be non-negative (got m=", m,
                " n=", n, " k=", k, ")");
   STRATA_CHECK(beta == 0.f || beta == 1.f, "matmul: beta must be 0 or 1, got ", beta);

@@ -1,6 +1,7 @@
 // The CUDA kernels: host-callable launchers of every device op, forward and backward side by
-// side, in the argument order of kernels/cpu/ops.h (which documents shapes and semantics) with
-// the stream last. Raw device pointers and sizes only; nothing here knows models or tiers.
+// side, in the argument order of kernels/cpu/ops.h (which documents shapes and semantics):
+// outputs, inputs, saved tensors, sizes, then the cuBLAS handle (where one is used) and the
+// stream last (STYLE.md §2). Raw device pointers and sizes only; nothing here knows models or tiers.
 // Every launcher checks its sizes (strata::Error), enqueues on `stream` and returns at once.
 //
 // Legend: N rows (= B*T), B batch, T tokens per row, C hidden, H heads, Hk kv heads, D head
@@ -18,7 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/bf16.h"
+#include "src/core/adamw_constants.h"
+#include "src/core/bf16.h"
 
 namespace strata::cuda {
 
@@ -33,8 +35,8 @@ enum KernelError : int {
 // ---- matmul (cuBLAS, f32 accumulate) -------------------------------------------------------
 // c (M,N) = op(a) (M,K) · op(b) (K,N) + beta * c, row-major, beta 0 or 1; a and b both f32 or
 // both bf16 (bf16 = true). Runs on the stream the handle is set to here.
-void matmul(cublasHandle_t handle, cudaStream_t stream, float* c, const void* a, const void* b,
-            bool bf16, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float beta);
+void matmul(float* c, const void* a, const void* b, bool bf16, int64_t m, int64_t n, int64_t k,
+            bool trans_a, bool trans_b, float beta, cublasHandle_t handle, cudaStream_t stream);
 
 // ---- RMSNorm (also per-head: n = N*H rows of c = D) ----------------------------------------
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
@@ -74,34 +76,26 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                         int64_t d, float scale, int* error_word, cudaStream_t stream);
 
-// ---- lm_head + cross-entropy, chunked over rows -----------------------------------------------
-// *loss_sum (device double) += summed loss over counted rows; when dh != null (fused backward)
-// dh (N,C) is written and dw (V,C) accumulated with the gradient of grad_scale * loss.
-// w (V,C) f32 or bf16 (w_bf16). The workspace (device) holds lm_head_ce_workspace_bytes(c, v).
-size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v);
-void lm_head_ce(cublasHandle_t handle, cudaStream_t stream, double* loss_sum, float* dh,
-                float* dw, const float* h, const void* w, bool w_bf16, const int32_t* targets,
-                int64_t n, int64_t c, int64_t v, float grad_scale, void* workspace,
-                size_t workspace_bytes, int* error_word);
-
-// ---- the same loss with lm_head streamed in vocab chunks (kernels/cpu/ops.h: lm_head_ce_chunk_*)
+// ---- lm_head + cross-entropy with lm_head in vocab chunks (kernels/cpu/ops.h: lm_head_ce_chunk_*;
+// the whole vocabulary is the one-chunk case v0 = 0, vc = V)
 // w_chunk (vc,C) holds vocab rows [v0, v0 + vc); stats (N,3) double = {running max, running sum
 // of exp(z - max), target logit}, initialised by the chunk with first = true. The stats pass
-// and the backward pass take a workspace of lm_head_ce_workspace_bytes(c, vc). The backward
+// and the backward pass take a workspace (device) of lm_head_ce_workspace_bytes(c, vc).
+size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v);
+// The backward
 // accumulates dh (N,C) += dlogits · w_chunk and dw_chunk (vc,C) += dlogits^T · h. The loss adds
 // Σ over counted rows (in row order) of max + log(sum) - target logit into *loss_sum.
-void lm_head_ce_chunk_stats(cublasHandle_t handle, cudaStream_t stream, double* stats,
-                            const float* h, const void* w_chunk, bool w_bf16,
+void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, bool w_bf16,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                             int64_t vc, bool first, void* workspace, size_t workspace_bytes,
-                            int* error_word);
+                            int* error_word, cublasHandle_t handle, cudaStream_t stream);
 void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
                            int64_t n, int64_t v, cudaStream_t stream);
-void lm_head_ce_chunk_backward(cublasHandle_t handle, cudaStream_t stream, float* dh,
-                               float* dw_chunk, const float* h, const void* w_chunk, bool w_bf16,
-                               const double* stats, const int32_t* targets, int64_t n, int64_t c,
-                               int64_t v, int64_t v0, int64_t vc, float grad_scale,
-                               void* workspace, size_t workspace_bytes, int* error_word);
+void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w_chunk,
+                               bool w_bf16, const double* stats, const int32_t* targets, int64_t n,
+                               int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale,
+                               void* workspace, size_t workspace_bytes, int* error_word,
+                               cublasHandle_t handle, cudaStream_t stream);
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);  // y += x
@@ -109,13 +103,8 @@ void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream
 void cast_bf16_to_f32(float* out, const bf16* in, int64_t n, cudaStream_t stream);
 
 // ---- AdamW (optional; the engine keeps AdamW on the CPU by design, see adamw.cu) --------------
-// The CPU AdamW's f32 constants (offload/adamw.cpp), derived from the hyperparameters in double
-// and rounded once, so the GPU update gives the CPU's bits.
-struct AdamWConstants {
-  float clip, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
-};
-AdamWConstants adamw_constants(double lr, double beta1, double beta2, double eps,
-                               double weight_decay, int64_t step, double clip_scale);
+// c: the CPU AdamW's f32 constants (src/core/adamw_constants.h), so the GPU update gives the
+// CPU's bits.
 // n elements: master (f32), m and v (f32, or bf16 when moments_bf16) updated in place from
 // grad; working (f32, or bf16 when working_bf16; may be null) receives the new master weights.
 void adamw_update(float* master, void* m, void* v, bool moments_bf16, const float* grad,

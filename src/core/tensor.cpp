@@ -62,7 +62,7 @@ size_t TensorTable::layout(Tier tier) {
   for (auto& r : rows_) {
     if (r.tier != tier) continue;
     r.offset = offset;
-    offset += (r.bytes() + kAlignment - 1) / kAlignment * kAlignment;
+    offset += align_up(r.bytes());
   }
   tier_bytes_[int(tier)] = offset;
   return offset;

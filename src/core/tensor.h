@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/core/align.h"
 #include "src/core/dtype.h"
 
 namespace strata {
@@ -32,7 +33,7 @@ struct TensorSpec {
 
 class TensorTable {
  public:
-  static constexpr size_t kAlignment = 256;  // cache lines, SIMD, O_DIRECT-friendly, cuBLAS-friendly
+  static constexpr size_t kAlignment = kBufferAlignment;  // src/core/align.h
 
   size_t add(TensorSpec spec);  // returns the row index; names must be unique
   size_t size() const { return rows_.size(); }

@@ -11,7 +11,7 @@ Arena::Arena(char* base, size_t budget_bytes, std::string what)
 }
 
 char* Arena::alloc(size_t bytes, const std::string& tensor) {
-  size_t need = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  const size_t need = footprint(bytes);
   auto best = free_.end();
   for (auto it = free_.begin(); it != free_.end(); ++it)
     if (it->second >= need && (best == free_.end() || it->second < best->second)) best = it;

@@ -6,11 +6,15 @@
 #include <map>
 #include <string>
 
+#include "src/core/align.h"
+
 namespace strata {
 
 class Arena {
  public:
-  static constexpr size_t kAlignment = 256;
+  // The bytes alloc(bytes) takes from the budget: rounded up to kBufferAlignment, at least one
+  // unit (so every allocation has its own address). Budget pre-checks use this, not a copy.
+  static constexpr size_t footprint(size_t bytes) { return align_up(bytes > 0 ? bytes : 1); }
 
   Arena() = default;
   Arena(char* base, size_t budget_bytes, std::string what);  // what: "device", for messages

@@ -9,9 +9,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <exception>
-#include <functional>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -19,6 +16,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/zo.h"
 #include "src/core/error.h"
+#include "src/core/task_worker.h"
 #include "src/core/threads.h"
 #include "src/device/arena.h"
 #include "src/device/device.h"
@@ -41,80 +39,11 @@ class CpuEvent final : public Event {
   }
 };
 
-class Worker {
+// A stream: tasks in order on one thread; after a failed task the rest are skipped (events
+// still fire) until stream_synchronize rethrows the error.
+class StreamWorker : public TaskWorker {
  public:
-  Worker() : thread_([this] { run(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  void enqueue(std::function<void()> task) {
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(std::move(task));
-      ++pending_;
-    }
-    cv_.notify_all();
-  }
-
-  void synchronize() {
-    std::unique_lock lock(mu_);
-    idle_cv_.wait(lock, [&] { return pending_ == 0; });
-    if (error_) {
-      auto e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-  }
-
-  double busy_s() const { return busy_s_; }
-
- private:
-  void run() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      auto t0 = Clock::now();
-      bool skip;
-      {
-        std::lock_guard lock(mu_);
-        skip = error_ != nullptr;  // after a failure, drain (events still fire) without work
-      }
-      try {
-        cpu_threads_apply();
-        if (!skip) task();
-      } catch (...) {
-        std::lock_guard lock(mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-      busy_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-      {
-        std::lock_guard lock(mu_);
-        --pending_;
-      }
-      idle_cv_.notify_all();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<std::function<void()>> queue_;
-  size_t pending_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  double busy_s_ = 0;
-  std::thread thread_;
+  StreamWorker() : TaskWorker(AfterError::skip_until_wait) {}
 };
 
 class CpuDevice final : public ArenaDevice {
@@ -131,7 +60,7 @@ class CpuDevice final : public ArenaDevice {
     arena_init(base_, mapping_bytes_);
   }
   ~CpuDevice() override {
-    for (auto& w : workers_) w.synchronize_quiet();
+    for (auto& w : workers_) w.drain_quiet();
     munmap(base_, mapping_bytes_);
   }
 
@@ -193,7 +122,7 @@ class CpuDevice final : public ArenaDevice {
     }
     ev.wait_for(gen);
   }
-  void stream_synchronize(Stream s) override { worker(s).synchronize(); }
+  void stream_synchronize(Stream s) override { worker(s).drain(); }
 
   void copy_h2d(void* dst, const void* src, size_t bytes, Stream s) override {
     check_device_range(dst, bytes, "copy_h2d destination");
@@ -228,8 +157,8 @@ class CpuDevice final : public ArenaDevice {
   }
 
   // ---- ops ----
-  void matmul(Stream s, float* c, const void* a, const void* b, DType ab, int64_t m, int64_t n,
-              int64_t k, bool ta, bool tb, float beta) override {
+  void matmul(float* c, const void* a, const void* b, DType ab, int64_t m, int64_t n,
+              int64_t k, bool ta, bool tb, float beta, Stream s) override {
     STRATA_ASSERT(ab == DType::f32 || ab == DType::bf16, "matmul inputs must be f32 or bf16");
     enqueue_op(s, OpKind::matmul, [=] {
       if (ab == DType::f32)
@@ -238,37 +167,37 @@ class CpuDevice final : public ArenaDevice {
         cpu::matmul_bf16(c, static_cast<const bf16*>(a), static_cast<const bf16*>(b), m, n, k, ta, tb, beta);
     });
   }
-  void rmsnorm_forward(Stream s, float* out, float* rstd, const float* in, const float* weight,
-                       int64_t n, int64_t c, float eps) override {
+  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight,
+                       int64_t n, int64_t c, float eps, Stream s) override {
     enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_forward(out, rstd, in, weight, n, c, eps); });
   }
-  void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, const float* in,
-                        const float* weight, const float* rstd, int64_t n, int64_t c) override {
+  void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                        const float* weight, const float* rstd, int64_t n, int64_t c, Stream s) override {
     enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c); });
   }
-  void rope_forward(Stream s, float* out, const float* in, const int32_t* pos,
-                    const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
+  void rope_forward(float* out, const float* in, const int32_t* pos,
+                    const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
     enqueue_op(s, OpKind::rope, [=] { cpu::rope_forward(out, in, pos, inv_freq, n, nh, d); });
   }
-  void rope_backward(Stream s, float* din, const float* dout, const int32_t* pos,
-                     const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
+  void rope_backward(float* din, const float* dout, const int32_t* pos,
+                     const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
     enqueue_op(s, OpKind::rope, [=] { cpu::rope_backward(din, dout, pos, inv_freq, n, nh, d); });
   }
-  void swiglu_forward(Stream s, float* out, const float* gate, const float* up, int64_t n) override {
+  void swiglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_forward(out, gate, up, n); });
   }
-  void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, const float* gate,
-                       const float* up, int64_t n) override {
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_backward(dgate, dup, dout, gate, up, n); });
   }
-  void bias_forward(Stream s, float* y, const float* b, int64_t n, int64_t o) override {
+  void bias_forward(float* y, const float* b, int64_t n, int64_t o, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::bias_forward(y, b, n, o); });
   }
-  void bias_backward(Stream s, float* db, const float* dy, int64_t n, int64_t o) override {
+  void bias_backward(float* db, const float* dy, int64_t n, int64_t o, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::bias_backward(db, dy, n, o); });
   }
-  void embedding_forward(Stream s, float* out, const void* table, DType tt, const int32_t* ids,
-                         int64_t n, int64_t c) override {
+  void embedding_forward(float* out, const void* table, DType tt, const int32_t* ids,
+                         int64_t n, int64_t c, Stream s) override {
     enqueue_op(s, OpKind::embedding, [=] {
       if (tt == DType::f32)
         cpu::embedding_forward(out, static_cast<const float*>(table), ids, n, c);
@@ -276,44 +205,26 @@ class CpuDevice final : public ArenaDevice {
         cpu::embedding_forward_bf16(out, static_cast<const bf16*>(table), ids, n, c);
     });
   }
-  void embedding_backward(Stream s, float* dtable, const float* dout, const int32_t* ids,
-                          int64_t n, int64_t c) override {
+  void embedding_backward(float* dtable, const float* dout, const int32_t* ids,
+                          int64_t n, int64_t c, Stream s) override {
     enqueue_op(s, OpKind::embedding, [=] { cpu::embedding_backward(dtable, dout, ids, n, c); });
   }
-  void attention_forward(Stream s, float* out, float* lse, const float* q, const float* k,
+  void attention_forward(float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
-                         int64_t h, int64_t hk, int64_t d, float scale) override {
+                         int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
     enqueue_op(s, OpKind::attention, [=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale); });
   }
-  void attention_backward(Stream s, float* dq, float* dk, float* dv, const float* dout,
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
-                          int64_t h, int64_t hk, int64_t d, float scale) override {
+                          int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
     enqueue_op(s, OpKind::attention, [=] {
       cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale);
     });
   }
-  void lm_head_ce(Stream s, double* loss_sum, float* dh, float* dw, const float* h, const void* w,
-                  DType wt, const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                  float grad_scale) override {
-    enqueue_op(s, OpKind::cross_entropy, [=] {
-      int64_t count = 0;
-      double sum;
-      if (wt == DType::f32) {
-        auto* wf = static_cast<const float*>(w);
-        sum = dh ? cpu::lm_head_ce_backward(dh, dw, &count, h, wf, targets, n, c, v, grad_scale)
-                 : cpu::lm_head_ce_forward(&count, h, wf, targets, n, c, v);
-      } else {
-        auto* wb = static_cast<const bf16*>(w);
-        sum = dh ? cpu::lm_head_ce_backward_bf16(dh, dw, &count, h, wb, targets, n, c, v, grad_scale)
-                 : cpu::lm_head_ce_forward_bf16(&count, h, wb, targets, n, c, v);
-      }
-      *loss_sum += sum;
-    });
-  }
-  void lm_head_ce_chunk_stats(Stream s, double* stats, const float* h, const void* w, DType wt,
+  void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                              int64_t vc, bool first) override {
+                              int64_t vc, bool first, Stream s) override {
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     enqueue_op(s, OpKind::cross_entropy, [=] {
       if (wt == DType::f32)
@@ -322,16 +233,16 @@ class CpuDevice final : public ArenaDevice {
         cpu::lm_head_ce_chunk_stats_bf16(stats, h, static_cast<const bf16*>(w), targets, n, c, v, v0, vc, first);
     });
   }
-  void lm_head_ce_stats_loss(Stream s, double* loss_sum, const double* stats, const int32_t* targets,
-                             int64_t n, int64_t v) override {
+  void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
+                             int64_t n, int64_t v, Stream s) override {
     enqueue_op(s, OpKind::cross_entropy, [=] {
       int64_t count = 0;
       *loss_sum += cpu::lm_head_ce_stats_loss(&count, stats, targets, n, v);
     });
   }
-  void lm_head_ce_chunk_backward(Stream s, float* dh, float* dw_chunk, const float* h, const void* w,
+  void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w,
                                  DType wt, const double* stats, const int32_t* targets, int64_t n,
-                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale) override {
+                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale, Stream s) override {
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     enqueue_op(s, OpKind::cross_entropy, [=] {
       if (wt == DType::f32)
@@ -342,10 +253,10 @@ class CpuDevice final : public ArenaDevice {
                                             n, c, v, v0, vc, grad_scale);
     });
   }
-  void add_inplace(Stream s, float* y, const float* x, int64_t n) override {
+  void add_inplace(float* y, const float* x, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::add_inplace(y, x, n); });
   }
-  void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) override {
+  void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::cast_f32_to_bf16(out, in, n); });
   }
   void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n,
@@ -364,16 +275,7 @@ class CpuDevice final : public ArenaDevice {
   }
 
  private:
-  struct QuietWorker : Worker {
-    void synchronize_quiet() {
-      try {
-        synchronize();
-      } catch (...) {
-      }
-    }
-  };
-
-  Worker& worker(Stream s) { return workers_[int(s)]; }
+  StreamWorker& worker(Stream s) { return workers_[int(s)]; }
 
   template <class F>
   void enqueue_op(Stream s, OpKind kind, F&& f) {
@@ -408,7 +310,7 @@ class CpuDevice final : public ArenaDevice {
   mutable std::mutex op_mu_;
   double op_s_[int(OpKind::count)] = {};
   double stream_wait_s_[kStreamCount] = {};
-  QuietWorker workers_[kStreamCount];
+  StreamWorker workers_[kStreamCount];
 };
 
 }  // namespace

@@ -310,122 +310,111 @@ class CudaDevice final : public ArenaDevice {
   }
 
   // ---- ops ----
-  void matmul(Stream s, float* c, const void* a, const void* b, DType ab, int64_t m, int64_t n,
-              int64_t k, bool ta, bool tb, float beta) override {
+  void matmul(float* c, const void* a, const void* b, DType ab, int64_t m, int64_t n,
+              int64_t k, bool ta, bool tb, float beta, Stream s) override {
     const auto timed = time_op(s, OpKind::matmul);
     STRATA_ASSERT(ab == DType::f32 || ab == DType::bf16, "matmul inputs must be f32 or bf16");
-    cuda::matmul(cublas(s), stream(s), c, a, b, ab == DType::bf16, m, n, k, ta, tb, beta);
+    cuda::matmul(c, a, b, ab == DType::bf16, m, n, k, ta, tb, beta, cublas(s), stream(s));
   }
-  void rmsnorm_forward(Stream s, float* out, float* rstd, const float* in, const float* weight,
-                       int64_t n, int64_t c, float eps) override {
+  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight,
+                       int64_t n, int64_t c, float eps, Stream s) override {
     const auto timed = time_op(s, OpKind::norm);
     cuda::rmsnorm_forward(out, rstd, in, weight, n, c, eps, stream(s));
   }
-  void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, const float* in,
-                        const float* weight, const float* rstd, int64_t n, int64_t c) override {
+  void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                        const float* weight, const float* rstd, int64_t n, int64_t c, Stream s) override {
     const auto timed = time_op(s, OpKind::norm);
     cuda::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c, stream(s));
   }
-  void rope_forward(Stream s, float* out, const float* in, const int32_t* pos,
-                    const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
+  void rope_forward(float* out, const float* in, const int32_t* pos,
+                    const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
     const auto timed = time_op(s, OpKind::rope);
     cuda::rope_forward(out, in, pos, inv_freq, n, nh, d, stream(s));
   }
-  void rope_backward(Stream s, float* din, const float* dout, const int32_t* pos,
-                     const float* inv_freq, int64_t n, int64_t nh, int64_t d) override {
+  void rope_backward(float* din, const float* dout, const int32_t* pos,
+                     const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
     const auto timed = time_op(s, OpKind::rope);
     cuda::rope_backward(din, dout, pos, inv_freq, n, nh, d, stream(s));
   }
-  void swiglu_forward(Stream s, float* out, const float* gate, const float* up, int64_t n) override {
+  void swiglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::swiglu_forward(out, gate, up, n, stream(s));
   }
-  void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, const float* gate,
-                       const float* up, int64_t n) override {
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::swiglu_backward(dgate, dup, dout, gate, up, n, stream(s));
   }
-  void bias_forward(Stream s, float* y, const float* b, int64_t n, int64_t o) override {
+  void bias_forward(float* y, const float* b, int64_t n, int64_t o, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::bias_forward(y, b, n, o, stream(s));
   }
-  void bias_backward(Stream s, float* db, const float* dy, int64_t n, int64_t o) override {
+  void bias_backward(float* db, const float* dy, int64_t n, int64_t o, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::bias_backward(db, dy, n, o, stream(s));
   }
-  void embedding_forward(Stream s, float* out, const void* table, DType tt, const int32_t* ids,
-                         int64_t n, int64_t c) override {
+  void embedding_forward(float* out, const void* table, DType tt, const int32_t* ids,
+                         int64_t n, int64_t c, Stream s) override {
     const auto timed = time_op(s, OpKind::embedding);
     STRATA_ASSERT(tt == DType::f32 || tt == DType::bf16, "embedding table must be f32 or bf16");
     checks_pending_[int(s)] = true;
     cuda::embedding_forward(out, table, tt == DType::bf16, ids, n, c, error_word_, stream(s));
   }
-  void embedding_backward(Stream s, float* dtable, const float* dout, const int32_t* ids,
-                          int64_t n, int64_t c) override {
+  void embedding_backward(float* dtable, const float* dout, const int32_t* ids,
+                          int64_t n, int64_t c, Stream s) override {
     const auto timed = time_op(s, OpKind::embedding);
     checks_pending_[int(s)] = true;
     cuda::embedding_backward(dtable, dout, ids, n, c, error_word_, stream(s));
   }
-  void attention_forward(Stream s, float* out, float* lse, const float* q, const float* k,
+  void attention_forward(float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
-                         int64_t h, int64_t hk, int64_t d, float scale) override {
+                         int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
     cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, error_word_, stream(s));
   }
-  void attention_backward(Stream s, float* dq, float* dk, float* dv, const float* dout,
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
-                          int64_t h, int64_t hk, int64_t d, float scale) override {
+                          int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
                              error_word_, stream(s));
   }
-  void lm_head_ce(Stream s, double* loss_sum, float* dh, float* dw, const float* h, const void* w,
-                  DType wt, const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                  float grad_scale) override {
-    const auto timed = time_op(s, OpKind::cross_entropy);
-    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
-    STRATA_CHECK(c > 0 && v > 0, "lm_head_ce: sizes must be positive (got c=", c, " v=", v, ")");
-    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, v));
-    checks_pending_[int(s)] = true;
-    cuda::lm_head_ce(cublas(s), stream(s), loss_sum, dh, dw, h, w, wt == DType::bf16, targets, n, c,
-                     v, grad_scale, ws, ce_workspace_bytes_, error_word_);
-  }
-  void lm_head_ce_chunk_stats(Stream s, double* stats, const float* h, const void* w, DType wt,
+  void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                              int64_t vc, bool first) override {
+                              int64_t vc, bool first, Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
     void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
     checks_pending_[int(s)] = true;
-    cuda::lm_head_ce_chunk_stats(cublas(s), stream(s), stats, h, w, wt == DType::bf16, targets, n, c, v, v0,
-                                 vc, first, ws, ce_workspace_bytes_, error_word_);
+    cuda::lm_head_ce_chunk_stats(stats, h, w, wt == DType::bf16, targets, n, c, v, v0, vc, first,
+                                 ws, ce_workspace_bytes_, error_word_, cublas(s), stream(s));
   }
-  void lm_head_ce_stats_loss(Stream s, double* loss_sum, const double* stats, const int32_t* targets,
-                             int64_t n, int64_t v) override {
+  void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
+                             int64_t n, int64_t v, Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
     cuda::lm_head_ce_stats_loss(loss_sum, stats, targets, n, v, stream(s));
   }
-  void lm_head_ce_chunk_backward(Stream s, float* dh, float* dw_chunk, const float* h, const void* w,
+  void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w,
                                  DType wt, const double* stats, const int32_t* targets, int64_t n,
-                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale) override {
+                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale, Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
     void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
     checks_pending_[int(s)] = true;
-    cuda::lm_head_ce_chunk_backward(cublas(s), stream(s), dh, dw_chunk, h, w, wt == DType::bf16, stats,
-                                    targets, n, c, v, v0, vc, grad_scale, ws, ce_workspace_bytes_,
-                                    error_word_);
+    cuda::lm_head_ce_chunk_backward(dh, dw_chunk, h, w, wt == DType::bf16, stats, targets, n, c, v,
+                                    v0, vc, grad_scale, ws, ce_workspace_bytes_, error_word_,
+                                    cublas(s), stream(s));
   }
-  void add_inplace(Stream s, float* y, const float* x, int64_t n) override {
+  void add_inplace(float* y, const float* x, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::add_inplace(y, x, n, stream(s));
   }
-  void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) override {
+  void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::cast_f32_to_bf16(out, in, n, stream(s));
   }

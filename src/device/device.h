@@ -79,57 +79,55 @@ class Device {
   virtual void memset_zero(void* dst, size_t bytes, Stream s) = 0;
   virtual DeviceCounters counters() const = 0;
 
-  // ---- ops (kernels/cpu/ops.h documents shapes and semantics; same argument order) ----
-  virtual void matmul(Stream s, float* c, const void* a, const void* b, DType ab, int64_t m,
-                      int64_t n, int64_t k, bool trans_a, bool trans_b, float beta) = 0;
-  virtual void rmsnorm_forward(Stream s, float* out, float* rstd, const float* in,
-                               const float* weight, int64_t n, int64_t c, float eps) = 0;
-  virtual void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout,
+  // ---- ops (kernels/cpu/ops.h documents shapes and semantics) ----
+  // One argument order everywhere (STYLE.md §2), as in kernels/cpu/ops.h, kernels/cuda/ops.h
+  // and models/decoder_layer.h: outputs, inputs, saved tensors, sizes, then the stream.
+  virtual void matmul(float* c, const void* a, const void* b, DType ab, int64_t m,
+                      int64_t n, int64_t k, bool trans_a, bool trans_b, float beta, Stream s) = 0;
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* in,
+                               const float* weight, int64_t n, int64_t c, float eps, Stream s) = 0;
+  virtual void rmsnorm_backward(float* din, float* dweight, const float* dout,
                                 const float* in, const float* weight, const float* rstd,
-                                int64_t n, int64_t c) = 0;
-  virtual void rope_forward(Stream s, float* out, const float* in, const int32_t* pos,
-                            const float* inv_freq, int64_t n, int64_t nh, int64_t d) = 0;
-  virtual void rope_backward(Stream s, float* din, const float* dout, const int32_t* pos,
-                             const float* inv_freq, int64_t n, int64_t nh, int64_t d) = 0;
-  virtual void swiglu_forward(Stream s, float* out, const float* gate, const float* up,
-                              int64_t n) = 0;
-  virtual void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout,
-                               const float* gate, const float* up, int64_t n) = 0;
-  virtual void bias_forward(Stream s, float* y, const float* b, int64_t n, int64_t o) = 0;
-  virtual void bias_backward(Stream s, float* db, const float* dy, int64_t n, int64_t o) = 0;
-  virtual void embedding_forward(Stream s, float* out, const void* table, DType table_type,
-                                 const int32_t* ids, int64_t n, int64_t c) = 0;
-  virtual void embedding_backward(Stream s, float* dtable, const float* dout,
-                                  const int32_t* ids, int64_t n, int64_t c) = 0;
-  virtual void attention_forward(Stream s, float* out, float* lse, const float* q,
+                                int64_t n, int64_t c, Stream s) = 0;
+  virtual void rope_forward(float* out, const float* in, const int32_t* pos,
+                            const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) = 0;
+  virtual void rope_backward(float* din, const float* dout, const int32_t* pos,
+                             const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) = 0;
+  virtual void swiglu_forward(float* out, const float* gate, const float* up,
+                              int64_t n, Stream s) = 0;
+  virtual void swiglu_backward(float* dgate, float* dup, const float* dout,
+                               const float* gate, const float* up, int64_t n, Stream s) = 0;
+  virtual void bias_forward(float* y, const float* b, int64_t n, int64_t o, Stream s) = 0;
+  virtual void bias_backward(float* db, const float* dy, int64_t n, int64_t o, Stream s) = 0;
+  virtual void embedding_forward(float* out, const void* table, DType table_type,
+                                 const int32_t* ids, int64_t n, int64_t c, Stream s) = 0;
+  virtual void embedding_backward(float* dtable, const float* dout,
+                                  const int32_t* ids, int64_t n, int64_t c, Stream s) = 0;
+  virtual void attention_forward(float* out, float* lse, const float* q,
                                  const float* k, const float* v, const int32_t* doc_start,
                                  int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                 float scale) = 0;
-  virtual void attention_backward(Stream s, float* dq, float* dk, float* dv, const float* dout,
+                                 float scale, Stream s) = 0;
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* q, const float* k, const float* v,
                                   const float* out, const float* lse, const int32_t* doc_start,
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                  float scale) = 0;
-  // loss_sum (1 double, device) += the summed loss; dh written, dw accumulated when dh != null
-  // (the fused backward), forward only when dh == null.
-  virtual void lm_head_ce(Stream s, double* loss_sum, float* dh, float* dw, const float* h,
-                          const void* w, DType w_type, const int32_t* targets, int64_t n,
-                          int64_t c, int64_t v, float grad_scale) = 0;
-  // The same loss with lm_head streamed in vocab chunks (ops.h: lm_head_ce_chunk_*):
+                                  float scale, Stream s) = 0;
+  // lm_head + cross-entropy with lm_head in vocab chunks (ops.h: lm_head_ce_chunk_*; the whole
+  // vocabulary is the one-chunk case v0 = 0, vc = V):
   // w_chunk (vc,C) holds vocab rows [v0, v0 + vc) of the (V,C) lm_head, stats (N,3) double the
   // rows' online-softmax statistics (first = this chunk initialises them). The backward pass
   // accumulates dh (N,C) and dw_chunk (vc,C); the loss adds the summed loss into *loss_sum.
-  virtual void lm_head_ce_chunk_stats(Stream s, double* stats, const float* h, const void* w_chunk,
+  virtual void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk,
                                       DType w_type, const int32_t* targets, int64_t n, int64_t c,
-                                      int64_t v, int64_t v0, int64_t vc, bool first) = 0;
-  virtual void lm_head_ce_stats_loss(Stream s, double* loss_sum, const double* stats,
-                                     const int32_t* targets, int64_t n, int64_t v) = 0;
-  virtual void lm_head_ce_chunk_backward(Stream s, float* dh, float* dw_chunk, const float* h,
+                                      int64_t v, int64_t v0, int64_t vc, bool first, Stream s) = 0;
+  virtual void lm_head_ce_stats_loss(double* loss_sum, const double* stats,
+                                     const int32_t* targets, int64_t n, int64_t v, Stream s) = 0;
+  virtual void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h,
                                          const void* w_chunk, DType w_type, const double* stats,
                                          const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                         int64_t v0, int64_t vc, float grad_scale) = 0;
-  virtual void add_inplace(Stream s, float* y, const float* x, int64_t n) = 0;
-  virtual void cast_f32_to_bf16(Stream s, bf16* out, const float* in, int64_t n) = 0;
+                                         int64_t v0, int64_t vc, float grad_scale, Stream s) = 0;
+  virtual void add_inplace(float* y, const float* x, int64_t n, Stream s) = 0;
+  virtual void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) = 0;
 
   // ---- zeroth-order perturbations (kernels/cpu/zo.h; the same bits on every backend) ----
   // z (n) = z(seed, tensor, offset + i), the Gaussian of kernels/common/zo_rng.h.

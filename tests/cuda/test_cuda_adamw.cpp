@@ -79,7 +79,7 @@ void check_adamw_matches_cpu(Device& dev, cudaStream_t stream, int64_t n, DType 
                      with_working ? cpu_working.data() : nullptr, working_type, n, p);
 
     d_grad.upload(grad);
-    const cuda::AdamWConstants c = cuda::adamw_constants(p.lr, p.beta1, p.beta2, p.eps,
+    const AdamWConstants c = adamw_constants(p.lr, p.beta1, p.beta2, p.eps,
                                                          p.weight_decay, p.step, p.clip_scale);
     cuda::adamw_update(d_master, d_m, d_v, moment_type == DType::bf16, d_grad,
                        with_working ? static_cast<void*>(d_working.get()) : nullptr,
@@ -116,12 +116,12 @@ TEST_CASE("cuda adamw gives the CPU AdamW's bits: f32 and bf16 moments, f32 and 
 }
 
 TEST_CASE("cuda adamw rejects a step before the first and negative sizes", "[cuda-emu]") {
-  CHECK_THROWS_WITH(cuda::adamw_constants(1e-3, 0.9, 0.999, 1e-8, 0.0, 0, 1.0),
+  CHECK_THROWS_WITH(adamw_constants(1e-3, 0.9, 0.999, 1e-8, 0.0, 0, 1.0),
                     Catch::Contains("steps count from 1"));
   auto dev = cuda_testing::test_device();
   if (!dev) return;
   Buffer<float> x(*dev, 4);
-  const cuda::AdamWConstants c = cuda::adamw_constants(1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0);
+  const AdamWConstants c = adamw_constants(1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0);
   CHECK_THROWS_WITH(cuda::adamw_update(x, x, x, false, x, nullptr, false, -1, c, nullptr),
                     Catch::Contains("n >= 0"));  // checked before anything is queued
 }

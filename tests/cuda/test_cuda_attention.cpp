@@ -70,10 +70,10 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
     Buffer<float> gout(*dev, nq), glse(*dev, lse.size()), gdq(*dev, nq), gdk(*dev, nk), gdv(*dev, nk);
     Buffer<int32_t> gds(*dev, docs.empty() ? std::vector<int32_t>(1, 0) : docs);
     const int32_t* ds_dev = c.max_doc ? gds.get() : nullptr;
-    dev->attention_forward(Stream::compute, gout, glse, gq, gk, gv, ds_dev, c.b, c.t, c.h, c.hk, c.d,
-                           float(scale));
-    dev->attention_backward(Stream::compute, gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
-                            c.t, c.h, c.hk, c.d, float(scale));
+    dev->attention_forward(gout, glse, gq, gk, gv, ds_dev, c.b, c.t, c.h, c.hk, c.d,
+                           float(scale), Stream::compute);
+    dev->attention_backward(gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
+                            c.t, c.h, c.hk, c.d, float(scale), Stream::compute);
     // f32 online softmax and dot products over D <= 128 (measured <= 6e-7 under the emulator);
     // the backward recomputes P from the f32 lse and sums up to T*H/Hk terms.
     CHECK(max_rel_error(gout.download(), out) <= 5e-6);
@@ -84,8 +84,8 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
     CHECK(max_rel_error(dv1, dv) <= 1e-5);
 
     // No atomics: a second backward (blocks run in another shuffled order) is bitwise equal.
-    dev->attention_backward(Stream::compute, gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
-                            c.t, c.h, c.hk, c.d, float(scale));
+    dev->attention_backward(gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
+                            c.t, c.h, c.hk, c.d, float(scale), Stream::compute);
     CHECK(gdq.download() == dq1);
     CHECK(gdk.download() == dk1);
     CHECK(gdv.download() == dv1);
@@ -101,12 +101,12 @@ TEST_CASE("cuda attention reports a doc_start outside [0, t] at synchronize", "[
   Buffer<float> q(*dev, random_floats(size_t(t * h * d), 81)), out(*dev, size_t(t * h * d));
   Buffer<float> lse(*dev, size_t(t * h));
   Buffer<int32_t> ds(*dev, docs);
-  dev->attention_forward(Stream::compute, out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f);
+  dev->attention_forward(out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f, Stream::compute);
   CHECK_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("doc_start"));
   dev->stream_synchronize(Stream::compute);  // reported once, then cleared
   docs[4] = 0;
   ds.upload(docs);
-  dev->attention_forward(Stream::compute, out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f);
+  dev->attention_forward(out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f, Stream::compute);
   CHECK_NOTHROW(dev->stream_synchronize(Stream::compute));
 }
 
@@ -114,7 +114,7 @@ TEST_CASE("cuda attention rejects head dims beyond the kernel with a clear error
   auto dev = cuda_testing::test_device();
   if (!dev) return;
   Buffer<float> x(*dev, size_t(2 * 256)), lse(*dev, size_t(2));
-  CHECK_THROWS_WITH(dev->attention_forward(Stream::compute, x, lse, x, x, x, nullptr, 1, 2, 1, 1, 256, 1.f),
+  CHECK_THROWS_WITH(dev->attention_forward(x, lse, x, x, x, nullptr, 1, 2, 1, 1, 256, 1.f, Stream::compute),
                     Catch::Contains("head dim 256"));
 }
 

@@ -84,14 +84,14 @@ TEST_CASE("cuda device: bad targets and token ids found by kernels throw at sync
   Buffer<float> h(*dev, testing::random_floats(size_t(n * c), 91));
   Buffer<float> w(*dev, testing::random_floats(size_t(v * c), 92));
   Buffer<int32_t> targets(*dev, std::vector<int32_t>{1, 7, -100});  // 7 is outside [0, 7)
-  Buffer<double> loss(*dev, std::vector<double>{0.0});
-  dev->lm_head_ce(Stream::compute, loss, nullptr, nullptr, h, w, DType::f32, targets, n, c, v, 1.f);
+  Buffer<double> stats(*dev, size_t(n * 3));
+  dev->lm_head_ce_chunk_stats(stats, h, w, DType::f32, targets, n, c, v, 0, v, true, Stream::compute);
   CHECK_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("target id"));
   dev->stream_synchronize(Stream::compute);  // cleared once reported
 
   Buffer<int32_t> ids(*dev, std::vector<int32_t>{0, -3, 2});
   Buffer<float> out(*dev, size_t(n * c));
-  dev->embedding_forward(Stream::compute, out, w, DType::f32, ids, n, c);
+  dev->embedding_forward(out, w, DType::f32, ids, n, c, Stream::compute);
   CHECK_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("token id"));
 }
 
@@ -113,7 +113,7 @@ TEST_CASE("cuda device: streams and events order pinned uploads, compute and dow
     dev->copy_h2d(x, up, bytes, Stream::h2d);
     dev->event_record(*uploaded, Stream::h2d);
     dev->stream_wait_event(Stream::compute, *uploaded);
-    dev->add_inplace(Stream::compute, y, x, n);
+    dev->add_inplace(y, x, n, Stream::compute);
     dev->event_record(*computed, Stream::compute);
     dev->stream_wait_event(Stream::d2h, *computed);
     dev->copy_d2h(down, y, bytes, Stream::d2h);

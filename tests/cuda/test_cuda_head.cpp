@@ -84,12 +84,12 @@ ChunkedResult device_chunked(Device& dev, const std::vector<float>& h, const std
         dev, std::vector<float>(dw0.begin() + long(v0 * c), dw0.begin() + long((v0 + vc) * c))));
   }
   for (int64_t k = 0; k < chunks; ++k)
-    dev.lm_head_ce_chunk_stats(Stream::compute, bstats, bh, wp[size_t(k)], wt, bt, n, c, v, k * rows,
-                               std::min(rows, v - k * rows), k == 0);
-  dev.lm_head_ce_stats_loss(Stream::compute, bloss, bstats, bt, n, v);
+    dev.lm_head_ce_chunk_stats(bstats, bh, wp[size_t(k)], wt, bt, n, c, v, k * rows,
+                               std::min(rows, v - k * rows), k == 0, Stream::compute);
+  dev.lm_head_ce_stats_loss(bloss, bstats, bt, n, v, Stream::compute);
   for (int64_t k = chunks - 1; k >= 0; --k)
-    dev.lm_head_ce_chunk_backward(Stream::compute, bdh, *dwc[size_t(k)], bh, wp[size_t(k)], wt, bstats, bt, n, c, v,
-                                  k * rows, std::min(rows, v - k * rows), scale);
+    dev.lm_head_ce_chunk_backward(bdh, *dwc[size_t(k)], bh, wp[size_t(k)], wt, bstats, bt, n, c, v,
+                                  k * rows, std::min(rows, v - k * rows), scale, Stream::compute);
   ChunkedResult r;
   r.loss = bloss.download()[0] - 0.25;
   r.dh = bdh.download();
@@ -183,7 +183,7 @@ TEST_CASE("cuda vocab-chunked cross-entropy reports a target outside the vocabul
   Buffer<float> bh(*dev, random_floats(size_t(n * c), 1)), bw(*dev, random_floats(size_t(v * c), 2));
   Buffer<int32_t> bt(*dev, std::vector<int32_t>{0, -100, 9, 2});
   Buffer<double> bstats(*dev, size_t(3 * n));
-  dev->lm_head_ce_chunk_stats(Stream::compute, bstats, bh, bw.get(), DType::f32, bt, n, c, v, 0, 5, true);
+  dev->lm_head_ce_chunk_stats(bstats, bh, bw.get(), DType::f32, bt, n, c, v, 0, 5, true, Stream::compute);
   REQUIRE_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("target id"));
 }
 

@@ -51,11 +51,11 @@ TEST_CASE("cuda matmul maps row-major onto cuBLAS for every transpose, f32 and b
             std::vector<float> got;
             if (dt == DType::f32) {
               Buffer<float> da(*dev, a), db(*dev, b);
-              dev->matmul(Stream::compute, c, da, db, dt, s.m, s.n, s.k, ta, tb, beta);
+              dev->matmul(c, da, db, dt, s.m, s.n, s.k, ta, tb, beta, Stream::compute);
               got = c.download();
             } else {
               Buffer<bf16> da(*dev, testing::to_bf16(a)), db(*dev, testing::to_bf16(b));
-              dev->matmul(Stream::compute, c, da, db, dt, s.m, s.n, s.k, ta, tb, beta);
+              dev->matmul(c, da, db, dt, s.m, s.n, s.k, ta, tb, beta, Stream::compute);
               got = c.download();
             }
             CHECK(max_rel_error(got, want) <= 1e-5);  // exact inputs, f32 accumulation
@@ -83,8 +83,8 @@ TEST_CASE("cuda rmsnorm forward and backward match the fp64 reference", "[cuda-e
 
     Buffer<float> gx(*dev, x), gw(*dev, w), gdy(*dev, dy), gdw(*dev, dw0);
     Buffer<float> gout(*dev, x.size()), grstd(*dev, size_t(s.n)), gdx(*dev, x.size());
-    dev->rmsnorm_forward(Stream::compute, gout, grstd, gx, gw, s.n, s.c, eps);
-    dev->rmsnorm_backward(Stream::compute, gdx, gdw, gdy, gx, gw, grstd, s.n, s.c);
+    dev->rmsnorm_forward(gout, grstd, gx, gw, s.n, s.c, eps, Stream::compute);
+    dev->rmsnorm_backward(gdx, gdw, gdy, gx, gw, grstd, s.n, s.c, Stream::compute);
     CHECK(max_rel_error(gout.download(), out) <= kF32Tol);
     CHECK(max_rel_error(grstd.download(), rstd) <= kF32Tol);
     // r^3 * dot: a longer chain. With c = 1 the exact din is ~eps-small (x r = +-1 almost
@@ -125,8 +125,8 @@ TEST_CASE("cuda rope forward and backward match the reference, in place", "[cuda
     Buffer<float> gx(*dev, x), gy(*dev, x);
     Buffer<int32_t> gpos(*dev, pos);
     Buffer<float> gf(*dev, inv_freq);
-    dev->rope_forward(Stream::compute, gx, gx, gpos, gf, s.n, s.nh, s.d);   // in place
-    dev->rope_backward(Stream::compute, gy, gy, gpos, gf, s.n, s.nh, s.d);  // in place
+    dev->rope_forward(gx, gx, gpos, gf, s.n, s.nh, s.d, Stream::compute);   // in place
+    dev->rope_backward(gy, gy, gpos, gf, s.n, s.nh, s.d, Stream::compute);  // in place
     // cosf/sinf of angles up to ~4e3 rad: a few ulp of the f32 angle's result.
     CHECK(max_rel_error(gx.download(), want) <= 1e-5);
     CHECK(max_rel_error(gy.download(), back) <= 1e-5);
@@ -146,19 +146,19 @@ TEST_CASE("cuda swiglu, bias, add and casts match the reference", "[cuda-emu]") 
     ref::swiglu_backward<double>(dg.data(), du.data(), dyd.data(), gd.data(), ud.data(), n);
     Buffer<float> bg(*dev, g), bu(*dev, u), bdy(*dev, dy), bout(*dev, g.size());
     Buffer<float> bdg(*dev, g.size()), bdu(*dev, g.size());
-    dev->swiglu_forward(Stream::compute, bout, bg, bu, n);
-    dev->swiglu_backward(Stream::compute, bdg, bdu, bdy, bg, bu, n);
+    dev->swiglu_forward(bout, bg, bu, n, Stream::compute);
+    dev->swiglu_backward(bdg, bdu, bdy, bg, bu, n, Stream::compute);
     CHECK(max_rel_error(bout.download(), out) <= kF32Tol);
     CHECK(max_rel_error(bdg.download(), dg) <= kF32Tol);
     CHECK(max_rel_error(bdu.download(), du) <= kF32Tol);
 
-    // y += x, then bf16 of y: round to nearest even like kernels/common/bf16.h, bit for bit.
+    // y += x, then bf16 of y: round to nearest even like src/core/bf16.h, bit for bit.
     std::vector<float> y = u;
     for (size_t i = 0; i < y.size(); ++i) y[i] += g[i];
-    dev->add_inplace(Stream::compute, bu, bg, n);
+    dev->add_inplace(bu, bg, n, Stream::compute);
     CHECK(bu.download() == y);
     Buffer<bf16> bb(*dev, g.size());
-    dev->cast_f32_to_bf16(Stream::compute, bb, bu, n);
+    dev->cast_f32_to_bf16(bb, bu, n, Stream::compute);
     const std::vector<bf16> got = bb.download(), want = testing::to_bf16(y);
     int mismatches = 0;
     for (size_t i = 0; i < got.size(); ++i) mismatches += got[i].bits != want[i].bits;
@@ -173,8 +173,8 @@ TEST_CASE("cuda swiglu, bias, add and casts match the reference", "[cuda-emu]") 
     ref::bias_forward<double>(yd.data(), convert<double>(b).data(), s.n, s.o);
     ref::bias_backward<double>(dbd.data(), convert<double>(y).data(), s.n, s.o);
     Buffer<float> by(*dev, y), bb(*dev, b), bdb(*dev, db0), bdy(*dev, y);
-    dev->bias_forward(Stream::compute, by, bb, s.n, s.o);
-    dev->bias_backward(Stream::compute, bdb, bdy, s.n, s.o);
+    dev->bias_forward(by, bb, s.n, s.o, Stream::compute);
+    dev->bias_backward(bdb, bdy, s.n, s.o, Stream::compute);
     CHECK(max_rel_error(by.download(), yd) <= kF32Tol);
     CHECK(max_rel_error(bdb.download(), dbd) <= kF32Tol * 4);  // 70-term column sums
   }
@@ -198,23 +198,23 @@ TEST_CASE("cuda embedding gather (f32, bf16) and deterministic scatter-add", "[c
 
     Buffer<int32_t> bids(*dev, ids);
     Buffer<float> btable(*dev, table), bout(*dev, size_t(s.n * s.c));
-    dev->embedding_forward(Stream::compute, bout, btable, DType::f32, bids, s.n, s.c);
+    dev->embedding_forward(bout, btable, DType::f32, bids, s.n, s.c, Stream::compute);
     CHECK(max_rel_error(bout.download(), out) == 0.0);  // a gather is exact
     std::vector<float> gathered(size_t(s.n * s.c));  // (n, c) table rows of ids, f32
     for (int64_t i = 0; i < s.n; ++i)
       for (int64_t j = 0; j < s.c; ++j)
         gathered[size_t(i * s.c + j)] = table[size_t(ids[size_t(i)] * s.c + j)];
     Buffer<bf16> btable16(*dev, testing::to_bf16(table));
-    dev->embedding_forward(Stream::compute, bout, btable16, DType::bf16, bids, s.n, s.c);
+    dev->embedding_forward(bout, btable16, DType::bf16, bids, s.n, s.c, Stream::compute);
     CHECK(bout.download() == testing::round_bf16(gathered));  // bf16 -> f32 is exact
 
     Buffer<float> bdout(*dev, dout), bdtable(*dev, dtable0);
-    dev->embedding_backward(Stream::compute, bdtable, bdout, bids, s.n, s.c);
+    dev->embedding_backward(bdtable, bdout, bids, s.n, s.c, Stream::compute);
     const std::vector<float> first = bdtable.download();
     CHECK(max_rel_error(first, dtable) <= 1e-5);  // token-order f32 sums of up to 220 terms
     // Deterministic: the same scatter again gives bitwise the same table.
     bdtable.upload(dtable0);
-    dev->embedding_backward(Stream::compute, bdtable, bdout, bids, s.n, s.c);
+    dev->embedding_backward(bdtable, bdout, bids, s.n, s.c, Stream::compute);
     CHECK(bdtable.download() == first);
   }
 }
@@ -256,9 +256,15 @@ TEST_CASE("cuda lm_head cross-entropy matches the reference across chunks, f32 a
         bw16 = std::make_unique<Buffer<bf16>>(*dev, testing::to_bf16(w));
         wp = bw16->get();
       }
-      dev->lm_head_ce(Stream::compute, bloss, nullptr, nullptr, bh, wp, wt, bt, s.n, s.c, s.v, scale);
+      // the whole vocabulary: the one-chunk case of the chunked loss
+      Buffer<double> stats(*dev, size_t(s.n * 3));
+      dev->lm_head_ce_chunk_stats(stats, bh, wp, wt, bt, s.n, s.c, s.v, 0, s.v, true, Stream::compute);
+      dev->lm_head_ce_stats_loss(bloss, stats, bt, s.n, s.v, Stream::compute);
       const double fwd = bloss.download()[0] - 0.25;
-      dev->lm_head_ce(Stream::compute, bloss, bdh, bdw, bh, wp, wt, bt, s.n, s.c, s.v, scale);
+      dev->lm_head_ce_stats_loss(bloss, stats, bt, s.n, s.v, Stream::compute);
+      dev->memset_zero(bdh, h.size() * 4, Stream::compute);
+      dev->lm_head_ce_chunk_backward(bdh, bdw, bh, wp, wt, stats, bt, s.n, s.c, s.v, 0,
+                                     s.v, scale, Stream::compute);
       const double both = bloss.download()[0] - 0.25;
       const double tol_loss = wt == DType::f32 ? 2e-6 : 1e-5;
       CHECK(std::abs(fwd - loss) <= tol_loss * std::abs(loss));

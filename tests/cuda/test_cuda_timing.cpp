@@ -41,9 +41,9 @@ TEST_CASE("cuda device counters: op time per family, busy time per stream, strea
   const DeviceCounters before = dev->counters();
 
   // compute: norm, matmul and an elementwise add; nothing of the other families
-  dev->rmsnorm_forward(Stream::compute, y, rstd, x, w, n, c, 1e-5f);
-  dev->matmul(Stream::compute, prod, y, x, DType::f32, n, n, c, false, true, 0.f);
-  for (int i = 0; i < 3; ++i) dev->add_inplace(Stream::compute, y, x, n * c);
+  dev->rmsnorm_forward(y, rstd, x, w, n, c, 1e-5f, Stream::compute);
+  dev->matmul(prod, y, x, DType::f32, n, n, c, false, true, 0.f, Stream::compute);
+  for (int i = 0; i < 3; ++i) dev->add_inplace(y, x, n * c, Stream::compute);
   // h2d: a large pinned upload, which the compute stream then waits for
   const size_t big = size_t(4) << 20;
   auto* host = static_cast<char*>(dev->alloc_pinned(big));
@@ -53,7 +53,7 @@ TEST_CASE("cuda device counters: op time per family, busy time per stream, strea
   dev->copy_h2d(dst, host, big, Stream::h2d);
   dev->event_record(*uploaded, Stream::h2d);
   dev->stream_wait_event(Stream::compute, *uploaded);
-  dev->add_inplace(Stream::compute, reinterpret_cast<float*>(dst), x, n * c);
+  dev->add_inplace(reinterpret_cast<float*>(dst), x, n * c, Stream::compute);
   dev->synchronize();
   const DeviceCounters d = counters_delta(dev->counters(), before);
 
@@ -86,7 +86,7 @@ TEST_CASE("cuda device counters: many queued ops are all counted, reading them d
   const DeviceCounters before = dev->counters();
   const int kOps = 300;  // more spans than the timer starts with events: they get recycled
   for (int i = 0; i < kOps; ++i) {
-    dev->add_inplace(Stream::compute, y, x, n);
+    dev->add_inplace(y, x, n, Stream::compute);
     if (i % 50 == 0) (void)dev->counters();  // mid-flight: reads what has finished so far
   }
   dev->synchronize();

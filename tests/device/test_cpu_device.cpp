@@ -35,8 +35,8 @@ TEST_CASE("copies and ops are asynchronous and ordered by events across streams"
   dev->event_record(*uploaded, Stream::h2d);
   dev->stream_wait_event(Stream::compute, *uploaded);
   dev->memset_zero(b, n * 4, Stream::compute);
-  dev->add_inplace(Stream::compute, b, a, n);  // b = 2
-  dev->add_inplace(Stream::compute, b, a, n);  // b = 4
+  dev->add_inplace(b, a, n, Stream::compute);  // b = 2
+  dev->add_inplace(b, a, n, Stream::compute);  // b = 4
   dev->event_record(*computed, Stream::compute);
   dev->stream_wait_event(Stream::d2h, *computed);
   dev->copy_d2h(back.data(), b, n * 4, Stream::d2h);
@@ -87,14 +87,13 @@ TEST_CASE("a kernel error is sticky and surfaces at synchronize", "[device]") {
   float* h = static_cast<float*>(dev->alloc(n * c * 4, "h"));
   float* w = static_cast<float*>(dev->alloc(v * c * 4, "w"));
   int32_t* t = static_cast<int32_t*>(dev->alloc(n * 4, "t"));
-  double* loss = static_cast<double*>(dev->alloc(8, "loss"));
+  double* stats = static_cast<double*>(dev->alloc(n * 3 * 8, "stats"));
   std::vector<float> zeros(size_t(v * c), 0.f);
   std::vector<int32_t> bad = {0, 1, 99, 2};  // 99 is outside the vocabulary
   dev->copy_h2d(h, zeros.data(), n * c * 4, Stream::compute);
   dev->copy_h2d(w, zeros.data(), v * c * 4, Stream::compute);
   dev->copy_h2d(t, bad.data(), n * 4, Stream::compute);
-  dev->memset_zero(loss, 8, Stream::compute);
-  dev->lm_head_ce(Stream::compute, loss, nullptr, nullptr, h, w, DType::f32, t, n, c, v, 1.f);
+  dev->lm_head_ce_chunk_stats(stats, h, w, DType::f32, t, n, c, v, 0, v, true, Stream::compute);
   CHECK_THROWS_AS(dev->stream_synchronize(Stream::compute), Error);
   dev->stream_synchronize(Stream::compute);  // cleared once reported
 }

@@ -5,6 +5,7 @@
 
 #include "offload/engine.h"
 #include "offload/model_io.h"
+#include "src/core/align.h"
 
 namespace strata {
 
@@ -42,7 +43,7 @@ TEST_CASE("the device high-water mark is the same at 4 and at 32 layers", "[engi
   const size_t shallow = device_peak_for(4, "host"), deep = device_peak_for(32, "host");
   CHECK(shallow == deep);
   // with checkpoints kept on the device, depth costs exactly one (N, C) f32 buffer per layer
-  const size_t act = (2 * 33 * 64 * 4 + 255) / 256 * 256;
+  const size_t act = align_up(2 * 33 * 64 * 4);
   CHECK(device_peak_for(32, "device") - device_peak_for(4, "device") == 28 * act);
 }
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/common/bf16.h"
+#include "src/core/bf16.h"
 #include "kernels/common/zo_rng.h"
 
 namespace strata::ref {

@@ -1,4 +1,4 @@
-#include "offload/host_queue.h"
+#include "src/core/task_worker.h"
 
 #include <chrono>
 
@@ -8,9 +8,9 @@ namespace strata {
 
 using Clock = std::chrono::steady_clock;
 
-HostQueue::HostQueue() : thread_([this] { run(); }) {}
+TaskWorker::TaskWorker(AfterError after_error) : after_error_(after_error), thread_([this] { run(); }) {}
 
-HostQueue::~HostQueue() {
+TaskWorker::~TaskWorker() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
@@ -19,14 +19,18 @@ HostQueue::~HostQueue() {
   thread_.join();
 }
 
-uint64_t HostQueue::enqueue(std::function<void()> task) {
-  std::lock_guard lock(mu_);
-  queue_.push_back(std::move(task));
+uint64_t TaskWorker::enqueue(std::function<void()> task) {
+  uint64_t ticket;
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(task));
+    ticket = ++issued_;
+  }
   cv_.notify_all();
-  return ++issued_;
+  return ticket;
 }
 
-void HostQueue::wait(uint64_t ticket) {
+void TaskWorker::wait(uint64_t ticket) {
   auto t0 = Clock::now();
   std::unique_lock lock(mu_);
   done_cv_.wait(lock, [&] { return done_ >= ticket; });
@@ -38,30 +42,53 @@ void HostQueue::wait(uint64_t ticket) {
   }
 }
 
-double HostQueue::busy_s() const {
+void TaskWorker::drain() {
+  uint64_t last;
+  {
+    std::lock_guard lock(mu_);
+    last = issued_;
+  }
+  wait(last);
+}
+
+void TaskWorker::drain_quiet() noexcept {
+  try {
+    drain();
+  } catch (...) {
+  }
+}
+
+double TaskWorker::busy_s() const {
   std::lock_guard lock(mu_);
   return busy_s_;
 }
 
-void HostQueue::run() {
+double TaskWorker::waited_s() const {
+  std::lock_guard lock(mu_);
+  return waited_s_;
+}
+
+void TaskWorker::run() {
   for (;;) {
     std::function<void()> task;
+    bool skip;
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
       task = std::move(queue_.front());
       queue_.pop_front();
+      skip = error_ && after_error_ == AfterError::skip_until_wait;
     }
     auto t0 = Clock::now();
     std::exception_ptr err;
     try {
       cpu_threads_apply();
-      task();
+      if (!skip) task();
     } catch (...) {
       err = std::current_exception();
     }
-    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     {
       std::lock_guard lock(mu_);
       busy_s_ += dt;

@@ -1,0 +1,163 @@
+#include "offload/engine_buffers.h"
+
+#include <algorithm>
+
+#include "src/core/error.h"
+#include "src/device/arena.h"
+
+namespace strata {
+namespace {
+
+template <class T>
+std::function<void(void*)> bind_to(EngineBuffers* into, T* EngineBuffers::*field) {
+  if (!into) return {};
+  return [into, field](void* p) { into->*field = static_cast<T*>(p); };
+}
+
+template <class T>
+std::function<void(void*)> bind_at(T** slot) {
+  if (!slot) return {};
+  return [slot](void* p) { *slot = static_cast<T*>(p); };
+}
+
+}  // namespace
+
+WeightsMode weights_mode_parse(const std::string& text) {
+  if (text == "stream") return WeightsMode::stream;
+  STRATA_CHECK(text == "device", "offload.weights = \"", text, "\": use \"stream\" or \"device\"");
+  return WeightsMode::device;
+}
+
+CheckpointMode checkpoint_mode_parse(const std::string& text) {
+  if (text == "auto") return CheckpointMode::automatic;
+  if (text == "device") return CheckpointMode::device;
+  STRATA_CHECK(text == "host", "offload.checkpoints = \"", text,
+               "\": use \"auto\", \"device\" or \"host\"");
+  return CheckpointMode::host;
+}
+
+int64_t engine_head_chunk_rows(const ModelSpec& spec, const EngineOptions& options) {
+  const int64_t V = spec.config.vocab_size;
+  STRATA_CHECK(options.head_chunk_rows >= 0, "head_chunk_rows must be >= 0 (0: the default)");
+  return std::min(V, options.head_chunk_rows > 0 ? options.head_chunk_rows : kHeadChunkRows);
+}
+
+EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout, const EngineOptions& options) {
+  const ModelConfig& cfg = spec.config;
+  EngineShape s;
+  s.weights = weights_mode_parse(options.weights);
+  s.checkpoints = checkpoint_mode_parse(options.checkpoints);
+  s.layers = spec.layers.size();
+  s.tied = spec.lm_head == kAbsent;
+  s.C = cfg.hidden_size;
+  s.V = cfg.vocab_size;
+  s.tokens = options.max_batch * options.max_tokens;
+  LayerDims& d = s.layer_capacity;
+  d.B = options.max_batch;
+  d.T = options.max_tokens;
+  d.C = cfg.hidden_size;
+  d.H = cfg.num_attention_heads;
+  d.Hk = cfg.num_key_value_heads;
+  d.D = cfg.head_dim;
+  d.F = cfg.intermediate_size;
+  d.eps = float(cfg.rms_norm_eps);
+  d.wt = spec.matrix_dtype;
+  size_t max_w = 0;
+  for (size_t i = 0; i < s.layers; ++i) {
+    max_w = std::max(max_w, layout.groups[1 + i].working_bytes);
+    s.layer_grad_bytes = std::max(s.layer_grad_bytes, layout.groups[1 + i].f32_bytes);
+  }
+  if (s.weights == WeightsMode::stream) {
+    s.slot_bytes.assign(std::min<size_t>(2, s.layers), max_w);
+  } else {
+    for (size_t i = 0; i < s.layers; ++i) s.slot_bytes.push_back(layout.groups[1 + i].working_bytes);
+  }
+  s.head_rows = engine_head_chunk_rows(spec, options);
+  s.head_chunks = size_t((s.V + s.head_rows - 1) / s.head_rows);
+  s.head_slots = std::min<size_t>(2, s.head_chunks);
+  s.lm_row_bytes = size_t(s.C) * dtype_size(layout.working[size_t(spec.lm_head_row())].dtype);
+  s.rope_floats = model_rope_inv_freq(cfg).size();
+  return s;
+}
+
+std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffers* into) {
+  using B = EngineBuffers;
+  const bool stream = s.weights == WeightsMode::stream;
+  const size_t act = s.activation_bytes(), tokens_i32 = bytes_of<int32_t>(s.tokens);
+  const size_t head_w = size_t(s.head_rows) * s.lm_row_bytes, head_g = bytes_of<float>(s.head_rows * s.C);
+  std::vector<EngineBuffer> t;
+  auto dev = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
+    t.push_back({std::move(name), bytes, Memory::device, std::move(bind)});
+  };
+  auto pinned = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
+    t.push_back({std::move(name), bytes, Memory::pinned, std::move(bind)});
+  };
+  if (into) into->weight_slots.assign(s.slot_bytes.size(), nullptr);
+  for (size_t k = 0; k < s.slot_bytes.size(); ++k)
+    dev(str_cat("layer weight slot ", k), s.slot_bytes[k], bind_at(into ? &into->weight_slots[k] : nullptr));
+  dev("final norm weight", bytes_of<float>(s.C), bind_to(into, &B::norm));
+  dev("final norm gradient", bytes_of<float>(s.C), bind_to(into, &B::norm_grad));
+  if (stream) {
+    for (size_t k = 0; k < s.head_slots; ++k)
+      dev(str_cat("lm_head chunk slot ", k, " (", s.head_rows, " vocab rows)"), head_w,
+          bind_at(into ? &into->head_slots[k] : nullptr));
+  } else {
+    dev(s.tied ? "lm_head (tied embedding, resident)" : "lm_head (resident)", size_t(s.V) * s.lm_row_bytes,
+        bind_to(into, &B::lm_resident));
+  }
+  for (size_t k = 0; k < s.head_slots; ++k)
+    dev(str_cat("lm_head gradient chunk ", k), head_g, bind_at(into ? &into->head_grad_slots[k] : nullptr));
+  dev("cross-entropy token statistics", bytes_of<double>(3 * s.tokens), bind_to(into, &B::ce_stats));
+  for (size_t k = 0; k < 2; ++k)
+    dev(str_cat("layer gradient slot ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_slots[k] : nullptr));
+  dev("last layer output", act, bind_to(into, &B::x_final));
+  for (size_t k = 0; k < 2; ++k) dev(str_cat("activation staging ", k), act, bind_at(into ? &into->x_pp[k] : nullptr));
+  dev("final norm output", act, bind_to(into, &B::hn));
+  dev("d final norm output", act, bind_to(into, &B::dhn));
+  for (size_t k = 0; k < 2; ++k) dev(str_cat("d hidden ", k), act, bind_at(into ? &into->dx[k] : nullptr));
+  dev("final norm rstd", bytes_of<float>(s.tokens), bind_to(into, &B::rstd_final));
+  dev("input ids", tokens_i32, bind_to(into, &B::ids));
+  dev("targets", tokens_i32, bind_to(into, &B::targets));
+  dev("positions", tokens_i32, bind_to(into, &B::pos));
+  dev("document starts", tokens_i32, bind_to(into, &B::doc_start));
+  dev("loss", sizeof(double), bind_to(into, &B::loss));
+  dev("rope inv_freq", bytes_of<float>(int64_t(s.rope_floats)), bind_to(into, &B::inv_freq));
+  dev("layer workspace", layer_workspace_bytes(s.layer_capacity), bind_to(into, &B::workspace));
+
+  pinned("embedding output (host)", act, bind_to(into, &B::x0_host));
+  pinned("d embedding output (host)", act, bind_to(into, &B::dx0_host));
+  for (size_t k = 0; k < 2; ++k)
+    pinned(str_cat("layer gradient staging ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_staging[k] : nullptr));
+  pinned("final norm gradient staging", bytes_of<float>(s.C), bind_to(into, &B::norm_grad_staging));
+  for (size_t k = 0; k < s.head_slots; ++k)
+    pinned(str_cat("lm_head gradient staging ", k), head_g, bind_at(into ? &into->head_grad_staging[k] : nullptr));
+  return t;
+}
+
+std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& s, size_t device_count, EngineBuffers* into) {
+  std::vector<EngineBuffer> t;
+  const size_t act = s.activation_bytes();
+  if (device_count)
+    t.push_back({str_cat(device_count, " layer checkpoints"), device_count * act, Memory::device,
+                 bind_to(into, &EngineBuffers::ckpt_dev)});
+  if (s.layers > device_count)
+    t.push_back({"spilled layer checkpoints (host)", (s.layers - device_count) * act, Memory::pinned,
+                 bind_to(into, &EngineBuffers::ckpt_host)});
+  return t;
+}
+
+size_t engine_device_bytes(const std::vector<EngineBuffer>& table) {
+  size_t sum = 0;
+  for (const EngineBuffer& b : table)
+    if (b.memory == Memory::device) sum += Arena::footprint(b.bytes);
+  return sum;
+}
+
+size_t engine_pinned_bytes(const std::vector<EngineBuffer>& table) {
+  size_t sum = 0;
+  for (const EngineBuffer& b : table)
+    if (b.memory == Memory::pinned) sum += b.bytes;
+  return sum;
+}
+
+}  // namespace strata

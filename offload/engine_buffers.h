@@ -1,0 +1,113 @@
+// The step engine's buffers as one table (STYLE.md §4): every device allocation and every
+// pinned host buffer of offload/engine.cpp is a row — name (what it holds, with its shape),
+// bytes, memory — built from one EngineShape. The device budget check, the allocation, the
+// host-byte estimate (offload/host_budget.h) and the frees are all loops over these rows, so
+// none of them can drift from the others.
+//
+// Legend: L layers, N token capacity of one micro-batch (max_batch x max_tokens), C hidden,
+// V vocab, R lm_head rows per chunk.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/decoder_layer.h"
+#include "offload/host_store.h"
+
+namespace strata {
+
+// Vocab rows per lm_head chunk (engine.h explains the head).
+constexpr int64_t kHeadChunkRows = 4096;
+
+struct EngineOptions {
+  std::string weights = "stream";     // "stream" | "device"
+  std::string checkpoints = "auto";   // "auto" (device while the budget allows) | "device" | "host"
+  int64_t max_batch = 1, max_tokens = 1;
+  int64_t head_chunk_rows = 0;        // 0: kHeadChunkRows (tests set it to compare chunkings)
+};
+
+enum class WeightsMode : uint8_t { stream, device };        // two streamed slots | all resident
+enum class CheckpointMode : uint8_t { automatic, device, host };
+WeightsMode weights_mode_parse(const std::string& text);     // offload.weights; bad text: Error
+CheckpointMode checkpoint_mode_parse(const std::string& text);  // offload.checkpoints
+
+// The sizes every buffer is derived from: the model's, and the capacity of one micro-batch
+// (never the current micro-batch's shape).
+struct EngineShape {
+  WeightsMode weights = WeightsMode::stream;
+  CheckpointMode checkpoints = CheckpointMode::automatic;
+  size_t layers = 0;                 // L
+  bool tied = false;                 // lm_head is the embedding table
+  int64_t C = 0, V = 0;
+  int64_t tokens = 0;                // N capacity
+  LayerDims layer_capacity;          // B, T = max_batch, max_tokens: sizes the layer workspace
+  std::vector<size_t> slot_bytes;    // per layer weight slot: 2 (1 when L = 1) streamed, or L
+  size_t layer_grad_bytes = 0;       // the largest layer's f32 gradients
+  int64_t head_rows = 0;             // R
+  size_t head_chunks = 0;            // ceil(V / R)
+  size_t head_slots = 0;             // min(2, head_chunks): one chunk has nothing to prefetch
+  size_t lm_row_bytes = 0;           // one lm_head row in its working dtype
+  size_t rope_floats = 0;            // D/2
+
+  static EngineShape of(const ModelSpec& spec, const HostStoreLayout& layout, const EngineOptions& options);
+  size_t activation_bytes() const { return bytes_of<float>(tokens * C); }  // one (N, C) f32
+};
+
+// Vocab rows per lm_head chunk: kHeadChunkRows, or V when smaller (or the test override).
+int64_t engine_head_chunk_rows(const ModelSpec& spec, const EngineOptions& options);
+
+// Where the engine keeps its buffers. Filled from the table; device pointers unless marked.
+struct EngineBuffers {
+  std::vector<char*> weight_slots;   // (slot_bytes) a layer's working weights
+  float* norm = nullptr;             // (C) final norm weight
+  float* norm_grad = nullptr;        // (C) its gradient
+  char* lm_resident = nullptr;       // weights = device: (V, C) lm_head
+  char* head_slots[2] = {};          // weights = stream: (R, C) lm_head chunks
+  float* head_grad_slots[2] = {};    // (R, C) f32 lm_head gradient chunks
+  double* ce_stats = nullptr;        // (N, 3) per-token online-softmax statistics
+  char* grad_slots[2] = {};          // f32, one layer's gradients
+  float* x_final = nullptr;          // (N, C) output of the last layer
+  float* x_pp[2] = {};               // (N, C) ping-pong for spilled checkpoints
+  float* hn = nullptr;               // (N, C) final norm output
+  float* dhn = nullptr;              // (N, C) its gradient
+  float* dx[2] = {};                 // (N, C) d hidden, ping-pong through backward
+  float* rstd_final = nullptr;       // (N) final norm rstd
+  int32_t *ids = nullptr, *targets = nullptr, *pos = nullptr, *doc_start = nullptr;  // (N) each
+  double* loss = nullptr;            // (1) summed loss
+  float* inv_freq = nullptr;         // (D/2) rope
+  void* workspace = nullptr;         // one layer's activations (models/decoder_layer.h)
+  float* ckpt_dev = nullptr;         // (device checkpoints, N, C) layer inputs kept on the device
+  // pinned host
+  float* x0_host = nullptr;          // (N, C) embedding output = checkpoint 0 when spilled
+  float* dx0_host = nullptr;         // (N, C) d embedding output, scattered on the host
+  float* grad_staging[2] = {};       // one layer's f32 gradients
+  float* norm_grad_staging = nullptr;     // (C)
+  float* head_grad_staging[2] = {};  // (R, C) lm_head gradient chunks
+  float* ckpt_host = nullptr;        // (L - device checkpoints, N, C) spilled inputs by layer
+                                     // (layer 0 spills into x0_host; its row stays unused)
+};
+
+enum class Memory : uint8_t { device, pinned };
+
+struct EngineBuffer {
+  std::string name;                   // what it holds; the arena names allocations with it
+  size_t bytes = 0;
+  Memory memory = Memory::device;
+  std::function<void(void*)> bind;    // stores the allocation in its EngineBuffers field
+  void* ptr = nullptr;                // once allocated
+};
+
+// Every buffer but the layer checkpoints, in allocation order; rows bind into `into` (may be
+// null when only sizes are wanted).
+std::vector<EngineBuffer> engine_buffer_table(const EngineShape& shape, EngineBuffers* into);
+// The checkpoint rows once the number kept on the device is known: layers [L - count, L)
+// keep their input on the device, the others spill to pinned host memory.
+std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& shape, size_t device_count,
+                                                  EngineBuffers* into);
+
+// The bytes a table takes: device rows as the arena rounds them, pinned rows as asked.
+size_t engine_device_bytes(const std::vector<EngineBuffer>& table);
+size_t engine_pinned_bytes(const std::vector<EngineBuffer>& table);
+
+}  // namespace strata
