@@ -88,7 +88,7 @@ double measure_gemm_flops(Device& dev, int64_t n) {
   for (int i = 0; i < 6; ++i) {
     dev.stream_synchronize(Stream::compute);
     auto t0 = Clock::now();
-    for (int r = 0; r < 4; ++r) dev.matmul(Stream::compute, c, a, b, DType::bf16, n, n, n, false, true, 0.f);
+    for (int r = 0; r < 4; ++r) dev.matmul(c, a, b, DType::bf16, n, n, n, false, true, 0.f, Stream::compute);
     dev.stream_synchronize(Stream::compute);
     if (i > 0) rates.push_back(4 * 2.0 * double(n) * n * n / std::chrono::duration<double>(Clock::now() - t0).count());
   }
