@@ -11,6 +11,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "src/core/error.h"
+#include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
 using namespace strata;
@@ -24,25 +25,7 @@ struct AttnCase {
   int64_t b, t, h, hk, d;
 };
 
-// doc_start (B,T) with documents of pseudo-random lengths 1..max_len, or every token its own
-// document when max_len == 1.
-std::vector<int32_t> make_doc_start(int64_t b, int64_t t, int64_t max_len, uint64_t seed) {
-  std::vector<int32_t> ds(size_t(b * t));
-  uint64_t state = seed;
-  for (int64_t bi = 0; bi < b; ++bi) {
-    int64_t start = 0, left = 0;
-    for (int64_t ti = 0; ti < t; ++ti) {
-      if (left == 0) {
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        left = 1 + int64_t((state >> 33) % uint64_t(max_len));
-        start = ti;
-      }
-      ds[bi * t + ti] = int32_t(start);
-      --left;
-    }
-  }
-  return ds;
-}
+using strata::testing::make_doc_start;
 
 struct AttnResult {
   std::vector<float> out, lse, dq, dk, dv;
