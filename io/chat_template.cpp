@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/files.h"
 #include "io/jinja/template.h"
 #include "src/core/error.h"
 
@@ -14,13 +15,7 @@ namespace strata {
 
 namespace {
 
-std::string read_text_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  STRATA_CHECK_IO(in, "cannot open ", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text_file(const std::filesystem::path& p) { return file_read(p.string(), "chat template file"); }
 
 std::string special_token(const nlohmann::json& cfg, const char* key, const std::string& path) {
   if (!cfg.contains(key) || cfg[key].is_null()) return "";

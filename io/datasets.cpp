@@ -16,7 +16,6 @@
 #include "io/token_shards.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
-#include "src/recipe/recipe.h"
 
 namespace strata {
 
@@ -366,17 +365,6 @@ void read_tokens(Dataset* d, const DatasetOptions& opt) {
 
 }  // namespace
 
-DatasetOptions dataset_options_from(const Recipe& rc) {
-  DatasetOptions o;
-  o.format = rc.data_format;
-  o.train_on = train_on_parse(rc.train_on);
-  o.sequence_len = rc.sequence_len;
-  o.packing = rc.packing;
-  o.drop_overlong = rc.overlong == "drop";
-  o.skip_bad_lines = rc.skip_bad_lines;
-  return o;
-}
-
 std::string dataset_detect_format(const std::string& path, bool skip_bad_lines) {
   std::string ext = extension_format(path);
   if (!ext.empty()) return ext;
@@ -468,21 +456,21 @@ Dataset dataset_split_eval(Dataset* train, double fraction) {
   return eval;
 }
 
-TrainingSamples training_samples_read(const Recipe& rc, const TextEncoder& enc,
-                                      const std::function<void(const DatasetProgress&)>& progress) {
-  DatasetOptions opt = dataset_options_from(rc);
+TrainingSamples samples_read(const SamplesOptions& o, const TextEncoder& enc,
+                             const std::function<void(const DatasetProgress&)>& progress) {
+  DatasetOptions opt = o.dataset;
   opt.progress = progress;
   TrainingSamples out;
-  out.train = dataset_read(rc.data_path, opt, enc);
+  out.train = dataset_read(o.path, opt, enc);
   out.report = dataset_stats_line(out.train);
-  if (!rc.eval_path.empty()) {
-    out.eval = dataset_read(rc.eval_path, opt, enc);
+  if (!o.eval_path.empty()) {
+    out.eval = dataset_read(o.eval_path, opt, enc);
     out.report += "\n" + dataset_stats_line(out.eval);
-  } else if (rc.eval_split > 0) {
+  } else if (o.eval_split > 0) {
     const size_t n = out.train.samples.size();
-    out.eval = dataset_split_eval(&out.train, rc.eval_split);
+    out.eval = dataset_split_eval(&out.train, o.eval_split);
     out.report += str_cat("\neval split: ", out.eval.samples.size(), " of ", n, " samples held out (evenly spaced: i with "
-                          "floor((i+1)*", rc.eval_split, ") > floor(i*", rc.eval_split, "))");
+                          "floor((i+1)*", o.eval_split, ") > floor(i*", o.eval_split, "))");
   }
   return out;
 }
@@ -498,51 +486,6 @@ void training_samples_check_vocab(const TrainingSamples& s, int64_t vocab_size) 
     check(*d, d->samples);
     check(*d, d->rejected);
   }
-}
-
-TextEncoder training_encoder(const Recipe& rc, int64_t vocab_size) {
-  TextEncoder enc = TextEncoder::resolve(rc.data_tokenizer, rc.model_path);
-  STRATA_CHECK(enc.is_bytes() || enc.vocab_size() <= vocab_size, "the tokenizer in ", enc.dir(), " has ",
-               enc.vocab_size(), " ids but the model's vocab_size is ", vocab_size,
-               ": use the model's own tokenizer (data.tokenizer)");
-  return enc;
-}
-
-TrainingData training_data_load(const Recipe& rc, int64_t vocab_size) {
-  const TextEncoder enc = training_encoder(rc, vocab_size);
-  TrainingSamples s;
-  std::string source;
-  if (!rc.prepared_dir.empty() && prepared_exists(rc.prepared_dir)) {
-    s = prepared_read(rc.prepared_dir, rc, enc, vocab_size);
-    source = "prepared shards in " + rc.prepared_dir;
-  } else {
-    if (!rc.prepared_dir.empty())
-      std::fprintf(stderr, "strata data: %s holds no prepared shards: tokenizing %s now (`strata prepare RECIPE.toml` "
-                           "would save this work)\n", rc.prepared_dir.c_str(), rc.data_path.c_str());
-    else
-      std::fprintf(stderr, "strata data: tokenizing %s (set data.prepared_dir and run `strata prepare RECIPE.toml` "
-                           "to do it once)\n", rc.data_path.c_str());
-    s = training_samples_read(rc, enc);
-    training_samples_check_vocab(s, vocab_size);
-    source = enc.is_bytes() ? "UTF-8 bytes" : "tokenizer " + enc.dir();
-  }
-  TrainingData out;
-  out.tokenizer_dir = enc.dir();
-  out.train = pack_samples(s.train.samples, rc.sequence_len, rc.packing);
-  if (!s.eval.samples.empty()) out.eval = pack_samples(s.eval.samples, rc.sequence_len, rc.packing, true);
-  out.report = s.report + str_cat("\nfrom ", source, ": ", out.train.rows(), " train rows",
-                                  out.eval.rows() ? str_cat(", ", out.eval.rows(), " eval rows") : std::string(),
-                                  " of ", rc.sequence_len, " tokens (packing ", rc.packing ? "on" : "off", ")");
-  std::string printed;
-  size_t b = 0;
-  while (b <= out.report.size()) {
-    size_t e = out.report.find('\n', b);
-    if (e == std::string::npos) e = out.report.size();
-    printed += "strata data: " + out.report.substr(b, e - b) + "\n";
-    b = e + 1;
-  }
-  std::fputs(printed.c_str(), stderr);
-  return out;
 }
 
 // The pretraining reader kept for existing callers: the documents of a text, {"text"} JSONL or

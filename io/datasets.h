@@ -40,8 +40,6 @@
 
 namespace strata {
 
-struct Recipe;
-
 struct DatasetProgress {
   std::string path;  // the file being read
   int64_t bytes_read = 0, bytes_total = 0, samples = 0, tokens = 0;
@@ -56,7 +54,6 @@ struct DatasetOptions {
   bool skip_bad_lines = false;
   std::function<void(const DatasetProgress&)> progress;  // called every few thousand records
 };
-DatasetOptions dataset_options_from(const Recipe& rc);
 
 struct DatasetStats {
   int64_t samples = 0, tokens = 0, labelled = 0;  // kept samples; their tokens and trained tokens
@@ -84,30 +81,25 @@ std::string dataset_stats_line(const Dataset& d);
 // must keep at least one sample.
 Dataset dataset_split_eval(Dataset* train, double fraction);
 
-// A recipe's samples before packing: data.path (minus the eval split) and the eval samples
-// (data.eval_path, or the split; empty without either). This is what `strata prepare` stores.
+// Where a run's samples come from, as plain settings (src/train/training_data.h fills it from a
+// recipe's data.* keys).
+struct SamplesOptions {
+  std::string path;       // the training data (data.path)
+  std::string eval_path;  // held-out data (data.eval_path); "" = none
+  double eval_split = 0;  // else this fraction of `path` is held out (data.eval_split); 0 = none
+  DatasetOptions dataset;
+};
+
+// A run's samples before packing: `path` (minus the eval split) and the eval samples
+// (eval_path, or the split; empty without either). This is what `strata prepare` stores.
 struct TrainingSamples {
   Dataset train, eval;
   std::string report;  // the dataset lines
 };
-TrainingSamples training_samples_read(const Recipe& rc, const TextEncoder& encoder,
-                                      const std::function<void(const DatasetProgress&)>& progress = {});
-
-// data.tokenizer resolved (io/text_encoder.h), its vocabulary checked against the model's.
-TextEncoder training_encoder(const Recipe& rc, int64_t vocab_size);
+TrainingSamples samples_read(const SamplesOptions& options, const TextEncoder& encoder,
+                             const std::function<void(const DatasetProgress&)>& progress = {});
 
 // Every id below vocab_size, else an error naming the dataset and sample.
 void training_samples_check_vocab(const TrainingSamples& s, int64_t vocab_size);
-
-// The trainer's entry point: resolves data.tokenizer, checks it against the model's vocab_size,
-// reads data.prepared_dir's shards when they are there (revalidated; stale or corrupt shards are
-// an error saying to rerun `strata prepare`), else tokenizes data.path, then packs rows.
-// Prints the report on stderr. Deterministic.
-struct TrainingData {
-  TokenRows train, eval;      // eval.rows() == 0 without data.eval_path / data.eval_split
-  std::string report;         // what was printed
-  std::string tokenizer_dir;  // "" for bytes
-};
-TrainingData training_data_load(const Recipe& rc, int64_t vocab_size);
 
 }  // namespace strata

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "io/files.h"
 #include "io/safetensors.h"
 #include "src/core/error.h"
 
@@ -280,22 +281,7 @@ ModelConfig hf_config_load(const std::string& path) {
   std::error_code ec;
   std::string file = std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "config.json").string()
                                                              : path;
-  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  STRATA_CHECK_IO(fd >= 0, "cannot open config ", file, ": ", std::strerror(errno));
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    ssize_t r = ::read(fd, buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      int err = errno;
-      ::close(fd);
-      throw Error(ErrorKind::io, str_cat("cannot read config ", file, ": ", std::strerror(err)));
-    }
-    if (r == 0) break;
-    text.append(buf, size_t(r));
-  }
-  ::close(fd);
+  const std::string text = file_read(file, "config");
   return hf_config_parse(text, file);
 }
 
@@ -304,7 +290,7 @@ void hf_config_save(const ModelConfig& cfg, const std::string& path) {
   std::string file = std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "config.json").string()
                                                              : path;
   std::string text = cfg.raw.dump(2) + "\n";
-  io_write_file_atomic(file, text.data(), text.size());
+  file_write_atomic(file, text.data(), text.size());
 }
 
 }  // namespace strata

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/files.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -139,65 +140,6 @@ SafetensorsEntry entry_parse(const std::string& path, const std::string& name, c
            want, " bytes but data_offsets ", span_text(e.begin, e.end), " span ", e.end - e.begin);
   return e;
 }
-
-// Writes to path + ".tmp"; commit() fsyncs, renames and fsyncs the directory. The destructor
-// removes the temp file when commit() was not reached.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    STRATA_CHECK_IO(fd_ >= 0, "cannot create ", tmp_, ": ", errno_text(errno),
-                    " (check that the directory exists and is writable)");
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-
-  void write(const void* data, size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      size_t chunk = std::min<size_t>(bytes, size_t(1) << 30);
-      ssize_t w = ::write(fd_, p, chunk);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        int err = w < 0 ? errno : ENOSPC;  // write() returning 0 for a non-empty buffer: no space
-        throw Error(ErrorKind::io, str_cat("cannot write ", tmp_, " at byte offset ", written_, ": ",
-                                           errno_text(err), w == 0 ? " (short write)" : ""));
-      }
-      p += w;
-      bytes -= size_t(w);
-      written_ += uint64_t(w);
-    }
-  }
-
-  void commit() {
-    STRATA_CHECK_IO(::fsync(fd_) == 0, "cannot fsync ", tmp_, ": ", errno_text(errno));
-    int fd = fd_;
-    fd_ = -1;
-    STRATA_CHECK_IO(::close(fd) == 0, "cannot close ", tmp_, ": ", errno_text(errno));
-    STRATA_CHECK_IO(::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot rename ", tmp_, " to ", path_, ": ",
-                    errno_text(errno));
-    committed_ = true;
-    std::string dir = fs::path(path_).parent_path().string();
-    if (dir.empty()) dir = ".";
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    STRATA_CHECK_IO(dfd >= 0, "cannot open directory ", dir, " to fsync it: ", errno_text(errno));
-    int rc = ::fsync(dfd);
-    int err = errno;
-    ::close(dfd);
-    // Some filesystems cannot fsync a directory (EINVAL); the rename itself has happened.
-    STRATA_CHECK_IO(rc == 0 || err == EINVAL, "cannot fsync directory ", dir, ": ", errno_text(err));
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-  uint64_t written_ = 0;
-};
 
 uint64_t to_write_bytes(const TensorToWrite& t) {
   uint64_t n;
@@ -348,24 +290,7 @@ SafetensorsDir SafetensorsDir::open(const std::string& dir) {
   d.sharded_ = true;
 
   // Read and validate the index.
-  std::string text;
-  {
-    int fd = ::open(index.c_str(), O_RDONLY | O_CLOEXEC);
-    STRATA_CHECK_IO(fd >= 0, "cannot open ", index, ": ", errno_text(errno));
-    char buf[65536];
-    for (;;) {
-      ssize_t r = ::read(fd, buf, sizeof buf);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        int err = errno;
-        ::close(fd);
-        throw Error(ErrorKind::io, str_cat("cannot read ", index, ": ", errno_text(err)));
-      }
-      if (r == 0) break;
-      text.append(buf, size_t(r));
-    }
-    ::close(fd);
-  }
+  const std::string text = file_read(index, "index");
   json j;
   try {
     j = json::parse(text);
@@ -507,12 +432,6 @@ void safetensors_check_tensors(const SafetensorsDir& dir, const std::vector<Expe
 
 // ---- writing --------------------------------------------------------------------------------
 
-void io_write_file_atomic(const std::string& path, const void* data, size_t bytes) {
-  AtomicFile f(path);
-  f.write(data, bytes);
-  f.commit();
-}
-
 void safetensors_write_file(const std::string& path, const std::vector<TensorToWrite>& tensors,
                             const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
@@ -587,7 +506,7 @@ void safetensors_write_dir(const std::string& dir, const std::vector<TensorToWri
     }
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     std::string text = index.dump(2) + "\n";
-    io_write_file_atomic((d / "model.safetensors.index.json").string(), text.data(), text.size());
+    file_write_atomic((d / "model.safetensors.index.json").string(), text.data(), text.size());
     written.insert("model.safetensors.index.json");
   }
 

@@ -127,10 +127,6 @@ void safetensors_write_file(const std::string& path, const std::vector<TensorToW
 void safetensors_write_dir(const std::string& dir, const std::vector<TensorToWrite>& tensors,
                            uint64_t max_shard_bytes);
 
-// Writes bytes to path + ".tmp", fsyncs, renames over path, fsyncs the directory.
-// Throws strata::Error of kind io naming the path and errno text.
-void io_write_file_atomic(const std::string& path, const void* data, size_t bytes);
-
 // "[4096, 128]"
 std::string safetensors_format_shape(const std::vector<int64_t>& shape);
 

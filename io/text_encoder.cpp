@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/chat_template.h"
+#include "io/files.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
 
@@ -85,9 +86,7 @@ bool dir_has_chat_template(const std::string& dir) {
   if (fs::exists(fs::path(dir) / "chat_template.jinja")) return true;
   fs::path cfg = fs::path(dir) / "tokenizer_config.json";
   if (!fs::exists(cfg)) return false;
-  std::ifstream in(cfg, std::ios::binary);
-  STRATA_CHECK_IO(in, "cannot open ", cfg.string());
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  nlohmann::json j = nlohmann::json::parse(file_read(cfg.string(), "tokenizer config"), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return true;  // ChatTemplate::load says what is wrong
   return j.contains("chat_template") && !j["chat_template"].is_null();
 }

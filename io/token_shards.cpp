@@ -14,9 +14,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/files.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
-#include "src/recipe/recipe.h"
 
 namespace strata {
 
@@ -51,49 +51,6 @@ std::string rerun(const std::string& path) {
   return str_cat(path, ": rerun `strata prepare RECIPE.toml` to rebuild data.prepared_dir");
 }
 
-// Writes all of `n` bytes, or an I/O error naming the file and offset.
-void write_all(int fd, const void* p, size_t n, const std::string& path, uint64_t* offset) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    STRATA_CHECK_IO(w > 0, "writing ", path, " at offset ", *offset, " failed: ", std::strerror(errno));
-    c += w;
-    n -= size_t(w);
-    *offset += uint64_t(w);
-  }
-}
-
-// Writes `fill(fd, path, &offset)` to a temporary file next to `path`, fsyncs it and renames it
-// into place (then fsyncs the directory), so `path` is either the old file or the complete new one.
-template <class Fill>
-void write_atomically(const std::string& path, Fill&& fill) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  STRATA_CHECK_IO(fd >= 0, "cannot create ", tmp, ": ", std::strerror(errno));
-  try {
-    uint64_t offset = 0;
-    fill(fd, tmp, &offset);
-    STRATA_CHECK_IO(::fsync(fd) == 0, "fsync of ", tmp, " failed: ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  STRATA_CHECK_IO(::close(fd) == 0, "closing ", tmp, " failed: ", std::strerror(errno));
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    STRATA_CHECK_IO(false, "cannot rename ", tmp, " to ", path, ": ", std::strerror(err));
-  }
-  const std::string dir = fs::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
 // A read-only mapping of a whole file.
 struct Mapped {
   const uint8_t* data = nullptr;
@@ -125,14 +82,6 @@ struct Mapped {
   Mapped& operator=(const Mapped&) = delete;
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  STRATA_CHECK_IO(in, "cannot open ", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  STRATA_CHECK_IO(!in.bad(), "reading ", path, " failed");
-  return ss.str();
-}
 
 std::string hex64(uint64_t h) {
   char buf[17];
@@ -155,7 +104,7 @@ nlohmann::json file_identity(const std::string& path) {
 // Content hash of a file, or "absent".
 std::string file_hash(const fs::path& p) {
   if (!fs::exists(p)) return "absent";
-  std::string text = read_text(p.string());
+  std::string text = file_read(p.string(), "tokenizer file");
   return hex64(fnv1a64(text.data(), text.size()));
 }
 
@@ -215,13 +164,14 @@ void shard_write(const std::string& path, const std::vector<Sample>& samples, in
   h.offsets_offset = align8(h.labels_offset + tokens);
   h.fingerprint_hash = fingerprint_hash;
   h.flags = may_split ? kFlagMaySplit : 0;
-  write_atomically(path, [&](int fd, const std::string& tmp, uint64_t* off) {
-    write_all(fd, &h, sizeof h, tmp, off);
+  {
+    AtomicFile file(path);
+    file.write(&h, sizeof h);
     std::vector<uint8_t> buf;
     buf.reserve(1 << 20);
     auto drain = [&](bool force) {
       if (buf.size() >= (1u << 20) || (force && !buf.empty())) {
-        write_all(fd, buf.data(), buf.size(), tmp, off);
+        file.write(buf.data(), buf.size());
         buf.clear();
       }
     };
@@ -244,8 +194,9 @@ void shard_write(const std::string& path, const std::vector<Sample>& samples, in
       drain(false);
     }
     drain(true);
-    STRATA_ASSERT(*off == h.offsets_offset + 8 * (h.sample_count + 1));
-  });
+    STRATA_ASSERT(file.written() == h.offsets_offset + 8 * (h.sample_count + 1));
+    file.commit();
+  }
 }
 
 std::vector<Sample> shard_read(const std::string& path, int64_t max_vocab_size, uint64_t fingerprint_hash) {
@@ -310,18 +261,21 @@ std::vector<Sample> shard_read(const std::string& path, int64_t max_vocab_size, 
   return out;
 }
 
-nlohmann::json prepared_fingerprint(const Recipe& rc, const TextEncoder& enc) {
+nlohmann::json prepared_fingerprint(const SamplesOptions& o, const TextEncoder& enc) {
+  // Keyed by the recipe's names, with the values as a recipe writes them (manifests written
+  // before io took plain options compare equal).
+  const DatasetOptions& d = o.dataset;
   nlohmann::json f;
   f["samples_version"] = kSamplesVersion;
-  f["data.path"] = file_identity(rc.data_path);
-  f["data.eval_path"] = rc.eval_path.empty() ? nlohmann::json(nullptr) : file_identity(rc.eval_path);
-  f["data.format"] = rc.data_format;
-  f["data.train_on"] = rc.train_on;
-  f["data.overlong"] = rc.overlong;
-  f["data.sequence_len"] = rc.sequence_len;
-  f["data.packing"] = rc.packing;
-  f["data.skip_bad_lines"] = rc.skip_bad_lines;
-  f["data.eval_split"] = rc.eval_split;
+  f["data.path"] = file_identity(o.path);
+  f["data.eval_path"] = o.eval_path.empty() ? nlohmann::json(nullptr) : file_identity(o.eval_path);
+  f["data.format"] = d.format;
+  f["data.train_on"] = d.train_on == TrainOn::assistant ? "assistant" : d.train_on == TrainOn::last ? "last" : "all";
+  f["data.overlong"] = d.drop_overlong ? "drop" : "truncate";
+  f["data.sequence_len"] = d.sequence_len;
+  f["data.packing"] = d.packing;
+  f["data.skip_bad_lines"] = d.skip_bad_lines;
+  f["data.eval_split"] = o.eval_split;
   if (enc.is_bytes()) {
     f["tokenizer"] = "bytes";
   } else if (enc.dir().empty()) {
@@ -369,20 +323,18 @@ void prepared_write(const std::string& dir, const TrainingSamples& s, const nloh
   put("eval", s.eval);
   m["splits"] = splits;
   const std::string text = m.dump(2) + "\n";
-  write_atomically(manifest.string(), [&](int fd, const std::string& tmp, uint64_t* off) {
-    write_all(fd, text.data(), text.size(), tmp, off);
-  });
+  file_write_atomic(manifest.string(), text);
 }
 
-TrainingSamples prepared_read(const std::string& dir, const Recipe& rc, const TextEncoder& enc,
+TrainingSamples prepared_read(const std::string& dir, const SamplesOptions& options, const TextEncoder& enc,
                               int64_t model_vocab_size) {
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
-  nlohmann::json m = nlohmann::json::parse(read_text(manifest_path), nullptr, false);
+  nlohmann::json m = nlohmann::json::parse(file_read(manifest_path, "manifest", "rerun `strata prepare RECIPE.toml`"), nullptr, false);
   STRATA_CHECK(!m.is_discarded() && m.is_object() && m.value("strata_prepared", 0) == kManifestVersion &&
                    m.contains("fingerprint") && m.contains("fingerprint_hash") && m.contains("splits") &&
                    m["splits"].is_object(),
                "manifest is not one this strata wrote; ", rerun(manifest_path));
-  const nlohmann::json want = prepared_fingerprint(rc, enc);
+  const nlohmann::json want = prepared_fingerprint(options, enc);
   const nlohmann::json& have = m["fingerprint"];
   for (auto it = want.begin(); it != want.end(); ++it) {
     if (it.value().is_object() && it.value().contains("missing")) {

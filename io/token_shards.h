@@ -36,8 +36,8 @@ void shard_write(const std::string& path, const std::vector<Sample>& samples, in
 // Reads and validates a shard; its ids must also be below max_vocab_size (the model's).
 std::vector<Sample> shard_read(const std::string& path, int64_t max_vocab_size, uint64_t fingerprint_hash);
 
-// What produced a recipe's samples: compared with the manifest's on every load.
-nlohmann::json prepared_fingerprint(const Recipe& rc, const TextEncoder& encoder);
+// What produced a run's samples: compared with the manifest's on every load.
+nlohmann::json prepared_fingerprint(const SamplesOptions& options, const TextEncoder& encoder);
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
 
 // True when dir holds a manifest.json.
@@ -45,8 +45,8 @@ bool prepared_exists(const std::string& dir);
 // Writes the shards and the manifest (after removing an old manifest). vocab_size: the encoder's.
 void prepared_write(const std::string& dir, const TrainingSamples& s, const nlohmann::json& fingerprint,
                     int64_t vocab_size);
-// Reads a prepared dir for a recipe: the fingerprint must match and every shard validate.
-TrainingSamples prepared_read(const std::string& dir, const Recipe& rc, const TextEncoder& encoder,
+// Reads a prepared dir for these options: the fingerprint must match and every shard validate.
+TrainingSamples prepared_read(const std::string& dir, const SamplesOptions& options, const TextEncoder& encoder,
                               int64_t model_vocab_size);
 
 }  // namespace strata

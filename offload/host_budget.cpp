@@ -21,10 +21,10 @@ size_t host_memory_available() {
   return 0;
 }
 
-HostBudget host_memory_budget(const std::string& host_memory) {
+HostBudget host_memory_budget(size_t host_memory_bytes, const std::string& host_memory) {
   HostBudget b;
-  if (!host_memory.empty()) {
-    b.bytes = parse_bytes(host_memory, "offload.host_memory");
+  if (host_memory_bytes > 0) {
+    b.bytes = host_memory_bytes;
     b.origin = str_cat("offload.host_memory = \"", host_memory, "\"");
   } else {
     b.bytes = host_memory_available();

@@ -17,8 +17,9 @@ struct HostBudget {
   std::string origin;  // what set it, for messages: offload.host_memory = "24GiB", or MemAvailable
 };
 
-// The budget from the recipe's offload.host_memory ("" = the machine's available memory).
-HostBudget host_memory_budget(const std::string& host_memory);
+// The budget from the recipe's offload.host_memory, parsed (bytes) and as written (for messages);
+// 0 bytes = unset: the machine's available memory.
+HostBudget host_memory_budget(size_t host_memory_bytes, const std::string& host_memory);
 // MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
 size_t host_memory_available();
 

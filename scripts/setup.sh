@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages strata needs to build and test. Idempotent: a package
-# already present is skipped, and `apt-get update` runs at most once per call.
+# Installs the Debian 12 packages strata needs (README, "Dependencies", says what each is for).
+#   bash scripts/setup.sh             what building and running `strata` needs
+#   bash scripts/setup.sh --tests     plus what the test suite needs (Catch2, git)
+#   bash scripts/setup.sh --goldens   plus what regenerating the torch goldens needs
+#                                     (tools/golden/*.py: python3-torch, python3-numpy; ~300 MB)
+# Idempotent: a package already present is skipped, and `apt-get update` runs at most once.
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git
-  libdnnl-dev libeigen3-dev libcli11-dev catch2 libtomlplusplus-dev nlohmann-json3-dev
+  build-essential cmake ninja-build pkg-config
+  libdnnl-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libpcre2-dev libutf8proc-dev liburing-dev libnuma-dev
-  python3-torch python3-numpy
 )
+for arg in "$@"; do
+  case "$arg" in
+    --tests) packages+=(catch2 git) ;;
+    --goldens) packages+=(python3 python3-torch python3-numpy) ;;
+    *) echo "setup: unknown option '$arg' (use --tests and/or --goldens)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,9 @@
 // Shared test helpers: seeded inputs, error measures, central finite differences, paths,
-// temporary directories, and running the strata binary as users and batch jobs do.
+// temporary directories, running the strata binary as users and batch jobs do, and the
+// golden-test harness (one engine step on a tests/golden model, compared tensor by tensor).
 #pragma once
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,10 +19,19 @@
 #include <utility>
 #include <sstream>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "io/hf_config.h"
+#include "io/safetensors.h"
 #include "src/core/bf16.h"
+#include "models/micro_batch.h"
+#include "offload/engine.h"
+#include "offload/model_io.h"
+#include "src/device/device.h"
 
 namespace strata::testing {
 
@@ -52,6 +64,16 @@ template <class A, class B>
 double max_rel_error(const A& a, const B& b, double floor = 1e-30) {
   double num = 0, den = floor;
   for (size_t i = 0; i < b.size(); ++i) {
+    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
+    den = std::max(den, std::abs(double(b[i])));
+  }
+  return num / den;
+}
+
+template <class A, class B>
+double max_rel_error(const A* a, const B* b, size_t n, double floor = 1e-30) {
+  double num = 0, den = floor;
+  for (size_t i = 0; i < n; ++i) {
     num = std::max(num, std::abs(double(a[i]) - double(b[i])));
     den = std::max(den, std::abs(double(b[i])));
   }
@@ -96,6 +118,30 @@ inline std::string run_cli(int (*cmd)(const std::vector<std::string>&),
 }
 
 inline std::string source_path(const std::string& rel) { return std::string(STRATA_SOURCE_DIR) + "/" + rel; }
+
+// A real tokenizer directory (tokenizer.json + tokenizer_config.json): "bpe-qwen3" or "sp-bpe-32k",
+// kept in tests/fixtures/tokenizers/tokenizers.tar.xz and unpacked into the build tree by CMake.
+inline std::string tokenizer_fixture(const std::string& name) {
+  return std::string(STRATA_BINARY_DIR) + "/fixtures/tokenizers/" + name;
+}
+
+// While alive, this process may write files of at most `bytes` (RLIMIT_FSIZE, SIGXFSZ ignored):
+// write() then fails part way with EFBIG, the way a full disk fails it with ENOSPC.
+struct FileSizeLimit {
+  struct rlimit old {};
+  void (*old_handler)(int) = nullptr;
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &old);
+    old_handler = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = old;
+    lim.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, old_handler);
+  }
+};
 
 // A fresh directory under the build tree, removed when the test ends.
 struct TempDir {
@@ -178,6 +224,102 @@ inline ProcessResult run_strata_signalled(const std::string& args,
   waitpid(pid, &status, 0);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// ---- the golden-test harness ------------------------------------------------------------------
+// tests/golden/NAME holds a tiny model (config.json, safetensors), batch.json ({"input_ids",
+// optional "labels"}), expected.json ({"loss", "tokens"}: the fp64 torch reference of
+// tools/golden/make_model_goldens.py) and grads.safetensors (d loss / d parameter, F32, HF names).
+struct Golden {
+  std::string dir;
+  MicroBatch batch;
+  double loss = 0;     // mean loss per counted token
+  int64_t tokens = 0;  // counted tokens
+
+  static Golden load(const std::string& name) {
+    Golden g;
+    g.dir = source_path("tests/golden/" + name);
+    const auto rows_of = [](const nlohmann::json& j) {
+      std::vector<std::vector<int32_t>> rows;
+      for (auto& r : j) rows.push_back(r.get<std::vector<int32_t>>());
+      return rows;
+    };
+    std::ifstream batch_in(g.dir + "/batch.json"), expected_in(g.dir + "/expected.json");
+    if (!batch_in || !expected_in) throw std::runtime_error("golden " + name + ": batch.json or expected.json missing in " + g.dir);
+    const nlohmann::json batch = nlohmann::json::parse(batch_in), expected = nlohmann::json::parse(expected_in);
+    g.batch = micro_batch_from_labels(rows_of(batch["input_ids"]),
+                                      batch.contains("labels") ? rows_of(batch["labels"]) : std::vector<std::vector<int32_t>>{});
+    g.loss = expected["loss"].get<double>();
+    g.tokens = expected["tokens"].get<int64_t>();
+    return g;
+  }
+
+  // The reference gradients laid out like `table` (a host store's f32 table), `floats` long.
+  std::vector<float> grads(const TensorTable& table, size_t floats) const {
+    SafetensorsFile file = SafetensorsFile::open(dir + "/grads.safetensors");
+    if (file.entries().size() != table.size())
+      throw std::runtime_error(dir + "/grads.safetensors: " + std::to_string(file.entries().size()) +
+                               " tensors, the model has " + std::to_string(table.size()));
+    std::vector<float> out(floats, 0.f);
+    for (const auto& row : table.rows()) {
+      const SafetensorsEntry* e = file.find(row.name);
+      if (!e || e->shape != row.shape) throw std::runtime_error(dir + "/grads.safetensors: no " + row.name + " of its shape");
+      const float* w = static_cast<const float*>(file.data(*e));
+      std::copy(w, w + row.numel(), out.begin() + std::ptrdiff_t(row.offset / 4));
+    }
+    return out;
+  }
+};
+
+// What one engine step on a golden model gave.
+struct GoldenStep {
+  double loss = 0;             // mean per counted token
+  int64_t tokens = 0;          // counted tokens
+  std::vector<float> grads;    // the store's f32 table layout
+  TensorTable table;
+  size_t pageable_bytes = 0;   // the device's pageable fallback after the step
+};
+
+// Loads the golden model into a host store of `dtype` on `dev` and runs one forward_backward
+// (scale 1 / counted tokens) through an engine built with `eo` (its batch capacity is set here).
+inline GoldenStep golden_step(Device& dev, const Golden& g, DType dtype, EngineOptions eo) {
+  HostStore store(dev, model_spec_build(hf_config_load(g.dir), dtype));
+  model_load_weights(store, g.dir);
+  eo.max_batch = g.batch.B;
+  eo.max_tokens = g.batch.T;
+  Engine engine(dev, store, eo);
+  GoldenStep r;
+  r.tokens = g.batch.counted();
+  r.loss = engine.forward_backward(g.batch, float(1.0 / double(r.tokens))) / double(r.tokens);
+  engine.synchronize();
+  r.grads.assign(store.grad(), store.grad() + store.f32_floats());
+  r.table = store.f32_table();
+  r.pageable_bytes = dev.pageable_fallback_bytes();
+  return r;
+}
+
+// Per tensor of `table`: max |got - want| / max |want| over the tensor (max_rel_error), in table order.
+struct TensorError {
+  std::string name;
+  double error = 0;
+  bool identical = false;  // the same bits
+};
+inline std::vector<TensorError> tensor_errors(const TensorTable& table, const std::vector<float>& got,
+                                              const std::vector<float>& want) {
+  std::vector<TensorError> out;
+  for (const auto& row : table.rows()) {
+    const float* a = got.data() + row.offset / 4;
+    const float* b = want.data() + row.offset / 4;
+    const size_t n = size_t(row.numel());
+    out.push_back({row.name, max_rel_error(a, b, n), std::memcmp(a, b, n * 4) == 0});
+  }
+  return out;
+}
+inline TensorError worst_tensor_error(const std::vector<TensorError>& errors) {
+  TensorError worst;
+  for (const auto& e : errors)
+    if (e.error >= worst.error) worst = e;
+  return worst;
 }
 
 }  // namespace strata::testing

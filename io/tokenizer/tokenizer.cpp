@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/files.h"
 #include "io/tokenizer/added_tokens.h"
 #include "io/tokenizer/bpe.h"
 #include "io/tokenizer/decoders.h"
@@ -35,12 +36,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
   namespace fs = std::filesystem;
   fs::path file = path;
   if (fs::is_directory(file)) file /= "tokenizer.json";
-  std::ifstream in(file, std::ios::binary);
-  STRATA_CHECK_IO(in.good(), "cannot read tokenizer file ", file.string(),
-                  "; pass a model directory holding tokenizer.json or the file itself");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return from_json_text(ss.str(), file.string());
+  return from_json_text(file_read(file.string(), "tokenizer file",
+                                  "pass a model directory holding tokenizer.json or the file itself"),
+                        file.string());
 }
 
 Tokenizer Tokenizer::from_json_text(const std::string& json_text, const std::string& origin) {

@@ -5,12 +5,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/files.h"
 #include "io/safetensors.h"
 #include "offload/engine.h"
 #include "offload/model_io.h"
 #include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
+#include "src/recipe/recipe.h"
 
 namespace strata {
 namespace {
@@ -46,11 +48,10 @@ int cmd_grad(const std::vector<std::string>& args) {
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
 
-  std::ifstream in(batch_path);
-  STRATA_CHECK(in, "cannot open batch file ", batch_path);
+  const std::string batch_text = file_read(batch_path, "batch file", "check --batch", ErrorKind::input);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(batch_text);
   } catch (const nlohmann::json::parse_error& e) {
     STRATA_CHECK(false, batch_path, " is not valid JSON: ", e.what());
   }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "io/files.h"
 #include "io/metrics_curves.h"
 #include "io/svg_plot.h"
 #include "io/safetensors.h"
@@ -45,7 +46,7 @@ int cmd_plot(const std::vector<std::string>& args) {
   const std::string svg = svg_plot_training(curves, "training run: " + run);
 
   if (out.empty()) out = (fs::path(dir) / "plot.svg").string();
-  io_write_file_atomic(out, svg.data(), svg.size());
+  file_write_atomic(out, svg.data(), svg.size());
   std::fprintf(stderr, "strata plot: %zu training step%s, %zu eval point%s\n", curves.steps.size(),
                curves.steps.size() == 1 ? "" : "s", curves.eval_steps.size(), curves.eval_steps.size() == 1 ? "" : "s");
   std::cout << out << "\n";

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "io/datasets.h"
+#include "src/train/training_data.h"
 #include "io/hf_config.h"
 #include "io/token_shards.h"
 #include "src/cli/cli_args.h"

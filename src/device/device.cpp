@@ -118,33 +118,4 @@ std::unique_ptr<Device> device_create(const DeviceOptions& options) {
   STRATA_CHECK(false, "unknown device backend '", options.backend, "': use \"cpu\", \"cuda\" or \"auto\"");
 }
 
-size_t parse_bytes(const std::string& text, const std::string& what) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) ++i;
-  STRATA_CHECK(i > 0, what, " = \"", text, "\" is not a size: write e.g. \"512MiB\", \"24GiB\" or \"8GB\"");
-  double value = std::stod(text.substr(0, i));
-  std::string unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  double scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "KiB" || unit == "K") scale = 1024.0;
-  else if (unit == "MiB" || unit == "M") scale = 1024.0 * 1024;
-  else if (unit == "GiB" || unit == "G") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB" || unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") scale = 1e3;
-  else if (unit == "MB") scale = 1e6;
-  else if (unit == "GB") scale = 1e9;
-  else if (unit == "TB") scale = 1e12;
-  STRATA_CHECK(scale > 0, what, " = \"", text, "\": unknown unit '", unit,
-               "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
-  return size_t(std::llround(value * scale));
-}
-
-double parse_bandwidth(const std::string& text, const std::string& what) {
-  std::string t = text;
-  STRATA_CHECK(t.size() > 2 && t.substr(t.size() - 2) == "/s", what, " = \"", text,
-               "\" is not a bandwidth: write e.g. \"16GB/s\"");
-  return double(parse_bytes(t.substr(0, t.size() - 2), what));
-}
-
 }  // namespace strata

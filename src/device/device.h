@@ -174,8 +174,4 @@ class ArenaDevice : public Device {
 // Creates the backend named in options; a clear error when it is unavailable.
 std::unique_ptr<Device> device_create(const DeviceOptions& options);
 
-// "512MiB", "2GiB", "1.5GB", "4096" -> bytes; "16GB/s" -> bytes per second. Throws on bad text.
-size_t parse_bytes(const std::string& text, const std::string& what);
-double parse_bandwidth(const std::string& text, const std::string& what);
-
 }  // namespace strata

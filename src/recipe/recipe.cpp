@@ -1,12 +1,15 @@
 #include "src/recipe/recipe.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "io/files.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -286,15 +289,15 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
                origin, ": offload.checkpoints must be \"auto\", \"device\" or \"host\"");
   STRATA_CHECK(rc.device_cpu_threads >= 0, origin, ": device.cpu_threads must be >= 0");
   STRATA_CHECK(rc.save_steps >= 0, origin, ": checkpoint.save_steps must be >= 0");
+  if (!rc.host_memory.empty()) rc.host_memory_bytes = parse_bytes(rc.host_memory, origin + ": offload.host_memory");
+  rc.device_memory_bytes = parse_bytes(rc.device_memory, origin + ": device.memory");
+  if (!rc.device_link_bandwidth.empty())
+    rc.device_link_bytes_per_s = parse_bandwidth(rc.device_link_bandwidth, origin + ": device.link_bandwidth");
   return rc;
 }
 
 Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  STRATA_CHECK(in, "cannot open recipe ", path, ": check the path");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return recipe_parse(ss.str(), path, overrides);
+  return recipe_parse(file_read(path, "recipe", "check the path", ErrorKind::input), path, overrides);
 }
 
 std::string Recipe::to_toml() const {
@@ -327,6 +330,35 @@ std::string Recipe::to_toml() const {
   os << "\n[checkpoint]\noutput_dir = " << q(output_dir) << "\nsave_steps = " << save_steps
      << "\nsave_dtype = " << q(save_dtype) << "\nkeep_last = " << keep_last << "\n";
   return os.str();
+}
+
+size_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) ++i;
+  STRATA_CHECK(i > 0, what, " = \"", text, "\" is not a size: write e.g. \"512MiB\", \"24GiB\" or \"8GB\"");
+  double value = std::stod(text.substr(0, i));
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "KiB" || unit == "K") scale = 1024.0;
+  else if (unit == "MiB" || unit == "M") scale = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB" || unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") scale = 1e3;
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "GB") scale = 1e9;
+  else if (unit == "TB") scale = 1e12;
+  STRATA_CHECK(scale > 0, what, " = \"", text, "\": unknown unit '", unit,
+               "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  return size_t(std::llround(value * scale));
+}
+
+double parse_bandwidth(const std::string& text, const std::string& what) {
+  std::string t = text;
+  STRATA_CHECK(t.size() > 2 && t.substr(t.size() - 2) == "/s", what, " = \"", text,
+               "\" is not a bandwidth: write e.g. \"16GB/s\"");
+  return double(parse_bytes(t.substr(0, t.size() - 2), what));
 }
 
 }  // namespace strata

@@ -48,6 +48,10 @@ struct Recipe {
   // [device]
   std::string device_backend = "cpu", device_memory = "2GiB", device_link_bandwidth;
   int64_t device_cpu_threads = 0;
+  // the sizes above, parsed when the recipe loads (an unparsable one is a recipe error there)
+  size_t host_memory_bytes = 0;        // 0: unset
+  size_t device_memory_bytes = 0;
+  double device_link_bytes_per_s = 0;  // 0: unthrottled
   // [checkpoint]
   std::string output_dir = "out", save_dtype = "bf16";
   int64_t save_steps = 0, keep_last = 0;
@@ -59,6 +63,11 @@ struct Recipe {
 Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides);
 Recipe recipe_parse(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides);
+
+// "512MiB", "2GiB", "1.5GB", "4096" -> bytes; "16GB/s" -> bytes per second. Throws a bad-input
+// error naming `what` (the key or flag) on text that is neither.
+size_t parse_bytes(const std::string& text, const std::string& what);
+double parse_bandwidth(const std::string& text, const std::string& what);
 
 // Levenshtein distance; used to suggest the closest key name.
 size_t edit_distance(const std::string& a, const std::string& b);

@@ -8,10 +8,9 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "io/files.h"
 #include "io/safetensors.h"
 #include "offload/model_io.h"
 #include "src/core/error.h"
@@ -27,37 +26,20 @@ constexpr const char* kStateFile = "optimizer_state.safetensors";
 constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                           "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt"};
 
-std::string errno_str(int e) { return std::strerror(e); }
-
-void fsync_path(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  STRATA_CHECK_IO(fd >= 0, "cannot open ", p.string(), " to fsync it: ", errno_str(errno));
-  int rc = ::fsync(fd), err = errno;
-  ::close(fd);
-  // some filesystems cannot fsync a directory (EINVAL); files must sync
-  STRATA_CHECK_IO(rc == 0 || (directory && err == EINVAL), "cannot fsync ", p.string(), ": ", errno_str(err));
-}
 
 // fsync every file and directory under root, children before parents.
 void fsync_tree(const fs::path& root) {
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec))
-    fsync_path(it->path(), it->is_directory());
+    it->is_directory() ? fsync_dir(it->path().string()) : fsync_file(it->path().string());
   STRATA_CHECK_IO(!ec, "cannot list ", root.string(), ": ", ec.message());
-  fsync_path(root, true);
+  fsync_dir(root.string());
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  STRATA_CHECK_IO(in, "cannot read ", p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  STRATA_CHECK_IO(!in.bad(), "cannot read ", p.string());
-  return ss.str();
-}
+std::string read_file(const fs::path& p) { return file_read(p.string(), "checkpoint file"); }
 
-void write_text(const fs::path& p, const std::string& text) { io_write_file_atomic(p.string(), text.data(), text.size()); }
+void write_text(const fs::path& p, const std::string& text) { file_write_atomic(p.string(), text); }
 
 void copy_into(const std::string& from_dir, const char* name, const fs::path& to_dir) {
   if (from_dir.empty()) return;
@@ -99,7 +81,7 @@ void commit_dir(const fs::path& tmp, const fs::path& dst) {
   }
   fs::rename(tmp, dst, ec);
   STRATA_CHECK_IO(!ec, "cannot rename ", tmp.string(), " to ", dst.string(), ": ", ec.message());
-  fsync_path(dst.parent_path(), true);
+  fsync_dir(dst.parent_path().string());
   remove_quietly(aside);
 }
 
@@ -177,7 +159,7 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
                {"rng", state.rng},             {"tokens_seen", state.tokens_seen},
                {"order_count", state.order.size()}};
     write_text(tmp / "trainer_state.json", st.dump(2) + "\n");
-    io_write_file_atomic((tmp / "data_order.bin").string(), state.order.data(), state.order.size() * sizeof(int64_t));
+    file_write_atomic((tmp / "data_order.bin").string(), state.order.data(), state.order.size() * sizeof(int64_t));
     write_text(tmp / "recipe.toml", recipe_toml);
     write_hf(store, tmp / "hf", save_dtype, files);
 

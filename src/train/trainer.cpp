@@ -13,7 +13,7 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "io/datasets.h"
+#include "io/files.h"
 #include "io/metrics.h"
 #include "io/safetensors.h"
 #include "io/token_rows.h"
@@ -26,6 +26,7 @@
 #include "src/core/threads.h"
 #include "src/train/checkpoint.h"
 #include "src/train/progress.h"
+#include "src/train/training_data.h"
 
 namespace strata {
 namespace {
@@ -133,7 +134,7 @@ void metrics_truncate(const std::string& path, int64_t last_step) {
       // a torn last line of an interrupted run: dropped
     }
   }
-  io_write_file_atomic(path, kept.data(), kept.size());
+  file_write_atomic(path, kept.data(), kept.size());
 }
 
 std::atomic<int> g_signals{0};
@@ -196,15 +197,14 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
   // device and model
   DeviceOptions dopt;
   dopt.backend = rc.device_backend;
-  dopt.memory_bytes = parse_bytes(rc.device_memory, "device.memory");
-  if (!rc.device_link_bandwidth.empty())
-    dopt.link_bytes_per_s = parse_bandwidth(rc.device_link_bandwidth, "device.link_bandwidth");
+  dopt.memory_bytes = rc.device_memory_bytes;
+  dopt.link_bytes_per_s = rc.device_link_bytes_per_s;
   cpu_threads_set(int(rc.device_cpu_threads));
   cpu_threads_apply();
   // the host tiers must fit before anything is allocated (exit 3 naming what to move to NVMe)
   host_budget_check(spec, HostStoreOptions{},
                     EngineOptions{rc.offload_weights, rc.offload_checkpoints, rc.micro_batch_size, rc.sequence_len},
-                    host_memory_budget(rc.host_memory));
+                    host_memory_budget(rc.host_memory_bytes, rc.host_memory));
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
   if (!rc.model_path.empty()) model_load_weights(store, rc.model_path);
@@ -227,7 +227,7 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
   const double peak = measure_cpu_gemm_peak();
   const double fpt = flops_per_token(ms, rc.sequence_len);
   const std::string recipe_toml = rc.to_toml();
-  io_write_file_atomic(rc.output_dir + "/recipe.toml", recipe_toml.data(), recipe_toml.size());
+  file_write_atomic(rc.output_dir + "/recipe.toml", recipe_toml.data(), recipe_toml.size());
   CheckpointFiles files{data.tokenizer_dir, rc.model_path};
   const DType save_dtype = dtype_parse(rc.save_dtype);
 
@@ -255,13 +255,8 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
     std::istringstream rs(saved.rng);
     rs >> rng;
     STRATA_CHECK(!rs.fail(), resume_dir, "/trainer_state.json: the RNG state is damaged");
-    std::string saved_recipe;
-    {
-      std::ifstream f(resume_dir + "/recipe.toml");
-      std::stringstream ss;
-      ss << f.rdbuf();
-      saved_recipe = ss.str();
-    }
+    const std::string saved_recipe = file_read(resume_dir + "/recipe.toml", "checkpoint file",
+                                               "resume from an older checkpoint (--resume DIR)");
     auto was = recipe_lines(saved_recipe), now = recipe_lines(recipe_toml);
     for (auto& [k, v] : now) {
       if (k.rfind("checkpoint.", 0) == 0 || k.rfind("device.", 0) == 0 || k == "train.max_steps" ||

@@ -7,6 +7,7 @@
 #include "src/core/tensor.h"
 #include "src/device/arena.h"
 #include "src/device/device.h"
+#include "src/recipe/recipe.h"
 
 namespace strata {
 

@@ -1,11 +1,15 @@
 // Helpers of the CUDA backend tests (tests/cuda): the device under test and typed buffers.
 // The same test sources build twice: under the CPU emulator (strata_cuda_emu_tests, g++ with
 // tools/cuemu/cuemu.h force-included, STRATA_CUEMU defined), where the CUDA device always
-// exists, and against the real CUDA runtime (strata_cuda_tests), where a machine without a GPU
-// skips every case with a message instead of failing.
+// exists, and against the real CUDA runtime (strata_cuda_tests), where on a machine without a
+// GPU every case that asks for the device is reported skipped: the process exits with
+// kSkipExitCode, which ctest (one process per case, SKIP_RETURN_CODE in kernels/cuda/cuda.cmake)
+// counts as skipped, never as passed.
 #pragma once
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +23,11 @@ std::unique_ptr<Device> device_create_cuda(const DeviceOptions& options);  // cu
 
 namespace cuda_testing {
 
-// The CUDA device, or null (after a WARN saying why) on a machine without a usable GPU.
+// The exit code of a case skipped for want of a GPU (automake's convention).
+constexpr int kSkipExitCode = 77;
+
+// The CUDA device. On a machine without a usable GPU (real runtime only) the test process
+// ends here with kSkipExitCode after saying why; callers keep their `if (!dev) return;` guard.
 inline std::unique_ptr<Device> test_device(size_t memory_bytes = size_t(96) << 20) {
   DeviceOptions o;
   o.backend = "cuda";
@@ -30,8 +38,9 @@ inline std::unique_ptr<Device> test_device(size_t memory_bytes = size_t(96) << 2
   try {
     return device_create_cuda(o);
   } catch (const Error& e) {
-    WARN("skipped, no usable CUDA GPU: " << e.what());
-    return nullptr;
+    std::fflush(stdout);
+    std::fprintf(stderr, "SKIPPED: no usable CUDA GPU: %s\n", e.what());
+    std::exit(kSkipExitCode);
   }
 #endif
 }

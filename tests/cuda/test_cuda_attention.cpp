@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/ref.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -23,23 +24,7 @@ struct AttnCase {
   int64_t max_doc;  // 0: no doc_start; else documents of 1..max_doc tokens
 };
 
-std::vector<int32_t> make_doc_start(int64_t b, int64_t t, int64_t max_len, uint64_t seed) {
-  std::vector<int32_t> ds(size_t(b * t));
-  uint64_t state = seed;
-  for (int64_t bi = 0; bi < b; ++bi) {
-    int64_t start = 0, left = 0;
-    for (int64_t ti = 0; ti < t; ++ti) {
-      if (left == 0) {
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        left = 1 + int64_t((state >> 33) % uint64_t(max_len));
-        start = ti;
-      }
-      ds[size_t(bi * t + ti)] = int32_t(start);
-      --left;
-    }
-  }
-  return ds;
-}
+using testing::make_doc_start;
 
 TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda-emu]") {
   auto dev = cuda_testing::test_device();

@@ -100,51 +100,14 @@ ChunkedResult device_chunked(Device& dev, const std::vector<float>& h, const std
   return r;
 }
 
-std::vector<std::vector<int32_t>> rows_of(const nlohmann::json& j) {
-  std::vector<std::vector<int32_t>> rows;
-  for (auto& r : j) rows.push_back(r.get<std::vector<int32_t>>());
-  return rows;
-}
+using testing::GoldenStep;
 
-struct StepResult {
-  double loss = 0;
-  std::vector<float> grads;
-  TensorTable table;
-  size_t pageable_bytes = 0;
-};
-
-StepResult golden_step(Device& dev, const std::string& name, int64_t head_chunk_rows) {
-  const std::string dir = testing::source_path("tests/golden/" + name);
-  nlohmann::json batch = nlohmann::json::parse(std::ifstream(dir + "/batch.json"));
-  const MicroBatch mb = micro_batch_from_labels(
-      rows_of(batch["input_ids"]), batch.contains("labels") ? rows_of(batch["labels"]) : std::vector<std::vector<int32_t>>{});
-  HostStore store(dev, model_spec_build(hf_config_load(dir), DType::f32));
-  model_load_weights(store, dir);
+GoldenStep golden_step(Device& dev, const std::string& name, int64_t head_chunk_rows) {
   EngineOptions eo;
   eo.weights = "stream";
   eo.checkpoints = "host";
-  eo.max_batch = mb.B;
-  eo.max_tokens = mb.T;
   eo.head_chunk_rows = head_chunk_rows;
-  Engine engine(dev, store, eo);
-  StepResult r;
-  const double tokens = double(mb.counted());
-  r.loss = engine.forward_backward(mb, float(1.0 / tokens)) / tokens;
-  engine.synchronize();
-  r.grads.assign(store.grad(), store.grad() + store.f32_floats());
-  r.table = store.f32_table();
-  r.pageable_bytes = dev.pageable_fallback_bytes();
-  return r;
-}
-
-double worst_tensor_error(const StepResult& got, const StepResult& want) {
-  double worst = 0;
-  for (auto& row : want.table.rows()) {
-    const long at = long(row.offset / 4), n = long(row.numel());
-    worst = std::max(worst, max_rel_error(std::vector<float>(got.grads.begin() + at, got.grads.begin() + at + n),
-                                          std::vector<float>(want.grads.begin() + at, want.grads.begin() + at + n)));
-  }
-  return worst;
+  return testing::golden_step(dev, testing::Golden::load(name), DType::f32, eo);
 }
 
 }  // namespace
@@ -193,10 +156,13 @@ TEST_CASE("the streaming engine on CUDA with lm_head in small chunks tracks the 
   auto cpu = device_create(DeviceOptions{});
   for (const char* name : {"llama", "qwen3"}) {  // tied and untied lm_head
     INFO(name);
-    const StepResult on_cuda = golden_step(*cuda, name, 7);
-    const StepResult on_cpu = golden_step(*cpu, name, 7);
+    const GoldenStep on_cuda = golden_step(*cuda, name, 7);
+    const GoldenStep on_cpu = golden_step(*cpu, name, 7);
     CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * std::abs(on_cpu.loss));
-    CHECK(worst_tensor_error(on_cuda, on_cpu) <= 2e-5);
+    for (const auto& e : testing::tensor_errors(on_cuda.table, on_cuda.grads, on_cpu.grads)) {
+      INFO(e.name);
+      CHECK(e.error <= 2e-5);
+    }
   }
 }
 
@@ -206,8 +172,8 @@ TEST_CASE("the engine on CUDA with pinned memory fallen back to pageable gives t
   setenv("STRATA_FAKE_PINNED_FAIL", "1", 1);
   auto pageable = cuda_testing::test_device();
   unsetenv("STRATA_FAKE_PINNED_FAIL");
-  const StepResult a = golden_step(*pinned, "qwen3", 0);
-  const StepResult b = golden_step(*pageable, "qwen3", 0);
+  const GoldenStep a = golden_step(*pinned, "qwen3", 0);
+  const GoldenStep b = golden_step(*pageable, "qwen3", 0);
   CHECK(a.pageable_bytes == 0);
   CHECK(b.pageable_bytes > 0);
   CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0);

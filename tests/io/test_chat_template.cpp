@@ -112,13 +112,10 @@ TEST_CASE("chat template: load reads tokenizer_config.json and chat_template.jin
   CHECK_THROWS_AS(ChatTemplate::load((dir.path / "nope").string()), Error);
 }
 
-TEST_CASE("chat template: the shared Qwen3 tokenizer's template loads and renders", "[jinja]") {
-  const fs::path shared = fs::path(STRATA_SOURCE_DIR) / ".." / "shared" / "fixtures" / "tokenizers" / "bpe-qwen3";
-  if (!fs::exists(shared / "tokenizer_config.json")) {
-    WARN("skipped: " << shared << " is absent");
-    return;
-  }
-  auto t = ChatTemplate::load(shared.string());
+TEST_CASE("chat template: the real Qwen3 tokenizer's template loads and renders", "[jinja]") {
+  const fs::path real = strata::testing::tokenizer_fixture("bpe-qwen3");
+  REQUIRE(fs::exists(real / "tokenizer_config.json"));
+  auto t = ChatTemplate::load(real.string());
   CHECK(t.source() == read_file(kChatDir + "templates/qwen3.jinja"));
   CHECK(t.eos_token() == "<|im_end|>");
   CHECK(t.bos_token().empty());  // bos_token is null in this config

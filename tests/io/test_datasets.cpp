@@ -13,6 +13,7 @@
 
 #include "io/chat_template.h"
 #include "io/datasets.h"
+#include "src/train/training_data.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
@@ -24,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kFixtures = STRATA_SOURCE_DIR "/tests/fixtures/datasets/";
-const std::string kQwen3 = STRATA_SOURCE_DIR "/../shared/fixtures/tokenizers/bpe-qwen3";
+const std::string kQwen3 = strata::testing::tokenizer_fixture("bpe-qwen3");
 const std::string kTinyModel = STRATA_SOURCE_DIR "/recipes/sft-tiny/models/tiny";
 
 using testing::TempDir;

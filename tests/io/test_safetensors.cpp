@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "src/core/error.h"
 #include "tests/testing.h"
+#include "tools/fuzz/safetensors_mutator.h"
 
 namespace fs = std::filesystem;
 using namespace strata;
@@ -437,22 +438,15 @@ TEST_CASE("safetensors: write failures throw kind io naming the path and errno t
   std::vector<float> small = {1.f, 2.f};
   safetensors_write_file(path, {tw("x", DType::f32, {2}, small)});
   const std::string before = read_bytes(path);
-  struct rlimit old;
-  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
-  auto old_handler = signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = old;
-  lim.rlim_cur = 64 * 1024;
-  REQUIRE(setrlimit(RLIMIT_FSIZE, &lim) == 0);
   std::string msg;
   ErrorKind kind = ErrorKind::input;
   try {
+    testing::FileSizeLimit limit(64 * 1024);
     safetensors_write_file(path, {tw("x", DType::f32, {int64_t(v.size())}, v)});
   } catch (const Error& e) {
     msg = e.what();
     kind = e.kind();
   }
-  setrlimit(RLIMIT_FSIZE, &old);
-  signal(SIGXFSZ, old_handler);
   INFO(msg);
   CHECK(kind == ErrorKind::io);
   CHECK(msg.find(path + ".tmp") != std::string::npos);
@@ -466,80 +460,7 @@ TEST_CASE("safetensors: write failures throw kind io naming the path and errno t
   CHECK_THROWS_WITH(safetensors_write_file(path, {tw("x", DType::f32, {-2}, small)}), Catch::Contains("invalid shape"));
 }
 
-namespace {
-
-// One seeded mutation of a valid file: bit flips, truncation, header-length edits, digit edits
-// and token splices in the header (fixing the length up half the time so the JSON gets parsed).
-std::string mutate(const std::string& base, std::mt19937_64& rng) {
-  static const char* tokens[] = {"{",    "}",    "[",  "]",   ",",     ":",  "\"", "-1", "0",    "1e30",
-                                 "18446744073709551615", "9223372036854775808", "null", "true", "\"F64\"",
-                                 "\"BF16\"", "\"I64\"", "\"__metadata__\"", "\"data_offsets\"", "\"shape\"",
-                                 "[0,0]", "[]", "{}", "\\u0000", "\"\\ud800\"", "\xff", "2.5"};
-  std::string s = base;
-  auto pick = [&](size_t n) { return n ? size_t(rng() % n) : 0; };
-  uint64_t hlen = 0;
-  for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | uint8_t(s[i]);
-  const int kind = int(rng() % 7);
-  bool fix_len = false;
-  switch (kind) {
-    case 0:  // bit flips anywhere
-      for (int i = 0, n = 1 + int(rng() % 8); i < n; ++i) s[pick(s.size())] ^= char(1 << (rng() % 8));
-      break;
-    case 1:  // truncation
-      s.resize(pick(s.size()));
-      break;
-    case 2: {  // header-length edits
-      uint64_t choices[] = {hlen + 1, hlen - 1, hlen + 8, 0, uint64_t(s.size()), uint64_t(s.size()) - 7, rng(),
-                            hlen ^ (uint64_t(1) << (rng() % 64))};
-      uint64_t v = choices[rng() % 8];
-      for (int i = 0; i < 8; ++i) s[i] = char(v >> (8 * i));
-      break;
-    }
-    case 3:  // digit edits inside the header: offsets and shapes that still parse
-    case 4: {
-      std::vector<size_t> digits;
-      for (size_t i = 8; i < 8 + hlen && i < s.size(); ++i)
-        if (s[i] >= '0' && s[i] <= '9') digits.push_back(i);
-      for (int i = 0, n = 1 + int(rng() % 3); i < n && !digits.empty(); ++i) {
-        size_t at = digits[pick(digits.size())];
-        if (rng() % 4 == 0)
-          s.insert(at, 1, char('0' + rng() % 10));
-        else
-          s[at] = char('0' + rng() % 10);
-      }
-      fix_len = true;
-      break;
-    }
-    case 5: {  // splice a token over a header range
-      size_t at = 8 + pick(size_t(hlen));
-      size_t len = pick(6);
-      if (at > s.size()) at = s.size();
-      s.replace(at, std::min(len, s.size() - at), tokens[pick(std::size(tokens))]);
-      fix_len = rng() % 2;
-      break;
-    }
-    case 6: {  // duplicate or remove a chunk (data or header)
-      size_t at = pick(s.size()), len = pick(64);
-      len = std::min(len, s.size() - at);
-      if (rng() % 2)
-        s.insert(at, s.substr(at, len));
-      else
-        s.erase(at, len);
-      fix_len = rng() % 2;
-      break;
-    }
-  }
-  if (fix_len && s.size() >= 8) {
-    int64_t delta = int64_t(s.size()) - int64_t(base.size());
-    uint64_t v = hlen + uint64_t(delta);
-    for (int i = 0; i < 8; ++i) s[i] = char(v >> (8 * i));
-  }
-  return s;
-}
-
-}  // namespace
-
-TEST_CASE("safetensors: 3000 seeded mutations of a valid file open or throw strata::Error", "[io]") {
+TEST_CASE("safetensors: 3000 seeded mutations of a valid file (the fuzzer's mutator) open or throw strata::Error", "[io]") {
   TempDir tmp;
   auto a = testing::random_floats(7, 1);
   auto b = random_halves(6, 2);
@@ -555,7 +476,7 @@ TEST_CASE("safetensors: 3000 seeded mutations of a valid file open or throw stra
   const std::string p = tmp / "m.safetensors";
   for (int it = 0; it < 3000; ++it) {
     fs::remove(p);  // a fresh file: ext4 flushes a truncated-and-rewritten file on close (slow)
-    write_bytes(p, mutate(base, rng));
+    write_bytes(p, safetensors_mutator::mutate(base, rng));
     try {
       SafetensorsFile f = SafetensorsFile::open(p);
       uint64_t sum = 0;

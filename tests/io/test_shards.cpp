@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "io/datasets.h"
+#include "src/train/training_data.h"
 #include "io/token_shards.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
@@ -114,7 +115,7 @@ TEST_CASE("shards: preference pairs keep their rejected side", "[shards]") {
   const Recipe rc = recipe_load(recipe, {});
   TextEncoder enc = training_encoder(rc, 640);
   TrainingSamples fly = training_samples_read(rc, enc);
-  TrainingSamples got = prepared_read(rc.prepared_dir, rc, enc, 640);
+  TrainingSamples got = prepared_read(rc.prepared_dir, samples_options(rc), enc, 640);
   REQUIRE(got.train.samples.size() == 2);
   REQUIRE(got.train.rejected.size() == 2);
   for (size_t i = 0; i < 2; ++i) {

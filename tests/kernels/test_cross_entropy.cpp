@@ -11,28 +11,18 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "src/core/error.h"
+#include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
 using namespace strata;
 using strata::testing::convert;
+using strata::testing::make_targets;
 using strata::testing::max_rel_error;
 using strata::testing::random_floats;
 using strata::testing::round_bf16;
 using strata::testing::to_bf16;
 
 namespace {
-
-// Targets in [0, v), every `ignore_every`-th row (from row 1) set to -100 (0: none ignored).
-std::vector<int32_t> make_targets(int64_t n, int64_t v, int64_t ignore_every, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t state = seed;
-  for (int64_t i = 0; i < n; ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    t[i] = int32_t((state >> 33) % uint64_t(v));
-    if (ignore_every > 0 && i % ignore_every == 1) t[i] = -100;
-  }
-  return t;
-}
 
 // Gradient increment of dw: the kernels accumulate into a non-zero start.
 std::vector<double> delta(const std::vector<float>& after, const std::vector<float>& before) {

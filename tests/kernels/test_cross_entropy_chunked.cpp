@@ -13,27 +13,18 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "src/core/error.h"
+#include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
 using namespace strata;
 using strata::testing::convert;
+using strata::testing::make_targets;
 using strata::testing::max_rel_error;
 using strata::testing::random_floats;
 using strata::testing::round_bf16;
 using strata::testing::to_bf16;
 
 namespace {
-
-std::vector<int32_t> chunk_targets(int64_t n, int64_t v, int64_t ignore_every, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t state = seed;
-  for (int64_t i = 0; i < n; ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    t[size_t(i)] = int32_t((state >> 33) % uint64_t(v));
-    if (ignore_every > 0 && i % ignore_every == 1) t[size_t(i)] = -100;
-  }
-  return t;
-}
 
 // The fp64 reference, chunked: loss, dh (written from zero) and dw (accumulated).
 template <class T>
@@ -97,7 +88,7 @@ std::vector<double> minus(const std::vector<float>& a, const std::vector<float>&
 
 TEST_CASE("chunked cross-entropy reference equals the unchunked reference in fp64", "[kernels][ce-chunked]") {
   const int64_t n = 9, c = 5, v = 11;
-  const auto targets = chunk_targets(n, v, 4, 3);
+  const auto targets = make_targets(n, v, 4, 3);
   const auto h = convert<double>(random_floats(size_t(n * c), 11, -2.f, 2.f));
   const auto w = convert<double>(random_floats(size_t(v * c), 12, -2.f, 2.f));
   std::vector<double> dh_u(size_t(n * c)), dw_u(size_t(v * c), 0.0);
@@ -146,7 +137,7 @@ TEST_CASE("chunked cross-entropy f32 and bf16 fast paths match the fp64 chunked 
     const auto h = random_floats(size_t(k.n * k.c), 100 + uint64_t(k.v), -1.f, 1.f);
     const auto w = random_floats(size_t(k.v * k.c), 200 + uint64_t(k.v), -1.f, 1.f);
     const auto dw0 = random_floats(size_t(k.v * k.c), 300 + uint64_t(k.v), -0.1f, 0.1f);
-    const auto targets = chunk_targets(k.n, k.v, 3, uint64_t(k.n));
+    const auto targets = make_targets(k.n, k.v, 3, uint64_t(k.n));
     const float grad_scale = 1.f / float(k.n);
     for (bool bf : {false, true}) {
       INFO((bf ? "bf16" : "f32"));
@@ -169,7 +160,7 @@ TEST_CASE("one chunk of the whole vocabulary computes what the fused kernels com
   const auto h = random_floats(size_t(n * c), 41), w = random_floats(size_t(v * c), 42);
   const auto wb = to_bf16(w);
   const auto dw0 = random_floats(size_t(v * c), 43, -0.1f, 0.1f);
-  const auto targets = chunk_targets(n, v, 5, 44);
+  const auto targets = make_targets(n, v, 5, 44);
   for (bool bf : {false, true}) {
     INFO((bf ? "bf16" : "f32"));
     std::vector<float> dh(size_t(n * c)), dw = dw0;
@@ -189,7 +180,7 @@ TEST_CASE("chunked cross-entropy results are bitwise independent of the thread c
   const int64_t n = 300, c = 64, v = 1000, rows = 300;
   const auto h = random_floats(size_t(n * c), 51), w = random_floats(size_t(v * c), 52);
   const auto wb = to_bf16(w);
-  const auto targets = chunk_targets(n, v, 5, 53);
+  const auto targets = make_targets(n, v, 5, 53);
   const std::vector<float> dw0(size_t(v * c), 0.f);
   const int threads = omp_get_max_threads();
   for (bool bf : {false, true}) {

@@ -1,81 +1,43 @@
 // Golden tests: strata's loss and every parameter gradient against an independent fp64
 // implementation of the Hugging Face modeling code (tools/golden/make_model_goldens.py, torch)
 // for llama (bf16 on disk, tied, llama3 rope scaling), mistral (sharded), qwen2 (f16 on disk,
-// q/k/v bias) and qwen3 (q/k norm, head_dim != hidden/heads, labels omitted).
+// q/k/v bias) and qwen3 (q/k norm, head_dim != hidden/heads, labels omitted). The harness
+// (loading a golden, one engine step, per-tensor errors) is tests/testing.h's.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
-#include "io/safetensors.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
 #include "tests/testing.h"
 
 namespace strata {
 namespace {
 
-struct GoldenResult {
-  double loss = 0, expected_loss = 0;
-  int64_t tokens = 0, expected_tokens = 0;
-  double worst_grad_error = 0;
-  std::string worst_name;
-};
+using testing::Golden;
+using testing::GoldenStep;
 
-std::vector<std::vector<int32_t>> rows_of(const nlohmann::json& j) {
-  std::vector<std::vector<int32_t>> rows;
-  for (auto& r : j) rows.push_back(r.get<std::vector<int32_t>>());
-  return rows;
+EngineOptions engine_options(const std::string& weights, const std::string& checkpoints) {
+  EngineOptions eo;
+  eo.weights = weights;
+  eo.checkpoints = checkpoints;
+  return eo;
 }
 
-GoldenResult run_golden(const std::string& name, DType dtype, const std::string& weights = "device",
-                        const std::string& checkpoints = "device") {
-  const std::string dir = testing::source_path("tests/golden/" + name);
-  nlohmann::json batch = nlohmann::json::parse(std::ifstream(dir + "/batch.json"));
-  nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
-  std::vector<std::vector<int32_t>> labels;
-  if (batch.contains("labels")) labels = rows_of(batch["labels"]);
-  MicroBatch mb = micro_batch_from_labels(rows_of(batch["input_ids"]), labels);
-
+// One step with resident weights and checkpoints; prints and returns the worst tensor's error.
+testing::TensorError check_against_golden(const std::string& name, DType dtype, double loss_tol, double grad_tol) {
   auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, model_spec_build(hf_config_load(dir), dtype));
-  model_load_weights(store, dir);
-  EngineOptions eopt;
-  eopt.weights = weights;
-  eopt.checkpoints = checkpoints;
-  eopt.max_batch = mb.B;
-  eopt.max_tokens = mb.T;
-  Engine engine(*dev, store, eopt);
-  GoldenResult r;
-  r.tokens = mb.counted();
-  r.loss = engine.forward_backward(mb, float(1.0 / double(r.tokens))) / double(r.tokens);
-  engine.synchronize();
-  r.expected_loss = expected["loss"].get<double>();
-  r.expected_tokens = expected["tokens"].get<int64_t>();
-
-  SafetensorsFile want = SafetensorsFile::open(dir + "/grads.safetensors");
-  REQUIRE(want.entries().size() == store.f32_table().size());
-  for (size_t ri = 0; ri < store.f32_table().size(); ++ri) {
-    const TensorSpec& row = store.f32_table()[ri];
-    const SafetensorsEntry* e = want.find(row.name);
-    REQUIRE(e != nullptr);
-    REQUIRE(e->shape == row.shape);
-    const float* w = static_cast<const float*>(want.data(*e));
-    const float* g = store.grad_of(ri);
-    double num = 0, den = 1e-30;
-    for (int64_t i = 0; i < row.numel(); ++i) {
-      num = std::max(num, std::abs(double(g[i]) - double(w[i])));
-      den = std::max(den, std::abs(double(w[i])));
-    }
-    if (num / den > r.worst_grad_error) {
-      r.worst_grad_error = num / den;
-      r.worst_name = row.name;
-    }
-  }
+  const Golden g = Golden::load(name);
+  const GoldenStep r = testing::golden_step(*dev, g, dtype, engine_options("device", "device"));
+  const auto errors = testing::tensor_errors(r.table, r.grads, g.grads(r.table, r.grads.size()));
+  const auto worst = testing::worst_tensor_error(errors);
   std::printf("golden %-8s %-4s loss %.9f (want %.9f) worst grad rel err %.2e (%s)\n", name.c_str(),
-              dtype_name(dtype), r.loss, r.expected_loss, r.worst_grad_error, r.worst_name.c_str());
-  return r;
+              dtype_name(dtype), r.loss, g.loss, worst.error, worst.name.c_str());
+  CHECK(r.tokens == g.tokens);
+  CHECK(std::abs(r.loss - g.loss) <= loss_tol * std::abs(g.loss));
+  for (const auto& e : errors) {
+    INFO(e.name);
+    CHECK(e.error <= grad_tol);
+  }
+  return worst;
 }
 
 }  // namespace
@@ -85,10 +47,7 @@ TEST_CASE("strata grad in f32 matches the fp64 torch goldens for every family", 
   // a wrong eps (1e-5 vs 1e-6) moves the worst tensor by 8.7e-5, so 2e-5 separates them.
   for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
     INFO(name);
-    GoldenResult r = run_golden(name, DType::f32);
-    CHECK(r.tokens == r.expected_tokens);
-    CHECK(std::abs(r.loss - r.expected_loss) <= 2e-6 * std::abs(r.expected_loss));
-    CHECK(r.worst_grad_error <= 2e-5);
+    check_against_golden(name, DType::f32, 2e-6, 2e-5);
   }
 }
 
@@ -97,24 +56,32 @@ TEST_CASE("strata grad in bf16 stays near the fp64 torch goldens", "[golden][mod
   // of its tensor's largest entry. A structural bug (wrong head mapping, rope) is >100%.
   for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
     INFO(name);
-    GoldenResult r = run_golden(name, DType::bf16);
-    CHECK(std::abs(r.loss - r.expected_loss) <= 1e-2 * std::abs(r.expected_loss));
-    CHECK(r.worst_grad_error <= 0.1);
+    check_against_golden(name, DType::bf16, 1e-2, 0.1);
   }
 }
 
-}  // namespace strata
-
-namespace strata {
-
 TEST_CASE("streamed weights and spilled checkpoints give the same gradients as resident ones", "[golden][engine]") {
+  // Every gradient tensor, bit for bit: the two schedules do the same sums in the same order.
   for (const char* name : {"llama", "mistral", "qwen3"}) {
     INFO(name);
-    GoldenResult resident = run_golden(name, DType::f32, "device", "device");
-    GoldenResult streamed = run_golden(name, DType::f32, "stream", "host");
-    CHECK(streamed.loss == resident.loss);                        // bit-identical
-    CHECK(streamed.worst_grad_error == resident.worst_grad_error);  // same gradients, same error
-    CHECK(streamed.worst_grad_error <= 2e-5);
+    auto dev = device_create(DeviceOptions{});
+    const Golden g = Golden::load(name);
+    const GoldenStep resident = testing::golden_step(*dev, g, DType::f32, engine_options("device", "device"));
+    const GoldenStep streamed = testing::golden_step(*dev, g, DType::f32, engine_options("stream", "host"));
+    CHECK(streamed.loss == resident.loss);  // bit-identical
+    REQUIRE(streamed.grads.size() == resident.grads.size());
+    size_t differing = 0;
+    for (const auto& e : testing::tensor_errors(resident.table, streamed.grads, resident.grads)) {
+      INFO(e.name << ": streamed differs from resident by " << e.error << " of the tensor's max");
+      CHECK(e.identical);
+      differing += !e.identical;
+    }
+    CHECK(differing == 0);
+    // and both are right, tensor by tensor
+    for (const auto& e : testing::tensor_errors(streamed.table, streamed.grads, g.grads(streamed.table, streamed.grads.size()))) {
+      INFO(e.name);
+      CHECK(e.error <= 2e-5);
+    }
   }
 }
 

@@ -148,44 +148,22 @@ TEST_CASE("the torch goldens still hold with lm_head in many small chunks", "[en
   // an uneven last one; llama's lm_head is its tied embedding.
   for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
     INFO(name);
-    const std::string dir = testing::source_path(std::string("tests/golden/") + name);
-    nlohmann::json batch = nlohmann::json::parse(std::ifstream(dir + "/batch.json"));
-    nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
-    auto rows_of = [](const nlohmann::json& j) {
-      std::vector<std::vector<int32_t>> rows;
-      for (auto& r : j) rows.push_back(r.get<std::vector<int32_t>>());
-      return rows;
-    };
-    const MicroBatch mb = micro_batch_from_labels(rows_of(batch["input_ids"]),
-                                                  batch.contains("labels") ? rows_of(batch["labels"])
-                                                                           : std::vector<std::vector<int32_t>>{});
     auto dev = device_create(DeviceOptions{});
-    HostStore store(*dev, model_spec_build(hf_config_load(dir), DType::f32));
-    model_load_weights(store, dir);
+    const testing::Golden g = testing::Golden::load(name);
     EngineOptions eo;
     eo.weights = "stream";
     eo.checkpoints = "host";
-    eo.max_batch = mb.B;
-    eo.max_tokens = mb.T;
     eo.head_chunk_rows = 7;
-    Engine engine(*dev, store, eo);
-    const double tokens = double(mb.counted());
-    const double loss = engine.forward_backward(mb, float(1.0 / tokens)) / tokens;
-    engine.synchronize();
-    const double want = expected["loss"].get<double>();
-    CHECK(std::abs(loss - want) <= 2e-6 * std::abs(want));
-    SafetensorsFile file = SafetensorsFile::open(dir + "/grads.safetensors");
-    double worst = 0;
-    for (size_t r = 0; r < store.f32_table().size(); ++r) {
-      const TensorSpec& row = store.f32_table()[r];
-      const SafetensorsEntry* e = file.find(row.name);
-      REQUIRE(e != nullptr);
-      const float* w = static_cast<const float*>(file.data(*e));
-      worst = std::max(worst, testing::max_rel_error(store.grad_of(r), std::vector<float>(w, w + row.numel())));
+    const testing::GoldenStep r = testing::golden_step(*dev, g, DType::f32, eo);
+    CHECK(std::abs(r.loss - g.loss) <= 2e-6 * std::abs(g.loss));
+    const auto errors = testing::tensor_errors(r.table, r.grads, g.grads(r.table, r.grads.size()));
+    for (const auto& e : errors) {
+      INFO(e.name);
+      CHECK(e.error <= 2e-5);
     }
-    std::printf("golden %-8s f32, lm_head in 7-row chunks: loss %.9f (want %.9f) worst grad rel err %.2e\n", name,
-                loss, want, worst);
-    CHECK(worst <= 2e-5);
+    const auto worst = testing::worst_tensor_error(errors);
+    std::printf("golden %-8s f32, lm_head in 7-row chunks: loss %.9f (want %.9f) worst grad rel err %.2e (%s)\n", name,
+                r.loss, g.loss, worst.error, worst.name.c_str());
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "offload/host_budget.h"
 #include "offload/model_io.h"
+#include "src/recipe/recipe.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -146,10 +147,15 @@ TEST_CASE("a host budget that is exceeded is an error before allocating, with th
 }
 
 TEST_CASE("the host budget comes from offload.host_memory, else from MemAvailable", "[host-budget]") {
-  const HostBudget set = host_memory_budget("24GiB");
+  const Recipe rc = recipe_parse("[model]\nconfig = \"c.json\"\n[data]\npath = \"d.txt\"\n[train]\nmax_steps = 1\n",
+                                 "test.toml", {"offload.host_memory=24GiB"});
+  const HostBudget set = host_memory_budget(rc.host_memory_bytes, rc.host_memory);
   CHECK(set.bytes == (size_t(24) << 30));
   CHECK(set.origin == "offload.host_memory = \"24GiB\"");
-  CHECK_THROWS_AS(host_memory_budget("lots"), Error);
+  // parsed when the recipe loads: a bad size stops there, naming the key
+  CHECK_THROWS_WITH(recipe_parse("[model]\nconfig = \"c.json\"\n[data]\npath = \"d.txt\"\n[train]\nmax_steps = 1\n",
+                                 "test.toml", {"offload.host_memory=lots"}),
+                    Catch::Contains("offload.host_memory") && Catch::Contains("is not a size"));
   // MemAvailable as /proc/meminfo states it (kB meaning KiB)
   std::ifstream f("/proc/meminfo");
   std::string line;
@@ -157,7 +163,7 @@ TEST_CASE("the host budget comes from offload.host_memory, else from MemAvailabl
   while (std::getline(f, line))
     if (line.rfind("MemAvailable:", 0) == 0) kib = std::stoull(line.substr(13));
   REQUIRE(kib > 0);
-  const HostBudget unset = host_memory_budget("");
+  const HostBudget unset = host_memory_budget(0, "");
   CHECK(unset.origin.find("MemAvailable") != std::string::npos);
   // the machine's free memory moves between the two reads: within 1 GiB
   CHECK(std::llabs((long long)unset.bytes - (long long)(kib * 1024)) < (1ll << 30));

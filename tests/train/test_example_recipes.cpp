@@ -2,6 +2,7 @@
 // name build to the published parameter counts.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <set>
 
 #include "io/hf_config.h"
 #include "models/model_spec.h"
@@ -10,17 +11,21 @@
 
 namespace strata {
 
-TEST_CASE("every recipe in recipes/ parses", "[recipe]") {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(testing::source_path("recipes"))) {
-    if (e.path().extension() != ".toml") continue;
+TEST_CASE("every recipe in recipes/ and its sub-folders parses", "[recipe]") {
+  std::set<std::string> seen;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(testing::source_path("recipes"))) {
+    if (!e.is_regular_file() || e.path().extension() != ".toml") continue;
     INFO(e.path().string());
     Recipe r = recipe_load(e.path().string(), {});
     CHECK(!r.data_path.empty());
     CHECK(r.to_toml().find("[checkpoint]") != std::string::npos);
-    ++n;
+    seen.insert(std::filesystem::relative(e.path(), testing::source_path("recipes")).string());
   }
-  CHECK(n >= 4);  // quickstart, sft-tiny, the Llama-3.1-8B and Qwen3-8B examples
+  // the ones the README names, in the top folder and in a sub-folder
+  for (const char* name : {"quickstart.toml", "sft-tiny/recipe.toml", "llama-3.1-8b-sft.toml", "qwen3-8b-sft.toml"}) {
+    INFO(name);
+    CHECK(seen.count(name) == 1);
+  }
 }
 
 TEST_CASE("the example shapes are Llama-3.1-8B and Qwen3-8B", "[recipe]") {

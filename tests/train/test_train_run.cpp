@@ -102,14 +102,14 @@ namespace strata {
 TEST_CASE("training text goes through a tokenizer.json when the recipe names one", "[train]") {
   const std::string out = tmp_out("strata_train_tok");
   std::filesystem::create_directories(out);
-  // a small Llama with the 32k SentencePiece-style vocabulary of the shared fixture
+  // a small Llama with the 32k SentencePiece-style vocabulary of the real tokenizer fixture
   std::ofstream(out + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
     "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
     "num_key_value_heads": 1, "vocab_size": 32000, "max_position_embeddings": 512,
     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true})";
   Recipe r = recipe_load(testing::source_path("recipes/quickstart.toml"),
                          {"model.config=" + out + "/config.json",
-                          "data.tokenizer=" + testing::source_path("../shared/fixtures/tokenizers/sp-bpe-32k"),
+                          "data.tokenizer=" + testing::tokenizer_fixture("sp-bpe-32k"),
                           "train.max_steps=3", "data.sequence_len=64", "train.micro_batch_size=2",
                           "checkpoint.output_dir=" + out + "/run", "optim.warmup_steps=0"});
   TrainSummary s = train_run(r);

@@ -11,13 +11,14 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "io/token_rows.h"
 #include "offload/engine.h"
 #include "offload/model_io.h"
-#include "src/cli/cli_args.h"
 #include "src/core/error.h"
+#include "src/recipe/recipe.h"
 
 namespace strata::bench {
 namespace {
@@ -168,8 +169,11 @@ int bench_pipeline(const std::vector<std::string>& args) {
   app.add_option("--batch", batch, "rows per micro-batch");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--device-memory", memory, "device arena budget");
-  int rc = 0;
-  if (!parse_args(app, args, &rc)) return rc;
+  try {
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them reversed
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // 0 after --help, 2 on bad usage
+  }
   STRATA_CHECK(hidden % 64 == 0 && hidden >= 64, "--hidden must be a positive multiple of 64");
   STRATA_CHECK(layers >= 4, "--layers must be at least 4");
 

@@ -6,10 +6,11 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
+#include <mutex>
 #include <vector>
 
 #include "tools/cuemu/cuemu_control.h"
@@ -29,10 +30,35 @@ struct ScopedEnv {
   ~ScopedEnv() { unsetenv(name); }
 };
 
-// Host callback that keeps a stream busy, so work queued behind it is still in flight.
-void CUDART_CB sleep_ms(void* ms) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms)));
-}
+// A gate: enqueued on a stream as a host callback, it holds the stream until the test opens it,
+// so the work queued behind it is certainly still in flight (no sleeps, no timing). `entered` and
+// `opened` bracket the time the stream was held, on the clock cuemu's events use.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open_ = false;
+  std::chrono::steady_clock::time_point entered, opened;
+  void enqueue(cudaStream_t s) { REQUIRE(cudaLaunchHostFunc(s, &Gate::hold, this) == cudaSuccess); }
+  void open() {
+    {
+      std::lock_guard lock(mu);
+      open_ = true;
+      opened = std::chrono::steady_clock::now();
+    }
+    cv.notify_all();
+  }
+  void wait_entered() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return entered.time_since_epoch().count() != 0; });
+  }
+  static void CUDART_CB hold(void* self) {
+    auto* g = static_cast<Gate*>(self);
+    std::unique_lock lock(g->mu);
+    g->entered = std::chrono::steady_clock::now();
+    g->cv.notify_all();
+    g->cv.wait(lock, [&] { return g->open_; });
+  }
+};
 
 float* device_floats(size_t n) {
   void* p = nullptr;
@@ -85,9 +111,11 @@ TEST_CASE("cuemu pageable async copies: source reusable at once, destination fil
   REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
   float* d = device_floats(8);
   std::vector<float> src(8, 1.f), dst(8, 0.f);
-  REQUIRE(cudaLaunchHostFunc(s, sleep_ms, reinterpret_cast<void*>(intptr_t{20})) == cudaSuccess);
+  Gate gate;
+  gate.enqueue(s);  // the copy below is queued behind it
   REQUIRE(cudaMemcpyAsync(d, src.data(), 32, cudaMemcpyHostToDevice, s) == cudaSuccess);
   std::fill(src.begin(), src.end(), 2.f);  // legal: a pageable source is staged before the call returns
+  gate.open();
   REQUIRE(cudaMemcpyAsync(dst.data(), d, 32, cudaMemcpyDeviceToHost, s) == cudaSuccess);
   CHECK(dst == std::vector<float>(8, 1.f));  // pageable destination: complete when the call returns
   cudaStreamDestroy(s);
@@ -110,7 +138,8 @@ TEST_CASE("cuemu events order work across streams; a missing wait reads NaN pois
     float *x = device_floats(n), *y = device_floats(n), *z = device_floats(n);
     REQUIRE(cudaMemcpy(x, h.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
     REQUIRE(cudaEventRecord(start, a) == cudaSuccess);
-    REQUIRE(cudaLaunchHostFunc(a, sleep_ms, reinterpret_cast<void*>(intptr_t{30})) == cudaSuccess);
+    Gate gate;
+    gate.enqueue(a);
     REQUIRE(cuemu_test::scale_add(y, x, 2.f, n, a) == cudaSuccess);  // y = 2x + 1, late
     REQUIRE(cudaEventRecord(ready, a) == cudaSuccess);
     REQUIRE(cudaEventRecord(stop, a) == cudaSuccess);
@@ -118,7 +147,12 @@ TEST_CASE("cuemu events order work across streams; a missing wait reads NaN pois
     CHECK(cudaStreamQuery(a) == cudaErrorNotReady);
     if (wait) REQUIRE(cudaStreamWaitEvent(b, ready, 0) == cudaSuccess);
     REQUIRE(cuemu_test::scale_add(z, y, 2.f, n, b) == cudaSuccess);  // z = 2y + 1
+    if (wait) {  // b waits for a: a must be let through first, once it is being held
+      gate.wait_entered();
+      gate.open();
+    }
     REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+    if (!wait) gate.open();  // b ran while a was still held
     std::vector<float> got(n);
     REQUIRE(cudaMemcpyAsync(got.data(), z, n * 4, cudaMemcpyDeviceToHost, b) == cudaSuccess);
     REQUIRE(cudaEventSynchronize(stop) == cudaSuccess);
@@ -126,7 +160,9 @@ TEST_CASE("cuemu events order work across streams; a missing wait reads NaN pois
       for (int i = 0; i < n; ++i) REQUIRE(got[i] == 2.f * (2.f * h[i] + 1.f) + 1.f);
       float ms = 0;
       REQUIRE(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess);
-      CHECK(ms >= 25.f);  // the 30 ms callback lies between the two records
+      // The gate lies between the two records: the events span at least the time it was held.
+      const float held_ms = std::chrono::duration<float, std::milli>(gate.opened - gate.entered).count();
+      CHECK(ms >= held_ms);
     } else {
       // Without the wait, stream b read y before stream a wrote it: the poison shows.
       int nans = 0;
@@ -199,9 +235,11 @@ TEST_CASE("cuemu catches the seeded bug of a staging buffer reused before its co
 
   SECTION("unguarded reuse: the host overwrites the staging buffer while its copy is queued") {
     for (int i = 0; i < n; ++i) staging[i] = 1.f;
-    REQUIRE(cudaLaunchHostFunc(copy, sleep_ms, reinterpret_cast<void*>(intptr_t{20})) == cudaSuccess);
+    Gate gate;
+    gate.enqueue(copy);
     REQUIRE(cudaMemcpyAsync(d, staging, n * sizeof(float), cudaMemcpyHostToDevice, copy) == cudaSuccess);
     staging[100] = 2.f;  // BUG: the copy above has not run yet
+    gate.open();
     REQUIRE(cudaStreamSynchronize(copy) == cudaSuccess);
     std::vector<cuemu::Hazard> hz = cuemu::cuemu_take_hazards();
     REQUIRE(hz.size() == 1);
@@ -212,10 +250,12 @@ TEST_CASE("cuemu catches the seeded bug of a staging buffer reused before its co
   }
   SECTION("reading a device->host destination before the copy landed") {
     REQUIRE(cudaMemset(d, 0, n * sizeof(float)) == cudaSuccess);
-    REQUIRE(cudaLaunchHostFunc(copy, sleep_ms, reinterpret_cast<void*>(intptr_t{20})) == cudaSuccess);
+    Gate gate;
+    gate.enqueue(copy);
     REQUIRE(cudaMemcpyAsync(staging, d, n * sizeof(float), cudaMemcpyDeviceToHost, copy) == cudaSuccess);
     volatile float early = staging[n - 1];  // BUG: no synchronize before reading
     (void)early;
+    gate.open();
     REQUIRE(cudaStreamSynchronize(copy) == cudaSuccess);
     std::vector<cuemu::Hazard> hz = cuemu::cuemu_take_hazards();
     REQUIRE(hz.size() == 1);
@@ -262,10 +302,12 @@ TEST_CASE("cuemu cudaHostRegister watches registered buffers too", "[cuda-emu][s
   float* d = device_floats(n);
   cudaStream_t s;
   REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
-  REQUIRE(cudaLaunchHostFunc(s, sleep_ms, reinterpret_cast<void*>(intptr_t{20})) == cudaSuccess);
+  Gate gate;
+  gate.enqueue(s);
   REQUIRE(cudaMemcpyAsync(d, buf.data(), n * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
   float before = buf[n / 2];  // reading a host->device source while in flight is fine
   buf[n / 2] = before + 1.f;  // writing it is the hazard
+  gate.open();
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
   std::vector<cuemu::Hazard> hz = cuemu::cuemu_take_hazards();
   REQUIRE(hz.size() == 1);

@@ -1,0 +1,42 @@
+// Seeded integer inputs shared by the kernel tests (CPU and CUDA): loss targets with ignored
+// rows, and document starts for packed attention rows.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace strata::testing {
+
+// Targets in [0, v) from a seeded LCG, every `ignore_every`-th row (from row 1) set to -100
+// (0: none ignored).
+inline std::vector<int32_t> make_targets(int64_t n, int64_t v, int64_t ignore_every, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t state = seed;
+  for (int64_t i = 0; i < n; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    t[size_t(i)] = int32_t((state >> 33) % uint64_t(v));
+    if (ignore_every > 0 && i % ignore_every == 1) t[size_t(i)] = -100;
+  }
+  return t;
+}
+
+// doc_start (B,T) with documents of pseudo-random lengths 1..max_len, or every token its own
+// document when max_len == 1.
+inline std::vector<int32_t> make_doc_start(int64_t b, int64_t t, int64_t max_len, uint64_t seed) {
+  std::vector<int32_t> ds(size_t(b * t));
+  uint64_t state = seed;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    int64_t start = 0, left = 0;
+    for (int64_t ti = 0; ti < t; ++ti) {
+      if (left == 0) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        left = 1 + int64_t((state >> 33) % uint64_t(max_len));
+        start = ti;
+      }
+      ds[size_t(bi * t + ti)] = int32_t(start);
+      --left;
+    }
+  }
+  return ds;
+}
+
+}  // namespace strata::testing
