@@ -12,6 +12,7 @@ namespace strata::bench {
 // One entry per subcommand, defined in tools/bench/bench_<name>.cpp.
 int bench_adamw(const std::vector<std::string>& args);
 int bench_pipeline(const std::vector<std::string>& args);
+int bench_nvme(const std::vector<std::string>& args);
 }  // namespace strata::bench
 
 namespace {
@@ -29,6 +30,9 @@ const BenchCommand kBenchCommands[] = {
     {"pipeline", strata::bench::bench_pipeline,
      "the streaming engine on the CPU backend with a throttled link, step time over "
      "max(compute, transfer) and the device peak at 4 and L layers: strata-bench pipeline [--layers L]"},
+    {"nvme", strata::bench::bench_nvme,
+     "sequential write and read through strata's NVMe file engine against fio on the same file: "
+     "strata-bench nvme [--path DIR] [--size SIZE] [--block-size B] [--queue-depth Q]"},
 };
 
 void bench_print_usage(FILE* f) {

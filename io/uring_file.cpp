@@ -1,0 +1,776 @@
+// The file engine (see uring_file.h). Reading order: the backends (io_uring, pread), the
+// caller-side API, then the I/O thread: issue blocks, complete them, sync.
+#include "io/uring_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+
+#include "io/checksum.h"
+#include "src/core/error.h"
+
+#if defined(STRATA_HAVE_URING)
+#include <liburing.h>
+#endif
+
+namespace strata {
+namespace {
+
+constexpr size_t kDirectAlign = 4096;  // offsets, lengths and buffers under O_DIRECT
+constexpr char kSidecarMagic[8] = {'S', 'T', 'R', 'C', 'R', 'C', '1', '\n'};
+
+size_t align_down(size_t x) { return x / kDirectAlign * kDirectAlign; }
+size_t align_up(size_t x) { return (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
+
+const char* errno_name(int err) {
+  switch (err) {
+    case EIO: return "EIO";
+    case ENOSPC: return "ENOSPC";
+    case EFBIG: return "EFBIG";
+    case EINVAL: return "EINVAL";
+    case EDQUOT: return "EDQUOT";
+    case EROFS: return "EROFS";
+    case EBADF: return "EBADF";
+    default: return "errno";
+  }
+}
+
+const char* errno_hint(int err) {
+  switch (err) {
+    case ENOSPC: return "; free space on that disk or point offload.nvme_path at a larger one";
+    case EDQUOT: return "; the disk quota is exhausted: free space or raise the quota";
+    case EFBIG: return "; the file outgrew the filesystem's (or RLIMIT_FSIZE's) largest file";
+    case EINVAL: return "; the kernel refused the request (direct-I/O alignment: strata aligns to 4096 bytes)";
+    case EIO: return "; the device reported an error: check `dmesg` and the disk's health";
+    default: return "";
+  }
+}
+
+IoFault io_fault_parse(const std::string& s, uint64_t* at) {
+  const size_t amp = s.find('@');
+  const std::string kind = s.substr(0, amp);
+  IoFault f = kind == "short" ? IoFault::short_io : kind == "eio" ? IoFault::eio
+            : kind == "enospc" ? IoFault::enospc : kind == "efbig" ? IoFault::efbig
+            : kind == "einval" ? IoFault::einval : IoFault::none;
+  char* end = nullptr;
+  const unsigned long long n = amp == std::string::npos ? 0 : std::strtoull(s.c_str() + amp + 1, &end, 10);
+  STRATA_CHECK(f != IoFault::none && n >= 1 && end && *end == '\0', "STRATA_IO_FAULT='", s,
+               "' is not <short|eio|enospc|efbig|einval>@<N> with N >= 1");
+  *at = n;
+  return f;
+}
+
+int io_fault_errno(IoFault f) {
+  switch (f) {
+    case IoFault::eio: return EIO;
+    case IoFault::enospc: return ENOSPC;
+    case IoFault::efbig: return EFBIG;
+    case IoFault::einval: return EINVAL;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+// ---- state -----------------------------------------------------------------------------------
+
+struct FileEngine::File {
+  std::string path;
+  int fd = -1;
+  bool direct = false;
+  bool open = true;
+  uint64_t size = 0;                  // callers' view (under mu_): end of the highest byte written
+  std::vector<uint32_t> crc;          // I/O thread: crc32c of each block
+  std::unordered_set<int64_t> busy;   // I/O thread: blocks with a piece in flight
+  int pieces = 0;                     // I/O thread: pieces in flight on this file
+};
+
+struct FileEngine::Request {
+  enum Kind { read, write, sync } kind = read;
+  FileTicket id = 0;
+  File* file = nullptr;
+  uint64_t offset = 0;
+  size_t bytes = 0;
+  unsigned char* user = nullptr;
+  uint64_t size_before = 0;  // the file's size when submitted, after every earlier write
+  int64_t next_block = 0, last_block = -1;
+  int pieces = 0;            // I/O thread: pieces in flight
+  bool failed = false;       // I/O thread
+  bool done = false;         // under mu_
+  std::string error;
+};
+
+// One block of one request, moving through one staging buffer.
+struct FileEngine::Piece {
+  enum Stage { read, rmw_read, write } stage = read;
+  Request* req = nullptr;
+  int buf = 0;
+  int64_t block = 0;
+  size_t lo = 0, hi = 0;    // the caller's bytes within the block
+  size_t valid = 0;         // bytes of the block that must transfer
+  size_t io_len = 0;        // valid, rounded up to 4096 under O_DIRECT
+  size_t done = 0;          // bytes transferred so far
+  size_t cur_start = 0, cur_len = 0;  // the kernel request in flight
+  int stalls = 0;  // resubmissions in a row that moved nothing new
+};
+
+// ---- backends ----------------------------------------------------------------------------------
+
+struct FileEngine::Backend {
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual bool async() const = 0;
+  virtual bool fixed() const { return false; }
+  // Hands one transfer to the kernel (io_uring) or does it (pread). Completions come back
+  // through `ready` (synchronous backends) or wait().
+  virtual void queue(bool write, int buf, int fd, unsigned char* addr, size_t len, uint64_t off,
+                     std::deque<std::pair<int, int64_t>>& ready) = 0;
+  virtual void submit() {}
+  // Waits for completions (up to ~1 ms when !block) and reports each as (buffer, result).
+  virtual void wait(bool block, const std::function<void(int, int64_t)>& on) {}
+};
+
+namespace {
+
+struct PreadBackend final : FileEngine::Backend {
+  const char* name() const override { return "pread"; }
+  bool async() const override { return false; }
+  void queue(bool write, int buf, int fd, unsigned char* addr, size_t len, uint64_t off,
+             std::deque<std::pair<int, int64_t>>& ready) override {
+    ssize_t n;
+    do {
+      n = write ? ::pwrite(fd, addr, len, off_t(off)) : ::pread(fd, addr, len, off_t(off));
+    } while (n < 0 && errno == EINTR);
+    ready.emplace_back(buf, n < 0 ? -int64_t(errno) : int64_t(n));
+  }
+};
+
+#if defined(STRATA_HAVE_URING)
+struct UringBackend final : FileEngine::Backend {
+  io_uring ring{};
+  bool live = false;  // io_uring_queue_init succeeded
+  bool fixed_ = false;
+  unsigned pending = 0;  // prepared, not yet submitted
+
+  ~UringBackend() override {
+    if (live) io_uring_queue_exit(&ring);
+  }
+  const char* name() const override { return "io_uring"; }
+  bool async() const override { return true; }
+  bool fixed() const override { return fixed_; }
+
+  void queue(bool write, int buf, int fd, unsigned char* addr, size_t len, uint64_t off,
+             std::deque<std::pair<int, int64_t>>&) override {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (!sqe) {  // never with <= queue_depth pieces, but cheap to survive
+      submit();
+      sqe = io_uring_get_sqe(&ring);
+    }
+    STRATA_ASSERT(sqe, "io_uring submission queue full");
+    if (fixed_ && write) io_uring_prep_write_fixed(sqe, fd, addr, unsigned(len), off, buf);
+    else if (fixed_) io_uring_prep_read_fixed(sqe, fd, addr, unsigned(len), off, buf);
+    else if (write) io_uring_prep_write(sqe, fd, addr, unsigned(len), off);
+    else io_uring_prep_read(sqe, fd, addr, unsigned(len), off);
+    io_uring_sqe_set_data64(sqe, uint64_t(buf));
+    ++pending;
+  }
+  void submit() override {
+    while (pending > 0) {
+      const int n = io_uring_submit(&ring);
+      if (n >= 0) {
+        pending -= std::min<unsigned>(pending, unsigned(n));
+        continue;
+      }
+      STRATA_ASSERT(n == -EINTR || n == -EAGAIN || n == -EBUSY, "io_uring_submit: ", std::strerror(-n));
+    }
+  }
+  void wait(bool block, const std::function<void(int, int64_t)>& on) override {
+    io_uring_cqe* cqe = nullptr;
+    int rc;
+    if (block) {
+      do rc = io_uring_wait_cqe(&ring, &cqe); while (rc == -EINTR);
+    } else {
+      __kernel_timespec ts{0, 1000000};
+      rc = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
+      if (rc == -ETIME || rc == -EINTR) return;
+    }
+    STRATA_ASSERT(rc == 0, "io_uring_wait_cqe: ", std::strerror(-rc));
+    unsigned seen = 0, head;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      on(int(io_uring_cqe_get_data64(cqe)), int64_t(cqe->res));
+      ++seen;
+    }
+    io_uring_cq_advance(&ring, seen);
+  }
+};
+#endif
+
+}  // namespace
+
+// ---- the caller's side ------------------------------------------------------------------------
+
+FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
+  STRATA_CHECK(opt_.block_bytes >= kDirectAlign && opt_.block_bytes % kDirectAlign == 0 &&
+                   opt_.block_bytes <= (size_t(1) << 30),
+               "the NVMe block size must be a multiple of 4096 bytes between 4 KiB and 1 GiB (got ",
+               opt_.block_bytes, ")");
+  STRATA_CHECK(opt_.queue_depth >= 1 && opt_.queue_depth <= 4096,
+               "the NVMe queue depth must be between 1 and 4096 (got ", opt_.queue_depth, ")");
+  if (!opt_.warn)
+    opt_.warn = [](const std::string& m) { std::fprintf(stderr, "strata: warning: %s\n", m.c_str()); };
+  if (const char* env = std::getenv("STRATA_IO_FAULT"); env && *env) fault_ = io_fault_parse(env, &fault_at_);
+
+  const size_t qd = size_t(opt_.queue_depth), B = opt_.block_bytes;
+  staging_ = static_cast<unsigned char*>(std::aligned_alloc(kDirectAlign, qd * B));
+  STRATA_CHECK_BUDGET(staging_, "cannot allocate ", qd * B, " bytes of NVMe staging buffers (",
+                      qd, " x ", B, "): lower the queue depth or block size");
+  std::memset(staging_, 0, qd * B);
+  std::vector<unsigned char> zeros(B, 0);
+  zero_block_crc_ = crc32c(zeros.data(), B);
+  for (size_t i = 0; i < qd; ++i) {
+    pieces_.push_back(std::make_unique<Piece>());
+    free_bufs_.push_back(int(qd - 1 - i));
+  }
+
+#if defined(STRATA_HAVE_URING)
+  if (opt_.use_uring) {
+    auto u = std::make_unique<UringBackend>();
+    const int rc = io_uring_queue_init(unsigned(qd), &u->ring, 0);
+    if (rc == 0) {
+      u->live = true;
+      std::vector<iovec> iov(qd);
+      for (size_t i = 0; i < qd; ++i) iov[i] = {staging_ + i * B, B};
+      const int rr = io_uring_register_buffers(&u->ring, iov.data(), unsigned(qd));
+      u->fixed_ = rr == 0;
+      if (rr != 0)
+        opt_.warn(str_cat("cannot register ", qd * B, " bytes of staging buffers with io_uring (",
+                          std::strerror(-rr), "; RLIMIT_MEMLOCK?); NVMe I/O goes on without fixed buffers"));
+      backend_ = std::move(u);
+    } else {
+      opt_.warn(str_cat("io_uring is not available here (io_uring_setup: ", std::strerror(-rc),
+                        "); NVMe files are read and written with pread/pwrite, one block at a time"));
+    }
+  }
+#endif
+  if (!backend_) backend_ = std::make_unique<PreadBackend>();
+  thread_ = std::thread([this] { io_thread_main(); });
+}
+
+FileEngine::~FileEngine() {
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (!files_[i]->open) continue;
+    try {
+      close(int(i));
+    } catch (const Error& e) {
+      opt_.warn(e.what());
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+  backend_.reset();
+  std::free(staging_);
+}
+
+const char* FileEngine::backend() const { return backend_->name(); }
+bool FileEngine::fixed_buffers() const { return backend_->fixed(); }
+
+FileEngineStats FileEngine::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+void FileEngine::inject_fault(IoFault fault, uint64_t n) {
+  STRATA_ASSERT(n >= 1);
+  std::lock_guard<std::mutex> lk(mu_);
+  fault_ = fault;
+  fault_at_ = stats_.kernel_requests + n;
+}
+
+FileEngine::File& FileEngine::file_at(int file) const {
+  STRATA_ASSERT(file >= 0 && size_t(file) < files_.size() && files_[size_t(file)]->open,
+                "bad or closed file handle ", file);
+  return *files_[size_t(file)];
+}
+
+uint64_t FileEngine::size(int file) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return file_at(file).size;
+}
+
+bool FileEngine::direct(int file) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return file_at(file).direct;
+}
+
+void FileEngine::warn_once_buffered(const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (warned_buffered_) return;
+    warned_buffered_ = true;
+  }
+  opt_.warn(str_cat("the filesystem of ", path, " refuses direct I/O (O_DIRECT); strata reads and "
+                    "writes its NVMe files there through the page cache, which uses host memory "
+                    "and is slower (a tmpfs or ramfs? point offload.nvme_path at a real disk)"));
+}
+
+namespace {
+
+// Reads `<path>.crc32c` into *crc and *size; "" or what is wrong with it.
+std::string sidecar_load(const std::string& path, size_t block_bytes, std::vector<uint32_t>* crc,
+                         uint64_t* size) {
+  const std::string side = path + ".crc32c";
+  std::FILE* f = std::fopen(side.c_str(), "rb");
+  if (!f) return str_cat("cannot open its checksum sidecar ", side, ": ", std::strerror(errno));
+  std::vector<unsigned char> bytes;
+  unsigned char chunk[65536];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) bytes.insert(bytes.end(), chunk, chunk + n);
+  std::fclose(f);
+  uint64_t hdr[3] = {0, 0, 0};
+  if (bytes.size() < 36 || std::memcmp(bytes.data(), kSidecarMagic, 8) != 0)
+    return str_cat("its checksum sidecar ", side, " is not one strata wrote");
+  std::memcpy(hdr, bytes.data() + 8, 24);
+  uint32_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 4, 4);
+  if (bytes.size() != 36 + 4 * hdr[2] || crc32c(bytes.data(), bytes.size() - 4) != stored)
+    return str_cat("its checksum sidecar ", side, " is damaged");
+  if (hdr[0] != block_bytes)
+    return str_cat("it was written with a block size of ", hdr[0], " bytes, not ", block_bytes);
+  crc->resize(hdr[2]);
+  std::memcpy(crc->data(), bytes.data() + 32, 4 * hdr[2]);
+  *size = hdr[1];
+  return "";
+}
+
+// Writes `<path>.crc32c` (a temporary file, fsync, rename); "" or the error.
+std::string sidecar_store(const std::string& path, size_t block_bytes, uint64_t size,
+                          const std::vector<uint32_t>& crc, uint32_t zero_crc) {
+  const uint64_t n = (size + block_bytes - 1) / block_bytes;
+  std::vector<unsigned char> bytes(36 + 4 * n);
+  std::memcpy(bytes.data(), kSidecarMagic, 8);
+  const uint64_t hdr[3] = {block_bytes, size, n};
+  std::memcpy(bytes.data() + 8, hdr, 24);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t c = i < crc.size() ? crc[i] : zero_crc;
+    std::memcpy(bytes.data() + 32 + 4 * i, &c, 4);
+  }
+  const uint32_t all = crc32c(bytes.data(), bytes.size() - 4);
+  std::memcpy(bytes.data() + bytes.size() - 4, &all, 4);
+  const std::string side = path + ".crc32c", tmp = side + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return str_cat("cannot create ", tmp, ": ", std::strerror(errno));
+  size_t off = 0;
+  int err = 0;
+  while (off < bytes.size() && err == 0) {
+    const ssize_t w = ::pwrite(fd, bytes.data() + off, bytes.size() - off, off_t(off));
+    if (w > 0) off += size_t(w);
+    else if (w < 0 && errno != EINTR) err = errno;
+    else if (w == 0) err = EIO;
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  if (err == 0 && std::rename(tmp.c_str(), side.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    return str_cat("cannot write the checksum sidecar ", side, " (", bytes.size(), " bytes): ",
+                   std::strerror(err), " (", errno_name(err), ")", errno_hint(err));
+  }
+  return "";
+}
+
+}  // namespace
+
+int FileEngine::open(const std::string& path, FileOpen mode) {
+  const int flags = O_RDWR | O_CLOEXEC | (mode == FileOpen::create ? O_CREAT | O_TRUNC : 0);
+  auto f = std::make_unique<File>();
+  f->path = path;
+  f->direct = opt_.direct;
+  if (f->direct) {
+    f->fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
+    if (f->fd < 0 && errno == EINVAL) {
+      f->direct = false;
+      warn_once_buffered(path);
+    }
+  }
+  if (!f->direct) f->fd = ::open(path.c_str(), flags, 0644);
+  STRATA_CHECK_IO(f->fd >= 0, "cannot open ", path, " for reading and writing: ", std::strerror(errno),
+                  "; check that the directory exists and is writable");
+  if (mode == FileOpen::create) {
+    ::unlink((path + ".crc32c").c_str());  // a stale sidecar would describe other bytes
+  } else {
+    std::string err = sidecar_load(path, opt_.block_bytes, &f->crc, &f->size);
+    struct stat st {};
+    if (err.empty() && ::fstat(f->fd, &st) == 0 && uint64_t(st.st_size) != f->size)
+      err = str_cat("it holds ", st.st_size, " bytes but its checksums describe ", f->size,
+                    " (changed after strata wrote it?)");
+    if (!err.empty()) {
+      ::close(f->fd);
+      STRATA_CHECK_IO(false, "cannot open ", path, " as an engine-written file: ", err);
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  files_.push_back(std::move(f));
+  return int(files_.size() - 1);
+}
+
+FileTicket FileEngine::enqueue(int kind, int file, uint64_t offset, size_t bytes, unsigned char* user) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind(kind);
+  r->offset = offset;
+  r->bytes = bytes;
+  r->user = user;
+  std::unique_lock<std::mutex> lk(mu_);
+  File& f = file_at(file);
+  r->file = &f;
+  r->size_before = f.size;
+  if (r->kind == Request::read)
+    STRATA_CHECK_IO(offset <= f.size && bytes <= f.size - offset, "cannot read ", f.path, " at offset ",
+                    offset, ", ", bytes, " bytes: the file holds ", f.size, " bytes");
+  if (r->kind == Request::write) f.size = std::max<uint64_t>(f.size, offset + bytes);
+  if (r->kind != Request::sync && bytes > 0) {
+    r->next_block = int64_t(offset / opt_.block_bytes);
+    r->last_block = int64_t((offset + bytes - 1) / opt_.block_bytes);
+  }
+  r->id = next_ticket_++;
+  Request* raw = r.get();
+  requests_.emplace(r->id, std::move(r));
+  if (raw->kind != Request::sync && bytes == 0) {
+    raw->done = true;  // nothing to move
+    return raw->id;
+  }
+  incoming_.push_back(raw);
+  lk.unlock();
+  work_cv_.notify_one();
+  return raw->id;
+}
+
+FileTicket FileEngine::read(int file, uint64_t offset, void* dst, size_t bytes) {
+  return enqueue(Request::read, file, offset, bytes, static_cast<unsigned char*>(dst));
+}
+
+FileTicket FileEngine::write(int file, uint64_t offset, const void* src, size_t bytes) {
+  // the engine only reads from src: the const is honoured
+  return enqueue(Request::write, file, offset, bytes, static_cast<unsigned char*>(const_cast<void*>(src)));
+}
+
+FileTicket FileEngine::sync(int file) { return enqueue(Request::sync, file, 0, 0, nullptr); }
+
+void FileEngine::close(int file) {
+  const FileTicket t = sync(file);
+  std::string err;
+  try {
+    wait(t);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  File& f = file_at(file);
+  f.open = false;
+  if (::close(f.fd) != 0 && err.empty())
+    err = str_cat("cannot close ", f.path, ": ", std::strerror(errno));
+  f.fd = -1;
+  f.crc = {};
+  STRATA_CHECK_IO(err.empty(), err);
+}
+
+bool FileEngine::poll(FileTicket t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = requests_.find(t);
+  STRATA_ASSERT(it != requests_.end(), "ticket ", t, " is unknown or already waited");
+  return it->second->done;
+}
+
+void FileEngine::wait(FileTicket t) {
+  std::unique_lock<std::mutex> lk(mu_);
+  auto it = requests_.find(t);
+  STRATA_ASSERT(it != requests_.end(), "ticket ", t, " is unknown or already waited");
+  Request* r = it->second.get();
+  if (!r->done) {
+    const auto t0 = std::chrono::steady_clock::now();
+    done_cv_.wait(lk, [&] { return r->done; });
+    stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::string err = std::move(r->error);
+  requests_.erase(it);
+  lk.unlock();
+  STRATA_CHECK_IO(err.empty(), err);
+}
+
+void FileEngine::wait_all() {
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  done_cv_.wait(lk, [&] {
+    return std::all_of(requests_.begin(), requests_.end(), [](const auto& kv) { return kv.second->done; });
+  });
+  stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string err;
+  for (auto& [id, r] : requests_)
+    if (err.empty() && !r->error.empty()) err = std::move(r->error);
+  requests_.clear();
+  lk.unlock();
+  STRATA_CHECK_IO(err.empty(), err);
+}
+
+// ---- the I/O thread ------------------------------------------------------------------------------
+
+void FileEngine::io_thread_main() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      for (;;) {
+        while (!incoming_.empty()) {
+          active_.push_back(incoming_.front());
+          incoming_.pop_front();
+        }
+        if (!active_.empty() || in_flight_ > 0) break;
+        if (stop_) return;
+        work_cv_.wait(lk);
+      }
+    }
+    io_issue();
+    if (in_flight_ == 0) {
+      STRATA_ASSERT(active_.empty(), "the NVMe engine stalled with ", active_.size(), " requests");
+      continue;
+    }
+    // Finish what is ready; else wait for the kernel (briefly while buffers are free, so that a
+    // new request does not wait behind a long transfer).
+    if (!ready_.empty()) {
+      std::deque<std::pair<int, int64_t>> ready;
+      ready.swap(ready_);
+      for (auto [buf, res] : ready) io_complete(buf, res, false);
+    } else {
+      backend_->wait(free_bufs_.empty(), [this](int buf, int64_t res) { io_complete(buf, res, true); });
+    }
+  }
+}
+
+// Starts pieces in submission order until a request cannot go on (no free staging buffer, or its
+// next block is busy with an earlier request); a sync waits for its file's pieces in flight.
+void FileEngine::io_issue() {
+  size_t i = 0;
+  while (i < active_.size()) {
+    Request& r = *active_[i];
+    if (r.kind == Request::sync) {
+      if (r.file->pieces > 0) break;
+      io_run_sync(r);  // finishes r: active_[i] is now the next request
+      continue;
+    }
+    bool blocked = false;
+    while (!r.failed && r.next_block <= r.last_block)
+      if (!io_start_piece(r)) {
+        blocked = true;
+        break;
+      }
+    if (blocked) break;
+    ++i;
+  }
+  backend_->submit();
+}
+
+bool FileEngine::io_start_piece(Request& r) {
+  File& f = *r.file;
+  const int64_t b = r.next_block;
+  if (free_bufs_.empty() || f.busy.count(b)) return false;
+  const size_t B = opt_.block_bytes;
+  const uint64_t block_off = uint64_t(b) * B;
+  Piece& p = *pieces_[size_t(free_bufs_.back())];
+  p = Piece{};
+  p.buf = free_bufs_.back();
+  free_bufs_.pop_back();
+  p.req = &r;
+  p.block = b;
+  p.lo = size_t(std::max<uint64_t>(r.offset, block_off) - block_off);
+  p.hi = size_t(std::min<uint64_t>(r.offset + r.bytes, block_off + B) - block_off);
+  f.busy.insert(b);
+  ++f.pieces;
+  ++r.pieces;
+  ++r.next_block;
+  ++in_flight_;
+  unsigned char* buf = staging_ + size_t(p.buf) * B;
+  const size_t old_valid = block_off < r.size_before ? size_t(std::min<uint64_t>(B, r.size_before - block_off)) : 0;
+  if (r.kind == Request::read) {
+    p.stage = Piece::read;
+    p.valid = old_valid;
+  } else if (old_valid > 0 && !(p.lo == 0 && p.hi >= old_valid)) {
+    p.stage = Piece::rmw_read;  // keep the block's other bytes
+    p.valid = old_valid;
+  } else {
+    // the block holds nothing else: zeros around the caller's bytes
+    p.stage = Piece::write;
+    std::memset(buf, 0, p.lo);
+    std::memcpy(buf + p.lo, r.user + (block_off + p.lo - r.offset), p.hi - p.lo);
+    std::memset(buf + p.hi, 0, B - p.hi);
+    p.valid = p.hi;
+    if (f.crc.size() <= size_t(b)) f.crc.resize(size_t(b) + 1, zero_block_crc_);
+    f.crc[size_t(b)] = crc32c(buf, B);
+  }
+  p.io_len = f.direct ? align_up(p.valid) : p.valid;
+  io_kernel_request(p);
+  return true;
+}
+
+// Hands the rest of the piece's transfer to the kernel (from the last 4096-byte boundary under
+// O_DIRECT), or completes it with an injected fault.
+void FileEngine::io_kernel_request(Piece& p) {
+  File& f = *p.req->file;
+  p.cur_start = f.direct ? align_down(p.done) : p.done;
+  p.cur_len = p.io_len - p.cur_start;
+  int fault_errno = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t n = ++stats_.kernel_requests;
+    if (fault_ != IoFault::none && n >= fault_at_) {
+      if (fault_ == IoFault::short_io) {
+        const size_t half = f.direct ? align_down(p.cur_len / 2) : p.cur_len / 2;
+        if (half > 0 && half < p.cur_len) {
+          p.cur_len = half;
+          fault_ = IoFault::none;
+          ++stats_.faults_injected;
+        } else {
+          fault_at_ = n + 1;  // too small to halve: the next request gets it
+        }
+      } else {
+        fault_errno = io_fault_errno(fault_);
+        fault_ = IoFault::none;
+        ++stats_.faults_injected;
+      }
+    }
+    if (fault_errno == 0) {
+      if (backend_->async()) ++kernel_in_flight_;
+      stats_.max_in_flight = std::max(stats_.max_in_flight, backend_->async() ? kernel_in_flight_ : 1);
+    }
+  }
+  if (fault_errno != 0) {
+    ready_.emplace_back(p.buf, -int64_t(fault_errno));
+    return;
+  }
+  const uint64_t off = uint64_t(p.block) * opt_.block_bytes + p.cur_start;
+  backend_->queue(p.stage == Piece::write, p.buf, f.fd, staging_ + size_t(p.buf) * opt_.block_bytes + p.cur_start,
+                  p.cur_len, off, ready_);
+}
+
+void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
+  Piece& p = *pieces_[size_t(buf)];
+  Request& r = *p.req;
+  File& f = *r.file;
+  const size_t B = opt_.block_bytes;
+  const uint64_t block_off = uint64_t(p.block) * B;
+  const bool writing = p.stage == Piece::write;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (from_kernel) --kernel_in_flight_;
+    if (res > 0) (writing ? stats_.device_write_bytes : stats_.device_read_bytes) += uint64_t(res);
+  }
+  const auto fail = [&](const std::string& why) {
+    io_piece_done(p, str_cat("cannot ", writing ? "write " : "read ", f.path, " at offset ",
+                             block_off + p.cur_start, ", ", p.cur_len, " bytes (request: offset ", r.offset,
+                             ", ", r.bytes, " bytes): ", why));
+  };
+  if (res < 0) {
+    const int err = int(-res);
+    return fail(str_cat(std::strerror(err), " (", errno_name(err), ")", errno_hint(err)));
+  }
+  const size_t before = p.done;
+  p.done = std::max(p.done, p.cur_start + size_t(res));
+  // End of file inside the block: the rest reads as zeros, and the checksum decides. (A hole
+  // below a write still in flight ends the file early; a truncated file fails the checksum.)
+  // Under O_DIRECT the resubmission re-reads from a 4096 boundary, so there the end shows as a
+  // short read that moves nothing new.
+  const bool eof = !writing && p.done < p.valid && (res == 0 || (p.done == before && size_t(res) < p.cur_len));
+  if (eof) std::memset(staging_ + size_t(p.buf) * B + p.done, 0, p.valid - p.done);
+  if (p.done < p.valid && !eof) {
+    if (p.done == before && ++p.stalls >= 3) return fail("three transfers in a row made no progress (EIO)");
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++stats_.resubmits;
+    }
+    return io_kernel_request(p);
+  }
+  unsigned char* data = staging_ + size_t(p.buf) * B;
+  if (!writing) {
+    // verify: the block's bytes past the file's end count as zeros
+    std::memset(data + p.valid, 0, B - p.valid);
+    const uint32_t want = size_t(p.block) < f.crc.size() ? f.crc[size_t(p.block)] : zero_block_crc_;
+    const uint32_t got = crc32c(data, B);
+    if (got != want) {
+      char hex[64];
+      std::snprintf(hex, sizeof hex, "stored crc32c %08x, read %08x", want, got);
+      return io_piece_done(p, str_cat("checksum mismatch in ", f.path, " at offset ", block_off, " (the block of ",
+                                      B, " bytes there; ", hex, "): the bytes on disk changed after strata "
+                                      "wrote them (silent corruption, or another program wrote the file)",
+                                      eof ? str_cat("; the file ends at byte ", block_off + p.done, " (truncated?)") : ""));
+    }
+    if (p.stage == Piece::read) {
+      std::memcpy(r.user + (block_off + p.lo - r.offset), data + p.lo, p.hi - p.lo);
+      return io_piece_done(p, "");
+    }
+    // read-modify-write: patch the caller's bytes in, then write the block back
+    std::memcpy(data + p.lo, r.user + (block_off + p.lo - r.offset), p.hi - p.lo);
+    p.valid = std::max(p.valid, p.hi);
+    if (f.crc.size() <= size_t(p.block)) f.crc.resize(size_t(p.block) + 1, zero_block_crc_);
+    f.crc[size_t(p.block)] = crc32c(data, B);
+    p.stage = Piece::write;
+    p.io_len = f.direct ? align_up(p.valid) : p.valid;
+    p.done = 0;
+    return io_kernel_request(p);
+  }
+  io_piece_done(p, "");
+}
+
+void FileEngine::io_piece_done(Piece& p, const std::string& error) {
+  Request& r = *p.req;
+  File& f = *r.file;
+  if (!error.empty() && !r.failed) {
+    r.failed = true;
+    r.error = error;
+    r.next_block = r.last_block + 1;  // the rest is not started
+  }
+  f.busy.erase(p.block);
+  --f.pieces;
+  --r.pieces;
+  --in_flight_;
+  free_bufs_.push_back(p.buf);
+  if (r.pieces == 0 && r.next_block > r.last_block) io_request_finish(r);
+}
+
+// A sync runs on the I/O thread once its file has nothing in flight: trim the block padding
+// past the logical end, fsync, then store the checksums beside the data.
+void FileEngine::io_run_sync(Request& r) {
+  File& f = *r.file;
+  std::string err;
+  if (::ftruncate(f.fd, off_t(r.size_before)) != 0 || ::fsync(f.fd) != 0) {
+    const int e = errno;
+    err = str_cat("cannot sync ", f.path, " (", r.size_before, " bytes): ", std::strerror(e), " (",
+                  errno_name(e), ")", errno_hint(e));
+  } else {
+    err = sidecar_store(f.path, opt_.block_bytes, r.size_before, f.crc, zero_block_crc_);
+  }
+  if (!err.empty()) {
+    r.failed = true;
+    r.error = err;
+  }
+  io_request_finish(r);
+}
+
+void FileEngine::io_request_finish(Request& r) {
+  active_.erase(std::find(active_.begin(), active_.end(), &r));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!r.failed) (r.kind == Request::read ? stats_.read_bytes : stats_.write_bytes) += r.bytes;
+    r.done = true;  // the caller may free r from here on
+  }
+  done_cv_.notify_all();
+}
+
+}  // namespace strata
