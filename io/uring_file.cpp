@@ -54,6 +54,23 @@ const char* errno_hint(int err) {
   }
 }
 
+// The checksum of a whole block, and the caller's bytes [lo, hi) copied into it (into_block) or
+// out of it, in 64 KiB steps so that each byte comes from memory once (the copy hits the cache
+// the checksum just filled, or the checksum the copy just filled).
+uint32_t io_block_copy_crc(unsigned char* block, size_t block_bytes, size_t lo, size_t hi, unsigned char* user_lo,
+                           bool into_block) {
+  constexpr size_t kStep = size_t(64) << 10;
+  uint32_t crc = 0;
+  for (size_t c = 0; c < block_bytes; c += kStep) {
+    const size_t e = std::min(block_bytes, c + kStep);
+    const size_t a = std::max(c, lo), b = std::min(e, hi);
+    if (into_block && a < b) std::memcpy(block + a, user_lo + (a - lo), b - a);
+    crc = crc32c(block + c, e - c, crc);
+    if (!into_block && a < b) std::memcpy(user_lo + (a - lo), block + a, b - a);
+  }
+  return crc;
+}
+
 IoFault io_fault_parse(const std::string& s, uint64_t* at) {
   const size_t amp = s.find('@');
   const std::string kind = s.substr(0, amp);
@@ -88,6 +105,7 @@ struct FileEngine::File {
   bool direct = false;
   bool open = true;
   uint64_t size = 0;                  // callers' view (under mu_): end of the highest byte written
+  uint64_t phys_size = 0;             // I/O thread: the file's length on disk (extended ahead of writes)
   std::vector<uint32_t> crc;          // I/O thread: crc32c of each block
   std::unordered_set<int64_t> busy;   // I/O thread: blocks with a piece in flight
   int pieces = 0;                     // I/O thread: pieces in flight on this file
@@ -103,6 +121,7 @@ struct FileEngine::Request {
   uint64_t size_before = 0;  // the file's size when submitted, after every earlier write
   int64_t next_block = 0, last_block = -1;
   int pieces = 0;            // I/O thread: pieces in flight
+  bool extended = false;     // I/O thread: the file has been extended to cover a write
   bool failed = false;       // I/O thread
   bool done = false;         // under mu_
   std::string error;
@@ -119,6 +138,9 @@ struct FileEngine::Piece {
   size_t io_len = 0;        // valid, rounded up to 4096 under O_DIRECT
   size_t done = 0;          // bytes transferred so far
   size_t cur_start = 0, cur_len = 0;  // the kernel request in flight
+  int fixed = -1;                     // the registered buffer holding base, or -1
+  unsigned char* base = nullptr;      // where the block's bytes are: its staging buffer, or the
+  bool in_user = false;               // caller's memory (a whole, 4096-aligned block: no copy)
   int stalls = 0;  // resubmissions in a row that moved nothing new
 };
 
@@ -131,8 +153,11 @@ struct FileEngine::Backend {
   virtual bool fixed() const { return false; }
   // Hands one transfer to the kernel (io_uring) or does it (pread). Completions come back
   // through `ready` (synchronous backends) or wait().
-  virtual void queue(bool write, int buf, int fd, unsigned char* addr, size_t len, uint64_t off,
+  // `fixed`: the registered buffer that holds addr, or -1. `buf` comes back with the result.
+  virtual void queue(bool write, int buf, int fixed, int fd, unsigned char* addr, size_t len, uint64_t off,
                      std::deque<std::pair<int, int64_t>>& ready) = 0;
+  // Registers these buffers (staging first, then the caller's) in place of the previous ones.
+  virtual bool register_buffers(const std::vector<iovec>& iov) { return false; }
   virtual void submit() {}
   // Waits for completions (up to ~1 ms when !block) and reports each as (buffer, result).
   virtual void wait(bool block, const std::function<void(int, int64_t)>& on) {}
@@ -143,7 +168,7 @@ namespace {
 struct PreadBackend final : FileEngine::Backend {
   const char* name() const override { return "pread"; }
   bool async() const override { return false; }
-  void queue(bool write, int buf, int fd, unsigned char* addr, size_t len, uint64_t off,
+  void queue(bool write, int buf, int, int fd, unsigned char* addr, size_t len, uint64_t off,
              std::deque<std::pair<int, int64_t>>& ready) override {
     ssize_t n;
     do {
@@ -167,7 +192,12 @@ struct UringBackend final : FileEngine::Backend {
   bool async() const override { return true; }
   bool fixed() const override { return fixed_; }
 
-  void queue(bool write, int buf, int fd, unsigned char* addr, size_t len, uint64_t off,
+  bool register_buffers(const std::vector<iovec>& iov) override {
+    if (fixed_) io_uring_unregister_buffers(&ring);
+    fixed_ = io_uring_register_buffers(&ring, iov.data(), unsigned(iov.size())) == 0;
+    return fixed_;
+  }
+  void queue(bool write, int buf, int fixed, int fd, unsigned char* addr, size_t len, uint64_t off,
              std::deque<std::pair<int, int64_t>>&) override {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
     if (!sqe) {  // never with <= queue_depth pieces, but cheap to survive
@@ -175,8 +205,8 @@ struct UringBackend final : FileEngine::Backend {
       sqe = io_uring_get_sqe(&ring);
     }
     STRATA_ASSERT(sqe, "io_uring submission queue full");
-    if (fixed_ && write) io_uring_prep_write_fixed(sqe, fd, addr, unsigned(len), off, buf);
-    else if (fixed_) io_uring_prep_read_fixed(sqe, fd, addr, unsigned(len), off, buf);
+    if (fixed_ && fixed >= 0 && write) io_uring_prep_write_fixed(sqe, fd, addr, unsigned(len), off, fixed);
+    else if (fixed_ && fixed >= 0) io_uring_prep_read_fixed(sqe, fd, addr, unsigned(len), off, fixed);
     else if (write) io_uring_prep_write(sqe, fd, addr, unsigned(len), off);
     else io_uring_prep_read(sqe, fd, addr, unsigned(len), off);
     io_uring_sqe_set_data64(sqe, uint64_t(buf));
@@ -246,13 +276,10 @@ FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
     const int rc = io_uring_queue_init(unsigned(qd), &u->ring, 0);
     if (rc == 0) {
       u->live = true;
-      std::vector<iovec> iov(qd);
-      for (size_t i = 0; i < qd; ++i) iov[i] = {staging_ + i * B, B};
-      const int rr = io_uring_register_buffers(&u->ring, iov.data(), unsigned(qd));
-      u->fixed_ = rr == 0;
-      if (rr != 0)
-        opt_.warn(str_cat("cannot register ", qd * B, " bytes of staging buffers with io_uring (",
-                          std::strerror(-rr), "; RLIMIT_MEMLOCK?); NVMe I/O goes on without fixed buffers"));
+      for (size_t i = 0; i < qd; ++i) regions_.push_back({staging_ + i * B, B});
+      if (!u->register_buffers(regions_))
+        opt_.warn(str_cat("cannot register ", qd * B, " bytes of staging buffers with io_uring (RLIMIT_MEMLOCK?); "
+                          "NVMe I/O goes on without fixed buffers"));
       backend_ = std::move(u);
     } else {
       opt_.warn(str_cat("io_uring is not available here (io_uring_setup: ", std::strerror(-rc),
@@ -284,6 +311,23 @@ FileEngine::~FileEngine() {
 }
 
 const char* FileEngine::backend() const { return backend_->name(); }
+
+bool FileEngine::register_memory(const void* p, size_t bytes, bool add) {
+  std::unique_lock<std::mutex> lk(mu_);
+  STRATA_ASSERT(requests_.empty() && incoming_.empty(), "register_memory with requests outstanding");
+  // the I/O thread is idle (nothing outstanding): the regions and the ring are ours
+  auto* base = static_cast<unsigned char*>(const_cast<void*>(p));
+  auto it = std::find_if(regions_.begin() + std::min<ptrdiff_t>(opt_.queue_depth, ptrdiff_t(regions_.size())),
+                         regions_.end(), [&](const iovec& v) { return v.iov_base == base; });
+  if (add && it == regions_.end()) regions_.push_back({base, bytes});
+  if (!add && it != regions_.end()) regions_.erase(it);
+  if (regions_.empty() || !backend_->async()) return false;
+  if (backend_->register_buffers(regions_)) return true;
+  // the kernel refused (RLIMIT_MEMLOCK?): keep the staging buffers registered at least
+  regions_.resize(size_t(opt_.queue_depth));
+  backend_->register_buffers(regions_);
+  return false;
+}
 bool FileEngine::fixed_buffers() const { return backend_->fixed(); }
 
 FileEngineStats FileEngine::stats() const {
@@ -411,6 +455,7 @@ int FileEngine::open(const std::string& path, FileOpen mode) {
   } else {
     std::string err = sidecar_load(path, opt_.block_bytes, &f->crc, &f->size);
     struct stat st {};
+    f->phys_size = f->size;
     if (err.empty() && ::fstat(f->fd, &st) == 0 && uint64_t(st.st_size) != f->size)
       err = str_cat("it holds ", st.st_size, " bytes but its checksums describe ", f->size,
                     " (changed after strata wrote it?)");
@@ -566,6 +611,7 @@ void FileEngine::io_issue() {
       io_run_sync(r);  // finishes r: active_[i] is now the next request
       continue;
     }
+    if (r.kind == Request::write && !r.extended && !io_extend(r)) continue;  // failed: r is finished
     bool blocked = false;
     while (!r.failed && r.next_block <= r.last_block)
       if (!io_start_piece(r)) {
@@ -576,6 +622,27 @@ void FileEngine::io_issue() {
     ++i;
   }
   backend_->submit();
+}
+
+// Under O_DIRECT, a write past the end of the file is serialised by the filesystem (ext4 waits
+// for each one to complete before the next, to move the file's size), which would leave one
+// block in flight. So the file is first extended to the write's end (rounded up to 4096; sync
+// trims it), and the blocks overwrite inside it. false when that fails (r is then finished).
+bool FileEngine::io_extend(Request& r) {
+  File& f = *r.file;
+  r.extended = true;
+  const uint64_t end = f.direct ? align_up(r.offset + r.bytes) : 0;
+  if (end <= f.phys_size) return true;
+  if (::ftruncate(f.fd, off_t(end)) == 0) {
+    f.phys_size = end;
+    return true;
+  }
+  const int e = errno;
+  r.failed = true;
+  r.error = str_cat("cannot write ", f.path, " at offset ", r.offset, ", ", r.bytes, " bytes: extending the file to ",
+                    end, " bytes failed: ", std::strerror(e), " (", errno_name(e), ")", errno_hint(e));
+  io_request_finish(r);
+  return false;
 }
 
 bool FileEngine::io_start_piece(Request& r) {
@@ -598,6 +665,20 @@ bool FileEngine::io_start_piece(Request& r) {
   ++r.next_block;
   ++in_flight_;
   unsigned char* buf = staging_ + size_t(p.buf) * B;
+  unsigned char* user_block = r.user + (block_off - r.offset);  // valid where lo == 0
+  p.base = buf;
+  p.in_user = p.lo == 0 && p.hi == B && reinterpret_cast<uintptr_t>(user_block) % kDirectAlign == 0;
+  p.fixed = p.buf;
+  if (p.in_user) {
+    p.base = user_block;
+    p.fixed = -1;
+    for (size_t i = size_t(opt_.queue_depth); i < regions_.size(); ++i) {
+      const auto* lo = static_cast<unsigned char*>(regions_[i].iov_base);
+      if (user_block >= lo && user_block + B <= lo + regions_[i].iov_len) p.fixed = int(i);
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.zero_copy_blocks;
+  }
   const size_t old_valid = block_off < r.size_before ? size_t(std::min<uint64_t>(B, r.size_before - block_off)) : 0;
   if (r.kind == Request::read) {
     p.stage = Piece::read;
@@ -608,12 +689,15 @@ bool FileEngine::io_start_piece(Request& r) {
   } else {
     // the block holds nothing else: zeros around the caller's bytes
     p.stage = Piece::write;
-    std::memset(buf, 0, p.lo);
-    std::memcpy(buf + p.lo, r.user + (block_off + p.lo - r.offset), p.hi - p.lo);
-    std::memset(buf + p.hi, 0, B - p.hi);
     p.valid = p.hi;
     if (f.crc.size() <= size_t(b)) f.crc.resize(size_t(b) + 1, zero_block_crc_);
-    f.crc[size_t(b)] = crc32c(buf, B);
+    if (p.in_user) {
+      f.crc[size_t(b)] = crc32c(user_block, B);
+    } else {
+      std::memset(buf, 0, p.lo);
+      std::memset(buf + p.hi, 0, B - p.hi);
+      f.crc[size_t(b)] = io_block_copy_crc(buf, B, p.lo, p.hi, r.user + (block_off + p.lo - r.offset), true);
+    }
   }
   p.io_len = f.direct ? align_up(p.valid) : p.valid;
   io_kernel_request(p);
@@ -656,8 +740,7 @@ void FileEngine::io_kernel_request(Piece& p) {
     return;
   }
   const uint64_t off = uint64_t(p.block) * opt_.block_bytes + p.cur_start;
-  backend_->queue(p.stage == Piece::write, p.buf, f.fd, staging_ + size_t(p.buf) * opt_.block_bytes + p.cur_start,
-                  p.cur_len, off, ready_);
+  backend_->queue(p.stage == Piece::write, p.buf, p.fixed, f.fd, p.base + p.cur_start, p.cur_len, off, ready_);
 }
 
 void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
@@ -688,7 +771,7 @@ void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
   // Under O_DIRECT the resubmission re-reads from a 4096 boundary, so there the end shows as a
   // short read that moves nothing new.
   const bool eof = !writing && p.done < p.valid && (res == 0 || (p.done == before && size_t(res) < p.cur_len));
-  if (eof) std::memset(staging_ + size_t(p.buf) * B + p.done, 0, p.valid - p.done);
+  if (eof) std::memset(p.base + p.done, 0, p.valid - p.done);
   if (p.done < p.valid && !eof) {
     if (p.done == before && ++p.stalls >= 3) return fail("three transfers in a row made no progress (EIO)");
     {
@@ -697,12 +780,20 @@ void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
     }
     return io_kernel_request(p);
   }
-  unsigned char* data = staging_ + size_t(p.buf) * B;
+  unsigned char* data = p.base;
   if (!writing) {
-    // verify: the block's bytes past the file's end count as zeros
-    std::memset(data + p.valid, 0, B - p.valid);
+    // verify: the block's bytes past the file's end count as zeros (a read into the caller's
+    // memory covers the whole block)
     const uint32_t want = size_t(p.block) < f.crc.size() ? f.crc[size_t(p.block)] : zero_block_crc_;
-    const uint32_t got = crc32c(data, B);
+    uint32_t got;
+    if (p.in_user) {
+      got = crc32c(data, B);
+    } else {
+      std::memset(data + p.valid, 0, B - p.valid);
+      // (a read copies out as it verifies: on a mismatch the caller's bytes are unspecified)
+      got = io_block_copy_crc(data, B, p.lo, p.stage == Piece::read ? p.hi : p.lo,
+                              r.user + (block_off + p.lo - r.offset), false);
+    }
     if (got != want) {
       char hex[64];
       std::snprintf(hex, sizeof hex, "stored crc32c %08x, read %08x", want, got);
@@ -712,14 +803,12 @@ void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
                                       eof ? str_cat("; the file ends at byte ", block_off + p.done, " (truncated?)") : ""));
     }
     if (p.stage == Piece::read) {
-      std::memcpy(r.user + (block_off + p.lo - r.offset), data + p.lo, p.hi - p.lo);
       return io_piece_done(p, "");
     }
     // read-modify-write: patch the caller's bytes in, then write the block back
-    std::memcpy(data + p.lo, r.user + (block_off + p.lo - r.offset), p.hi - p.lo);
     p.valid = std::max(p.valid, p.hi);
     if (f.crc.size() <= size_t(p.block)) f.crc.resize(size_t(p.block) + 1, zero_block_crc_);
-    f.crc[size_t(p.block)] = crc32c(data, B);
+    f.crc[size_t(p.block)] = io_block_copy_crc(data, B, p.lo, p.hi, r.user + (block_off + p.lo - r.offset), true);
     p.stage = Piece::write;
     p.io_len = f.direct ? align_up(p.valid) : p.valid;
     p.done = 0;
@@ -754,6 +843,7 @@ void FileEngine::io_run_sync(Request& r) {
     err = str_cat("cannot sync ", f.path, " (", r.size_before, " bytes): ", std::strerror(e), " (",
                   errno_name(e), ")", errno_hint(e));
   } else {
+    f.phys_size = r.size_before;
     err = sidecar_store(f.path, opt_.block_bytes, r.size_before, f.crc, zero_block_crc_);
   }
   if (!err.empty()) {

@@ -12,7 +12,9 @@
 // How it works. Requests go to one I/O thread in submission order. It splits each into blocks
 // of `block_bytes` (the I/O unit and the checksum unit) and moves every block through one of
 // `queue_depth` staging buffers: page-aligned, registered with the ring (fixed buffers), so
-// O_DIRECT applies to any caller buffer, offset and length. A block is one kernel request:
+// O_DIRECT applies to any caller buffer, offset and length; a block the caller's buffer covers
+// whole at a 4096-aligned address moves straight between that memory and the disk instead (no
+// copy: give big transfers aligned buffers and block-aligned offsets). A block is one kernel request:
 // read (the whole block, verified) or write (the whole block, checksummed); a write that covers
 // only part of a block that already holds data reads the block first (read-modify-write).
 // Requests touching the same block run in submission order; others overlap. Short transfers are
@@ -22,7 +24,9 @@
 // seccomp filter), the same thread does the same blocks with pread/pwrite, one at a time.
 //
 // On-disk layout. `<path>` holds exactly the caller's bytes (plain `pread` reads them back; its
-// size is the highest byte written, trimmed at sync and close). The checksums live in RAM while
+// size is the highest byte written; under O_DIRECT the file is extended ahead of a write to a
+// 4096 boundary, so the blocks overwrite in parallel instead of being serialised by the
+// filesystem as appends, and sync and close trim it back). The checksums live in RAM while
 // the file is open (4 bytes per block) and in the sidecar `<path>.crc32c`, rewritten (via a
 // temporary file and rename) at every sync() and close():
 //   bytes 0..7   magic "STRCRC1\n"
@@ -43,6 +47,8 @@
 // count, starting at 1) fails with that errno, or transfers only half its length (rounded down
 // to 4096 bytes under O_DIRECT; a request too small to halve passes the fault to the next one).
 #pragma once
+#include <sys/uio.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +89,7 @@ struct FileEngineStats {
   uint64_t kernel_requests = 0;     // reads and writes handed to the kernel
   uint64_t resubmits = 0;           // short transfers resubmitted for the rest
   uint64_t faults_injected = 0;
+  uint64_t zero_copy_blocks = 0;    // blocks moved straight between the caller's memory and disk
   int max_in_flight = 0;            // most kernel requests in flight at once
   double wait_s = 0;                // time callers spent blocked in wait() and wait_all()
 };
@@ -98,7 +105,8 @@ class FileEngine {
 
   // Returns a handle for read/write/sync/close. Throws (I/O) when the file cannot be opened.
   int open(const std::string& path, FileOpen mode);
-  // The caller's buffer must stay valid (and, for reads, untouched) until the ticket completes.
+  // The caller's buffer must stay valid (and, for reads, untouched) until the ticket completes;
+  // a read that fails leaves the destination's bytes unspecified.
   // A read must lie within the bytes written so far (size()).
   FileTicket read(int file, uint64_t offset, void* dst, size_t bytes);
   FileTicket write(int file, uint64_t offset, const void* src, size_t bytes);
@@ -106,6 +114,13 @@ class FileEngine {
   FileTicket sync(int file);
   // Syncs, trims the file to size(), closes it. The handle is dead afterwards.
   void close(int file);
+
+  // Registers the caller's memory (a buffer that whole blocks move to and from without a copy)
+  // with the ring as a fixed buffer, which spares the kernel pinning its pages on every
+  // transfer. Only while nothing is outstanding; true when the ring took it. Unregister before
+  // freeing the memory.
+  bool register_memory(const void* p, size_t bytes) { return register_memory(p, bytes, true); }
+  void unregister_memory(const void* p) { register_memory(p, 0, false); }
 
   bool poll(FileTicket t);  // true once the ticket has completed (successfully or not)
   void wait(FileTicket t);  // blocks until it completes; throws its error; releases the ticket
@@ -128,11 +143,13 @@ class FileEngine {
   struct Backend;
 
  private:
+  bool register_memory(const void* p, size_t bytes, bool add);
   FileTicket enqueue(int kind, int file, uint64_t offset, size_t bytes, unsigned char* user);
   File& file_at(int file) const;
   void warn_once_buffered(const std::string& path);
   void io_thread_main();
   void io_issue();
+  bool io_extend(Request& r);
   bool io_start_piece(Request& r);
   void io_kernel_request(Piece& p);
   void io_complete(int buf, int64_t res, bool from_kernel);
@@ -144,6 +161,7 @@ class FileEngine {
   std::unique_ptr<Backend> backend_;
   unsigned char* staging_ = nullptr;  // queue_depth * block_bytes, 4096-aligned
   uint32_t zero_block_crc_ = 0;
+  std::vector<iovec> regions_;  // registered with the ring: the staging buffers, then the caller's
 
   // shared between callers and the I/O thread
   mutable std::mutex mu_;

@@ -13,8 +13,10 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 
 #include "io/checksum.h"
@@ -206,7 +208,8 @@ TEST_CASE("crc32c matches the standard check vectors and a bitwise twin", "[urin
   CHECK(crc32c(nullptr, 0) == 0u);
 
   const auto data = random_bytes(kMiB + 64, 7);
-  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(4095), size_t(4097), kMiB + 17})
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(4095), size_t(4097), size_t(24575),
+                   size_t(24576), size_t(24577), size_t(49153), kMiB + 17})
     for (size_t start : {size_t(0), size_t(1), size_t(5)}) {
       INFO(n << " bytes from " << start);
       const uint32_t want = crc32c_bitwise(data.data() + start, n);
@@ -248,6 +251,57 @@ TEST_CASE("file engine: writes and reads equal plain pwrite/pread at awkward siz
           CHECK(st.max_in_flight == 1);
         }
       }
+}
+
+TEST_CASE("file engine: whole aligned blocks move without a copy, and equal the twin", "[uring]") {
+  testing::TempDir tmp("uring_zero_copy");
+  const size_t B = 65536, n = 5 * B + 4096;
+  std::unique_ptr<unsigned char, decltype(&std::free)> mem(static_cast<unsigned char*>(std::aligned_alloc(4096, n)),
+                                                           &std::free);
+  const auto data = random_bytes(n, 41);
+  std::memcpy(mem.get(), data.data(), n);
+  std::unique_ptr<unsigned char, decltype(&std::free)> back(static_cast<unsigned char*>(std::aligned_alloc(4096, 13 * B)),
+                                                            &std::free);
+  for (int mode = 0; mode < 3; ++mode) {  // io_uring with the caller's memory registered, or not; pread
+    const bool uring = mode < 2;
+    INFO("io_uring " << uring << ", caller's memory registered " << (mode == 0));
+    const std::string path = (tmp.path / "z.bin").string();
+    Twin twin((tmp.path / "twin.bin").string());
+    FileEngine io(options(B, 8, uring));
+    if (mode == 0) {
+      CHECK(io.register_memory(mem.get(), n));
+      CHECK(io.register_memory(back.get(), 13 * B));
+    }
+    const int f = io.open(path, FileOpen::create);
+    // at offset 0: blocks 0..4 whole from aligned memory, the 4096-byte tail staged; at 4096:
+    // block 0 staged (it starts inside), blocks 1..4 whole (their bytes start 61440 in: aligned)
+    const FileTicket a = io.write(f, 0, mem.get(), n);
+    const FileTicket b = io.write(f, 7 * B + 4096, mem.get(), n);
+    io.wait(a);
+    io.wait(b);
+    twin.write(0, data.data(), n);
+    twin.write(7 * B + 4096, data.data(), n);
+    CHECK(io.stats().zero_copy_blocks == 5 + 4);
+    io.wait(io.read(f, 0, back.get(), 12 * B + 8192));  // 12 whole blocks, one staged
+    CHECK(io.stats().zero_copy_blocks == 9 + 12);
+    CHECK(bytes_equal(std::vector<unsigned char>(back.get(), back.get() + 12 * B + 8192), twin.read(0, 12 * B + 8192)));
+    io.close(f);
+    CHECK(bytes_equal(file_bytes(path), file_bytes(twin.path)));
+    // a flipped byte in a block read straight into the caller's memory is caught too
+    {
+      const int fd = ::open(path.c_str(), O_RDWR);
+      unsigned char x = 0x5A;
+      REQUIRE(::pwrite(fd, &x, 1, 3 * B + 100) == 1);
+      ::close(fd);
+    }
+    const int g = io.open(path, FileOpen::existing);
+    REQUIRE_THROWS_WITH(io.wait(io.read(g, 0, back.get(), 4 * B)),
+                        Catch::Contains("checksum mismatch in " + path + " at offset " + std::to_string(3 * B)));
+    if (mode == 0) {
+      io.unregister_memory(mem.get());
+      io.unregister_memory(back.get());
+    }
+  }
 }
 
 TEST_CASE("file engine: injected short transfers are resubmitted for the rest", "[uring]") {
