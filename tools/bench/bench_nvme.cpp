@@ -210,10 +210,17 @@ int bench_nvme(const std::vector<std::string>& args) {
   const double gb = double(a.size) * a.rounds / 1e9;
   std::printf("  strata's engine: %s; crc32c of every block written and verified; CPU %.3f s/GB writing, "
               "%.3f s/GB reading\n", note.c_str(), cpu_write / gb, cpu_read / gb);
-  std::printf("  %-30s %9.3f GB/s vs fio %.3f GB/s: ratio %.3f (target >= 0.95)\n", "write (median, with fsync)",
-              median(sw) / 1e9, median(fw) / 1e9, write_ratio);
-  std::printf("  %-30s %9.3f GB/s vs fio %.3f GB/s: ratio %.3f (target >= 0.95)\n", "read (median)", median(sr) / 1e9,
-              median(fr) / 1e9, read_ratio);
+  const auto span = [](const std::vector<double>& v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.3f..%.3f", *std::min_element(v.begin(), v.end()) / 1e9,
+                  *std::max_element(v.begin(), v.end()) / 1e9);
+    return std::string(b);
+  };
+  std::printf("  %-30s %9.3f GB/s vs fio %.3f GB/s: ratio %.3f (target >= 0.95); ranges %s vs %s GB/s\n",
+              "write (median, with fsync)", median(sw) / 1e9, median(fw) / 1e9, write_ratio, span(sw).c_str(),
+              span(fw).c_str());
+  std::printf("  %-30s %9.3f GB/s vs fio %.3f GB/s: ratio %.3f (target >= 0.95); ranges %s vs %s GB/s\n",
+              "read (median)", median(sr) / 1e9, median(fr) / 1e9, read_ratio, span(sr).c_str(), span(fr).c_str());
   nlohmann::json j = {{"nvme",
                        {{"read_ratio", read_ratio},
                         {"write_ratio", write_ratio},
