@@ -1,5 +1,6 @@
-// The file engine (see uring_file.h). Reading order: the backends (io_uring, pread), the
-// caller-side API, then the I/O thread: issue blocks, complete them, sync.
+// The file engine (see uring_file.h). Reading order: the state, the caller-side API, then the
+// I/O thread: issue blocks, complete them, sync. The backends and the sidecar format are in
+// uring_file_backend.cpp.
 #include "io/uring_file.h"
 
 #include <fcntl.h>
@@ -15,44 +16,16 @@
 #include <unordered_set>
 
 #include "io/checksum.h"
+#include "io/uring_file_backend.h"
 #include "src/core/error.h"
 
-#if defined(STRATA_HAVE_URING)
-#include <liburing.h>
-#endif
 
 namespace strata {
 namespace {
 
-constexpr size_t kDirectAlign = 4096;  // offsets, lengths and buffers under O_DIRECT
-constexpr char kSidecarMagic[8] = {'S', 'T', 'R', 'C', 'R', 'C', '1', '\n'};
 
 size_t align_down(size_t x) { return x / kDirectAlign * kDirectAlign; }
 size_t align_up(size_t x) { return (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
-
-const char* errno_name(int err) {
-  switch (err) {
-    case EIO: return "EIO";
-    case ENOSPC: return "ENOSPC";
-    case EFBIG: return "EFBIG";
-    case EINVAL: return "EINVAL";
-    case EDQUOT: return "EDQUOT";
-    case EROFS: return "EROFS";
-    case EBADF: return "EBADF";
-    default: return "errno";
-  }
-}
-
-const char* errno_hint(int err) {
-  switch (err) {
-    case ENOSPC: return "; free space on that disk or point offload.nvme_path at a larger one";
-    case EDQUOT: return "; the disk quota is exhausted: free space or raise the quota";
-    case EFBIG: return "; the file outgrew the filesystem's (or RLIMIT_FSIZE's) largest file";
-    case EINVAL: return "; the kernel refused the request (direct-I/O alignment: strata aligns to 4096 bytes)";
-    case EIO: return "; the device reported an error: check `dmesg` and the disk's health";
-    default: return "";
-  }
-}
 
 // The checksum of a whole block, and the caller's bytes [lo, hi) copied into it (into_block) or
 // out of it, in 64 KiB steps so that each byte comes from memory once (the copy hits the cache
@@ -144,107 +117,6 @@ struct FileEngine::Piece {
   int stalls = 0;  // resubmissions in a row that moved nothing new
 };
 
-// ---- backends ----------------------------------------------------------------------------------
-
-struct FileEngine::Backend {
-  virtual ~Backend() = default;
-  virtual const char* name() const = 0;
-  virtual bool async() const = 0;
-  virtual bool fixed() const { return false; }
-  // Hands one transfer to the kernel (io_uring) or does it (pread). Completions come back
-  // through `ready` (synchronous backends) or wait().
-  // `fixed`: the registered buffer that holds addr, or -1. `buf` comes back with the result.
-  virtual void queue(bool write, int buf, int fixed, int fd, unsigned char* addr, size_t len, uint64_t off,
-                     std::deque<std::pair<int, int64_t>>& ready) = 0;
-  // Registers these buffers (staging first, then the caller's) in place of the previous ones.
-  virtual bool register_buffers(const std::vector<iovec>& iov) { return false; }
-  virtual void submit() {}
-  // Waits for completions (up to ~1 ms when !block) and reports each as (buffer, result).
-  virtual void wait(bool block, const std::function<void(int, int64_t)>& on) {}
-};
-
-namespace {
-
-struct PreadBackend final : FileEngine::Backend {
-  const char* name() const override { return "pread"; }
-  bool async() const override { return false; }
-  void queue(bool write, int buf, int, int fd, unsigned char* addr, size_t len, uint64_t off,
-             std::deque<std::pair<int, int64_t>>& ready) override {
-    ssize_t n;
-    do {
-      n = write ? ::pwrite(fd, addr, len, off_t(off)) : ::pread(fd, addr, len, off_t(off));
-    } while (n < 0 && errno == EINTR);
-    ready.emplace_back(buf, n < 0 ? -int64_t(errno) : int64_t(n));
-  }
-};
-
-#if defined(STRATA_HAVE_URING)
-struct UringBackend final : FileEngine::Backend {
-  io_uring ring{};
-  bool live = false;  // io_uring_queue_init succeeded
-  bool fixed_ = false;
-  unsigned pending = 0;  // prepared, not yet submitted
-
-  ~UringBackend() override {
-    if (live) io_uring_queue_exit(&ring);
-  }
-  const char* name() const override { return "io_uring"; }
-  bool async() const override { return true; }
-  bool fixed() const override { return fixed_; }
-
-  bool register_buffers(const std::vector<iovec>& iov) override {
-    if (fixed_) io_uring_unregister_buffers(&ring);
-    fixed_ = io_uring_register_buffers(&ring, iov.data(), unsigned(iov.size())) == 0;
-    return fixed_;
-  }
-  void queue(bool write, int buf, int fixed, int fd, unsigned char* addr, size_t len, uint64_t off,
-             std::deque<std::pair<int, int64_t>>&) override {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    if (!sqe) {  // never with <= queue_depth pieces, but cheap to survive
-      submit();
-      sqe = io_uring_get_sqe(&ring);
-    }
-    STRATA_ASSERT(sqe, "io_uring submission queue full");
-    if (fixed_ && fixed >= 0 && write) io_uring_prep_write_fixed(sqe, fd, addr, unsigned(len), off, fixed);
-    else if (fixed_ && fixed >= 0) io_uring_prep_read_fixed(sqe, fd, addr, unsigned(len), off, fixed);
-    else if (write) io_uring_prep_write(sqe, fd, addr, unsigned(len), off);
-    else io_uring_prep_read(sqe, fd, addr, unsigned(len), off);
-    io_uring_sqe_set_data64(sqe, uint64_t(buf));
-    ++pending;
-  }
-  void submit() override {
-    while (pending > 0) {
-      const int n = io_uring_submit(&ring);
-      if (n >= 0) {
-        pending -= std::min<unsigned>(pending, unsigned(n));
-        continue;
-      }
-      STRATA_ASSERT(n == -EINTR || n == -EAGAIN || n == -EBUSY, "io_uring_submit: ", std::strerror(-n));
-    }
-  }
-  void wait(bool block, const std::function<void(int, int64_t)>& on) override {
-    io_uring_cqe* cqe = nullptr;
-    int rc;
-    if (block) {
-      do rc = io_uring_wait_cqe(&ring, &cqe); while (rc == -EINTR);
-    } else {
-      __kernel_timespec ts{0, 1000000};
-      rc = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
-      if (rc == -ETIME || rc == -EINTR) return;
-    }
-    STRATA_ASSERT(rc == 0, "io_uring_wait_cqe: ", std::strerror(-rc));
-    unsigned seen = 0, head;
-    io_uring_for_each_cqe(&ring, head, cqe) {
-      on(int(io_uring_cqe_get_data64(cqe)), int64_t(cqe->res));
-      ++seen;
-    }
-    io_uring_cq_advance(&ring, seen);
-  }
-};
-#endif
-
-}  // namespace
-
 // ---- the caller's side ------------------------------------------------------------------------
 
 FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
@@ -270,24 +142,20 @@ FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
     free_bufs_.push_back(int(qd - 1 - i));
   }
 
-#if defined(STRATA_HAVE_URING)
   if (opt_.use_uring) {
-    auto u = std::make_unique<UringBackend>();
-    const int rc = io_uring_queue_init(unsigned(qd), &u->ring, 0);
-    if (rc == 0) {
-      u->live = true;
+    std::string why;
+    backend_ = file_backend_uring(unsigned(qd), &why);
+    if (backend_) {
       for (size_t i = 0; i < qd; ++i) regions_.push_back({staging_ + i * B, B});
-      if (!u->register_buffers(regions_))
+      if (!backend_->register_buffers(regions_))
         opt_.warn(str_cat("cannot register ", qd * B, " bytes of staging buffers with io_uring (RLIMIT_MEMLOCK?); "
                           "NVMe I/O goes on without fixed buffers"));
-      backend_ = std::move(u);
-    } else {
-      opt_.warn(str_cat("io_uring is not available here (io_uring_setup: ", std::strerror(-rc),
+    } else if (!why.empty()) {
+      opt_.warn(str_cat("io_uring is not available here (", why,
                         "); NVMe files are read and written with pread/pwrite, one block at a time"));
     }
   }
-#endif
-  if (!backend_) backend_ = std::make_unique<PreadBackend>();
+  if (!backend_) backend_ = file_backend_pread();
   thread_ = std::thread([this] { io_thread_main(); });
 }
 
@@ -369,72 +237,6 @@ void FileEngine::warn_once_buffered(const std::string& path) {
                     "and is slower (a tmpfs or ramfs? point offload.nvme_path at a real disk)"));
 }
 
-namespace {
-
-// Reads `<path>.crc32c` into *crc and *size; "" or what is wrong with it.
-std::string sidecar_load(const std::string& path, size_t block_bytes, std::vector<uint32_t>* crc,
-                         uint64_t* size) {
-  const std::string side = path + ".crc32c";
-  std::FILE* f = std::fopen(side.c_str(), "rb");
-  if (!f) return str_cat("cannot open its checksum sidecar ", side, ": ", std::strerror(errno));
-  std::vector<unsigned char> bytes;
-  unsigned char chunk[65536];
-  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) bytes.insert(bytes.end(), chunk, chunk + n);
-  std::fclose(f);
-  uint64_t hdr[3] = {0, 0, 0};
-  if (bytes.size() < 36 || std::memcmp(bytes.data(), kSidecarMagic, 8) != 0)
-    return str_cat("its checksum sidecar ", side, " is not one strata wrote");
-  std::memcpy(hdr, bytes.data() + 8, 24);
-  uint32_t stored;
-  std::memcpy(&stored, bytes.data() + bytes.size() - 4, 4);
-  if (bytes.size() != 36 + 4 * hdr[2] || crc32c(bytes.data(), bytes.size() - 4) != stored)
-    return str_cat("its checksum sidecar ", side, " is damaged");
-  if (hdr[0] != block_bytes)
-    return str_cat("it was written with a block size of ", hdr[0], " bytes, not ", block_bytes);
-  crc->resize(hdr[2]);
-  std::memcpy(crc->data(), bytes.data() + 32, 4 * hdr[2]);
-  *size = hdr[1];
-  return "";
-}
-
-// Writes `<path>.crc32c` (a temporary file, fsync, rename); "" or the error.
-std::string sidecar_store(const std::string& path, size_t block_bytes, uint64_t size,
-                          const std::vector<uint32_t>& crc, uint32_t zero_crc) {
-  const uint64_t n = (size + block_bytes - 1) / block_bytes;
-  std::vector<unsigned char> bytes(36 + 4 * n);
-  std::memcpy(bytes.data(), kSidecarMagic, 8);
-  const uint64_t hdr[3] = {block_bytes, size, n};
-  std::memcpy(bytes.data() + 8, hdr, 24);
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint32_t c = i < crc.size() ? crc[i] : zero_crc;
-    std::memcpy(bytes.data() + 32 + 4 * i, &c, 4);
-  }
-  const uint32_t all = crc32c(bytes.data(), bytes.size() - 4);
-  std::memcpy(bytes.data() + bytes.size() - 4, &all, 4);
-  const std::string side = path + ".crc32c", tmp = side + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return str_cat("cannot create ", tmp, ": ", std::strerror(errno));
-  size_t off = 0;
-  int err = 0;
-  while (off < bytes.size() && err == 0) {
-    const ssize_t w = ::pwrite(fd, bytes.data() + off, bytes.size() - off, off_t(off));
-    if (w > 0) off += size_t(w);
-    else if (w < 0 && errno != EINTR) err = errno;
-    else if (w == 0) err = EIO;
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  ::close(fd);
-  if (err == 0 && std::rename(tmp.c_str(), side.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    return str_cat("cannot write the checksum sidecar ", side, " (", bytes.size(), " bytes): ",
-                   std::strerror(err), " (", errno_name(err), ")", errno_hint(err));
-  }
-  return "";
-}
-
-}  // namespace
-
 int FileEngine::open(const std::string& path, FileOpen mode) {
   const int flags = O_RDWR | O_CLOEXEC | (mode == FileOpen::create ? O_CREAT | O_TRUNC : 0);
   auto f = std::make_unique<File>();
@@ -453,7 +255,7 @@ int FileEngine::open(const std::string& path, FileOpen mode) {
   if (mode == FileOpen::create) {
     ::unlink((path + ".crc32c").c_str());  // a stale sidecar would describe other bytes
   } else {
-    std::string err = sidecar_load(path, opt_.block_bytes, &f->crc, &f->size);
+    std::string err = file_sidecar_load(path, opt_.block_bytes, &f->crc, &f->size);
     struct stat st {};
     f->phys_size = f->size;
     if (err.empty() && ::fstat(f->fd, &st) == 0 && uint64_t(st.st_size) != f->size)
@@ -640,7 +442,7 @@ bool FileEngine::io_extend(Request& r) {
   const int e = errno;
   r.failed = true;
   r.error = str_cat("cannot write ", f.path, " at offset ", r.offset, ", ", r.bytes, " bytes: extending the file to ",
-                    end, " bytes failed: ", std::strerror(e), " (", errno_name(e), ")", errno_hint(e));
+                    end, " bytes failed: ", std::strerror(e), " (", file_errno_name(e), ")", file_errno_hint(e));
   io_request_finish(r);
   return false;
 }
@@ -762,7 +564,7 @@ void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
   };
   if (res < 0) {
     const int err = int(-res);
-    return fail(str_cat(std::strerror(err), " (", errno_name(err), ")", errno_hint(err)));
+    return fail(str_cat(std::strerror(err), " (", file_errno_name(err), ")", file_errno_hint(err)));
   }
   const size_t before = p.done;
   p.done = std::max(p.done, p.cur_start + size_t(res));
@@ -841,10 +643,10 @@ void FileEngine::io_run_sync(Request& r) {
   if (::ftruncate(f.fd, off_t(r.size_before)) != 0 || ::fsync(f.fd) != 0) {
     const int e = errno;
     err = str_cat("cannot sync ", f.path, " (", r.size_before, " bytes): ", std::strerror(e), " (",
-                  errno_name(e), ")", errno_hint(e));
+                  file_errno_name(e), ")", file_errno_hint(e));
   } else {
     f.phys_size = r.size_before;
-    err = sidecar_store(f.path, opt_.block_bytes, r.size_before, f.crc, zero_block_crc_);
+    err = file_sidecar_store(f.path, opt_.block_bytes, r.size_before, f.crc, zero_block_crc_);
   }
   if (!err.empty()) {
     r.failed = true;
