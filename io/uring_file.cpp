@@ -4,6 +4,7 @@
 #include "io/uring_file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -117,6 +118,20 @@ struct FileEngine::Piece {
   int stalls = 0;  // resubmissions in a row that moved nothing new
 };
 
+// ---- buffers --------------------------------------------------------------------------------------
+
+void IoBufferFree::operator()(unsigned char* p) const { std::free(p); }
+
+IoBuffer io_buffer_alloc(size_t bytes) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kHuge - 1) / kHuge * kHuge;
+  auto* p = static_cast<unsigned char*>(std::aligned_alloc(kHuge, rounded));
+  STRATA_CHECK_BUDGET(p, "cannot allocate ", rounded, " bytes of I/O buffers: lower the NVMe queue depth, ",
+                      "block size or chunk size");
+  ::madvise(p, rounded, MADV_HUGEPAGE);  // a hint: without huge pages it still works
+  return IoBuffer(p);
+}
+
 // ---- the caller's side ------------------------------------------------------------------------
 
 FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
@@ -131,10 +146,8 @@ FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
   if (const char* env = std::getenv("STRATA_IO_FAULT"); env && *env) fault_ = io_fault_parse(env, &fault_at_);
 
   const size_t qd = size_t(opt_.queue_depth), B = opt_.block_bytes;
-  staging_ = static_cast<unsigned char*>(std::aligned_alloc(kDirectAlign, qd * B));
-  STRATA_CHECK_BUDGET(staging_, "cannot allocate ", qd * B, " bytes of NVMe staging buffers (",
-                      qd, " x ", B, "): lower the queue depth or block size");
-  std::memset(staging_, 0, qd * B);
+  staging_ = io_buffer_alloc(qd * B);
+  std::memset(staging_.get(), 0, qd * B);
   std::vector<unsigned char> zeros(B, 0);
   zero_block_crc_ = crc32c(zeros.data(), B);
   for (size_t i = 0; i < qd; ++i) {
@@ -146,7 +159,7 @@ FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
     std::string why;
     backend_ = file_backend_uring(unsigned(qd), &why);
     if (backend_) {
-      for (size_t i = 0; i < qd; ++i) regions_.push_back({staging_ + i * B, B});
+      for (size_t i = 0; i < qd; ++i) regions_.push_back({staging_.get() + i * B, B});
       if (!backend_->register_buffers(regions_))
         opt_.warn(str_cat("cannot register ", qd * B, " bytes of staging buffers with io_uring (RLIMIT_MEMLOCK?); "
                           "NVMe I/O goes on without fixed buffers"));
@@ -174,8 +187,7 @@ FileEngine::~FileEngine() {
   }
   work_cv_.notify_all();
   thread_.join();
-  backend_.reset();
-  std::free(staging_);
+  backend_.reset();  // unregisters the buffers before staging_ goes
 }
 
 const char* FileEngine::backend() const { return backend_->name(); }
@@ -466,7 +478,7 @@ bool FileEngine::io_start_piece(Request& r) {
   ++r.pieces;
   ++r.next_block;
   ++in_flight_;
-  unsigned char* buf = staging_ + size_t(p.buf) * B;
+  unsigned char* buf = staging_.get() + size_t(p.buf) * B;
   unsigned char* user_block = r.user + (block_off - r.offset);  // valid where lo == 0
   p.base = buf;
   p.in_user = p.lo == 0 && p.hi == B && reinterpret_cast<uintptr_t>(user_block) % kDirectAlign == 0;

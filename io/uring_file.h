@@ -63,6 +63,17 @@
 
 namespace strata {
 
+// Memory for big transfers: 2 MiB-aligned and backed by transparent huge pages where the kernel
+// allows (madvise). A 1 MiB block in 4 KiB pages is 256 segments, more than a virtio disk takes
+// in one request (254 here), so it costs two; in a huge page it is one (reads ran ~1.7x faster
+// here). Give the engine such buffers, registered with register_memory(). Throws (exit 3) when
+// the memory is not there.
+struct IoBufferFree {
+  void operator()(unsigned char* p) const;
+};
+using IoBuffer = std::unique_ptr<unsigned char[], IoBufferFree>;
+IoBuffer io_buffer_alloc(size_t bytes);
+
 struct FileEngineOptions {
   size_t block_bytes = size_t(1) << 20;  // I/O and checksum unit: a multiple of 4096
   int queue_depth = 32;                  // kernel requests in flight = staging buffers, 1..4096
@@ -159,7 +170,7 @@ class FileEngine {
 
   FileEngineOptions opt_;
   std::unique_ptr<Backend> backend_;
-  unsigned char* staging_ = nullptr;  // queue_depth * block_bytes, 4096-aligned
+  IoBuffer staging_;  // queue_depth * block_bytes, from io_buffer_alloc
   uint32_t zero_block_crc_ = 0;
   std::vector<iovec> regions_;  // registered with the ring: the staging buffers, then the caller's
 

@@ -76,7 +76,7 @@ double bench_fio(const NvmeArgs& a, const std::string& path, bool write) {
 }
 
 // strata's engine, used as the NVMe tier uses it: chunks of queue_depth blocks, three tickets in
-// flight, the caller's buffer page-aligned and registered with the ring. Setup (staging, ring, open) is outside the
+// flight, the caller's buffer from io_buffer_alloc and registered with the ring. Setup (staging, ring, open) is outside the
 // timing; the write's time ends after sync and close.
 double bench_cpu_s() {
   rusage ru{};
@@ -168,10 +168,8 @@ int bench_nvme(const std::vector<std::string>& args) {
   };
   // the caller's buffer: three chunks of queue_depth blocks, filled with noise
   const size_t chunk = std::min<size_t>(a.size, a.block * size_t(a.queue_depth));
-  // (page-aligned, as the NVMe tier's buffers are: whole blocks move without a copy)
-  std::unique_ptr<unsigned char, decltype(&std::free)> user(
-      static_cast<unsigned char*>(std::aligned_alloc(4096, 3 * chunk)), &std::free);
-  STRATA_CHECK_BUDGET(user, "cannot allocate ", 3 * chunk, " bytes for the benchmark's buffers");
+  // (from io_buffer_alloc, as the NVMe tier's buffers are: whole blocks move without a copy)
+  IoBuffer user = io_buffer_alloc(3 * chunk);
   uint64_t x = 0x9E3779B97F4A7C15ull;
   for (size_t i = 0; i < 3 * chunk; i += 8) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
