@@ -11,17 +11,18 @@
 //
 // How it works. Requests go to one I/O thread in submission order. It splits each into blocks
 // of `block_bytes` (the I/O unit and the checksum unit) and moves every block through one of
-// `queue_depth` staging buffers: page-aligned, registered with the ring (fixed buffers), so
+// `queue_depth` staging buffers (io_buffer_alloc), registered with the ring (fixed buffers), so
 // O_DIRECT applies to any caller buffer, offset and length; a block the caller's buffer covers
 // whole at a 4096-aligned address moves straight between that memory and the disk instead (no
-// copy: give big transfers aligned buffers and block-aligned offsets). A block is one kernel request:
-// read (the whole block, verified) or write (the whole block, checksummed); a write that covers
-// only part of a block that already holds data reads the block first (read-modify-write).
-// Requests touching the same block run in submission order; others overlap. Short transfers are
-// resubmitted for the rest (from the last 4096-byte boundary under O_DIRECT). Where O_DIRECT is
-// refused (tmpfs: open fails with EINVAL) the file is opened buffered, with one warning per
-// engine. Without liburing at build time, or where io_uring_setup is refused at run time (a
-// seccomp filter), the same thread does the same blocks with pread/pwrite, one at a time.
+// copy: give big transfers aligned buffers and block-aligned offsets). A block is one kernel
+// request: read (the whole block, verified) or write (the whole block, checksummed); a write
+// that covers only part of a block that already holds data reads the block first (read-modify-
+// write). Requests touching the same block run in submission order; others overlap. Short
+// transfers are resubmitted for the rest (from the last 4096-byte boundary under O_DIRECT).
+// Where O_DIRECT is refused (open fails with EINVAL: ramfs, and tmpfs before Linux 6.6) the
+// file is opened buffered, with one warning per engine. Without liburing at build time, or
+// where io_uring_setup is refused at run time (a seccomp filter), the same thread does the same
+// blocks with pread/pwrite, one at a time.
 //
 // On-disk layout. `<path>` holds exactly the caller's bytes (plain `pread` reads them back; its
 // size is the highest byte written; under O_DIRECT the file is extended ahead of a write to a
