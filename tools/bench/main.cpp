@@ -13,6 +13,7 @@ namespace strata::bench {
 int bench_adamw(const std::vector<std::string>& args);
 int bench_pipeline(const std::vector<std::string>& args);
 int bench_zo(const std::vector<std::string>& args);
+int bench_nvme(const std::vector<std::string>& args);
 }  // namespace strata::bench
 
 namespace {
@@ -33,6 +34,9 @@ const BenchCommand kBenchCommands[] = {
     {"zo", strata::bench::bench_zo,
      "the ZO host side: z generation and the ZO-SGD update (bf16 working copy) per parameter against "
      "a plain pass over the same bytes, 1..N threads: strata-bench zo [--params N] [--rounds R]"},
+    {"nvme", strata::bench::bench_nvme,
+     "sequential write and read through strata's NVMe file engine against fio on the same file: "
+     "strata-bench nvme [--path DIR] [--size SIZE] [--block-size B] [--queue-depth Q]"},
 };
 
 void bench_print_usage(FILE* f) {
