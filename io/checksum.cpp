@@ -1,0 +1,118 @@
+#include "io/checksum.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+constexpr uint32_t kPoly = 0x82f63b78u;  // CRC-32C, reflected
+
+// Slicing-by-8 tables: table[0] is the classic byte table; table[k][b] advances it k more bytes.
+struct Tables {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  Tables() {
+    for (uint32_t b = 0; b < 256; ++b) {
+      uint32_t c = b;
+      for (int i = 0; i < 8; ++i) c = (c >> 1) ^ (kPoly & (0u - (c & 1u)));
+      t[0][b] = c;
+    }
+    for (uint32_t b = 0; b < 256; ++b)
+      for (size_t k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xffu];
+  }
+};
+
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const void* data, size_t bytes, uint32_t seed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t c = ~seed;
+  while (bytes > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {
+    c = __builtin_ia32_crc32qi(uint32_t(c), *p++);
+    --bytes;
+  }
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c = __builtin_ia32_crc32di(c, w);
+  }
+  for (; bytes > 0; --bytes) c = __builtin_ia32_crc32qi(uint32_t(c), *p++);
+  return ~uint32_t(c);
+}
+#endif
+
+}  // namespace
+
+uint32_t crc32c_software(const void* data, size_t bytes, uint32_t seed) {
+  const auto& t = tables().t;
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~seed;
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint32_t lo, hi;  // little-endian words, as the table order assumes
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;
+    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
+        t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+  }
+  for (; bytes > 0; --bytes) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xffu];
+  return ~c;
+}
+
+bool crc32c_hardware_available() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("sse4.2");
+  return has;
+#else
+  return false;
+#endif
+}
+
+uint32_t crc32c(const void* data, size_t bytes, uint32_t seed) {
+#if defined(__x86_64__)
+  if (crc32c_hardware_available()) return crc32c_sse42(data, bytes, seed);
+#endif
+  return crc32c_software(data, bytes, seed);
+}
+
+uint32_t crc32c_file(const std::string& path, uint64_t* bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  STRATA_CHECK_IO(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  std::vector<char> buf(size_t(4) << 20);
+  uint32_t crc = 0;
+  uint64_t total = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      STRATA_CHECK_IO(n == 0, "cannot read ", path, " at offset ", total, ": ", std::strerror(err));
+      break;
+    }
+    crc = crc32c(buf.data(), size_t(n), crc);
+    total += uint64_t(n);
+  }
+  if (bytes) *bytes = total;
+  return crc;
+}
+
+std::string crc32c_hex(uint32_t crc) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", crc);
+  return buf;
+}
+
+}  // namespace strata
