@@ -255,9 +255,8 @@ LayerGrads Engine::grads_at(char* base, size_t layer) const {
 
 void Engine::wait_optimizer(size_t group) {
   if (!optimizer_ticket_[group]) return;
-  auto t0 = Clock::now();
-  host_.wait(optimizer_ticket_[group]);
-  optimizer_exposed_s_ += seconds_since(t0);
+  const size_t ticket = optimizer_ticket_[group];
+  exposed_wait(&optimizer_exposed_s_, [&] { host_.wait(ticket); });
   optimizer_ticket_[group] = 0;
 }
 
@@ -423,9 +422,7 @@ void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
 
     // dW chunk -> pinned staging -> added into its rows of the host gradient
     dev_.event_record(*x_ready_, s);
-    auto t0 = Clock::now();
-    if (head_staging_ticket_[b]) host_.wait(head_staging_ticket_[b]);
-    d2h_wait_s_ += seconds_since(t0);
+    if (head_staging_ticket_[b]) exposed_wait(&d2h_wait_s_, [&] { host_.wait(head_staging_ticket_[b]); });
     dev_.stream_wait_event(Stream::d2h, *x_ready_);
     dev_.copy_d2h(head_grad_staging_[b], head_grad_slots_[b], size_t(vc * C) * 4, Stream::d2h);
     dev_.event_record(*head_grad_copied_[b], Stream::d2h);
@@ -433,10 +430,8 @@ void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
     float* staging = head_grad_staging_[b];
     float* dst = lm_grad + size_t(v0 * C);
     const size_t count = size_t(vc * C);
-    head_staging_ticket_[b] = host_.enqueue([this, ev, staging, dst, count] {
-      dev_.event_synchronize(*ev);
-      accumulate(dst, staging, count);
-    });
+    head_staging_ticket_[b] = host_.enqueue([this, ev] { dev_.event_synchronize(*ev); },
+                                            [this, staging, dst, count] { accumulate(dst, staging, count); });
   }
 
   // final norm backward; its gradient goes to the host like the others
@@ -448,8 +443,7 @@ void Engine::loss_head(const MicroBatch& mb, bool backward, float grad_scale) {
   dev_.copy_d2h(norm_grad_staging_, norm_grad_dev_, size_t(C) * 4, Stream::d2h);
   dev_.event_record(*norm_grad_copied_, Stream::d2h);
   auto ev = norm_grad_copied_;
-  host_.enqueue([this, ev] {
-    dev_.event_synchronize(*ev);
+  host_.enqueue([this, ev] { dev_.event_synchronize(*ev); }, [this] {
     accumulate(store_.grad_of(size_t(store_.spec().final_norm)), norm_grad_staging_, size_t(dims_.C));
   });
   update_group_when_landed(store_.groups().size() - 1);  // final norm (and an untied lm_head)
@@ -492,17 +486,14 @@ void Engine::backward(const MicroBatch& mb) {
 
     // gradient out: device slot -> pinned staging -> host accumulation, in layer order
     dev_.event_record(*x_ready_, s);
-    auto t0 = Clock::now();
-    if (staging_ticket_[b]) host_.wait(staging_ticket_[b]);
-    d2h_wait_s_ += seconds_since(t0);
+    if (staging_ticket_[b]) exposed_wait(&d2h_wait_s_, [&] { host_.wait(staging_ticket_[b]); });
     dev_.stream_wait_event(Stream::d2h, *x_ready_);
     dev_.copy_d2h(grad_staging_[b], g, grp.f32_bytes, Stream::d2h);
     dev_.event_record(*grad_copied_[i], Stream::d2h);
     copied_this_step[i] = true;
     auto ev = grad_copied_[i];
     float* staging = grad_staging_[b];
-    staging_ticket_[b] = host_.enqueue([this, ev, staging, i] {
-      dev_.event_synchronize(*ev);
+    staging_ticket_[b] = host_.enqueue([this, ev] { dev_.event_synchronize(*ev); }, [this, staging, i] {
       const ParamGroup& gg = store_.layer_group(i);
       accumulate(store_.grad() + gg.f32_offset / 4, staging, gg.f32_bytes / 4);
     });
@@ -516,8 +507,7 @@ void Engine::backward(const MicroBatch& mb) {
   dev_.event_record(*dx0_copied_, Stream::d2h);
   auto ev = dx0_copied_;
   const int64_t n_tokens = N;
-  host_.enqueue([this, ev, n_tokens] {
-    dev_.event_synchronize(*ev);
+  host_.enqueue([this, ev] { dev_.event_synchronize(*ev); }, [this, n_tokens] {
     cpu::embedding_backward(store_.grad_of(size_t(store_.spec().embed)), dx0_host_, ids_host_.data(),
                             n_tokens, dims_.C);
   });
@@ -531,11 +521,11 @@ double Engine::forward_backward(const MicroBatch& mb, float grad_scale) {
   backward(mb);
   dev_.copy_d2h(&loss_host_, loss_dev_, sizeof(double), Stream::compute);
   dev_.event_record(*loss_copied_, Stream::compute);
-  auto t0 = Clock::now();
-  dev_.event_synchronize(*loss_copied_);
-  dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
-  dev_.event_synchronize(*dx0_copied_);
-  d2h_wait_s_ += seconds_since(t0);
+  exposed_wait(&d2h_wait_s_, [&] {
+    dev_.event_synchronize(*loss_copied_);
+    dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
+    dev_.event_synchronize(*dx0_copied_);
+  });
   return loss_host_;
 }
 
@@ -554,8 +544,10 @@ void Engine::zero_grads() {
 }
 
 double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
-  host_.drain();  // every gradient has landed
-  const double norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats())));
+  exposed_wait(&d2h_wait_s_, [&] { host_.drain(); });  // every gradient has landed
+  double norm = 0;
+  exposed_wait(&optimizer_exposed_s_,
+               [&] { norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats()))); });
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
@@ -621,10 +613,35 @@ double Engine::landed_update_norm() {
   return norm;
 }
 
+// Every stream and the host queue are drained even when one of them failed, so nothing is
+// left running on buffers the caller may free next; then the first error is rethrown.
 void Engine::synchronize() {
-  dev_.synchronize();
-  host_.drain();
+  std::exception_ptr first;
+  auto collect = [&](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  };
+  for (int s = 0; s < kStreamCount; ++s) collect([&] { dev_.stream_synchronize(Stream(s)); });
+  collect([&] { host_.drain(); });
   for (auto& t : optimizer_ticket_) t = 0;
+  if (first) std::rethrow_exception(first);
+}
+
+// The trainer thread blocks in `wait`; the part of that time the compute stream was neither busy
+// nor blocked on another stream (it had run out of work) is added to *exposed. Only that part
+// lengthens the step: the rest overlapped device work.
+template <class F>
+void Engine::exposed_wait(double* exposed, F&& wait) {
+  const auto t0 = Clock::now();
+  const DeviceCounters c0 = dev_.counters();
+  wait();
+  const DeviceCounters c1 = dev_.counters();
+  const double device_s = (c1.compute_busy_s - c0.compute_busy_s) +
+                          (c1.stream_wait_s[int(Stream::compute)] - c0.stream_wait_s[int(Stream::compute)]);
+  *exposed += std::max(0.0, seconds_since(t0) - device_s);
 }
 
 EngineStats Engine::stats() const {

@@ -26,6 +26,15 @@ uint64_t HostQueue::enqueue(std::function<void()> task) {
   return ++issued_;
 }
 
+uint64_t HostQueue::enqueue(std::function<void()> wait_for_input, std::function<void()> work) {
+  return enqueue([this, wait = std::move(wait_for_input), work = std::move(work)] {
+    const auto t0 = Clock::now();
+    wait();
+    task_input_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();  // worker thread only
+    work();
+  });
+}
+
 void HostQueue::wait(uint64_t ticket) {
   auto t0 = Clock::now();
   std::unique_lock lock(mu_);
@@ -54,6 +63,7 @@ void HostQueue::run() {
       queue_.pop_front();
     }
     auto t0 = Clock::now();
+    task_input_wait_s_ = 0;
     std::exception_ptr err;
     try {
       cpu_threads_apply();
@@ -64,7 +74,7 @@ void HostQueue::run() {
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     {
       std::lock_guard lock(mu_);
-      busy_s_ += dt;
+      busy_s_ += dt - task_input_wait_s_;
       if (err && !error_) error_ = err;
       ++done_;
     }

@@ -20,9 +20,12 @@ class HostQueue {
   HostQueue& operator=(const HostQueue&) = delete;
 
   uint64_t enqueue(std::function<void()> task);  // returns the task's ticket (1, 2, ...)
+  // A task that first waits for its input (a device copy to land) and then works on it: the
+  // wait is not counted in busy_s(), so busy_s() is host work only.
+  uint64_t enqueue(std::function<void()> wait_for_input, std::function<void()> work);
   void wait(uint64_t ticket);                     // until that task ran; rethrows its error
   void drain() { wait(issued_); }
-  double busy_s() const;                          // seconds spent running tasks
+  double busy_s() const;                          // seconds spent working (input waits excluded)
   double waited_s() const { return waited_s_; }   // seconds callers spent blocked in wait()
 
  private:
@@ -34,6 +37,7 @@ class HostQueue {
   bool stop_ = false;
   std::exception_ptr error_;
   double busy_s_ = 0, waited_s_ = 0;
+  double task_input_wait_s_ = 0;  // the running task's input wait (worker thread only)
   std::thread thread_;
 };
 
