@@ -1,0 +1,238 @@
+// Checkpoints refuse damage (issue 10, item 3): every file carries a CRC-32C in manifest.json,
+// written before COMPLETE; resume verifies every file and the data position before step 1, and
+// a damaged checkpoint is exit 2 naming the file and the older checkpoints to resume from.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <cstring>
+
+#include "io/checksum.h"
+#include "src/core/error.h"
+#include "src/recipe/recipe.h"
+#include "src/train/checkpoint.h"
+#include "src/train/trainer.h"
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> overrides_for(const std::string& out) {
+  return {"data.sequence_len=64",  "train.micro_batch_size=2", "train.log_steps=100",
+          "checkpoint.output_dir=" + out, "device.cpu_threads=2", "train.max_steps=6",
+          "checkpoint.save_steps=3"};
+}
+
+Recipe recipe_for(const std::string& out) {
+  return recipe_load(testing::source_path("recipes/quickstart.toml"), overrides_for(out));
+}
+
+// A finished 6-step run with checkpoint-3 and checkpoint-6, shared by the cases below (copied
+// per case so each damages its own).
+const std::string& saved_run() {
+  static const std::string dir = [] {
+    const std::string d = (fs::temp_directory_path() / "strata_ckpt_damage_src").string();
+    fs::remove_all(d);
+    train_run(recipe_for(d));
+    return d;
+  }();
+  return dir;
+}
+
+std::string copy_of_run(const std::string& name) {
+  const std::string d = (fs::temp_directory_path() / ("strata_ckpt_damage_" + name)).string();
+  fs::remove_all(d);
+  fs::copy(saved_run(), d, fs::copy_options::recursive);
+  // the effective recipe names the source dir: a copy is a run of its own
+  return d;
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+void flip_bit(const std::string& path, size_t from_end) {
+  std::string b = bytes_of(path);
+  REQUIRE(b.size() > from_end);
+  b[b.size() - 1 - from_end] ^= 0x04;
+  write_bytes(path, b);
+}
+
+// Rewrites a file's entry in manifest.json as if the file had been saved like this: a
+// checkpoint that is consistent with itself but wrong inside (the index checks must catch it).
+void reseal(const std::string& ckpt, const std::string& rel) {
+  nlohmann::json m = nlohmann::json::parse(bytes_of(ckpt + "/manifest.json"));
+  uint64_t bytes = 0;
+  const uint32_t crc = crc32c_file(ckpt + "/" + rel, &bytes);
+  for (auto& f : m["files"])
+    if (f["path"] == rel) f["bytes"] = bytes, f["crc32c"] = crc32c_hex(crc);
+  write_bytes(ckpt + "/manifest.json", m.dump(1));
+}
+
+// Resuming `out` must fail with exit 2 before step 1, naming `file`; returns the message.
+std::string refused(const std::string& out, const std::string& file) {
+  TrainOptions resume;
+  resume.resume = "auto";
+  Recipe rc = recipe_for(out);
+  rc.max_steps = 9;
+  try {
+    train_run(rc, resume);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(e.exit_code() == 2);
+    CHECK(msg.find(file) != std::string::npos);
+    return msg;
+  }
+  FAIL("a damaged checkpoint was accepted");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint's manifest lists every file with its size and CRC-32C", "[checkpoint][damage]") {
+  const std::string ckpt = saved_run() + "/checkpoint-6";
+  nlohmann::json m = nlohmann::json::parse(bytes_of(ckpt + "/manifest.json"));
+  CHECK(m["checksum"] == "crc32c");
+  std::vector<std::string> listed, on_disk;
+  for (auto& f : m["files"]) {
+    const std::string rel = f["path"];
+    listed.push_back(rel);
+    uint64_t bytes = 0;
+    CHECK(crc32c_hex(crc32c_file(ckpt + "/" + rel, &bytes)) == f["crc32c"]);
+    CHECK(bytes == f["bytes"].get<uint64_t>());
+  }
+  for (auto& e : fs::recursive_directory_iterator(ckpt))
+    if (e.is_regular_file()) on_disk.push_back(fs::relative(e.path(), ckpt).generic_string());
+  std::sort(listed.begin(), listed.end());
+  std::sort(on_disk.begin(), on_disk.end());
+  std::vector<std::string> expected = listed;
+  expected.push_back("COMPLETE");
+  expected.push_back("manifest.json");
+  std::sort(expected.begin(), expected.end());
+  CHECK(on_disk == expected);
+  for (const char* f : {"optimizer_state.safetensors", "trainer_state.json", "data_order.bin", "recipe.toml",
+                        "hf/config.json", "hf/model.safetensors"})
+    CHECK(std::find(listed.begin(), listed.end(), f) != listed.end());
+}
+
+TEST_CASE("one flipped bit in any checkpoint file is refused before step 1, naming the file", "[checkpoint][damage]") {
+  for (const char* file : {"optimizer_state.safetensors", "data_order.bin", "trainer_state.json",
+                           "hf/model.safetensors", "recipe.toml"}) {
+    DYNAMIC_SECTION(file) {
+      const std::string out = copy_of_run("bit");
+      flip_bit(out + "/checkpoint-6/" + file, 3);
+      const std::string msg = refused(out, std::string("checkpoint-6/") + file);
+      CHECK(msg.find("--resume") != std::string::npos);
+      CHECK(msg.find("checkpoint-3") != std::string::npos);  // the older one to use instead
+      CHECK(!fs::exists(out + "/checkpoint-7"));
+    }
+  }
+}
+
+TEST_CASE("a missing or truncated checkpoint file, or a missing manifest, is refused", "[checkpoint][damage]") {
+  SECTION("truncated") {
+    const std::string out = copy_of_run("trunc");
+    const std::string f = out + "/checkpoint-6/optimizer_state.safetensors";
+    write_bytes(f, bytes_of(f).substr(0, 1000));
+    refused(out, "optimizer_state.safetensors");
+  }
+  SECTION("missing") {
+    const std::string out = copy_of_run("missing");
+    fs::remove(out + "/checkpoint-6/data_order.bin");
+    refused(out, "data_order.bin");
+  }
+  SECTION("no manifest") {
+    const std::string out = copy_of_run("nomanifest");
+    fs::remove(out + "/checkpoint-6/manifest.json");
+    refused(out, "manifest.json");
+  }
+}
+
+TEST_CASE("row ids outside the data, repeated rows and a cursor past the order are refused, never run",
+          "[checkpoint][damage]") {
+  auto order_with = [](const std::string& out, int64_t at, int64_t value) {
+    const std::string f = out + "/checkpoint-6/data_order.bin";
+    std::string b = bytes_of(f);
+    std::memcpy(b.data() + size_t(at) * 8, &value, 8);
+    write_bytes(f, b);
+    reseal(out + "/checkpoint-6", "data_order.bin");
+  };
+  SECTION("a row id past the row count") {
+    const std::string out = copy_of_run("row_high");
+    order_with(out, 5, int64_t(1) << 40);
+    CHECK(refused(out, "data_order.bin").find("outside [0, ") != std::string::npos);
+  }
+  SECTION("a negative row id") {
+    const std::string out = copy_of_run("row_neg");
+    order_with(out, 0, -3);
+    CHECK(refused(out, "data_order.bin").find("outside [0, ") != std::string::npos);
+  }
+  SECTION("a row twice") {
+    const std::string out = copy_of_run("row_twice");
+    int64_t first = 0;
+    std::memcpy(&first, bytes_of(out + "/checkpoint-6/data_order.bin").data(), 8);
+    order_with(out, 1, first);
+    CHECK(refused(out, "data_order.bin").find("a second time") != std::string::npos);
+  }
+  SECTION("a cursor past the order") {
+    const std::string out = copy_of_run("cursor");
+    const std::string f = out + "/checkpoint-6/trainer_state.json";
+    nlohmann::json j = nlohmann::json::parse(bytes_of(f));
+    j["cursor"] = j["order_count"].get<uint64_t>() + 5;
+    write_bytes(f, j.dump(2));
+    reseal(out + "/checkpoint-6", "trainer_state.json");
+    CHECK(refused(out, "trainer_state.json").find("cursor") != std::string::npos);
+  }
+}
+
+TEST_CASE("heavy damage through the binary exits 2 promptly (no crash, no hang)", "[checkpoint][damage][cli]") {
+  const std::string out = copy_of_run("heavy");
+  {
+    const std::string f = out + "/checkpoint-6/data_order.bin";
+    std::string b = bytes_of(f);
+    for (size_t i = 0; i + 8 <= b.size(); i += 24) {
+      const int64_t v = -3;
+      std::memcpy(b.data() + i, &v, 8);
+    }
+    write_bytes(f, b);
+    reseal(out + "/checkpoint-6", "data_order.bin");
+  }
+  std::string args;
+  for (auto& o : overrides_for(out)) args += " " + o;
+  testing::ProcessResult r = testing::run_strata("train " + testing::source_path("recipes/quickstart.toml") + args +
+                                                 " train.max_steps=9 --resume auto");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("data_order.bin") != std::string::npos);
+  CHECK(r.out.find("step 7/") == std::string::npos);
+}
+
+TEST_CASE("--resume of a directory that does not exist says so", "[checkpoint][damage]") {
+  const std::string out = copy_of_run("nodir");
+  TrainOptions resume;
+  resume.resume = out + "/checkpoint-99";
+  try {
+    train_run(recipe_for(out), resume);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(e.exit_code() == 2);
+    CHECK(msg.find("no such directory") != std::string::npos);
+    CHECK(msg.find("COMPLETE") == std::string::npos);
+  }
+}
+
+}  // namespace strata
