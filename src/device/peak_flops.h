@@ -21,9 +21,10 @@ struct DevicePeak {
 // plain (non-tensor) f32. nullopt for a GPU the table does not list.
 std::optional<DevicePeak> gpu_datasheet_peak(const std::string& gpu_name, DType ab);
 
-// The CPU backend's peak for `ab`: the median of 5 timed oneDNN GEMMs (M = N = K =
-// kCpuPeakGemmSize, after a warm-up) on the current device.cpu_threads, measured once per
-// process for each dtype and thread count.
+// The CPU backend's peak for `ab`: the fastest of 5 timed oneDNN GEMMs (M = N = K =
+// kCpuPeakGemmSize, after a warm-up; the median is reported beside it) on the current
+// device.cpu_threads, measured once per process for each dtype and thread count. The fastest,
+// because other load on the machine only slows runs down.
 inline constexpr int kCpuPeakGemmSize = 1536;
 DevicePeak cpu_measured_peak(DType ab);
 

@@ -175,6 +175,7 @@ class TrainRun {
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
+  bool mfu_capped_ = false;
   size_t host_bytes_ = 0;
   std::string recipe_toml_, resume_dir_;
   CheckpointFiles files_;
@@ -450,7 +451,15 @@ void TrainRun::record(const StepResult& r) {
   const int64_t tokens = rc_.micro_batch_size * rc_.gradient_accumulation_steps * rc_.sequence_len;
   const double step_s = r.run_s + r.save_s;
   const double tps = double(tokens) / r.run_s;
-  const double mfu = tps * flops_per_token_ / peak_.flops_per_s;
+  double mfu = tps * flops_per_token_ / peak_.flops_per_s;
+  if (mfu > 1) {  // a measured peak taken while the machine was busy: say so, keep MFU a fraction
+    if (!mfu_capped_)
+      progress_.message(str_cat("strata train: warning: step ", r.step, " ran at ", mfu, " times the peak (",
+                                peak_.source, "); the peak was measured low, likely while the machine was busy. "
+                                "MFU is shown as at most 100%"));
+    mfu_capped_ = true;
+    mfu = 1;
+  }
   summary_.losses.push_back(r.loss);
   if (r.step > first_step_) {
     tokens_after_first_ += double(tokens);

@@ -2,9 +2,13 @@
 // (recipes/README.md), so compute, waits, exposed optimizer time and saving add up to about
 // the step time; MFU, against the device's peak for the run's dtype, stays in (0, 1].
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/hf_config.h"
+#include "models/model_spec.h"
+#include "src/device/peak_flops.h"
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"
 #include "tests/testing.h"
@@ -23,6 +27,17 @@ TEST_CASE("time fields add up to the step time and MFU is in (0, 1], on both dty
                                  "checkpoint.save_steps=3", std::string("model.dtype=") + dtype,
                                  std::string("optim.max_grad_norm=") + clip, "device.link_bandwidth=200MB/s"});
         train_run(rc);
+        // MFU's parts, computed here: model FLOPs per token (6 per matmul weight, the tied
+        // embedding as lm_head, plus causal attention) over this process's peak for the dtype
+        const ModelSpec spec = model_spec_build(hf_config_load(rc.model_config), dtype_parse(dtype));
+        double matmul_params = 0;
+        for (auto& row : spec.params.rows())
+          if (row.shape.size() == 2 && row.name != "model.embed_tokens.weight") matmul_params += double(row.numel());
+        if (spec.lm_head == kAbsent) matmul_params += double(spec.params[size_t(spec.embed)].numel());
+        const auto& c = spec.config;
+        const double flops_per_token = 6.0 * matmul_params + 6.0 * double(c.num_hidden_layers * c.num_attention_heads *
+                                                                          c.head_dim * rc.sequence_len);
+        const double peak = cpu_measured_peak(dtype_parse(dtype)).flops_per_s;
         std::ifstream in(out + "/metrics.jsonl");
         std::string line;
         double step_total = 0, parts_total = 0, saved = 0;
@@ -34,6 +49,7 @@ TEST_CASE("time fields add up to the step time and MFU is in (0, 1], on both dty
           const double mfu = j["mfu"];
           CHECK(mfu > 0);
           CHECK(mfu <= 1);
+          CHECK(mfu == Approx(std::min(1.0, j["tokens_per_s"].get<double>() * flops_per_token / peak)));
           for (const char* k : {"compute_s", "h2d_wait_s", "d2h_wait_s", "optimizer_s", "optimizer_exposed_s", "save_s"})
             CHECK(j[k].get<double>() >= 0);
           const double parts = j["compute_s"].get<double>() + j["h2d_wait_s"].get<double>() +
