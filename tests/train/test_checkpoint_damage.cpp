@@ -1,6 +1,8 @@
 // Checkpoints refuse damage (issue 10, item 3): every file carries a CRC-32C in manifest.json,
 // written before COMPLETE; resume verifies every file and the data position before step 1, and
 // a damaged checkpoint is exit 2 naming the file and the older checkpoints to resume from.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -32,24 +34,27 @@ Recipe recipe_for(const std::string& out) {
 }
 
 // A finished 6-step run with checkpoint-3 and checkpoint-6, shared by the cases below (copied
-// per case so each damages its own).
+// per case so each damages its own). Names carry the pid: ctest runs cases in parallel processes.
+std::string pid_name(const std::string& name) { return name + "_" + std::to_string(::getpid()); }
+
 const std::string& saved_run() {
-  static const std::string dir = [] {
-    const std::string d = (fs::temp_directory_path() / "strata_ckpt_damage_src").string();
-    fs::remove_all(d);
+  static testing::TempDir dir(pid_name("ckpt_damage_src"));  // removed at exit
+  static const std::string out = [] {
+    const std::string d = (dir.path / "run").string();
     train_run(recipe_for(d));
     return d;
   }();
-  return dir;
+  return out;
 }
 
-std::string copy_of_run(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() / ("strata_ckpt_damage_" + name)).string();
-  fs::remove_all(d);
-  fs::copy(saved_run(), d, fs::copy_options::recursive);
-  // the effective recipe names the source dir: a copy is a run of its own
-  return d;
-}
+// A copy of the saved run in a temp dir removed when the case ends.
+struct RunCopy {
+  testing::TempDir dir;
+  std::string out;
+  explicit RunCopy(const std::string& name) : dir(pid_name("ckpt_damage_" + name)), out((dir.path / "run").string()) {
+    fs::copy(saved_run(), out, fs::copy_options::recursive);
+  }
+};
 
 std::string bytes_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -131,7 +136,8 @@ TEST_CASE("one flipped bit in any checkpoint file is refused before step 1, nami
   for (const char* file : {"optimizer_state.safetensors", "data_order.bin", "trainer_state.json",
                            "hf/model.safetensors", "recipe.toml"}) {
     DYNAMIC_SECTION(file) {
-      const std::string out = copy_of_run("bit");
+      RunCopy copy("bit");
+      const std::string& out = copy.out;
       flip_bit(out + "/checkpoint-6/" + file, 3);
       const std::string msg = refused(out, std::string("checkpoint-6/") + file);
       CHECK(msg.find("--resume") != std::string::npos);
@@ -143,18 +149,21 @@ TEST_CASE("one flipped bit in any checkpoint file is refused before step 1, nami
 
 TEST_CASE("a missing or truncated checkpoint file, or a missing manifest, is refused", "[checkpoint][damage]") {
   SECTION("truncated") {
-    const std::string out = copy_of_run("trunc");
+    RunCopy copy("trunc");
+    const std::string& out = copy.out;
     const std::string f = out + "/checkpoint-6/optimizer_state.safetensors";
     write_bytes(f, bytes_of(f).substr(0, 1000));
     refused(out, "optimizer_state.safetensors");
   }
   SECTION("missing") {
-    const std::string out = copy_of_run("missing");
+    RunCopy copy("missing");
+    const std::string& out = copy.out;
     fs::remove(out + "/checkpoint-6/data_order.bin");
     refused(out, "data_order.bin");
   }
   SECTION("no manifest") {
-    const std::string out = copy_of_run("nomanifest");
+    RunCopy copy("nomanifest");
+    const std::string& out = copy.out;
     fs::remove(out + "/checkpoint-6/manifest.json");
     refused(out, "manifest.json");
   }
@@ -170,24 +179,28 @@ TEST_CASE("row ids outside the data, repeated rows and a cursor past the order a
     reseal(out + "/checkpoint-6", "data_order.bin");
   };
   SECTION("a row id past the row count") {
-    const std::string out = copy_of_run("row_high");
+    RunCopy copy("row_high");
+    const std::string& out = copy.out;
     order_with(out, 5, int64_t(1) << 40);
     CHECK(refused(out, "data_order.bin").find("outside [0, ") != std::string::npos);
   }
   SECTION("a negative row id") {
-    const std::string out = copy_of_run("row_neg");
+    RunCopy copy("row_neg");
+    const std::string& out = copy.out;
     order_with(out, 0, -3);
     CHECK(refused(out, "data_order.bin").find("outside [0, ") != std::string::npos);
   }
   SECTION("a row twice") {
-    const std::string out = copy_of_run("row_twice");
+    RunCopy copy("row_twice");
+    const std::string& out = copy.out;
     int64_t first = 0;
     std::memcpy(&first, bytes_of(out + "/checkpoint-6/data_order.bin").data(), 8);
     order_with(out, 1, first);
     CHECK(refused(out, "data_order.bin").find("a second time") != std::string::npos);
   }
   SECTION("a cursor past the order") {
-    const std::string out = copy_of_run("cursor");
+    RunCopy copy("cursor");
+    const std::string& out = copy.out;
     const std::string f = out + "/checkpoint-6/trainer_state.json";
     nlohmann::json j = nlohmann::json::parse(bytes_of(f));
     j["cursor"] = j["order_count"].get<uint64_t>() + 5;
@@ -198,7 +211,8 @@ TEST_CASE("row ids outside the data, repeated rows and a cursor past the order a
 }
 
 TEST_CASE("heavy damage through the binary exits 2 promptly (no crash, no hang)", "[checkpoint][damage][cli]") {
-  const std::string out = copy_of_run("heavy");
+  RunCopy copy("heavy");
+  const std::string& out = copy.out;
   {
     const std::string f = out + "/checkpoint-6/data_order.bin";
     std::string b = bytes_of(f);
@@ -220,7 +234,8 @@ TEST_CASE("heavy damage through the binary exits 2 promptly (no crash, no hang)"
 }
 
 TEST_CASE("--resume of a directory that does not exist says so", "[checkpoint][damage]") {
-  const std::string out = copy_of_run("nodir");
+  RunCopy copy("nodir");
+  const std::string& out = copy.out;
   TrainOptions resume;
   resume.resume = out + "/checkpoint-99";
   try {
