@@ -151,7 +151,8 @@ class TrainRun {
   void evaluate_if_due(int64_t step, bool stopping);
   bool save_due(int64_t step, bool stopping) const;
   double save();
-  void record(const StepResult& r);
+  void show(const StepResult& r);    // the progress display, as soon as the step is done
+  void record(const StepResult& r);  // metrics.jsonl, once its save (if any) is timed
   bool stop_requested(int64_t step) const { return train_stop_requested() || step == topt_.stop_at_step; }
   TrainSummary interrupted(int64_t step);
   TrainSummary finish();
@@ -161,6 +162,8 @@ class TrainRun {
   void load_weights();
   void evaluate(int64_t step);
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
+  double step_mfu(const StepResult& r);
+  int64_t tokens_per_step() const { return rc_.micro_batch_size * rc_.gradient_accumulation_steps * rc_.sequence_len; }
 
   const Recipe& rc_;
   const TrainOptions& topt_;
@@ -205,6 +208,7 @@ TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
   while (!run.done()) {
     const StepBatch batch = run.next_batch();
     StepResult r = run.step(batch);
+    run.show(r);
     const bool stopping = run.stop_requested(r.step);
     run.evaluate_if_due(r.step, stopping);
     if (run.save_due(r.step, stopping)) r.save_s = run.save();
@@ -390,7 +394,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
   r.counted = batch.counted;
   r.lr = ap.lr;
   state_.step = r.step;
-  state_.tokens_seen += double(rc_.micro_batch_size * rc_.gradient_accumulation_steps * rc_.sequence_len);
+  state_.tokens_seen += double(tokens_per_step());
   return r;
 }
 
@@ -445,12 +449,9 @@ nlohmann::json TrainRun::op_seconds(const DeviceCounters& c0, const DeviceCounte
   return ops;
 }
 
-// metrics.jsonl and the progress display. Every time is what its name says (recipes/README.md):
-// compute_s + h2d_wait_s + d2h_wait_s + optimizer_exposed_s + save_s is about step_s.
-void TrainRun::record(const StepResult& r) {
-  const int64_t tokens = rc_.micro_batch_size * rc_.gradient_accumulation_steps * rc_.sequence_len;
-  const double step_s = r.run_s + r.save_s;
-  const double tps = double(tokens) / r.run_s;
+// MFU of a step: model FLOPs per second over the device's peak for the run's dtype.
+double TrainRun::step_mfu(const StepResult& r) {
+  const double tps = double(tokens_per_step()) / r.run_s;
   double mfu = tps * flops_per_token_ / peak_.flops_per_s;
   if (mfu > 1) {  // a measured peak taken while the machine was busy: say so, keep MFU a fraction
     if (!mfu_capped_)
@@ -460,6 +461,22 @@ void TrainRun::record(const StepResult& r) {
     mfu_capped_ = true;
     mfu = 1;
   }
+  return mfu;
+}
+
+void TrainRun::show(const StepResult& r) {
+  const double tps = double(tokens_per_step()) / r.run_s;
+  progress_.step({r.step, max_steps_, r.loss, r.lr, r.grad_norm, tps, step_mfu(r), r.run_s, dev_->peak_bytes(),
+                  store_->pinned_bytes(), host_bytes_});
+}
+
+// metrics.jsonl. Every time is what its name says (recipes/README.md):
+// compute_s + h2d_wait_s + d2h_wait_s + optimizer_exposed_s + save_s is about step_s.
+void TrainRun::record(const StepResult& r) {
+  const int64_t tokens = tokens_per_step();
+  const double step_s = r.run_s + r.save_s;
+  const double tps = double(tokens) / r.run_s;
+  const double mfu = step_mfu(r);
   summary_.losses.push_back(r.loss);
   if (r.step > first_step_) {
     tokens_after_first_ += double(tokens);
@@ -478,8 +495,6 @@ void TrainRun::record(const StepResult& r) {
       {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
   metrics_->write(rec);
-  progress_.step({r.step, max_steps_, r.loss, r.lr, r.grad_norm, tps, mfu, r.run_s, dev_->peak_bytes(),
-                  store_->pinned_bytes(), host_bytes_});
 }
 
 TrainSummary TrainRun::interrupted(int64_t step) {
