@@ -147,9 +147,14 @@ std::string shell_quote(const std::string& s) {
 }  // namespace
 
 std::string run_dir_resume_command(const std::string& recipe_path, const std::vector<std::string>& overrides) {
-  std::string cmd = "strata train " + shell_quote(recipe_path);
-  for (const std::string& o : overrides) cmd += " " + shell_quote(o);
-  return cmd + " --resume auto";
+  std::string cmd = "strata train ";  // appends, not "x" + string: GCC 12 warns falsely (-Wrestrict)
+  cmd += shell_quote(recipe_path);
+  for (const std::string& o : overrides) {
+    cmd += ' ';
+    cmd += shell_quote(o);
+  }
+  cmd += " --resume auto";
+  return cmd;
 }
 
 }  // namespace strata
