@@ -30,7 +30,7 @@ std::string read(const fs::path& p) {
 
 }  // namespace
 
-TEST_CASE("--resume of a missing dir says it does not exist", "[messages][cli]") {
+TEST_CASE("resume of a missing dir says it does not exist (CLI)", "[messages][cli]") {
   testing::TempDir tmp("msg_resume");
   auto r = run_strata(quickstart((tmp.path / "o").string(), "--resume " + (tmp.path / "nope").string()));
   INFO(r.out);

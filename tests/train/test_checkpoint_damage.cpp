@@ -233,7 +233,7 @@ TEST_CASE("heavy damage through the binary exits 2 promptly (no crash, no hang)"
   CHECK(r.out.find("step 7/") == std::string::npos);
 }
 
-TEST_CASE("--resume of a directory that does not exist says so", "[checkpoint][damage]") {
+TEST_CASE("resuming from a directory that does not exist says so", "[checkpoint][damage]") {
   RunCopy copy("nodir");
   const std::string& out = copy.out;
   TrainOptions resume;
