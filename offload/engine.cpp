@@ -497,11 +497,11 @@ double Engine::finish_step(StepKind kind) {
     return loss_host_;
   }
   dev_.event_record(*ev_.loss_copied, Stream::compute);
-  auto t0 = Clock::now();
-  dev_.event_synchronize(*ev_.loss_copied);
-  dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
-  dev_.event_synchronize(*ev_.dx0_copied);
-  d2h_wait_s_ += seconds_since(t0);
+  exposed_wait(&d2h_wait_s_, [&] {
+    dev_.event_synchronize(*ev_.loss_copied);
+    dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
+    dev_.event_synchronize(*ev_.dx0_copied);
+  });
   return loss_host_;
 }
 
@@ -514,27 +514,20 @@ double Engine::finish_step(StepKind kind) {
 uint64_t Engine::stage_to_host(void* staging, const void* src, size_t bytes, const std::shared_ptr<Event>& copied,
                                uint64_t reuse, std::function<void()> task) {
   dev_.event_record(*ev_.compute_done, Stream::compute);
-  if (reuse) {
-    auto t0 = Clock::now();
-    host_.wait(reuse);
-    d2h_wait_s_ += seconds_since(t0);
-  }
+  if (reuse) exposed_wait(&d2h_wait_s_, [&] { host_.wait(reuse); });
   dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
   dev_.copy_d2h(staging, src, bytes, Stream::d2h);
   dev_.event_record(*copied, Stream::d2h);
-  return host_.enqueue([this, copied, task = std::move(task)] {
-    dev_.event_synchronize(*copied);
-    task();
-  });
+  // the wait for the copy is the task's input, not host work (HostQueue::busy_s)
+  return host_.enqueue([this, copied] { dev_.event_synchronize(*copied); }, std::move(task));
 }
 
 // ---- optimizer -------------------------------------------------------------------------------
 
 void Engine::wait_optimizer(size_t group) {
   if (!optimizer_ticket_[group]) return;
-  auto t0 = Clock::now();
-  host_.wait(optimizer_ticket_[group]);
-  optimizer_exposed_s_ += seconds_since(t0);
+  const size_t ticket = optimizer_ticket_[group];
+  exposed_wait(&optimizer_exposed_s_, [&] { host_.wait(ticket); });
   optimizer_ticket_[group] = 0;
 }
 
@@ -544,8 +537,10 @@ void Engine::zero_grads() {
 }
 
 double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
-  host_.drain();  // every gradient has landed
-  const double norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats())));
+  exposed_wait(&d2h_wait_s_, [&] { host_.drain(); });  // every gradient has landed
+  double norm = 0;
+  exposed_wait(&optimizer_exposed_s_,
+               [&] { norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats()))); });
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
@@ -593,10 +588,35 @@ double Engine::landed_update_norm() {
   return norm;
 }
 
+// Every stream and the host queue are drained even when one of them failed, so nothing is
+// left running on buffers the caller may free next; then the first error is rethrown.
 void Engine::synchronize() {
-  dev_.synchronize();
-  host_.drain();
+  std::exception_ptr first;
+  auto collect = [&](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  };
+  for (int s = 0; s < kStreamCount; ++s) collect([&] { dev_.stream_synchronize(Stream(s)); });
+  collect([&] { host_.drain(); });
   for (auto& t : optimizer_ticket_) t = 0;
+  if (first) std::rethrow_exception(first);
+}
+
+// The trainer thread blocks in `wait`; the part of that time the compute stream was neither busy
+// nor blocked on another stream (it had run out of work) is added to *exposed. Only that part
+// lengthens the step: the rest overlapped device work.
+template <class F>
+void Engine::exposed_wait(double* exposed, F&& wait) {
+  const auto t0 = Clock::now();
+  const DeviceCounters c0 = dev_.counters();
+  wait();
+  const DeviceCounters c1 = dev_.counters();
+  const double device_s = (c1.compute_busy_s - c0.compute_busy_s) +
+                          (c1.stream_wait_s[int(Stream::compute)] - c0.stream_wait_s[int(Stream::compute)]);
+  *exposed += std::max(0.0, seconds_since(t0) - device_s);
 }
 
 EngineStats Engine::stats() const {

@@ -57,12 +57,20 @@ struct EngineHostBytes {
                            // (an upper bound for "auto", which keeps what the device budget allows)
 };
 
-struct EngineStats {            // cumulative; the trainer reports per-step differences
-  double compute_s = 0;         // compute stream busy
-  double h2d_wait_s = 0;        // compute stream blocked waiting for weights/checkpoints
-  double d2h_wait_s = 0;        // host blocked waiting for gradient/checkpoint copies
-  double optimizer_s = 0;       // host queue busy (accumulation + AdamW)
-  double optimizer_exposed_s = 0;  // forward blocked waiting for an optimizer update
+// Cumulative; the trainer reports per-step differences. compute_s + h2d_wait_s + d2h_wait_s +
+// optimizer_exposed_s is about the wall time of the steps (the compute stream's timeline: busy,
+// blocked on another stream, or out of work because the trainer thread waited on the host);
+// optimizer_s overlaps compute by design and is not part of that sum.
+struct EngineStats {
+  double compute_s = 0;         // compute stream busy running ops
+  double h2d_wait_s = 0;        // compute stream blocked on another stream: weights/checkpoints
+                                // arriving, or a gradient slot still being copied out
+  double d2h_wait_s = 0;        // compute stream out of work while the trainer thread waited for
+                                // gradients to reach the host (staging reuse, end of backward)
+  double optimizer_s = 0;       // host worker working: gradient accumulation + AdamW (its waits
+                                // for device copies excluded)
+  double optimizer_exposed_s = 0;  // compute stream out of work while the trainer thread waited
+                                   // for an optimizer update or computed the global norm
   size_t link_bytes = 0;        // h2d + d2h
 };
 
@@ -195,6 +203,8 @@ class Engine {
     double weight_decay = 0;
   } landed_;                                 // forward_backward_update's pending updates
   std::vector<double> group_sq_;             // per group: sum of squared gradients it updated with
+  template <class F>
+  void exposed_wait(double* exposed, F&& wait);  // the trainer thread waits; adds what the device did not hide
   double d2h_wait_s_ = 0, optimizer_exposed_s_ = 0;
 };
 

@@ -22,22 +22,35 @@ struct TokenizeArgs {
   std::string tokenizer;
   bool add_special_tokens = false;
   bool skip_special_tokens = false;
+  bool help = false;  // --help was printed: nothing to run
 };
 
 TokenizeArgs tokenize_parse_args(const std::vector<std::string>& args, const char* cmd, const char* flag) {
   TokenizeArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--tokenizer") {
-      STRATA_CHECK(i + 1 < args.size(), "strata ", cmd, ": --tokenizer needs a directory or tokenizer.json path");
+    if (args[i] == "--help" || args[i] == "-h") {
+      a.help = true;
+      std::cout << "usage: strata " << cmd << " --tokenizer DIR [" << flag << "] < input.jsonl\n\n"
+                << (std::string(cmd) == "tokenize"
+                        ? "Reads {\"text\": \"...\"} JSON lines on stdin and writes {\"ids\": [...]} lines, one per input line.\n"
+                        : "Reads {\"ids\": [...]} JSON lines on stdin and writes {\"text\": \"...\"} lines, one per input line.\n")
+                << "  --tokenizer DIR   a directory holding tokenizer.json (or the file itself)\n"
+                << "  " << flag
+                << (std::string(flag) == "--add-special-tokens" ? "   add the tokenizer's BOS/EOS as its post-processor says\n"
+                                                                 : "  leave special tokens out of the text\n");
+      return a;
+    } else if (args[i] == "--tokenizer") {
+      STRATA_CHECK(i + 1 < args.size(), "--tokenizer needs a directory or tokenizer.json path");
       a.tokenizer = args[++i];
     } else if (args[i] == flag) {
       (std::string(flag) == "--add-special-tokens" ? a.add_special_tokens : a.skip_special_tokens) = true;
     } else {
-      STRATA_CHECK(false, "strata ", cmd, ": unknown argument \"", args[i], "\"; usage: strata ", cmd,
+      STRATA_CHECK(false, "unknown argument \"", args[i], "\"; usage: strata ", cmd,
                    " --tokenizer DIR [", flag, "] < input.jsonl");
     }
   }
-  STRATA_CHECK(!a.tokenizer.empty(), "strata ", cmd, ": --tokenizer DIR is required");
+  STRATA_CHECK(!a.tokenizer.empty(), "--tokenizer DIR is required; usage: strata ", cmd, " --tokenizer DIR [", flag,
+               "] < input.jsonl");
   return a;
 }
 
@@ -62,7 +75,7 @@ void tokenize_for_each_line(const char* cmd, Fn&& fn) {
       }
       fn(j);
     } catch (const Error& e) {
-      throw Error(e.kind(), str_cat("strata ", cmd, ": stdin line ", lineno, ": ", e.what()));
+      throw Error(e.kind(), str_cat("stdin line ", lineno, ": ", e.what()));
     }
   }
 }
@@ -71,6 +84,7 @@ void tokenize_for_each_line(const char* cmd, Fn&& fn) {
 
 int cmd_tokenize(const std::vector<std::string>& args) {
   TokenizeArgs a = tokenize_parse_args(args, "tokenize", "--add-special-tokens");
+  if (a.help) return 0;
   Tokenizer tok = Tokenizer::load(a.tokenizer);
   std::string out;
   tokenize_for_each_line("tokenize", [&](const nlohmann::json& j) {
@@ -87,12 +101,13 @@ int cmd_tokenize(const std::vector<std::string>& args) {
     std::cout << out;
   });
   std::cout.flush();
-  STRATA_CHECK_IO(std::cout.good(), "strata tokenize: writing to stdout failed");
+  STRATA_CHECK_IO(std::cout.good(), "writing to stdout failed");
   return 0;
 }
 
 int cmd_detokenize(const std::vector<std::string>& args) {
   TokenizeArgs a = tokenize_parse_args(args, "detokenize", "--skip-special-tokens");
+  if (a.help) return 0;
   Tokenizer tok = Tokenizer::load(a.tokenizer);
   tokenize_for_each_line("detokenize", [&](const nlohmann::json& j) {
     STRATA_CHECK(j.is_object() && j.contains("ids") && j["ids"].is_array(),
@@ -110,7 +125,7 @@ int cmd_detokenize(const std::vector<std::string>& args) {
     std::cout << o.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   });
   std::cout.flush();
-  STRATA_CHECK_IO(std::cout.good(), "strata detokenize: writing to stdout failed");
+  STRATA_CHECK_IO(std::cout.good(), "writing to stdout failed");
   return 0;
 }
 

@@ -3,6 +3,7 @@
 
 #include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
+#include "src/core/error.h"
 #include "src/train/trainer.h"
 
 namespace strata {
@@ -18,12 +19,18 @@ int cmd_train(const std::vector<std::string>& args) {
   app.add_option("--resume", topt.resume,
                  "\"auto\": continue from the newest complete checkpoint in output_dir (start fresh when there is "
                  "none); or the path of a checkpoint-<step> dir");
+  app.add_flag("--overwrite", topt.overwrite,
+               "start a fresh run in an output_dir that already holds one, deleting its checkpoints, metrics "
+               "and final model");
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
+  STRATA_CHECK(!(topt.overwrite && !topt.resume.empty()), "--overwrite starts over and --resume continues: "
+               "give one of them");
+  train_install_signal_handlers();  // before anything slow: a signal during set-up exits at once
   Recipe recipe = recipe_load(recipe_path, overrides);
-  train_install_signal_handlers();
+  topt.overrides = overrides;
   TrainSummary s = train_run(recipe, topt);
-  return s.interrupted ? 130 : 0;
+  return s.interrupted ? kExitInterrupted : 0;
 }
 
 }  // namespace strata

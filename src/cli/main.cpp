@@ -1,6 +1,6 @@
 // strata: the command-line entry point. Dispatches to a subcommand and maps errors to the
 // documented exit codes: 0 done, 2 bad recipe or input, 3 memory budget, 4 I/O error,
-// 130 interrupted after saving.
+// 5 stopped at once by a second signal, 130 interrupted (after saving, once a step has run).
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +11,8 @@
 #include "src/core/error.h"
 
 namespace {
+
+constexpr const char* kVersion = "0.1.0";
 
 struct Command {
   const char* name;
@@ -31,8 +33,44 @@ const Command kCommands[] = {
 void print_usage(FILE* f) {
   std::fprintf(f, "strata: fine-tune large language models on one workstation\n\nusage: strata <command> [options]\n\ncommands:\n");
   for (const auto& c : kCommands) std::fprintf(f, "  %-15s %s\n", c.name, c.help);
+  std::fprintf(f, "  %-15s %s\n", "--version", "print strata's version and the backends it was built with");
   std::fprintf(f, "\n'strata <command> --help' describes a command's options.\n"
-                  "exit codes: 0 done, 2 bad recipe or input, 3 memory budget, 4 I/O error, 130 interrupted after saving\n");
+                  "exit codes: 0 done, 2 bad recipe or input, 3 memory budget, 4 I/O error, 5 stopped at once by a "
+                  "second signal (earlier checkpoints intact), 130 interrupted (a checkpoint saved once a step has run)\n");
+}
+
+void print_version() {
+#ifdef STRATA_HAVE_CUDA
+  const char* cuda = "CPU and CUDA backends";
+#else
+  const char* cuda = "CPU backend (built without CUDA)";
+#endif
+  std::printf("strata %s (%s)\n", kVersion, cuda);
+}
+
+// An error message as the terminal should show it: control characters and bytes that are not
+// UTF-8 (a binary file named in a message, a path with odd bytes) escaped as \xHH.
+std::string printable(const std::string& s) {
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len == 1 && (c < 0x20 || c == 0x7f) && c != '\n' && c != '\t') ok = false;
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+      ++i;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -50,20 +88,24 @@ int main(int argc, char** argv) {
     print_usage(stdout);
     return 0;
   }
+  if (name == "--version" || name == "-V" || name == "version") {
+    print_version();
+    return 0;
+  }
   std::vector<std::string> args(argv + 2, argv + argc);
   for (const auto& c : kCommands) {
     if (name != c.name) continue;
     try {
       return c.run(args);
     } catch (const strata::Error& e) {
-      std::fprintf(stderr, "strata %s: error: %s\n", c.name, e.what());
+      std::fprintf(stderr, "strata %s: error: %s\n", c.name, printable(e.what()).c_str());
       return e.exit_code();
     } catch (const std::bad_alloc&) {
       std::fprintf(stderr, "strata %s: error: out of host memory\n", c.name);
       return 3;
     }
   }
-  std::fprintf(stderr, "strata: unknown command '%s'\n\n", name.c_str());
+  std::fprintf(stderr, "strata: unknown command '%s'\n\n", printable(name).c_str());
   print_usage(stderr);
   return 2;
 }

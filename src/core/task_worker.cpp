@@ -30,6 +30,15 @@ uint64_t TaskWorker::enqueue(std::function<void()> task) {
   return ticket;
 }
 
+uint64_t TaskWorker::enqueue(std::function<void()> wait_for_input, std::function<void()> work) {
+  return enqueue([this, wait = std::move(wait_for_input), work = std::move(work)] {
+    const auto t0 = Clock::now();
+    wait();
+    task_input_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();  // worker thread only
+    work();
+  });
+}
+
 void TaskWorker::wait(uint64_t ticket) {
   auto t0 = Clock::now();
   std::unique_lock lock(mu_);
@@ -81,6 +90,7 @@ void TaskWorker::run() {
       skip = error_ && after_error_ == AfterError::skip_until_wait;
     }
     auto t0 = Clock::now();
+    task_input_wait_s_ = 0;
     std::exception_ptr err;
     try {
       cpu_threads_apply();
@@ -91,7 +101,7 @@ void TaskWorker::run() {
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     {
       std::lock_guard lock(mu_);
-      busy_s_ += dt;
+      busy_s_ += dt - task_input_wait_s_;
       if (err && !error_) error_ = err;
       ++done_;
     }

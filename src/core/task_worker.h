@@ -27,10 +27,13 @@ class TaskWorker {
   TaskWorker& operator=(const TaskWorker&) = delete;
 
   uint64_t enqueue(std::function<void()> task);  // returns the task's ticket (1, 2, ...)
+  // A task that first waits for its input (a device copy to land) and then works on it: the
+  // wait is not counted in busy_s(), so busy_s() is work only.
+  uint64_t enqueue(std::function<void()> wait_for_input, std::function<void()> work);
   void wait(uint64_t ticket);                     // until that task ran; rethrows a kept error
   void drain();                                   // until every task queued so far ran
   void drain_quiet() noexcept;                    // drain, dropping a kept error (destructors)
-  double busy_s() const;                          // seconds spent running tasks
+  double busy_s() const;                          // seconds spent running tasks (input waits excluded)
   double waited_s() const;                        // seconds callers spent blocked in wait()
 
  private:
@@ -43,6 +46,7 @@ class TaskWorker {
   bool stop_ = false;
   std::exception_ptr error_;
   double busy_s_ = 0, waited_s_ = 0;
+  double task_input_wait_s_ = 0;  // the running task's input wait (worker thread only)
   std::thread thread_;  // last: starts after every other member exists
 };
 

@@ -147,14 +147,17 @@ class CpuDevice final : public ArenaDevice {
     DeviceCounters c;
     c.h2d_bytes = h2d_bytes_;
     c.d2h_bytes = d2h_bytes_;
-    c.compute_busy_s = workers_[0].busy_s();
-    c.h2d_busy_s = workers_[1].busy_s();
-    c.d2h_busy_s = workers_[2].busy_s();
     std::lock_guard lock(op_mu_);
     for (int k = 0; k < int(OpKind::count); ++k) c.op_s[k] = op_s_[k];
     for (int k = 0; k < kStreamCount; ++k) c.stream_wait_s[k] = stream_wait_s_[k];
+    // busy means working, as on CUDA: a stream's time blocked in stream_wait_event is not busy
+    c.compute_busy_s = std::max(0.0, workers_[0].busy_s() - c.stream_wait_s[0]);
+    c.h2d_busy_s = std::max(0.0, workers_[1].busy_s() - c.stream_wait_s[1]);
+    c.d2h_busy_s = std::max(0.0, workers_[2].busy_s() - c.stream_wait_s[2]);
     return c;
   }
+
+  DevicePeak peak_flops(DType ab) override { return cpu_measured_peak(ab); }
 
   // ---- ops ----
   void matmul(float* c, const void* a, const void* b, DType ab, int64_t m, int64_t n,

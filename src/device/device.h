@@ -13,6 +13,7 @@
 #include <string>
 
 #include "src/core/dtype.h"
+#include "src/device/peak_flops.h"
 
 namespace strata {
 
@@ -78,6 +79,10 @@ class Device {
   virtual void copy_d2d(void* dst, const void* src, size_t bytes, Stream s) = 0;
   virtual void memset_zero(void* dst, size_t bytes, Stream s) = 0;
   virtual DeviceCounters counters() const = 0;
+  // Peak dense matmul FLOP/s for inputs of `ab` (f32 or bf16), the MFU denominator
+  // (src/device/peak_flops.h): measured on the CPU backend, a datasheet entry or a measured
+  // cuBLAS GEMM on CUDA. Call it while the device is idle (it may run GEMMs); cached.
+  virtual DevicePeak peak_flops(DType ab) = 0;
 
   // ---- ops (kernels/cpu/ops.h documents shapes and semantics) ----
   // One argument order everywhere (STYLE.md §2), as in kernels/cpu/ops.h, kernels/cuda/ops.h

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -104,9 +105,17 @@ void check_key(const std::string& name, const std::string& origin) {
                "'? (recipes/README.md lists every key)");
 }
 
+std::string shown(const toml::node* n);
+
 struct Reader {
   std::map<std::string, std::unique_ptr<toml::node>> values;
+  std::set<std::string> from_command_line;  // keys an override set (their errors blame it)
   std::string origin;
+
+  // Where a key's value came from, for messages: the command line or the recipe file.
+  std::string where(const char* name) const {
+    return from_command_line.count(name) ? std::string("command line") : origin;
+  }
 
   const toml::node* get(const char* name) const {
     auto it = values.find(name);
@@ -114,29 +123,39 @@ struct Reader {
   }
   void read(const char* name, std::string& out) const {
     if (auto* n = get(name)) {
-      STRATA_CHECK(n->is_string(), origin, ": ", name, " must be a string (in quotes)");
+      STRATA_CHECK(n->is_string(), where(name), ": ", name, " must be a string (in quotes)");
       out = n->as_string()->get();
     }
   }
   void read(const char* name, int64_t& out) const {
     if (auto* n = get(name)) {
-      STRATA_CHECK(n->is_integer(), origin, ": ", name, " must be an integer");
+      STRATA_CHECK(n->is_integer(), where(name), ": ", name, " must be an integer", shown(n));
       out = n->as_integer()->get();
     }
   }
   void read(const char* name, double& out) const {
     if (auto* n = get(name)) {
-      STRATA_CHECK(n->is_number(), origin, ": ", name, " must be a number");
+      STRATA_CHECK(n->is_number(), where(name), ": ", name, " must be a number", shown(n));
       out = n->is_integer() ? double(n->as_integer()->get()) : n->as_floating_point()->get();
+      STRATA_CHECK(std::isfinite(out), where(name), ": ", name, " is ", out, ", not a number; write a finite "
+                   "number such as ", find_key(name)->fallback);
     }
   }
   void read(const char* name, bool& out) const {
     if (auto* n = get(name)) {
-      STRATA_CHECK(n->is_boolean(), origin, ": ", name, " must be true or false");
+      STRATA_CHECK(n->is_boolean(), where(name), ": ", name, " must be true or false", shown(n));
       out = n->as_boolean()->get();
     }
   }
 };
+
+// " (it is \"abc\")": the offending value, for a type error.
+std::string shown(const toml::node* n) {
+  if (auto* str = n->as_string()) return " (it is \"" + str->get() + "\")";
+  std::ostringstream os;
+  n->visit([&](auto&& v) { os << v; });
+  return " (it is " + os.str() + ")";
+}
 
 void collect(const toml::table& t, const std::string& prefix, Reader& r) {
   for (auto&& [k, v] : t) {
@@ -190,6 +209,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
       node = std::make_unique<toml::value<std::string>>(value);  // bare words are strings
     }
     r.values[name] = std::move(node);
+    r.from_command_line.insert(name);
   }
 
   Recipe rc;
@@ -239,60 +259,71 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("checkpoint.save_dtype", rc.save_dtype);
   r.read("checkpoint.keep_last", rc.keep_last);
 
-  const std::string base = std::filesystem::path(origin).parent_path().string();
-  rc.model_path = resolve(base, rc.model_path);
-  rc.model_config = resolve(base, rc.model_config);
-  rc.data_path = resolve(base, rc.data_path);
-  rc.eval_path = resolve(base, rc.eval_path);
-  rc.prepared_dir = resolve(base, rc.prepared_dir);
-  rc.output_dir = resolve(base, rc.output_dir);
-  if (rc.data_tokenizer != "auto" && rc.data_tokenizer != "bytes") rc.data_tokenizer = resolve(base, rc.data_tokenizer);
+  // Paths in the recipe file are relative to its folder; paths given on the command line to the
+  // current directory, as with every other tool. Both become absolute, so the effective recipe
+  // written to output_dir works from anywhere.
+  const std::string file_base = std::filesystem::path(origin).parent_path().string();
+  auto absolute = [&](const char* key, std::string& p) {
+    if (p.empty()) return;
+    std::error_code ec;
+    const std::string base = r.from_command_line.count(key) ? std::filesystem::current_path(ec).string() : file_base;
+    p = std::filesystem::absolute(resolve(base, p), ec).lexically_normal().string();
+  };
+  absolute("model.path", rc.model_path);
+  absolute("model.config", rc.model_config);
+  absolute("data.path", rc.data_path);
+  absolute("data.eval_path", rc.eval_path);
+  absolute("data.prepared_dir", rc.prepared_dir);
+  absolute("checkpoint.output_dir", rc.output_dir);
+  if (rc.data_tokenizer != "auto" && rc.data_tokenizer != "bytes") absolute("data.tokenizer", rc.data_tokenizer);
 
   // validation: every message names the key and what to write instead
   STRATA_CHECK(rc.model_path.empty() != rc.model_config.empty(), origin,
                ": set exactly one of model.path (load weights) or model.config (random init)");
-  STRATA_CHECK(!rc.data_path.empty(), origin, ": data.path is required");
-  STRATA_CHECK(rc.model_dtype == "f32" || rc.model_dtype == "bf16", origin, ": model.dtype must be \"f32\" or \"bf16\"");
-  STRATA_CHECK(rc.save_dtype == "f32" || rc.save_dtype == "bf16", origin, ": checkpoint.save_dtype must be \"f32\" or \"bf16\"");
-  STRATA_CHECK(rc.sequence_len >= 2, origin, ": data.sequence_len must be at least 2");
-  STRATA_CHECK(rc.max_steps >= 0, origin, ": train.max_steps must be >= 0 (0 = from num_train_epochs)");
+  STRATA_CHECK(!rc.data_path.empty(), r.where("data.path"), ": data.path is required");
+  STRATA_CHECK(rc.model_dtype == "f32" || rc.model_dtype == "bf16", r.where("model.dtype"), ": model.dtype must be \"f32\" or \"bf16\"");
+  STRATA_CHECK(rc.save_dtype == "f32" || rc.save_dtype == "bf16", r.where("checkpoint.save_dtype"), ": checkpoint.save_dtype must be \"f32\" or \"bf16\"");
+  STRATA_CHECK(rc.sequence_len >= 2, r.where("data.sequence_len"), ": data.sequence_len must be at least 2");
+  STRATA_CHECK(rc.max_steps >= 0, r.where("train.max_steps"), ": train.max_steps must be >= 0 (0 = from num_train_epochs)");
   STRATA_CHECK(rc.max_steps > 0 || rc.num_train_epochs > 0, origin,
                ": set train.max_steps or a positive train.num_train_epochs");
-  STRATA_CHECK(rc.eval_steps >= 0, origin, ": train.eval_steps must be >= 0");
+  STRATA_CHECK(rc.eval_steps >= 0, r.where("train.eval_steps"), ": train.eval_steps must be >= 0");
   const char* formats[] = {"auto", "text", "jsonl", "alpaca", "sharegpt", "messages", "preference", "tokens"};
-  STRATA_CHECK(std::find(std::begin(formats), std::end(formats), rc.data_format) != std::end(formats), origin,
+  STRATA_CHECK(std::find(std::begin(formats), std::end(formats), rc.data_format) != std::end(formats), r.where("data.format"),
                ": data.format must be one of \"auto\", \"text\", \"jsonl\", \"alpaca\", \"sharegpt\", "
                "\"messages\", \"preference\", \"tokens\"");
-  STRATA_CHECK(rc.train_on == "assistant" || rc.train_on == "last" || rc.train_on == "all", origin,
+  STRATA_CHECK(rc.train_on == "assistant" || rc.train_on == "last" || rc.train_on == "all", r.where("data.train_on"),
                ": data.train_on must be \"assistant\", \"last\" or \"all\"");
-  STRATA_CHECK(rc.overlong == "truncate" || rc.overlong == "drop", origin,
+  STRATA_CHECK(rc.overlong == "truncate" || rc.overlong == "drop", r.where("data.overlong"),
                ": data.overlong must be \"truncate\" or \"drop\"");
-  STRATA_CHECK(rc.eval_split >= 0 && rc.eval_split < 1, origin, ": data.eval_split must be in [0, 1)");
-  STRATA_CHECK(rc.keep_last >= 0, origin, ": checkpoint.keep_last must be >= 0 (0 keeps all)");
-  STRATA_CHECK(rc.micro_batch_size >= 1, origin, ": train.micro_batch_size must be at least 1");
-  STRATA_CHECK(rc.gradient_accumulation_steps >= 1, origin, ": train.gradient_accumulation_steps must be at least 1");
-  STRATA_CHECK(rc.log_steps >= 1, origin, ": train.log_steps must be at least 1");
-  STRATA_CHECK(rc.learning_rate >= 0, origin, ": optim.learning_rate must not be negative");
+  STRATA_CHECK(rc.eval_split >= 0 && rc.eval_split < 1, r.where("data.eval_split"), ": data.eval_split must be in [0, 1)");
+  STRATA_CHECK(rc.keep_last >= 0, r.where("checkpoint.keep_last"), ": checkpoint.keep_last must be >= 0 (0 keeps all)");
+  STRATA_CHECK(rc.micro_batch_size >= 1, r.where("train.micro_batch_size"), ": train.micro_batch_size must be at least 1");
+  STRATA_CHECK(rc.gradient_accumulation_steps >= 1, r.where("train.gradient_accumulation_steps"), ": train.gradient_accumulation_steps must be at least 1");
+  STRATA_CHECK(rc.log_steps >= 1, r.where("train.log_steps"), ": train.log_steps must be at least 1");
+  STRATA_CHECK(rc.learning_rate >= 0, r.where("optim.learning_rate"), ": optim.learning_rate must not be negative");
   STRATA_CHECK(rc.adam_beta1 >= 0 && rc.adam_beta1 < 1 && rc.adam_beta2 >= 0 && rc.adam_beta2 < 1,
-               origin, ": optim.adam_beta1 and adam_beta2 must be in [0, 1)");
-  STRATA_CHECK(rc.adam_epsilon > 0, origin, ": optim.adam_epsilon must be positive");
-  STRATA_CHECK(rc.max_grad_norm >= 0, origin, ": optim.max_grad_norm must be >= 0 (0 disables clipping)");
-  STRATA_CHECK(rc.warmup_ratio >= 0 && rc.warmup_ratio <= 1, origin, ": optim.warmup_ratio must be in [0, 1]");
-  STRATA_CHECK(rc.warmup_steps >= 0, origin, ": optim.warmup_steps must be >= 0");
+               r.where("optim.adam_beta1"), ": optim.adam_beta1 and adam_beta2 must be in [0, 1)");
+  STRATA_CHECK(rc.adam_epsilon > 0, r.where("optim.adam_epsilon"), ": optim.adam_epsilon must be positive");
+  STRATA_CHECK(rc.max_grad_norm >= 0, r.where("optim.max_grad_norm"), ": optim.max_grad_norm must be >= 0 (0 disables clipping)");
+  STRATA_CHECK(rc.warmup_ratio >= 0 && rc.warmup_ratio <= 1, r.where("optim.warmup_ratio"), ": optim.warmup_ratio must be in [0, 1]");
+  STRATA_CHECK(rc.warmup_steps >= 0, r.where("optim.warmup_steps"), ": optim.warmup_steps must be >= 0");
   STRATA_CHECK(rc.lr_scheduler_type == "cosine" || rc.lr_scheduler_type == "linear" ||
                    rc.lr_scheduler_type == "constant",
-               origin, ": optim.lr_scheduler_type must be \"cosine\", \"linear\" or \"constant\"");
-  STRATA_CHECK(rc.offload_weights == "stream" || rc.offload_weights == "device", origin,
+               r.where("optim.lr_scheduler_type"), ": optim.lr_scheduler_type must be \"cosine\", \"linear\" or \"constant\"");
+  STRATA_CHECK(rc.offload_weights == "stream" || rc.offload_weights == "device", r.where("offload.weights"),
                ": offload.weights must be \"stream\" or \"device\"");
   STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
                    rc.offload_checkpoints == "host",
-               origin, ": offload.checkpoints must be \"auto\", \"device\" or \"host\"");
-  STRATA_CHECK(rc.device_cpu_threads >= 0, origin, ": device.cpu_threads must be >= 0");
-  STRATA_CHECK(rc.save_steps >= 0, origin, ": checkpoint.save_steps must be >= 0");
-  if (!rc.host_memory.empty()) rc.host_memory_bytes = parse_bytes(rc.host_memory, origin + ": offload.host_memory");
-  rc.device_memory_bytes = parse_bytes(rc.device_memory, origin + ": device.memory");
+               r.where("offload.checkpoints"), ": offload.checkpoints must be \"auto\", \"device\" or \"host\"");
+  STRATA_CHECK(rc.device_cpu_threads >= 0, r.where("device.cpu_threads"), ": device.cpu_threads must be >= 0");
+  STRATA_CHECK(rc.save_steps >= 0, r.where("checkpoint.save_steps"), ": checkpoint.save_steps must be >= 0");
+  if (!rc.host_memory.empty())
+    rc.host_memory_bytes = parse_bytes(rc.host_memory, r.where("offload.host_memory") + ": offload.host_memory");
+  rc.device_memory_bytes = parse_bytes(rc.device_memory, r.where("device.memory") + ": device.memory");
   if (!rc.device_link_bandwidth.empty())
-    rc.device_link_bytes_per_s = parse_bandwidth(rc.device_link_bandwidth, origin + ": device.link_bandwidth");
+    rc.device_link_bytes_per_s =
+        parse_bandwidth(rc.device_link_bandwidth, r.where("device.link_bandwidth") + ": device.link_bandwidth");
   return rc;
 }
 

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "io/checksum.h"
 #include "io/files.h"
 #include "io/safetensors.h"
 #include "offload/model_io.h"
@@ -23,6 +25,7 @@ namespace {
 
 constexpr const char* kMarker = "COMPLETE";
 constexpr const char* kStateFile = "optimizer_state.safetensors";
+constexpr const char* kManifest = "manifest.json";
 constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                           "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt"};
 
@@ -53,6 +56,17 @@ void write_hf(const HostStore& store, const fs::path& dir, DType dtype, const Ch
   model_save_hf(store, dir.string(), dtype);
   for (const char* name : kTokenizerFiles) copy_into(files.tokenizer_dir, name, dir);
   copy_into(files.model_dir, "generation_config.json", dir);
+  if (!files.chat_template.empty() && !files.tokenizer_dir.empty()) {
+    const fs::path cfg = dir / "tokenizer_config.json";
+    std::error_code ec;
+    json j = json::object();
+    if (fs::is_regular_file(cfg, ec)) j = json::parse(read_file(cfg), nullptr, false);
+    if (!j.is_object()) j = json::object();
+    if (!j.contains("chat_template") || j["chat_template"].is_null()) {
+      j["chat_template"] = files.chat_template;
+      write_text(cfg, j.dump(2) + "\n");
+    }
+  }
 }
 
 // ".<name><suffix>" (built with appends: GCC 12 warns falsely about "." + std::string)
@@ -111,6 +125,94 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string
   return found;
 }
 
+// Every regular file under root (relative paths, sorted), the manifest and marker excepted.
+std::vector<std::string> files_under(const fs::path& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const std::string rel = fs::relative(it->path(), root).generic_string();
+    if (it->is_regular_file() && rel != kManifest && rel != kMarker) out.push_back(rel);
+  }
+  STRATA_CHECK_IO(!ec, "cannot list ", root.string(), ": ", ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// manifest.json: size and CRC-32C of every file, read back from what was written, so resume
+// can tell a damaged file from a good one.
+void write_manifest(const fs::path& dir) {
+  json files = json::array();
+  for (const std::string& rel : files_under(dir)) {
+    uint64_t bytes = 0;
+    const uint32_t crc = crc32c_file((dir / rel).string(), &bytes);
+    files.push_back({{"path", rel}, {"bytes", bytes}, {"crc32c", crc32c_hex(crc)}});
+  }
+  json m = {{"format", 1}, {"checksum", "crc32c"}, {"files", files}};
+  write_text(dir / kManifest, m.dump(1) + "\n");
+}
+
+// What to do when a checkpoint is damaged: the older complete ones, newest first.
+std::string older_advice(const fs::path& dir) {
+  const int64_t step = checkpoint_step(dir);
+  std::string older;
+  auto all = complete_checkpoints(dir.parent_path().string());
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->first < step && older.size() < 400) older += (older.empty() ? "" : ", ") + it->second.string();
+  if (older.empty())
+    return "there is no older checkpoint in " + dir.parent_path().string() + ": start over with --overwrite";
+  return "resume from an older checkpoint with --resume DIR (" + older + ") or start over with --overwrite";
+}
+
+// Checks every file the manifest lists: present, the size it had, the checksum it had.
+void verify_manifest(const fs::path& dir) {
+  const fs::path mpath = dir / kManifest;
+  std::error_code ec;
+  STRATA_CHECK(fs::is_regular_file(mpath, ec), mpath.string(), " is missing, so the checkpoint's files cannot be "
+               "verified (a checkpoint written by an older strata, or damaged): ", older_advice(dir));
+  json m;
+  try {
+    m = json::parse(read_file(mpath));
+    for (const json& f : m.at("files")) {
+      const std::string rel = f.at("path").get<std::string>();
+      STRATA_CHECK(!rel.empty() && rel.find("..") == std::string::npos && rel.front() != '/', mpath.string(),
+                   " names a file outside the checkpoint (", rel, "): the checkpoint is damaged; ", older_advice(dir));
+      const fs::path p = dir / rel;
+      STRATA_CHECK(fs::is_regular_file(p, ec), p.string(), " is missing: the checkpoint is damaged; ",
+                   older_advice(dir));
+      uint64_t bytes = 0;
+      const std::string crc = crc32c_hex(crc32c_file(p.string(), &bytes));
+      STRATA_CHECK(bytes == f.at("bytes").get<uint64_t>(), p.string(), " is damaged: it holds ", bytes,
+                   " bytes but held ", f.at("bytes").get<uint64_t>(), " when it was saved; ", older_advice(dir));
+      STRATA_CHECK(crc == f.at("crc32c").get<std::string>(), p.string(), " is damaged (its CRC-32C is ", crc,
+                   ", the manifest says ", f.at("crc32c").get<std::string>(), "); ", older_advice(dir));
+    }
+  } catch (const json::exception& e) {
+    STRATA_CHECK(false, mpath.string(), " is damaged (", e.what(), "); ", older_advice(dir));
+  }
+}
+
+// The data position must index this checkpoint's rows: the order is a permutation of
+// [0, rows) and the cursor within it.
+void verify_data_position(const fs::path& dir, const TrainState& st) {
+  const std::string where = (dir / "data_order.bin").string();
+  STRATA_CHECK(st.rows > 0 && int64_t(st.order.size()) == st.rows, where, " holds ", st.order.size(),
+               " row ids but the run had ", st.rows, " rows: the checkpoint is damaged; ", older_advice(dir));
+  std::vector<bool> seen(size_t(st.rows), false);
+  for (size_t i = 0; i < st.order.size(); ++i) {
+    const int64_t r = st.order[i];
+    STRATA_CHECK(r >= 0 && r < st.rows && !seen[size_t(r)], where, ": entry ", i, " is row ", r,
+                 (r >= 0 && r < st.rows ? " a second time" : str_cat(", outside [0, ", st.rows, ")")),
+                 ": the checkpoint is damaged; ", older_advice(dir));
+    seen[size_t(r)] = true;
+  }
+  STRATA_CHECK(st.cursor <= st.order.size(), (dir / "trainer_state.json").string(), ": the data cursor (",
+               st.cursor, ") is beyond the row order: the checkpoint is damaged; ", older_advice(dir));
+  STRATA_CHECK(st.step >= 0 && st.epoch >= 0 && std::isfinite(st.tokens_seen),
+               (dir / "trainer_state.json").string(), ": step, epoch or tokens_seen is out of range: the "
+               "checkpoint is damaged; ", older_advice(dir));
+}
+
 }  // namespace
 
 void export_hf_atomic(const HostStore& store, const std::string& dir, DType dtype, const CheckpointFiles& files) {
@@ -162,6 +264,7 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     file_write_atomic((tmp / "data_order.bin").string(), state.order.data(), state.order.size() * sizeof(int64_t));
     write_text(tmp / "recipe.toml", recipe_toml);
     write_hf(store, tmp / "hf", save_dtype, files);
+    write_manifest(tmp);  // before COMPLETE: a complete checkpoint always has one
 
     commit_dir(tmp, dst);
     json marker = {{"step", state.step}, {"unix_time", int64_t(std::time(nullptr))}};
@@ -197,8 +300,13 @@ std::string checkpoint_find_latest(const std::string& output_dir) {
 TrainState checkpoint_load(const std::string& dir, HostStore& store) {
   const fs::path d(dir);
   std::error_code ec;
+  STRATA_CHECK(fs::exists(d, ec), "--resume ", dir, ": no such directory; give a checkpoint-<step> directory "
+               "of an earlier run, or --resume auto for the newest one in checkpoint.output_dir");
+  STRATA_CHECK(fs::is_directory(d, ec), "--resume ", dir, " is not a directory; give a checkpoint-<step> "
+               "directory of an earlier run, or --resume auto");
   STRATA_CHECK(fs::is_regular_file(d / kMarker, ec), dir, " is not a complete checkpoint (no ", kMarker,
                " marker): its save did not finish; resume from an earlier one");
+  verify_manifest(d);  // before anything is read: every byte below was checked
   TrainState st;
   try {
     json j = json::parse(read_file(d / "trainer_state.json"));
@@ -213,13 +321,13 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store) {
     const size_t count = j.at("order_count").get<size_t>();
     std::string order = read_file(d / "data_order.bin");
     STRATA_CHECK(order.size() == count * sizeof(int64_t), dir, "/data_order.bin holds ", order.size(),
-                 " bytes, expected ", count * sizeof(int64_t), ": the checkpoint is damaged");
+                 " bytes, expected ", count * sizeof(int64_t), ": the checkpoint is damaged; ", older_advice(d));
     st.order.resize(count);
     std::memcpy(st.order.data(), order.data(), order.size());
   } catch (const json::exception& e) {
-    STRATA_CHECK(false, dir, "/trainer_state.json is damaged (", e.what(), "): resume from another checkpoint");
+    STRATA_CHECK(false, dir, "/trainer_state.json is damaged (", e.what(), "); ", older_advice(d));
   }
-  STRATA_CHECK(st.cursor <= st.order.size(), dir, ": data cursor beyond the row order: the checkpoint is damaged");
+  verify_data_position(d, st);
 
   SafetensorsFile f = SafetensorsFile::open((d / kStateFile).string());
   const ModelSpec& spec = store.spec();

@@ -8,6 +8,7 @@
 //     data_order.bin                the current epoch's row order (int64 little-endian)
 //     recipe.toml                   the effective recipe
 //     hf/                           config.json, safetensors (save_dtype), tokenizer files
+//     manifest.json                 size and CRC-32C of every file above, read back after writing
 //     COMPLETE                      written last: a checkpoint without it is ignored
 //
 // Writing is atomic: everything goes to `.checkpoint-<step>.tmp/`, every file and directory is
@@ -39,6 +40,10 @@ struct TrainState {
 struct CheckpointFiles {
   std::string tokenizer_dir;  // tokenizer.json etc. are copied from here into hf/ ("" = none)
   std::string model_dir;      // generation_config.json is copied from here ("" = none)
+  // The chat template training rendered with when the tokenizer has none of its own (the
+  // built-in ChatML): written into the exported tokenizer_config.json so the model is
+  // prompted as it was trained ("" = the tokenizer's own template, or no chat data).
+  std::string chat_template;
 };
 
 // Writes output_dir/checkpoint-<state.step> and prunes to the newest keep_last (0 = keep all).
@@ -52,7 +57,11 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
 std::string checkpoint_find_latest(const std::string& output_dir);
 
 // Restores master and working weights and the moments into `store` and returns the trainer
-// state. The checkpoint must match the store's parameters (names and shapes) exactly.
+// state. The checkpoint must match the store's parameters (names and shapes) exactly. Before
+// anything is used, every file is checked against manifest.json (size and CRC-32C) and the data
+// position against itself (the row order a permutation of the saved row count, the cursor
+// inside it): a damaged checkpoint is an Error (exit 2) naming the file and the older
+// checkpoints to resume from instead.
 TrainState checkpoint_load(const std::string& dir, HostStore& store);
 
 // An HF model dir: config.json, safetensors in `dtype`, tokenizer files copied. Atomic the same

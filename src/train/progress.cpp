@@ -81,7 +81,31 @@ double Progress::eta_s() const {
     mean /= double(recent_s_.size());
   }
   const int64_t total = last_->total > 0 ? last_->total : total_;
-  return mean * double(std::max<int64_t>(0, total - last_->step));
+  const double save_mean = saves_seen_ ? save_s_sum_ / double(saves_seen_) : 0.0;
+  return mean * double(std::max<int64_t>(0, total - last_->step)) + save_mean * double(saves_left(last_->step));
+}
+
+int64_t Progress::saves_left(int64_t after_step) const {
+  const int64_t total = last_ && last_->total > 0 ? last_->total : total_;
+  if (after_step >= total) return 0;
+  int64_t periodic = 0;  // multiples of save_steps in (after_step, total)
+  if (save_steps_ > 0) periodic = (total - 1) / save_steps_ - after_step / save_steps_;
+  return std::max<int64_t>(0, periodic) + 1;  // + the save at the last step
+}
+
+void Progress::saved(double seconds) {
+  save_s_sum_ += seconds;
+  ++saves_seen_;
+}
+
+void Progress::phase(const std::string& what) {
+  phase_ = what;
+  if (what.empty()) {
+    if (mode_ == ProgressMode::bar && bar_shown_ && last_) write(kClearLine + bar_line(*last_, terminal_width()));
+    return;
+  }
+  if (mode_ == ProgressMode::bar && bar_shown_ && last_) write(kClearLine + bar_line(*last_, terminal_width()));
+  else message("strata train: " + what + "...");
 }
 
 std::string Progress::plain_line(const StepReport& r) const {
@@ -116,7 +140,7 @@ std::string Progress::bar_line(const StepReport& r, int width) const {
   if (!std::isnan(r.grad_norm)) fields.push_back({format("gnorm %.2f", r.grad_norm), 40});
   fields.push_back({progress_format_rate(r.tokens_per_s) + " tok/s", 60});
   if (!std::isnan(r.mfu)) fields.push_back({format("mfu %.0f%%", 100.0 * r.mfu), 35});
-  fields.push_back({"eta " + progress_format_duration(eta_s()), 90});
+  fields.push_back({phase_.empty() ? "eta " + progress_format_duration(eta_s()) : phase_ + "...", 90});
   fields.push_back({"dev " + bytes_compact(r.device_bytes), 30});
   fields.push_back({"host " + bytes_compact(r.host_bytes), 25});
   if (r.host_pinned_bytes > 0) fields.push_back({"pinned " + bytes_compact(r.host_pinned_bytes), 20});
@@ -176,6 +200,7 @@ void Progress::step(const StepReport& r) {
     if (recent_s_.size() > kEtaWindow) recent_s_.pop_front();
   }
   last_ = r;
+  phase_.clear();  // a step means whatever phase was announced is over
   if (!std::isnan(r.eval_loss)) last_eval_ = r.eval_loss;
   finished_ = false;
   const int64_t total = r.total > 0 ? r.total : total_;
@@ -189,8 +214,7 @@ void Progress::step(const StepReport& r) {
       last_printed_ = true;
     }
   } else {
-    if (log_due) out = kClearLine + plain_line(r) + "\n";
-    out += kClearLine + bar_line(r, terminal_width());
+    out = kClearLine + bar_line(r, terminal_width());  // a terminal gets the bar alone
     bar_shown_ = true;
   }
   write(out);

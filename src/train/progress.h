@@ -7,13 +7,16 @@
 //   plain: step 10/300  loss 1.2345  lr 3.000e-03  grad_norm 0.812  17.1k tok/s  mfu 28.1%  eta 1m05s
 //
 // Plain lines come every log_steps, at the first step reported and at the last step. In bar mode
-// the same line is also printed above the bar every log_steps, so the scrollback keeps the
-// history (as the Hugging Face Trainer does above its tqdm bar). The mode is chosen by
-// STRATA_PROGRESS=plain|bar|auto, else by isatty; tests pass it explicitly.
+// only the bar is drawn (metrics.jsonl keeps every step's numbers); messages (eval results,
+// saves) appear above it. The mode is chosen by STRATA_PROGRESS=plain|bar|auto, else by isatty;
+// tests pass it explicitly.
 //
 // The trainer calls step() once per optimizer step, message() for any other log line while
 // training (eval results, "saved ...") and finish() at the end (the destructor also finishes, so
-// an error message never lands on the bar's line).
+// an error message never lands on the bar's line). Long phases that are not steps (loading,
+// initialising, tokenizing, saving, exporting) are announced with phase(): a line of their own
+// before training, and in bar mode the bar says "saving..." in place of the ETA while one runs.
+// The ETA counts the checkpoint saves still to come (set_save_plan, saved) as well as the steps.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -57,6 +60,13 @@ class Progress {
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
+  void set_total(int64_t total_steps) { total_ = total_steps; }
+  // Checkpoints are saved every save_steps (0: only at the end) and at the last step.
+  void set_save_plan(int64_t save_steps) { save_steps_ = save_steps; }
+  void saved(double seconds);  // a save (or the export) took this long
+  // A long phase starts ("loading model weights from ..."); "" when it is over.
+  void phase(const std::string& what);
+
   void step(const StepReport& r);
   // A log line (a trailing newline is optional). In bar mode it appears above the bar.
   void message(const std::string& line);
@@ -66,8 +76,10 @@ class Progress {
 
   ProgressMode mode() const { return mode_; }
   // Seconds left: the mean of the last 50 step times (the first step, which pays one-time set-up
-  // costs, only counts while it is the only one) times the steps left. NaN before any step.
+  // costs, only counts while it is the only one) times the steps left, plus the mean save time
+  // times the saves left (the final save and export included). NaN before any step.
   double eta_s() const;
+  int64_t saves_left(int64_t after_step) const;  // saves still due after this step (the final one included)
 
   // The text of the lines, for tests and for callers that log elsewhere.
   std::string plain_line(const StepReport& r) const;
@@ -90,6 +102,10 @@ class Progress {
   int64_t steps_seen_ = 0;
   double first_step_s_ = 0;
   std::deque<double> recent_s_;     // step times after the first, newest last
+  int64_t save_steps_ = 0;
+  double save_s_sum_ = 0;           // saves seen and their time, for the ETA
+  int64_t saves_seen_ = 0;
+  std::string phase_;               // the long phase under way ("" = none)
 };
 
 }  // namespace strata

@@ -5,51 +5,34 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
-#include <atomic>
-#include <csignal>
-#include <map>
 #include <sstream>
-#include <unistd.h>
 
+#include "io/datasets.h"
 #include "io/files.h"
 #include "io/metrics.h"
+#include "io/text_encoder.h"
 #include "io/safetensors.h"
 #include "io/token_rows.h"
-#include "kernels/cpu/ops.h"
+#include "offload/adamw.h"
 #include "offload/engine.h"
 #include "offload/host_budget.h"
 #include "offload/model_io.h"
-#include "offload/adamw.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
 #include "src/train/checkpoint.h"
 #include "src/train/progress.h"
+#include "src/train/run_dir.h"
 #include "src/train/training_data.h"
 
 namespace strata {
 namespace {
 
+namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Peak f32 GEMM throughput of the CPU backend, measured once so MFU is a ratio to something
-// real on this machine rather than a datasheet number.
-double measure_cpu_gemm_peak() {
-  const int64_t n = 1024;
-  std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
-  cpu::matmul_f32(c.data(), a.data(), b.data(), n, n, n, false, true, 0.f);  // warm up
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
-    auto t0 = Clock::now();
-    cpu::matmul_f32(c.data(), a.data(), b.data(), n, n, n, false, true, 0.f);
-    best = std::min(best, seconds_since(t0));
-  }
-  return 2.0 * double(n * n * n) / best;
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Model FLOPs of one token's forward + backward: 6 per matmul parameter plus attention
 // (12 * layers * heads * head_dim * context / 2 for a causal mask), as the MFU literature counts.
@@ -80,18 +63,6 @@ MicroBatch take_rows(const TokenRows& rows, const std::vector<int64_t>& order, s
   return mb;
 }
 
-}  // namespace
-
-double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio) {
-  if (s < warmup) return double(s) / double(warmup);  // as HF: the first warmup step has lr 0
-  if (type == "constant") return 1.0;
-  double progress = double(s - warmup) / double(std::max<int64_t>(1, total - warmup));
-  double decay = type == "linear" ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
-  return min_ratio + (1.0 - min_ratio) * std::max(0.0, decay);
-}
-
-namespace {
-
 uint64_t rows_hash(const TokenRows& rows) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const std::vector<int32_t>& v) {
@@ -107,310 +78,458 @@ uint64_t rows_hash(const TokenRows& rows) {
   return h ^ uint64_t(rows.T);
 }
 
-// "section.key = value" lines of an effective recipe, for comparing a resumed run's recipe
-// with the checkpoint's.
-std::map<std::string, std::string> recipe_lines(const std::string& toml) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(toml);
-  std::string line, section;
-  while (std::getline(in, line)) {
-    if (line.size() > 2 && line.front() == '[') section = line.substr(1, line.find(']') - 1);
-    size_t eq = line.find(" = ");
-    if (eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
-  }
-  return out;
+// Inputs that must exist, checked before anything is loaded: a missing one is bad input (exit 2)
+// that names the recipe key.
+void check_inputs(const Recipe& rc) {
+  std::error_code ec;
+  if (!rc.model_path.empty())
+    STRATA_CHECK(fs::is_directory(rc.model_path, ec), "model.path ", rc.model_path, " does not exist (or is not "
+                 "a directory): give a Hugging Face model folder holding config.json and *.safetensors");
+  if (!rc.model_config.empty())
+    STRATA_CHECK(fs::exists(rc.model_config, ec), "model.config ", rc.model_config, " does not exist: give the "
+                 "config.json of the model to initialise");
+  if (!rc.eval_path.empty())
+    STRATA_CHECK(fs::exists(rc.eval_path, ec), "data.eval_path ", rc.eval_path, " does not exist: give the "
+                 "held-out dataset, or leave data.eval_path unset (data.eval_split holds out part of data.path)");
 }
 
-// Keeps the records of steps <= last_step (a resumed run rewrites what came after).
-void metrics_truncate(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    try {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("step") && j["step"].get<int64_t>() <= last_step) kept += line + "\n";
-    } catch (const nlohmann::json::exception&) {
-      // a torn last line of an interrupted run: dropped
-    }
+// A loaded model must hold finite weights: NaN or Inf in a file is the file's fault, and would
+// otherwise surface later as a "not finite" gradient.
+void check_loaded_weights(HostStore& store, const std::string& model_path) {
+  const ModelSpec& spec = store.spec();
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const float* w = store.master_of(i);
+    const int64_t n = spec.params[i].numel();
+    for (int64_t j = 0; j < n; ++j)
+      STRATA_CHECK(std::isfinite(w[j]), "the model in ", model_path, " holds ", std::isnan(w[j]) ? "NaN" : "Inf",
+                   " in ", spec.params[i].name, " (element ", j, "): the model file is damaged or was saved "
+                   "broken; re-download or re-export it");
   }
-  file_write_atomic(path, kept.data(), kept.size());
 }
 
-std::atomic<int> g_signals{0};
-
-extern "C" void on_stop_signal(int sig) {
-  if (g_signals.fetch_add(1) == 0) {
-    const char msg[] = "\nstrata train: stopping after this step and saving a checkpoint "
-                       "(signal again to stop at once without saving)\n";
-    ssize_t ignored = ::write(2, msg, sizeof msg - 1);
-    (void)ignored;
-    return;
+// The built-in ChatML template when chat data was rendered with it (the tokenizer has no
+// template of its own), for the export; "" otherwise.
+std::string fallback_chat_template(const Recipe& rc, const std::string& tokenizer_dir) {
+  if (tokenizer_dir.empty()) return "";
+  const std::string format = rc.data_format != "auto" ? rc.data_format
+                             : rc.prepared_dir.empty() ? dataset_detect_format(rc.data_path, rc.skip_bad_lines)
+                                                       : std::string();
+  if (format != "alpaca" && format != "sharegpt" && format != "messages" && format != "preference") return "";
+  std::error_code ec;
+  if (fs::exists(fs::path(tokenizer_dir) / "chat_template.jinja", ec)) return "";
+  const fs::path cfg = fs::path(tokenizer_dir) / "tokenizer_config.json";
+  if (fs::is_regular_file(cfg, ec)) {
+    std::ifstream in(cfg, std::ios::binary);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object() || (j.contains("chat_template") && !j["chat_template"].is_null())) return "";
   }
-  const char msg[] = "\nstrata train: second signal: stopped at once; earlier checkpoints are intact\n";
-  ssize_t ignored = ::write(2, msg, sizeof msg - 1);
-  (void)ignored;
-  (void)sig;
-  ::_exit(kExitStoppedAtOnce);
+  return TextEncoder::chatml_source();
 }
+
+struct StepBatch {
+  std::vector<MicroBatch> micro;
+  int64_t counted = 0;  // labelled tokens the loss is averaged over
+};
+
+struct StepResult {
+  int64_t step = 0;
+  int64_t counted = 0;  // labelled tokens the loss averaged over
+  double loss = 0, grad_norm = 0, lr = 0;
+  double run_s = 0, save_s = 0;  // the step's compute and, when it saved, the save
+  EngineStats e0, e1;
+  DeviceCounters c0, c1;
+};
+
+// One training run: what the steps of train_run share.
+class TrainRun {
+ public:
+  TrainRun(const Recipe& rc, const TrainOptions& topt) : rc_(rc), topt_(topt), progress_(0, rc.log_steps) {}
+  void set_up();
+  void resume();
+  bool stop_before_first_step() const { return train_stop_requested(); }
+  bool done() const { return state_.step >= max_steps_; }
+  StepBatch next_batch();
+  StepResult step(const StepBatch& batch);
+  void evaluate_if_due(int64_t step, bool stopping);
+  bool save_due(int64_t step, bool stopping) const;
+  double save();
+  void show(const StepResult& r);    // the progress display, as soon as the step is done
+  void record(const StepResult& r);  // metrics.jsonl, once its save (if any) is timed
+  bool stop_requested(int64_t step) const { return train_stop_requested() || step == topt_.stop_at_step; }
+  TrainSummary interrupted(int64_t step);
+  TrainSummary finish();
+
+ private:
+  void set_up_model();
+  void load_weights();
+  void evaluate(int64_t step);
+  nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
+  double step_mfu(const StepResult& r);
+  int64_t tokens_per_step() const { return rc_.micro_batch_size * rc_.gradient_accumulation_steps * rc_.sequence_len; }
+
+  const Recipe& rc_;
+  const TrainOptions& topt_;
+  Progress progress_;
+  std::unique_ptr<RunLock> lock_;
+  ModelConfig cfg_;
+  EngineOptions eopt_;
+  TrainingData data_;
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<HostStore> store_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  DevicePeak peak_;
+  double flops_per_token_ = 0;
+  bool mfu_capped_ = false;
+  size_t host_bytes_ = 0;
+  std::string recipe_toml_, resume_dir_;
+  CheckpointFiles files_;
+  int64_t max_steps_ = 0, warmup_ = 0, first_step_ = 1;
+  TrainState state_;
+  std::mt19937_64 rng_;
+  TrainSummary summary_;
+  double tokens_after_first_ = 0, time_after_first_ = 0;
+  DeviceCounters after_first_{};
+};
 
 }  // namespace
 
-void train_install_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio) {
+  if (s < warmup) return double(s) / double(warmup);  // as HF: the first warmup step has lr 0
+  if (type == "constant") return 1.0;
+  double progress = double(s - warmup) / double(std::max<int64_t>(1, total - warmup));
+  double decay = type == "linear" ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
+  return min_ratio + (1.0 - min_ratio) * std::max(0.0, decay);
 }
-
-void train_request_stop() { g_signals.fetch_add(1); }
 
 TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
-  g_signals.store(0);
-  std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc.source_path.c_str(), rc.to_toml().c_str());
-
-  // model config
-  ModelConfig cfg = hf_config_load(rc.model_path.empty() ? rc.model_config : rc.model_path);
-  ModelSpec spec = model_spec_build(cfg, dtype_parse(rc.model_dtype));
-
-  // output dir first: a run that cannot write its results should fail before any work
-  {
-    std::error_code ec;
-    std::filesystem::create_directories(rc.output_dir, ec);
-    STRATA_CHECK_IO(!ec, "cannot create checkpoint.output_dir ", rc.output_dir, ": ", ec.message());
-    STRATA_CHECK_IO(::access(rc.output_dir.c_str(), W_OK) == 0, "checkpoint.output_dir ", rc.output_dir,
-                    " is not writable: choose another output_dir or fix its permissions");
+  TrainRun run(rc, topt);
+  run.set_up();
+  run.resume();
+  if (run.stop_before_first_step()) return run.interrupted(0);
+  while (!run.done()) {
+    const StepBatch batch = run.next_batch();
+    StepResult r = run.step(batch);
+    run.show(r);
+    const bool stopping = run.stop_requested(r.step);
+    run.evaluate_if_due(r.step, stopping);
+    if (run.save_due(r.step, stopping)) r.save_s = run.save();
+    run.record(r);
+    if (stopping && !run.done()) return run.interrupted(r.step);
   }
-  std::string resume_dir;
-  if (!topt.resume.empty()) {
-    resume_dir = topt.resume == "auto" ? checkpoint_find_latest(rc.output_dir) : topt.resume;
-    if (resume_dir.empty())
+  return run.finish();
+}
+
+namespace {
+
+// Inputs, the output dir, budgets (host, then device, before any data is tokenized or weight
+// loaded), data, weights, the MFU peak. A signal in here exits at once (signals.h).
+void TrainRun::set_up() {
+  train_signals_reset();
+  train_signal_phase_setup(true);
+  std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc_.source_path.c_str(), rc_.to_toml().c_str());
+  check_inputs(rc_);
+  cfg_ = hf_config_load(rc_.model_path.empty() ? rc_.model_config : rc_.model_path);
+  if (cfg_.max_position_embeddings > 0 && cfg_.max_position_embeddings < rc_.sequence_len)
+    std::fprintf(stderr, "strata train: warning: data.sequence_len (%ld) is longer than the model's "
+                 "max_position_embeddings (%ld): positions beyond it were never trained\n",
+                 long(rc_.sequence_len), long(cfg_.max_position_embeddings));
+  run_dir_prepare(rc_.output_dir, !topt_.resume.empty(), topt_.overwrite);
+  lock_ = std::make_unique<RunLock>(rc_.output_dir);
+  if (!topt_.resume.empty()) {
+    resume_dir_ = topt_.resume == "auto" ? checkpoint_find_latest(rc_.output_dir) : topt_.resume;
+    if (resume_dir_.empty())
       std::fprintf(stderr, "strata train: --resume auto: no complete checkpoint in %s; starting from step 0\n",
-                   rc.output_dir.c_str());
+                   rc_.output_dir.c_str());
   }
+  adamw_isa_active();  // its one-line notice comes now, not over the progress bar
+  set_up_model();
+  data_ = training_data_load(rc_, cfg_.vocab_size);
+  if (rc_.eval_steps > 0 && data_.eval.rows() == 0)
+    std::fprintf(stderr, "strata train: warning: train.eval_steps is %ld but there is no eval data; set "
+                 "data.eval_path or data.eval_split to get an eval loss\n", long(rc_.eval_steps));
+  load_weights();
+  peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
+  flops_per_token_ = flops_per_token(store_->spec(), rc_.sequence_len);
+  std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
+               peak_.source.c_str());
+  recipe_toml_ = rc_.to_toml();
+  file_write_atomic(rc_.output_dir + "/recipe.toml", recipe_toml_.data(), recipe_toml_.size());
+  files_ = CheckpointFiles{data_.tokenizer_dir, rc_.model_path, fallback_chat_template(rc_, data_.tokenizer_dir)};
+}
 
-  // data
-  TrainingData data = training_data_load(rc, cfg.vocab_size);
-  const TokenRows& rows = data.train;
-
-  // device and model
+// The device, the host store and the engine, with their budgets checked before anything large is
+// allocated or filled: the host tiers first (exit 3 naming what to move to NVMe), then the
+// device buffers (the engine allocates them all at construction).
+void TrainRun::set_up_model() {
+  const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
+  eopt_.weights = rc_.offload_weights;
+  eopt_.checkpoints = rc_.offload_checkpoints;
+  eopt_.max_batch = rc_.micro_batch_size;
+  eopt_.max_tokens = rc_.sequence_len;
   DeviceOptions dopt;
-  dopt.backend = rc.device_backend;
-  dopt.memory_bytes = rc.device_memory_bytes;
-  dopt.link_bytes_per_s = rc.device_link_bytes_per_s;
-  cpu_threads_set(int(rc.device_cpu_threads));
+  dopt.backend = rc_.device_backend;
+  dopt.memory_bytes = rc_.device_memory_bytes;
+  dopt.link_bytes_per_s = rc_.device_link_bytes_per_s;
+  cpu_threads_set(int(rc_.device_cpu_threads));
   cpu_threads_apply();
-  // the host tiers must fit before anything is allocated (exit 3 naming what to move to NVMe)
-  host_budget_check(spec, HostStoreOptions{},
-                    EngineOptions{rc.offload_weights, rc.offload_checkpoints, rc.micro_batch_size, rc.sequence_len},
-                    host_memory_budget(rc.host_memory_bytes, rc.host_memory));
-  auto dev = device_create(dopt);
-  HostStore store(*dev, spec);
-  if (!rc.model_path.empty()) model_load_weights(store, rc.model_path);
-  else model_init_weights(store, uint64_t(rc.model_init_seed), rc.model_init_std);
-  EngineOptions eopt;
-  eopt.weights = rc.offload_weights;
-  eopt.checkpoints = rc.offload_checkpoints;
-  eopt.max_batch = rc.micro_batch_size;
-  eopt.max_tokens = rc.sequence_len;
-  Engine engine(*dev, store, eopt);
-  const ModelSpec& ms = store.spec();
-  const size_t host_bytes = store.host_bytes() + store.pinned_bytes();
-  std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
-               "checkpoints on the device; device %s of %s, host %s (%s pinned)\n",
-               cfg.family.c_str(), double(ms.parameter_count()) / 1e6, rc.model_dtype.c_str(),
-               rc.offload_weights.c_str(), engine.device_checkpoints(), ms.layers.size(),
-               format_bytes(dev->used_bytes()).c_str(), format_bytes(dev->budget_bytes()).c_str(),
-               format_bytes(host_bytes).c_str(), format_bytes(store.pinned_bytes()).c_str());
+  host_budget_check(spec, HostStoreOptions{}, eopt_, host_memory_budget(rc_.host_memory_bytes, rc_.host_memory));
+  dev_ = device_create(dopt);
+  store_ = std::make_unique<HostStore>(*dev_, spec);
+  engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
+  host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
+}
 
-  const double peak = measure_cpu_gemm_peak();
-  const double fpt = flops_per_token(ms, rc.sequence_len);
-  const std::string recipe_toml = rc.to_toml();
-  file_write_atomic(rc.output_dir + "/recipe.toml", recipe_toml.data(), recipe_toml.size());
-  CheckpointFiles files{data.tokenizer_dir, rc.model_path};
-  const DType save_dtype = dtype_parse(rc.save_dtype);
-
-  // the data order and where a resumed run continues
-  const int64_t rows_per_step = rc.micro_batch_size * rc.gradient_accumulation_steps;
-  const int64_t max_steps = rc.max_steps > 0 ? rc.max_steps
-      : std::max<int64_t>(1, int64_t(std::ceil(rc.num_train_epochs * double(rows.rows()) / double(rows_per_step))));
-  TrainState state;
-  state.rows = rows.rows();
-  state.data_hash = rows_hash(rows);
-  std::mt19937_64 rng(uint64_t(rc.seed));
-  if (resume_dir.empty()) {
-    state.order.resize(size_t(rows.rows()));
-    std::iota(state.order.begin(), state.order.end(), 0);
-    std::shuffle(state.order.begin(), state.order.end(), rng);
-    metrics_truncate(rc.output_dir + "/metrics.jsonl", 0);
+void TrainRun::load_weights() {
+  const auto t0 = Clock::now();
+  if (!rc_.model_path.empty()) {
+    progress_.phase("loading model weights from " + rc_.model_path);
+    model_load_weights(*store_, rc_.model_path);
+    check_loaded_weights(*store_, rc_.model_path);
   } else {
-    TrainState saved = checkpoint_load(resume_dir, store);
-    STRATA_CHECK(saved.rows == state.rows && saved.data_hash == state.data_hash, "cannot resume from ",
-                 resume_dir, ": its training data (", saved.rows, " rows) differs from this run's (", state.rows,
+    progress_.phase("initialising weights (seed " + std::to_string(rc_.model_init_seed) + ")");
+    model_init_weights(*store_, uint64_t(rc_.model_init_seed), rc_.model_init_std);
+  }
+  const ModelSpec& ms = store_->spec();
+  std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
+               "checkpoints on the device; device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
+               cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
+               rc_.offload_weights.c_str(), engine_->device_checkpoints(), ms.layers.size(),
+               format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
+               format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
+}
+
+// The data order and where the run continues: a fresh shuffle, or the checkpoint's state after
+// every file of it was verified (checkpoint_load).
+void TrainRun::resume() {
+  const TokenRows& rows = data_.train;
+  const int64_t rows_per_step = rc_.micro_batch_size * rc_.gradient_accumulation_steps;
+  max_steps_ = rc_.max_steps > 0 ? rc_.max_steps
+      : std::max<int64_t>(1, int64_t(std::ceil(rc_.num_train_epochs * double(rows.rows()) / double(rows_per_step))));
+  warmup_ = rc_.warmup_steps > 0 ? rc_.warmup_steps : int64_t(std::ceil(rc_.warmup_ratio * double(max_steps_)));
+  state_.rows = rows.rows();
+  state_.data_hash = rows_hash(rows);
+  rng_.seed(uint64_t(rc_.seed));
+  if (resume_dir_.empty()) {
+    state_.order.resize(size_t(rows.rows()));
+    std::iota(state_.order.begin(), state_.order.end(), 0);
+    std::shuffle(state_.order.begin(), state_.order.end(), rng_);
+    run_dir_truncate_metrics(rc_.output_dir, 0);
+  } else {
+    progress_.phase("verifying and loading " + resume_dir_);
+    TrainState saved = checkpoint_load(resume_dir_, *store_);
+    STRATA_CHECK(saved.rows == state_.rows && saved.data_hash == state_.data_hash, "cannot resume from ",
+                 resume_dir_, ": its training data (", saved.rows, " rows) differs from this run's (", state_.rows,
                  " rows, or the same count with other tokens); resume needs the same data, tokenizer, "
                  "sequence_len and packing");
-    STRATA_CHECK(saved.step < max_steps, "cannot resume from ", resume_dir, ": it is at step ", saved.step,
-                 " and the run ends at step ", max_steps, "; raise train.max_steps to train further");
+    STRATA_CHECK(saved.step < max_steps_, "cannot resume from ", resume_dir_, ": it is at step ", saved.step,
+                 " and the run ends at step ", max_steps_, "; raise train.max_steps to train further");
     std::istringstream rs(saved.rng);
-    rs >> rng;
-    STRATA_CHECK(!rs.fail(), resume_dir, "/trainer_state.json: the RNG state is damaged");
-    const std::string saved_recipe = file_read(resume_dir + "/recipe.toml", "checkpoint file",
+    rs >> rng_;
+    STRATA_CHECK(!rs.fail(), resume_dir_, "/trainer_state.json: the RNG state is damaged");
+    const std::string saved_recipe = file_read(resume_dir_ + "/recipe.toml", "checkpoint file",
                                                "resume from an older checkpoint (--resume DIR)");
-    auto was = recipe_lines(saved_recipe), now = recipe_lines(recipe_toml);
-    for (auto& [k, v] : now) {
-      if (k.rfind("checkpoint.", 0) == 0 || k.rfind("device.", 0) == 0 || k == "train.max_steps" ||
-          k == "train.log_steps" || k == "train.eval_steps" || k.rfind("offload.", 0) == 0)
-        continue;
-      auto it = was.find(k);
-      if (it != was.end() && it->second != v)
-        std::fprintf(stderr, "strata train: warning: %s is %s now but was %s in the checkpoint; the resumed run "
-                     "is not the run it continues\n", k.c_str(), v.c_str(), it->second.c_str());
-    }
-    state = std::move(saved);
-    metrics_truncate(rc.output_dir + "/metrics.jsonl", state.step);
-    std::fprintf(stderr, "strata train: resumed from %s at step %ld of %ld\n", resume_dir.c_str(),
-                 long(state.step), long(max_steps));
+    run_dir_warn_recipe_changes(saved_recipe, recipe_toml_);
+    state_ = std::move(saved);
+    run_dir_truncate_metrics(rc_.output_dir, state_.step);
+    std::fprintf(stderr, "strata train: resumed from %s at step %ld of %ld\n", resume_dir_.c_str(),
+                 long(state_.step), long(max_steps_));
   }
-  state.max_steps = max_steps;
-  MetricsWriter metrics(rc.output_dir + "/metrics.jsonl", /*append=*/true);
-
-  const int64_t warmup = rc.warmup_steps > 0 ? rc.warmup_steps
-                                             : int64_t(std::ceil(rc.warmup_ratio * double(max_steps)));
-  Progress progress(max_steps, rc.log_steps);
-  auto save = [&]() {
-    engine.synchronize();
-    std::string dir = checkpoint_save(rc.output_dir, store, state, recipe_toml, save_dtype, files, rc.keep_last);
-    progress.message("strata train: saved " + dir);
-    return dir;
-  };
-  auto evaluate = [&](int64_t step) {
-    if (data.eval.rows() == 0) return;
-    double loss_sum = 0;
-    int64_t counted = 0;
-    std::vector<int64_t> seq(size_t(data.eval.rows()));
-    std::iota(seq.begin(), seq.end(), 0);
-    for (size_t first = 0; first < seq.size(); first += size_t(rc.micro_batch_size)) {
-      int64_t n = std::min<int64_t>(rc.micro_batch_size, int64_t(seq.size() - first));
-      MicroBatch mb = take_rows(data.eval, seq, first, n);
-      counted += mb.counted();
-      loss_sum += engine.forward_loss(mb);
-    }
-    const double eval_loss = counted ? loss_sum / double(counted) : 0.0;
-    metrics.write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}});
-    progress.message(str_cat("step ", step, "/", max_steps, "  eval_loss ", eval_loss, " over ", counted, " tokens"));
-  };
-
-  TrainSummary summary;
-  double tokens_after_first = 0, time_after_first = 0;
-  const int64_t first_step = state.step + 1;
-  DeviceCounters after_first{};
-  for (int64_t step = first_step; step <= max_steps; ++step) {
-    auto t_step = Clock::now();
-    const DeviceCounters c0 = dev->counters();
-    // the micro-batches of this step, and the token count the loss is averaged over
-    std::vector<MicroBatch> mbs;
-    int64_t counted = 0;
-    for (int64_t a = 0; a < rc.gradient_accumulation_steps; ++a) {
-      if (state.cursor + uint64_t(rc.micro_batch_size) > state.order.size()) {  // next epoch, reshuffled
-        std::shuffle(state.order.begin(), state.order.end(), rng);
-        state.cursor = 0;
-        ++state.epoch;
-      }
-      mbs.push_back(take_rows(rows, state.order, state.cursor, rc.micro_batch_size));
-      state.cursor += uint64_t(rc.micro_batch_size);
-      counted += mbs.back().counted();
-    }
-    STRATA_CHECK(counted > 0, "step ", step, " has no labelled tokens");
-    const EngineStats e0 = engine.stats();
-    AdamWParams ap;
-    ap.lr = rc.learning_rate * lr_schedule(rc.lr_scheduler_type, step - 1, max_steps, warmup, rc.min_lr_ratio);
-    ap.beta1 = rc.adam_beta1;
-    ap.beta2 = rc.adam_beta2;
-    ap.eps = rc.adam_epsilon;
-    ap.step = step;
-    const float scale = float(1.0 / double(counted));
-    double loss_sum = 0, grad_norm = 0;
-    if (rc.max_grad_norm > 0) {  // clipping needs the global norm before any update
-      for (auto& mb : mbs) loss_sum += engine.forward_backward(mb, scale);
-      grad_norm = engine.optimizer_step(ap, rc.max_grad_norm, rc.weight_decay);
-    } else {  // no clipping: the last micro-batch updates each group as its gradient lands
-      for (size_t a = 0; a + 1 < mbs.size(); ++a) loss_sum += engine.forward_backward(mbs[a], scale);
-      loss_sum += engine.forward_backward_update(mbs.back(), scale, ap, rc.weight_decay);
-      grad_norm = engine.landed_update_norm();
-    }
-    if (step == max_steps) engine.synchronize();
-    const EngineStats e1 = engine.stats();
-    const double step_s = seconds_since(t_step);
-    const DeviceCounters c1 = dev->counters();
-    const int64_t tokens = rows_per_step * rc.sequence_len;
-    const double loss = loss_sum / double(counted);
-    state.step = step;
-    state.tokens_seen += double(tokens);
-    summary.losses.push_back(loss);
-    if (step > first_step) {
-      tokens_after_first += double(tokens);
-      time_after_first += step_s;
-    } else {
-      after_first = c1;
-    }
-    const double tps = double(tokens) / step_s;
-    nlohmann::json rec = {
-        {"step", step}, {"loss", loss}, {"lr", ap.lr}, {"grad_norm", grad_norm},
-        {"tokens", tokens}, {"loss_tokens", counted}, {"tokens_per_s", tps},
-        {"mfu", tps * fpt / peak}, {"step_s", step_s}, {"compute_s", e1.compute_s - e0.compute_s},
-        {"h2d_wait_s", e1.h2d_wait_s - e0.h2d_wait_s}, {"d2h_wait_s", e1.d2h_wait_s - e0.d2h_wait_s},
-        {"optimizer_s", e1.optimizer_s - e0.optimizer_s},
-        {"optimizer_exposed_s", e1.optimizer_exposed_s - e0.optimizer_exposed_s}, {"nvme_wait_s", 0.0},
-        {"device_peak_bytes", dev->peak_bytes()}, {"host_pinned_bytes", store.pinned_bytes()},
-        {"host_bytes", host_bytes}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
-    nlohmann::json ops = nlohmann::json::object();
-    for (int k = 0; k < int(OpKind::count); ++k) ops[op_kind_name(OpKind(k))] = c1.op_s[k] - c0.op_s[k];
-    rec["op_s"] = ops;
-    metrics.write(rec);
-    progress.step({step, max_steps, loss, ap.lr, grad_norm, tps, tps * fpt / peak, step_s, dev->peak_bytes(),
-                   store.pinned_bytes(), host_bytes});
-
-    const bool last = step == max_steps;
-    if (rc.eval_steps > 0 && step % rc.eval_steps == 0 && !last) evaluate(step);
-    const bool stop = g_signals.load() > 0 || step == topt.stop_at_step;
-    if (last || stop || (rc.save_steps > 0 && step % rc.save_steps == 0)) {
-      std::ostringstream rs;
-      rs << rng;
-      state.rng = rs.str();
-      if (last) evaluate(step);
-      summary.last_checkpoint = save();
-    }
-    if (stop && !last) {
-      summary.interrupted = true;
-      progress.finish();
-      std::fprintf(stderr, "strata train: interrupted at step %ld; resume with: strata train %s --resume auto\n",
-                   long(step), rc.source_path.c_str());
-      engine.synchronize();
-      return summary;
-    }
-  }
-  progress.finish();
-  summary.tokens_per_s = time_after_first > 0 ? tokens_after_first / time_after_first : 0;
-  {
-    const DeviceCounters end = dev->counters();
-    double total = 0;
-    for (int k = 0; k < int(OpKind::count); ++k) total += end.op_s[k] - after_first.op_s[k];
-    summary.matmul_share = total > 0 ? (end.op_s[0] - after_first.op_s[0]) / total : 0;
-    std::string split;
-    for (int k = 0; k < int(OpKind::count); ++k)
-      split += str_cat(k ? ", " : "", op_kind_name(OpKind(k)), " ",
-                       int(std::lround(100 * (end.op_s[k] - after_first.op_s[k]) / std::max(total, 1e-12))), "%");
-    if (max_steps > first_step)
-      std::fprintf(stderr, "strata train: %.0f tokens/s after the first step; device op time: %s\n",
-                   summary.tokens_per_s, split.c_str());
-  }
-  summary.final_dir = rc.output_dir + "/final";
-  engine.synchronize();
-  export_hf_atomic(store, summary.final_dir, save_dtype, files);
-  std::fprintf(stderr, "strata train: done; model written to %s, metrics to %s/metrics.jsonl\n",
-               summary.final_dir.c_str(), rc.output_dir.c_str());
-  return summary;
+  state_.max_steps = max_steps_;
+  first_step_ = state_.step + 1;
+  metrics_ = std::make_unique<MetricsWriter>(rc_.output_dir + "/metrics.jsonl", /*append=*/true);
+  progress_.set_total(max_steps_);
+  progress_.set_save_plan(rc_.save_steps);
+  train_signal_phase_setup(false);  // from here a signal stops after the current step
 }
+
+// The micro-batches of the next step, taken in the shuffled order (reshuffled each epoch).
+StepBatch TrainRun::next_batch() {
+  StepBatch batch;
+  for (int64_t a = 0; a < rc_.gradient_accumulation_steps; ++a) {
+    if (state_.cursor + uint64_t(rc_.micro_batch_size) > state_.order.size()) {
+      std::shuffle(state_.order.begin(), state_.order.end(), rng_);
+      state_.cursor = 0;
+      ++state_.epoch;
+    }
+    batch.micro.push_back(take_rows(data_.train, state_.order, state_.cursor, rc_.micro_batch_size));
+    state_.cursor += uint64_t(rc_.micro_batch_size);
+    batch.counted += batch.micro.back().counted();
+  }
+  STRATA_CHECK(batch.counted > 0, "step ", state_.step + 1, " has no labelled tokens");
+  return batch;
+}
+
+// Forward, backward and the optimizer over one batch.
+StepResult TrainRun::step(const StepBatch& batch) {
+  StepResult r;
+  r.step = state_.step + 1;
+  const auto t0 = Clock::now();
+  r.c0 = dev_->counters();
+  r.e0 = engine_->stats();
+  AdamWParams ap;
+  ap.lr = rc_.learning_rate * lr_schedule(rc_.lr_scheduler_type, r.step - 1, max_steps_, warmup_, rc_.min_lr_ratio);
+  ap.beta1 = rc_.adam_beta1;
+  ap.beta2 = rc_.adam_beta2;
+  ap.eps = rc_.adam_epsilon;
+  ap.step = r.step;
+  const float scale = float(1.0 / double(batch.counted));
+  double loss_sum = 0;
+  if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
+    for (auto& mb : batch.micro) loss_sum += engine_->forward_backward(mb, scale);
+    r.grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
+  } else {  // no clipping: the last micro-batch updates each group as its gradient lands
+    for (size_t a = 0; a + 1 < batch.micro.size(); ++a) loss_sum += engine_->forward_backward(batch.micro[a], scale);
+    loss_sum += engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay);
+    r.grad_norm = engine_->landed_update_norm();
+  }
+  if (r.step == max_steps_) engine_->synchronize();
+  r.e1 = engine_->stats();
+  r.c1 = dev_->counters();
+  r.run_s = seconds_since(t0);
+  r.loss = loss_sum / double(batch.counted);
+  r.counted = batch.counted;
+  r.lr = ap.lr;
+  state_.step = r.step;
+  state_.tokens_seen += double(tokens_per_step());
+  return r;
+}
+
+void TrainRun::evaluate_if_due(int64_t step, bool stopping) {
+  const bool last = step == max_steps_;
+  if (last || (rc_.eval_steps > 0 && step % rc_.eval_steps == 0 && !stopping)) evaluate(step);
+}
+
+void TrainRun::evaluate(int64_t step) {
+  if (data_.eval.rows() == 0) return;
+  const auto t0 = Clock::now();
+  progress_.phase("eval");
+  double loss_sum = 0;
+  int64_t counted = 0;
+  std::vector<int64_t> seq(size_t(data_.eval.rows()));
+  std::iota(seq.begin(), seq.end(), 0);
+  for (size_t first = 0; first < seq.size(); first += size_t(rc_.micro_batch_size)) {
+    int64_t n = std::min<int64_t>(rc_.micro_batch_size, int64_t(seq.size() - first));
+    MicroBatch mb = take_rows(data_.eval, seq, first, n);
+    counted += mb.counted();
+    loss_sum += engine_->forward_loss(mb);
+  }
+  progress_.phase("");
+  const double eval_loss = counted ? loss_sum / double(counted) : 0.0;
+  metrics_->write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}, {"eval_s", seconds_since(t0)}});
+  progress_.message(str_cat("step ", step, "/", max_steps_, "  eval_loss ", eval_loss, " over ", counted, " tokens"));
+}
+
+bool TrainRun::save_due(int64_t step, bool stopping) const {
+  return step == max_steps_ || stopping || (rc_.save_steps > 0 && step % rc_.save_steps == 0);
+}
+
+double TrainRun::save() {
+  const auto t0 = Clock::now();
+  progress_.phase(str_cat("saving checkpoint-", state_.step));
+  engine_->synchronize();
+  std::ostringstream rs;
+  rs << rng_;
+  state_.rng = rs.str();
+  summary_.last_checkpoint = checkpoint_save(rc_.output_dir, *store_, state_, recipe_toml_,
+                                             dtype_parse(rc_.save_dtype), files_, rc_.keep_last);
+  const double s = seconds_since(t0);
+  progress_.saved(s);
+  progress_.phase("");
+  progress_.message("strata train: saved " + summary_.last_checkpoint);
+  return s;
+}
+
+nlohmann::json TrainRun::op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const {
+  nlohmann::json ops = nlohmann::json::object();
+  for (int k = 0; k < int(OpKind::count); ++k) ops[op_kind_name(OpKind(k))] = c1.op_s[k] - c0.op_s[k];
+  return ops;
+}
+
+// MFU of a step: model FLOPs per second over the device's peak for the run's dtype.
+double TrainRun::step_mfu(const StepResult& r) {
+  const double tps = double(tokens_per_step()) / r.run_s;
+  double mfu = tps * flops_per_token_ / peak_.flops_per_s;
+  if (mfu > 1) {  // a measured peak taken while the machine was busy: say so, keep MFU a fraction
+    if (!mfu_capped_)
+      progress_.message(str_cat("strata train: warning: step ", r.step, " ran at ", mfu, " times the peak (",
+                                peak_.source, "); the peak was measured low, likely while the machine was busy. "
+                                "MFU is shown as at most 100%"));
+    mfu_capped_ = true;
+    mfu = 1;
+  }
+  return mfu;
+}
+
+void TrainRun::show(const StepResult& r) {
+  const double tps = double(tokens_per_step()) / r.run_s;
+  progress_.step({r.step, max_steps_, r.loss, r.lr, r.grad_norm, tps, step_mfu(r), r.run_s, dev_->peak_bytes(),
+                  store_->pinned_bytes(), host_bytes_});
+}
+
+// metrics.jsonl. Every time is what its name says (recipes/README.md):
+// compute_s + h2d_wait_s + d2h_wait_s + optimizer_exposed_s + save_s is about step_s.
+void TrainRun::record(const StepResult& r) {
+  const int64_t tokens = tokens_per_step();
+  const double step_s = r.run_s + r.save_s;
+  const double tps = double(tokens) / r.run_s;
+  const double mfu = step_mfu(r);
+  summary_.losses.push_back(r.loss);
+  if (r.step > first_step_) {
+    tokens_after_first_ += double(tokens);
+    time_after_first_ += r.run_s;
+  } else {
+    after_first_ = r.c1;
+  }
+  const EngineStats &e0 = r.e0, &e1 = r.e1;
+  nlohmann::json rec = {
+      {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"tokens", tokens},
+      {"loss_tokens", r.counted}, {"tokens_per_s", tps}, {"mfu", mfu}, {"step_s", step_s}, {"compute_s", e1.compute_s - e0.compute_s},
+      {"h2d_wait_s", e1.h2d_wait_s - e0.h2d_wait_s}, {"d2h_wait_s", e1.d2h_wait_s - e0.d2h_wait_s},
+      {"optimizer_s", e1.optimizer_s - e0.optimizer_s},
+      {"optimizer_exposed_s", e1.optimizer_exposed_s - e0.optimizer_exposed_s}, {"save_s", r.save_s},
+      {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
+      {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
+  rec["op_s"] = op_seconds(r.c0, r.c1);
+  metrics_->write(rec);
+}
+
+TrainSummary TrainRun::interrupted(int64_t step) {
+  engine_->synchronize();
+  summary_.interrupted = true;
+  progress_.finish();
+  std::fprintf(stderr, "strata train: interrupted %s; resume with: %s\n",
+               step > 0 ? str_cat("at step ", step).c_str() : "before the first step (nothing saved)",
+               run_dir_resume_command(rc_.source_path, topt_.overrides).c_str());
+  return summary_;
+}
+
+// The run's speed and per-op split (by op name), then the Hugging Face export.
+TrainSummary TrainRun::finish() {
+  summary_.tokens_per_s = time_after_first_ > 0 ? tokens_after_first_ / time_after_first_ : 0;
+  const nlohmann::json ops = op_seconds(after_first_, dev_->counters());
+  double total = 0;
+  for (auto& [name, s] : ops.items()) total += s.get<double>();
+  summary_.matmul_share = total > 0 ? ops[op_kind_name(OpKind::matmul)].get<double>() / total : 0;
+  std::string split;
+  for (auto& [name, s] : ops.items())
+    split += str_cat(split.empty() ? "" : ", ", name, " ", int(std::lround(100 * s.get<double>() / std::max(total, 1e-12))), "%");
+  summary_.final_dir = rc_.output_dir + "/final";
+  engine_->synchronize();
+  const auto t0 = Clock::now();
+  progress_.phase("exporting the model to " + summary_.final_dir);
+  export_hf_atomic(*store_, summary_.final_dir, dtype_parse(rc_.save_dtype), files_);
+  progress_.saved(seconds_since(t0));
+  progress_.phase("");
+  progress_.finish();
+  if (max_steps_ > first_step_)
+    std::fprintf(stderr, "strata train: %.0f tokens/s after the first step; device op time: %s\n",
+                 summary_.tokens_per_s, split.c_str());
+  std::fprintf(stderr, "strata train: done; model written to %s, metrics to %s/metrics.jsonl\n",
+               summary_.final_dir.c_str(), rc_.output_dir.c_str());
+  return summary_;
+}
+
+}  // namespace
 
 }  // namespace strata

@@ -4,15 +4,15 @@
 // checkpoints every save_steps and at the end (src/train/checkpoint.h), bit-exact resume, and
 // a Hugging Face export in output_dir/final.
 //
-// Stopping: SIGINT/SIGTERM (after train_install_signal_handlers) or train_request_stop() make
-// the run finish its current step, save a checkpoint and return with `interrupted` set (the
-// CLI exits 130). A second signal exits the process at once with kExitStoppedAtOnce; every save
-// is atomic, so what was saved before stays intact.
+// train_run reads as its steps: set up (inputs checked, budgets checked before any data is
+// tokenized or weight initialised, data, weights), resume, then per step: next batch, step,
+// record, save. Stopping by signal: src/train/signals.h (the CLI exits 130).
 #pragma once
 #include <string>
 #include <vector>
 
 #include "src/recipe/recipe.h"
+#include "src/train/signals.h"
 
 namespace strata {
 
@@ -22,19 +22,17 @@ struct TrainSummary {
   double matmul_share = 0;     // fraction of compute time spent in matmuls (sampled)
   std::string final_dir;        // set when the run finished
   std::string last_checkpoint;  // the newest checkpoint this run saved
-  bool interrupted = false;     // stopped by a signal after saving
+  bool interrupted = false;     // stopped by a signal (after saving, when a step had run)
 };
 
 struct TrainOptions {
   std::string resume;  // "": start at step 0; "auto": newest complete checkpoint in output_dir; or a checkpoint dir
+  bool overwrite = false;  // a fresh run may replace the run already in output_dir
+  std::vector<std::string> overrides;  // the command line's key=value, repeated in the "resume with:" hint
   int64_t stop_at_step = 0;  // > 0: behave as if a signal arrived during this step (tests)
 };
 
-inline constexpr int kExitStoppedAtOnce = 5;
-
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options = {});
-void train_install_signal_handlers();
-void train_request_stop();  // as a first signal would
 
 // HF-style learning-rate multiplier for 0-based step `s` of `total`.
 double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio);

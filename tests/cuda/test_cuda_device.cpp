@@ -2,6 +2,8 @@
 // an old driver, not enough GPU memory, the arena budget naming the tensor), kernel-found bad
 // input reported at synchronize, and streams, events and pinned copies ordering a small
 // upload -> compute -> download pipeline.
+#include <cuda_runtime_api.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -131,4 +133,28 @@ TEST_CASE("cuda device: streams and events order pinned uploads, compute and dow
 }
 
 }  // namespace
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("cuda device: the MFU peak comes from the datasheet table by GPU name, per dtype", "[cuda-emu]") {
+  DeviceOptions o;
+  o.backend = "cuda";
+  o.memory_bytes = size_t(64) << 20;
+  auto dev = device_create_cuda(o);
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  const DevicePeak b = dev->peak_flops(DType::bf16), f = dev->peak_flops(DType::f32);
+  auto known_b = gpu_datasheet_peak(prop.name, DType::bf16), known_f = gpu_datasheet_peak(prop.name, DType::f32);
+  if (known_b) {  // the emulator says "H100-like": the table's H100 SXM row, not a CPU figure
+    CHECK(b.flops_per_s == known_b->flops_per_s);
+    CHECK(f.flops_per_s == known_f->flops_per_s);
+    CHECK(b.source.find("datasheet") != std::string::npos);
+  } else {
+    CHECK(b.source.find("measured") != std::string::npos);
+  }
+  CHECK(b.flops_per_s > f.flops_per_s);  // tensor cores
+  CHECK(dev->peak_flops(DType::bf16).flops_per_s == b.flops_per_s);
+}
+
 }  // namespace strata

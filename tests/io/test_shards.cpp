@@ -65,6 +65,14 @@ int prepare(const std::string& recipe, const std::vector<std::string>& overrides
   return rc;
 }
 
+// Paths on the command line are relative to the current directory: the cases that pass them
+// run from the recipe's folder, as a user would.
+struct InDir {
+  fs::path old = fs::current_path();
+  explicit InDir(const fs::path& dir) { fs::current_path(dir); }
+  ~InDir() { fs::current_path(old); }
+};
+
 }  // namespace
 
 TEST_CASE("strata prepare, then training reads the shards: rows identical to tokenizing on the fly", "[shards]") {
@@ -94,6 +102,7 @@ TEST_CASE("strata prepare, then training reads the shards: rows identical to tok
 
   // pretraining text with the byte tokenizer, packing off: the same again
   dir.file("corpus.txt", "first document\nwith two lines\n\nsecond one\n\n\nthird, a little longer than the rest\n");
+  InDir cwd(dir.path);
   const std::vector<std::string> text = {"data.path=\"corpus.txt\"", "data.tokenizer=\"bytes\"", "data.packing=false",
                                          "data.sequence_len=16", "data.eval_split=0.0", "data.prepared_dir=\"prep_text\""};
   const Recipe rt = recipe_load(recipe, text);
@@ -245,6 +254,7 @@ TEST_CASE("strata prepare: bad usage and bad data are errors naming what to fix"
                          "\n");
   const std::string recipe = dir.file("r.toml", "[model]\npath = \"" + kTinyModel +
                                                     "\"\n[data]\npath = \"chat.jsonl\"\n[train]\nmax_steps = 1\n");
+  InDir cwd(dir.path);
   CHECK(contains(error_of([&] { prepare(recipe); }), "data.prepared_dir is not set"));
   CHECK(contains(error_of([&] { prepare(recipe, {"data.prepared_dir=\"p\"", "data.path=\"missing.jsonl\""}); }),
                  "missing.jsonl"));

@@ -121,8 +121,9 @@ TEST_CASE("bar mode redraws one line in place and keeps it below messages", "[pr
   p.step(report(1, 10, 2.0));
   p.step(report(2, 10, 2.0));
   std::string t = cap.text();
-  CHECK(count(t, "\r\x1b[2K") == 3);                           // log line at step 1, two bar draws
-  CHECK(t.find("\r\x1b[2Kstep 1/10  loss 1.2345") == 0);      // the log line above the bar
+  CHECK(count(t, "\r\x1b[2K") == 2);                           // two bar draws and nothing else
+  CHECK(t.find("loss 1.2345") == std::string::npos);          // on a terminal only the bar is drawn
+  CHECK(t.find("\r\x1b[2Kstep  1/10 [####") == 0);
   CHECK(t.find("\r\x1b[2Kstep  2/10 [########") != std::string::npos);
   CHECK(t.back() != '\n');                                     // the bar stays on its line
 
@@ -189,6 +190,49 @@ TEST_CASE("STRATA_PROGRESS forces the mode; otherwise a file that is not a termi
   CHECK_THROWS_AS(Progress(10, 1, cap.f), Error);
   ::unsetenv("STRATA_PROGRESS");
   CHECK(cap.text().empty());  // nothing is written before a step
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("the ETA counts the saves still to come", "[progress]") {
+  Progress p(10, 1, stderr, ProgressMode::plain);
+  p.set_save_plan(4);  // saves after steps 4, 8 and 10
+  p.step(report(1, 10, 2.0));
+  p.step(report(2, 10, 1.0));
+  CHECK(p.saves_left(2) == 3);
+  CHECK(p.eta_s() == Approx(8 * 1.0));  // no save timed yet: steps only
+  p.saved(5.0);
+  CHECK(p.eta_s() == Approx(8 * 1.0 + 3 * 5.0));
+  CHECK(p.saves_left(4) == 2);
+  CHECK(p.saves_left(8) == 1);
+  CHECK(p.saves_left(9) == 1);
+  CHECK(p.saves_left(10) == 0);
+  Progress q(10, 1, stderr, ProgressMode::plain);
+  q.set_save_plan(0);  // only the final save
+  CHECK(q.saves_left(3) == 1);
+}
+
+TEST_CASE("long phases are said: a line before training, the bar's ETA replaced while one runs", "[progress]") {
+  Capture cap;
+  Progress p(10, 1, cap.f, ProgressMode::bar, 200);
+  p.phase("loading model weights from m");
+  CHECK(cap.text() == "strata train: loading model weights from m...\n");
+  p.step(report(10, 10, 2.0));
+  CHECK(cap.text().find("eta 0s") != std::string::npos);
+  p.phase("saving checkpoint-10");
+  std::string t = cap.text();
+  const std::string last_draw = t.substr(t.rfind("\r\x1b[2K"));
+  CHECK(last_draw.find("saving checkpoint-10...") != std::string::npos);
+  CHECK(last_draw.find("eta") == std::string::npos);  // not "100% eta 0s" while it saves
+  p.phase("");
+  t = cap.text();
+  CHECK(t.substr(t.rfind("\r\x1b[2K")).find("eta 0s") != std::string::npos);
+  Capture plain;
+  Progress q(10, 1, plain.f, ProgressMode::plain);
+  q.phase("exporting the model to out/final");
+  CHECK(plain.text() == "strata train: exporting the model to out/final...\n");
 }
 
 }  // namespace strata

@@ -128,7 +128,7 @@ TEST_CASE("training from `strata prepare` shards equals training from the JSONL"
 
   // shards made for other settings are refused, and say how to fix it
   Run stale = strata("train " + kRecipe + " checkpoint.output_dir=" + out + " data.prepared_dir=" + out +
-                     "/shards data.train_on=all");
+                     "/shards data.train_on=all --overwrite");
   CHECK(stale.code == 2);
   CHECK(stale.out.find("strata prepare") != std::string::npos);
 }
