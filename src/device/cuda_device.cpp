@@ -486,8 +486,8 @@ class CudaDevice final : public ArenaDevice {
     std::vector<double> runs;
     for (int r = 0; r < 6; ++r) {  // the first is a warm-up
       STRATA_CUDA_DEVICE_CHECK(cudaEventRecord(start, st));
-      cuda::matmul(cublas(Stream::compute), st, static_cast<float*>(c), a, b, ab == DType::bf16, n, n, n, false,
-                   true, 0.f);
+      cuda::matmul(static_cast<float*>(c), a, b, ab == DType::bf16, n, n, n, false, true, 0.f,
+                   cublas(Stream::compute), st);
       STRATA_CUDA_DEVICE_CHECK(cudaEventRecord(stop, st));
       STRATA_CUDA_DEVICE_CHECK(cudaEventSynchronize(stop));
       float ms = 0;

@@ -19,7 +19,7 @@
 
 #include "io/uring_file.h"
 #include "src/core/error.h"
-#include "src/device/device.h"
+#include "src/recipe/recipe.h"
 
 namespace strata::bench {
 namespace {
