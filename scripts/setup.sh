@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev libeigen3-dev libcli11-dev catch2 libtomlplusplus-dev nlohmann-json3-dev
-  libpcre2-dev libutf8proc-dev liburing-dev libnuma-dev
+  libpcre2-dev libutf8proc-dev liburing-dev libnuma-dev libopenmpi-dev openmpi-bin
   python3-torch python3-numpy
 )
 

@@ -429,6 +429,7 @@ class CudaDevice final : public ArenaDevice {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::cast_f32_to_bf16(out, in, n, stream(s));
   }
+  void* native_stream(Stream s) override { return stream(s); }
 
  private:
   cudaStream_t stream(Stream s) const { return streams_[int(s)]; }

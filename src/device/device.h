@@ -78,6 +78,9 @@ class Device {
   virtual void copy_d2d(void* dst, const void* src, size_t bytes, Stream s) = 0;
   virtual void memset_zero(void* dst, size_t bytes, Stream s) = 0;
   virtual DeviceCounters counters() const = 0;
+  // The backend's own handle of stream s (a cudaStream_t on the CUDA backend, null on the CPU
+  // backend), for libraries that enqueue work on it: the NCCL comm (src/comm).
+  virtual void* native_stream(Stream s) { return nullptr; }
 
   // ---- ops (kernels/cpu/ops.h documents shapes and semantics; same argument order) ----
   virtual void matmul(Stream s, float* c, const void* a, const void* b, DType ab, int64_t m,
