@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages strata needs (README, "Dependencies", says what each is for).
 #   bash scripts/setup.sh             what building and running `strata` needs
-#   bash scripts/setup.sh --tests     plus what the test suite and benchmarks need (Catch2, git, fio)
+#   bash scripts/setup.sh --tests     plus what the test suite and benchmarks need (Catch2, git, fio,
+#                                     OpenMPI: the comm layer and its mpirun tests)
 #   bash scripts/setup.sh --goldens   plus what regenerating the torch goldens needs
 #                                     (tools/golden/*.py: python3-torch, python3-numpy; ~300 MB)
 # Idempotent: a package already present is skipped, and `apt-get update` runs at most once.
@@ -14,7 +15,7 @@ packages=(
 )
 for arg in "$@"; do
   case "$arg" in
-    --tests) packages+=(catch2 git fio) ;;
+    --tests) packages+=(catch2 git fio libopenmpi-dev openmpi-bin) ;;
     --goldens) packages+=(python3 python3-torch python3-numpy) ;;
     *) echo "setup: unknown option '$arg' (use --tests and/or --goldens)" >&2; exit 2 ;;
   esac

@@ -443,6 +443,7 @@ class CudaDevice final : public ArenaDevice {
     STRATA_ASSERT(pt == DType::f32 || pt == DType::bf16, "zo_perturb: tensors must be f32 or bf16");
     cuda::zo_perturb(p, pt == DType::bf16, seed, tensor, offset, scale, n, stream(s));
   }
+  void* native_stream(Stream s) override { return stream(s); }
 
  private:
   cudaStream_t stream(Stream s) const { return streams_[int(s)]; }

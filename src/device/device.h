@@ -83,6 +83,9 @@ class Device {
   // (src/device/peak_flops.h): measured on the CPU backend, a datasheet entry or a measured
   // cuBLAS GEMM on CUDA. Call it while the device is idle (it may run GEMMs); cached.
   virtual DevicePeak peak_flops(DType ab) = 0;
+  // The backend's own handle of stream s (a cudaStream_t on the CUDA backend, null on the CPU
+  // backend), for libraries that enqueue work on it: the NCCL comm (src/comm).
+  virtual void* native_stream(Stream s) { return nullptr; }
 
   // ---- ops (kernels/cpu/ops.h documents shapes and semantics) ----
   // One argument order everywhere (STYLE.md §2), as in kernels/cpu/ops.h, kernels/cuda/ops.h

@@ -23,7 +23,8 @@ set(strata_cuemu_sources
   ${strata_cuemu_dir}/cuemu_exec.cpp
   ${strata_cuemu_dir}/cuemu_runtime.cpp
   ${strata_cuemu_dir}/cuemu_pinned.cpp
-  ${strata_cuemu_dir}/cuemu_blas.cpp)
+  ${strata_cuemu_dir}/cuemu_blas.cpp
+  ${strata_cuemu_dir}/cuemu_nccl.cpp)  # NCCL, ranks as threads (src/comm/comm_nccl.cpp)
 
 add_library(strata_cuemu STATIC ${strata_cuemu_sources})
 target_include_directories(strata_cuemu PUBLIC ${CMAKE_SOURCE_DIR})
