@@ -93,7 +93,7 @@ TEST_CASE("nccl comm: all-reduce of awkward sizes, scalars, broadcast and barrie
         }
         bufs.push_back(std::make_unique<Buffer<float>>(dev, a));
         Buffer<float> addend(dev, b);
-        dev.add_inplace(Stream::compute, *bufs.back(), addend, int64_t(sizes[k]));
+        dev.add_inplace(*bufs.back(), addend, int64_t(sizes[k]), Stream::compute);
         tickets.push_back(comm.all_reduce_sum(bufs.back()->get(), sizes[k], Stream::compute));
         dev.stream_synchronize(Stream::compute);  // addend is freed at the end of this scope
       }
