@@ -138,10 +138,7 @@ TEST_CASE("cuda device: streams and events order pinned uploads, compute and dow
 namespace strata {
 
 TEST_CASE("cuda device: the MFU peak comes from the datasheet table by GPU name, per dtype", "[cuda-emu]") {
-  DeviceOptions o;
-  o.backend = "cuda";
-  o.memory_bytes = size_t(64) << 20;
-  auto dev = device_create_cuda(o);
+  auto dev = cuda_testing::test_device(size_t(64) << 20);  // no GPU: reported skipped
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
   const DevicePeak b = dev->peak_flops(DType::bf16), f = dev->peak_flops(DType::f32);
