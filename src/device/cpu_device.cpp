@@ -106,11 +106,12 @@ class CpuDevice final : public ArenaDevice {
       std::lock_guard lock(ev.mu);
       gen = ev.recorded;
     }
-    double* waited = &stream_wait_s_[int(s)];
-    worker(s).enqueue([&ev, gen, waited] {
+    worker(s).enqueue([this, &ev, gen, si = int(s)] {
       auto t0 = Clock::now();
       ev.wait_for(gen);
-      *waited += std::chrono::duration<double>(Clock::now() - t0).count();  // only this stream's thread writes it
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::lock_guard lock(op_mu_);  // counters() reads it from other threads, mid-step too
+      stream_wait_s_[si] += dt;
     });
   }
   void event_synchronize(Event& e) override {

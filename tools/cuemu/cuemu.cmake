@@ -120,7 +120,9 @@ if(STRATA_CUDA_EMU_TSAN AND STRATA_HAVE_TSAN AND NOT STRATA_SANITIZE AND TARGET 
   set(strata_tsan_launcher ${CMAKE_BINARY_DIR}/strata_cuda_tsan_env.sh)
   file(WRITE ${strata_tsan_launcher} [=[#!/bin/sh
 # Runs a command under the environment of the emulated CUDA suite's TSan tests (tools/cuemu/cuemu.cmake).
-export CUEMU_THREADS=1 CUEMU_SEED=1 OMP_NUM_THREADS=1
+# OpenMP (libgomp) is not instrumented: its fork/join is invisible to TSan, so OpenMP is held to
+# one thread (OMP_THREAD_LIMIT also caps omp_set_num_threads calls made by the code under test).
+export CUEMU_THREADS=1 CUEMU_SEED=1 OMP_NUM_THREADS=1 OMP_THREAD_LIMIT=1
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS}"
 exec "$@"
 ]=])
