@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "src/comm/comm_nccl.h"
+#include "tests/comm/comm_inputs.h"
 #include "tests/cuda/cuda_testing.h"
 
 using namespace strata;
@@ -18,20 +19,8 @@ using strata::cuda_testing::Buffer;
 
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
-// Rank r's i-th input, of mixed sign and magnitude 2^-10 .. 2^10 (the order of additions matters).
-template <class T>
-T input(int rank, size_t i, uint64_t salt) {
-  const uint64_t h = mix((uint64_t(rank) << 40) ^ i ^ (salt << 52));
-  const double unit = double(h >> 11) / double(1ull << 53) * 2.0 - 1.0;
-  return T(std::ldexp(unit, int(h % 21) - 10));
-}
+using comm_testing::input;
+using comm_testing::mix;
 
 // Runs body(rank, device, comm) on `n` threads, one rank each; returns each rank's error text
 // ("" when it returned normally). Null when the machine cannot host n ranks (real GPUs only).

@@ -10,6 +10,7 @@
 #include "kernels/cpu/ref/zo.h"
 #include "kernels/cpu/zo.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/kernels/zo_cases.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -26,29 +27,15 @@ int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
   return -1;
 }
 
-struct Where {
-  uint64_t seed;
-  uint32_t tensor;
-  uint64_t offset;
-};
+using zo_testing::kWheres;
+using zo_testing::Where;
 
 }  // namespace
 
 TEST_CASE("cuda zo: z and the perturbation equal the CPU's bits", "[cuda][zo]") {
   auto dev = cuda_testing::test_device();
   if (!dev) return;
-  const Where wheres[] = {
-      {0, 0, 0},
-      {1, 0, 1},
-      {42, 3, 3},
-      {0x0123456789ABCDEFull, 17, 255},
-      {7, 0xFFFFFFFFu, 257},
-      {~0ull, 5, (1ull << 32) - 3},
-      {99, 1, (1ull << 32) + 1},
-      {12345, 250, (1ull << 40) + 7},
-      {3, 2, (1ull << 62) - 2},
-  };
-  for (const Where& w : wheres) {
+  for (const Where& w : kWheres) {
     for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(4097)}) {
       INFO("seed " << w.seed << " tensor " << w.tensor << " offset " << w.offset << " n " << n);
       std::vector<float> z_cpu(static_cast<size_t>(n));

@@ -17,6 +17,7 @@
 #include "kernels/cpu/ref/zo.h"
 #include "kernels/cpu/zo.h"
 #include "src/device/device.h"
+#include "tests/kernels/zo_cases.h"
 #include "tests/testing.h"
 
 namespace {
@@ -58,24 +59,8 @@ double correlation(const std::vector<float>& a, const std::vector<float>& b) {
   return cov / std::sqrt((saa / n - (sa / n) * (sa / n)) * (sbb / n - (sb / n) * (sb / n)));
 }
 
-// The (seed, tensor, offset) cases the bit-identity tests walk: offsets inside and across Philox
-// blocks and 256-element chunks, and past 2^32 and 2^62 elements.
-struct Where {
-  uint64_t seed;
-  uint32_t tensor;
-  uint64_t offset;
-};
-const Where kWheres[] = {
-    {0, 0, 0},
-    {1, 0, 1},
-    {42, 3, 3},
-    {0x0123456789ABCDEFull, 17, 255},
-    {7, 0xFFFFFFFFu, 257},
-    {~0ull, 5, (1ull << 32) - 3},
-    {99, 1, (1ull << 32) + 1},
-    {12345, 250, (1ull << 40) + 7},
-    {3, 2, (1ull << 62) - 2},
-};
+using strata::zo_testing::kWheres;  // the (seed, tensor, offset) cases (tests/kernels/zo_cases.h)
+using strata::zo_testing::Where;
 const int64_t kSizes[] = {1, 15, 17, 4097};
 
 }  // namespace

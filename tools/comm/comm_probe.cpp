@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "src/comm/comm.h"
+#include "tests/comm/comm_inputs.h"
 #include "src/core/error.h"
 
 namespace {
@@ -41,21 +42,8 @@ int g_failures = 0;
     }                                                                           \
   } while (0)
 
-// Rank r's i-th input: values of mixed sign and magnitude (2^-10 .. 2^10), so that the order
-// of the additions changes the rounded sum and an order other than rank order shows.
-uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
-template <class T>
-T input(int rank, size_t i, uint64_t salt) {
-  const uint64_t h = mix((uint64_t(rank) << 40) ^ i ^ (salt << 52));
-  const double unit = double(h >> 11) / double(1ull << 53) * 2.0 - 1.0;
-  return T(std::ldexp(unit, int(h % 21) - 10));
-}
+using strata::comm_testing::input;  // rank r's i-th value (tests/comm/comm_inputs.h)
+using strata::comm_testing::mix;
 
 template <class T>
 std::vector<T> serial_sum(int size, size_t n, uint64_t salt) {  // ((x0 + x1) + x2) + ...

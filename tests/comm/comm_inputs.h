@@ -1,0 +1,27 @@
+// The inputs of the collective tests, shared by the MPI probe (tools/comm/comm_probe.cpp, run
+// under mpirun) and the emulated NCCL test (tests/cuda/test_comm_nccl.cpp): rank r's i-th value,
+// of mixed sign and magnitude 2^-10 .. 2^10, so the order of the additions changes the rounded
+// sum and an order other than the one promised shows.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace strata::comm_testing {
+
+inline uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+template <class T>
+T input(int rank, size_t i, uint64_t salt) {
+  const uint64_t h = mix((uint64_t(rank) << 40) ^ i ^ (salt << 52));
+  const double unit = double(h >> 11) / double(1ull << 53) * 2.0 - 1.0;
+  return T(std::ldexp(unit, int(h % 21) - 10));
+}
+
+}  // namespace strata::comm_testing
