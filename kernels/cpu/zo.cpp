@@ -4,6 +4,7 @@
 #include "kernels/cpu/zo.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common/zo_rng.h"
 #include "kernels/cpu/ref/zo.h"
@@ -72,31 +73,37 @@ void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int6
                  });
 }
 
-void zo_perturb_f32(float* p, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
-                    int64_t n) {
+namespace {
+
+// p (n, f32 or bf16) += scale * z: read as f32, computed in f32, stored back (bf16: rounded once).
+template <class T>
+void zo_perturb(T* p, uint64_t seed, uint32_t tensor, uint64_t offset, float scale, int64_t n) {
   zo_check(offset, n, "zo_perturb");
   for_each_chunk(offset, n,
                  [&](float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
                    gaussian_blocks(buf, seed, tensor, b0, nb);
                    const float* zc = buf + skip;
-                   float* pc = p + i0;
+                   T* pc = p + i0;
 #pragma omp simd
-                   for (int64_t i = 0; i < len; ++i) pc[i] = zo::zo_perturbed(pc[i], scale, zc[i]);
+                   for (int64_t i = 0; i < len; ++i) {
+                     if constexpr (std::is_same_v<T, bf16>)
+                       pc[i] = f32_to_bf16(zo::zo_perturbed(bf16_to_f32(pc[i]), scale, zc[i]));
+                     else
+                       pc[i] = zo::zo_perturbed(pc[i], scale, zc[i]);
+                   }
                  });
+}
+
+}  // namespace
+
+void zo_perturb_f32(float* p, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
+                    int64_t n) {
+  zo_perturb(p, seed, tensor, offset, scale, n);
 }
 
 void zo_perturb_bf16(bf16* p, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
                      int64_t n) {
-  zo_check(offset, n, "zo_perturb");
-  for_each_chunk(offset, n,
-                 [&](float* buf, uint64_t b0, int64_t nb, uint64_t skip, int64_t i0, int64_t len) {
-                   gaussian_blocks(buf, seed, tensor, b0, nb);
-                   const float* zc = buf + skip;
-                   bf16* pc = p + i0;
-#pragma omp simd
-                   for (int64_t i = 0; i < len; ++i)
-                     pc[i] = f32_to_bf16(zo::zo_perturbed(bf16_to_f32(pc[i]), scale, zc[i]));
-                 });
+  zo_perturb(p, seed, tensor, offset, scale, n);
 }
 
 void zo_sgd_update(float* master, void* working, bool working_bf16, const uint64_t* seeds,
