@@ -5,6 +5,9 @@
 #                                     OpenMPI: the comm layer and its mpirun tests)
 #   bash scripts/setup.sh --goldens   plus what regenerating the torch goldens needs
 #                                     (tools/golden/*.py: python3-torch, python3-numpy; ~300 MB)
+#   bash scripts/setup.sh --bench     plus what `strata-bench peer` needs: python3-torch and
+#                                     OpenBLAS (libopenblas0-pthread becomes the system BLAS
+#                                     torch uses; the reference BLAS makes torch 14-28x slower)
 # Idempotent: a package already present is skipped, and `apt-get update` runs at most once.
 set -euo pipefail
 
@@ -17,7 +20,8 @@ for arg in "$@"; do
   case "$arg" in
     --tests) packages+=(catch2 git fio libopenmpi-dev openmpi-bin) ;;
     --goldens) packages+=(python3 python3-torch python3-numpy) ;;
-    *) echo "setup: unknown option '$arg' (use --tests and/or --goldens)" >&2; exit 2 ;;
+    --bench) packages+=(python3 python3-torch python3-numpy libopenblas0-pthread) ;;
+    *) echo "setup: unknown option '$arg' (use --tests, --goldens and/or --bench)" >&2; exit 2 ;;
   esac
 done
 

@@ -14,6 +14,7 @@ int bench_adamw(const std::vector<std::string>& args);
 int bench_pipeline(const std::vector<std::string>& args);
 int bench_zo(const std::vector<std::string>& args);
 int bench_nvme(const std::vector<std::string>& args);
+int bench_peer(const std::vector<std::string>& args);
 }  // namespace strata::bench
 
 namespace {
@@ -37,6 +38,9 @@ const BenchCommand kBenchCommands[] = {
     {"nvme", strata::bench::bench_nvme,
      "sequential write and read through strata's NVMe file engine against fio on the same file: "
      "strata-bench nvme [--path DIR] [--size SIZE] [--block-size B] [--queue-depth Q]"},
+    {"peer", strata::bench::bench_peer,
+     "strata against PyTorch (OpenBLAS, 2 threads) training the same model on the same batches, "
+     "interleaved: strata-bench peer [--config quickstart|mid|mid-bf16|all] [--rounds R] [--steps S]"},
 };
 
 void bench_print_usage(FILE* f) {
