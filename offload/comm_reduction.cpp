@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "offload/adamw.h"
 #include "src/core/error.h"
 #include "src/device/host_ops.h"
 
@@ -86,9 +87,30 @@ void CommGradReduction::gather_ids() {
 
 void CommGradReduction::add_dense(float* dst, float* staging, size_t n) {
   if (size_ == 1) return grad_accumulate(dst, staging, n);
+  if (diagnose_) diag_.local_sq += sum_of_squares(staging, int64_t(n));
   if (rank_ == 0) grad_accumulate(staging, dst, n);  // G + g0 (addition commutes bit for bit)
   all_reduce(staging, n);
+  if (diagnose_) {
+    double sq = 0;
+#pragma omp parallel for reduction(+ : sq) schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      const double d = double(staging[i]) - double(dst[i]);
+      sq += d * d;
+    }
+    diag_.sum_sq += sq;
+  }
   std::memcpy(dst, staging, n * sizeof(float));
+}
+
+// Called by the trainer between steps, with the engine's host queue idle.
+void CommGradReduction::diagnostics_begin() {
+  diagnose_ = true;
+  diag_ = {};
+}
+
+CommDiagnostics CommGradReduction::diagnostics_end() {
+  diagnose_ = false;
+  return diag_;
 }
 
 void CommGradReduction::add_head_rows(float* table_grad, float* staging, int64_t v0, int64_t rows, int64_t C) {

@@ -40,6 +40,15 @@ struct CommReductionStats {
   double hidden_s = 0;          // the part of comm_s the device's compute stream was working
 };
 
+// Worker-consistency sums (distributed.diagnostics_steps), over the dense buckets (layers, final
+// norm, lm_head chunks; not the embedding's scatter) and over the rounds of micro-batches since
+// diagnostics_begin: local_sq = sum of |g_r|^2 (this rank's gradient of each round), sum_sq = sum
+// of |g_0 + ... + g_(N-1)|^2 (the round's summed gradient: the reduced result minus the
+// accumulation before it). With one micro-batch per rank and step, g_r is the rank's gradient.
+struct CommDiagnostics {
+  double local_sq = 0, sum_sq = 0;
+};
+
 class CommGradReduction final : public GradReduction {
  public:
   // comm: host buffers (comm.device_buffers() false). tied_head: the lm_head is the embedding
@@ -52,6 +61,9 @@ class CommGradReduction final : public GradReduction {
   void add_embedding(float* table_grad, const float* dx0, const int32_t* ids, int64_t n, int64_t C) override;
 
   CommReductionStats stats() const;
+  // Collect CommDiagnostics during the next micro-batches (one extra pass over each bucket).
+  void diagnostics_begin();
+  CommDiagnostics diagnostics_end();
 
  private:
   void all_reduce(float* data, size_t n);
@@ -71,6 +83,8 @@ class CommGradReduction final : public GradReduction {
   std::vector<int64_t> rows_;             // tied: sorted distinct embedding rows the round touches
   int64_t C_ = 0;
   std::vector<float> old_rows_, own_rows_;  // tied: (rows, C) G before this round, this rank's h
+  bool diagnose_ = false;
+  CommDiagnostics diag_;
   mutable std::mutex stats_mutex_;
   CommReductionStats stats_;
 };

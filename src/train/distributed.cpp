@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -99,6 +101,27 @@ bool Distributed::any(bool flag) {
 
 void Distributed::barrier() {
   if (size_ > 1) comm_->barrier();
+}
+
+nlohmann::json distributed_worker_diagnostics(Distributed& dist, double local_loss_sum, int64_t local_tokens,
+                                              const CommDiagnostics& d) {
+  const std::vector<double> loss = dist.gather(local_tokens > 0 ? local_loss_sum / double(local_tokens) : 0.0);
+  const std::vector<double> sq = dist.gather(d.local_sq);
+  std::vector<double> norm(sq.size());
+  double sum_local_sq = 0, sum_norm = 0, sum_norm_sq = 0;
+  for (size_t r = 0; r < sq.size(); ++r) {
+    norm[r] = std::sqrt(sq[r]);
+    sum_local_sq += sq[r];
+    sum_norm += norm[r];
+    sum_norm_sq += sq[r];
+  }
+  const double cross = sum_norm * sum_norm - sum_norm_sq;  // sum_{r != s} |g_r||g_s|
+  const double cosine = cross > 0 ? (d.sum_sq - sum_local_sq) / cross : 1.0;
+  auto spread = [](const std::vector<double>& v) {
+    return *std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end());
+  };
+  return {{"loss", loss}, {"grad_norm", norm}, {"loss_spread", spread(loss)},
+          {"grad_norm_spread", spread(norm)}, {"cosine", cosine}};
 }
 
 std::FILE* distributed_error_stream() { return g_error_stream ? g_error_stream : stderr; }

@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "offload/comm_reduction.h"
 #include "src/comm/comm.h"
 #include "src/recipe/recipe.h"
 
@@ -50,6 +53,13 @@ class Distributed {
   int rank_ = 0, size_ = 1;
   std::unique_ptr<Comm> comm_;
 };
+
+// Worker consistency (metrics.jsonl "workers"): each rank's loss over its micro-batches and its
+// local gradient norm (CommDiagnostics), their spread (max - min), and the mean pairwise cosine
+// between the ranks' local gradients, sum_{r != s} g_r.g_s / sum_{r != s} |g_r||g_s|, from
+// |sum_r g_r|^2 - sum_r |g_r|^2: scalar all-reduces only. Every rank calls it.
+nlohmann::json distributed_worker_diagnostics(Distributed& dist, double local_loss_sum, int64_t local_tokens,
+                                              const CommDiagnostics& d);
 
 // Where errors go: stderr (kept when a rank > 0 silences its informational output).
 std::FILE* distributed_error_stream();

@@ -140,6 +140,8 @@ struct StepResult {
   double run_s = 0, save_s = 0;  // the step's compute and, when it saved, the save
   EngineStats e0, e1;
   DeviceCounters c0, c1;
+  CommReductionStats g0, g1;  // data parallel: the gradient all-reduces
+  nlohmann::json workers;     // data parallel, every distributed.diagnostics_steps: worker consistency
 };
 
 // One training run: what the steps of train_run share.
@@ -183,6 +185,7 @@ class TrainRun {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
+  CommGradReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
@@ -287,8 +290,11 @@ void TrainRun::set_up_model() {
   dev_ = device_create(dopt);
   store_ = std::make_unique<HostStore>(*dev_, spec);
   engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
-  if (dist_.data_parallel())
-    engine_->set_grad_reduction(std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_));
+  if (dist_.data_parallel()) {
+    auto reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_);
+    reduction_ = reduction.get();
+    engine_->set_grad_reduction(std::move(reduction));
+  }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
 }
 
@@ -389,6 +395,10 @@ StepResult TrainRun::step(const StepBatch& batch) {
   ap.eps = rc_.adam_epsilon;
   ap.step = r.step;
   const float scale = float(1.0 / double(batch.counted));
+  const bool diagnose = reduction_ && rc_.distributed_diagnostics_steps > 0 &&
+                        r.step % rc_.distributed_diagnostics_steps == 0;
+  if (reduction_) r.g0 = reduction_->stats();
+  if (diagnose) reduction_->diagnostics_begin();
   std::vector<double> losses;  // this rank's micro-batches, summed below in the global order
   if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
     for (auto& mb : batch.micro) losses.push_back(engine_->forward_backward(mb, scale));
@@ -399,6 +409,13 @@ StepResult TrainRun::step(const StepBatch& batch) {
     r.grad_norm = engine_->landed_update_norm();
   }
   const double loss_sum = dist_.sum_in_global_order(losses);
+  if (reduction_) r.g1 = reduction_->stats();
+  if (diagnose) {
+    int64_t mine = 0;
+    for (auto& mb : batch.micro) mine += mb.counted();
+    r.workers = distributed_worker_diagnostics(dist_, std::accumulate(losses.begin(), losses.end(), 0.0), mine,
+                                               reduction_->diagnostics_end());
+  }
   if (r.step == max_steps_) engine_->synchronize();
   r.e1 = engine_->stats();
   r.c1 = dev_->counters();
@@ -508,6 +525,13 @@ void TrainRun::record(const StepResult& r) {
       {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
       {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
+  if (reduction_) {  // recipes/README.md: comm_bytes, comm_s, comm_hidden_s
+    rec["ranks"] = dist_.size();
+    rec["comm_bytes"] = r.g1.reduced_bytes - r.g0.reduced_bytes;
+    rec["comm_s"] = r.g1.comm_s - r.g0.comm_s;
+    rec["comm_hidden_s"] = r.g1.hidden_s - r.g0.hidden_s;
+  }
+  if (!r.workers.is_null()) rec["workers"] = r.workers;
   if (metrics_) metrics_->write(rec);
 }
 
