@@ -85,6 +85,10 @@ double Distributed::sum_in_global_order(const std::vector<double>& mine) {
   return sum;
 }
 
+void Distributed::all_reduce_sum(std::vector<double>& values) {
+  if (size_ > 1 && !values.empty()) comm_->all_reduce_sum(values.data(), values.size()).wait();
+}
+
 std::vector<double> Distributed::gather(double mine) {
   std::vector<double> all(size_t(size_), 0.0);
   all[size_t(rank_)] = mine;

@@ -43,6 +43,8 @@ class Distributed {
   // where this rank holds the values of micro-batches rank, rank + N, ... (mine[j] is global
   // micro-batch j * N + rank). The same bits on every rank, and as one process sums them.
   double sum_in_global_order(const std::vector<double>& mine);
+  // values <- the elementwise sum over ranks (rank order).
+  void all_reduce_sum(std::vector<double>& values);
   // Every rank's value of a per-rank quantity, in rank order.
   std::vector<double> gather(double mine);
   // True on every rank when it is true on any rank (a stop request must stop every rank).

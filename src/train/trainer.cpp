@@ -434,22 +434,24 @@ void TrainRun::evaluate_if_due(int64_t step, bool stopping) {
 }
 
 void TrainRun::evaluate(int64_t step) {
-  if (data_.eval.rows() == 0 || !dist_.primary()) return;  // rank 0 evaluates; the others go on
+  if (data_.eval.rows() == 0) return;
   const auto t0 = Clock::now();
   progress_.phase("eval");
-  double loss_sum = 0;
   int64_t counted = 0;
   std::vector<int64_t> seq(size_t(data_.eval.rows()));
   std::iota(seq.begin(), seq.end(), 0);
+  std::vector<double> losses;  // per micro-batch; data parallel: rank r runs micro-batches r, r + N, ...
   for (size_t first = 0; first < seq.size(); first += size_t(rc_.micro_batch_size)) {
     int64_t n = std::min<int64_t>(rc_.micro_batch_size, int64_t(seq.size() - first));
     MicroBatch mb = take_rows(data_.eval, seq, first, n);
     counted += mb.counted();
-    loss_sum += engine_->forward_loss(mb);
+    losses.push_back(int64_t(losses.size()) % dist_.size() == dist_.rank() ? engine_->forward_loss(mb) : 0.0);
   }
+  dist_.all_reduce_sum(losses);  // each entry has one rank's value: x + 0 is exact
+  const double loss_sum = std::accumulate(losses.begin(), losses.end(), 0.0);
   progress_.phase("");
   const double eval_loss = counted ? loss_sum / double(counted) : 0.0;
-  metrics_->write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}, {"eval_s", seconds_since(t0)}});
+  if (metrics_) metrics_->write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}, {"eval_s", seconds_since(t0)}});
   progress_.message(str_cat("step ", step, "/", max_steps_, "  eval_loss ", eval_loss, " over ", counted, " tokens"));
 }
 

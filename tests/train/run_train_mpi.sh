@@ -3,8 +3,9 @@
 #   run_train_mpi.sh STRATA SCENARIO
 # on the bundled sft-tiny recipe (tied embeddings, so the tied-head path is covered), CPU backend.
 #   equal       N ranks x A micro-batches give losses, final weights and optimizer state
-#               bit-identical to one process with A x N micro-batches (N=2 A=1, clip on and off;
-#               N=2 A=2; N=3 A=1), and differ from one process with A (the check can fail)
+#               bit-identical to one process with A x N micro-batches, eval losses included (N=2 A=1, clip on and off;
+#               N=2 A=2; N=3 A=1; an untied bf16 model), and differ from one process with A (the
+#               check can fail)
 #   resume      saved with 2 ranks, resumed with 1 (and 1 -> 2): bit-identical to the straight run
 #   killed      rank 1 killed mid-run: the job exits non-zero naming rank 1 within the timeout,
 #               the newest checkpoint is complete, and `--resume auto` on one rank finishes
@@ -38,7 +39,7 @@ train() {
   local rc=$?
   [ $rc -eq 0 ] || { cat "$out.log"; fail "train -np $np $* exited $rc"; }
 }
-losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl"; }
+losses() { grep -o '"\(eval_\)\?loss":[^,]*' "$1/metrics.jsonl"; }
 # same DIR_A DIR_B STEP WHAT: losses, the checkpoint's optimizer state and the export, bit for bit
 same() {
   [ "$(losses "$1")" = "$(losses "$2")" ] || { paste <(losses "$1") <(losses "$2"); fail "$4: losses differ"; }
@@ -50,9 +51,12 @@ same() {
 
 case "$scenario" in
 equal)
+  # (with an eval every 2 steps: the ranks split the eval micro-batches)
   for clip in 1.0 0; do
-    train 1 "$work/s2_$clip" train.max_steps=3 train.gradient_accumulation_steps=2 optim.max_grad_norm=$clip
-    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip
+    ev="data.eval_split=0.2 train.eval_steps=2"
+    train 1 "$work/s2_$clip" train.max_steps=3 train.gradient_accumulation_steps=2 optim.max_grad_norm=$clip $ev
+    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip $ev
+    [ "$(grep -c eval_loss "$work/d2_$clip/metrics.jsonl")" = 2 ] || fail "expected 2 eval records"
     same "$work/s2_$clip" "$work/d2_$clip" 3 "2 ranks x 1 = 1 process x 2 micro-batches, max_grad_norm=$clip"
   done
   grep -q '"comm_bytes"' "$work/d2_1.0/metrics.jsonl" || fail "metrics.jsonl has no comm_bytes"
@@ -62,6 +66,16 @@ equal)
   train 1 "$work/s3" train.max_steps=2 train.gradient_accumulation_steps=3
   train 3 "$work/d3" train.max_steps=2 train.gradient_accumulation_steps=1
   same "$work/s3" "$work/d3" 2 "3 ranks x 1 = 1 process x 3"
+  # an untied lm_head in bf16 (quickstart's model with tie_word_embeddings false): the head's rows
+  # go through the dense path, the embedding through the all-gathered scatter alone
+  sed 's/"tie_word_embeddings": true/"tie_word_embeddings": false/' "$here/recipes/quickstart/config.json" >"$work/untied.json"
+  grep -q '"tie_word_embeddings": false' "$work/untied.json" || fail "could not untie the quickstart config"
+  untied="model.config=$work/untied.json model.dtype=bf16 train.micro_batch_size=2 train.max_steps=2"
+  recipe_saved="$recipe"; recipe="$here/recipes/quickstart.toml"
+  train 1 "$work/su" $untied train.gradient_accumulation_steps=2
+  train 2 "$work/du" $untied train.gradient_accumulation_steps=1
+  same "$work/su" "$work/du" 2 "untied bf16: 2 ranks x 1 = 1 process x 2"
+  recipe="$recipe_saved"
   # the comparison can fail: 2 ranks differ from one process with half the micro-batches
   train 1 "$work/s1" train.max_steps=3 train.gradient_accumulation_steps=1
   ! cmp -s "$work/s1/final/model.safetensors" "$work/d2_1.0/final/model.safetensors" ||
