@@ -39,7 +39,7 @@ train() {
   local rc=$?
   [ $rc -eq 0 ] || { cat "$out.log"; fail "train -np $np $* exited $rc"; }
 }
-losses() { grep -o '"\(eval_\)\?loss":[^,]*' "$1/metrics.jsonl"; }
+losses() { grep -o '"\(eval_\)\?loss":[-0-9][^,]*' "$1/metrics.jsonl"; }  # not the workers' lists
 # same DIR_A DIR_B STEP WHAT: losses, the checkpoint's optimizer state and the export, bit for bit
 same() {
   [ "$(losses "$1")" = "$(losses "$2")" ] || { paste <(losses "$1") <(losses "$2"); fail "$4: losses differ"; }
@@ -55,11 +55,14 @@ equal)
   for clip in 1.0 0; do
     ev="data.eval_split=0.2 train.eval_steps=2"
     train 1 "$work/s2_$clip" train.max_steps=3 train.gradient_accumulation_steps=2 optim.max_grad_norm=$clip $ev
-    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip $ev
+    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip $ev \
+      distributed.diagnostics_steps=2
     [ "$(grep -c eval_loss "$work/d2_$clip/metrics.jsonl")" = 2 ] || fail "expected 2 eval records"
     same "$work/s2_$clip" "$work/d2_$clip" 3 "2 ranks x 1 = 1 process x 2 micro-batches, max_grad_norm=$clip"
   done
   grep -q '"comm_bytes"' "$work/d2_1.0/metrics.jsonl" || fail "metrics.jsonl has no comm_bytes"
+  # worker diagnostics at step 2 only (diagnostics_steps=2), without changing a bit (above)
+  [ "$(grep -c '"workers":{"cosine":' "$work/d2_1.0/metrics.jsonl")" = 1 ] || fail "expected one workers record"
   train 1 "$work/s4" train.max_steps=2 train.gradient_accumulation_steps=4
   train 2 "$work/d22" train.max_steps=2 train.gradient_accumulation_steps=2
   same "$work/s4" "$work/d22" 2 "2 ranks x 2 = 1 process x 4"
