@@ -42,12 +42,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// dst += src, elementwise: the fixed-order host accumulation of gradients.
-void accumulate(float* dst, const float* src, size_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
 }  // namespace
 
 // ---- set-up ------------------------------------------------------------------------------
@@ -296,6 +290,7 @@ void Engine::upload_tokens(const MicroBatch& mb) {
   dims_.T = mb.T;
   has_docs_ = !mb.doc_start.empty();
   ids_host_ = mb.ids;
+  reduction_->begin_micro_batch(ids_host_.data(), int64_t(n));
   const size_t ids_bytes = bytes_of<int32_t>(int64_t(n));
   dev_.copy_h2d(buf_.ids, mb.ids.data(), ids_bytes, Stream::compute);
   dev_.copy_h2d(buf_.targets, mb.targets.data(), ids_bytes, Stream::compute);
@@ -391,13 +386,12 @@ void Engine::head_backward(float grad_scale) {
     dev_.memset_zero(buf_.head_grad_slots[b], chunk_bytes, s);
     objective_->chunk_backward(buf_.dhn, buf_.head_grad_slots[b], head, w, lm_type, v0, vc, grad_scale, dev_, s);
     release_head_chunk(k);
-    reduction_->device_grad(buf_.head_grad_slots[b], vc * C, dev_, s);
     float* staging = buf_.head_grad_staging[b];
-    float* dst = lm_grad + size_t(v0 * C);
-    const size_t count = count_of<float>(chunk_bytes);
+    GradReduction* red = reduction_.get();
     head_staging_ticket_[b] = stage_to_host(staging, buf_.head_grad_slots[b], chunk_bytes, ev_.head_grad_copied[b],
-                                            head_staging_ticket_[b],
-                                            [dst, staging, count] { accumulate(dst, staging, count); });
+                                            head_staging_ticket_[b], [red, lm_grad, staging, v0, vc, C] {
+                                              red->add_head_rows(lm_grad, staging, v0, vc, C);
+                                            });
   }
 }
 
@@ -408,11 +402,11 @@ void Engine::final_norm_backward() {
   dev_.stream_wait_event(s, *ev_.norm_grad_copied);
   dev_.memset_zero(buf_.norm_grad, bytes_of<float>(C), s);
   dev_.rmsnorm_backward(buf_.dx[0], buf_.norm_grad, buf_.dhn, buf_.x_final, buf_.norm, buf_.rstd_final, N, C, s);
-  reduction_->device_grad(buf_.norm_grad, C, dev_, s);
   float* dst = store_.grad_of(size_t(store_.spec().final_norm));
   float* staging = buf_.norm_grad_staging;
+  GradReduction* red = reduction_.get();
   stage_to_host(staging, buf_.norm_grad, bytes_of<float>(C), ev_.norm_grad_copied, 0,
-                [dst, staging, C] { accumulate(dst, staging, size_t(C)); });
+                [red, dst, staging, C] { red->add_dense(dst, staging, size_t(C)); });
   update_group_when_landed(store_.groups().size() - 1);  // final norm (and an untied lm_head)
 }
 
@@ -466,13 +460,11 @@ void Engine::backward() {
 void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
   const size_t b = i % 2;
   const ParamGroup& grp = store_.layer_group(i);
-  reduction_->device_grad(reinterpret_cast<float*>(grad_slot), int64_t(count_of<float>(grp.f32_bytes)), dev_,
-                          Stream::compute);
   float* staging = buf_.grad_staging[b];
   float* dst = store_.grad() + count_of<float>(grp.f32_offset);
   const size_t count = count_of<float>(grp.f32_bytes);
   staging_ticket_[b] = stage_to_host(staging, grad_slot, grp.f32_bytes, ev_.grad_copied[i], staging_ticket_[b],
-                                     [dst, staging, count] { accumulate(dst, staging, count); });
+                                     [red = reduction_.get(), dst, staging, count] { red->add_dense(dst, staging, count); });
 }
 
 // The embedding's backward on the host: d x0 is staged out and scatter-added into the table's
@@ -480,12 +472,8 @@ void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
 void Engine::embed_backward() {
   const int64_t N = dims_.N(), C = dims_.C;
   float* dtable = store_.grad_of(size_t(store_.spec().embed));
-  const size_t table_floats = count_of<float>(store_.f32_table()[size_t(store_.spec().embed)].bytes());
   stage_to_host(buf_.dx0_host, buf_.dx[L_ % 2], bytes_of<float>(N * C), ev_.dx0_copied, 0,
-                [this, dtable, table_floats, N, C] {
-                  host_embedding_backward(dtable, buf_.dx0_host, ids_host_.data(), N, C);
-                  reduction_->host_grad(dtable, int64_t(table_floats));
-                });
+                [this, dtable, N, C] { reduction_->add_embedding(dtable, buf_.dx0_host, ids_host_.data(), N, C); });
   update_group_when_landed(0);  // the embedding (and a tied lm_head)
 }
 
@@ -529,6 +517,11 @@ void Engine::wait_optimizer(size_t group) {
   const size_t ticket = optimizer_ticket_[group];
   exposed_wait(&optimizer_exposed_s_, [&] { host_.wait(ticket); });
   optimizer_ticket_[group] = 0;
+}
+
+void Engine::set_grad_reduction(std::unique_ptr<GradReduction> reduction) {
+  synchronize();
+  reduction_ = std::move(reduction);
 }
 
 void Engine::zero_grads() {

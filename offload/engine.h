@@ -114,6 +114,10 @@ class Engine {
   void zero_grads();   // waits for pending accumulation, then zeroes store.grad()
   void synchronize();  // all queued device and host work finished
 
+  // Data parallel (offload/comm_reduction.h): replaces the one-process NoGradReduction. Call
+  // between steps, with nothing queued.
+  void set_grad_reduction(std::unique_ptr<GradReduction> reduction);
+
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }
   const EngineOptions& options() const { return opt_; }

@@ -1,29 +1,48 @@
-// The gradient-reduction seam: called where a gradient lands, before it is added into the
-// host accumulation — on the device for every layer, lm_head chunk and the final norm (just
-// before the copy to the host), and on the host for the embedding (just after its scatter).
+// The gradient-reduction seam: the engine hands every gradient it produces to a GradReduction
+// where it lands on the host, and the reduction adds it into the host fp32 accumulation:
+//   add_dense       a decoder layer's or the final norm's gradient (staging -> accumulation);
+//   add_head_rows   an lm_head chunk's rows (into the embedding's gradient when tied);
+//   add_embedding   the embedding's scatter-add of d x0 by token id.
+// The engine calls these on its host queue, one at a time and in a fixed order (head chunks
+// K-1..0, the final norm, layers L-1..0, the embedding), and begin_micro_batch on the trainer
+// thread after the host queue drained, before the micro-batch's forward.
 //
-// Today: a single process, nothing to reduce. Next: data parallel all-reduces each gradient
-// across ranks here (bucketed, overlapped with the rest of the backward).
+// NoGradReduction (one process): the plain fixed-order additions. offload/comm_reduction.h
+// (data parallel): the same sums across ranks, bit-identical to one process accumulating the
+// ranks' micro-batches one after another.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "src/device/device.h"
 
 namespace strata {
 
+// dst[0, n) += src[0, n), elementwise (the host accumulation; every order of the elements gives
+// the same bits).
+void grad_accumulate(float* dst, const float* src, size_t n);
+
 class GradReduction {
  public:
   virtual ~GradReduction() = default;
-  // grad (n f32, device) was written on stream s; reduce it in place on s.
-  virtual void device_grad(float* grad, int64_t n, Device& dev, Stream s) = 0;
-  // grad (n f32, host) was just accumulated on the host queue; reduce it in place.
-  virtual void host_grad(float* grad, int64_t n) = 0;
+  // The micro-batch about to run (n token ids, host; copied if kept).
+  virtual void begin_micro_batch(const int32_t* ids, int64_t n) = 0;
+  // dst[0, n) += staging[0, n); staging may be used as scratch.
+  virtual void add_dense(float* dst, float* staging, size_t n) = 0;
+  // Rows [v0, v0 + rows) of the (V, C) table gradient += staging (rows, C).
+  virtual void add_head_rows(float* table_grad, float* staging, int64_t v0, int64_t rows, int64_t C) = 0;
+  // table_grad[ids[t]] += dx0[t] for t = 0..n-1 in order (dx0: (n, C)).
+  virtual void add_embedding(float* table_grad, const float* dx0, const int32_t* ids, int64_t n, int64_t C) = 0;
 };
 
 class NoGradReduction final : public GradReduction {
  public:
-  void device_grad(float*, int64_t, Device&, Stream) override {}
-  void host_grad(float*, int64_t) override {}
+  void begin_micro_batch(const int32_t*, int64_t) override {}
+  void add_dense(float* dst, float* staging, size_t n) override { grad_accumulate(dst, staging, n); }
+  void add_head_rows(float* table_grad, float* staging, int64_t v0, int64_t rows, int64_t C) override {
+    grad_accumulate(table_grad + v0 * C, staging, size_t(rows * C));
+  }
+  void add_embedding(float* table_grad, const float* dx0, const int32_t* ids, int64_t n, int64_t C) override;
 };
 
 }  // namespace strata

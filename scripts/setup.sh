@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages strata needs (README, "Dependencies", says what each is for).
-#   bash scripts/setup.sh             what building and running `strata` needs
-#   bash scripts/setup.sh --tests     plus what the test suite and benchmarks need (Catch2, git, fio,
-#                                     OpenMPI: the comm layer and its mpirun tests)
+#   bash scripts/setup.sh             what building and running `strata` needs (OpenMPI included:
+#                                     `mpirun -np N strata train` for several GPUs or nodes)
+#   bash scripts/setup.sh --tests     plus what the test suite and benchmarks need (Catch2, git, fio)
 #   bash scripts/setup.sh --goldens   plus what regenerating the torch goldens needs
 #                                     (tools/golden/*.py: python3-torch, python3-numpy; ~300 MB)
 #   bash scripts/setup.sh --bench     plus what `strata-bench peer` needs: python3-torch and
@@ -14,11 +14,11 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
-  libpcre2-dev libutf8proc-dev liburing-dev libnuma-dev
+  libpcre2-dev libutf8proc-dev liburing-dev libnuma-dev libopenmpi-dev openmpi-bin
 )
 for arg in "$@"; do
   case "$arg" in
-    --tests) packages+=(catch2 git fio libopenmpi-dev openmpi-bin) ;;
+    --tests) packages+=(catch2 git fio) ;;
     --goldens) packages+=(python3 python3-torch python3-numpy) ;;
     --bench) packages+=(python3 python3-torch python3-numpy libopenblas0-pthread) ;;
     *) echo "setup: unknown option '$arg' (use --tests, --goldens and/or --bench)" >&2; exit 2 ;;

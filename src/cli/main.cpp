@@ -9,6 +9,7 @@
 
 #include "src/cli/commands.h"
 #include "src/core/error.h"
+#include "src/train/distributed.h"
 
 namespace {
 
@@ -97,11 +98,13 @@ int main(int argc, char** argv) {
     if (name != c.name) continue;
     try {
       return c.run(args);
-    } catch (const strata::Error& e) {
-      std::fprintf(stderr, "strata %s: error: %s\n", c.name, printable(e.what()).c_str());
+    } catch (const strata::Error& e) {  // under mpirun: "rank R: ", on the rank's own stderr
+      std::fprintf(strata::distributed_error_stream(), "strata %s: %serror: %s\n", c.name,
+                   strata::distributed_rank_prefix().c_str(), printable(e.what()).c_str());
       return e.exit_code();
     } catch (const std::bad_alloc&) {
-      std::fprintf(stderr, "strata %s: error: out of host memory\n", c.name);
+      std::fprintf(strata::distributed_error_stream(), "strata %s: %serror: out of host memory\n", c.name,
+                   strata::distributed_rank_prefix().c_str());
       return 3;
     }
   }

@@ -7,7 +7,8 @@
 #             its TSan twin) against tools/cuemu's NCCL; tests/cuda/test_comm_nccl.cpp runs there
 #             (label cuda-emu) with ranks as threads;
 #   MPI       strata_comm_probe (tools/comm) and the ctest cases "comm mpi: ..." (label mpi), which
-#             run it under `mpirun -np 2|3` via tests/comm/run_mpi.sh; they report themselves
+#             run it under `mpirun -np 2|3` via tests/comm/run_mpi.sh, and "train mpi: ..." (data-
+#             parallel `strata train`, tests/train/run_train_mpi.sh); they report themselves
 #             skipped (exit 77), never passed, when mpirun cannot start processes here.
 set(strata_comm_nccl_source ${CMAKE_SOURCE_DIR}/src/comm/comm_nccl.cpp)
 
@@ -49,4 +50,11 @@ if(STRATA_TESTS AND MPI_CXX_FOUND)
   set_tests_properties("comm mpi: np2 collectives" "comm mpi: np3 collectives"
     "comm mpi: np2 hung rank" "comm mpi: np3 rank exits early"
     PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 200 RUN_SERIAL ON)
+  # data-parallel training (tests/train/run_train_mpi.sh): bit-identity with one process, resume
+  # across rank counts, a killed and a hung rank
+  set(strata_run_train_mpi bash ${CMAKE_SOURCE_DIR}/tests/train/run_train_mpi.sh $<TARGET_FILE:strata>)
+  foreach(scenario equal resume killed hung)
+    add_test(NAME "train mpi: ${scenario}" COMMAND ${strata_run_train_mpi} ${scenario})
+    set_tests_properties("train mpi: ${scenario}" PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 600 RUN_SERIAL ON)
+  endforeach()
 endif()

@@ -61,6 +61,10 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"checkpoint.save_steps", "int", "0", "save every this many steps (0 = only at the end)"},
       {"checkpoint.save_dtype", "string", "\"bf16\"", "dtype of exported weights: \"bf16\" or \"f32\""},
       {"checkpoint.keep_last", "int", "0", "keep only the newest this many checkpoint-<step> dirs (0 = keep all)"},
+      {"distributed.backend", "string", "\"auto\"", "under mpirun: \"auto\" (nccl for the cuda backend, mpi for cpu), \"nccl\" or \"mpi\""},
+      {"distributed.shared_host_store", "bool", "false", "under mpirun: the ranks of a node share one host store in shared memory (not built yet: false)"},
+      {"distributed.timeout", "float", "300", "seconds a collective may wait for the other ranks before every rank exits naming the missing one"},
+      {"distributed.diagnostics_steps", "int", "0", "every this many steps, per-rank loss, gradient norm and cosine go to metrics.jsonl (0 = never)"},
   };
   return keys;
 }
@@ -258,6 +262,10 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("checkpoint.save_steps", rc.save_steps);
   r.read("checkpoint.save_dtype", rc.save_dtype);
   r.read("checkpoint.keep_last", rc.keep_last);
+  r.read("distributed.backend", rc.distributed_backend);
+  r.read("distributed.shared_host_store", rc.distributed_shared_host_store);
+  r.read("distributed.timeout", rc.distributed_timeout_s);
+  r.read("distributed.diagnostics_steps", rc.distributed_diagnostics_steps);
 
   // Paths in the recipe file are relative to its folder; paths given on the command line to the
   // current directory, as with every other tool. Both become absolute, so the effective recipe
@@ -298,6 +306,11 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
                ": data.overlong must be \"truncate\" or \"drop\"");
   STRATA_CHECK(rc.eval_split >= 0 && rc.eval_split < 1, r.where("data.eval_split"), ": data.eval_split must be in [0, 1)");
   STRATA_CHECK(rc.keep_last >= 0, r.where("checkpoint.keep_last"), ": checkpoint.keep_last must be >= 0 (0 keeps all)");
+  STRATA_CHECK(rc.distributed_backend == "auto" || rc.distributed_backend == "nccl" || rc.distributed_backend == "mpi",
+               r.where("distributed.backend"), ": distributed.backend must be \"auto\", \"nccl\" or \"mpi\"");
+  STRATA_CHECK(rc.distributed_timeout_s > 0, r.where("distributed.timeout"), ": distributed.timeout must be positive (seconds)");
+  STRATA_CHECK(rc.distributed_diagnostics_steps >= 0, r.where("distributed.diagnostics_steps"),
+               ": distributed.diagnostics_steps must be >= 0 (0 = never)");
   STRATA_CHECK(rc.micro_batch_size >= 1, r.where("train.micro_batch_size"), ": train.micro_batch_size must be at least 1");
   STRATA_CHECK(rc.gradient_accumulation_steps >= 1, r.where("train.gradient_accumulation_steps"), ": train.gradient_accumulation_steps must be at least 1");
   STRATA_CHECK(rc.log_steps >= 1, r.where("train.log_steps"), ": train.log_steps must be at least 1");
@@ -360,6 +373,9 @@ std::string Recipe::to_toml() const {
   if (!device_link_bandwidth.empty()) os << "link_bandwidth = " << q(device_link_bandwidth) << "\n";
   os << "\n[checkpoint]\noutput_dir = " << q(output_dir) << "\nsave_steps = " << save_steps
      << "\nsave_dtype = " << q(save_dtype) << "\nkeep_last = " << keep_last << "\n";
+  os << "\n[distributed]\nbackend = " << q(distributed_backend) << "\nshared_host_store = "
+     << (distributed_shared_host_store ? "true" : "false") << "\ntimeout = " << distributed_timeout_s
+     << "\ndiagnostics_steps = " << distributed_diagnostics_steps << "\n";
   return os.str();
 }
 

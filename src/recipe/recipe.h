@@ -55,6 +55,11 @@ struct Recipe {
   // [checkpoint]
   std::string output_dir = "out", save_dtype = "bf16";
   int64_t save_steps = 0, keep_last = 0;
+  // [distributed] (read only under mpirun: src/train/distributed.h)
+  std::string distributed_backend = "auto";
+  bool distributed_shared_host_store = false;
+  double distributed_timeout_s = 300;
+  int64_t distributed_diagnostics_steps = 0;
 
   std::string to_toml() const;  // the effective recipe, every key
 };

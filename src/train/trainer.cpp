@@ -17,12 +17,14 @@
 #include "io/safetensors.h"
 #include "io/token_rows.h"
 #include "offload/adamw.h"
+#include "offload/comm_reduction.h"
 #include "offload/engine.h"
 #include "offload/host_budget.h"
 #include "offload/model_io.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
 #include "src/train/checkpoint.h"
+#include "src/train/distributed.h"
 #include "src/train/progress.h"
 #include "src/train/run_dir.h"
 #include "src/train/training_data.h"
@@ -138,12 +140,15 @@ struct StepResult {
   double run_s = 0, save_s = 0;  // the step's compute and, when it saved, the save
   EngineStats e0, e1;
   DeviceCounters c0, c1;
+  CommReductionStats g0, g1;  // data parallel: the gradient all-reduces
+  nlohmann::json workers;     // data parallel, every distributed.diagnostics_steps: worker consistency
 };
 
 // One training run: what the steps of train_run share.
 class TrainRun {
  public:
-  TrainRun(const Recipe& rc, const TrainOptions& topt) : rc_(rc), topt_(topt), progress_(0, rc.log_steps) {}
+  TrainRun(const Recipe& rc, const TrainOptions& topt, Distributed& dist)
+      : rc_(rc), topt_(topt), dist_(dist), progress_(0, rc.log_steps) {}
   void set_up();
   void resume();
   bool stop_before_first_step() const { return train_stop_requested(); }
@@ -155,7 +160,7 @@ class TrainRun {
   double save();
   void show(const StepResult& r);    // the progress display, as soon as the step is done
   void record(const StepResult& r);  // metrics.jsonl, once its save (if any) is timed
-  bool stop_requested(int64_t step) const { return train_stop_requested() || step == topt_.stop_at_step; }
+  bool stop_requested(int64_t step) { return dist_.any(train_stop_requested() || step == topt_.stop_at_step); }
   TrainSummary interrupted(int64_t step);
   TrainSummary finish();
 
@@ -165,10 +170,13 @@ class TrainRun {
   void evaluate(int64_t step);
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
   double step_mfu(const StepResult& r);
-  int64_t tokens_per_step() const { return rc_.micro_batch_size * rc_.gradient_accumulation_steps * rc_.sequence_len; }
+  int64_t tokens_per_step() const {
+    return rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size() * rc_.sequence_len;
+  }
 
   const Recipe& rc_;
   const TrainOptions& topt_;
+  Distributed& dist_;
   Progress progress_;
   std::unique_ptr<RunLock> lock_;
   ModelConfig cfg_;
@@ -177,6 +185,7 @@ class TrainRun {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
+  CommGradReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
@@ -203,7 +212,8 @@ double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t wa
 }
 
 TrainSummary train_run(const Recipe& rc, const TrainOptions& topt) {
-  TrainRun run(rc, topt);
+  Distributed dist(rc);
+  TrainRun run(rc, topt, dist);
   run.set_up();
   run.resume();
   if (run.stop_before_first_step()) return run.interrupted(0);
@@ -234,8 +244,11 @@ void TrainRun::set_up() {
     std::fprintf(stderr, "strata train: warning: data.sequence_len (%ld) is longer than the model's "
                  "max_position_embeddings (%ld): positions beyond it were never trained\n",
                  long(rc_.sequence_len), long(cfg_.max_position_embeddings));
-  run_dir_prepare(rc_.output_dir, !topt_.resume.empty(), topt_.overwrite);
-  lock_ = std::make_unique<RunLock>(rc_.output_dir);
+  if (dist_.primary()) {  // rank 0 owns the run dir; the others look once it is ready
+    run_dir_prepare(rc_.output_dir, !topt_.resume.empty(), topt_.overwrite);
+    lock_ = std::make_unique<RunLock>(rc_.output_dir);
+  }
+  dist_.barrier();
   if (!topt_.resume.empty()) {
     resume_dir_ = topt_.resume == "auto" ? checkpoint_find_latest(rc_.output_dir) : topt_.resume;
     if (resume_dir_.empty())
@@ -254,7 +267,7 @@ void TrainRun::set_up() {
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
                peak_.source.c_str());
   recipe_toml_ = rc_.to_toml();
-  file_write_atomic(rc_.output_dir + "/recipe.toml", recipe_toml_.data(), recipe_toml_.size());
+  if (dist_.primary()) file_write_atomic(rc_.output_dir + "/recipe.toml", recipe_toml_.data(), recipe_toml_.size());
   files_ = CheckpointFiles{data_.tokenizer_dir, rc_.model_path, fallback_chat_template(rc_, data_.tokenizer_dir)};
 }
 
@@ -277,6 +290,11 @@ void TrainRun::set_up_model() {
   dev_ = device_create(dopt);
   store_ = std::make_unique<HostStore>(*dev_, spec);
   engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
+  if (dist_.data_parallel()) {
+    auto reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_);
+    reduction_ = reduction.get();
+    engine_->set_grad_reduction(std::move(reduction));
+  }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
 }
 
@@ -303,7 +321,7 @@ void TrainRun::load_weights() {
 // every file of it was verified (checkpoint_load).
 void TrainRun::resume() {
   const TokenRows& rows = data_.train;
-  const int64_t rows_per_step = rc_.micro_batch_size * rc_.gradient_accumulation_steps;
+  const int64_t rows_per_step = rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size();
   max_steps_ = rc_.max_steps > 0 ? rc_.max_steps
       : std::max<int64_t>(1, int64_t(std::ceil(rc_.num_train_epochs * double(rows.rows()) / double(rows_per_step))));
   warmup_ = rc_.warmup_steps > 0 ? rc_.warmup_steps : int64_t(std::ceil(rc_.warmup_ratio * double(max_steps_)));
@@ -314,7 +332,7 @@ void TrainRun::resume() {
     state_.order.resize(size_t(rows.rows()));
     std::iota(state_.order.begin(), state_.order.end(), 0);
     std::shuffle(state_.order.begin(), state_.order.end(), rng_);
-    run_dir_truncate_metrics(rc_.output_dir, 0);
+    if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, 0);
   } else {
     progress_.phase("verifying and loading " + resume_dir_);
     TrainState saved = checkpoint_load(resume_dir_, *store_);
@@ -331,30 +349,33 @@ void TrainRun::resume() {
                                                "resume from an older checkpoint (--resume DIR)");
     run_dir_warn_recipe_changes(saved_recipe, recipe_toml_);
     state_ = std::move(saved);
-    run_dir_truncate_metrics(rc_.output_dir, state_.step);
+    if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, state_.step);
     std::fprintf(stderr, "strata train: resumed from %s at step %ld of %ld\n", resume_dir_.c_str(),
                  long(state_.step), long(max_steps_));
   }
   state_.max_steps = max_steps_;
   first_step_ = state_.step + 1;
-  metrics_ = std::make_unique<MetricsWriter>(rc_.output_dir + "/metrics.jsonl", /*append=*/true);
+  if (dist_.primary()) metrics_ = std::make_unique<MetricsWriter>(rc_.output_dir + "/metrics.jsonl", /*append=*/true);
   progress_.set_total(max_steps_);
   progress_.set_save_plan(rc_.save_steps);
   train_signal_phase_setup(false);  // from here a signal stops after the current step
 }
 
-// The micro-batches of the next step, taken in the shuffled order (reshuffled each epoch).
+// The micro-batches of the next step, taken in the shuffled order (reshuffled each epoch). Data
+// parallel: the step has gradient_accumulation_steps x N micro-batches in that order; this rank
+// keeps micro-batches rank, rank + N, ... and counts the labelled tokens of all of them.
 StepBatch TrainRun::next_batch() {
   StepBatch batch;
-  for (int64_t a = 0; a < rc_.gradient_accumulation_steps; ++a) {
+  for (int64_t a = 0; a < rc_.gradient_accumulation_steps * dist_.size(); ++a) {
     if (state_.cursor + uint64_t(rc_.micro_batch_size) > state_.order.size()) {
       std::shuffle(state_.order.begin(), state_.order.end(), rng_);
       state_.cursor = 0;
       ++state_.epoch;
     }
-    batch.micro.push_back(take_rows(data_.train, state_.order, state_.cursor, rc_.micro_batch_size));
+    MicroBatch mb = take_rows(data_.train, state_.order, state_.cursor, rc_.micro_batch_size);
     state_.cursor += uint64_t(rc_.micro_batch_size);
-    batch.counted += batch.micro.back().counted();
+    batch.counted += mb.counted();
+    if (a % dist_.size() == dist_.rank()) batch.micro.push_back(std::move(mb));
   }
   STRATA_CHECK(batch.counted > 0, "step ", state_.step + 1, " has no labelled tokens");
   return batch;
@@ -374,14 +395,26 @@ StepResult TrainRun::step(const StepBatch& batch) {
   ap.eps = rc_.adam_epsilon;
   ap.step = r.step;
   const float scale = float(1.0 / double(batch.counted));
-  double loss_sum = 0;
+  const bool diagnose = reduction_ && rc_.distributed_diagnostics_steps > 0 &&
+                        r.step % rc_.distributed_diagnostics_steps == 0;
+  if (reduction_) r.g0 = reduction_->stats();
+  if (diagnose) reduction_->diagnostics_begin();
+  std::vector<double> losses;  // this rank's micro-batches, summed below in the global order
   if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
-    for (auto& mb : batch.micro) loss_sum += engine_->forward_backward(mb, scale);
+    for (auto& mb : batch.micro) losses.push_back(engine_->forward_backward(mb, scale));
     r.grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
   } else {  // no clipping: the last micro-batch updates each group as its gradient lands
-    for (size_t a = 0; a + 1 < batch.micro.size(); ++a) loss_sum += engine_->forward_backward(batch.micro[a], scale);
-    loss_sum += engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay);
+    for (size_t a = 0; a + 1 < batch.micro.size(); ++a) losses.push_back(engine_->forward_backward(batch.micro[a], scale));
+    losses.push_back(engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay));
     r.grad_norm = engine_->landed_update_norm();
+  }
+  const double loss_sum = dist_.sum_in_global_order(losses);
+  if (reduction_) r.g1 = reduction_->stats();
+  if (diagnose) {
+    int64_t mine = 0;
+    for (auto& mb : batch.micro) mine += mb.counted();
+    r.workers = distributed_worker_diagnostics(dist_, std::accumulate(losses.begin(), losses.end(), 0.0), mine,
+                                               reduction_->diagnostics_end());
   }
   if (r.step == max_steps_) engine_->synchronize();
   r.e1 = engine_->stats();
@@ -404,19 +437,21 @@ void TrainRun::evaluate(int64_t step) {
   if (data_.eval.rows() == 0) return;
   const auto t0 = Clock::now();
   progress_.phase("eval");
-  double loss_sum = 0;
   int64_t counted = 0;
   std::vector<int64_t> seq(size_t(data_.eval.rows()));
   std::iota(seq.begin(), seq.end(), 0);
+  std::vector<double> losses;  // per micro-batch; data parallel: rank r runs micro-batches r, r + N, ...
   for (size_t first = 0; first < seq.size(); first += size_t(rc_.micro_batch_size)) {
     int64_t n = std::min<int64_t>(rc_.micro_batch_size, int64_t(seq.size() - first));
     MicroBatch mb = take_rows(data_.eval, seq, first, n);
     counted += mb.counted();
-    loss_sum += engine_->forward_loss(mb);
+    losses.push_back(int64_t(losses.size()) % dist_.size() == dist_.rank() ? engine_->forward_loss(mb) : 0.0);
   }
+  dist_.all_reduce_sum(losses);  // each entry has one rank's value: x + 0 is exact
+  const double loss_sum = std::accumulate(losses.begin(), losses.end(), 0.0);
   progress_.phase("");
   const double eval_loss = counted ? loss_sum / double(counted) : 0.0;
-  metrics_->write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}, {"eval_s", seconds_since(t0)}});
+  if (metrics_) metrics_->write({{"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", counted}, {"eval_s", seconds_since(t0)}});
   progress_.message(str_cat("step ", step, "/", max_steps_, "  eval_loss ", eval_loss, " over ", counted, " tokens"));
 }
 
@@ -431,6 +466,7 @@ double TrainRun::save() {
   std::ostringstream rs;
   rs << rng_;
   state_.rng = rs.str();
+  if (!dist_.primary()) return seconds_since(t0);  // every rank holds the same state; rank 0 writes it
   summary_.last_checkpoint = checkpoint_save(rc_.output_dir, *store_, state_, recipe_toml_,
                                              dtype_parse(rc_.save_dtype), files_, rc_.keep_last);
   const double s = seconds_since(t0);
@@ -491,7 +527,14 @@ void TrainRun::record(const StepResult& r) {
       {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
       {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
-  metrics_->write(rec);
+  if (reduction_) {  // recipes/README.md: comm_bytes, comm_s, comm_hidden_s
+    rec["ranks"] = dist_.size();
+    rec["comm_bytes"] = r.g1.reduced_bytes - r.g0.reduced_bytes;
+    rec["comm_s"] = r.g1.comm_s - r.g0.comm_s;
+    rec["comm_hidden_s"] = r.g1.hidden_s - r.g0.hidden_s;
+  }
+  if (!r.workers.is_null()) rec["workers"] = r.workers;
+  if (metrics_) metrics_->write(rec);
 }
 
 TrainSummary TrainRun::interrupted(int64_t step) {
@@ -516,6 +559,7 @@ TrainSummary TrainRun::finish() {
     split += str_cat(split.empty() ? "" : ", ", name, " ", int(std::lround(100 * s.get<double>() / std::max(total, 1e-12))), "%");
   summary_.final_dir = rc_.output_dir + "/final";
   engine_->synchronize();
+  if (!dist_.primary()) return summary_;  // rank 0 exports
   const auto t0 = Clock::now();
   progress_.phase("exporting the model to " + summary_.final_dir);
   export_hf_atomic(*store_, summary_.final_dir, dtype_parse(rc_.save_dtype), files_);

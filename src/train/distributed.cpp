@@ -1,0 +1,142 @@
+// A training run's place in a distributed launch (distributed.h).
+#include "src/train/distributed.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+std::FILE* g_error_stream = nullptr;  // a dup of the original stderr once a rank is silenced
+
+// The GPU of this rank: the node rank's entry of CUDA_VISIBLE_DEVICES (or GPU `local_rank`
+// when it is unset), made the only visible device before any CUDA call.
+void select_gpu(const CommLaunch& l) {
+  std::string visible = std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "";
+  std::string pick = std::to_string(l.local_rank);
+  if (!visible.empty()) {
+    std::vector<std::string> ids;
+    std::stringstream ss(visible);
+    for (std::string id; std::getline(ss, id, ',');) ids.push_back(id);
+    if (ids.size() == 1) return;  // the launcher (or a scheduler) already gave each rank one GPU
+    STRATA_CHECK(size_t(l.local_rank) < ids.size(), "rank ", l.rank, " is rank ", l.local_rank, " on its node but "
+                 "CUDA_VISIBLE_DEVICES lists ", ids.size(), " GPUs (", visible, "): start at most one rank per GPU");
+    pick = ids[size_t(l.local_rank)];
+  }
+  setenv("CUDA_VISIBLE_DEVICES", pick.c_str(), 1);
+}
+
+// Informational output of a rank > 0 goes to /dev/null; errors keep the original stderr.
+void silence_stderr() {
+  std::fflush(stderr);
+  const int saved = dup(2);
+  const int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (saved < 0 || null_fd < 0) return;  // keep printing: noisy, not wrong
+  g_error_stream = fdopen(saved, "w");
+  if (!g_error_stream) return;
+  setvbuf(g_error_stream, nullptr, _IOLBF, 0);
+  dup2(null_fd, 2);
+  close(null_fd);
+}
+
+}  // namespace
+
+Distributed::Distributed(const Recipe& rc) {
+  const CommLaunch launch = comm_launch_from_env();
+  if (!launch.launched || launch.size == 1) {
+    comm_ = comm_create_single();
+    return;
+  }
+  rank_ = launch.rank;
+  size_ = launch.size;
+  if (rc.device_backend == "cuda" || rc.device_backend == "auto") select_gpu(launch);
+  STRATA_CHECK(rc.distributed_backend != "nccl", "distributed.backend = \"nccl\": data-parallel training reduces "
+               "gradients in host memory after their device-to-host copy, over MPI; NCCL is not wired into the "
+               "trainer yet. Use distributed.backend = \"auto\" or \"mpi\"");
+  STRATA_CHECK(!rc.distributed_shared_host_store, "distributed.shared_host_store = true is not built yet: every "
+               "rank keeps its own host store; set distributed.shared_host_store = false");
+  comm_ = comm_create_mpi(rc.distributed_timeout_s);
+  STRATA_CHECK(comm_->rank() == rank_ && comm_->size() == size_, "MPI says rank ", comm_->rank(), " of ",
+               comm_->size(), " but the launcher's environment says ", rank_, " of ", size_);
+  if (rank_ > 0) silence_stderr();
+}
+
+Distributed::~Distributed() = default;
+
+double Distributed::sum_in_global_order(const std::vector<double>& mine) {
+  const size_t k = mine.size(), n = size_t(size_);
+  std::vector<double> all(k * n, 0.0);
+  for (size_t j = 0; j < k; ++j) all[j * n + size_t(rank_)] = mine[j];
+  if (n > 1) {
+    double count = double(k);
+    comm_->all_reduce_sum(&count, 1).wait();
+    STRATA_ASSERT(count == double(k * n), "ranks ran different numbers of micro-batches");
+    comm_->all_reduce_sum(all.data(), all.size()).wait();
+  }
+  double sum = 0;
+  for (double v : all) sum += v;
+  return sum;
+}
+
+void Distributed::all_reduce_sum(std::vector<double>& values) {
+  if (size_ > 1 && !values.empty()) comm_->all_reduce_sum(values.data(), values.size()).wait();
+}
+
+std::vector<double> Distributed::gather(double mine) {
+  std::vector<double> all(size_t(size_), 0.0);
+  all[size_t(rank_)] = mine;
+  if (size_ > 1) comm_->all_reduce_sum(all.data(), all.size()).wait();
+  return all;
+}
+
+bool Distributed::any(bool flag) {
+  if (size_ == 1) return flag;
+  double v = flag ? 1 : 0;
+  comm_->all_reduce_sum(&v, 1).wait();
+  return v > 0;
+}
+
+void Distributed::barrier() {
+  if (size_ > 1) comm_->barrier();
+}
+
+nlohmann::json distributed_worker_diagnostics(Distributed& dist, double local_loss_sum, int64_t local_tokens,
+                                              const CommDiagnostics& d) {
+  const std::vector<double> loss = dist.gather(local_tokens > 0 ? local_loss_sum / double(local_tokens) : 0.0);
+  const std::vector<double> sq = dist.gather(d.local_sq);
+  std::vector<double> norm(sq.size());
+  double sum_local_sq = 0, sum_norm = 0, sum_norm_sq = 0;
+  for (size_t r = 0; r < sq.size(); ++r) {
+    norm[r] = std::sqrt(sq[r]);
+    sum_local_sq += sq[r];
+    sum_norm += norm[r];
+    sum_norm_sq += sq[r];
+  }
+  const double cross = sum_norm * sum_norm - sum_norm_sq;  // sum_{r != s} |g_r||g_s|
+  const double cosine = cross > 0 ? (d.sum_sq - sum_local_sq) / cross : 1.0;
+  auto spread = [](const std::vector<double>& v) {
+    return *std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end());
+  };
+  return {{"loss", loss}, {"grad_norm", norm}, {"loss_spread", spread(loss)},
+          {"grad_norm_spread", spread(norm)}, {"cosine", cosine}};
+}
+
+std::FILE* distributed_error_stream() { return g_error_stream ? g_error_stream : stderr; }
+
+std::string distributed_rank_prefix() {
+  try {
+    const CommLaunch l = comm_launch_from_env();
+    return l.launched && l.size > 1 ? "rank " + std::to_string(l.rank) + ": " : "";
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+}  // namespace strata

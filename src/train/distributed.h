@@ -1,0 +1,71 @@
+// A training run's place in a distributed launch (DESIGN §8, recipes/README.md [distributed]):
+// `mpirun -np N strata train RECIPE.toml` starts N ranks; each reads its rank, the rank count
+// and its rank on the node from the launcher's environment (src/comm/comm.h), picks its GPU by
+// its node rank, and builds the communicator the recipe asks for. Without mpirun there is one
+// rank and nothing else changes.
+//
+// Roles: rank 0 alone writes the run directory (lock, recipe.toml, metrics.jsonl, checkpoints,
+// the export) and prints progress; the other ranks' informational output goes to /dev/null and
+// their errors to their stderr, prefixed "rank R:" (distributed_error_stream, used by main).
+//
+// Data parallel (first-order): the global order of micro-batches is the single-process order
+// with gradient_accumulation_steps x N; rank r runs micro-batches r, r + N, ... of each step and
+// offload/comm_reduction.h sums the gradients so that every rank holds the gradient one process
+// would have accumulated, bit for bit; each rank then runs the same optimizer on it.
+#pragma once
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "offload/comm_reduction.h"
+#include "src/comm/comm.h"
+#include "src/recipe/recipe.h"
+
+namespace strata {
+
+class Distributed {
+ public:
+  // Reads the launch; under mpirun builds the comm (MPI over host buffers) and, on rank > 0,
+  // silences informational output. Call before the device is created (it picks the GPU).
+  explicit Distributed(const Recipe& rc);
+  ~Distributed();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool primary() const { return rank_ == 0; }
+  bool data_parallel() const { return size_ > 1; }
+  Comm& comm() { return *comm_; }
+
+  // The sum of per-micro-batch values in the global micro-batch order, ((0 + v0) + v1) + ...,
+  // where this rank holds the values of micro-batches rank, rank + N, ... (mine[j] is global
+  // micro-batch j * N + rank). The same bits on every rank, and as one process sums them.
+  double sum_in_global_order(const std::vector<double>& mine);
+  // values <- the elementwise sum over ranks (rank order).
+  void all_reduce_sum(std::vector<double>& values);
+  // Every rank's value of a per-rank quantity, in rank order.
+  std::vector<double> gather(double mine);
+  // True on every rank when it is true on any rank (a stop request must stop every rank).
+  bool any(bool flag);
+  void barrier();
+
+ private:
+  int rank_ = 0, size_ = 1;
+  std::unique_ptr<Comm> comm_;
+};
+
+// Worker consistency (metrics.jsonl "workers"): each rank's loss over its micro-batches and its
+// local gradient norm (CommDiagnostics), their spread (max - min), and the mean pairwise cosine
+// between the ranks' local gradients, sum_{r != s} g_r.g_s / sum_{r != s} |g_r||g_s|, from
+// |sum_r g_r|^2 - sum_r |g_r|^2: scalar all-reduces only. Every rank calls it.
+nlohmann::json distributed_worker_diagnostics(Distributed& dist, double local_loss_sum, int64_t local_tokens,
+                                              const CommDiagnostics& d);
+
+// Where errors go: stderr (kept when a rank > 0 silences its informational output).
+std::FILE* distributed_error_stream();
+// "rank R: " under a launcher with more than one rank, else "".
+std::string distributed_rank_prefix();
+
+}  // namespace strata

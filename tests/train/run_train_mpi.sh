@@ -1,0 +1,140 @@
+#!/bin/bash
+# Data-parallel training under `mpirun -np N` for ctest (label mpi; src/comm/comm.cmake):
+#   run_train_mpi.sh STRATA SCENARIO
+# on the bundled sft-tiny recipe (tied embeddings, so the tied-head path is covered), CPU backend.
+#   equal       N ranks x A micro-batches give losses, final weights and optimizer state
+#               bit-identical to one process with A x N micro-batches, eval losses included (N=2 A=1, clip on and off;
+#               N=2 A=2; N=3 A=1; an untied bf16 model), and differ from one process with A (the
+#               check can fail)
+#   resume      saved with 2 ranks, resumed with 1 (and 1 -> 2): bit-identical to the straight run
+#   killed      rank 1 killed mid-run: the job exits non-zero naming rank 1 within the timeout,
+#               the newest checkpoint is complete, and `--resume auto` on one rank finishes
+#   hung        rank 1 stopped (SIGSTOP): rank 0 exits non-zero after distributed.timeout naming it
+# Exit 77 (ctest SKIP_RETURN_CODE) with the reason when mpirun cannot start processes here.
+set -u
+strata="$1"; scenario="$2"
+here="$(cd "$(dirname "$0")/../.." && pwd)"
+recipe="$here/recipes/sft-tiny/recipe.toml"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl="self,vader" STRATA_PROGRESS=plain
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "SKIPPED: mpirun not found (install openmpi-bin: scripts/setup.sh)"; exit 77
+fi
+if ! out=$(timeout 60 mpirun -np 2 true 2>&1); then
+  echo "SKIPPED: mpirun cannot start 2 processes here: $out"; exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common="checkpoint.save_dtype=f32 device.cpu_threads=1 distributed.timeout=20"
+fail() { echo "FAILED: $*"; exit 1; }
+
+# train NP OUT ARGS...: one process (NP=1, no mpirun) or mpirun -np NP
+train() {
+  local np="$1" out="$2"; shift 2
+  if [ "$np" = 1 ]; then
+    timeout 300 "$strata" train "$recipe" $common checkpoint.output_dir="$out" "$@" >"$out.log" 2>&1
+  else
+    timeout 300 mpirun -np "$np" "$strata" train "$recipe" $common checkpoint.output_dir="$out" "$@" >"$out.log" 2>&1
+  fi
+  local rc=$?
+  [ $rc -eq 0 ] || { cat "$out.log"; fail "train -np $np $* exited $rc"; }
+}
+losses() { grep -o '"\(eval_\)\?loss":[-0-9][^,]*' "$1/metrics.jsonl"; }  # not the workers' lists
+# same DIR_A DIR_B STEP WHAT: losses, the checkpoint's optimizer state and the export, bit for bit
+same() {
+  [ "$(losses "$1")" = "$(losses "$2")" ] || { paste <(losses "$1") <(losses "$2"); fail "$4: losses differ"; }
+  cmp "$1/checkpoint-$3/optimizer_state.safetensors" "$2/checkpoint-$3/optimizer_state.safetensors" ||
+    fail "$4: master weights / moments differ"
+  cmp "$1/final/model.safetensors" "$2/final/model.safetensors" || fail "$4: final weights differ"
+  echo "bit-identical: $4 ($(losses "$1" | wc -l) steps)"
+}
+
+case "$scenario" in
+equal)
+  # (with an eval every 2 steps: the ranks split the eval micro-batches)
+  for clip in 1.0 0; do
+    ev="data.eval_split=0.2 train.eval_steps=2"
+    train 1 "$work/s2_$clip" train.max_steps=3 train.gradient_accumulation_steps=2 optim.max_grad_norm=$clip $ev
+    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip $ev \
+      distributed.diagnostics_steps=2
+    [ "$(grep -c eval_loss "$work/d2_$clip/metrics.jsonl")" = 2 ] || fail "expected 2 eval records"
+    same "$work/s2_$clip" "$work/d2_$clip" 3 "2 ranks x 1 = 1 process x 2 micro-batches, max_grad_norm=$clip"
+  done
+  grep -q '"comm_bytes"' "$work/d2_1.0/metrics.jsonl" || fail "metrics.jsonl has no comm_bytes"
+  # worker diagnostics at step 2 only (diagnostics_steps=2), without changing a bit (above)
+  [ "$(grep -c '"workers":{"cosine":' "$work/d2_1.0/metrics.jsonl")" = 1 ] || fail "expected one workers record"
+  train 1 "$work/s4" train.max_steps=2 train.gradient_accumulation_steps=4
+  train 2 "$work/d22" train.max_steps=2 train.gradient_accumulation_steps=2
+  same "$work/s4" "$work/d22" 2 "2 ranks x 2 = 1 process x 4"
+  train 1 "$work/s3" train.max_steps=2 train.gradient_accumulation_steps=3
+  train 3 "$work/d3" train.max_steps=2 train.gradient_accumulation_steps=1
+  same "$work/s3" "$work/d3" 2 "3 ranks x 1 = 1 process x 3"
+  # an untied lm_head in bf16 (quickstart's model with tie_word_embeddings false): the head's rows
+  # go through the dense path, the embedding through the all-gathered scatter alone
+  sed 's/"tie_word_embeddings": true/"tie_word_embeddings": false/' "$here/recipes/quickstart/config.json" >"$work/untied.json"
+  grep -q '"tie_word_embeddings": false' "$work/untied.json" || fail "could not untie the quickstart config"
+  untied="model.config=$work/untied.json model.dtype=bf16 train.micro_batch_size=2 train.max_steps=2"
+  recipe_saved="$recipe"; recipe="$here/recipes/quickstart.toml"
+  train 1 "$work/su" $untied train.gradient_accumulation_steps=2
+  train 2 "$work/du" $untied train.gradient_accumulation_steps=1
+  same "$work/su" "$work/du" 2 "untied bf16: 2 ranks x 1 = 1 process x 2"
+  recipe="$recipe_saved"
+  # the comparison can fail: 2 ranks differ from one process with half the micro-batches
+  train 1 "$work/s1" train.max_steps=3 train.gradient_accumulation_steps=1
+  ! cmp -s "$work/s1/final/model.safetensors" "$work/d2_1.0/final/model.safetensors" ||
+    fail "2 ranks x 1 equals 1 process x 1: the data was not split"
+  ;;
+resume)
+  train 1 "$work/ref" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=2
+  # 2 ranks -> 1: the 2-rank run's checkpoint-2, continued by one process with 2 micro-batches
+  train 2 "$work/a" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2
+  rm -rf "$work/a/checkpoint-4" "$work/a/final"
+  train 1 "$work/a" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=2 --resume auto
+  grep -q "resumed from .*checkpoint-2" "$work/a.log" || { cat "$work/a.log"; fail "2 -> 1 did not resume at step 2"; }
+  same "$work/ref" "$work/a" 4 "saved by 2 ranks, resumed by 1"
+  # 1 -> 2
+  train 1 "$work/b" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=2
+  rm -rf "$work/b/checkpoint-4" "$work/b/final"
+  train 2 "$work/b" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2 --resume auto
+  grep -q "resumed from .*checkpoint-2" "$work/b.log" || { cat "$work/b.log"; fail "1 -> 2 did not resume at step 2"; }
+  same "$work/ref" "$work/b" 4 "saved by 1 process, resumed by 2 ranks"
+  ;;
+killed|hung)
+  out="$work/f"
+  timeout 300 mpirun -np 2 "$strata" train "$recipe" $common checkpoint.output_dir="$out" train.max_steps=100000 \
+    train.gradient_accumulation_steps=1 checkpoint.save_steps=3 checkpoint.keep_last=2 distributed.timeout=5 \
+    >"$work/f.log" 2>&1 &
+  job=$!
+  for _ in $(seq 600); do ls -d "$out"/checkpoint-6 >/dev/null 2>&1 && break; sleep 0.2; done
+  ls -d "$out"/checkpoint-6 >/dev/null 2>&1 || { kill $job; cat "$work/f.log"; fail "no checkpoint-6 after 120 s"; }
+  victim=""
+  for p in $(pgrep -f "checkpoint.output_dir=$out"); do
+    if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$p; fi
+  done
+  [ -n "$victim" ] || { kill $job; fail "rank 1's process not found"; }
+  start=$(date +%s)
+  if [ "$scenario" = killed ]; then kill -KILL "$victim"; else kill -STOP "$victim"; fi
+  wait $job
+  rc=$?
+  end=$(date +%s)
+  cat "$work/f.log" | tail -20
+  echo "mpirun exited $rc $((end - start)) s after rank 1 was ${scenario}"
+  [ $rc -ne 0 ] || fail "the job exited 0 with a ${scenario} rank"
+  [ $rc -ne 124 ] || fail "the job hung"
+  if [ "$scenario" = killed ]; then
+    grep -Eq "rank 1|process rank 1" "$work/f.log" || fail "no message names rank 1"
+  else
+    grep -Eq "rank 0: .*(rank 1)" "$work/f.log" || fail "rank 0 did not name rank 1"
+  fi
+  kill -KILL "$victim" 2>/dev/null
+  latest=$(ls -d "$out"/checkpoint-* | sed 's/.*checkpoint-//' | sort -n | tail -1)
+  [ -f "$out/checkpoint-$latest/COMPLETE" ] || fail "the newest checkpoint-$latest is not complete"
+  # a second launch continues from it (one process, same global batch)
+  timeout 300 "$strata" train "$recipe" $common checkpoint.output_dir="$out" train.max_steps=$((latest + 1)) \
+    train.gradient_accumulation_steps=2 checkpoint.save_steps=3 checkpoint.keep_last=2 --resume auto >"$work/r.log" 2>&1 ||
+    { cat "$work/r.log"; fail "--resume auto after the fault failed"; }
+  grep -q "resumed from .*checkpoint-$latest" "$work/r.log" || { cat "$work/r.log"; fail "did not resume from checkpoint-$latest"; }
+  echo "as expected: non-zero exit naming rank 1, checkpoint-$latest complete and resumable"
+  ;;
+*) fail "unknown scenario $scenario" ;;
+esac
