@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "src/core/bf16.h"
 #include "src/core/adamw_constants.h"
@@ -50,6 +51,22 @@ constexpr int64_t kAdamWStreamMin = int64_t(1) << 16;
 void adamw_kernel_scalar(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
 void adamw_kernel_avx2(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
 void adamw_kernel_avx512(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
+
+// Calls run(bf16 moments, working kind) with both as compile-time constants (std::bool_constant,
+// std::integral_constant<int>; working kind 0: no working copy, 1: f32, 2: bf16), for the span's
+// types: the one place a vector kernel's six instantiations are chosen.
+template <class Run>
+void adamw_dispatch(const AdamWSpan& s, Run run) {
+  const bool bm = s.moment_type == DType::bf16;
+  const int work = !s.working ? 0 : s.working_type == DType::f32 ? 1 : 2;
+  auto with_work = [&](auto moments) {
+    if (work == 0) run(moments, std::integral_constant<int, 0>{});
+    if (work == 1) run(moments, std::integral_constant<int, 1>{});
+    if (work == 2) run(moments, std::integral_constant<int, 2>{});
+  };
+  if (bm) with_work(std::true_type{});
+  else with_work(std::false_type{});
+}
 
 // Internal linkage on purpose: each kernel file gets its own copy compiled under its own
 // options, so no ISA-specific copy can be picked by the linker for another variant.

@@ -73,14 +73,9 @@ void adamw_avx2_run(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, 
 }  // namespace
 
 void adamw_kernel_avx2(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
-  const bool bm = s.moment_type == DType::bf16;
-  const int work = !s.working ? 0 : s.working_type == DType::f32 ? 1 : 2;
-  if (!bm && work == 0) adamw_avx2_run<false, 0>(c, s, begin, end);
-  if (!bm && work == 1) adamw_avx2_run<false, 1>(c, s, begin, end);
-  if (!bm && work == 2) adamw_avx2_run<false, 2>(c, s, begin, end);
-  if (bm && work == 0) adamw_avx2_run<true, 0>(c, s, begin, end);
-  if (bm && work == 1) adamw_avx2_run<true, 1>(c, s, begin, end);
-  if (bm && work == 2) adamw_avx2_run<true, 2>(c, s, begin, end);
+  adamw_dispatch(s, [&](auto moments_bf16, auto work) {
+    adamw_avx2_run<decltype(moments_bf16)::value, decltype(work)::value>(c, s, begin, end);
+  });
 }
 
 }  // namespace strata::adamw_detail

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <iostream>
 #include <utility>
 #include <sstream>
@@ -23,8 +25,11 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "io/files.h"
+#include "src/core/error.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "src/core/bf16.h"
@@ -80,6 +85,22 @@ double max_rel_error(const A* a, const B* b, size_t n, double floor = 1e-30) {
   return num / den;
 }
 
+// The worst relative error of a sweep of cases: each must be within tol as it comes (a REQUIRE,
+// so the caller's INFO names the case), and check() reports the worst.
+struct WorstError {
+  const char* what;
+  double tol;
+  double worst = 0;
+  void add(double e) {
+    REQUIRE(e <= tol);
+    worst = std::max(worst, e);
+  }
+  void check() const {
+    INFO("worst rel err: " << what << " " << worst);
+    CHECK(worst <= tol);
+  }
+};
+
 // Central finite difference of a scalar function f(x) in fp64: returns df/dx for every x.
 inline std::vector<double> finite_difference(std::vector<double> x,
                                              const std::function<double(const std::vector<double>&)>& f,
@@ -95,6 +116,37 @@ inline std::vector<double> finite_difference(std::vector<double> x,
     g[i] = (fp - fm) / (2 * h);
   }
   return g;
+}
+
+// All of a file the test expects to exist (an I/O error naming the path when it cannot be read).
+inline std::string read_file(const std::string& path) { return file_read(path, "test file"); }
+
+// Replaces the contents of `path` with `bytes`.
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// How many times `what` occurs in `text`, overlapping occurrences counted.
+inline size_t count_occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The message of the strata::Error that fn() throws (a test failure when it throws none), its
+// kind checked unless `kind` is empty.
+template <class Fn>
+std::string error_of(Fn&& fn, std::optional<ErrorKind> kind = ErrorKind::input) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (kind) CHECK(e.kind() == *kind);
+    return e.what();
+  }
+  FAIL("expected a strata::Error");
+  return "";
 }
 
 // Runs a CLI subcommand in-process with `input` as standard input; returns standard output
@@ -185,6 +237,15 @@ inline ProcessResult run_shell(const std::string& command, bool stdout_only = fa
   return r;
 }
 
+// Checks that a run exited with `code` and that its output says each of `says` and none of `never`.
+inline void check_run(const ProcessResult& r, int code, const std::vector<std::string>& says,
+                      const std::vector<std::string>& never = {}) {
+  INFO(r.out);
+  CHECK(r.code == code);
+  for (const std::string& s : says) CHECK(contains(r.out, s));
+  for (const std::string& s : never) CHECK_FALSE(contains(r.out, s));
+}
+
 // `strata ARGS` (ARGS as a shell would split them).
 inline ProcessResult run_strata(const std::string& args, bool stdout_only = false) {
   return run_shell(strata_binary() + " " + args, stdout_only);
@@ -224,6 +285,20 @@ inline ProcessResult run_strata_signalled(const std::string& args,
   waitpid(pid, &status, 0);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// A small Llama (4 heads, 2 kv heads) as hf_config reads it, for the engine and host-store tests.
+struct TinyLlama {
+  int64_t hidden, ffn, layers, vocab, max_positions;
+  bool tied;
+};
+inline ModelConfig tiny_llama_config(const TinyLlama& t) {
+  const nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                            {"hidden_size", t.hidden}, {"intermediate_size", t.ffn},
+                            {"num_hidden_layers", t.layers}, {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2}, {"vocab_size", t.vocab},
+                            {"max_position_embeddings", t.max_positions}, {"tie_word_embeddings", t.tied}};
+  return hf_config_parse(j.dump(), "test config");
 }
 
 // ---- the golden-test harness ------------------------------------------------------------------

@@ -301,21 +301,35 @@ class Parser {
     return e;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr e = parse_and();
-    while (is_name("or")) {
-      size_t pos = next().pos;
-      e = binary("or", std::move(e), parse_and(), pos);
+  // One left-associative precedence level, `operand (op operand)*`: at_op() says whether the next
+  // token is one of the level's operators; each becomes a binary node named by its text.
+  template <class Operand, class AtOp>
+  ExprPtr parse_left_assoc(Operand operand, AtOp at_op) {
+    ExprPtr e = operand();
+    while (at_op()) {
+      const Token& t = next();
+      const std::string op = t.text;
+      const size_t pos = t.pos;
+      e = binary(op, std::move(e), operand(), pos);
     }
     return e;
   }
-  ExprPtr parse_and() {
-    ExprPtr e = parse_not();
-    while (is_name("and")) {
-      size_t pos = next().pos;
-      e = binary("and", std::move(e), parse_not(), pos);
+
+  // Comma-separated items up to and past `close` (a trailing comma allowed), each read by item().
+  template <class Item>
+  void parse_items(const char* close, Item item) {
+    while (!is_op(close)) {
+      item();
+      if (!is_op(close)) expect_op(",");
     }
-    return e;
+    ++i_;
+  }
+
+  ExprPtr parse_or() {
+    return parse_left_assoc([&] { return parse_and(); }, [&] { return is_name("or"); });
+  }
+  ExprPtr parse_and() {
+    return parse_left_assoc([&] { return parse_not(); }, [&] { return is_name("and"); });
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
@@ -356,36 +370,17 @@ class Parser {
     return cmp ? std::move(cmp) : std::move(first);
   }
   ExprPtr parse_math1() {
-    ExprPtr e = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      const Token& t = next();
-      e = binary(t.text, std::move(e), parse_concat(), t.pos);
-    }
-    return e;
+    return parse_left_assoc([&] { return parse_concat(); }, [&] { return is_op("+") || is_op("-"); });
   }
   ExprPtr parse_concat() {
-    ExprPtr e = parse_math2();
-    while (is_op("~")) {
-      size_t pos = next().pos;
-      e = binary("~", std::move(e), parse_math2(), pos);
-    }
-    return e;
+    return parse_left_assoc([&] { return parse_math2(); }, [&] { return is_op("~"); });
   }
   ExprPtr parse_math2() {
-    ExprPtr e = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const Token& t = next();
-      e = binary(t.text, std::move(e), parse_pow(), t.pos);
-    }
-    return e;
+    return parse_left_assoc([&] { return parse_pow(); },
+                            [&] { return is_op("*") || is_op("/") || is_op("//") || is_op("%"); });
   }
   ExprPtr parse_pow() {
-    ExprPtr e = parse_unary(true);
-    while (is_op("**")) {
-      size_t pos = next().pos;
-      e = binary("**", std::move(e), parse_unary(true), pos);
-    }
-    return e;
+    return parse_left_assoc([&] { return parse_unary(true); }, [&] { return is_op("**"); });
   }
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
@@ -466,23 +461,17 @@ class Parser {
         if (t.text == "[") {
           ++i_;
           auto l = make(ExprKind::list, pos);
-          while (!is_op("]")) {
-            l->items.push_back(parse_expression());
-            if (!is_op("]")) expect_op(",");
-          }
-          ++i_;
+          parse_items("]", [&] { l->items.push_back(parse_expression()); });
           return l;
         }
         if (t.text == "{") {
           ++i_;
           auto d = make(ExprKind::dict, pos);
-          while (!is_op("}")) {
+          parse_items("}", [&] {
             d->items.push_back(parse_expression());
             expect_op(":");
             d->items.push_back(parse_expression());
-            if (!is_op("}")) expect_op(",");
-          }
-          ++i_;
+          });
           return d;
         }
         break;

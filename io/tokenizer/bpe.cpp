@@ -168,7 +168,7 @@ void BpeModel::tokenize_long(std::string_view w, std::vector<BpeToken>* out) con
     bool safe = false;
     if (i > 0) {
       uint64_t key = (uint64_t(prev_cp) << 32 | cp) + 1;
-      size_t slot = hash_u64(key) & 4095;
+      size_t slot = hash_mix64(key) & 4095;
       if (memo.key[slot] != key) {
         memo.key[slot] = key;
         memo.safe[slot] = boundary_is_safe(prev_cp, w.substr(prev_i, i - prev_i), cp, w.substr(i, len));

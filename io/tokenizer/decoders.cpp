@@ -3,6 +3,7 @@
 
 #include "io/tokenizer/pre_tokenizers.h"
 #include "io/tokenizer/text.h"
+#include "io/tokenizer/stage_json.h"
 #include "src/core/error.h"
 
 namespace strata::tok {
@@ -107,23 +108,26 @@ class MetaspaceDecoder final : public Decoder {
   bool prepend_;
 };
 
+// Every occurrence of `from` (not empty) in t replaced by `to`, left to right.
+void replace_every(std::string& t, const std::string& from, std::string_view to) {
+  if (t.find(from) == std::string::npos) return;
+  std::string out;
+  size_t prev = 0;
+  for (size_t p = t.find(from); p != std::string::npos; p = t.find(from, prev)) {
+    out.append(t, prev, p - prev);
+    out += to;
+    prev = p + from.size();
+  }
+  out.append(t, prev, std::string::npos);
+  t = std::move(out);
+}
+
 class ReplaceDecoder final : public Decoder {
  public:
   ReplaceDecoder(std::string from, std::string to) : from_(std::move(from)), to_(std::move(to)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     if (from_.empty()) return;
-    for (std::string& t : tokens) {
-      if (t.find(from_) == std::string::npos) continue;
-      std::string out;
-      size_t prev = 0;
-      for (size_t p = t.find(from_); p != std::string::npos; p = t.find(from_, prev)) {
-        out.append(t, prev, p - prev);
-        out += to_;
-        prev = p + from_.size();
-      }
-      out.append(t, prev, std::string::npos);
-      t = std::move(out);
-    }
+    for (std::string& t : tokens) replace_every(t, from_, to_);
   }
 
  private:
@@ -203,42 +207,27 @@ class BpeDecoder final : public Decoder {
  public:
   explicit BpeDecoder(std::string suffix) : suffix_(std::move(suffix)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      std::string& t = tokens[i];
-      std::string out;
-      size_t prev = 0;
-      const char* rep = i + 1 == tokens.size() ? "" : " ";
-      for (size_t p = t.find(suffix_); !suffix_.empty() && p != std::string::npos; p = t.find(suffix_, prev)) {
-        out.append(t, prev, p - prev);
-        out += rep;
-        prev = p + suffix_.size();
-      }
-      out.append(t, prev, std::string::npos);
-      t = std::move(out);
-    }
+    if (suffix_.empty()) return;
+    for (size_t i = 0; i < tokens.size(); ++i) replace_every(tokens[i], suffix_, i + 1 == tokens.size() ? "" : " ");
   }
 
  private:
   std::string suffix_;
 };
 
-class SequenceDecoder final : public Decoder {
+class SequenceDecoder final : public StageSequence<Decoder> {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
+  using StageSequence::StageSequence;
   void decode_chain(std::vector<std::string>& tokens) const override {
-    for (const auto& p : parts_) p->decode_chain(tokens);
+    for (const auto& p : parts()) p->decode_chain(tokens);
   }
-
- private:
-  std::vector<std::unique_ptr<Decoder>> parts_;
 };
 
 }  // namespace
 
 std::unique_ptr<Decoder> decoder_from_json(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  STRATA_CHECK(j.is_object() && j.contains("type"), "tokenizer.json: a decoder has no \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = stage_type_from_json(j, "decoder");
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Metaspace") {
     bool prepend = true;
@@ -257,16 +246,10 @@ std::unique_ptr<Decoder> decoder_from_json(const nlohmann::json& j) {
     return std::make_unique<StripDecoder>(j.at("content").get<std::string>(), j.value("start", size_t(0)),
                                           j.value("stop", size_t(0)));
   if (type == "BPEDecoder") return std::make_unique<BpeDecoder>(j.value("suffix", std::string("</w>")));
-  if (type == "Sequence") {
-    std::vector<std::unique_ptr<Decoder>> parts;
-    for (const auto& p : j.at("decoders"))
-      if (auto d = decoder_from_json(p)) parts.push_back(std::move(d));
-    return std::make_unique<SequenceDecoder>(std::move(parts));
-  }
-  STRATA_CHECK(false, "tokenizer.json: decoder type \"", type,
-               "\" is not supported (supported: ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, BPEDecoder, "
-               "Sequence)");
-  return nullptr;
+  if (type == "Sequence")
+    return stage_sequence_from_json<SequenceDecoder>(j.at("decoders"), decoder_from_json);
+  stage_type_unsupported("decoder", type,
+                         "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, BPEDecoder, Sequence");
 }
 
 }  // namespace strata::tok

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "src/core/hash.h"
+
 namespace strata::tok {
 
 // 64-bit hash of a byte string (8 bytes per step, multiply-xorshift mixing).
@@ -28,14 +30,6 @@ inline uint64_t hash_bytes(std::string_view s) {
   }
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 31);
-}
-
-inline uint64_t hash_u64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xFF51AFD7ED558CCDull;
-  x ^= x >> 33;
-  x *= 0xC4CEB9FE1A85EC53ull;
-  return x ^ (x >> 33);
 }
 
 template <class V>
@@ -101,7 +95,7 @@ class FlatU64Map {
   size_t size() const { return size_; }
   const V* find(uint64_t key) const {
     if (slots_.empty()) return nullptr;
-    for (size_t i = hash_u64(key) & mask_;; i = (i + 1) & mask_) {
+    for (size_t i = hash_mix64(key) & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (!s.used) return nullptr;
       if (s.key == key) return &s.value;
@@ -109,7 +103,7 @@ class FlatU64Map {
   }
   void insert(uint64_t key, const V& value) {
     if ((size_ + 1) * 2 > slots_.size()) grow();
-    for (size_t i = hash_u64(key) & mask_;; i = (i + 1) & mask_) {
+    for (size_t i = hash_mix64(key) & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (!s.used) {
         s = Slot{key, value, true};
@@ -135,7 +129,7 @@ class FlatU64Map {
     mask_ = slots_.size() - 1;
     for (const Slot& s : old) {
       if (!s.used) continue;
-      size_t i = hash_u64(s.key) & mask_;
+      size_t i = hash_mix64(s.key) & mask_;
       while (slots_[i].used) i = (i + 1) & mask_;
       slots_[i] = s;
     }

@@ -5,6 +5,7 @@
 #include <utf8proc.h>
 
 #include "io/tokenizer/regex.h"
+#include "io/tokenizer/stage_json.h"
 #include "src/core/error.h"
 
 namespace strata::tok {
@@ -190,23 +191,19 @@ class ReplaceNormalizer final : public Normalizer {
   std::string content_;
 };
 
-class SequenceNormalizer final : public Normalizer {
+class SequenceNormalizer final : public StageSequence<Normalizer> {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
+  using StageSequence::StageSequence;
   void normalize(NormText& t) const override {
-    for (const auto& p : parts_) p->normalize(t);
+    for (const auto& p : parts()) p->normalize(t);
   }
-
- private:
-  std::vector<std::unique_ptr<Normalizer>> parts_;
 };
 
 }  // namespace
 
 std::unique_ptr<Normalizer> normalizer_from_json(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  STRATA_CHECK(j.is_object() && j.contains("type"), "tokenizer.json: a normalizer has no \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = stage_type_from_json(j, "normalizer");
   if (type == "NFC") return std::make_unique<UnicodeNormalizer>(UTF8PROC_COMPOSE);
   if (type == "NFD") return std::make_unique<UnicodeNormalizer>(UTF8PROC_DECOMPOSE);
   if (type == "NFKC") return std::make_unique<UnicodeNormalizer>(UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
@@ -223,16 +220,10 @@ std::unique_ptr<Normalizer> normalizer_from_json(const nlohmann::json& j) {
     STRATA_CHECK(pat.contains("Regex"), "tokenizer.json: Replace normalizer pattern needs \"String\" or \"Regex\"");
     return std::make_unique<ReplaceNormalizer>("", Regex(pat["Regex"].get<std::string>(), "Replace normalizer"), content);
   }
-  if (type == "Sequence") {
-    std::vector<std::unique_ptr<Normalizer>> parts;
-    for (const auto& p : j.at("normalizers"))
-      if (auto n = normalizer_from_json(p)) parts.push_back(std::move(n));
-    return std::make_unique<SequenceNormalizer>(std::move(parts));
-  }
-  STRATA_CHECK(false, "tokenizer.json: normalizer type \"", type,
-               "\" is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, "
-               "Replace, Sequence)");
-  return nullptr;
+  if (type == "Sequence")
+    return stage_sequence_from_json<SequenceNormalizer>(j.at("normalizers"), normalizer_from_json);
+  stage_type_unsupported("normalizer", type,
+                         "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, Sequence");
 }
 
 }  // namespace strata::tok

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "io/tokenizer/stage_json.h"
 #include "src/core/error.h"
 
 namespace strata::tok {
@@ -71,24 +72,20 @@ class ByteLevelProcessor final : public PostProcessor {
   bool trim_, add_prefix_space_;
 };
 
-class SequenceProcessor final : public PostProcessor {
+class SequenceProcessor final : public StageSequence<PostProcessor> {
  public:
-  explicit SequenceProcessor(std::vector<std::unique_ptr<PostProcessor>> parts) : parts_(std::move(parts)) {}
+  using StageSequence::StageSequence;
   void process(std::vector<int32_t>& ids, std::vector<Span>* spans, std::string_view original, bool add_special_tokens,
                const std::function<const std::string&(int32_t)>& token_text) const override {
-    for (const auto& p : parts_) p->process(ids, spans, original, add_special_tokens, token_text);
+    for (const auto& p : parts()) p->process(ids, spans, original, add_special_tokens, token_text);
   }
-
- private:
-  std::vector<std::unique_ptr<PostProcessor>> parts_;
 };
 
 }  // namespace
 
 std::unique_ptr<PostProcessor> post_processor_from_json(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  STRATA_CHECK(j.is_object() && j.contains("type"), "tokenizer.json: a post_processor has no \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = stage_type_from_json(j, "post_processor");
   if (type == "ByteLevel")
     return std::make_unique<ByteLevelProcessor>(j.value("trim_offsets", true), j.value("add_prefix_space", true));
   if (type == "TemplateProcessing") {
@@ -114,15 +111,9 @@ std::unique_ptr<PostProcessor> post_processor_from_json(const nlohmann::json& j)
     }
     return std::make_unique<TemplateProcessor>(std::move(before), std::move(after));
   }
-  if (type == "Sequence") {
-    std::vector<std::unique_ptr<PostProcessor>> parts;
-    for (const auto& p : j.at("processors"))
-      if (auto pp = post_processor_from_json(p)) parts.push_back(std::move(pp));
-    return std::make_unique<SequenceProcessor>(std::move(parts));
-  }
-  STRATA_CHECK(false, "tokenizer.json: post_processor type \"", type,
-               "\" is not supported (supported: TemplateProcessing, ByteLevel, Sequence)");
-  return nullptr;
+  if (type == "Sequence")
+    return stage_sequence_from_json<SequenceProcessor>(j.at("processors"), post_processor_from_json);
+  stage_type_unsupported("post_processor", type, "TemplateProcessing, ByteLevel, Sequence");
 }
 
 }  // namespace strata::tok

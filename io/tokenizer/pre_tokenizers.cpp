@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "io/tokenizer/regex.h"
+#include "io/tokenizer/stage_json.h"
 #include "src/core/error.h"
 
 namespace strata::tok {
@@ -257,15 +258,12 @@ class MetaspacePreTokenizer final : public PreTokenizer {
   bool split_;
 };
 
-class SequencePreTokenizer final : public PreTokenizer {
+class SequencePreTokenizer final : public StageSequence<PreTokenizer> {
  public:
-  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
+  using StageSequence::StageSequence;
   void pre_tokenize(PreTokenized& pt) const override {
-    for (const auto& p : parts_) p->pre_tokenize(pt);
+    for (const auto& p : parts()) p->pre_tokenize(pt);
   }
-
- private:
-  std::vector<std::unique_ptr<PreTokenizer>> parts_;
 };
 
 Regex pattern_from_json(const nlohmann::json& pat, const std::string& what) {
@@ -278,8 +276,7 @@ Regex pattern_from_json(const nlohmann::json& pat, const std::string& what) {
 
 std::unique_ptr<PreTokenizer> pre_tokenizer_from_json(const nlohmann::json& j) {
   if (j.is_null()) return nullptr;
-  STRATA_CHECK(j.is_object() && j.contains("type"), "tokenizer.json: a pre_tokenizer has no \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = stage_type_from_json(j, "pre_tokenizer");
   if (type == "Split")
     return std::make_unique<SplitPreTokenizer>(pattern_from_json(j.at("pattern"), "Split pre-tokenizer"),
                                                split_behavior_from_json(j.at("behavior")), j.value("invert", false));
@@ -314,16 +311,10 @@ std::unique_ptr<PreTokenizer> pre_tokenizer_from_json(const nlohmann::json& j) {
               "\\x{200D}\\s]+",
               "Whitespace pre-tokenizer"),
         SplitBehavior::removed, true);
-  if (type == "Sequence") {
-    std::vector<std::unique_ptr<PreTokenizer>> parts;
-    for (const auto& p : j.at("pretokenizers"))
-      if (auto t = pre_tokenizer_from_json(p)) parts.push_back(std::move(t));
-    return std::make_unique<SequencePreTokenizer>(std::move(parts));
-  }
-  STRATA_CHECK(false, "tokenizer.json: pre_tokenizer type \"", type,
-               "\" is not supported (supported: Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit, "
-               "CharDelimiterSplit, Sequence)");
-  return nullptr;
+  if (type == "Sequence")
+    return stage_sequence_from_json<SequencePreTokenizer>(j.at("pretokenizers"), pre_tokenizer_from_json);
+  stage_type_unsupported("pre_tokenizer", type,
+                         "Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit, CharDelimiterSplit, Sequence");
 }
 
 }  // namespace strata::tok

@@ -26,11 +26,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float adamw_load(const float* p) { return *p; }
-__device__ __forceinline__ float adamw_load(const __nv_bfloat16* p) { return bf16_load(p); }
-__device__ __forceinline__ void adamw_store(float* p, float x) { *p = x; }
-__device__ __forceinline__ void adamw_store(__nv_bfloat16* p, float x) { *p = bf16_from(x); }
-
 // M: moment storage (float or bf16); W: working copy storage (float or bf16; working may be null).
 template <class M, class W>
 __global__ void adamw_kernel(float* master, M* m, M* v, const float* grad, W* working,
@@ -39,14 +34,14 @@ __global__ void adamw_kernel(float* master, M* m, M* v, const float* grad, W* wo
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float g = __fmul_rn(grad[i], c.clip);
     const float pd = __fmul_rn(master[i], c.decay);
-    const float mi = __fmaf_rn(c.one_minus_beta1, g, __fmul_rn(adamw_load(m + i), c.beta1));
-    const float vi = __fmaf_rn(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(adamw_load(v + i), c.beta2));
+    const float mi = __fmaf_rn(c.one_minus_beta1, g, __fmul_rn(load_f32(m + i), c.beta1));
+    const float vi = __fmaf_rn(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(load_f32(v + i), c.beta2));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
     const float p = __fadd_rn(pd, __fdiv_rn(__fmul_rn(c.neg_step_size, mi), denom));
     master[i] = p;
-    adamw_store(m + i, mi);
-    adamw_store(v + i, vi);
-    if (working) adamw_store(working + i, p);
+    store_f32(m + i, mi);
+    store_f32(v + i, vi);
+    if (working) store_f32(working + i, p);
   }
 }
 

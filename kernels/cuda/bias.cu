@@ -24,13 +24,7 @@ __global__ void bias_backward_kernel(float* db, const float* dy, int64_t n, int6
   float acc = 0.f;
   if (col < o)
     for (int64_t i = threadIdx.y; i < n; i += kColRows) acc += dy[i * o + col];
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < o) {
-    float sum = 0.f;
-    for (int r = 0; r < kColRows; ++r) sum += partial[r][threadIdx.x];
-    db[col] += sum;
-  }
+  column_sum_add<kColRows>(partial, acc, db, col, o);
 }
 
 }  // namespace

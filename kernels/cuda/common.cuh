@@ -10,19 +10,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
 
 namespace strata::cuda {
-
-// Checks a CUDA runtime call; the message carries the call, its file and line.
-#define STRATA_CUDA_CHECK(call)                                                            \
-  do {                                                                                     \
-    const cudaError_t strata_cuda_status = (call);                                         \
-    STRATA_CHECK(strata_cuda_status == cudaSuccess, __FILE__, ":", __LINE__, ": ", #call,  \
-                 " failed: ", cudaGetErrorString(strata_cuda_status));                     \
-  } while (0)
 
 // After a launch: a bad configuration shows up here, not at the next synchronize.
 #define STRATA_CUDA_CHECK_LAUNCH(what) STRATA_CUDA_CHECK(cudaGetLastError())
@@ -52,32 +45,51 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over a block whose size is a multiple of 32 (at most 1024); every thread gets the result.
-// Fixed shape, fixed order: deterministic. `scratch` holds 32 values; the trailing barrier
-// lets the caller reuse it at once.
-template <class T>
-__device__ __forceinline__ T block_sum(T v, T* scratch) {
+// The first half of a block reduction over a block whose size is a multiple of 32 (at most 1024):
+// each warp's sum (or max, kMax) in scratch[warp], then a barrier. Returns the number of warps.
+template <bool kMax, class T>
+__device__ __forceinline__ int block_partials(T v, T* scratch) {
   const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
-  const int warps = int(blockDim.x) / kWarp;
-  v = warp_sum(v);
+  if constexpr (kMax) v = warp_max(v);
+  else v = warp_sum(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
+  return int(blockDim.x) / kWarp;
+}
+
+// Sum over the block; every thread gets the result. Fixed shape, fixed order: deterministic.
+// `scratch` holds 32 values; the trailing barrier lets the caller reuse it at once.
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int warps = block_partials<false>(v, scratch);
   T total = T(0);
   for (int w = 0; w < warps; ++w) total += scratch[w];
   __syncthreads();
   return total;
 }
 
+// Max over the block, as block_sum.
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
-  const int warps = int(blockDim.x) / kWarp;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
+  const int warps = block_partials<true>(v, scratch);
   float m = scratch[0];
   for (int w = 1; w < warps; ++w) m = fmaxf(m, scratch[w]);
   __syncthreads();
   return m;
+}
+
+// The end of a column sum on a (32, kRows) block: thread (x, y) holds acc, its partial of column
+// col over rows y, y + kRows, ...; the kRows partials are summed in row order (deterministic) and
+// added into out[col] when col < cols. `partial` is the block's shared [kRows][33] scratch.
+template <int kRows>
+__device__ __forceinline__ void column_sum_add(float (*partial)[kWarp + 1], float acc, float* out, int64_t col,
+                                               int64_t cols) {
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float sum = 0.f;
+    for (int r = 0; r < kRows; ++r) sum += partial[r][threadIdx.x];
+    out[col] += sum;
+  }
 }
 
 __device__ __forceinline__ void kernel_error_raise(int* error_word, int bit) {
@@ -86,5 +98,11 @@ __device__ __forceinline__ void kernel_error_raise(int* error_word, int bit) {
 
 __device__ __forceinline__ float bf16_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ __nv_bfloat16 bf16_from(float x) { return __float2bfloat16_rn(x); }
+
+// An f32 value from f32 or bf16 storage, and back (bf16 rounded to nearest even).
+__device__ __forceinline__ float load_f32(const float* p) { return *p; }
+__device__ __forceinline__ float load_f32(const __nv_bfloat16* p) { return bf16_load(p); }
+__device__ __forceinline__ void store_f32(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_f32(__nv_bfloat16* p, float x) { *p = bf16_from(x); }
 
 }  // namespace strata::cuda

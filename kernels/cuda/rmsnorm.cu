@@ -53,13 +53,7 @@ __global__ void rmsnorm_backward_weight_kernel(float* dweight, const float* dout
   float acc = 0.f;
   if (col < c)
     for (int64_t i = threadIdx.y; i < n; i += kColRows) acc += dout[i * c + col] * (in[i * c + col] * rstd[i]);
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < c) {
-    float sum = 0.f;
-    for (int r = 0; r < kColRows; ++r) sum += partial[r][threadIdx.x];
-    dweight[col] += sum;
-  }
+  column_sum_add<kColRows>(partial, acc, dweight, col, c);
 }
 
 }  // namespace

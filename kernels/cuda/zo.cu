@@ -17,11 +17,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float zo_load(const float* p) { return *p; }
-__device__ __forceinline__ float zo_load(const __nv_bfloat16* p) { return bf16_load(p); }
-__device__ __forceinline__ void zo_store(float* p, float x) { *p = x; }
-__device__ __forceinline__ void zo_store(__nv_bfloat16* p, float x) { *p = bf16_from(x); }
-
 // kPerturb: p[i] = p[i] + scale z; otherwise p[i] = z (p is f32 then).
 template <class T, bool kPerturb>
 __global__ void zo_kernel(T* p, uint64_t seed, uint32_t tensor, uint64_t offset, float scale,
@@ -40,9 +35,9 @@ __global__ void zo_kernel(T* p, uint64_t seed, uint32_t tensor, uint64_t offset,
       if (g < offset || g >= end) continue;
       T* q = p + (g - offset);
       if constexpr (kPerturb)
-        zo_store(q, zo::zo_perturbed(zo_load(q), scale, z[lane]));
+        store_f32(q, zo::zo_perturbed(load_f32(q), scale, z[lane]));
       else
-        zo_store(q, z[lane]);
+        store_f32(q, z[lane]);
     }
   }
 }

@@ -1,8 +1,9 @@
 // bf16: the 16-bit brain float used for weights and matmul inputs (DESIGN §6).
 // Conversion from f32 rounds to nearest, ties to even; NaN stays NaN (quiet).
 #pragma once
+#include <bit>
 #include <cstdint>
-#include <cstring>
+#include <cstring>  // not used here; kept for includers that take memcpy from it
 
 namespace strata {
 
@@ -10,16 +11,10 @@ struct bf16 {
   uint16_t bits;
 };
 
-inline float bf16_to_f32(bf16 h) {
-  uint32_t u = uint32_t(h.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float bf16_to_f32(bf16 h) { return std::bit_cast<float>(uint32_t(h.bits) << 16); }
 
 inline bf16 f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = std::bit_cast<uint32_t>(f);
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) {
     return bf16{uint16_t((u >> 16) | 0x0040u)};  // quiet NaN, sign kept
   }
@@ -47,14 +42,11 @@ inline float f16_to_f32(uint16_t h) {
   } else {
     u = sign | (exp + 127 - 15) << 23 | mant << 13;
   }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return std::bit_cast<float>(u);
 }
 
 inline uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = std::bit_cast<uint32_t>(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   int32_t exp = int32_t((u >> 23) & 0xffu);
   uint32_t mant = u & 0x7fffffu;

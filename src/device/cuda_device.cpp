@@ -22,6 +22,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
@@ -32,13 +33,6 @@ namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(8) << 20;  // per stream that runs matmuls
 constexpr int kMinComputeMajor = 8;                        // kernels are built for sm_80+
-
-#define STRATA_CUDA_DEVICE_CHECK(call)                                                     \
-  do {                                                                                     \
-    const cudaError_t strata_status = (call);                                              \
-    STRATA_CHECK(strata_status == cudaSuccess, __FILE__, ":", __LINE__, ": ", #call,       \
-                 " failed: ", cudaGetErrorString(strata_status));                          \
-  } while (0)
 
 #define STRATA_CUBLAS_DEVICE_CHECK(call)                                                   \
   do {                                                                                     \
@@ -53,7 +47,7 @@ std::string cuda_version_text(int v) { return str_cat(v / 1000, ".", (v % 1000) 
 void cuda_check_environment() {
   const char* use_cpu = "; use [device] backend = \"cpu\" on machines without one";
   int driver = 0;
-  STRATA_CUDA_DEVICE_CHECK(cudaDriverGetVersion(&driver));
+  STRATA_CUDA_CHECK(cudaDriverGetVersion(&driver));
   STRATA_CHECK(driver > 0, "device backend 'cuda': no CUDA GPU found (no NVIDIA driver is "
                "installed)", use_cpu);
   STRATA_CHECK(driver / 1000 >= CUDART_VERSION / 1000, "device backend 'cuda': the NVIDIA driver "
@@ -66,17 +60,17 @@ void cuda_check_environment() {
                "is too old for CUDA ", cuda_version_text(CUDART_VERSION), "; update it", use_cpu);
   STRATA_CHECK(status == cudaSuccess && count > 0, "device backend 'cuda': no CUDA GPU found (",
                status == cudaSuccess ? "no devices" : cudaGetErrorString(status), ")", use_cpu);
-  STRATA_CUDA_DEVICE_CHECK(cudaSetDevice(0));
+  STRATA_CUDA_CHECK(cudaSetDevice(0));
   int major = 0, minor = 0;
-  STRATA_CUDA_DEVICE_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  STRATA_CUDA_DEVICE_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
   STRATA_CHECK(major >= kMinComputeMajor, "device backend 'cuda': GPU 0 is sm_", major, minor,
                "; strata's CUDA kernels need sm_80 or newer (A100, RTX 30xx and later)", use_cpu);
 }
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent() { STRATA_CUDA_DEVICE_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)); }
+  CudaEvent() { STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)); }
   ~CudaEvent() override { cudaEventDestroy(event); }
   cudaEvent_t event = nullptr;
 };
@@ -108,7 +102,7 @@ class CudaSpanTimer {
     cudaEvent_t e = take_locked();
     const cudaError_t status = cudaEventRecord(e, st);
     if (status != cudaSuccess) free_.push_back(e);
-    STRATA_CUDA_DEVICE_CHECK(status);
+    STRATA_CUDA_CHECK(status);
     return e;
   }
 
@@ -152,7 +146,7 @@ class CudaSpanTimer {
     if (free_.empty()) harvest_locked();
     if (free_.empty()) {
       cudaEvent_t e = nullptr;
-      STRATA_CUDA_DEVICE_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+      STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
       return e;
     }
     cudaEvent_t e = free_.back();
@@ -214,11 +208,11 @@ class CudaDevice final : public ArenaDevice {
     }
     mapping_bytes_ = o.memory_bytes;
     arena_init(base_, mapping_bytes_);
-    for (auto& s : streams_) STRATA_CUDA_DEVICE_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (auto& s : streams_) STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     error_word_ = static_cast<int*>(alloc(sizeof(int), "kernel error word"));
-    STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(error_word_, 0, sizeof(int), stream(Stream::compute)));
-    STRATA_CUDA_DEVICE_CHECK(cudaMallocHost(reinterpret_cast<void**>(&error_word_host_), sizeof(int)));
-    STRATA_CUDA_DEVICE_CHECK(cudaStreamSynchronize(stream(Stream::compute)));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(error_word_, 0, sizeof(int), stream(Stream::compute)));
+    STRATA_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&error_word_host_), sizeof(int)));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream(Stream::compute)));
   }
 
   ~CudaDevice() override {
@@ -241,8 +235,8 @@ class CudaDevice final : public ArenaDevice {
     // can race with the fill.
     if (bytes > 0) {
       cudaStream_t s = stream(Stream::compute);
-      STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(p, 0xff, bytes, s));
-      STRATA_CUDA_DEVICE_CHECK(cudaStreamSynchronize(s));
+      STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0xff, bytes, s));
+      STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
     }
     return p;
   }
@@ -256,23 +250,23 @@ class CudaDevice final : public ArenaDevice {
     return pageable_fallback_alloc(bytes, str_cat("cudaMallocHost: ", cudaGetErrorString(status)));
   }
   void free_pinned(void* p) override {
-    if (p && !pageable_fallback_free(p)) STRATA_CUDA_DEVICE_CHECK(cudaFreeHost(p));
+    if (p && !pageable_fallback_free(p)) STRATA_CUDA_CHECK(cudaFreeHost(p));
   }
 
   // ---- streams, events, copies ----
   std::unique_ptr<Event> event_create() override { return std::make_unique<CudaEvent>(); }
   void event_record(Event& e, Stream s) override {
-    STRATA_CUDA_DEVICE_CHECK(cudaEventRecord(static_cast<CudaEvent&>(e).event, stream(s)));
+    STRATA_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(e).event, stream(s)));
   }
   void stream_wait_event(Stream s, Event& e) override {
     const auto timed = time_wait(s);
-    STRATA_CUDA_DEVICE_CHECK(cudaStreamWaitEvent(stream(s), static_cast<CudaEvent&>(e).event, 0));
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream(s), static_cast<CudaEvent&>(e).event, 0));
   }
   void event_synchronize(Event& e) override {
-    STRATA_CUDA_DEVICE_CHECK(cudaEventSynchronize(static_cast<CudaEvent&>(e).event));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(static_cast<CudaEvent&>(e).event));
   }
   void stream_synchronize(Stream s) override {
-    STRATA_CUDA_DEVICE_CHECK(cudaStreamSynchronize(stream(s)));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream(s)));
     if (checks_pending_[int(s)].exchange(false)) report_kernel_errors(s);
   }
 
@@ -280,24 +274,24 @@ class CudaDevice final : public ArenaDevice {
     const auto timed = time_copy(s);
     check_device_range(dst, bytes, "copy_h2d destination");
     h2d_bytes_ += bytes;
-    STRATA_CUDA_DEVICE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(s)));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(s)));
   }
   void copy_d2h(void* dst, const void* src, size_t bytes, Stream s) override {
     const auto timed = time_copy(s);
     check_device_range(src, bytes, "copy_d2h source");
     d2h_bytes_ += bytes;
-    STRATA_CUDA_DEVICE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(s)));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(s)));
   }
   void copy_d2d(void* dst, const void* src, size_t bytes, Stream s) override {
     const auto timed = time_copy(s);
     check_device_range(dst, bytes, "copy_d2d destination");
     check_device_range(src, bytes, "copy_d2d source");
-    STRATA_CUDA_DEVICE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(s)));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(s)));
   }
   void memset_zero(void* dst, size_t bytes, Stream s) override {
     const auto timed = time_copy(s);
     check_device_range(dst, bytes, "memset destination");
-    STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(dst, 0, bytes, stream(s)));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream(s)));
   }
   // Busy: ops, copies and memsets on each stream; waits: the time a stream stood blocked in
   // stream_wait_event. Spans still queued on the GPU count once they finish (CudaSpanTimer).
@@ -317,7 +311,7 @@ class CudaDevice final : public ArenaDevice {
     DevicePeak& p = peak_[ab == DType::bf16];
     if (p.flops_per_s > 0) return p;
     cudaDeviceProp prop{};
-    STRATA_CUDA_DEVICE_CHECK(cudaGetDeviceProperties(&prop, 0));
+    STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     if (auto known = gpu_datasheet_peak(prop.name, ab)) return p = *known;
     p = measure_peak(ab, prop.name);
     return p;
@@ -475,24 +469,24 @@ class CudaDevice final : public ArenaDevice {
     const int64_t n = 4096;
     const size_t in_bytes = size_t(n * n) * (ab == DType::bf16 ? 2 : 4), out_bytes = size_t(n * n) * 4;
     void *a = nullptr, *b = nullptr, *c = nullptr;
-    STRATA_CUDA_DEVICE_CHECK(cudaMalloc(&a, in_bytes));
-    STRATA_CUDA_DEVICE_CHECK(cudaMalloc(&b, in_bytes));
-    STRATA_CUDA_DEVICE_CHECK(cudaMalloc(&c, out_bytes));
+    STRATA_CUDA_CHECK(cudaMalloc(&a, in_bytes));
+    STRATA_CUDA_CHECK(cudaMalloc(&b, in_bytes));
+    STRATA_CUDA_CHECK(cudaMalloc(&c, out_bytes));
     cudaEvent_t start = nullptr, stop = nullptr;
-    STRATA_CUDA_DEVICE_CHECK(cudaEventCreate(&start));
-    STRATA_CUDA_DEVICE_CHECK(cudaEventCreate(&stop));
+    STRATA_CUDA_CHECK(cudaEventCreate(&start));
+    STRATA_CUDA_CHECK(cudaEventCreate(&stop));
     const cudaStream_t st = stream(Stream::compute);
-    STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(a, 0, in_bytes, st));
-    STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(b, 0, in_bytes, st));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(a, 0, in_bytes, st));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(b, 0, in_bytes, st));
     std::vector<double> runs;
     for (int r = 0; r < 6; ++r) {  // the first is a warm-up
-      STRATA_CUDA_DEVICE_CHECK(cudaEventRecord(start, st));
+      STRATA_CUDA_CHECK(cudaEventRecord(start, st));
       cuda::matmul(static_cast<float*>(c), a, b, ab == DType::bf16, n, n, n, false, true, 0.f,
                    cublas(Stream::compute), st);
-      STRATA_CUDA_DEVICE_CHECK(cudaEventRecord(stop, st));
-      STRATA_CUDA_DEVICE_CHECK(cudaEventSynchronize(stop));
+      STRATA_CUDA_CHECK(cudaEventRecord(stop, st));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
-      STRATA_CUDA_DEVICE_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
       if (r > 0) runs.push_back(double(ms) / 1e3);
     }
     cudaEventDestroy(start);
@@ -537,13 +531,13 @@ class CudaDevice final : public ArenaDevice {
   // Reads the error word after a synchronize of stream s; throws what the kernels found.
   void report_kernel_errors(Stream s) {
     cudaStream_t st = stream(s);
-    STRATA_CUDA_DEVICE_CHECK(cudaMemcpyAsync(error_word_host_, error_word_, sizeof(int),
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(error_word_host_, error_word_, sizeof(int),
                                              cudaMemcpyDeviceToHost, st));
-    STRATA_CUDA_DEVICE_CHECK(cudaStreamSynchronize(st));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(st));
     const int bits = *error_word_host_;
     if (bits == 0) return;
-    STRATA_CUDA_DEVICE_CHECK(cudaMemsetAsync(error_word_, 0, sizeof(int), st));
-    STRATA_CUDA_DEVICE_CHECK(cudaStreamSynchronize(st));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(error_word_, 0, sizeof(int), st));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(st));
     STRATA_CHECK(!(bits & cuda::kErrorTarget), "lm_head_ce: a target id lies outside [0, vocab); "
                  "use -100 to ignore a token");
     STRATA_CHECK(!(bits & cuda::kErrorDocStart), "attention: a doc_start[b,t] lies outside [0, t] "

@@ -72,16 +72,13 @@ TEST_CASE("a device budget too small for the model exits 3 and names what did no
   const std::string dir = testing::source_path("tests/golden/mistral");
   RunResult r = run_strata("grad --model " + dir + " --batch " + dir + "/batch.json --out " +
                            tmp("g.st") + " --device-memory 64KiB");
-  CHECK(r.code == 3);
-  CHECK(r.out.find("budget") != std::string::npos);
+  testing::check_run(r, 3, {"budget"});
 }
 
 TEST_CASE("a device budget below two layers plus one layer's activations fails before step 1, stating the minimum", "[cli]") {
   RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
                            " train.max_steps=1 device.memory=8MiB checkpoint.output_dir=" + tmp("small_budget"));
-  CHECK(r.code == 3);
-  CHECK(r.out.find("need at least") != std::string::npos);
-  CHECK(r.out.find("step 1/") == std::string::npos);  // nothing ran
+  testing::check_run(r, 3, {"need at least"}, {"step 1/"});  // nothing ran
 }
 
 TEST_CASE("a model dir missing a shard is an error naming the shard, before any step", "[cli]") {
@@ -92,26 +89,19 @@ TEST_CASE("a model dir missing a shard is an error naming the shard, before any 
   RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") + " model.config= model.path=" +
                            dir + " data.path=" + dir + "/batch.json data.sequence_len=8 train.max_steps=1 "
                            "checkpoint.output_dir=" + tmp("missing_shard_out"));
-  CHECK(r.code == 4);
-  CHECK(r.out.find("model-00002-of-00002.safetensors") != std::string::npos);
-  CHECK(r.out.find("is missing") != std::string::npos);
-  CHECK(r.out.find("step 1/") == std::string::npos);
+  testing::check_run(r, 4, {"model-00002-of-00002.safetensors", "is missing"}, {"step 1/"});
 }
 
 TEST_CASE("a host memory budget too small for the model exits 3 before any work, naming the tiers", "[cli]") {
   RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
                            " train.max_steps=1 offload.host_memory=1MiB checkpoint.output_dir=" + tmp("host_budget"));
-  CHECK(r.code == 3);
-  CHECK(r.out.find("offload.host_memory") != std::string::npos);
-  CHECK(r.out.find("NVMe") != std::string::npos);
-  CHECK(r.out.find("step 1/") == std::string::npos);
+  testing::check_run(r, 3, {"offload.host_memory", "NVMe"}, {"step 1/"});
 }
 
 TEST_CASE("an output directory that cannot be created exits 4", "[cli]") {
   RunResult r = run_strata("train " + testing::source_path("recipes/quickstart.toml") +
                            " train.max_steps=1 checkpoint.output_dir=/proc/strata_cannot_write_here");
-  CHECK(r.code == 4);
-  CHECK(r.out.find("/proc/strata_cannot_write_here") != std::string::npos);
+  testing::check_run(r, 4, {"/proc/strata_cannot_write_here"});
 }
 
 }  // namespace strata

@@ -21,22 +21,12 @@ std::string quickstart(const std::string& out, const std::string& extra) {
          " data.sequence_len=32 device.cpu_threads=2 train.max_steps=1 " + extra;
 }
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 TEST_CASE("resume of a missing dir says it does not exist (CLI)", "[messages][cli]") {
   testing::TempDir tmp("msg_resume");
   auto r = run_strata(quickstart((tmp.path / "o").string(), "--resume " + (tmp.path / "nope").string()));
-  INFO(r.out);
-  CHECK(r.code == 2);
-  CHECK(r.out.find("no such directory") != std::string::npos);
-  CHECK(r.out.find("COMPLETE") == std::string::npos);
+  testing::check_run(r, 2, {"no such directory"}, {"COMPLETE"});
 }
 
 TEST_CASE("NaN in the loaded weights blames the model file, not the learning rate", "[messages][cli]") {
@@ -57,49 +47,32 @@ TEST_CASE("NaN in the loaded weights blames the model file, not the learning rat
   }
   auto r = run_strata("train " + testing::source_path("recipes/sft-tiny/recipe.toml") + " model.path=" +
                       model.string() + " checkpoint.output_dir=" + (tmp.path / "o").string() + " train.max_steps=1");
-  INFO(r.out);
-  CHECK(r.code == 2);
-  CHECK(r.out.find("holds NaN") != std::string::npos);
-  CHECK(r.out.find("model.embed_tokens.weight") != std::string::npos);
-  CHECK(r.out.find("lower optim.learning_rate") == std::string::npos);
-  CHECK(r.out.find("step 1/") == std::string::npos);
+  testing::check_run(r, 2, {"holds NaN", "model.embed_tokens.weight"}, {"lower optim.learning_rate", "step 1/"});
 }
 
 TEST_CASE("recipe values: NaN is not a number; a bad override blames the command line", "[messages][cli]") {
   testing::TempDir tmp("msg_values");
   auto r = run_strata(quickstart((tmp.path / "o").string(), "optim.learning_rate=nan"));
-  INFO(r.out);
-  CHECK(r.code == 2);
-  CHECK(r.out.find("optim.learning_rate is nan, not a number") != std::string::npos);
+  testing::check_run(r, 2, {"optim.learning_rate is nan, not a number"});
   r = run_strata(quickstart((tmp.path / "o").string(), "train.micro_batch_size=two"));
-  INFO(r.out);
-  CHECK(r.code == 2);
-  CHECK(r.out.find("command line: train.micro_batch_size must be an integer (it is \"two\")") != std::string::npos);
-  CHECK(r.out.find("quickstart.toml:") == std::string::npos);
+  testing::check_run(r, 2, {"command line: train.micro_batch_size must be an integer (it is \"two\")"},
+                     {"quickstart.toml:"});
   r = run_strata(quickstart((tmp.path / "o").string(), "train.micro_batch_size=0"));
-  CHECK(r.code == 2);
-  CHECK(r.out.find("command line: train.micro_batch_size must be at least 1") != std::string::npos);
+  testing::check_run(r, 2, {"command line: train.micro_batch_size must be at least 1"});
 }
 
 TEST_CASE("missing inputs are exit 2 naming their key", "[messages][cli]") {
   testing::TempDir tmp("msg_missing");
   auto r = run_strata(quickstart((tmp.path / "o").string(), "data.eval_path=" + (tmp.path / "eval.jsonl").string()));
-  INFO(r.out);
-  CHECK(r.code == 2);
-  CHECK(r.out.find("data.eval_path") != std::string::npos);
+  testing::check_run(r, 2, {"data.eval_path"});
   r = run_strata(quickstart((tmp.path / "o2").string(), "model.config= model.path=" + (tmp.path / "no_model").string()));
-  INFO(r.out);
-  CHECK(r.code == 2);  // like a missing dataset, not an I/O error
-  CHECK(r.out.find("model.path") != std::string::npos);
-  CHECK(r.out.find("does not exist") != std::string::npos);
+  testing::check_run(r, 2, {"model.path", "does not exist"});  // like a missing dataset, not an I/O error
 }
 
 TEST_CASE("eval_steps without eval data and a sequence longer than the model's positions warn", "[messages][cli]") {
   testing::TempDir tmp("msg_warn");
   auto r = run_strata(quickstart((tmp.path / "o").string(), "train.eval_steps=1"));
-  INFO(r.out);
-  CHECK(r.code == 0);
-  CHECK(r.out.find("warning: train.eval_steps is 1 but there is no eval data") != std::string::npos);
+  testing::check_run(r, 0, {"warning: train.eval_steps is 1 but there is no eval data"});
   r = run_strata("train " + testing::source_path("recipes/sft-tiny/recipe.toml") + " checkpoint.output_dir=" +
                  (tmp.path / "o2").string() + " train.max_steps=1 data.sequence_len=4096");
   INFO(r.out);
@@ -131,9 +104,7 @@ TEST_CASE("strata --version, and the help lists exit code 5", "[messages][cli]")
 
 TEST_CASE("binary bytes in an error are escaped", "[messages][cli]") {
   auto r = run_strata("train \"$(printf 'bad\\001\\377name.toml')\"");
-  INFO(r.out);
-  CHECK(r.code == 2);
-  CHECK(r.out.find("bad\\x01\\xffname.toml") != std::string::npos);
+  testing::check_run(r, 2, {"bad\\x01\\xffname.toml"});
   CHECK(r.out.find('\x01') == std::string::npos);
   CHECK(r.out.find('\xff') == std::string::npos);
 }
@@ -161,7 +132,7 @@ TEST_CASE("a chat model trained with the ChatML fallback exports that template",
   testing::TempDir tmp("msg_chatml");
   const fs::path model = tmp.path / "model";
   fs::copy(testing::source_path("recipes/sft-tiny/models/tiny"), model);
-  auto cfg = nlohmann::json::parse(read(model / "tokenizer_config.json"));
+  auto cfg = nlohmann::json::parse(testing::read_file(model / "tokenizer_config.json"));
   cfg.erase("chat_template");
   std::ofstream(model / "tokenizer_config.json") << cfg.dump(2);
   auto r = run_strata("train " + testing::source_path("recipes/sft-tiny/recipe.toml") + " model.path=" +
@@ -169,15 +140,15 @@ TEST_CASE("a chat model trained with the ChatML fallback exports that template",
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("built-in ChatML template") != std::string::npos);
-  auto exported = nlohmann::json::parse(read(tmp.path / "o/final/tokenizer_config.json"));
+  auto exported = nlohmann::json::parse(testing::read_file(tmp.path / "o/final/tokenizer_config.json"));
   REQUIRE(exported.contains("chat_template"));
   CHECK(exported["chat_template"] == TextEncoder::chatml_source());
   // a model with its own template keeps it
   auto own = run_strata("train " + testing::source_path("recipes/sft-tiny/recipe.toml") + " checkpoint.output_dir=" +
                         (tmp.path / "o2").string() + " train.max_steps=1");
   REQUIRE(own.code == 0);
-  CHECK(read(tmp.path / "o2/final/tokenizer_config.json") ==
-        read(testing::source_path("recipes/sft-tiny/models/tiny/tokenizer_config.json")));
+  CHECK(testing::read_file(tmp.path / "o2/final/tokenizer_config.json") ==
+        testing::read_file(testing::source_path("recipes/sft-tiny/models/tiny/tokenizer_config.json")));
 }
 
 }  // namespace strata

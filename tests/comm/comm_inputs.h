@@ -7,15 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "src/core/hash.h"
+
 namespace strata::comm_testing {
 
-inline uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
+inline uint64_t mix(uint64_t x) { return hash_mix64(x); }
 
 template <class T>
 T input(int rank, size_t i, uint64_t salt) {

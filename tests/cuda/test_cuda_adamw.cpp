@@ -66,14 +66,8 @@ void check_adamw_matches_cpu(Device& dev, cudaStream_t stream, int64_t n, DType 
     // Gradients with a wide range and a few exact zeros; clipping, decay and bias correction on.
     std::vector<float> grad = random_floats(size_t(n), 80 + uint64_t(step), -3.f, 3.f);
     for (int64_t i = 3; i < n; i += 11) grad[size_t(i)] = 0.f;
-    AdamWParams p;
-    p.lr = 3e-3;
-    p.beta1 = 0.9;
-    p.beta2 = 0.95;
-    p.eps = 1e-8;
-    p.weight_decay = 0.1;
-    p.step = step;
-    p.clip_scale = 0.37;
+    const AdamWParams p{
+        .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = step, .clip_scale = 0.37};
 
     adamw_update_isa(AdamWIsa::scalar, master.data(), m.data(), v.data(), moment_type, grad.data(),
                      with_working ? cpu_working.data() : nullptr, working_type, n, p);

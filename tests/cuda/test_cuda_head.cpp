@@ -13,53 +13,19 @@
 #include "offload/engine.h"
 #include "offload/model_io.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/kernels/ce_chunked.h"
 #include "tests/testing.h"
 
 namespace strata {
 namespace {
 
 using cuda_testing::Buffer;
+using testing::ChunkedResult;
 using testing::max_rel_error;
 using testing::random_floats;
 
-struct ChunkedResult {
-  double loss = 0;
-  std::vector<float> dh, dw;
-};
-
-// The CPU twins over chunks of `rows` vocab rows: stats forward, backward in reverse.
-ChunkedResult cpu_chunked(const std::vector<float>& h, const std::vector<float>& w, DType wt,
-                          const std::vector<int32_t>& targets, int64_t n, int64_t c, int64_t v, int64_t rows,
-                          float scale, const std::vector<float>& dw0) {
-  const std::vector<bf16> wb = testing::to_bf16(w);
-  std::vector<double> stats(size_t(3 * n));
-  const int64_t chunks = (v + rows - 1) / rows;
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
-    if (wt == DType::bf16)
-      cpu::lm_head_ce_chunk_stats_bf16(stats.data(), h.data(), wb.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0);
-    else
-      cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0);
-  }
-  ChunkedResult r;
-  int64_t count = 0;
-  r.loss = cpu::lm_head_ce_stats_loss(&count, stats.data(), targets.data(), n, v);
-  r.dh.assign(size_t(n * c), 0.f);
-  r.dw = dw0;
-  for (int64_t k = chunks - 1; k >= 0; --k) {
-    const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
-    if (wt == DType::bf16)
-      cpu::lm_head_ce_chunk_backward_bf16(r.dh.data(), r.dw.data() + v0 * c, h.data(), wb.data() + v0 * c,
-                                          stats.data(), targets.data(), n, c, v, v0, vc, scale);
-    else
-      cpu::lm_head_ce_chunk_backward(r.dh.data(), r.dw.data() + v0 * c, h.data(), w.data() + v0 * c, stats.data(),
-                                     targets.data(), n, c, v, v0, vc, scale);
-  }
-  return r;
-}
-
-// The same on a device, each chunk's weights and gradient in their own buffers as the engine
-// keeps them.
+// testing::ce_chunked_cpu on a device, each chunk's weights and gradient in their own buffers as
+// the engine keeps them.
 ChunkedResult device_chunked(Device& dev, const std::vector<float>& h, const std::vector<float>& w, DType wt,
                              const std::vector<int32_t>& targets, int64_t n, int64_t c, int64_t v, int64_t rows,
                              float scale, const std::vector<float>& dw0) {
@@ -128,7 +94,7 @@ TEST_CASE("cuda vocab-chunked lm_head cross-entropy matches the CPU twins, f32 a
       std::vector<int32_t> targets(size_t(s.n));
       for (int64_t i = 0; i < s.n; ++i) targets[size_t(i)] = (i % 5 == 3) ? -100 : int32_t((i * 13) % s.v);
       const float scale = 0.37f;
-      const ChunkedResult want = cpu_chunked(h, w, wt, targets, s.n, s.c, s.v, s.rows, scale, dw0);
+      const ChunkedResult want = testing::ce_chunked_cpu(h, w, wt, targets, s.n, s.c, s.v, s.rows, scale, dw0);
       const ChunkedResult got = device_chunked(*dev, h, w, wt, targets, s.n, s.c, s.v, s.rows, scale, dw0);
       CHECK(std::abs(got.loss - want.loss) <= 2e-6 * std::abs(want.loss));
       // bf16: both round dlogits to bf16; an f32 rounding apart can round to neighbouring values.

@@ -9,20 +9,23 @@ namespace strata {
 
 TEST_CASE("GPUs are found in the datasheet table by their CUDA names", "[mfu]") {
   auto bf16 = [](const char* name) { return gpu_datasheet_peak(name, DType::bf16); };
-  auto f32 = [](const char* name) { return gpu_datasheet_peak(name, DType::f32); };
-  REQUIRE(bf16("NVIDIA H100 80GB HBM3"));
-  CHECK(bf16("NVIDIA H100 80GB HBM3")->flops_per_s == 989e12);
-  CHECK(f32("NVIDIA H100 80GB HBM3")->flops_per_s == 67e12);
-  CHECK(bf16("NVIDIA H100 PCIe")->flops_per_s == 756e12);
-  CHECK(bf16("NVIDIA H100 NVL")->flops_per_s == 835e12);
-  CHECK(bf16("NVIDIA H200")->flops_per_s == 989e12);
-  CHECK(bf16("NVIDIA A100-SXM4-80GB")->flops_per_s == 312e12);
-  CHECK(f32("NVIDIA A100 80GB PCIe")->flops_per_s == 19.5e12);
-  CHECK(bf16("NVIDIA L40S")->flops_per_s == 362e12);
-  CHECK(bf16("NVIDIA L4")->flops_per_s == 121e12);
-  CHECK(bf16("NVIDIA A10")->flops_per_s == 125e12);
-  CHECK(bf16("NVIDIA GeForce RTX 4090")->flops_per_s == 165e12);
-  CHECK(bf16("NVIDIA GeForce RTX 3090")->flops_per_s == 71e12);
+  struct Row {
+    const char* name;
+    DType dtype;
+    double flops_per_s;
+  };
+  for (const Row& r : {Row{"NVIDIA H100 80GB HBM3", DType::bf16, 989e12}, Row{"NVIDIA H100 80GB HBM3", DType::f32, 67e12},
+                       Row{"NVIDIA H100 PCIe", DType::bf16, 756e12}, Row{"NVIDIA H100 NVL", DType::bf16, 835e12},
+                       Row{"NVIDIA H200", DType::bf16, 989e12}, Row{"NVIDIA A100-SXM4-80GB", DType::bf16, 312e12},
+                       Row{"NVIDIA A100 80GB PCIe", DType::f32, 19.5e12}, Row{"NVIDIA L40S", DType::bf16, 362e12},
+                       Row{"NVIDIA L4", DType::bf16, 121e12}, Row{"NVIDIA A10", DType::bf16, 125e12},
+                       Row{"NVIDIA GeForce RTX 4090", DType::bf16, 165e12},
+                       Row{"NVIDIA GeForce RTX 3090", DType::bf16, 71e12}}) {
+    INFO(r.name << " " << dtype_name(r.dtype));
+    const auto peak = gpu_datasheet_peak(r.name, r.dtype);
+    REQUIRE(peak);
+    CHECK(peak->flops_per_s == r.flops_per_s);
+  }
   CHECK(bf16("NVIDIA H100 80GB HBM3")->source.find("H100 SXM") != std::string::npos);
   CHECK_FALSE(bf16("NVIDIA GeForce GTX 1080"));  // not listed: the CUDA backend measures instead
   CHECK_FALSE(bf16(""));

@@ -22,18 +22,6 @@ namespace {
 
 const std::string kChatDir = STRATA_SOURCE_DIR "/tests/fixtures/chat/";
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-}
-
 using testing::TempDir;
 
 }  // namespace
@@ -51,7 +39,7 @@ TEST_CASE("chat template: real templates render byte for byte like transformers"
     if (!templates.count(file)) {
       std::string bos = rec["bos_token"].is_null() ? "" : rec["bos_token"].get<std::string>();
       std::string eos = rec["eos_token"].is_null() ? "" : rec["eos_token"].get<std::string>();
-      templates.emplace(file, ChatTemplate::from_string(read_file(kChatDir + "templates/" + file), bos, eos));
+      templates.emplace(file, ChatTemplate::from_string(testing::read_file(kChatDir + "templates/" + file), bos, eos));
     }
     const ChatTemplate& t = templates.at(file);
     CHECK(t.bos_token() == (rec["bos_token"].is_null() ? "" : rec["bos_token"].get<std::string>()));
@@ -84,7 +72,7 @@ TEST_CASE("chat template: load reads tokenizer_config.json and chat_template.jin
   nlohmann::json msgs = nlohmann::json::parse(R"([{"role": "user", "content": "hi"}])");
 
   // String template, bos/eos as AddedToken objects.
-  write_file(dir.path / "tokenizer_config.json", R"({
+  testing::write_file(dir.path / "tokenizer_config.json", R"({
     "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},
     "eos_token": "</s>",
     "chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{{ eos_token }}"})");
@@ -94,20 +82,20 @@ TEST_CASE("chat template: load reads tokenizer_config.json and chat_template.jin
   CHECK(t1.render(msgs, false) == "<s>[user]hi</s>");
 
   // A list of named templates: "default" is taken.
-  write_file(dir.path / "tokenizer_config.json", R"({"bos_token": null, "eos_token": "E",
+  testing::write_file(dir.path / "tokenizer_config.json", R"({"bos_token": null, "eos_token": "E",
     "chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "default:{{ messages | length }}{{ bos_token }}"}]})");
   CHECK(ChatTemplate::load(dir.path.string()).render(msgs, false) == "default:1");
 
   // chat_template.jinja wins over tokenizer_config.json.
-  write_file(dir.path / "chat_template.jinja", "file:{{ messages[0].content | upper }}{{ eos_token }}\n");
+  testing::write_file(dir.path / "chat_template.jinja", "file:{{ messages[0].content | upper }}{{ eos_token }}\n");
   CHECK(ChatTemplate::load(dir.path.string()).render(msgs, false) == "file:HIE");
   fs::remove(dir.path / "chat_template.jinja");
 
-  write_file(dir.path / "tokenizer_config.json", R"({"chat_template": [{"name": "rag", "template": "x"}]})");
+  testing::write_file(dir.path / "tokenizer_config.json", R"({"chat_template": [{"name": "rag", "template": "x"}]})");
   CHECK_THROWS_WITH(ChatTemplate::load(dir.path.string()), Catch::Contains("none called \"default\"") && Catch::Contains("rag"));
-  write_file(dir.path / "tokenizer_config.json", R"({"eos_token": "</s>"})");
+  testing::write_file(dir.path / "tokenizer_config.json", R"({"eos_token": "</s>"})");
   CHECK_THROWS_WITH(ChatTemplate::load(dir.path.string()), Catch::Contains("has no chat template"));
-  write_file(dir.path / "tokenizer_config.json", R"({"chat_template": "{% if %}"})");
+  testing::write_file(dir.path / "tokenizer_config.json", R"({"chat_template": "{% if %}"})");
   CHECK_THROWS_WITH(ChatTemplate::load(dir.path.string()), Catch::Contains("line 1 column"));
   CHECK_THROWS_AS(ChatTemplate::load((dir.path / "nope").string()), Error);
 }
@@ -116,7 +104,7 @@ TEST_CASE("chat template: the real Qwen3 tokenizer's template loads and renders"
   const fs::path real = strata::testing::tokenizer_fixture("bpe-qwen3");
   REQUIRE(fs::exists(real / "tokenizer_config.json"));
   auto t = ChatTemplate::load(real.string());
-  CHECK(t.source() == read_file(kChatDir + "templates/qwen3.jinja"));
+  CHECK(t.source() == testing::read_file(kChatDir + "templates/qwen3.jinja"));
   CHECK(t.eos_token() == "<|im_end|>");
   CHECK(t.bos_token().empty());  // bos_token is null in this config
   nlohmann::json msgs = nlohmann::json::parse(R"([{"role": "user", "content": "Hello! Who are you?"}])");
@@ -126,8 +114,8 @@ TEST_CASE("chat template: the real Qwen3 tokenizer's template loads and renders"
 
 TEST_CASE("chat-template command: JSON lines in, {\"text\"} lines out", "[jinja]") {
   TempDir dir("chat_template_cli");
-  write_file(dir.path / "tokenizer_config.json", R"({"eos_token": "<|im_end|>", "chat_template": )" +
-                                                     nlohmann::json(read_file(kChatDir + "templates/qwen3.jinja")).dump() + "}");
+  testing::write_file(dir.path / "tokenizer_config.json", R"({"eos_token": "<|im_end|>", "chat_template": )" +
+                                                     nlohmann::json(testing::read_file(kChatDir + "templates/qwen3.jinja")).dump() + "}");
   std::string input =
       R"({"messages": [{"role": "user", "content": "Hi ✓"}], "add_generation_prompt": true})" "\n"
       "\n"

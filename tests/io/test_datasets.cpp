@@ -30,6 +30,24 @@ const std::string kTinyModel = STRATA_SOURCE_DIR "/recipes/sft-tiny/models/tiny"
 
 using testing::TempDir;
 
+// chat.jsonl (`jsonl`) in a temp dir beside the tiny model's tokenizer with a tokenizer_config.json
+// of its own: `eos` and a chat template.
+struct TemplatedChat {
+  TempDir dir;
+  TextEncoder enc;
+  std::string path;
+  TemplatedChat(const std::string& name, const std::string& eos, const std::string& chat_template,
+                const std::string& jsonl)
+      : dir(name), enc(encoder_in(dir, eos, chat_template)), path(dir.file("chat.jsonl", jsonl)) {}
+
+  static TextEncoder encoder_in(const TempDir& dir, const std::string& eos, const std::string& chat_template) {
+    fs::copy_file(kTinyModel + "/tokenizer.json", dir.path / "tokenizer.json");
+    const nlohmann::json cfg = {{"eos_token", eos}, {"chat_template", chat_template}};
+    std::ofstream(dir.path / "tokenizer_config.json") << cfg.dump();
+    return TextEncoder::from_dir(dir.path.string());
+  }
+};
+
 DatasetOptions options(const std::string& format = "auto", TrainOn on = TrainOn::assistant, int64_t T = 256) {
   DatasetOptions o;
   o.format = format;
@@ -38,20 +56,8 @@ DatasetOptions options(const std::string& format = "auto", TrainOn on = TrainOn:
   return o;
 }
 
-// The message of the strata::Error fn throws (FAIL if it throws none).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    CHECK(e.kind() == ErrorKind::input);
-    return e.what();
-  }
-  FAIL("expected a strata::Error");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using testing::contains;
+using testing::error_of;
 
 // The labelled tokens decoded run by run (a run: consecutive labelled tokens), concatenated.
 std::string labelled_text(const Tokenizer& tok, const Sample& s) {
@@ -241,10 +247,7 @@ TEST_CASE("chat masks: every bundled real template yields one span per assistant
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".jinja") continue;
     INFO(entry.path().filename().string());
-    std::ifstream in(entry.path(), std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    ChatTemplate t = ChatTemplate::from_string(ss.str(), "<s>", "</s>");
+    ChatTemplate t = ChatTemplate::from_string(testing::read_file(entry.path()), "<s>", "</s>");
     if (entry.path().filename() == "syntax-coverage.jinja") {
       // not a chat template: its header counts the messages, so no prefix of it lines up; an error, not a guess
       CHECK(contains(error_of([&] { chat_render_spans(t, msgs, nullptr, TrainOn::assistant, 0); }),
@@ -269,21 +272,15 @@ TEST_CASE("chat masks: every bundled real template yields one span per assistant
 TEST_CASE("chat masks: a template that ends only the whole conversation with an EOS (Phi-3 style)", "[datasets]") {
   // Rendered as the last turn, an answer is followed by <|endoftext|>; mid-conversation by the
   // next <|im_start|>, which shares its first two characters: that token must not be trained.
-  TempDir dir("datasets_eos_at_end");
-  fs::copy_file(kTinyModel + "/tokenizer.json", dir.path / "tokenizer.json");
-  nlohmann::json cfg = {{"eos_token", "<|endoftext|>"},
-                        {"chat_template",
-                         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% else %}{{ eos_token }}{% endif %}"}};
-  std::ofstream(dir.path / "tokenizer_config.json") << cfg.dump();
-  const std::string path = dir.file(
-      "chat.jsonl",
+  const TemplatedChat chat(
+      "datasets_eos_at_end", "<|endoftext|>",
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% else %}{{ eos_token }}{% endif %}",
       R"({"messages": [{"role": "user", "content": "Say cat 2 times."}, {"role": "assistant", "content": "cat cat"}, {"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "2 + 2 = 4."}]})"
       "\n");
-  TextEncoder enc = TextEncoder::from_dir(dir.path.string());
-  Dataset d = dataset_read(path, options(), enc);
+  Dataset d = dataset_read(chat.path, options(), chat.enc);
   REQUIRE(d.samples.size() == 1);
-  CHECK(labelled_text(*enc.tokenizer(), d.samples[0]) == "cat cat<|im_end|>\n2 + 2 = 4.<|im_end|>\n<|endoftext|>");
+  CHECK(labelled_text(*chat.enc.tokenizer(), d.samples[0]) == "cat cat<|im_end|>\n2 + 2 = 4.<|im_end|>\n<|endoftext|>");
 }
 
 TEST_CASE("chat masks: the span algorithm on its own", "[datasets]") {
@@ -364,34 +361,28 @@ TEST_CASE("preference data: only the chosen side's assistant turns are trained",
 TEST_CASE("bad input: every problem names file:line and what is wrong; skip_bad_lines counts", "[datasets]") {
   TextEncoder enc = TextEncoder::bytes();
   const std::string bad = kFixtures + "bad/";
-  std::string e = error_of([&] { dataset_read(bad + "malformed.jsonl", options(), enc); });
-  CHECK(contains(e, "malformed.jsonl:2:"));
-  CHECK(contains(e, "not valid JSON"));
+  // file, where the error points, what it says
+  const char* const cases[][3] = {
+      {"malformed.jsonl", "malformed.jsonl:2:", "not valid JSON"},
+      {"missing_field.jsonl", "missing_field.jsonl:2:", "missing field \"messages[1].content\""},
+      {"unknown_role.jsonl", "unknown_role.jsonl:3:", "unknown role \"bot\""},
+      {"ill_typed.jsonl", "ill_typed.jsonl:1:", "field \"output\" must be a string"},
+      {"unknown_fields.jsonl", "unknown_fields.jsonl:1:", "\"question\", \"answer\""}};
+  for (const auto& c : cases) {
+    INFO(c[0]);
+    const std::string e = error_of([&] { dataset_read(bad + c[0], options(), enc); });
+    CHECK(contains(e, c[1]));
+    CHECK(contains(e, c[2]));
+  }
   DatasetOptions skip = options();
   skip.skip_bad_lines = true;
   Dataset d = dataset_read(bad + "malformed.jsonl", skip, enc);
   CHECK(d.samples.size() == 3);
   CHECK(d.stats.skipped_lines == 2);
   CHECK(contains(dataset_stats_line(d), "skipped 2 bad lines"));
-
-  e = error_of([&] { dataset_read(bad + "missing_field.jsonl", options(), enc); });
-  CHECK(contains(e, "missing_field.jsonl:2:"));
-  CHECK(contains(e, "missing field \"messages[1].content\""));
-
-  e = error_of([&] { dataset_read(bad + "unknown_role.jsonl", options(), enc); });
-  CHECK(contains(e, "unknown_role.jsonl:3:"));
-  CHECK(contains(e, "unknown role \"bot\""));
   Dataset skipped = dataset_read(bad + "unknown_role.jsonl", skip, enc);
   CHECK(skipped.samples.size() == 2);
   CHECK(skipped.stats.skipped_lines == 1);
-
-  e = error_of([&] { dataset_read(bad + "ill_typed.jsonl", options(), enc); });
-  CHECK(contains(e, "ill_typed.jsonl:1:"));
-  CHECK(contains(e, "field \"output\" must be a string"));
-
-  e = error_of([&] { dataset_read(bad + "unknown_fields.jsonl", options(), enc); });
-  CHECK(contains(e, "unknown_fields.jsonl:1:"));
-  CHECK(contains(e, "\"question\", \"answer\""));
 
   CHECK(contains(error_of([&] { dataset_read(bad + "empty.jsonl", options(), enc); }), "empty"));
   CHECK(contains(error_of([&] { dataset_read(bad + "blank.jsonl", options(), enc); }), "empty"));
@@ -399,7 +390,7 @@ TEST_CASE("bad input: every problem names file:line and what is wrong; skip_bad_
   CHECK(contains(error_of([&] { dataset_read(bad + "absent.jsonl", options(), enc); }), "cannot open dataset"));
   // every line bad: skipping leaves nothing, which is an error that says so
   TempDir dir("datasets_bad");
-  e = error_of([&] { dataset_read(dir.file("junk.jsonl", "{\"messages\": 1}\n[\n"), skip, enc); });
+  const std::string e = error_of([&] { dataset_read(dir.file("junk.jsonl", "{\"messages\": 1}\n[\n"), skip, enc); });
   CHECK(contains(e, "no usable samples"));
   CHECK(contains(e, "2 bad lines skipped"));
 
@@ -411,26 +402,20 @@ TEST_CASE("bad input: every problem names file:line and what is wrong; skip_bad_
 }
 
 TEST_CASE("bad input: a template's raise_exception names the sample's file:line", "[datasets]") {
-  TempDir dir("datasets_raise");
-  fs::copy_file(kTinyModel + "/tokenizer.json", dir.path / "tokenizer.json");
-  nlohmann::json cfg = {{"eos_token", "<|im_end|>"},
-                        {"chat_template",
-                         "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('tool turns are not "
-                         "supported') }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"}};
-  std::ofstream(dir.path / "tokenizer_config.json") << cfg.dump();
-  const std::string path = dir.file(
-      "chat.jsonl",
+  const TemplatedChat chat(
+      "datasets_raise", "<|im_end|>",
+      "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('tool turns are not "
+      "supported') }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
       R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"
       "\n\n"
       R"({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "t"}, {"role": "assistant", "content": "a"}]})"
       "\n");
-  TextEncoder enc = TextEncoder::from_dir(dir.path.string());
-  std::string e = error_of([&] { dataset_read(path, options(), enc); });
+  std::string e = error_of([&] { dataset_read(chat.path, options(), chat.enc); });
   CHECK(contains(e, "chat.jsonl:3:"));
   CHECK(contains(e, "tool turns are not supported"));
   DatasetOptions skip = options();
   skip.skip_bad_lines = true;
-  Dataset d = dataset_read(path, skip, enc);
+  Dataset d = dataset_read(chat.path, skip, chat.enc);
   CHECK(d.samples.size() == 1);
   CHECK(d.stats.skipped_lines == 1);
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <array>
 #include <filesystem>
 #include <fstream>
 
@@ -88,22 +89,32 @@ void require_edit_error(const char* base, const std::function<void(nlohmann::jso
   require_config_error(j.dump(), phrases);
 }
 
+// What a published checkpoint's dimensions must read as. sizes: hidden, intermediate, layers, heads,
+// kv heads, head_dim, vocab, max positions.
+struct Dims {
+  const char* family;
+  const char* architecture;
+  std::array<int64_t, 8> sizes;
+  double rms_norm_eps, rope_theta;
+};
+
+void check_dims(const ModelConfig& c, const Dims& d) {
+  INFO(d.architecture);
+  CHECK(c.family == d.family);
+  CHECK(c.architecture == d.architecture);
+  const std::array<int64_t, 8> sizes = {c.hidden_size,         c.intermediate_size, c.num_hidden_layers,
+                                        c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                        c.vocab_size,          c.max_position_embeddings};
+  CHECK(sizes == d.sizes);
+  CHECK(c.rms_norm_eps == d.rms_norm_eps);
+  CHECK(c.rope_theta == d.rope_theta);
+}
+
 }  // namespace
 
 TEST_CASE("hf_config: Llama-3.1-8B, Mistral-7B-v0.1, Qwen2.5-7B, Qwen3-8B parse as transformers reads them", "[io]") {
   ModelConfig l = hf_config_parse(kLlama31_8B, "llama.json");
-  CHECK(l.family == "llama");
-  CHECK(l.architecture == "LlamaForCausalLM");
-  CHECK(l.hidden_size == 4096);
-  CHECK(l.intermediate_size == 14336);
-  CHECK(l.num_hidden_layers == 32);
-  CHECK(l.num_attention_heads == 32);
-  CHECK(l.num_key_value_heads == 8);
-  CHECK(l.head_dim == 128);
-  CHECK(l.vocab_size == 128256);
-  CHECK(l.max_position_embeddings == 131072);
-  CHECK(l.rms_norm_eps == 1e-5);
-  CHECK(l.rope_theta == 500000.0);
+  check_dims(l, {"llama", "LlamaForCausalLM", {4096, 14336, 32, 32, 8, 128, 128256, 131072}, 1e-5, 500000.0});
   CHECK(l.rope_scaling.type == "llama3");
   CHECK(l.rope_scaling.factor == 8.0);
   CHECK(l.rope_scaling.low_freq_factor == 1.0);
@@ -116,27 +127,14 @@ TEST_CASE("hf_config: Llama-3.1-8B, Mistral-7B-v0.1, Qwen2.5-7B, Qwen3-8B parse 
   CHECK(l.raw["bos_token_id"] == 128000);
 
   ModelConfig m = hf_config_parse(kMistral7B, "mistral.json");
-  CHECK(m.family == "mistral");
-  CHECK(m.architecture == "MistralForCausalLM");
-  CHECK(m.num_key_value_heads == 8);
-  CHECK(m.head_dim == 128);
-  CHECK(m.vocab_size == 32000);
-  CHECK(m.max_position_embeddings == 32768);
-  CHECK(m.rope_theta == 10000.0);
+  check_dims(m, {"mistral", "MistralForCausalLM", {4096, 14336, 32, 32, 8, 128, 32000, 32768}, 1e-5, 10000.0});
   CHECK(m.rope_scaling.type.empty());
   CHECK(m.sliding_window == 4096);
   CHECK(m.max_window_layers == 0);
   CHECK((!m.qkv_bias && !m.o_bias && !m.qk_norm && !m.mlp_bias));
 
   ModelConfig q2 = hf_config_parse(kQwen25_7B, "qwen2.json");
-  CHECK(q2.family == "qwen2");
-  CHECK(q2.hidden_size == 3584);
-  CHECK(q2.num_attention_heads == 28);
-  CHECK(q2.num_key_value_heads == 4);
-  CHECK(q2.head_dim == 128);
-  CHECK(q2.vocab_size == 152064);
-  CHECK(q2.rms_norm_eps == 1e-6);
-  CHECK(q2.rope_theta == 1e6);
+  check_dims(q2, {"qwen2", "Qwen2ForCausalLM", {3584, 18944, 28, 28, 4, 128, 152064, 131072}, 1e-6, 1e6});
   CHECK(q2.qkv_bias);
   CHECK(!q2.o_bias);
   CHECK(!q2.qk_norm);
@@ -144,13 +142,8 @@ TEST_CASE("hf_config: Llama-3.1-8B, Mistral-7B-v0.1, Qwen2.5-7B, Qwen3-8B parse 
   CHECK(!q2.tie_word_embeddings);
 
   ModelConfig q3 = hf_config_parse(kQwen3_8B, "qwen3.json");
-  CHECK(q3.family == "qwen3");
-  CHECK(q3.architecture == "Qwen3ForCausalLM");
-  CHECK(q3.num_hidden_layers == 36);
-  CHECK(q3.num_key_value_heads == 8);
-  CHECK(q3.head_dim == 128);
-  CHECK(q3.max_position_embeddings == 40960);
-  CHECK(q3.rope_theta == 1e6);  // written as the integer 1000000
+  // rope_theta is written as the integer 1000000
+  check_dims(q3, {"qwen3", "Qwen3ForCausalLM", {4096, 12288, 36, 32, 8, 128, 151936, 40960}, 1e-6, 1e6});
   CHECK(q3.rope_scaling.type.empty());
   CHECK(q3.qk_norm);
   CHECK((!q3.qkv_bias && !q3.o_bias));

@@ -23,30 +23,14 @@ namespace {
 
 const std::string kTinyModel = STRATA_SOURCE_DIR "/recipes/sft-tiny/models/tiny";
 
+using testing::contains;
+using testing::error_of;
 using testing::TempDir;
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// r.toml in `dir`: the tiny model, the [data] keys given, one training step.
+std::string tiny_recipe(const TempDir& dir, const std::string& data_keys) {
+  return dir.file("r.toml", "[model]\npath = \"" + kTinyModel + "\"\n[data]\n" + data_keys + "[train]\nmax_steps = 1\n");
 }
-
-void write_bytes(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    CHECK(e.kind() == ErrorKind::input);  // exit 2
-    return e.what();
-  }
-  FAIL("expected a strata::Error");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 void check_same_rows(const TokenRows& a, const TokenRows& b) {
   CHECK(a.T == b.T);
@@ -78,9 +62,8 @@ struct InDir {
 TEST_CASE("strata prepare, then training reads the shards: rows identical to tokenizing on the fly", "[shards]") {
   TempDir dir("shards_roundtrip");
   fs::copy_file(STRATA_SOURCE_DIR "/recipes/sft-tiny/data/chat.jsonl", dir.path / "chat.jsonl");
-  const std::string recipe = dir.file("r.toml", "[model]\npath = \"" + kTinyModel +
-                                                    "\"\n[data]\npath = \"chat.jsonl\"\nsequence_len = 96\n"
-                                                    "eval_split = 0.1\nprepared_dir = \"prep\"\n[train]\nmax_steps = 1\n");
+  const std::string recipe =
+      tiny_recipe(dir, "path = \"chat.jsonl\"\nsequence_len = 96\neval_split = 0.1\nprepared_dir = \"prep\"\n");
   const Recipe rc = recipe_load(recipe, {});
   TrainingData fly = training_data_load(rc, 640);  // prepared_dir holds nothing yet
   CHECK(fly.eval.rows() > 0);
@@ -90,7 +73,7 @@ TEST_CASE("strata prepare, then training reads the shards: rows identical to tok
   CHECK(fs::exists(prep / "train.bin"));
   CHECK(fs::exists(prep / "eval.bin"));
   CHECK(!fs::exists(prep / "train.rejected.bin"));
-  const std::string head = read_bytes(prep / "train.bin").substr(0, 16);
+  const std::string head = testing::read_file(prep / "train.bin").substr(0, 16);
   CHECK(head.substr(0, 8) == "STRATASH");
   uint32_t token_bytes = 0;
   std::memcpy(&token_bytes, head.data() + 12, 4);
@@ -117,9 +100,7 @@ TEST_CASE("strata prepare, then training reads the shards: rows identical to tok
 TEST_CASE("shards: preference pairs keep their rejected side", "[shards]") {
   TempDir dir("shards_pref");
   fs::copy_file(STRATA_SOURCE_DIR "/tests/fixtures/datasets/formats/preference.jsonl", dir.path / "pref.jsonl");
-  const std::string recipe = dir.file("r.toml", "[model]\npath = \"" + kTinyModel +
-                                                    "\"\n[data]\npath = \"pref.jsonl\"\nprepared_dir = \"prep\"\n"
-                                                    "[train]\nmax_steps = 1\n");
+  const std::string recipe = tiny_recipe(dir, "path = \"pref.jsonl\"\nprepared_dir = \"prep\"\n");
   REQUIRE(prepare(recipe) == 0);
   const Recipe rc = recipe_load(recipe, {});
   TextEncoder enc = training_encoder(rc, 640);
@@ -164,29 +145,27 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
            "\n"
            R"({"messages": [{"role": "user", "content": "Repeat: cat dog"}, {"role": "assistant", "content": "cat dog"}]})"
            "\n");
-  const std::string recipe = dir.file("r.toml", "[model]\npath = \"" + kTinyModel +
-                                                    "\"\n[data]\npath = \"chat.jsonl\"\nsequence_len = 64\n"
-                                                    "prepared_dir = \"prep\"\n[train]\nmax_steps = 1\n");
+  const std::string recipe = tiny_recipe(dir, "path = \"chat.jsonl\"\nsequence_len = 64\nprepared_dir = \"prep\"\n");
   REQUIRE(prepare(recipe) == 0);
   const Recipe rc = recipe_load(recipe, {});
   const fs::path shard = dir.path / "prep" / "train.bin", manifest = dir.path / "prep" / "manifest.json";
-  const std::string good = read_bytes(shard), good_manifest = read_bytes(manifest);
+  const std::string good = testing::read_file(shard), good_manifest = testing::read_file(manifest);
   REQUIRE(good.size() > 200);
   auto load_error = [&] { return error_of([&] { training_data_load(rc, 640); }); };
   auto check_says_rerun = [&](const std::string& e) { CHECK(contains(e, "rerun `strata prepare")); };
 
   SECTION("truncated file") {
-    write_bytes(shard, good.substr(0, good.size() - 3));
+    testing::write_file(shard, good.substr(0, good.size() - 3));
     std::string e = load_error();
     CHECK(contains(e, "truncated"));
     check_says_rerun(e);
-    write_bytes(shard, good.substr(0, 50));
+    testing::write_file(shard, good.substr(0, 50));
     CHECK(contains(load_error(), "shorter than its header"));
   }
   SECTION("flipped magic") {
     std::string bad = good;
     bad[0] ^= 0x20;
-    write_bytes(shard, bad);
+    testing::write_file(shard, bad);
     std::string e = load_error();
     CHECK(contains(e, "bad magic"));
     check_says_rerun(e);
@@ -195,7 +174,7 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
     std::string bad = good;
     bad[128] = char(0xff);  // the first token, uint16: 0x..ff
     bad[129] = char(0xff);
-    write_bytes(shard, bad);
+    testing::write_file(shard, bad);
     std::string e = load_error();
     CHECK(contains(e, "token id 65535"));
     check_says_rerun(e);
@@ -205,7 +184,7 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
     std::memcpy(&labels_offset, good.data() + 48, 8);
     std::string bad = good;
     bad[labels_offset + 1] = 7;
-    write_bytes(shard, bad);
+    testing::write_file(shard, bad);
     CHECK(contains(load_error(), "label flag of 7"));
   }
   SECTION("offsets out of order") {
@@ -214,7 +193,7 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
     std::string bad = good;
     std::memcpy(bad.data() + offsets_offset + 8, &two, 8);  // sample 0 ends at token 2 ...
     std::memcpy(bad.data() + offsets_offset, &two, 8);      // ... and starts there too
-    write_bytes(shard, bad);
+    testing::write_file(shard, bad);
     CHECK(contains(load_error(), "rerun `strata prepare"));
   }
   SECTION("stale: a recipe setting changed") {
@@ -234,7 +213,7 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
     CHECK(contains(e, "data.path"));
   }
   SECTION("garbled manifest") {
-    write_bytes(manifest, good_manifest.substr(0, good_manifest.size() / 2));
+    testing::write_file(manifest, good_manifest.substr(0, good_manifest.size() / 2));
     check_says_rerun(load_error());
   }
   SECTION("the raw data is gone: the shards are enough") {
@@ -252,8 +231,7 @@ TEST_CASE("strata prepare: bad usage and bad data are errors naming what to fix"
   TempDir dir("shards_cli");
   dir.file("chat.jsonl", R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"
                          "\n");
-  const std::string recipe = dir.file("r.toml", "[model]\npath = \"" + kTinyModel +
-                                                    "\"\n[data]\npath = \"chat.jsonl\"\n[train]\nmax_steps = 1\n");
+  const std::string recipe = tiny_recipe(dir, "path = \"chat.jsonl\"\n");
   InDir cwd(dir.path);
   CHECK(contains(error_of([&] { prepare(recipe); }), "data.prepared_dir is not set"));
   CHECK(contains(error_of([&] { prepare(recipe, {"data.prepared_dir=\"p\"", "data.path=\"missing.jsonl\""}); }),

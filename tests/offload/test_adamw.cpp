@@ -91,14 +91,7 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 AdamWParams test_params() {
-  AdamWParams ap;
-  ap.lr = 1e-2;
-  ap.beta1 = 0.9;
-  ap.beta2 = 0.999;
-  ap.eps = 1e-8;
-  ap.weight_decay = 0.1;
-  ap.clip_scale = 0.6;
-  return ap;
+  return AdamWParams{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1, .clip_scale = 0.6};
 }
 
 }  // namespace

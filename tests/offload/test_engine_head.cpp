@@ -18,11 +18,7 @@ namespace strata {
 namespace {
 
 ModelConfig head_config(int64_t vocab, bool tied) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", vocab},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
-  return hf_config_parse(j.dump(), "test config");
+  return testing::tiny_llama_config({64, 96, 2, vocab, 256, tied});
 }
 
 MicroBatch head_batch(int64_t vocab) {

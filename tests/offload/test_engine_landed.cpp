@@ -8,6 +8,7 @@
 #include "io/hf_config.h"
 #include "offload/engine.h"
 #include "offload/model_io.h"
+#include "tests/testing.h"
 
 namespace strata {
 namespace {
@@ -18,12 +19,8 @@ struct Result {
 };
 
 Result run(bool landed, bool tied, const std::string& weights) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 3},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
-                      {"max_position_embeddings", 64}, {"tie_word_embeddings", tied}};
   auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16));
+  HostStore store(*dev, model_spec_build(testing::tiny_llama_config({32, 48, 3, 300, 64, tied}), DType::bf16));
   model_init_weights(store, 11);
   EngineOptions eo;
   eo.weights = weights;

@@ -5,17 +5,14 @@
 
 #include "offload/engine.h"
 #include "offload/model_io.h"
+#include "tests/testing.h"
 #include "src/core/align.h"
 
 namespace strata {
 
 static size_t device_peak_for(int64_t layers, const std::string& checkpoints) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", layers},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 97},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
   auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, model_spec_build(hf_config_parse(j.dump(), "test config"), DType::bf16));
+  HostStore store(*dev, model_spec_build(testing::tiny_llama_config({64, 96, layers, 97, 256, false}), DType::bf16));
   model_init_weights(store, 3);
   EngineOptions eo;
   eo.weights = "stream";

@@ -16,6 +16,7 @@
 #include "offload/model_io.h"
 #include "src/recipe/recipe.h"
 #include "src/core/error.h"
+#include "tests/testing.h"
 
 namespace strata {
 namespace {
@@ -24,11 +25,7 @@ namespace {
 // F 128, V 256. Matrices 4096 (q, o), 2048 (k, v), 8192 (gate, up, down) elements; 256 x 64 for
 // embed and lm_head; norms 64 floats.
 ModelSpec budget_spec(bool tied) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
-  return model_spec_build(hf_config_parse(j.dump(), "test config"), DType::bf16);
+  return model_spec_build(testing::tiny_llama_config({64, 128, 3, 256, 256, tied}), DType::bf16);
 }
 
 EngineOptions budget_engine(const std::string& checkpoints) {
@@ -71,12 +68,6 @@ class StderrCapture {
   int saved_ = -1;
   FILE* file_ = nullptr;
 };
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 }  // namespace
 
@@ -216,7 +207,7 @@ TEST_CASE("a failed pinned allocation falls back to pageable memory with one war
   CHECK(host == e.working + e.grads + e.master + e.moments);
   // the store's two arrays, the engine's staging and its spilled checkpoints
   CHECK(fallback == e.working + e.grads + e.staging + e.checkpoints);
-  CHECK(count_of(warn_fallback, "warning: cannot pin") == 1);  // said once, not per allocation
+  CHECK(testing::count_occurrences(warn_fallback, "warning: cannot pin") == 1);  // said once, not per allocation
   CHECK(warn_fallback.find("cannot pin " + format_bytes(e.working) + " of host memory") != std::string::npos);
   CHECK(warn_fallback.find("about half the bandwidth") != std::string::npos);
   CHECK(warn_fallback.find("block the host thread") != std::string::npos);

@@ -43,13 +43,6 @@ std::string fresh(const char* name) {
   return d;
 }
 
-std::string bytes_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::vector<std::string> checkpoint_dirs(const std::string& out) {
   std::vector<std::string> names;
   for (auto& e : fs::directory_iterator(out))
@@ -115,9 +108,9 @@ TEST_CASE("a run stopped at step K and resumed equals the straight run bit for b
   CHECK(first.losses[1] == straight.losses[1]);
   require_same_tensors(a + "/final", b + "/final");
   // optimizer state (master weights and both moments) and data position, byte for byte
-  CHECK(bytes_of(a + "/checkpoint-6/optimizer_state.safetensors") ==
-        bytes_of(b + "/checkpoint-6/optimizer_state.safetensors"));
-  CHECK(bytes_of(a + "/checkpoint-6/data_order.bin") == bytes_of(b + "/checkpoint-6/data_order.bin"));
+  CHECK(testing::read_file(a + "/checkpoint-6/optimizer_state.safetensors") ==
+        testing::read_file(b + "/checkpoint-6/optimizer_state.safetensors"));
+  CHECK(testing::read_file(a + "/checkpoint-6/data_order.bin") == testing::read_file(b + "/checkpoint-6/data_order.bin"));
   // metrics.jsonl of the resumed run reads as one run: steps 1..6, the same losses
   CHECK(metric_losses(b) == straight.losses);
 
@@ -152,23 +145,15 @@ TEST_CASE("keep_last prunes old checkpoints; the newest complete one is found; l
   CHECK_FALSE(fs::exists(out + "/.checkpoint-9.tmp"));
 
   // resuming from the incomplete one by path is refused with a reason
-  TrainOptions by_path;
-  by_path.resume = out + "/checkpoint-5";
-  try {
-    train_run(small(out, {"train.max_steps=8"}), by_path);
-    FAIL("expected an error");
-  } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("not a complete checkpoint") != std::string::npos);
-  }
+  auto resume_error = [&](const std::string& checkpoint) {
+    TrainOptions by_path;
+    by_path.resume = checkpoint;
+    return testing::error_of([&] { train_run(small(out, {"train.max_steps=8"}), by_path); }, std::nullopt);
+  };
+  CHECK(testing::contains(resume_error(out + "/checkpoint-5"), "not a complete checkpoint"));
   // a damaged trainer_state.json is named
   std::ofstream(out + "/checkpoint-4/trainer_state.json") << "{\"step\": 4";
-  by_path.resume = out + "/checkpoint-4";
-  try {
-    train_run(small(out, {"train.max_steps=8"}), by_path);
-    FAIL("expected an error");
-  } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("trainer_state.json is damaged") != std::string::npos);
-  }
+  CHECK(testing::contains(resume_error(out + "/checkpoint-4"), "trainer_state.json is damaged"));
 }
 
 TEST_CASE("the HF export reloads to the checkpoint's master weights", "[checkpoint]") {
@@ -178,7 +163,7 @@ TEST_CASE("the HF export reloads to the checkpoint's master weights", "[checkpoi
   for (const char* f : {"optimizer_state.safetensors", "trainer_state.json", "data_order.bin", "recipe.toml",
                         "COMPLETE", "hf/config.json", "hf/model.safetensors"})
     CHECK(fs::exists(ck + "/" + f));
-  CHECK(bytes_of(ck + "/hf/model.safetensors") == bytes_of(out + "/final/model.safetensors"));
+  CHECK(testing::read_file(ck + "/hf/model.safetensors") == testing::read_file(out + "/final/model.safetensors"));
 
   ModelConfig cfg = hf_config_load(ck + "/hf");
   CHECK(cfg.raw["torch_dtype"] == "bfloat16");
@@ -263,7 +248,7 @@ TEST_CASE("a save that hits a full disk fails with exit 4 and loses nothing save
     const std::string out = fresh("fsize");
     std::string log;
     REQUIRE(run_shell(strata_bin() + " train " + recipe + args_for(out, "3"), &log) == 0);
-    const std::string before = bytes_of(out + "/checkpoint-3/optimizer_state.safetensors");
+    const std::string before = testing::read_file(out + "/checkpoint-3/optimizer_state.safetensors");
     // 1 MiB per file: metrics and configs fit, the optimizer state (about 9 MiB) does not
     log.clear();
     int code = run_shell("sh -c 'ulimit -f 2048; exec " + strata_bin() + " train " + recipe + args_for(out, "6") +
@@ -273,7 +258,7 @@ TEST_CASE("a save that hits a full disk fails with exit 4 and loses nothing save
     CHECK(code == 4);
     CHECK(log.find("optimizer_state.safetensors") != std::string::npos);
     CHECK(checkpoint_dirs(out) == std::vector<std::string>{"checkpoint-3"});  // no temp dir, no half checkpoint
-    CHECK(bytes_of(out + "/checkpoint-3/optimizer_state.safetensors") == before);
+    CHECK(testing::read_file(out + "/checkpoint-3/optimizer_state.safetensors") == before);
     CHECK(checkpoint_find_latest(out) == out + "/checkpoint-3");
     // and the run can go on from it once there is room
     log.clear();

@@ -56,33 +56,22 @@ struct RunCopy {
   }
 };
 
-std::string bytes_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
 void flip_bit(const std::string& path, size_t from_end) {
-  std::string b = bytes_of(path);
+  std::string b = testing::read_file(path);
   REQUIRE(b.size() > from_end);
   b[b.size() - 1 - from_end] ^= 0x04;
-  write_bytes(path, b);
+  testing::write_file(path, b);
 }
 
 // Rewrites a file's entry in manifest.json as if the file had been saved like this: a
 // checkpoint that is consistent with itself but wrong inside (the index checks must catch it).
 void reseal(const std::string& ckpt, const std::string& rel) {
-  nlohmann::json m = nlohmann::json::parse(bytes_of(ckpt + "/manifest.json"));
+  nlohmann::json m = nlohmann::json::parse(testing::read_file(ckpt + "/manifest.json"));
   uint64_t bytes = 0;
   const uint32_t crc = crc32c_file(ckpt + "/" + rel, &bytes);
   for (auto& f : m["files"])
     if (f["path"] == rel) f["bytes"] = bytes, f["crc32c"] = crc32c_hex(crc);
-  write_bytes(ckpt + "/manifest.json", m.dump(1));
+  testing::write_file(ckpt + "/manifest.json", m.dump(1));
 }
 
 // Resuming `out` must fail with exit 2 before step 1, naming `file`; returns the message.
@@ -108,7 +97,7 @@ std::string refused(const std::string& out, const std::string& file) {
 
 TEST_CASE("a checkpoint's manifest lists every file with its size and CRC-32C", "[checkpoint][damage]") {
   const std::string ckpt = saved_run() + "/checkpoint-6";
-  nlohmann::json m = nlohmann::json::parse(bytes_of(ckpt + "/manifest.json"));
+  nlohmann::json m = nlohmann::json::parse(testing::read_file(ckpt + "/manifest.json"));
   CHECK(m["checksum"] == "crc32c");
   std::vector<std::string> listed, on_disk;
   for (auto& f : m["files"]) {
@@ -152,7 +141,7 @@ TEST_CASE("a missing or truncated checkpoint file, or a missing manifest, is ref
     RunCopy copy("trunc");
     const std::string& out = copy.out;
     const std::string f = out + "/checkpoint-6/optimizer_state.safetensors";
-    write_bytes(f, bytes_of(f).substr(0, 1000));
+    testing::write_file(f, testing::read_file(f).substr(0, 1000));
     refused(out, "optimizer_state.safetensors");
   }
   SECTION("missing") {
@@ -173,9 +162,9 @@ TEST_CASE("row ids outside the data, repeated rows and a cursor past the order a
           "[checkpoint][damage]") {
   auto order_with = [](const std::string& out, int64_t at, int64_t value) {
     const std::string f = out + "/checkpoint-6/data_order.bin";
-    std::string b = bytes_of(f);
+    std::string b = testing::read_file(f);
     std::memcpy(b.data() + size_t(at) * 8, &value, 8);
-    write_bytes(f, b);
+    testing::write_file(f, b);
     reseal(out + "/checkpoint-6", "data_order.bin");
   };
   SECTION("a row id past the row count") {
@@ -194,7 +183,7 @@ TEST_CASE("row ids outside the data, repeated rows and a cursor past the order a
     RunCopy copy("row_twice");
     const std::string& out = copy.out;
     int64_t first = 0;
-    std::memcpy(&first, bytes_of(out + "/checkpoint-6/data_order.bin").data(), 8);
+    std::memcpy(&first, testing::read_file(out + "/checkpoint-6/data_order.bin").data(), 8);
     order_with(out, 1, first);
     CHECK(refused(out, "data_order.bin").find("a second time") != std::string::npos);
   }
@@ -202,9 +191,9 @@ TEST_CASE("row ids outside the data, repeated rows and a cursor past the order a
     RunCopy copy("cursor");
     const std::string& out = copy.out;
     const std::string f = out + "/checkpoint-6/trainer_state.json";
-    nlohmann::json j = nlohmann::json::parse(bytes_of(f));
+    nlohmann::json j = nlohmann::json::parse(testing::read_file(f));
     j["cursor"] = j["order_count"].get<uint64_t>() + 5;
-    write_bytes(f, j.dump(2));
+    testing::write_file(f, j.dump(2));
     reseal(out + "/checkpoint-6", "trainer_state.json");
     CHECK(refused(out, "trainer_state.json").find("cursor") != std::string::npos);
   }
@@ -215,12 +204,12 @@ TEST_CASE("heavy damage through the binary exits 2 promptly (no crash, no hang)"
   const std::string& out = copy.out;
   {
     const std::string f = out + "/checkpoint-6/data_order.bin";
-    std::string b = bytes_of(f);
+    std::string b = testing::read_file(f);
     for (size_t i = 0; i + 8 <= b.size(); i += 24) {
       const int64_t v = -3;
       std::memcpy(b.data() + i, &v, 8);
     }
-    write_bytes(f, b);
+    testing::write_file(f, b);
     reseal(out + "/checkpoint-6", "data_order.bin");
   }
   std::string args;

@@ -7,6 +7,7 @@
 
 #include "src/core/error.h"
 #include "src/train/progress.h"
+#include "tests/testing.h"
 
 namespace strata {
 namespace {
@@ -40,12 +41,6 @@ StepReport report(int64_t step, int64_t total, double step_s) {
   r.host_pinned_bytes = size_t(4) << 20;
   r.host_bytes = size_t(12.1 * 1024 * 1024);
   return r;
-}
-
-size_t count(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
-  return n;
 }
 
 }  // namespace
@@ -100,7 +95,7 @@ TEST_CASE("plain mode: a run stopped between log steps prints its last step on f
     for (int64_t s = 31; s <= 43; ++s) p.step(report(s, 0, 1.0));  // total 0: the constructor's
   }  // the destructor finishes
   const std::string t = cap.text();
-  CHECK(count(t, "\n") == 3);
+  CHECK(testing::count_occurrences(t, "\n") == 3);
   CHECK(t.rfind("step 31/100  loss", 0) == 0);
   CHECK(t.find("\nstep 40/100  loss") != std::string::npos);
   CHECK(t.find("\nstep 43/100  loss 1.2345  lr 3.000e-03  grad_norm 0.812  17.1k tok/s  mfu 28.1%  eta 57s\n") !=
@@ -121,7 +116,7 @@ TEST_CASE("bar mode redraws one line in place and keeps it below messages", "[pr
   p.step(report(1, 10, 2.0));
   p.step(report(2, 10, 2.0));
   std::string t = cap.text();
-  CHECK(count(t, "\r\x1b[2K") == 2);                           // two bar draws and nothing else
+  CHECK(testing::count_occurrences(t, "\r\x1b[2K") == 2);  // two bar draws and nothing else
   CHECK(t.find("loss 1.2345") == std::string::npos);          // on a terminal only the bar is drawn
   CHECK(t.find("\r\x1b[2Kstep  1/10 [####") == 0);
   CHECK(t.find("\r\x1b[2Kstep  2/10 [########") != std::string::npos);

@@ -137,10 +137,7 @@ TEST_CASE("learning-rate schedules follow the Hugging Face shapes", "[optim]") {
 namespace strata {
 
 TEST_CASE("every recipe key is documented in recipes/README.md", "[recipe]") {
-  std::ifstream in(testing::source_path("recipes/README.md"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string doc = ss.str();
+  const std::string doc = testing::read_file(testing::source_path("recipes/README.md"));
   for (const auto& k : recipe_schema()) {
     INFO(k.name);
     CHECK(doc.find(std::string("`") + k.name + "`") != std::string::npos);

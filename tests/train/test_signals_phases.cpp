@@ -20,18 +20,26 @@ std::string quickstart_args(const std::string& out, const std::string& extra) {
          " data.sequence_len=64 device.cpu_threads=2 train.log_steps=1 " + extra;
 }
 
+// The quickstart run into `out` with `extra`, sent `sig` once its output says `trigger`: the signal
+// was sent, and the run exited 130.
+testing::ProcessResult run_signalled(const std::string& out, const std::string& extra, const char* trigger, int sig) {
+  size_t fired = 0;
+  testing::ProcessResult r = testing::run_strata_signalled(quickstart_args(out, extra), {{trigger, sig}}, &fired);
+  INFO(r.out);
+  REQUIRE(fired == 1);
+  CHECK(r.code == 130);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("SIGHUP stops like SIGTERM: the step finishes, a checkpoint is saved, exit 130, and the hint "
           "repeats the overrides", "[signals][cli]") {
   testing::TempDir tmp("sighup");
   const std::string out = (tmp.path / "out").string();
-  size_t fired = 0;
-  testing::ProcessResult r = testing::run_strata_signalled(
-      quickstart_args(out, "train.max_steps=200 device.link_bandwidth=50MB/s"), {{"step 2/200", SIGHUP}}, &fired);
+  testing::ProcessResult r =
+      run_signalled(out, "train.max_steps=200 device.link_bandwidth=50MB/s", "step 2/200", SIGHUP);
   INFO(r.out);
-  REQUIRE(fired == 1);
-  CHECK(r.code == 130);
   CHECK(!checkpoint_find_latest(out).empty());
   const size_t hint = r.out.find("resume with: ");
   REQUIRE(hint != std::string::npos);
@@ -47,12 +55,8 @@ TEST_CASE("a signal while the model is being set up exits 130 at once: no step, 
   const std::string out = (tmp.path / "out").string();
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     DYNAMIC_SECTION("signal " << sig) {
-      size_t fired = 0;
-      testing::ProcessResult r = testing::run_strata_signalled(
-          quickstart_args(out, "train.max_steps=5 --overwrite"), {{"initialising weights", sig}}, &fired);
+      testing::ProcessResult r = run_signalled(out, "train.max_steps=5 --overwrite", "initialising weights", sig);
       INFO(r.out);
-      REQUIRE(fired == 1);
-      CHECK(r.code == 130);
       CHECK(r.out.find("step 1/") == std::string::npos);
       CHECK(r.out.find("strata train: saved") == std::string::npos);
       // during set-up it exits at once; a signal landing just after set-up stops before step 1
@@ -66,21 +70,12 @@ TEST_CASE("a signal while the model is being set up exits 130 at once: no step, 
 TEST_CASE("budgets are checked before the data is tokenized and before weights are initialised",
           "[signals][cli]") {
   testing::TempDir tmp("budget_first");
-  SECTION("device") {
-    testing::ProcessResult r = testing::run_strata(
-        quickstart_args((tmp.path / "dev").string(), "train.max_steps=1 device.memory=8MiB"));
-    INFO(r.out);
-    CHECK(r.code == 3);
-    CHECK(r.out.find("strata data:") == std::string::npos);
-    CHECK(r.out.find("initialising weights") == std::string::npos);
-  }
-  SECTION("host") {
-    testing::ProcessResult r = testing::run_strata(
-        quickstart_args((tmp.path / "host").string(), "train.max_steps=1 offload.host_memory=1MiB"));
-    INFO(r.out);
-    CHECK(r.code == 3);
-    CHECK(r.out.find("strata data:") == std::string::npos);
-    CHECK(r.out.find("initialising weights") == std::string::npos);
+  for (const char* budget : {"device.memory=8MiB", "offload.host_memory=1MiB"}) {
+    DYNAMIC_SECTION(budget) {
+      testing::check_run(testing::run_strata(quickstart_args((tmp.path / "out").string(),
+                                                             std::string("train.max_steps=1 ") + budget)),
+                         3, {}, {"strata data:", "initialising weights"});
+    }
   }
 }
 

@@ -56,9 +56,7 @@ TEST_CASE("no trainer function is longer than 80 lines, and train_run reads as i
 }
 
 TEST_CASE("recipes/README.md has no stale lines", "[recipe][shape]") {
-  std::stringstream ss;
-  ss << std::ifstream(testing::source_path("recipes/README.md")).rdbuf();
-  const std::string text = ss.str();
+  const std::string text = testing::read_file(testing::source_path("recipes/README.md"));
   CHECK(text.find("not built yet") == std::string::npos);
   CHECK(text.find("land with the CLI issue") == std::string::npos);
   CHECK(text.find("`compute_s`") != std::string::npos);  // the metrics fields are documented

@@ -72,17 +72,22 @@ void bench_fill(float* x, int64_t n, float base, float step) {
   }
 }
 
-__attribute__((target("avx512f"))) void bench_triad_avx512(float* a, const float* b, const float* c,
-                                                           float s, int64_t begin, int64_t end) {
+// a = b + s c over [begin, end), with non-temporal stores (kStream) or plain ones.
+template <bool kStream>
+__attribute__((target("avx512f"))) void bench_triad_avx512(float* a, const float* b, const float* c, float s,
+                                                           int64_t begin, int64_t end) {
   const __m512 vs = _mm512_set1_ps(s);
   int64_t i = begin;
-  for (; i + 16 <= end; i += 16)
-    _mm512_stream_ps(a + i, _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(vs, _mm512_loadu_ps(c + i))));
+  for (; i + 16 <= end; i += 16) {
+    const __m512 x = _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(vs, _mm512_loadu_ps(c + i)));
+    if constexpr (kStream) _mm512_stream_ps(a + i, x);
+    else _mm512_storeu_ps(a + i, x);
+  }
   for (; i < end; ++i) a[i] = b[i] + s * c[i];
 }
 
-__attribute__((target("avx2"))) void bench_triad_avx2(float* a, const float* b, const float* c,
-                                                      float s, int64_t begin, int64_t end) {
+__attribute__((target("avx2"))) void bench_triad_stream_avx2(float* a, const float* b, const float* c, float s,
+                                                             int64_t begin, int64_t end) {
   const __m256 vs = _mm256_set1_ps(s);
   int64_t i = begin;
   for (; i + 8 <= end; i += 8)
@@ -90,46 +95,24 @@ __attribute__((target("avx2"))) void bench_triad_avx2(float* a, const float* b, 
   for (; i < end; ++i) a[i] = b[i] + s * c[i];
 }
 
-// The triad with plain stores: STREAM's classic convention counts 24 bytes per element, but the
-// write-allocate read makes it move 32. Printed for comparison only; the bound uses the
-// non-temporal triad, whose counted bytes are the bytes moved.
-__attribute__((target("avx512f"))) void bench_triad_plain_avx512(float* a, const float* b, const float* c,
-                                                                 float s, int64_t begin, int64_t end) {
-  const __m512 vs = _mm512_set1_ps(s);
-  int64_t i = begin;
-  for (; i + 16 <= end; i += 16)
-    _mm512_storeu_ps(a + i, _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(vs, _mm512_loadu_ps(c + i))));
-  for (; i < end; ++i) a[i] = b[i] + s * c[i];
-}
-
-double bench_triad_plain(float* a, const float* b, const float* c, int64_t n) {
+// One STREAM triad over n elements (64-byte aligned arrays); returns seconds. With non-temporal
+// stores (`stream`) the counted bytes are the bytes moved: that triad is the bound. With plain
+// stores STREAM's classic convention counts 24 bytes per element, but the write-allocate read makes
+// it move 32: printed for comparison only.
+double bench_triad(float* a, const float* b, const float* c, int64_t n, bool stream) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const auto t0 = Clock::now();
 #pragma omp parallel
   {
     int64_t beg, end;
     bench_thread_range(n, omp_get_thread_num(), omp_get_num_threads(), &beg, &end);
-    if (avx512) {
-      bench_triad_plain_avx512(a, b, c, 3.f, beg, end);
-    } else {
+    if (avx512 && stream) bench_triad_avx512<true>(a, b, c, 3.f, beg, end);
+    else if (avx512) bench_triad_avx512<false>(a, b, c, 3.f, beg, end);
+    else if (stream) bench_triad_stream_avx2(a, b, c, 3.f, beg, end);
+    else
       for (int64_t i = beg; i < end; ++i) a[i] = b[i] + 3.f * c[i];
-    }
   }
-  return bench_seconds_since(t0);
-}
-
-// One STREAM triad over n elements (64-byte aligned arrays); returns seconds.
-double bench_triad(float* a, const float* b, const float* c, int64_t n) {
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const auto t0 = Clock::now();
-#pragma omp parallel
-  {
-    int64_t beg, end;
-    bench_thread_range(n, omp_get_thread_num(), omp_get_num_threads(), &beg, &end);
-    if (avx512) bench_triad_avx512(a, b, c, 3.f, beg, end);
-    else bench_triad_avx2(a, b, c, 3.f, beg, end);
-  }
-  _mm_sfence();
+  if (stream) _mm_sfence();
   return bench_seconds_since(t0);
 }
 
@@ -291,8 +274,8 @@ int bench_adamw(const std::vector<std::string>& args) {
   int64_t step = 0;
   double triad_best = 1e30, triad_plain_best = 1e30, pattern_best = 1e30;
   for (int r = 0; r < rounds; ++r) {
-    triad_best = std::min(triad_best, bench_triad(ta.as<float>(), tb.as<float>(), tc.as<float>(), n));
-    triad_plain_best = std::min(triad_plain_best, bench_triad_plain(ta.as<float>(), tb.as<float>(), tc.as<float>(), n));
+    triad_best = std::min(triad_best, bench_triad(ta.as<float>(), tb.as<float>(), tc.as<float>(), n, true));
+    triad_plain_best = std::min(triad_plain_best, bench_triad(ta.as<float>(), tb.as<float>(), tc.as<float>(), n, false));
     // on the triad arrays and one more (their values do not matter), not the AdamW state
     pattern_best = std::min(pattern_best, bench_pattern(tc.as<float>(), ta.as<float>(), tb.as<float>(),
                                                         td.as<float>(), n));

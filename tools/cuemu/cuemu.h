@@ -169,50 +169,43 @@ inline int __all_sync(unsigned mask, int p) {
 }
 
 // ---- atomics -----------------------------------------------------------------------------------
-template <class T>
-T atomicAdd(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_add(v);
-}
-template <class T>
-T atomicSub(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_sub(v);
-}
-template <class T>
-T atomicExch(T* p, T v) {
-  return std::atomic_ref<T>(*p).exchange(v);
-}
+// Each read-modify-write atomic is one std::atomic_ref operation that returns the old value.
+#define CUEMU_ATOMIC_RMW(name, op)     \
+  template <class T>                   \
+  T name(T* p, T v) {                  \
+    return std::atomic_ref<T>(*p).op(v); \
+  }
+CUEMU_ATOMIC_RMW(atomicAdd, fetch_add)
+CUEMU_ATOMIC_RMW(atomicSub, fetch_sub)
+CUEMU_ATOMIC_RMW(atomicExch, exchange)
+CUEMU_ATOMIC_RMW(atomicAnd, fetch_and)
+CUEMU_ATOMIC_RMW(atomicOr, fetch_or)
+CUEMU_ATOMIC_RMW(atomicXor, fetch_xor)
+#undef CUEMU_ATOMIC_RMW
+
 template <class T>
 T atomicCAS(T* p, T compare, T v) {
   std::atomic_ref<T>(*p).compare_exchange_strong(compare, v);
   return compare;  // the old value, whether or not it was replaced
 }
-template <class T>
-T atomicMax(T* p, T v) {
+namespace cuemu::detail {
+// Replaces *p by v while replaces(v, old) holds for the value there; returns the old value.
+template <class T, class Replaces>
+T atomic_replace_while(T* p, T v, Replaces replaces) {
   std::atomic_ref<T> a(*p);
   T old = a.load();
-  while (old < v && !a.compare_exchange_weak(old, v)) {
+  while (replaces(v, old) && !a.compare_exchange_weak(old, v)) {
   }
   return old;
+}
+}  // namespace cuemu::detail
+template <class T>
+T atomicMax(T* p, T v) {
+  return cuemu::detail::atomic_replace_while(p, v, [](T x, T old) { return old < x; });
 }
 template <class T>
 T atomicMin(T* p, T v) {
-  std::atomic_ref<T> a(*p);
-  T old = a.load();
-  while (v < old && !a.compare_exchange_weak(old, v)) {
-  }
-  return old;
-}
-template <class T>
-T atomicAnd(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_and(v);
-}
-template <class T>
-T atomicOr(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_or(v);
-}
-template <class T>
-T atomicXor(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_xor(v);
+  return cuemu::detail::atomic_replace_while(p, v, [](T x, T old) { return x < old; });
 }
 
 // ---- loads and math intrinsics (fast-math variants computed exactly) --------------------------

@@ -226,6 +226,65 @@ void desc_init(DescState* s, cublasComputeType_t compute, cudaDataType scale) {
                  nullptr, -1};
 }
 
+// Calls f(field) on the field of a layout or matmul descriptor that `attr` names
+// (CUBLAS_STATUS_NOT_SUPPORTED for others): one table per descriptor for setting and getting.
+template <class State, class F>
+cublasStatus_t state_field(State& s, cublasLtMatrixLayoutAttribute_t attr, F f) {
+  switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_TYPE: return f(s.type);
+    case CUBLASLT_MATRIX_LAYOUT_ORDER: return f(s.order);
+    case CUBLASLT_MATRIX_LAYOUT_ROWS: return f(s.rows);
+    case CUBLASLT_MATRIX_LAYOUT_COLS: return f(s.cols);
+    case CUBLASLT_MATRIX_LAYOUT_LD: return f(s.ld);
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return f(s.batch_count);
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return f(s.batch_stride);
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+template <class State, class F>
+cublasStatus_t state_field(State& s, cublasLtMatmulDescAttributes_t attr, F f) {
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return f(s.compute);
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: return f(s.scale);
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE: return f(s.pointer_mode);
+    case CUBLASLT_MATMUL_DESC_TRANSA: return f(s.trans_a);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return f(s.trans_b);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return f(s.epilogue);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return f(s.bias);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return f(s.bias_type);
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+
+// cublasLt*SetAttribute / GetAttribute of a descriptor's state (layout or matmul descriptor).
+template <class State, class Attr>
+cublasStatus_t state_set(State* s, Attr attr, const void* buf, size_t bytes) {
+  return state_field(*s, attr, [&](auto& field) { return attr_write(field, buf, bytes); });
+}
+template <class State, class Attr>
+cublasStatus_t state_get(const State* s, Attr attr, void* buf, size_t bytes, size_t* written) {
+  return state_field(*s, attr, [&](const auto& field) { return attr_read(field, buf, bytes, written); });
+}
+
+template <class Opaque>
+cublasStatus_t descriptor_destroy(Opaque* d) {
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// A new cuBLAS or cuBLASLt context in *h; CUBLAS_STATUS_NOT_INITIALIZED when there is no device.
+template <class Context>
+cublasStatus_t context_create(Context** h) {
+  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  *h = new Context;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 bool layout_ld_ok(const LayoutState& l) {
   if (l.order == CUBLASLT_ORDER_COL) return l.ld >= std::max<int64_t>(1, static_cast<int64_t>(l.rows));
   if (l.order == CUBLASLT_ORDER_ROW) return l.ld >= std::max<int64_t>(1, static_cast<int64_t>(l.cols));
@@ -242,16 +301,7 @@ Operand operand_of(const void* data, const LayoutState& l) {
 extern "C" {
 
 // ---- cuBLAS --------------------------------------------------------------------------------------
-cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
-  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return CUBLAS_STATUS_NOT_INITIALIZED;
-  }
-  *h = new cublasContext;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) { return context_create(h); }
 cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   cudaStreamSynchronize(h->stream);
@@ -319,16 +369,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
 }
 
 // ---- cuBLASLt ------------------------------------------------------------------------------------
-cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
-  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return CUBLAS_STATUS_NOT_INITIALIZED;
-  }
-  *h = new cublasLtContext;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { return context_create(h); }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   delete h;
@@ -348,39 +389,14 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataTyp
   layout_init(layout_of(*l), type, rows, cols, ld);
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
-  delete l;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { return descriptor_destroy(l); }
 cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
                                                 const void* buf, size_t bytes) {
-  if (!l) return CUBLAS_STATUS_INVALID_VALUE;
-  LayoutState& s = *layout_of(l);
-  switch (attr) {
-    case CUBLASLT_MATRIX_LAYOUT_TYPE: return attr_write(s.type, buf, bytes);
-    case CUBLASLT_MATRIX_LAYOUT_ORDER: return attr_write(s.order, buf, bytes);
-    case CUBLASLT_MATRIX_LAYOUT_ROWS: return attr_write(s.rows, buf, bytes);
-    case CUBLASLT_MATRIX_LAYOUT_COLS: return attr_write(s.cols, buf, bytes);
-    case CUBLASLT_MATRIX_LAYOUT_LD: return attr_write(s.ld, buf, bytes);
-    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return attr_write(s.batch_count, buf, bytes);
-    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return attr_write(s.batch_stride, buf, bytes);
-    default: return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
+  return l ? state_set(layout_of(l), attr, buf, bytes) : CUBLAS_STATUS_INVALID_VALUE;
 }
 cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
                                                 void* buf, size_t bytes, size_t* written) {
-  if (!l) return CUBLAS_STATUS_INVALID_VALUE;
-  const LayoutState& s = *layout_of(l);
-  switch (attr) {
-    case CUBLASLT_MATRIX_LAYOUT_TYPE: return attr_read(s.type, buf, bytes, written);
-    case CUBLASLT_MATRIX_LAYOUT_ORDER: return attr_read(s.order, buf, bytes, written);
-    case CUBLASLT_MATRIX_LAYOUT_ROWS: return attr_read(s.rows, buf, bytes, written);
-    case CUBLASLT_MATRIX_LAYOUT_COLS: return attr_read(s.cols, buf, bytes, written);
-    case CUBLASLT_MATRIX_LAYOUT_LD: return attr_read(s.ld, buf, bytes, written);
-    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return attr_read(s.batch_count, buf, bytes, written);
-    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return attr_read(s.batch_stride, buf, bytes, written);
-    default: return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
+  return l ? state_get(layout_of(l), attr, buf, bytes, written) : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasLtMatmulDescInit_internal(cublasLtMatmulDesc_t d, size_t size, cublasComputeType_t compute,
@@ -395,41 +411,14 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeTy
   desc_init(desc_of(*d), compute, scale);
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
-  delete d;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { return descriptor_destroy(d); }
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
                                               const void* buf, size_t bytes) {
-  if (!d) return CUBLAS_STATUS_INVALID_VALUE;
-  DescState& s = *desc_of(d);
-  switch (attr) {
-    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return attr_write(s.compute, buf, bytes);
-    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: return attr_write(s.scale, buf, bytes);
-    case CUBLASLT_MATMUL_DESC_POINTER_MODE: return attr_write(s.pointer_mode, buf, bytes);
-    case CUBLASLT_MATMUL_DESC_TRANSA: return attr_write(s.trans_a, buf, bytes);
-    case CUBLASLT_MATMUL_DESC_TRANSB: return attr_write(s.trans_b, buf, bytes);
-    case CUBLASLT_MATMUL_DESC_EPILOGUE: return attr_write(s.epilogue, buf, bytes);
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return attr_write(s.bias, buf, bytes);
-    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return attr_write(s.bias_type, buf, bytes);
-    default: return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
+  return d ? state_set(desc_of(d), attr, buf, bytes) : CUBLAS_STATUS_INVALID_VALUE;
 }
 cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, void* buf,
                                               size_t bytes, size_t* written) {
-  if (!d) return CUBLAS_STATUS_INVALID_VALUE;
-  const DescState& s = *desc_of(d);
-  switch (attr) {
-    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return attr_read(s.compute, buf, bytes, written);
-    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: return attr_read(s.scale, buf, bytes, written);
-    case CUBLASLT_MATMUL_DESC_POINTER_MODE: return attr_read(s.pointer_mode, buf, bytes, written);
-    case CUBLASLT_MATMUL_DESC_TRANSA: return attr_read(s.trans_a, buf, bytes, written);
-    case CUBLASLT_MATMUL_DESC_TRANSB: return attr_read(s.trans_b, buf, bytes, written);
-    case CUBLASLT_MATMUL_DESC_EPILOGUE: return attr_read(s.epilogue, buf, bytes, written);
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return attr_read(s.bias, buf, bytes, written);
-    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return attr_read(s.bias_type, buf, bytes, written);
-    default: return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
+  return d ? state_get(desc_of(d), attr, buf, bytes, written) : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasLtMatmulPreferenceInit_internal(cublasLtMatmulPreference_t p, size_t size) {
@@ -442,10 +431,7 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
   *p = new cublasLtMatmulPreferenceOpaque_t{};
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
-  delete p;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { return descriptor_destroy(p); }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
                                                     size_t bytes) {

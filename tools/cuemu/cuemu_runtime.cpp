@@ -196,26 +196,23 @@ cudaError_t copy_async(const char* call, void* dst, const void* src, size_t byte
   if (cudaError_t e = copy_check(call, dst, src, bytes, kind)) return e;
   if (!stream_known(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
-  if (kind == cudaMemcpyHostToDevice && is_pinned_range(src, bytes)) {
-    PinnedCopy pc = pinned_copy_begin(src, bytes, false);
+  // A pinned host side is copied on the stream, between pinned_copy_begin and pinned_copy_end.
+  const bool h2d = kind == cudaMemcpyHostToDevice, d2h = kind == cudaMemcpyDeviceToHost;
+  const void* host = h2d ? src : dst;
+  if ((h2d || d2h) && is_pinned_range(host, bytes)) {
+    PinnedCopy pc = pinned_copy_begin(host, bytes, d2h);
     return stream_submit(stream, [=] {
-      pinned_read(dst, src, bytes);
+      if (h2d) pinned_read(dst, src, bytes);
+      else pinned_write(dst, src, bytes);
       pinned_copy_end(pc);
     });
   }
-  if (kind == cudaMemcpyHostToDevice) {
+  if (h2d) {
     // Pageable source: the runtime stages it before returning, so the caller may reuse it at once.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
     return stream_submit(stream, [=] { std::memcpy(dst, staged->data(), bytes); });
   }
-  if (kind == cudaMemcpyDeviceToHost && is_pinned_range(dst, bytes)) {
-    PinnedCopy pc = pinned_copy_begin(dst, bytes, true);
-    return stream_submit(stream, [=] {
-      pinned_write(dst, src, bytes);
-      pinned_copy_end(pc);
-    });
-  }
-  if (kind == cudaMemcpyDeviceToHost) {
+  if (d2h) {
     // Pageable destination: the runtime returns only once the bytes have landed.
     auto landed = std::make_shared<std::promise<void>>();
     std::future<void> done = landed->get_future();
@@ -233,22 +230,27 @@ cudaError_t copy_async(const char* call, void* dst, const void* src, size_t byte
 
 const Options& options_current() { return g_options; }
 
-void report(const char* fmt, ...) {
+namespace {
+// One "cuemu: <prefix><message>" line on stderr.
+void report_line(const char* prefix, const char* fmt, va_list ap) {
   char buf[1024];
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  std::fprintf(stderr, "cuemu: %s%s\n", prefix, buf);
+}
+}  // namespace
+
+void report(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  report_line("", fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "cuemu: %s\n", buf);
 }
 
 void fatal(const char* fmt, ...) {
-  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  report_line("FATAL: ", fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "cuemu: FATAL: %s\n", buf);
   std::fflush(stderr);
   std::abort();
 }

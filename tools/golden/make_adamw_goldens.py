@@ -17,9 +17,10 @@ change it). Deterministic (fixed seed); rerun from the repository root:
 """
 import json
 import os
-import struct
 
 import torch
+
+from safetensors_file import safetensors_write_blobs
 
 OUT = os.path.join("tests", "golden", "adamw")
 SIZES = [1, 15, 17, 1031]
@@ -65,20 +66,8 @@ def run_case(case, n, gen, tensors):
 
 
 def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        data = tensors[name].contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * ((8 - len(head) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for b in blobs:
-            f.write(b)
+    safetensors_write_blobs(path, [(name, "F32", t.shape, t.contiguous().numpy().astype("<f4").tobytes())
+                                   for name, t in tensors.items()])
 
 
 def main():

@@ -22,6 +22,8 @@ import sys
 import numpy as np
 import torch
 
+from safetensors_file import safetensors_write_blobs
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT_ROOT = os.path.join(REPO_ROOT, "tests", "golden")
 
@@ -35,6 +37,27 @@ FD_MAX_REL_ERR = 1e-6  # the script fails above this; typical values are ~1e-9
 # Cases
 # ----------------------------------------------------------------------------------------
 
+def hf_config(keys):
+    """A case's config.json: the keys every case shares and the case's own, in name order (as
+    transformers writes them)."""
+    cfg = {"attention_dropout": 0.0, "hidden_act": "silu", "initializer_range": 0.02, "use_cache": True}
+    cfg.update(keys)
+    return dict(sorted(cfg.items()))
+
+
+# The keys the two tiny Qwen cases share.
+QWEN_TINY = {
+    "max_window_layers": 2,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+}
+
 CASES = [
     {
         "name": "llama",
@@ -44,16 +67,13 @@ CASES = [
         "with_labels": True,
         "qk_norm": False,
         "qkv_bias": False,
-        "config": {
+        "config": hf_config({
             "architectures": ["LlamaForCausalLM"],
             "attention_bias": False,
-            "attention_dropout": 0.0,
             "bos_token_id": 1,
             "eos_token_id": [2, 3],
             "head_dim": 8,
-            "hidden_act": "silu",
             "hidden_size": 40,
-            "initializer_range": 0.02,
             "intermediate_size": 72,
             "max_position_embeddings": 2048,
             "mlp_bias": False,
@@ -77,9 +97,8 @@ CASES = [
             "tie_word_embeddings": True,
             "torch_dtype": "bfloat16",
             "transformers_version": "4.45.0",
-            "use_cache": True,
             "vocab_size": 97,
-        },
+        }),
     },
     {
         "name": "mistral",
@@ -89,15 +108,12 @@ CASES = [
         "with_labels": True,
         "qk_norm": False,
         "qkv_bias": False,
-        "config": {
+        "config": hf_config({
             "architectures": ["MistralForCausalLM"],
-            "attention_dropout": 0.0,
             "bos_token_id": 1,
             "eos_token_id": 2,
             "head_dim": 6,
-            "hidden_act": "silu",
             "hidden_size": 36,
-            "initializer_range": 0.02,
             "intermediate_size": 50,
             "max_position_embeddings": 32768,
             "model_type": "mistral",
@@ -110,9 +126,8 @@ CASES = [
             "tie_word_embeddings": False,
             "torch_dtype": "float32",
             "transformers_version": "4.45.0",
-            "use_cache": True,
             "vocab_size": 61,
-        },
+        }),
     },
     {
         "name": "qwen2",
@@ -122,32 +137,20 @@ CASES = [
         "with_labels": True,
         "qk_norm": False,
         "qkv_bias": True,
-        "config": {
+        "config": hf_config({
+            **QWEN_TINY,
             "architectures": ["Qwen2ForCausalLM"],
-            "attention_dropout": 0.0,
             "bos_token_id": 5,
             "eos_token_id": 7,
-            "hidden_act": "silu",
             "hidden_size": 32,
-            "initializer_range": 0.02,
             "intermediate_size": 44,
             "max_position_embeddings": 32768,
-            "max_window_layers": 2,
             "model_type": "qwen2",
-            "num_attention_heads": 4,
-            "num_hidden_layers": 2,
-            "num_key_value_heads": 2,
-            "rms_norm_eps": 1e-06,
-            "rope_scaling": None,
-            "rope_theta": 1000000.0,
             "sliding_window": 32768,
-            "tie_word_embeddings": False,
             "torch_dtype": "float16",
             "transformers_version": "4.45.0",
-            "use_cache": True,
-            "use_sliding_window": False,
             "vocab_size": 83,
-        },
+        }),
     },
     {
         "name": "qwen3",
@@ -157,34 +160,22 @@ CASES = [
         "with_labels": False,  # batch.json has no "labels": labels default to input_ids
         "qk_norm": True,
         "qkv_bias": False,
-        "config": {
+        "config": hf_config({
+            **QWEN_TINY,
             "architectures": ["Qwen3ForCausalLM"],
             "attention_bias": False,
-            "attention_dropout": 0.0,
             "bos_token_id": 11,
             "eos_token_id": 12,
             "head_dim": 10,
-            "hidden_act": "silu",
             "hidden_size": 24,
-            "initializer_range": 0.02,
             "intermediate_size": 40,
             "max_position_embeddings": 40960,
-            "max_window_layers": 2,
             "model_type": "qwen3",
-            "num_attention_heads": 4,
-            "num_hidden_layers": 2,
-            "num_key_value_heads": 2,
-            "rms_norm_eps": 1e-06,
-            "rope_scaling": None,
-            "rope_theta": 1000000.0,
             "sliding_window": None,
-            "tie_word_embeddings": False,
             "torch_dtype": "float32",
             "transformers_version": "4.51.0",
-            "use_cache": True,
-            "use_sliding_window": False,
             "vocab_size": 71,
-        },
+        }),
     },
 ]
 
@@ -209,26 +200,8 @@ def tensor_to_bytes(t64, dtype):
 
 def safetensors_write(path, tensors, dtype):
     """tensors: list of (name, float64 tensor); all are written as dtype."""
-    header = {"__metadata__": {"format": "pt"}}
-    blobs = []
-    offset = 0
-    for name, t in sorted(tensors, key=lambda nt: nt[0]):
-        data = tensor_to_bytes(t, dtype)
-        header[name] = {
-            "dtype": dtype,
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-    return offset
+    return safetensors_write_blobs(path, [(name, dtype, t.shape, tensor_to_bytes(t, dtype)) for name, t in tensors],
+                                   metadata={"format": "pt"})
 
 
 def safetensors_read(path):

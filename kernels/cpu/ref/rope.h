@@ -6,11 +6,12 @@
 
 namespace strata::ref {
 
-// x (n, nh, d); pos (n); inv_freq (d/2). out[j] = x[j] cos - x[j+d/2] sin,
-// out[j+d/2] = x[j+d/2] cos + x[j] sin. In-place allowed.
+// x (n, nh, d); pos (n); inv_freq (d/2). Each pair (x[j], x[j+d/2]) turned by sign * angle,
+// angle = pos * inv_freq[j]: out[j] = x[j] cos - x[j+d/2] s, out[j+d/2] = x[j+d/2] cos + x[j] s
+// with s = sign * sin. In-place allowed.
 template <class T>
-void rope_forward(T* out, const T* in, const int32_t* pos, const T* inv_freq, int64_t n,
-                  int64_t nh, int64_t d) {
+void rope_rotate(T* out, const T* in, const int32_t* pos, const T* inv_freq, int64_t n, int64_t nh, int64_t d,
+                 T sign) {
   int64_t half = d / 2;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < nh; ++h) {
@@ -18,7 +19,7 @@ void rope_forward(T* out, const T* in, const int32_t* pos, const T* inv_freq, in
       T* y = out + (i * nh + h) * d;
       for (int64_t j = 0; j < half; ++j) {
         T angle = T(pos[i]) * inv_freq[j];
-        T cs = std::cos(angle), sn = std::sin(angle);
+        T cs = std::cos(angle), sn = sign * std::sin(angle);
         T x0 = x[j], x1 = x[j + half];
         y[j] = x0 * cs - x1 * sn;
         y[j + half] = x1 * cs + x0 * sn;
@@ -27,25 +28,19 @@ void rope_forward(T* out, const T* in, const int32_t* pos, const T* inv_freq, in
   }
 }
 
-// The transpose of the rotation: din[j] = dout[j] cos + dout[j+d/2] sin,
+// out[j] = x[j] cos - x[j+d/2] sin, out[j+d/2] = x[j+d/2] cos + x[j] sin.
+template <class T>
+void rope_forward(T* out, const T* in, const int32_t* pos, const T* inv_freq, int64_t n,
+                  int64_t nh, int64_t d) {
+  rope_rotate(out, in, pos, inv_freq, n, nh, d, T(1));
+}
+
+// The transpose of the rotation, a turn by -angle: din[j] = dout[j] cos + dout[j+d/2] sin,
 // din[j+d/2] = dout[j+d/2] cos - dout[j] sin. In-place allowed.
 template <class T>
 void rope_backward(T* din, const T* dout, const int32_t* pos, const T* inv_freq, int64_t n,
                    int64_t nh, int64_t d) {
-  int64_t half = d / 2;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < nh; ++h) {
-      const T* dy = dout + (i * nh + h) * d;
-      T* dx = din + (i * nh + h) * d;
-      for (int64_t j = 0; j < half; ++j) {
-        T angle = T(pos[i]) * inv_freq[j];
-        T cs = std::cos(angle), sn = std::sin(angle);
-        T g0 = dy[j], g1 = dy[j + half];
-        dx[j] = g0 * cs + g1 * sn;
-        dx[j + half] = g1 * cs - g0 * sn;
-      }
-    }
-  }
+  rope_rotate(din, dout, pos, inv_freq, n, nh, d, T(-1));
 }
 
 }  // namespace strata::ref

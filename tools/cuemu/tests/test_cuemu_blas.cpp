@@ -9,17 +9,53 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
 namespace {
 
-void* device_copy(const void* host, size_t bytes) {
-  void* d = nullptr;
-  REQUIRE(cudaMalloc(&d, bytes) == cudaSuccess);
-  REQUIRE(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
-  return d;
-}
+// A cuBLAS handle for one test case, on the default stream or on a stream of its own, destroyed
+// (the handle first) when the case ends.
+struct BlasHandle {
+  cublasHandle_t h = nullptr;
+  cudaStream_t stream = nullptr;
+  explicit BlasHandle(bool own_stream = false) {
+    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    if (!own_stream) return;
+    REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+    REQUIRE(cublasSetStream(h, stream) == CUBLAS_STATUS_SUCCESS);
+  }
+  ~BlasHandle() {
+    cublasDestroy(h);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  BlasHandle(const BlasHandle&) = delete;
+  BlasHandle& operator=(const BlasHandle&) = delete;
+};
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+
+// Device memory for one test case (or one loop pass), freed when it goes out of scope.
+class DeviceMemory {
+ public:
+  void* alloc(size_t bytes) {
+    void* d = nullptr;
+    REQUIRE(cudaMalloc(&d, bytes) == cudaSuccess);
+    ptrs_.emplace_back(d);
+    return d;
+  }
+  void* copy(const void* host, size_t bytes) {
+    void* d = alloc(bytes);
+    REQUIRE(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    return d;
+  }
+
+ private:
+  std::vector<std::unique_ptr<void, CudaFree>> ptrs_;
+};
 
 // A column-major rows x cols matrix with leading dimension ld, seeded, values exact in bf16.
 std::vector<float> random_matrix(int rows, int cols, int ld, unsigned seed) {
@@ -58,11 +94,9 @@ std::vector<double> gemm_reference(bool ta, bool tb, int m, int n, int k, double
 }  // namespace
 
 TEST_CASE("cuemu cublasGemmEx matches a naive column-major loop for every transpose", "[cuda-emu]") {
-  cublasHandle_t h;
-  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-  cudaStream_t s;
-  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
-  REQUIRE(cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS);
+  const BlasHandle blas(true);
+  cublasHandle_t h = blas.h;
+  cudaStream_t s = blas.stream;
   const int m = 17, n = 5, k = 33;
   for (int inputs_bf16 = 0; inputs_bf16 < 2; ++inputs_bf16)
     for (int out_bf16 = 0; out_bf16 <= inputs_bf16; ++out_bf16)
@@ -78,9 +112,10 @@ TEST_CASE("cuemu cublasGemmEx matches a naive column-major loop for every transp
             const cudaDataType in_type = inputs_bf16 ? CUDA_R_16BF : CUDA_R_32F;
             const cudaDataType out_type = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
             std::vector<__nv_bfloat16> a16 = to_bf16(a), b16 = to_bf16(b), c16 = to_bf16(c);
-            void* da = inputs_bf16 ? device_copy(a16.data(), a16.size() * 2) : device_copy(a.data(), a.size() * 4);
-            void* db = inputs_bf16 ? device_copy(b16.data(), b16.size() * 2) : device_copy(b.data(), b.size() * 4);
-            void* dc = out_bf16 ? device_copy(c16.data(), c16.size() * 2) : device_copy(c.data(), c.size() * 4);
+            DeviceMemory mem;  // freed at the end of each pass
+            void* da = inputs_bf16 ? mem.copy(a16.data(), a16.size() * 2) : mem.copy(a.data(), a.size() * 4);
+            void* db = inputs_bf16 ? mem.copy(b16.data(), b16.size() * 2) : mem.copy(b.data(), b.size() * 4);
+            void* dc = out_bf16 ? mem.copy(c16.data(), c16.size() * 2) : mem.copy(c.data(), c.size() * 4);
             const float alpha = 1.5f;
             REQUIRE(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
                                  da, in_type, lda, db, in_type, ldb, &beta, dc, out_type, ldc, CUBLAS_COMPUTE_32F,
@@ -109,23 +144,18 @@ TEST_CASE("cuemu cublasGemmEx matches a naive column-major loop for every transp
                 CHECK(got[static_cast<size_t>(j) * ldc + i] == (out_bf16 ? __bfloat162float(c16[j * ldc + i]) : 1e30f));
             }
             CHECK(worst <= 1.0);
-            cudaFree(da);
-            cudaFree(db);
-            cudaFree(dc);
           }
-  cublasDestroy(h);
-  cudaStreamDestroy(s);
 }
 
 TEST_CASE("cuemu GEMM with beta = 0 never reads C, so NaN poison there is harmless", "[cuda-emu]") {
-  cublasHandle_t h;
-  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  const BlasHandle blas;
+  cublasHandle_t h = blas.h;
+  DeviceMemory mem;
   const int m = 3, n = 4, k = 2;
   std::vector<float> a = random_matrix(m, k, m, 7), b = random_matrix(k, n, k, 8);
-  void* da = device_copy(a.data(), a.size() * 4);
-  void* db = device_copy(b.data(), b.size() * 4);
-  void* dc = nullptr;
-  REQUIRE(cudaMalloc(&dc, m * n * 4) == cudaSuccess);  // NaN-poisoned
+  void* da = mem.copy(a.data(), a.size() * 4);
+  void* db = mem.copy(b.data(), b.size() * 4);
+  void* dc = mem.alloc(m * n * 4);  // NaN-poisoned
   const float alpha = 1.f, beta = 0.f;
   REQUIRE(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, static_cast<float*>(da), m,
                       static_cast<float*>(db), k, &beta, static_cast<float*>(dc), m) == CUBLAS_STATUS_SUCCESS);
@@ -133,20 +163,14 @@ TEST_CASE("cuemu GEMM with beta = 0 never reads C, so NaN poison there is harmle
   REQUIRE(cudaMemcpy(got.data(), dc, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
   std::vector<double> want = gemm_reference(false, false, m, n, k, 1, a, m, b, k, 0, {}, m);
   for (int i = 0; i < m * n; ++i) CHECK(got[i] == float(want[i]));
-  cublasDestroy(h);
-  cudaFree(da);
-  cudaFree(db);
-  cudaFree(dc);
 }
 
 TEST_CASE("cuemu catches the seeded bug of a wrong leading dimension", "[cuda-emu][seeded-bug]") {
-  cublasHandle_t h;
-  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  const BlasHandle blas;
+  cublasHandle_t h = blas.h;
+  DeviceMemory mem;
   const int m = 8, n = 6, k = 5;
-  void *a = nullptr, *b = nullptr, *c = nullptr;
-  REQUIRE(cudaMalloc(&a, 64 * 64 * 4) == cudaSuccess);
-  REQUIRE(cudaMalloc(&b, 64 * 64 * 4) == cudaSuccess);
-  REQUIRE(cudaMalloc(&c, 64 * 64 * 4) == cudaSuccess);
+  void *a = mem.alloc(64 * 64 * 4), *b = mem.alloc(64 * 64 * 4), *c = mem.alloc(64 * 64 * 4);
   const float one = 1.f, zero = 0.f;
   auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, int lda, int ldb, int ldc) {
     return cublasGemmEx(h, ta, tb, m, n, k, &one, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &zero, c, CUDA_R_32F, ldc,
@@ -182,21 +206,17 @@ TEST_CASE("cuemu catches the seeded bug of a wrong leading dimension", "[cuda-em
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatmulDescDestroy(desc);
   cublasLtDestroy(lt);
-  cublasDestroy(h);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
 }
 
 TEST_CASE("cuemu strided-batched GEMM and cuBLASLt row-major with a bias epilogue", "[cuda-emu]") {
-  cublasHandle_t h;
-  REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  const BlasHandle blas;
+  cublasHandle_t h = blas.h;
+  DeviceMemory mem;
   const int m = 7, n = 3, k = 9, batches = 3;
   std::vector<float> a = random_matrix(m, k * batches, m, 11), b = random_matrix(k, n * batches, k, 12);
-  void* da = device_copy(a.data(), a.size() * 4);
-  void* db = device_copy(b.data(), b.size() * 4);
-  void* dc = nullptr;
-  REQUIRE(cudaMalloc(&dc, m * n * batches * 4) == cudaSuccess);
+  void* da = mem.copy(a.data(), a.size() * 4);
+  void* db = mem.copy(b.data(), b.size() * 4);
+  void* dc = mem.alloc(m * n * batches * 4);
   const float one = 1.f, zero = 0.f;
   REQUIRE(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, static_cast<float*>(da), m,
                                     static_cast<long long>(m) * k, static_cast<float*>(db), k,
@@ -216,11 +236,10 @@ TEST_CASE("cuemu strided-batched GEMM and cuBLASLt row-major with a bias epilogu
   std::vector<float> br = random_matrix(k, n, k, 22);  // column-major (k,n) == row-major (n,k)
   std::vector<float> bias = random_matrix(m, 1, m, 23);
   std::vector<__nv_bfloat16> ar16 = to_bf16(ar), br16 = to_bf16(br), bias16 = to_bf16(bias);
-  void* dar = device_copy(ar16.data(), ar16.size() * 2);
-  void* dbr = device_copy(br16.data(), br16.size() * 2);
-  void* dbias = device_copy(bias16.data(), bias16.size() * 2);
-  void* dd = nullptr;
-  REQUIRE(cudaMalloc(&dd, m * n * 2) == cudaSuccess);
+  void* dar = mem.copy(ar16.data(), ar16.size() * 2);
+  void* dbr = mem.copy(br16.data(), br16.size() * 2);
+  void* dbias = mem.copy(bias16.data(), bias16.size() * 2);
+  void* dd = mem.alloc(m * n * 2);
   cublasLtHandle_t lt;
   REQUIRE(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
   cublasLtMatmulDesc_t desc;
@@ -265,6 +284,4 @@ TEST_CASE("cuemu strided-batched GEMM and cuBLASLt row-major with a bias epilogu
   cublasLtMatrixLayoutDestroy(ld);
   cublasLtMatmulDescDestroy(desc);
   cublasLtDestroy(lt);
-  cublasDestroy(h);
-  for (void* p : {da, db, dc, dar, dbr, dbias, dd}) cudaFree(p);
 }

@@ -17,31 +17,25 @@ __device__ float warp_sum(float v) {
 }
 
 // Two-stage block sum: shuffles within each warp, per-warp partials through static shared
-// memory, then warp 0 sums the partials into block_sums[blockIdx.x].
-__global__ void reduce_sum_kernel(const float* x, float* block_sums, int n) {
+// memory, then warp 0 sums the partials into block_sums[blockIdx.x]. kSync false is the SEEDED
+// BUG: no barrier between the two stages, so warp 0 may read partials not yet written.
+template <bool kSync>
+__device__ void reduce_sum_block(const float* x, float* block_sums, int n) {
   __shared__ float partial[32];
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int i = int(blockIdx.x * blockDim.x) + tid;
   float v = warp_sum(i < n ? x[i] : 0.f);
   if (lane == 0) partial[warp] = v;
-  __syncthreads();
+  if constexpr (kSync) __syncthreads();
   if (warp == 0) {
     v = warp_sum(lane < int(blockDim.x / 32) ? partial[lane] : 0.f);
     if (lane == 0) block_sums[blockIdx.x] = v;
   }
 }
 
-// SEEDED BUG: the same kernel without the barrier, so warp 0 may read partials not yet written.
+__global__ void reduce_sum_kernel(const float* x, float* block_sums, int n) { reduce_sum_block<true>(x, block_sums, n); }
 __global__ void reduce_sum_missing_sync_kernel(const float* x, float* block_sums, int n) {
-  __shared__ float partial[32];
-  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int i = int(blockIdx.x * blockDim.x) + tid;
-  float v = warp_sum(i < n ? x[i] : 0.f);
-  if (lane == 0) partial[warp] = v;
-  if (warp == 0) {
-    v = warp_sum(lane < int(blockDim.x / 32) ? partial[lane] : 0.f);
-    if (lane == 0) block_sums[blockIdx.x] = v;
-  }
+  reduce_sum_block<false>(x, block_sums, n);
 }
 
 __global__ void shuffles_kernel(int* out, int param, int width) {
