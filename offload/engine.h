@@ -114,6 +114,10 @@ class Engine {
   void zero_grads();   // waits for pending accumulation, then zeroes store.grad()
   void synchronize();  // all queued device and host work finished
 
+  // The loss head's objective (offload/loss_objective.h): token cross-entropy unless replaced,
+  // e.g. by the preference head (offload/preference_head.h). Between steps only.
+  void set_loss_objective(std::unique_ptr<LossObjective> objective);
+
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }
   const EngineOptions& options() const { return opt_; }
