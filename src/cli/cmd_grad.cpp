@@ -89,11 +89,13 @@ int cmd_grad(const std::vector<std::string>& args) {
   app.add_option("--objective", objective_name,
                  "sft (cross-entropy), or a preference objective over a preference batch: dpo, ipo, simpo, orpo")
       ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo", "orpo"}));
-  app.add_option("--beta", beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
+  CLI::Option* beta_option =
+      app.add_option("--beta", beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
   app.add_option("--gamma", gamma, "simpo's target margin gamma (default 0.5)");
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
   const bool preference = objective_name != "sft";
+  STRATA_CHECK(beta_option->count() == 0 || beta > 0, "--beta must be positive (got ", beta, ")");
 
   const std::string batch_text = file_read(batch_path, "batch file", "check --batch", ErrorKind::input);
   nlohmann::json j;
@@ -135,7 +137,7 @@ int cmd_grad(const std::vector<std::string>& args) {
   if (preference) {
     PreferenceParams params;
     params.objective = preference_objective_parse(objective_name);
-    params.beta = beta >= 0 ? beta : preference_default_beta(params.objective);
+    params.beta = beta_option->count() ? beta : preference_default_beta(params.objective);
     params.gamma = gamma;
     auto owned = std::make_unique<PreferenceHead>(*dev, params, mb.B * mb.T);
     head = owned.get();
