@@ -27,6 +27,7 @@ MetricsCurves metrics_read_curves(const std::string& path) {
   STRATA_CHECK_IO(in.is_open(), "cannot open ", path, ": ", std::strerror(errno));
   std::map<int64_t, std::pair<double, double>> train;  // step -> (loss, lr); the last record wins
   std::map<int64_t, double> eval;
+  std::map<int64_t, std::pair<double, double>> pref, eval_pref;  // step -> (margins, accuracies)
   MetricsCurves out;
   std::string line;
   int64_t lineno = 0;
@@ -52,6 +53,11 @@ MetricsCurves metrics_read_curves(const std::string& path) {
     const int64_t s = step->get<int64_t>();
     if (rec.contains("loss")) train[s] = {metrics_number(rec, "loss", where), metrics_number(rec, "lr", where)};
     if (rec.contains("eval_loss")) eval[s] = metrics_number(rec, "eval_loss", where);
+    if (rec.contains("loss"))
+      pref[s] = {metrics_number(rec, "rewards/margins", where), metrics_number(rec, "rewards/accuracies", where)};
+    if (rec.contains("eval_loss"))
+      eval_pref[s] = {metrics_number(rec, "eval_rewards/margins", where),
+                      metrics_number(rec, "eval_rewards/accuracies", where)};
   }
   STRATA_CHECK_IO(!in.bad(), "reading ", path, " failed: ", std::strerror(errno));
   for (auto& [s, v] : train) {
@@ -63,7 +69,16 @@ MetricsCurves metrics_read_curves(const std::string& path) {
     out.eval_steps.push_back(s);
     out.eval_loss.push_back(v);
   }
+  for (auto& [s, v] : pref) out.margins.push_back(v.first), out.accuracies.push_back(v.second);
+  for (auto& [s, v] : eval_pref) out.eval_margins.push_back(v.first), out.eval_accuracies.push_back(v.second);
   return out;
+}
+
+bool MetricsCurves::has_preference() const {
+  for (const auto* v : {&margins, &accuracies, &eval_margins, &eval_accuracies})
+    for (double x : *v)
+      if (std::isfinite(x)) return true;
+  return false;
 }
 
 }  // namespace strata

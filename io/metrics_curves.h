@@ -13,6 +13,10 @@ struct MetricsCurves {
   std::vector<double> lr;           // per step; NaN where absent
   std::vector<int64_t> eval_steps;  // ascending, each once
   std::vector<double> eval_loss;    // per eval step; NaN where null
+  // preference objectives (TRL's names): per step and per eval step; NaN where absent
+  std::vector<double> margins, accuracies;            // "rewards/margins", "rewards/accuracies"
+  std::vector<double> eval_margins, eval_accuracies;  // "eval_rewards/margins", "eval_rewards/accuracies"
+  bool has_preference() const;                        // any of the four is finite
   int64_t skipped_torn_lines = 0;   // 1 when an unterminated, unparseable last line was skipped
 };
 

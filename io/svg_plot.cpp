@@ -12,6 +12,9 @@ constexpr double kWidth = 960, kHeight = 690;
 constexpr double kLeft = 88, kRight = 30;  // room for y tick labels and the axis title
 constexpr double kLossTop = 90, kLossHeight = 334;  // below the title and two caption lines
 constexpr double kLrTop = 474, kLrHeight = 146;
+// preference runs: two more panels below, reward margins and accuracies (train line, eval markers)
+constexpr double kPrefGap = 50, kPrefHeight = 146;
+constexpr const char* kMarginColor = "#756bb1";
 constexpr size_t kMaxPolylinePoints = 2000;
 constexpr size_t kMaxEvalMarkers = 400;  // beyond this the eval line alone is clearer
 constexpr size_t kCaptionChars = 120;    // about the page's width at 13 px
@@ -243,13 +246,15 @@ std::string svg_plot_training(const MetricsCurves& c, const std::string& title) 
     caption.back() += (caption.back().empty() ? "" : "  \xC2\xB7  ") + part;
   }
 
+  const bool pref = c.has_preference();
+  const double page_height = pref ? kHeight + 2 * (kPrefGap + kPrefHeight) : kHeight;
   std::string s;
   s += "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n";
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" + num(kWidth, 0) + "\" height=\"" +
-       num(kHeight, 0) + "\" viewBox=\"0 0 " + num(kWidth, 0) + " " + num(kHeight, 0) +
+       num(page_height, 0) + "\" viewBox=\"0 0 " + num(kWidth, 0) + " " + num(page_height, 0) +
        "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n";
   s += "<title>" + xml_escape(title) + "</title>\n";
-  s += "<rect x=\"0\" y=\"0\" width=\"" + num(kWidth, 0) + "\" height=\"" + num(kHeight, 0) + "\" fill=\"white\"/>\n";
+  s += "<rect x=\"0\" y=\"0\" width=\"" + num(kWidth, 0) + "\" height=\"" + num(page_height, 0) + "\" fill=\"white\"/>\n";
   s += svg_text(kLeft, 30, title, "font-size=\"20\" font-weight=\"bold\" fill=\"#222222\"");
   s += "<g id=\"caption\" font-size=\"13\" fill=\"#555555\">\n";
   for (size_t i = 0; i < caption.size() && i < 2; ++i) s += svg_text(kLeft, 52 + 17 * double(i), caption[i]);
@@ -305,7 +310,34 @@ std::string svg_plot_training(const MetricsCurves& c, const std::string& title) 
   s += "<g id=\"lr-panel\">\n" + svg_axes(lr_panel, "lr", "learning rate");
   s += svg_polyline(lr_panel, "lr", c.steps, c.lr, kLrColor, 1.5, true);
   s += "</g>\n";
-  s += svg_text(kLeft + (kWidth - kLeft - kRight) / 2, kHeight - 24, "step",
+  if (pref) {  // reward margins, then accuracies: the train line, the eval points as markers
+    struct PrefPanel {
+      const char* id;
+      const char* title;
+      const std::vector<double>& train;
+      const std::vector<double>& eval;
+    };
+    const PrefPanel panels[2] = {{"margins", "reward margin", c.margins, c.eval_margins},
+                                 {"accuracies", "reward accuracy", c.accuracies, c.eval_accuracies}};
+    for (int k = 0; k < 2; ++k) {
+      const PrefPanel& pp = panels[k];
+      double lo = 0, hi = k == 1 ? 1.0 : 0.0;  // margins from 0, accuracies over [0, 1]
+      finite_range(pp.train, &lo, &hi);
+      finite_range(pp.eval, &lo, &hi);
+      if (!(lo <= hi)) lo = 0, hi = 1;
+      const Panel panel{kLrTop + kLrHeight + kPrefGap + double(k) * (kPrefGap + kPrefHeight), kPrefHeight,
+                        loss_panel.xticks, nice_ticks(lo, hi, 4, 0)};
+      s += std::string("<g id=\"") + pp.id + "-panel\">\n" + svg_axes(panel, pp.id, pp.title);
+      s += svg_polyline(panel, pp.id, c.steps, pp.train, kMarginColor, 1.5, true);
+      s += svg_polyline(panel, std::string("eval-") + pp.id, c.eval_steps, pp.eval, kEvalColor, 1.5, false);
+      for (size_t i = 0; i < pp.eval.size() && i < kMaxEvalMarkers; ++i)
+        if (std::isfinite(pp.eval[i]))
+          s += "<circle class=\"eval-marker\" cx=\"" + num(panel.px(double(c.eval_steps[i])), 2) + "\" cy=\"" +
+               num(panel.py(pp.eval[i]), 2) + "\" r=\"3.5\" fill=\"" + kEvalColor + "\" stroke=\"white\" stroke-width=\"1\"/>\n";
+      s += "</g>\n";
+    }
+  }
+  s += svg_text(kLeft + (kWidth - kLeft - kRight) / 2, page_height - 24, "step",
                 "font-size=\"14\" text-anchor=\"middle\" fill=\"" + std::string(kTextColor) + "\"");
   s += "</svg>\n";
   return s;

@@ -95,6 +95,12 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   reduction_ = std::make_unique<NoGradReduction>();
 }
 
+void Engine::set_loss_objective(std::unique_ptr<LossObjective> objective) {
+  STRATA_ASSERT(objective, "a null loss objective");
+  synchronize();  // the old objective's queued work is done before it goes
+  objective_ = std::move(objective);
+}
+
 // Allocates every row (device rows from the arena, named; pinned rows from the device's pinned
 // allocator) and stores each pointer in its field. On failure everything allocated is freed.
 void Engine::allocate(std::vector<EngineBuffer>& table) {

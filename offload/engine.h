@@ -117,6 +117,9 @@ class Engine {
   // Data parallel (offload/comm_reduction.h): replaces the one-process NoGradReduction. Call
   // between steps, with nothing queued.
   void set_grad_reduction(std::unique_ptr<GradReduction> reduction);
+  // The loss head's objective (offload/loss_objective.h): token cross-entropy unless replaced,
+  // e.g. by the preference head (offload/preference_head.h). Between steps only.
+  void set_loss_objective(std::unique_ptr<LossObjective> objective);
 
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }

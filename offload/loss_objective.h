@@ -3,8 +3,9 @@
 // and owns every buffer; an objective turns the per-token online-softmax statistics (N, 3) into
 // the summed loss, and runs the backward of one vocab chunk.
 //
-// Today: token cross-entropy (SFT). Next: preference losses, which read per-sequence log-prob
-// sums from the same statistics in loss() and weight each sequence's tokens in the backward.
+// Two implementations: token cross-entropy (SFT, below) and the preference head (offload/
+// preference_head.h), which reads per-sequence log-prob sums from the same statistics in loss()
+// and weights each sequence's tokens in the backward.
 #pragma once
 #include <cstdint>
 

@@ -128,10 +128,11 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
 }
 
 // Backward pass over one vocab chunk: dh += dlogits · w_chunk, dw_chunk += dlogits^T · h.
+// token_weight (N, or null: all 1) scales each row's dlogits on top of grad_scale.
 template <class W>
 void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const double* stats,
-                       const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                       int64_t vc, float grad_scale) {
+                       const int32_t* targets, const float* token_weight, int64_t n, int64_t c,
+                       int64_t v, int64_t v0, int64_t vc, float grad_scale) {
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
   const int64_t chunk = std::min<int64_t>(kCeChunkRows, int64_t(rows.size()));
@@ -146,12 +147,13 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
       const double* st = stats + 3 * i;
       const float m = float(st[0]);
       const float inv_sum = float(1.0 / st[1]);
+      const float scale = token_weight ? grad_scale * token_weight[i] : grad_scale;
       for (int64_t j = 0; j < vc; ++j) {
         x[j] = std::exp(x[j] - m);
-        x[j] = x[j] * inv_sum * grad_scale;
+        x[j] = x[j] * inv_sum * scale;
       }
       const int64_t t = int64_t(targets[i]) - v0;
-      if (t >= 0 && t < vc) x[t] -= grad_scale;
+      if (t >= 0 && t < vc) x[t] -= scale;
       if constexpr (std::is_same_v<W, bf16>) {
         bf16* xb = dlogits_cast.data() + r * vc;
         for (int64_t j = 0; j < vc; ++j) xb[j] = f32_to_bf16(x[j]);
@@ -203,14 +205,47 @@ double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t*
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const float* w_chunk,
                                const double* stats, const int32_t* targets, int64_t n, int64_t c,
                                int64_t v, int64_t v0, int64_t vc, float grad_scale) {
-  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, n, c, v, v0, vc, grad_scale);
+  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale);
 }
 
 void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
                                     const bf16* w_chunk, const double* stats,
                                     const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                     int64_t v0, int64_t vc, float grad_scale) {
-  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, n, c, v, v0, vc, grad_scale);
+  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale);
+}
+
+// ---- per-sequence sums and the per-token weighted backward (preference objectives) ---------
+
+void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
+                               const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs) {
+  STRATA_CHECK(num_seqs >= 0, "lm_head_ce seq sums: negative sequence count ", num_seqs);
+  const std::vector<int64_t> rows = ce_counted_rows(targets, n, 1, v);
+  std::fill(seq_sums, seq_sums + 2 * num_seqs, 0.0);
+  for (int64_t i : rows) {  // row order, as the CUDA kernel sums
+    const int32_t q = seq[i];
+    if (q < 0) continue;
+    STRATA_CHECK(q < num_seqs, "lm_head_ce seq sums: row ", i, " names sequence ", q, " of ", num_seqs);
+    const double* st = stats + 3 * i;
+    seq_sums[2 * q] += st[2] - st[0] - std::log(st[1]);
+    seq_sums[2 * q + 1] += 1.0;
+  }
+}
+
+void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float* h,
+                                        const float* w_chunk, const double* stats,
+                                        const int32_t* targets, const float* token_weight,
+                                        int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
+                                        float grad_scale) {
+  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale);
+}
+
+void lm_head_ce_chunk_backward_weighted_bf16(float* dh, float* dw_chunk, const float* h,
+                                             const bf16* w_chunk, const double* stats,
+                                             const int32_t* targets, const float* token_weight,
+                                             int64_t n, int64_t c, int64_t v, int64_t v0,
+                                             int64_t vc, float grad_scale) {
+  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale);
 }
 
 // ---- the whole vocabulary at once: the one-chunk case of the chunked loss ------------------
@@ -225,7 +260,7 @@ double ce_one_chunk(float* dh, float* dw, int64_t* count, const float* h, const 
   const double loss = lm_head_ce_stats_loss(count, stats.data(), targets, n, v);
   if (dh) {
     std::fill(dh, dh + n * c, 0.f);  // written: ignored rows keep zero
-    ce_chunk_backward<W>(dh, dw, h, w, stats.data(), targets, n, c, v, 0, v, grad_scale);
+    ce_chunk_backward<W>(dh, dw, h, w, stats.data(), targets, nullptr, n, c, v, 0, v, grad_scale);
   }
   return loss;
 }

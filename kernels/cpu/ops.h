@@ -120,6 +120,25 @@ void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
                                     const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                     int64_t v0, int64_t vc, float grad_scale);
 
+// ---- per-sequence sums and a per-token weighted backward (preference objectives) -----------
+// seq (N) gives each row's sequence in [0, num_seqs), or -1 for none. From the final stats,
+// seq_sums (num_seqs, 2) = {Σ log p(target), count} over the counted rows of each sequence
+// (log p = target logit - max - log sum), summed in row order; written, not accumulated.
+// The weighted backward is lm_head_ce_chunk_backward with row i's dlogits scaled by
+// token_weight[i] * grad_scale: d loss / d logits_i = w_i (softmax - onehot).
+void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
+                               const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs);
+void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float* h,
+                                        const float* w_chunk, const double* stats,
+                                        const int32_t* targets, const float* token_weight,
+                                        int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
+                                        float grad_scale);
+void lm_head_ce_chunk_backward_weighted_bf16(float* dh, float* dw_chunk, const float* h,
+                                             const bf16* w_chunk, const double* stats,
+                                             const int32_t* targets, const float* token_weight,
+                                             int64_t n, int64_t c, int64_t v, int64_t v0,
+                                             int64_t vc, float grad_scale);
+
 // ---- elementwise helpers ------------------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n);  // y += x
 void cast_f32_to_bf16(bf16* out, const float* in, int64_t n);

@@ -86,9 +86,10 @@ __global__ void ce_chunk_stats_kernel(double* stats, const float* x, const int32
 
 // Backward pass, grid (rows of the tile), block kCeThreads: the tile's logits become dlogits =
 // (exp(z - max) / sum - onehot) * grad_scale (and their bf16 copy when x_bf16 != null).
+// token_weight (rows of the tile, or null: all 1) scales each row's dlogits on top of grad_scale.
 __global__ void ce_chunk_grad_kernel(float* x, __nv_bfloat16* x_bf16, const double* stats,
-                                     const int32_t* targets, int64_t v, int64_t v0, int64_t vc,
-                                     float grad_scale, int* error_word) {
+                                     const int32_t* targets, const float* token_weight, int64_t v,
+                                     int64_t v0, int64_t vc, float grad_scale, int* error_word) {
   const int64_t r = blockIdx.x;
   float* xr = x + r * vc;  // (vc)
   const int32_t target = targets[r];
@@ -104,10 +105,11 @@ __global__ void ce_chunk_grad_kernel(float* x, __nv_bfloat16* x_bf16, const doub
   const double* st = stats + 3 * r;
   const float m = float(st[0]);
   const float inv_sum = float(1.0 / st[1]);
+  const float scale = token_weight ? grad_scale * token_weight[r] : grad_scale;
   const int64_t t = int64_t(target) - v0;
   for (int64_t j = threadIdx.x; j < vc; j += kCeThreads) {
-    float g = expf(xr[j] - m) * inv_sum * grad_scale;
-    if (j == t) g -= grad_scale;
+    float g = expf(xr[j] - m) * inv_sum * scale;
+    if (j == t) g -= scale;
     xr[j] = g;
     if (x_bf16) x_bf16[r * vc + j] = bf16_from(g);
   }
@@ -123,6 +125,23 @@ __global__ void ce_stats_loss_kernel(double* loss_sum, const double* stats, cons
     acc += stats[3 * r] + log(stats[3 * r + 1]) - stats[3 * r + 2];
   }
   *loss_sum += acc;
+}
+
+// One thread per sequence: seq_sums[q] = {Σ log p(target), count} over the counted rows with
+// seq == q, in row order (deterministic, as on the CPU).
+__global__ void ce_stats_seq_sums_kernel(double* seq_sums, const double* stats, const int32_t* targets,
+                                         const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs) {
+  const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= num_seqs) return;
+  double acc = 0.0, count = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t t = targets[r];
+    if (t < 0 || t >= v || seq[r] != q) continue;
+    acc += stats[3 * r + 2] - stats[3 * r] - log(stats[3 * r + 1]);
+    count += 1.0;
+  }
+  seq_sums[2 * q] = acc;
+  seq_sums[2 * q + 1] = count;
 }
 
 // Checks shared by the chunk launchers.
@@ -181,19 +200,31 @@ void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t*
   STRATA_CUDA_CHECK_LAUNCH("lm_head_ce stats loss");
 }
 
+void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
+                               const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs,
+                               cudaStream_t stream) {
+  STRATA_CHECK(n >= 0 && v > 0 && num_seqs >= 0, "lm_head_ce seq sums: sizes must be positive (got n=", n,
+               " v=", v, " sequences=", num_seqs, ")");
+  if (num_seqs == 0) return;
+  STRATA_LAUNCH(ce_stats_seq_sums_kernel, grid_blocks(num_seqs, kCeThreads), kCeThreads, 0, stream, seq_sums,
+                stats, targets, seq, n, v, num_seqs);
+  STRATA_CUDA_CHECK_LAUNCH("lm_head_ce stats seq sums");
+}
+
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w_chunk,
-                               bool w_bf16, const double* stats, const int32_t* targets, int64_t n,
-                               int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale,
-                               void* workspace, size_t workspace_bytes, int* error_word,
-                               cublasHandle_t handle, cudaStream_t stream) {
+                               bool w_bf16, const double* stats, const int32_t* targets,
+                               const float* token_weight, int64_t n, int64_t c, int64_t v,
+                               int64_t v0, int64_t vc, float grad_scale, void* workspace,
+                               size_t workspace_bytes, int* error_word, cublasHandle_t handle,
+                               cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
     const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
     const void* h_tile = ce_tile_logits(ws, h, w_chunk, w_bf16, r0, nr, c, vc, handle, stream);
     STRATA_LAUNCH(ce_chunk_grad_kernel, unsigned(nr), kCeThreads, 0, stream, ws.logits,
-                  w_bf16 ? ws.dl_bf16 : nullptr, stats + 3 * r0, targets + r0, v, v0, vc,
-                  grad_scale, error_word);
+                  w_bf16 ? ws.dl_bf16 : nullptr, stats + 3 * r0, targets + r0,
+                  token_weight ? token_weight + r0 : nullptr, v, v0, vc, grad_scale, error_word);
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk grad");
     const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : ws.logits;
     matmul(dh + r0 * c, dlogits, w_chunk, w_bf16, nr, c, vc, false, false, 1.f, handle, stream);

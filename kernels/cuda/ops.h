@@ -91,11 +91,19 @@ void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, 
                             int* error_word, cublasHandle_t handle, cudaStream_t stream);
 void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
                            int64_t n, int64_t v, cudaStream_t stream);
+// token_weight (N, or null: all 1) scales row i's dlogits by token_weight[i] on top of
+// grad_scale (the preference objectives' per-token weights).
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w_chunk,
-                               bool w_bf16, const double* stats, const int32_t* targets, int64_t n,
-                               int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale,
-                               void* workspace, size_t workspace_bytes, int* error_word,
-                               cublasHandle_t handle, cudaStream_t stream);
+                               bool w_bf16, const double* stats, const int32_t* targets,
+                               const float* token_weight, int64_t n, int64_t c, int64_t v,
+                               int64_t v0, int64_t vc, float grad_scale, void* workspace,
+                               size_t workspace_bytes, int* error_word, cublasHandle_t handle,
+                               cudaStream_t stream);
+// seq_sums (num_seqs, 2) = {Σ log p(target), count} per sequence (seq (N): each row's sequence,
+// or -1), summed in row order from the final stats; written, not accumulated.
+void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
+                               const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs,
+                               cudaStream_t stream);
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);  // y += x

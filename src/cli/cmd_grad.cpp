@@ -1,6 +1,8 @@
 // `strata grad`: loss and d loss / d parameter for one batch, the numerics check users run when
 // porting a model. HF causal-LM convention: cross-entropy of logits[:, :-1] against
-// labels[:, 1:], mean over positions whose label is not -100.
+// labels[:, 1:], mean over positions whose label is not -100. With --objective dpo|ipo|simpo|orpo
+// the batch holds preference pairs and the loss is the preference objective's
+// (src/train/preference_loss.h), printed with the pairs' log-prob sums.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "io/safetensors.h"
 #include "offload/engine.h"
 #include "offload/model_io.h"
+#include "offload/preference_head.h"
 #include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
@@ -34,6 +37,42 @@ std::vector<std::vector<int32_t>> read_rows(const nlohmann::json& j, const char*
   return rows;
 }
 
+std::vector<double> read_sums(const nlohmann::json& j, const char* key, size_t pairs, const std::string& path) {
+  std::vector<double> v;
+  if (!j.contains(key) || j[key].is_null()) return v;
+  STRATA_CHECK(j[key].is_array() && j[key].size() == pairs, path, ": \"", key, "\" must be a list of ", pairs,
+               " numbers (one per pair)");
+  for (size_t i = 0; i < pairs; ++i) {
+    STRATA_CHECK(j[key][i].is_number(), path, ": ", key, "[", i, "] is not a number");
+    v.push_back(j[key][i].get<double>());
+  }
+  return v;
+}
+
+// The preference batch (issue 14's contract): pairs as rows, labels required.
+struct PreferenceBatch {
+  MicroBatch mb;
+  PreferenceLayout layout;
+};
+
+PreferenceBatch read_preference_batch(const nlohmann::json& j, const std::string& path) {
+  for (const char* key : {"chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"})
+    STRATA_CHECK(j.contains(key), path, ": a preference batch needs \"", key,
+                 "\" (chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels; ref_chosen_logps and "
+                 "ref_rejected_logps optional)");
+  PreferenceBatch b;
+  b.mb = preference_micro_batch(read_rows(j, "chosen_input_ids", path), read_rows(j, "chosen_labels", path),
+                                read_rows(j, "rejected_input_ids", path), read_rows(j, "rejected_labels", path),
+                                &b.layout);
+  const size_t P = b.layout.chosen.size();
+  b.layout.ref_chosen = read_sums(j, "ref_chosen_logps", P, path);
+  b.layout.ref_rejected = read_sums(j, "ref_rejected_logps", P, path);
+  STRATA_CHECK(b.layout.ref_chosen.size() == b.layout.ref_rejected.size(), path,
+               ": give both ref_chosen_logps and ref_rejected_logps, or neither");
+  b.layout.totals = preference_layout_totals(b.mb, b.layout);
+  return b;
+}
+
 }  // namespace
 
 int cmd_grad(const std::vector<std::string>& args) {
@@ -41,12 +80,22 @@ int cmd_grad(const std::vector<std::string>& args) {
                "strata grad"};
   std::string model_dir, batch_path, out_path, dtype_name = "f32", memory = "4GiB";
   app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
-  app.add_option("--batch", batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored")->required();
+  app.add_option("--batch", batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored; with --objective: {\"chosen_input_ids\", \"chosen_labels\", \"rejected_input_ids\", \"rejected_labels\", \"ref_chosen_logps\"?, \"ref_rejected_logps\"?}")->required();
   app.add_option("--out", out_path, "where to write the gradients (safetensors, F32, HF names)")->required();
   app.add_option("--dtype", dtype_name, "compute dtype of the weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--device-memory", memory, "device arena budget");
+  std::string objective_name = "sft";
+  double beta = -1, gamma = 0.5;
+  app.add_option("--objective", objective_name,
+                 "sft (cross-entropy), or a preference objective over a preference batch: dpo, ipo, simpo, orpo")
+      ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo", "orpo"}));
+  CLI::Option* beta_option =
+      app.add_option("--beta", beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
+  app.add_option("--gamma", gamma, "simpo's target margin gamma (default 0.5)");
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
+  const bool preference = objective_name != "sft";
+  STRATA_CHECK(beta_option->count() == 0 || beta > 0, "--beta must be positive (got ", beta, ")");
 
   const std::string batch_text = file_read(batch_path, "batch file", "check --batch", ErrorKind::input);
   nlohmann::json j;
@@ -55,11 +104,20 @@ int cmd_grad(const std::vector<std::string>& args) {
   } catch (const nlohmann::json::parse_error& e) {
     STRATA_CHECK(false, batch_path, " is not valid JSON: ", e.what());
   }
-  STRATA_CHECK(j.is_object() && j.contains("input_ids"), batch_path, " must be an object with \"input_ids\"");
-  auto ids = read_rows(j, "input_ids", batch_path);
-  std::vector<std::vector<int32_t>> labels;
-  if (j.contains("labels") && !j["labels"].is_null()) labels = read_rows(j, "labels", batch_path);
-  MicroBatch mb = micro_batch_from_labels(ids, labels);
+  STRATA_CHECK(j.is_object(), batch_path, " must be a JSON object");
+  MicroBatch mb;
+  PreferenceBatch pref;
+  if (preference) {
+    pref = read_preference_batch(j, batch_path);
+    mb = pref.mb;
+  } else {
+    STRATA_CHECK(j.contains("input_ids"), batch_path, " must be an object with \"input_ids\" (or pass --objective "
+                 "dpo|ipo|simpo|orpo for a preference batch)");
+    auto ids = read_rows(j, "input_ids", batch_path);
+    std::vector<std::vector<int32_t>> labels;
+    if (j.contains("labels") && !j["labels"].is_null()) labels = read_rows(j, "labels", batch_path);
+    mb = micro_batch_from_labels(ids, labels);
+  }
   const int64_t counted = mb.counted();
   STRATA_CHECK(counted > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
 
@@ -75,7 +133,19 @@ int cmd_grad(const std::vector<std::string>& args) {
   eopt.max_batch = mb.B;
   eopt.max_tokens = mb.T;
   Engine engine(*dev, store, eopt);
-  const double loss_sum = engine.forward_backward(mb, float(1.0 / double(counted)));
+  PreferenceHead* head = nullptr;
+  if (preference) {
+    PreferenceParams params;
+    params.objective = preference_objective_parse(objective_name);
+    params.beta = beta_option->count() ? beta : preference_default_beta(params.objective);
+    params.gamma = gamma;
+    auto owned = std::make_unique<PreferenceHead>(*dev, params, mb.B * mb.T);
+    head = owned.get();
+    head->set_layout(pref.layout);
+    engine.set_loss_objective(std::move(owned));
+  }
+  // cross-entropy: the mean over counted tokens; preference: the head normalises by the pairs
+  const double loss_sum = engine.forward_backward(mb, preference ? 1.f : float(1.0 / double(counted)));
   engine.synchronize();
 
   std::vector<TensorToWrite> out;
@@ -84,7 +154,14 @@ int cmd_grad(const std::vector<std::string>& args) {
     out.push_back(TensorToWrite{r.name, DType::f32, r.shape, store.grad_of(i)});
   }
   safetensors_write_file(out_path, out);
-  nlohmann::json result = {{"loss", loss_sum / double(counted)}, {"tokens", counted}};
+  nlohmann::json result;
+  if (preference) {
+    std::vector<double> chosen, rejected;
+    for (const PreferencePair& p : head->pairs()) chosen.push_back(p.chosen_logp), rejected.push_back(p.rejected_logp);
+    result = {{"loss", loss_sum}, {"pairs", head->pairs().size()}, {"chosen_logps", chosen}, {"rejected_logps", rejected}};
+  } else {
+    result = {{"loss", loss_sum / double(counted)}, {"tokens", counted}};
+  }
   std::printf("%s\n", result.dump().c_str());
   return 0;
 }

@@ -257,6 +257,25 @@ class CpuDevice final : public ArenaDevice {
                                             n, c, v, v0, vc, grad_scale);
     });
   }
+  void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
+                                 const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs, Stream s) override {
+    enqueue_op(s, OpKind::cross_entropy,
+               [=] { cpu::lm_head_ce_stats_seq_sums(seq_sums, stats, targets, seq, n, v, num_seqs); });
+  }
+  void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float* h, const void* w, DType wt,
+                                          const double* stats, const int32_t* targets,
+                                          const float* token_weight, int64_t n, int64_t c, int64_t v,
+                                          int64_t v0, int64_t vc, float grad_scale, Stream s) override {
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    enqueue_op(s, OpKind::cross_entropy, [=] {
+      if (wt == DType::f32)
+        cpu::lm_head_ce_chunk_backward_weighted(dh, dw_chunk, h, static_cast<const float*>(w), stats, targets,
+                                                token_weight, n, c, v, v0, vc, grad_scale);
+      else
+        cpu::lm_head_ce_chunk_backward_weighted_bf16(dh, dw_chunk, h, static_cast<const bf16*>(w), stats,
+                                                     targets, token_weight, n, c, v, v0, vc, grad_scale);
+    });
+  }
   void add_inplace(float* y, const float* x, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::add_inplace(y, x, n); });
   }

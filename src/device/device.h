@@ -134,6 +134,18 @@ class Device {
                                          const void* w_chunk, DType w_type, const double* stats,
                                          const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                          int64_t v0, int64_t vc, float grad_scale, Stream s) = 0;
+  // The preference objectives' head (ops.h: lm_head_ce_stats_seq_sums and
+  // lm_head_ce_chunk_backward_weighted): per-sequence {Σ log p, count} (num_seqs, 2) from the
+  // final stats, seq (N) naming each row's sequence (-1: none); and the chunk backward with row
+  // i's dlogits scaled by token_weight[i] * grad_scale.
+  virtual void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
+                                         const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs,
+                                         Stream s) = 0;
+  virtual void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float* h,
+                                                  const void* w_chunk, DType w_type, const double* stats,
+                                                  const int32_t* targets, const float* token_weight,
+                                                  int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
+                                                  float grad_scale, Stream s) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n, Stream s) = 0;
   virtual void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) = 0;
 

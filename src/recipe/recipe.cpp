@@ -40,6 +40,9 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"train.seed", "int", "0", "seed of the data order"},
       {"train.log_steps", "int", "1", "print a progress line every this many steps"},
       {"train.eval_steps", "int", "0", "eval loss on the held-out split every this many steps and at the end (0 = only at the end, when there is a split)"},
+      {"train.objective", "string", "\"sft\"", "\"sft\" (token cross-entropy), or a preference objective on preference data: \"dpo\", \"ipo\", \"simpo\" or \"orpo\""},
+      {"preference.beta", "float", "0.1 (simpo: 2.0)", "the preference objective's beta: dpo/ipo 0.1, simpo 2.0, orpo (its lambda) 0.1 when unset, as TRL's configs"},
+      {"preference.gamma", "float", "0.5", "simpo's target reward margin gamma"},
       {"optim.learning_rate", "float", "1e-5", "peak learning rate"},
       {"optim.weight_decay", "float", "0.0", "AdamW decoupled weight decay (matrices only; norms and biases are not decayed)"},
       {"optim.adam_beta1", "float", "0.9", "AdamW beta1"},
@@ -241,6 +244,14 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("train.num_train_epochs", rc.num_train_epochs);
   r.read("train.log_steps", rc.log_steps);
   r.read("train.eval_steps", rc.eval_steps);
+  r.read("train.objective", rc.objective);
+  const char* objectives[] = {"sft", "dpo", "ipo", "simpo", "orpo"};
+  STRATA_CHECK(std::find(std::begin(objectives), std::end(objectives), rc.objective) != std::end(objectives),
+               r.where("train.objective"), ": train.objective must be \"sft\", \"dpo\", \"ipo\", \"simpo\" or \"orpo\"");
+  rc.preference_beta = rc.objective == "simpo" ? 2.0 : 0.1;  // TRL's defaults
+  r.read("preference.beta", rc.preference_beta);
+  r.read("preference.gamma", rc.preference_gamma);
+  STRATA_CHECK(rc.preference_beta > 0, r.where("preference.beta"), ": preference.beta must be positive");
   r.read("optim.learning_rate", rc.learning_rate);
   r.read("optim.weight_decay", rc.weight_decay);
   r.read("optim.adam_beta1", rc.adam_beta1);
@@ -361,7 +372,9 @@ std::string Recipe::to_toml() const {
   os << "\n[train]\nmax_steps = " << max_steps << "\nnum_train_epochs = " << num_train_epochs
      << "\nmicro_batch_size = " << micro_batch_size << "\ngradient_accumulation_steps = "
      << gradient_accumulation_steps << "\nseed = " << seed << "\nlog_steps = " << log_steps << "\neval_steps = " << eval_steps
-     << "\n\n[optim]\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
+     << "\nobjective = " << q(objective) << "\n";
+  if (objective != "sft") os << "\n[preference]\nbeta = " << preference_beta << "\ngamma = " << preference_gamma << "\n";
+  os << "\n[optim]\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
      << "\nadam_beta1 = " << adam_beta1 << "\nadam_beta2 = " << adam_beta2 << "\nadam_epsilon = "
      << adam_epsilon << "\nmax_grad_norm = " << max_grad_norm << "\nlr_scheduler_type = "
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio

@@ -37,6 +37,10 @@ struct Recipe {
   int64_t max_steps = 0, micro_batch_size = 1, gradient_accumulation_steps = 1, seed = 0;
   double num_train_epochs = 1.0;
   int64_t log_steps = 1, eval_steps = 0;
+  std::string objective = "sft";  // "sft", or a preference objective: "dpo", "ipo", "simpo", "orpo"
+  // [preference] (with a preference objective); beta's default depends on the objective
+  // (dpo, ipo, orpo 0.1; simpo 2.0): it is filled in when the recipe loads
+  double preference_beta = 0.1, preference_gamma = 0.5;
   // [optim]
   double learning_rate = 1e-5, weight_decay = 0.0, adam_beta1 = 0.9, adam_beta2 = 0.999;
   double adam_epsilon = 1e-8, max_grad_norm = 1.0, warmup_ratio = 0.0, min_lr_ratio = 0.0;

@@ -114,6 +114,7 @@ std::string Progress::plain_line(const StepReport& r) const {
   if (!std::isnan(r.grad_norm)) s += format("  grad_norm %.3f", r.grad_norm);
   s += "  " + progress_format_rate(r.tokens_per_s) + " tok/s";
   if (!std::isnan(r.mfu)) s += format("  mfu %.1f%%", 100.0 * r.mfu);
+  if (!r.extra.empty()) s += "  " + r.extra;
   s += "  eta " + progress_format_duration(eta_s());
   return s;
 }
@@ -135,6 +136,7 @@ std::string Progress::bar_line(const StepReport& r, int width) const {
       {format("%3.0f%%", std::floor(100.0 * frac)), 80},
       {format("loss %.3f", r.loss), 95},
   };
+  if (!r.extra.empty()) fields.push_back({r.extra, 85});
   if (!std::isnan(last_eval_)) fields.push_back({format("eval %.3f", last_eval_), 45});
   fields.push_back({format("lr %.1e", r.lr), 50});
   if (!std::isnan(r.grad_norm)) fields.push_back({format("gnorm %.2f", r.grad_norm), 40});

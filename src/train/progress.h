@@ -41,6 +41,7 @@ struct StepReport {
   size_t host_pinned_bytes = 0;    // pinned host memory (part of host_bytes)
   size_t host_bytes = 0;           // all host memory of the model state, pinned included
   double eval_loss = NAN;          // an eval result at this step (NaN: none): printed as a line
+  std::string extra;               // the objective's own fields, e.g. "margin 0.41 acc 0.75" (preference)
 };
 
 enum class ProgressMode { plain, bar };

@@ -25,6 +25,7 @@
 #include "src/core/threads.h"
 #include "src/train/checkpoint.h"
 #include "src/train/distributed.h"
+#include "src/train/preference_step.h"
 #include "src/train/progress.h"
 #include "src/train/run_dir.h"
 #include "src/train/training_data.h"
@@ -131,6 +132,7 @@ std::string fallback_chat_template(const Recipe& rc, const std::string& tokenize
 struct StepBatch {
   std::vector<MicroBatch> micro;
   int64_t counted = 0;  // labelled tokens the loss is averaged over
+  std::vector<std::vector<int64_t>> pairs;  // preference objectives: each micro-batch's pair indices
 };
 
 struct StepResult {
@@ -138,6 +140,7 @@ struct StepResult {
   int64_t counted = 0;  // labelled tokens the loss averaged over
   double loss = 0, grad_norm = 0, lr = 0;
   double run_s = 0, save_s = 0;  // the step's compute and, when it saved, the save
+  nlohmann::json preference;     // preference objectives: TRL's metrics (preference_step.h)
   EngineStats e0, e1;
   DeviceCounters c0, c1;
   CommReductionStats g0, g1;  // data parallel: the gradient all-reduces
@@ -170,8 +173,9 @@ class TrainRun {
   void evaluate(int64_t step);
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
   double step_mfu(const StepResult& r);
-  int64_t tokens_per_step() const {
-    return rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size() * rc_.sequence_len;
+  int64_t tokens_per_step() const {  // a preference micro-batch is micro_batch_size pairs: twice the rows
+    return rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size() * rc_.sequence_len *
+           (preference_ ? 2 : 1);
   }
 
   const Recipe& rc_;
@@ -186,6 +190,7 @@ class TrainRun {
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
   CommGradReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
+  std::unique_ptr<PreferenceTrainer> preference_;  // train.objective dpo | ipo | simpo | orpo
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
@@ -239,6 +244,9 @@ void TrainRun::set_up() {
   train_signal_phase_setup(true);
   std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc_.source_path.c_str(), rc_.to_toml().c_str());
   check_inputs(rc_);
+  STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1, "train.objective = \"", rc_.objective,
+               "\" runs on one rank only (data parallel covers train.objective = \"sft\"): launch without "
+               "mpirun, or with -np 1");
   cfg_ = hf_config_load(rc_.model_path.empty() ? rc_.model_config : rc_.model_path);
   if (cfg_.max_position_embeddings > 0 && cfg_.max_position_embeddings < rc_.sequence_len)
     std::fprintf(stderr, "strata train: warning: data.sequence_len (%ld) is longer than the model's "
@@ -258,10 +266,16 @@ void TrainRun::set_up() {
   adamw_isa_active();  // its one-line notice comes now, not over the progress bar
   set_up_model();
   data_ = training_data_load(rc_, cfg_.vocab_size);
-  if (rc_.eval_steps > 0 && data_.eval.rows() == 0)
+  if (rc_.eval_steps > 0 && data_.eval.rows() == 0 && data_.eval_chosen.empty())
     std::fprintf(stderr, "strata train: warning: train.eval_steps is %ld but there is no eval data; set "
                  "data.eval_path or data.eval_split to get an eval loss\n", long(rc_.eval_steps));
   load_weights();
+  if (preference_objective_enabled(rc_)) {  // the reference pass sees the starting weights
+    preference_ = std::make_unique<PreferenceTrainer>(
+        rc_, PreferencePairs{std::move(data_.train_chosen), std::move(data_.train_rejected)},
+        PreferencePairs{std::move(data_.eval_chosen), std::move(data_.eval_rejected)}, *dev_, *engine_);
+    preference_->prepare_reference(progress_);
+  }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
   flops_per_token_ = flops_per_token(store_->spec(), rc_.sequence_len);
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
@@ -278,7 +292,7 @@ void TrainRun::set_up_model() {
   const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
   eopt_.weights = rc_.offload_weights;
   eopt_.checkpoints = rc_.offload_checkpoints;
-  eopt_.max_batch = rc_.micro_batch_size;
+  eopt_.max_batch = rc_.micro_batch_size * (preference_objective_enabled(rc_) ? 2 : 1);  // pairs: 2 rows
   eopt_.max_tokens = rc_.sequence_len;
   DeviceOptions dopt;
   dopt.backend = rc_.device_backend;
@@ -320,16 +334,17 @@ void TrainRun::load_weights() {
 // The data order and where the run continues: a fresh shuffle, or the checkpoint's state after
 // every file of it was verified (checkpoint_load).
 void TrainRun::resume() {
-  const TokenRows& rows = data_.train;
+  // the unit of the data order: a packed row, or (preference objectives) a pair
+  const int64_t units = preference_ ? preference_->train_pairs() : data_.train.rows();
   const int64_t rows_per_step = rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size();
   max_steps_ = rc_.max_steps > 0 ? rc_.max_steps
-      : std::max<int64_t>(1, int64_t(std::ceil(rc_.num_train_epochs * double(rows.rows()) / double(rows_per_step))));
+      : std::max<int64_t>(1, int64_t(std::ceil(rc_.num_train_epochs * double(units) / double(rows_per_step))));
   warmup_ = rc_.warmup_steps > 0 ? rc_.warmup_steps : int64_t(std::ceil(rc_.warmup_ratio * double(max_steps_)));
-  state_.rows = rows.rows();
-  state_.data_hash = rows_hash(rows);
+  state_.rows = units;
+  state_.data_hash = preference_ ? preference_->data_hash() : rows_hash(data_.train);
   rng_.seed(uint64_t(rc_.seed));
   if (resume_dir_.empty()) {
-    state_.order.resize(size_t(rows.rows()));
+    state_.order.resize(size_t(units));
     std::iota(state_.order.begin(), state_.order.end(), 0);
     std::shuffle(state_.order.begin(), state_.order.end(), rng_);
     if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, 0);
@@ -372,12 +387,17 @@ StepBatch TrainRun::next_batch() {
       state_.cursor = 0;
       ++state_.epoch;
     }
-    MicroBatch mb = take_rows(data_.train, state_.order, state_.cursor, rc_.micro_batch_size);
+    if (preference_) {  // one rank (set_up refuses preference objectives with several)
+      batch.pairs.emplace_back(state_.order.begin() + long(state_.cursor),
+                               state_.order.begin() + long(state_.cursor) + rc_.micro_batch_size);
+    } else {
+      MicroBatch mb = take_rows(data_.train, state_.order, state_.cursor, rc_.micro_batch_size);
+      batch.counted += mb.counted();
+      if (a % dist_.size() == dist_.rank()) batch.micro.push_back(std::move(mb));
+    }
     state_.cursor += uint64_t(rc_.micro_batch_size);
-    batch.counted += mb.counted();
-    if (a % dist_.size() == dist_.rank()) batch.micro.push_back(std::move(mb));
   }
-  STRATA_CHECK(batch.counted > 0, "step ", state_.step + 1, " has no labelled tokens");
+  STRATA_CHECK(preference_ || batch.counted > 0, "step ", state_.step + 1, " has no labelled tokens");
   return batch;
 }
 
@@ -394,13 +414,18 @@ StepResult TrainRun::step(const StepBatch& batch) {
   ap.beta2 = rc_.adam_beta2;
   ap.eps = rc_.adam_epsilon;
   ap.step = r.step;
-  const float scale = float(1.0 / double(batch.counted));
+  const float scale = float(1.0 / double(std::max<int64_t>(batch.counted, 1)));
   const bool diagnose = reduction_ && rc_.distributed_diagnostics_steps > 0 &&
                         r.step % rc_.distributed_diagnostics_steps == 0;
   if (reduction_) r.g0 = reduction_->stats();
   if (diagnose) reduction_->diagnostics_begin();
   std::vector<double> losses;  // this rank's micro-batches, summed below in the global order
-  if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
+  if (preference_) {  // the head normalises by the step's pairs: the sum is the step's loss
+    const PreferenceStepOutcome o = preference_->step(batch.pairs, ap, rc_.max_grad_norm, rc_.weight_decay, &r.grad_norm);
+    losses.push_back(o.loss);
+    r.counted = o.chosen_tokens + o.rejected_tokens;
+    r.preference = preference_metrics_json(o.metrics, "");
+  } else if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
     for (auto& mb : batch.micro) losses.push_back(engine_->forward_backward(mb, scale));
     r.grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
   } else {  // no clipping: the last micro-batch updates each group as its gradient lands
@@ -420,8 +445,8 @@ StepResult TrainRun::step(const StepBatch& batch) {
   r.e1 = engine_->stats();
   r.c1 = dev_->counters();
   r.run_s = seconds_since(t0);
-  r.loss = loss_sum / double(batch.counted);
-  r.counted = batch.counted;
+  r.loss = preference_ ? loss_sum : loss_sum / double(batch.counted);
+  if (!preference_) r.counted = batch.counted;
   r.lr = ap.lr;
   state_.step = r.step;
   state_.tokens_seen += double(tokens_per_step());
@@ -434,6 +459,21 @@ void TrainRun::evaluate_if_due(int64_t step, bool stopping) {
 }
 
 void TrainRun::evaluate(int64_t step) {
+  if (preference_) {
+    if (preference_->eval_pairs() == 0) return;
+    const auto t0 = Clock::now();
+    progress_.phase("eval");
+    nlohmann::json rec = preference_->evaluate();
+    progress_.phase("");
+    rec["step"] = step;
+    rec["eval_s"] = seconds_since(t0);
+    metrics_->write(rec);
+    progress_.message(str_cat("step ", step, "/", max_steps_, "  eval_loss ", rec["eval_loss"].get<double>(),
+                              "  eval margin ", rec["eval_rewards/margins"].get<double>(), "  eval accuracy ",
+                              rec["eval_rewards/accuracies"].get<double>(), " over ", rec["eval_pairs"].get<int64_t>(),
+                              " pairs"));
+    return;
+  }
   if (data_.eval.rows() == 0) return;
   const auto t0 = Clock::now();
   progress_.phase("eval");
@@ -499,8 +539,12 @@ double TrainRun::step_mfu(const StepResult& r) {
 
 void TrainRun::show(const StepResult& r) {
   const double tps = double(tokens_per_step()) / r.run_s;
-  progress_.step({r.step, max_steps_, r.loss, r.lr, r.grad_norm, tps, step_mfu(r), r.run_s, dev_->peak_bytes(),
-                  store_->pinned_bytes(), host_bytes_});
+  StepReport report{r.step, max_steps_, r.loss, r.lr, r.grad_norm, tps, step_mfu(r), r.run_s, dev_->peak_bytes(),
+                    store_->pinned_bytes(), host_bytes_, NAN, {}};
+  if (!r.preference.is_null())
+    report.extra = str_cat("margin ", r.preference["rewards/margins"].get<double>(), " acc ",
+                           r.preference["rewards/accuracies"].get<double>());
+  progress_.step(report);
 }
 
 // metrics.jsonl. Every time is what its name says (recipes/README.md):
@@ -527,6 +571,7 @@ void TrainRun::record(const StepResult& r) {
       {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
       {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
+  if (!r.preference.is_null()) rec.update(r.preference);
   if (reduction_) {  // recipes/README.md: comm_bytes, comm_s, comm_hidden_s
     rec["ranks"] = dist_.size();
     rec["comm_bytes"] = r.g1.reduced_bytes - r.g0.reduced_bytes;

@@ -59,11 +59,27 @@ TrainingData training_data_load(const Recipe& rc, int64_t vocab_size) {
   }
   TrainingData out;
   out.tokenizer_dir = enc.dir();
-  out.train = pack_samples(s.train.samples, rc.sequence_len, rc.packing);
-  if (!s.eval.samples.empty()) out.eval = pack_samples(s.eval.samples, rc.sequence_len, rc.packing, true);
-  out.report = s.report + str_cat("\nfrom ", source, ": ", out.train.rows(), " train rows",
-                                  out.eval.rows() ? str_cat(", ", out.eval.rows(), " eval rows") : std::string(),
-                                  " of ", rc.sequence_len, " tokens (packing ", rc.packing ? "on" : "off", ")");
+  if (rc.objective != "sft") {  // preference pairs, one sequence per row: nothing is packed
+    STRATA_CHECK(!s.train.rejected.empty() && s.train.rejected.size() == s.train.samples.size(), "train.objective = \"",
+                 rc.objective, "\" needs preference data ({prompt, chosen, rejected} records, data.format = "
+                 "\"preference\"), but ", rc.data_path, " was read as ", s.train.format, "; use preference data or "
+                 "train.objective = \"sft\"");
+    STRATA_CHECK(s.eval.samples.empty() || s.eval.rejected.size() == s.eval.samples.size(), "the eval data (",
+                 rc.eval_path.empty() ? rc.data_path : rc.eval_path, ") must be preference data too");
+    out.train_chosen = std::move(s.train.samples);
+    out.train_rejected = std::move(s.train.rejected);
+    out.eval_chosen = std::move(s.eval.samples);
+    out.eval_rejected = std::move(s.eval.rejected);
+    out.report = s.report + str_cat("\nfrom ", source, ": ", out.train_chosen.size(), " train pairs",
+                                    out.eval_chosen.empty() ? std::string() : str_cat(", ", out.eval_chosen.size(), " eval pairs"),
+                                    " (", rc.objective, "; each sequence at most ", rc.sequence_len, " tokens)");
+  } else {
+    out.train = pack_samples(s.train.samples, rc.sequence_len, rc.packing);
+    if (!s.eval.samples.empty()) out.eval = pack_samples(s.eval.samples, rc.sequence_len, rc.packing, true);
+    out.report = s.report + str_cat("\nfrom ", source, ": ", out.train.rows(), " train rows",
+                                    out.eval.rows() ? str_cat(", ", out.eval.rows(), " eval rows") : std::string(),
+                                    " of ", rc.sequence_len, " tokens (packing ", rc.packing ? "on" : "off", ")");
+  }
   std::string printed;
   size_t b = 0;
   while (b <= out.report.size()) {

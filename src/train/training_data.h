@@ -36,6 +36,9 @@ nlohmann::json prepared_fingerprint(const Recipe& rc, const TextEncoder& encoder
 // Prints the report on stderr. Deterministic.
 struct TrainingData {
   TokenRows train, eval;      // eval.rows() == 0 without data.eval_path / data.eval_split
+  // With a preference objective (train.objective != "sft") the pairs, unpacked (one sequence per
+  // row, src/train/preference_step.h), and the rows above stay empty: chosen[i] pairs with rejected[i].
+  std::vector<Sample> train_chosen, train_rejected, eval_chosen, eval_rejected;
   std::string report;         // what was printed
   std::string tokenizer_dir;  // "" for bytes
 };

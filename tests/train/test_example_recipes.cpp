@@ -22,7 +22,8 @@ TEST_CASE("every recipe in recipes/ and its sub-folders parses", "[recipe]") {
     seen.insert(std::filesystem::relative(e.path(), testing::source_path("recipes")).string());
   }
   // the ones the README names, in the top folder and in a sub-folder
-  for (const char* name : {"quickstart.toml", "sft-tiny/recipe.toml", "llama-3.1-8b-sft.toml", "qwen3-8b-sft.toml"}) {
+  for (const char* name : {"quickstart.toml", "sft-tiny/recipe.toml", "llama-3.1-8b-sft.toml", "qwen3-8b-sft.toml",
+                           "dpo-tiny/sft.toml", "dpo-tiny/recipe.toml", "qwen3-8b-dpo.toml"}) {
     INFO(name);
     CHECK(seen.count(name) == 1);
   }

@@ -358,6 +358,20 @@ def rotate_half(x):
 def forward_loss(case, p, input_ids, labels, llama3_scaling=True):
     """Returns (mean loss, number of counted tokens). p holds float64 tensors (or float32
     ones for the f32 tolerance probe; the math then runs in float32 throughout)."""
+    logits = forward_logits(case, p, input_ids, llama3_scaling)       # (B, T, V)
+    if labels is None:
+        labels = input_ids
+    shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1])
+    shift_labels = labels[:, 1:].reshape(-1)
+    loss = torch.nn.functional.cross_entropy(
+        shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="mean")
+    tokens = int((shift_labels != IGNORE_INDEX).sum())
+    return loss, tokens
+
+
+def forward_logits(case, p, input_ids, llama3_scaling=True):
+    """The logits (B, T, V) of the transformers math (also used by
+    make_preference_grad_goldens.py)."""
     cfg = case["config"]
     d = case_dims(cfg)
     C, H, Hk, D, L = d["C"], d["H"], d["Hk"], d["D"], d["L"]
@@ -406,16 +420,7 @@ def forward_loss(case, p, input_ids, labels, llama3_scaling=True):
         x = h + linear(mlp, pre + "mlp.down_proj")
     x = rms_norm(x, p["model.norm.weight"], eps)
     head = p["lm_head.weight"] if "lm_head.weight" in p else p["model.embed_tokens.weight"]
-    logits = x @ head.t()                                             # (B, T, V)
-
-    if labels is None:
-        labels = input_ids
-    shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1])
-    shift_labels = labels[:, 1:].reshape(-1)
-    loss = torch.nn.functional.cross_entropy(
-        shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="mean")
-    tokens = int((shift_labels != IGNORE_INDEX).sum())
-    return loss, tokens
+    return x @ head.t()                                               # (B, T, V)
 
 
 # ----------------------------------------------------------------------------------------

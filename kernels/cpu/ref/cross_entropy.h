@@ -144,4 +144,37 @@ void lm_head_ce_chunk_backward(T* dh, T* dw_chunk, const T* h, const T* w_chunk,
   }
 }
 
+// ---- preference objectives: per-sequence sums, per-token weighted backward ----------------
+
+// seq_sums (S,2) = {Σ log p(target), count} per sequence from the final stats; seq (N) in
+// [0, S) or -1.
+template <class T>
+void lm_head_ce_stats_seq_sums(double* seq_sums, const T* stats, const int32_t* targets,
+                               const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs) {
+  for (int64_t q = 0; q < 2 * num_seqs; ++q) seq_sums[q] = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ce_check_target(targets, i, v);
+    if (targets[i] == kCeIgnoreIndex || seq[i] < 0) continue;
+    const T* st = stats + 3 * i;
+    seq_sums[2 * seq[i]] += double(st[2] - st[0] - std::log(st[1]));
+    seq_sums[2 * seq[i] + 1] += 1;
+  }
+}
+
+// lm_head_ce_chunk_backward with row i's gradient scaled by token_weight[i] * grad_scale.
+template <class T>
+void lm_head_ce_chunk_backward_weighted(T* dh, T* dw_chunk, const T* h, const T* w_chunk,
+                                        const T* stats, const int32_t* targets,
+                                        const T* token_weight, int64_t n, int64_t c, int64_t v,
+                                        int64_t v0, int64_t vc, T grad_scale) {
+  std::vector<int32_t> one(1);
+  for (int64_t i = 0; i < n; ++i) {  // row by row: the unweighted twin on one row
+    ce_check_target(targets, i, v);
+    if (targets[i] == kCeIgnoreIndex) continue;
+    one[0] = targets[i];
+    lm_head_ce_chunk_backward(dh + i * c, dw_chunk, h + i * c, w_chunk, stats + 3 * i, one.data(), 1, c, v, v0,
+                              vc, T(grad_scale * token_weight[i]));
+  }
+}
+
 }  // namespace strata::ref
