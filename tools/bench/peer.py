@@ -27,13 +27,14 @@ import math
 import os
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden"))
+from safetensors_file import safetensors_write_blobs  # noqa: E402  (tools/golden: the one writer)
 
 CONFIGS = {
     # the bundled quickstart model (recipes/quickstart/config.json): 0.8M parameters, tied
@@ -70,20 +71,9 @@ def hf_config(c):
 
 
 def write_safetensors(path, named):
-    import torch
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in named:
-        data = t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+    tensors = [(name, "F32", t.shape, t.detach().float().contiguous().numpy().astype("<f4").tobytes())
+               for name, t in named]
+    safetensors_write_blobs(path, tensors, {"format": "pt"})
 
 
 def build_model(c):
