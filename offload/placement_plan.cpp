@@ -129,8 +129,8 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   const size_t tensor_f32 = max_numel * 4;
   // loading: one tensor converted to f32, plus its mapped file pages (released per tensor; f32
   // on disk at most)
-  if (in.load_from_dir) p.transients.push_back({"loading weights (one tensor)", Tier::host, 2 * tensor_f32});
-  else p.transients.push_back({"initialising weights (one tensor)", Tier::host, tensor_f32});
+  if (in.load_from_dir) p.transients.push_back({"reading the model dir (one tensor)", Tier::host, 2 * tensor_f32});
+  else p.transients.push_back({"weight initialisation (one tensor)", Tier::host, tensor_f32});
   if (in.resume)  // the same per tensor, plus data_order.bin read whole and its check's bitmap
     p.transients.push_back({"resuming (one tensor, the data order)", Tier::host,
                             2 * tensor_f32 + in.data_rows * 8 + in.data_rows / 8 + 8});
@@ -154,8 +154,9 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   // -- what does not fit
   const auto& b = budgets;
   if (b.device_bytes && p.tier(Tier::device) > b.device_bytes)
-    p.problems.push_back(str_cat("the device needs ", format_bytes(p.tier(Tier::device)), ", more than its budget of ",
-                                 format_bytes(b.device_bytes), " (", b.device_origin, ")"));
+    p.problems.push_back(str_cat("the device budget of ", format_bytes(b.device_bytes), " (", b.device_origin,
+                                 ") is too small: this model and micro-batch need at least ",
+                                 format_bytes(p.tier(Tier::device))));
   if (b.host_bytes && p.host_total() > b.host_bytes)
     p.problems.push_back(str_cat("host memory needs ", format_bytes(p.host_total()), " (", format_bytes(p.tier(Tier::host_pinned)),
                                  " of it pinned), more than the budget of ", format_bytes(b.host_bytes), " (",
