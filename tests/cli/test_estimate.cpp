@@ -3,6 +3,7 @@
 // roofline's arithmetic on a hand-worked case. (Its bytes against real runs: tests/train/
 // test_plan_rss.cpp.)
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "offload/step_estimate.h"
@@ -85,6 +86,19 @@ TEST_CASE("strata estimate: bad input exits 2", "[estimate]") {
   r = run_strata("estimate --model " + model + " --optimizer nvme --gpu H200");
   CHECK(r.code == 2);
   CHECK(r.out.find("offload.nvme_path") != std::string::npos);
+}
+
+TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_uring engine, leaving nothing", "[estimate]") {
+  testing::TempDir dir("estimate_measure");
+  const testing::ProcessResult r =
+      run_strata("estimate --model " + testing::source_path("recipes/configs/llama-3.1-8b/config.json") +
+                 " model.dtype=bf16 --gpu 'RTX 4090' --host-memory 1TiB --optimizer nvme --nvme-path " +
+                 dir.path.string() + " --measure");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("measured here: CPU AdamW ") != std::string::npos);
+  CHECK(r.out.find("NVMe read ") != std::string::npos);
+  CHECK(std::filesystem::is_empty(dir.path));  // its test file and sidecar removed
 }
 
 TEST_CASE("the GPU table's peaks are the datasheet table's, and names match loosely", "[estimate]") {
