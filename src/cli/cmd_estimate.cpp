@@ -31,7 +31,7 @@ struct EstimateArgs {
   std::vector<std::string> overrides;
   std::string gpu, gpu_memory, host_memory, nvme_memory, nvme_path, optimizer = "auto";
   double gpu_flops = 0, link_gbps = 0, nvme_read_gbps = 0, nvme_write_gbps = 0, adamw_params_per_s = 0;
-  bool json = false, measure = false;
+  bool json = false, measure = false, resume = false;
 };
 
 // The recipe to price: the file with its overrides, or --model's config with the defaults.
@@ -129,6 +129,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
   app.add_option("--nvme-write-gbps", a.nvme_write_gbps, "NVMe sequential write GB/s (default 2)");
   app.add_option("--adamw-params-per-s", a.adamw_params_per_s, "CPU AdamW parameters per second (default 1e9)");
   app.add_flag("--json", a.json, "print one JSON object instead of the table");
+  app.add_flag("--resume", a.resume, "the run resumes from a checkpoint (count what reading it back holds)");
   app.add_flag("--measure", a.measure, "measure this host's CPU AdamW rate and, with --nvme-path, the NVMe read and "
                                        "write bandwidth (a 512 MiB file, removed after) instead of the defaults");
   int rc = 0;
@@ -146,6 +147,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
 
   PlanInputs in = train_plan_inputs(recipe);
   in.optimizer = a.optimizer;
+  in.resume = a.resume;
   in.baseline_bytes = process_rss_bytes();  // the same binary and libraries as `strata train`
   PlanBudgets budgets = train_plan_budgets(recipe);
   if (!a.host_memory.empty()) {

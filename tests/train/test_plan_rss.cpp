@@ -1,7 +1,7 @@
 // The placement plan against the real process: `strata train` runs as a child on models big
 // enough that the plan's states dominate (58M parameters: ~1 GiB of host state), streamed and
 // resident, f32 and bf16, initialised and loaded from a model dir, each saving a checkpoint at
-// its last step and exporting final/. The child's peak resident set (wait4's ru_maxrss, which
+// its last step and exporting final/, and one resuming from its checkpoint. The child's peak resident set (wait4's ru_maxrss, which
 // covers the export after the last metrics record too) must stay within the plan's host total
 // (host + host_pinned, plan.json) + 5%, and the plan must not be more than 5% above it either.
 // metrics.jsonl's host_rss_peak_bytes (VmHWM per step) is checked to be the same measure.
@@ -85,6 +85,7 @@ TEST_CASE("a run's peak resident set is its plan's host total within 5%, saving 
   struct Config {
     std::string name;
     std::vector<std::string> overrides;
+    bool resume = false;  // continue the run in output_dir (checkpoint_load's buffers)
   };
   const std::vector<Config> configs = {
       {"stream-f32", {"model.dtype=f32", "offload.weights=stream"}},
@@ -93,12 +94,16 @@ TEST_CASE("a run's peak resident set is its plan's host total within 5%, saving 
       // loads the first run's export (a model dir) instead of initialising
       {"load-device-f32", {"model.dtype=f32", "offload.weights=device", "model.path=" + root + "/stream-f32/final",
                            "model.config="}},
+      // resumes the first run from its checkpoint-2 for a third step
+      {"stream-f32", {"model.dtype=f32", "offload.weights=stream", "train.max_steps=3"}, true},
   };
   for (const Config& c : configs) {
     const std::string out = root + "/" + c.name;
     std::vector<std::string> args = {root + "/recipe.toml", "checkpoint.output_dir=" + out};
     args.insert(args.end(), c.overrides.begin(), c.overrides.end());
-    const ChildRun r = run_train(args, root + "/" + c.name + ".log");
+    std::vector<std::string> train_args = args;
+    if (c.resume) train_args.insert(train_args.end(), {"--resume", "auto"});
+    const ChildRun r = run_train(train_args, root + "/" + c.name + (c.resume ? "-resume" : "") + ".log");
     INFO(c.name << "\n" << r.log.substr(r.log.size() > 6000 ? r.log.size() - 6000 : 0));
     REQUIRE(r.code == 0);
     const nlohmann::json plan = nlohmann::json::parse(std::ifstream(out + "/plan.json"));
@@ -110,8 +115,8 @@ TEST_CASE("a run's peak resident set is its plan's host total within 5%, saving 
       if (j.contains("host_rss_peak_bytes")) metrics_peak = std::max(metrics_peak, j["host_rss_peak_bytes"].get<size_t>());
     }
     const double ratio = double(r.max_rss_bytes) / double(planned);
-    std::printf("plan-rss %-22s plan %8.1f MiB  peak RSS %8.1f MiB (metrics %8.1f MiB)  peak/plan %.4f\n",
-                c.name.c_str(), double(planned) / 1048576, double(r.max_rss_bytes) / 1048576,
+    std::printf("plan-rss %-22s%s plan %8.1f MiB  peak RSS %8.1f MiB (metrics %8.1f MiB)  peak/plan %.4f\n",
+                c.name.c_str(), c.resume ? " (resumed)" : "", double(planned) / 1048576, double(r.max_rss_bytes) / 1048576,
                 double(metrics_peak) / 1048576, ratio);
     CHECK(planned > (size_t(900) << 20));      // the plan's states dominate the process
     CHECK(metrics_peak > 0);
@@ -122,7 +127,7 @@ TEST_CASE("a run's peak resident set is its plan's host total within 5%, saving 
     // `strata estimate` on the same recipe: the same plan without running anything (issue 13)
     std::string cmd = "estimate";
     for (const std::string& a : args) cmd += " '" + a + "'";
-    const testing::ProcessResult est = testing::run_strata(cmd + " --json", true);
+    const testing::ProcessResult est = testing::run_strata(cmd + (c.resume ? " --resume" : "") + " --json", true);
     INFO(est.out);
     REQUIRE(est.code == 0);
     const nlohmann::json e = nlohmann::json::parse(est.out);
