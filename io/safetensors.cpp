@@ -145,7 +145,7 @@ uint64_t to_write_bytes(const TensorToWrite& t) {
   uint64_t n;
   STRATA_CHECK(tensor_bytes(t.dtype, t.shape, &n), "tensor '", t.name, "' has an invalid shape ",
                safetensors_format_shape(t.shape), " (negative or too large)");
-  STRATA_CHECK(n == 0 || t.data != nullptr, "tensor '", t.name, "' has no data pointer");
+  STRATA_CHECK(n == 0 || t.data != nullptr || t.stream, "tensor '", t.name, "' has no data pointer");
   return n;
 }
 
@@ -244,6 +244,14 @@ const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
 const void* SafetensorsFile::data(const SafetensorsEntry& e) const {
   STRATA_ASSERT(map_ && e.end <= map_bytes_ - data_offset_ && e.begin <= e.end, "entry not from ", path_);
   return static_cast<const char*>(map_) + data_offset_ + e.begin;
+}
+
+void SafetensorsFile::release(const SafetensorsEntry& e) const {
+  if (e.begin == e.end) return;
+  const char* first = static_cast<const char*>(data(e));
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(first) / page * page, hi = (uintptr_t(first) + e.bytes() + page - 1) / page * page;
+  ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advice: a failure only keeps the pages
 }
 
 void SafetensorsFile::unmap() {
@@ -370,6 +378,12 @@ const std::string& SafetensorsDir::file_of(std::string_view name) const {
   return files_[l->file].path();
 }
 
+void SafetensorsDir::release(std::string_view name) const {
+  const Loc* l = locate(name);
+  STRATA_CHECK(l, "tensor '", name, "' is not in model directory ", dir_);
+  files_[l->file].release(*l->entry);
+}
+
 void SafetensorsDir::read(std::string_view name, DType dst_type, void* dst) const {
   const Loc* l = locate(name);
   STRATA_CHECK(l, "tensor '", name, "' is not in model directory ", dir_);
@@ -460,7 +474,19 @@ void safetensors_write_file(const std::string& path, const std::vector<TensorToW
   AtomicFile f(path);
   f.write(len, 8);
   f.write(text.data(), text.size());
-  for (size_t i = 0; i < tensors.size(); ++i) f.write(tensors[i].data, sizes[i]);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].data || sizes[i] == 0) {
+      f.write(tensors[i].data, sizes[i]);
+      continue;
+    }
+    uint64_t streamed = 0;
+    tensors[i].stream([&](const void* bytes, size_t n) {
+      STRATA_ASSERT(streamed + n <= sizes[i], "tensor '", tensors[i].name, "' streamed more than its ", sizes[i], " bytes");
+      f.write(bytes, n);
+      streamed += n;
+    });
+    STRATA_ASSERT(streamed == sizes[i], "tensor '", tensors[i].name, "' streamed ", streamed, " of its ", sizes[i], " bytes");
+  }
   f.commit();
 }
 

@@ -7,6 +7,7 @@
 //          "__metadata__": {"<str>": "<str>"}}; offsets are relative to the data section.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -39,6 +40,10 @@ class SafetensorsFile {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // sorted by begin
   const SafetensorsEntry* find(std::string_view name) const;                 // null if absent
   const void* data(const SafetensorsEntry& e) const;  // may be unaligned for e.dtype
+  // Drops the mapped pages of e's bytes from this process's resident set once they were read
+  // (they stay in the page cache; touching them again reads them back). Loading a model tensor
+  // by tensor then holds one tensor's pages at a time, not the whole file.
+  void release(const SafetensorsEntry& e) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const { return map_bytes_; }
@@ -80,6 +85,8 @@ class SafetensorsDir {
   // Copies tensor `name` into dst (numel elements of dst_type). F32/BF16/F16 on disk convert to
   // f32/bf16/f16; I32/I64 only copy to the same type. Throws when absent or not convertible.
   void read(std::string_view name, DType dst_type, void* dst) const;
+  // SafetensorsFile::release for tensor `name` (read it first).
+  void release(std::string_view name) const;
 
  private:
   struct Loc {
@@ -105,11 +112,17 @@ struct ExpectedTensor {
 void safetensors_check_tensors(const SafetensorsDir& dir, const std::vector<ExpectedTensor>& expected,
                                const std::string& why);
 
+// Streams a tensor's bytes in order through `write` (any number of calls whose lengths sum to
+// the tensor's bytes), so a writer can convert a tensor piece by piece instead of holding it.
+using TensorSink = std::function<void(const void* bytes, size_t n)>;
+using TensorStream = std::function<void(const TensorSink& write)>;
+
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
-  const void* data = nullptr;  // numel * dtype_size bytes
+  const void* data = nullptr;  // numel * dtype_size bytes; or, when null, `stream` produces them
+  TensorStream stream = {};
 };
 
 // Writes one file: tensors laid out in the given order, header padded with spaces to a multiple

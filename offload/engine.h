@@ -49,7 +49,7 @@
 
 namespace strata {
 
-// The pinned host memory an engine allocates (offload/host_budget.h checks it before anything
+// The pinned host memory an engine allocates (offload/placement_plan.h counts it before anything
 // is allocated).
 struct EngineHostBytes {
   size_t staging = 0;      // activations, one layer's gradients (x2), lm_head gradient chunks (x2, or 1)

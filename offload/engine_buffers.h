@@ -1,7 +1,7 @@
 // The step engine's buffers as one table (STYLE.md §4): every device allocation and every
 // pinned host buffer of offload/engine.cpp is a row — name (what it holds, with its shape),
 // bytes, memory — built from one EngineShape. The device budget check, the allocation, the
-// host-byte estimate (offload/host_budget.h) and the frees are all loops over these rows, so
+// placement plan (offload/placement_plan.h) and the frees are all loops over these rows, so
 // none of them can drift from the others.
 //
 // Legend: L layers, N token capacity of one micro-batch (max_batch x max_tokens), C hidden,

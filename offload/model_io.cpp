@@ -1,9 +1,11 @@
 #include "offload/model_io.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
 #include "io/safetensors.h"
+#include "offload/placement_plan.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -19,6 +21,7 @@ void model_load_weights(HostStore& store, const std::string& dir) {
     const TensorSpec& r = spec.params[i];
     buf.resize(size_t(r.numel()));
     st.read(r.name, DType::f32, buf.data());
+    st.release(r.name);  // one tensor's file pages resident at a time (offload/placement_plan.h counts it)
     store.set_param(i, buf.data());
   }
 }
@@ -48,16 +51,29 @@ void model_save_hf(const HostStore& store, const std::string& dir, DType dtype,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   STRATA_CHECK_IO(!ec, "cannot create output directory ", dir, ": ", ec.message());
-  std::vector<std::vector<char>> storage(spec.params.size());
+  // Streamed tensor by tensor: one tensor's f32 values and one chunk of it in the save dtype
+  // are all the export holds (offload/placement_plan.h counts exactly these).
+  std::vector<float> values;
+  std::vector<char> converted;
   std::vector<TensorToWrite> tensors;
-  std::vector<float> buf;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const TensorSpec& r = spec.params[i];
-    buf.resize(size_t(r.numel()));
-    store.get_param(i, buf.data());
-    storage[i].resize(size_t(r.numel()) * dtype_size(dtype));
-    dtype_convert(storage[i].data(), dtype, buf.data(), DType::f32, buf.size());
-    tensors.push_back(TensorToWrite{r.name, dtype, r.shape, storage[i].data()});
+    TensorToWrite t{r.name, dtype, r.shape, nullptr, {}};
+    t.stream = [&store, &values, &converted, i, dtype](const TensorSink& write) {
+      values.resize(size_t(store.spec().params[i].numel()));
+      store.get_param(i, values.data());
+      if (dtype == DType::f32) {
+        write(values.data(), values.size() * 4);
+        return;
+      }
+      converted.resize(std::min(values.size(), kExportChunkElements) * dtype_size(dtype));
+      for (size_t first = 0; first < values.size(); first += kExportChunkElements) {
+        const size_t n = std::min(kExportChunkElements, values.size() - first);
+        dtype_convert(converted.data(), dtype, values.data() + first, DType::f32, n);
+        write(converted.data(), n * dtype_size(dtype));
+      }
+    };
+    tensors.push_back(std::move(t));
   }
   safetensors_write_dir(dir, tensors, max_shard_bytes);
   ModelConfig cfg = spec.config;

@@ -9,6 +9,7 @@ namespace strata {
 
 int cmd_grad(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
+int cmd_estimate(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_detokenize(const std::vector<std::string>& args);

@@ -23,6 +23,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"train", strata::cmd_train, "train a model from a recipe: strata train RECIPE.toml [key=value ...]"},
+    {"estimate", strata::cmd_estimate, "will a run fit, where every byte goes, how fast a step is: strata estimate RECIPE.toml|--model DIR [--gpu NAME] [--json]"},
     {"prepare", strata::cmd_prepare, "tokenize a recipe's data once into shards in data.prepared_dir: strata prepare RECIPE.toml [key=value ...]"},
     {"plot", strata::cmd_plot, "draw a run's loss, eval loss and lr as an SVG: strata plot OUTPUT_DIR [--out FILE.svg]"},
     {"grad", strata::cmd_grad, "loss and gradients of one batch: strata grad --model DIR --batch FILE --out GRADS.safetensors"},

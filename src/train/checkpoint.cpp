@@ -339,6 +339,7 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store) {
                  safetensors_format_shape(e->shape), " but the model expects f32 ", safetensors_format_shape(r.shape));
     buf.resize(size_t(r.numel()));
     std::memcpy(buf.data(), f.data(*e), buf.size() * 4);
+    f.release(*e);  // one tensor's file pages resident at a time (offload/placement_plan.h)
   };
   STRATA_CHECK(f.entries().size() == 3 * spec.params.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
                " tensors but the model has ", 3 * spec.params.size(), " (master, exp_avg, exp_avg_sq per "

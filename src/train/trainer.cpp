@@ -19,9 +19,10 @@
 #include "offload/adamw.h"
 #include "offload/comm_reduction.h"
 #include "offload/engine.h"
-#include "offload/host_budget.h"
 #include "offload/model_io.h"
+#include "offload/placement_plan.h"
 #include "src/core/error.h"
+#include "src/core/process_memory.h"
 #include "src/core/threads.h"
 #include "src/train/checkpoint.h"
 #include "src/train/distributed.h"
@@ -169,6 +170,7 @@ class TrainRun {
 
  private:
   void set_up_model();
+  void plan_with_data();
   void load_weights();
   void evaluate(int64_t step);
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
@@ -186,6 +188,9 @@ class TrainRun {
   ModelConfig cfg_;
   EngineOptions eopt_;
   TrainingData data_;
+  PlanInputs plan_in_;
+  PlanBudgets budgets_;
+  PlacementPlan plan_;
   std::unique_ptr<Device> dev_;
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
@@ -207,6 +212,30 @@ class TrainRun {
 };
 
 }  // namespace
+
+PlanInputs train_plan_inputs(const Recipe& rc) {
+  PlanInputs in;
+  in.weights = rc.offload_weights;
+  in.checkpoints = rc.offload_checkpoints;
+  in.optimizer = "auto";  // no NVMe directory yet: "auto" keeps master and moments in RAM
+  in.micro_batch = rc.micro_batch_size * (preference_objective_enabled(rc) ? 2 : 1);  // pairs: 2 rows
+  in.sequence_len = rc.sequence_len;
+  in.save_dtype = dtype_parse(rc.save_dtype);
+  in.load_from_dir = !rc.model_path.empty();
+  // HAZARD: this branch's HostStore keeps a separate f32 master in f32 mode; the store that
+  // shares it (the NVMe branch) makes this true. The trainer's allocation check catches a mismatch.
+  in.f32_master_shared = false;
+  in.device_in_host_ram = rc.device_backend == "cpu";
+  return in;
+}
+
+PlanBudgets train_plan_budgets(const Recipe& rc) {
+  PlanBudgets b;
+  b.device_bytes = rc.device_memory_bytes;
+  b.device_origin = str_cat("device.memory = \"", rc.device_memory, "\"");
+  placement_host_budget(b, rc.host_memory_bytes, rc.host_memory);
+  return b;
+}
 
 double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio) {
   if (s < warmup) return double(s) / double(warmup);  // as HF: the first warmup step has lr 0
@@ -266,6 +295,7 @@ void TrainRun::set_up() {
   adamw_isa_active();  // its one-line notice comes now, not over the progress bar
   set_up_model();
   data_ = training_data_load(rc_, cfg_.vocab_size);
+  plan_with_data();
   if (rc_.eval_steps > 0 && data_.eval.rows() == 0 && data_.eval_chosen.empty())
     std::fprintf(stderr, "strata train: warning: train.eval_steps is %ld but there is no eval data; set "
                  "data.eval_path or data.eval_split to get an eval loss\n", long(rc_.eval_steps));
@@ -285,9 +315,10 @@ void TrainRun::set_up() {
   files_ = CheckpointFiles{data_.tokenizer_dir, rc_.model_path, fallback_chat_template(rc_, data_.tokenizer_dir)};
 }
 
-// The device, the host store and the engine, with their budgets checked before anything large is
-// allocated or filled: the host tiers first (exit 3 naming what to move to NVMe), then the
-// device buffers (the engine allocates them all at construction).
+// The placement plan (offload/placement_plan.h) decides and checks every tier before anything
+// large is allocated or filled (exit 3 naming what to change); then the device, the host store
+// and the engine allocate, and what they allocated is checked against the plan. The tokenized
+// rows are not known yet: plan_with_data adds them.
 void TrainRun::set_up_model() {
   const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
   eopt_.weights = rc_.offload_weights;
@@ -300,7 +331,14 @@ void TrainRun::set_up_model() {
   dopt.link_bytes_per_s = rc_.device_link_bytes_per_s;
   cpu_threads_set(int(rc_.device_cpu_threads));
   cpu_threads_apply();
-  host_budget_check(spec, HostStoreOptions{}, eopt_, host_memory_budget(rc_.host_memory_bytes, rc_.host_memory));
+
+  plan_in_ = train_plan_inputs(rc_);
+  plan_in_.resume = !resume_dir_.empty();
+  plan_in_.baseline_bytes = process_rss_bytes();
+  budgets_ = train_plan_budgets(rc_);
+  plan_ = placement_plan(spec, plan_in_, budgets_);
+  placement_plan_check(plan_);
+
   dev_ = device_create(dopt);
   store_ = std::make_unique<HostStore>(*dev_, spec);
   engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
@@ -310,6 +348,36 @@ void TrainRun::set_up_model() {
     engine_->set_grad_reduction(std::move(reduction));
   }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
+  const size_t store_planned = plan_.bytes_of(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")")) +
+                               plan_.bytes_of("fp32 gradient accumulation") + plan_.bytes_of("fp32 master weights") +
+                               plan_.bytes_of("AdamW moments (f32 m and v)");
+  STRATA_ASSERT(host_bytes_ == store_planned, "the placement plan and the host store disagree: the store holds ",
+                host_bytes_, " bytes, the plan ", store_planned);
+  // The CPU backend's arena holds the engine's buffers alone; the CUDA backend's also holds its
+  // own error word and, later, cuBLAS and lm_head_ce workspaces, which the plan does not count yet.
+  if (plan_in_.device_in_host_ram)
+    STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) &&
+                      engine_->device_checkpoints() == plan_.device_checkpoints,
+                  "the placement plan and the device disagree: the device holds ", dev_->used_bytes(), " bytes (plan ",
+                  plan_.tier(Tier::device), "), ", engine_->device_checkpoints(), " device checkpoints (plan ",
+                  plan_.device_checkpoints, ")");
+}
+
+// The plan with the tokenized rows and their order added, checked again, printed and stored
+// as output_dir/plan.json.
+void TrainRun::plan_with_data() {
+  size_t bytes = 0;
+  for (const TokenRows* rows : {&data_.train, &data_.eval})
+    bytes += 4 * (rows->ids.size() + rows->targets.size() + rows->pos.size() + rows->doc_start.size());
+  for (const auto* side : {&data_.train_chosen, &data_.train_rejected, &data_.eval_chosen, &data_.eval_rejected})
+    for (const Sample& sm : *side) bytes += sm.ids.size() * sizeof(int32_t) + sm.labels.size();  // preference pairs
+  plan_in_.data_rows = size_t(data_.train.rows()) + data_.train_chosen.size();
+  plan_in_.data_bytes = bytes + plan_in_.data_rows * sizeof(int64_t);  // + the shuffled order
+  plan_ = placement_plan(store_->spec(), plan_in_, budgets_);
+  placement_plan_check(plan_);
+  if (!dist_.primary()) return;  // every rank plans the same; rank 0 says it and writes it
+  std::fprintf(stderr, "strata train: placement plan\n%s", placement_plan_table(plan_).c_str());
+  file_write_atomic(rc_.output_dir + "/plan.json", placement_plan_json(plan_).dump(1) + "\n");
 }
 
 void TrainRun::load_weights() {
@@ -569,7 +637,8 @@ void TrainRun::record(const StepResult& r) {
       {"optimizer_s", e1.optimizer_s - e0.optimizer_s},
       {"optimizer_exposed_s", e1.optimizer_exposed_s - e0.optimizer_exposed_s}, {"save_s", r.save_s},
       {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
-      {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
+      {"host_bytes", host_bytes_}, {"host_rss_peak_bytes", process_rss_peak_bytes()},
+      {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
   if (!r.preference.is_null()) rec.update(r.preference);
   if (reduction_) {  // recipes/README.md: comm_bytes, comm_s, comm_hidden_s
@@ -614,6 +683,8 @@ TrainSummary TrainRun::finish() {
   if (max_steps_ > first_step_)
     std::fprintf(stderr, "strata train: %.0f tokens/s after the first step; device op time: %s\n",
                  summary_.tokens_per_s, split.c_str());
+  std::fprintf(stderr, "strata train: host memory peak %s (resident set high-water mark); the plan's host total %s\n",
+               format_bytes(process_rss_peak_bytes()).c_str(), format_bytes(plan_.host_total()).c_str());
   std::fprintf(stderr, "strata train: done; model written to %s, metrics to %s/metrics.jsonl\n",
                summary_.final_dir.c_str(), rc_.output_dir.c_str());
   return summary_;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/placement_plan.h"
 #include "src/recipe/recipe.h"
 #include "src/train/signals.h"
 
@@ -33,6 +34,12 @@ struct TrainOptions {
 };
 
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options = {});
+
+// The placement plan's inputs and budgets from a recipe (offload/placement_plan.h): what the
+// trainer plans with and what `strata estimate` prices. The process baseline, the data's bytes
+// and whether the run resumes are the caller's to fill.
+PlanInputs train_plan_inputs(const Recipe& recipe);
+PlanBudgets train_plan_budgets(const Recipe& recipe);
 
 // HF-style learning-rate multiplier for 0-based step `s` of `total`.
 double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio);

@@ -1,0 +1,130 @@
+// The placement plan (DESIGN §2, §8a): ONE function from the model's tensor table, the run's
+// plan inputs and the budgets (device, host, NVMe) to the tier and byte count of every kind of
+// state a training run holds. The trainer calls it before anything large is allocated (and
+// checks what the store and the engine then allocate against it); `strata estimate` calls the
+// same function and allocates nothing.
+//
+// Where each kind of state goes, by how often it is touched:
+//   working weights (read twice per micro-batch), fp32 gradients (every micro-batch)  pinned host
+//   fp32 master, AdamW moments (once per optimizer step)      host, or NVMe when RAM is short
+//                                                              ("auto" with an NVMe dir) or asked
+//   layer-input checkpoints                                    device while the device budget
+//                                                              allows, then pinned host, then NVMe
+//   device slots, workspace, pinned staging                   the engine's buffer table
+//                                                              (offload/engine_buffers.h), read
+//                                                              row by row: no second model of them
+// In f32 compute mode the master copy is the working copy (one f32 array, counted once).
+//
+// Peaks, not sums: loading weights, resuming, saving and exporting allocate transient buffers
+// at different moments, so a tier's total is its resident states plus the LARGEST transient;
+// `transients` lists each phase, and one "transient buffers" state carries the largest.
+// The host tiers (host + host_pinned) are the process's whole resident set at its peak: the
+// process baseline (code, libraries, tokenizer: VmRSS measured at plan time), the tokenized
+// rows, and on the CPU backend the device arena itself, which lives in process memory.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/model_spec.h"
+#include "src/core/tensor.h"
+
+namespace strata {
+
+// What the plan is computed for: the recipe's placement keys and shapes, as plain values.
+struct PlanInputs {
+  std::string weights = "stream";    // offload.weights: "stream" | "device"
+  std::string checkpoints = "auto";  // offload.checkpoints: "auto" | "device" | "host" | "nvme"
+  std::string optimizer = "auto";    // offload.optimizer: "auto" | "host" | "nvme" (master + moments)
+  DType moments = DType::f32;        // AdamW m and v
+  int64_t micro_batch = 1, sequence_len = 1;
+  int64_t head_chunk_rows = 0;       // 0: the engine's default (EngineOptions::head_chunk_rows)
+  DType save_dtype = DType::bf16;    // checkpoint.save_dtype: the HF export's dtype
+  bool load_from_dir = false;        // weights are read from safetensors (else initialised)
+  bool resume = false;               // a checkpoint's optimizer state is read at start
+  // f32 compute mode: true counts the master copy as the working copy (one f32 array); false
+  // counts a separate f32 master, for a host store that still keeps two.
+  bool f32_master_shared = true;
+  bool device_in_host_ram = false;   // the CPU backend: the device arena is process memory, and
+                                     // the MFU peak is measured with GEMMs in process memory
+  size_t baseline_bytes = 0;         // the process before the plan's allocations (VmRSS)
+  size_t data_bytes = 0;             // tokenized rows and the data order, held all run
+  size_t data_rows = 0;              // rows in the data order (resume reads them back)
+};
+
+struct PlanBudgets {
+  size_t device_bytes = 0;   // the device arena; 0: not checked
+  size_t host_bytes = 0;     // host + host_pinned; 0: not checked
+  std::string device_origin = "device.memory", host_origin = "offload.host_memory";  // for messages
+  std::string nvme_dir;      // offload.nvme_path; "": no NVMe tier
+  size_t nvme_bytes = 0;     // offload.nvme_memory; 0 with a dir: not checked
+};
+
+struct PlanState {
+  std::string kind;  // "working weights (bf16)", ...
+  Tier tier = Tier::host;
+  size_t bytes = 0;
+};
+
+struct PlanChange {
+  std::string what;      // "set offload.optimizer = \"nvme\" ...": a recipe change
+  size_t saves_bytes = 0;  // what it takes off the tier that is over its budget
+};
+
+// The NVMe tier's RAM: the optimizer pipeline keeps three chunks of master + m + v in flight
+// (read k+1, update k, write back k-1), and the io_uring engine kNvmeIoStagingBytes of staging
+// (io/uring_file.h: queue_depth 32 x 1 MiB blocks). Checkpoints on NVMe pass through two
+// (N, C) f32 buffers (write behind the forward, read ahead of the backward).
+inline constexpr size_t kNvmeOptimizerChunkFloats = size_t(4) << 20;  // 16 MiB of f32 per array
+inline constexpr size_t kNvmeIoStagingBytes = size_t(32) << 20;
+// The HF export converts a tensor to its save dtype through a buffer of this many elements.
+inline constexpr size_t kExportChunkElements = size_t(1) << 20;
+// The checkpoint manifest reads files back through a buffer this large (io/checksum.cpp).
+inline constexpr size_t kManifestReadBytes = size_t(4) << 20;
+
+struct PlacementPlan {
+  std::vector<PlanState> states;      // every kind of state, transient buffers as one row per tier
+  std::vector<PlanState> transients;  // each transient phase (loading, resuming, saving, exporting)
+  size_t tiers[kTierCount] = {};      // per tier: the sum of its states (peak)
+  size_t layers = 0;
+  size_t device_checkpoints = 0, host_checkpoints = 0, nvme_checkpoints = 0;  // layer inputs
+  bool optimizer_on_nvme = false;     // master + moments on NVMe
+  PlanBudgets budgets;
+  std::vector<std::string> problems;  // what does not fit (empty: it fits)
+  std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
+
+  bool fits() const { return problems.empty(); }
+  size_t tier(Tier t) const { return tiers[int(t)]; }
+  size_t host_total() const { return tier(Tier::host) + tier(Tier::host_pinned); }
+  size_t bytes_of(const std::string& kind) const;  // 0 when absent
+};
+
+// The plan. Bad plan inputs (an unknown mode, NVMe asked for without a directory) are
+// Error(input); a plan that does not fit is returned with `problems` and `changes` filled.
+PlacementPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets);
+
+// Throws Error(budget) (exit 3) when the plan does not fit: what does not fit, the plan's table
+// and what to change, each with the bytes it saves.
+void placement_plan_check(const PlacementPlan& plan);
+
+// The table printed at training start: kind of state -> tier -> bytes, then the tier totals.
+std::string placement_plan_table(const PlacementPlan& plan);
+
+// plan.json: {"tiers": {"device", "host", "host_pinned", "nvme"}, "states": [{"kind", "tier", "bytes"}]}
+nlohmann::json placement_plan_json(const PlacementPlan& plan);
+
+// The host budget: offload.host_memory when set (bytes > 0), else the machine's MemAvailable.
+// Sets budgets.host_bytes and host_origin.
+void placement_host_budget(PlanBudgets& budgets, size_t host_memory_bytes, const std::string& host_memory);
+
+// The largest micro_batch_size (at in.sequence_len) and sequence_len (at in.micro_batch) whose
+// plan fits; 0 when even 1 does not. Searched up to `limit`.
+int64_t placement_max_micro_batch(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
+                                  int64_t limit = 1 << 16);
+int64_t placement_max_sequence_len(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
+                                   int64_t limit = 1 << 22);
+
+}  // namespace strata

@@ -1,0 +1,157 @@
+// `strata estimate`: the JSON contract, the real shapes answered without allocating (8B, 32B,
+// 405B), the GPU table, the exit codes (0 fits, 3 does not, 2 bad input), and the step-time
+// roofline's arithmetic on a hand-worked case. (Its bytes against real runs: tests/train/
+// test_plan_rss.cpp.)
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "offload/step_estimate.h"
+#include "src/device/peak_flops.h"
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+using testing::run_strata;
+
+nlohmann::json estimate_json(const std::string& args, int want_code) {
+  const testing::ProcessResult r = run_strata("estimate " + args + " --json", true);
+  INFO(args << "\n" << r.out);
+  REQUIRE(r.code == want_code);
+  return nlohmann::json::parse(r.out);
+}
+
+}  // namespace
+
+TEST_CASE("strata estimate answers for 8B, 32B and 405B configs with the JSON contract", "[estimate]") {
+  struct Case {
+    const char* config;
+    size_t params;
+  };
+  for (const Case& c : {Case{"recipes/configs/llama-3.1-8b/config.json", 8030261248ull},
+                        Case{"recipes/configs/qwen2.5-32b/config.json", 32763876352ull},
+                        Case{"recipes/configs/llama-3.1-405b/config.json", 405853388800ull}}) {
+    INFO(c.config);
+    const std::string model = testing::source_path(c.config);
+    // bf16 on an H100 with 2 TB of RAM and an NVMe dir: fits for every size
+    const nlohmann::json j = estimate_json("--model " + model + " model.dtype=bf16 data.sequence_len=4096 --gpu 'H100 SXM' "
+                                           "--host-memory 8TiB --nvme-path /nvme",
+                                           0);
+    for (const char* key : {"fits", "tiers", "states", "max_micro_batch_size", "max_sequence_len", "step"})
+      CHECK(j.contains(key));
+    for (const char* tier : {"device", "host", "host_pinned", "nvme"}) CHECK(j["tiers"].contains(tier));
+    for (const char* key : {"seconds", "tokens_per_s", "mfu", "bottleneck", "components"}) CHECK(j["step"].contains(key));
+    CHECK(j["fits"] == true);
+    size_t working = 0, sum = 0;
+    for (const auto& s : j["states"]) {
+      if (s["kind"] == "working weights (bf16)") working = s["bytes"].get<size_t>();
+      sum += s["bytes"].get<size_t>();
+    }
+    // bf16 matrices, f32 norms: 2 bytes per parameter and a little more
+    CHECK(working >= 2 * c.params);
+    CHECK(working < 2 * c.params + c.params / 100);
+    CHECK(sum == j["tiers"]["device"].get<size_t>() + j["tiers"]["host"].get<size_t>() +
+                     j["tiers"]["host_pinned"].get<size_t>() + j["tiers"]["nvme"].get<size_t>());
+    CHECK(j["tiers"]["device"].get<size_t>() <= (size_t(80) << 30));
+    CHECK(j["max_micro_batch_size"].get<int64_t>() >= 1);
+    CHECK(j["max_sequence_len"].get<int64_t>() >= 4096);
+    const double mfu = j["step"]["mfu"].get<double>();
+    CHECK(mfu > 0);
+    CHECK(mfu <= 1);
+  }
+  // 405B in 256 GiB of RAM without NVMe does not fit: exit 3, and the text says what to change
+  const testing::ProcessResult r =
+      run_strata("estimate --model " + testing::source_path("recipes/configs/llama-3.1-405b/config.json") +
+                 " model.dtype=bf16 --gpu H200 --host-memory 256GiB");
+  INFO(r.out);
+  CHECK(r.code == 3);
+  CHECK(r.out.find("fits: NO") != std::string::npos);
+  CHECK(r.out.find("set offload.optimizer = \"nvme\" with offload.nvme_path") != std::string::npos);
+  CHECK(r.out.find(": saves ") != std::string::npos);
+  // with an NVMe dir the plan moves master and moments there
+  const nlohmann::json n = estimate_json("--model " + testing::source_path("recipes/configs/llama-3.1-405b/config.json") +
+                                             " model.dtype=bf16 --gpu H200 --host-memory 3TiB --nvme-path /nvme",
+                                         0);
+  CHECK(n["tiers"]["nvme"].get<size_t>() >= 12 * 405853388800ull);
+}
+
+TEST_CASE("strata estimate: bad input exits 2", "[estimate]") {
+  const std::string model = testing::source_path("recipes/configs/llama-3.1-8b/config.json");
+  testing::ProcessResult r = run_strata("estimate --model " + model + " --gpu 'Voodoo 2'");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("H100 SXM") != std::string::npos);  // the table's names
+  r = run_strata("estimate --model /nonexistent/config.json");
+  CHECK(r.code == 2);
+  r = run_strata("estimate --model " + model + " --optimizer nvme --gpu H200");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("offload.nvme_path") != std::string::npos);
+}
+
+TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_uring engine, leaving nothing", "[estimate]") {
+  testing::TempDir dir("estimate_measure");
+  const testing::ProcessResult r =
+      run_strata("estimate --model " + testing::source_path("recipes/configs/llama-3.1-8b/config.json") +
+                 " model.dtype=bf16 --gpu 'RTX 4090' --host-memory 1TiB --optimizer nvme --nvme-path " +
+                 dir.path.string() + " --measure");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("measured here: CPU AdamW ") != std::string::npos);
+  CHECK(r.out.find("NVMe read ") != std::string::npos);
+  CHECK(std::filesystem::is_empty(dir.path));  // its test file and sidecar removed
+}
+
+TEST_CASE("the GPU table's peaks are the datasheet table's, and names match loosely", "[estimate]") {
+  for (const GpuSpec& g : gpu_specs()) {
+    INFO(g.name);
+    CHECK(gpu_datasheet_peak(g.datasheet_name, DType::bf16).has_value());
+    CHECK(gpu_spec_find(g.name)->name == g.name);
+    CHECK(g.memory_bytes >= (size_t(24) << 30));
+  }
+  CHECK(gpu_spec_find("h100-sxm")->name == "H100 SXM");
+  CHECK(gpu_spec_find("rtx4090")->name == "RTX 4090");
+  CHECK(gpu_datasheet_peak(gpu_spec_find("H100 SXM")->datasheet_name, DType::bf16)->flops_per_s == 989e12);
+  CHECK_FALSE(gpu_spec_find("H300").has_value());
+}
+
+TEST_CASE("the step roofline adds up the schedule: weights twice per micro-batch, gradients once", "[estimate]") {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 1024}, {"intermediate_size", 4096}, {"num_hidden_layers", 4},
+                      {"num_attention_heads", 8}, {"num_key_value_heads", 8}, {"vocab_size", 32768},
+                      {"max_position_embeddings", 4096}, {"tie_word_embeddings", false}};
+  const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16);
+  PlanInputs in;
+  in.checkpoints = "device";
+  in.optimizer = "host";
+  in.micro_batch = 1;
+  in.sequence_len = 1024;
+  const PlacementPlan plan = placement_plan(spec, in, PlanBudgets{});
+  StepRates rates;
+  rates.device_flops_per_s = 1e18;  // compute free: the link decides
+  rates.link_bytes_per_s = 1e9;
+  rates.adamw_params_per_s = 1e18;
+  rates.host_bytes_per_s = 1e18;
+  const StepEstimate e = step_estimate(spec, in, plan, 3, rates);
+  // per layer: 4 x 1024^2 attention + 3 x 1024 x 4096 MLP bf16, 2 norms f32; lm_head 32768 x 1024
+  const double layer_w = (4.0 * 1024 * 1024 + 3.0 * 1024 * 4096) * 2 + 2 * 1024 * 4, lm_w = 32768.0 * 1024 * 2;
+  const double h2d = 2 * (4 * layer_w + lm_w) + 1024.0 * 1024 * 4;             // weights twice + x0
+  const double layer_g = (4.0 * 1024 * 1024 + 3.0 * 1024 * 4096 + 2 * 1024) * 4;
+  const double d2h = 4 * layer_g + lm_w * 2 + 1024 * 4 + 1024.0 * 1024 * 4;  // f32 gradients + dx0
+  REQUIRE(h2d > d2h);
+  CHECK(e.bottleneck == "link");
+  CHECK(e.components.at("link") == Approx(3 * h2d / 1e9).epsilon(1e-12));
+  CHECK(e.seconds == Approx(3 * h2d / 1e9).epsilon(1e-9));
+  CHECK(e.tokens_per_s == Approx(3 * 1024 / e.seconds));
+  // compute-bound: executed FLOPs are the model's plus the recompute (layer forward, logits)
+  rates.device_flops_per_s = 1e12;
+  rates.link_bytes_per_s = 1e18;
+  const StepEstimate c = step_estimate(spec, in, plan, 3, rates);
+  const double layer_mm = 4.0 * 1024 * 1024 + 3.0 * 1024 * 4096, attn = 4.0 * 8 * 128 * 1024;
+  const double model = 6 * (4 * layer_mm + 32768.0 * 1024) + 6 * attn;
+  const double executed = model + 2 * 4 * layer_mm + 2 * attn + 2 * 32768.0 * 1024;
+  CHECK(c.bottleneck == "compute");
+  CHECK(c.components.at("compute") == Approx(3 * 1024 * executed / 1e12).epsilon(1e-12));
+  CHECK(c.mfu == Approx(model / executed).epsilon(1e-6));
+}
+
+}  // namespace strata

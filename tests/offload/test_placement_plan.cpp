@@ -1,0 +1,444 @@
+// The placement plan (offload/placement_plan.h): every kind of state's bytes against hand-worked
+// figures and against what the store, the engine and the device really allocate; the tier
+// decisions (a tight host budget with an NVMe dir moves master and moments to NVMe; without
+// one it is an exit-3 error whose changes each say what they save); f32 mode counting one f32
+// copy; the host budget's origin; and the fallback to pageable memory when pinning fails (one
+// warning stating the cost, the bytes counted as host, results unchanged).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "offload/engine.h"
+#include "offload/model_io.h"
+#include "offload/placement_plan.h"
+#include "src/device/arena.h"
+#include "src/core/process_memory.h"
+#include "src/recipe/recipe.h"
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+// Every tensor a multiple of 256 bytes in both tables, so no alignment padding: C 64, kv 2 x 16,
+// F 128, V 256. Matrices 4096 (q, o), 2048 (k, v), 8192 (gate, up, down) elements; 256 x 64 for
+// embed and lm_head; norms 64 floats.
+ModelSpec budget_spec(bool tied) {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
+                      {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
+  return model_spec_build(hf_config_parse(j.dump(), "test config"), DType::bf16);
+}
+
+EngineOptions budget_engine(const std::string& checkpoints) {
+  EngineOptions eo;
+  eo.weights = "stream";
+  eo.checkpoints = checkpoints;
+  eo.max_batch = 2;
+  eo.max_tokens = 16;
+  return eo;
+}
+
+// Captures what is written to file descriptor 2 while it lives.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    std::fflush(stderr);
+    saved_ = dup(2);
+    file_ = std::tmpfile();
+    dup2(fileno(file_), 2);
+  }
+  std::string finish() {
+    std::fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+    saved_ = -1;
+    std::rewind(file_);
+    std::string text;
+    char buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof buf, file_)) > 0) text.append(buf, got);
+    std::fclose(file_);
+    file_ = nullptr;
+    return text;
+  }
+  ~StderrCapture() {
+    if (saved_ >= 0) finish();
+  }
+
+ private:
+  int saved_ = -1;
+  FILE* file_ = nullptr;
+};
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+
+PlanInputs plan_inputs(const std::string& checkpoints) {
+  PlanInputs in;
+  in.weights = "stream";
+  in.checkpoints = checkpoints;
+  in.optimizer = "host";
+  in.micro_batch = 2;
+  in.sequence_len = 16;
+  return in;
+}
+
+// A model large enough that NVMe's own buffers (32 MiB of I/O staging) are small beside its
+// optimizer state: 4 layers of C 1024, F 4096, V 32000 (~100M parameters). Nothing is allocated.
+ModelSpec big_spec() {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 1024}, {"intermediate_size", 4096}, {"num_hidden_layers", 4},
+                      {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"vocab_size", 32000},
+                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
+  return model_spec_build(hf_config_parse(j.dump(), "test config"), DType::bf16);
+}
+
+}  // namespace
+
+TEST_CASE("the plan's bytes are hand-worked and equal what the store, engine and device allocate", "[plan]") {
+  for (bool tied : {false, true}) {
+    INFO((tied ? "tied" : "untied"));
+    const ModelSpec spec = budget_spec(tied);
+    // per layer: 2 x 4096 + 2 x 2048 + 3 x 8192 matrix elements, 2 x 64 norm floats
+    const size_t layer_matrix = 2 * 4096 + 2 * 2048 + 3 * 8192, layer_norm = 2 * 64;
+    const size_t matrix = 3 * layer_matrix + (tied ? 1 : 2) * 256 * 64, norm = 3 * layer_norm + 64;
+    const size_t params = matrix + norm;
+    REQUIRE(size_t(spec.parameter_count()) == params);
+    PlanInputs in = plan_inputs("host");
+    in.baseline_bytes = 1000;
+    in.data_bytes = 24;
+    const PlacementPlan p = placement_plan(spec, in, PlanBudgets{});
+    CHECK(p.fits());
+    CHECK(p.bytes_of("working weights (bf16)") == matrix * 2 + norm * 4);  // bf16 matrices, f32 norms
+    CHECK(p.bytes_of("fp32 master weights") == params * 4);
+    CHECK(p.bytes_of("AdamW moments (f32 m and v)") == params * 8);
+    CHECK(p.bytes_of("fp32 gradient accumulation") == params * 4);
+    const size_t act = 2 * 16 * 64 * 4, layer_grad = (layer_matrix + layer_norm) * 4;
+    // x0, dx0, two layer gradient stagings, the final norm gradient, one lm_head gradient chunk
+    // (all 256 rows: one chunk, so one slot)
+    CHECK(p.bytes_of("pinned staging (activations, gradients)") == 2 * act + 2 * layer_grad + 64 * 4 + 256 * 64 * 4);
+    CHECK(p.bytes_of("layer checkpoints (pinned host)") == 3 * act);
+    CHECK(p.host_checkpoints == 3);
+    CHECK(p.device_checkpoints == 0);
+    // two streamed slots of one layer's bf16 working weights (74240 bytes: 256-aligned already)
+    CHECK(p.bytes_of("device layer weight slots") == 2 * (layer_matrix * 2 + layer_norm * 4));
+    // transients: the largest tensor is the 256 x 64 embedding (65536 bytes of f32); saving
+    // reads its manifest back through 4 MiB, more than the export's 65536 + 16384 x 2
+    REQUIRE(p.transients.size() == 3);
+    CHECK(p.transients[0].bytes == 256 * 64 * 4);                 // initialising
+    CHECK(p.transients[1].bytes == 256 * 64 * 4 + 256 * 64 * 2);  // exporting (bf16)
+    CHECK(p.transients[2].bytes == kManifestReadBytes);            // saving
+    CHECK(p.bytes_of("transient buffers (largest: saving a checkpoint)") == kManifestReadBytes);
+    CHECK(p.bytes_of("process baseline (code, libraries, tokenizer)") == 1000);
+    CHECK(p.bytes_of("tokenized data rows and order") == 24);
+    CHECK(p.tier(Tier::host_pinned) == matrix * 2 + norm * 4 + params * 4 + 2 * act + 2 * layer_grad + 64 * 4 +
+                                           256 * 64 * 4 + 3 * act);
+    CHECK(p.tier(Tier::host) == 1000 + 24 + params * 12 + kManifestReadBytes);
+    CHECK(p.tier(Tier::nvme) == 0);
+    // the tier totals are the sums of the states, and plan.json says the same
+    const nlohmann::json j = placement_plan_json(p);
+    size_t sum[kTierCount] = {};
+    for (const auto& s : j["states"]) {
+      for (int t = 0; t < kTierCount; ++t)
+        if (s["tier"] == tier_name(Tier(t))) sum[t] += s["bytes"].get<size_t>();
+    }
+    for (int t = 0; t < kTierCount; ++t) CHECK(j["tiers"][tier_name(Tier(t))].get<size_t>() == sum[t]);
+    CHECK(j["tiers"].size() == 4);
+
+    // what the store and the engine allocate is what the plan says, device and host
+    auto dev = device_create(DeviceOptions{});
+    HostStore hs(*dev, spec);
+    CHECK(hs.pinned_bytes() == p.bytes_of("working weights (bf16)") + p.bytes_of("fp32 gradient accumulation"));
+    CHECK(hs.host_bytes() == p.bytes_of("fp32 master weights") + p.bytes_of("AdamW moments (f32 m and v)"));
+    EngineOptions eo;
+    eo.weights = "stream";
+    eo.checkpoints = "host";
+    eo.max_batch = 2;
+    eo.max_tokens = 16;
+    Engine engine(*dev, hs, eo);
+    CHECK(dev->used_bytes() == p.tier(Tier::device));
+  }
+}
+
+TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does, for every budget", "[plan]") {
+  const ModelSpec spec = budget_spec(false);
+  const PlacementPlan host = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
+  const size_t act = Arena::footprint(2 * 16 * 64 * 4);
+  for (const std::string weights : {"stream", "device"}) {
+    PlanInputs in = plan_inputs("auto");
+    in.weights = weights;
+    const size_t fixed = placement_plan(spec, in, PlanBudgets{}).tier(Tier::device) - 3 * act;  // unlimited: all 3
+    for (size_t extra : {size_t(0), (size_t(1) << 20) + act - 1, (size_t(1) << 20) + act, (size_t(1) << 20) + 2 * act + 7,
+                         (size_t(1) << 20) + 5 * act}) {
+      PlanBudgets b;
+      b.device_bytes = fixed + extra;
+      const PlacementPlan p = placement_plan(spec, in, b);
+      INFO(weights << " budget " << b.device_bytes);
+      CHECK(p.fits());
+      DeviceOptions dopt;
+      dopt.memory_bytes = b.device_bytes;
+      auto dev = device_create(dopt);
+      HostStore hs(*dev, spec);
+      EngineOptions eo;
+      eo.weights = weights;
+      eo.checkpoints = "auto";
+      eo.max_batch = 2;
+      eo.max_tokens = 16;
+      Engine engine(*dev, hs, eo);
+      CHECK(engine.device_checkpoints() == p.device_checkpoints);
+      CHECK(dev->used_bytes() == p.tier(Tier::device));
+      CHECK(p.host_checkpoints == 3 - p.device_checkpoints);
+      CHECK(p.bytes_of("layer checkpoints (pinned host)") == p.host_checkpoints * 2 * 16 * 64 * 4);
+    }
+  }
+  // "device": all of them, and a budget too small for them is a plan that does not fit
+  PlanBudgets small;
+  small.device_bytes = host.tier(Tier::device) + act;
+  const PlacementPlan dev_ckpt = placement_plan(spec, plan_inputs("device"), small);
+  CHECK(dev_ckpt.device_checkpoints == 3);
+  CHECK_FALSE(dev_ckpt.fits());
+  // "auto" keeps none of them within the 1 MiB margin the engine leaves: all 3 spill
+  size_t saves = 0;
+  for (const PlanChange& c : dev_ckpt.changes)
+    if (c.what.rfind("set offload.checkpoints = \"auto\"", 0) == 0) saves = c.saves_bytes;
+  CHECK(saves == 3 * act);
+}
+
+TEST_CASE("f32 compute mode counts one f32 copy: the master is the working copy", "[plan]") {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
+                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
+  const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), DType::f32);
+  const size_t params = size_t(spec.parameter_count());
+  PlanInputs in = plan_inputs("host");
+  const PlacementPlan one = placement_plan(spec, in, PlanBudgets{});
+  CHECK(one.bytes_of("working weights (f32)") == params * 4);
+  CHECK(one.bytes_of("fp32 master weights (the f32 working copy)") == 0);
+  CHECK(one.bytes_of("fp32 master weights") == 0);
+  // 4 (working = master) + 8 (m, v) + 4 (gradients) bytes per parameter in the store
+  CHECK(one.bytes_of("working weights (f32)") + one.bytes_of("AdamW moments (f32 m and v)") +
+            one.bytes_of("fp32 gradient accumulation") == params * 16);
+  in.f32_master_shared = false;  // a store that still keeps two f32 copies
+  const PlacementPlan two = placement_plan(spec, in, PlanBudgets{});
+  CHECK(two.bytes_of("fp32 master weights") == params * 4);
+  CHECK(two.host_total() - one.host_total() == params * 4);
+}
+
+TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe", "[plan]") {
+  const ModelSpec spec = big_spec();
+  const size_t params = size_t(spec.parameter_count());
+  PlanInputs in = plan_inputs("auto");
+  in.optimizer = "auto";
+  PlanBudgets b;
+  const PlacementPlan ram = placement_plan(spec, in, b);
+  CHECK_FALSE(ram.optimizer_on_nvme);
+  CHECK(ram.tier(Tier::nvme) == 0);
+  b.host_bytes = ram.host_total() - 1;  // one byte short
+  b.nvme_dir = "/nvme/strata";
+  const PlacementPlan p = placement_plan(spec, in, b);
+  INFO(placement_plan_table(p));
+  CHECK(p.fits());
+  CHECK(p.optimizer_on_nvme);
+  CHECK(p.tier(Tier::nvme) == params * 12);  // fp32 master + m + v
+  CHECK(p.bytes_of("NVMe I/O staging") == kNvmeIoStagingBytes);
+  CHECK(p.bytes_of("NVMe optimizer pipeline (3 chunks of master, m, v)") == 3 * kNvmeOptimizerChunkFloats * 12);
+  CHECK(p.host_total() == ram.host_total() - params * 12 + kNvmeIoStagingBytes + 3 * kNvmeOptimizerChunkFloats * 12);
+  // the working weights and gradients stay in pinned RAM
+  CHECK(p.tier(Tier::host_pinned) == ram.tier(Tier::host_pinned));
+  // "host" keeps them in RAM whatever the budget: then it does not fit
+  in.optimizer = "host";
+  CHECK_FALSE(placement_plan(spec, in, b).fits());
+  // an NVMe budget too small for them is a problem naming offload.nvme_memory
+  in.optimizer = "auto";
+  b.nvme_bytes = params * 12 - 1;
+  const PlacementPlan small = placement_plan(spec, in, b);
+  REQUIRE(small.problems.size() == 1);
+  CHECK(small.problems[0].find("offload.nvme_memory") != std::string::npos);
+  // still short after the move: spilled checkpoints follow (a device budget with no room for them)
+  b.nvme_bytes = 0;
+  in.micro_batch = 64;
+  in.sequence_len = 256;  // 4 layers x 64 MiB of checkpoints
+  const size_t act = size_t(64) * 256 * 1024 * 4, pipeline = 3 * kNvmeOptimizerChunkFloats * 12;
+  PlanInputs host_ckpt = in;
+  host_ckpt.checkpoints = "host";
+  b.device_bytes = placement_plan(spec, host_ckpt, PlanBudgets{}).tier(Tier::device) + (1 << 20);
+  PlanBudgets no_limit = b;
+  no_limit.host_bytes = 0;
+  const PlacementPlan big = placement_plan(spec, in, no_limit);
+  CHECK(big.host_checkpoints == 4);
+  // after both moves: the state and the checkpoints off, NVMe's staging, pipeline and two buffers on
+  b.host_bytes = big.host_total() - params * 12 + kNvmeIoStagingBytes + pipeline - 4 * act + 2 * act;
+  const PlacementPlan both = placement_plan(spec, in, b);
+  INFO(placement_plan_table(both));
+  CHECK(both.fits());
+  CHECK(both.optimizer_on_nvme);
+  CHECK(both.nvme_checkpoints == 4);
+  CHECK(both.host_total() == b.host_bytes);
+  CHECK(both.tier(Tier::nvme) == params * 12 + 4 * act);
+}
+
+TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to change and what it saves", "[plan]") {
+  const ModelSpec spec = big_spec();
+  PlanInputs in = plan_inputs("host");
+  in.optimizer = "auto";
+  in.micro_batch = 8;
+  PlanBudgets b;
+  b.host_bytes = placement_plan(spec, in, b).host_total() - 1;
+  b.host_origin = "offload.host_memory = \"test\"";
+  const PlacementPlan p = placement_plan(spec, in, b);
+  REQUIRE_FALSE(p.fits());
+  CHECK_FALSE(p.optimizer_on_nvme);
+  try {
+    placement_plan_check(p);
+    FAIL("no error for a budget one byte short");
+  } catch (const Error& err) {
+    const std::string msg = err.what();
+    INFO(msg);
+    CHECK(err.exit_code() == 3);
+    CHECK(msg.find("offload.host_memory = \"test\"") != std::string::npos);
+    CHECK(msg.find(format_bytes(p.host_total())) != std::string::npos);
+    for (const char* kind : {"working weights (bf16)", "fp32 master weights", "AdamW moments (f32 m and v)",
+                             "fp32 gradient accumulation", "pinned staging", "layer checkpoints (pinned host)"})
+      CHECK(msg.find(kind) != std::string::npos);
+    CHECK(msg.find("set offload.optimizer = \"nvme\" with offload.nvme_path") != std::string::npos);
+    CHECK(msg.find("lower train.micro_batch_size to 4") != std::string::npos);
+    CHECK(msg.find("raise offload.host_memory") != std::string::npos);
+  }
+  // each change's saving is the difference of the two plans' host totals
+  const size_t params = size_t(spec.parameter_count());
+  REQUIRE(p.changes.size() >= 4);
+  CHECK(p.changes[0].saves_bytes == params * 12 - kNvmeIoStagingBytes - 3 * kNvmeOptimizerChunkFloats * 12);
+  PlanInputs half = in;
+  half.micro_batch = 4;
+  bool found = false;
+  for (const PlanChange& c : p.changes)
+    if (c.what.rfind("lower train.micro_batch_size to 4", 0) == 0) {
+      found = true;
+      CHECK(c.saves_bytes == p.host_total() - placement_plan(spec, half, PlanBudgets{}).host_total());
+    }
+  CHECK(found);
+  // NVMe asked for without a directory is bad input (exit 2)
+  in.optimizer = "nvme";
+  CHECK_THROWS_WITH(placement_plan(spec, in, PlanBudgets{}), Catch::Contains("offload.nvme_path"));
+  in.optimizer = "disk";
+  CHECK_THROWS_WITH(placement_plan(spec, in, PlanBudgets{}), Catch::Contains("\"auto\", \"host\" or \"nvme\""));
+}
+
+TEST_CASE("the largest micro-batch and sequence length that fit are found by the plan", "[plan]") {
+  const ModelSpec spec = big_spec();
+  PlanInputs in = plan_inputs("host");
+  PlanBudgets b;
+  in.micro_batch = 6;
+  b.host_bytes = placement_plan(spec, in, b).host_total();
+  CHECK(placement_max_micro_batch(spec, in, b) == 6);
+  in.micro_batch = 2;
+  CHECK(placement_max_sequence_len(spec, in, b) == 48);  // 2 x 48 tokens = 6 x 16
+  b.host_bytes = 1;
+  CHECK(placement_max_micro_batch(spec, in, b) == 0);
+}
+
+TEST_CASE("the host budget comes from offload.host_memory, else from MemAvailable", "[plan]") {
+  const Recipe rc = recipe_parse("[model]\nconfig = \"c.json\"\n[data]\npath = \"d.txt\"\n[train]\nmax_steps = 1\n",
+                                 "test.toml", {"offload.host_memory=24GiB"});
+  PlanBudgets set;
+  placement_host_budget(set, rc.host_memory_bytes, rc.host_memory);
+  CHECK(set.host_bytes == (size_t(24) << 30));
+  CHECK(set.host_origin == "offload.host_memory = \"24GiB\"");
+  // parsed when the recipe loads: a bad size stops there, naming the key
+  CHECK_THROWS_WITH(recipe_parse("[model]\nconfig = \"c.json\"\n[data]\npath = \"d.txt\"\n[train]\nmax_steps = 1\n",
+                                 "test.toml", {"offload.host_memory=lots"}),
+                    Catch::Contains("offload.host_memory") && Catch::Contains("is not a size"));
+  // MemAvailable as /proc/meminfo states it (kB meaning KiB)
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  size_t kib = 0;
+  while (std::getline(f, line))
+    if (line.rfind("MemAvailable:", 0) == 0) kib = std::stoull(line.substr(13));
+  REQUIRE(kib > 0);
+  PlanBudgets unset;
+  placement_host_budget(unset, 0, "");
+  CHECK(unset.host_origin.find("MemAvailable") != std::string::npos);
+  // the machine's free memory moves between the two reads: within 1 GiB
+  CHECK(std::llabs((long long)unset.host_bytes - (long long)(kib * 1024)) < (1ll << 30));
+  // this process's resident set: there, and its high-water mark at least as large
+  const size_t rss = process_rss_bytes(), peak = process_rss_peak_bytes();
+  CHECK(rss > (1u << 20));
+  CHECK(peak >= rss);
+  std::vector<char> touch(size_t(64) << 20, 1);  // 64 MiB more, touched
+  CHECK(process_rss_peak_bytes() >= rss + (size_t(60) << 20));
+  CHECK(touch[12345] == 1);
+}
+
+TEST_CASE("a failed pinned allocation falls back to pageable memory with one warning, counted as host", "[pinned]") {
+  const ModelSpec spec = budget_spec(true);
+  const PlacementPlan e = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
+  const size_t working = e.bytes_of("working weights (bf16)"), grads = e.bytes_of("fp32 gradient accumulation"),
+               state = e.bytes_of("fp32 master weights") + e.bytes_of("AdamW moments (f32 m and v)"),
+               staging = e.bytes_of("pinned staging (activations, gradients)"),
+               checkpoints = e.bytes_of("layer checkpoints (pinned host)");
+  MicroBatch mb;
+  mb.B = 2;
+  mb.T = 16;
+  for (int i = 0; i < 32; ++i) {
+    mb.ids.push_back((i * 37) % 256);
+    mb.targets.push_back(i % 16 == 15 ? -100 : ((i + 1) * 37) % 256);
+    mb.pos.push_back(i % 16);
+  }
+  auto run = [&](bool fail, std::string* warning, size_t* pinned, size_t* host, size_t* fallback) {
+    if (fail) setenv("STRATA_FAKE_PINNED_FAIL", "1", 1);
+    StderrCapture capture;
+    auto dev = device_create(DeviceOptions{});
+    unsetenv("STRATA_FAKE_PINNED_FAIL");  // read once, when the device is made
+    std::vector<float> grads;
+    double loss;
+    {
+      HostStore store(*dev, spec);
+      model_init_weights(store, 5);
+      Engine engine(*dev, store, budget_engine("host"));
+      loss = engine.forward_backward(mb, 1.f / float(mb.counted()));
+      engine.synchronize();
+      grads.assign(store.grad(), store.grad() + store.f32_floats());
+      *pinned = store.pinned_bytes();
+      *host = store.host_bytes();
+      *fallback = dev->pageable_fallback_bytes();
+    }
+    CHECK(dev->pageable_fallback_bytes() == 0);  // all freed
+    *warning = capture.finish();
+    return std::make_pair(loss, grads);
+  };
+  std::string warn_pinned, warn_fallback;
+  size_t pinned = 0, host = 0, fallback = 0;
+  const auto normal = run(false, &warn_pinned, &pinned, &host, &fallback);
+  CHECK(pinned == working + grads);
+  CHECK(host == state);
+  CHECK(fallback == 0);
+  CHECK(warn_pinned.find("pageable") == std::string::npos);
+
+  const auto fell_back = run(true, &warn_fallback, &pinned, &host, &fallback);
+  INFO(warn_fallback);
+  CHECK(pinned == 0);
+  CHECK(host == working + grads + state);
+  // the store's two arrays, the engine's staging and its spilled checkpoints
+  CHECK(fallback == working + grads + staging + checkpoints);
+  CHECK(count_of(warn_fallback, "warning: cannot pin") == 1);  // said once, not per allocation
+  CHECK(warn_fallback.find("cannot pin " + format_bytes(working) + " of host memory") != std::string::npos);
+  CHECK(warn_fallback.find("about half the bandwidth") != std::string::npos);
+  CHECK(warn_fallback.find("block the host thread") != std::string::npos);
+  // the memory is slower, not different: the same results to the bit
+  CHECK(std::memcmp(&normal.first, &fell_back.first, sizeof(double)) == 0);
+  CHECK(std::memcmp(normal.second.data(), fell_back.second.data(), normal.second.size() * 4) == 0);
+}
+
+}  // namespace strata
