@@ -36,18 +36,7 @@ std::vector<std::vector<int32_t>> read_rows(const nlohmann::json& j, const char*
 
 }  // namespace
 
-int cmd_grad(const std::vector<std::string>& args) {
-  CLI::App app{"Loss and gradients of one batch, for checking strata's numerics against another implementation",
-               "strata grad"};
-  std::string model_dir, batch_path, out_path, dtype_name = "f32", memory = "4GiB";
-  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
-  app.add_option("--batch", batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored")->required();
-  app.add_option("--out", out_path, "where to write the gradients (safetensors, F32, HF names)")->required();
-  app.add_option("--dtype", dtype_name, "compute dtype of the weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
-  app.add_option("--device-memory", memory, "device arena budget");
-  int rc = 0;
-  if (!parse_args(app, args, &rc)) return rc;
-
+MicroBatch cli_read_batch(const std::string& batch_path) {
   const std::string batch_text = file_read(batch_path, "batch file", "check --batch", ErrorKind::input);
   nlohmann::json j;
   try {
@@ -60,8 +49,24 @@ int cmd_grad(const std::vector<std::string>& args) {
   std::vector<std::vector<int32_t>> labels;
   if (j.contains("labels") && !j["labels"].is_null()) labels = read_rows(j, "labels", batch_path);
   MicroBatch mb = micro_batch_from_labels(ids, labels);
+  STRATA_CHECK(mb.counted() > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
+  return mb;
+}
+
+int cmd_grad(const std::vector<std::string>& args) {
+  CLI::App app{"Loss and gradients of one batch, for checking strata's numerics against another implementation",
+               "strata grad"};
+  std::string model_dir, batch_path, out_path, dtype_name = "f32", memory = "4GiB";
+  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
+  app.add_option("--batch", batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored")->required();
+  app.add_option("--out", out_path, "where to write the gradients (safetensors, F32, HF names)")->required();
+  app.add_option("--dtype", dtype_name, "compute dtype of the weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--device-memory", memory, "device arena budget");
+  int rc = 0;
+  if (!parse_args(app, args, &rc)) return rc;
+
+  MicroBatch mb = cli_read_batch(batch_path);
   const int64_t counted = mb.counted();
-  STRATA_CHECK(counted > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
 
   ModelConfig cfg = hf_config_load(model_dir);
   ModelSpec spec = model_spec_build(cfg, dtype_parse(dtype_name));

@@ -18,6 +18,7 @@
 #include "io/token_rows.h"
 #include "offload/adamw.h"
 #include "offload/engine.h"
+#include "offload/engine_zo.h"
 #include "offload/host_budget.h"
 #include "offload/model_io.h"
 #include "src/core/error.h"
@@ -26,6 +27,7 @@
 #include "src/train/progress.h"
 #include "src/train/run_dir.h"
 #include "src/train/training_data.h"
+#include "src/train/zo_step.h"
 
 namespace strata {
 namespace {
@@ -138,6 +140,7 @@ struct StepResult {
   double run_s = 0, save_s = 0;  // the step's compute and, when it saved, the save
   EngineStats e0, e1;
   DeviceCounters c0, c1;
+  nlohmann::json extra = nlohmann::json::object();  // objective-specific metrics (zo-sgd: zo_step.h)
 };
 
 // One training run: what the steps of train_run share.
@@ -165,6 +168,9 @@ class TrainRun {
   void evaluate(int64_t step);
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
   double step_mfu(const StepResult& r);
+  // the engine of the run's optimizer: first order (engine_) or zeroth order (zo_engine_)
+  void engine_synchronize() { engine_ ? engine_->synchronize() : zo_engine_->synchronize(); }
+  EngineStats engine_stats() const { return engine_ ? engine_->stats() : zo_engine_->stats(); }
   int64_t tokens_per_step() const { return rc_.micro_batch_size * rc_.gradient_accumulation_steps * rc_.sequence_len; }
 
   const Recipe& rc_;
@@ -177,6 +183,7 @@ class TrainRun {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ZoEngine> zo_engine_;  // optim.type = "zo-sgd" (src/train/zo_step.h)
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
@@ -251,6 +258,7 @@ void TrainRun::set_up() {
   load_weights();
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
   flops_per_token_ = flops_per_token(store_->spec(), rc_.sequence_len);
+  if (zo_engine_) flops_per_token_ *= zo_flops_ratio(rc_);  // forward passes only
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
                peak_.source.c_str());
   recipe_toml_ = rc_.to_toml();
@@ -276,7 +284,12 @@ void TrainRun::set_up_model() {
   host_budget_check(spec, HostStoreOptions{}, eopt_, host_memory_budget(rc_.host_memory_bytes, rc_.host_memory));
   dev_ = device_create(dopt);
   store_ = std::make_unique<HostStore>(*dev_, spec);
-  engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
+  if (rc_.optim_type == "zo-sgd") {
+    zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, eopt_);
+    zo_step_notes(rc_);
+  } else {
+    engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
+  }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
 }
 
@@ -294,7 +307,7 @@ void TrainRun::load_weights() {
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
                "checkpoints on the device; device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
-               rc_.offload_weights.c_str(), engine_->device_checkpoints(), ms.layers.size(),
+               rc_.offload_weights.c_str(), engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
                format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
 }
@@ -366,7 +379,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
   r.step = state_.step + 1;
   const auto t0 = Clock::now();
   r.c0 = dev_->counters();
-  r.e0 = engine_->stats();
+  r.e0 = engine_stats();
   AdamWParams ap;
   ap.lr = rc_.learning_rate * lr_schedule(rc_.lr_scheduler_type, r.step - 1, max_steps_, warmup_, rc_.min_lr_ratio);
   ap.beta1 = rc_.adam_beta1;
@@ -375,7 +388,13 @@ StepResult TrainRun::step(const StepBatch& batch) {
   ap.step = r.step;
   const float scale = float(1.0 / double(batch.counted));
   double loss_sum = 0;
-  if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
+  if (zo_engine_) {  // zeroth order: both perturbed passes, the update queued on the host
+    const ZoStepOutcome z = zo_step_run(*zo_engine_, {uint64_t(rc_.seed), rc_.zo_eps, int(rc_.zo_perturbations)},
+                                        batch.micro, batch.counted, r.step, ap.lr, rc_.weight_decay);
+    loss_sum = z.loss() * double(batch.counted);
+    r.grad_norm = std::abs(z.projected_grad);
+    r.extra = {{"zo_projected_grad", z.projected_grad}, {"loss_plus", z.loss_plus}, {"loss_minus", z.loss_minus}};
+  } else if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
     for (auto& mb : batch.micro) loss_sum += engine_->forward_backward(mb, scale);
     r.grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
   } else {  // no clipping: the last micro-batch updates each group as its gradient lands
@@ -383,8 +402,8 @@ StepResult TrainRun::step(const StepBatch& batch) {
     loss_sum += engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay);
     r.grad_norm = engine_->landed_update_norm();
   }
-  if (r.step == max_steps_) engine_->synchronize();
-  r.e1 = engine_->stats();
+  if (r.step == max_steps_) engine_synchronize();
+  r.e1 = engine_stats();
   r.c1 = dev_->counters();
   r.run_s = seconds_since(t0);
   r.loss = loss_sum / double(batch.counted);
@@ -412,7 +431,7 @@ void TrainRun::evaluate(int64_t step) {
     int64_t n = std::min<int64_t>(rc_.micro_batch_size, int64_t(seq.size() - first));
     MicroBatch mb = take_rows(data_.eval, seq, first, n);
     counted += mb.counted();
-    loss_sum += engine_->forward_loss(mb);
+    loss_sum += engine_ ? engine_->forward_loss(mb) : zo_engine_->forward_loss(mb);
   }
   progress_.phase("");
   const double eval_loss = counted ? loss_sum / double(counted) : 0.0;
@@ -427,7 +446,7 @@ bool TrainRun::save_due(int64_t step, bool stopping) const {
 double TrainRun::save() {
   const auto t0 = Clock::now();
   progress_.phase(str_cat("saving checkpoint-", state_.step));
-  engine_->synchronize();
+  engine_synchronize();
   std::ostringstream rs;
   rs << rng_;
   state_.rng = rs.str();
@@ -491,11 +510,12 @@ void TrainRun::record(const StepResult& r) {
       {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
       {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
+  rec.update(r.extra);
   metrics_->write(rec);
 }
 
 TrainSummary TrainRun::interrupted(int64_t step) {
-  engine_->synchronize();
+  engine_synchronize();
   summary_.interrupted = true;
   progress_.finish();
   std::fprintf(stderr, "strata train: interrupted %s; resume with: %s\n",
@@ -515,7 +535,7 @@ TrainSummary TrainRun::finish() {
   for (auto& [name, s] : ops.items())
     split += str_cat(split.empty() ? "" : ", ", name, " ", int(std::lround(100 * s.get<double>() / std::max(total, 1e-12))), "%");
   summary_.final_dir = rc_.output_dir + "/final";
-  engine_->synchronize();
+  engine_synchronize();
   const auto t0 = Clock::now();
   progress_.phase("exporting the model to " + summary_.final_dir);
   export_hf_atomic(*store_, summary_.final_dir, dtype_parse(rc_.save_dtype), files_);
