@@ -70,7 +70,7 @@ std::vector<EngineBuffer> zo_buffer_table(const EngineShape& s, ZoBuffers* into)
   dev("document starts", tokens_i32, bind_at(into ? &into->doc_start : nullptr));
   dev("losses", 2 * sizeof(double), bind_at(into ? &into->loss : nullptr));
   dev("rope inv_freq", bytes_of<float>(int64_t(s.rope_floats)), bind_at(into ? &into->inv_freq : nullptr));
-  dev("layer workspace", layer_workspace_bytes(s.layer_capacity), bind_at(into ? &into->workspace : nullptr));
+  dev("layer forward workspace", layer_forward_workspace_bytes(s.layer_capacity), bind_at(into ? &into->workspace : nullptr));
   for (size_t p = 0; p < 2; ++p)
     t.push_back({str_cat("embedding output, pass ", p, " (host)"), act, Memory::pinned,
                  bind_at(into ? &into->x0_host[p] : nullptr)});
@@ -125,7 +125,7 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
     }
     throw;
   }
-  ws_ = layer_workspace_carve(shape_.layer_capacity, buf_.workspace);
+  ws_ = layer_forward_workspace_carve(shape_.layer_capacity, buf_.workspace);
   const std::vector<float> inv = model_rope_inv_freq(store_.spec().config);
   dev_.copy_h2d(buf_.inv_freq, inv.data(), bytes_of<float>(int64_t(inv.size())), Stream::compute);
   dev_.stream_synchronize(Stream::compute);
