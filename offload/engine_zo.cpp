@@ -118,11 +118,7 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
       b.bind(b.ptr);
     }
   } catch (...) {
-    for (EngineBuffer& b : table_) {
-      if (!b.ptr) continue;
-      if (b.memory == Memory::device) dev_.free(b.ptr);
-      else dev_.free_pinned(b.ptr);
-    }
+    free_buffers();
     throw;
   }
   ws_ = layer_forward_workspace_carve(shape_.layer_capacity, buf_.workspace);
@@ -148,10 +144,15 @@ ZoEngine::~ZoEngine() {
     synchronize();
   } catch (...) {  // already reported on the caller's path; still free everything
   }
+  free_buffers();
+}
+
+void ZoEngine::free_buffers() {
   for (EngineBuffer& b : table_) {
     if (!b.ptr) continue;
     if (b.memory == Memory::device) dev_.free(b.ptr);
     else dev_.free_pinned(b.ptr);
+    b.ptr = nullptr;
   }
 }
 

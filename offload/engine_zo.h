@@ -95,6 +95,7 @@ class ZoEngine {
   struct Pass {
     int sign;  // +1, -1, or 0: the clean weights
   };
+  void free_buffers();  // every row of the table that was allocated
   double run(const MicroBatch& mb, const std::vector<Pass>& passes, uint64_t seed, float eps, ZoLosses* out);
   void upload_tokens(const MicroBatch& mb);
   void embed_forward(const std::vector<Pass>& passes, uint64_t seed, float eps);
