@@ -1,7 +1,8 @@
 // The zeroth-order engine (offload/engine_zo.h): its device footprint (flat in depth, below a
 // first-order forward-only pass), its link traffic (the weights once per dual forward, nothing
-// back but two losses), its update (ZO-SGD on the host master against the plain-loop twin), and
-// its perturbation of the device copy (the same losses as a host store holding θ ± εz).
+// back but two losses), its update (ZO-SGD on the host master against the plain-loop twin), its
+// perturbation of the device copy (the same losses as a host store holding θ ± εz), and the
+// trainer's ZO step (src/train/zo_step.h: q perturbations, accumulated micro-batches).
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "offload/model_io.h"
 #include "src/core/align.h"
 #include "src/device/arena.h"
+#include "src/train/zo_step.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -224,6 +226,55 @@ TEST_CASE("ZO: device and host bytes against first order for Llama-3.1-8B shapes
   std::printf("llama-3.1-8b host tiers: working %.1f GB, master %.1f GB, moments %.1f GB, grads %.1f GB; ZO-SGD reads "
               "working + master = %.1f GB\n", double(host.working) / 1e9, double(host.master) / 1e9,
               double(host.moments) / 1e9, double(host.grads) / 1e9, double(host.working + host.master) / 1e9);
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("ZO step: q perturbations over accumulated micro-batches, and the update they give", "[zo][engine][train]") {
+  // zo_step_run against its definition, from separate dual forwards on a second copy of the model:
+  // g_j = (ΣL+ − ΣL−) / counted / (2ε) with seed_j = zo_seed(train.seed, step, j), and the master
+  // weights moved by the plain-loop twin of ZO-SGD with coefficients g_j / q.
+  auto dev = device_create(DeviceOptions{});
+  const ModelSpec spec = model_spec_build(tiny_config(2, true), DType::f32);
+  HostStore store(*dev, spec), twin(*dev, spec);
+  model_init_weights(store, 31);
+  model_init_weights(twin, 31);
+  const std::vector<MicroBatch> micro = {tiny_batch(2, 17), tiny_batch(1, 17)};
+  const int64_t counted = micro[0].counted() + micro[1].counted();
+  const ZoStepOptions opt{99, 1e-3, 3};
+  const int64_t step = 7;
+  const double lr = 2e-3, wd = 0.05;
+  ZoEngine engine(*dev, store, capacity(2, 17));
+  const ZoStepOutcome out = zo_step_run(engine, opt, micro, counted, step, lr, wd);
+  engine.synchronize();
+
+  ZoEngine ref_engine(*dev, twin, capacity(2, 17));
+  ZoSgdEstimate est;
+  REQUIRE(out.projected.size() == 3);
+  for (int j = 0; j < 3; ++j) {
+    const uint64_t seed = zo::zo_seed(99, uint64_t(step), uint32_t(j));
+    double plus = 0, minus = 0;
+    for (const MicroBatch& mb : micro) {
+      const ZoLosses l = ref_engine.dual_forward(mb, seed, 1e-3f);
+      plus += l.plus;
+      minus += l.minus;
+    }
+    const double g = (plus / double(counted) - minus / double(counted)) / (2 * double(1e-3f));
+    CHECK(out.projected[size_t(j)] == g);
+    est.seeds.push_back(seed);
+    est.coefs.push_back(float(g / 3));
+  }
+  CHECK(out.projected[0] != out.projected[1]);  // independent perturbations
+  for (size_t r = 0; r < spec.params.size(); ++r) {
+    INFO(spec.params[r].name);
+    std::vector<float> want(size_t(spec.params[r].numel()));
+    twin.get_param(r, want.data());
+    ref::zo_sgd_update(want.data(), nullptr, false, est.seeds.data(), est.coefs.data(), 3, uint32_t(r), 0, float(lr),
+                       spec.params[r].shape.size() == 2 ? float(wd) : 0.f, int64_t(want.size()));
+    CHECK(std::memcmp(want.data(), store.master_of(r), want.size() * 4) == 0);
+  }
 }
 
 }  // namespace strata
