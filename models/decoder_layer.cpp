@@ -75,7 +75,9 @@ struct Carver {
   }
 };
 
-LayerWorkspace carve(const LayerDims& d, Carver& c) {
+// with_backward false: the forward's buffers and cast_a only (layer_forward reads nothing else);
+// the backward scratch and cast_b stay null.
+LayerWorkspace carve(const LayerDims& d, Carver& c, bool with_backward = true) {
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
   const int64_t widest = std::max({C, H * D, F});
   LayerWorkspace ws;
@@ -96,6 +98,10 @@ LayerWorkspace carve(const LayerDims& d, Carver& c) {
   ws.gate = c.take<float>(N * F);
   ws.up = c.take<float>(N * F);
   ws.act = c.take<float>(N * F);
+  if (!with_backward) {
+    ws.cast_a = c.take<bf16>(N * widest);
+    return ws;
+  }
   ws.dh = c.take<float>(N * C);
   ws.dxn = c.take<float>(N * C);
   ws.dattn = c.take<float>(N * H * D);
@@ -123,6 +129,18 @@ LayerWorkspace layer_workspace_carve(const LayerDims& d, void* base) {
   STRATA_ASSERT(base != nullptr);
   Carver c{static_cast<char*>(base)};
   return carve(d, c);
+}
+
+size_t layer_forward_workspace_bytes(const LayerDims& d) {
+  Carver c{nullptr};
+  carve(d, c, false);
+  return c.offset;
+}
+
+LayerWorkspace layer_forward_workspace_carve(const LayerDims& d, void* base) {
+  STRATA_ASSERT(base != nullptr);
+  Carver c{static_cast<char*>(base)};
+  return carve(d, c, false);
 }
 
 void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& w,

@@ -65,6 +65,10 @@ struct LayerWorkspace {
 
 size_t layer_workspace_bytes(const LayerDims& d);
 LayerWorkspace layer_workspace_carve(const LayerDims& d, void* base);
+// The forward's part alone (backward scratch null): enough for layer_forward, not for
+// layer_backward. The zeroth-order engine (offload/engine_zo.h) runs forwards only.
+size_t layer_forward_workspace_bytes(const LayerDims& d);
+LayerWorkspace layer_forward_workspace_carve(const LayerDims& d, void* base);
 
 // out (N,C) = layer(x (N,C)); fills the forward part of ws. out must not alias x.
 void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& w,

@@ -74,8 +74,9 @@ struct EngineStats {
   size_t link_bytes = 0;        // h2d + d2h
 };
 
-// What one pass over a micro-batch does. Today: forward only (eval) and forward + backward.
-// Next: the zeroth-order dual forward (θ + εz and θ − εz side by side).
+// What one pass over a micro-batch does: forward only (eval) and forward + backward. The
+// zeroth-order dual forward (θ + εz and θ − εz side by side) is its own engine over the same host
+// store, buffer shapes and streams, without gradient or checkpoint buffers: offload/engine_zo.h.
 enum class StepKind : uint8_t { forward_only, forward_backward };
 
 class Engine {

@@ -5,9 +5,16 @@
 #include <string>
 #include <vector>
 
+#include "models/micro_batch.h"
+
 namespace strata {
 
 int cmd_grad(const std::vector<std::string>& args);
+int cmd_zo_probe(const std::vector<std::string>& args);
+
+// The batch file of `strata grad` and `strata zo-probe` ({"input_ids": [[...]], "labels":
+// [[...]]}, labels optional, -100 ignored) as a micro-batch; an error when nothing is labelled.
+MicroBatch cli_read_batch(const std::string& batch_path);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_estimate(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);

@@ -43,6 +43,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"train.objective", "string", "\"sft\"", "\"sft\" (token cross-entropy), or a preference objective on preference data: \"dpo\", \"ipo\", \"simpo\" or \"orpo\""},
       {"preference.beta", "float", "0.1 (simpo: 2.0)", "the preference objective's beta: dpo/ipo 0.1, simpo 2.0, orpo (its lambda) 0.1 when unset, as TRL's configs"},
       {"preference.gamma", "float", "0.5", "simpo's target reward margin gamma"},
+      {"optim.type", "string", "\"adamw\"", "\"adamw\" (first order: forward + backward) or \"zo-sgd\" (zeroth order, MeZO: two perturbed forward passes, no gradients or moments)"},
       {"optim.learning_rate", "float", "1e-5", "peak learning rate"},
       {"optim.weight_decay", "float", "0.0", "AdamW decoupled weight decay (matrices only; norms and biases are not decayed)"},
       {"optim.adam_beta1", "float", "0.9", "AdamW beta1"},
@@ -53,6 +54,8 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"optim.warmup_steps", "int", "0", "linear warmup steps (overrides warmup_ratio when > 0)"},
       {"optim.warmup_ratio", "float", "0.0", "warmup as a fraction of max_steps"},
       {"optim.min_lr_ratio", "float", "0.0", "the schedule decays to learning_rate * min_lr_ratio"},
+      {"optim.zo_eps", "float", "1e-3", "zo-sgd: perturbation size epsilon (the passes use theta + eps z and theta - eps z)"},
+      {"optim.zo_perturbations", "int", "1", "zo-sgd: independent perturbations z per step, their updates averaged (each costs one dual forward)"},
       {"offload.weights", "string", "\"stream\"", "\"stream\": layers cross to the device one at a time (two slots); \"device\": every layer resident"},
       {"offload.host_memory", "size", "", "host RAM budget for weights, optimizer state and staging (unset = the machine's available memory)"},
       {"offload.checkpoints", "string", "\"auto\"", "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\" or \"host\""},
@@ -252,6 +255,10 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("preference.beta", rc.preference_beta);
   r.read("preference.gamma", rc.preference_gamma);
   STRATA_CHECK(rc.preference_beta > 0, r.where("preference.beta"), ": preference.beta must be positive");
+  r.read("optim.type", rc.optim_type);
+  r.read("optim.zo_eps", rc.zo_eps);
+  r.read("optim.zo_perturbations", rc.zo_perturbations);
+  rc.max_grad_norm_set = r.get("optim.max_grad_norm") != nullptr;
   r.read("optim.learning_rate", rc.learning_rate);
   r.read("optim.weight_decay", rc.weight_decay);
   r.read("optim.adam_beta1", rc.adam_beta1);
@@ -335,6 +342,11 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.lr_scheduler_type == "cosine" || rc.lr_scheduler_type == "linear" ||
                    rc.lr_scheduler_type == "constant",
                r.where("optim.lr_scheduler_type"), ": optim.lr_scheduler_type must be \"cosine\", \"linear\" or \"constant\"");
+  STRATA_CHECK(rc.optim_type == "adamw" || rc.optim_type == "zo-sgd", r.where("optim.type"),
+               ": optim.type must be \"adamw\" or \"zo-sgd\"");
+  STRATA_CHECK(rc.zo_eps > 0, r.where("optim.zo_eps"), ": optim.zo_eps must be positive (1e-3 is MeZO's)");
+  STRATA_CHECK(rc.zo_perturbations >= 1 && rc.zo_perturbations <= 64, r.where("optim.zo_perturbations"),
+               ": optim.zo_perturbations must be in [1, 64]");
   STRATA_CHECK(rc.offload_weights == "stream" || rc.offload_weights == "device", r.where("offload.weights"),
                ": offload.weights must be \"stream\" or \"device\"");
   STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
@@ -374,11 +386,12 @@ std::string Recipe::to_toml() const {
      << gradient_accumulation_steps << "\nseed = " << seed << "\nlog_steps = " << log_steps << "\neval_steps = " << eval_steps
      << "\nobjective = " << q(objective) << "\n";
   if (objective != "sft") os << "\n[preference]\nbeta = " << preference_beta << "\ngamma = " << preference_gamma << "\n";
-  os << "\n[optim]\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
+  os << "\n[optim]\ntype = " << q(optim_type) << "\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
      << "\nadam_beta1 = " << adam_beta1 << "\nadam_beta2 = " << adam_beta2 << "\nadam_epsilon = "
      << adam_epsilon << "\nmax_grad_norm = " << max_grad_norm << "\nlr_scheduler_type = "
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio
-     << "\nmin_lr_ratio = " << min_lr_ratio << "\n\n[offload]\nweights = " << q(offload_weights)
+     << "\nmin_lr_ratio = " << min_lr_ratio << "\nzo_eps = " << zo_eps << "\nzo_perturbations = " << zo_perturbations
+     << "\n\n[offload]\nweights = " << q(offload_weights)
      << "\ncheckpoints = " << q(offload_checkpoints) << "\n";
   if (!host_memory.empty()) os << "host_memory = " << q(host_memory) << "\n";
   os << "\n[device]\nbackend = " << q(device_backend)

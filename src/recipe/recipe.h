@@ -46,6 +46,10 @@ struct Recipe {
   double adam_epsilon = 1e-8, max_grad_norm = 1.0, warmup_ratio = 0.0, min_lr_ratio = 0.0;
   int64_t warmup_steps = 0;
   std::string lr_scheduler_type = "cosine";
+  std::string optim_type = "adamw";   // "adamw" | "zo-sgd"
+  double zo_eps = 1e-3;
+  int64_t zo_perturbations = 1;
+  bool max_grad_norm_set = false;     // optim.max_grad_norm was given (zo-sgd warns it does not apply)
   // [offload]
   std::string offload_weights = "stream", offload_checkpoints = "auto";
   std::string host_memory;  // unset: the machine's available memory

@@ -19,6 +19,7 @@
 #include "offload/adamw.h"
 #include "offload/comm_reduction.h"
 #include "offload/engine.h"
+#include "offload/engine_zo.h"
 #include "offload/model_io.h"
 #include "offload/placement_plan.h"
 #include "src/core/error.h"
@@ -30,6 +31,7 @@
 #include "src/train/progress.h"
 #include "src/train/run_dir.h"
 #include "src/train/training_data.h"
+#include "src/train/zo_step.h"
 
 namespace strata {
 namespace {
@@ -146,6 +148,7 @@ struct StepResult {
   DeviceCounters c0, c1;
   CommReductionStats g0, g1;  // data parallel: the gradient all-reduces
   nlohmann::json workers;     // data parallel, every distributed.diagnostics_steps: worker consistency
+  nlohmann::json extra = nlohmann::json::object();  // objective-specific metrics (zo-sgd: zo_step.h)
 };
 
 // One training run: what the steps of train_run share.
@@ -175,6 +178,9 @@ class TrainRun {
   void evaluate(int64_t step);
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
   double step_mfu(const StepResult& r);
+  // the engine of the run's optimizer: first order (engine_) or zeroth order (zo_engine_)
+  void engine_synchronize() { engine_ ? engine_->synchronize() : zo_engine_->synchronize(); }
+  EngineStats engine_stats() const { return engine_ ? engine_->stats() : zo_engine_->stats(); }
   int64_t tokens_per_step() const {  // a preference micro-batch is micro_batch_size pairs: twice the rows
     return rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size() * rc_.sequence_len *
            (preference_ ? 2 : 1);
@@ -196,6 +202,7 @@ class TrainRun {
   std::unique_ptr<Engine> engine_;
   CommGradReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
   std::unique_ptr<PreferenceTrainer> preference_;  // train.objective dpo | ipo | simpo | orpo
+  std::unique_ptr<ZoEngine> zo_engine_;  // optim.type = "zo-sgd" (src/train/zo_step.h)
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
@@ -273,6 +280,10 @@ void TrainRun::set_up() {
   train_signal_phase_setup(true);
   std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc_.source_path.c_str(), rc_.to_toml().c_str());
   check_inputs(rc_);
+  STRATA_CHECK(rc_.optim_type != "zo-sgd" || dist_.size() == 1, "optim.type = \"zo-sgd\" runs on one rank only "
+               "(zeroth-order parallelism is not built): launch without mpirun, or with -np 1");
+  STRATA_CHECK(rc_.optim_type != "zo-sgd" || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
+               "train.objective = \"sft\" only; set optim.type = \"adamw\" for train.objective = \"", rc_.objective, "\"");
   STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1, "train.objective = \"", rc_.objective,
                "\" runs on one rank only (data parallel covers train.objective = \"sft\"): launch without "
                "mpirun, or with -np 1");
@@ -308,6 +319,7 @@ void TrainRun::set_up() {
   }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
   flops_per_token_ = flops_per_token(store_->spec(), rc_.sequence_len);
+  if (zo_engine_) flops_per_token_ *= zo_flops_ratio(rc_);  // forward passes only
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
                peak_.source.c_str());
   recipe_toml_ = rc_.to_toml();
@@ -341,7 +353,12 @@ void TrainRun::set_up_model() {
 
   dev_ = device_create(dopt);
   store_ = std::make_unique<HostStore>(*dev_, spec);
-  engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
+  if (rc_.optim_type == "zo-sgd") {
+    zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, eopt_);
+    zo_step_notes(rc_);
+  } else {
+    engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
+  }
   if (dist_.data_parallel()) {
     auto reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_);
     reduction_ = reduction.get();
@@ -355,7 +372,12 @@ void TrainRun::set_up_model() {
                 host_bytes_, " bytes, the plan ", store_planned);
   // The CPU backend's arena holds the engine's buffers alone; the CUDA backend's also holds its
   // own error word and, later, cuBLAS and lm_head_ce workspaces, which the plan does not count yet.
-  if (plan_in_.device_in_host_ram)
+  // The zeroth-order engine needs less than the first-order one the plan counts (engine_zo.h): the
+  // plan is then an upper bound, checked as one.
+  if (plan_in_.device_in_host_ram && zo_engine_)
+    STRATA_ASSERT(dev_->used_bytes() <= plan_.tier(Tier::device), "the zeroth-order engine holds ",
+                  dev_->used_bytes(), " device bytes, more than the plan's ", plan_.tier(Tier::device));
+  else if (plan_in_.device_in_host_ram)
     STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) &&
                       engine_->device_checkpoints() == plan_.device_checkpoints,
                   "the placement plan and the device disagree: the device holds ", dev_->used_bytes(), " bytes (plan ",
@@ -394,7 +416,7 @@ void TrainRun::load_weights() {
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
                "checkpoints on the device; device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
-               rc_.offload_weights.c_str(), engine_->device_checkpoints(), ms.layers.size(),
+               rc_.offload_weights.c_str(), engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
                format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
 }
@@ -475,7 +497,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
   r.step = state_.step + 1;
   const auto t0 = Clock::now();
   r.c0 = dev_->counters();
-  r.e0 = engine_->stats();
+  r.e0 = engine_stats();
   AdamWParams ap;
   ap.lr = rc_.learning_rate * lr_schedule(rc_.lr_scheduler_type, r.step - 1, max_steps_, warmup_, rc_.min_lr_ratio);
   ap.beta1 = rc_.adam_beta1;
@@ -488,7 +510,13 @@ StepResult TrainRun::step(const StepBatch& batch) {
   if (reduction_) r.g0 = reduction_->stats();
   if (diagnose) reduction_->diagnostics_begin();
   std::vector<double> losses;  // this rank's micro-batches, summed below in the global order
-  if (preference_) {  // the head normalises by the step's pairs: the sum is the step's loss
+  if (zo_engine_) {  // zeroth order (one rank): both perturbed passes, the update queued on the host
+    const ZoStepOutcome z = zo_step_run(*zo_engine_, {uint64_t(rc_.seed), rc_.zo_eps, int(rc_.zo_perturbations)},
+                                        batch.micro, batch.counted, r.step, ap.lr, rc_.weight_decay);
+    losses.push_back(z.loss() * double(batch.counted));
+    r.grad_norm = std::abs(z.projected_grad);
+    r.extra = {{"zo_projected_grad", z.projected_grad}, {"loss_plus", z.loss_plus}, {"loss_minus", z.loss_minus}};
+  } else if (preference_) {  // the head normalises by the step's pairs: the sum is the step's loss
     const PreferenceStepOutcome o = preference_->step(batch.pairs, ap, rc_.max_grad_norm, rc_.weight_decay, &r.grad_norm);
     losses.push_back(o.loss);
     r.counted = o.chosen_tokens + o.rejected_tokens;
@@ -509,8 +537,8 @@ StepResult TrainRun::step(const StepBatch& batch) {
     r.workers = distributed_worker_diagnostics(dist_, std::accumulate(losses.begin(), losses.end(), 0.0), mine,
                                                reduction_->diagnostics_end());
   }
-  if (r.step == max_steps_) engine_->synchronize();
-  r.e1 = engine_->stats();
+  if (r.step == max_steps_) engine_synchronize();
+  r.e1 = engine_stats();
   r.c1 = dev_->counters();
   r.run_s = seconds_since(t0);
   r.loss = preference_ ? loss_sum : loss_sum / double(batch.counted);
@@ -553,7 +581,9 @@ void TrainRun::evaluate(int64_t step) {
     int64_t n = std::min<int64_t>(rc_.micro_batch_size, int64_t(seq.size() - first));
     MicroBatch mb = take_rows(data_.eval, seq, first, n);
     counted += mb.counted();
-    losses.push_back(int64_t(losses.size()) % dist_.size() == dist_.rank() ? engine_->forward_loss(mb) : 0.0);
+    losses.push_back(int64_t(losses.size()) % dist_.size() == dist_.rank()
+                         ? (engine_ ? engine_->forward_loss(mb) : zo_engine_->forward_loss(mb))
+                         : 0.0);
   }
   dist_.all_reduce_sum(losses);  // each entry has one rank's value: x + 0 is exact
   const double loss_sum = std::accumulate(losses.begin(), losses.end(), 0.0);
@@ -570,7 +600,7 @@ bool TrainRun::save_due(int64_t step, bool stopping) const {
 double TrainRun::save() {
   const auto t0 = Clock::now();
   progress_.phase(str_cat("saving checkpoint-", state_.step));
-  engine_->synchronize();
+  engine_synchronize();
   std::ostringstream rs;
   rs << rng_;
   state_.rng = rs.str();
@@ -641,6 +671,7 @@ void TrainRun::record(const StepResult& r) {
       {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
   if (!r.preference.is_null()) rec.update(r.preference);
+  rec.update(r.extra);
   if (reduction_) {  // recipes/README.md: comm_bytes, comm_s, comm_hidden_s
     rec["ranks"] = dist_.size();
     rec["comm_bytes"] = r.g1.reduced_bytes - r.g0.reduced_bytes;
@@ -652,7 +683,7 @@ void TrainRun::record(const StepResult& r) {
 }
 
 TrainSummary TrainRun::interrupted(int64_t step) {
-  engine_->synchronize();
+  engine_synchronize();
   summary_.interrupted = true;
   progress_.finish();
   std::fprintf(stderr, "strata train: interrupted %s; resume with: %s\n",
@@ -672,7 +703,7 @@ TrainSummary TrainRun::finish() {
   for (auto& [name, s] : ops.items())
     split += str_cat(split.empty() ? "" : ", ", name, " ", int(std::lround(100 * s.get<double>() / std::max(total, 1e-12))), "%");
   summary_.final_dir = rc_.output_dir + "/final";
-  engine_->synchronize();
+  engine_synchronize();
   if (!dist_.primary()) return summary_;  // rank 0 exports
   const auto t0 = Clock::now();
   progress_.phase("exporting the model to " + summary_.final_dir);

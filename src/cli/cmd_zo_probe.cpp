@@ -1,0 +1,76 @@
+// `strata zo-probe`: one zeroth-order perturbation on one batch (the `strata grad` batch format),
+// the check users and tests run on the ZO path: prints {"loss", "loss_plus", "loss_minus",
+// "projected_grad", "eps"} and writes z for every parameter under its Hugging Face name (F32;
+// a tied lm_head is the embedding, written once). L± are the losses of the weights θ ± εz with
+// exactly this z, so a model written as θ ± εz and run through `strata grad` gives the same
+// losses, and projected_grad = (L+ − L−) / (2ε) approaches ∇L · z as ε shrinks.
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "io/files.h"
+#include "io/safetensors.h"
+#include "kernels/cpu/zo.h"
+#include "offload/engine_zo.h"
+#include "offload/model_io.h"
+#include "src/cli/cli_args.h"
+#include "src/cli/commands.h"
+#include "src/core/error.h"
+#include "src/recipe/recipe.h"
+#include "src/train/zo_step.h"
+
+namespace strata {
+
+int cmd_zo_probe(const std::vector<std::string>& args) {
+  CLI::App app{"One zeroth-order perturbation of one batch: L(θ + εz), L(θ − εz), the projected gradient, and z",
+               "strata zo-probe"};
+  std::string model_dir, batch_path, out_path, dtype_name = "f32", memory = "4GiB";
+  uint64_t seed = 0;
+  double eps = 1e-3;
+  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
+  app.add_option("--batch", batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored")->required();
+  app.add_option("--seed", seed, "the perturbation's seed (z = z(seed, parameter row, element))")->required();
+  app.add_option("--eps", eps, "perturbation size epsilon (default 1e-3)");
+  app.add_option("--out", out_path, "where to write z (safetensors, F32, HF names)")->required();
+  app.add_option("--dtype", dtype_name, "compute dtype of the weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--device-memory", memory, "device arena budget");
+  int rc = 0;
+  if (!parse_args(app, args, &rc)) return rc;
+  STRATA_CHECK(std::isfinite(eps) && eps > 0, "--eps must be a positive number, got ", eps);
+
+  const MicroBatch mb = cli_read_batch(batch_path);
+  const int64_t counted = mb.counted();
+  ModelSpec spec = model_spec_build(hf_config_load(model_dir), dtype_parse(dtype_name));
+  DeviceOptions dopt;
+  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+  auto dev = device_create(dopt);
+  HostStore store(*dev, spec);
+  model_load_weights(store, model_dir);
+  EngineOptions eopt;
+  eopt.max_batch = mb.B;
+  eopt.max_tokens = mb.T;
+  ZoEngine engine(*dev, store, eopt);
+  const double loss = engine.forward_loss(mb) / double(counted);
+  const ZoLosses l = engine.dual_forward(mb, seed, float(eps));
+  engine.synchronize();
+  const double used = zo_eps_used(eps);
+  const double plus = l.plus / double(counted), minus = l.minus / double(counted);
+
+  // z of every parameter, regenerated on the host: the same bits the device perturbed with
+  std::vector<std::vector<float>> z(spec.params.size());
+  std::vector<TensorToWrite> out;
+  for (size_t r = 0; r < spec.params.size(); ++r) {
+    const TensorSpec& row = spec.params[r];
+    z[r].resize(size_t(row.numel()));
+    cpu::zo_generate(z[r].data(), seed, uint32_t(r), 0, row.numel());
+    out.push_back(TensorToWrite{row.name, DType::f32, row.shape, z[r].data()});
+  }
+  safetensors_write_file(out_path, out);
+  nlohmann::json result = {{"loss", loss},         {"loss_plus", plus}, {"loss_minus", minus},
+                           {"projected_grad", (plus - minus) / (2 * used)}, {"eps", used},
+                           {"seed", seed},         {"tokens", counted}};
+  std::printf("%s\n", result.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict).c_str());
+  return 0;
+}
+
+}  // namespace strata

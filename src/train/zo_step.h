@@ -1,0 +1,49 @@
+// One zeroth-order training step (optim.type = "zo-sgd", DESIGN §8b): for each of the q
+// perturbations j of step t (seed_j = zo_seed(train.seed, t, j), kernels/common/zo_rng.h), the
+// dual forward of every micro-batch of the step (offload/engine_zo.h), then
+//   g_j = (ΣL+ − ΣL−) / counted / (2ε)
+// the projected gradient of the step's token-mean loss (gradient accumulation = more batches in
+// one estimate), and the ZO-SGD update of every group queued on the host with coefficients g_j / q
+// (offload/zo_sgd.h). The RNG position is (train.seed, step): a resumed run regenerates the same
+// z from the checkpoint's step, so resume is bit-exact with nothing more to store.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "models/micro_batch.h"
+#include "offload/engine_zo.h"
+#include "src/recipe/recipe.h"
+
+namespace strata {
+
+struct ZoStepOptions {
+  uint64_t seed = 0;      // train.seed
+  double eps = 1e-3;      // optim.zo_eps
+  int perturbations = 1;  // optim.zo_perturbations (q)
+};
+
+struct ZoStepOutcome {
+  double loss_plus = 0, loss_minus = 0;  // token-mean L(θ ± εz), averaged over the q perturbations
+  double projected_grad = 0;             // mean over j of g_j
+  std::vector<double> projected;         // g_j
+  double loss() const { return 0.5 * (loss_plus + loss_minus); }  // L(θ) to O(ε²)
+};
+
+// The ε the passes perturb with (an f32 value, as the device sees it).
+inline double zo_eps_used(double eps) { return double(float(eps)); }
+
+// The step's dual forwards and its queued update; `step` is 1-based. Throws (bad input) when a
+// loss is not finite.
+ZoStepOutcome zo_step_run(ZoEngine& engine, const ZoStepOptions& options, const std::vector<MicroBatch>& micro,
+                          int64_t counted, int64_t step, double lr, double weight_decay);
+
+// Model FLOPs of a zo-sgd step per token over those of a forward + backward: two forward passes
+// (each a third of forward + backward) per perturbation.
+inline double zo_flops_ratio(const Recipe& recipe) { return 2.0 / 3.0 * double(recipe.zo_perturbations); }
+
+// What a zo-sgd run says at start: its settings, and warnings for keys that do not apply
+// (optim.max_grad_norm: there is no gradient to clip; offload.weights = "device" and
+// offload.checkpoints: the ZO engine always streams and keeps no checkpoints).
+void zo_step_notes(const Recipe& recipe);
+
+}  // namespace strata

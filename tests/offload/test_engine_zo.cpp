@@ -1,0 +1,280 @@
+// The zeroth-order engine (offload/engine_zo.h): its device footprint (flat in depth, below a
+// first-order forward-only pass), its link traffic (the weights once per dual forward, nothing
+// back but two losses), its update (ZO-SGD on the host master against the plain-loop twin), its
+// perturbation of the device copy (the same losses as a host store holding θ ± εz), and the
+// trainer's ZO step (src/train/zo_step.h: q perturbations, accumulated micro-batches).
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/ref/zo.h"
+#include "offload/engine.h"
+#include "offload/engine_zo.h"
+#include "offload/model_io.h"
+#include "src/core/align.h"
+#include "src/device/arena.h"
+#include "src/train/zo_step.h"
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+ModelConfig tiny_config(int64_t layers, bool tied) {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", layers},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 97},
+                      {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
+  return hf_config_parse(j.dump(), "test config");
+}
+
+MicroBatch tiny_batch(int64_t B, int64_t T) {
+  MicroBatch mb;
+  mb.B = B;
+  mb.T = T;
+  for (int64_t i = 0; i < B * T; ++i) {
+    mb.ids.push_back(int32_t((i * 7) % 97));
+    mb.targets.push_back(i % T == T - 1 ? -100 : int32_t((i * 7 + 3) % 97));
+    mb.pos.push_back(int32_t(i % T));
+  }
+  return mb;
+}
+
+EngineOptions capacity(int64_t B, int64_t T) {
+  EngineOptions eo;
+  eo.max_batch = B;
+  eo.max_tokens = T;
+  eo.checkpoints = "host";
+  return eo;
+}
+
+// The device high-water mark of two ZO steps (dual forward, update, dual forward).
+size_t zo_peak(int64_t layers, DType dtype) {
+  auto dev = device_create(DeviceOptions{});
+  HostStore store(*dev, model_spec_build(tiny_config(layers, false), dtype));
+  model_init_weights(store, 3);
+  ZoEngine engine(*dev, store, capacity(2, 33));
+  const MicroBatch mb = tiny_batch(2, 33);
+  const ZoLosses l = engine.dual_forward(mb, 11, 1e-3f);
+  engine.queue_update({{11}, {float((l.plus - l.minus) / 2e-3 / double(mb.counted()))}}, 1e-4, 0.0);
+  engine.dual_forward(mb, 12, 1e-3f);
+  engine.synchronize();
+  return dev->peak_bytes();
+}
+
+// The first-order engine's high-water mark over forward-only passes (eval) of B rows.
+size_t forward_only_peak(int64_t layers, DType dtype, int64_t B) {
+  auto dev = device_create(DeviceOptions{});
+  HostStore store(*dev, model_spec_build(tiny_config(layers, false), dtype));
+  model_init_weights(store, 3);
+  Engine engine(*dev, store, capacity(B, 33));
+  engine.forward_loss(tiny_batch(B, 33));
+  engine.synchronize();
+  return dev->peak_bytes();
+}
+
+}  // namespace
+
+TEST_CASE("ZO: the device high-water mark is flat in depth and below a forward-only pass", "[zo][engine]") {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dtype));
+    const size_t shallow = zo_peak(4, dtype), deep = zo_peak(32, dtype);
+    const size_t fwd = forward_only_peak(32, dtype, 2), fwd2 = forward_only_peak(32, dtype, 4);
+    std::printf("zo device peak %s: 4 layers %zu B, 32 layers %zu B; first-order engine forward-only %zu B "
+                "(2x batch: %zu B)\n", dtype_name(dtype), shallow, deep, fwd, fwd2);
+    CHECK(shallow == deep);
+    CHECK(deep <= fwd);
+    CHECK(deep <= fwd2);
+    // and it is what the buffer table says, nothing else
+    CHECK(deep == ZoEngine::device_bytes(model_spec_build(tiny_config(32, false), dtype), capacity(2, 33)));
+  }
+}
+
+TEST_CASE("ZO: a dual forward moves the weights across once and only two losses back", "[zo][engine]") {
+  for (bool tied : {false, true}) {
+    INFO("tied " << tied);
+    auto dev = device_create(DeviceOptions{});
+    HostStore store(*dev, model_spec_build(tiny_config(5, tied), DType::bf16));
+    model_init_weights(store, 5);
+    ZoEngine engine(*dev, store, capacity(2, 33));
+    const MicroBatch mb = tiny_batch(2, 33);
+    // W from the tables: every layer, the final norm, the lm_head (the tied embedding when tied);
+    // an untied embedding is gathered on the host and never crosses
+    const ModelSpec& spec = store.spec();
+    size_t W = 0;
+    for (size_t g = 1; g + 1 < store.groups().size(); ++g) W += store.groups()[g].working_bytes;
+    W += store.working_table()[size_t(spec.final_norm)].bytes() + store.working_table()[size_t(spec.lm_head_row())].bytes();
+    CHECK(engine.weight_link_bytes() == W);
+    const size_t N = size_t(mb.B * mb.T), C = size_t(spec.config.hidden_size);
+    const size_t extra_h2d = 3 * N * 4 /* ids, targets, positions */ + 2 * N * C * 4 /* x0 of each pass */;
+    for (int step = 0; step < 3; ++step) {
+      const DeviceCounters c0 = dev->counters();
+      const ZoLosses l = engine.dual_forward(mb, 100 + uint64_t(step), 1e-3f);
+      const DeviceCounters c1 = dev->counters();
+      CHECK(c1.h2d_bytes - c0.h2d_bytes == W + extra_h2d);
+      CHECK(c1.d2h_bytes - c0.d2h_bytes == 2 * sizeof(double));
+      engine.queue_update({{100 + uint64_t(step)}, {float((l.plus - l.minus) / 2e-3 / double(mb.counted()))}}, 1e-4,
+                          0.01);
+    }
+    std::printf("zo link bytes per step (%s): W = %zu, activations and tokens %zu, back 16\n", tied ? "tied" : "untied",
+                W, extra_h2d);
+  }
+}
+
+TEST_CASE("ZO: the update is ZO-SGD on the master weights, z regenerated on the host", "[zo][engine]") {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dtype));
+    auto dev = device_create(DeviceOptions{});
+    HostStore store(*dev, model_spec_build(tiny_config(3, true), dtype));
+    model_init_weights(store, 9);
+    const std::vector<float> before(store.master(), store.master() + store.f32_floats());
+    ZoEngine engine(*dev, store, capacity(1, 17));
+    const ZoSgdEstimate est{{0x1234, 0x9876}, {0.75f, -1.25f}};
+    const double lr = 3e-3, wd = 0.1;
+    engine.queue_update(est, lr, wd);
+    engine.synchronize();
+    const TensorTable& ft = store.f32_table();
+    for (size_t r = 0; r < ft.size(); ++r) {
+      INFO(ft[r].name);
+      std::vector<float> want(before.begin() + std::ptrdiff_t(ft[r].offset / 4),
+                              before.begin() + std::ptrdiff_t(ft[r].offset / 4 + size_t(ft[r].numel())));
+      const float wd_r = ft[r].shape.size() == 2 ? float(wd) : 0.f;  // matrices only
+      ref::zo_sgd_update(want.data(), nullptr, false, est.seeds.data(), est.coefs.data(), 2, uint32_t(r), 0, float(lr),
+                         wd_r, int64_t(want.size()));
+      CHECK(std::memcmp(want.data(), store.master_of(r), want.size() * 4) == 0);
+      // the working copy the next upload reads is the new master, in its dtype
+      std::vector<float> working(want.size());
+      dtype_convert(working.data(), DType::f32, store.working_of(r), store.working_table()[r].dtype, want.size());
+      const std::vector<float> expect = store.working_table()[r].dtype == DType::bf16 ? testing::round_bf16(want) : want;
+      CHECK(working == expect);
+    }
+  }
+}
+
+TEST_CASE("ZO: the dual forward's losses are the losses of host stores holding θ ± εz", "[zo][engine]") {
+  // Perturbation on the device (layers, final norm, lm_head chunks) and on the host (embedding
+  // rows) against the whole model perturbed on the host by the plain-loop twin, then a clean
+  // pass; f32 and bf16, tied and untied, a vocabulary split into several head chunks.
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool tied : {false, true}) {
+      INFO(dtype_name(dtype) << " tied " << tied);
+      auto dev = device_create(DeviceOptions{});
+      const ModelSpec spec = model_spec_build(tiny_config(3, tied), dtype);
+      EngineOptions eo = capacity(2, 19);
+      eo.head_chunk_rows = 40;  // 97 = 40 + 40 + 17
+      const MicroBatch mb = tiny_batch(2, 19);
+      const uint64_t seed = 4242;
+      const float eps = 1e-2f;
+      HostStore store(*dev, spec);
+      model_init_weights(store, 21);
+      ZoLosses l;
+      {
+        ZoEngine engine(*dev, store, eo);
+        l = engine.dual_forward(mb, seed, eps);
+      }
+      double ref[2];
+      for (int p = 0; p < 2; ++p) {
+        HostStore moved(*dev, spec);
+        model_init_weights(moved, 21);
+        for (size_t r = 0; r < spec.params.size(); ++r) {
+          const int64_t n = spec.params[r].numel();
+          char* w = static_cast<char*>(moved.working_of(r));
+          const float scale = p == 0 ? eps : -eps;
+          if (moved.working_table()[r].dtype == DType::bf16)
+            ref::zo_perturb_bf16(reinterpret_cast<bf16*>(w), seed, uint32_t(r), 0, scale, n);
+          else
+            ref::zo_perturb_f32(reinterpret_cast<float*>(w), seed, uint32_t(r), 0, scale, n);
+        }
+        ZoEngine clean(*dev, moved, eo);
+        ref[p] = clean.forward_loss(mb);
+      }
+      std::printf("zo dual forward %s tied %d: L+ %.9f (host-perturbed %.9f), L- %.9f (%.9f)\n", dtype_name(dtype),
+                  int(tied), l.plus, ref[0], l.minus, ref[1]);
+      CHECK(l.plus == ref[0]);  // the same weights bit for bit, the same arithmetic
+      CHECK(l.minus == ref[1]);
+      CHECK(l.plus != l.minus);
+    }
+  }
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("ZO: device and host bytes against first order for Llama-3.1-8B shapes", "[zo][engine]") {
+  // Nothing is allocated: both engines' buffer tables, and the host store's tiers. The README's
+  // memory comparison prints from here.
+  const ModelSpec spec = model_spec_build(hf_config_load(testing::source_path("recipes/configs/llama-3.1-8b")), DType::bf16);
+  for (int64_t tokens : {1024, 4096}) {
+    EngineOptions eo;
+    eo.max_batch = 1;
+    eo.max_tokens = tokens;
+    eo.checkpoints = "host";
+    const EngineShape shape = EngineShape::of(spec, HostStore::layout(spec), eo);
+    const size_t first_order = engine_device_bytes(engine_buffer_table(shape, nullptr));
+    const size_t ckpt_on_device = shape.layers * Arena::footprint(shape.activation_bytes());
+    const size_t zo = ZoEngine::device_bytes(spec, eo);
+    std::printf("llama-3.1-8b bf16, 1 x %ld tokens: device bytes first order %.2f GiB (+ %.2f GiB with every layer "
+                "checkpoint on the device), zeroth order %.2f GiB; pinned staging first order %.2f GiB, zo %.3f GiB\n",
+                long(tokens), double(first_order) / double(1ull << 30), double(ckpt_on_device) / double(1ull << 30),
+                double(zo) / double(1ull << 30),
+                double(engine_pinned_bytes(engine_buffer_table(shape, nullptr))) / double(1ull << 30),
+                double(ZoEngine::pinned_bytes(spec, eo)) / double(1ull << 30));
+    CHECK(zo < first_order);
+  }
+  const HostMemoryEstimate host = HostStore::estimate(spec, HostStoreOptions{});
+  std::printf("llama-3.1-8b host tiers: working %.1f GB, master %.1f GB, moments %.1f GB, grads %.1f GB; ZO-SGD reads "
+              "working + master = %.1f GB\n", double(host.working) / 1e9, double(host.master) / 1e9,
+              double(host.moments) / 1e9, double(host.grads) / 1e9, double(host.working + host.master) / 1e9);
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("ZO step: q perturbations over accumulated micro-batches, and the update they give", "[zo][engine][train]") {
+  // zo_step_run against its definition, from separate dual forwards on a second copy of the model:
+  // g_j = (ΣL+ − ΣL−) / counted / (2ε) with seed_j = zo_seed(train.seed, step, j), and the master
+  // weights moved by the plain-loop twin of ZO-SGD with coefficients g_j / q.
+  auto dev = device_create(DeviceOptions{});
+  const ModelSpec spec = model_spec_build(tiny_config(2, true), DType::f32);
+  HostStore store(*dev, spec), twin(*dev, spec);
+  model_init_weights(store, 31);
+  model_init_weights(twin, 31);
+  const std::vector<MicroBatch> micro = {tiny_batch(2, 17), tiny_batch(1, 17)};
+  const int64_t counted = micro[0].counted() + micro[1].counted();
+  const ZoStepOptions opt{99, 1e-3, 3};
+  const int64_t step = 7;
+  const double lr = 2e-3, wd = 0.05;
+  ZoEngine engine(*dev, store, capacity(2, 17));
+  const ZoStepOutcome out = zo_step_run(engine, opt, micro, counted, step, lr, wd);
+  engine.synchronize();
+
+  ZoEngine ref_engine(*dev, twin, capacity(2, 17));
+  ZoSgdEstimate est;
+  REQUIRE(out.projected.size() == 3);
+  for (int j = 0; j < 3; ++j) {
+    const uint64_t seed = zo::zo_seed(99, uint64_t(step), uint32_t(j));
+    double plus = 0, minus = 0;
+    for (const MicroBatch& mb : micro) {
+      const ZoLosses l = ref_engine.dual_forward(mb, seed, 1e-3f);
+      plus += l.plus;
+      minus += l.minus;
+    }
+    const double g = (plus / double(counted) - minus / double(counted)) / (2 * double(1e-3f));
+    CHECK(out.projected[size_t(j)] == g);
+    est.seeds.push_back(seed);
+    est.coefs.push_back(float(g / 3));
+  }
+  CHECK(out.projected[0] != out.projected[1]);  // independent perturbations
+  for (size_t r = 0; r < spec.params.size(); ++r) {
+    INFO(spec.params[r].name);
+    std::vector<float> want(size_t(spec.params[r].numel()));
+    twin.get_param(r, want.data());
+    ref::zo_sgd_update(want.data(), nullptr, false, est.seeds.data(), est.coefs.data(), 3, uint32_t(r), 0, float(lr),
+                       spec.params[r].shape.size() == 2 ? float(wd) : 0.f, int64_t(want.size()));
+    CHECK(std::memcmp(want.data(), store.master_of(r), want.size() * 4) == 0);
+  }
+}
+
+}  // namespace strata
