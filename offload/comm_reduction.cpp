@@ -20,8 +20,8 @@ double device_active_s(const DeviceCounters& c) { return c.compute_busy_s + c.st
 
 }  // namespace
 
-CommGradReduction::CommGradReduction(Comm& comm, bool tied_head, Device& dev)
-    : comm_(comm), tied_(tied_head), dev_(dev), rank_(comm.rank()), size_(comm.size()) {
+CommGradReduction::CommGradReduction(Comm& comm, bool tied_head, Device& dev, bool shared_store)
+    : comm_(comm), tied_(tied_head), shared_(shared_store), dev_(dev), rank_(comm.rank()), size_(comm.size()) {
   STRATA_CHECK(!comm.device_buffers(), "data-parallel training reduces gradients in host memory; the ",
                comm.name(), " comm takes device buffers: set distributed.backend = \"mpi\"");
 }
@@ -90,7 +90,7 @@ void CommGradReduction::add_dense(float* dst, float* staging, size_t n) {
   if (diagnose_) diag_.local_sq += sum_of_squares(staging, int64_t(n));
   if (rank_ == 0) grad_accumulate(staging, dst, n);  // G + g0 (addition commutes bit for bit)
   all_reduce(staging, n);
-  if (diagnose_) {
+  if (diagnose_ && writes()) {
     double sq = 0;
 #pragma omp parallel for reduction(+ : sq) schedule(static)
     for (size_t i = 0; i < n; ++i) {
@@ -99,7 +99,11 @@ void CommGradReduction::add_dense(float* dst, float* staging, size_t n) {
     }
     diag_.sum_sq += sq;
   }
-  std::memcpy(dst, staging, n * sizeof(float));
+  if (writes()) std::memcpy(dst, staging, n * sizeof(float));
+}
+
+void CommGradReduction::all_ranks_here() {
+  if (shared_) timed(0, [&] { comm_.barrier(); });
 }
 
 // Called by the trainer between steps, with the engine's host queue idle.
@@ -125,7 +129,7 @@ void CommGradReduction::add_head_rows(float* table_grad, float* staging, int64_t
     const auto hi = std::lower_bound(rows_.begin(), rows_.end(), v0 + rows);
     for (auto it = lo; it != hi; ++it) {
       const size_t k = size_t(it - rows_.begin());
-      std::memcpy(&old_rows_[k * size_t(C)], table_grad + *it * C, size_t(C) * sizeof(float));
+      if (writes()) std::memcpy(&old_rows_[k * size_t(C)], table_grad + *it * C, size_t(C) * sizeof(float));
       std::memcpy(&own_rows_[k * size_t(C)], staging + (*it - v0) * C, size_t(C) * sizeof(float));
     }
   }
@@ -142,12 +146,20 @@ void CommGradReduction::add_embedding(float* table_grad, const float* dx0, const
   std::vector<float> dx_all(size_t(size_) * nc);
   all_gather(dx_all.data(), dx0, nc);
   std::vector<float> own_all;
-  if (tied_) {
+  if (tied_) {  // (all-gathers first: every rank takes part; shared store: rank 0 alone writes)
     STRATA_ASSERT(C_ == C && own_rows_.size() == rows_.size() * size_t(C), "tied head rows were not kept");
     own_all.resize(size_t(size_) * own_rows_.size());
     all_gather(own_all.data(), own_rows_.data(), own_rows_.size());
+    if (!writes()) {
+      gathered_ = false;
+      return;
+    }
     for (size_t k = 0; k < rows_.size(); ++k)  // the touched rows back to G before the round
       std::memcpy(table_grad + rows_[k] * C, &old_rows_[k * size_t(C)], size_t(C) * sizeof(float));
+  }
+  if (!writes()) {
+    gathered_ = false;
+    return;
   }
   for (int r = 0; r < size_; ++r) {
     if (tied_)

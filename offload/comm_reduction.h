@@ -53,7 +53,9 @@ class CommGradReduction final : public GradReduction {
  public:
   // comm: host buffers (comm.device_buffers() false). tied_head: the lm_head is the embedding
   // table. dev: its counters tell how much of each collective the device's work hid.
-  CommGradReduction(Comm& comm, bool tied_head, Device& dev);
+  // shared_store: the ranks share one host store (distributed.shared_host_store): rank 0 alone
+  // writes the accumulation, and the groups' updates are split round-robin over the ranks.
+  CommGradReduction(Comm& comm, bool tied_head, Device& dev, bool shared_store = false);
 
   void begin_micro_batch(const int32_t* ids, int64_t n) override;
   void add_dense(float* dst, float* staging, size_t n) override;
@@ -61,6 +63,9 @@ class CommGradReduction final : public GradReduction {
   void add_embedding(float* table_grad, const float* dx0, const int32_t* ids, int64_t n, int64_t C) override;
 
   CommReductionStats stats() const;
+  bool shared_store() const override { return shared_; }
+  bool updates_group(size_t group) const override { return !shared_ || int(group % size_t(size_)) == rank_; }
+  void all_ranks_here() override;
   // Collect CommDiagnostics during the next micro-batches (one extra pass over each bucket).
   void diagnostics_begin();
   CommDiagnostics diagnostics_end();
@@ -75,6 +80,8 @@ class CommGradReduction final : public GradReduction {
 
   Comm& comm_;
   const bool tied_;
+  const bool shared_;
+  bool writes() const { return !shared_ || rank_ == 0; }  // this rank writes the accumulation
   Device& dev_;
   const int rank_, size_;
   std::vector<int32_t> ids_;              // this rank's micro-batch tokens

@@ -537,15 +537,24 @@ void Engine::zero_grads() {
 
 double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
   exposed_wait(&d2h_wait_s_, [&] { host_.drain(); });  // every gradient has landed
+  const bool shared = reduction_->shared_store();     // the ranks of a node share store_
+  if (shared) reduction_->all_ranks_here();           // ... and every rank's gradient is in
   double norm = 0;
   exposed_wait(&optimizer_exposed_s_,
                [&] { norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats()))); });
+  if (shared) reduction_->all_ranks_here();           // no rank zeroes a gradient another still reads
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
   for (size_t gi = 0; gi < store_.groups().size(); ++gi)
-    optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
+    if (reduction_->updates_group(gi))
+      optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
   mark_device_weights_stale();
+  if (shared) {  // every group updated (by its rank) before any rank uploads weights again
+    exposed_wait(&optimizer_exposed_s_, [&] { host_.drain(); });
+    for (auto& t : optimizer_ticket_) t = 0;
+    reduction_->all_ranks_here();
+  }
   return norm;
 }
 

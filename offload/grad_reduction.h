@@ -33,6 +33,14 @@ class GradReduction {
   virtual void add_head_rows(float* table_grad, float* staging, int64_t v0, int64_t rows, int64_t C) = 0;
   // table_grad[ids[t]] += dx0[t] for t = 0..n-1 in order (dx0: (n, C)).
   virtual void add_embedding(float* table_grad, const float* dx0, const int32_t* ids, int64_t n, int64_t C) = 0;
+
+  // A host store shared by the ranks of a node (distributed.shared_host_store): the optimizer
+  // step meets the other ranks (all_ranks_here, called with the host queue drained) before the
+  // gradients are read, after the norm and after the updates, and this rank updates only the
+  // groups updates_group says.
+  virtual bool shared_store() const { return false; }
+  virtual bool updates_group(size_t) const { return true; }
+  virtual void all_ranks_here() {}
 };
 
 class NoGradReduction final : public GradReduction {

@@ -110,7 +110,34 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec) : dev_(dev), spec_(spec
   std::memset(grad_, 0, n * 4);
 }
 
+namespace {
+size_t page_round(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+}  // namespace
+
+// working | master | m | v | grad, each starting on a page.
+size_t HostStore::shared_bytes(const ModelSpec& spec) {
+  const HostStoreLayout l = layout(spec);
+  return page_round(l.working.tier_bytes(Tier::host_pinned)) + 4 * page_round(l.f32.tier_bytes(Tier::host));
+}
+
+HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(dev), spec_(spec), shared_(true) {
+  HostStoreLayout l = layout(spec_);
+  working_ = std::move(l.working);
+  f32_ = std::move(l.f32);
+  groups_ = std::move(l.groups);
+  char* p = static_cast<char*>(shared);
+  working_data_ = p;
+  p += page_round(working_.tier_bytes(Tier::host_pinned));
+  float** arrays[] = {&master_, &m_, &v_, &grad_};
+  for (float** a : arrays) {
+    *a = reinterpret_cast<float*>(p);
+    p += page_round(f32_floats() * 4);
+  }
+  host_bytes_ = shared_bytes(spec_);
+}
+
 HostStore::~HostStore() {
+  if (shared_) return;  // the caller's memory
   dev_.free_pinned(working_data_);
   dev_.free_pinned(grad_);
   std::free(master_);

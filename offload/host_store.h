@@ -55,6 +55,11 @@ class HostStore {
   static HostMemoryEstimate estimate(const ModelSpec& spec, const HostStoreOptions& options);
 
   HostStore(Device& dev, const ModelSpec& spec);
+  // The store in memory the caller owns, e.g. POSIX shared memory the ranks of one node map
+  // (src/train/shared_store.h): shared_bytes(spec) bytes, page aligned, zero filled; nothing is
+  // allocated or cleared here (another rank may already have loaded weights into it).
+  HostStore(Device& dev, const ModelSpec& spec, void* shared);
+  static size_t shared_bytes(const ModelSpec& spec);
   ~HostStore();
   HostStore(const HostStore&) = delete;
   HostStore& operator=(const HostStore&) = delete;
@@ -93,6 +98,7 @@ class HostStore {
   char* working_data_ = nullptr;
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grad_ = nullptr;
   size_t pinned_bytes_ = 0, host_bytes_ = 0;
+  bool shared_ = false;
 };
 
 }  // namespace strata

@@ -68,7 +68,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"checkpoint.save_dtype", "string", "\"bf16\"", "dtype of exported weights: \"bf16\" or \"f32\""},
       {"checkpoint.keep_last", "int", "0", "keep only the newest this many checkpoint-<step> dirs (0 = keep all)"},
       {"distributed.backend", "string", "\"auto\"", "under mpirun: \"auto\" (nccl for the cuda backend, mpi for cpu), \"nccl\" or \"mpi\""},
-      {"distributed.shared_host_store", "bool", "false", "under mpirun: the ranks of a node share one host store in shared memory (not built yet: false)"},
+      {"distributed.shared_host_store", "bool", "false", "under mpirun on one node: the ranks share one host store in POSIX shared memory and split the optimizer update"},
       {"distributed.timeout", "float", "300", "seconds a collective may wait for the other ranks before every rank exits naming the missing one"},
       {"distributed.diagnostics_steps", "int", "0", "every this many steps, per-rank loss, gradient norm and cosine go to metrics.jsonl (0 = never)"},
   };

@@ -60,8 +60,14 @@ Distributed::Distributed(const Recipe& rc) {
   STRATA_CHECK(rc.distributed_backend != "nccl", "distributed.backend = \"nccl\": data-parallel training reduces "
                "gradients in host memory after their device-to-host copy, over MPI; NCCL is not wired into the "
                "trainer yet. Use distributed.backend = \"auto\" or \"mpi\"");
-  STRATA_CHECK(!rc.distributed_shared_host_store, "distributed.shared_host_store = true is not built yet: every "
-               "rank keeps its own host store; set distributed.shared_host_store = false");
+  STRATA_CHECK(!rc.distributed_shared_host_store || rc.device_backend == "cpu", "distributed.shared_host_store = "
+               "true is built for the cpu backend only so far (the shared segment is not page-locked for GPU "
+               "copies yet): set distributed.shared_host_store = false with device.backend = \"", rc.device_backend, "\"");
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  STRATA_CHECK(!rc.distributed_shared_host_store || !local_size || std::atoi(local_size) == launch.size,
+               "distributed.shared_host_store = true shares one store between the ranks of one node, but this "
+               "launch spans several nodes (", launch.size, " ranks, ", local_size ? local_size : "?", " on this "
+               "node); one store per node across nodes is not built yet: set distributed.shared_host_store = false");
   comm_ = comm_create_mpi(rc.distributed_timeout_s);
   STRATA_CHECK(comm_->rank() == rank_ && comm_->size() == size_, "MPI says rank ", comm_->rank(), " of ",
                comm_->size(), " but the launcher's environment says ", rank_, " of ", size_);
@@ -126,6 +132,30 @@ nlohmann::json distributed_worker_diagnostics(Distributed& dist, double local_lo
   };
   return {{"loss", loss}, {"grad_norm", norm}, {"loss_spread", spread(loss)},
           {"grad_norm_spread", spread(norm)}, {"cosine", cosine}};
+}
+
+void distributed_share_state(Distributed& dist, TrainState& st) {
+  if (!dist.data_parallel()) return;
+  std::ostringstream os;  // a plain text form: numbers, the order, then the RNG text
+  os.precision(17);
+  os << st.step << ' ' << st.max_steps << ' ' << st.rows << ' ' << st.data_hash << ' ' << st.cursor << ' '
+     << st.epoch << ' ' << st.tokens_seen << ' ' << st.order.size();
+  for (int64_t r : st.order) os << ' ' << r;
+  os << ' ' << st.rng;
+  std::string text = os.str();
+  double bytes = double(text.size());
+  dist.comm().broadcast(&bytes, sizeof bytes, 0).wait();
+  text.resize(size_t(bytes));
+  dist.comm().broadcast(text.data(), text.size(), 0).wait();
+  if (dist.primary()) return;
+  std::istringstream is(text);
+  size_t n = 0;
+  is >> st.step >> st.max_steps >> st.rows >> st.data_hash >> st.cursor >> st.epoch >> st.tokens_seen >> n;
+  st.order.resize(n);
+  for (auto& r : st.order) is >> r;
+  is.get();
+  std::getline(is, st.rng, '\0');
+  STRATA_ASSERT(!is.bad(), "rank 0's training state did not arrive whole");
 }
 
 std::FILE* distributed_error_stream() { return g_error_stream ? g_error_stream : stderr; }

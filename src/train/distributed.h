@@ -4,6 +4,10 @@
 // its node rank, and builds the communicator the recipe asks for. Without mpirun there is one
 // rank and nothing else changes.
 //
+// Shared host store (distributed.shared_host_store, one node): src/train/shared_store.h holds
+// the store; rank 0 loads weights and checkpoints into it and writes the gradient accumulation;
+// the optimizer update is split over the ranks (offload/comm_reduction.h, engine.cpp).
+//
 // Roles: rank 0 alone writes the run directory (lock, recipe.toml, metrics.jsonl, checkpoints,
 // the export) and prints progress; the other ranks' informational output goes to /dev/null and
 // their errors to their stderr, prefixed "rank R:" (distributed_error_stream, used by main).
@@ -23,6 +27,7 @@
 #include "offload/comm_reduction.h"
 #include "src/comm/comm.h"
 #include "src/recipe/recipe.h"
+#include "src/train/checkpoint.h"
 
 namespace strata {
 
@@ -62,6 +67,10 @@ class Distributed {
 // |sum_r g_r|^2 - sum_r |g_r|^2: scalar all-reduces only. Every rank calls it.
 nlohmann::json distributed_worker_diagnostics(Distributed& dist, double local_loss_sum, int64_t local_tokens,
                                               const CommDiagnostics& d);
+
+// Rank 0's state to every rank (collective): a resume into a shared host store, which rank 0 alone
+// loads.
+void distributed_share_state(Distributed& dist, TrainState& state);
 
 // Where errors go: stderr (kept when a rank > 0 silences its informational output).
 std::FILE* distributed_error_stream();

@@ -30,6 +30,7 @@
 #include "src/train/preference_step.h"
 #include "src/train/progress.h"
 #include "src/train/run_dir.h"
+#include "src/train/shared_store.h"
 #include "src/train/training_data.h"
 #include "src/train/zo_step.h"
 
@@ -198,6 +199,8 @@ class TrainRun {
   PlanBudgets budgets_;
   PlacementPlan plan_;
   std::unique_ptr<Device> dev_;
+  std::unique_ptr<SharedHostMemory> shared_memory_;  // distributed.shared_host_store: the store's memory
+  bool shared_store_ = false;
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
   CommGradReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
@@ -352,7 +355,13 @@ void TrainRun::set_up_model() {
   placement_plan_check(plan_);
 
   dev_ = device_create(dopt);
-  store_ = std::make_unique<HostStore>(*dev_, spec);
+  shared_store_ = dist_.data_parallel() && rc_.distributed_shared_host_store;
+  if (shared_store_) {  // one store for the node's ranks (src/train/shared_store.h)
+    shared_memory_ = std::make_unique<SharedHostMemory>(dist_.comm(), HostStore::shared_bytes(spec));
+    store_ = std::make_unique<HostStore>(*dev_, spec, shared_memory_->data());
+  } else {
+    store_ = std::make_unique<HostStore>(*dev_, spec);
+  }
   if (rc_.optim_type == "zo-sgd") {
     zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, eopt_);
     zo_step_notes(rc_);
@@ -360,7 +369,7 @@ void TrainRun::set_up_model() {
     engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
   }
   if (dist_.data_parallel()) {
-    auto reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_);
+    auto reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_, shared_store_);
     reduction_ = reduction.get();
     engine_->set_grad_reduction(std::move(reduction));
   }
@@ -404,7 +413,8 @@ void TrainRun::plan_with_data() {
 
 void TrainRun::load_weights() {
   const auto t0 = Clock::now();
-  if (!rc_.model_path.empty()) {
+  if (shared_store_ && !dist_.primary()) {  // rank 0 fills the shared store
+  } else if (!rc_.model_path.empty()) {
     progress_.phase("loading model weights from " + rc_.model_path);
     model_load_weights(*store_, rc_.model_path);
     check_loaded_weights(*store_, rc_.model_path);
@@ -412,6 +422,7 @@ void TrainRun::load_weights() {
     progress_.phase("initialising weights (seed " + std::to_string(rc_.model_init_seed) + ")");
     model_init_weights(*store_, uint64_t(rc_.model_init_seed), rc_.model_init_std);
   }
+  if (shared_store_) dist_.barrier();
   const ModelSpec& ms = store_->spec();
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
                "checkpoints on the device; device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
@@ -440,7 +451,8 @@ void TrainRun::resume() {
     if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, 0);
   } else {
     progress_.phase("verifying and loading " + resume_dir_);
-    TrainState saved = checkpoint_load(resume_dir_, *store_);
+    TrainState saved = shared_store_ && !dist_.primary() ? TrainState{} : checkpoint_load(resume_dir_, *store_);
+    if (shared_store_) distributed_share_state(dist_, saved);  // rank 0 loaded the shared store
     STRATA_CHECK(saved.rows == state_.rows && saved.data_hash == state_.data_hash, "cannot resume from ",
                  resume_dir_, ": its training data (", saved.rows, " rows) differs from this run's (", state_.rows,
                  " rows, or the same count with other tokens); resume needs the same data, tokenizer, "
@@ -521,7 +533,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
     losses.push_back(o.loss);
     r.counted = o.chosen_tokens + o.rejected_tokens;
     r.preference = preference_metrics_json(o.metrics, "");
-  } else if (rc_.max_grad_norm > 0) {  // clipping needs the global norm before any update
+  } else if (rc_.max_grad_norm > 0 || shared_store_) {  // clipping (or a shared store) needs every gradient first
     for (auto& mb : batch.micro) losses.push_back(engine_->forward_backward(mb, scale));
     r.grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
   } else {  // no clipping: the last micro-batch updates each group as its gradient lands

@@ -7,6 +7,9 @@
 #               N=2 A=2; N=3 A=1; an untied bf16 model), and differ from one process with A (the
 #               check can fail)
 #   resume      saved with 2 ranks, resumed with 1 (and 1 -> 2): bit-identical to the straight run
+#   shared      distributed.shared_host_store = true: the same bit-identities (2x1, 3x2, resume 1 -> 2),
+#               nothing left in /dev/shm, and 2 ranks use at most 110% of one process's host memory
+#               (summed PSS; separate stores use more than 150%, so the measure can tell)
 #   killed      rank 1 killed mid-run: the job exits non-zero naming rank 1 within the timeout,
 #               the newest checkpoint is complete, and `--resume auto` on one rank finishes
 #   hung        rank 1 stopped (SIGSTOP): rank 0 exits non-zero after distributed.timeout naming it
@@ -98,6 +101,56 @@ resume)
   train 2 "$work/b" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2 --resume auto
   grep -q "resumed from .*checkpoint-2" "$work/b.log" || { cat "$work/b.log"; fail "1 -> 2 did not resume at step 2"; }
   same "$work/ref" "$work/b" 4 "saved by 1 process, resumed by 2 ranks"
+  ;;
+shared)
+  # distributed.shared_host_store = true: one store in shared memory, the optimizer split over the
+  # ranks; still bit-identical to one process (and to separate stores), resumable across counts
+  sh="distributed.shared_host_store=true"
+  for clip in 1.0 0; do
+    train 1 "$work/s2_$clip" train.max_steps=3 train.gradient_accumulation_steps=2 optim.max_grad_norm=$clip
+    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip $sh
+    same "$work/s2_$clip" "$work/d2_$clip" 3 "shared store: 2 ranks x 1 = 1 process x 2, max_grad_norm=$clip"
+  done
+  train 1 "$work/s6" train.max_steps=2 train.gradient_accumulation_steps=6
+  train 3 "$work/d32" train.max_steps=2 train.gradient_accumulation_steps=2 $sh
+  same "$work/s6" "$work/d32" 2 "shared store: 3 ranks x 2 = 1 process x 6"
+  train 1 "$work/b" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=2
+  cp -r "$work/b" "$work/ref"
+  rm -rf "$work/b/checkpoint-4" "$work/b/final"
+  train 2 "$work/b" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2 --resume auto $sh
+  same "$work/ref" "$work/b" 4 "shared store: saved by 1 process, resumed by 2 ranks"
+  [ -z "$(ls /dev/shm | grep '^strata-')" ] || fail "a shared store was left in /dev/shm: $(ls /dev/shm | grep '^strata-')"
+  # host memory: the summed proportional set size (PSS: shared pages split between the processes
+  # that map them) of 2 ranks sharing a store, against one process, on a model whose store
+  # (~50M parameters, ~1 GB) dwarfs the rest; sampled every 0.2 s, the peak compared
+  sed -e 's/"hidden_size": 128/"hidden_size": 512/' -e 's/"intermediate_size": 352/"intermediate_size": 1408/' \
+      -e 's/"num_hidden_layers": 4/"num_hidden_layers": 16/' "$here/recipes/quickstart/config.json" >"$work/big.json"
+  big="model.config=$work/big.json train.micro_batch_size=1 train.max_steps=2 data.sequence_len=64"
+  recipe="$here/recipes/quickstart.toml"
+  peak_pss() {  # peak_pss OUTDIR: the peak of the summed PSS (kB) of the processes writing OUTDIR
+    local peak=0 sum
+    while kill -0 "$1" 2>/dev/null; do
+      sum=0
+      for p in $(pgrep -f "checkpoint.output_dir=$2"); do
+        v=$(awk '/^Pss:/ {print $2}' /proc/$p/smaps_rollup 2>/dev/null); sum=$((sum + ${v:-0}))
+      done
+      [ $sum -gt $peak ] && peak=$sum
+      sleep 0.2
+    done
+    echo $peak
+  }
+  "$strata" train "$recipe" $common $big train.gradient_accumulation_steps=2 checkpoint.output_dir="$work/m1" >"$work/m1.log" 2>&1 &
+  one=$(peak_pss $! "$work/m1")
+  mpirun -np 2 "$strata" train "$recipe" $common $big train.gradient_accumulation_steps=1 $sh \
+    checkpoint.output_dir="$work/m2" >"$work/m2.log" 2>&1 &
+  two=$(peak_pss $! "$work/m2")
+  mpirun -np 2 "$strata" train "$recipe" $common $big train.gradient_accumulation_steps=1 \
+    checkpoint.output_dir="$work/m3" >"$work/m3.log" 2>&1 &
+  separate=$(peak_pss $! "$work/m3")
+  echo "host memory (peak summed PSS): 1 process $((one / 1024)) MiB; 2 ranks sharing a store $((two / 1024)) MiB; 2 ranks with separate stores $((separate / 1024)) MiB"
+  cmp -s "$work/m1/final/model.safetensors" "$work/m2/final/model.safetensors" || fail "the large model differs"
+  [ $one -gt 0 ] && [ $((two * 10)) -le $((one * 11)) ] || fail "2 ranks sharing a store use more than 110% of one process's memory"
+  [ $((separate * 10)) -gt $((one * 15)) ] || fail "separate stores did not grow: the measurement cannot tell"
   ;;
 killed|hung)
   out="$work/f"
