@@ -169,6 +169,19 @@ inline std::string run_cli(int (*cmd)(const std::vector<std::string>&),
   return out.str();
 }
 
+// Every tensor of two HF model dirs (or checkpoints), bit for bit.
+inline void require_same_tensors(const std::string& a, const std::string& b) {
+  SafetensorsDir x = SafetensorsDir::open(a), y = SafetensorsDir::open(b);
+  REQUIRE(x.names() == y.names());
+  for (const auto& name : x.names()) {
+    std::vector<float> vx(size_t(x.find(name)->numel())), vy(vx.size());
+    x.read(name, DType::f32, vx.data());
+    y.read(name, DType::f32, vy.data());
+    INFO(name);
+    REQUIRE(vx == vy);
+  }
+}
+
 inline std::string source_path(const std::string& rel) { return std::string(STRATA_SOURCE_DIR) + "/" + rel; }
 
 // A real tokenizer directory (tokenizer.json + tokenizer_config.json): "bpe-qwen3" or "sp-bpe-32k",

@@ -21,6 +21,7 @@
 #include "offload/engine.h"
 #include "offload/engine_zo.h"
 #include "offload/model_io.h"
+#include "offload/step_estimate.h"
 #include "offload/placement_plan.h"
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
@@ -40,18 +41,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Model FLOPs of one token's forward + backward: 6 per matmul parameter plus attention
-// (12 * layers * heads * head_dim * context / 2 for a causal mask), as the MFU literature counts.
-double flops_per_token(const ModelSpec& spec, int64_t T) {
-  double matmul_params = 0;
-  for (auto& r : spec.params.rows())
-    if (r.shape.size() == 2 && r.name != "model.embed_tokens.weight") matmul_params += double(r.numel());
-  if (spec.lm_head == kAbsent) matmul_params += double(spec.params[size_t(spec.embed)].numel());
-  const auto& c = spec.config;
-  return 6.0 * matmul_params +
-         6.0 * double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * double(T);
-}
 
 MicroBatch take_rows(const TokenRows& rows, const std::vector<int64_t>& order, size_t first, int64_t count) {
   MicroBatch mb;
@@ -321,7 +310,7 @@ void TrainRun::set_up() {
     preference_->prepare_reference(progress_);
   }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
-  flops_per_token_ = flops_per_token(store_->spec(), rc_.sequence_len);
+  flops_per_token_ = model_flops_per_token(store_->spec(), rc_.sequence_len);  // offload/step_estimate.h
   if (zo_engine_) flops_per_token_ *= zo_flops_ratio(rc_);  // forward passes only
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
                peak_.source.c_str());

@@ -23,6 +23,8 @@
 namespace strata {
 namespace {
 
+using testing::require_same_tensors;
+
 namespace fs = std::filesystem;
 
 std::vector<std::string> small_overrides(const std::string& out) {
@@ -51,18 +53,6 @@ std::vector<std::string> checkpoint_dirs(const std::string& out) {
   return names;
 }
 
-// Every tensor of two HF dirs, bit for bit.
-void require_same_tensors(const std::string& a, const std::string& b) {
-  SafetensorsDir x = SafetensorsDir::open(a), y = SafetensorsDir::open(b);
-  REQUIRE(x.names() == y.names());
-  for (const auto& name : x.names()) {
-    std::vector<float> vx(size_t(x.find(name)->numel())), vy(vx.size());
-    x.read(name, DType::f32, vx.data());
-    y.read(name, DType::f32, vy.data());
-    INFO(name);
-    REQUIRE(vx == vy);
-  }
-}
 
 std::vector<double> metric_losses(const std::string& out) {
   std::ifstream in(out + "/metrics.jsonl");

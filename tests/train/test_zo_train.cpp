@@ -16,6 +16,8 @@
 namespace strata {
 namespace {
 
+using testing::require_same_tensors;
+
 namespace fs = std::filesystem;
 
 std::string fresh(const char* name) {
@@ -46,17 +48,6 @@ std::string file_bytes(const std::string& path) {
   return ss.str();
 }
 
-void require_same_tensors(const std::string& a, const std::string& b) {
-  SafetensorsDir x = SafetensorsDir::open(a), y = SafetensorsDir::open(b);
-  REQUIRE(x.names() == y.names());
-  for (const auto& name : x.names()) {
-    std::vector<float> vx(size_t(x.find(name)->numel())), vy(vx.size());
-    x.read(name, DType::f32, vx.data());
-    y.read(name, DType::f32, vy.data());
-    INFO(name);
-    REQUIRE(vx == vy);
-  }
-}
 
 }  // namespace
 
