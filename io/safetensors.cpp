@@ -145,7 +145,7 @@ uint64_t to_write_bytes(const TensorToWrite& t) {
   uint64_t n;
   STRATA_CHECK(tensor_bytes(t.dtype, t.shape, &n), "tensor '", t.name, "' has an invalid shape ",
                safetensors_format_shape(t.shape), " (negative or too large)");
-  STRATA_CHECK(n == 0 || t.data != nullptr, "tensor '", t.name, "' has no data pointer");
+  STRATA_CHECK(n == 0 || t.data != nullptr || t.fill, "tensor '", t.name, "' has no data pointer");
   return n;
 }
 
@@ -460,7 +460,20 @@ void safetensors_write_file(const std::string& path, const std::vector<TensorToW
   AtomicFile f(path);
   f.write(len, 8);
   f.write(text.data(), text.size());
-  for (size_t i = 0; i < tensors.size(); ++i) f.write(tensors[i].data, sizes[i]);
+  std::vector<unsigned char> piece;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].data || sizes[i] == 0) {
+      f.write(tensors[i].data, sizes[i]);
+      continue;
+    }
+    // a piece is a whole number of elements (the element size divides kSafetensorsFillBytes)
+    piece.resize(size_t(std::min<uint64_t>(sizes[i], kSafetensorsFillBytes)));
+    for (uint64_t at = 0; at < sizes[i]; at += piece.size()) {
+      const size_t len = size_t(std::min<uint64_t>(piece.size(), sizes[i] - at));
+      tensors[i].fill(at, piece.data(), len);
+      f.write(piece.data(), len);
+    }
+  }
   f.commit();
 }
 

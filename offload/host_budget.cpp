@@ -58,11 +58,12 @@ void host_budget_check(const ModelSpec& spec, const HostStoreOptions& store_opti
       line("master weights (fp32)", e.master),
       line(str_cat("AdamW moments (", dtype_name(store_options.moments), " m and v)"), e.moments),
       line("gradients (pinned, fp32)", e.grads), line("staging (pinned)", e.staging),
-      line("spilled checkpoints (pinned)", e.checkpoints),
-      "\nThe optimizer moments (", format_bytes(e.moments), ") and master weights (", format_bytes(e.master),
-      ") would fit on NVMe, but the NVMe tier is not built yet: use a smaller model, lower micro_batch_size or "
-      "sequence_len (staging and checkpoints), set offload.checkpoints = \"device\" if the device has room for "
-      "them, or raise offload.host_memory if the machine has the RAM.");
+      line("spilled checkpoints (pinned)", e.checkpoints), line("NVMe state buffers", e.nvme_buffers),
+      "\nMove the optimizer moments (", format_bytes(e.moments), ") and master weights (", format_bytes(e.master),
+      ") to NVMe with offload.optimizer = \"nvme\" and offload.nvme_path, and spilled checkpoints with "
+      "offload.checkpoints = \"nvme\"; or use a smaller model, lower micro_batch_size or sequence_len (staging "
+      "and checkpoints), set offload.checkpoints = \"device\" if the device has room for them, or raise "
+      "offload.host_memory if the machine has the RAM.");
 }
 
 }  // namespace strata

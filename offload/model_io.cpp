@@ -1,6 +1,8 @@
 #include "offload/model_io.h"
 
 #include <filesystem>
+#include <memory>
+#include <vector>
 #include <random>
 
 #include "io/safetensors.h"
@@ -48,16 +50,18 @@ void model_save_hf(const HostStore& store, const std::string& dir, DType dtype,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   STRATA_CHECK_IO(!ec, "cannot create output directory ", dir, ": ", ec.message());
-  std::vector<std::vector<char>> storage(spec.params.size());
+  // streamed: each tensor is read from the master (RAM or NVMe) a piece at a time, converted
+  // and written, so the export holds one piece, never the model
+  auto buf = std::make_shared<std::vector<float>>();
   std::vector<TensorToWrite> tensors;
-  std::vector<float> buf;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const TensorSpec& r = spec.params[i];
-    buf.resize(size_t(r.numel()));
-    store.get_param(i, buf.data());
-    storage[i].resize(size_t(r.numel()) * dtype_size(dtype));
-    dtype_convert(storage[i].data(), dtype, buf.data(), DType::f32, buf.size());
-    tensors.push_back(TensorToWrite{r.name, dtype, r.shape, storage[i].data()});
+    tensors.emplace_back(r.name, dtype, r.shape, [&store, buf, i, dtype](uint64_t offset, void* dst, size_t bytes) {
+      const size_t es = dtype_size(dtype), count = bytes / es;
+      buf->resize(count);
+      store.read_state(StateArray::master, i, int64_t(offset / es), int64_t(count), buf->data());
+      dtype_convert(dst, dtype, buf->data(), DType::f32, count);
+    });
   }
   safetensors_write_dir(dir, tensors, max_shard_bytes);
   ModelConfig cfg = spec.config;

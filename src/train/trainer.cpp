@@ -20,6 +20,7 @@
 #include "offload/engine.h"
 #include "offload/host_budget.h"
 #include "offload/model_io.h"
+#include "offload/nvme_dir.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
 #include "src/train/checkpoint.h"
@@ -88,6 +89,7 @@ void check_inputs(const Recipe& rc) {
   if (!rc.model_config.empty())
     STRATA_CHECK(fs::exists(rc.model_config, ec), "model.config ", rc.model_config, " does not exist: give the "
                  "config.json of the model to initialise");
+  if (!rc.nvme_path.empty()) nvme_path_check(rc.nvme_path);
   if (!rc.eval_path.empty())
     STRATA_CHECK(fs::exists(rc.eval_path, ec), "data.eval_path ", rc.eval_path, " does not exist: give the "
                  "held-out dataset, or leave data.eval_path unset (data.eval_split holds out part of data.path)");
@@ -97,9 +99,11 @@ void check_inputs(const Recipe& rc) {
 // otherwise surface later as a "not finite" gradient.
 void check_loaded_weights(HostStore& store, const std::string& model_path) {
   const ModelSpec& spec = store.spec();
+  std::vector<float> w;  // one parameter at a time, wherever the master lives
   for (size_t i = 0; i < spec.params.size(); ++i) {
-    const float* w = store.master_of(i);
     const int64_t n = spec.params[i].numel();
+    w.resize(size_t(n));
+    store.get_param(i, w.data());
     for (int64_t j = 0; j < n; ++j)
       STRATA_CHECK(std::isfinite(w[j]), "the model in ", model_path, " holds ", std::isnan(w[j]) ? "NaN" : "Inf",
                    " in ", spec.params[i].name, " (element ", j, "): the model file is damaged or was saved "
@@ -267,15 +271,22 @@ void TrainRun::set_up_model() {
   eopt_.checkpoints = rc_.offload_checkpoints;
   eopt_.max_batch = rc_.micro_batch_size;
   eopt_.max_tokens = rc_.sequence_len;
+  eopt_.optimizer = rc_.offload_optimizer == "nvme" ? "nvme" : "host";  // "auto": host until the plan decides
+  eopt_.nvme_dir = rc_.nvme_path;
+  eopt_.nvme_budget_bytes = rc_.nvme_memory_bytes;
+  HostStoreOptions sopt;
+  sopt.state_on_nvme = eopt_.optimizer == "nvme";
+  sopt.nvme_path = rc_.nvme_path;
+  sopt.nvme_budget_bytes = rc_.nvme_memory_bytes;
   DeviceOptions dopt;
   dopt.backend = rc_.device_backend;
   dopt.memory_bytes = rc_.device_memory_bytes;
   dopt.link_bytes_per_s = rc_.device_link_bytes_per_s;
   cpu_threads_set(int(rc_.device_cpu_threads));
   cpu_threads_apply();
-  host_budget_check(spec, HostStoreOptions{}, eopt_, host_memory_budget(rc_.host_memory_bytes, rc_.host_memory));
+  host_budget_check(spec, sopt, eopt_, host_memory_budget(rc_.host_memory_bytes, rc_.host_memory));
   dev_ = device_create(dopt);
-  store_ = std::make_unique<HostStore>(*dev_, spec);
+  store_ = std::make_unique<HostStore>(*dev_, spec, sopt);
   engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
 }
@@ -488,7 +499,9 @@ void TrainRun::record(const StepResult& r) {
       {"h2d_wait_s", e1.h2d_wait_s - e0.h2d_wait_s}, {"d2h_wait_s", e1.d2h_wait_s - e0.d2h_wait_s},
       {"optimizer_s", e1.optimizer_s - e0.optimizer_s},
       {"optimizer_exposed_s", e1.optimizer_exposed_s - e0.optimizer_exposed_s}, {"save_s", r.save_s},
-      {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
+      {"nvme_read_bytes", e1.nvme_read_bytes - e0.nvme_read_bytes},
+      {"nvme_write_bytes", e1.nvme_write_bytes - e0.nvme_write_bytes}, {"nvme_wait_s", e1.nvme_wait_s - e0.nvme_wait_s},
+      {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
       {"host_bytes", host_bytes_}, {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
   metrics_->write(rec);
