@@ -21,8 +21,8 @@
 //   loss_copied         compute (loss d2h)         host (finish_step)           reading the loss before it landed
 // Host-side reuse is guarded by host-queue tickets: staging_ticket[b] / head_staging_ticket[b]
 // (a staging buffer's previous reader), optimizer_ticket[g] (group g's update, before its
-// weights are uploaded), and upload_tokens drains the queue (ids_host and dx0_host are read by
-// the previous micro-batch's scatter).
+// weights are uploaded), and scatter_ticket (upload_tokens waits for the previous micro-batch's
+// scatter, which reads ids_host and dx0_host; not for the optimizer updates queued after it).
 #include "offload/engine.h"
 
 #include <chrono>
@@ -304,7 +304,11 @@ void Engine::upload_tokens(const MicroBatch& mb) {
     STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
                  mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
   }
-  host_.drain();  // the previous micro-batch's scatter still reads ids_host_ and dx0_host
+  // The previous micro-batch's scatter still reads ids_host_ and dx0_host: wait for it (and,
+  // the queue being in order, every gradient task before it), but not for the optimizer
+  // updates queued after it, which the forward follows group by group (wait_optimizer).
+  if (scatter_ticket_) exposed_wait(&d2h_wait_s_, [&] { host_.wait(scatter_ticket_); });
+  scatter_ticket_ = 0;
   dims_.B = mb.B;
   dims_.T = mb.T;
   has_docs_ = !mb.doc_start.empty();
@@ -516,7 +520,7 @@ void Engine::embed_backward() {
   const int64_t N = dims_.N(), C = dims_.C;
   float* dtable = store_.grad_of(size_t(store_.spec().embed));
   const size_t table_floats = count_of<float>(store_.f32_table()[size_t(store_.spec().embed)].bytes());
-  stage_to_host(buf_.dx0_host, buf_.dx[L_ % 2], bytes_of<float>(N * C), ev_.dx0_copied, 0,
+  scatter_ticket_ = stage_to_host(buf_.dx0_host, buf_.dx[L_ % 2], bytes_of<float>(N * C), ev_.dx0_copied, 0,
                 [this, dtable, table_floats, N, C] {
                   host_embedding_backward(dtable, buf_.dx0_host, ids_host_.data(), N, C);
                   reduction_->host_grad(dtable, int64_t(table_floats));
@@ -649,6 +653,7 @@ void Engine::synchronize() {
   if (spill_) collect([&] { spill_->drain(); });
   collect([&] { store_.placement().flush(); });  // NVMe write-backs of the last pass have landed
   for (auto& t : optimizer_ticket_) t = 0;
+  scatter_ticket_ = 0;
   if (first) std::rethrow_exception(first);
 }
 

@@ -199,6 +199,7 @@ class Engine {
   HostQueue host_;
   uint64_t staging_ticket_[2] = {}, head_staging_ticket_[2] = {};  // host tasks reading staging
   std::vector<uint64_t> optimizer_ticket_;   // per group: its pending update
+  uint64_t scatter_ticket_ = 0;              // the last embedding scatter (reads ids_host_, dx0_host)
 
   // seams (one implementation each today)
   std::unique_ptr<LossObjective> objective_;
