@@ -145,7 +145,7 @@ uint64_t to_write_bytes(const TensorToWrite& t) {
   uint64_t n;
   STRATA_CHECK(tensor_bytes(t.dtype, t.shape, &n), "tensor '", t.name, "' has an invalid shape ",
                safetensors_format_shape(t.shape), " (negative or too large)");
-  STRATA_CHECK(n == 0 || t.data != nullptr || t.stream, "tensor '", t.name, "' has no data pointer");
+  STRATA_CHECK(n == 0 || t.data != nullptr || t.stream || t.fill, "tensor '", t.name, "' has no data pointer");
   return n;
 }
 
@@ -474,18 +474,29 @@ void safetensors_write_file(const std::string& path, const std::vector<TensorToW
   AtomicFile f(path);
   f.write(len, 8);
   f.write(text.data(), text.size());
+  std::vector<unsigned char> piece;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].data || sizes[i] == 0) {
       f.write(tensors[i].data, sizes[i]);
       continue;
     }
-    uint64_t streamed = 0;
-    tensors[i].stream([&](const void* bytes, size_t n) {
-      STRATA_ASSERT(streamed + n <= sizes[i], "tensor '", tensors[i].name, "' streamed more than its ", sizes[i], " bytes");
-      f.write(bytes, n);
-      streamed += n;
-    });
-    STRATA_ASSERT(streamed == sizes[i], "tensor '", tensors[i].name, "' streamed ", streamed, " of its ", sizes[i], " bytes");
+    if (tensors[i].stream) {
+      uint64_t streamed = 0;
+      tensors[i].stream([&](const void* bytes, size_t n) {
+        STRATA_ASSERT(streamed + n <= sizes[i], "tensor '", tensors[i].name, "' streamed more than its ", sizes[i], " bytes");
+        f.write(bytes, n);
+        streamed += n;
+      });
+      STRATA_ASSERT(streamed == sizes[i], "tensor '", tensors[i].name, "' streamed ", streamed, " of its ", sizes[i], " bytes");
+      continue;
+    }
+    // a piece is a whole number of elements (the element size divides kSafetensorsFillBytes)
+    piece.resize(size_t(std::min<uint64_t>(sizes[i], kSafetensorsFillBytes)));
+    for (uint64_t at = 0; at < sizes[i]; at += piece.size()) {
+      const size_t len = size_t(std::min<uint64_t>(piece.size(), sizes[i] - at));
+      tensors[i].fill(at, piece.data(), len);
+      f.write(piece.data(), len);
+    }
   }
   f.commit();
 }

@@ -118,12 +118,24 @@ using TensorSink = std::function<void(const void* bytes, size_t n)>;
 using TensorStream = std::function<void(const TensorSink& write)>;
 
 struct TensorToWrite {
+  using Fill = std::function<void(uint64_t offset, void* dst, size_t bytes)>;
+  TensorToWrite() = default;
+  TensorToWrite(std::string n, DType t, std::vector<int64_t> s, const void* d)
+      : name(std::move(n)), dtype(t), shape(std::move(s)), data(d) {}
+  TensorToWrite(std::string n, DType t, std::vector<int64_t> s, Fill f)
+      : name(std::move(n)), dtype(t), shape(std::move(s)), fill(std::move(f)) {}
+
   std::string name;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
-  const void* data = nullptr;  // numel * dtype_size bytes; or, when null, `stream` produces them
+  const void* data = nullptr;  // numel * dtype_size bytes; or, when null, `stream` or `fill` produces them
   TensorStream stream = {};
+  // Instead of data (streaming: the tensor is never whole in RAM): fill(offset, dst, bytes)
+  // puts bytes [offset, offset + bytes) of the tensor into dst. The writer asks for pieces of at
+  // most kSafetensorsFillBytes, in order, each a whole number of elements.
+  Fill fill;
 };
+constexpr size_t kSafetensorsFillBytes = size_t(16) << 20;
 
 // Writes one file: tensors laid out in the given order, header padded with spaces to a multiple
 // of 8, metadata {"format": "pt"} plus extras. Written to path + ".tmp", fsync'd, renamed.

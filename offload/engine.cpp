@@ -21,8 +21,8 @@
 //   loss_copied         compute (loss d2h)         host (finish_step)           reading the loss before it landed
 // Host-side reuse is guarded by host-queue tickets: staging_ticket[b] / head_staging_ticket[b]
 // (a staging buffer's previous reader), optimizer_ticket[g] (group g's update, before its
-// weights are uploaded), and upload_tokens drains the queue (ids_host and dx0_host are read by
-// the previous micro-batch's scatter).
+// weights are uploaded), and scatter_ticket (upload_tokens waits for the previous micro-batch's
+// scatter, which reads ids_host and dx0_host; not for the optimizer updates queued after it).
 #include "offload/engine.h"
 
 #include <chrono>
@@ -50,7 +50,9 @@ EngineHostBytes Engine::host_bytes(const ModelSpec& spec, const EngineOptions& o
   const EngineShape shape = EngineShape::of(spec, HostStore::layout(spec), options);
   EngineHostBytes b;
   b.staging = engine_pinned_bytes(engine_buffer_table(shape, nullptr));
-  b.checkpoints = shape.checkpoints == CheckpointMode::device ? 0 : shape.layers * shape.activation_bytes();
+  b.checkpoints = shape.checkpoints == CheckpointMode::device ? 0
+                  : shape.checkpoints == CheckpointMode::nvme ? kSpillRing * shape.activation_bytes() + CheckpointSpill::host_bytes()
+                                                              : shape.layers * shape.activation_bytes();
   return b;
 }
 
@@ -86,12 +88,20 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   allocate(ckpt);
   for (EngineBuffer& b : ckpt) table_.push_back(std::move(b));
 
+  if (shape_.checkpoints == CheckpointMode::nvme) {
+    try {
+      spill_ = std::make_unique<CheckpointSpill>(dev_, opt_.nvme_dir, opt_.nvme_budget_bytes, L_,
+                                                 shape_.activation_bytes(), buf_.ckpt_ring);
+    } catch (...) {
+      free_rows(table_);
+      throw;
+    }
+  }
   create_events();
   slot_layer_.assign(shape_.slot_bytes.size(), -1);
   optimizer_ticket_.assign(store_.groups().size(), 0);
   objective_ = std::make_unique<TokenCrossEntropy>();
-  placement_ = std::make_unique<RamStatePlacement>(store_);
-  optimizer_ = std::make_unique<HostAdamW>(store_, *placement_);
+  optimizer_ = std::make_unique<HostAdamW>(store_, store_.placement());
   reduction_ = std::make_unique<NoGradReduction>();
 }
 
@@ -128,7 +138,8 @@ void Engine::free_rows(std::vector<EngineBuffer>& table) {
 size_t Engine::device_checkpoint_count() const {
   switch (shape_.checkpoints) {
     case CheckpointMode::device: return L_;
-    case CheckpointMode::host: return 0;
+    case CheckpointMode::host:
+    case CheckpointMode::nvme: return 0;
     case CheckpointMode::automatic: break;
   }
   const size_t margin = 1 << 20;
@@ -162,6 +173,7 @@ Engine::~Engine() {
     synchronize();
   } catch (...) {  // an error already reported by the caller's path; still free everything
   }
+  spill_.reset();  // before its ring buffers
   free_rows(table_);
 }
 
@@ -268,6 +280,7 @@ void Engine::mark_device_weights_stale() {
 
 double Engine::step(const MicroBatch& mb, StepKind kind, float grad_scale) {
   upload_tokens(mb);
+  spill_pass_ = spill_ && kind == StepKind::forward_backward;
   forward();
   head_forward();
   if (kind == StepKind::forward_backward) {
@@ -291,7 +304,11 @@ void Engine::upload_tokens(const MicroBatch& mb) {
     STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
                  mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
   }
-  host_.drain();  // the previous micro-batch's scatter still reads ids_host_ and dx0_host
+  // The previous micro-batch's scatter still reads ids_host_ and dx0_host: wait for it (and,
+  // the queue being in order, every gradient task before it), but not for the optimizer
+  // updates queued after it, which the forward follows group by group (wait_optimizer).
+  if (scatter_ticket_) exposed_wait(&d2h_wait_s_, [&] { host_.wait(scatter_ticket_); });
+  scatter_ticket_ = 0;
   dims_.B = mb.B;
   dims_.T = mb.T;
   has_docs_ = !mb.doc_start.empty();
@@ -345,11 +362,21 @@ void Engine::forward() {
     if (out_spills) dev_.stream_wait_event(s, *ev_.pp_saved[(i + 1) % 2]);  // its last d2h is done
     layer_forward(dev_, out, in, weights_at(buf_.weight_slots[slot], i), ctx, ws_, dims_, s);
     dev_.event_record(*ev_.slot_free[slot], s);
-    if (out_spills) {  // the next layer's input also goes to the host, for the backward
+    if (out_spills && !spill_) {  // the next layer's input also goes to the host, for the backward
       dev_.event_record(*ev_.compute_done, s);
       dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
       dev_.copy_d2h(buf_.ckpt_host + (i + 1) * size_t(N * C), out, act_bytes, Stream::d2h);
       dev_.event_record(*ev_.pp_saved[(i + 1) % 2], Stream::d2h);
+    } else if (out_spills && spill_pass_ && spilled_to_nvme(i + 1)) {  // ... or to its file
+      float* ring = nullptr;
+      exposed_wait(&nvme_exposed_s_, [&] { ring = spill_->buffer_for_write(i + 1); });
+      dev_.event_record(*ev_.compute_done, s);
+      dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
+      dev_.stream_wait_event(Stream::d2h, spill_->consumed(i + 1));  // the backward's copy out of it
+      dev_.copy_d2h(ring, out, act_bytes, Stream::d2h);
+      dev_.event_record(spill_->copied(i + 1), Stream::d2h);
+      dev_.event_record(*ev_.pp_saved[(i + 1) % 2], Stream::d2h);
+      spill_->write(i + 1, act_bytes);
     }
   }
   ensure_final_norm();
@@ -424,14 +451,23 @@ void Engine::final_norm_backward() {
 void Engine::fetch_checkpoint(size_t i) {
   const size_t b = i % 2;
   if (i >= L_ - device_ckpt_count_ || i + 2 >= L_) return;
-  dev_.stream_wait_event(Stream::h2d, *ev_.stage_free[b]);
-  dev_.stream_wait_event(Stream::h2d, *ev_.pp_saved[b]);
   const int64_t NC = dims_.N() * dims_.C;
   const float* src = i == 0 ? buf_.x0_host : buf_.ckpt_host + i * size_t(NC);
+  if (spilled_to_nvme(i)) exposed_wait(&nvme_exposed_s_, [&] { src = spill_->wait_read(i); });
+  dev_.stream_wait_event(Stream::h2d, *ev_.stage_free[b]);
+  dev_.stream_wait_event(Stream::h2d, *ev_.pp_saved[b]);
   dev_.copy_h2d(ckpt_device(i), src, bytes_of<float>(NC), Stream::h2d);
   dev_.event_record(*ev_.ckpt_fetched[b], Stream::h2d);
   dev_.stream_wait_event(Stream::compute, *ev_.ckpt_fetched[b]);
+  if (spilled_to_nvme(i)) {
+    dev_.event_record(spill_->consumed(i), Stream::h2d);
+    if (i >= 1 + kSpillRing) spill_->read_ahead(i - kSpillRing, bytes_of<float>(NC));  // into the buffer just emptied
+  }
 }
+
+// With checkpoints = "nvme", the layers whose input fetch_checkpoint reads back: 1 .. L-3
+// (layer 0's input stays in x0_host, the last two stay in the ping-pong buffers).
+bool Engine::spilled_to_nvme(size_t layer) const { return spill_ && layer >= 1 && layer + 2 < L_; }
 
 void Engine::backward() {
   const Stream s = Stream::compute;
@@ -439,6 +475,9 @@ void Engine::backward() {
   float* dout = buf_.dx[0];
   float* dx = buf_.dx[1];
   std::vector<bool> copied_this_step(L_, false);
+  if (spill_)  // the first kSpillRing checkpoints the backward needs, read ahead
+    for (size_t k = 0; k < kSpillRing && k + 3 <= L_; ++k)
+      if (spilled_to_nvme(L_ - 3 - k)) spill_->read_ahead(L_ - 3 - k, bytes_of<float>(dims_.N() * dims_.C));
   for (size_t step = 0; step < L_; ++step) {
     const size_t i = L_ - 1 - step;
     const size_t b = i % 2;
@@ -478,7 +517,7 @@ void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
 void Engine::embed_backward() {
   const int64_t N = dims_.N(), C = dims_.C;
   float* dtable = store_.grad_of(size_t(store_.spec().embed));
-  stage_to_host(buf_.dx0_host, buf_.dx[L_ % 2], bytes_of<float>(N * C), ev_.dx0_copied, 0,
+  scatter_ticket_ = stage_to_host(buf_.dx0_host, buf_.dx[L_ % 2], bytes_of<float>(N * C), ev_.dx0_copied, 0,
                 [this, dtable, N, C] { reduction_->add_embedding(dtable, buf_.dx0_host, ids_host_.data(), N, C); });
   update_group_when_landed(0);  // the embedding (and a tied lm_head)
 }
@@ -546,6 +585,7 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
+  begin_optimizer_pass(false);
   for (size_t gi = 0; gi < store_.groups().size(); ++gi)
     if (reduction_->updates_group(gi))
       optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
@@ -556,6 +596,14 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
     reduction_->all_ranks_here();
   }
   return norm;
+}
+
+// The placement learns the order of the updates about to be queued (NVMe reads ahead in it):
+// groups 0..G-1 after backward, G-1..0 as gradients land (head, layers L-1..0, embedding).
+void Engine::begin_optimizer_pass(bool landed) {
+  std::vector<size_t> order(store_.groups().size());
+  for (size_t g = 0; g < order.size(); ++g) order[g] = landed ? order.size() - 1 - g : g;
+  host_.enqueue([this, order] { store_.placement().begin_pass(order); });
 }
 
 void Engine::update_group_when_landed(size_t gi) {
@@ -572,6 +620,7 @@ void Engine::update_group_when_landed(size_t gi) {
 double Engine::forward_backward_update(const MicroBatch& mb, float grad_scale, AdamWParams params,
                                        double weight_decay) {
   params.clip_scale = 1.0;
+  begin_optimizer_pass(true);
   landed_ = {true, params, weight_decay};
   group_sq_.assign(store_.groups().size(), 0.0);
   double loss;
@@ -609,7 +658,10 @@ void Engine::synchronize() {
   };
   for (int s = 0; s < kStreamCount; ++s) collect([&] { dev_.stream_synchronize(Stream(s)); });
   collect([&] { host_.drain(); });
+  if (spill_) collect([&] { spill_->drain(); });
+  collect([&] { store_.placement().flush(); });  // NVMe write-backs of the last pass have landed
   for (auto& t : optimizer_ticket_) t = 0;
+  scatter_ticket_ = 0;
   if (first) std::rethrow_exception(first);
 }
 
@@ -636,6 +688,10 @@ EngineStats Engine::stats() const {
   s.optimizer_s = host_.busy_s();
   s.optimizer_exposed_s = optimizer_exposed_s_;
   s.link_bytes = c.h2d_bytes + c.d2h_bytes;
+  const StateIoCounters st = store_.placement().counters();
+  s.nvme_read_bytes = st.read_bytes + (spill_ ? spill_->read_bytes() : 0);
+  s.nvme_write_bytes = st.write_bytes + (spill_ ? spill_->write_bytes() : 0);
+  s.nvme_wait_s = st.wait_s + nvme_exposed_s_;
   return s;
 }
 

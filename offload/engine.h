@@ -6,7 +6,8 @@
 //     the math, the gradient path, the order of every sum — is the same, so the two modes give
 //     bit-identical results.
 //   - checkpoints: the input of each layer is kept on the device while the budget allows and
-//     spilled to pinned host memory beyond it; backward recomputes each layer from it.
+//     spilled to pinned host memory beyond it (or, with checkpoints = "nvme", to a file through
+//     a ring of pinned buffers: offload/checkpoint_spill.h); backward recomputes each layer from it.
 //   - gradients: each layer's dW lands in a device slot, crosses to pinned host staging (d2h
 //     stream) and is added into the host fp32 accumulation by the host queue, in a fixed order.
 //   - embedding: gathered on the host and scattered back on the host (no V x C upload).
@@ -26,9 +27,10 @@
 //     slots and 2 x 64 MiB of gradient slots on the device whatever V is. With weights =
 //     "device" the whole lm_head is resident instead and the chunks are read in place: the
 //     same chunks, the same math, bit-identical results.
-//   - optimizer: after the global norm, the group optimizer (offload/optimizer.h: AdamW on
-//     RAM-placed state) runs group by group on the host queue while the next forward streams
-//     each layer right behind its update.
+//   - optimizer: after the global norm, the group optimizer (offload/optimizer.h: AdamW over
+//     the store's state placement, RAM or NVMe) runs group by group on the host queue while the
+//     next forward streams each layer right behind its update; the placement is told the order
+//     first, so NVMe reads ahead of the updates (offload/nvme_state.h).
 // Every buffer is a row of one table (offload/engine_buffers.h); events guard every buffer
 // reuse (the table of events is in engine.cpp).
 #pragma once
@@ -40,6 +42,7 @@
 #include "models/decoder_layer.h"
 #include "models/micro_batch.h"
 #include "offload/adamw.h"
+#include "offload/checkpoint_spill.h"
 #include "offload/engine_buffers.h"
 #include "offload/grad_reduction.h"
 #include "offload/host_queue.h"
@@ -72,6 +75,10 @@ struct EngineStats {
   double optimizer_exposed_s = 0;  // compute stream out of work while the trainer thread waited
                                    // for an optimizer update or computed the global norm
   size_t link_bytes = 0;        // h2d + d2h
+  uint64_t nvme_read_bytes = 0;   // optimizer state and activation checkpoints read from NVMe
+  uint64_t nvme_write_bytes = 0;  // ... and written
+  double nvme_wait_s = 0;         // the optimizer's pass blocked on NVMe reads or write-backs, plus
+                                  // the trainer thread blocked on checkpoint files
 };
 
 // What one pass over a micro-batch does: forward only (eval) and forward + backward. The
@@ -152,6 +159,7 @@ class Engine {
   void final_norm_backward();
   void backward();
   void fetch_checkpoint(size_t layer);
+  bool spilled_to_nvme(size_t layer) const;
   void layer_grad_to_host(size_t layer, char* grad_slot);
   void embed_backward();
   double finish_step(StepKind kind);
@@ -160,6 +168,7 @@ class Engine {
                          uint64_t reuse, std::function<void()> task);
   // optimizer
   void wait_optimizer(size_t group);
+  void begin_optimizer_pass(bool landed);
   void update_group_when_landed(size_t group);
 
   Device& dev_;
@@ -198,10 +207,10 @@ class Engine {
   HostQueue host_;
   uint64_t staging_ticket_[2] = {}, head_staging_ticket_[2] = {};  // host tasks reading staging
   std::vector<uint64_t> optimizer_ticket_;   // per group: its pending update
+  uint64_t scatter_ticket_ = 0;              // the last embedding scatter (reads ids_host_, dx0_host)
 
   // seams (one implementation each today)
   std::unique_ptr<LossObjective> objective_;
-  std::unique_ptr<StatePlacement> placement_;
   std::unique_ptr<GroupOptimizer> optimizer_;
   std::unique_ptr<GradReduction> reduction_;
 
@@ -214,6 +223,9 @@ class Engine {
   template <class F>
   void exposed_wait(double* exposed, F&& wait);  // the trainer thread waits; adds what the device did not hide
   double d2h_wait_s_ = 0, optimizer_exposed_s_ = 0;
+  double nvme_exposed_s_ = 0;                // the trainer thread waited on checkpoint files
+  std::unique_ptr<CheckpointSpill> spill_;   // checkpoints = "nvme"
+  bool spill_pass_ = false;                  // this pass writes checkpoints (a backward follows)
 };
 
 }  // namespace strata

@@ -31,8 +31,9 @@ WeightsMode weights_mode_parse(const std::string& text) {
 CheckpointMode checkpoint_mode_parse(const std::string& text) {
   if (text == "auto") return CheckpointMode::automatic;
   if (text == "device") return CheckpointMode::device;
+  if (text == "nvme") return CheckpointMode::nvme;
   STRATA_CHECK(text == "host", "offload.checkpoints = \"", text,
-               "\": use \"auto\", \"device\" or \"host\"");
+               "\": use \"auto\", \"device\", \"host\" or \"nvme\"");
   return CheckpointMode::host;
 }
 
@@ -140,7 +141,11 @@ std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& s, size_t d
   if (device_count)
     t.push_back({str_cat(device_count, " layer checkpoints"), device_count * act, Memory::device,
                  bind_to(into, &EngineBuffers::ckpt_dev)});
-  if (s.layers > device_count)
+  if (s.checkpoints == CheckpointMode::nvme) {
+    for (size_t k = 0; k < kSpillRing; ++k)
+      t.push_back({str_cat("NVMe checkpoint staging ", k), act, Memory::pinned,
+                   bind_at(into ? &into->ckpt_ring[k] : nullptr)});
+  } else if (s.layers > device_count)
     t.push_back({"spilled layer checkpoints (host)", (s.layers - device_count) * act, Memory::pinned,
                  bind_to(into, &EngineBuffers::ckpt_host)});
   return t;

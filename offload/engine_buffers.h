@@ -19,16 +19,24 @@ namespace strata {
 
 // Vocab rows per lm_head chunk (engine.h explains the head).
 constexpr int64_t kHeadChunkRows = 4096;
+// Pinned ring buffers between the device and the checkpoint file with checkpoints = "nvme"
+// (offload/checkpoint_spill.h): one being written, one being read ahead, one in use.
+constexpr size_t kSpillRing = 3;
 
 struct EngineOptions {
   std::string weights = "stream";     // "stream" | "device"
   std::string checkpoints = "auto";   // "auto" (device while the budget allows) | "device" | "host"
+                                      // | "nvme" (files under nvme_dir, offload/checkpoint_spill.h)
+  std::string optimizer = "host";     // "host" | "nvme": where the store keeps master and moments
+                                      // (the store's options decide; recorded here for the plan)
+  std::string nvme_dir;               // offload.nvme_path
+  size_t nvme_budget_bytes = 0;       // offload.nvme_memory; 0: free space minus 10%
   int64_t max_batch = 1, max_tokens = 1;
   int64_t head_chunk_rows = 0;        // 0: kHeadChunkRows (tests set it to compare chunkings)
 };
 
 enum class WeightsMode : uint8_t { stream, device };        // two streamed slots | all resident
-enum class CheckpointMode : uint8_t { automatic, device, host };
+enum class CheckpointMode : uint8_t { automatic, device, host, nvme };
 WeightsMode weights_mode_parse(const std::string& text);     // offload.weights; bad text: Error
 CheckpointMode checkpoint_mode_parse(const std::string& text);  // offload.checkpoints
 
@@ -86,6 +94,7 @@ struct EngineBuffers {
   float* head_grad_staging[2] = {};  // (R, C) lm_head gradient chunks
   float* ckpt_host = nullptr;        // (L - device checkpoints, N, C) spilled inputs by layer
                                      // (layer 0 spills into x0_host; its row stays unused)
+  float* ckpt_ring[kSpillRing] = {}; // checkpoints = "nvme": (N, C) each, between d2h/h2d and the file
 };
 
 enum class Memory : uint8_t { device, pinned };
@@ -102,7 +111,8 @@ struct EngineBuffer {
 // null when only sizes are wanted).
 std::vector<EngineBuffer> engine_buffer_table(const EngineShape& shape, EngineBuffers* into);
 // The checkpoint rows once the number kept on the device is known: layers [L - count, L)
-// keep their input on the device, the others spill to pinned host memory.
+// keep their input on the device, the others spill to pinned host memory (with checkpoints =
+// "nvme": to a file, through kSpillRing pinned buffers).
 std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& shape, size_t device_count,
                                                   EngineBuffers* into);
 

@@ -8,6 +8,8 @@
 #include <numa.h>
 #endif
 
+#include "offload/nvme_state.h"
+#include "offload/optimizer.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -36,8 +38,8 @@ float* alloc_host_floats(size_t n, const char* what) {
   const size_t bytes = std::max<size_t>((n * 4 + 4095) / 4096 * 4096, 4096);
   void* p = std::aligned_alloc(4096, bytes);
   STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(n * 4), " of host memory for ", what,
-                      ": the model's optimizer state does not fit in RAM (the NVMe tier is "
-                      "issue-tracked; use a smaller model for now)");
+                      ": the model's optimizer state does not fit in RAM; place it on NVMe "
+                      "(offload.optimizer = \"nvme\" with offload.nvme_path) or use a smaller model");
   numa_place(p, bytes);
   std::memset(p, 0, n * 4);
   return static_cast<float*>(p);
@@ -78,22 +80,44 @@ HostStoreLayout HostStore::layout(const ModelSpec& spec) {
   return l;
 }
 
+namespace {
+
+// f32 compute mode: every working row is f32, so the working arena has the f32 table's layout
+// and serves as the master copy.
+bool working_is_f32(const HostStoreLayout& l) {
+  for (size_t r = 0; r < l.working.size(); ++r)
+    if (l.working[r].dtype != DType::f32) return false;
+  return true;
+}
+
+}  // namespace
+
 HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOptions& options) {
   const HostStoreLayout l = layout(spec);
   const size_t f32_bytes = l.f32.tier_bytes(Tier::host);
+  const bool aliased = working_is_f32(l);
   HostMemoryEstimate e;
   e.working = l.working.tier_bytes(Tier::host_pinned);
-  e.master = f32_bytes;
-  e.moments = 2 * f32_bytes / 4 * dtype_size(options.moments);
+  e.master = aliased || options.state_on_nvme ? 0 : f32_bytes;
+  e.moments = options.state_on_nvme ? 0 : 2 * f32_bytes / 4 * dtype_size(options.moments);
   e.grads = f32_bytes;
+  if (options.state_on_nvme) {
+    const NvmeStateSizes n = nvme_state_sizes(l, options, !aliased);
+    e.nvme_buffers = n.host_bytes;
+    e.nvme = n.file_bytes;
+  }
   return e;
 }
 
-HostStore::HostStore(Device& dev, const ModelSpec& spec) : dev_(dev), spec_(spec) {
+HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions& options)
+    : dev_(dev), spec_(spec), options_(options) {
   HostStoreLayout l = layout(spec_);
+  master_is_working_ = working_is_f32(l);
   working_ = std::move(l.working);
   f32_ = std::move(l.f32);
   groups_ = std::move(l.groups);
+  for (size_t r = 0; master_is_working_ && r < f32_.size(); ++r)
+    STRATA_ASSERT(working_[r].offset == f32_[r].offset, "f32 working and master tables differ at ", f32_[r].name);
   const size_t working_bytes = working_.tier_bytes(Tier::host_pinned);
   const size_t n = f32_floats();
   // pinned where the device can pin it; a fallback to pageable memory counts as host
@@ -101,58 +125,95 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec) : dev_(dev), spec_(spec
   working_data_ = static_cast<char*>(dev_.alloc_pinned(working_bytes));
   account(working_data_, working_bytes);
   std::memset(working_data_, 0, working_bytes);
-  master_ = alloc_host_floats(n, "master weights");
-  m_ = alloc_host_floats(n, "AdamW first moments");
-  v_ = alloc_host_floats(n, "AdamW second moments");
-  host_bytes_ += 3 * n * 4;
   grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
   account(grad_, n * 4);
   std::memset(grad_, 0, n * 4);
+  try {
+    if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
+    if (options_.state_on_nvme) {
+      placement_ = std::make_unique<NvmeStatePlacement>(*this, options_);
+      host_bytes_ += placement_->host_bytes();
+      return;
+    }
+    if (!master_is_working_) {
+      master_ = alloc_host_floats(n, "master weights");
+      host_bytes_ += n * 4;
+    }
+    m_ = alloc_host_floats(n, "AdamW first moments");
+    v_ = alloc_host_floats(n, "AdamW second moments");
+    host_bytes_ += 2 * n * 4;
+    placement_ = std::make_unique<RamStatePlacement>(*this);
+  } catch (...) {
+    release();
+    throw;
+  }
 }
 
 namespace {
 size_t page_round(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 }  // namespace
 
-// working | master | m | v | grad, each starting on a page.
+// working | master (unless it is the f32 working copy) | m | v | grad, each starting on a page.
 size_t HostStore::shared_bytes(const ModelSpec& spec) {
   const HostStoreLayout l = layout(spec);
-  return page_round(l.working.tier_bytes(Tier::host_pinned)) + 4 * page_round(l.f32.tier_bytes(Tier::host));
+  const size_t f32_arrays = working_is_f32(l) ? 3 : 4;
+  return page_round(l.working.tier_bytes(Tier::host_pinned)) + f32_arrays * page_round(l.f32.tier_bytes(Tier::host));
 }
 
 HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(dev), spec_(spec), shared_(true) {
   HostStoreLayout l = layout(spec_);
+  master_is_working_ = working_is_f32(l);
   working_ = std::move(l.working);
   f32_ = std::move(l.f32);
   groups_ = std::move(l.groups);
   char* p = static_cast<char*>(shared);
   working_data_ = p;
   p += page_round(working_.tier_bytes(Tier::host_pinned));
-  float** arrays[] = {&master_, &m_, &v_, &grad_};
+  if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
+  std::vector<float**> arrays = {&m_, &v_, &grad_};
+  if (!master_is_working_) arrays.insert(arrays.begin(), &master_);
   for (float** a : arrays) {
     *a = reinterpret_cast<float*>(p);
     p += page_round(f32_floats() * 4);
   }
   host_bytes_ = shared_bytes(spec_);
+  placement_ = std::make_unique<RamStatePlacement>(*this);
 }
 
-HostStore::~HostStore() {
-  if (shared_) return;  // the caller's memory
-  dev_.free_pinned(working_data_);
-  dev_.free_pinned(grad_);
-  std::free(master_);
+void HostStore::release() {
+  placement_.reset();  // first: the NVMe placement finishes its I/O and removes its files
+  if (shared_) {       // the caller's memory
+    master_ = m_ = v_ = grad_ = nullptr;
+    working_data_ = nullptr;
+    return;
+  }
+  if (!master_is_working_) std::free(master_);
   std::free(m_);
   std::free(v_);
+  dev_.free_pinned(working_data_);
+  dev_.free_pinned(grad_);
+  master_ = m_ = v_ = grad_ = nullptr;
+  working_data_ = nullptr;
+}
+
+HostStore::~HostStore() { release(); }
+
+void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const {
+  STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
+  placement_->read(a, f32_[row].offset + size_t(first) * 4, dst, size_t(count) * 4);
+}
+
+void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
+  STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
+  placement_->write(a, f32_[row].offset + size_t(first) * 4, src, size_t(count) * 4);
 }
 
 void HostStore::set_param(size_t row, const float* values) {
-  const size_t n = size_t(f32_[row].numel());
-  std::memcpy(master_of(row), values, n * 4);
-  dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, n);
+  const int64_t n = f32_[row].numel();
+  if (!master_is_working_) write_state(StateArray::master, row, 0, n, values);
+  dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, size_t(n));
 }
 
-void HostStore::get_param(size_t row, float* values) const {
-  std::memcpy(values, master_ + f32_[row].offset / 4, size_t(f32_[row].numel()) * 4);
-}
+void HostStore::get_param(size_t row, float* values) const { read_state(StateArray::master, row, 0, f32_[row].numel(), values); }
 
 }  // namespace strata

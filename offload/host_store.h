@@ -5,16 +5,22 @@
 //   master   fp32 master weights                                              (f32 table)
 //   m, v     AdamW moments, fp32                                              (f32 table)
 //   grad     fp32 gradient accumulation, pinned (it receives device copies)   (f32 table)
+// Master and moments sit behind a StatePlacement (offload/state_placement.h) the store owns:
+// RAM arrays, or files on NVMe (offload.optimizer = "nvme"; then they take no RAM but the
+// placement's few buffers). In f32 compute mode the master IS the working copy: no second f32
+// array (the two tables then have the same offsets).
 // Sizes are accounted per tier (a pinned allocation that fell back to pageable memory counts
 // as host, not pinned); on a machine with several NUMA nodes the arrays are interleaved across
 // them (one node: said once, and nothing else changes). estimate() gives the same tiers' bytes
 // from the spec alone, before anything is allocated (offload/host_budget.h checks them).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "models/model_spec.h"
+#include "offload/state_placement.h"
 #include "src/device/device.h"
 
 namespace strata {
@@ -34,6 +40,14 @@ struct HostStoreLayout {
 
 struct HostStoreOptions {
   DType moments = DType::f32;  // AdamW m and v; the store allocates f32 (bf16 is for estimates)
+  // offload.optimizer = "nvme": m, v (and master, unless it is the working copy) live in files
+  // under a run folder of nvme_path (offload/nvme_state.h), read and written group by group.
+  bool state_on_nvme = false;
+  std::string nvme_path;          // offload.nvme_path
+  size_t nvme_budget_bytes = 0;   // offload.nvme_memory; 0: the free space of nvme_path minus 10%
+  size_t nvme_block_bytes = 0;    // 0: 1 MiB (the I/O and checksum unit; tests use 4 KiB)
+  size_t nvme_chunk_bytes = 0;    // 0: 64 MiB per array and buffer (a multiple of the block)
+  int nvme_window = 3;            // buffers: one read ahead, one updated, one written back
 };
 
 // Host bytes per tier, as the store and the step engine will allocate them.
@@ -44,7 +58,9 @@ struct HostMemoryEstimate {
   size_t grads = 0;        // pinned: fp32 gradient accumulation
   size_t staging = 0;      // pinned: the engine's activation and gradient staging
   size_t checkpoints = 0;  // pinned: layer inputs spilled from the device (upper bound)
-  size_t total() const { return working + master + moments + grads + staging + checkpoints; }
+  size_t nvme_buffers = 0; // the NVMe placement's read-ahead/write-back window and I/O staging
+  size_t nvme = 0;         // not host memory: the files on NVMe (reported, not in total())
+  size_t total() const { return working + master + moments + grads + staging + checkpoints + nvme_buffers; }
 };
 
 class HostStore {
@@ -54,10 +70,10 @@ class HostStore {
   // engine's (Engine::host_staging) and stay 0 here.
   static HostMemoryEstimate estimate(const ModelSpec& spec, const HostStoreOptions& options);
 
-  HostStore(Device& dev, const ModelSpec& spec);
+  HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions& options = {});
   // The store in memory the caller owns, e.g. POSIX shared memory the ranks of one node map
   // (src/train/shared_store.h): shared_bytes(spec) bytes, page aligned, zero filled; nothing is
-  // allocated or cleared here (another rank may already have loaded weights into it).
+  // allocated or cleared here (another rank may already have loaded weights into it). State in RAM.
   HostStore(Device& dev, const ModelSpec& spec, void* shared);
   static size_t shared_bytes(const ModelSpec& spec);
   ~HostStore();
@@ -73,26 +89,40 @@ class HostStore {
   const ParamGroup& head_group() const { return groups_.back(); }
 
   char* working() { return working_data_; }
+  // The RAM arrays; null when the placement keeps them elsewhere (NVMe). In f32 compute mode
+  // master() is the working copy.
   float* master() { return master_; }
   float* m() { return m_; }
   float* v() { return v_; }
   float* grad() { return grad_; }
   size_t f32_floats() const { return f32_.tier_bytes(Tier::host) / 4; }
+  bool master_is_working() const { return master_is_working_; }
+  StatePlacement& placement() { return *placement_; }
+  const HostStoreOptions& options() const { return options_; }
 
-  float* master_of(size_t row) { return master_ + f32_[row].offset / 4; }
   float* grad_of(size_t row) { return grad_ + f32_[row].offset / 4; }
   void* working_of(size_t row) { return working_data_ + working_[row].offset; }
 
-  // Values of one parameter as f32 (set writes master and the working copy).
+  // Values of one parameter as f32 (set writes master and the working copy), wherever the
+  // master lives.
   void set_param(size_t row, const float* values);
   void get_param(size_t row, float* values) const;
+  // count values of array `a` of parameter `row`, from its element `first`.
+  void read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const;
+  void write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src);
 
   size_t pinned_bytes() const { return pinned_bytes_; }  // working + grad, when pinning worked
   size_t host_bytes() const { return host_bytes_; }      // master + m + v, and any pinned fallback
 
  private:
+  void release();
+
   Device& dev_;
   ModelSpec spec_;
+  HostStoreOptions options_;
+  bool master_is_working_ = false;
+  bool shared_ = false;  // the arrays are the caller's memory
+  std::unique_ptr<StatePlacement> placement_;
   TensorTable working_, f32_;
   std::vector<ParamGroup> groups_;
   char* working_data_ = nullptr;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
+#include <vector>
 #include <random>
 
 #include "io/safetensors.h"
@@ -51,14 +53,15 @@ void model_save_hf(const HostStore& store, const std::string& dir, DType dtype,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   STRATA_CHECK_IO(!ec, "cannot create output directory ", dir, ": ", ec.message());
-  // Streamed tensor by tensor: one tensor's f32 values and one chunk of it in the save dtype
-  // are all the export holds (offload/placement_plan.h counts exactly these).
+  // Streamed tensor by tensor: one tensor's f32 values (read from the master, in RAM or on NVMe)
+  // and one chunk of it in the save dtype are all the export holds (offload/placement_plan.h
+  // counts exactly these).
   std::vector<float> values;
   std::vector<char> converted;
   std::vector<TensorToWrite> tensors;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const TensorSpec& r = spec.params[i];
-    TensorToWrite t{r.name, dtype, r.shape, nullptr, {}};
+    TensorToWrite t(r.name, dtype, r.shape, static_cast<const void*>(nullptr));
     t.stream = [&store, &values, &converted, i, dtype](const TensorSink& write) {
       values.resize(size_t(store.spec().params[i].numel()));
       store.get_param(i, values.data());

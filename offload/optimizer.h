@@ -1,42 +1,32 @@
-// Two seams of the optimizer step, each with one implementation today:
-//   - StatePlacement: where a parameter group's fp32 optimizer state (master weights, m, v)
-//     lives. acquire() makes a group's state addressable, release() puts it back.
-//     Today: RAM (the host store's arrays; both calls are free). Next: NVMe (read on acquire,
-//     written back on release, pipelined across groups).
+// The optimizer step's seams:
+//   - StatePlacement (offload/state_placement.h): where a group's fp32 master, m and v live.
+//     RamStatePlacement here (the host store's arrays; every call free); NvmeStatePlacement in
+//     offload/nvme_state.h (files, pipelined read-ahead and write-back). The host store owns
+//     the one its options choose.
 //   - GroupOptimizer: updates one parameter group from its accumulated gradient, writes the
 //     new working copy the device reads, and consumes (zeroes) the gradient. The engine runs it
-//     on its host queue, group by group. Today: AdamW (offload/adamw.h). Next: AdamW over
-//     NVMe-placed state, ZO-SGD.
+//     on its host queue, group by group. Today: AdamW (offload/adamw.h). Next: ZO-SGD.
 #pragma once
 #include <cstddef>
 
 #include "offload/adamw.h"
 #include "offload/host_store.h"
+#include "offload/state_placement.h"
 
 namespace strata {
-
-// A group's fp32 state: each array starts at the group's first f32-table row, so row r is at
-// (f32_table[r].offset - group.f32_offset) bytes.
-struct GroupState {
-  float* master = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
-};
-
-class StatePlacement {
- public:
-  virtual ~StatePlacement() = default;
-  virtual GroupState acquire(size_t group) = 0;
-  virtual void release(size_t group) = 0;
-};
 
 class RamStatePlacement final : public StatePlacement {
  public:
   explicit RamStatePlacement(HostStore& store) : store_(store) {}
-  GroupState acquire(size_t group) override;
-  void release(size_t) override {}
+  std::vector<StateRange> ranges(size_t group) const override;
+  GroupState acquire(size_t group, size_t range) override;
+  void release(size_t, size_t) override {}
+  void read(StateArray a, size_t offset, void* dst, size_t bytes) override;
+  void write(StateArray a, size_t offset, const void* src, size_t bytes) override;
+  bool in_ram(StateArray) const override { return true; }
 
  private:
+  float* array(StateArray a) const;
   HostStore& store_;
 };
 
@@ -47,6 +37,10 @@ class GroupOptimizer {
   virtual void update(size_t group, const AdamWParams& hyper, double weight_decay) = 0;
 };
 
+// AdamW over the placement's ranges of a group: each range's rows (or the parts of rows it
+// holds) are updated in place; the update is elementwise, so how a group is cut into ranges
+// changes no bit of the result. In f32 compute mode the master is the working copy and is
+// updated in place (no second write).
 class HostAdamW final : public GroupOptimizer {
  public:
   HostAdamW(HostStore& store, StatePlacement& placement) : store_(store), placement_(placement) {}

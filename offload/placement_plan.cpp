@@ -1,5 +1,8 @@
 #include "offload/placement_plan.h"
 
+#include "offload/checkpoint_spill.h"
+#include "offload/nvme_state.h"
+
 #include <algorithm>
 
 #include "offload/engine_buffers.h"
@@ -115,13 +118,19 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
     (ckpt_nvme ? p.nvme_checkpoints : p.host_checkpoints) = L - p.device_checkpoints;
     add(ckpt_nvme ? "layer checkpoints (NVMe)" : "layer checkpoints (pinned host)", ckpt_nvme ? Tier::nvme : Tier::host_pinned,
         spilled);
-    if (ckpt_nvme) add("NVMe checkpoint buffers (2 x activations)", Tier::host_pinned, 2 * act);
+    if (ckpt_nvme) {  // the engine's ring of pinned buffers and the spill's file-engine staging
+      add(str_cat("NVMe checkpoint staging (", kSpillRing, " x activations)"), Tier::host_pinned, kSpillRing * act);
+      add("NVMe checkpoint file staging", Tier::host, CheckpointSpill::host_bytes());
+    }
   }
-  if (choice.optimizer_nvme) {
-    const size_t chunk = std::min(kNvmeOptimizerChunkFloats, f32_bytes / 4);
-    add("NVMe optimizer pipeline (3 chunks of master, m, v)", Tier::host, 3 * chunk * (4 + 2 * dtype_size(in.moments)));
+  if (choice.optimizer_nvme) {  // the placement's own sizes (offload/nvme_state.h): files, window, staging
+    HostStoreOptions so;
+    so.state_on_nvme = true;
+    const NvmeStateSizes ns = nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared));
+    add("NVMe optimizer pipeline (window of master, m, v ranges; file staging)", Tier::host, ns.host_bytes);
+    const size_t listed = (spec.matrix_dtype == DType::f32 && in.f32_master_shared ? 0 : f32_bytes) + moments_bytes;
+    if (ns.file_bytes > listed) add("NVMe files: each group rounded to whole blocks", Tier::nvme, ns.file_bytes - listed);
   }
-  if (choice.optimizer_nvme || (spilled && ckpt_nvme)) add("NVMe I/O staging", Tier::host, kNvmeIoStagingBytes);
 
   // -- transients: one phase at a time, so the tier holds the largest
   size_t max_numel = 0;

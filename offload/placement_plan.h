@@ -74,12 +74,9 @@ struct PlanChange {
   size_t saves_bytes = 0;  // what it takes off the tier that is over its budget
 };
 
-// The NVMe tier's RAM: the optimizer pipeline keeps three chunks of master + m + v in flight
-// (read k+1, update k, write back k-1), and the io_uring engine kNvmeIoStagingBytes of staging
-// (io/uring_file.h: queue_depth 32 x 1 MiB blocks). Checkpoints on NVMe pass through two
-// (N, C) f32 buffers (write behind the forward, read ahead of the backward).
-inline constexpr size_t kNvmeOptimizerChunkFloats = size_t(4) << 20;  // 16 MiB of f32 per array
-inline constexpr size_t kNvmeIoStagingBytes = size_t(32) << 20;
+// The NVMe tier's RAM comes from the NVMe code's own sizes: nvme_state_sizes (offload/nvme_state.h:
+// the window of master, m, v ranges and the file engine's staging) and, for checkpoints, the
+// engine's kSpillRing pinned buffers plus CheckpointSpill::host_bytes().
 // The HF export converts a tensor to its save dtype through a buffer of this many elements.
 inline constexpr size_t kExportChunkElements = size_t(1) << 20;
 // The checkpoint manifest reads files back through a buffer this large (io/checksum.cpp).

@@ -58,7 +58,10 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"optim.zo_perturbations", "int", "1", "zo-sgd: independent perturbations z per step, their updates averaged (each costs one dual forward)"},
       {"offload.weights", "string", "\"stream\"", "\"stream\": layers cross to the device one at a time (two slots); \"device\": every layer resident"},
       {"offload.host_memory", "size", "", "host RAM budget for weights, optimizer state and staging (unset = the machine's available memory)"},
-      {"offload.checkpoints", "string", "\"auto\"", "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\" or \"host\""},
+      {"offload.checkpoints", "string", "\"auto\"", "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\", \"host\" or \"nvme\" (files under offload.nvme_path)"},
+      {"offload.optimizer", "string", "\"auto\"", "where the fp32 master weights and AdamW moments live: \"host\" (RAM), \"nvme\" (files under offload.nvme_path, streamed through a pipelined step) or \"auto\" (host in this version)"},
+      {"offload.nvme_path", "path", "", "an existing, writable directory for NVMe-placed state; strata creates its own subfolder in it and removes it at exit"},
+      {"offload.nvme_memory", "size", "", "NVMe space strata may use under offload.nvme_path (unset = its free space minus 10%)"},
       {"device.backend", "string", "\"cpu\"", "\"cpu\", \"cuda\" or \"auto\""},
       {"device.memory", "size", "\"2GiB\"", "device arena budget, e.g. \"512MiB\", \"20GiB\""},
       {"device.link_bandwidth", "string", "", "CPU backend only: throttle host<->device copies, e.g. \"16GB/s\" (unset = unthrottled)"},
@@ -272,6 +275,9 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("offload.weights", rc.offload_weights);
   r.read("offload.checkpoints", rc.offload_checkpoints);
   r.read("offload.host_memory", rc.host_memory);
+  r.read("offload.optimizer", rc.offload_optimizer);
+  r.read("offload.nvme_path", rc.nvme_path);
+  r.read("offload.nvme_memory", rc.nvme_memory);
   r.read("device.backend", rc.device_backend);
   r.read("device.memory", rc.device_memory);
   r.read("device.link_bandwidth", rc.device_link_bandwidth);
@@ -350,8 +356,16 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.offload_weights == "stream" || rc.offload_weights == "device", r.where("offload.weights"),
                ": offload.weights must be \"stream\" or \"device\"");
   STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
-                   rc.offload_checkpoints == "host",
-               r.where("offload.checkpoints"), ": offload.checkpoints must be \"auto\", \"device\" or \"host\"");
+                   rc.offload_checkpoints == "host" || rc.offload_checkpoints == "nvme",
+               r.where("offload.checkpoints"), ": offload.checkpoints must be \"auto\", \"device\", \"host\" or \"nvme\"");
+  STRATA_CHECK(rc.offload_optimizer == "auto" || rc.offload_optimizer == "host" || rc.offload_optimizer == "nvme",
+               r.where("offload.optimizer"), ": offload.optimizer must be \"auto\", \"host\" or \"nvme\"");
+  if (rc.offload_optimizer == "nvme" || rc.offload_checkpoints == "nvme")
+    STRATA_CHECK(!rc.nvme_path.empty(), r.where(rc.offload_optimizer == "nvme" ? "offload.optimizer" : "offload.checkpoints"),
+                 ": ", rc.offload_optimizer == "nvme" ? "offload.optimizer" : "offload.checkpoints",
+                 " = \"nvme\" needs offload.nvme_path: set it to a directory on a fast local disk");
+  if (!rc.nvme_memory.empty())
+    rc.nvme_memory_bytes = parse_bytes(rc.nvme_memory, r.where("offload.nvme_memory") + ": offload.nvme_memory");
   STRATA_CHECK(rc.device_cpu_threads >= 0, r.where("device.cpu_threads"), ": device.cpu_threads must be >= 0");
   STRATA_CHECK(rc.save_steps >= 0, r.where("checkpoint.save_steps"), ": checkpoint.save_steps must be >= 0");
   if (!rc.host_memory.empty())
@@ -394,6 +408,9 @@ std::string Recipe::to_toml() const {
      << "\n\n[offload]\nweights = " << q(offload_weights)
      << "\ncheckpoints = " << q(offload_checkpoints) << "\n";
   if (!host_memory.empty()) os << "host_memory = " << q(host_memory) << "\n";
+  os << "optimizer = " << q(offload_optimizer) << "\n";
+  if (!nvme_path.empty()) os << "nvme_path = " << q(nvme_path) << "\n";
+  if (!nvme_memory.empty()) os << "nvme_memory = " << q(nvme_memory) << "\n";
   os << "\n[device]\nbackend = " << q(device_backend)
      << "\nmemory = " << q(device_memory) << "\ncpu_threads = " << device_cpu_threads << "\n";
   if (!device_link_bandwidth.empty()) os << "link_bandwidth = " << q(device_link_bandwidth) << "\n";

@@ -53,11 +53,15 @@ struct Recipe {
   // [offload]
   std::string offload_weights = "stream", offload_checkpoints = "auto";
   std::string host_memory;  // unset: the machine's available memory
+  std::string offload_optimizer = "auto";  // "auto" | "host" | "nvme": where fp32 master and moments live
+  std::string nvme_path;    // directory for NVMe-placed state (strata's own subfolder inside it)
+  std::string nvme_memory;  // unset: the free space of nvme_path minus 10%
   // [device]
   std::string device_backend = "cpu", device_memory = "2GiB", device_link_bandwidth;
   int64_t device_cpu_threads = 0;
   // the sizes above, parsed when the recipe loads (an unparsable one is a recipe error there)
   size_t host_memory_bytes = 0;        // 0: unset
+  size_t nvme_memory_bytes = 0;        // 0: unset
   size_t device_memory_bytes = 0;
   double device_link_bytes_per_s = 0;  // 0: unthrottled
   // [checkpoint]

@@ -243,16 +243,18 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     fs::create_directories(tmp, ec);
     STRATA_CHECK_IO(!ec, "cannot create ", tmp.string(), ": ", ec.message());
 
-    // optimizer state: pointers straight into the host store, no copies
+    // optimizer state: streamed from wherever it lives (RAM or NVMe) a piece at a time
     const ModelSpec& spec = store.spec();
-    auto& s = const_cast<HostStore&>(store);
     std::vector<TensorToWrite> tensors;
     for (size_t i = 0; i < spec.params.size(); ++i) {
       const TensorSpec& r = spec.params[i];
-      const size_t off = store.f32_table()[i].offset / 4;
-      tensors.push_back({"master/" + r.name, DType::f32, r.shape, s.master() + off});
-      tensors.push_back({"exp_avg/" + r.name, DType::f32, r.shape, s.m() + off});
-      tensors.push_back({"exp_avg_sq/" + r.name, DType::f32, r.shape, s.v() + off});
+      for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
+        tensors.emplace_back(std::string(state_array_name(a)) + "/" + r.name, DType::f32, r.shape,
+                             [&store, a, i](uint64_t offset, void* dst, size_t bytes) {
+                               store.read_state(a, i, int64_t(offset / 4), int64_t(bytes / 4),
+                                                static_cast<float*>(dst));
+                             });
+      }
     }
     safetensors_write_file((tmp / kStateFile).string(), tensors, {{"step", std::to_string(state.step)}});
 
@@ -344,15 +346,14 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store) {
   STRATA_CHECK(f.entries().size() == 3 * spec.params.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
                " tensors but the model has ", 3 * spec.params.size(), " (master, exp_avg, exp_avg_sq per "
                "parameter): the checkpoint belongs to another model");
-  for (size_t i = 0; i < spec.params.size(); ++i) {
+  for (size_t i = 0; i < spec.params.size(); ++i) {  // one tensor at a time into RAM or NVMe
     const TensorSpec& r = spec.params[i];
-    const size_t off = store.f32_table()[i].offset / 4;
     fetch("master/" + r.name, r);
     store.set_param(i, buf.data());
     fetch("exp_avg/" + r.name, r);
-    std::memcpy(store.m() + off, buf.data(), buf.size() * 4);
+    store.write_state(StateArray::m, i, 0, r.numel(), buf.data());
     fetch("exp_avg_sq/" + r.name, r);
-    std::memcpy(store.v() + off, buf.data(), buf.size() * 4);
+    store.write_state(StateArray::v, i, 0, r.numel(), buf.data());
   }
   return st;
 }

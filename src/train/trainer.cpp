@@ -23,6 +23,7 @@
 #include "offload/model_io.h"
 #include "offload/step_estimate.h"
 #include "offload/placement_plan.h"
+#include "offload/nvme_dir.h"
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
 #include "src/core/threads.h"
@@ -84,6 +85,7 @@ void check_inputs(const Recipe& rc) {
   if (!rc.model_config.empty())
     STRATA_CHECK(fs::exists(rc.model_config, ec), "model.config ", rc.model_config, " does not exist: give the "
                  "config.json of the model to initialise");
+  if (!rc.nvme_path.empty()) nvme_path_check(rc.nvme_path);
   if (!rc.eval_path.empty())
     STRATA_CHECK(fs::exists(rc.eval_path, ec), "data.eval_path ", rc.eval_path, " does not exist: give the "
                  "held-out dataset, or leave data.eval_path unset (data.eval_split holds out part of data.path)");
@@ -93,9 +95,11 @@ void check_inputs(const Recipe& rc) {
 // otherwise surface later as a "not finite" gradient.
 void check_loaded_weights(HostStore& store, const std::string& model_path) {
   const ModelSpec& spec = store.spec();
+  std::vector<float> w;  // one parameter at a time, wherever the master lives
   for (size_t i = 0; i < spec.params.size(); ++i) {
-    const float* w = store.master_of(i);
     const int64_t n = spec.params[i].numel();
+    w.resize(size_t(n));
+    store.get_param(i, w.data());
     for (int64_t j = 0; j < n; ++j)
       STRATA_CHECK(std::isfinite(w[j]), "the model in ", model_path, " holds ", std::isnan(w[j]) ? "NaN" : "Inf",
                    " in ", spec.params[i].name, " (element ", j, "): the model file is damaged or was saved "
@@ -216,14 +220,12 @@ PlanInputs train_plan_inputs(const Recipe& rc) {
   PlanInputs in;
   in.weights = rc.offload_weights;
   in.checkpoints = rc.offload_checkpoints;
-  in.optimizer = "auto";  // no NVMe directory yet: "auto" keeps master and moments in RAM
+  in.optimizer = rc.offload_optimizer;
   in.micro_batch = rc.micro_batch_size * (preference_objective_enabled(rc) ? 2 : 1);  // pairs: 2 rows
   in.sequence_len = rc.sequence_len;
   in.save_dtype = dtype_parse(rc.save_dtype);
   in.load_from_dir = !rc.model_path.empty();
-  // HAZARD: this branch's HostStore keeps a separate f32 master in f32 mode; the store that
-  // shares it (the NVMe branch) makes this true. The trainer's allocation check catches a mismatch.
-  in.f32_master_shared = false;
+  in.f32_master_shared = true;  // HostStore: in f32 compute mode the master is the working copy
   in.device_in_host_ram = rc.device_backend == "cpu";
   return in;
 }
@@ -233,6 +235,8 @@ PlanBudgets train_plan_budgets(const Recipe& rc) {
   b.device_bytes = rc.device_memory_bytes;
   b.device_origin = str_cat("device.memory = \"", rc.device_memory, "\"");
   placement_host_budget(b, rc.host_memory_bytes, rc.host_memory);
+  b.nvme_dir = rc.nvme_path;
+  b.nvme_bytes = rc.nvme_memory_bytes;
   return b;
 }
 
@@ -329,6 +333,13 @@ void TrainRun::set_up_model() {
   eopt_.checkpoints = rc_.offload_checkpoints;
   eopt_.max_batch = rc_.micro_batch_size * (preference_objective_enabled(rc_) ? 2 : 1);  // pairs: 2 rows
   eopt_.max_tokens = rc_.sequence_len;
+  eopt_.optimizer = rc_.offload_optimizer == "nvme" ? "nvme" : "host";  // "auto": host until the plan decides
+  eopt_.nvme_dir = rc_.nvme_path;
+  eopt_.nvme_budget_bytes = rc_.nvme_memory_bytes;
+  HostStoreOptions sopt;
+  sopt.state_on_nvme = eopt_.optimizer == "nvme";
+  sopt.nvme_path = rc_.nvme_path;
+  sopt.nvme_budget_bytes = rc_.nvme_memory_bytes;
   DeviceOptions dopt;
   dopt.backend = rc_.device_backend;
   dopt.memory_bytes = rc_.device_memory_bytes;
@@ -342,6 +353,14 @@ void TrainRun::set_up_model() {
   budgets_ = train_plan_budgets(rc_);
   plan_ = placement_plan(spec, plan_in_, budgets_);
   placement_plan_check(plan_);
+  // "auto" is the plan's choice: master and moments to NVMe when RAM is short, checkpoints spilled
+  // past the device to NVMe when pinned RAM is short
+  eopt_.optimizer = plan_.optimizer_on_nvme ? "nvme" : "host";
+  if (plan_.nvme_checkpoints > 0) eopt_.checkpoints = "nvme";
+  sopt.state_on_nvme = plan_.optimizer_on_nvme;
+  STRATA_CHECK(!(sopt.state_on_nvme && dist_.data_parallel() && rc_.distributed_shared_host_store),
+               "distributed.shared_host_store = true keeps the optimizer state in shared RAM: set offload.optimizer "
+               "= \"host\", or distributed.shared_host_store = false");
 
   dev_ = device_create(dopt);
   shared_store_ = dist_.data_parallel() && rc_.distributed_shared_host_store;
@@ -349,7 +368,7 @@ void TrainRun::set_up_model() {
     shared_memory_ = std::make_unique<SharedHostMemory>(dist_.comm(), HostStore::shared_bytes(spec));
     store_ = std::make_unique<HostStore>(*dev_, spec, shared_memory_->data());
   } else {
-    store_ = std::make_unique<HostStore>(*dev_, spec);
+    store_ = std::make_unique<HostStore>(*dev_, spec, sopt);
   }
   if (rc_.optim_type == "zo-sgd") {
     zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, eopt_);
@@ -363,9 +382,14 @@ void TrainRun::set_up_model() {
     engine_->set_grad_reduction(std::move(reduction));
   }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
-  const size_t store_planned = plan_.bytes_of(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")")) +
-                               plan_.bytes_of("fp32 gradient accumulation") + plan_.bytes_of("fp32 master weights") +
-                               plan_.bytes_of("AdamW moments (f32 m and v)");
+  // the store's arrays in RAM (and, with the optimizer state on NVMe, the placement's window)
+  size_t store_planned = 0;
+  for (const PlanState& st : plan_.states)
+    if (st.tier != Tier::nvme && st.tier != Tier::device &&
+        (st.kind.rfind("working weights", 0) == 0 || st.kind == "fp32 gradient accumulation" ||
+         st.kind.rfind("fp32 master weights", 0) == 0 || st.kind.rfind("AdamW moments", 0) == 0 ||
+         st.kind.rfind("NVMe optimizer pipeline", 0) == 0))
+      store_planned += st.bytes;
   STRATA_ASSERT(host_bytes_ == store_planned, "the placement plan and the host store disagree: the store holds ",
                 host_bytes_, " bytes, the plan ", store_planned);
   // The CPU backend's arena holds the engine's buffers alone; the CUDA backend's also holds its
@@ -667,7 +691,9 @@ void TrainRun::record(const StepResult& r) {
       {"h2d_wait_s", e1.h2d_wait_s - e0.h2d_wait_s}, {"d2h_wait_s", e1.d2h_wait_s - e0.d2h_wait_s},
       {"optimizer_s", e1.optimizer_s - e0.optimizer_s},
       {"optimizer_exposed_s", e1.optimizer_exposed_s - e0.optimizer_exposed_s}, {"save_s", r.save_s},
-      {"nvme_wait_s", 0.0}, {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
+      {"nvme_read_bytes", e1.nvme_read_bytes - e0.nvme_read_bytes},
+      {"nvme_write_bytes", e1.nvme_write_bytes - e0.nvme_write_bytes}, {"nvme_wait_s", e1.nvme_wait_s - e0.nvme_wait_s},
+      {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes()},
       {"host_bytes", host_bytes_}, {"host_rss_peak_bytes", process_rss_peak_bytes()},
       {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);

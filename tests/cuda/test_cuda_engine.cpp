@@ -2,9 +2,13 @@
 // layer through the CUDA device's h2d / compute / d2h streams and events, with every op of a
 // decoder layer, the chunked lm_head loss and the gradient path. Checked against the fp64
 // torch goldens of tests/golden (tolerances of tests/models/test_golden_grad.cpp) and against
-// the CPU backend running the same schedule: in f32, in bf16, and with packed documents.
+// the CPU backend running the same schedule: in f32, in bf16, and with packed documents; and
+// with optimizer state and activation checkpoints on NVMe, bit-identical to RAM on CUDA too.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "tests/cuda/cuda_testing.h"
 #include "tests/testing.h"
@@ -92,6 +96,68 @@ TEST_CASE("the streaming engine on the CUDA backend in bf16 and with packed docu
     CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * std::abs(on_cpu.loss));
     check_tensors(on_cuda, on_cpu.grads, 2e-5);
   }
+}
+
+namespace {
+
+// Two optimizer steps of a 6-layer model (layers 1..3 spill their checkpoints) on `dev`: the
+// losses, then the master weights after them.
+std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme) {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 6},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
+                      {"max_position_embeddings", 64}};
+  const std::string dir = (std::filesystem::temp_directory_path() / "strata_cuda_nvme").string();
+  std::filesystem::create_directories(dir);
+  HostStoreOptions so;
+  so.state_on_nvme = on_nvme;
+  so.nvme_path = dir;
+  so.nvme_block_bytes = 4096;
+  so.nvme_chunk_bytes = 8192;
+  HostStore store(dev, model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16), so);
+  model_init_weights(store, 4);
+  EngineOptions eo;
+  eo.checkpoints = on_nvme ? "nvme" : "host";
+  eo.nvme_dir = dir;
+  eo.max_batch = 2;
+  eo.max_tokens = 16;
+  Engine engine(dev, store, eo);
+  MicroBatch mb;
+  mb.B = 2;
+  mb.T = 16;
+  for (int i = 0; i < 32; ++i) {
+    mb.ids.push_back((i * 37) % 300);
+    mb.targets.push_back(i % 16 == 15 ? -100 : ((i + 1) * 37) % 300);
+    mb.pos.push_back(i % 16);
+  }
+  std::vector<double> losses;
+  for (int step = 1; step <= 2; ++step) {
+    losses.push_back(engine.forward_backward(mb, 1.f / float(mb.counted())));
+    AdamWParams ap;
+    ap.lr = 1e-3;
+    ap.step = step;
+    engine.optimizer_step(ap, 1.0, 0.0);
+  }
+  losses.push_back(engine.forward_loss(mb));
+  engine.synchronize();
+  std::vector<float> master;
+  for (size_t r = 0; r < store.spec().params.size(); ++r) {
+    std::vector<float> row(size_t(store.f32_table()[r].numel()));
+    store.get_param(r, row.data());
+    master.insert(master.end(), row.begin(), row.end());
+  }
+  return {losses, master};
+}
+
+}  // namespace
+
+TEST_CASE("the CUDA backend with optimizer state and checkpoints on NVMe equals RAM bit for bit", "[cuda-emu]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  const auto ram = nvme_run(*cuda, false), nvme = nvme_run(*cuda, true);
+  CHECK(nvme.first == ram.first);
+  REQUIRE(nvme.second.size() == ram.second.size());
+  CHECK(std::memcmp(nvme.second.data(), ram.second.data(), ram.second.size() * 4) == 0);
 }
 
 }  // namespace strata

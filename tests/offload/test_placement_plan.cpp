@@ -17,6 +17,8 @@
 #include "offload/engine.h"
 #include "offload/model_io.h"
 #include "offload/placement_plan.h"
+#include "offload/checkpoint_spill.h"
+#include "offload/nvme_state.h"
 #include "src/device/arena.h"
 #include "src/core/process_memory.h"
 #include "src/recipe/recipe.h"
@@ -249,12 +251,16 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   b.nvme_dir = "/nvme/strata";
   const PlacementPlan p = placement_plan(spec, in, b);
   INFO(placement_plan_table(p));
+  // the NVMe placement's own sizes (files: fp32 master + m + v, each group block-rounded; RAM: its window)
+  HostStoreOptions so;
+  so.state_on_nvme = true;
+  const NvmeStateSizes ns = nvme_state_sizes(HostStore::layout(spec), so, /*master_on_nvme=*/true);
+  CHECK(ns.file_bytes >= params * 12);
   CHECK(p.fits());
   CHECK(p.optimizer_on_nvme);
-  CHECK(p.tier(Tier::nvme) == params * 12);  // fp32 master + m + v
-  CHECK(p.bytes_of("NVMe I/O staging") == kNvmeIoStagingBytes);
-  CHECK(p.bytes_of("NVMe optimizer pipeline (3 chunks of master, m, v)") == 3 * kNvmeOptimizerChunkFloats * 12);
-  CHECK(p.host_total() == ram.host_total() - params * 12 + kNvmeIoStagingBytes + 3 * kNvmeOptimizerChunkFloats * 12);
+  CHECK(p.tier(Tier::nvme) == ns.file_bytes);
+  CHECK(p.bytes_of("NVMe optimizer pipeline (window of master, m, v ranges; file staging)") == ns.host_bytes);
+  CHECK(p.host_total() == ram.host_total() - params * 12 + ns.host_bytes);
   // the working weights and gradients stay in pinned RAM
   CHECK(p.tier(Tier::host_pinned) == ram.tier(Tier::host_pinned));
   // "host" keeps them in RAM whatever the budget: then it does not fit
@@ -262,7 +268,7 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   CHECK_FALSE(placement_plan(spec, in, b).fits());
   // an NVMe budget too small for them is a problem naming offload.nvme_memory
   in.optimizer = "auto";
-  b.nvme_bytes = params * 12 - 1;
+  b.nvme_bytes = ns.file_bytes - 1;
   const PlacementPlan small = placement_plan(spec, in, b);
   REQUIRE(small.problems.size() == 1);
   CHECK(small.problems[0].find("offload.nvme_memory") != std::string::npos);
@@ -270,7 +276,7 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   b.nvme_bytes = 0;
   in.micro_batch = 64;
   in.sequence_len = 256;  // 4 layers x 64 MiB of checkpoints
-  const size_t act = size_t(64) * 256 * 1024 * 4, pipeline = 3 * kNvmeOptimizerChunkFloats * 12;
+  const size_t act = size_t(64) * 256 * 1024 * 4, pipeline = ns.host_bytes;
   PlanInputs host_ckpt = in;
   host_ckpt.checkpoints = "host";
   b.device_bytes = placement_plan(spec, host_ckpt, PlanBudgets{}).tier(Tier::device) + (1 << 20);
@@ -278,15 +284,15 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   no_limit.host_bytes = 0;
   const PlacementPlan big = placement_plan(spec, in, no_limit);
   CHECK(big.host_checkpoints == 4);
-  // after both moves: the state and the checkpoints off, NVMe's staging, pipeline and two buffers on
-  b.host_bytes = big.host_total() - params * 12 + kNvmeIoStagingBytes + pipeline - 4 * act + 2 * act;
+  // after both moves: the state and the checkpoints off; the pipeline, the checkpoint ring and its staging on
+  b.host_bytes = big.host_total() - params * 12 + pipeline - 4 * act + kSpillRing * act + CheckpointSpill::host_bytes();
   const PlacementPlan both = placement_plan(spec, in, b);
   INFO(placement_plan_table(both));
   CHECK(both.fits());
   CHECK(both.optimizer_on_nvme);
   CHECK(both.nvme_checkpoints == 4);
   CHECK(both.host_total() == b.host_bytes);
-  CHECK(both.tier(Tier::nvme) == params * 12 + 4 * act);
+  CHECK(both.tier(Tier::nvme) == ns.file_bytes + 4 * act);
 }
 
 TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to change and what it saves", "[plan]") {
@@ -319,7 +325,9 @@ TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to
   // each change's saving is the difference of the two plans' host totals
   const size_t params = size_t(spec.parameter_count());
   REQUIRE(p.changes.size() >= 4);
-  CHECK(p.changes[0].saves_bytes == params * 12 - kNvmeIoStagingBytes - 3 * kNvmeOptimizerChunkFloats * 12);
+  HostStoreOptions so;
+  so.state_on_nvme = true;
+  CHECK(p.changes[0].saves_bytes == params * 12 - nvme_state_sizes(HostStore::layout(spec), so, true).host_bytes);
   PlanInputs half = in;
   half.micro_batch = 4;
   bool found = false;
