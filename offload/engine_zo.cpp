@@ -135,8 +135,9 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
   }
   slot_layer_.assign(buf_.slots.size(), -1);
   update_ticket_.assign(store_.groups().size(), 0);
-  placement_ = std::make_unique<RamStatePlacement>(store_);
-  optimizer_ = std::make_unique<HostZoSgd>(store_, *placement_);
+  STRATA_CHECK(store_.placement().in_ram(StateArray::master), "zeroth-order training keeps the fp32 master weights "
+               "in RAM (6 bytes per parameter in bf16): set offload.optimizer = \"host\"");
+  optimizer_ = std::make_unique<HostZoSgd>(store_, store_.placement());
 }
 
 ZoEngine::~ZoEngine() {

@@ -128,7 +128,6 @@ class ZoEngine {
   } ev_;
   HostQueue host_;
   std::vector<uint64_t> update_ticket_;  // per group: its pending ZO-SGD update
-  std::unique_ptr<RamStatePlacement> placement_;
   std::unique_ptr<HostZoSgd> optimizer_;
   double optimizer_exposed_s_ = 0;
 };

@@ -128,7 +128,6 @@ class HostStore {
   char* working_data_ = nullptr;
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grad_ = nullptr;
   size_t pinned_bytes_ = 0, host_bytes_ = 0;
-  bool shared_ = false;
 };
 
 }  // namespace strata

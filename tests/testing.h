@@ -121,6 +121,18 @@ inline std::vector<double> finite_difference(std::vector<double> x,
 // All of a file the test expects to exist (an I/O error naming the path when it cannot be read).
 inline std::string read_file(const std::string& path) { return file_read(path, "test file"); }
 
+// The records of OUT/metrics.jsonl, in order; with `key`, only those holding it.
+inline std::vector<nlohmann::json> metrics_records(const std::string& out, const std::string& key = "") {
+  std::ifstream in(out + "/metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (key.empty() || j.contains(key)) rows.push_back(std::move(j));
+  }
+  return rows;
+}
+
 // Replaces the contents of `path` with `bytes`.
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;

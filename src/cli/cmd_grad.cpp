@@ -102,6 +102,17 @@ MicroBatch cli_read_batch(const std::string& batch_path) {
   return token_batch(read_batch_json(batch_path), batch_path);
 }
 
+CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory) {
+  CliModel m;
+  m.spec = model_spec_build(hf_config_load(dir), dtype_parse(dtype_name));
+  DeviceOptions dopt;
+  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+  m.dev = device_create(dopt);
+  m.store = std::make_unique<HostStore>(*m.dev, m.spec);
+  model_load_weights(*m.store, dir);
+  return m;
+}
+
 int cmd_grad(const std::vector<std::string>& args) {
   CLI::App app{"Loss and gradients of one batch, for checking strata's numerics against another implementation",
                "strata grad"};
@@ -136,13 +147,9 @@ int cmd_grad(const std::vector<std::string>& args) {
   const int64_t counted = mb.counted();
   STRATA_CHECK(counted > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
 
-  ModelConfig cfg = hf_config_load(model_dir);
-  ModelSpec spec = model_spec_build(cfg, dtype_parse(dtype_name));
-  DeviceOptions dopt;
-  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
-  auto dev = device_create(dopt);
-  HostStore store(*dev, spec);
-  model_load_weights(store, model_dir);
+  CliModel model = cli_load_model(model_dir, dtype_name, memory);
+  Device* dev = model.dev.get();
+  HostStore& store = *model.store;
   EngineOptions eopt;
   eopt.weights = "device";
   eopt.max_batch = mb.B;

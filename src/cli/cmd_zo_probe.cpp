@@ -40,12 +40,10 @@ int cmd_zo_probe(const std::vector<std::string>& args) {
 
   const MicroBatch mb = cli_read_batch(batch_path);
   const int64_t counted = mb.counted();
-  ModelSpec spec = model_spec_build(hf_config_load(model_dir), dtype_parse(dtype_name));
-  DeviceOptions dopt;
-  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
-  auto dev = device_create(dopt);
-  HostStore store(*dev, spec);
-  model_load_weights(store, model_dir);
+  CliModel model = cli_load_model(model_dir, dtype_name, memory);
+  const ModelSpec& spec = model.spec;
+  Device* dev = model.dev.get();
+  HostStore& store = *model.store;
   EngineOptions eopt;
   eopt.max_batch = mb.B;
   eopt.max_tokens = mb.T;

@@ -5,7 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "models/micro_batch.h"
+#include "offload/host_store.h"
 
 namespace strata {
 
@@ -15,6 +18,14 @@ int cmd_zo_probe(const std::vector<std::string>& args);
 // The batch file of `strata grad` and `strata zo-probe` ({"input_ids": [[...]], "labels":
 // [[...]]}, labels optional, -100 ignored) as a micro-batch; an error when nothing is labelled.
 MicroBatch cli_read_batch(const std::string& batch_path);
+// The model of a numerics check (`strata grad`, `strata zo-probe`): config.json and weights from
+// dir, computed in dtype_name ("f32" | "bf16") on a CPU device with a `memory` arena.
+struct CliModel {
+  ModelSpec spec;
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<HostStore> store;
+};
+CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_estimate(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);

@@ -220,7 +220,8 @@ PlanInputs train_plan_inputs(const Recipe& rc) {
   PlanInputs in;
   in.weights = rc.offload_weights;
   in.checkpoints = rc.offload_checkpoints;
-  in.optimizer = rc.offload_optimizer;
+  // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
+  in.optimizer = rc.optim_type == "zo-sgd" && rc.offload_optimizer == "auto" ? "host" : rc.offload_optimizer;
   in.micro_batch = rc.micro_batch_size * (preference_objective_enabled(rc) ? 2 : 1);  // pairs: 2 rows
   in.sequence_len = rc.sequence_len;
   in.save_dtype = dtype_parse(rc.save_dtype);

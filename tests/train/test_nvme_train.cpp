@@ -67,17 +67,7 @@ std::string bytes_of(const std::string& path) {
   return ss.str();
 }
 
-void require_same_tensors(const std::string& a, const std::string& b) {
-  SafetensorsDir x = SafetensorsDir::open(a), y = SafetensorsDir::open(b);
-  REQUIRE(x.names() == y.names());
-  for (const auto& name : x.names()) {
-    std::vector<float> vx(size_t(x.find(name)->numel())), vy(vx.size());
-    x.read(name, DType::f32, vx.data());
-    y.read(name, DType::f32, vy.data());
-    INFO(name);
-    REQUIRE(vx == vy);
-  }
-}
+using testing::require_same_tensors;
 
 std::vector<nlohmann::json> step_records(const std::string& out) {
   std::ifstream in(out + "/metrics.jsonl");

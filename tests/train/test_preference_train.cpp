@@ -36,24 +36,6 @@ Recipe dpo_tiny(const std::string& out, std::vector<std::string> extra) {
   return recipe_load(testing::source_path("recipes/dpo-tiny/recipe.toml"), o);
 }
 
-std::vector<nlohmann::json> records(const std::string& out, const char* key) {
-  std::ifstream in(out + "/metrics.jsonl");
-  std::string line;
-  std::vector<nlohmann::json> r;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) r.push_back(j);
-  }
-  return r;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 TEST_CASE("a DPO run on dpo-tiny raises held-out reward accuracy with growing margins", "[preference][train]") {
@@ -63,7 +45,7 @@ TEST_CASE("a DPO run on dpo-tiny raises held-out reward accuracy with growing ma
                         {"checkpoint.output_dir=" + sft, "device.cpu_threads=2", "train.log_steps=1000"}));
   TrainSummary s = train_run(dpo_tiny(out, {"model.path=" + sft + "/final", "checkpoint.save_steps=0"}));
   REQUIRE(s.losses.size() == 200);
-  const auto evals = records(out, "eval_loss");
+  const auto evals = testing::metrics_records(out, "eval_loss");
   REQUIRE(evals.size() == 4);
   for (const auto& e : evals)
     std::printf("dpo-tiny step %lld: eval_loss %.4f eval margin %.4f eval accuracy %.3f\n",
@@ -80,13 +62,13 @@ TEST_CASE("a DPO run on dpo-tiny raises held-out reward accuracy with growing ma
   for (size_t i = 1; i < evals.size(); ++i)
     CHECK(evals[i]["eval_rewards/margins"].get<double>() > evals[i - 1]["eval_rewards/margins"].get<double>());
   // every step record carries TRL's metrics
-  const auto steps = records(out, "loss");
+  const auto steps = testing::metrics_records(out, "loss");
   for (const char* key : {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                           "logps/chosen", "logps/rejected"})
     CHECK(steps.back().contains(key));
   // `strata plot` draws the margins and accuracies
   testing::run_shell(testing::strata_binary() + " plot " + out + " 2>/dev/null");
-  const std::string svg = read_text(out + "/plot.svg");
+  const std::string svg = testing::read_file(out + "/plot.svg");
   CHECK(svg.find("id=\"margins-panel\"") != std::string::npos);
   CHECK(svg.find("id=\"accuracies-panel\"") != std::string::npos);
   CHECK(svg.find("id=\"eval-margins\"") != std::string::npos);
@@ -96,7 +78,7 @@ TEST_CASE("the reference pass equals the first step's own sums; its cache is reu
           "[preference][train]") {
   const std::string out = fresh("reference");
   train_run(dpo_tiny(out, {"train.max_steps=1", "checkpoint.save_steps=0", "train.gradient_accumulation_steps=2"}));
-  const auto first = records(out, "loss").front();
+  const auto first = testing::metrics_records(out, "loss").front();
   // ρ = s at step 1 for every pair of the step: each margin is 0, each loss log 2
   CHECK(std::abs(first["loss"].get<double>() - std::log(2.0)) <= 1e-12);
   CHECK(std::abs(first["rewards/chosen"].get<double>()) <= 1e-12);
@@ -104,7 +86,7 @@ TEST_CASE("the reference pass equals the first step's own sums; its cache is reu
   CHECK(first["rewards/accuracies"].get<double>() == 0.0);
   const std::string cache = out + "/reference_logps.json";
   REQUIRE(fs::exists(cache));
-  const nlohmann::json j = nlohmann::json::parse(read_text(cache));
+  const nlohmann::json j = nlohmann::json::parse(testing::read_file(cache));
   CHECK(j["train"].size() == 2 * 432);
   CHECK(j["eval"].size() == 2 * 48);
 
@@ -124,10 +106,10 @@ TEST_CASE("the reference pass equals the first step's own sums; its cache is reu
   TrainOptions over;
   over.overwrite = true;
   train_run(dpo_tiny(out, {"train.max_steps=1", "checkpoint.save_steps=0"}), over);
-  const nlohmann::json again = nlohmann::json::parse(read_text(cache));
+  const nlohmann::json again = nlohmann::json::parse(testing::read_file(cache));
   CHECK(again["fingerprint"] == j["fingerprint"]);
   CHECK(again["train"] == j["train"]);
-  CHECK(std::abs(records(out, "loss").front()["loss"].get<double>() - std::log(2.0)) <= 1e-12);
+  CHECK(std::abs(testing::metrics_records(out, "loss").front()["loss"].get<double>() - std::log(2.0)) <= 1e-12);
 }
 
 TEST_CASE("a DPO run stopped at step K and resumed equals the straight run bit for bit", "[preference][train][checkpoint]") {
@@ -147,17 +129,17 @@ TEST_CASE("a DPO run stopped at step K and resumed equals the straight run bit f
   CHECK(first.losses[0] == straight.losses[0]);
   CHECK(first.losses[1] == straight.losses[1]);
   for (size_t i = 0; i < 4; ++i) CHECK(rest.losses[i] == straight.losses[2 + i]);
-  CHECK(read_text(a + "/checkpoint-6/optimizer_state.safetensors") ==
-        read_text(b + "/checkpoint-6/optimizer_state.safetensors"));
-  CHECK(read_text(a + "/reference_logps.json") == read_text(b + "/reference_logps.json"));
+  CHECK(testing::read_file(a + "/checkpoint-6/optimizer_state.safetensors") ==
+        testing::read_file(b + "/checkpoint-6/optimizer_state.safetensors"));
+  CHECK(testing::read_file(a + "/reference_logps.json") == testing::read_file(b + "/reference_logps.json"));
   // the metrics of the resumed run read as one run: rewards and eval records identical
-  const auto ra = records(a, "loss"), rb = records(b, "loss");
+  const auto ra = testing::metrics_records(a, "loss"), rb = testing::metrics_records(b, "loss");
   REQUIRE(ra.size() == rb.size());
   for (size_t i = 0; i < ra.size(); ++i) {
     CHECK(ra[i]["rewards/margins"] == rb[i]["rewards/margins"]);
     CHECK(ra[i]["logps/chosen"] == rb[i]["logps/chosen"]);
   }
-  const auto ea = records(a, "eval_loss"), eb = records(b, "eval_loss");
+  const auto ea = testing::metrics_records(a, "eval_loss"), eb = testing::metrics_records(b, "eval_loss");
   REQUIRE(ea.size() == eb.size());
   for (size_t i = 0; i < ea.size(); ++i) CHECK(ea[i]["eval_rewards/margins"] == eb[i]["eval_rewards/margins"]);
 }
@@ -174,7 +156,7 @@ TEST_CASE("every preference objective trains with accumulation, with and without
       for (double l : s.losses) CHECK(std::isfinite(l));
       CHECK(fs::exists(out + "/final/model.safetensors"));
       CHECK(fs::exists(out + "/reference_logps.json") == (std::string(objective) == "ipo"));
-      const auto evals = records(out, "eval_loss");
+      const auto evals = testing::metrics_records(out, "eval_loss");
       REQUIRE(evals.size() == 1);
       CHECK(evals[0].contains("eval_rewards/accuracies"));
     }

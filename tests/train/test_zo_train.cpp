@@ -33,21 +33,6 @@ Recipe zo_recipe(const std::string& out, std::vector<std::string> extra) {
   return recipe_load(testing::source_path("recipes/zo-tiny.toml"), o);
 }
 
-std::vector<nlohmann::json> metrics(const std::string& out) {
-  std::ifstream in(out + "/metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  std::string line;
-  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 
 }  // namespace
 
@@ -60,7 +45,7 @@ TEST_CASE("a zo-sgd run lowers the loss of the tiny chat model", "[zo][train]") 
   std::printf("zo-tiny: mean loss of steps 1-30 %.4f, of steps 271-300 %.4f\n", first, last);
   CHECK(last < first - 0.1);
   // metrics.jsonl: the ZO fields, and the link traffic of one dual forward per step
-  const auto rows = metrics(out);
+  const auto rows = testing::metrics_records(out);
   size_t steps = 0;
   for (const auto& j : rows) {
     if (!j.contains("loss")) continue;
@@ -97,10 +82,10 @@ TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bi
   CHECK(first.losses[1] == straight.losses[1]);
   for (size_t i = 0; i < 4; ++i) CHECK(rest.losses[i] == straight.losses[2 + i]);
   require_same_tensors(a + "/final", b + "/final");
-  CHECK(file_bytes(a + "/checkpoint-6/optimizer_state.safetensors") ==
-        file_bytes(b + "/checkpoint-6/optimizer_state.safetensors"));
+  CHECK(testing::read_file(a + "/checkpoint-6/optimizer_state.safetensors") ==
+        testing::read_file(b + "/checkpoint-6/optimizer_state.safetensors"));
   // the projected gradients of the resumed steps too (same z: seeds from train.seed and the step)
-  const auto ma = metrics(a), mb = metrics(b);
+  const auto ma = testing::metrics_records(a), mb = testing::metrics_records(b);
   std::vector<double> ga, gb;
   for (const auto& j : ma)
     if (j.contains("zo_projected_grad")) ga.push_back(j["zo_projected_grad"].get<double>());
@@ -108,8 +93,8 @@ TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bi
     if (j.contains("zo_projected_grad")) gb.push_back(j["zo_projected_grad"].get<double>());
   CHECK(ga == gb);
   // and the weights moved: the run is not a no-op
-  CHECK(file_bytes(a + "/checkpoint-3/optimizer_state.safetensors") !=
-        file_bytes(a + "/checkpoint-6/optimizer_state.safetensors"));
+  CHECK(testing::read_file(a + "/checkpoint-3/optimizer_state.safetensors") !=
+        testing::read_file(a + "/checkpoint-6/optimizer_state.safetensors"));
 }
 
 TEST_CASE("strata train with zo-sgd warns that clipping does not apply, and the run plots", "[zo][train][cli]") {
