@@ -137,6 +137,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
 
+  STRATA_CHECK(std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "config.json"), "--model ", model_dir,
+               " holds no config.json: pass a Hugging Face model directory (config.json + safetensors)");
   const ModelConfig cfg = hf_config_load(model_dir);
   const TextEncoder enc = tokenizer == "auto" ? TextEncoder::resolve("auto", model_dir) : TextEncoder::from_dir(tokenizer);
   so.eos_ids = eos_override.empty() ? model_eos_ids(model_dir, cfg) : eos_override;

@@ -161,12 +161,13 @@ void check_greedy(Device& dev, HostStore& store, const std::vector<std::vector<i
     results = gen.generate(prompts, so, 0);
   }
   double min_gap = 1e300;
+  auto ref_dev = device_create(DeviceOptions{});  // the reference forward's own budget
   for (size_t r = 0; r < prompts.size(); ++r) {
     REQUIRE(results[r].tokens.size() == size_t(max_new));
     CHECK_FALSE(results[r].stopped);
     std::vector<int32_t> seq = prompts[r];
     seq.insert(seq.end(), results[r].tokens.begin(), results[r].tokens.end());
-    const Argmax full = full_forward_argmax(dev, store, seq);
+    const Argmax full = full_forward_argmax(*ref_dev, store, seq);
     for (size_t i = 0; i < results[r].tokens.size(); ++i) {
       const size_t p = prompts[r].size() - 1 + i;  // the position whose logits chose token i
       INFO("row " << r << ", generated token " << i << ", top-2 gap " << full.gap[p]);
