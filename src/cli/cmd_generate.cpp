@@ -95,7 +95,8 @@ std::vector<int32_t> request_ids(const std::string& line, size_t line_no, const 
     } catch (const Error& e) {
       throw Error(e.kind(), str_cat("stdin line ", line_no, ": ", e.what()));
     }
-    return enc.encode_chat(text, nullptr);
+    std::vector<std::pair<size_t, size_t>> offsets;  // unused here, filled by the encoder
+    return enc.encode_chat(text, &offsets);
   }
   STRATA_CHECK(j["input_ids"].is_array(), "stdin line ", line_no, ": \"input_ids\" must be a list of token ids");
   std::vector<int32_t> ids;

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
+#include "offload/host_store.h"
+#include "offload/model_io.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -59,6 +61,36 @@ TEST_CASE("strata generate: one line per request, stopping at generation_config.
   CHECK(stopped[0]["finish_reason"] == "stop");
   CHECK(stopped[0]["ids"].get<std::vector<int32_t>>() == std::vector<int32_t>(ids.begin(), hit));
   CHECK(stopped[0]["tokens"] == size_t(hit - ids.begin()));
+}
+
+// {"prompt"} and {"messages"} with UTF-8 bytes as ids (a model dir without tokenizer.json): the
+// same tokens as {"input_ids"} holding the bytes of the text, and of the built-in ChatML render
+// with the generation prompt.
+TEST_CASE("strata generate encodes prompts and renders messages", "[generate][cli]") {
+  testing::TempDir tmp("generate_text");
+  {
+    auto dev = device_create(DeviceOptions{});
+    HostStore store(*dev, model_spec_build(testing::tiny_llama_config({32, 48, 2, 300, 128, true}), DType::f32));
+    model_init_weights(store, 5, 0.3);
+    model_save_hf(store, (tmp.path / "model").string(), DType::f32);
+  }
+  const std::string chatml = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  auto bytes_of = [](const std::string& t) {
+    std::string ids;
+    for (unsigned char ch : t) ids += (ids.empty() ? "" : ", ") + std::to_string(int(ch));
+    return "{\"input_ids\": [" + ids + "]}\n";
+  };
+  const std::string in = tmp.file("in.jsonl", "{\"prompt\": \"hello\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}\n" +
+                                                    bytes_of("hello") + bytes_of(chatml));
+  const auto r = testing::run_strata("generate --model " + (tmp.path / "model").string() +
+                                         " --dtype f32 --max-new-tokens 5 --eos-id -1 < " + in, true);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto lines = json_lines(r.out);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0]["ids"] == lines[2]["ids"]);
+  CHECK(lines[1]["ids"] == lines[3]["ids"]);
+  CHECK(lines[0]["tokens"] == 5);
 }
 
 TEST_CASE("strata generate refuses bad input with exit 2", "[generate][cli]") {
