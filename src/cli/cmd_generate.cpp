@@ -9,10 +9,13 @@
 // (tokens and ids: the generated tokens, without the EOS that stopped them). Every line is read
 // and checked before any generation starts; requests run in batches of --batch-size. EOS ids come
 // from generation_config.json when it names them, else config.json (or --eos-id). Prefill and
-// decode speeds go to standard error.
+// decode speeds go to standard error. With --interactive, a chat instead: plain-text user turns
+// in, replies printed as they come (generate_chat below).
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
+#include <unistd.h>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -107,6 +110,80 @@ std::vector<int32_t> request_ids(const std::string& line, size_t line_no, const 
   return ids;
 }
 
+struct LoadedModel {
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<HostStore> store;
+};
+
+LoadedModel load_model(const std::string& model_dir, const ModelConfig& cfg, const std::string& backend,
+                       const std::string& memory, const std::string& dtype_name) {
+  DeviceOptions dopt;
+  dopt.backend = backend;
+  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+  LoadedModel m;
+  m.dev = device_create(dopt);
+  m.store = std::make_unique<HostStore>(*m.dev, model_spec_build(cfg, dtype_parse(dtype_name)));
+  model_load_weights(*m.store, model_dir);
+  return m;
+}
+
+// --interactive: a conversation. Each standard-input line is a user turn (an empty line, or
+// "/reset", starts over); the whole conversation is rendered with the chat template and the
+// reply is printed token by token as it comes, then kept as the assistant's turn. On a terminal
+// a "> " prompt goes to stderr. A conversation longer than --max-context starts over (said).
+int generate_chat(const std::string& model_dir, const ModelConfig& cfg, const TextEncoder& enc, SamplingOptions so,
+                  const std::string& backend, const std::string& memory, const std::string& dtype_name,
+                  int64_t max_context) {
+  STRATA_CHECK(max_context > so.max_new_tokens, "--max-context (", max_context, ") must exceed --max-new-tokens (",
+               so.max_new_tokens, ")");
+  LoadedModel m = load_model(model_dir, cfg, backend, memory, dtype_name);
+  Generator gen(*m.dev, *m.store, GeneratorShape{1, max_context - so.max_new_tokens, max_context});
+  const bool tty = isatty(STDIN_FILENO);
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  std::string line;
+  uint64_t turn = 0;
+  for (;;) {
+    if (tty) std::fprintf(stderr, "> "), std::fflush(stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line == "/reset") {
+      messages = nlohmann::ordered_json::array();
+      if (tty) std::fprintf(stderr, "(a new conversation)\n");
+      continue;
+    }
+    messages.push_back({{"role", "user"}, {"content", line}});
+    std::vector<std::pair<size_t, size_t>> offsets;
+    std::vector<int32_t> ids = enc.encode_chat(enc.chat_template().render_ordered(messages, true), &offsets);
+    if (int64_t(ids.size()) > max_context - so.max_new_tokens) {
+      std::fprintf(stderr, "strata generate: the conversation is longer than --max-context; starting over\n");
+      messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", line}}});
+      ids = enc.encode_chat(enc.chat_template().render_ordered(messages, true), &offsets);
+      STRATA_CHECK(int64_t(ids.size()) <= max_context - so.max_new_tokens, "a turn of ", ids.size(),
+                   " tokens does not fit --max-context ", max_context, " with --max-new-tokens ", so.max_new_tokens);
+    }
+    for (int32_t id : ids)
+      STRATA_CHECK(id >= 0 && id < cfg.vocab_size, "token id ", id, " is outside the model's vocabulary [0, ",
+                   cfg.vocab_size, ")", enc.is_bytes() ? " (UTF-8 bytes as ids: pass --tokenizer DIR)" : "");
+    std::vector<int32_t> reply;
+    std::string shown;  // the reply's text printed so far
+    auto show = [&](size_t, int32_t id) {
+      reply.push_back(id);
+      const std::string text = decode_text(enc, reply);
+      if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+        std::cout << text.substr(shown.size()) << std::flush;
+        shown = text;
+      }
+    };
+    gen.generate({ids}, so, turn++, show);
+    const std::string text = decode_text(enc, reply);
+    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) std::cout << text.substr(shown.size());
+    std::cout << std::endl;
+    STRATA_CHECK_IO(std::cout.good(), "writing to standard output failed");
+    messages.push_back({{"role", "assistant"}, {"content", text}});
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
@@ -135,6 +212,12 @@ int cmd_generate(const std::vector<std::string>& args) {
   app.add_option("--device-memory", memory, "device arena budget (default 4GiB)");
   app.add_option("--dtype", dtype_name, "dtype of the weights on the device: bf16 (default) or f32")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  bool interactive = false;
+  int64_t max_context = 4096;
+  app.add_flag("--interactive", interactive,
+               "a chat: each stdin line is a user turn, the reply is printed as it comes (plain text, not JSON)");
+  app.add_option("--max-context", max_context, "--interactive: tokens of conversation kept (default 4096)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 24));
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
 
@@ -146,6 +229,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (so.eos_ids.empty())
     std::fprintf(stderr, "strata generate: %s names no eos_token_id; every request runs to --max-new-tokens\n",
                  model_dir.c_str());
+
+  if (interactive) return generate_chat(model_dir, cfg, enc, so, backend, memory, dtype_name, max_context);
 
   // every request, read and checked before anything is loaded
   std::vector<std::vector<int32_t>> prompts;
@@ -167,13 +252,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
   if (prompts.empty()) return 0;
 
-  const ModelSpec spec = model_spec_build(cfg, dtype_parse(dtype_name));
-  DeviceOptions dopt;
-  dopt.backend = backend;
-  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
-  auto dev = device_create(dopt);
-  HostStore store(*dev, spec);
-  model_load_weights(store, model_dir);
+  LoadedModel m = load_model(model_dir, cfg, backend, memory, dtype_name);
+  Device* dev = m.dev.get();
+  HostStore& store = *m.store;
+  const ModelSpec& spec = store.spec();
 
   GeneratorShape shape;
   shape.max_batch = std::min<int64_t>(batch_size, int64_t(prompts.size()));

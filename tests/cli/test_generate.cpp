@@ -91,6 +91,18 @@ TEST_CASE("strata generate encodes prompts and renders messages", "[generate][cl
   CHECK(lines[0]["ids"] == lines[2]["ids"]);
   CHECK(lines[1]["ids"] == lines[3]["ids"]);
   CHECK(lines[0]["tokens"] == 5);
+
+  // --interactive: the first turn's reply is the {"messages"} request's, printed as text; a
+  // second turn (the conversation so far plus "Bye") gets a reply line too
+  std::string want;
+  for (int32_t id : lines[1]["ids"].get<std::vector<int32_t>>()) want += id < 256 ? std::string(1, char(id)) : "\xEF\xBF\xBD";
+  const auto chat = testing::run_strata("generate --model " + (tmp.path / "model").string() +
+                                            " --dtype f32 --max-new-tokens 5 --eos-id -1 --interactive --max-context 200 < " +
+                                            tmp.file("chat.txt", "Hi\nBye\n"),
+                                        true);
+  REQUIRE(chat.code == 0);
+  CHECK(chat.out.rfind(want + "\n", 0) == 0);
+  CHECK(chat.out.size() > want.size() + 2);
 }
 
 TEST_CASE("strata generate refuses bad input with exit 2", "[generate][cli]") {
