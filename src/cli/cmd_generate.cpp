@@ -251,6 +251,11 @@ int cmd_generate(const std::vector<std::string>& args) {
     prompts.push_back(std::move(ids));
   }
   if (prompts.empty()) return 0;
+  if (cfg.max_position_embeddings > 0 && max_prompt + so.max_new_tokens > cfg.max_position_embeddings)
+    std::fprintf(stderr,
+                 "strata generate: the longest prompt (%lld tokens) plus --max-new-tokens %lld passes the model's "
+                 "max_position_embeddings (%lld); positions beyond it were not trained\n",
+                 (long long)max_prompt, (long long)so.max_new_tokens, (long long)cfg.max_position_embeddings);
 
   LoadedModel m = load_model(model_dir, cfg, backend, memory, dtype_name);
   Device* dev = m.dev.get();
