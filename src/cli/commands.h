@@ -33,5 +33,6 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_detokenize(const std::vector<std::string>& args);
 int cmd_chat_template(const std::vector<std::string>& args);
 int cmd_plot(const std::vector<std::string>& args);
+int cmd_generate(const std::vector<std::string>& args);
 
 }  // namespace strata

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "kernels/cpu/attention_cached.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/zo.h"
 #include "src/core/error.h"
@@ -224,6 +225,13 @@ class CpuDevice final : public ArenaDevice {
                           int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
     enqueue_op(s, OpKind::attention, [=] {
       cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale);
+    });
+  }
+  void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
+                                const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
+                                int64_t d, float scale, Stream s) override {
+    enqueue_op(s, OpKind::attention, [=] {
+      cpu::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale);
     });
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/attention_cached.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
@@ -389,6 +390,12 @@ class CudaDevice final : public ArenaDevice {
     if (doc_start) checks_pending_[int(s)] = true;
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
                              error_word_, stream(s));
+  }
+  void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
+                                const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
+                                int64_t d, float scale, Stream s) override {
+    const auto timed = time_op(s, OpKind::attention);
+    cuda::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale, stream(s));
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,

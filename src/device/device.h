@@ -120,6 +120,12 @@ class Device {
                                   const float* out, const float* lse, const int32_t* doc_start,
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
                                   float scale, Stream s) = 0;
+  // Generation (offload/generator.h): queries continuing each row against a KV cache,
+  // kernels/cpu/attention_cached.h. q (B,Tq,H,D), caches (B,Tcap,Hk,D), start (B) device ints.
+  virtual void attention_cached_forward(float* out, const float* q, const float* k_cache,
+                                        const float* v_cache, const int32_t* start, int64_t b,
+                                        int64_t tq, int64_t tcap, int64_t h, int64_t hk, int64_t d,
+                                        float scale, Stream s) = 0;
   // lm_head + cross-entropy with lm_head in vocab chunks (ops.h: lm_head_ce_chunk_*; the whole
   // vocabulary is the one-chunk case v0 = 0, vc = V):
   // w_chunk (vc,C) holds vocab rows [v0, v0 + vc) of the (V,C) lm_head, stats (N,3) double the

@@ -1,0 +1,16 @@
+// Attention of new queries against a KV cache, for generation (offload/generator.h): the decode
+// step's one query per row, or any block of queries that continues a row. Causal by position:
+// query i of row b sits at position start[b] + i and sees cache positions [0, start[b] + i]
+// (the caller has written its own key and value there first). Head h reads kv head h / (H/Hk).
+//   out (B,Tq,H,D); q (B,Tq,H,D); k_cache, v_cache (B,Tcap,Hk,D); start (B).
+// Twin: kernels/cpu/ref/attention_cached.h. Forward only: generation has no backward.
+#pragma once
+#include <cstdint>
+
+namespace strata::cpu {
+
+void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
+                              const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
+                              int64_t d, float scale);
+
+}  // namespace strata::cpu

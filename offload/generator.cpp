@@ -1,0 +1,484 @@
+// The generation engine (generator.h). Reading order: sizes and set-up, the weights (which slot
+// holds what), one pass (embedding, layers, head), the decode layer, then the batch loop and
+// token choice.
+//
+// Events: slot_loaded[s] (h2d, after uploading into weight slot s) is waited by compute before
+// the layer; slot_free[s] (compute, after the layer) is waited by h2d before the next upload
+// into s. head_loaded / head_free do the same for the lm_head chunk slots. Everything else runs
+// on the compute stream, in order; each pass ends with a compute-stream synchronize (the host
+// needs the logits).
+#include "offload/generator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "offload/engine_buffers.h"
+#include "src/core/error.h"
+#include "src/device/arena.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+size_t layer_slot_bytes(const HostStore& store) {
+  size_t m = 0;
+  for (size_t l = 0; l < store.spec().layers.size(); ++l) m = std::max(m, store.layer_group(l).working_bytes);
+  return m;
+}
+
+int64_t head_rows_of(const ModelSpec& spec) { return std::min<int64_t>(kHeadChunkRows, spec.config.vocab_size); }
+
+LayerDims dims_of(const ModelSpec& spec, int64_t B, int64_t T) {
+  const ModelConfig& c = spec.config;
+  LayerDims d;
+  d.B = B, d.T = T, d.C = c.hidden_size, d.H = c.num_attention_heads, d.Hk = c.num_key_value_heads;
+  d.D = c.head_dim, d.F = c.intermediate_size, d.eps = float(c.rms_norm_eps), d.wt = spec.matrix_dtype;
+  return d;
+}
+
+// The device allocations of one generator, as (bytes, name) rows in allocation order.
+struct DeviceRow {
+  size_t bytes;
+  const char* name;
+};
+
+std::vector<DeviceRow> device_rows(const ModelSpec& spec, const GeneratorShape& shape, size_t layer_bytes,
+                                   bool resident) {
+  const LayerDims d = dims_of(spec, shape.max_batch, shape.max_prompt);
+  const int64_t N = d.N(), C = d.C, KD = d.Hk * d.D, B = shape.max_batch, R = head_rows_of(spec);
+  const int64_t V = spec.config.vocab_size, chunks = (V + R - 1) / R;
+  const size_t L = size_t(spec.config.num_hidden_layers);
+  const size_t row_bytes = size_t(C) * dtype_size(spec.matrix_dtype);
+  const size_t kv_bytes = size_t(B * shape.max_context * KD) * 4;
+  std::vector<DeviceRow> rows = {
+      {layer_forward_workspace_bytes(d), "gen.workspace"},
+      {size_t(N * C) * 4, "gen.x_a"},
+      {size_t(N * C) * 4, "gen.x_b"},
+      {size_t(N) * 4, "gen.pos"},
+      {size_t(B) * 4, "gen.start"},
+      {size_t(d.D / 2) * 4, "gen.inv_freq"},
+      {size_t(C) * 4, "gen.final_norm"},
+      {size_t(B * C) * 4, "gen.last"},
+      {size_t(B * C) * 4, "gen.hn"},
+      {size_t(B) * 4, "gen.rstd"},
+      {size_t(B * C) * 2, "gen.hn_bf16"},
+      {size_t(B * R) * 4, "gen.logits"},
+  };
+  for (size_t l = 0; l < L; ++l) rows.push_back({kv_bytes, "gen.k_cache"}), rows.push_back({kv_bytes, "gen.v_cache"});
+  const size_t weight_slots = resident ? L : std::min<size_t>(2, L);
+  for (size_t s = 0; s < weight_slots; ++s) rows.push_back({layer_bytes, "gen.weight_slot"});
+  const size_t head_slots = resident ? size_t(chunks) : std::min<size_t>(2, size_t(chunks));
+  for (size_t s = 0; s < head_slots; ++s) rows.push_back({size_t(R) * row_bytes, "gen.head_slot"});
+  return rows;
+}
+
+size_t rows_footprint(const std::vector<DeviceRow>& rows) {
+  size_t total = 0;
+  for (const DeviceRow& r : rows) total += Arena::footprint(r.bytes);
+  return total;
+}
+
+// y (N,O) = x (N,I) W^T (+ b), as the training forward does it (bf16 weights: x rounded first).
+void linear(Device& dev, float* y, const float* x, const void* w, const float* b, bf16* cast, int64_t n, int64_t o,
+            int64_t i, DType wt, Stream s) {
+  if (wt == DType::f32) {
+    dev.matmul(y, x, w, DType::f32, n, o, i, false, true, 0.f, s);
+  } else {
+    dev.cast_f32_to_bf16(cast, x, n * i, s);
+    dev.matmul(y, cast, w, DType::bf16, n, o, i, false, true, 0.f, s);
+  }
+  if (b) dev.bias_forward(y, b, n, o, s);
+}
+
+}  // namespace
+
+struct Generator::Buffers {
+  std::vector<void*> owned;  // every device allocation, freed in reverse
+  void* workspace = nullptr;
+  LayerWorkspace ws{};
+  float *x_a = nullptr, *x_b = nullptr, *inv_freq = nullptr, *final_norm = nullptr;
+  int32_t *pos = nullptr, *start = nullptr;
+  float *last = nullptr, *hn = nullptr, *rstd = nullptr, *logits = nullptr;
+  bf16* hn_bf16 = nullptr;
+  std::vector<float*> k_cache, v_cache;  // per layer (B, Tcap, Hk, D)
+  std::vector<char*> weight_slots, head_slots;
+  std::vector<std::unique_ptr<Event>> slot_loaded, slot_free, head_loaded, head_free;
+  std::vector<float> x_host;  // (N, C) the embedding gathered on the host
+};
+
+// ---- sizes and set-up --------------------------------------------------------------------------
+
+size_t Generator::device_bytes(const ModelSpec& spec, const GeneratorShape& shape, bool resident) {
+  const HostStoreLayout layout = HostStore::layout(spec);
+  size_t layer_bytes = 0;
+  for (size_t l = 0; l < spec.layers.size(); ++l) layer_bytes = std::max(layer_bytes, layout.groups[1 + l].working_bytes);
+  return rows_footprint(device_rows(spec, shape, layer_bytes, resident));
+}
+
+Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape)
+    : dev_(dev), store_(store), shape_(shape) {
+  const ModelSpec& spec = store.spec();
+  STRATA_ASSERT(shape.max_batch >= 1 && shape.max_prompt >= 1 && shape.max_context > shape.max_prompt);
+  L_ = spec.layers.size();
+  V_ = spec.config.vocab_size;
+  head_rows_ = head_rows_of(spec);
+  head_chunks_ = size_t((V_ + head_rows_ - 1) / head_rows_);
+  dims_ = dims_of(spec, shape.max_batch, shape.max_prompt);
+  const size_t left = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
+  const size_t layer_bytes = layer_slot_bytes(store);
+  const size_t resident_need = rows_footprint(device_rows(spec, shape, layer_bytes, true));
+  const size_t stream_need = rows_footprint(device_rows(spec, shape, layer_bytes, false));
+  STRATA_CHECK_BUDGET(stream_need <= left, "generation needs ", format_bytes(stream_need),
+                      " of device memory (weights streamed through two slots, a KV cache of ", shape.max_batch,
+                      " rows x ", shape.max_context, " positions), the budget leaves ", format_bytes(left),
+                      ": raise --device-memory, or lower --max-new-tokens, --batch-size or the prompt length");
+  allocate(resident_need <= left);
+}
+
+void Generator::allocate(bool resident) {
+  resident_ = resident;
+  buf_ = std::make_unique<Buffers>();
+  Buffers& b = *buf_;
+  const ModelSpec& spec = store_.spec();
+  const std::vector<DeviceRow> rows = device_rows(spec, shape_, layer_slot_bytes(store_), resident);
+  try {
+    size_t i = 0;
+    auto next = [&]() -> void* {
+      void* p = dev_.alloc(rows[i].bytes, rows[i].name);
+      ++i;
+      b.owned.push_back(p);
+      return p;
+    };
+    b.workspace = next();
+    b.x_a = static_cast<float*>(next());
+    b.x_b = static_cast<float*>(next());
+    b.pos = static_cast<int32_t*>(next());
+    b.start = static_cast<int32_t*>(next());
+    b.inv_freq = static_cast<float*>(next());
+    b.final_norm = static_cast<float*>(next());
+    b.last = static_cast<float*>(next());
+    b.hn = static_cast<float*>(next());
+    b.rstd = static_cast<float*>(next());
+    b.hn_bf16 = static_cast<bf16*>(next());
+    b.logits = static_cast<float*>(next());
+    for (size_t l = 0; l < L_; ++l) {
+      b.k_cache.push_back(static_cast<float*>(next()));
+      b.v_cache.push_back(static_cast<float*>(next()));
+    }
+    while (i < rows.size() && std::string(rows[i].name) == "gen.weight_slot") b.weight_slots.push_back(static_cast<char*>(next()));
+    while (i < rows.size()) b.head_slots.push_back(static_cast<char*>(next()));
+  } catch (...) {
+    release();
+    throw;
+  }
+  b.ws = layer_forward_workspace_carve(dims_, b.workspace);
+  const std::vector<float> inv = model_rope_inv_freq(spec.config);
+  dev_.copy_h2d(b.inv_freq, inv.data(), inv.size() * 4, Stream::compute);
+  const TensorSpec& norm = store_.working_table()[size_t(spec.final_norm)];
+  dev_.copy_h2d(b.final_norm, store_.working_of(size_t(spec.final_norm)), norm.bytes(), Stream::compute);
+  for (size_t s = 0; s < b.weight_slots.size(); ++s)
+    b.slot_loaded.push_back(dev_.event_create()), b.slot_free.push_back(dev_.event_create());
+  for (size_t s = 0; s < b.head_slots.size(); ++s)
+    b.head_loaded.push_back(dev_.event_create()), b.head_free.push_back(dev_.event_create());
+  slot_layer_.assign(b.weight_slots.size(), -1);
+  head_slot_chunk_.assign(b.head_slots.size(), -1);
+  b.x_host.resize(size_t(dims_.N() * dims_.C));
+  dev_.stream_synchronize(Stream::compute);
+}
+
+void Generator::release() {
+  if (!buf_) return;
+  for (auto it = buf_->owned.rbegin(); it != buf_->owned.rend(); ++it) dev_.free(*it);
+  buf_->owned.clear();
+}
+
+Generator::~Generator() {
+  try {
+    dev_.synchronize();
+  } catch (...) {  // already reported on the caller's path; still free everything
+  }
+  release();
+}
+
+// ---- weights -----------------------------------------------------------------------------------
+
+LayerWeights Generator::weights_at(const char* base, size_t layer) const {
+  const ParamGroup& g = store_.layer_group(layer);
+  const TensorTable& wt = store_.working_table();
+  const LayerParamRows& r = store_.spec().layers[layer];
+  auto at = [&](int64_t row) -> const void* {
+    return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
+  };
+  auto atf = [&](int64_t row) { return static_cast<const float*>(at(row)); };
+  LayerWeights w;
+  w.q = at(r.q), w.k = at(r.k), w.v = at(r.v), w.o = at(r.o);
+  w.gate = at(r.gate), w.up = at(r.up), w.down = at(r.down);
+  w.input_norm = atf(r.input_norm), w.post_norm = atf(r.post_norm), w.q_norm = atf(r.q_norm), w.k_norm = atf(r.k_norm);
+  w.q_bias = atf(r.q_bias), w.k_bias = atf(r.k_bias), w.v_bias = atf(r.v_bias), w.o_bias = atf(r.o_bias);
+  return w;
+}
+
+// Layer `layer` in its slot, the compute stream waiting for it (h2d only when the slot holds
+// something else).
+void Generator::ensure_layer(size_t layer) {
+  Buffers& b = *buf_;
+  const size_t s = layer % b.weight_slots.size();
+  if (slot_layer_[s] != int64_t(layer)) {
+    const ParamGroup& g = store_.layer_group(layer);
+    dev_.stream_wait_event(Stream::h2d, *b.slot_free[s]);
+    dev_.copy_h2d(b.weight_slots[s], store_.working_of(g.first_row), g.working_bytes, Stream::h2d);
+    dev_.event_record(*b.slot_loaded[s], Stream::h2d);
+    slot_layer_[s] = int64_t(layer);
+  }
+  dev_.stream_wait_event(Stream::compute, *b.slot_loaded[s]);
+}
+
+const void* Generator::ensure_head_chunk(size_t chunk) {
+  Buffers& b = *buf_;
+  const size_t s = chunk % b.head_slots.size();
+  if (head_slot_chunk_[s] != int64_t(chunk)) {
+    const size_t lm = size_t(store_.spec().lm_head_row());
+    const size_t row_bytes = size_t(dims_.C) * dtype_size(store_.working_table()[lm].dtype);
+    const int64_t v0 = int64_t(chunk) * head_rows_, vc = std::min(head_rows_, V_ - v0);
+    dev_.stream_wait_event(Stream::h2d, *b.head_free[s]);
+    dev_.copy_h2d(b.head_slots[s], static_cast<const char*>(store_.working_of(lm)) + size_t(v0) * row_bytes,
+                  size_t(vc) * row_bytes, Stream::h2d);
+    dev_.event_record(*b.head_loaded[s], Stream::h2d);
+    head_slot_chunk_[s] = int64_t(chunk);
+  }
+  dev_.stream_wait_event(Stream::compute, *b.head_loaded[s]);
+  return b.head_slots[s];
+}
+
+// ---- one pass ----------------------------------------------------------------------------------
+
+void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<int32_t>& start, int64_t B, int64_t T,
+                             bool prefill) {
+  Buffers& b = *buf_;
+  const Stream s = Stream::compute;
+  const int64_t N = B * T, C = dims_.C, KD = dims_.Hk * dims_.D;
+  dims_.B = B, dims_.T = T;
+  // positions and the embedding (gathered on the host, as the training engine does)
+  pos_host_.resize(size_t(N));
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t < T; ++t) pos_host_[size_t(r * T + t)] = start[size_t(r)] + int32_t(t);
+  start_host_ = start;
+  dev_.copy_h2d(b.pos, pos_host_.data(), size_t(N) * 4, s);
+  dev_.copy_h2d(b.start, start_host_.data(), size_t(B) * 4, s);
+  const size_t emb_row = size_t(store_.spec().embed);
+  const DType emb_type = store_.working_table()[emb_row].dtype;
+  const char* table = static_cast<const char*>(store_.working_of(emb_row));
+  const size_t row_bytes = size_t(C) * dtype_size(emb_type);
+  for (int64_t n = 0; n < N; ++n)
+    dtype_convert(b.x_host.data() + n * C, DType::f32, table + size_t(ids[size_t(n)]) * row_bytes, emb_type, size_t(C));
+  dev_.copy_h2d(b.x_a, b.x_host.data(), size_t(N * C) * 4, s);
+
+  float *x = b.x_a, *y = b.x_b;
+  const TokenContext ctx{b.pos, nullptr, b.inv_freq};
+  for (size_t i = 0; i < L_; ++i) {
+    ensure_layer(i);
+    const size_t slot = i % b.weight_slots.size();
+    const LayerWeights w = weights_at(b.weight_slots[slot], i);
+    if (prefill) {
+      layer_forward(dev_, y, x, w, ctx, b.ws, dims_, s);
+      for (int64_t r = 0; r < B; ++r) {  // keys (after norm and RoPE) and values into the cache
+        const size_t dst = size_t(r * shape_.max_context * KD), src = size_t(r * T * KD), bytes = size_t(T * KD) * 4;
+        dev_.copy_d2d(b.k_cache[i] + dst, b.ws.k + src, bytes, s);
+        dev_.copy_d2d(b.v_cache[i] + dst, b.ws.v + src, bytes, s);
+      }
+    } else {
+      decode_layer(i, y, x, w, B, start);
+    }
+    dev_.event_record(*b.slot_free[slot], s);
+    std::swap(x, y);
+  }
+  if (x != b.x_a) std::swap(b.x_a, b.x_b);  // the pass's output is in x_a
+}
+
+// The decode step of one layer: N = B rows of one token each, the layer_forward math with the
+// attention over the cache (the new key and value written at the row's position first).
+void Generator::decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
+                             const std::vector<int32_t>& start) {
+  Buffers& b = *buf_;
+  LayerWorkspace& ws = b.ws;
+  const Stream s = Stream::compute;
+  const int64_t N = B, C = dims_.C, H = dims_.H, Hk = dims_.Hk, D = dims_.D, F = dims_.F, KD = Hk * D;
+  const DType wt = dims_.wt;
+  const bool qk_norm = w.q_norm != nullptr;
+  dev_.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, dims_.eps, s);
+  linear(dev_, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, ws.cast_a, N, H * D, C, wt, s);
+  linear(dev_, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, ws.cast_a, N, KD, C, wt, s);
+  linear(dev_, ws.v, ws.xn1, w.v, w.v_bias, ws.cast_a, N, KD, C, wt, s);
+  if (qk_norm) {
+    dev_.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, dims_.eps, s);
+    dev_.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, dims_.eps, s);
+  }
+  dev_.rope_forward(ws.q, ws.q, b.pos, b.inv_freq, N, H, D, s);
+  dev_.rope_forward(ws.k, ws.k, b.pos, b.inv_freq, N, Hk, D, s);
+  for (int64_t r = 0; r < B; ++r) {
+    const size_t dst = size_t((r * shape_.max_context + start[size_t(r)]) * KD);
+    dev_.copy_d2d(b.k_cache[layer] + dst, ws.k + r * KD, size_t(KD) * 4, s);
+    dev_.copy_d2d(b.v_cache[layer] + dst, ws.v + r * KD, size_t(KD) * 4, s);
+  }
+  const float scale = 1.0f / std::sqrt(float(D));
+  dev_.attention_cached_forward(ws.attn, ws.q, b.k_cache[layer], b.v_cache[layer], b.start, B, 1, shape_.max_context,
+                                H, Hk, D, scale, s);
+  linear(dev_, ws.h, ws.attn, w.o, w.o_bias, ws.cast_a, N, C, H * D, wt, s);
+  dev_.add_inplace(ws.h, x, N * C, s);  // residual
+  dev_.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, dims_.eps, s);
+  linear(dev_, ws.gate, ws.xn2, w.gate, nullptr, ws.cast_a, N, F, C, wt, s);
+  linear(dev_, ws.up, ws.xn2, w.up, nullptr, ws.cast_a, N, F, C, wt, s);
+  dev_.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
+  linear(dev_, out, ws.act, w.down, nullptr, ws.cast_a, N, C, F, wt, s);
+  dev_.add_inplace(out, ws.h, N * C, s);  // residual
+}
+
+// The final norm and lm_head on row r's position last_index[r] of x_a; logits_ (B, V) on the host.
+void Generator::head(const std::vector<int64_t>& last_index, int64_t B) {
+  Buffers& b = *buf_;
+  const Stream s = Stream::compute;
+  const int64_t C = dims_.C;
+  for (int64_t r = 0; r < B; ++r)
+    dev_.copy_d2d(b.last + r * C, b.x_a + last_index[size_t(r)] * C, size_t(C) * 4, s);
+  dev_.rmsnorm_forward(b.hn, b.rstd, b.last, b.final_norm, B, C, dims_.eps, s);
+  const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
+  if (lm_type == DType::bf16) dev_.cast_f32_to_bf16(b.hn_bf16, b.hn, B * C, s);
+  const void* a = lm_type == DType::bf16 ? static_cast<const void*>(b.hn_bf16) : b.hn;
+  logits_.resize(size_t(B * V_));
+  for (size_t k = 0; k < head_chunks_; ++k) {
+    const int64_t v0 = int64_t(k) * head_rows_, vc = std::min(head_rows_, V_ - v0);
+    const void* w = ensure_head_chunk(k);
+    dev_.matmul(b.logits, a, w, lm_type, B, vc, C, false, true, 0.f, s);  // (B, vc)
+    dev_.event_record(*b.head_free[k % b.head_slots.size()], s);
+    for (int64_t r = 0; r < B; ++r)  // on the compute stream: the next chunk's matmul waits for it
+      dev_.copy_d2h(logits_.data() + r * V_ + v0, b.logits + r * vc, size_t(vc) * 4, s);
+  }
+  dev_.stream_synchronize(s);
+}
+
+// ---- the batch loop and token choice -------------------------------------------------------------
+
+std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                const SamplingOptions& options, uint64_t first_request,
+                                                const std::function<void(size_t, int32_t)>& on_token) {
+  const int64_t B = int64_t(prompts.size());
+  STRATA_ASSERT(B >= 1 && B <= shape_.max_batch, "generate: ", B, " prompts, buffers for ", shape_.max_batch);
+  int64_t Tp = 0;
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    STRATA_CHECK(!prompts[r].empty(), "request ", first_request + r, ": the prompt is empty (no tokens)");
+    for (int32_t id : prompts[r])
+      STRATA_CHECK(id >= 0 && id < V_, "request ", first_request + r, ": token id ", id,
+                   " is outside the vocabulary [0, ", V_, ")");
+    Tp = std::max<int64_t>(Tp, int64_t(prompts[r].size()));
+  }
+  STRATA_ASSERT(Tp <= shape_.max_prompt);
+  const int64_t max_new = std::min<int64_t>(options.max_new_tokens, shape_.max_context - Tp);
+  std::vector<GenerateResult> results(prompts.size());
+  if (options.max_new_tokens <= 0) return results;
+  std::vector<std::mt19937_64> rng;
+  for (int64_t r = 0; r < B; ++r) rng.emplace_back(options.seed * 0x9E3779B97F4A7C15ull + first_request + uint64_t(r));
+  auto pick = [&](int64_t r) {
+    const double u = double(rng[size_t(r)]() >> 11) * 0x1.0p-53;
+    return generator_pick_token(logits_.data() + r * V_, V_, options, u);
+  };
+  auto is_eos = [&](int32_t id) {
+    return std::find(options.eos_ids.begin(), options.eos_ids.end(), id) != options.eos_ids.end();
+  };
+
+  // prefill: right-padded rows (padding repeats the row's last token; its cache entries are
+  // overwritten before they can be read)
+  std::vector<int32_t> ids(size_t(B * Tp));
+  std::vector<int64_t> last(static_cast<size_t>(B));
+  std::vector<int32_t> len(static_cast<size_t>(B));  // tokens in each row's cache
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& p = prompts[size_t(r)];
+    for (int64_t t = 0; t < Tp; ++t) ids[size_t(r * Tp + t)] = p[size_t(std::min<int64_t>(t, int64_t(p.size()) - 1))];
+    last[size_t(r)] = r * Tp + int64_t(p.size()) - 1;
+    len[size_t(r)] = int32_t(p.size());
+    stats_.prefill_tokens += int64_t(p.size());
+  }
+  auto t0 = Clock::now();
+  forward_pass(ids, std::vector<int32_t>(size_t(B), 0), B, Tp, /*prefill=*/true);
+  head(last, B);
+  stats_.prefill_s += seconds_since(t0);
+
+  std::vector<bool> done(size_t(B), false);
+  std::vector<int32_t> next(static_cast<size_t>(B));
+  int64_t active = B;
+  for (int64_t step = 0;; ++step) {
+    for (int64_t r = 0; r < B; ++r) {
+      if (done[size_t(r)]) continue;
+      const int32_t id = pick(r);
+      if (is_eos(id)) {
+        results[size_t(r)].stopped = true;
+      } else {
+        results[size_t(r)].tokens.push_back(id);
+        if (on_token) on_token(size_t(r), id);
+      }
+      if (results[size_t(r)].stopped || int64_t(results[size_t(r)].tokens.size()) >= max_new) {
+        done[size_t(r)] = true;
+        --active;
+      }
+      next[size_t(r)] = id;
+    }
+    if (active == 0) break;
+    // a finished row repeats its last position (its results are no longer read)
+    std::vector<int32_t> start(static_cast<size_t>(B));
+    for (int64_t r = 0; r < B; ++r) {
+      if (!done[size_t(r)]) {
+        start[size_t(r)] = len[size_t(r)]++;
+      } else {
+        start[size_t(r)] = len[size_t(r)] - 1;
+        next[size_t(r)] = 0;
+      }
+    }
+    t0 = Clock::now();
+    forward_pass(next, start, B, 1, /*prefill=*/false);
+    std::vector<int64_t> rows(static_cast<size_t>(B));
+    std::iota(rows.begin(), rows.end(), 0);
+    head(rows, B);
+    stats_.decode_s += seconds_since(t0);
+    stats_.decode_tokens += active;
+  }
+  return results;
+}
+
+int32_t generator_pick_token(const float* logits, int64_t V, const SamplingOptions& o, double u) {
+  if (o.temperature <= 0) return int32_t(std::max_element(logits, logits + V) - logits);
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  // descending logits, the lower id first on ties: a fixed order whatever the sort does
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  size_t keep = size_t(V);
+  if (o.top_k > 0) keep = std::min(keep, size_t(o.top_k));
+  std::vector<double> p(keep);
+  const double m = double(logits[order[0]]);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp((double(logits[order[i]]) - m) / o.temperature);
+  if (o.top_p < 1) {  // the smallest prefix whose probability reaches top_p
+    double acc = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      acc += p[i] / sum;
+      if (acc >= o.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    sum = std::accumulate(p.begin(), p.begin() + std::ptrdiff_t(keep), 0.0);
+  }
+  double target = u * sum, acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (target < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+}  // namespace strata

@@ -1,0 +1,298 @@
+// `strata generate --model DIR`: text from a model, streamed like training (offload/generator.h).
+// Standard input holds JSON lines, one request each:
+//   {"prompt": "..."}        the text, encoded with the tokenizer's special tokens (e.g. BOS)
+//   {"messages": [...]}      a conversation, rendered with the model's chat template and
+//                            add_generation_prompt (transformers' apply_chat_template)
+//   {"input_ids": [...]}     token ids as they are
+// and standard output gets one line per request, in order:
+//   {"text": "...", "tokens": N, "finish_reason": "stop"|"length", "ids": [...]}
+// (tokens and ids: the generated tokens, without the EOS that stopped them). Every line is read
+// and checked before any generation starts; requests run in batches of --batch-size. EOS ids come
+// from generation_config.json when it names them, else config.json (or --eos-id). Prefill and
+// decode speeds go to standard error. With --interactive, a chat instead: plain-text user turns
+// in, replies printed as they come (generate_chat below).
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <unistd.h>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "io/chat_template.h"
+#include "io/files.h"
+#include "io/text_encoder.h"
+#include "io/tokenizer/tokenizer.h"
+#include "offload/generator.h"
+#include "offload/model_io.h"
+#include "src/cli/cli_args.h"
+#include "src/cli/commands.h"
+#include "src/core/error.h"
+#include "src/recipe/recipe.h"
+
+namespace strata {
+namespace {
+
+// eos_token_id of a config file's JSON: an integer, a list of integers, or null/absent.
+bool eos_ids_from(const nlohmann::json& j, const std::string& origin, std::vector<int32_t>* out) {
+  if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) return false;
+  const nlohmann::json& e = j["eos_token_id"];
+  out->clear();
+  if (e.is_number_integer()) {
+    out->push_back(e.get<int32_t>());
+    return true;
+  }
+  STRATA_CHECK(e.is_array(), origin, ": eos_token_id must be an integer or a list of integers");
+  for (const auto& v : e) {
+    STRATA_CHECK(v.is_number_integer(), origin, ": eos_token_id must be an integer or a list of integers");
+    out->push_back(v.get<int32_t>());
+  }
+  return true;
+}
+
+std::vector<int32_t> model_eos_ids(const std::string& model_dir, const ModelConfig& cfg) {
+  std::vector<int32_t> ids;
+  const std::string gen_path = model_dir + "/generation_config.json";
+  if (std::filesystem::exists(gen_path)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(file_read(gen_path, "generation config", "check the model directory", ErrorKind::input));
+    } catch (const nlohmann::json::parse_error& e) {
+      STRATA_CHECK(false, gen_path, " is not valid JSON: ", e.what());
+    }
+    if (eos_ids_from(j, gen_path, &ids)) return ids;
+  }
+  eos_ids_from(cfg.raw, model_dir + "/config.json", &ids);
+  return ids;
+}
+
+std::string decode_text(const TextEncoder& enc, const std::vector<int32_t>& ids) {
+  if (const Tokenizer* tok = enc.tokenizer()) return tok->decode(ids, /*skip_special_tokens=*/true);
+  std::string text;  // bytes: ids are the bytes (an id >= 256 cannot come from text; shown as U+FFFD)
+  for (int32_t id : ids) text += id < 256 ? std::string(1, char(id)) : std::string("\xEF\xBF\xBD");
+  return text;
+}
+
+// One request line as prompt token ids.
+std::vector<int32_t> request_ids(const std::string& line, size_t line_no, const TextEncoder& enc) {
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    STRATA_CHECK(false, "stdin line ", line_no, ": not valid JSON: ", e.what());
+  }
+  const int keys = int(j.is_object() && j.contains("prompt")) + int(j.is_object() && j.contains("messages")) +
+                   int(j.is_object() && j.contains("input_ids"));
+  STRATA_CHECK(keys == 1, "stdin line ", line_no,
+               ": expected an object with one of {\"prompt\": \"...\"}, {\"messages\": [...]} or {\"input_ids\": [...]}");
+  if (j.contains("prompt")) {
+    STRATA_CHECK(j["prompt"].is_string(), "stdin line ", line_no, ": \"prompt\" must be a string");
+    return enc.encode_text(j["prompt"].get<std::string>());
+  }
+  if (j.contains("messages")) {
+    STRATA_CHECK(j["messages"].is_array(), "stdin line ", line_no, ": \"messages\" must be a list of {role, content}");
+    std::string text;
+    try {
+      text = enc.chat_template().render_ordered(j["messages"], /*add_generation_prompt=*/true);
+    } catch (const Error& e) {
+      throw Error(e.kind(), str_cat("stdin line ", line_no, ": ", e.what()));
+    }
+    std::vector<std::pair<size_t, size_t>> offsets;  // unused here, filled by the encoder
+    return enc.encode_chat(text, &offsets);
+  }
+  STRATA_CHECK(j["input_ids"].is_array(), "stdin line ", line_no, ": \"input_ids\" must be a list of token ids");
+  std::vector<int32_t> ids;
+  for (const auto& v : j["input_ids"]) {
+    STRATA_CHECK(v.is_number_integer(), "stdin line ", line_no, ": \"input_ids\" must hold integers, found ", v.dump());
+    ids.push_back(v.get<int32_t>());
+  }
+  return ids;
+}
+
+struct LoadedModel {
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<HostStore> store;
+};
+
+LoadedModel load_model(const std::string& model_dir, const ModelConfig& cfg, const std::string& backend,
+                       const std::string& memory, const std::string& dtype_name) {
+  DeviceOptions dopt;
+  dopt.backend = backend;
+  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+  LoadedModel m;
+  m.dev = device_create(dopt);
+  m.store = std::make_unique<HostStore>(*m.dev, model_spec_build(cfg, dtype_parse(dtype_name)));
+  model_load_weights(*m.store, model_dir);
+  return m;
+}
+
+// --interactive: a conversation. Each standard-input line is a user turn (an empty line, or
+// "/reset", starts over); the whole conversation is rendered with the chat template and the
+// reply is printed token by token as it comes, then kept as the assistant's turn. On a terminal
+// a "> " prompt goes to stderr. A conversation longer than --max-context starts over (said).
+int generate_chat(const std::string& model_dir, const ModelConfig& cfg, const TextEncoder& enc, SamplingOptions so,
+                  const std::string& backend, const std::string& memory, const std::string& dtype_name,
+                  int64_t max_context) {
+  STRATA_CHECK(max_context > so.max_new_tokens, "--max-context (", max_context, ") must exceed --max-new-tokens (",
+               so.max_new_tokens, ")");
+  LoadedModel m = load_model(model_dir, cfg, backend, memory, dtype_name);
+  Generator gen(*m.dev, *m.store, GeneratorShape{1, max_context - so.max_new_tokens, max_context});
+  const bool tty = isatty(STDIN_FILENO);
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  std::string line;
+  uint64_t turn = 0;
+  for (;;) {
+    if (tty) std::fprintf(stderr, "> "), std::fflush(stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line == "/reset") {
+      messages = nlohmann::ordered_json::array();
+      if (tty) std::fprintf(stderr, "(a new conversation)\n");
+      continue;
+    }
+    messages.push_back({{"role", "user"}, {"content", line}});
+    std::vector<std::pair<size_t, size_t>> offsets;
+    std::vector<int32_t> ids = enc.encode_chat(enc.chat_template().render_ordered(messages, true), &offsets);
+    if (int64_t(ids.size()) > max_context - so.max_new_tokens) {
+      std::fprintf(stderr, "strata generate: the conversation is longer than --max-context; starting over\n");
+      messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", line}}});
+      ids = enc.encode_chat(enc.chat_template().render_ordered(messages, true), &offsets);
+      STRATA_CHECK(int64_t(ids.size()) <= max_context - so.max_new_tokens, "a turn of ", ids.size(),
+                   " tokens does not fit --max-context ", max_context, " with --max-new-tokens ", so.max_new_tokens);
+    }
+    for (int32_t id : ids)
+      STRATA_CHECK(id >= 0 && id < cfg.vocab_size, "token id ", id, " is outside the model's vocabulary [0, ",
+                   cfg.vocab_size, ")", enc.is_bytes() ? " (UTF-8 bytes as ids: pass --tokenizer DIR)" : "");
+    std::vector<int32_t> reply;
+    std::string shown;  // the reply's text printed so far
+    auto show = [&](size_t, int32_t id) {
+      reply.push_back(id);
+      const std::string text = decode_text(enc, reply);
+      if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+        std::cout << text.substr(shown.size()) << std::flush;
+        shown = text;
+      }
+    };
+    gen.generate({ids}, so, turn++, show);
+    const std::string text = decode_text(enc, reply);
+    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) std::cout << text.substr(shown.size());
+    std::cout << std::endl;
+    STRATA_CHECK_IO(std::cout.good(), "writing to standard output failed");
+    messages.push_back({{"role", "assistant"}, {"content", text}});
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& args) {
+  CLI::App app{"Generate text: JSON lines {\"prompt\"} / {\"messages\"} / {\"input_ids\"} on stdin -> "
+               "{\"text\", \"tokens\", \"finish_reason\", \"ids\"} lines on stdout",
+               "strata generate"};
+  std::string model_dir, tokenizer = "auto", backend = "cpu", memory = "4GiB", dtype_name = "bf16";
+  SamplingOptions so;
+  int64_t batch_size = 8;
+  std::vector<int32_t> eos_override;
+  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
+  app.add_option("--tokenizer", tokenizer,
+                 "tokenizer directory (default: the model's tokenizer.json when it has one, else UTF-8 bytes as ids)");
+  app.add_option("--max-new-tokens", so.max_new_tokens, "most tokens generated per request (default 256)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  app.add_option("--temperature", so.temperature, "0: greedy (default); > 0: sampling")->check(CLI::Range(0.0, 1e6));
+  app.add_option("--top-p", so.top_p, "sample from the smallest set of tokens whose probability reaches P (default 1)")
+      ->check(CLI::Range(1e-9, 1.0));
+  app.add_option("--top-k", so.top_k, "sample from the K most likely tokens (default 0: all)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  app.add_option("--seed", so.seed, "sampling seed (default 0); request i of the input draws from (seed, i)");
+  app.add_option("--batch-size", batch_size, "requests per pass (default 8; lowered to fit the device budget)")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  app.add_option("--eos-id", eos_override, "stop at this token id (repeatable; replaces the model's EOS ids)");
+  app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device-memory", memory, "device arena budget (default 4GiB)");
+  app.add_option("--dtype", dtype_name, "dtype of the weights on the device: bf16 (default) or f32")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  bool interactive = false;
+  int64_t max_context = 4096;
+  app.add_flag("--interactive", interactive,
+               "a chat: each stdin line is a user turn, the reply is printed as it comes (plain text, not JSON)");
+  app.add_option("--max-context", max_context, "--interactive: tokens of conversation kept (default 4096)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 24));
+  int rc = 0;
+  if (!parse_args(app, args, &rc)) return rc;
+
+  STRATA_CHECK(std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "config.json"), "--model ", model_dir,
+               " holds no config.json: pass a Hugging Face model directory (config.json + safetensors)");
+  const ModelConfig cfg = hf_config_load(model_dir);
+  const TextEncoder enc = tokenizer == "auto" ? TextEncoder::resolve("auto", model_dir) : TextEncoder::from_dir(tokenizer);
+  so.eos_ids = eos_override.empty() ? model_eos_ids(model_dir, cfg) : eos_override;
+  if (so.eos_ids.empty())
+    std::fprintf(stderr, "strata generate: %s names no eos_token_id; every request runs to --max-new-tokens\n",
+                 model_dir.c_str());
+
+  if (interactive) return generate_chat(model_dir, cfg, enc, so, backend, memory, dtype_name, max_context);
+
+  // every request, read and checked before anything is loaded
+  std::vector<std::vector<int32_t>> prompts;
+  std::string line;
+  size_t line_no = 0;
+  int64_t max_prompt = 1;
+  while (std::getline(std::cin, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    std::vector<int32_t> ids = request_ids(line, line_no, enc);
+    STRATA_CHECK(!ids.empty(), "stdin line ", line_no, ": the prompt encodes to no tokens");
+    for (int32_t id : ids)
+      STRATA_CHECK(id >= 0 && id < cfg.vocab_size, "stdin line ", line_no, ": token id ", id,
+                   " is outside the model's vocabulary [0, ", cfg.vocab_size, ")",
+                   enc.is_bytes() ? " (the text was encoded as UTF-8 bytes: pass --tokenizer DIR)" : "");
+    max_prompt = std::max<int64_t>(max_prompt, int64_t(ids.size()));
+    prompts.push_back(std::move(ids));
+  }
+  if (prompts.empty()) return 0;
+  if (cfg.max_position_embeddings > 0 && max_prompt + so.max_new_tokens > cfg.max_position_embeddings)
+    std::fprintf(stderr,
+                 "strata generate: the longest prompt (%lld tokens) plus --max-new-tokens %lld passes the model's "
+                 "max_position_embeddings (%lld); positions beyond it were not trained\n",
+                 (long long)max_prompt, (long long)so.max_new_tokens, (long long)cfg.max_position_embeddings);
+
+  LoadedModel m = load_model(model_dir, cfg, backend, memory, dtype_name);
+  Device* dev = m.dev.get();
+  HostStore& store = *m.store;
+  const ModelSpec& spec = store.spec();
+
+  GeneratorShape shape;
+  shape.max_batch = std::min<int64_t>(batch_size, int64_t(prompts.size()));
+  shape.max_prompt = max_prompt;
+  shape.max_context = max_prompt + so.max_new_tokens;
+  while (shape.max_batch > 1 && Generator::device_bytes(spec, shape, false) > dev->budget_bytes())
+    shape.max_batch /= 2;  // fewer rows per pass before giving up (the constructor says what does not fit)
+  Generator gen(*dev, store, shape);
+
+  for (size_t first = 0; first < prompts.size(); first += size_t(shape.max_batch)) {
+    const size_t end = std::min(prompts.size(), first + size_t(shape.max_batch));
+    const std::vector<std::vector<int32_t>> batch(prompts.begin() + std::ptrdiff_t(first),
+                                                  prompts.begin() + std::ptrdiff_t(end));
+    const std::vector<GenerateResult> results = gen.generate(batch, so, first);
+    for (const GenerateResult& r : results) {
+      nlohmann::ordered_json out = {{"text", decode_text(enc, r.tokens)},
+                                    {"tokens", r.tokens.size()},
+                                    {"finish_reason", r.stopped ? "stop" : "length"},
+                                    {"ids", r.tokens}};
+      std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    }
+    std::cout.flush();
+    STRATA_CHECK_IO(std::cout.good(), "writing to standard output failed");
+  }
+  const GenerateStats& st = gen.stats();
+  std::fprintf(stderr,
+               "strata generate: %zu requests, batch %lld, weights %s; prefill %lld tokens in %.3f s (%.1f tokens/s), "
+               "decode %lld tokens in %.3f s (%.1f tokens/s)\n",
+               prompts.size(), (long long)shape.max_batch, gen.weights_resident() ? "resident" : "streamed",
+               (long long)st.prefill_tokens, st.prefill_s, st.prefill_s > 0 ? double(st.prefill_tokens) / st.prefill_s : 0.0,
+               (long long)st.decode_tokens, st.decode_s, st.decode_s > 0 ? double(st.decode_tokens) / st.decode_s : 0.0);
+  return 0;
+}
+
+}  // namespace strata
