@@ -47,25 +47,14 @@ void RamStatePlacement::write(StateArray a, size_t offset, const void* src, size
 void HostAdamW::update(size_t group, const AdamWParams& hyper, double weight_decay) {
   const ParamGroup& g = store_.groups()[group];
   const TensorTable& wt = store_.working_table();
-  const TensorTable& ft = store_.f32_table();
   const bool in_place = store_.master_is_working();
   AdamWParams p = hyper;
-  const std::vector<StateRange> ranges = placement_.ranges(group);
-  for (size_t k = 0; k < ranges.size(); ++k) {
-    const StateRange rg = ranges[k];
-    const GroupState st = placement_.acquire(group, k);
-    for (size_t r = g.first_row; r < g.end_row; ++r) {  // the part of each row inside the range
-      const size_t row_begin = ft[r].offset, row_end = row_begin + ft[r].bytes();
-      const size_t lo = std::max(row_begin, rg.begin), hi = std::min(row_end, rg.end);
-      if (lo >= hi) continue;
-      const size_t at = count_of<float>(lo - rg.begin), first = count_of<float>(lo - row_begin);
-      char* working = in_place ? nullptr : static_cast<char*>(store_.working_of(r)) + first * dtype_size(wt[r].dtype);
-      p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
-      adamw_update(st.master + at, st.m + at, st.v + at, store_.grad_of(r) + first, working, wt[r].dtype,
-                   int64_t(count_of<float>(hi - lo)), p);
-    }
-    placement_.release(group, k);
-  }
+  for_each_row_piece(store_, placement_, group, [&](const RowPiece& pc) {
+    const size_t r = pc.row;
+    char* working = in_place ? nullptr : static_cast<char*>(store_.working_of(r)) + pc.first * dtype_size(wt[r].dtype);
+    p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
+    adamw_update(pc.state.master, pc.state.m, pc.state.v, store_.grad_of(r) + pc.first, working, wt[r].dtype, pc.n, p);
+  });
   std::memset(store_.grad() + count_of<float>(g.f32_offset), 0, g.f32_bytes);  // consumed
 }
 

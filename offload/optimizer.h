@@ -7,7 +7,9 @@
 //     new working copy the device reads, and consumes (zeroes) the gradient. The engine runs it
 //     on its host queue, group by group. Today: AdamW (offload/adamw.h). Next: ZO-SGD.
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <vector>
 
 #include "offload/adamw.h"
 #include "offload/host_store.h"
@@ -29,6 +31,36 @@ class RamStatePlacement final : public StatePlacement {
   float* array(StateArray a) const;
   HostStore& store_;
 };
+
+// One group's update walk over its placed state: for each range of the group (acquired, then
+// released), for each parameter row with elements inside it, piece(row, state, first, n):
+// `state` points at the row's element `first` in master, m and v, and n elements follow.
+struct RowPiece {
+  size_t row = 0;
+  GroupState state;   // master, m, v at the piece's first element
+  size_t first = 0;   // the piece's first element within the row
+  int64_t n = 0;
+};
+template <class F>
+void for_each_row_piece(HostStore& store, StatePlacement& placement, size_t group, F&& piece) {
+  const ParamGroup& g = store.groups()[group];
+  const TensorTable& ft = store.f32_table();
+  const std::vector<StateRange> ranges = placement.ranges(group);
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    const StateRange rg = ranges[k];
+    const GroupState st = placement.acquire(group, k);
+    for (size_t r = g.first_row; r < g.end_row; ++r) {
+      const size_t row_begin = ft[r].offset, row_end = row_begin + ft[r].bytes();
+      const size_t lo = std::max(row_begin, rg.begin), hi = std::min(row_end, rg.end);
+      if (lo >= hi) continue;
+      const size_t at = count_of<float>(lo - rg.begin);
+      auto offset = [&](float* a) { return a ? a + at : nullptr; };
+      piece(RowPiece{r, {offset(st.master), offset(st.m), offset(st.v)}, count_of<float>(lo - row_begin),
+                     int64_t(count_of<float>(hi - lo))});
+    }
+    placement.release(group, k);
+  }
+}
 
 class GroupOptimizer {
  public:

@@ -5,6 +5,7 @@
 // with gradient accumulation; NVMe traffic is counted exactly; the store holds no master or
 // moment array in RAM; in f32 mode the master is the working copy; an injected I/O error
 // names the file and is an I/O error (exit 4); the run folder is removed when the store goes.
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -22,7 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string nvme_root() {
-  const std::string d = (fs::temp_directory_path() / "strata_nvme_state").string();
+  // one root per test process: ctest runs the cases in parallel, and they count run folders here
+  const std::string d = (fs::temp_directory_path() / ("strata_nvme_state-" + std::to_string(getpid()))).string();
   fs::create_directories(d);
   return d;
 }
