@@ -73,15 +73,67 @@ PreferenceBatch read_preference_batch(const nlohmann::json& j, const std::string
   return b;
 }
 
-nlohmann::json read_batch_json(const std::string& batch_path) {
-  const nlohmann::json j = read_batch_json(batch_path);
+}  // namespace
+
+MicroBatch cli_read_batch(const std::string& batch_path) {
+  const std::string batch_text = file_read(batch_path, "batch file", "check --batch", ErrorKind::input);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(batch_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    STRATA_CHECK(false, batch_path, " is not valid JSON: ", e.what());
+  }
+  STRATA_CHECK(j.is_object() && j.contains("input_ids"), batch_path, " must be an object with \"input_ids\"");
+  auto ids = read_rows(j, "input_ids", batch_path);
+  std::vector<std::vector<int32_t>> labels;
+  if (j.contains("labels") && !j["labels"].is_null()) labels = read_rows(j, "labels", batch_path);
+  MicroBatch mb = micro_batch_from_labels(ids, labels);
+  STRATA_CHECK(mb.counted() > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
+  return mb;
+}
+
+int cmd_grad(const std::vector<std::string>& args) {
+  CLI::App app{"Loss and gradients of one batch, for checking strata's numerics against another implementation",
+               "strata grad"};
+  std::string model_dir, batch_path, out_path, dtype_name = "f32", memory = "4GiB";
+  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
+  app.add_option("--batch", batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored; with --objective: {\"chosen_input_ids\", \"chosen_labels\", \"rejected_input_ids\", \"rejected_labels\", \"ref_chosen_logps\"?, \"ref_rejected_logps\"?}")->required();
+  app.add_option("--out", out_path, "where to write the gradients (safetensors, F32, HF names)")->required();
+  app.add_option("--dtype", dtype_name, "compute dtype of the weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--device-memory", memory, "device arena budget");
+  std::string objective_name = "sft";
+  double beta = -1, gamma = 0.5;
+  app.add_option("--objective", objective_name,
+                 "sft (cross-entropy), or a preference objective over a preference batch: dpo, ipo, simpo, orpo")
+      ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo", "orpo"}));
+  CLI::Option* beta_option =
+      app.add_option("--beta", beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
+  app.add_option("--gamma", gamma, "simpo's target margin gamma (default 0.5)");
+  int rc = 0;
+  if (!parse_args(app, args, &rc)) return rc;
+  const bool preference = objective_name != "sft";
+  STRATA_CHECK(beta_option->count() == 0 || beta > 0, "--beta must be positive (got ", beta, ")");
+
+  const std::string batch_text = file_read(batch_path, "batch file", "check --batch", ErrorKind::input);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(batch_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    STRATA_CHECK(false, batch_path, " is not valid JSON: ", e.what());
+  }
+  STRATA_CHECK(j.is_object(), batch_path, " must be a JSON object");
   MicroBatch mb;
   PreferenceBatch pref;
   if (preference) {
     pref = read_preference_batch(j, batch_path);
     mb = pref.mb;
   } else {
-    mb = token_batch(j, batch_path);
+    STRATA_CHECK(j.contains("input_ids"), batch_path, " must be an object with \"input_ids\" (or pass --objective "
+                 "dpo|ipo|simpo|orpo for a preference batch)");
+    auto ids = read_rows(j, "input_ids", batch_path);
+    std::vector<std::vector<int32_t>> labels;
+    if (j.contains("labels") && !j["labels"].is_null()) labels = read_rows(j, "labels", batch_path);
+    mb = micro_batch_from_labels(ids, labels);
   }
   const int64_t counted = mb.counted();
   STRATA_CHECK(counted > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
