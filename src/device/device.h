@@ -114,12 +114,12 @@ class Device {
   virtual void attention_forward(float* out, float* lse, const float* q,
                                  const float* k, const float* v, const int32_t* doc_start,
                                  int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                 float scale, Stream s) = 0;
+                                 float scale, DType dot_type, Stream s) = 0;
   virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* q, const float* k, const float* v,
                                   const float* out, const float* lse, const int32_t* doc_start,
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                  float scale, Stream s) = 0;
+                                  float scale, DType dot_type, Stream s) = 0;
   // lm_head + cross-entropy with lm_head in vocab chunks (ops.h: lm_head_ce_chunk_*; the whole
   // vocabulary is the one-chunk case v0 = 0, vc = V):
   // w_chunk (vc,C) holds vocab rows [v0, v0 + vc) of the (V,C) lm_head, stats (N,3) double the
