@@ -55,7 +55,7 @@ void forward_to_act(Device& dev, const float* x, const LayerWeights& w, const To
   dev.rope_forward(ws.q, ws.q, ctx.pos, ctx.inv_freq, N, H, D, s);
   dev.rope_forward(ws.k, ws.k, ctx.pos, ctx.inv_freq, N, Hk, D, s);
   const float scale = 1.0f / std::sqrt(float(D));
-  dev.attention_forward(ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, H, Hk, D, scale, s);
+  dev.attention_forward(ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, H, Hk, D, scale, d.wt, s);
   linear_forward(dev, ws.h, ws.attn, w.o, w.o_bias, ws.cast_a, N, C, H * D, d, s);
   dev.add_inplace(ws.h, x, N * C, s);  // residual
   dev.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, d.eps, s);
@@ -172,7 +172,7 @@ void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, co
   linear_backward(dev, ws.dattn, g.o, g.o_bias, ws.dh, ws.attn, w.o, ws, N, C, H * D, false, d, s);
   const float scale = 1.0f / std::sqrt(float(D));
   dev.attention_backward(ws.dq, ws.dk, ws.dv, ws.dattn, ws.q, ws.k, ws.v, ws.attn, ws.lse,
-                         ctx.doc_start, d.B, d.T, H, Hk, D, scale, s);
+                         ctx.doc_start, d.B, d.T, H, Hk, D, scale, d.wt, s);
   dev.rope_backward(ws.dq, ws.dq, ctx.pos, ctx.inv_freq, N, H, D, s);
   dev.rope_backward(ws.dk, ws.dk, ctx.pos, ctx.inv_freq, N, Hk, D, s);
   float* dq_lin = ws.dq;

@@ -18,7 +18,7 @@ namespace strata {
 struct LayerDims {
   int64_t B = 0, T = 0, C = 0, H = 0, Hk = 0, D = 0, F = 0;
   float eps = 1e-6f;
-  DType wt = DType::f32;  // dtype of the 2-D weights; f32 or bf16 (then matmul inputs are bf16)
+  DType wt = DType::f32;  // 2-D weights: f32 or bf16 (then matmul inputs and attention dots bf16)
   int64_t N() const { return B * T; }
 };
 

@@ -11,6 +11,15 @@
 // Masking: query t sees keys s with doc_start[b,t] <= s <= t. Key tiles entirely outside
 // [min doc_start of the query tile, last query of the tile] are skipped, and in the backward,
 // query tiles that cannot see a key tile are skipped.
+//
+// bf16 dots (dot_type bf16, ops.h): q, k, v and dout are rounded to bf16 as they are read, and
+// every product (D_i's included) uses those rounded values with f32 accumulation. The two score
+// products per tile (Q K^T and dO V^T, summed over D) run on vdpbf16ps where the CPU has
+// AVX512-BF16, from bf16 rows and keys packed in (D/2, kTileK) pairs; elsewhere, and for the
+// products summed over keys or queries, f32 arithmetic on the rounded values (exact products,
+// f32 sums).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +42,9 @@ struct AttentionShape {
   int64_t rep;      // query heads per kv head
   int64_t q_tiles;  // ceil(t / kTileQ)
   int64_t k_tiles;  // ceil(t / kTileK)
+  bool bf16;        // q, k, v, dout rounded to bf16 (once per call, attention_input)
+  bool dpbf16;      // score products on vdpbf16ps (implies bf16)
+  int64_t dp;       // d rounded up to even: the bf16 row stride
 };
 
 void attention_check_inputs(const AttentionShape& s, const int32_t* doc_start) {
@@ -72,6 +84,18 @@ struct AttentionWorkspace {
   std::vector<float> acc, acc2;        // (max tile, D)
   std::vector<float> row_a, row_b;     // (kTileQ)
   std::vector<int64_t> first, last;    // (kTileQ) visible key range of each query
+  std::vector<float> scores_t, dscores_t;  // (kTileK, kTileQ) transposed P and dS
+  std::vector<int64_t> key_lo, key_hi;     // (kTileK) range of the queries that see each key
+  std::vector<bf16> q_bf, do_bf;           // (kTileQ, dp) with dpbf16: bf16 rows, zero-padded
+  std::vector<uint32_t> k_pairs, v_pairs;  // (dp/2, kTileK) with dpbf16: bf16 pairs (e, e+1)
+  explicit AttentionWorkspace(const AttentionShape& s)
+      : AttentionWorkspace(s.d) {
+    if (!s.dpbf16) return;
+    q_bf.assign(size_t(kTileQ * s.dp), bf16{0});
+    do_bf.assign(size_t(kTileQ * s.dp), bf16{0});
+    k_pairs.assign(size_t(s.dp / 2 * kTileK), 0u);
+    v_pairs.assign(size_t(s.dp / 2 * kTileK), 0u);
+  }
   explicit AttentionWorkspace(int64_t d)
       : q_rows(size_t(kTileQ * d)),
         do_rows(size_t(kTileQ * d)),
@@ -86,24 +110,54 @@ struct AttentionWorkspace {
         row_a(size_t(kTileQ)),
         row_b(size_t(kTileQ)),
         first(size_t(kTileQ)),
-        last(size_t(kTileQ)) {}
+        last(size_t(kTileQ)),
+        scores_t(size_t(kTileK * kTileQ)),
+        dscores_t(size_t(kTileK * kTileQ)),
+        key_lo(size_t(kTileK)),
+        key_hi(size_t(kTileK)) {}
 };
 
-// Copies n rows of one head from x (B,T,nh,D) starting at token t0 into rows (n, D).
-void attention_load_rows(float* rows, const float* x, int64_t bi, int64_t t0, int64_t n,
-                         int64_t head, int64_t nh, const AttentionShape& s) {
+// One input tensor: f32, and with bf16 dots also its bf16 rounding (made once per call, so the
+// many tile loads only widen or copy).
+struct AttentionInput {
+  const float* f32;
+  const bf16* bf;  // null with f32 dots
+};
+
+// Copies n rows of one head from x (B,T,nh,D) starting at token t0 into rows (n, D) (the bf16
+// values, widened, with bf16 dots); with dpbf16, rows_bf (n, dp) also receives the bf16 bits
+// when not null.
+void attention_load_rows(float* rows, bf16* rows_bf, AttentionInput x, int64_t bi, int64_t t0,
+                         int64_t n, int64_t head, int64_t nh, const AttentionShape& s) {
   for (int64_t i = 0; i < n; ++i) {
-    const float* src = x + ((bi * s.t + t0 + i) * nh + head) * s.d;
-    std::copy(src, src + s.d, rows + i * s.d);
+    const int64_t at = ((bi * s.t + t0 + i) * nh + head) * s.d;
+    float* dst = rows + i * s.d;
+    if (!x.bf) {
+      std::copy(x.f32 + at, x.f32 + at + s.d, dst);
+      continue;
+    }
+    const bf16* src = x.bf + at;
+    for (int64_t e = 0; e < s.d; ++e) dst[e] = bf16_to_f32(src[e]);
+    if (s.dpbf16 && rows_bf) std::copy(src, src + s.d, rows_bf + i * s.dp);
   }
 }
 
-// Same, transposed into cols (D, kTileK).
-void attention_load_cols(float* cols, const float* x, int64_t bi, int64_t t0, int64_t n,
-                         int64_t head, int64_t nh, const AttentionShape& s) {
+// Same, transposed into cols (D, kTileK); with dpbf16 into pairs (dp/2, kTileK) instead, the low
+// half of each word holding element 2p and the high half 2p + 1 (zero past d).
+void attention_load_cols(float* cols, uint32_t* pairs, AttentionInput x, int64_t bi, int64_t t0,
+                         int64_t n, int64_t head, int64_t nh, const AttentionShape& s) {
   for (int64_t j = 0; j < n; ++j) {
-    const float* src = x + ((bi * s.t + t0 + j) * nh + head) * s.d;
-    for (int64_t e = 0; e < s.d; ++e) cols[e * kTileK + j] = src[e];
+    const int64_t at = ((bi * s.t + t0 + j) * nh + head) * s.d;
+    if (s.dpbf16) {
+      const bf16* src = x.bf + at;
+      for (int64_t p = 0; p < s.d / 2; ++p)
+        pairs[p * kTileK + j] = uint32_t(src[2 * p].bits) | uint32_t(src[2 * p + 1].bits) << 16;
+      if (s.d % 2) pairs[s.d / 2 * kTileK + j] = src[s.d - 1].bits;
+    } else if (x.bf) {
+      for (int64_t e = 0; e < s.d; ++e) cols[e * kTileK + j] = bf16_to_f32(x.bf[at + e]);
+    } else {
+      for (int64_t e = 0; e < s.d; ++e) cols[e * kTileK + j] = x.f32[at + e];
+    }
   }
 }
 
@@ -143,6 +197,58 @@ void attention_tile_dot(float* c, const float* a, const float* cols, int64_t nq,
   }
 }
 
+// c (nq, kTileK) = a (nq, dp) · pairs (dp/2, kTileK) on vdpbf16ps: each lane adds the products
+// of one (2p, 2p + 1) pair to its f32 sum, pairs in order. a holds bf16 rows, zero-padded.
+__attribute__((target("avx512f,avx512bf16"))) void attention_tile_dot_dpbf16(
+    float* c, const bf16* a, const uint32_t* pairs, int64_t nq, int64_t dp) {
+  constexpr int64_t kRows = 4;
+  const int64_t np = dp / 2;
+  int64_t i = 0;
+  for (; i < nq; i += kRows) {
+    const int64_t rows = std::min(kRows, nq - i);
+    __m512 acc[kRows][kVecPerTile];
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t u = 0; u < kVecPerTile; ++u) acc[r][u] = _mm512_setzero_ps();
+    if (rows == kRows) {
+      for (int64_t p = 0; p < np; ++p) {
+        __m512bh b[kVecPerTile];
+        for (int64_t u = 0; u < kVecPerTile; ++u)
+          b[u] = (__m512bh)_mm512_loadu_si512(pairs + p * kTileK + 16 * u);
+        for (int64_t r = 0; r < kRows; ++r) {
+          uint32_t w;
+          std::memcpy(&w, a + (i + r) * dp + 2 * p, sizeof(w));
+          const __m512bh av = (__m512bh)_mm512_set1_epi32(int(w));
+          for (int64_t u = 0; u < kVecPerTile; ++u)
+            acc[r][u] = _mm512_dpbf16_ps(acc[r][u], av, b[u]);
+        }
+      }
+    } else {
+      for (int64_t p = 0; p < np; ++p)
+        for (int64_t r = 0; r < rows; ++r) {
+          uint32_t w;
+          std::memcpy(&w, a + (i + r) * dp + 2 * p, sizeof(w));
+          const __m512bh av = (__m512bh)_mm512_set1_epi32(int(w));
+          for (int64_t u = 0; u < kVecPerTile; ++u)
+            acc[r][u] = _mm512_dpbf16_ps(
+                acc[r][u], av, (__m512bh)_mm512_loadu_si512(pairs + p * kTileK + 16 * u));
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t u = 0; u < kVecPerTile; ++u)
+        _mm512_storeu_ps(c + (i + r) * kTileK + 16 * u, acc[r][u]);
+  }
+}
+
+// c (nq, kTileK) = a · b^T over D for one tile: rows a (f32) or a_bf, keys cols or pairs.
+void attention_tile_scores(float* c, const float* a, const bf16* a_bf, const float* cols,
+                           const uint32_t* pairs, int64_t nq, const AttentionShape& s) {
+  if (s.dpbf16) {
+    attention_tile_dot_dpbf16(c, a_bf, pairs, nq, s.dp);
+  } else {
+    attention_tile_dot(c, a, cols, nq, s.d);
+  }
+}
+
 // Visible key range [first, last] of each query of the tile, relative to key s0; empty when
 // first > last. Queries t0.., doc start from doc_start (or 0).
 void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int64_t bi, int64_t t0,
@@ -154,8 +260,42 @@ void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int
   }
 }
 
+// y (D) += sum over j = j0..j1 of w[j] * x (rows of stride D): the same sums, element by element
+// in the same order (j ascending), as one axpy per j, with the accumulators kept in registers
+// across j (a 64-column block at a time) instead of loaded and stored for every j.
+void attention_accumulate_rows(float* y, const float* w, const float* x, int64_t j0, int64_t j1,
+                               int64_t d) {
+  auto load = [](const float* p) {
+    AttentionVec v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  };
+  int64_t e = 0;
+  for (; e + 64 <= d; e += 64) {
+    AttentionVec acc[4];
+    for (int64_t u = 0; u < 4; ++u) acc[u] = load(y + e + 16 * u);
+    for (int64_t j = j0; j <= j1; ++j) {
+      const float wj = w[j];
+      const float* xj = x + j * d + e;
+      for (int64_t u = 0; u < 4; ++u) acc[u] += wj * load(xj + 16 * u);
+    }
+    std::memcpy(y + e, acc, sizeof(acc));
+  }
+  for (; e + 16 <= d; e += 16) {
+    AttentionVec acc = load(y + e);
+    for (int64_t j = j0; j <= j1; ++j) acc += w[j] * load(x + j * d + e);
+    std::memcpy(y + e, &acc, sizeof(acc));
+  }
+  for (; e < d; ++e) {
+    float acc = y[e];
+    for (int64_t j = j0; j <= j1; ++j) acc += w[j] * x[j * d + e];
+    y[e] = acc;
+  }
+}
+
 // One forward work item: query tile qt of head hi in batch row bi.
-void attention_forward_tile(float* out, float* lse, const float* q, const float* k, const float* v,
+void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionInput k,
+                            AttentionInput v,
                             const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
                             int64_t qt, float scale, const AttentionShape& s,
                             AttentionWorkspace& ws) {
@@ -165,16 +305,17 @@ void attention_forward_tile(float* out, float* lse, const float* q, const float*
   float* m = ws.row_a.data();   // (nq) running max of scaled scores
   float* l = ws.row_b.data();   // (nq) running sum of exp(score - m)
   float* p = ws.scores.data();  // (nq, kTileK)
-  attention_load_rows(ws.q_rows.data(), q, bi, t0, nq, hi, s.h, s);
+  attention_load_rows(ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
   std::fill(o, o + nq * d, 0.f);
   std::fill(m, m + nq, -std::numeric_limits<float>::infinity());
   std::fill(l, l + nq, 0.f);
 
   for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
-    attention_load_cols(ws.k_cols.data(), k, bi, s0, nk, g, s.hk, s);
-    attention_load_rows(ws.v_rows.data(), v, bi, s0, nk, g, s.hk, s);
-    attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, d);
+    attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_load_rows(ws.v_rows.data(), nullptr, v, bi, s0, nk, g, s.hk, s);
+    attention_tile_scores(p, ws.q_rows.data(), ws.q_bf.data(), ws.k_cols.data(), ws.k_pairs.data(),
+                          nq, s);
     attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
     for (int64_t i = 0; i < nq; ++i) {
       const int64_t j0 = ws.first[i], j1 = ws.last[i];
@@ -198,11 +339,7 @@ void attention_forward_tile(float* out, float* lse, const float* q, const float*
       m[i] = m_new;
       float* oi = o + i * d;
       for (int64_t e = 0; e < d; ++e) oi[e] *= alpha;
-      for (int64_t j = j0; j <= j1; ++j) {
-        const float pij = pi[j];
-        const float* vj = ws.v_rows.data() + j * d;
-        for (int64_t e = 0; e < d; ++e) oi[e] += pij * vj[e];
-      }
+      attention_accumulate_rows(oi, pi, ws.v_rows.data(), j0, j1, d);
     }
   }
   // Every query sees at least itself, so l > 0.
@@ -222,8 +359,10 @@ void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int
                                 float scale, const AttentionShape& s, AttentionWorkspace& ws) {
   float* p = ws.scores.data();
   float* dp = ws.dscores.data();
-  attention_tile_dot(p, ws.q_rows.data(), ws.k_cols.data(), nq, s.d);
-  attention_tile_dot(dp, ws.do_rows.data(), ws.v_cols.data(), nq, s.d);
+  attention_tile_scores(p, ws.q_rows.data(), ws.q_bf.data(), ws.k_cols.data(), ws.k_pairs.data(),
+                        nq, s);
+  attention_tile_scores(dp, ws.do_rows.data(), ws.do_bf.data(), ws.v_cols.data(), ws.v_pairs.data(),
+                        nq, s);
   attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
   for (int64_t i = 0; i < nq; ++i) {
     float* pi = p + i * kTileK;
@@ -250,8 +389,9 @@ void attention_load_row_stats(const float* lse, const float* di, int64_t bi, int
 }
 
 // Backward pass 1 work item: key tile kt of kv head g in batch row bi; writes dk, dv there.
-void attention_backward_kv_tile(float* dk, float* dv, const float* dout, const float* q,
-                                const float* k, const float* v, const float* lse, const float* di,
+void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, AttentionInput q,
+                                AttentionInput k, AttentionInput v, const float* lse,
+                                const float* di,
                                 const int32_t* doc_start, const int32_t* tile_first_keys,
                                 int64_t bi, int64_t g, int64_t kt, float scale,
                                 const AttentionShape& s, AttentionWorkspace& ws) {
@@ -261,29 +401,42 @@ void attention_backward_kv_tile(float* dk, float* dv, const float* dout, const f
   float* dv_acc = ws.acc2.data();  // (nk, D)
   std::fill(dk_acc, dk_acc + nk * d, 0.f);
   std::fill(dv_acc, dv_acc + nk * d, 0.f);
-  attention_load_cols(ws.k_cols.data(), k, bi, s0, nk, g, s.hk, s);
-  attention_load_cols(ws.v_cols.data(), v, bi, s0, nk, g, s.hk, s);
+  attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
+  attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
   for (int64_t hi = g * s.rep; hi < (g + 1) * s.rep; ++hi) {
     for (int64_t qt = s0 / kTileQ; qt < s.q_tiles; ++qt) {
       if (tile_first_keys[bi * s.q_tiles + qt] > s0 + nk - 1) continue;  // no query sees these keys
       const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
-      attention_load_rows(ws.q_rows.data(), q, bi, t0, nq, hi, s.h, s);
-      attention_load_rows(ws.do_rows.data(), dout, bi, t0, nq, hi, s.h, s);
+      attention_load_rows(ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
+      attention_load_rows(ws.do_rows.data(), ws.do_bf.data(), dout, bi, t0, nq, hi, s.h, s);
       attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
       attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                  scale, s, ws);
+      // dV_j += sum_i P_ij dO_i and dK_j += sum_i dS_ij Q_i, over the queries i that see key j
+      // (i ascending; P and dS are zero inside [lo_j, hi_j] where i does not see j): P and dS
+      // transposed so each key's weights are contiguous.
+      int64_t* q_lo = ws.key_lo.data();
+      int64_t* q_hi = ws.key_hi.data();
+      std::fill(q_lo, q_lo + nk, nq);
+      std::fill(q_hi, q_hi + nk, int64_t(-1));
       for (int64_t i = 0; i < nq; ++i) {
         const float* pi = ws.scores.data() + i * kTileK;
         const float* dsi = ws.dscores.data() + i * kTileK;
-        const float* qi = ws.q_rows.data() + i * d;
-        const float* doi = ws.do_rows.data() + i * d;
-        for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
-          float* dvj = dv_acc + j * d;
-          float* dkj = dk_acc + j * d;
-          const float pij = pi[j], dsij = dsi[j];
-          for (int64_t e = 0; e < d; ++e) dvj[e] += pij * doi[e];
-          for (int64_t e = 0; e < d; ++e) dkj[e] += dsij * qi[e];
+        for (int64_t j = 0; j < nk; ++j) {
+          ws.scores_t[j * kTileQ + i] = pi[j];
+          ws.dscores_t[j * kTileQ + i] = dsi[j];
         }
+        for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
+          q_lo[j] = std::min(q_lo[j], i);
+          q_hi[j] = std::max(q_hi[j], i);
+        }
+      }
+      for (int64_t j = 0; j < nk; ++j) {
+        if (q_lo[j] > q_hi[j]) continue;
+        attention_accumulate_rows(dv_acc + j * d, ws.scores_t.data() + j * kTileQ,
+                                  ws.do_rows.data(), q_lo[j], q_hi[j], d);
+        attention_accumulate_rows(dk_acc + j * d, ws.dscores_t.data() + j * kTileQ,
+                                  ws.q_rows.data(), q_lo[j], q_hi[j], d);
       }
     }
   }
@@ -298,8 +451,8 @@ void attention_backward_kv_tile(float* dk, float* dv, const float* dout, const f
 }
 
 // Backward pass 2 work item: query tile qt of head hi in batch row bi; writes dq there.
-void attention_backward_q_tile(float* dq, const float* dout, const float* q, const float* k,
-                               const float* v, const float* lse, const float* di,
+void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q, AttentionInput k,
+                               AttentionInput v, const float* lse, const float* di,
                                const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
                                int64_t qt, float scale, const AttentionShape& s,
                                AttentionWorkspace& ws) {
@@ -307,25 +460,19 @@ void attention_backward_q_tile(float* dq, const float* dout, const float* q, con
   const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
   float* dq_acc = ws.acc.data();  // (nq, D)
   std::fill(dq_acc, dq_acc + nq * d, 0.f);
-  attention_load_rows(ws.q_rows.data(), q, bi, t0, nq, hi, s.h, s);
-  attention_load_rows(ws.do_rows.data(), dout, bi, t0, nq, hi, s.h, s);
+  attention_load_rows(ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
+  attention_load_rows(ws.do_rows.data(), ws.do_bf.data(), dout, bi, t0, nq, hi, s.h, s);
   attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
   for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
-    attention_load_cols(ws.k_cols.data(), k, bi, s0, nk, g, s.hk, s);
-    attention_load_cols(ws.v_cols.data(), v, bi, s0, nk, g, s.hk, s);
-    attention_load_rows(ws.k_rows.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
+    attention_load_rows(ws.k_rows.data(), nullptr, k, bi, s0, nk, g, s.hk, s);
     attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                scale, s, ws);
-    for (int64_t i = 0; i < nq; ++i) {
-      const float* dsi = ws.dscores.data() + i * kTileK;
-      float* dqi = dq_acc + i * d;
-      for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
-        const float dsij = dsi[j];
-        const float* kj = ws.k_rows.data() + j * d;
-        for (int64_t e = 0; e < d; ++e) dqi[e] += dsij * kj[e];
-      }
-    }
+    for (int64_t i = 0; i < nq; ++i)
+      attention_accumulate_rows(dq_acc + i * d, ws.dscores.data() + i * kTileK,
+                                ws.k_rows.data(), ws.first[i], ws.last[i], d);
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* dst = dq + ((bi * s.t + t0 + i) * s.h + hi) * d;
@@ -333,68 +480,158 @@ void attention_backward_q_tile(float* dq, const float* dout, const float* q, con
   }
 }
 
-AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d) {
-  AttentionShape s{
-      b, t, h, hk, d, hk > 0 ? h / hk : 0, (t + kTileQ - 1) / kTileQ, (t + kTileK - 1) / kTileK};
+// sum_e a[e] b[e] in order. One function for both dot types, so that bf16 dots on bf16-valued
+// inputs give the f32 op's bits (the compiler contracts one loop one way).
+[[gnu::noinline]] float attention_row_dot(const float* a, const float* b, int64_t d) {
+  float acc = 0.f;
+  for (int64_t e = 0; e < d; ++e) acc += a[e] * b[e];
+  return acc;
+}
+
+// The input as the tiles read it: with bf16 dots, rounded once into `storage` (n elements).
+AttentionInput attention_input(const float* x, int64_t n, const AttentionShape& s,
+                               std::vector<bf16>& storage) {
+  if (!s.bf16) return {x, nullptr};
+  storage.resize(size_t(n));
+  bf16* dst = storage.data();
+  // f32_to_bf16 (src/core/bf16.h) without its branch, so the loop vectorises: the same bits.
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, sizeof(u));
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    dst[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+  return {x, dst};
+}
+
+AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
+                               DType dot_type, AttentionIsa isa) {
+  STRATA_CHECK(dot_type == DType::f32 || dot_type == DType::bf16,
+               "attention: dot products run in f32 or bf16 (got ", dtype_name(dot_type), ")");
+  STRATA_CHECK(attention_isa_supported(isa), "attention: this CPU cannot run the ",
+               attention_isa_name(isa), " kernel");
+  const bool bf16 = dot_type == DType::bf16;
+  AttentionShape s{b,
+                   t,
+                   h,
+                   hk,
+                   d,
+                   hk > 0 ? h / hk : 0,
+                   (t + kTileQ - 1) / kTileQ,
+                   (t + kTileK - 1) / kTileK,
+                   bf16,
+                   bf16 && isa == AttentionIsa::avx512_bf16,
+                   (d + 1) / 2 * 2};
   return s;
 }
 
 }  // namespace
 
+const char* attention_isa_name(AttentionIsa isa) {
+  return isa == AttentionIsa::avx512_bf16 ? "avx512_bf16" : "portable";
+}
+
+bool attention_isa_supported(AttentionIsa isa) {
+  if (isa == AttentionIsa::portable) return true;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+}
+
+AttentionIsa attention_isa_best() {
+  static const AttentionIsa best = attention_isa_supported(AttentionIsa::avx512_bf16)
+                                       ? AttentionIsa::avx512_bf16
+                                       : AttentionIsa::portable;
+  return best;
+}
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, float scale) {
-  const AttentionShape s = attention_shape(b, t, h, hk, d);
-  attention_check_inputs(s, doc_start);
-  const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
-  const int64_t items = s.b * s.h * s.q_tiles;
-#pragma omp parallel
-  {
-    AttentionWorkspace ws(d);
-    // Late query tiles cost the most (causal), so hand them out first.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
-      const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
-      attention_forward_tile(out, lse, q, k, v, doc_start, first_keys[bi * s.q_tiles + qt], bi, hi,
-                             qt, scale, s, ws);
-    }
-  }
+                       int64_t d, float scale, DType dot_type) {
+  attention_forward_isa(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, dot_type,
+                        attention_isa_best());
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                        int64_t d, float scale) {
-  const AttentionShape s = attention_shape(b, t, h, hk, d);
+                        int64_t d, float scale, DType dot_type) {
+  attention_backward_isa(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
+                         dot_type, attention_isa_best());
+}
+
+void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                           int64_t d, float scale, DType dot_type, AttentionIsa isa) {
+  const AttentionShape s = attention_shape(b, t, h, hk, d, dot_type, isa);
   attention_check_inputs(s, doc_start);
   const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
+  std::vector<bf16> q_bf, k_bf, v_bf;
+  const AttentionInput qi = attention_input(q, b * t * h * d, s, q_bf);
+  const AttentionInput ki = attention_input(k, b * t * hk * d, s, k_bf);
+  const AttentionInput vi = attention_input(v, b * t * hk * d, s, v_bf);
+  const int64_t items = s.b * s.h * s.q_tiles;
+#pragma omp parallel
+  {
+    AttentionWorkspace ws(s);
+    // Late query tiles cost the most (causal), so hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
+      const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
+      attention_forward_tile(out, lse, qi, ki, vi, doc_start, first_keys[bi * s.q_tiles + qt], bi,
+                             hi,
+                             qt, scale, s, ws);
+    }
+  }
+}
+
+void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                            const float* k, const float* v, const float* out, const float* lse,
+                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                            int64_t d, float scale, DType dot_type, AttentionIsa isa) {
+  const AttentionShape s = attention_shape(b, t, h, hk, d, dot_type, isa);
+  attention_check_inputs(s, doc_start);
+  const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
+  std::vector<bf16> q_bf, k_bf, v_bf, do_bf;
+  const AttentionInput qi = attention_input(q, b * t * h * d, s, q_bf);
+  const AttentionInput ki = attention_input(k, b * t * hk * d, s, k_bf);
+  const AttentionInput vi = attention_input(v, b * t * hk * d, s, v_bf);
+  const AttentionInput doi = attention_input(dout, b * t * h * d, s, do_bf);
   std::vector<float> di(size_t(b * t * h));  // (B,T,H) rowsum(dout * out)
   const int64_t rows = b * t * h;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float acc = 0.f;
-    for (int64_t e = 0; e < d; ++e) acc += dout[r * d + e] * out[r * d + e];
-    di[r] = acc;
+#pragma omp parallel
+  {
+    std::vector<float> widened(size_t(s.bf16 ? d : 0));  // (D) one dout row, bf16 widened
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* g = dout + r * d;
+      if (s.bf16) {
+        for (int64_t e = 0; e < d; ++e) widened[e] = bf16_to_f32(doi.bf[r * d + e]);
+        g = widened.data();
+      }
+      di[r] = attention_row_dot(g, out + r * d, d);
+    }
   }
   const int64_t kv_items = s.b * s.hk * s.k_tiles;
   const int64_t q_items = s.b * s.h * s.q_tiles;
 #pragma omp parallel
   {
-    AttentionWorkspace ws(d);
+    AttentionWorkspace ws(s);
     // Early key tiles are seen by the most queries, so hand them out first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < kv_items; ++it) {
       const int64_t kt = it % s.k_tiles;
       const int64_t g = (it / s.k_tiles) % s.hk, bi = it / (s.k_tiles * s.hk);
-      attention_backward_kv_tile(dk, dv, dout, q, k, v, lse, di.data(), doc_start,
+      attention_backward_kv_tile(dk, dv, doi, qi, ki, vi, lse, di.data(), doc_start,
                                  first_keys.data(), bi, g, kt, scale, s, ws);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < q_items; ++it) {
       const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
       const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
-      attention_backward_q_tile(dq, dout, q, k, v, lse, di.data(), doc_start,
+      attention_backward_q_tile(dq, doi, qi, ki, vi, lse, di.data(), doc_start,
                                 first_keys[bi * s.q_tiles + qt], bi, hi, qt, scale, s, ws);
     }
   }

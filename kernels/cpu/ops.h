@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "src/core/bf16.h"
+#include "src/core/dtype.h"
 
 namespace strata::cpu {
 
@@ -63,13 +64,31 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 // Head h reads kv head h / (H/Hk). doc_start (B,T) or null: query t sees keys s with
 // doc_start[b,t] <= s <= t (packed rows: documents never attend across each other).
 // dk, dv (B,T,Hk,D) are written.
+// dot_type f32 or bf16: with bf16, q, k, v and dout are rounded to bf16 (nearest even) wherever
+// they are read, so the op equals the f32 op on rounded inputs; products accumulate in f32 and
+// softmax, lse, P and dS stay f32. The CUDA kernel does the same.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, float scale);
+                       int64_t d, float scale, DType dot_type);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                        int64_t d, float scale);
+                        int64_t d, float scale, DType dot_type);
+// The bf16 score products (Q K^T, dO V^T) run on vdpbf16ps where the CPU has AVX512-BF16
+// (avx512_bf16), else as f32 products of the rounded values (portable); the two sum a dot
+// product in a different order, so their last bits may differ. The plain entries above use the
+// best the CPU offers; the _isa entries let tests run both.
+enum class AttentionIsa : uint8_t { portable, avx512_bf16 };
+const char* attention_isa_name(AttentionIsa isa);
+bool attention_isa_supported(AttentionIsa isa);
+AttentionIsa attention_isa_best();
+void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                           int64_t d, float scale, DType dot_type, AttentionIsa isa);
+void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                            const float* k, const float* v, const float* out, const float* lse,
+                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                            int64_t d, float scale, DType dot_type, AttentionIsa isa);
 
 // ---- lm_head + cross-entropy over the whole vocabulary (never all N x V logits at once) ----
 // h (N,C) final hidden, w (V,C) lm_head, targets (N) with -100 ignored.

@@ -1,7 +1,9 @@
 // Causal GQA attention on CUDA, flash-style (twin: kernels/cpu/ref/attention.h; map:
 // kernels/cpu/attention.cpp). q (B,T,H,D), k and v (B,T,Hk,D), out (B,T,H,D), lse (B,T,H).
 // Head h reads kv head h / (H/Hk). Query t sees keys s with doc_start[b,t] <= s <= t.
-// All f32, memory O(tile): scores live one 32-key tile at a time, never (T, T).
+// f32 arithmetic, memory O(tile): scores live one 32-key tile at a time, never (T, T). With
+// bf16 dots, q, k, v and dout are rounded to bf16 wherever they are read (every product then
+// uses the rounded values, f32 sums), as the CPU kernel does.
 //
 // Layout shared by the three kernels: blocks of 4 warps; a key tile of 32 keys sits in shared
 // memory (K and V rows padded by one float so lane-per-key reads hit distinct banks); in the
@@ -58,16 +60,18 @@ __device__ __forceinline__ int64_t attention_tile_first_key(const int32_t* doc_s
   return first;
 }
 
-// rows (n_rows, kD+1 padded) of head `head` of x (B,T,nh,D) from token t0; zero past d / rows.
+// rows (n_rows, kD+1 padded) of head `head` of x (B,T,nh,D) from token t0; zero past d / rows;
+// rounded to bf16 (nearest even) with bf16 dots.
 template <int kD>
 __device__ __forceinline__ void attention_load_tile(float (*rows)[kD + 1], int n_rows,
                                                     const float* x, int64_t bi, int64_t t,
                                                     int64_t t0, int64_t head, int64_t nh,
-                                                    int64_t d) {
+                                                    int64_t d, bool bf16_dots) {
   for (int e = int(threadIdx.x); e < n_rows * kD; e += kAttnThreads) {
     const int r = e / kD, col = e % kD;
     const int64_t tok = t0 + r;
-    rows[r][col] = (tok < t && col < d) ? x[((bi * t + tok) * nh + head) * d + col] : 0.f;
+    const float x_e = (tok < t && col < d) ? x[((bi * t + tok) * nh + head) * d + col] : 0.f;
+    rows[r][col] = bf16_dots ? bf16_load_rounded(x_e) : x_e;
   }
 }
 
@@ -78,11 +82,15 @@ __device__ __forceinline__ float attention_dot(const float* a, const float* b, i
   return acc;
 }
 
-// D_i = sum_e dout[row, e] * out[row, e] over one (token, head) row, summed by a warp.
+// D_i = sum_e dout[row, e] * out[row, e] over one (token, head) row, summed by a warp; dout
+// rounded to bf16 with bf16 dots.
 __device__ __forceinline__ float attention_row_di(const float* dout, const float* out, int64_t row,
-                                                  int64_t d, int lane) {
+                                                  int64_t d, int lane, bool bf16_dots) {
   float acc = 0.f;
-  for (int64_t e = lane; e < d; e += kWarp) acc += dout[row * d + e] * out[row * d + e];
+  for (int64_t e = lane; e < d; e += kWarp) {
+    const float g = bf16_dots ? bf16_load_rounded(dout[row * d + e]) : dout[row * d + e];
+    acc += g * out[row * d + e];
+  }
   return warp_sum(acc);
 }
 
@@ -91,7 +99,7 @@ template <int kDPL>
 __global__ void attention_forward_kernel(float* out, float* lse, const float* q, const float* k,
                                          const float* v, const int32_t* doc_start, int64_t t,
                                          int64_t h, int64_t hk, int64_t d, float scale,
-                                         int* error_word) {
+                                         bool bf16_dots, int* error_word) {
   constexpr int kD = kWarp * kDPL;
   __shared__ float sq[kFwdRows][kD + 1];  // (16, D) queries of this tile
   __shared__ float sk[kKeys][kD + 1];     // (32, D) keys of the current tile
@@ -100,7 +108,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
   const int64_t t0 = int64_t(blockIdx.x) * kFwdRows, hi = blockIdx.y, bi = blockIdx.z;
   const int64_t g = hi / (h / hk);
   const int nq = int(t - t0 < kFwdRows ? t - t0 : kFwdRows);
-  attention_load_tile<kD>(sq, kFwdRows, q, bi, t, t0, hi, h, d);
+  attention_load_tile<kD>(sq, kFwdRows, q, bi, t, t0, hi, h, d, bf16_dots);
 
   float o[kFwdRowsPerWarp][kDPL];  // unnormalised output, lanes own columns lane + 32u
   float m[kFwdRowsPerWarp], l[kFwdRowsPerWarp];
@@ -118,8 +126,8 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
   const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq);
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     __syncthreads();  // the previous tile is consumed (and sq is loaded)
-    attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d);
-    attention_load_tile<kD>(sv, kKeys, v, bi, t, s0, g, hk, d);
+    attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d, bf16_dots);
+    attention_load_tile<kD>(sv, kKeys, v, bi, t, s0, g, hk, d, bf16_dots);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kFwdRowsPerWarp; ++i) {
@@ -167,7 +175,8 @@ __global__ void attention_backward_kv_kernel(float* dk, float* dv, const float* 
                                              const float* q, const float* k, const float* v,
                                              const float* out, const float* lse,
                                              const int32_t* doc_start, int64_t t, int64_t h,
-                                             int64_t hk, int64_t d, float scale, int* error_word) {
+                                             int64_t hk, int64_t d, float scale, bool bf16_dots,
+                                             int* error_word) {
   constexpr int kD = kWarp * kDPL;
   constexpr int kCols = kD / kAttnWarps;  // columns per thread
   __shared__ float sk[kKeys][kD + 1];     // (32, D)
@@ -182,8 +191,8 @@ __global__ void attention_backward_kv_kernel(float* dk, float* dv, const float* 
   const int64_t s0 = int64_t(blockIdx.x) * kKeys, g = blockIdx.y, bi = blockIdx.z;
   const int64_t rep = h / hk;
   const int nk = int(t - s0 < kKeys ? t - s0 : kKeys);
-  attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d);
-  attention_load_tile<kD>(sv, kKeys, v, bi, t, s0, g, hk, d);
+  attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d, bf16_dots);
+  attention_load_tile<kD>(sv, kKeys, v, bi, t, s0, g, hk, d, bf16_dots);
 
   float dk_acc[kCols], dv_acc[kCols];
 #pragma unroll
@@ -194,14 +203,14 @@ __global__ void attention_backward_kv_kernel(float* dk, float* dv, const float* 
       const int nq = int(t - t0 < kBwdRows ? t - t0 : kBwdRows);
       if (attention_tile_first_key(doc_start, bi, t, t0, nq) > s0 + nk - 1) continue;  // uniform
       __syncthreads();  // the previous step's shared tiles are consumed
-      attention_load_tile<kD>(sq, kBwdRows, q, bi, t, t0, hi, h, d);
-      attention_load_tile<kD>(sdo, kBwdRows, dout, bi, t, t0, hi, h, d);
+      attention_load_tile<kD>(sq, kBwdRows, q, bi, t, t0, hi, h, d, bf16_dots);
+      attention_load_tile<kD>(sdo, kBwdRows, dout, bi, t, t0, hi, h, d, bf16_dots);
 #pragma unroll
       for (int i = 0; i < kBwdRowsPerWarp; ++i) {
         const int r = warp * kBwdRowsPerWarp + i;
         if (r >= nq) continue;  // warp-uniform
         const int64_t row = (bi * t + t0 + r) * h + hi;
-        const float di = attention_row_di(dout, out, row, d, lane);
+        const float di = attention_row_di(dout, out, row, d, lane, bf16_dots);
         if (lane == 0) {
           sdi[r] = di;
           slse[r] = lse[row];
@@ -253,7 +262,7 @@ __global__ void attention_backward_q_kernel(float* dq, const float* dout, const 
                                             const float* k, const float* v, const float* out,
                                             const float* lse, const int32_t* doc_start,
                                             int64_t t, int64_t h, int64_t hk, int64_t d,
-                                            float scale, int* error_word) {
+                                            float scale, bool bf16_dots, int* error_word) {
   constexpr int kD = kWarp * kDPL;
   __shared__ float sq[kBwdRows][kD + 1];   // (8, D)
   __shared__ float sdo[kBwdRows][kD + 1];  // (8, D)
@@ -263,8 +272,8 @@ __global__ void attention_backward_q_kernel(float* dq, const float* dout, const 
   const int64_t t0 = int64_t(blockIdx.x) * kBwdRows, hi = blockIdx.y, bi = blockIdx.z;
   const int64_t g = hi / (h / hk);
   const int nq = int(t - t0 < kBwdRows ? t - t0 : kBwdRows);
-  attention_load_tile<kD>(sq, kBwdRows, q, bi, t, t0, hi, h, d);
-  attention_load_tile<kD>(sdo, kBwdRows, dout, bi, t, t0, hi, h, d);
+  attention_load_tile<kD>(sq, kBwdRows, q, bi, t, t0, hi, h, d, bf16_dots);
+  attention_load_tile<kD>(sdo, kBwdRows, dout, bi, t, t0, hi, h, d, bf16_dots);
 
   float dq_acc[kBwdRowsPerWarp][kDPL];
   float row_lse[kBwdRowsPerWarp], row_di[kBwdRowsPerWarp];
@@ -274,7 +283,7 @@ __global__ void attention_backward_q_kernel(float* dq, const float* dout, const 
     const int r = warp * kBwdRowsPerWarp + i;
     const int64_t row = (bi * t + t0 + r) * h + hi;
     row_lse[i] = r < nq ? lse[row] : 0.f;
-    row_di[i] = r < nq ? attention_row_di(dout, out, row, d, lane) : 0.f;
+    row_di[i] = r < nq ? attention_row_di(dout, out, row, d, lane, bf16_dots) : 0.f;
     first[i] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, error_word) : 0;
 #pragma unroll
     for (int u = 0; u < kDPL; ++u) dq_acc[i][u] = 0.f;
@@ -283,8 +292,8 @@ __global__ void attention_backward_q_kernel(float* dq, const float* dout, const 
   const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq);
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     __syncthreads();
-    attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d);
-    attention_load_tile<kD>(sv, kKeys, v, bi, t, s0, g, hk, d);
+    attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d, bf16_dots);
+    attention_load_tile<kD>(sv, kKeys, v, bi, t, s0, g, hk, d, bf16_dots);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kBwdRowsPerWarp; ++i) {
@@ -335,12 +344,12 @@ int attention_cols_per_lane(int64_t d) { return d <= 32 ? 1 : (d <= 64 ? 2 : 4);
 template <int kDPL>
 void attention_forward_launch(float* out, float* lse, const float* q, const float* k,
                               const float* v, const int32_t* doc_start, int64_t b, int64_t t,
-                              int64_t h, int64_t hk, int64_t d, float scale, int* error_word,
-                              cudaStream_t stream) {
+                              int64_t h, int64_t hk, int64_t d, float scale, bool bf16_dots,
+                              int* error_word, cudaStream_t stream) {
   auto* kernel = attention_forward_kernel<kDPL>;
   const dim3 grid(unsigned((t + kFwdRows - 1) / kFwdRows), unsigned(h), unsigned(b));
   STRATA_LAUNCH(kernel, grid, kAttnThreads, 0, stream, out, lse, q, k, v, doc_start, t, h, hk, d,
-                scale, error_word);
+                scale, bf16_dots, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_forward");
 }
 
@@ -348,17 +357,17 @@ template <int kDPL>
 void attention_backward_launch(float* dq, float* dk, float* dv, const float* dout, const float* q,
                                const float* k, const float* v, const float* out, const float* lse,
                                const int32_t* doc_start, int64_t b, int64_t t, int64_t h,
-                               int64_t hk, int64_t d, float scale, int* error_word,
-                               cudaStream_t stream) {
+                               int64_t hk, int64_t d, float scale, bool bf16_dots,
+                               int* error_word, cudaStream_t stream) {
   auto* kv_kernel = attention_backward_kv_kernel<kDPL>;
   const dim3 kv_grid(unsigned((t + kKeys - 1) / kKeys), unsigned(hk), unsigned(b));
   STRATA_LAUNCH(kv_kernel, kv_grid, kAttnThreads, 0, stream, dk, dv, dout, q, k, v, out, lse,
-                doc_start, t, h, hk, d, scale, error_word);
+                doc_start, t, h, hk, d, scale, bf16_dots, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_backward dk dv");
   auto* q_kernel = attention_backward_q_kernel<kDPL>;
   const dim3 q_grid(unsigned((t + kBwdRows - 1) / kBwdRows), unsigned(h), unsigned(b));
   STRATA_LAUNCH(q_kernel, q_grid, kAttnThreads, 0, stream, dq, dout, q, k, v, out, lse, doc_start,
-                t, h, hk, d, scale, error_word);
+                t, h, hk, d, scale, bf16_dots, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_backward dq");
 }
 
@@ -366,26 +375,26 @@ void attention_backward_launch(float* dq, float* dk, float* dv, const float* dou
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, float scale, int* error_word, cudaStream_t stream) {
+                       int64_t d, float scale, bool bf16_dots, int* error_word, cudaStream_t stream) {
   attention_check(b, t, h, hk, d);
   if (b == 0 || t == 0) return;
   switch (attention_cols_per_lane(d)) {
-    case 1: attention_forward_launch<1>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, error_word, stream); break;
-    case 2: attention_forward_launch<2>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, error_word, stream); break;
-    default: attention_forward_launch<4>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, error_word, stream); break;
+    case 1: attention_forward_launch<1>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
+    case 2: attention_forward_launch<2>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
+    default: attention_forward_launch<4>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
   }
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                        int64_t d, float scale, int* error_word, cudaStream_t stream) {
+                        int64_t d, float scale, bool bf16_dots, int* error_word, cudaStream_t stream) {
   attention_check(b, t, h, hk, d);
   if (b == 0 || t == 0) return;
   switch (attention_cols_per_lane(d)) {
-    case 1: attention_backward_launch<1>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, error_word, stream); break;
-    case 2: attention_backward_launch<2>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, error_word, stream); break;
-    default: attention_backward_launch<4>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, error_word, stream); break;
+    case 1: attention_backward_launch<1>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
+    case 2: attention_backward_launch<2>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
+    default: attention_backward_launch<4>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
   }
 }
 

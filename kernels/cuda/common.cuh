@@ -98,6 +98,7 @@ __device__ __forceinline__ void kernel_error_raise(int* error_word, int bit) {
 
 __device__ __forceinline__ float bf16_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ __nv_bfloat16 bf16_from(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float bf16_load_rounded(float x) { return __bfloat162float(bf16_from(x)); }
 
 // An f32 value from f32 or bf16 storage, and back (bf16 rounded to nearest even).
 __device__ __forceinline__ float load_f32(const float* p) { return *p; }

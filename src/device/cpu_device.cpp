@@ -216,15 +216,18 @@ class CpuDevice final : public ArenaDevice {
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
-                         int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
-    enqueue_op(s, OpKind::attention, [=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale); });
+                         int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
+                         Stream s) override {
+    enqueue_op(s, OpKind::attention, [=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, dot_type); });
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
-                          int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
+                          int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
+                          Stream s) override {
     enqueue_op(s, OpKind::attention, [=] {
-      cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale);
+      cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
+                              dot_type);
     });
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,

@@ -192,6 +192,13 @@ class CudaSpanTimer {
   double busy_s_[kStreamCount] = {}, wait_s_[kStreamCount] = {}, op_s_[int(OpKind::count)] = {};
 };
 
+// Attention's dot products: f32, or bf16-rounded q, k, v, dout (kernels/cpu/ops.h).
+bool attention_bf16_dots(DType dot_type) {
+  STRATA_CHECK(dot_type == DType::f32 || dot_type == DType::bf16,
+               "attention: dot products run in f32 or bf16 (got ", dtype_name(dot_type), ")");
+  return dot_type == DType::bf16;
+}
+
 class CudaDevice final : public ArenaDevice {
  public:
   explicit CudaDevice(const DeviceOptions& o) {
@@ -377,19 +384,22 @@ class CudaDevice final : public ArenaDevice {
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
-                         int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
+                         int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
+                         Stream s) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
-    cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, error_word_, stream(s));
+    cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, attention_bf16_dots(dot_type),
+                            error_word_, stream(s));
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
-                          int64_t h, int64_t hk, int64_t d, float scale, Stream s) override {
+                          int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
+                          Stream s) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
-                             error_word_, stream(s));
+                             attention_bf16_dots(dot_type), error_word_, stream(s));
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,

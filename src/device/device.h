@@ -114,12 +114,12 @@ class Device {
   virtual void attention_forward(float* out, float* lse, const float* q,
                                  const float* k, const float* v, const int32_t* doc_start,
                                  int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                 float scale, Stream s) = 0;
+                                 float scale, DType dot_type, Stream s) = 0;
   virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* q, const float* k, const float* v,
                                   const float* out, const float* lse, const int32_t* doc_start,
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                  float scale, Stream s) = 0;
+                                  float scale, DType dot_type, Stream s) = 0;
   // Generation (offload/generator.h): queries continuing each row against a KV cache,
   // kernels/cpu/attention_cached.h. q (B,Tq,H,D), caches (B,Tcap,Hk,D), start (B) device ints.
   virtual void attention_cached_forward(float* out, const float* q, const float* k_cache,

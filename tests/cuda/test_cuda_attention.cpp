@@ -1,7 +1,9 @@
 // The CUDA flash-style attention (kernels/cuda/attention.cu) against the fp64 reference twin
 // (kernels/cpu/ref/attention.h): GQA group sizes 1, 2, 4 and H == Hk, head dims 5, 16, 24, 64
 // and 128 (the three kernel variants and their padded columns), T = 1, 17, 40, 70 (partial
-// 16-, 8- and 32-token tiles), with and without packed documents; determinism; bad doc_start.
+// 16-, 8- and 32-token tiles), with and without packed documents, f32 and bf16 dots (against the
+// twin on bf16-rounded q, k, v, dout: the op's definition, kernels/cpu/ops.h); determinism; bad
+// doc_start.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -32,9 +34,10 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
   const AttnCase cases[] = {
       {1, 1, 1, 1, 5, 0},     {2, 17, 4, 2, 24, 0}, {2, 17, 4, 2, 24, 6}, {1, 40, 8, 2, 16, 9},
       {1, 40, 3, 3, 64, 13},  {1, 40, 2, 1, 128, 0}, {1, 70, 2, 2, 33, 40}};
+  for (const DType dot_type : {DType::f32, DType::bf16})
   for (const AttnCase& c : cases) {
     INFO("b=" << c.b << " t=" << c.t << " h=" << c.h << " hk=" << c.hk << " d=" << c.d
-              << " max_doc=" << c.max_doc);
+              << " max_doc=" << c.max_doc << " dots " << dtype_name(dot_type));
     const size_t nq = size_t(c.b * c.t * c.h * c.d), nk = size_t(c.b * c.t * c.hk * c.d);
     auto q = random_floats(nq, 71, -2.f, 2.f), k = random_floats(nk, 72, -2.f, 2.f);
     auto v = random_floats(nk, 73), dout = random_floats(nq, 74);
@@ -43,8 +46,12 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
     const double scale = 1.0 / std::sqrt(double(c.d));
 
     std::vector<double> out(nq), lse(size_t(c.b * c.t * c.h)), dq(nq), dk(nk), dv(nk);
-    auto qd = convert<double>(q), kd = convert<double>(k), vd = convert<double>(v);
-    auto dod = convert<double>(dout);
+    auto twin_in = [&](std::vector<float> x) {
+      if (dot_type == DType::bf16)
+        for (float& e : x) e = bf16_to_f32(f32_to_bf16(e));
+      return convert<double>(x);
+    };
+    auto qd = twin_in(q), kd = twin_in(k), vd = twin_in(v), dod = twin_in(dout);
     ref::attention_forward<double>(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), ds_host,
                                    c.b, c.t, c.h, c.hk, c.d, scale);
     ref::attention_backward<double>(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
@@ -56,9 +63,9 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
     Buffer<int32_t> gds(*dev, docs.empty() ? std::vector<int32_t>(1, 0) : docs);
     const int32_t* ds_dev = c.max_doc ? gds.get() : nullptr;
     dev->attention_forward(gout, glse, gq, gk, gv, ds_dev, c.b, c.t, c.h, c.hk, c.d,
-                           float(scale), Stream::compute);
+                           float(scale), dot_type, Stream::compute);
     dev->attention_backward(gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
-                            c.t, c.h, c.hk, c.d, float(scale), Stream::compute);
+                            c.t, c.h, c.hk, c.d, float(scale), dot_type, Stream::compute);
     // f32 online softmax and dot products over D <= 128 (measured <= 6e-7 under the emulator);
     // the backward recomputes P from the f32 lse and sums up to T*H/Hk terms.
     CHECK(max_rel_error(gout.download(), out) <= 5e-6);
@@ -70,7 +77,7 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
 
     // No atomics: a second backward (blocks run in another shuffled order) is bitwise equal.
     dev->attention_backward(gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
-                            c.t, c.h, c.hk, c.d, float(scale), Stream::compute);
+                            c.t, c.h, c.hk, c.d, float(scale), dot_type, Stream::compute);
     CHECK(gdq.download() == dq1);
     CHECK(gdk.download() == dk1);
     CHECK(gdv.download() == dv1);
@@ -86,12 +93,12 @@ TEST_CASE("cuda attention reports a doc_start outside [0, t] at synchronize", "[
   Buffer<float> q(*dev, random_floats(size_t(t * h * d), 81)), out(*dev, size_t(t * h * d));
   Buffer<float> lse(*dev, size_t(t * h));
   Buffer<int32_t> ds(*dev, docs);
-  dev->attention_forward(out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f, Stream::compute);
+  dev->attention_forward(out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f, DType::f32, Stream::compute);
   CHECK_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("doc_start"));
   dev->stream_synchronize(Stream::compute);  // reported once, then cleared
   docs[4] = 0;
   ds.upload(docs);
-  dev->attention_forward(out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f, Stream::compute);
+  dev->attention_forward(out, lse, q, q, q, ds, 1, t, h, h, d, 0.3f, DType::f32, Stream::compute);
   CHECK_NOTHROW(dev->stream_synchronize(Stream::compute));
 }
 
@@ -99,7 +106,8 @@ TEST_CASE("cuda attention rejects head dims beyond the kernel with a clear error
   auto dev = cuda_testing::test_device();
   if (!dev) return;
   Buffer<float> x(*dev, size_t(2 * 256)), lse(*dev, size_t(2));
-  CHECK_THROWS_WITH(dev->attention_forward(x, lse, x, x, x, nullptr, 1, 2, 1, 1, 256, 1.f, Stream::compute),
+  CHECK_THROWS_WITH(dev->attention_forward(x, lse, x, x, x, nullptr, 1, 2, 1, 1, 256, 1.f,
+                                           DType::f32, Stream::compute),
                     Catch::Contains("head dim 256"));
 }
 

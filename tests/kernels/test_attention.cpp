@@ -1,6 +1,7 @@
 // Tests of the causal GQA attention kernels: the fp64 reference against finite differences,
 // the tiled f32 fast path against the reference at awkward sizes, thread-count independence,
-// and a long sequence that an O(T^2) implementation could not run in the time allowed.
+// and a long sequence that an O(T^2) implementation could not run in the time allowed; the
+// bf16 dots (both ISAs) against the twin on bf16-rounded inputs and on the raw f32 inputs.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -33,19 +34,33 @@ struct AttnResult {
 
 AttnResult run_fast(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& k,
                     const std::vector<float>& v, const std::vector<float>& dout,
-                    const int32_t* doc_start, float scale) {
+                    const int32_t* doc_start, float scale, DType dot_type = DType::f32,
+                    cpu::AttentionIsa isa = cpu::attention_isa_best()) {
   AttnResult r;
   r.out.resize(q.size());
   r.lse.resize(size_t(c.b * c.t * c.h));
   r.dq.resize(q.size());
   r.dk.resize(k.size());
   r.dv.resize(v.size());
-  cpu::attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), doc_start, c.b,
-                         c.t, c.h, c.hk, c.d, scale);
-  cpu::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
-                          v.data(), r.out.data(), r.lse.data(), doc_start, c.b, c.t, c.h, c.hk, c.d,
-                          scale);
+  cpu::attention_forward_isa(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), doc_start,
+                             c.b, c.t, c.h, c.hk, c.d, scale, dot_type, isa);
+  cpu::attention_backward_isa(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(),
+                              k.data(), v.data(), r.out.data(), r.lse.data(), doc_start, c.b, c.t,
+                              c.h, c.hk, c.d, scale, dot_type, isa);
   return r;
+}
+
+std::vector<float> round_bf16(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  return r;
+}
+
+std::vector<cpu::AttentionIsa> supported_isas() {
+  std::vector<cpu::AttentionIsa> isas;
+  for (auto isa : {cpu::AttentionIsa::portable, cpu::AttentionIsa::avx512_bf16})
+    if (cpu::attention_isa_supported(isa)) isas.push_back(isa);
+  return isas;
 }
 
 }  // namespace
@@ -85,13 +100,19 @@ TEST_CASE("attention reference backward matches finite differences in fp64", "[k
 
 namespace {
 
-// Fast f32 path vs the fp64 reference over T x (H,Hk) x D for one batch size B.
+// Fast path vs the fp64 reference over T x (H,Hk) x D for one batch size B.
 // ||fast - ref||_inf / max(||ref||_inf, floor) <= 1e-5 for out, lse, dq, dk, dv. The floor
 // (0.1; inputs are O(1)) matters only where a gradient is zero in exact arithmetic: T=1 or
 // one-token documents give dq = dk = 0, but f32 leaves the rounding of dP - D_i.
-void check_attention_sizes(int64_t b) {
-  const double tol = 1e-5, floor = 0.1;
+// With bf16 dots the reference gets the bf16-rounded q, k, v, dout (the op's definition), with
+// the same 1e-5; against the reference on the raw f32 inputs the error is that of bf16 inputs
+// (8 significant bits, relative rounding <= 2^-9): <= 2e-2 stated (measured: see worst_raw).
+void check_attention_sizes(int64_t b, DType dot_type = DType::f32,
+                           cpu::AttentionIsa isa = cpu::attention_isa_best()) {
+  const double tol = 1e-5, floor = 0.1, tol_raw = 2e-2;
+  const bool bf16 = dot_type == DType::bf16;
   testing::WorstError worst_fwd{"forward", tol}, worst_bwd{"backward", tol};
+  testing::WorstError worst_raw{"bf16 vs raw f32 inputs", tol_raw};
   int idx = int(b) * 100;
   for (int64_t t : {1, 17, 70, 130})
     for (auto [h, hk] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {6, 2}})
@@ -109,28 +130,50 @@ void check_attention_sizes(int64_t b) {
         const int32_t* ds = doc_len == 0 ? nullptr : docs.data();
         const float scale = 1.f / std::sqrt(float(d));
 
-        const AttnResult fast = run_fast(c, q, k, v, dout, ds, scale);
-        std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(b * t * h)),
-            dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
-        const auto qd = convert<double>(q), kd = convert<double>(k), vd = convert<double>(v),
-                   dod = convert<double>(dout);
-        ref::attention_forward(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), ds, b, t, h,
-                               hk, d, double(scale));
-        ref::attention_backward(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
-                                vd.data(), out.data(), lse.data(), ds, b, t, h, hk, d,
-                                double(scale));
-        const double e_fwd =
-            std::max(max_rel_error(fast.out, out, floor), max_rel_error(fast.lse, lse, floor));
-        const double e_bwd =
-            std::max({max_rel_error(fast.dq, dq, floor), max_rel_error(fast.dk, dk, floor),
-                      max_rel_error(fast.dv, dv, floor)});
+        const AttnResult fast = run_fast(c, q, k, v, dout, ds, scale, dot_type, isa);
+        struct Twin {
+          std::vector<double> out, lse, dq, dk, dv;
+        };
+        auto twin = [&](bool rounded) {
+          Twin r{std::vector<double>(size_t(nq)), std::vector<double>(size_t(b * t * h)),
+                 std::vector<double>(size_t(nq)), std::vector<double>(size_t(nk)),
+                 std::vector<double>(size_t(nk))};
+          auto in = [&](const std::vector<float>& x) {
+            return convert<double>(rounded ? round_bf16(x) : x);
+          };
+          const auto qd = in(q), kd = in(k), vd = in(v), dod = in(dout);
+          ref::attention_forward(r.out.data(), r.lse.data(), qd.data(), kd.data(), vd.data(), ds,
+                                 b, t, h, hk, d, double(scale));
+          ref::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dod.data(), qd.data(),
+                                  kd.data(), vd.data(), r.out.data(), r.lse.data(), ds, b, t, h, hk,
+                                  d, double(scale));
+          return r;
+        };
+        auto errors = [&](const Twin& r) {
+          return std::pair{
+              std::max(max_rel_error(fast.out, r.out, floor),
+                       max_rel_error(fast.lse, r.lse, floor)),
+              std::max({max_rel_error(fast.dq, r.dq, floor), max_rel_error(fast.dk, r.dk, floor),
+                        max_rel_error(fast.dv, r.dv, floor)})};
+        };
+        const auto [e_fwd, e_bwd] = errors(twin(bf16));
         INFO("b=" << b << " t=" << t << " h=" << h << " hk=" << hk << " d=" << d
                   << " doc_len=" << doc_len << " fwd " << e_fwd << " bwd " << e_bwd);
         worst_fwd.add(e_fwd);
         worst_bwd.add(e_bwd);
+        if (bf16) {
+          const auto [r_fwd, r_bwd] = errors(twin(false));
+          INFO("vs raw inputs: fwd " << r_fwd << " bwd " << r_bwd);
+          worst_raw.add(std::max(r_fwd, r_bwd));
+        }
       }
   worst_fwd.check();
   worst_bwd.check();
+  if (bf16) {
+    worst_raw.check();
+    // The rounding happened: raw-input errors well above f32's (inputs here are not bf16 values).
+    CHECK(worst_raw.worst > 1e-4);
+  }
 }
 
 }  // namespace
@@ -143,6 +186,41 @@ TEST_CASE("attention fast path matches the fp64 reference at awkward sizes, B=2"
   check_attention_sizes(2);
 }
 
+TEST_CASE("attention bf16 dots match the fp64 twin at awkward sizes, every ISA", "[kernels]") {
+  for (const cpu::AttentionIsa isa : supported_isas()) {
+    INFO("isa " << cpu::attention_isa_name(isa));
+    check_attention_sizes(1, DType::bf16, isa);
+    check_attention_sizes(2, DType::bf16, isa);
+  }
+}
+
+TEST_CASE("attention bf16 dots are the f32 op on bf16-rounded inputs", "[kernels]") {
+  // Portable: the same operations on the same values, so equal to the bit. avx512_bf16 sums each
+  // dot product in pairs (vdpbf16ps), so only to f32 rounding.
+  const AttnCase c{2, 150, 4, 2, 33};
+  const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;
+  const auto q = random_floats(size_t(nq), 11, -2.f, 2.f),
+             k = random_floats(size_t(nk), 12, -2.f, 2.f), v = random_floats(size_t(nk), 13), dout = random_floats(size_t(nq), 14);
+  const std::vector<int32_t> docs = make_doc_start(c.b, c.t, 60, 15);
+  const AttnResult f32_rounded = run_fast(c, round_bf16(q), round_bf16(k), round_bf16(v),
+                                          round_bf16(dout), docs.data(), 0.17f, DType::f32);
+  for (const cpu::AttentionIsa isa : supported_isas()) {
+    INFO("isa " << cpu::attention_isa_name(isa));
+    const AttnResult r = run_fast(c, q, k, v, dout, docs.data(), 0.17f, DType::bf16, isa);
+    const std::vector<float>* got[] = {&r.out, &r.lse, &r.dq, &r.dk, &r.dv};
+    const std::vector<float>* want[] = {&f32_rounded.out, &f32_rounded.lse, &f32_rounded.dq,
+                                        &f32_rounded.dk, &f32_rounded.dv};
+    for (int i = 0; i < 5; ++i) {
+      INFO("tensor " << i);
+      if (isa == cpu::AttentionIsa::portable) {
+        CHECK(std::memcmp(got[i]->data(), want[i]->data(), got[i]->size() * sizeof(float)) == 0);
+      } else {
+        CHECK(max_rel_error(*got[i], convert<double>(*want[i]), 0.1) <= 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("attention results are bitwise independent of the thread count", "[kernels]") {
   const AttnCase c{2, 200, 6, 2, 24};
   const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;
@@ -150,19 +228,22 @@ TEST_CASE("attention results are bitwise independent of the thread count", "[ker
              v = random_floats(size_t(nk), 3), dout = random_floats(size_t(nq), 4);
   const std::vector<int32_t> docs = make_doc_start(c.b, c.t, 90, 5);
   const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const AttnResult one = run_fast(c, q, k, v, dout, docs.data(), 0.2f);
-  omp_set_num_threads(2);
-  const AttnResult two = run_fast(c, q, k, v, dout, docs.data(), 0.2f);
-  omp_set_num_threads(threads);
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
-  CHECK(same(one.out, two.out));
-  CHECK(same(one.lse, two.lse));
-  CHECK(same(one.dq, two.dq));
-  CHECK(same(one.dk, two.dk));
-  CHECK(same(one.dv, two.dv));
+  for (const DType dot_type : {DType::f32, DType::bf16}) {
+    INFO("dots " << dtype_name(dot_type));
+    omp_set_num_threads(1);
+    const AttnResult one = run_fast(c, q, k, v, dout, docs.data(), 0.2f, dot_type);
+    omp_set_num_threads(3);
+    const AttnResult three = run_fast(c, q, k, v, dout, docs.data(), 0.2f, dot_type);
+    omp_set_num_threads(threads);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    CHECK(same(one.out, three.out));
+    CHECK(same(one.lse, three.lse));
+    CHECK(same(one.dq, three.dq));
+    CHECK(same(one.dk, three.dk));
+    CHECK(same(one.dv, three.dv));
+  }
 }
 
 TEST_CASE("attention forward at T=4096 runs in tile-sized memory", "[kernels]") {
@@ -177,7 +258,7 @@ TEST_CASE("attention forward at T=4096 runs in tile-sized memory", "[kernels]") 
   for (const int32_t* ds : {static_cast<const int32_t*>(nullptr), docs.data()}) {
     std::vector<float> out(size_t(t * d)), lse(static_cast<size_t>(t));
     cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), ds, 1, t, 1, 1, d,
-                           scale);
+                           scale, DType::f32);
     for (int64_t i :
          {int64_t(0), int64_t(1), int64_t(63), int64_t(64), int64_t(2047), int64_t(4095)}) {
       const int64_t lo = ds ? ds[i] : 0;
@@ -207,6 +288,6 @@ TEST_CASE("attention rejects a doc_start after its token", "[kernels]") {
   std::vector<float> q(size_t(t * d), 0.1f), out(size_t(t * d)), lse(static_cast<size_t>(t));
   const std::vector<int32_t> docs = {0, 0, 3, 2};  // token 2 claims a document starting at 3
   REQUIRE_THROWS_AS(cpu::attention_forward(out.data(), lse.data(), q.data(), q.data(), q.data(),
-                                           docs.data(), 1, t, 1, 1, d, 1.f),
+                                           docs.data(), 1, t, 1, 1, d, 1.f, DType::f32),
                     strata::Error);
 }
