@@ -38,30 +38,24 @@ void linear_backward(Device& dev, float* dx, float* dw, float* db, const float* 
   if (db) dev.bias_backward(db, dy, n, o, s);
 }
 
-// Everything up to the MLP activation: fills ws (xn1 .. act).
-void forward_to_act(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
-                    LayerWorkspace& ws, const LayerDims& d, Stream s) {
-  const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
-  const bool qk_norm = w.q_norm != nullptr;
-  dev.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, d.eps, s);
-  linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, ws.cast_a, N, H * D, C, d, s);
-  linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, ws.cast_a, N, Hk * D, C,
-                 d, s);
-  linear_forward(dev, ws.v, ws.xn1, w.v, w.v_bias, ws.cast_a, N, Hk * D, C, d, s);
-  if (qk_norm) {
-    dev.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, d.eps, s);
-    dev.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, d.eps, s);
-  }
-  dev.rope_forward(ws.q, ws.q, ctx.pos, ctx.inv_freq, N, H, D, s);
-  dev.rope_forward(ws.k, ws.k, ctx.pos, ctx.inv_freq, N, Hk, D, s);
-  const float scale = 1.0f / std::sqrt(float(D));
-  dev.attention_forward(ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, H, Hk, D, scale, d.wt, s);
+// From the attention output to the MLP activation: fills ws (h .. act).
+void attention_out_to_act(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
+                          const LayerDims& d, Stream s) {
+  const int64_t N = d.N(), C = d.C, H = d.H, D = d.D, F = d.F;
   linear_forward(dev, ws.h, ws.attn, w.o, w.o_bias, ws.cast_a, N, C, H * D, d, s);
   dev.add_inplace(ws.h, x, N * C, s);  // residual
   dev.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, d.eps, s);
   linear_forward(dev, ws.gate, ws.xn2, w.gate, nullptr, ws.cast_a, N, F, C, d, s);
   linear_forward(dev, ws.up, ws.xn2, w.up, nullptr, ws.cast_a, N, F, C, d, s);
   dev.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
+}
+
+// Everything up to the attention output: fills ws (xn1 .. attn, lse).
+void forward_to_attention(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
+                          LayerWorkspace& ws, const LayerDims& d, Stream s) {
+  layer_forward_qkv(dev, x, w, ctx, ws, d, s);
+  const float scale = 1.0f / std::sqrt(float(d.D));
+  dev.attention_forward(ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, d.H, d.Hk, d.D, scale, d.wt, s);
 }
 
 struct Carver {
@@ -143,10 +137,34 @@ LayerWorkspace layer_forward_workspace_carve(const LayerDims& d, void* base) {
   return carve(d, c, false);
 }
 
+void layer_forward_qkv(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
+                       LayerWorkspace& ws, const LayerDims& d, Stream s) {
+  const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D;
+  const bool qk_norm = w.q_norm != nullptr;
+  dev.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, d.eps, s);
+  linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, ws.cast_a, N, H * D, C, d, s);
+  linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, ws.cast_a, N, Hk * D, C,
+                 d, s);
+  linear_forward(dev, ws.v, ws.xn1, w.v, w.v_bias, ws.cast_a, N, Hk * D, C, d, s);
+  if (qk_norm) {
+    dev.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, d.eps, s);
+    dev.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, d.eps, s);
+  }
+  dev.rope_forward(ws.q, ws.q, ctx.pos, ctx.inv_freq, N, H, D, s);
+  dev.rope_forward(ws.k, ws.k, ctx.pos, ctx.inv_freq, N, Hk, D, s);
+}
+
 void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& w,
                    const TokenContext& ctx, LayerWorkspace& ws, const LayerDims& d, Stream s) {
   STRATA_ASSERT(out != x, "layer_forward: out aliases x");
-  forward_to_act(dev, x, w, ctx, ws, d, s);
+  forward_to_attention(dev, x, w, ctx, ws, d, s);
+  layer_forward_from_attention(dev, out, x, w, ws, d, s);
+}
+
+void layer_forward_from_attention(Device& dev, float* out, const float* x, const LayerWeights& w,
+                                  LayerWorkspace& ws, const LayerDims& d, Stream s) {
+  STRATA_ASSERT(out != x, "layer_forward_from_attention: out aliases x");
+  attention_out_to_act(dev, x, w, ws, d, s);
   const int64_t N = d.N();
   linear_forward(dev, out, ws.act, w.down, nullptr, ws.cast_a, N, d.C, d.F, d, s);
   dev.add_inplace(out, ws.h, N * d.C, s);  // residual
@@ -158,7 +176,8 @@ void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, co
   STRATA_ASSERT(dx != dout && dx != x, "layer_backward: dx aliases an input");
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
   const bool qk_norm = w.q_norm != nullptr;
-  forward_to_act(dev, x, w, ctx, ws, d, s);  // recompute from the checkpoint
+  forward_to_attention(dev, x, w, ctx, ws, d, s);  // recompute from the checkpoint
+  attention_out_to_act(dev, x, w, ws, d, s);
 
   // MLP: out = h + act Wd^T
   linear_backward(dev, ws.dact, g.down, nullptr, dout, ws.act, w.down, ws, N, C, F, false, d, s);

@@ -74,6 +74,15 @@ LayerWorkspace layer_forward_workspace_carve(const LayerDims& d, void* base);
 void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& w,
                    const TokenContext& ctx, LayerWorkspace& ws, const LayerDims& d, Stream s);
 
+// layer_forward in two halves around the attention, for a caller with its own attention (the
+// generator's decode step attends over a KV cache): layer_forward_qkv fills ws.xn1 .. ws.v (q
+// and k after the per-head norms and RoPE); the caller writes ws.attn (N, H*D); then
+// layer_forward_from_attention computes out (N,C) from it, as layer_forward does.
+void layer_forward_qkv(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
+                       LayerWorkspace& ws, const LayerDims& d, Stream s);
+void layer_forward_from_attention(Device& dev, float* out, const float* x, const LayerWeights& w,
+                                  LayerWorkspace& ws, const LayerDims& d, Stream s);
+
 // dx (N,C) = d layer / d x applied to dout (N,C); grads accumulated. Recomputes the forward
 // from x first. dx must not alias dout or x.
 void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,

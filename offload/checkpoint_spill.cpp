@@ -1,8 +1,5 @@
 #include "offload/checkpoint_spill.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <vector>
 
@@ -46,13 +43,7 @@ CheckpointSpill::CheckpointSpill(Device& dev, const std::string& nvme_path, size
   const std::vector<char> zeros(fo.block_bytes, 0);
   io_->wait(io_->write(file_, file_bytes - fo.block_bytes, zeros.data(), zeros.size()));
   io_->wait(io_->sync(file_));
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  STRATA_CHECK_IO(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  const int err = ::posix_fallocate(fd, 0, off_t(file_bytes));
-  ::close(fd);
-  STRATA_CHECK_IO(err == 0 || err == EOPNOTSUPP || err == EINVAL, "cannot reserve ", file_bytes, " bytes for ", path,
-                  ": ", std::strerror(err), " (offset 0, length ", file_bytes,
-                  "); free space under offload.nvme_path or point it at a larger disk");
+  nvme_file_reserve(path, file_bytes);
 }
 
 CheckpointSpill::~CheckpointSpill() {

@@ -4,10 +4,8 @@
 //
 // Events: each guards the reuse of one buffer across streams (or the host).
 //   event               recorded on (after)        waited by (before)           guards against
-//   slot_loaded[s]      h2d (upload into slot s)   compute (the layer)          reading weights not yet uploaded
-//   slot_free[s]        compute (the layer)        h2d (next upload into s)     overwriting weights still read
-//   head_slot_loaded[b] h2d (lm_head chunk upload) compute (the chunk)          the same, lm_head chunk slot b
-//   head_slot_free[b]   compute (the chunk)        h2d (next chunk upload)      the same, lm_head chunk slot b
+//   layers_, head_      the weight slots' loaded[s] / released[s] pairs (weight_stream.h): the
+//                       layer weight slots, and the lm_head chunk slots when lm_head streams
 //   pp_saved[b]         d2h (spill of x_pp[b])     compute (writing x_pp[b]);   overwriting a ping-pong checkpoint
 //                                                  h2d (fetching into x_pp[b])  before it reached the host
 //   ckpt_fetched[b]     h2d (fetch into x_pp[b])   compute (the recompute)      reading a checkpoint not yet back
@@ -28,7 +26,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "src/core/error.h"
 #include "src/device/arena.h"
@@ -93,12 +90,11 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
       spill_ = std::make_unique<CheckpointSpill>(dev_, opt_.nvme_dir, opt_.nvme_budget_bytes, L_,
                                                  shape_.activation_bytes(), buf_.ckpt_ring);
     } catch (...) {
-      free_rows(table_);
+      engine_buffers_free(dev_, table_);
       throw;
     }
   }
   create_events();
-  slot_layer_.assign(shape_.slot_bytes.size(), -1);
   optimizer_ticket_.assign(store_.groups().size(), 0);
   objective_ = std::make_unique<TokenCrossEntropy>();
   optimizer_ = std::make_unique<HostAdamW>(store_, store_.placement());
@@ -111,27 +107,14 @@ void Engine::set_loss_objective(std::unique_ptr<LossObjective> objective) {
   objective_ = std::move(objective);
 }
 
-// Allocates every row (device rows from the arena, named; pinned rows from the device's pinned
-// allocator) and stores each pointer in its field. On failure everything allocated is freed.
+// Allocates every row of `table` (engine_buffers_allocate); on failure the table's rows built
+// before it are freed too.
 void Engine::allocate(std::vector<EngineBuffer>& table) {
   try {
-    for (EngineBuffer& b : table) {
-      b.ptr = b.memory == Memory::device ? dev_.alloc(b.bytes, b.name) : dev_.alloc_pinned(b.bytes);
-      b.bind(b.ptr);
-    }
+    engine_buffers_allocate(dev_, table);
   } catch (...) {
-    free_rows(table);
-    if (&table != &table_) free_rows(table_);
+    if (&table != &table_) engine_buffers_free(dev_, table_);
     throw;
-  }
-}
-
-void Engine::free_rows(std::vector<EngineBuffer>& table) {
-  for (EngineBuffer& b : table) {
-    if (!b.ptr) continue;
-    if (b.memory == Memory::device) dev_.free(b.ptr);
-    else dev_.free_pinned(b.ptr);
-    b.ptr = nullptr;
   }
 }
 
@@ -149,13 +132,11 @@ size_t Engine::device_checkpoint_count() const {
 }
 
 void Engine::create_events() {
-  for (size_t s = 0; s < shape_.slot_bytes.size(); ++s) {
-    ev_.slot_loaded.push_back(dev_.event_create());
-    ev_.slot_free.push_back(dev_.event_create());
-  }
+  layers_.emplace(dev_, buf_.weight_slots);
+  head_.emplace(dev_, std::vector<char*>(buf_.head_slots, buf_.head_slots + (buf_.lm_resident ? 0 : shape_.head_slots)));
+  norm_.emplace(dev_, reinterpret_cast<char*>(buf_.norm));
+  if (buf_.lm_resident) lm_resident_.emplace(dev_, buf_.lm_resident);
   for (int b = 0; b < 2; ++b) {
-    ev_.head_slot_loaded[b] = dev_.event_create();
-    ev_.head_slot_free[b] = dev_.event_create();
     ev_.pp_saved[b] = dev_.event_create();
     ev_.ckpt_fetched[b] = dev_.event_create();
     ev_.stage_free[b] = dev_.event_create();
@@ -174,106 +155,43 @@ Engine::~Engine() {
   } catch (...) {  // an error already reported by the caller's path; still free everything
   }
   spill_.reset();  // before its ring buffers
-  free_rows(table_);
+  engine_buffers_free(dev_, table_);
 }
 
 // ---- weights ---------------------------------------------------------------------------
 
-size_t Engine::slot_of(size_t layer) const {
-  return shape_.weights == WeightsMode::stream ? layer % buf_.weight_slots.size() : layer;
+// Layer `layer`'s weights in its slot, the compute stream waiting for them; an upload first
+// waits for the layer's pending update to land in the working copy.
+LayerWeights Engine::ensure_layer(size_t layer) {
+  const char* slot = layers_->acquire(layer, layer_host_block(store_, layer), [&] { wait_optimizer(1 + layer); });
+  return layer_weights_in(store_, slot, layer);
 }
 
-namespace {
-
-// A layer's tensors inside one contiguous block (a weight slot or a gradient slot): `at` maps a
-// parameter row to its address (null where the family has no such tensor).
-template <class View, class At>
-View layer_view(const LayerParamRows& r, At at) {
-  View v;
-  auto set = [&](auto& field, int64_t row) { field = static_cast<std::remove_reference_t<decltype(field)>>(at(row)); };
-  set(v.q, r.q), set(v.k, r.k), set(v.v, r.v), set(v.o, r.o);
-  set(v.gate, r.gate), set(v.up, r.up), set(v.down, r.down);
-  set(v.input_norm, r.input_norm), set(v.post_norm, r.post_norm), set(v.q_norm, r.q_norm), set(v.k_norm, r.k_norm);
-  set(v.q_bias, r.q_bias), set(v.k_bias, r.k_bias), set(v.v_bias, r.v_bias), set(v.o_bias, r.o_bias);
-  return v;
-}
-
-}  // namespace
-
-LayerWeights Engine::weights_at(const char* base, size_t layer) const {
-  const ParamGroup& g = store_.layer_group(layer);
-  const TensorTable& wt = store_.working_table();
-  return layer_view<LayerWeights>(store_.spec().layers[layer], [&](int64_t row) -> const void* {
-    return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
-  });
-}
-
-LayerGrads Engine::grads_at(char* base, size_t layer) const {
-  const ParamGroup& g = store_.layer_group(layer);
-  const TensorTable& ft = store_.f32_table();
-  return layer_view<LayerGrads>(store_.spec().layers[layer], [&](int64_t row) -> void* {
-    return row == kAbsent ? nullptr : base + (ft[size_t(row)].offset - g.f32_offset);
-  });
-}
-
-void Engine::ensure_layer(size_t layer) {
-  const size_t s = slot_of(layer);
-  if (slot_layer_[s] != int64_t(layer)) {
-    wait_optimizer(1 + layer);  // the update of this layer must have landed in the working copy
-    const ParamGroup& g = store_.layer_group(layer);
-    dev_.stream_wait_event(Stream::h2d, *ev_.slot_free[s]);
-    dev_.copy_h2d(buf_.weight_slots[s], store_.working() + g.working_offset, g.working_bytes, Stream::h2d);
-    dev_.event_record(*ev_.slot_loaded[s], Stream::h2d);
-    slot_layer_[s] = int64_t(layer);
-  }
-  dev_.stream_wait_event(Stream::compute, *ev_.slot_loaded[s]);
-}
-
-void Engine::ensure_final_norm() {
-  if (!norm_stale_) return;
-  wait_optimizer(store_.groups().size() - 1);
-  const TensorSpec& row = store_.working_table()[size_t(store_.spec().final_norm)];
-  dev_.copy_h2d(buf_.norm, store_.working() + row.offset, row.bytes(), Stream::compute);
-  norm_stale_ = false;
+const float* Engine::ensure_final_norm() {
+  const HostBlock norm = tensor_host_block(store_, store_.spec().final_norm);
+  return reinterpret_cast<const float*>(norm_->acquire(norm, [&] { wait_optimizer(store_.groups().size() - 1); }));
 }
 
 // The lm_head rows [chunk * R, ...) on the device, ready for the compute stream: read in place
-// from the resident copy, or copied into slot chunk % slots on the h2d stream (once the compute
-// stream has released what the slot held) unless the slot still holds them.
+// from the resident copy, or streamed through the head's chunk slots.
 const void* Engine::ensure_head_chunk(size_t chunk) {
-  const TensorSpec& row = store_.working_table()[size_t(store_.spec().lm_head_row())];
-  const size_t row_bytes = shape_.lm_row_bytes;
-  const int64_t v0 = int64_t(chunk) * shape_.head_rows;
-  if (buf_.lm_resident) {
-    if (lm_resident_stale_) {
-      wait_optimizer(lm_group());
-      dev_.copy_h2d(buf_.lm_resident, store_.working() + row.offset, row.bytes(), Stream::compute);
-      lm_resident_stale_ = false;
-    }
-    return buf_.lm_resident + size_t(v0) * row_bytes;
+  auto wait_update = [&] { wait_optimizer(lm_group()); };
+  if (lm_resident_) {
+    const char* lm = lm_resident_->acquire(tensor_host_block(store_, store_.spec().lm_head_row()), wait_update);
+    return lm + size_t(chunk) * size_t(shape_.head_rows) * shape_.lm_row_bytes;
   }
-  const size_t s = chunk % shape_.head_slots;
-  if (head_slot_chunk_[s] != int64_t(chunk)) {
-    wait_optimizer(lm_group());  // the update must have landed in the working copy
-    const int64_t vc = std::min(shape_.head_rows, shape_.V - v0);
-    dev_.stream_wait_event(Stream::h2d, *ev_.head_slot_free[s]);
-    dev_.copy_h2d(buf_.head_slots[s], store_.working() + row.offset + size_t(v0) * row_bytes, size_t(vc) * row_bytes,
-                  Stream::h2d);
-    dev_.event_record(*ev_.head_slot_loaded[s], Stream::h2d);
-    head_slot_chunk_[s] = int64_t(chunk);
-  }
-  dev_.stream_wait_event(Stream::compute, *ev_.head_slot_loaded[s]);
-  return buf_.head_slots[s];
+  return head_->acquire(chunk, lm_head_chunk_block(store_, chunk, shape_.head_rows), wait_update);
 }
 
 void Engine::release_head_chunk(size_t chunk) {
-  if (!buf_.lm_resident) dev_.event_record(*ev_.head_slot_free[chunk % shape_.head_slots], Stream::compute);
+  if (!lm_resident_) head_->release(chunk);
 }
 
 void Engine::mark_device_weights_stale() {
-  for (auto& l : slot_layer_) l = -1;
-  for (auto& c : head_slot_chunk_) c = -1;
-  lm_resident_stale_ = norm_stale_ = true;
+  layers_->invalidate();
+  head_->invalidate();
+  norm_->invalidate();
+  if (lm_resident_) lm_resident_->invalidate();
 }
 
 // ---- one pass: tokens, forward ------------------------------------------------------------
@@ -292,18 +210,7 @@ double Engine::step(const MicroBatch& mb, StepKind kind, float grad_scale) {
 }
 
 void Engine::upload_tokens(const MicroBatch& mb) {
-  STRATA_CHECK(mb.B >= 1 && mb.T >= 1 && mb.B <= opt_.max_batch && mb.T <= opt_.max_tokens,
-               "micro-batch of ", mb.B, "x", mb.T, " tokens exceeds the engine's buffers (",
-               opt_.max_batch, "x", opt_.max_tokens, ")");
-  const size_t n = size_t(mb.B * mb.T);
-  STRATA_ASSERT(mb.ids.size() == n && mb.targets.size() == n && mb.pos.size() == n);
-  const int64_t V = shape_.V;
-  for (size_t i = 0; i < n; ++i) {
-    STRATA_CHECK(mb.ids[i] >= 0 && mb.ids[i] < V, "token id ", mb.ids[i], " at position ", i,
-                 " is outside the vocabulary [0, ", V, ")");
-    STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
-                 mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
-  }
+  engine_tokens_upload(dev_, shape_, mb, {buf_.ids, buf_.targets, buf_.pos, buf_.doc_start});
   // The previous micro-batch's scatter still reads ids_host_ and dx0_host: wait for it (and,
   // the queue being in order, every gradient task before it), but not for the optimizer
   // updates queued after it, which the forward follows group by group (wait_optimizer).
@@ -313,15 +220,7 @@ void Engine::upload_tokens(const MicroBatch& mb) {
   dims_.T = mb.T;
   has_docs_ = !mb.doc_start.empty();
   ids_host_ = mb.ids;
-  reduction_->begin_micro_batch(ids_host_.data(), int64_t(n));
-  const size_t ids_bytes = bytes_of<int32_t>(int64_t(n));
-  dev_.copy_h2d(buf_.ids, mb.ids.data(), ids_bytes, Stream::compute);
-  dev_.copy_h2d(buf_.targets, mb.targets.data(), ids_bytes, Stream::compute);
-  dev_.copy_h2d(buf_.pos, mb.pos.data(), ids_bytes, Stream::compute);
-  if (has_docs_) {
-    STRATA_ASSERT(mb.doc_start.size() == n);
-    dev_.copy_h2d(buf_.doc_start, mb.doc_start.data(), ids_bytes, Stream::compute);
-  }
+  reduction_->begin_micro_batch(ids_host_.data(), int64_t(ids_host_.size()));
 }
 
 float* Engine::ckpt_device(size_t layer) {
@@ -354,14 +253,13 @@ void Engine::forward() {
   TokenContext ctx{buf_.pos, has_docs_ ? buf_.doc_start : nullptr, buf_.inv_freq};
   const size_t first_dev = L_ - device_ckpt_count_;
   for (size_t i = 0; i < L_; ++i) {
-    ensure_layer(i);
-    const size_t slot = slot_of(i);
+    const LayerWeights w = ensure_layer(i);
     float* in = ckpt_device(i);
     float* out = i + 1 < L_ ? ckpt_device(i + 1) : buf_.x_final;
     const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
     if (out_spills) dev_.stream_wait_event(s, *ev_.pp_saved[(i + 1) % 2]);  // its last d2h is done
-    layer_forward(dev_, out, in, weights_at(buf_.weight_slots[slot], i), ctx, ws_, dims_, s);
-    dev_.event_record(*ev_.slot_free[slot], s);
+    layer_forward(dev_, out, in, w, ctx, ws_, dims_, s);
+    layers_->release(i);
     if (out_spills && !spill_) {  // the next layer's input also goes to the host, for the backward
       dev_.event_record(*ev_.compute_done, s);
       dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
@@ -379,8 +277,7 @@ void Engine::forward() {
       spill_->write(i + 1, act_bytes);
     }
   }
-  ensure_final_norm();
-  dev_.rmsnorm_forward(buf_.hn, buf_.rstd_final, buf_.x_final, buf_.norm, N, C, dims_.eps, s);
+  dev_.rmsnorm_forward(buf_.hn, buf_.rstd_final, buf_.x_final, ensure_final_norm(), N, C, dims_.eps, s);
 }
 
 // ---- one pass: the loss head (engine.h) ------------------------------------------------------
@@ -481,15 +378,14 @@ void Engine::backward() {
   for (size_t step = 0; step < L_; ++step) {
     const size_t i = L_ - 1 - step;
     const size_t b = i % 2;
-    ensure_layer(i);
-    const size_t slot = slot_of(i);
+    const LayerWeights w = ensure_layer(i);
     fetch_checkpoint(i);
     char* g = buf_.grad_slots[b];
     if (i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(s, *ev_.grad_copied[i + 2]);
     dev_.memset_zero(g, store_.layer_group(i).f32_bytes, s);
-    LayerGrads lg = grads_at(g, i);
-    layer_backward(dev_, dx, lg, dout, ckpt_device(i), weights_at(buf_.weight_slots[slot], i), ctx, ws_, dims_, s);
-    dev_.event_record(*ev_.slot_free[slot], s);
+    LayerGrads lg = layer_grads_in(store_, g, i);
+    layer_backward(dev_, dx, lg, dout, ckpt_device(i), w, ctx, ws_, dims_, s);
+    layers_->release(i);
     dev_.event_record(*ev_.stage_free[b], s);
     layer_grad_to_host(i, g);
     copied_this_step[i] = true;
@@ -665,18 +561,19 @@ void Engine::synchronize() {
   if (first) std::rethrow_exception(first);
 }
 
-// The trainer thread blocks in `wait`; the part of that time the compute stream was neither busy
-// nor blocked on another stream (it had run out of work) is added to *exposed. Only that part
-// lengthens the step: the rest overlapped device work.
-template <class F>
-void Engine::exposed_wait(double* exposed, F&& wait) {
+double engine_exposed_wait(Device& dev, const std::function<void()>& wait) {
   const auto t0 = Clock::now();
-  const DeviceCounters c0 = dev_.counters();
+  const DeviceCounters c0 = dev.counters();
   wait();
-  const DeviceCounters c1 = dev_.counters();
+  const DeviceCounters c1 = dev.counters();
   const double device_s = (c1.compute_busy_s - c0.compute_busy_s) +
                           (c1.stream_wait_s[int(Stream::compute)] - c0.stream_wait_s[int(Stream::compute)]);
-  *exposed += std::max(0.0, seconds_since(t0) - device_s);
+  return std::max(0.0, seconds_since(t0) - device_s);
+}
+
+template <class F>
+void Engine::exposed_wait(double* exposed, F&& wait) {
+  *exposed += engine_exposed_wait(dev_, wait);
 }
 
 EngineStats Engine::stats() const {

@@ -1,8 +1,9 @@
 // The step engine (DESIGN §3): one transformer layer at a time on the device, fed from the host
 // store. Written once against the asynchronous device interface:
-//   - weights: two device slots; layer i+1 is copied in (h2d stream) while layer i computes
-//     (compute stream); backward walks the layers in reverse, reusing what the slots still hold.
-//     With weights = "device" every layer has its own resident slot instead; everything else —
+//   - weights: two device slots (offload/weight_stream.h); layer i+1 is copied in (h2d stream)
+//     while layer i computes (compute stream); backward walks the layers in reverse, reusing
+//     what the slots still hold. With weights = "device" every layer has its own resident slot
+//     instead (uploaded once after each update); everything else —
 //     the math, the gradient path, the order of every sum — is the same, so the two modes give
 //     bit-identical results.
 //   - checkpoints: the input of each layer is kept on the device while the budget allows and
@@ -37,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "models/decoder_layer.h"
@@ -49,6 +51,7 @@
 #include "offload/host_store.h"
 #include "offload/loss_objective.h"
 #include "offload/optimizer.h"
+#include "offload/weight_stream.h"
 
 namespace strata {
 
@@ -80,6 +83,11 @@ struct EngineStats {
   double nvme_wait_s = 0;         // the optimizer's pass blocked on NVMe reads or write-backs, plus
                                   // the trainer thread blocked on checkpoint files
 };
+
+// The trainer thread blocks in `wait`; returns the part of that time the compute stream was
+// neither busy nor blocked on another stream (it had run out of work). Only that part lengthens
+// a step: the rest overlapped device work. (EngineStats' *_exposed_s and d2h_wait_s.)
+double engine_exposed_wait(Device& dev, const std::function<void()>& wait);
 
 // What one pass over a micro-batch does: forward only (eval) and forward + backward. The
 // zeroth-order dual forward (θ + εz and θ − εz side by side) is its own engine over the same host
@@ -136,18 +144,14 @@ class Engine {
  private:
   // set-up (engine.cpp, top)
   void allocate(std::vector<EngineBuffer>& table);
-  void free_rows(std::vector<EngineBuffer>& table);
   size_t device_checkpoint_count() const;
   void create_events();
   // weights
-  size_t slot_of(size_t layer) const;     // the weight slot that holds `layer`
-  void ensure_layer(size_t layer);        // weights of `layer` in its slot (h2d when needed)
-  void ensure_final_norm();
+  LayerWeights ensure_layer(size_t layer);  // weights of `layer` in its slot (h2d when needed)
+  const float* ensure_final_norm();
   const void* ensure_head_chunk(size_t chunk);  // lm_head rows of `chunk` on the device
   void release_head_chunk(size_t chunk);        // the compute stream is done reading it
   void mark_device_weights_stale();             // after an update: every device copy is old
-  LayerWeights weights_at(const char* base, size_t layer) const;
-  LayerGrads grads_at(char* base, size_t layer) const;
   size_t lm_group() const { return shape_.tied ? 0 : store_.groups().size() - 1; }
   // one pass
   void upload_tokens(const MicroBatch& mb);
@@ -184,18 +188,16 @@ class Engine {
   LayerWorkspace ws_{};
   size_t device_ckpt_count_ = 0;   // layers [L - count, L) keep their input on the device
 
-  // what the device copies hold
-  std::vector<int64_t> slot_layer_;          // which layer each weight slot holds (-1: none / stale)
-  int64_t head_slot_chunk_[2] = {-1, -1};    // which chunk each head slot holds (-1: none / stale)
-  bool norm_stale_ = true, lm_resident_stale_ = true;
+  // the weights on the device (weight_stream.h): every layer streamed through slots, lm_head in
+  // chunks through its own slots (or resident with weights = "device"), the final norm resident
+  std::optional<WeightStream> layers_, head_;
+  std::optional<ResidentBlock> norm_, lm_resident_;
   bool has_docs_ = false;
   double loss_host_ = 0;
   std::vector<int32_t> ids_host_;            // the embedding gather and scatter read them
 
   // events (engine.cpp has the table: who records, who waits, what reuse each guards)
   struct Events {
-    std::vector<std::unique_ptr<Event>> slot_loaded, slot_free;   // per weight slot
-    std::unique_ptr<Event> head_slot_loaded[2], head_slot_free[2];
     std::unique_ptr<Event> pp_saved[2], ckpt_fetched[2], stage_free[2];
     std::unique_ptr<Event> compute_done;
     std::vector<std::shared_ptr<Event>> grad_copied;              // per layer

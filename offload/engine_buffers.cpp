@@ -151,6 +151,50 @@ std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& s, size_t d
   return t;
 }
 
+void engine_buffers_allocate(Device& dev, std::vector<EngineBuffer>& table, const std::string& name_prefix) {
+  try {
+    for (EngineBuffer& b : table) {
+      b.ptr = b.memory == Memory::device ? dev.alloc(b.bytes, name_prefix + b.name) : dev.alloc_pinned(b.bytes);
+      b.bind(b.ptr);
+    }
+  } catch (...) {
+    engine_buffers_free(dev, table);
+    throw;
+  }
+}
+
+void engine_buffers_free(Device& dev, std::vector<EngineBuffer>& table) {
+  for (EngineBuffer& b : table) {
+    if (!b.ptr) continue;
+    if (b.memory == Memory::device) dev.free(b.ptr);
+    else dev.free_pinned(b.ptr);
+    b.ptr = nullptr;
+  }
+}
+
+void engine_tokens_upload(Device& dev, const EngineShape& shape, const MicroBatch& mb, const DeviceTokens& to) {
+  const LayerDims& cap = shape.layer_capacity;
+  STRATA_CHECK(mb.B >= 1 && mb.T >= 1 && mb.B <= cap.B && mb.T <= cap.T, "micro-batch of ", mb.B, "x", mb.T,
+               " tokens exceeds the engine's buffers (", cap.B, "x", cap.T, ")");
+  const size_t n = size_t(mb.B * mb.T);
+  STRATA_ASSERT(mb.ids.size() == n && mb.targets.size() == n && mb.pos.size() == n);
+  const int64_t V = shape.V;
+  for (size_t i = 0; i < n; ++i) {
+    STRATA_CHECK(mb.ids[i] >= 0 && mb.ids[i] < V, "token id ", mb.ids[i], " at position ", i,
+                 " is outside the vocabulary [0, ", V, ")");
+    STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
+                 mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
+  }
+  const size_t bytes = bytes_of<int32_t>(int64_t(n));
+  dev.copy_h2d(to.ids, mb.ids.data(), bytes, Stream::compute);
+  dev.copy_h2d(to.targets, mb.targets.data(), bytes, Stream::compute);
+  dev.copy_h2d(to.pos, mb.pos.data(), bytes, Stream::compute);
+  if (!mb.doc_start.empty()) {
+    STRATA_ASSERT(mb.doc_start.size() == n);
+    dev.copy_h2d(to.doc_start, mb.doc_start.data(), bytes, Stream::compute);
+  }
+}
+
 size_t engine_device_bytes(const std::vector<EngineBuffer>& table) {
   size_t sum = 0;
   for (const EngineBuffer& b : table)

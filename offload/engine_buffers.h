@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/decoder_layer.h"
+#include "models/micro_batch.h"
 #include "offload/host_store.h"
 
 namespace strata {
@@ -115,6 +116,20 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& shape, EngineBu
 // "nvme": to a file, through kSpillRing pinned buffers).
 std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& shape, size_t device_count,
                                                   EngineBuffers* into);
+
+// Allocates every row — device rows from the arena, named name_prefix + name; pinned rows from
+// the device's pinned allocator — and binds each. On failure frees the rows it allocated and
+// rethrows. engine_buffers_free frees every allocated row (and forgets it).
+void engine_buffers_allocate(Device& dev, std::vector<EngineBuffer>& table, const std::string& name_prefix = "");
+void engine_buffers_free(Device& dev, std::vector<EngineBuffer>& table);
+
+// A micro-batch's tokens into the device buffers (N each): checked against the capacity
+// (shape.layer_capacity's B x T) and the vocabulary (bad input: Error), then copied on the
+// compute stream — ids, targets, positions, and the document starts when the micro-batch has them.
+struct DeviceTokens {
+  int32_t *ids = nullptr, *targets = nullptr, *pos = nullptr, *doc_start = nullptr;
+};
+void engine_tokens_upload(Device& dev, const EngineShape& shape, const MicroBatch& mb, const DeviceTokens& to);
 
 // The bytes a table takes: device rows as the arena rounds them, pinned rows as asked.
 size_t engine_device_bytes(const std::vector<EngineBuffer>& table);

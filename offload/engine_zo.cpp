@@ -2,22 +2,18 @@
 // weights (clean slots, the perturbed slot), one run (tokens, embedding, layers, head), the
 // update.
 //
-// Events (the first-order engine's table, engine.cpp, has the same meaning):
-//   slot_loaded[s]  h2d (upload into clean slot s)   compute (the layer's passes)
-//   slot_free[s]    compute (both passes done)       h2d (next upload into s)
-//   head_loaded[b]  h2d (lm_head chunk upload)       compute (the chunk's passes)
-//   head_free[b]    compute (both passes done)       h2d (next chunk upload into b)
-// The perturbed slots are written and read on the compute stream only (stream order guards
-// them). Host-side: update_ticket[g] (group g's ZO-SGD update, before its upload); the pinned
+// Events: the clean layer slots and the clean lm_head chunk slots stream as in the first-order
+// engine (offload/weight_stream.h: loaded[s] on h2d, waited by the slot's passes; released[s]
+// on compute once both passes are queued, waited by the next upload into s). The perturbed
+// slots and the final norms are written and read on the compute stream only (stream order
+// guards them). Host-side: update_ticket[g] (group g's ZO-SGD update, before its upload); the pinned
 // x0 buffers and ids_host are rewritten only after the previous run synchronised the compute
 // stream (run() ends with the losses' copy).
 #include "offload/engine_zo.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "kernels/cpu/zo.h"
 #include "src/core/error.h"
@@ -25,8 +21,6 @@
 
 namespace strata {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 template <class T>
 std::function<void(void*)> bind_at(T** slot) {
@@ -112,28 +106,14 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
                       "perturbed, both passes' activations, one layer's workspace, three lm_head chunks); raise "
                       "[device] memory to at least ", format_bytes(needed + (1 << 20)),
                       ", or lower micro_batch_size / sequence_len");
-  try {
-    for (EngineBuffer& b : table_) {
-      b.ptr = b.memory == Memory::device ? dev_.alloc(b.bytes, "zo: " + b.name) : dev_.alloc_pinned(b.bytes);
-      b.bind(b.ptr);
-    }
-  } catch (...) {
-    free_buffers();
-    throw;
-  }
+  engine_buffers_allocate(dev_, table_, "zo: ");
   ws_ = layer_forward_workspace_carve(shape_.layer_capacity, buf_.workspace);
   const std::vector<float> inv = model_rope_inv_freq(store_.spec().config);
   dev_.copy_h2d(buf_.inv_freq, inv.data(), bytes_of<float>(int64_t(inv.size())), Stream::compute);
   dev_.stream_synchronize(Stream::compute);
-  for (size_t s = 0; s < buf_.slots.size(); ++s) {
-    ev_.slot_loaded.push_back(dev_.event_create());
-    ev_.slot_free.push_back(dev_.event_create());
-  }
-  for (int b = 0; b < 2; ++b) {
-    ev_.head_loaded[b] = dev_.event_create();
-    ev_.head_free[b] = dev_.event_create();
-  }
-  slot_layer_.assign(buf_.slots.size(), -1);
+  layers_.emplace(dev_, buf_.slots);
+  head_.emplace(dev_, std::vector<char*>(buf_.head_slots, buf_.head_slots + shape_.head_slots));
+  norm_.emplace(dev_, reinterpret_cast<char*>(buf_.norm));
   update_ticket_.assign(store_.groups().size(), 0);
   STRATA_CHECK(store_.placement().in_ram(StateArray::master), "zeroth-order training keeps the fp32 master weights "
                "in RAM (6 bytes per parameter in bf16): set offload.optimizer = \"host\"");
@@ -145,16 +125,7 @@ ZoEngine::~ZoEngine() {
     synchronize();
   } catch (...) {  // already reported on the caller's path; still free everything
   }
-  free_buffers();
-}
-
-void ZoEngine::free_buffers() {
-  for (EngineBuffer& b : table_) {
-    if (!b.ptr) continue;
-    if (b.memory == Memory::device) dev_.free(b.ptr);
-    else dev_.free_pinned(b.ptr);
-    b.ptr = nullptr;
-  }
+  engine_buffers_free(dev_, table_);
 }
 
 size_t ZoEngine::weight_link_bytes() const {
@@ -170,52 +141,29 @@ size_t ZoEngine::weight_link_bytes() const {
 void ZoEngine::wait_group(size_t group) {
   if (!update_ticket_[group]) return;
   const uint64_t ticket = update_ticket_[group];
-  exposed_wait([&] { host_.wait(ticket); });
+  optimizer_exposed_s_ += engine_exposed_wait(dev_, [&] { host_.wait(ticket); });
   update_ticket_[group] = 0;
 }
 
-void ZoEngine::ensure_layer(size_t layer) {
-  const size_t s = layer % buf_.slots.size();
-  if (slot_layer_[s] != int64_t(layer)) {
-    wait_group(1 + layer);  // this step's update of the layer has landed in the working copy
-    const ParamGroup& g = store_.layer_group(layer);
-    dev_.stream_wait_event(Stream::h2d, *ev_.slot_free[s]);
-    dev_.copy_h2d(buf_.slots[s], store_.working() + g.working_offset, g.working_bytes, Stream::h2d);
-    dev_.event_record(*ev_.slot_loaded[s], Stream::h2d);
-    slot_layer_[s] = int64_t(layer);
-  }
-  dev_.stream_wait_event(Stream::compute, *ev_.slot_loaded[s]);
+// The clean weights of `layer` in their slot, the compute stream waiting for them; an upload
+// first waits for this step's update of the layer to land in the working copy.
+const char* ZoEngine::ensure_layer(size_t layer) {
+  return layers_->acquire(layer, layer_host_block(store_, layer), [&] { wait_group(1 + layer); });
 }
 
-void ZoEngine::ensure_final_norm() {
-  if (!norm_stale_) return;
-  wait_group(store_.groups().size() - 1);
-  const TensorSpec& row = store_.working_table()[size_t(store_.spec().final_norm)];
-  dev_.copy_h2d(buf_.norm, store_.working() + row.offset, row.bytes(), Stream::compute);
-  norm_stale_ = false;
+const float* ZoEngine::ensure_final_norm() {
+  const HostBlock norm = tensor_host_block(store_, store_.spec().final_norm);
+  return reinterpret_cast<const float*>(norm_->acquire(norm, [&] { wait_group(store_.groups().size() - 1); }));
 }
 
 const char* ZoEngine::ensure_head_chunk(size_t chunk) {
-  const TensorSpec& row = store_.working_table()[size_t(store_.spec().lm_head_row())];
-  const int64_t v0 = int64_t(chunk) * shape_.head_rows;
-  const size_t s = chunk % shape_.head_slots;
-  if (head_slot_chunk_[s] != int64_t(chunk)) {
-    wait_group(shape_.tied ? 0 : store_.groups().size() - 1);
-    const int64_t vc = std::min(shape_.head_rows, shape_.V - v0);
-    dev_.stream_wait_event(Stream::h2d, *ev_.head_free[s]);
-    dev_.copy_h2d(buf_.head_slots[s], store_.working() + row.offset + size_t(v0) * shape_.lm_row_bytes,
-                  size_t(vc) * shape_.lm_row_bytes, Stream::h2d);
-    dev_.event_record(*ev_.head_loaded[s], Stream::h2d);
-    head_slot_chunk_[s] = int64_t(chunk);
-  }
-  dev_.stream_wait_event(Stream::compute, *ev_.head_loaded[s]);
-  return buf_.head_slots[s];
+  const size_t lm_group = shape_.tied ? 0 : store_.groups().size() - 1;
+  return head_->acquire(chunk, lm_head_chunk_block(store_, chunk, shape_.head_rows), [&] { wait_group(lm_group); });
 }
 
 // Pass p's weights of `layer`: the clean slot, or the perturbed slot rebuilt from it with
 // p.sign · ε · z for every tensor of the layer.
-const char* ZoEngine::layer_weights_for(const Pass& p, size_t layer, uint64_t seed, float eps) {
-  const char* clean = buf_.slots[layer % buf_.slots.size()];
+const char* ZoEngine::layer_weights_for(const Pass& p, const char* clean, size_t layer, uint64_t seed, float eps) {
   if (p.sign == 0) return clean;
   const ParamGroup& g = store_.layer_group(layer);
   const TensorTable& wt = store_.working_table();
@@ -225,27 +173,6 @@ const char* ZoEngine::layer_weights_for(const Pass& p, size_t layer, uint64_t se
                     float(p.sign) * eps, wt[r].numel(), Stream::compute);
   return buf_.perturbed;
 }
-
-namespace {
-
-// A layer's tensors inside its contiguous block of the working arena, as engine.cpp maps them.
-LayerWeights layer_weights_in(const HostStore& store, const char* base, size_t layer) {
-  const ParamGroup& g = store.layer_group(layer);
-  const TensorTable& wt = store.working_table();
-  const LayerParamRows& r = store.spec().layers[layer];
-  auto at = [&](int64_t row) -> const void* {
-    return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
-  };
-  auto atf = [&](int64_t row) { return static_cast<const float*>(at(row)); };
-  LayerWeights w;
-  w.q = at(r.q), w.k = at(r.k), w.v = at(r.v), w.o = at(r.o);
-  w.gate = at(r.gate), w.up = at(r.up), w.down = at(r.down);
-  w.input_norm = atf(r.input_norm), w.post_norm = atf(r.post_norm), w.q_norm = atf(r.q_norm), w.k_norm = atf(r.k_norm);
-  w.q_bias = atf(r.q_bias), w.k_bias = atf(r.k_bias), w.v_bias = atf(r.v_bias), w.o_bias = atf(r.o_bias);
-  return w;
-}
-
-}  // namespace
 
 // ---- one run -----------------------------------------------------------------------------------
 
@@ -259,29 +186,11 @@ ZoLosses ZoEngine::dual_forward(const MicroBatch& mb, uint64_t seed, float eps) 
 double ZoEngine::forward_loss(const MicroBatch& mb) { return run(mb, {{0}}, 0, 0.f, nullptr); }
 
 void ZoEngine::upload_tokens(const MicroBatch& mb) {
-  STRATA_CHECK(mb.B >= 1 && mb.T >= 1 && mb.B <= shape_.layer_capacity.B && mb.T <= shape_.layer_capacity.T, "micro-batch of ",
-               mb.B, "x", mb.T, " tokens exceeds the engine's buffers (", shape_.layer_capacity.B, "x",
-               shape_.layer_capacity.T, ")");
-  const size_t n = size_t(mb.B * mb.T);
-  STRATA_ASSERT(mb.ids.size() == n && mb.targets.size() == n && mb.pos.size() == n);
-  for (size_t i = 0; i < n; ++i) {
-    STRATA_CHECK(mb.ids[i] >= 0 && mb.ids[i] < shape_.V, "token id ", mb.ids[i], " at position ", i,
-                 " is outside the vocabulary [0, ", shape_.V, ")");
-    STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < shape_.V), "label ",
-                 mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", shape_.V, ")");
-  }
+  engine_tokens_upload(dev_, shape_, mb, {buf_.ids, buf_.targets, buf_.pos, buf_.doc_start});
   dims_.B = mb.B;
   dims_.T = mb.T;
   has_docs_ = !mb.doc_start.empty();
   ids_host_ = mb.ids;
-  const size_t bytes = bytes_of<int32_t>(int64_t(n));
-  dev_.copy_h2d(buf_.ids, mb.ids.data(), bytes, Stream::compute);
-  dev_.copy_h2d(buf_.targets, mb.targets.data(), bytes, Stream::compute);
-  dev_.copy_h2d(buf_.pos, mb.pos.data(), bytes, Stream::compute);
-  if (has_docs_) {
-    STRATA_ASSERT(mb.doc_start.size() == n);
-    dev_.copy_h2d(buf_.doc_start, mb.doc_start.data(), bytes, Stream::compute);
-  }
 }
 
 // Each pass's embedding output on the host: the working table's rows gathered (exact
@@ -324,21 +233,21 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
   const int64_t N = dims_.N(), C = dims_.C, V = shape_.V, R = shape_.head_rows;
   const TokenContext ctx{buf_.pos, has_docs_ ? buf_.doc_start : nullptr, buf_.inv_freq};
   for (size_t i = 0; i < L_; ++i) {
-    ensure_layer(i);
+    const char* clean = ensure_layer(i);
     for (size_t p = 0; p < P; ++p) {
-      const char* w = layer_weights_for(passes[p], i, seed, eps);
+      const char* w = layer_weights_for(passes[p], clean, i, seed, eps);
       layer_forward(dev_, buf_.x[p][(i + 1) % 2], buf_.x[p][i % 2], layer_weights_in(store_, w, i), ctx, ws_, dims_, s);
     }
-    dev_.event_record(*ev_.slot_free[i % buf_.slots.size()], s);
+    layers_->release(i);
   }
   // final norm: hn of pass p into the ping-pong buffer the last layer read from
-  ensure_final_norm();
+  const float* clean_norm = ensure_final_norm();
   const uint32_t norm_row = uint32_t(store_.spec().final_norm);
   float* hn[2] = {};
   for (size_t p = 0; p < P; ++p) {
-    const float* norm = buf_.norm;
+    const float* norm = clean_norm;
     if (passes[p].sign != 0) {
-      dev_.copy_d2d(buf_.norm_perturbed, buf_.norm, bytes_of<float>(C), s);
+      dev_.copy_d2d(buf_.norm_perturbed, clean_norm, bytes_of<float>(C), s);
       dev_.zo_perturb(buf_.norm_perturbed, DType::f32, seed, norm_row, 0, float(passes[p].sign) * eps, C, s);
       norm = buf_.norm_perturbed;
     }
@@ -361,7 +270,7 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
       }
       dev_.lm_head_ce_chunk_stats(buf_.ce_stats[p], hn[p], w, lm_type, buf_.targets, N, C, V, v0, vc, k == 0, s);
     }
-    dev_.event_record(*ev_.head_free[k % shape_.head_slots], s);
+    head_->release(k);
   }
   dev_.memset_zero(buf_.loss, 2 * sizeof(double), s);
   for (size_t p = 0; p < P; ++p) dev_.lm_head_ce_stats_loss(buf_.loss + p, buf_.ce_stats[p], buf_.targets, N, V, s);
@@ -384,9 +293,9 @@ void ZoEngine::queue_update(const ZoSgdEstimate& estimate, double lr, double wei
   hyper.lr = lr;
   for (size_t g = 0; g < store_.groups().size(); ++g)
     update_ticket_[g] = host_.enqueue([this, g, hyper, weight_decay] { optimizer_->update(g, hyper, weight_decay); });
-  for (auto& l : slot_layer_) l = -1;
-  for (auto& c : head_slot_chunk_) c = -1;
-  norm_stale_ = true;
+  layers_->invalidate();
+  head_->invalidate();
+  norm_->invalidate();
 }
 
 void ZoEngine::synchronize() {
@@ -405,19 +314,6 @@ void ZoEngine::synchronize() {
   }
   for (auto& t : update_ticket_) t = 0;
   if (first) std::rethrow_exception(first);
-}
-
-// The trainer thread waits for an update; the part of the wait the compute stream had nothing to
-// do is exposed optimizer time (engine.cpp's exposed_wait).
-template <class F>
-void ZoEngine::exposed_wait(F&& wait) {
-  const auto t0 = Clock::now();
-  const DeviceCounters c0 = dev_.counters();
-  wait();
-  const DeviceCounters c1 = dev_.counters();
-  const double device_s = (c1.compute_busy_s - c0.compute_busy_s) +
-                          (c1.stream_wait_s[int(Stream::compute)] - c0.stream_wait_s[int(Stream::compute)]);
-  optimizer_exposed_s_ += std::max(0.0, std::chrono::duration<double>(Clock::now() - t0).count() - device_s);
 }
 
 EngineStats ZoEngine::stats() const {

@@ -25,6 +25,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "models/decoder_layer.h"
@@ -33,6 +34,7 @@
 #include "offload/engine_buffers.h"
 #include "offload/host_queue.h"
 #include "offload/host_store.h"
+#include "offload/weight_stream.h"
 #include "offload/zo_sgd.h"
 
 namespace strata {
@@ -95,18 +97,15 @@ class ZoEngine {
   struct Pass {
     int sign;  // +1, -1, or 0: the clean weights
   };
-  void free_buffers();  // every row of the table that was allocated
   double run(const MicroBatch& mb, const std::vector<Pass>& passes, uint64_t seed, float eps, ZoLosses* out);
   void upload_tokens(const MicroBatch& mb);
   void embed_forward(const std::vector<Pass>& passes, uint64_t seed, float eps);
-  void ensure_layer(size_t layer);
-  void ensure_final_norm();
+  const char* ensure_layer(size_t layer);
+  const float* ensure_final_norm();
   const char* ensure_head_chunk(size_t chunk);
   // the weights a pass reads: the clean copy, or the perturbed slot rebuilt from it
-  const char* layer_weights_for(const Pass& p, size_t layer, uint64_t seed, float eps);
+  const char* layer_weights_for(const Pass& p, const char* clean, size_t layer, uint64_t seed, float eps);
   void wait_group(size_t group);
-  template <class F>
-  void exposed_wait(F&& wait);
 
   Device& dev_;
   HostStore& store_;
@@ -116,16 +115,11 @@ class ZoEngine {
   std::vector<EngineBuffer> table_;
   ZoBuffers buf_;
   LayerWorkspace ws_{};
-  std::vector<int64_t> slot_layer_;
-  int64_t head_slot_chunk_[2] = {-1, -1};
-  bool norm_stale_ = true;
+  std::optional<WeightStream> layers_, head_;  // the clean layer slots and lm_head chunk slots
+  std::optional<ResidentBlock> norm_;          // the clean final norm
   bool has_docs_ = false;
   std::vector<int32_t> ids_host_;
   double loss_host_[2] = {};
-  struct Events {
-    std::vector<std::unique_ptr<Event>> slot_loaded, slot_free;
-    std::unique_ptr<Event> head_loaded[2], head_free[2];
-  } ev_;
   HostQueue host_;
   std::vector<uint64_t> update_ticket_;  // per group: its pending ZO-SGD update
   std::unique_ptr<HostZoSgd> optimizer_;

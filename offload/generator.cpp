@@ -2,20 +2,21 @@
 // holds what), one pass (embedding, layers, head), the decode layer, then the batch loop and
 // token choice.
 //
-// Events: slot_loaded[s] (h2d, after uploading into weight slot s) is waited by compute before
-// the layer; slot_free[s] (compute, after the layer) is waited by h2d before the next upload
-// into s. head_loaded / head_free do the same for the lm_head chunk slots. Everything else runs
-// on the compute stream, in order; each pass ends with a compute-stream synchronize (the host
-// needs the logits).
+// Events: the layer weight slots and the lm_head chunk slots stream as in training
+// (offload/weight_stream.h: each slot's loaded / released pair). Everything else runs on the
+// compute stream, in order; each pass ends with a compute-stream synchronize (the host needs
+// the logits).
 #include "offload/generator.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "offload/engine_buffers.h"
+#include "offload/weight_stream.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
 
@@ -83,18 +84,6 @@ size_t rows_footprint(const std::vector<DeviceRow>& rows) {
   return total;
 }
 
-// y (N,O) = x (N,I) W^T (+ b), as the training forward does it (bf16 weights: x rounded first).
-void linear(Device& dev, float* y, const float* x, const void* w, const float* b, bf16* cast, int64_t n, int64_t o,
-            int64_t i, DType wt, Stream s) {
-  if (wt == DType::f32) {
-    dev.matmul(y, x, w, DType::f32, n, o, i, false, true, 0.f, s);
-  } else {
-    dev.cast_f32_to_bf16(cast, x, n * i, s);
-    dev.matmul(y, cast, w, DType::bf16, n, o, i, false, true, 0.f, s);
-  }
-  if (b) dev.bias_forward(y, b, n, o, s);
-}
-
 }  // namespace
 
 struct Generator::Buffers {
@@ -107,7 +96,7 @@ struct Generator::Buffers {
   bf16* hn_bf16 = nullptr;
   std::vector<float*> k_cache, v_cache;  // per layer (B, Tcap, Hk, D)
   std::vector<char*> weight_slots, head_slots;
-  std::vector<std::unique_ptr<Event>> slot_loaded, slot_free, head_loaded, head_free;
+  std::optional<WeightStream> layers, head;  // streaming through them (resident: a slot per block)
   std::vector<float> x_host;  // (N, C) the embedding gathered on the host
 };
 
@@ -181,12 +170,8 @@ void Generator::allocate(bool resident) {
   dev_.copy_h2d(b.inv_freq, inv.data(), inv.size() * 4, Stream::compute);
   const TensorSpec& norm = store_.working_table()[size_t(spec.final_norm)];
   dev_.copy_h2d(b.final_norm, store_.working_of(size_t(spec.final_norm)), norm.bytes(), Stream::compute);
-  for (size_t s = 0; s < b.weight_slots.size(); ++s)
-    b.slot_loaded.push_back(dev_.event_create()), b.slot_free.push_back(dev_.event_create());
-  for (size_t s = 0; s < b.head_slots.size(); ++s)
-    b.head_loaded.push_back(dev_.event_create()), b.head_free.push_back(dev_.event_create());
-  slot_layer_.assign(b.weight_slots.size(), -1);
-  head_slot_chunk_.assign(b.head_slots.size(), -1);
+  b.layers.emplace(dev_, b.weight_slots);
+  b.head.emplace(dev_, b.head_slots);
   b.x_host.resize(size_t(dims_.N() * dims_.C));
   dev_.stream_synchronize(Stream::compute);
 }
@@ -207,52 +192,14 @@ Generator::~Generator() {
 
 // ---- weights -----------------------------------------------------------------------------------
 
-LayerWeights Generator::weights_at(const char* base, size_t layer) const {
-  const ParamGroup& g = store_.layer_group(layer);
-  const TensorTable& wt = store_.working_table();
-  const LayerParamRows& r = store_.spec().layers[layer];
-  auto at = [&](int64_t row) -> const void* {
-    return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
-  };
-  auto atf = [&](int64_t row) { return static_cast<const float*>(at(row)); };
-  LayerWeights w;
-  w.q = at(r.q), w.k = at(r.k), w.v = at(r.v), w.o = at(r.o);
-  w.gate = at(r.gate), w.up = at(r.up), w.down = at(r.down);
-  w.input_norm = atf(r.input_norm), w.post_norm = atf(r.post_norm), w.q_norm = atf(r.q_norm), w.k_norm = atf(r.k_norm);
-  w.q_bias = atf(r.q_bias), w.k_bias = atf(r.k_bias), w.v_bias = atf(r.v_bias), w.o_bias = atf(r.o_bias);
-  return w;
-}
-
-// Layer `layer` in its slot, the compute stream waiting for it (h2d only when the slot holds
-// something else).
-void Generator::ensure_layer(size_t layer) {
-  Buffers& b = *buf_;
-  const size_t s = layer % b.weight_slots.size();
-  if (slot_layer_[s] != int64_t(layer)) {
-    const ParamGroup& g = store_.layer_group(layer);
-    dev_.stream_wait_event(Stream::h2d, *b.slot_free[s]);
-    dev_.copy_h2d(b.weight_slots[s], store_.working_of(g.first_row), g.working_bytes, Stream::h2d);
-    dev_.event_record(*b.slot_loaded[s], Stream::h2d);
-    slot_layer_[s] = int64_t(layer);
-  }
-  dev_.stream_wait_event(Stream::compute, *b.slot_loaded[s]);
+// Layer `layer`'s weights in its slot, the compute stream waiting for them (h2d only when the
+// slot holds something else).
+LayerWeights Generator::ensure_layer(size_t layer) {
+  return layer_weights_in(store_, buf_->layers->acquire(layer, layer_host_block(store_, layer)), layer);
 }
 
 const void* Generator::ensure_head_chunk(size_t chunk) {
-  Buffers& b = *buf_;
-  const size_t s = chunk % b.head_slots.size();
-  if (head_slot_chunk_[s] != int64_t(chunk)) {
-    const size_t lm = size_t(store_.spec().lm_head_row());
-    const size_t row_bytes = size_t(dims_.C) * dtype_size(store_.working_table()[lm].dtype);
-    const int64_t v0 = int64_t(chunk) * head_rows_, vc = std::min(head_rows_, V_ - v0);
-    dev_.stream_wait_event(Stream::h2d, *b.head_free[s]);
-    dev_.copy_h2d(b.head_slots[s], static_cast<const char*>(store_.working_of(lm)) + size_t(v0) * row_bytes,
-                  size_t(vc) * row_bytes, Stream::h2d);
-    dev_.event_record(*b.head_loaded[s], Stream::h2d);
-    head_slot_chunk_[s] = int64_t(chunk);
-  }
-  dev_.stream_wait_event(Stream::compute, *b.head_loaded[s]);
-  return b.head_slots[s];
+  return buf_->head->acquire(chunk, lm_head_chunk_block(store_, chunk, head_rows_));
 }
 
 // ---- one pass ----------------------------------------------------------------------------------
@@ -281,9 +228,7 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   float *x = b.x_a, *y = b.x_b;
   const TokenContext ctx{b.pos, nullptr, b.inv_freq};
   for (size_t i = 0; i < L_; ++i) {
-    ensure_layer(i);
-    const size_t slot = i % b.weight_slots.size();
-    const LayerWeights w = weights_at(b.weight_slots[slot], i);
+    const LayerWeights w = ensure_layer(i);
     if (prefill) {
       layer_forward(dev_, y, x, w, ctx, b.ws, dims_, s);
       for (int64_t r = 0; r < B; ++r) {  // keys (after norm and RoPE) and values into the cache
@@ -294,7 +239,7 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
     } else {
       decode_layer(i, y, x, w, B, start);
     }
-    dev_.event_record(*b.slot_free[slot], s);
+    b.layers->release(i);
     std::swap(x, y);
   }
   if (x != b.x_a) std::swap(b.x_a, b.x_b);  // the pass's output is in x_a
@@ -307,35 +252,17 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
   Buffers& b = *buf_;
   LayerWorkspace& ws = b.ws;
   const Stream s = Stream::compute;
-  const int64_t N = B, C = dims_.C, H = dims_.H, Hk = dims_.Hk, D = dims_.D, F = dims_.F, KD = Hk * D;
-  const DType wt = dims_.wt;
-  const bool qk_norm = w.q_norm != nullptr;
-  dev_.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, dims_.eps, s);
-  linear(dev_, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, ws.cast_a, N, H * D, C, wt, s);
-  linear(dev_, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, ws.cast_a, N, KD, C, wt, s);
-  linear(dev_, ws.v, ws.xn1, w.v, w.v_bias, ws.cast_a, N, KD, C, wt, s);
-  if (qk_norm) {
-    dev_.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, dims_.eps, s);
-    dev_.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, dims_.eps, s);
-  }
-  dev_.rope_forward(ws.q, ws.q, b.pos, b.inv_freq, N, H, D, s);
-  dev_.rope_forward(ws.k, ws.k, b.pos, b.inv_freq, N, Hk, D, s);
+  const int64_t KD = dims_.Hk * dims_.D;
+  layer_forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, ws, dims_, s);
   for (int64_t r = 0; r < B; ++r) {
     const size_t dst = size_t((r * shape_.max_context + start[size_t(r)]) * KD);
     dev_.copy_d2d(b.k_cache[layer] + dst, ws.k + r * KD, size_t(KD) * 4, s);
     dev_.copy_d2d(b.v_cache[layer] + dst, ws.v + r * KD, size_t(KD) * 4, s);
   }
-  const float scale = 1.0f / std::sqrt(float(D));
+  const float scale = 1.0f / std::sqrt(float(dims_.D));
   dev_.attention_cached_forward(ws.attn, ws.q, b.k_cache[layer], b.v_cache[layer], b.start, B, 1, shape_.max_context,
-                                H, Hk, D, scale, s);
-  linear(dev_, ws.h, ws.attn, w.o, w.o_bias, ws.cast_a, N, C, H * D, wt, s);
-  dev_.add_inplace(ws.h, x, N * C, s);  // residual
-  dev_.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, dims_.eps, s);
-  linear(dev_, ws.gate, ws.xn2, w.gate, nullptr, ws.cast_a, N, F, C, wt, s);
-  linear(dev_, ws.up, ws.xn2, w.up, nullptr, ws.cast_a, N, F, C, wt, s);
-  dev_.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
-  linear(dev_, out, ws.act, w.down, nullptr, ws.cast_a, N, C, F, wt, s);
-  dev_.add_inplace(out, ws.h, N * C, s);  // residual
+                                dims_.H, dims_.Hk, dims_.D, scale, s);
+  layer_forward_from_attention(dev_, out, x, w, ws, dims_, s);
 }
 
 // The final norm and lm_head on row r's position last_index[r] of x_a; logits_ (B, V) on the host.
@@ -354,7 +281,7 @@ void Generator::head(const std::vector<int64_t>& last_index, int64_t B) {
     const int64_t v0 = int64_t(k) * head_rows_, vc = std::min(head_rows_, V_ - v0);
     const void* w = ensure_head_chunk(k);
     dev_.matmul(b.logits, a, w, lm_type, B, vc, C, false, true, 0.f, s);  // (B, vc)
-    dev_.event_record(*b.head_free[k % b.head_slots.size()], s);
+    b.head->release(k);
     for (int64_t r = 0; r < B; ++r)  // on the compute stream: the next chunk's matmul waits for it
       dev_.copy_d2h(logits_.data() + r * V_ + v0, b.logits + r * vc, size_t(vc) * 4, s);
   }

@@ -78,8 +78,7 @@ class Generator {
   struct Buffers;
   void allocate(bool resident);
   void release();
-  LayerWeights weights_at(const char* base, size_t layer) const;
-  void ensure_layer(size_t layer);
+  LayerWeights ensure_layer(size_t layer);
   const void* ensure_head_chunk(size_t chunk);
   // One pass: rows' tokens (B rows x T each, row-major) at positions start[b] + t.
   void forward_pass(const std::vector<int32_t>& ids, const std::vector<int32_t>& start, int64_t B, int64_t T,
@@ -98,7 +97,6 @@ class Generator {
   size_t head_chunks_ = 0;
   bool resident_ = false;
   std::unique_ptr<Buffers> buf_;
-  std::vector<int64_t> slot_layer_, head_slot_chunk_;
   std::vector<float> logits_;         // (B, V) host
   std::vector<int32_t> pos_host_, start_host_;
   GenerateStats stats_;

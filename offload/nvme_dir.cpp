@@ -1,5 +1,6 @@
 #include "offload/nvme_dir.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -65,6 +66,16 @@ size_t nvme_free_bytes(const std::string& path) {
 
 size_t nvme_budget_bytes(size_t configured, const std::string& path) {
   return configured > 0 ? configured : nvme_free_bytes(path) / 10 * 9;
+}
+
+void nvme_file_reserve(const std::string& path, size_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  STRATA_CHECK_IO(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  const int err = ::posix_fallocate(fd, 0, off_t(bytes));
+  ::close(fd);
+  STRATA_CHECK_IO(err == 0 || err == EOPNOTSUPP || err == EINVAL, "cannot reserve ", bytes, " bytes for ", path,
+                  ": ", std::strerror(err), " (offset 0, length ", bytes,
+                  "); free space under offload.nvme_path or point it at a larger disk");
 }
 
 std::shared_ptr<NvmeRunDir> NvmeRunDir::acquire(const std::string& nvme_path) {

@@ -26,6 +26,11 @@ size_t nvme_free_bytes(const std::string& path);
 // The budget: `configured` when set (> 0), else the free space minus 10%.
 size_t nvme_budget_bytes(size_t configured, const std::string& path);
 
+// Reserves the blocks of the file at `path` (already created) up to `bytes`, so that a disk
+// without room fails now, naming the file (Error(io)); a filesystem without fallocate (some
+// network ones) is left to fail on first write instead.
+void nvme_file_reserve(const std::string& path, size_t bytes);
+
 class NvmeRunDir {
  public:
   // The run folder under nvme_path, created on first use; later calls while it lives share it.

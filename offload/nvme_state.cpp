@@ -1,8 +1,5 @@
 #include "offload/nvme_state.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -24,18 +21,6 @@ FileEngineOptions engine_options(size_t block) {
   fo.block_bytes = block;
   fo.queue_depth = kQueueDepth;
   return fo;
-}
-
-// Reserves the file's blocks so that a disk without room fails now, naming the file; a
-// filesystem without fallocate (some network ones) is left to fail on first write instead.
-void reserve_space(const std::string& path, size_t bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  STRATA_CHECK_IO(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  const int err = ::posix_fallocate(fd, 0, off_t(bytes));
-  ::close(fd);
-  STRATA_CHECK_IO(err == 0 || err == EOPNOTSUPP || err == EINVAL, "cannot reserve ", bytes, " bytes for ", path,
-                  ": ", std::strerror(err), " (offset 0, length ", bytes,
-                  "); free space under offload.nvme_path or point it at a larger disk");
 }
 
 }  // namespace
@@ -93,7 +78,7 @@ NvmeStatePlacement::NvmeStatePlacement(HostStore& store, const HostStoreOptions&
       file_[int(a)] = io_->open(path, FileOpen::create);
       io_->wait(io_->write(file_[int(a)], per_array - sizes_.block_bytes, slots_[0].buffer.get(), sizes_.block_bytes));
       io_->wait(io_->sync(file_[int(a)]));
-      reserve_space(path, per_array);
+      nvme_file_reserve(path, per_array);
     }
   } catch (...) {
     try {

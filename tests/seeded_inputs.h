@@ -1,8 +1,10 @@
-// Seeded integer inputs shared by the kernel tests (CPU and CUDA): loss targets with ignored
-// rows, and document starts for packed attention rows.
+// Seeded integer inputs shared by the tests (CPU and CUDA): loss targets with ignored rows,
+// document starts for packed attention rows, and strided micro-batches for the engines.
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "models/micro_batch.h"
 
 namespace strata::testing {
 
@@ -37,6 +39,20 @@ inline std::vector<int32_t> make_doc_start(int64_t b, int64_t t, int64_t max_len
     }
   }
   return ds;
+}
+
+// B rows of T tokens: ids (i * stride + offset) % V over the flat index i, each target the next
+// id (-100 at a row's end), positions 0..T-1 in every row.
+inline MicroBatch strided_batch(int64_t B, int64_t T, int64_t V, int64_t stride, int64_t offset = 0) {
+  MicroBatch mb;
+  mb.B = B;
+  mb.T = T;
+  for (int64_t i = 0; i < B * T; ++i) {
+    mb.ids.push_back(int32_t((i * stride + offset) % V));
+    mb.targets.push_back(i % T == T - 1 ? -100 : int32_t(((i + 1) * stride + offset) % V));
+    mb.pos.push_back(int32_t(i % T));
+  }
+  return mb;
 }
 
 }  // namespace strata::testing

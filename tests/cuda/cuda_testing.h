@@ -16,6 +16,7 @@
 
 #include "src/core/error.h"
 #include "src/device/device.h"
+#include "tests/testing.h"
 
 namespace strata {
 
@@ -83,4 +84,12 @@ class Buffer {
 };
 
 }  // namespace cuda_testing
+
+// The names the CUDA test files use unqualified: device buffers, and the host-side inputs and
+// error measures of tests/testing.h.
+using cuda_testing::Buffer;
+using testing::convert;
+using testing::max_rel_error;
+using testing::random_floats;
+
 }  // namespace strata

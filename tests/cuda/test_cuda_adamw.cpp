@@ -15,9 +15,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-using testing::random_floats;
-
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;

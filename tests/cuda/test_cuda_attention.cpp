@@ -16,11 +16,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-using testing::convert;
-using testing::max_rel_error;
-using testing::random_floats;
-
 struct AttnCase {
   int64_t b, t, h, hk, d;
   int64_t max_doc;  // 0: no doc_start; else documents of 1..max_doc tokens

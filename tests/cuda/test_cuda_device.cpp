@@ -16,8 +16,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-
 #if defined(STRATA_CUEMU)
 // Sets an emulator environment knob for one scope (cuemu reads these at each call).
 struct ScopedEnv {

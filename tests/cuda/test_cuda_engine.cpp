@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/cuda/cuda_testing.h"
+#include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -122,14 +123,7 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   eo.max_batch = 2;
   eo.max_tokens = 16;
   Engine engine(dev, store, eo);
-  MicroBatch mb;
-  mb.B = 2;
-  mb.T = 16;
-  for (int i = 0; i < 32; ++i) {
-    mb.ids.push_back((i * 37) % 300);
-    mb.targets.push_back(i % 16 == 15 ? -100 : ((i + 1) * 37) % 300);
-    mb.pos.push_back(i % 16);
-  }
+  const MicroBatch mb = testing::strided_batch(2, 16, 300, 37);
   std::vector<double> losses;
   for (int step = 1; step <= 2; ++step) {
     losses.push_back(engine.forward_backward(mb, 1.f / float(mb.counted())));

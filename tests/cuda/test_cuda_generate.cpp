@@ -16,11 +16,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-using testing::convert;
-using testing::max_rel_error;
-using testing::random_floats;
-
 TEST_CASE("cuda attention_cached_forward matches the fp64 twin", "[cuda-emu]") {
   auto dev = cuda_testing::test_device();
   if (!dev) return;

@@ -19,10 +19,7 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
 using testing::ChunkedResult;
-using testing::max_rel_error;
-using testing::random_floats;
 
 // testing::ce_chunked_cpu on a device, each chunk's weights and gradient in their own buffers as
 // the engine keeps them.

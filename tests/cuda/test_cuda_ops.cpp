@@ -14,11 +14,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-using testing::convert;
-using testing::max_rel_error;
-using testing::random_floats;
-
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // f32 kernels vs fp64 on the same f32 inputs: f32 rounding over sums of up to ~100 terms.

@@ -17,10 +17,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-using testing::max_rel_error;
-using testing::random_floats;
-
 struct StepOut {
   double loss = 0;
   std::vector<PreferencePair> pairs;

@@ -13,9 +13,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-using testing::random_floats;
-
 // after - before, field by field.
 DeviceCounters counters_delta(const DeviceCounters& after, const DeviceCounters& before) {
   DeviceCounters d;

@@ -16,9 +16,6 @@
 namespace strata {
 namespace {
 
-using cuda_testing::Buffer;
-using testing::random_floats;
-
 template <class T>
 int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
   if (a.size() != b.size()) return 0;

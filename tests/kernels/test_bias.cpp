@@ -12,14 +12,7 @@
 #include "kernels/cpu/ref.h"
 #include "tests/testing.h"
 
-namespace {
-
-using strata::testing::convert;
-using strata::testing::finite_difference;
-using strata::testing::max_rel_error;
-using strata::testing::random_floats;
-
-}  // namespace
+using namespace strata::testing;  // random_floats, convert, finite_difference, max_rel_error
 
 TEST_CASE("bias reference backward matches finite differences", "[kernels]") {
   const int64_t n = 5, o = 7;

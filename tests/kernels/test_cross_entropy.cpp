@@ -18,14 +18,7 @@
 #include "tests/testing.h"
 
 using namespace strata;
-using strata::testing::ce_chunked_cpu;
-using strata::testing::ChunkedResult;
-using strata::testing::convert;
-using strata::testing::make_targets;
-using strata::testing::max_rel_error;
-using strata::testing::random_floats;
-using strata::testing::round_bf16;
-using strata::testing::to_bf16;
+using namespace strata::testing;  // inputs, fp64 conversions, error measures, ce_chunked_cpu
 
 namespace {
 

@@ -13,12 +13,9 @@
 #include "kernels/cpu/ref.h"
 #include "tests/testing.h"
 
-namespace {
+using namespace strata::testing;  // random_floats, convert, finite_difference, max_rel_error
 
-using strata::testing::convert;
-using strata::testing::finite_difference;
-using strata::testing::max_rel_error;
-using strata::testing::random_floats;
+namespace {
 
 std::vector<int32_t> embedding_ids(int64_t n, int64_t v, uint64_t seed) {
   auto u = random_floats(n, seed, 0.f, float(v));

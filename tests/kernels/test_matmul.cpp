@@ -18,13 +18,11 @@
 #include "src/core/error.h"
 #include "tests/testing.h"
 
+using namespace strata::testing;  // random_floats, convert, finite_difference, max_rel_error
+
 namespace {
 
 using strata::bf16;
-using strata::testing::convert;
-using strata::testing::finite_difference;
-using strata::testing::max_rel_error;
-using strata::testing::random_floats;
 
 struct MatmulShape {
   int64_t m, n, k;

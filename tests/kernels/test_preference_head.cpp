@@ -15,11 +15,7 @@
 #include "tests/testing.h"
 
 using namespace strata;
-using strata::testing::convert;
-using strata::testing::make_targets;
-using strata::testing::max_rel_error;
-using strata::testing::random_floats;
-using strata::testing::to_bf16;
+using namespace strata::testing;  // seeded inputs, fp64 conversions, error measures
 
 namespace {
 

@@ -14,12 +14,9 @@
 #include "src/core/error.h"
 #include "tests/testing.h"
 
-namespace {
+using namespace strata::testing;  // random_floats, convert, finite_difference, max_rel_error
 
-using strata::testing::convert;
-using strata::testing::finite_difference;
-using strata::testing::max_rel_error;
-using strata::testing::random_floats;
+namespace {
 
 // f32 fast-path results of forward and backward on fixed inputs.
 struct RmsnormRun {

@@ -15,12 +15,9 @@
 #include "src/core/error.h"
 #include "tests/testing.h"
 
-namespace {
+using namespace strata::testing;  // random_floats, convert, finite_difference, max_rel_error
 
-using strata::testing::convert;
-using strata::testing::finite_difference;
-using strata::testing::max_rel_error;
-using strata::testing::random_floats;
+namespace {
 
 // HF's inv_freq[j] = 1 / theta^(2j/d), computed in f32 like torch does.
 std::vector<float> rope_inv_freq(int64_t d, float theta = 10000.f) {

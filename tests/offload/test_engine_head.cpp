@@ -13,6 +13,7 @@
 #include "offload/model_io.h"
 #include "src/core/threads.h"
 #include "tests/testing.h"
+#include "tests/seeded_inputs.h"
 
 namespace strata {
 namespace {
@@ -21,17 +22,8 @@ ModelConfig head_config(int64_t vocab, bool tied) {
   return testing::tiny_llama_config({64, 96, 2, vocab, 256, tied});
 }
 
-MicroBatch head_batch(int64_t vocab) {
-  MicroBatch mb;
-  mb.B = 2;
-  mb.T = 33;
-  for (int64_t i = 0; i < 66; ++i) {  // ids spread over the whole vocabulary, so every chunk has targets
-    mb.ids.push_back(int32_t((i * 7919) % vocab));
-    mb.targets.push_back(i % 33 == 32 ? -100 : int32_t(((i + 1) * 7919) % vocab));
-    mb.pos.push_back(int32_t(i % 33));
-  }
-  return mb;
-}
+// ids spread over the whole vocabulary, so every chunk has targets
+MicroBatch head_batch(int64_t vocab) { return testing::strided_batch(2, 33, vocab, 7919); }
 
 struct HeadRun {
   std::vector<double> losses;

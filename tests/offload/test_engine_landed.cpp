@@ -9,6 +9,7 @@
 #include "offload/engine.h"
 #include "offload/model_io.h"
 #include "tests/testing.h"
+#include "tests/seeded_inputs.h"
 
 namespace strata {
 namespace {
@@ -30,17 +31,8 @@ Result run(bool landed, bool tied, const std::string& weights) {
   Result r;
   for (int step = 1; step <= 3; ++step) {
     std::vector<MicroBatch> mbs;
-    for (int a = 0; a < 2; ++a) {  // two accumulation micro-batches
-      MicroBatch mb;
-      mb.B = 2;
-      mb.T = 17;
-      for (int i = 0; i < 34; ++i) {
-        mb.ids.push_back(int32_t((i * 37 + step * 11 + a * 5) % 300));
-        mb.targets.push_back(i % 17 == 16 ? -100 : int32_t(((i + 1) * 37 + step * 11 + a * 5) % 300));
-        mb.pos.push_back(i % 17);
-      }
-      mbs.push_back(mb);
-    }
+    for (int a = 0; a < 2; ++a)  // two accumulation micro-batches
+      mbs.push_back(testing::strided_batch(2, 17, 300, 37, step * 11 + a * 5));
     AdamWParams ap;
     ap.lr = 2e-3f;
     ap.step = step;

@@ -7,6 +7,7 @@
 #include "offload/model_io.h"
 #include "tests/testing.h"
 #include "src/core/align.h"
+#include "tests/seeded_inputs.h"
 
 namespace strata {
 
@@ -20,14 +21,7 @@ static size_t device_peak_for(int64_t layers, const std::string& checkpoints) {
   eo.max_batch = 2;
   eo.max_tokens = 33;
   Engine engine(*dev, store, eo);
-  MicroBatch mb;
-  mb.B = 2;
-  mb.T = 33;
-  for (int i = 0; i < 66; ++i) {
-    mb.ids.push_back(i % 97);
-    mb.targets.push_back(i % 33 == 32 ? -100 : (i + 1) % 97);
-    mb.pos.push_back(i % 33);
-  }
+  const MicroBatch mb = testing::strided_batch(2, 33, 97, 1);
   engine.forward_backward(mb, 1.f / float(mb.counted()));
   AdamWParams ap;
   engine.optimizer_step(ap, 1.0, 0.0);

@@ -147,6 +147,20 @@ std::vector<std::vector<int32_t>> golden_prompts(const testing::Golden& g) {
           std::vector<int32_t>(row.begin() + 1, row.begin() + std::min<int64_t>(3, g.batch.T))};
 }
 
+// A golden model's weights in an f32 store on a CPU device with the default budget, and two
+// prompts from its batch.
+struct GoldenModel {
+  explicit GoldenModel(const char* family)
+      : g(testing::Golden::load(family)), dev(device_create(DeviceOptions{})),
+        store(*dev, model_spec_build(hf_config_load(g.dir), DType::f32)), prompts(golden_prompts(g)) {
+    model_load_weights(store, g.dir);
+  }
+  testing::Golden g;
+  std::unique_ptr<Device> dev;
+  HostStore store;
+  std::vector<std::vector<int32_t>> prompts;
+};
+
 // Generates greedily for `prompts` and checks each token against the full-sequence argmax.
 void check_greedy(Device& dev, HostStore& store, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new,
                   bool expect_resident) {
@@ -212,14 +226,11 @@ TEST_CASE("greedy generation streaming five layers through two slots", "[generat
 }
 
 TEST_CASE("generation stops at an EOS id", "[generate]") {
-  const testing::Golden g = testing::Golden::load("qwen3");
-  auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, model_spec_build(hf_config_load(g.dir), DType::f32));
-  model_load_weights(store, g.dir);
-  const auto prompts = golden_prompts(g);
+  GoldenModel m("qwen3");
+  const auto& prompts = m.prompts;
   SamplingOptions so;
   so.max_new_tokens = 10;
-  Generator gen(*dev, store, GeneratorShape{2, 5, 15});
+  Generator gen(*m.dev, m.store, GeneratorShape{2, 5, 15});
   const auto free_run = gen.generate(prompts, so, 0);
   // the EOS: row 0's fourth token; each row stops before its first occurrence
   so.eos_ids = {free_run[0].tokens[3]};
@@ -234,16 +245,13 @@ TEST_CASE("generation stops at an EOS id", "[generate]") {
 }
 
 TEST_CASE("seeded sampling is reproducible", "[generate]") {
-  const testing::Golden g = testing::Golden::load("llama");
-  auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, model_spec_build(hf_config_load(g.dir), DType::f32));
-  model_load_weights(store, g.dir);
-  const auto prompts = golden_prompts(g);
+  GoldenModel m("llama");
+  const auto& prompts = m.prompts;
   SamplingOptions so;
   so.max_new_tokens = 16;
   so.temperature = 1.5, so.top_k = 40, so.top_p = 0.95, so.seed = 7;
   auto run = [&](uint64_t seed) {
-    Generator gen(*dev, store, GeneratorShape{2, 5, 21});
+    Generator gen(*m.dev, m.store, GeneratorShape{2, 5, 21});
     so.seed = seed;
     return gen.generate(prompts, so, 0);
   };

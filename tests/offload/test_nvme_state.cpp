@@ -16,6 +16,7 @@
 #include "offload/model_io.h"
 #include "offload/nvme_state.h"
 #include "src/core/error.h"
+#include "tests/seeded_inputs.h"
 
 namespace strata {
 namespace {
@@ -78,17 +79,7 @@ std::vector<float> whole(HostStore& store, StateArray a) {
   return out;
 }
 
-MicroBatch batch(int step, int a, int64_t T) {
-  MicroBatch mb;
-  mb.B = 2;
-  mb.T = T;
-  for (int64_t i = 0; i < 2 * T; ++i) {
-    mb.ids.push_back(int32_t((i * 37 + step * 11 + a * 5) % 300));
-    mb.targets.push_back(i % T == T - 1 ? -100 : int32_t(((i + 1) * 37 + step * 11 + a * 5) % 300));
-    mb.pos.push_back(int32_t(i % T));
-  }
-  return mb;
-}
+MicroBatch batch(int step, int a, int64_t T) { return testing::strided_batch(2, T, 300, 37, step * 11 + a * 5); }
 
 Result run(const Setup& s) {
   auto dev = device_create(DeviceOptions{});

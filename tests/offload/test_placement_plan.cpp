@@ -23,6 +23,7 @@
 #include "src/core/process_memory.h"
 #include "src/recipe/recipe.h"
 #include "src/core/error.h"
+#include "tests/seeded_inputs.h"
 
 namespace strata {
 namespace {
@@ -396,14 +397,7 @@ TEST_CASE("a failed pinned allocation falls back to pageable memory with one war
                state = e.bytes_of("fp32 master weights") + e.bytes_of("AdamW moments (f32 m and v)"),
                staging = e.bytes_of("pinned staging (activations, gradients)"),
                checkpoints = e.bytes_of("layer checkpoints (pinned host)");
-  MicroBatch mb;
-  mb.B = 2;
-  mb.T = 16;
-  for (int i = 0; i < 32; ++i) {
-    mb.ids.push_back((i * 37) % 256);
-    mb.targets.push_back(i % 16 == 15 ? -100 : ((i + 1) * 37) % 256);
-    mb.pos.push_back(i % 16);
-  }
+  const MicroBatch mb = testing::strided_batch(2, 16, 256, 37);
   auto run = [&](bool fail, std::string* warning, size_t* pinned, size_t* host, size_t* fallback) {
     if (fail) setenv("STRATA_FAKE_PINNED_FAIL", "1", 1);
     StderrCapture capture;

@@ -25,22 +25,13 @@ struct BenchCommand {
   const char* help;
 };
 
+// What each measures; `strata-bench <name> --help` gives its options.
 const BenchCommand kBenchCommands[] = {
-    {"adamw", strata::bench::bench_adamw,
-     "CPU AdamW params/s against a STREAM-triad bound and torch.optim.AdamW: "
-     "strata-bench adamw [--params N] [--rounds R] [--no-torch]"},
-    {"pipeline", strata::bench::bench_pipeline,
-     "the streaming engine on the CPU backend with a throttled link, step time over "
-     "max(compute, transfer) and the device peak at 4 and L layers: strata-bench pipeline [--layers L]"},
-    {"zo", strata::bench::bench_zo,
-     "the ZO host side: z generation and the ZO-SGD update (bf16 working copy) per parameter against "
-     "a plain pass over the same bytes, 1..N threads: strata-bench zo [--params N] [--rounds R]"},
-    {"nvme", strata::bench::bench_nvme,
-     "sequential write and read through strata's NVMe file engine against fio on the same file: "
-     "strata-bench nvme [--path DIR] [--size SIZE] [--block-size B] [--queue-depth Q]"},
-    {"peer", strata::bench::bench_peer,
-     "strata against PyTorch (OpenBLAS, 2 threads) training the same model on the same batches, "
-     "interleaved: strata-bench peer [--config quickstart|mid|mid-bf16|all] [--rounds R] [--steps S]"},
+    {"adamw", strata::bench::bench_adamw, "CPU AdamW params/s against a STREAM-triad bound and torch.optim.AdamW"},
+    {"pipeline", strata::bench::bench_pipeline, "the streaming engine on the CPU backend with a throttled link"},
+    {"zo", strata::bench::bench_zo, "the ZO host side: z generation and the ZO-SGD update against a plain pass"},
+    {"nvme", strata::bench::bench_nvme, "sequential write and read through strata's NVMe file engine against fio"},
+    {"peer", strata::bench::bench_peer, "strata against PyTorch training the same model on the same batches"},
 };
 
 void bench_print_usage(FILE* f) {
