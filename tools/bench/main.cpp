@@ -15,6 +15,7 @@ int bench_pipeline(const std::vector<std::string>& args);
 int bench_zo(const std::vector<std::string>& args);
 int bench_nvme(const std::vector<std::string>& args);
 int bench_peer(const std::vector<std::string>& args);
+int bench_estimate(const std::vector<std::string>& args);
 }  // namespace strata::bench
 
 namespace {
@@ -41,6 +42,9 @@ const BenchCommand kBenchCommands[] = {
     {"peer", strata::bench::bench_peer,
      "strata against PyTorch (OpenBLAS, 2 threads) training the same model on the same batches, "
      "interleaved: strata-bench peer [--config quickstart|mid|mid-bf16|all] [--rounds R] [--steps S]"},
+    {"estimate", strata::bench::bench_estimate,
+     "strata estimate --measure's step time against strata train's on this host (CPU backend), six "
+     "configurations: strata-bench estimate [--steps S] [--config NAME] [--nvme-path DIR]"},
 };
 
 void bench_print_usage(FILE* f) {
