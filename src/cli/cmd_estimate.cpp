@@ -59,44 +59,57 @@ std::string gb_per_s(double bytes_per_s) { return str_cat(bytes_per_s / 1e9, " G
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// --measure: this host's CPU AdamW rate (the fastest of 5 updates over 8M parameters, bf16
-// working copy) — 128 MiB of memory, freed before the plan is priced.
+// The probes below time short rounds and keep the fastest: other work on the machine only ever
+// slows a round down, and on a shared machine it comes and goes in bursts of seconds, so the
+// rounds go on until kProbeWindow seconds have passed (at least kProbeRounds of them).
+constexpr double kProbeWindow = 2.0;
+constexpr int kProbeRounds = 5;
+
+template <class Round>
+double probe_fastest_seconds(Round&& round) {
+  round();  // touches the pages, builds oneDNN's primitives
+  double best = 1e30;
+  const auto start = Clock::now();
+  for (int r = 0; r < kProbeRounds || seconds_since(start) < kProbeWindow; ++r) {
+    const auto t0 = Clock::now();
+    round();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+// --measure: this host's CPU AdamW rate (the fastest update over 8M parameters, bf16 working
+// copy) — 128 MiB of memory, freed before the plan is priced.
 double measure_adamw_params_per_s() {
   const int64_t n = int64_t(8) << 20;
   std::vector<float> master(size_t(n), 0.5f), m(size_t(n), 0.f), v(size_t(n), 0.f), grad(size_t(n), 1e-3f);
   std::vector<bf16> working{};
   working.resize(size_t(n));
   AdamWParams p;
-  double best = 1e30;
-  for (int r = 0; r < 6; ++r) {
-    p.step = r + 1;
-    const auto t0 = Clock::now();
+  const double best = probe_fastest_seconds([&] {
+    ++p.step;
     adamw_update(master.data(), m.data(), v.data(), grad.data(), working.data(), DType::bf16, n, p);
-    if (r > 0) best = std::min(best, seconds_since(t0));  // the first run touches the pages
-  }
+  });
   return double(n) / best;
 }
 
 // --measure: this host's memory bandwidth as the copies and the accumulation see it: the fastest
-// of 5 parallel memcpy passes over 64 MiB (read + write counted), after one that touches the pages.
+// parallel memcpy pass over 64 MiB (read + write counted).
 double measure_host_bytes_per_s() {
   const size_t n = size_t(64) << 20;
   std::vector<char> src(n, 1), dst(n, 0);
-  double best = 1e30;
-  for (int r = 0; r < 6; ++r) {
-    const auto t0 = Clock::now();
+  const double best = probe_fastest_seconds([&] {
     const int64_t pieces = 64;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < pieces; ++p) std::memcpy(dst.data() + size_t(p) * (n / pieces), src.data() + size_t(p) * (n / pieces), n / pieces);
-    if (r > 0) best = std::min(best, seconds_since(t0));
-  }
+  });
   return 2 * double(n) / best;
 }
 
 // --measure on the CPU backend: the GEMM rate at this model's own shapes — each distinct layer
 // matrix (O, I) and one lm_head chunk, in the three products a step runs (y = x W^T, dx = dy W,
-// dW += dy^T x) at the micro-batch's N tokens — as the backend runs them (oneDNN); the fastest of
-// 3 rounds after a warm-up. Small micro-batches run far below the square-GEMM peak.
+// dW += dy^T x) at the micro-batch's N tokens — as the backend runs them (oneDNN); each shape's
+// fastest round (probe_fastest_seconds). Small micro-batches run below the square-GEMM peak.
 double measure_cpu_gemm_at_shapes(const ModelSpec& spec, int64_t N, DType ab) {
   std::vector<std::pair<int64_t, int64_t>> shapes;  // (O, I) with their multiplicity folded in below
   std::vector<double> count;
@@ -110,30 +123,38 @@ double measure_cpu_gemm_at_shapes(const ModelSpec& spec, int64_t N, DType ab) {
   const TensorSpec& lm = spec.params[size_t(spec.lm_head_row())];
   shapes.push_back({std::min<int64_t>(lm.shape[0], kHeadChunkRows), lm.shape[1]});
   count.push_back(double(lm.shape[0]) / double(shapes.back().first));
-  double flops = 0, seconds = 0;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const auto [O, I] = shapes[i];
-    const size_t big = size_t(std::max(O, N) * std::max(I, N));
-    std::vector<float> a(big, 0.25f), b(big, -0.5f), c(big);
-    std::vector<bf16> a16(big, f32_to_bf16(0.25f)), b16(big, f32_to_bf16(-0.5f));
-    auto mm = [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb, float beta) {
-      if (ab == DType::bf16) cpu::matmul_bf16(c.data(), a16.data(), b16.data(), m, n, k, ta, tb, beta);
-      else cpu::matmul_f32(c.data(), a.data(), b.data(), m, n, k, ta, tb, beta);
-    };
-    auto products = [&] {
-      mm(N, O, I, false, true, 0.f);   // y = x W^T
-      mm(N, I, O, false, false, 0.f);  // dx = dy W
-      mm(O, I, N, true, false, 1.f);   // dW += dy^T x
-    };
-    products();  // warm-up: oneDNN creates its primitives
+  struct Probe {
+    int64_t O, I;
+    std::vector<float> a, b, c;
+    std::vector<bf16> a16, b16;
     double best = 1e30;
-    for (int r = 0; r < 3; ++r) {
+  };
+  std::vector<Probe> probes;
+  for (const auto& [O, I] : shapes) {
+    const size_t big = size_t(std::max(O, N) * std::max(I, N));
+    probes.push_back({O, I, std::vector<float>(big, 0.25f), std::vector<float>(big, -0.5f), std::vector<float>(big),
+                      std::vector<bf16>(big, f32_to_bf16(0.25f)), std::vector<bf16>(big, f32_to_bf16(-0.5f))});
+  }
+  auto products = [&](Probe& q) {
+    auto mm = [&](int64_t m, int64_t n, int64_t k, bool ta, bool tb, float beta) {
+      if (ab == DType::bf16) cpu::matmul_bf16(q.c.data(), q.a16.data(), q.b16.data(), m, n, k, ta, tb, beta);
+      else cpu::matmul_f32(q.c.data(), q.a.data(), q.b.data(), m, n, k, ta, tb, beta);
+    };
+    mm(N, q.O, q.I, false, true, 0.f);   // y = x W^T
+    mm(N, q.I, q.O, false, false, 0.f);  // dx = dy W
+    mm(q.O, q.I, N, true, false, 1.f);   // dW += dy^T x
+  };
+  probe_fastest_seconds([&] {  // each shape keeps its own fastest round
+    for (Probe& q : probes) {
       const auto t0 = Clock::now();
-      products();
-      best = std::min(best, seconds_since(t0));
+      products(q);
+      q.best = std::min(q.best, seconds_since(t0));
     }
-    flops += count[i] * 6.0 * double(N) * double(O) * double(I);
-    seconds += count[i] * best;
+  });
+  double flops = 0, seconds = 0;
+  for (size_t i = 0; i < probes.size(); ++i) {
+    flops += count[i] * 6.0 * double(N) * double(probes[i].O) * double(probes[i].I);
+    seconds += count[i] * probes[i].best;
   }
   return flops / seconds;
 }

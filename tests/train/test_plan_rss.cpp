@@ -77,7 +77,8 @@ ChildRun run_train(const std::vector<std::string>& args, const std::string& log_
 }
 
 std::string tmp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / "strata_plan_rss" / name;
+  // one root per test process: test runs of other checkouts on the machine use the same names
+  const fs::path d = fs::temp_directory_path() / ("strata_plan_rss-" + std::to_string(getpid())) / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d.string();
@@ -167,7 +168,7 @@ TEST_CASE("a run's peak resident set is its plan's host total within 5%, saving 
     CHECK(r.max_rss_bytes <= est_host * 1.05);
     CHECK(r.max_rss_bytes >= est_host * 0.95);
   }
-  fs::remove_all(root);
+  fs::remove_all(fs::path(root).parent_path());
 }
 
 }  // namespace strata
@@ -308,7 +309,7 @@ TEST_CASE("strata estimate against real runs: device, host, NVMe and the bytes e
     CHECK(double(r.nvme_peak_bytes) >= est_nvme * 0.95);
   }
   fs::remove_all(nvme);
-  fs::remove_all(root);
+  fs::remove_all(fs::path(root).parent_path());
 }
 
 }  // namespace strata

@@ -4,8 +4,9 @@
 // streamed and resident weights, checkpoints on the device, pinned host and NVMe, the optimizer
 // state on NVMe, gradient accumulation, a throttled link; a Llama (tied embeddings) and a Qwen3
 // (q/k norm) shape. The rates are measured in the same run, right before each training run
-// (--measure: GEMM, memory bandwidth, AdamW, NVMe); the measured step is the median of the steps
-// after the first. Prints measured/estimated per configuration, the estimate's components and the
+// (--measure: GEMM, memory bandwidth, AdamW, NVMe, each the fastest of its rounds); the measured
+// step is the fastest of the steps after the first (the median is in the JSON line). Prints
+// measured/estimated per configuration, the estimate's components and the
 // run's time split. Wall time on a shared machine is noise for a test, so this is a benchmark.
 #include <algorithm>
 #include <cmath>
@@ -76,7 +77,7 @@ double bench_median(std::vector<double> v) {
 int bench_estimate(const std::vector<std::string>& args) {
   CLI::App app{"strata estimate's step time against strata train's on this host (CPU backend)",
                "strata-bench estimate"};
-  int steps = 4;
+  int steps = 5;
   int64_t sequence_len = 128, micro_batch = 2;
   std::string only, nvme = (fs::temp_directory_path() / "strata_bench_estimate_nvme").string(), keep;
   app.add_option("--steps", steps, "training steps per configuration (the first is not timed)")->check(CLI::Range(2, 1000));
@@ -103,7 +104,7 @@ int bench_estimate(const std::vector<std::string>& args) {
       << "\nseed = 1\nlog_steps = 1000\n[optim]\nlearning_rate = 1e-4\n[device]\nbackend = \"cpu\"\nmemory = \"2GiB\"\n"
          "[checkpoint]\nsave_steps = 100000\n";
   }
-  std::printf("%-46s %10s %10s %9s  %-10s  %s\n", "configuration", "estimate s", "measured s", "meas/est", "bottleneck",
+  std::printf("%-46s %10s %10s %9s  %-10s  %s\n", "configuration", "estimate s", "fastest s", "meas/est", "bottleneck",
               "estimate's components | the run's split (compute, optimizer, h2d wait, d2h wait, nvme wait)");
   nlohmann::json rows = nlohmann::json::array();
   std::vector<double> errors;
@@ -130,7 +131,10 @@ int bench_estimate(const std::vector<std::string>& args) {
       step_s.push_back(j["step_s"].get<double>());
       for (int k = 0; k < 5; ++k) split[k] += j[split_keys[k]].get<double>() / double(steps - 1);
     }
-    const double measured = bench_median(step_s), estimated = e["step"]["seconds"].get<double>();
+    // the fastest step against rates that are each the fastest of their rounds: on a machine
+    // shared with other work, time only ever grows, and the quiet figures are comparable
+    const double measured = *std::min_element(step_s.begin(), step_s.end());
+    const double estimated = e["step"]["seconds"].get<double>();
     errors.push_back(estimated / measured - 1);
     std::string components;
     for (auto& [name, s] : e["step"]["components"].items()) components += name + " " + str_cat(s.get<double>()) + " ";
@@ -139,6 +143,7 @@ int bench_estimate(const std::vector<std::string>& args) {
                 split[1], split[2], split[3], split[4]);
     std::fflush(stdout);
     rows.push_back({{"config", c.name}, {"estimated_s", estimated}, {"measured_s", measured},
+                    {"measured_median_s", bench_median(step_s)},
                     {"measured_over_estimated", measured / estimated}, {"rates", e["step"]["rates"]}});
     if (keep.empty()) fs::remove_all(out, ec);
   }
