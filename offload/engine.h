@@ -139,6 +139,7 @@ class Engine {
 
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }
+  size_t pinned_bytes() const { return engine_pinned_bytes(table_); }  // staging, spilled checkpoints
   const EngineOptions& options() const { return opt_; }
 
  private:

@@ -53,6 +53,20 @@ void check_inputs(const PlanInputs& in, const PlanBudgets& b) {
   STRATA_CHECK(in.checkpoints != "nvme" || !b.nvme_dir.empty(), "offload.checkpoints", nvme_dir);
 }
 
+}  // namespace
+
+EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in) {
+  EngineOptions eo;
+  eo.weights = in.weights;
+  eo.checkpoints = in.checkpoints == "nvme" ? "host" : in.checkpoints;  // spilled rows, then moved by the plan
+  eo.max_batch = in.micro_batch;
+  eo.max_tokens = in.sequence_len;
+  eo.head_chunk_rows = in.head_chunk_rows;
+  return EngineShape::of(spec, layout, eo);
+}
+
+namespace {
+
 // The plan for one choice of what goes to NVMe; `problems` filled, `changes` not.
 PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets, Choice choice) {
   PlacementPlan p;
@@ -62,13 +76,7 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
 
   // The store's tables and the engine's buffer table: the same functions the allocation runs.
   const HostStoreLayout layout = HostStore::layout(spec);
-  EngineOptions eo;
-  eo.weights = in.weights;
-  eo.checkpoints = in.checkpoints == "nvme" ? "host" : in.checkpoints;  // spilled rows, then moved below
-  eo.max_batch = in.micro_batch;
-  eo.max_tokens = in.sequence_len;
-  eo.head_chunk_rows = in.head_chunk_rows;
-  const EngineShape shape = EngineShape::of(spec, layout, eo);
+  const EngineShape shape = placement_engine_shape(spec, layout, in);
   const std::vector<EngineBuffer> table = engine_buffer_table(shape, nullptr);
   const size_t L = shape.layers, act = shape.activation_bytes();
   p.layers = L;

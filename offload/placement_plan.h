@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/model_spec.h"
+#include "offload/engine_buffers.h"
 #include "src/core/tensor.h"
 
 namespace strata {
@@ -98,6 +99,11 @@ struct PlacementPlan {
   size_t host_total() const { return tier(Tier::host) + tier(Tier::host_pinned); }
   size_t bytes_of(const std::string& kind) const;  // 0 when absent
 };
+
+// The engine's buffer shape for these inputs (the checkpoint mode before the plan moves spilled
+// rows to NVMe): what the plan sizes the device and staging from, and the step estimate's
+// transfer count walks.
+EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in);
 
 // The plan. Bad plan inputs (an unknown mode, NVMe asked for without a directory) are
 // Error(input); a plan that does not fit is returned with `problems` and `changes` filled.

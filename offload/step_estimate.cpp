@@ -5,6 +5,7 @@
 
 #include "offload/engine_buffers.h"
 #include "offload/host_store.h"
+#include "offload/nvme_state.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -53,6 +54,65 @@ double model_flops_per_token(const ModelSpec& spec, int64_t T) {
   return 6.0 * matmul_params + 6.0 * double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * double(T);
 }
 
+StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const PlacementPlan& plan, int64_t grad_accum) {
+  const HostStoreLayout layout = HostStore::layout(spec);
+  const EngineShape shape = placement_engine_shape(spec, layout, in);
+  const size_t L = shape.layers, first_dev = L - plan.device_checkpoints;
+  const double N = double(in.micro_batch * in.sequence_len), act = double(shape.activation_bytes());
+  const bool stream = shape.weights == WeightsMode::stream, spill_nvme = plan.nvme_checkpoints > 0;
+  const TensorSpec& lm = layout.working[size_t(spec.lm_head_row())];
+  const double norm_bytes = double(layout.working[size_t(spec.final_norm)].bytes());
+  // the engine's slot caches: after an optimizer step every copy on the device is stale
+  std::vector<int64_t> slot_layer(shape.slot_bytes.size(), -1), head_chunk(shape.head_slots, -1);
+  bool stale = true;
+  StepBytes b;
+  auto ensure_layer = [&](size_t i) {
+    const size_t s = stream ? i % slot_layer.size() : i;
+    if (slot_layer[s] != int64_t(i)) b.h2d += double(layout.groups[1 + i].working_bytes), slot_layer[s] = int64_t(i);
+  };
+  auto ensure_head_chunk = [&](size_t k) {
+    if (!stream) return;  // resident: uploaded whole with the final norm below
+    const size_t s = k % shape.head_slots;
+    const int64_t rows = std::min(shape.head_rows, shape.V - int64_t(k) * shape.head_rows);
+    if (head_chunk[s] != int64_t(k)) b.h2d += double(rows) * double(shape.lm_row_bytes), head_chunk[s] = int64_t(k);
+  };
+  // checkpoint i (the input of layer i) leaves the device in forward and comes back in backward,
+  // except the last two (still in the ping-pong buffers) and, with NVMe, layer 0's (x0 stays pinned)
+  auto to_nvme = [&](size_t i) { return spill_nvme && i >= 1 && i + 2 < L; };
+  for (int64_t mb = 0; mb < grad_accum; ++mb) {
+    b.h2d += 4 * 4 * N + act;  // ids, targets, positions, document starts (int32); x0
+    for (size_t i = 0; i < L; ++i) {
+      ensure_layer(i);
+      if (i + 1 < L && i + 1 < first_dev && (!spill_nvme || to_nvme(i + 1))) {
+        b.d2h += act;
+        if (spill_nvme) b.checkpoint_write += act;
+      }
+    }
+    if (stale) b.h2d += norm_bytes + (stream ? 0 : double(lm.bytes()));
+    stale = false;
+    for (size_t k = 0; k < shape.head_chunks; ++k) ensure_head_chunk(k);
+    for (size_t k = shape.head_chunks; k-- > 0;) ensure_head_chunk(k);
+    b.d2h += double(lm.numel()) * 4 + double(spec.config.hidden_size) * 4;  // lm_head and final norm gradients
+    for (size_t i = L; i-- > 0;) {
+      ensure_layer(i);
+      if (i < first_dev && i + 2 < L) {
+        b.h2d += act;
+        if (to_nvme(i)) b.checkpoint_read += act;
+      }
+      b.d2h += double(layout.groups[1 + i].f32_bytes);
+    }
+    b.d2h += act + 8;  // d x0, the loss
+  }
+  if (plan.optimizer_on_nvme) {  // master (unless it is the f32 working copy), m and v: read, updated, written,
+    HostStoreOptions so;          // each group's ranges in whole blocks (offload/nvme_state.h)
+    so.state_on_nvme = true;
+    const bool master = !(spec.matrix_dtype == DType::f32 && in.f32_master_shared);
+    const double per_array = double(nvme_state_sizes(layout, so, master).file_bytes) / (master ? 3 : 2);
+    b.state = per_array * ((master ? 1 : 0) + 2 * double(dtype_size(in.moments)) / 4);  // bf16 m, v: half
+  }
+  return b;
+}
+
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const PlacementPlan& plan, int64_t grad_accum,
                            const StepRates& rates) {
   STRATA_CHECK(rates.device_flops_per_s > 0 && rates.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
@@ -60,55 +120,45 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   const auto& c = spec.config;
   const double T = double(in.sequence_len), tokens = double(in.micro_batch) * T, k = double(grad_accum);
   const HostStoreLayout layout = HostStore::layout(spec);
-  double layer_matmul = 0, layer_working = 0, layer_grad = 0;
-  for (size_t i = 0; i < spec.layers.size(); ++i) {
-    layer_working += double(layout.groups[1 + i].working_bytes);
-    layer_grad += double(layout.groups[1 + i].f32_bytes);
-  }
+  double layer_matmul = 0;
   for (auto& r : spec.params.rows())
     if (r.shape.size() == 2 && r.name.rfind("model.layers.", 0) == 0) layer_matmul += double(r.numel());
   const TensorSpec& lm = layout.working[size_t(spec.lm_head_row())];
-  const double lm_working = double(lm.bytes()), lm_grad = double(lm.numel()) * 4;
   const double attn = double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * T;
 
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
+  e.bytes = step_bytes(spec, in, plan, grad_accum);
   // recompute in backward: every layer's forward again, and the lm_head's logits per chunk
   const double executed = e.model_flops_per_token + 2 * layer_matmul + 2 * attn + 2 * double(lm.numel());
-  const double compute = tokens * executed / rates.device_flops_per_s;
-
-  const bool stream = in.weights == "stream";
-  const double act = tokens * double(c.hidden_size) * 4;
-  const double spilled = double(plan.host_checkpoints) * act;
-  double h2d = act + spilled;                 // x0, spilled checkpoints fetched back
-  double d2h = act + spilled + layer_grad + lm_grad + double(c.hidden_size) * 4;  // dx0, spills, gradients
-  if (stream) h2d += 2 * (layer_working + lm_working);
-  const double link_mb = std::max(h2d, d2h) / rates.link_bytes_per_s;
-  const double link_step = stream ? 0 : (layer_working + lm_working) / rates.link_bytes_per_s;  // re-upload after update
-  const double nvme_ckpt = double(plan.nvme_checkpoints) * act *
-                           (1 / rates.nvme_write_bytes_per_s + 1 / rates.nvme_read_bytes_per_s);
+  const double compute = k * tokens * executed / rates.device_flops_per_s;
+  const double link = std::max(e.bytes.h2d, e.bytes.d2h) / rates.link_bytes_per_s;
+  const double nvme_checkpoints = e.bytes.checkpoint_read / rates.nvme_read_bytes_per_s +
+                                  e.bytes.checkpoint_write / rates.nvme_write_bytes_per_s;
+  const double nvme_state = e.bytes.state / rates.nvme_read_bytes_per_s + e.bytes.state / rates.nvme_write_bytes_per_s;
+  const double nvme = nvme_checkpoints + nvme_state;
   const double params = double(spec.parameter_count());
-  const double accum = 12 * params / rates.host_bytes_per_s;  // staging read, accumulation read + write
+  // the host's accumulation: every f32 gradient staged, read and added (12 bytes per parameter
+  // and micro-batch); on the CPU backend the link's copies are memcpy on the same cores
+  double host = k * 12 * params / rates.host_bytes_per_s;
+  if (in.device_in_host_ram) host += 2 * e.bytes.link() / rates.host_bytes_per_s;
   const double optimizer = params / rates.adamw_params_per_s;
-  const double state_bytes = params * (4 + 2 * double(dtype_size(in.moments)));
-  const double nvme_state = plan.optimizer_on_nvme
-                                ? state_bytes / rates.nvme_read_bytes_per_s + state_bytes / rates.nvme_write_bytes_per_s
-                                : 0;
-
-  // per micro-batch the streams overlap: the slowest of compute, link, NVMe checkpoints and the
-  // host's accumulation sets its time; the optimizer (pipelined with NVMe) runs after the last
-  // backward, overlapped with the next step's forward, so only what exceeds a forward shows
-  const double mb = std::max({compute, link_mb, nvme_ckpt, accum});
-  const double forward = mb * (tokens * e.model_flops_per_token / 3) / (tokens * executed);
-  const double host_side = std::max(optimizer, nvme_state);
-  e.seconds = k * mb + link_step + std::max(0.0, host_side - forward);
-  e.components = {{"compute", k * compute}, {"link", k * link_mb + link_step}, {"nvme", k * nvme_ckpt + nvme_state},
-                  {"optimizer", optimizer}, {"host", k * accum}};
+  if (in.device_in_host_ram) {
+    e.seconds = std::max({compute + host + optimizer, link, nvme});
+  } else {
+    // the optimizer (pipelined with its NVMe state) runs after the last backward, overlapped with
+    // the next step's forward: only what exceeds a forward shows
+    const double forward = compute / k * (e.model_flops_per_token / 3) / executed;
+    const double host_side = std::max(optimizer, nvme_state);
+    e.seconds = std::max({compute, link, nvme_checkpoints, host}) + std::max(0.0, host_side - forward);
+  }
+  e.components = {{"compute", compute}, {"link", link}, {"nvme", nvme}, {"optimizer", optimizer}, {"host", host}};
   double worst = -1;
   for (const auto& [name, s] : e.components)
     if (s > worst) worst = s, e.bottleneck = name;
   e.tokens_per_s = k * tokens / e.seconds;
-  e.mfu = e.tokens_per_s * e.model_flops_per_token / rates.device_flops_per_s;
+  const double peak = rates.mfu_peak_flops_per_s > 0 ? rates.mfu_peak_flops_per_s : rates.device_flops_per_s;
+  e.mfu = e.tokens_per_s * e.model_flops_per_token / peak;
   return e;
 }
 

@@ -3,21 +3,26 @@
 // CPU AdamW rate. The bytes come from the placement plan (offload/placement_plan.h): which
 // checkpoints spill, whether master and moments live on NVMe; the FLOPs from the model table.
 //
-// Per micro-batch (k of them per optimizer step):
-//   compute  model FLOPs (6 per matmul parameter per token, plus causal attention) plus the
-//            recompute of every layer's forward in backward (2 per layer matmul parameter,
-//            plus attention's forward), at the device's dense peak
-//   link     streamed weights cross host -> device twice (forward, backward), resident weights
-//            once per optimizer step; each layer's f32 gradient and the lm_head's cross device
-//            -> host once; spilled checkpoints go out and come back. h2d and d2h overlap
-//            (the link is full duplex): the slower direction counts
-//   nvme     checkpoints on NVMe: written in forward, read in backward
-// Per optimizer step, on the host, overlapped with the next step's forward:
-//   optimizer  CPU AdamW over every parameter, plus the host-side gradient accumulation
-//   nvme       master + m + v read and written back once when they live on NVMe (pipelined
-//              with AdamW: the slower of the two counts)
-// step = max(k x max(compute, link, nvme checkpoints), max(optimizer, nvme state)); the
-// bottleneck is the component that sets it.
+// Bytes per optimizer step (step_bytes): the engine's transfers walked in its order
+// (offload/engine.cpp) — token ids, the embedding output, every weight upload the engine's slot
+// cache does not skip (streamed weights twice per micro-batch less the two layers still in
+// their slots at the turn, resident weights once per optimizer step), checkpoints spilled and
+// fetched back, each layer's f32 gradient, the lm_head gradient, d x0 and the loss; NVMe: the
+// spilled checkpoints written and read, master + m + v read and written once per step.
+//
+// Time per optimizer step (k micro-batches):
+//   compute    model FLOPs (6 per matmul parameter per token, plus causal attention) plus the
+//              recompute of every layer's forward in backward, at the device's matmul rate
+//   link       the slower direction's bytes over the link (h2d and d2h overlap: full duplex)
+//   nvme       spilled checkpoints, and master + m + v when they live on NVMe
+//   optimizer  CPU AdamW over every parameter
+//   host       the host's gradient accumulation (and, on the CPU backend, the link's memcpy)
+// On a GPU the device, the link, NVMe and the host run side by side: step = max(k x compute,
+// link, nvme checkpoints, host) + what of max(optimizer, nvme state) exceeds one forward (the
+// update overlaps the next step's forward). On the CPU backend the device IS the host's cores:
+// compute, accumulation, AdamW and the copies' memcpy share them and add up; a throttled link
+// and NVMe still overlap: step = max(compute + host + optimizer, link, nvme).
+// The bottleneck is the largest component.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -44,20 +49,37 @@ const std::vector<GpuSpec>& gpu_specs();
 // By name, case- and space-insensitive ("h100-sxm", "RTX 4090", "a100 80gb"); nullopt if unknown.
 std::optional<GpuSpec> gpu_spec_find(const std::string& name);
 
+// The defaults are assumptions (a PCIe 4 NVMe drive, one CPU socket's AdamW and memory
+// bandwidth); `strata estimate --measure` replaces them with this host's figures.
 struct StepRates {
   double device_flops_per_s = 0;        // dense matmul peak for the model's dtype
   double link_bytes_per_s = 0;          // host <-> device, per direction
   double nvme_read_bytes_per_s = 1.5e9;
   double nvme_write_bytes_per_s = 2.0e9;
   double adamw_params_per_s = 1.0e9;    // CPU AdamW over f32 master, m, v (and the working copy)
-  double host_bytes_per_s = 50e9;       // host memory bandwidth (gradient accumulation)
+  double host_bytes_per_s = 50e9;       // host memory bandwidth (accumulation, memcpy)
+  double mfu_peak_flops_per_s = 0;      // MFU's denominator; 0: device_flops_per_s
 };
+
+// What one optimizer step moves, in bytes (the engine's counters: metrics.jsonl's link_bytes =
+// h2d + d2h, nvme_read_bytes, nvme_write_bytes).
+struct StepBytes {
+  double h2d = 0, d2h = 0;
+  double checkpoint_write = 0, checkpoint_read = 0;  // activation checkpoints on NVMe
+  double state = 0;                                  // master, m, v on NVMe: read once, written once
+  double link() const { return h2d + d2h; }
+  double nvme_read() const { return checkpoint_read + state; }
+  double nvme_write() const { return checkpoint_write + state; }
+};
+
+StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const PlacementPlan& plan, int64_t grad_accum);
 
 struct StepEstimate {
   double seconds = 0, tokens_per_s = 0, mfu = 0;
   std::string bottleneck;                     // "compute" | "link" | "nvme" | "optimizer" | "host"
   std::map<std::string, double> components;   // name -> seconds per optimizer step
   double model_flops_per_token = 0;           // for MFU (no recompute)
+  StepBytes bytes;
 };
 
 // Model FLOPs of one token's forward + backward at context T (as the trainer's MFU counts them).

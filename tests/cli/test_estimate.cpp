@@ -1,7 +1,7 @@
 // `strata estimate`: the JSON contract, the real shapes answered without allocating (8B, 32B,
 // 405B), the GPU table, the exit codes (0 fits, 3 does not, 2 bad input), and the step-time
-// roofline's arithmetic on a hand-worked case. (Its bytes against real runs: tests/train/
-// test_plan_rss.cpp.)
+// roofline's arithmetic and transfer count on a hand-worked case. (Its bytes against real runs:
+// tests/train/test_plan_rss.cpp.)
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -96,8 +96,9 @@ TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_
                  dir.path.string() + " --measure");
   INFO(r.out);
   CHECK(r.code == 0);
-  CHECK(r.out.find("measured here: CPU AdamW ") != std::string::npos);
-  CHECK(r.out.find("NVMe read ") != std::string::npos);
+  CHECK(r.out.find("AdamW params/s  ") != std::string::npos);
+  CHECK(r.out.find("measured here (" + dir.path.string() + ")") != std::string::npos);  // NVMe
+  CHECK(r.out.find("assumed") == std::string::npos);  // every rate measured or from the GPU table
   CHECK(std::filesystem::is_empty(dir.path));  // its test file and sidecar removed
 }
 
@@ -114,7 +115,7 @@ TEST_CASE("the GPU table's peaks are the datasheet table's, and names match loos
   CHECK_FALSE(gpu_spec_find("H300").has_value());
 }
 
-TEST_CASE("the step roofline adds up the schedule: weights twice per micro-batch, gradients once", "[estimate]") {
+TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot cache included", "[estimate]") {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                       {"hidden_size", 1024}, {"intermediate_size", 4096}, {"num_hidden_layers", 4},
                       {"num_attention_heads", 8}, {"num_key_value_heads", 8}, {"vocab_size", 32768},
@@ -125,6 +126,7 @@ TEST_CASE("the step roofline adds up the schedule: weights twice per micro-batch
   in.optimizer = "host";
   in.micro_batch = 1;
   in.sequence_len = 1024;
+  in.head_chunk_rows = 8192;  // 4 lm_head chunks through 2 slots
   const PlacementPlan plan = placement_plan(spec, in, PlanBudgets{});
   StepRates rates;
   rates.device_flops_per_s = 1e18;  // compute free: the link decides
@@ -134,14 +136,28 @@ TEST_CASE("the step roofline adds up the schedule: weights twice per micro-batch
   const StepEstimate e = step_estimate(spec, in, plan, 3, rates);
   // per layer: 4 x 1024^2 attention + 3 x 1024 x 4096 MLP bf16, 2 norms f32; lm_head 32768 x 1024
   const double layer_w = (4.0 * 1024 * 1024 + 3.0 * 1024 * 4096) * 2 + 2 * 1024 * 4, lm_w = 32768.0 * 1024 * 2;
-  const double h2d = 2 * (4 * layer_w + lm_w) + 1024.0 * 1024 * 4;             // weights twice + x0
+  const double act = 1024.0 * 1024 * 4;  // (N, C) f32
+  // Two slots: micro-batch 1 uploads layers 0 1 2 3, then 1 0 in backward (3 and 2 are still in
+  // their slots); micro-batches 2 and 3 find 0 and 1 in the slots: 2 3 forward, 1 0 backward.
+  // 14 layer uploads, and the same for the 4 lm_head chunks; the final norm once per step;
+  // per micro-batch 4 int32 token arrays and x0
+  const double h2d = 3 * (16 * 1024 + act) + 14 * layer_w + 14 * lm_w / 4 + 1024 * 4;
   const double layer_g = (4.0 * 1024 * 1024 + 3.0 * 1024 * 4096 + 2 * 1024) * 4;
-  const double d2h = 4 * layer_g + lm_w * 2 + 1024 * 4 + 1024.0 * 1024 * 4;  // f32 gradients + dx0
-  REQUIRE(h2d > d2h);
+  const double d2h = 3 * (4 * layer_g + lm_w * 2 + 1024 * 4 + act + 8);  // f32 gradients, dx0, the loss
+  CHECK(e.bytes.h2d == h2d);
+  CHECK(e.bytes.d2h == d2h);
+  CHECK(e.bytes.nvme_read() == 0);
+  REQUIRE(d2h > h2d);
   CHECK(e.bottleneck == "link");
-  CHECK(e.components.at("link") == Approx(3 * h2d / 1e9).epsilon(1e-12));
-  CHECK(e.seconds == Approx(3 * h2d / 1e9).epsilon(1e-9));
+  CHECK(e.components.at("link") == Approx(d2h / 1e9).epsilon(1e-12));
+  CHECK(e.seconds == Approx(d2h / 1e9).epsilon(1e-9));
   CHECK(e.tokens_per_s == Approx(3 * 1024 / e.seconds));
+  // resident weights: every layer and the lm_head once per optimizer step
+  PlanInputs resident = in;
+  resident.weights = "device";
+  const StepEstimate r = step_estimate(spec, resident, placement_plan(spec, resident, PlanBudgets{}), 3, rates);
+  CHECK(r.bytes.h2d == 3 * (16 * 1024 + act) + 4 * layer_w + lm_w + 1024 * 4);
+  CHECK(r.bytes.d2h == d2h);
   // compute-bound: executed FLOPs are the model's plus the recompute (layer forward, logits)
   rates.device_flops_per_s = 1e12;
   rates.link_bytes_per_s = 1e18;
@@ -152,6 +168,14 @@ TEST_CASE("the step roofline adds up the schedule: weights twice per micro-batch
   CHECK(c.bottleneck == "compute");
   CHECK(c.components.at("compute") == Approx(3 * 1024 * executed / 1e12).epsilon(1e-12));
   CHECK(c.mfu == Approx(model / executed).epsilon(1e-6));
+  // on the CPU backend compute, the host's work and AdamW share the cores: they add up
+  in.device_in_host_ram = true;
+  rates.adamw_params_per_s = 1e9;
+  rates.host_bytes_per_s = 1e10;
+  const StepEstimate h = step_estimate(spec, in, placement_plan(spec, in, PlanBudgets{}), 3, rates);
+  const double params = double(spec.parameter_count());
+  CHECK(h.components.at("host") == Approx(3 * 12 * params / 1e10 + 2 * (h2d + d2h) / 1e10).epsilon(1e-12));
+  CHECK(h.seconds == Approx(h.components.at("compute") + h.components.at("host") + params / 1e9).epsilon(1e-12));
 }
 
 }  // namespace strata

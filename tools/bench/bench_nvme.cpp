@@ -22,6 +22,19 @@
 #include "src/recipe/recipe.h"
 
 namespace strata::bench {
+
+// Runs a shell command; returns its standard output (standard error goes to ours). Shared by the
+// benchmarks that run a program (fio here, strata in bench_estimate.cpp).
+std::string bench_run_capture(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  STRATA_CHECK_IO(p, "cannot run ", cmd);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -43,17 +56,6 @@ void bench_nvme_usage(FILE* f) {
                "directory; use a real disk, not tmpfs) through strata's file engine and through fio,\n"
                "same block size and queue depth, O_DIRECT, interleaved over R rounds (default 3).\n"
                "Defaults: --size 2GiB --block-size 1MiB --queue-depth 32. The file is removed after.\n");
-}
-
-// Runs a shell command; returns its standard output (standard error goes to ours).
-std::string bench_run_capture(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  STRATA_CHECK_IO(p, "cannot run ", cmd);
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  *status = pclose(p);
-  return out;
 }
 
 // One fio job on `path`; returns fio's bandwidth in bytes/s (its runtime includes the end fsync).

@@ -15,6 +15,7 @@ int bench_pipeline(const std::vector<std::string>& args);
 int bench_zo(const std::vector<std::string>& args);
 int bench_nvme(const std::vector<std::string>& args);
 int bench_peer(const std::vector<std::string>& args);
+int bench_estimate(const std::vector<std::string>& args);
 }  // namespace strata::bench
 
 namespace {
@@ -32,6 +33,7 @@ const BenchCommand kBenchCommands[] = {
     {"zo", strata::bench::bench_zo, "the ZO host side: z generation and the ZO-SGD update against a plain pass"},
     {"nvme", strata::bench::bench_nvme, "sequential write and read through strata's NVMe file engine against fio"},
     {"peer", strata::bench::bench_peer, "strata against PyTorch training the same model on the same batches"},
+    {"estimate", strata::bench::bench_estimate, "strata estimate --measure's step time against strata train's on this host"},
 };
 
 void bench_print_usage(FILE* f) {
