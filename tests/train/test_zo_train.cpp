@@ -95,6 +95,17 @@ TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bi
   // and the weights moved: the run is not a no-op
   CHECK(testing::read_file(a + "/checkpoint-3/optimizer_state.safetensors") !=
         testing::read_file(a + "/checkpoint-6/optimizer_state.safetensors"));
+  // the checkpoint holds what zo-sgd keeps: the fp32 master of every parameter and nothing else
+  const SafetensorsFile st = SafetensorsFile::open(a + "/checkpoint-6/optimizer_state.safetensors");
+  CHECK(!st.entries().empty());
+  for (const SafetensorsEntry& e : st.entries()) CHECK(e.name.rfind("master/", 0) == 0);
+  // an AdamW run cannot continue from it (no moments), and says what to do instead
+  TrainOptions resume_adamw;
+  resume_adamw.resume = a + "/checkpoint-3";
+  std::vector<std::string> adamw = o;
+  adamw.push_back("optim.type=adamw");
+  CHECK_THROWS_WITH(train_run(zo_recipe(fresh("adamw_from_zo"), adamw), resume_adamw),
+                    Catch::Contains("holds no AdamW moments"));
 }
 
 TEST_CASE("strata train with zo-sgd warns that clipping does not apply, and the run plots", "[zo][train][cli]") {
