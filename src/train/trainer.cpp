@@ -561,6 +561,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
     losses.push_back(z.loss() * double(batch.counted));
     r.grad_norm = std::abs(z.projected_grad);
     r.extra = {{"zo_projected_grad", z.projected_grad}, {"loss_plus", z.loss_plus}, {"loss_minus", z.loss_minus}};
+    if (dist_.data_parallel()) r.extra.update({{"ranks", dist_.size()}, {"comm_bytes", z.comm_bytes}});  // scalars alone
   } else if (preference_) {  // the head normalises by the step's pairs: the sum is the step's loss
     const PreferenceStepOutcome o = preference_->step(batch.pairs, ap, rc_.max_grad_norm, rc_.weight_decay, &r.grad_norm);
     losses.push_back(o.loss);

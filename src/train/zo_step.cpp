@@ -54,8 +54,11 @@ ZoStepOutcome zo_step_run(ZoEngine& engine, const ZoStepOptions& options, const 
       }
     }
   }
-  if (comm && comm->size() > 1) comm->all_reduce_sum(losses.data(), losses.size()).wait();
   ZoStepOutcome out;
+  if (comm && comm->size() > 1) {
+    comm->all_reduce_sum(losses.data(), losses.size()).wait();
+    out.comm_bytes = losses.size() * sizeof(double);
+  }
   ZoSgdEstimate est;
   for (size_t j = 0; j < q; ++j) {
     double plus = 0, minus = 0;  // in the single-process order of the micro-batches

@@ -28,6 +28,7 @@ struct ZoStepOutcome {
   double loss_plus = 0, loss_minus = 0;  // token-mean L(θ ± εz), averaged over the q perturbations
   double projected_grad = 0;             // mean over j of g_j
   std::vector<double> projected;         // g_j
+  size_t comm_bytes = 0;                 // the loss scalars this rank all-reduced (0 on one rank)
   double loss() const { return 0.5 * (loss_plus + loss_minus); }  // L(θ) to O(ε²)
 };
 

@@ -65,6 +65,8 @@ equal)
   train 1 "$work/s1" train.gradient_accumulation_steps=1
   ! cmp -s "$work/s1/final/model.safetensors" "$work/d2/final/model.safetensors" ||
     fail "2 data ranks x 1 equals 1 process x 1: the data was not split"
+  # only scalars cross: 2 sides x 2 perturbations x 2 micro-batches x 8 bytes per step
+  [ "$(grep -c '"comm_bytes":64[,}]' "$work/p2/metrics.jsonl")" = 4 ] || { grep comm_bytes "$work/p2/metrics.jsonl"; fail "expected comm_bytes 64 per step"; }
   # only rank 0 writes: one metrics record per step and eval
   [ "$(grep -c '"zo_projected_grad"' "$work/p2/metrics.jsonl")" = 4 ] || fail "metrics.jsonl written by more than rank 0"
   ;;
