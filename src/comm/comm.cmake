@@ -57,10 +57,9 @@ if(STRATA_TESTS AND MPI_CXX_FOUND)
     add_test(NAME "train mpi: ${scenario}" COMMAND ${strata_run_train_mpi} ${scenario})
     set_tests_properties("train mpi: ${scenario}" PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 600 RUN_SERIAL ON)
   endforeach()
-  # zeroth-order parallel (tests/train/run_zo_mpi.sh): perturbation, data and 2d bit-identical to one process
-  foreach(scenario equal resume)
-    add_test(NAME "train mpi: zo ${scenario}" COMMAND bash ${CMAKE_SOURCE_DIR}/tests/train/run_zo_mpi.sh
-             $<TARGET_FILE:strata> ${scenario})
-    set_tests_properties("train mpi: zo ${scenario}" PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 900 RUN_SERIAL ON)
+  # zeroth-order parallel (distributed.zo): perturbation, data and 2d bit-identical to one process
+  foreach(scenario zo-equal zo-resume)
+    add_test(NAME "train mpi: ${scenario}" COMMAND ${strata_run_train_mpi} ${scenario})
+    set_tests_properties("train mpi: ${scenario}" PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 900 RUN_SERIAL ON)
   endforeach()
 endif()
