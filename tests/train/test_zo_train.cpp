@@ -8,7 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "models/model_spec.h"
+#include "offload/host_store.h"
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"
 #include "tests/testing.h"
@@ -59,6 +62,27 @@ TEST_CASE("a zo-sgd run lowers the loss of the tiny chat model", "[zo][train]") 
   }
   CHECK(steps == 300);
   CHECK(fs::exists(out + "/final/model.safetensors"));
+}
+
+TEST_CASE("a zo-sgd run's host store is its working weights and master, nothing more", "[zo][train]") {
+  // metrics.jsonl's host_bytes is what the store allocated (the trainer has checked it against the
+  // plan): f32, the working copy is the master (4 B/param); bf16, 2 (matrices) + 4 (master) B/param
+  for (const char* dtype : {"f32", "bf16"}) {
+    INFO(dtype);
+    const std::string out = fresh(dtype);
+    train_run(zo_recipe(out, {"train.max_steps=2", "train.eval_steps=0", std::string("model.dtype=") + dtype}));
+    const ModelSpec spec = model_spec_build(hf_config_load(testing::source_path("recipes/sft-tiny/models/tiny")),
+                                            dtype_parse(dtype));
+    const HostStoreLayout l = HostStore::layout(spec);
+    const size_t working = l.working.tier_bytes(Tier::host_pinned), master = l.f32.tier_bytes(Tier::host);
+    const size_t want = std::string(dtype) == "f32" ? working : working + master;
+    const auto rows = testing::metrics_records(out);
+    REQUIRE(!rows.empty());
+    CHECK(rows.back()["host_bytes"].get<size_t>() == want);
+    CHECK(rows.back()["host_pinned_bytes"].get<size_t>() == working);
+    const nlohmann::json plan = nlohmann::json::parse(testing::read_file(out + "/plan.json"));
+    for (const auto& st : plan["states"]) CHECK(st["kind"].get<std::string>().find("AdamW") == std::string::npos);
+  }
 }
 
 TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bit for bit", "[zo][train][checkpoint]") {
