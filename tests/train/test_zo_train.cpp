@@ -130,6 +130,17 @@ TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bi
   adamw.push_back("optim.type=adamw");
   CHECK_THROWS_WITH(train_run(zo_recipe(fresh("adamw_from_zo"), adamw), resume_adamw),
                     Catch::Contains("holds no AdamW moments"));
+  // the other way works: a zo-sgd run continues from an AdamW checkpoint (its master; the moments
+  // are not read), exactly where the AdamW run's weights were
+  const std::string c = fresh("zo_from_adamw");
+  std::vector<std::string> three = adamw;
+  three.push_back("train.max_steps=3");
+  train_run(zo_recipe(c, three));
+  const TrainSummary zo_rest = train_run(zo_recipe(c, o), resume);
+  REQUIRE(zo_rest.losses.size() == 3);
+  CHECK(zo_rest.losses[0] != straight.losses[3]);  // it starts from the AdamW weights, not the ZO run's
+  const SafetensorsFile cz = SafetensorsFile::open(c + "/checkpoint-6/optimizer_state.safetensors");
+  for (const SafetensorsEntry& e : cz.entries()) CHECK(e.name.rfind("master/", 0) == 0);
 }
 
 TEST_CASE("strata train with zo-sgd warns that clipping does not apply, and the run plots", "[zo][train][cli]") {
