@@ -60,6 +60,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   dims_ = shape_.layer_capacity;
   STRATA_ASSERT(store_.working_table()[size_t(spec.final_norm)].dtype == DType::f32,
                 "the final norm's working copy must be f32");
+  STRATA_ASSERT(store_.needs().grads, "the first-order engine lands gradients: its store needs them (HostAdamW::kState)");
 
   // Every buffer from the table: summed and checked against the device budget before anything
   // is allocated, so a budget that is too small fails before step 1 with the minimum it needs.

@@ -73,27 +73,22 @@ std::vector<EngineBuffer> zo_buffer_table(const EngineShape& s, ZoBuffers* into)
 
 // ---- set-up ----------------------------------------------------------------------------------
 
-namespace {
-
-// The ZO engine always streams (its weights change every step): the shape with two slots.
-EngineShape zo_shape(const ModelSpec& spec, EngineOptions options) {
+EngineShape zo_engine_shape(const ModelSpec& spec, EngineOptions options) {
   options.weights = "stream";
   options.checkpoints = "host";
   return EngineShape::of(spec, HostStore::layout(spec), options);
 }
 
-}  // namespace
-
 size_t ZoEngine::device_bytes(const ModelSpec& spec, const EngineOptions& options) {
-  return engine_device_bytes(zo_buffer_table(zo_shape(spec, options), nullptr));
+  return engine_device_bytes(zo_buffer_table(zo_engine_shape(spec, options), nullptr));
 }
 
 size_t ZoEngine::pinned_bytes(const ModelSpec& spec, const EngineOptions& options) {
-  return engine_pinned_bytes(zo_buffer_table(zo_shape(spec, options), nullptr));
+  return engine_pinned_bytes(zo_buffer_table(zo_engine_shape(spec, options), nullptr));
 }
 
 ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
-    : dev_(dev), store_(store), shape_(zo_shape(store.spec(), options)) {
+    : dev_(dev), store_(store), shape_(zo_engine_shape(store.spec(), options)) {
   L_ = shape_.layers;
   dims_ = shape_.layer_capacity;
   STRATA_ASSERT(store_.working_table()[size_t(store_.spec().final_norm)].dtype == DType::f32,
@@ -181,6 +176,12 @@ ZoLosses ZoEngine::dual_forward(const MicroBatch& mb, uint64_t seed, float eps) 
   ZoLosses out;
   run(mb, {{+1}, {-1}}, seed, eps, &out);
   return out;
+}
+
+double ZoEngine::perturbed_forward(const MicroBatch& mb, uint64_t seed, float eps, int sign) {
+  STRATA_CHECK(std::isfinite(eps) && eps > 0, "optim.zo_eps must be a positive number, got ", eps);
+  STRATA_ASSERT(sign == 1 || sign == -1);
+  return run(mb, {{sign}}, seed, eps, nullptr);
 }
 
 double ZoEngine::forward_loss(const MicroBatch& mb) { return run(mb, {{0}}, 0, 0.f, nullptr); }

@@ -64,6 +64,8 @@ struct ZoBuffers {
   float* x0_host[2] = {};            // pinned (N, C): each pass's embedding output
 };
 std::vector<EngineBuffer> zo_buffer_table(const EngineShape& shape, ZoBuffers* into);
+// The shape the ZO engine runs with: always streamed (its weights change every step).
+EngineShape zo_engine_shape(const ModelSpec& spec, EngineOptions options);
 
 class ZoEngine {
  public:
@@ -79,6 +81,9 @@ class ZoEngine {
 
   // Both perturbed passes of one micro-batch under perturbation seed `seed` and step eps.
   ZoLosses dual_forward(const MicroBatch& mb, uint64_t seed, float eps);
+  // One of the two (sign +1: θ + εz, −1: θ − εz): its summed loss, the same bits as that side
+  // of dual_forward. ZO perturbation parallel runs one side on each rank of a pair.
+  double perturbed_forward(const MicroBatch& mb, uint64_t seed, float eps, int sign);
   // The clean pass (eval; zo-probe's reference loss): summed loss.
   double forward_loss(const MicroBatch& mb);
 

@@ -99,8 +99,8 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
   HostMemoryEstimate e;
   e.working = l.working.tier_bytes(Tier::host_pinned);
   e.master = aliased || options.state_on_nvme ? 0 : f32_bytes;
-  e.moments = options.state_on_nvme ? 0 : 2 * f32_bytes / 4 * dtype_size(options.moments);
-  e.grads = f32_bytes;
+  e.moments = options.state_on_nvme || !options.needs.moments ? 0 : 2 * f32_bytes / 4 * dtype_size(options.moments);
+  e.grads = options.needs.grads ? f32_bytes : 0;
   if (options.state_on_nvme) {
     const NvmeStateSizes n = nvme_state_sizes(l, options, !aliased);
     e.nvme_buffers = n.host_bytes;
@@ -111,6 +111,9 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
 
 HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions& options)
     : dev_(dev), spec_(spec), options_(options) {
+  STRATA_CHECK(!options_.state_on_nvme || options_.needs.moments, "offload.optimizer = \"nvme\" places AdamW "
+               "moments on NVMe, and this optimizer keeps none (its fp32 master stays in RAM): set offload.optimizer "
+               "= \"host\"");
   HostStoreLayout l = layout(spec_);
   master_is_working_ = working_is_f32(l);
   working_ = std::move(l.working);
@@ -125,10 +128,12 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
   working_data_ = static_cast<char*>(dev_.alloc_pinned(working_bytes));
   account(working_data_, working_bytes);
   std::memset(working_data_, 0, working_bytes);
-  grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
-  account(grad_, n * 4);
-  std::memset(grad_, 0, n * 4);
   try {
+    if (options_.needs.grads) {
+      grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
+      account(grad_, n * 4);
+      std::memset(grad_, 0, n * 4);
+    }
     if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
     if (options_.state_on_nvme) {
       placement_ = std::make_unique<NvmeStatePlacement>(*this, options_);
@@ -139,9 +144,11 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
       master_ = alloc_host_floats(n, "master weights");
       host_bytes_ += n * 4;
     }
-    m_ = alloc_host_floats(n, "AdamW first moments");
-    v_ = alloc_host_floats(n, "AdamW second moments");
-    host_bytes_ += 2 * n * 4;
+    if (options_.needs.moments) {
+      m_ = alloc_host_floats(n, "AdamW first moments");
+      v_ = alloc_host_floats(n, "AdamW second moments");
+      host_bytes_ += 2 * n * 4;
+    }
     placement_ = std::make_unique<RamStatePlacement>(*this);
   } catch (...) {
     release();
@@ -191,7 +198,7 @@ void HostStore::release() {
   std::free(m_);
   std::free(v_);
   dev_.free_pinned(working_data_);
-  dev_.free_pinned(grad_);
+  if (grad_) dev_.free_pinned(grad_);
   master_ = m_ = v_ = grad_ = nullptr;
   working_data_ = nullptr;
 }
@@ -199,11 +206,13 @@ void HostStore::release() {
 HostStore::~HostStore() { release(); }
 
 void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const {
+  STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
   placement_->read(a, f32_[row].offset + size_t(first) * 4, dst, size_t(count) * 4);
 }
 
 void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
+  STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
   placement_->write(a, f32_[row].offset + size_t(first) * 4, src, size_t(count) * 4);
 }

@@ -5,6 +5,8 @@
 //   master   fp32 master weights                                              (f32 table)
 //   m, v     AdamW moments, fp32                                              (f32 table)
 //   grad     fp32 gradient accumulation, pinned (it receives device copies)   (f32 table)
+// Only what the run's optimizer needs is allocated (OptimizerStateNeeds): AdamW all four f32
+// arrays, ZO-SGD the master alone (working + master: 6 B/param in bf16, 4 B in f32).
 // Master and moments sit behind a StatePlacement (offload/state_placement.h) the store owns:
 // RAM arrays, or files on NVMe (offload.optimizer = "nvme"; then they take no RAM but the
 // placement's few buffers). In f32 compute mode the master IS the working copy: no second f32
@@ -21,6 +23,7 @@
 
 #include "models/model_spec.h"
 #include "offload/state_placement.h"
+#include "src/core/error.h"
 #include "src/device/device.h"
 
 namespace strata {
@@ -38,7 +41,16 @@ struct HostStoreLayout {
   std::vector<ParamGroup> groups;
 };
 
+// What the optimizer keeps per parameter beyond the working weights and the fp32 master: the
+// store allocates, the plan counts and checkpoints carry these and nothing more. The optimizer
+// says it (HostAdamW::kState, HostZoSgd::kState; optimizer_state_needs in offload/optimizer.h).
+struct OptimizerStateNeeds {
+  bool moments = true;  // AdamW m and v
+  bool grads = true;    // fp32 gradient accumulation (what a backward pass lands)
+};
+
 struct HostStoreOptions {
+  OptimizerStateNeeds needs;   // which arrays exist (default: AdamW's)
   DType moments = DType::f32;  // AdamW m and v; the store allocates f32 (bf16 is for estimates)
   // offload.optimizer = "nvme": m, v (and master, unless it is the working copy) live in files
   // under a run folder of nvme_path (offload/nvme_state.h), read and written group by group.
@@ -89,8 +101,8 @@ class HostStore {
   const ParamGroup& head_group() const { return groups_.back(); }
 
   char* working() { return working_data_; }
-  // The RAM arrays; null when the placement keeps them elsewhere (NVMe). In f32 compute mode
-  // master() is the working copy.
+  // The RAM arrays; null when the placement keeps them elsewhere (NVMe) or the optimizer does
+  // not need them (options().needs). In f32 compute mode master() is the working copy.
   float* master() { return master_; }
   float* m() { return m_; }
   float* v() { return v_; }
@@ -99,8 +111,14 @@ class HostStore {
   bool master_is_working() const { return master_is_working_; }
   StatePlacement& placement() { return *placement_; }
   const HostStoreOptions& options() const { return options_; }
+  const OptimizerStateNeeds& needs() const { return options_.needs; }
+  // The arrays of StateArray the store holds (master always; m and v with moments).
+  bool holds(StateArray a) const { return a == StateArray::master || options_.needs.moments; }
 
-  float* grad_of(size_t row) { return grad_ + f32_[row].offset / 4; }
+  float* grad_of(size_t row) {
+    STRATA_ASSERT(grad_, "the store holds no gradients (the optimizer does not need them)");
+    return grad_ + f32_[row].offset / 4;
+  }
   void* working_of(size_t row) { return working_data_ + working_[row].offset; }
 
   // Values of one parameter as f32 (set writes master and the working copy), wherever the
@@ -113,6 +131,7 @@ class HostStore {
 
   size_t pinned_bytes() const { return pinned_bytes_; }  // working + grad, when pinning worked
   size_t host_bytes() const { return host_bytes_; }      // master + m + v, and any pinned fallback
+  size_t bytes() const { return pinned_bytes_ + host_bytes_; }  // everything the store allocated
 
  private:
   void release();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "offload/zo_sgd.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -33,7 +34,8 @@ std::vector<StateRange> RamStatePlacement::ranges(size_t group) const {
 GroupState RamStatePlacement::acquire(size_t group, size_t range) {
   STRATA_ASSERT(range == 0);
   const size_t first = count_of<float>(store_.groups()[group].f32_offset);
-  return {store_.master() + first, store_.m() + first, store_.v() + first};
+  auto at = [first](float* a) { return a ? a + first : nullptr; };  // m, v: absent for ZO-SGD
+  return {at(store_.master()), at(store_.m()), at(store_.v())};
 }
 
 void RamStatePlacement::read(StateArray a, size_t offset, void* dst, size_t bytes) {
@@ -56,6 +58,12 @@ void HostAdamW::update(size_t group, const AdamWParams& hyper, double weight_dec
     adamw_update(pc.state.master, pc.state.m, pc.state.v, store_.grad_of(r) + pc.first, working, wt[r].dtype, pc.n, p);
   });
   std::memset(store_.grad() + count_of<float>(g.f32_offset), 0, g.f32_bytes);  // consumed
+}
+
+OptimizerStateNeeds optimizer_state_needs(const std::string& optim_type) {
+  if (optim_type == "adamw") return HostAdamW::kState;
+  STRATA_CHECK(optim_type == "zo-sgd", "optim.type must be \"adamw\" or \"zo-sgd\", not \"", optim_type, "\"");
+  return HostZoSgd::kState;
 }
 
 }  // namespace strata

@@ -5,10 +5,12 @@
 //     the one its options choose.
 //   - GroupOptimizer: updates one parameter group from its accumulated gradient, writes the
 //     new working copy the device reads, and consumes (zeroes) the gradient. The engine runs it
-//     on its host queue, group by group. Today: AdamW (offload/adamw.h). Next: ZO-SGD.
+//     on its host queue, group by group: AdamW (offload/adamw.h), ZO-SGD (offload/zo_sgd.h).
+//     Each says what state it needs (kState): the host store allocates only that.
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "offload/adamw.h"
@@ -75,6 +77,7 @@ class GroupOptimizer {
 // updated in place (no second write).
 class HostAdamW final : public GroupOptimizer {
  public:
+  static constexpr OptimizerStateNeeds kState{true, true};  // m, v and the fp32 gradient
   HostAdamW(HostStore& store, StatePlacement& placement) : store_(store), placement_(placement) {}
   void update(size_t group, const AdamWParams& hyper, double weight_decay) override;
 
@@ -82,5 +85,9 @@ class HostAdamW final : public GroupOptimizer {
   HostStore& store_;
   StatePlacement& placement_;
 };
+
+// The state optim.type needs in the host store: "adamw" (HostAdamW::kState) or "zo-sgd"
+// (HostZoSgd::kState, offload/zo_sgd.h). Anything else is bad input.
+OptimizerStateNeeds optimizer_state_needs(const std::string& optim_type);
 
 }  // namespace strata

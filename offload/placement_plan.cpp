@@ -6,7 +6,9 @@
 #include <algorithm>
 
 #include "offload/engine_buffers.h"
+#include "offload/engine_zo.h"
 #include "offload/host_store.h"
+#include "offload/optimizer.h"
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
 #include "src/device/arena.h"
@@ -22,7 +24,9 @@ constexpr size_t kDeviceMargin = size_t(1) << 20;
 // The device rows of the engine's table, gathered into the kinds the plan prints.
 const char* device_kind(const std::string& row) {
   auto starts = [&](const char* p) { return row.rfind(p, 0) == 0; };
-  if (starts("layer weight slot")) return "device layer weight slots";
+  if (starts("layer weight slot") || starts("perturbed layer")) return "device layer weight slots";
+  if (starts("perturbed")) return "device head weights (final norm, lm_head)";  // zo-sgd's perturbed copies
+  if (starts("layer forward workspace")) return "device layer workspace";
   if (starts("lm_head gradient") || starts("layer gradient slot") || starts("final norm gradient"))
     return "device gradient slots";
   if (starts("lm_head") || starts("final norm weight")) return "device head weights (final norm, lm_head)";
@@ -48,6 +52,9 @@ void check_inputs(const PlanInputs& in, const PlanBudgets& b) {
                dtype_name(in.moments));
   STRATA_CHECK(in.save_dtype == DType::f32 || in.save_dtype == DType::bf16, "the export dtype is f32 or bf16, not ",
                dtype_name(in.save_dtype));
+  STRATA_CHECK(optimizer_state_needs(in.optim_type).moments || in.optimizer != "nvme", "offload.optimizer = \"nvme\" "
+               "places AdamW moments, and optim.type = \"", in.optim_type, "\" keeps none (its fp32 master stays in "
+               "RAM): set offload.optimizer = \"host\"");
   const char* nvme_dir = " = \"nvme\" needs offload.nvme_path: a directory on an NVMe drive where strata may keep its files";
   STRATA_CHECK(in.optimizer != "nvme" || !b.nvme_dir.empty(), "offload.optimizer", nvme_dir);
   STRATA_CHECK(in.checkpoints != "nvme" || !b.nvme_dir.empty(), "offload.checkpoints", nvme_dir);
@@ -62,7 +69,8 @@ EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout&
   eo.max_batch = in.micro_batch;
   eo.max_tokens = in.sequence_len;
   eo.head_chunk_rows = in.head_chunk_rows;
-  return EngineShape::of(spec, layout, eo);
+  // zo-sgd runs its own engine (offload/engine_zo.h): forward passes only, no checkpoints
+  return in.optim_type == "zo-sgd" ? zo_engine_shape(spec, eo) : EngineShape::of(spec, layout, eo);
 }
 
 namespace {
@@ -76,8 +84,10 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
 
   // The store's tables and the engine's buffer table: the same functions the allocation runs.
   const HostStoreLayout layout = HostStore::layout(spec);
+  const OptimizerStateNeeds needs = optimizer_state_needs(in.optim_type);
+  const bool zo = in.optim_type == "zo-sgd";  // its own engine: forward passes only, no checkpoints
   const EngineShape shape = placement_engine_shape(spec, layout, in);
-  const std::vector<EngineBuffer> table = engine_buffer_table(shape, nullptr);
+  const std::vector<EngineBuffer> table = zo ? zo_buffer_table(shape, nullptr) : engine_buffer_table(shape, nullptr);
   const size_t L = shape.layers, act = shape.activation_bytes();
   p.layers = L;
 
@@ -91,14 +101,17 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
     it->second += Arena::footprint(b.bytes);
   }
   const size_t device_fixed = engine_device_bytes(table);
-  if (shape.checkpoints == CheckpointMode::device) {
+  if (zo) {
+    // no layer checkpoints: nothing goes back
+  } else if (shape.checkpoints == CheckpointMode::device) {
     p.device_checkpoints = L;
   } else if (shape.checkpoints == CheckpointMode::automatic) {
     const size_t used = device_fixed + kDeviceMargin;
     const size_t left = budgets.device_bytes == 0 ? SIZE_MAX : budgets.device_bytes > used ? budgets.device_bytes - used : 0;
     p.device_checkpoints = std::min<size_t>(L, left / Arena::footprint(act));
   }
-  const std::vector<EngineBuffer> ckpt = engine_checkpoint_table(shape, p.device_checkpoints, nullptr);
+  const std::vector<EngineBuffer> ckpt = zo ? std::vector<EngineBuffer>{}
+                                            : engine_checkpoint_table(shape, p.device_checkpoints, nullptr);
   for (auto& [kind, bytes] : device_rows) add(kind, Tier::device, bytes);
   if (p.device_checkpoints) add("layer checkpoints (device)", Tier::device, engine_device_bytes(ckpt));
   size_t device_total = 0;
@@ -111,15 +124,16 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
   const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
   add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
-  add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
+  if (needs.grads) add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
   const Tier state_tier = choice.optimizer_nvme ? Tier::nvme : Tier::host;
   if (spec.matrix_dtype == DType::f32 && in.f32_master_shared)
     add("fp32 master weights (the f32 working copy)", state_tier, 0);
   else
     add("fp32 master weights", state_tier, f32_bytes);
-  const size_t moments_bytes = 2 * (f32_bytes / 4) * dtype_size(in.moments);
-  add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
-  add("pinned staging (activations, gradients)", Tier::host_pinned, engine_pinned_bytes(table));
+  const size_t moments_bytes = needs.moments ? 2 * (f32_bytes / 4) * dtype_size(in.moments) : 0;
+  if (needs.moments) add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
+  add(zo ? "pinned staging (embedding outputs)" : "pinned staging (activations, gradients)", Tier::host_pinned,
+      engine_pinned_bytes(table));
   const size_t spilled = engine_pinned_bytes(ckpt);
   const bool ckpt_nvme = in.checkpoints == "nvme" || choice.checkpoints_nvme;
   if (spilled) {
@@ -200,7 +214,8 @@ PlacementPlan decide(const ModelSpec& spec, const PlanInputs& in, const PlanBudg
     PlacementPlan q = plan_for(spec, in, budgets, moved);
     if (q.host_total() < p.host_total()) c = moved, p = std::move(q);
   };
-  if (host_short(p) && nvme && in.optimizer == "auto") try_move(&Choice::optimizer_nvme);
+  if (host_short(p) && nvme && in.optimizer == "auto" && optimizer_state_needs(in.optim_type).moments)
+    try_move(&Choice::optimizer_nvme);
   if (host_short(p) && nvme && in.checkpoints == "auto" && p.host_checkpoints) try_move(&Choice::checkpoints_nvme);
   return p;
 }
@@ -226,7 +241,7 @@ std::vector<PlanChange> changes_for(const ModelSpec& spec, const PlanInputs& in,
   const std::string nvme_dir_hint = budgets.nvme_dir.empty() ? " with offload.nvme_path = a directory on an NVMe drive" : "";
   PlanBudgets with_nvme = budgets;
   if (with_nvme.nvme_dir.empty()) with_nvme.nvme_dir = "(offload.nvme_path)";
-  if (host_over && !p.optimizer_on_nvme) {
+  if (host_over && !p.optimizer_on_nvme && optimizer_state_needs(in.optim_type).moments) {
     PlanInputs v = in;
     v.optimizer = "nvme";
     try_variant(str_cat("set offload.optimizer = \"nvme\"", nvme_dir_hint, " (fp32 master weights and AdamW moments ",

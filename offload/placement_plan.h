@@ -8,6 +8,7 @@
 //   working weights (read twice per micro-batch), fp32 gradients (every micro-batch)  pinned host
 //   fp32 master, AdamW moments (once per optimizer step)      host, or NVMe when RAM is short
 //                                                              ("auto" with an NVMe dir) or asked
+//   (zo-sgd: working weights and the master alone, in RAM; the zeroth-order engine's device rows)
 //   layer-input checkpoints                                    device while the device budget
 //                                                              allows, then pinned host, then NVMe
 //   device slots, workspace, pinned staging                   the engine's buffer table
@@ -40,6 +41,10 @@ struct PlanInputs {
   std::string weights = "stream";    // offload.weights: "stream" | "device"
   std::string checkpoints = "auto";  // offload.checkpoints: "auto" | "device" | "host" | "nvme"
   std::string optimizer = "auto";    // offload.optimizer: "auto" | "host" | "nvme" (master + moments)
+  // optim.type: "adamw" | "zo-sgd". It says which host arrays exist (optimizer_state_needs,
+  // offload/optimizer.h: zo-sgd holds no moments and no gradients) and whose buffer table the
+  // device rows come from (zo-sgd: the zeroth-order engine's, offload/engine_zo.h; no checkpoints).
+  std::string optim_type = "adamw";
   DType moments = DType::f32;        // AdamW m and v
   int64_t micro_batch = 1, sequence_len = 1;
   int64_t head_chunk_rows = 0;       // 0: the engine's default (EngineOptions::head_chunk_rows)

@@ -113,10 +113,49 @@ StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const Placemen
   return b;
 }
 
+
+namespace {
+
+// optim.type = "zo-sgd" (offload/engine_zo.h): per micro-batch and perturbation, one dual forward
+// (two forward passes: a third of forward + backward each) with every layer and the lm_head
+// crossing once and nothing coming back; per step, the ZO-SGD update of every parameter on the
+// host (z regenerated per perturbation; priced at the CPU AdamW rate per perturbation: one
+// pass over master and working copy each), overlapped with the next step's first forward.
+StepEstimate zo_step_estimate(const ModelSpec& spec, const PlanInputs& in, int64_t grad_accum, int64_t perturbations,
+                              const StepRates& rates) {
+  const double tokens = double(in.micro_batch) * double(in.sequence_len);
+  const double passes = double(grad_accum) * double(std::max<int64_t>(1, perturbations));
+  const HostStoreLayout layout = HostStore::layout(spec);
+  double weights = double(layout.working[size_t(spec.lm_head_row())].bytes());
+  for (size_t i = 0; i < spec.layers.size(); ++i) weights += double(layout.groups[1 + i].working_bytes);
+  const double act = tokens * double(spec.config.hidden_size) * 4;  // each pass's embedding output
+  StepEstimate e;
+  e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
+  const double compute = tokens * 2.0 / 3.0 * e.model_flops_per_token / rates.device_flops_per_s;
+  const double link = (weights + 2 * act) / rates.link_bytes_per_s;
+  const double params = double(spec.parameter_count());
+  const double optimizer = params * double(std::max<int64_t>(1, perturbations)) / rates.adamw_params_per_s;
+  const double dual = std::max(compute, link);
+  e.seconds = passes * dual + std::max(0.0, optimizer - dual);
+  e.components = {{"compute", passes * compute}, {"link", passes * link}, {"nvme", 0}, {"optimizer", optimizer},
+                  {"host", 0}};
+  double worst = -1;
+  for (const auto& [name, sec] : e.components)
+    if (sec > worst) worst = sec, e.bottleneck = name;
+  e.tokens_per_s = double(grad_accum) * tokens / e.seconds;
+  // MFU as the trainer counts it for zo-sgd: the FLOPs of the forward passes run
+  e.mfu = e.tokens_per_s * e.model_flops_per_token * 2.0 / 3.0 * double(std::max<int64_t>(1, perturbations)) /
+          rates.device_flops_per_s;
+  return e;
+}
+
+}  // namespace
+
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const PlacementPlan& plan, int64_t grad_accum,
-                           const StepRates& rates) {
+                           const StepRates& rates, int64_t zo_perturbations) {
   STRATA_CHECK(rates.device_flops_per_s > 0 && rates.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
                "and the link's bandwidth (--gpu NAME, or the recipe's device)");
+  if (in.optim_type == "zo-sgd") return zo_step_estimate(spec, in, grad_accum, zo_perturbations, rates);
   const auto& c = spec.config;
   const double T = double(in.sequence_len), tokens = double(in.micro_batch) * T, k = double(grad_accum);
   const HostStoreLayout layout = HostStore::layout(spec);

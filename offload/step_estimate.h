@@ -85,7 +85,10 @@ struct StepEstimate {
 // Model FLOPs of one token's forward + backward at context T (as the trainer's MFU counts them).
 double model_flops_per_token(const ModelSpec& spec, int64_t T);
 
+// in.optim_type = "zo-sgd": the zeroth-order step instead (zo_perturbations = optim.zo_perturbations):
+// q x grad_accum dual forwards, each max(two forward passes, the weights once over the link),
+// plus the host ZO-SGD update beyond what one dual forward hides.
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const PlacementPlan& plan,
-                           int64_t grad_accum, const StepRates& rates);
+                           int64_t grad_accum, const StepRates& rates, int64_t zo_perturbations = 1);
 
 }  // namespace strata

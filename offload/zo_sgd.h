@@ -21,6 +21,7 @@ struct ZoSgdEstimate {
 
 class HostZoSgd final : public GroupOptimizer {
  public:
+  static constexpr OptimizerStateNeeds kState{false, false};  // the master alone
   HostZoSgd(HostStore& store, StatePlacement& placement) : store_(store), placement_(placement) {}
   // The estimate the next update() calls use; set while no update is running.
   void set_estimate(ZoSgdEstimate estimate);

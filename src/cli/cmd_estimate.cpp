@@ -318,7 +318,8 @@ int cmd_estimate(const std::vector<std::string>& args) {
   const PlacementPlan plan = placement_plan(spec, in, budgets);
   const int64_t max_batch = placement_max_micro_batch(spec, in, budgets, 1 << 14);
   const int64_t max_seq = placement_max_sequence_len(spec, in, budgets, 1 << 20);
-  const StepEstimate step = step_estimate(spec, in, plan, recipe.gradient_accumulation_steps, rates);
+  const StepEstimate step = step_estimate(spec, in, plan, recipe.gradient_accumulation_steps, rates,
+                                          recipe.zo_perturbations);
 
   if (a.json) {
     nlohmann::json j = placement_plan_json(plan);

@@ -102,13 +102,16 @@ MicroBatch cli_read_batch(const std::string& batch_path) {
   return token_batch(read_batch_json(batch_path), batch_path);
 }
 
-CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory) {
+CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
+                        OptimizerStateNeeds needs) {
   CliModel m;
   m.spec = model_spec_build(hf_config_load(dir), dtype_parse(dtype_name));
   DeviceOptions dopt;
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
   m.dev = device_create(dopt);
-  m.store = std::make_unique<HostStore>(*m.dev, m.spec);
+  HostStoreOptions sopt;
+  sopt.needs = needs;
+  m.store = std::make_unique<HostStore>(*m.dev, m.spec, sopt);
   model_load_weights(*m.store, dir);
   return m;
 }

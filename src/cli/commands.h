@@ -25,7 +25,9 @@ struct CliModel {
   std::unique_ptr<Device> dev;
   std::unique_ptr<HostStore> store;
 };
-CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory);
+// `needs`: the state the store holds beside the weights (strata grad: gradients; zo-probe: none).
+CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
+                        OptimizerStateNeeds needs = {});
 int cmd_train(const std::vector<std::string>& args);
 int cmd_estimate(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);

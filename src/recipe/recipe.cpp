@@ -73,6 +73,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"distributed.backend", "string", "\"auto\"", "under mpirun: \"auto\" (nccl for the cuda backend, mpi for cpu), \"nccl\" or \"mpi\""},
       {"distributed.shared_host_store", "bool", "false", "under mpirun on one node: the ranks share one host store in POSIX shared memory and split the optimizer update"},
       {"distributed.timeout", "float", "300", "seconds a collective may wait for the other ranks before every rank exits naming the missing one"},
+      {"distributed.zo", "string", "\"data\"", "zo-sgd under mpirun: \"data\" (ranks run different micro-batches), \"perturbation\" (2 ranks: one runs theta + eps z, the other theta - eps z) or \"2d\" (pairs x data groups); only loss scalars cross"},
       {"distributed.diagnostics_steps", "int", "0", "every this many steps, per-rank loss, gradient norm and cosine go to metrics.jsonl (0 = never)"},
   };
   return keys;
@@ -290,6 +291,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("distributed.shared_host_store", rc.distributed_shared_host_store);
   r.read("distributed.timeout", rc.distributed_timeout_s);
   r.read("distributed.diagnostics_steps", rc.distributed_diagnostics_steps);
+  r.read("distributed.zo", rc.distributed_zo);
 
   // Paths in the recipe file are relative to its folder; paths given on the command line to the
   // current directory, as with every other tool. Both become absolute, so the effective recipe
@@ -332,6 +334,8 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.keep_last >= 0, r.where("checkpoint.keep_last"), ": checkpoint.keep_last must be >= 0 (0 keeps all)");
   STRATA_CHECK(rc.distributed_backend == "auto" || rc.distributed_backend == "nccl" || rc.distributed_backend == "mpi",
                r.where("distributed.backend"), ": distributed.backend must be \"auto\", \"nccl\" or \"mpi\"");
+  STRATA_CHECK(rc.distributed_zo == "data" || rc.distributed_zo == "perturbation" || rc.distributed_zo == "2d",
+               r.where("distributed.zo"), ": distributed.zo must be \"data\", \"perturbation\" or \"2d\"");
   STRATA_CHECK(rc.distributed_timeout_s > 0, r.where("distributed.timeout"), ": distributed.timeout must be positive (seconds)");
   STRATA_CHECK(rc.distributed_diagnostics_steps >= 0, r.where("distributed.diagnostics_steps"),
                ": distributed.diagnostics_steps must be >= 0 (0 = never)");
@@ -418,7 +422,7 @@ std::string Recipe::to_toml() const {
      << "\nsave_dtype = " << q(save_dtype) << "\nkeep_last = " << keep_last << "\n";
   os << "\n[distributed]\nbackend = " << q(distributed_backend) << "\nshared_host_store = "
      << (distributed_shared_host_store ? "true" : "false") << "\ntimeout = " << distributed_timeout_s
-     << "\ndiagnostics_steps = " << distributed_diagnostics_steps << "\n";
+     << "\ndiagnostics_steps = " << distributed_diagnostics_steps << "\nzo = " << q(distributed_zo) << "\n";
   return os.str();
 }
 

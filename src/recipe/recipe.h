@@ -72,6 +72,7 @@ struct Recipe {
   bool distributed_shared_host_store = false;
   double distributed_timeout_s = 300;
   int64_t distributed_diagnostics_steps = 0;
+  std::string distributed_zo = "data";  // zo-sgd: "data" | "perturbation" | "2d" (src/train/zo_step.h)
 
   std::string to_toml() const;  // the effective recipe, every key
 };

@@ -249,6 +249,7 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     for (size_t i = 0; i < spec.params.size(); ++i) {
       const TensorSpec& r = spec.params[i];
       for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
+        if (!store.holds(a)) continue;  // zo-sgd: the master alone
         tensors.emplace_back(std::string(state_array_name(a)) + "/" + r.name, DType::f32, r.shape,
                              [&store, a, i](uint64_t offset, void* dst, size_t bytes) {
                                store.read_state(a, i, int64_t(offset / 4), int64_t(bytes / 4),
@@ -343,13 +344,22 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store) {
     std::memcpy(buf.data(), f.data(*e), buf.size() * 4);
     f.release(*e);  // one tensor's file pages resident at a time (offload/placement_plan.h)
   };
-  STRATA_CHECK(f.entries().size() == 3 * spec.params.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
-               " tensors but the model has ", 3 * spec.params.size(), " (master, exp_avg, exp_avg_sq per "
-               "parameter): the checkpoint belongs to another model");
+  // AdamW runs save master, exp_avg and exp_avg_sq per parameter; zo-sgd runs the master alone.
+  // An AdamW checkpoint resumes a zo-sgd run (its moments are not read); not the other way.
+  const bool saved_moments = !spec.params.rows().empty() && f.find("exp_avg/" + spec.params[0].name);
+  const size_t arrays = saved_moments ? 3 : 1;
+  STRATA_CHECK(f.entries().size() == arrays * spec.params.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
+               " tensors but the model has ", arrays * spec.params.size(), " (",
+               saved_moments ? "master, exp_avg, exp_avg_sq" : "master", " per parameter): the checkpoint belongs to "
+               "another model");
+  STRATA_CHECK(saved_moments || !store.holds(StateArray::m), dir, " holds no AdamW moments (a zo-sgd run wrote it): "
+               "resume it with optim.type = \"zo-sgd\", or start an AdamW run from its hf/ export (model.path = \"",
+               (d / "hf").string(), "\")");
   for (size_t i = 0; i < spec.params.size(); ++i) {  // one tensor at a time into RAM or NVMe
     const TensorSpec& r = spec.params[i];
     fetch("master/" + r.name, r);
     store.set_param(i, buf.data());
+    if (!store.holds(StateArray::m)) continue;
     fetch("exp_avg/" + r.name, r);
     store.write_state(StateArray::m, i, 0, r.numel(), buf.data());
     fetch("exp_avg_sq/" + r.name, r);

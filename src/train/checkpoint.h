@@ -3,6 +3,7 @@
 //
 //   checkpoint-<step>/
 //     optimizer_state.safetensors   f32 master weights, AdamW exp_avg and exp_avg_sq per parameter
+//                                   (zo-sgd: the master alone; the store's needs() say which)
 //     trainer_state.json            step, data position (cursor, row count, data hash, RNG state),
 //                                   schedule, tokens seen
 //     data_order.bin                the current epoch's row order (int64 little-endian)

@@ -177,7 +177,7 @@ class TrainRun {
   void engine_synchronize() { engine_ ? engine_->synchronize() : zo_engine_->synchronize(); }
   EngineStats engine_stats() const { return engine_ ? engine_->stats() : zo_engine_->stats(); }
   int64_t tokens_per_step() const {  // a preference micro-batch is micro_batch_size pairs: twice the rows
-    return rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size() * rc_.sequence_len *
+    return rc_.micro_batch_size * rc_.gradient_accumulation_steps * zo_par_.groups * rc_.sequence_len *
            (preference_ ? 2 : 1);
   }
 
@@ -198,6 +198,9 @@ class TrainRun {
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
   CommGradReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
+  // How the step's micro-batches are dealt over the ranks: first order, one data group per rank;
+  // zo-sgd, distributed.zo's layout (src/train/zo_step.h)
+  ZoParallel zo_par_;
   std::unique_ptr<PreferenceTrainer> preference_;  // train.objective dpo | ipo | simpo | orpo
   std::unique_ptr<ZoEngine> zo_engine_;  // optim.type = "zo-sgd" (src/train/zo_step.h)
   std::unique_ptr<MetricsWriter> metrics_;
@@ -223,6 +226,7 @@ PlanInputs train_plan_inputs(const Recipe& rc) {
   in.checkpoints = rc.offload_checkpoints;
   // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
   in.optimizer = rc.optim_type == "zo-sgd" && rc.offload_optimizer == "auto" ? "host" : rc.offload_optimizer;
+  in.optim_type = rc.optim_type;  // which host arrays and which engine's device rows
   in.micro_batch = rc.micro_batch_size * (preference_objective_enabled(rc) ? 2 : 1);  // pairs: 2 rows
   in.sequence_len = rc.sequence_len;
   in.save_dtype = dtype_parse(rc.save_dtype);
@@ -278,8 +282,16 @@ void TrainRun::set_up() {
   train_signal_phase_setup(true);
   std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc_.source_path.c_str(), rc_.to_toml().c_str());
   check_inputs(rc_);
-  STRATA_CHECK(rc_.optim_type != "zo-sgd" || dist_.size() == 1, "optim.type = \"zo-sgd\" runs on one rank only "
-               "(zeroth-order parallelism is not built): launch without mpirun, or with -np 1");
+  zo_par_ = rc_.optim_type == "zo-sgd" ? zo_parallel_layout(rc_.distributed_zo, dist_.rank(), dist_.size())
+                                       : ZoParallel{1, 0, dist_.size(), dist_.rank()};
+  STRATA_CHECK(rc_.optim_type != "zo-sgd" || !dist_.data_parallel() || !rc_.distributed_shared_host_store,
+               "distributed.shared_host_store = true shares a first-order store; zo-sgd ranks each keep their own "
+               "(working weights + fp32 master, and each applies the same update): set distributed.shared_host_store "
+               "= false");
+  if (rc_.optim_type == "zo-sgd" && dist_.data_parallel())
+    std::fprintf(stderr, "strata train: zo-sgd over %d ranks: %d side(s) x %d data group(s) (distributed.zo = \"%s\"); "
+                 "only the loss scalars cross between ranks\n", dist_.size(), zo_par_.sides, zo_par_.groups,
+                 rc_.distributed_zo.c_str());
   STRATA_CHECK(rc_.optim_type != "zo-sgd" || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
                "train.objective = \"sft\" only; set optim.type = \"adamw\" for train.objective = \"", rc_.objective, "\"");
   STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1, "train.objective = \"", rc_.objective,
@@ -339,6 +351,7 @@ void TrainRun::set_up_model() {
   eopt_.nvme_dir = rc_.nvme_path;
   eopt_.nvme_budget_bytes = rc_.nvme_memory_bytes;
   HostStoreOptions sopt;
+  sopt.needs = optimizer_state_needs(rc_.optim_type);  // zo-sgd: no moments, no gradients
   sopt.state_on_nvme = eopt_.optimizer == "nvme";
   sopt.nvme_path = rc_.nvme_path;
   sopt.nvme_budget_bytes = rc_.nvme_memory_bytes;
@@ -365,7 +378,7 @@ void TrainRun::set_up_model() {
                "= \"host\", or distributed.shared_host_store = false");
 
   dev_ = device_create(dopt);
-  shared_store_ = dist_.data_parallel() && rc_.distributed_shared_host_store;
+  shared_store_ = dist_.data_parallel() && rc_.distributed_shared_host_store;  // first order only (set_up)
   if (shared_store_) {  // one store for the node's ranks (src/train/shared_store.h)
     shared_memory_ = std::make_unique<SharedHostMemory>(dist_.comm(), HostStore::shared_bytes(spec));
     store_ = std::make_unique<HostStore>(*dev_, spec, shared_memory_->data());
@@ -378,7 +391,7 @@ void TrainRun::set_up_model() {
   } else {
     engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
   }
-  if (dist_.data_parallel()) {
+  if (dist_.data_parallel() && engine_) {  // zo-sgd reduces loss scalars only (zo_step.h)
     auto reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_, shared_store_);
     reduction_ = reduction.get();
     engine_->set_grad_reduction(std::move(reduction));
@@ -401,18 +414,14 @@ void TrainRun::check_allocations_against_plan() {
   STRATA_ASSERT(host_bytes_ >= store_planned && host_bytes_ <= store_planned + page_slack,
                 "the placement plan and the host store disagree: the store holds ", host_bytes_, " bytes, the plan ",
                 store_planned);
-  // The CPU backend's arena holds the engine's buffers alone; the CUDA backend's also holds its
+  // The CPU backend's arena holds the engine's buffers alone (the zeroth-order engine's rows when
+  // optim.type = "zo-sgd": the plan reads that engine's table); the CUDA backend's also holds its
   // own error word and, later, cuBLAS and lm_head_ce workspaces, which the plan does not count yet.
-  // The zeroth-order engine needs less than the first-order one the plan counts (engine_zo.h): the
-  // plan is then an upper bound, checked as one.
-  if (plan_in_.device_in_host_ram && zo_engine_)
-    STRATA_ASSERT(dev_->used_bytes() <= plan_.tier(Tier::device), "the zeroth-order engine holds ",
-                  dev_->used_bytes(), " device bytes, more than the plan's ", plan_.tier(Tier::device));
-  else if (plan_in_.device_in_host_ram)
-    STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) &&
-                      engine_->device_checkpoints() == plan_.device_checkpoints,
+  const size_t device_checkpoints = engine_ ? engine_->device_checkpoints() : 0;
+  if (plan_in_.device_in_host_ram)
+    STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) && device_checkpoints == plan_.device_checkpoints,
                   "the placement plan and the device disagree: the device holds ", dev_->used_bytes(), " bytes (plan ",
-                  plan_.tier(Tier::device), "), ", engine_->device_checkpoints(), " device checkpoints (plan ",
+                  plan_.tier(Tier::device), "), ", device_checkpoints, " device checkpoints (plan ",
                   plan_.device_checkpoints, ")");
 }
 
@@ -459,7 +468,7 @@ void TrainRun::load_weights() {
 void TrainRun::resume() {
   // the unit of the data order: a packed row, or (preference objectives) a pair
   const int64_t units = preference_ ? preference_->train_pairs() : data_.train.rows();
-  const int64_t rows_per_step = rc_.micro_batch_size * rc_.gradient_accumulation_steps * dist_.size();
+  const int64_t rows_per_step = rc_.micro_batch_size * rc_.gradient_accumulation_steps * zo_par_.groups;
   max_steps_ = rc_.max_steps > 0 ? rc_.max_steps
       : std::max<int64_t>(1, int64_t(std::ceil(rc_.num_train_epochs * double(units) / double(rows_per_step))));
   warmup_ = rc_.warmup_steps > 0 ? rc_.warmup_steps : int64_t(std::ceil(rc_.warmup_ratio * double(max_steps_)));
@@ -501,11 +510,12 @@ void TrainRun::resume() {
 }
 
 // The micro-batches of the next step, taken in the shuffled order (reshuffled each epoch). Data
-// parallel: the step has gradient_accumulation_steps x N micro-batches in that order; this rank
-// keeps micro-batches rank, rank + N, ... and counts the labelled tokens of all of them.
+// parallel: the step has gradient_accumulation_steps x G micro-batches in that order (G data
+// groups: N ranks first order, distributed.zo's groups for zo-sgd); this rank keeps micro-batches
+// group, group + G, ... and counts the labelled tokens of all of them.
 StepBatch TrainRun::next_batch() {
   StepBatch batch;
-  for (int64_t a = 0; a < rc_.gradient_accumulation_steps * dist_.size(); ++a) {
+  for (int64_t a = 0; a < rc_.gradient_accumulation_steps * zo_par_.groups; ++a) {
     if (state_.cursor + uint64_t(rc_.micro_batch_size) > state_.order.size()) {
       std::shuffle(state_.order.begin(), state_.order.end(), rng_);
       state_.cursor = 0;
@@ -517,7 +527,7 @@ StepBatch TrainRun::next_batch() {
     } else {
       MicroBatch mb = take_rows(data_.train, state_.order, state_.cursor, rc_.micro_batch_size);
       batch.counted += mb.counted();
-      if (a % dist_.size() == dist_.rank()) batch.micro.push_back(std::move(mb));
+      if (a % zo_par_.groups == zo_par_.group) batch.micro.push_back(std::move(mb));
     }
     state_.cursor += uint64_t(rc_.micro_batch_size);
   }
@@ -544,12 +554,14 @@ StepResult TrainRun::step(const StepBatch& batch) {
   if (reduction_) r.g0 = reduction_->stats();
   if (diagnose) reduction_->diagnostics_begin();
   std::vector<double> losses;  // this rank's micro-batches, summed below in the global order
-  if (zo_engine_) {  // zeroth order (one rank): both perturbed passes, the update queued on the host
+  if (zo_engine_) {  // zeroth order: the perturbed passes (this rank's share), the update queued on the host
     const ZoStepOutcome z = zo_step_run(*zo_engine_, {uint64_t(rc_.seed), rc_.zo_eps, int(rc_.zo_perturbations)},
-                                        batch.micro, batch.counted, r.step, ap.lr, rc_.weight_decay);
+                                        batch.micro, batch.counted, r.step, ap.lr, rc_.weight_decay, zo_par_,
+                                        &dist_.comm());
     losses.push_back(z.loss() * double(batch.counted));
     r.grad_norm = std::abs(z.projected_grad);
     r.extra = {{"zo_projected_grad", z.projected_grad}, {"loss_plus", z.loss_plus}, {"loss_minus", z.loss_minus}};
+    if (dist_.data_parallel()) r.extra.update({{"ranks", dist_.size()}, {"comm_bytes", z.comm_bytes}});  // scalars alone
   } else if (preference_) {  // the head normalises by the step's pairs: the sum is the step's loss
     const PreferenceStepOutcome o = preference_->step(batch.pairs, ap, rc_.max_grad_norm, rc_.weight_decay, &r.grad_norm);
     losses.push_back(o.loss);
@@ -563,7 +575,8 @@ StepResult TrainRun::step(const StepBatch& batch) {
     losses.push_back(engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay));
     r.grad_norm = engine_->landed_update_norm();
   }
-  const double loss_sum = dist_.sum_in_global_order(losses);
+  // zo-sgd's loss is already the whole step's on every rank (zo_step_run exchanged the scalars)
+  const double loss_sum = zo_engine_ ? losses.front() : dist_.sum_in_global_order(losses);
   if (reduction_) r.g1 = reduction_->stats();
   if (diagnose) {
     int64_t mine = 0;

@@ -76,6 +76,40 @@ TEST_CASE("strata estimate answers for 8B, 32B and 405B configs with the JSON co
   CHECK(n["tiers"]["nvme"].get<size_t>() >= 12 * 405853388800ull);
 }
 
+TEST_CASE("strata estimate for zo-sgd: working weights and master alone, the ZO engine's device, its step", "[estimate][zo]") {
+  const std::string model = testing::source_path("recipes/configs/llama-3.1-8b/config.json");
+  const size_t params = 8030261248ull;
+  const std::string common = " model.dtype=bf16 data.sequence_len=1024 --gpu 'H100 SXM' --host-memory 2TiB";
+  const nlohmann::json zo = estimate_json("--model " + model + " optim.type=zo-sgd" + common, 0);
+  const nlohmann::json adamw = estimate_json("--model " + model + common, 0);
+  size_t store = 0;
+  for (const auto& s : zo["states"]) {
+    const std::string kind = s["kind"];
+    INFO(kind);
+    CHECK(kind.find("AdamW") == std::string::npos);
+    CHECK(kind.find("gradient") == std::string::npos);
+    CHECK(kind.find("checkpoints") == std::string::npos);
+    if (kind == "working weights (bf16)" || kind == "fp32 master weights") store += s["bytes"].get<size_t>();
+  }
+  // 2 (bf16 working; f32 norms a little more) + 4 (master) bytes per parameter
+  CHECK(store >= 6 * params);
+  CHECK(store < 6 * params + params / 100);
+  // less host (12 B/param of moments and gradients fewer) and less device than AdamW
+  CHECK(adamw["tiers"]["host"].get<size_t>() + adamw["tiers"]["host_pinned"].get<size_t>() -
+            zo["tiers"]["host"].get<size_t>() - zo["tiers"]["host_pinned"].get<size_t>() >= 12 * params);
+  CHECK(zo["tiers"]["device"].get<size_t>() < adamw["tiers"]["device"].get<size_t>());
+  // the ZO step: two forward passes per micro-batch, the weights crossing once, nothing back, no NVMe
+  const auto& c = zo["step"]["components"];
+  CHECK(c["nvme"].get<double>() == 0);
+  CHECK(c["compute"].get<double>() < adamw["step"]["components"]["compute"].get<double>());
+  CHECK(c["link"].get<double>() < adamw["step"]["components"]["link"].get<double>() / 1.9);
+  CHECK(zo["step"]["mfu"].get<double>() > 0);
+  CHECK(zo["step"]["mfu"].get<double>() <= 1);
+  // two perturbations per step: twice the passes
+  const nlohmann::json q2 = estimate_json("--model " + model + " optim.type=zo-sgd optim.zo_perturbations=2" + common, 0);
+  CHECK(q2["step"]["components"]["compute"].get<double>() == Approx(2 * c["compute"].get<double>()).epsilon(1e-12));
+}
+
 TEST_CASE("strata estimate: bad input exits 2", "[estimate]") {
   const std::string model = testing::source_path("recipes/configs/llama-3.1-8b/config.json");
   testing::ProcessResult r = run_strata("estimate --model " + model + " --gpu 'Voodoo 2'");

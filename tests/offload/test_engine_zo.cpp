@@ -223,9 +223,16 @@ TEST_CASE("ZO: device and host bytes against first order for Llama-3.1-8B shapes
     CHECK(zo < first_order);
   }
   const HostMemoryEstimate host = HostStore::estimate(spec, HostStoreOptions{});
-  std::printf("llama-3.1-8b host tiers: working %.1f GB, master %.1f GB, moments %.1f GB, grads %.1f GB; ZO-SGD reads "
-              "working + master = %.1f GB\n", double(host.working) / 1e9, double(host.master) / 1e9,
-              double(host.moments) / 1e9, double(host.grads) / 1e9, double(host.working + host.master) / 1e9);
+  HostStoreOptions zo_options;
+  zo_options.needs = HostZoSgd::kState;
+  const HostMemoryEstimate zo_host = HostStore::estimate(spec, zo_options);
+  std::printf("llama-3.1-8b host store: AdamW working %.1f GB, master %.1f GB, moments %.1f GB, grads %.1f GB; ZO-SGD "
+              "working + master = %.1f GB (%.3f B/param)\n", double(host.working) / 1e9, double(host.master) / 1e9,
+              double(host.moments) / 1e9, double(host.grads) / 1e9, double(zo_host.total()) / 1e9,
+              double(zo_host.total()) / double(spec.parameter_count()));
+  CHECK(zo_host.total() == host.working + host.master);  // no moments, no gradients
+  CHECK(zo_host.moments == 0);
+  CHECK(zo_host.grads == 0);
 }
 
 }  // namespace strata
@@ -275,6 +282,50 @@ TEST_CASE("ZO step: q perturbations over accumulated micro-batches, and the upda
                        spec.params[r].shape.size() == 2 ? float(wd) : 0.f, int64_t(want.size()));
     CHECK(std::memcmp(want.data(), store.master() + store.f32_table()[r].offset / 4, want.size() * 4) == 0);
   }
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("ZO: one perturbed side alone gives that side of the dual forward, bit for bit", "[zo][engine]") {
+  // ZO perturbation parallel runs θ + εz on one rank and θ − εz on the other: each must be the
+  // exact loss the dual forward gives for its side, in bf16 and f32, tied and untied.
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool tied : {false, true}) {
+      INFO(dtype_name(dtype) << (tied ? " tied" : " untied"));
+      auto dev = device_create(DeviceOptions{});
+      HostStoreOptions so;
+      so.needs = HostZoSgd::kState;
+      HostStore store(*dev, model_spec_build(tiny_config(3, tied), dtype), so);
+      model_init_weights(store, 5);
+      ZoEngine engine(*dev, store, capacity(2, 33));
+      const MicroBatch mb = tiny_batch(2, 33);
+      const ZoLosses dual = engine.dual_forward(mb, 21, 1e-3f);
+      const double plus = engine.perturbed_forward(mb, 21, 1e-3f, 1);
+      const double minus = engine.perturbed_forward(mb, 21, 1e-3f, -1);
+      CHECK(plus == dual.plus);
+      CHECK(minus == dual.minus);
+      CHECK(plus != minus);  // the sides differ: the check can fail
+      CHECK(engine.perturbed_forward(mb, 22, 1e-3f, 1) != plus);  // another seed, another z
+    }
+  }
+}
+
+TEST_CASE("ZO parallel layouts: sides x data groups per distributed.zo", "[zo][train]") {
+  auto at = [](const char* mode, int rank, int size) {
+    const ZoParallel p = zo_parallel_layout(mode, rank, size);
+    return std::vector<int>{p.sides, p.side, p.groups, p.group};
+  };
+  CHECK(at("data", 0, 1) == std::vector<int>{1, 0, 1, 0});
+  CHECK(at("data", 2, 3) == std::vector<int>{1, 0, 3, 2});
+  CHECK(at("perturbation", 0, 2) == std::vector<int>{2, 0, 1, 0});
+  CHECK(at("perturbation", 1, 2) == std::vector<int>{2, 1, 1, 0});
+  CHECK(at("2d", 3, 4) == std::vector<int>{2, 1, 2, 1});
+  CHECK(at("2d", 4, 6) == std::vector<int>{2, 0, 3, 2});
+  CHECK_THROWS_WITH(zo_parallel_layout("perturbation", 0, 4), Catch::Contains("distributed.zo = \"2d\""));
+  CHECK_THROWS_WITH(zo_parallel_layout("2d", 0, 3), Catch::Contains("even number of ranks"));
+  CHECK_THROWS_WITH(zo_parallel_layout("model", 0, 2), Catch::Contains("\"data\", \"perturbation\" or \"2d\""));
 }
 
 }  // namespace strata

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "offload/engine.h"
+#include "offload/engine_zo.h"
 #include "offload/model_io.h"
 #include "offload/placement_plan.h"
 #include "offload/checkpoint_spill.h"
@@ -216,6 +217,74 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
   for (const PlanChange& c : dev_ckpt.changes)
     if (c.what.rfind("set offload.checkpoints = \"auto\"", 0) == 0) saves = c.saves_bytes;
   CHECK(saves == 3 * act);
+}
+
+TEST_CASE("zo-sgd: the store holds working weights and master alone, as the plan counts, device rows too", "[plan][zo]") {
+  // The optimizer says what it needs (HostZoSgd::kState): no moments, no gradients. bf16: working
+  // (bf16 matrices, f32 norms) + an f32 master; f32: the working copy is the master, 4 B/param.
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (bool tied : {false, true}) {
+      INFO(dtype_name(dtype) << (tied ? " tied" : " untied"));
+      nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                          {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
+                          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
+                          {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
+      const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), dtype);
+      const size_t layer_matrix = 2 * 4096 + 2 * 2048 + 3 * 8192, layer_norm = 2 * 64;
+      const size_t matrix = 3 * layer_matrix + (tied ? 1 : 2) * 256 * 64, norm = 3 * layer_norm + 64;
+      const size_t params = matrix + norm;
+      REQUIRE(size_t(spec.parameter_count()) == params);
+      const size_t working = dtype == DType::bf16 ? matrix * 2 + norm * 4 : params * 4;
+      const size_t master = dtype == DType::bf16 ? params * 4 : 0;  // f32: the working copy
+
+      HostStoreOptions so;
+      so.needs = HostZoSgd::kState;
+      const HostMemoryEstimate e = HostStore::estimate(spec, so);
+      CHECK(e.working == working);
+      CHECK(e.master == master);
+      CHECK(e.moments == 0);
+      CHECK(e.grads == 0);
+      auto dev = device_create(DeviceOptions{});
+      HostStore hs(*dev, spec, so);
+      CHECK(hs.bytes() == working + master);  // exactly weights + master
+      CHECK(hs.m() == nullptr);
+      CHECK(hs.v() == nullptr);
+      CHECK(hs.grad() == nullptr);
+      CHECK_FALSE(hs.holds(StateArray::m));
+      // AdamW's store of the same model: moments and gradients on top (16 B/param more in bf16)
+      HostStore adamw(*dev, spec);
+      CHECK(adamw.bytes() - hs.bytes() == params * 12);
+
+      PlanInputs in = plan_inputs("host");
+      in.optim_type = "zo-sgd";
+      const PlacementPlan p = placement_plan(spec, in, PlanBudgets{});
+      CHECK(p.fits());
+      CHECK(p.bytes_of(str_cat("working weights (", dtype_name(dtype), ")")) == working);
+      CHECK(p.bytes_of("fp32 master weights") == master);
+      for (const PlanState& st : p.states) {
+        INFO(st.kind);
+        CHECK(st.kind.find("AdamW") == std::string::npos);
+        CHECK(st.kind.find("gradient") == std::string::npos);
+        CHECK(st.kind.find("checkpoints") == std::string::npos);
+      }
+      // the device rows and the pinned staging are the zeroth-order engine's table
+      ZoEngine engine(*dev, hs, budget_engine("host"));
+      CHECK(dev->used_bytes() == p.tier(Tier::device));
+      CHECK(p.tier(Tier::device) == ZoEngine::device_bytes(spec, budget_engine("host")));
+      CHECK(p.bytes_of("pinned staging (embedding outputs)") == ZoEngine::pinned_bytes(spec, budget_engine("host")));
+      CHECK(p.bytes_of("pinned staging (embedding outputs)") == 2 * 2 * 16 * 64 * 4);  // x0 of each pass
+      // and a plan for AdamW on the same model counts what that store holds
+      const PlacementPlan pa = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
+      CHECK(pa.host_total() > p.host_total());
+    }
+  }
+  // zo-sgd keeps no moments to place on NVMe: asking for it is bad input naming the fix
+  PlanInputs in = plan_inputs("host");
+  in.optim_type = "zo-sgd";
+  in.optimizer = "nvme";
+  PlanBudgets b;
+  b.nvme_dir = "/tmp";
+  CHECK_THROWS_WITH(placement_plan(budget_spec(false), in, b), Catch::Contains("set offload.optimizer = \"host\""));
 }
 
 TEST_CASE("f32 compute mode counts one f32 copy: the master is the working copy", "[plan]") {

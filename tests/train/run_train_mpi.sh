@@ -13,6 +13,14 @@
 #   killed      rank 1 killed mid-run: the job exits non-zero naming rank 1 within the timeout,
 #               the newest checkpoint is complete, and `--resume auto` on one rank finishes
 #   hung        rank 1 stopped (SIGSTOP): rank 0 exits non-zero after distributed.timeout naming it
+#   zo-equal    zeroth-order parallel (distributed.zo, recipes/zo-tiny.toml, 2 perturbations per
+#               step): loss, loss_plus, loss_minus, zo_projected_grad, eval_loss, checkpoint-2's
+#               master weights and the final weights bit-identical to one process with the same
+#               global batch: "perturbation" (2 ranks, θ + εz and θ − εz) = 1 process x A; "data"
+#               (2 ranks x 1) = 1 process x 2; "2d" (4 ranks: 2 pairs x 2 groups, x 1) = 1 process
+#               x 2; only scalars cross (comm_bytes); and the check can fail (1 process x 1 differs)
+#   zo-resume   zeroth order saved by 2 ranks (perturbation), resumed by 1; saved by 1, resumed
+#               by 2 (data): bit-identical to the straight run
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason when mpirun cannot start processes here.
 set -u
 strata="$1"; scenario="$2"
@@ -195,6 +203,47 @@ killed|hung)
     { cat "$work/r.log"; fail "--resume auto after the fault failed"; }
   grep -q "resumed from .*checkpoint-$latest" "$work/r.log" || { cat "$work/r.log"; fail "did not resume from checkpoint-$latest"; }
   echo "as expected: non-zero exit naming rank 1, checkpoint-$latest complete and resumable"
+  ;;
+zo-equal|zo-resume)
+  recipe="$here/recipes/zo-tiny.toml"
+  common="$common optim.zo_perturbations=2 train.max_steps=4 checkpoint.save_steps=2 data.eval_split=0.2 train.eval_steps=2"
+  zo_losses() { grep -o '"\(eval_loss\|loss\|loss_plus\|loss_minus\|zo_projected_grad\)":[-0-9][^,}]*' "$1/metrics.jsonl"; }
+  # zo_same DIR_A DIR_B WHAT: losses, checkpoint-2's master weights and the final export, bit for bit
+  zo_same() {
+    [ "$(zo_losses "$1" | grep -c zo_projected_grad)" = 4 ] || fail "$3: expected 4 zo steps in $1/metrics.jsonl"
+    [ "$(zo_losses "$1")" = "$(zo_losses "$2")" ] || { paste <(zo_losses "$1") <(zo_losses "$2"); fail "$3: losses differ"; }
+    cmp "$1/checkpoint-2/optimizer_state.safetensors" "$2/checkpoint-2/optimizer_state.safetensors" ||
+      fail "$3: master weights differ"
+    cmp "$1/final/model.safetensors" "$2/final/model.safetensors" || fail "$3: final weights differ"
+    echo "bit-identical: $3 ($(zo_losses "$1" | wc -l) values)"
+  }
+  train 1 "$work/s2" train.gradient_accumulation_steps=2
+  if [ "$scenario" = zo-equal ]; then
+    train 2 "$work/p2" train.gradient_accumulation_steps=2 distributed.zo=perturbation
+    grep -q "zo-sgd over 2 ranks: 2 side(s) x 1 data group(s)" "$work/p2.log" || { cat "$work/p2.log"; fail "no layout line"; }
+    zo_same "$work/s2" "$work/p2" "perturbation parallel, 2 ranks x 2 micro-batches = 1 process x 2"
+    # only scalars cross: 2 sides x 2 perturbations x 2 micro-batches x 8 bytes per step; rank 0 alone writes
+    [ "$(grep -c '"comm_bytes":64[,}]' "$work/p2/metrics.jsonl")" = 4 ] || fail "expected comm_bytes 64 in 4 records"
+    train 2 "$work/d2" train.gradient_accumulation_steps=1 distributed.zo=data
+    zo_same "$work/s2" "$work/d2" "data parallel, 2 ranks x 1 = 1 process x 2"
+    train 4 "$work/t4" train.gradient_accumulation_steps=1 distributed.zo=2d
+    zo_same "$work/s2" "$work/t4" "2d, 2 pairs x 2 data groups x 1 = 1 process x 2"
+    # the comparison can fail: 2 data ranks differ from one process with half the micro-batches
+    train 1 "$work/s1" train.gradient_accumulation_steps=1
+    ! cmp -s "$work/s1/final/model.safetensors" "$work/d2/final/model.safetensors" ||
+      fail "2 data ranks x 1 equals 1 process x 1: the data was not split"
+  else
+    train 2 "$work/a" train.gradient_accumulation_steps=2 distributed.zo=perturbation
+    rm -rf "$work/a/checkpoint-4" "$work/a/final"
+    train 1 "$work/a" train.gradient_accumulation_steps=2 --resume auto
+    grep -q "resumed from .*checkpoint-2" "$work/a.log" || { cat "$work/a.log"; fail "2 -> 1 did not resume at step 2"; }
+    zo_same "$work/s2" "$work/a" "saved by 2 perturbation ranks, resumed by 1 process"
+    train 1 "$work/b" train.gradient_accumulation_steps=2
+    rm -rf "$work/b/checkpoint-4" "$work/b/final"
+    train 2 "$work/b" train.gradient_accumulation_steps=1 distributed.zo=data --resume auto
+    grep -q "resumed from .*checkpoint-2" "$work/b.log" || { cat "$work/b.log"; fail "1 -> 2 did not resume at step 2"; }
+    zo_same "$work/s2" "$work/b" "saved by 1 process, resumed by 2 data ranks"
+  fi
   ;;
 *) fail "unknown scenario $scenario" ;;
 esac

@@ -8,7 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "models/model_spec.h"
+#include "offload/host_store.h"
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"
 #include "tests/testing.h"
@@ -61,6 +64,27 @@ TEST_CASE("a zo-sgd run lowers the loss of the tiny chat model", "[zo][train]") 
   CHECK(fs::exists(out + "/final/model.safetensors"));
 }
 
+TEST_CASE("a zo-sgd run's host store is its working weights and master, nothing more", "[zo][train]") {
+  // metrics.jsonl's host_bytes is what the store allocated (the trainer has checked it against the
+  // plan): f32, the working copy is the master (4 B/param); bf16, 2 (matrices) + 4 (master) B/param
+  for (const char* dtype : {"f32", "bf16"}) {
+    INFO(dtype);
+    const std::string out = fresh(dtype);
+    train_run(zo_recipe(out, {"train.max_steps=2", "train.eval_steps=0", std::string("model.dtype=") + dtype}));
+    const ModelSpec spec = model_spec_build(hf_config_load(testing::source_path("recipes/sft-tiny/models/tiny")),
+                                            dtype_parse(dtype));
+    const HostStoreLayout l = HostStore::layout(spec);
+    const size_t working = l.working.tier_bytes(Tier::host_pinned), master = l.f32.tier_bytes(Tier::host);
+    const size_t want = std::string(dtype) == "f32" ? working : working + master;
+    const auto rows = testing::metrics_records(out);
+    REQUIRE(!rows.empty());
+    CHECK(rows.back()["host_bytes"].get<size_t>() == want);
+    CHECK(rows.back()["host_pinned_bytes"].get<size_t>() == working);
+    const nlohmann::json plan = nlohmann::json::parse(testing::read_file(out + "/plan.json"));
+    for (const auto& st : plan["states"]) CHECK(st["kind"].get<std::string>().find("AdamW") == std::string::npos);
+  }
+}
+
 TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bit for bit", "[zo][train][checkpoint]") {
   const std::string a = fresh("straight"), b = fresh("resumed");
   const std::vector<std::string> o = {"train.max_steps=6", "checkpoint.save_steps=3", "train.eval_steps=0",
@@ -95,6 +119,28 @@ TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bi
   // and the weights moved: the run is not a no-op
   CHECK(testing::read_file(a + "/checkpoint-3/optimizer_state.safetensors") !=
         testing::read_file(a + "/checkpoint-6/optimizer_state.safetensors"));
+  // the checkpoint holds what zo-sgd keeps: the fp32 master of every parameter and nothing else
+  const SafetensorsFile st = SafetensorsFile::open(a + "/checkpoint-6/optimizer_state.safetensors");
+  CHECK(!st.entries().empty());
+  for (const SafetensorsEntry& e : st.entries()) CHECK(e.name.rfind("master/", 0) == 0);
+  // an AdamW run cannot continue from it (no moments), and says what to do instead
+  TrainOptions resume_adamw;
+  resume_adamw.resume = a + "/checkpoint-3";
+  std::vector<std::string> adamw = o;
+  adamw.push_back("optim.type=adamw");
+  CHECK_THROWS_WITH(train_run(zo_recipe(fresh("adamw_from_zo"), adamw), resume_adamw),
+                    Catch::Contains("holds no AdamW moments"));
+  // the other way works: a zo-sgd run continues from an AdamW checkpoint (its master; the moments
+  // are not read), exactly where the AdamW run's weights were
+  const std::string c = fresh("zo_from_adamw");
+  std::vector<std::string> three = adamw;
+  three.push_back("train.max_steps=3");
+  train_run(zo_recipe(c, three));
+  const TrainSummary zo_rest = train_run(zo_recipe(c, o), resume);
+  REQUIRE(zo_rest.losses.size() == 3);
+  CHECK(zo_rest.losses[0] != straight.losses[3]);  // it starts from the AdamW weights, not the ZO run's
+  const SafetensorsFile cz = SafetensorsFile::open(c + "/checkpoint-6/optimizer_state.safetensors");
+  for (const SafetensorsEntry& e : cz.entries()) CHECK(e.name.rfind("master/", 0) == 0);
 }
 
 TEST_CASE("strata train with zo-sgd warns that clipping does not apply, and the run plots", "[zo][train][cli]") {
