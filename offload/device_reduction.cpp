@@ -115,7 +115,7 @@ CommTicket DeviceGradReduction::on_device(const GradLanding& l, float* grad, siz
     reserve(dx_all_, all, "data-parallel d x0 of every rank");
     dev_.memset_zero(dx_all_.dev, all * sizeof(float), s);
     dev_.copy_d2d(dx_all_.dev + size_t(rank_) * nc, grad, nc * sizeof(float), s);
-    if (tied_) {
+    if (tied_ && !rows_.empty()) {
       const size_t own = size_t(size_) * rows_.size() * size_t(l.C);
       all_reduce(own_rows_.dev, own, s);
       dev_.copy_d2h(own_rows_.host, own_rows_.dev, own * sizeof(float), s);
@@ -124,7 +124,7 @@ CommTicket DeviceGradReduction::on_device(const GradLanding& l, float* grad, siz
     dev_.copy_d2h(dx_all_.host, dx_all_.dev, all * sizeof(float), s);
     return t;  // (the own-rows collective came first on s: done when this one is)
   }
-  if (tied_ && l.kind == GradLanding::head_chunk) {
+  if (tied_ && l.kind == GradLanding::head_chunk && !rows_.empty()) {
     const size_t own = size_t(size_) * rows_.size() * size_t(l.C);
     if (first_head_chunk_) {
       reserve(own_rows_, own, "data-parallel tied lm_head rows");

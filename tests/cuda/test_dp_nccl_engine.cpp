@@ -7,13 +7,14 @@
 // (mistral), in f32 and bf16. With 2 micro-batches per rank the dense buckets are summed in
 // another order than one process's (G + (g0 + g1)): rounding-close, checked with a tolerance.
 // Under the emulator always (ranks as threads, tools/cuemu/cuemu_nccl.cpp); against real NCCL
-// when the machine has 2 GPUs, else skipped.
+// when the machine has 2 GPUs, else skipped (exit 77).
 #if defined(STRATA_TEST_NCCL)
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -43,6 +44,8 @@ struct RankResult {
   std::vector<double> losses;               // per micro-batch, in order
   std::vector<std::vector<float>> grads;    // per step: the accumulated gradient before the update
   std::vector<std::vector<float>> masters;  // per step: the master weights after it
+  size_t embed_begin = 0, embed_count = 0;  // the embedding's gradient in the f32 table
+  CommDiagnostics diag;                     // step 1's worker diagnostics (DeviceGradReduction)
 };
 
 // `steps` optimizer steps; in step s the engine runs micro[s][0..] (accumulated), then AdamW.
@@ -56,11 +59,17 @@ RankResult run_engine(Device& dev, const Golden& g, DType dtype, const std::vect
   eo.max_batch = g.batch.B;
   eo.max_tokens = g.batch.T;
   Engine engine(dev, store, eo);
+  auto* dp = dynamic_cast<DeviceGradReduction*>(reduction.get());
   if (reduction) engine.set_grad_reduction(std::move(reduction));
   RankResult r;
+  const TensorSpec& embed = store.f32_table().rows()[size_t(store.spec().embed)];
+  r.embed_begin = embed.offset / sizeof(float);
+  r.embed_count = size_t(embed.numel());
   for (size_t s = 0; s < micro.size(); ++s) {
+    if (dp && s == 0) dp->diagnostics_begin();
     for (const MicroBatch& mb : micro[s]) r.losses.push_back(engine.forward_backward(mb, scale));
     engine.synchronize();
+    if (dp && s == 0) r.diag = dp->diagnostics_end();
     r.grads.emplace_back(store.grad(), store.grad() + store.f32_floats());
     AdamWParams ap;
     ap.lr = 1e-2;
@@ -83,9 +92,10 @@ TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumul
   constexpr int kRanks = 2, kSteps = 2;
 #if !defined(STRATA_CUEMU)
   int gpus = 0;
-  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < kRanks) {
-    WARN("skipped: 2 NCCL ranks need 2 GPUs, this machine has " << gpus);
-    return;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < kRanks) {  // skipped (ctest SKIP_RETURN_CODE)
+    std::fflush(stdout);
+    std::fprintf(stderr, "SKIPPED: 2 NCCL ranks need 2 GPUs, this machine has %d\n", gpus);
+    std::exit(cuda_testing::kSkipExitCode);
   }
 #endif
   for (const char* name : {"llama", "mistral"})
@@ -164,6 +174,22 @@ TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumul
           }
           // every rank holds the same bits as every other
           CHECK(same_bits(got.masters.back(), ranks[0].masters.back()));
+          // worker diagnostics (device dot products, f32): |sum of the ranks' dense gradients|^2
+          // is the one process's, the embedding's scatter left out; each rank's own is positive
+          // and the pairwise cosine they imply lies in [-1, 1]
+          if (std::string(name) == "mistral" && per_rank == 1) {
+            double want = 0;
+            for (size_t i = 0; i < one.grads[0].size(); ++i)
+              if (i < one.embed_begin || i >= one.embed_begin + one.embed_count)
+                want += double(one.grads[0][i]) * double(one.grads[0][i]);
+            CHECK(got.diag.sum_sq == Approx(want).epsilon(1e-4));
+            CHECK(got.diag.local_sq > 0);
+            const double l0 = ranks[0].diag.local_sq, l1 = ranks[1].diag.local_sq;
+            const double cosine = (got.diag.sum_sq - l0 - l1) / (2 * std::sqrt(l0 * l1));
+            CHECK(std::abs(cosine) <= 1.0);
+            if (r == 0) std::printf("nccl dp diagnostics: |g0|^2 %.6g |g1|^2 %.6g |g0+g1|^2 %.6g (one process %.6g) cosine %.4f\n",
+                                    l0, l1, got.diag.sum_sq, want, cosine);
+          }
         }
       }
 }
