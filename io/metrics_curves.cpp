@@ -1,5 +1,6 @@
 #include "io/metrics_curves.h"
 
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -28,6 +29,7 @@ MetricsCurves metrics_read_curves(const std::string& path) {
   std::map<int64_t, std::pair<double, double>> train;  // step -> (loss, lr); the last record wins
   std::map<int64_t, double> eval;
   std::map<int64_t, std::pair<double, double>> pref, eval_pref;  // step -> (margins, accuracies)
+  std::map<int64_t, std::array<double, 3>> workers;  // step -> (loss spread, grad-norm spread, cosine)
   MetricsCurves out;
   std::string line;
   int64_t lineno = 0;
@@ -55,6 +57,13 @@ MetricsCurves metrics_read_curves(const std::string& path) {
     if (rec.contains("eval_loss")) eval[s] = metrics_number(rec, "eval_loss", where);
     if (rec.contains("loss"))
       pref[s] = {metrics_number(rec, "rewards/margins", where), metrics_number(rec, "rewards/accuracies", where)};
+    if (rec.contains("loss")) workers.erase(s);  // the last record of a step wins
+    if (rec.contains("loss") && rec.contains("workers")) {
+      const nlohmann::json& w = rec["workers"];
+      STRATA_CHECK(w.is_object(), where, ": \"workers\" must be an object, found ", w.dump());
+      workers[s] = {metrics_number(w, "loss_spread", where), metrics_number(w, "grad_norm_spread", where),
+                    metrics_number(w, "cosine", where)};
+    }
     if (rec.contains("eval_loss"))
       eval_pref[s] = {metrics_number(rec, "eval_rewards/margins", where),
                       metrics_number(rec, "eval_rewards/accuracies", where)};
@@ -71,6 +80,12 @@ MetricsCurves metrics_read_curves(const std::string& path) {
   }
   for (auto& [s, v] : pref) out.margins.push_back(v.first), out.accuracies.push_back(v.second);
   for (auto& [s, v] : eval_pref) out.eval_margins.push_back(v.first), out.eval_accuracies.push_back(v.second);
+  for (auto& [s, v] : workers) {
+    out.worker_steps.push_back(s);
+    out.worker_loss_spread.push_back(v[0]);
+    out.worker_grad_norm_spread.push_back(v[1]);
+    out.worker_cosine.push_back(v[2]);
+  }
   return out;
 }
 

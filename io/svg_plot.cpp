@@ -15,6 +15,7 @@ constexpr double kLrTop = 474, kLrHeight = 146;
 // preference runs: two more panels below, reward margins and accuracies (train line, eval markers)
 constexpr double kPrefGap = 50, kPrefHeight = 146;
 constexpr const char* kMarginColor = "#756bb1";
+constexpr const char* kWorkerColor = "#d62728";
 constexpr size_t kMaxPolylinePoints = 2000;
 constexpr size_t kMaxEvalMarkers = 400;  // beyond this the eval line alone is clearer
 constexpr size_t kCaptionChars = 120;    // about the page's width at 13 px
@@ -101,6 +102,21 @@ struct Panel {
   }
   double right() const { return kWidth - kRight; }
   double bottom() const { return top + height; }
+};
+
+// A panel below the learning rate: its series share the step axis; the y axis covers [lo, hi]
+// and the series' finite values. markers: also a dot per finite point (eval points).
+struct ExtraSeries {
+  std::string id;
+  const std::vector<int64_t>* x;
+  const std::vector<double>* y;
+  const char* color;
+  bool markers;
+};
+struct ExtraPanel {
+  std::string id, title;
+  double lo, hi;
+  std::vector<ExtraSeries> series;
 };
 
 std::string svg_text(double x, double y, const std::string& text, const std::string& attrs = "") {
@@ -246,8 +262,23 @@ std::string svg_plot_training(const MetricsCurves& c, const std::string& title) 
     caption.back() += (caption.back().empty() ? "" : "  \xC2\xB7  ") + part;
   }
 
-  const bool pref = c.has_preference();
-  const double page_height = pref ? kHeight + 2 * (kPrefGap + kPrefHeight) : kHeight;
+  // panels below the learning rate: preference rewards, data-parallel worker consistency
+  std::vector<ExtraPanel> extra;
+  if (c.has_preference()) {  // reward margins, then accuracies: the train line, the eval points as markers
+    extra.push_back({"margins", "reward margin", 0, 0, {{"margins", &c.steps, &c.margins, kMarginColor, false},
+                                                         {"eval-margins", &c.eval_steps, &c.eval_margins, kEvalColor, true}}});
+    extra.push_back({"accuracies", "reward accuracy", 0, 1, {{"accuracies", &c.steps, &c.accuracies, kMarginColor, false},
+                                                             {"eval-accuracies", &c.eval_steps, &c.eval_accuracies, kEvalColor, true}}});
+  }
+  if (!plot_decimate(c.worker_cosine, SIZE_MAX).empty() || !plot_decimate(c.worker_loss_spread, SIZE_MAX).empty()) {
+    extra.push_back({"worker-loss-spread", "loss spread (ranks)", 0, 0,
+                     {{"worker-loss-spread", &c.worker_steps, &c.worker_loss_spread, kWorkerColor, false}}});
+    extra.push_back({"worker-grad-norm-spread", "grad-norm spread", 0, 0,
+                     {{"worker-grad-norm-spread", &c.worker_steps, &c.worker_grad_norm_spread, kWorkerColor, false}}});
+    extra.push_back({"worker-cosine", "gradient cosine", 0, 1,
+                     {{"worker-cosine", &c.worker_steps, &c.worker_cosine, kWorkerColor, false}}});
+  }
+  const double page_height = kHeight + double(extra.size()) * (kPrefGap + kPrefHeight);
   std::string s;
   s += "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n";
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" + num(kWidth, 0) + "\" height=\"" +
@@ -310,32 +341,22 @@ std::string svg_plot_training(const MetricsCurves& c, const std::string& title) 
   s += "<g id=\"lr-panel\">\n" + svg_axes(lr_panel, "lr", "learning rate");
   s += svg_polyline(lr_panel, "lr", c.steps, c.lr, kLrColor, 1.5, true);
   s += "</g>\n";
-  if (pref) {  // reward margins, then accuracies: the train line, the eval points as markers
-    struct PrefPanel {
-      const char* id;
-      const char* title;
-      const std::vector<double>& train;
-      const std::vector<double>& eval;
-    };
-    const PrefPanel panels[2] = {{"margins", "reward margin", c.margins, c.eval_margins},
-                                 {"accuracies", "reward accuracy", c.accuracies, c.eval_accuracies}};
-    for (int k = 0; k < 2; ++k) {
-      const PrefPanel& pp = panels[k];
-      double lo = 0, hi = k == 1 ? 1.0 : 0.0;  // margins from 0, accuracies over [0, 1]
-      finite_range(pp.train, &lo, &hi);
-      finite_range(pp.eval, &lo, &hi);
-      if (!(lo <= hi)) lo = 0, hi = 1;
-      const Panel panel{kLrTop + kLrHeight + kPrefGap + double(k) * (kPrefGap + kPrefHeight), kPrefHeight,
-                        loss_panel.xticks, nice_ticks(lo, hi, 4, 0)};
-      s += std::string("<g id=\"") + pp.id + "-panel\">\n" + svg_axes(panel, pp.id, pp.title);
-      s += svg_polyline(panel, pp.id, c.steps, pp.train, kMarginColor, 1.5, true);
-      s += svg_polyline(panel, std::string("eval-") + pp.id, c.eval_steps, pp.eval, kEvalColor, 1.5, false);
-      for (size_t i = 0; i < pp.eval.size() && i < kMaxEvalMarkers; ++i)
-        if (std::isfinite(pp.eval[i]))
-          s += "<circle class=\"eval-marker\" cx=\"" + num(panel.px(double(c.eval_steps[i])), 2) + "\" cy=\"" +
-               num(panel.py(pp.eval[i]), 2) + "\" r=\"3.5\" fill=\"" + kEvalColor + "\" stroke=\"white\" stroke-width=\"1\"/>\n";
-      s += "</g>\n";
+  for (size_t k = 0; k < extra.size(); ++k) {
+    const ExtraPanel& ep = extra[k];
+    double lo = ep.lo, hi = ep.hi;  // the range always shows [lo, hi]
+    for (const ExtraSeries& es : ep.series) finite_range(*es.y, &lo, &hi);
+    if (!(lo <= hi)) lo = 0, hi = 1;
+    const Panel panel{kLrTop + kLrHeight + kPrefGap + double(k) * (kPrefGap + kPrefHeight), kPrefHeight,
+                      loss_panel.xticks, nice_ticks(lo, hi, 4, 0)};
+    s += "<g id=\"" + ep.id + "-panel\">\n" + svg_axes(panel, ep.id, ep.title);
+    for (const ExtraSeries& es : ep.series) {
+      s += svg_polyline(panel, es.id, *es.x, *es.y, es.color, 1.5, !es.markers);
+      for (size_t i = 0; es.markers && i < es.y->size() && i < kMaxEvalMarkers; ++i)
+        if (std::isfinite((*es.y)[i]))
+          s += "<circle class=\"eval-marker\" cx=\"" + num(panel.px(double((*es.x)[i])), 2) + "\" cy=\"" +
+               num(panel.py((*es.y)[i]), 2) + "\" r=\"3.5\" fill=\"" + es.color + "\" stroke=\"white\" stroke-width=\"1\"/>\n";
     }
+    s += "</g>\n";
   }
   s += svg_text(kLeft + (kWidth - kLeft - kRight) / 2, page_height - 24, "step",
                 "font-size=\"14\" text-anchor=\"middle\" fill=\"" + std::string(kTextColor) + "\"");

@@ -1,6 +1,8 @@
 // The training-curve picture `strata plot` writes: a standalone SVG 1.1 document with two panels
 // sharing the step axis (loss, smoothed loss and eval loss above; learning rate below), nice
-// ticks, grid, legend, and a caption with the final and best values. Text only in, text out, so
+// ticks, grid, legend, and a caption with the final and best values. Below them, where the
+// metrics hold them: preference reward margins and accuracies, and a data-parallel run's worker
+// consistency (loss spread and grad-norm spread across ranks, mean pairwise gradient cosine). Text only in, text out, so
 // tests check it without files.
 #pragma once
 #include <cstdint>

@@ -49,7 +49,17 @@ struct CommDiagnostics {
   double local_sq = 0, sum_sq = 0;
 };
 
-class CommGradReduction final : public GradReduction {
+// What the trainer asks of a data-parallel reduction, over host buffers (CommGradReduction) or
+// on the device (offload/device_reduction.h).
+class DataParallelReduction : public GradReduction {
+ public:
+  virtual CommReductionStats stats() const = 0;
+  // Collect CommDiagnostics during the next micro-batches; end returns them.
+  virtual void diagnostics_begin() = 0;
+  virtual CommDiagnostics diagnostics_end() = 0;
+};
+
+class CommGradReduction final : public DataParallelReduction {
  public:
   // comm: host buffers (comm.device_buffers() false). tied_head: the lm_head is the embedding
   // table. dev: its counters tell how much of each collective the device's work hid.
@@ -62,13 +72,13 @@ class CommGradReduction final : public GradReduction {
   void add_head_rows(float* table_grad, float* staging, int64_t v0, int64_t rows, int64_t C) override;
   void add_embedding(float* table_grad, const float* dx0, const int32_t* ids, int64_t n, int64_t C) override;
 
-  CommReductionStats stats() const;
+  CommReductionStats stats() const override;
   bool shared_store() const override { return shared_; }
   bool updates_group(size_t group) const override { return !shared_ || int(group % size_t(size_)) == rank_; }
   void all_ranks_here() override;
-  // Collect CommDiagnostics during the next micro-batches (one extra pass over each bucket).
-  void diagnostics_begin();
-  CommDiagnostics diagnostics_end();
+  // (one extra pass over each bucket)
+  void diagnostics_begin() override;
+  CommDiagnostics diagnostics_end() override;
 
  private:
   void all_reduce(float* data, size_t n);

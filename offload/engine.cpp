@@ -319,7 +319,8 @@ void Engine::head_backward(float grad_scale) {
     release_head_chunk(k);
     float* staging = buf_.head_grad_staging[b];
     GradReduction* red = reduction_.get();
-    head_staging_ticket_[b] = stage_to_host(staging, buf_.head_grad_slots[b], chunk_bytes, ev_.head_grad_copied[b],
+    head_staging_ticket_[b] = stage_to_host({GradLanding::head_chunk, v0, vc, C}, staging, buf_.head_grad_slots[b],
+                                            chunk_bytes, ev_.head_grad_copied[b],
                                             head_staging_ticket_[b], [red, lm_grad, staging, v0, vc, C] {
                                               red->add_head_rows(lm_grad, staging, v0, vc, C);
                                             });
@@ -336,7 +337,7 @@ void Engine::final_norm_backward() {
   float* dst = store_.grad_of(size_t(store_.spec().final_norm));
   float* staging = buf_.norm_grad_staging;
   GradReduction* red = reduction_.get();
-  stage_to_host(staging, buf_.norm_grad, bytes_of<float>(C), ev_.norm_grad_copied, 0,
+  stage_to_host({}, staging, buf_.norm_grad, bytes_of<float>(C), ev_.norm_grad_copied, 0,
                 [red, dst, staging, C] { red->add_dense(dst, staging, size_t(C)); });
   update_group_when_landed(store_.groups().size() - 1);  // final norm (and an untied lm_head)
 }
@@ -405,7 +406,7 @@ void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
   float* staging = buf_.grad_staging[b];
   float* dst = store_.grad() + count_of<float>(grp.f32_offset);
   const size_t count = count_of<float>(grp.f32_bytes);
-  staging_ticket_[b] = stage_to_host(staging, grad_slot, grp.f32_bytes, ev_.grad_copied[i], staging_ticket_[b],
+  staging_ticket_[b] = stage_to_host({}, staging, grad_slot, grp.f32_bytes, ev_.grad_copied[i], staging_ticket_[b],
                                      [red = reduction_.get(), dst, staging, count] { red->add_dense(dst, staging, count); });
 }
 
@@ -414,7 +415,8 @@ void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
 void Engine::embed_backward() {
   const int64_t N = dims_.N(), C = dims_.C;
   float* dtable = store_.grad_of(size_t(store_.spec().embed));
-  scatter_ticket_ = stage_to_host(buf_.dx0_host, buf_.dx[L_ % 2], bytes_of<float>(N * C), ev_.dx0_copied, 0,
+  scatter_ticket_ = stage_to_host({GradLanding::embedding, 0, N, C}, buf_.dx0_host, buf_.dx[L_ % 2],
+                                  bytes_of<float>(N * C), ev_.dx0_copied, 0,
                 [this, dtable, N, C] { reduction_->add_embedding(dtable, buf_.dx0_host, ids_host_.data(), N, C); });
   update_group_when_landed(0);  // the embedding (and a tied lm_head)
 }
@@ -437,19 +439,24 @@ double Engine::finish_step(StepKind kind) {
 
 // ---- staging ---------------------------------------------------------------------------------
 
-// `bytes` of device memory `src`, just written on the compute stream, go to pinned `staging`
-// on the d2h stream; `copied` is recorded after the copy, and `task` runs on the host queue once
-// it has landed. `reuse` (0: none) is the ticket of the host task that last read `staging`: the
-// copy waits for it. Returns the ticket of `task`.
-uint64_t Engine::stage_to_host(void* staging, const void* src, size_t bytes, const std::shared_ptr<Event>& copied,
-                               uint64_t reuse, std::function<void()> task) {
+// `bytes` of device memory `src` (the gradient `landing`), just written on the compute stream, go
+// to pinned `staging` on the d2h stream, after what the reduction queues there for it (a device
+// all-reduce: grad_reduction.h on_device); `copied` is recorded after the copy, and `task` runs
+// on the host queue once it has landed. `reuse` (0: none) is the ticket of the host task that
+// last read `staging`: the copy waits for it. Returns the ticket of `task`.
+uint64_t Engine::stage_to_host(const GradLanding& landing, void* staging, void* src, size_t bytes,
+                               const std::shared_ptr<Event>& copied, uint64_t reuse, std::function<void()> task) {
   dev_.event_record(*ev_.compute_done, Stream::compute);
   if (reuse) exposed_wait(&d2h_wait_s_, [&] { host_.wait(reuse); });
   dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
+  CommTicket reduced = reduction_->on_device(landing, static_cast<float*>(src), bytes / sizeof(float), Stream::d2h);
   dev_.copy_d2h(staging, src, bytes, Stream::d2h);
   dev_.event_record(*copied, Stream::d2h);
-  // the wait for the copy is the task's input, not host work (HostQueue::busy_s)
-  return host_.enqueue([this, copied] { dev_.event_synchronize(*copied); }, std::move(task));
+  // the waits for the collective and the copy are the task's input, not host work (HostQueue::busy_s)
+  return host_.enqueue([this, copied, reduced]() mutable {
+    reduced.wait();
+    dev_.event_synchronize(*copied);
+  }, std::move(task));
 }
 
 // ---- optimizer -------------------------------------------------------------------------------

@@ -169,8 +169,8 @@ class Engine {
   void embed_backward();
   double finish_step(StepKind kind);
   // staging: device -> pinned host -> a task on the host queue
-  uint64_t stage_to_host(void* staging, const void* src, size_t bytes, const std::shared_ptr<Event>& copied,
-                         uint64_t reuse, std::function<void()> task);
+  uint64_t stage_to_host(const GradLanding& landing, void* staging, void* src, size_t bytes,
+                         const std::shared_ptr<Event>& copied, uint64_t reuse, std::function<void()> task);
   // optimizer
   void wait_optimizer(size_t group);
   void begin_optimizer_pass(bool landed);

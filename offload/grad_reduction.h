@@ -7,6 +7,12 @@
 // K-1..0, the final norm, layers L-1..0, the embedding), and begin_micro_batch on the trainer
 // thread after the host queue drained, before the micro-batch's forward.
 //
+// on_device: the same landings, earlier, on the device: the engine calls it on the trainer thread
+// (in the same order) right before it queues a gradient's device -> host copy on stream `s`,
+// which already waits for the compute that produced `grad`; work queued on `s` here runs before
+// the copy (offload/device_reduction.h all-reduces there, over NCCL). The host task of the
+// landing waits for the returned ticket before it reads the staging buffer.
+//
 // NoGradReduction (one process): the plain fixed-order additions. offload/comm_reduction.h
 // (data parallel): the same sums across ranks, bit-identical to one process accumulating the
 // ranks' micro-batches one after another.
@@ -14,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "src/comm/comm.h"
 #include "src/device/device.h"
 
 namespace strata {
@@ -22,9 +29,18 @@ namespace strata {
 // the same bits).
 void grad_accumulate(float* dst, const float* src, size_t n);
 
+// Which gradient lands: a dense bucket (decoder layer, final norm), an lm_head chunk (rows [v0,
+// v0 + rows) of the (V, C) table) or the embedding's d x0 ((tokens, C)).
+struct GradLanding {
+  enum Kind : uint8_t { dense, head_chunk, embedding } kind = dense;
+  int64_t v0 = 0, rows = 0, C = 0;
+};
+
 class GradReduction {
  public:
   virtual ~GradReduction() = default;
+  // grad: n floats of device memory (see above). The default leaves the device alone.
+  virtual CommTicket on_device(const GradLanding&, float* /*grad*/, size_t /*n*/, Stream /*s*/) { return {}; }
   // The micro-batch about to run (n token ids, host; copied if kept).
   virtual void begin_micro_batch(const int32_t* ids, int64_t n) = 0;
   // dst[0, n) += staging[0, n); staging may be used as scratch.

@@ -1,5 +1,6 @@
 // `strata plot OUTPUT_DIR [--out FILE.svg]`: draws a run's metrics.jsonl (loss, smoothed loss,
-// eval loss and learning rate against step) as a standalone SVG file, OUTPUT_DIR/plot.svg by
+// eval loss and learning rate against step; preference rewards and data-parallel worker
+// consistency where recorded) as a standalone SVG file, OUTPUT_DIR/plot.svg by
 // default. Prints the file's path on stdout. Works on a run still training: a last line being
 // written is skipped.
 #include <cerrno>

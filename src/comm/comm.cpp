@@ -102,16 +102,26 @@ std::unique_ptr<Comm> comm_create(const CommOptions& options) {
   STRATA_CHECK(options.device_backend == "cuda" && options.device,
                "distributed.backend = 'nccl' needs the cuda device backend (device.backend = "
                "\"cuda\"); use mpi with the cpu backend");
-#if defined(STRATA_HAVE_NCCL)
   // NCCL's unique id travels over MPI; the MPI comm stays as the NCCL comm's bootstrap.
   std::unique_ptr<Comm> mpi = comm_create_mpi(options.timeout_s);
+  Comm& bootstrap = *mpi;
+  return comm_create_nccl_over(bootstrap, *options.device, options.timeout_s, std::move(mpi));
+}
+
+std::unique_ptr<Comm> comm_create_nccl_over(Comm& bootstrap, Device& device, double timeout_s,
+                                            std::unique_ptr<Comm> keep) {
+  STRATA_CHECK(device.native_stream(Stream::compute) != nullptr, "distributed.backend = \"nccl\" needs the "
+               "cuda device backend (device ", device.name(), " has no CUDA streams); use mpi with the cpu backend");
+#if defined(STRATA_HAVE_NCCL)
   CommNcclId id{};
-  if (mpi->rank() == 0) id = comm_nccl_unique_id();
-  mpi->broadcast(&id, sizeof id, 0).wait();
-  const int rank = mpi->rank(), size = mpi->size(), local = mpi->local_rank();
-  return comm_create_nccl(*options.device, rank, size, local, id, options.timeout_s,
-                          std::move(mpi));
+  if (bootstrap.rank() == 0) id = comm_nccl_unique_id();
+  bootstrap.broadcast(&id, sizeof id, 0).wait();
+  return comm_create_nccl(device, bootstrap.rank(), bootstrap.size(), bootstrap.local_rank(), id, timeout_s,
+                          std::move(keep));
 #else
+  (void)bootstrap;
+  (void)timeout_s;
+  (void)keep;
   STRATA_CHECK(false, "this strata was built without NCCL (it needs the CUDA backend and NCCL "
                "under /usr/local/cuda); use distributed.backend = \"mpi\"");
   return nullptr;

@@ -100,6 +100,12 @@ class Comm {
 // cpu. A backend this build lacks is a clear error (ErrorKind::input).
 std::unique_ptr<Comm> comm_create(const CommOptions& options);
 std::unique_ptr<Comm> comm_create_single();
+// The NCCL comm of this rank on `device` (the cuda backend): rank 0's NCCL unique id is
+// broadcast over `bootstrap` (the MPI comm), whose rank, size and node rank it takes; `keep` (may
+// be null) is kept alive with it. Throws (ErrorKind::input) when this build has no NCCL or the
+// device is not the cuda backend.
+std::unique_ptr<Comm> comm_create_nccl_over(Comm& bootstrap, Device& device, double timeout_s,
+                                            std::unique_ptr<Comm> keep = nullptr);
 // The mpi comm of this process (MPI_Init happens here, on the comm's thread). Throws when the
 // build has no MPI.
 std::unique_ptr<Comm> comm_create_mpi(double timeout_s);

@@ -57,9 +57,16 @@ Distributed::Distributed(const Recipe& rc) {
   rank_ = launch.rank;
   size_ = launch.size;
   if (rc.device_backend == "cuda" || rc.device_backend == "auto") select_gpu(launch);
-  STRATA_CHECK(rc.distributed_backend != "nccl", "distributed.backend = \"nccl\": data-parallel training reduces "
-               "gradients in host memory after their device-to-host copy, over MPI; NCCL is not wired into the "
-               "trainer yet. Use distributed.backend = \"auto\" or \"mpi\"");
+  STRATA_CHECK(rc.distributed_backend != "nccl" || rc.device_backend != "cpu", "distributed.backend = \"nccl\" "
+               "reduces gradients on GPUs: it needs device.backend = \"cuda\"; use \"mpi\" (or \"auto\") with the "
+               "cpu backend");
+  STRATA_CHECK(rc.distributed_backend != "nccl" || comm_have_nccl(), "distributed.backend = \"nccl\" but this "
+               "strata was built without NCCL (it needs the CUDA backend and NCCL under /usr/local/cuda): rebuild "
+               "with NCCL, or use \"mpi\" (gradients reduced in host memory)");
+  STRATA_CHECK(rc.distributed_backend != "nccl" || !rc.distributed_shared_host_store, "distributed.backend = "
+               "\"nccl\" with distributed.shared_host_store = true is not built: a shared store takes the host "
+               "reduction, set distributed.backend = \"mpi\" (or the store unshared)");
+  backend_ = rc.distributed_backend;
   STRATA_CHECK(!rc.distributed_shared_host_store || rc.device_backend == "cpu", "distributed.shared_host_store = "
                "true is built for the cpu backend only so far (the shared segment is not page-locked for GPU "
                "copies yet): set distributed.shared_host_store = false with device.backend = \"", rc.device_backend, "\"");
@@ -68,6 +75,7 @@ Distributed::Distributed(const Recipe& rc) {
                "distributed.shared_host_store = true shares one store between the ranks of one node, but this "
                "launch spans several nodes (", launch.size, " ranks, ", local_size ? local_size : "?", " on this "
                "node); one store per node across nodes is not built yet: set distributed.shared_host_store = false");
+  timeout_s_ = rc.distributed_timeout_s;
   comm_ = comm_create_mpi(rc.distributed_timeout_s);
   STRATA_CHECK(comm_->rank() == rank_ && comm_->size() == size_, "MPI says rank ", comm_->rank(), " of ",
                comm_->size(), " but the launcher's environment says ", rank_, " of ", size_);
@@ -75,6 +83,13 @@ Distributed::Distributed(const Recipe& rc) {
 }
 
 Distributed::~Distributed() = default;
+
+std::unique_ptr<Comm> Distributed::device_comm(Device& dev, bool shared_store) {
+  if (size_ == 1) return nullptr;
+  const bool cuda = dev.native_stream(Stream::compute) != nullptr;
+  if (backend_ == "mpi" || shared_store || !cuda || (backend_ == "auto" && !comm_have_nccl())) return nullptr;
+  return comm_create_nccl_over(*comm_, dev, timeout_s_);
+}
 
 double Distributed::sum_in_global_order(const std::vector<double>& mine) {
   const size_t k = mine.size(), n = size_t(size_);

@@ -14,8 +14,11 @@
 //
 // Data parallel (first-order): the global order of micro-batches is the single-process order
 // with gradient_accumulation_steps x N; rank r runs micro-batches r, r + N, ... of each step and
-// offload/comm_reduction.h sums the gradients so that every rank holds the gradient one process
-// would have accumulated, bit for bit; each rank then runs the same optimizer on it.
+// offload/comm_reduction.h sums the gradients in host memory (MPI) so that every rank holds the
+// gradient one process would have accumulated, bit for bit; each rank then runs the same
+// optimizer on it. On the cuda backend with NCCL (device_comm), offload/device_reduction.h
+// all-reduces each gradient on the device before its copy to the host instead (bit-identical
+// for 2 ranks with one micro-batch each per step; rounding-close otherwise).
 #pragma once
 #include <cstdio>
 #include <memory>
@@ -43,6 +46,12 @@ class Distributed {
   bool primary() const { return rank_ == 0; }
   bool data_parallel() const { return size_ > 1; }
   Comm& comm() { return *comm_; }
+  // The comm the gradients are reduced over on the device, once `dev` exists: NCCL (its unique id
+  // broadcast over comm()) with distributed.backend = "nccl", or "auto" on the cuda backend in a
+  // build with NCCL; null where they are reduced in host memory over comm() (MPI: the cpu backend,
+  // "mpi", a shared host store, a build without NCCL). The caller keeps it, and frees it before
+  // the device.
+  std::unique_ptr<Comm> device_comm(Device& dev, bool shared_store);
 
   // The sum of per-micro-batch values in the global micro-batch order, ((0 + v0) + v1) + ...,
   // where this rank holds the values of micro-batches rank, rank + N, ... (mine[j] is global
@@ -58,6 +67,8 @@ class Distributed {
 
  private:
   int rank_ = 0, size_ = 1;
+  std::string backend_ = "auto";
+  double timeout_s_ = 300;
   std::unique_ptr<Comm> comm_;
 };
 

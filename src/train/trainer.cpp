@@ -18,6 +18,7 @@
 #include "io/token_rows.h"
 #include "offload/adamw.h"
 #include "offload/comm_reduction.h"
+#include "offload/device_reduction.h"
 #include "offload/engine.h"
 #include "offload/engine_zo.h"
 #include "offload/model_io.h"
@@ -195,9 +196,10 @@ class TrainRun {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<SharedHostMemory> shared_memory_;  // distributed.shared_host_store: the store's memory
   bool shared_store_ = false;
+  std::unique_ptr<Comm> device_comm_;  // data parallel over NCCL (Distributed::device_comm), freed before dev_
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<Engine> engine_;
-  CommGradReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
+  DataParallelReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
   // How the step's micro-batches are dealt over the ranks: first order, one data group per rank;
   // zo-sgd, distributed.zo's layout (src/train/zo_step.h)
   ZoParallel zo_par_;
@@ -392,7 +394,14 @@ void TrainRun::set_up_model() {
     engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
   }
   if (dist_.data_parallel() && engine_) {  // zo-sgd reduces loss scalars only (zo_step.h)
-    auto reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_, shared_store_);
+    device_comm_ = dist_.device_comm(*dev_, shared_store_);
+    std::unique_ptr<DataParallelReduction> reduction;
+    if (device_comm_) {
+      reduction = std::make_unique<DeviceGradReduction>(*device_comm_, spec.lm_head == kAbsent, *dev_);
+      std::fprintf(stderr, "strata train: gradients all-reduced on the device over %s\n", device_comm_->name().c_str());
+    } else {
+      reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_, shared_store_);
+    }
     reduction_ = reduction.get();
     engine_->set_grad_reduction(std::move(reduction));
   }

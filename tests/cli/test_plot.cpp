@@ -327,4 +327,68 @@ TEST_CASE("strata plot: a missing dir, a dir without metrics and a broken line e
   CHECK(run_plot({}) == 2);  // usage
 }
 
+TEST_CASE("strata plot draws a data-parallel run's worker consistency from metrics.jsonl", "[plot]") {
+  // Every 2nd step carries the "workers" record distributed.diagnostics_steps = 2 writes; step 4
+  // is written twice (a resume): the last record wins, here without workers.
+  const std::string dir = plot_dir("workers");
+  std::string text;
+  for (int64_t s = 1; s <= 10; ++s) {
+    std::string line = step_line(s, std::to_string(3.0 - 0.1 * double(s)), 1e-3);
+    if (s % 2 == 0) {
+      const double loss_spread = 0.01 * double(s), norm_spread = 0.5 / double(s), cosine = s == 6 ? -0.25 : 0.9;
+      line.insert(line.size() - 2, ",\"workers\":{\"loss\":[2.5,2.6],\"grad_norm\":[1.0,1.5],\"loss_spread\":" +
+                                       std::to_string(loss_spread) + ",\"grad_norm_spread\":" +
+                                       std::to_string(norm_spread) + ",\"cosine\":" + std::to_string(cosine) + "}");
+    }
+    text += line;
+  }
+  text += step_line(4, "2.6", 1e-3);  // resumed: step 4 again, no diagnostics this time
+  write_text(dir + "/metrics.jsonl", text);
+
+  const MetricsCurves c = metrics_read_curves(dir + "/metrics.jsonl");
+  CHECK(c.worker_steps == std::vector<int64_t>{2, 6, 8, 10});
+  CHECK(c.worker_loss_spread == std::vector<double>{0.02, 0.06, 0.08, 0.1});
+  REQUIRE(c.worker_grad_norm_spread.size() == 4);
+  CHECK(c.worker_grad_norm_spread[0] == 0.25);
+  CHECK(c.worker_grad_norm_spread[1] == Approx(0.5 / 6).epsilon(1e-5));  // 6 decimals in the file
+  CHECK(c.worker_grad_norm_spread[3] == 0.05);
+  CHECK(c.worker_cosine == std::vector<double>{0.9, -0.25, 0.9, 0.9});
+
+  std::string out;
+  REQUIRE(run_plot({dir}, &out) == 0);
+  const std::string svg = read_text(dir + "/plot.svg");
+  INFO(svg);
+  CHECK(svg_problem(svg) == "");
+  for (const char* id : {"worker-loss-spread", "worker-grad-norm-spread", "worker-cosine"}) {
+    CAPTURE(id);
+    CHECK(svg.find(std::string("<g id=\"") + id + "-panel\"") != std::string::npos);
+    const auto pts = polyline_points(svg, id);
+    REQUIRE(pts.size() == 4);
+    for (size_t i = 1; i < pts.size(); ++i) CHECK(pts[i].first > pts[i - 1].first);
+    // the same x as the loss curve's points of those steps
+    const auto loss = polyline_points(svg, "loss-raw");
+    CHECK(pts[0].first == Approx(loss[1].first));
+    CHECK(pts[3].first == Approx(loss[9].first));
+  }
+  const auto spread = polyline_points(svg, "worker-loss-spread");  // growing spread: y goes up
+  CHECK(spread[3].second < spread[0].second);
+  const auto cosine = polyline_points(svg, "worker-cosine");
+  CHECK(cosine[1].second > cosine[0].second);  // the dip at step 6 sits lower
+  CHECK(cosine[0].second == Approx(cosine[2].second));
+  // the cosine axis covers [-0.25, 1] at least; the page grew by three panels
+  const auto ticks = group_texts(svg, "worker-cosine-y-ticks");
+  REQUIRE(!ticks.empty());
+  CHECK(std::stod(ticks.front()) <= -0.25);
+  CHECK(std::stod(ticks.back()) >= 1.0);
+  CHECK(svg.find("height=\"" + std::to_string(690 + 3 * (50 + 146)) + "\"") != std::string::npos);
+
+  // A run without diagnostics draws no worker panel.
+  MetricsCurves p;
+  p.steps = c.steps;
+  p.loss = c.loss;
+  p.lr = c.lr;
+  const std::string plain = svg_plot_training(p, "plain");
+  CHECK(plain.find("worker-cosine") == std::string::npos);
+}
+
 }  // namespace strata

@@ -8,8 +8,8 @@
 #               check can fail)
 #   resume      saved with 2 ranks, resumed with 1 (and 1 -> 2): bit-identical to the straight run
 #   shared      distributed.shared_host_store = true: the same bit-identities (2x1, 3x2, resume 1 -> 2),
-#               nothing left in /dev/shm, and the second rank adds no second store to host memory
-#               (summed PSS; separate stores use more than 150%, so the measure can tell)
+#               nothing left in /dev/shm, and 2 ranks use at most 110% of one process's host memory
+#               (summed PSS, on a model whose store dominates)
 #   killed      rank 1 killed mid-run: the job exits non-zero naming rank 1 within the timeout,
 #               the newest checkpoint is complete, and `--resume auto` on one rank finishes
 #   hung        rank 1 stopped (SIGSTOP): rank 0 exits non-zero after distributed.timeout naming it
@@ -129,17 +129,22 @@ shared)
   same "$work/ref" "$work/b" 4 "shared store: saved by 1 process, resumed by 2 ranks"
   [ -z "$(ls /dev/shm | grep '^strata-')" ] || fail "a shared store was left in /dev/shm: $(ls /dev/shm | grep '^strata-')"
   # host memory: the summed proportional set size (PSS: shared pages split between the processes
-  # that map them) of 2 ranks sharing a store, against one process, on a model whose store
-  # (~50M parameters, ~1 GB) dwarfs the rest; sampled every 0.2 s, the peak compared
+  # that map them) of the 2 ranks sharing a store (not the launcher), against one process, on a
+  # model whose store (~155M parameters, 48 layers: ~1.75 GB of f32 weights, gradients and
+  # moments) dwarfs what each process needs for itself (~55 MB: code and libraries, the CPU
+  # device's arena of two layers' weight and gradient slots, pinned staging, tokenized data; and
+  # under mpirun OpenMPI's own buffers); sampled every 0.2 s, the peak compared. Issue 16 asks
+  # for 2 ranks within 110% of one process; a second store would be ~190%.
   sed -e 's/"hidden_size": 128/"hidden_size": 512/' -e 's/"intermediate_size": 352/"intermediate_size": 1408/' \
-      -e 's/"num_hidden_layers": 4/"num_hidden_layers": 16/' "$here/recipes/quickstart/config.json" >"$work/big.json"
-  big="model.config=$work/big.json train.micro_batch_size=1 train.max_steps=2 data.sequence_len=64"
+      -e 's/"num_hidden_layers": 4/"num_hidden_layers": 48/' "$here/recipes/quickstart/config.json" >"$work/big.json"
+  big="model.config=$work/big.json train.micro_batch_size=1 train.max_steps=2 data.sequence_len=64 distributed.timeout=120"
   recipe="$here/recipes/quickstart.toml"
-  peak_pss() {  # peak_pss OUTDIR: the peak of the summed PSS (kB) of the processes writing OUTDIR
-    local peak=0 sum
+  peak_pss() {  # peak_pss PID OUTDIR: the peak of the summed PSS (kB) of the strata processes writing OUTDIR
+    local peak=0 sum p v
     while kill -0 "$1" 2>/dev/null; do
       sum=0
       for p in $(pgrep -f "checkpoint.output_dir=$2"); do
+        case "$(readlink "/proc/$p/exe" 2>/dev/null)" in */strata) ;; *) continue ;; esac  # not mpirun
         v=$(awk '/^Pss:/ {print $2}' /proc/$p/smaps_rollup 2>/dev/null); sum=$((sum + ${v:-0}))
       done
       [ $sum -gt $peak ] && peak=$sum
@@ -152,18 +157,11 @@ shared)
   mpirun -np 2 "$strata" train "$recipe" $common $big train.gradient_accumulation_steps=1 $sh \
     checkpoint.output_dir="$work/m2" >"$work/m2.log" 2>&1 &
   two=$(peak_pss $! "$work/m2")
-  mpirun -np 2 "$strata" train "$recipe" $common $big train.gradient_accumulation_steps=1 \
-    checkpoint.output_dir="$work/m3" >"$work/m3.log" 2>&1 &
-  separate=$(peak_pss $! "$work/m3")
-  echo "host memory (peak summed PSS): 1 process $((one / 1024)) MiB; 2 ranks sharing a store $((two / 1024)) MiB; 2 ranks with separate stores $((separate / 1024)) MiB"
-  cmp -s "$work/m1/final/model.safetensors" "$work/m2/final/model.safetensors" || fail "the large model differs"
-  # one process = store + its own rest (R); separate stores = 2 (store + R); shared = store + 2 R.
-  # Sharing holds when the second rank adds no second store: two - one (= R) is at most half of
-  # separate - one (= store + R). (Issue 16 asks for two <= 110% of one, which needs the store to
-  # be ~10x a process's own memory; this model's f32 store, the master now being the working
-  # copy, is ~2.3x it: measured 126%, reported above.)
-  [ $one -gt 0 ] && [ $(( (two - one) * 2 )) -le $((separate - one)) ] || fail "2 ranks sharing a store hold a second store"
-  [ $((separate * 10)) -gt $((one * 15)) ] || fail "separate stores did not grow: the measurement cannot tell"
+  echo "host memory (peak summed PSS): 1 process $((one / 1024)) MiB; 2 ranks sharing a store $((two / 1024)) MiB" \
+    "($((two * 1000 / (one > 0 ? one : 1) / 10)).$((two * 1000 / (one > 0 ? one : 1) % 10))% of one process)"
+  cmp -s "$work/m1/final/model.safetensors" "$work/m2/final/model.safetensors" || { tail -5 "$work/m2.log"; fail "the large model differs"; }
+  [ $one -gt 1000000 ] || fail "one process peaked at $one kB: the measurement missed it"
+  [ $((two * 100)) -le $((one * 110)) ] || fail "2 ranks sharing a store use more than 110% of one process's memory"
   ;;
 killed|hung)
   out="$work/f"
