@@ -306,7 +306,9 @@ int cmd_generate(const std::vector<std::string>& args) {
   const size_t L = spec.layers.size(), kv_dev = std::min(L, gen.placement().kv_device_layers);
   const std::string kv = kv_dev == L ? std::string("on the device")
                                      : str_cat(kv_dev, " of ", L, " layers on the device, the rest in ",
-                                               format_bytes(gen.kv_host_bytes()), " of host memory");
+                                               format_bytes(gen.kv_host_bytes()), " of host memory (",
+                                               format_bytes(st.kv_h2d_bytes), " uploaded, ",
+                                               format_bytes(st.kv_d2h_bytes), " written back)");
   std::fprintf(stderr,
                "strata generate: %zu requests, batch %lld, weights %s, KV cache %s; host store %s; prefill %lld "
                "tokens in %.3f s (%.1f tokens/s), decode %lld tokens in %.3f s (%.1f tokens/s)\n",
