@@ -384,17 +384,13 @@ void SafetensorsDir::release(std::string_view name) const {
   files_[l->file].release(*l->entry);
 }
 
-void SafetensorsDir::read(std::string_view name, DType dst_type, void* dst) const {
-  const Loc* l = locate(name);
-  STRATA_CHECK(l, "tensor '", name, "' is not in model directory ", dir_);
-  const SafetensorsEntry& e = *l->entry;
+void SafetensorsFile::read(const SafetensorsEntry& e, DType dst_type, void* dst) const {
   auto is_float = [](DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; };
-  STRATA_CHECK(e.dtype == dst_type || (is_float(e.dtype) && is_float(dst_type)), "tensor '", name, "' in ",
-               files_[l->file].path(), " is ", dtype_safetensors_name(e.dtype), " and cannot be read as ",
-               dtype_name(dst_type));
+  STRATA_CHECK(e.dtype == dst_type || (is_float(e.dtype) && is_float(dst_type)), "tensor '", e.name, "' in ", path_,
+               " is ", dtype_safetensors_name(e.dtype), " and cannot be read as ", dtype_name(dst_type));
   const size_t n = size_t(e.numel());
   if (n == 0) return;
-  const char* src = static_cast<const char*>(files_[l->file].data(e));
+  const char* src = static_cast<const char*>(data(e));
   const size_t es = dtype_size(e.dtype);
   if (e.dtype == dst_type || reinterpret_cast<uintptr_t>(src) % es == 0) {
     dtype_convert(dst, dst_type, src, e.dtype, n);
@@ -409,6 +405,12 @@ void SafetensorsDir::read(std::string_view name, DType dst_type, void* dst) cons
     std::memcpy(bounce, src + i * es, k * es);
     dtype_convert(out + i * dtype_size(dst_type), dst_type, bounce, e.dtype, k);
   }
+}
+
+void SafetensorsDir::read(std::string_view name, DType dst_type, void* dst) const {
+  const Loc* l = locate(name);
+  STRATA_CHECK(l, "tensor '", name, "' is not in model directory ", dir_);
+  files_[l->file].read(*l->entry, dst_type, dst);
 }
 
 void safetensors_check_tensors(const SafetensorsDir& dir, const std::vector<ExpectedTensor>& expected,

@@ -40,6 +40,9 @@ class SafetensorsFile {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // sorted by begin
   const SafetensorsEntry* find(std::string_view name) const;                 // null if absent
   const void* data(const SafetensorsEntry& e) const;  // may be unaligned for e.dtype
+  // Copies e into dst (numel elements of dst_type): F32/BF16/F16 convert to f32/bf16/f16, other
+  // dtypes only copy to the same type; throws (input) otherwise.
+  void read(const SafetensorsEntry& e, DType dst_type, void* dst) const;
   // Drops the mapped pages of e's bytes from this process's resident set once they were read
   // (they stay in the page cache; touching them again reads them back). Loading a model tensor
   // by tensor then holds one tensor's pages at a time, not the whole file.

@@ -26,12 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-size_t layer_slot_bytes(const HostStore& store) {
-  size_t m = 0;
-  for (size_t l = 0; l < store.spec().layers.size(); ++l) m = std::max(m, store.layer_group(l).working_bytes);
-  return m;
-}
-
 int64_t head_rows_of(const ModelSpec& spec) { return std::min<int64_t>(kHeadChunkRows, spec.config.vocab_size); }
 
 LayerDims dims_of(const ModelSpec& spec, int64_t B, int64_t T) {
@@ -48,14 +42,20 @@ struct DeviceRow {
   const char* name;
 };
 
+size_t kv_layer_bytes(const ModelSpec& spec, const GeneratorShape& shape) {  // one of k, v: (B, Tcap, Hk, D) f32
+  const ModelConfig& c = spec.config;
+  return size_t(shape.max_batch * shape.max_context * c.num_key_value_heads * c.head_dim) * 4;
+}
+
 std::vector<DeviceRow> device_rows(const ModelSpec& spec, const GeneratorShape& shape, size_t layer_bytes,
-                                   bool resident) {
+                                   const GeneratorPlacement& placement) {
+  const bool resident = placement.weights_resident;
   const LayerDims d = dims_of(spec, shape.max_batch, shape.max_prompt);
-  const int64_t N = d.N(), C = d.C, KD = d.Hk * d.D, B = shape.max_batch, R = head_rows_of(spec);
+  const int64_t N = d.N(), C = d.C, B = shape.max_batch, R = head_rows_of(spec);
   const int64_t V = spec.config.vocab_size, chunks = (V + R - 1) / R;
   const size_t L = size_t(spec.config.num_hidden_layers);
   const size_t row_bytes = size_t(C) * dtype_size(spec.matrix_dtype);
-  const size_t kv_bytes = size_t(B * shape.max_context * KD) * 4;
+  const size_t kv_bytes = kv_layer_bytes(spec, shape);
   std::vector<DeviceRow> rows = {
       {layer_forward_workspace_bytes(d), "gen.workspace"},
       {size_t(N * C) * 4, "gen.x_a"},
@@ -70,7 +70,9 @@ std::vector<DeviceRow> device_rows(const ModelSpec& spec, const GeneratorShape& 
       {size_t(B * C) * 2, "gen.hn_bf16"},
       {size_t(B * R) * 4, "gen.logits"},
   };
-  for (size_t l = 0; l < L; ++l) rows.push_back({kv_bytes, "gen.k_cache"}), rows.push_back({kv_bytes, "gen.v_cache"});
+  const size_t kv_device = std::min(placement.kv_device_layers, L), kv_slots = std::min<size_t>(2, L - kv_device);
+  for (size_t l = 0; l < kv_device; ++l) rows.push_back({kv_bytes, "gen.k_cache"}), rows.push_back({kv_bytes, "gen.v_cache"});
+  for (size_t s = 0; s < kv_slots; ++s) rows.push_back({kv_bytes, "gen.k_slot"}), rows.push_back({kv_bytes, "gen.v_slot"});
   const size_t weight_slots = resident ? L : std::min<size_t>(2, L);
   for (size_t s = 0; s < weight_slots; ++s) rows.push_back({layer_bytes, "gen.weight_slot"});
   const size_t head_slots = resident ? size_t(chunks) : std::min<size_t>(2, size_t(chunks));
@@ -94,19 +96,69 @@ struct Generator::Buffers {
   int32_t *pos = nullptr, *start = nullptr;
   float *last = nullptr, *hn = nullptr, *rstd = nullptr, *logits = nullptr;
   bf16* hn_bf16 = nullptr;
-  std::vector<float*> k_cache, v_cache;  // per layer (B, Tcap, Hk, D)
+  std::vector<float*> k_cache, v_cache;  // per device layer (B, Tcap, Hk, D)
+  std::vector<float*> k_slot, v_slot;    // the spilled layers' device cache slots, (B, Tcap, Hk, D) each
+  std::vector<float*> k_host, v_host;    // per spilled layer (B, Tcap, Hk, D), pinned host
   std::vector<char*> weight_slots, head_slots;
   std::optional<WeightStream> layers, head;  // streaming through them (resident: a slot per block)
+  std::vector<std::unique_ptr<Event>> kv_loaded, kv_free;  // the spilled layers' cache slots
   std::vector<float> x_host;  // (N, C) the embedding gathered on the host
 };
 
 // ---- sizes and set-up --------------------------------------------------------------------------
 
-size_t Generator::device_bytes(const ModelSpec& spec, const GeneratorShape& shape, bool resident) {
+namespace {
+
+size_t max_layer_bytes(const ModelSpec& spec) {
   const HostStoreLayout layout = HostStore::layout(spec);
   size_t layer_bytes = 0;
   for (size_t l = 0; l < spec.layers.size(); ++l) layer_bytes = std::max(layer_bytes, layout.groups[1 + l].working_bytes);
-  return rows_footprint(device_rows(spec, shape, layer_bytes, resident));
+  return layer_bytes;
+}
+
+// The placements worth considering: weights resident or streamed, times every layer's cache on
+// the device or n of them with the rest through two slots (n <= L - 3: otherwise the slots take
+// as much as the caches they replace).
+std::vector<GeneratorPlacement> placement_candidates(size_t L) {
+  std::vector<GeneratorPlacement> c;
+  for (const bool resident : {true, false}) {
+    c.push_back({resident, L});
+    for (size_t n = L >= 3 ? L - 3 + 1 : 0; n-- > 0;) c.push_back({resident, n});
+  }
+  return c;
+}
+
+}  // namespace
+
+size_t Generator::device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorPlacement& placement) {
+  return rows_footprint(device_rows(spec, shape, max_layer_bytes(spec), placement));
+}
+
+size_t Generator::device_bytes(const ModelSpec& spec, const GeneratorShape& shape, bool resident) {
+  return device_bytes(spec, shape, GeneratorPlacement{resident, spec.layers.size()});
+}
+
+size_t Generator::min_device_bytes(const ModelSpec& spec, const GeneratorShape& shape) {
+  size_t least = SIZE_MAX;
+  for (const GeneratorPlacement& p : placement_candidates(spec.layers.size()))
+    least = std::min(least, device_bytes(spec, shape, p));
+  return least;
+}
+
+bool Generator::choose_placement(const ModelSpec& spec, const GeneratorShape& shape, size_t budget_bytes,
+                                 GeneratorPlacement* placement) {
+  const size_t L = spec.layers.size(), layer_bytes = max_layer_bytes(spec);
+  const size_t kv_bytes = kv_layer_bytes(spec, shape);
+  bool found = false;
+  double best = 0;
+  for (const GeneratorPlacement& p : placement_candidates(L)) {
+    if (device_bytes(spec, shape, p) > budget_bytes) continue;
+    // link bytes per decoded token at full length: streamed weights, spilled caches in and out
+    const double moved = (p.weights_resident ? 0.0 : double(L) * double(layer_bytes)) +
+                         double(L - p.kv_device_layers) * 2.0 * double(kv_bytes);
+    if (!found || moved < best) found = true, best = moved, *placement = p;
+  }
+  return found;
 }
 
 Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape)
@@ -119,22 +171,22 @@ Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape)
   head_chunks_ = size_t((V_ + head_rows_ - 1) / head_rows_);
   dims_ = dims_of(spec, shape.max_batch, shape.max_prompt);
   const size_t left = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
-  const size_t layer_bytes = layer_slot_bytes(store);
-  const size_t resident_need = rows_footprint(device_rows(spec, shape, layer_bytes, true));
-  const size_t stream_need = rows_footprint(device_rows(spec, shape, layer_bytes, false));
-  STRATA_CHECK_BUDGET(stream_need <= left, "generation needs ", format_bytes(stream_need),
-                      " of device memory (weights streamed through two slots, a KV cache of ", shape.max_batch,
-                      " rows x ", shape.max_context, " positions), the budget leaves ", format_bytes(left),
+  GeneratorPlacement placement;
+  const bool fits = choose_placement(spec, shape, left, &placement);
+  STRATA_CHECK_BUDGET(fits, "generation needs ", format_bytes(min_device_bytes(spec, shape)),
+                      " of device memory (weights streamed through two slots, the KV cache of ", shape.max_batch,
+                      " rows x ", shape.max_context, " positions spilled to host memory through two layer slots), "
+                      "the budget leaves ", format_bytes(left),
                       ": raise --device-memory, or lower --max-new-tokens, --batch-size or the prompt length");
-  allocate(resident_need <= left);
+  allocate(placement);
 }
 
-void Generator::allocate(bool resident) {
-  resident_ = resident;
+void Generator::allocate(const GeneratorPlacement& placement) {
+  placement_ = placement;
   buf_ = std::make_unique<Buffers>();
   Buffers& b = *buf_;
   const ModelSpec& spec = store_.spec();
-  const std::vector<DeviceRow> rows = device_rows(spec, shape_, layer_slot_bytes(store_), resident);
+  const std::vector<DeviceRow> rows = device_rows(spec, shape_, max_layer_bytes(spec), placement);
   try {
     size_t i = 0;
     auto next = [&]() -> void* {
@@ -155,12 +207,22 @@ void Generator::allocate(bool resident) {
     b.rstd = static_cast<float*>(next());
     b.hn_bf16 = static_cast<bf16*>(next());
     b.logits = static_cast<float*>(next());
-    for (size_t l = 0; l < L_; ++l) {
+    auto named = [&](const char* name) { return i < rows.size() && std::string(rows[i].name) == name; };
+    while (named("gen.k_cache")) {
       b.k_cache.push_back(static_cast<float*>(next()));
       b.v_cache.push_back(static_cast<float*>(next()));
     }
-    while (i < rows.size() && std::string(rows[i].name) == "gen.weight_slot") b.weight_slots.push_back(static_cast<char*>(next()));
+    while (named("gen.k_slot")) {
+      b.k_slot.push_back(static_cast<float*>(next()));
+      b.v_slot.push_back(static_cast<float*>(next()));
+    }
+    while (named("gen.weight_slot")) b.weight_slots.push_back(static_cast<char*>(next()));
     while (i < rows.size()) b.head_slots.push_back(static_cast<char*>(next()));
+    const size_t kv_bytes = kv_layer_bytes(spec, shape_);
+    for (size_t l = placement.kv_device_layers; l < L_; ++l) {  // the spilled layers' caches, pinned host
+      b.k_host.push_back(static_cast<float*>(dev_.alloc_pinned(kv_bytes)));
+      b.v_host.push_back(static_cast<float*>(dev_.alloc_pinned(kv_bytes)));
+    }
   } catch (...) {
     release();
     throw;
@@ -172,6 +234,8 @@ void Generator::allocate(bool resident) {
   dev_.copy_h2d(b.final_norm, store_.working_of(size_t(spec.final_norm)), norm.bytes(), Stream::compute);
   b.layers.emplace(dev_, b.weight_slots);
   b.head.emplace(dev_, b.head_slots);
+  for (size_t s = 0; s < b.k_slot.size(); ++s)
+    b.kv_loaded.push_back(dev_.event_create()), b.kv_free.push_back(dev_.event_create());
   b.x_host.resize(size_t(dims_.N() * dims_.C));
   dev_.stream_synchronize(Stream::compute);
 }
@@ -180,6 +244,13 @@ void Generator::release() {
   if (!buf_) return;
   for (auto it = buf_->owned.rbegin(); it != buf_->owned.rend(); ++it) dev_.free(*it);
   buf_->owned.clear();
+  for (float* p : buf_->k_host) dev_.free_pinned(p);
+  for (float* p : buf_->v_host) dev_.free_pinned(p);
+  buf_->k_host.clear(), buf_->v_host.clear();
+}
+
+size_t Generator::kv_host_bytes() const {
+  return (L_ - std::min(L_, placement_.kv_device_layers)) * 2 * kv_layer_bytes(store_.spec(), shape_);
 }
 
 Generator::~Generator() {
@@ -231,12 +302,18 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
     const LayerWeights w = ensure_layer(i);
     if (prefill) {
       layer_forward(dev_, y, x, w, ctx, b.ws, dims_, s);
-      for (int64_t r = 0; r < B; ++r) {  // keys (after norm and RoPE) and values into the cache
-        const size_t dst = size_t(r * shape_.max_context * KD), src = size_t(r * T * KD), bytes = size_t(T * KD) * 4;
-        dev_.copy_d2d(b.k_cache[i] + dst, b.ws.k + src, bytes, s);
-        dev_.copy_d2d(b.v_cache[i] + dst, b.ws.v + src, bytes, s);
+      // keys (after norm and RoPE) and values into the cache: on the device, or the host's
+      if (kv_spilled(i)) {
+        kv_write_back(i, b.ws.k, b.ws.v, start, B, T);
+      } else {
+        for (int64_t r = 0; r < B; ++r) {
+          const size_t dst = size_t(r * shape_.max_context * KD), src = size_t(r * T * KD), bytes = size_t(T * KD) * 4;
+          dev_.copy_d2d(b.k_cache[i] + dst, b.ws.k + src, bytes, s);
+          dev_.copy_d2d(b.v_cache[i] + dst, b.ws.v + src, bytes, s);
+        }
       }
     } else {
+      if (kv_spilled(i)) kv_upload(i, start, B);
       decode_layer(i, y, x, w, B, start);
     }
     b.layers->release(i);
@@ -254,15 +331,62 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
   const Stream s = Stream::compute;
   const int64_t KD = dims_.Hk * dims_.D;
   layer_forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, ws, dims_, s);
+  const auto [k_cache, v_cache] = kv_cache(layer);
   for (int64_t r = 0; r < B; ++r) {
     const size_t dst = size_t((r * shape_.max_context + start[size_t(r)]) * KD);
-    dev_.copy_d2d(b.k_cache[layer] + dst, ws.k + r * KD, size_t(KD) * 4, s);
-    dev_.copy_d2d(b.v_cache[layer] + dst, ws.v + r * KD, size_t(KD) * 4, s);
+    dev_.copy_d2d(k_cache + dst, ws.k + r * KD, size_t(KD) * 4, s);
+    dev_.copy_d2d(v_cache + dst, ws.v + r * KD, size_t(KD) * 4, s);
   }
   const float scale = 1.0f / std::sqrt(float(dims_.D));
-  dev_.attention_cached_forward(ws.attn, ws.q, b.k_cache[layer], b.v_cache[layer], b.start, B, 1, shape_.max_context,
-                                dims_.H, dims_.Hk, dims_.D, scale, s);
+  dev_.attention_cached_forward(ws.attn, ws.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
+                                dims_.D, scale, s);
+  if (kv_spilled(layer)) {  // the new position to the host; then the slot may take the next layer
+    kv_write_back(layer, ws.k, ws.v, start, B, 1);
+    dev_.event_record(*b.kv_free[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);
+  }
   layer_forward_from_attention(dev_, out, x, w, ws, dims_, s);
+}
+
+// ---- the spilled KV cache ------------------------------------------------------------------------
+
+std::pair<float*, float*> Generator::kv_cache(size_t layer) {
+  Buffers& b = *buf_;
+  if (!kv_spilled(layer)) return {b.k_cache[layer], b.v_cache[layer]};
+  const size_t s = (layer - placement_.kv_device_layers) % b.k_slot.size();
+  return {b.k_slot[s], b.v_slot[s]};
+}
+
+// Rows' cached positions [0, start[r]) of a spilled layer into its slot, on the h2d stream once
+// the slot's previous layer is done with it; the compute stream waits for them.
+void Generator::kv_upload(size_t layer, const std::vector<int32_t>& start, int64_t B) {
+  Buffers& b = *buf_;
+  const size_t j = layer - placement_.kv_device_layers, s = j % b.k_slot.size();
+  const int64_t KD = dims_.Hk * dims_.D;
+  dev_.stream_wait_event(Stream::h2d, *b.kv_free[s]);
+  for (int64_t r = 0; r < B; ++r) {
+    const size_t at = size_t(r * shape_.max_context * KD), bytes = size_t(start[size_t(r)] * KD) * 4;
+    if (bytes == 0) continue;
+    dev_.copy_h2d(b.k_slot[s] + at, b.k_host[j] + at, bytes, Stream::h2d);
+    dev_.copy_h2d(b.v_slot[s] + at, b.v_host[j] + at, bytes, Stream::h2d);
+    stats_.kv_h2d_bytes += 2 * bytes;
+  }
+  dev_.event_record(*b.kv_loaded[s], Stream::h2d);
+  dev_.stream_wait_event(Stream::compute, *b.kv_loaded[s]);
+}
+
+// k, v (B, T, Hk, D) on the device: row r's T positions go to the host cache at start[r], on the
+// compute stream (they follow the kernels that made them; the pass ends with a synchronize).
+void Generator::kv_write_back(size_t layer, const float* k, const float* v, const std::vector<int32_t>& start,
+                              int64_t B, int64_t T) {
+  Buffers& b = *buf_;
+  const size_t j = layer - placement_.kv_device_layers;
+  const int64_t KD = dims_.Hk * dims_.D;
+  for (int64_t r = 0; r < B; ++r) {
+    const size_t dst = size_t((r * shape_.max_context + start[size_t(r)]) * KD), bytes = size_t(T * KD) * 4;
+    dev_.copy_d2h(b.k_host[j] + dst, k + r * T * KD, bytes, Stream::compute);
+    dev_.copy_d2h(b.v_host[j] + dst, v + r * T * KD, bytes, Stream::compute);
+    stats_.kv_d2h_bytes += 2 * bytes;
+  }
 }
 
 // The final norm and lm_head on row r's position last_index[r] of x_a; logits_ (B, V) on the host.

@@ -1,8 +1,16 @@
 // The generation engine behind `strata generate`: a forward-only pass streamed like training
-// (DESIGN §3), with a KV cache on the device.
+// (DESIGN §3), with a KV cache within the device budget.
 //   - weights: every layer resident when the budget holds them beside the cache (uploaded once),
 //     else two device slots, layer i+1 copied in on the h2d stream while layer i computes; the
 //     lm_head likewise, in chunks of vocab rows (kHeadChunkRows), resident or through two slots.
+//   - KV cache: each layer's keys and values (B, Tcap, Hk, D) on the device while they fit; when
+//     they do not (long contexts, many rows), the caches of the last layers live in pinned host
+//     memory and pass through two device cache slots like the weights: before layer i attends,
+//     its cached positions (each row's [0, start)) are copied in on the h2d stream, and the new
+//     position's key and value go back to the host after it. The attention reads the same
+//     numbers in the same layout either way, so the tokens are identical; the price is link
+//     traffic of 2 x rows x length x Hk x D x 4 bytes per spilled layer per decoded token.
+//     GeneratorPlacement says which; the constructor picks the fitting one that moves fewest bytes.
 //   - prefill: the prompts of a batch, right-padded to the longest, in one pass per layer through
 //     layer_forward (the training forward); each layer's keys and values (after the k norm and
 //     RoPE) are copied into its cache rows. A padded position writes cache entries that are never
@@ -19,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/decoder_layer.h"
@@ -49,13 +58,29 @@ struct GenerateResult {
 
 struct GenerateStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;  // real (unpadded) tokens processed
+  uint64_t kv_h2d_bytes = 0, kv_d2h_bytes = 0;     // spilled KV cache traffic
   double prefill_s = 0, decode_s = 0;
+};
+
+// Where the weights and the KV cache live on the device.
+struct GeneratorPlacement {
+  bool weights_resident = true;  // false: two weight slots
+  size_t kv_device_layers = 0;   // layers [0, n) keep their cache on the device; the rest spill
+                                 // to pinned host memory through min(2, L - n) device cache slots
 };
 
 class Generator {
  public:
-  // Device bytes the generator allocates for `shape` (weights resident or in two slots).
+  // Device bytes the generator allocates for `shape` with `placement`.
+  static size_t device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorPlacement& placement);
+  // Every layer's cache on the device; weights resident or in two slots.
   static size_t device_bytes(const ModelSpec& spec, const GeneratorShape& shape, bool resident);
+  // The least any placement needs (weights streamed, the KV cache spilled as far as that saves).
+  static size_t min_device_bytes(const ModelSpec& spec, const GeneratorShape& shape);
+  // Of the placements that fit in `budget_bytes`, the one moving fewest bytes over the link per
+  // decoded token (ties: more cache on the device); false when none fits.
+  static bool choose_placement(const ModelSpec& spec, const GeneratorShape& shape, size_t budget_bytes,
+                               GeneratorPlacement* placement);
 
   // Allocates from dev's budget: resident weights when they fit, else streamed; throws a budget
   // error (exit 3) when even streamed weights and the cache do not fit.
@@ -71,12 +96,14 @@ class Generator {
                                        const SamplingOptions& options, uint64_t first_request,
                                        const std::function<void(size_t, int32_t)>& on_token = {});
 
-  bool weights_resident() const { return resident_; }
+  bool weights_resident() const { return placement_.weights_resident; }
+  const GeneratorPlacement& placement() const { return placement_; }
+  size_t kv_host_bytes() const;  // pinned host memory of the spilled layers' caches
   const GenerateStats& stats() const { return stats_; }
 
  private:
   struct Buffers;
-  void allocate(bool resident);
+  void allocate(const GeneratorPlacement& placement);
   void release();
   LayerWeights ensure_layer(size_t layer);
   const void* ensure_head_chunk(size_t chunk);
@@ -85,6 +112,14 @@ class Generator {
                     bool prefill);
   void decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
                     const std::vector<int32_t>& start);
+  // The KV cache of a layer: on the device, or a spilled layer's (uploaded into its cache slot
+  // for a decode pass: positions [0, start[r]) of each row).
+  bool kv_spilled(size_t layer) const { return layer >= placement_.kv_device_layers; }
+  std::pair<float*, float*> kv_cache(size_t layer);
+  void kv_upload(size_t layer, const std::vector<int32_t>& start, int64_t B);
+  // After a spilled layer ran: its new positions [start[r], start[r] + T) go back to the host.
+  void kv_write_back(size_t layer, const float* k, const float* v, const std::vector<int32_t>& start, int64_t B,
+                     int64_t T);
   // logits (B, V) on the host of row b's position last[b] of the pass output.
   void head(const std::vector<int64_t>& last_index, int64_t B);
 
@@ -95,7 +130,7 @@ class Generator {
   size_t L_ = 0;
   int64_t V_ = 0, head_rows_ = 0;
   size_t head_chunks_ = 0;
-  bool resident_ = false;
+  GeneratorPlacement placement_;
   std::unique_ptr<Buffers> buf_;
   std::vector<float> logits_;         // (B, V) host
   std::vector<int32_t> pos_host_, start_host_;

@@ -12,7 +12,7 @@
 
 namespace strata {
 
-void model_load_weights(HostStore& store, const std::string& dir) {
+void model_load_weights(HostStore& store, const std::string& dir, const LoraAdapter* adapter) {
   const ModelSpec& spec = store.spec();
   SafetensorsDir st = SafetensorsDir::open(dir);
   safetensors_check_tensors(st, spec.expected_tensors(),
@@ -24,6 +24,7 @@ void model_load_weights(HostStore& store, const std::string& dir) {
     buf.resize(size_t(r.numel()));
     st.read(r.name, DType::f32, buf.data());
     st.release(r.name);  // one tensor's file pages resident at a time (offload/placement_plan.h counts it)
+    if (adapter) lora_adapter_merge_row(*adapter, i, buf.data());
     store.set_param(i, buf.data());
   }
 }

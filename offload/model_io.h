@@ -4,13 +4,16 @@
 #include <cstdint>
 #include <string>
 
+#include "models/lora_adapter.h"
 #include "offload/host_store.h"
 
 namespace strata {
 
 // Reads every parameter from dir (any of F32/BF16/F16 on disk) into the store (master and
 // working copy). Missing, unexpected or misshapen tensors are one error listing them all.
-void model_load_weights(HostStore& store, const std::string& dir);
+// With an adapter (models/lora_adapter.h), each adapted weight is merged in f32 as it is read
+// and rounded once to the store's dtypes.
+void model_load_weights(HostStore& store, const std::string& dir, const LoraAdapter* adapter = nullptr);
 
 // Initialises weights from a seed the way HF does for a fresh model: matrices N(0, std),
 // norms 1, biases 0. Deterministic for a seed; one generator per tensor.

@@ -115,15 +115,29 @@ struct LoadedModel {
   std::unique_ptr<HostStore> store;
 };
 
-LoadedModel load_model(const std::string& model_dir, const ModelConfig& cfg, const std::string& backend,
-                       const std::string& memory, const std::string& dtype_name) {
+struct ModelSource {
+  std::string model_dir, adapter_dir;  // adapter_dir: a PEFT LoRA adapter merged at load ("" = none)
+  std::string backend, memory, dtype_name;
+};
+
+// The device and a weights-only host store (no master, moments or gradients: nothing trains),
+// the adapter, when given, merged into the weights as they are read.
+LoadedModel load_model(const ModelSource& src, const ModelConfig& cfg) {
+  const ModelSpec spec = model_spec_build(cfg, dtype_parse(src.dtype_name));
+  std::unique_ptr<LoraAdapter> adapter;
+  if (!src.adapter_dir.empty()) adapter = std::make_unique<LoraAdapter>(lora_adapter_read(src.adapter_dir, spec));
   DeviceOptions dopt;
-  dopt.backend = backend;
-  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+  dopt.backend = src.backend;
+  dopt.memory_bytes = parse_bytes(src.memory, "--device-memory");
   LoadedModel m;
   m.dev = device_create(dopt);
-  m.store = std::make_unique<HostStore>(*m.dev, model_spec_build(cfg, dtype_parse(dtype_name)));
-  model_load_weights(*m.store, model_dir);
+  HostStoreOptions hopt;
+  hopt.weights_only = true;
+  m.store = std::make_unique<HostStore>(*m.dev, spec, hopt);
+  model_load_weights(*m.store, src.model_dir, adapter.get());
+  if (adapter)
+    std::fprintf(stderr, "strata generate: merged LoRA adapter %s (%zu modules, r %lld, lora_alpha %g)\n",
+                 src.adapter_dir.c_str(), adapter->pairs.size(), (long long)adapter->r, adapter->lora_alpha);
   return m;
 }
 
@@ -131,12 +145,11 @@ LoadedModel load_model(const std::string& model_dir, const ModelConfig& cfg, con
 // "/reset", starts over); the whole conversation is rendered with the chat template and the
 // reply is printed token by token as it comes, then kept as the assistant's turn. On a terminal
 // a "> " prompt goes to stderr. A conversation longer than --max-context starts over (said).
-int generate_chat(const std::string& model_dir, const ModelConfig& cfg, const TextEncoder& enc, SamplingOptions so,
-                  const std::string& backend, const std::string& memory, const std::string& dtype_name,
+int generate_chat(const ModelSource& src, const ModelConfig& cfg, const TextEncoder& enc, SamplingOptions so,
                   int64_t max_context) {
   STRATA_CHECK(max_context > so.max_new_tokens, "--max-context (", max_context, ") must exceed --max-new-tokens (",
                so.max_new_tokens, ")");
-  LoadedModel m = load_model(model_dir, cfg, backend, memory, dtype_name);
+  LoadedModel m = load_model(src, cfg);
   Generator gen(*m.dev, *m.store, GeneratorShape{1, max_context - so.max_new_tokens, max_context});
   const bool tty = isatty(STDIN_FILENO);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
@@ -190,11 +203,14 @@ int cmd_generate(const std::vector<std::string>& args) {
   CLI::App app{"Generate text: JSON lines {\"prompt\"} / {\"messages\"} / {\"input_ids\"} on stdin -> "
                "{\"text\", \"tokens\", \"finish_reason\", \"ids\"} lines on stdout",
                "strata generate"};
-  std::string model_dir, tokenizer = "auto", backend = "cpu", memory = "4GiB", dtype_name = "bf16";
+  std::string model_dir, adapter_dir, tokenizer = "auto", backend = "cpu", memory = "4GiB", dtype_name = "bf16";
   SamplingOptions so;
   int64_t batch_size = 8;
   std::vector<int32_t> eos_override;
   app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
+  app.add_option("--adapter", adapter_dir,
+                 "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the "
+                 "weights at load: W + lora_alpha/r * B A");
   app.add_option("--tokenizer", tokenizer,
                  "tokenizer directory (default: the model's tokenizer.json when it has one, else UTF-8 bytes as ids)");
   app.add_option("--max-new-tokens", so.max_new_tokens, "most tokens generated per request (default 256)")
@@ -230,7 +246,8 @@ int cmd_generate(const std::vector<std::string>& args) {
     std::fprintf(stderr, "strata generate: %s names no eos_token_id; every request runs to --max-new-tokens\n",
                  model_dir.c_str());
 
-  if (interactive) return generate_chat(model_dir, cfg, enc, so, backend, memory, dtype_name, max_context);
+  const ModelSource src{model_dir, adapter_dir, backend, memory, dtype_name};
+  if (interactive) return generate_chat(src, cfg, enc, so, max_context);
 
   // every request, read and checked before anything is loaded
   std::vector<std::vector<int32_t>> prompts;
@@ -257,7 +274,7 @@ int cmd_generate(const std::vector<std::string>& args) {
                  "max_position_embeddings (%lld); positions beyond it were not trained\n",
                  (long long)max_prompt, (long long)so.max_new_tokens, (long long)cfg.max_position_embeddings);
 
-  LoadedModel m = load_model(model_dir, cfg, backend, memory, dtype_name);
+  LoadedModel m = load_model(src, cfg);
   Device* dev = m.dev.get();
   HostStore& store = *m.store;
   const ModelSpec& spec = store.spec();
@@ -266,7 +283,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   shape.max_batch = std::min<int64_t>(batch_size, int64_t(prompts.size()));
   shape.max_prompt = max_prompt;
   shape.max_context = max_prompt + so.max_new_tokens;
-  while (shape.max_batch > 1 && Generator::device_bytes(spec, shape, false) > dev->budget_bytes())
+  while (shape.max_batch > 1 && Generator::min_device_bytes(spec, shape) > dev->budget_bytes())
     shape.max_batch /= 2;  // fewer rows per pass before giving up (the constructor says what does not fit)
   Generator gen(*dev, store, shape);
 
@@ -286,10 +303,17 @@ int cmd_generate(const std::vector<std::string>& args) {
     STRATA_CHECK_IO(std::cout.good(), "writing to standard output failed");
   }
   const GenerateStats& st = gen.stats();
+  const size_t L = spec.layers.size(), kv_dev = std::min(L, gen.placement().kv_device_layers);
+  const std::string kv = kv_dev == L ? std::string("on the device")
+                                     : str_cat(kv_dev, " of ", L, " layers on the device, the rest in ",
+                                               format_bytes(gen.kv_host_bytes()), " of host memory (",
+                                               format_bytes(st.kv_h2d_bytes), " uploaded, ",
+                                               format_bytes(st.kv_d2h_bytes), " written back)");
   std::fprintf(stderr,
-               "strata generate: %zu requests, batch %lld, weights %s; prefill %lld tokens in %.3f s (%.1f tokens/s), "
-               "decode %lld tokens in %.3f s (%.1f tokens/s)\n",
-               prompts.size(), (long long)shape.max_batch, gen.weights_resident() ? "resident" : "streamed",
+               "strata generate: %zu requests, batch %lld, weights %s, KV cache %s; host store %s; prefill %lld "
+               "tokens in %.3f s (%.1f tokens/s), decode %lld tokens in %.3f s (%.1f tokens/s)\n",
+               prompts.size(), (long long)shape.max_batch, gen.weights_resident() ? "resident" : "streamed", kv.c_str(),
+               format_bytes(store.pinned_bytes() + store.host_bytes()).c_str(),
                (long long)st.prefill_tokens, st.prefill_s, st.prefill_s > 0 ? double(st.prefill_tokens) / st.prefill_s : 0.0,
                (long long)st.decode_tokens, st.decode_s, st.decode_s > 0 ? double(st.decode_tokens) / st.decode_s : 0.0);
   return 0;

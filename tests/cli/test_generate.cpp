@@ -105,6 +105,43 @@ TEST_CASE("strata generate encodes prompts and renders messages", "[generate][cl
   CHECK(chat.out.size() > want.size() + 2);
 }
 
+// --adapter: the golden llama with the golden LoRA adapter merged at load generates, token for
+// token, what torch's merged model (tools/golden/make_lora_goldens.py) generates, and not what the
+// base generates.
+TEST_CASE("strata generate --adapter equals the torch-merged model", "[generate][cli][lora_adapter]") {
+  testing::TempDir tmp("generate_adapter");
+  const std::string input = tmp.file("in.jsonl", "{\"input_ids\": [3, 9, 14, 2, 40]}\n{\"input_ids\": [50, 7]}\n"
+                                                 "{\"input_ids\": [96, 1, 88]}\n");
+  const std::string args = " --max-new-tokens 12 --eos-id -1 < " + input;
+  const std::string base = testing::source_path("tests/golden/llama");
+  auto ids_of = [&](const std::string& flags) {
+    const auto r = testing::run_strata("generate --model " + flags + args, true);
+    INFO(flags << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    std::vector<std::vector<int32_t>> ids;
+    for (const auto& j : json_lines(r.out)) ids.push_back(j["ids"].get<std::vector<int32_t>>());
+    REQUIRE(ids.size() == 3);
+    for (const auto& row : ids) CHECK(row.size() == 12);
+    return ids;
+  };
+  const auto adapted = ids_of(base + " --adapter " + testing::source_path("tests/golden/lora/adapter"));
+  CHECK(adapted == ids_of(testing::source_path("tests/golden/lora/merged")));
+  CHECK(adapted != ids_of(base));  // the adapter matters
+}
+
+TEST_CASE("strata generate refuses a bad adapter with exit 2", "[generate][cli][lora_adapter]") {
+  testing::TempDir tmp("generate_bad_adapter");
+  const std::string model = testing::source_path("tests/golden/llama");
+  const std::string good = tmp.file("good.jsonl", "{\"input_ids\": [1, 2]}\n");
+  testing::check_run(testing::run_strata("generate --model " + model + " --adapter " + (tmp.path / "none").string() +
+                                         " < " + good),
+                     2, {"is not a directory"});
+  // an adapter made for another model: the qwen3 golden's shapes differ
+  const auto r = testing::run_strata("generate --model " + testing::source_path("tests/golden/qwen3") + " --adapter " +
+                                     testing::source_path("tests/golden/lora/adapter") + " < " + good);
+  testing::check_run(r, 2, {"does not fit the model", "expected"});
+}
+
 TEST_CASE("strata generate refuses bad input with exit 2", "[generate][cli]") {
   testing::TempDir tmp("generate_bad");
   const std::string model = testing::source_path("tests/golden/llama");

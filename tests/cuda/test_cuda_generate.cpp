@@ -67,5 +67,49 @@ TEST_CASE("cuda greedy generation gives the CPU backend's tokens", "[cuda-emu]")
   for (size_t r = 0; r < prompts.size(); ++r) CHECK(got[r].tokens == want[r].tokens);
 }
 
+// The KV cache of every layer spilled to pinned host memory (weights streamed, a budget that
+// leaves no room for a third cache) against every cache on the device: the same tokens. The
+// uploads of layer i + 1's cache overlap layer i on the emulator's h2d stream, so a missing event
+// shows as a wrong token or a reuse of an in-flight pinned buffer.
+TEST_CASE("cuda generation with the KV cache spilled to host memory gives the same tokens", "[cuda-emu]") {
+  const ModelSpec spec = model_spec_build(testing::tiny_llama_config({48, 72, 5, 113, 64, false}), DType::f32);
+  const std::vector<std::vector<int32_t>> prompts = {{3, 17, 99, 4, 56, 7, 81}, {12}, {44, 45, 46}};
+  const GeneratorShape shape{3, 7, 16};
+  SamplingOptions so;
+  so.max_new_tokens = 9;
+  // The backend takes its cuBLAS workspace from the budget at the first GEMM, which the
+  // generator's sizes do not count: a 1x1 GEMM first, so the generator sees what is left.
+  auto warm = [](Device& d) {
+    Buffer<float> one(d, std::vector<float>{1.f}), out(d, 1);
+    d.matmul(out, one, one, DType::f32, 1, 1, 1, false, true, 0.f, Stream::compute);
+    d.synchronize();
+  };
+  size_t backend_bytes = 0;
+  {
+    auto probe = cuda_testing::test_device();
+    const size_t before = probe->used_bytes();
+    warm(*probe);
+    backend_bytes = probe->used_bytes() - before;
+  }
+  auto run = [&](size_t budget, GeneratorPlacement* placement) {
+    auto dev = cuda_testing::test_device(budget + backend_bytes);
+    warm(*dev);
+    HostStoreOptions ho;
+    ho.weights_only = true;
+    HostStore store(*dev, spec, ho);
+    model_init_weights(store, 11, 0.3);
+    Generator gen(*dev, store, shape);
+    *placement = gen.placement();
+    return gen.generate(prompts, so, 0);
+  };
+  GeneratorPlacement all, spilled;
+  const auto want = run(size_t(96) << 20, &all);
+  const auto got = run(Generator::device_bytes(spec, shape, GeneratorPlacement{false, 0}) + 1024, &spilled);
+  CHECK(all.kv_device_layers == spec.layers.size());
+  CHECK(spilled.kv_device_layers == 0);
+  CHECK_FALSE(spilled.weights_resident);
+  for (size_t r = 0; r < prompts.size(); ++r) CHECK(got[r].tokens == want[r].tokens);
+}
+
 }  // namespace
 }  // namespace strata

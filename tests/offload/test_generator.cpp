@@ -225,6 +225,71 @@ TEST_CASE("greedy generation streaming five layers through two slots", "[generat
   check_greedy(*dev, store, prompts, max_new, false);
 }
 
+// The KV cache spilled to pinned host memory (every layer's, or the last three's) against every
+// cache on the device: the same tokens, greedy and sampled, and the link carries exactly each
+// spilled layer's cached positions in and the new ones out.
+TEST_CASE("a KV cache spilled to host memory gives the same tokens", "[generate][kv_spill]") {
+  const ModelConfig cfg = testing::tiny_llama_config({48, 72, 5, 113, 64, false});
+  const ModelSpec spec = model_spec_build(cfg, DType::f32);
+  const std::vector<std::vector<int32_t>> prompts = {{3, 17, 99, 4, 56, 7, 81}, {12}, {44, 45, 46}};
+  const GeneratorShape shape{3, 7, 16};
+  const size_t L = spec.layers.size();
+  const int64_t KD = cfg.num_key_value_heads * cfg.head_dim;
+  SamplingOptions greedy, sampled;
+  greedy.max_new_tokens = sampled.max_new_tokens = 9;
+  sampled.temperature = 1.3, sampled.seed = 5;
+  struct Run {
+    std::vector<GenerateResult> greedy, sampled;
+    GeneratorPlacement placement;
+    GenerateStats stats;
+  };
+  auto run = [&](size_t budget) {
+    DeviceOptions dopt;
+    dopt.memory_bytes = budget;
+    auto dev = device_create(dopt);
+    HostStoreOptions ho;
+    ho.weights_only = true;
+    HostStore store(*dev, spec, ho);
+    model_init_weights(store, 11, 0.3);
+    Generator gen(*dev, store, shape);
+    Run r;
+    r.greedy = gen.generate(prompts, greedy, 0);
+    r.sampled = gen.generate(prompts, sampled, 0);
+    r.placement = gen.placement();
+    r.stats = gen.stats();
+    CHECK(dev->peak_bytes() <= budget);
+    return r;
+  };
+  const Run all = run(size_t(1) << 30);
+  REQUIRE(all.placement.weights_resident);
+  REQUIRE(all.placement.kv_device_layers == L);
+  CHECK(all.stats.kv_h2d_bytes == 0);
+  const size_t slack = 1 << 10;  // less than one more layer's cache (3 rows x 16 positions x 24 x 4 bytes, k and v)
+  const GeneratorPlacement spill_all{false, 0}, spill_three{true, 2};
+  for (const GeneratorPlacement& want : {spill_all, spill_three}) {
+    INFO("weights " << (want.weights_resident ? "resident" : "streamed") << ", " << want.kv_device_layers
+                    << " layers' cache on the device");
+    const Run spilled = run(Generator::device_bytes(spec, shape, want) + slack);
+    REQUIRE(spilled.placement.weights_resident == want.weights_resident);
+    REQUIRE(spilled.placement.kv_device_layers == want.kv_device_layers);
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      CHECK(spilled.greedy[r].tokens == all.greedy[r].tokens);
+      CHECK(spilled.sampled[r].tokens == all.sampled[r].tokens);
+    }
+    // two generate calls of 9 tokens: after the prefill, passes p = 0..7 with row r at position
+    // len_r + p, uploading [0, len_r + p) and writing one position back; the prefill writes the
+    // padded rows' 7 positions each
+    uint64_t in = 0;
+    for (const auto& p : prompts)
+      for (int64_t pass = 0; pass < 8; ++pass) in += uint64_t(int64_t(p.size()) + pass);
+    const uint64_t out = 3 * 7 + 8 * 3;
+    const uint64_t per_position = uint64_t(KD) * 4 * 2 * (L - want.kv_device_layers) * 2;  // k and v, two calls
+    CHECK(spilled.stats.kv_h2d_bytes == in * per_position);
+    CHECK(spilled.stats.kv_d2h_bytes == out * per_position);
+  }
+  WARN("the cache of one layer for this shape: " << 3 * 16 * KD * 4 << " bytes each of k and v");
+}
+
 TEST_CASE("generation stops at an EOS id", "[generate]") {
   GoldenModel m("qwen3");
   const auto& prompts = m.prompts;
