@@ -98,6 +98,7 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
   const bool aliased = working_is_f32(l);
   HostMemoryEstimate e;
   e.working = l.working.tier_bytes(Tier::host_pinned);
+  if (options.weights_only) return e;
   e.master = aliased || options.state_on_nvme ? 0 : f32_bytes;
   e.moments = options.state_on_nvme ? 0 : 2 * f32_bytes / 4 * dtype_size(options.moments);
   e.grads = f32_bytes;
@@ -125,11 +126,12 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
   working_data_ = static_cast<char*>(dev_.alloc_pinned(working_bytes));
   account(working_data_, working_bytes);
   std::memset(working_data_, 0, working_bytes);
+  if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
+  if (options_.weights_only) return;
   grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
   account(grad_, n * 4);
   std::memset(grad_, 0, n * 4);
   try {
-    if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
     if (options_.state_on_nvme) {
       placement_ = std::make_unique<NvmeStatePlacement>(*this, options_);
       host_bytes_ += placement_->host_bytes();
@@ -191,7 +193,7 @@ void HostStore::release() {
   std::free(m_);
   std::free(v_);
   dev_.free_pinned(working_data_);
-  dev_.free_pinned(grad_);
+  if (grad_) dev_.free_pinned(grad_);
   master_ = m_ = v_ = grad_ = nullptr;
   working_data_ = nullptr;
 }
@@ -199,21 +201,29 @@ void HostStore::release() {
 HostStore::~HostStore() { release(); }
 
 void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const {
+  STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
   placement_->read(a, f32_[row].offset + size_t(first) * 4, dst, size_t(count) * 4);
 }
 
 void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
+  STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
   placement_->write(a, f32_[row].offset + size_t(first) * 4, src, size_t(count) * 4);
 }
 
 void HostStore::set_param(size_t row, const float* values) {
   const int64_t n = f32_[row].numel();
-  if (!master_is_working_) write_state(StateArray::master, row, 0, n, values);
+  if (!master_is_working_ && !options_.weights_only) write_state(StateArray::master, row, 0, n, values);
   dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, size_t(n));
 }
 
-void HostStore::get_param(size_t row, float* values) const { read_state(StateArray::master, row, 0, f32_[row].numel(), values); }
+void HostStore::get_param(size_t row, float* values) const {
+  if (options_.weights_only) {  // the working copy is all there is
+    dtype_convert(values, DType::f32, working_data_ + working_[row].offset, working_[row].dtype, size_t(f32_[row].numel()));
+    return;
+  }
+  read_state(StateArray::master, row, 0, f32_[row].numel(), values);
+}
 
 }  // namespace strata

@@ -21,6 +21,7 @@
 
 #include "models/model_spec.h"
 #include "offload/state_placement.h"
+#include "src/core/error.h"
 #include "src/device/device.h"
 
 namespace strata {
@@ -40,6 +41,10 @@ struct HostStoreLayout {
 
 struct HostStoreOptions {
   DType moments = DType::f32;  // AdamW m and v; the store allocates f32 (bf16 is for estimates)
+  // Inference (strata generate): the working weights alone — no master, moments, gradients or
+  // state placement. set_param writes the working copy, get_param reads it back as f32; nothing
+  // may train on such a store (placement() asserts).
+  bool weights_only = false;
   // offload.optimizer = "nvme": m, v (and master, unless it is the working copy) live in files
   // under a run folder of nvme_path (offload/nvme_state.h), read and written group by group.
   bool state_on_nvme = false;
@@ -97,7 +102,10 @@ class HostStore {
   float* grad() { return grad_; }
   size_t f32_floats() const { return f32_.tier_bytes(Tier::host) / 4; }
   bool master_is_working() const { return master_is_working_; }
-  StatePlacement& placement() { return *placement_; }
+  StatePlacement& placement() {
+    STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
+    return *placement_;
+  }
   const HostStoreOptions& options() const { return options_; }
 
   float* grad_of(size_t row) { return grad_ + f32_[row].offset / 4; }
