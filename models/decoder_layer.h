@@ -8,6 +8,12 @@
 //   xn1 = rmsnorm(x) ; q,k,v = xn1 Wq^T (+bq), ... ; [q,k = per-head rmsnorm] ; rope(q,k)
 //   a = attention(q,k,v) ; h = x + a Wo^T (+bo)
 //   xn2 = rmsnorm(h) ; out = h + (silu(xn2 Wg^T) * xn2 Wu^T) Wd^T
+//
+// LoRA (offload/lora.h): a linear with an adapter adds (x A^T) B'^T to its output, where A is
+// (r, I) and B' = (alpha / r) B is (O, r), both f32; its backward adds (dy B') A into dx and
+// accumulates dA += (dy B')^T x, dB' += dy^T (x A^T). A layer whose base weights are frozen has
+// null base gradients (LayerGrads): no dW is computed; the norm weights' gradients still need
+// somewhere to go (the kernels add into them) and are pointed at scratch.
 #pragma once
 #include <cstdint>
 
@@ -19,7 +25,19 @@ struct LayerDims {
   int64_t B = 0, T = 0, C = 0, H = 0, Hk = 0, D = 0, F = 0;
   float eps = 1e-6f;
   DType wt = DType::f32;  // 2-D weights: f32 or bf16 (then matmul inputs and attention dots bf16)
+  int64_t lora_r = 0;     // LoRA rank (0: no adapters); sizes the workspace's adapter scratch
   int64_t N() const { return B * T; }
+};
+
+// The linear layers of a decoder layer, in this order (PEFT: q_proj .. down_proj).
+constexpr int kLayerLinears = 7;
+struct LoraLinear {
+  const float* a = nullptr;  // (r, I); null: no adapter on this linear
+  const float* b = nullptr;  // (O, r), holding (alpha / r) B
+};
+struct LoraLinearGrads {
+  float* a = nullptr;  // (r, I) accumulated
+  float* b = nullptr;  // (O, r): the gradient of the scaled B', accumulated
 };
 
 // Weights of one layer on the device. Matrices are `wt`; vectors f32; absent ones null.
@@ -28,6 +46,7 @@ struct LayerWeights {
   const void *gate = nullptr, *up = nullptr, *down = nullptr;
   const float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+  LoraLinear lora[kLayerLinears];  // q, k, v, o, gate, up, down
 };
 
 // Gradients of one layer, f32, accumulated (+=); null where the weight is absent.
@@ -36,6 +55,7 @@ struct LayerGrads {
   float *gate = nullptr, *up = nullptr, *down = nullptr;
   float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
+  LoraLinearGrads lora[kLayerLinears];
 };
 
 // Per-token context shared by every layer of a micro-batch.
@@ -61,6 +81,7 @@ struct LayerWorkspace {
   float *dact, *dgate, *dup;   // (N, F)
   float *dk_raw;               // (N, Hk*D) gradient before the per-head k norm (qk_norm only)
   bf16 *cast_a, *cast_b;       // (N, max(C, H*D, F)) bf16 copies of matmul inputs (bf16 mode)
+  float *lora_u, *lora_t;      // (N, r) x A^T and dy B' (lora_r > 0; else null)
 };
 
 size_t layer_workspace_bytes(const LayerDims& d);

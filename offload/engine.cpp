@@ -53,14 +53,16 @@ EngineHostBytes Engine::host_bytes(const ModelSpec& spec, const EngineOptions& o
   return b;
 }
 
-Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
-    : dev_(dev), store_(store), opt_(opt), shape_(EngineShape::of(store.spec(), HostStore::layout(store.spec()), opt)) {
+Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStore* lora)
+    : dev_(dev), store_(store), lora_(lora), opt_(opt), shape_(EngineShape::of(store.spec(), HostStore::layout(store.spec()), opt)) {
   const ModelSpec& spec = store_.spec();
   L_ = shape_.layers;
   dims_ = shape_.layer_capacity;
   STRATA_ASSERT(store_.working_table()[size_t(spec.final_norm)].dtype == DType::f32,
                 "the final norm's working copy must be f32");
-  STRATA_ASSERT(store_.needs().grads, "the first-order engine lands gradients: its store needs them (HostAdamW::kState)");
+  STRATA_ASSERT(lora || store_.needs().grads, "the first-order engine lands gradients: its store needs them (HostAdamW::kState)");
+  STRATA_ASSERT(opt.lora.enabled() == (lora != nullptr) && (!lora || store.options().weights_only),
+                "LoRA mode needs the adapters and a frozen store, and only LoRA mode has them");
 
   // Every buffer from the table: summed and checked against the device budget before anything
   // is allocated, so a budget that is too small fails before step 1 with the minimum it needs.
@@ -78,6 +80,11 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   const std::vector<float> inv = model_rope_inv_freq(spec.config);
   dev_.copy_h2d(buf_.inv_freq, inv.data(), bytes_of<float>(int64_t(inv.size())), Stream::compute);
   ws_ = layer_workspace_carve(shape_.layer_capacity, buf_.workspace);
+  if (lora_) {
+    STRATA_ASSERT(lora_->layout().bytes == shape_.lora_bytes);
+    dev_.copy_h2d(buf_.lora_weights, lora_->image(), shape_.lora_bytes, Stream::compute);
+    dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
+  }
   dev_.stream_synchronize(Stream::compute);
 
   // checkpoints: the last layers' inputs stay on the device while the budget allows
@@ -98,7 +105,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt)
   create_events();
   optimizer_ticket_.assign(store_.groups().size(), 0);
   objective_ = std::make_unique<TokenCrossEntropy>();
-  optimizer_ = std::make_unique<HostAdamW>(store_, store_.placement());
+  if (!lora_) optimizer_ = std::make_unique<HostAdamW>(store_, store_.placement());  // LoRA: lora_optimizer_step
   reduction_ = std::make_unique<NoGradReduction>();
 }
 
@@ -161,16 +168,44 @@ Engine::~Engine() {
 
 // ---- weights ---------------------------------------------------------------------------
 
+namespace {
+
+// A layer's adapters inside the adapter arena `base` (the weights or their gradients): A, then
+// B in the next row (offload/lora.h).
+template <class Linear>
+void lora_view(const LoraLayout& l, size_t layer, float* base, Linear (&out)[kLayerLinears]) {
+  for (int t = 0; t < kLayerLinears; ++t) {
+    const int64_t a = l.a_row[layer][size_t(t)];
+    if (a != kAbsent) out[t] = {base + l.table[size_t(a)].offset / 4, base + l.table[size_t(a) + 1].offset / 4};
+  }
+}
+
+}  // namespace
+
 // Layer `layer`'s weights in its slot, the compute stream waiting for them; an upload first
 // waits for the layer's pending update to land in the working copy.
 LayerWeights Engine::ensure_layer(size_t layer) {
   const char* slot = layers_->acquire(layer, layer_host_block(store_, layer), [&] { wait_optimizer(1 + layer); });
-  return layer_weights_in(store_, slot, layer);
+  LayerWeights w = layer_weights_in(store_, slot, layer);
+  if (lora_) lora_view(lora_->layout(), layer, buf_.lora_weights, w.lora);
+  return w;
 }
 
 const float* Engine::ensure_final_norm() {
   const HostBlock norm = tensor_host_block(store_, store_.spec().final_norm);
   return reinterpret_cast<const float*>(norm_->acquire(norm, [&] { wait_optimizer(store_.groups().size() - 1); }));
+}
+
+// LoRA: no base gradient; the norms' gradients (the kernels always add them) go to scratch.
+LayerGrads Engine::frozen_grads_at(size_t layer) const {
+  LayerGrads g;
+  g.input_norm = g.post_norm = buf_.norm_grad;
+  const LayerParamRows& rows = store_.spec().layers[layer];
+  if (rows.q_norm != kAbsent) g.q_norm = g.k_norm = buf_.norm_grad;
+  lora_view(lora_->layout(), layer, buf_.lora_grads, g.lora);
+  return g;
+}
+
 }
 
 // The lm_head rows [chunk * R, ...) on the device, ready for the compute stream: read in place
@@ -317,6 +352,7 @@ void Engine::head_backward(float grad_scale) {
     dev_.memset_zero(buf_.head_grad_slots[b], chunk_bytes, s);
     objective_->chunk_backward(buf_.dhn, buf_.head_grad_slots[b], head, w, lm_type, v0, vc, grad_scale, dev_, s);
     release_head_chunk(k);
+    if (lora_) continue;  // frozen lm_head: its gradient chunk is discarded
     float* staging = buf_.head_grad_staging[b];
     GradReduction* red = reduction_.get();
     head_staging_ticket_[b] = stage_to_host({GradLanding::head_chunk, v0, vc, C}, staging, buf_.head_grad_slots[b],
@@ -334,6 +370,7 @@ void Engine::final_norm_backward() {
   dev_.stream_wait_event(s, *ev_.norm_grad_copied);
   dev_.memset_zero(buf_.norm_grad, bytes_of<float>(C), s);
   dev_.rmsnorm_backward(buf_.dx[0], buf_.norm_grad, buf_.dhn, buf_.x_final, buf_.norm, buf_.rstd_final, N, C, s);
+  if (lora_) return;  // frozen: the norm's gradient is discarded
   float* dst = store_.grad_of(size_t(store_.spec().final_norm));
   float* staging = buf_.norm_grad_staging;
   GradReduction* red = reduction_.get();
@@ -383,19 +420,23 @@ void Engine::backward() {
     const LayerWeights w = ensure_layer(i);
     fetch_checkpoint(i);
     char* g = buf_.grad_slots[b];
-    if (i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(s, *ev_.grad_copied[i + 2]);
-    dev_.memset_zero(g, store_.layer_group(i).f32_bytes, s);
-    LayerGrads lg = layer_grads_in(store_, g, i);
+    if (!lora_) {
+      if (i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(s, *ev_.grad_copied[i + 2]);
+      dev_.memset_zero(g, store_.layer_group(i).f32_bytes, s);
+    }
+    LayerGrads lg = lora_ ? frozen_grads_at(i) : layer_grads_in(store_, g, i);
     layer_backward(dev_, dx, lg, dout, ckpt_device(i), w, ctx, ws_, dims_, s);
     layers_->release(i);
     dev_.event_record(*ev_.stage_free[b], s);
-    layer_grad_to_host(i, g);
-    copied_this_step[i] = true;
-    update_group_when_landed(1 + i);
+    if (!lora_) {  // LoRA: the adapters' gradients stay on the device until the optimizer step
+      layer_grad_to_host(i, g);
+      copied_this_step[i] = true;
+      update_group_when_landed(1 + i);
+    }
     std::swap(dout, dx);
   }
   STRATA_ASSERT(dout == buf_.dx[L_ % 2]);
-  embed_backward();
+  if (!lora_) embed_backward();  // LoRA: the embedding is frozen; d x0 is not needed
 }
 
 // Layer i's gradient: device slot -> pinned staging -> added into the host accumulation, in
@@ -432,7 +473,7 @@ double Engine::finish_step(StepKind kind) {
   exposed_wait(&d2h_wait_s_, [&] {
     dev_.event_synchronize(*ev_.loss_copied);
     dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
-    dev_.event_synchronize(*ev_.dx0_copied);
+    if (!lora_) dev_.event_synchronize(*ev_.dx0_copied);
   });
   return loss_host_;
 }
@@ -475,10 +516,47 @@ void Engine::set_grad_reduction(std::unique_ptr<GradReduction> reduction) {
 
 void Engine::zero_grads() {
   host_.drain();
+  if (lora_) {
+    dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
+    dev_.stream_synchronize(Stream::compute);
+    return;
+  }
   std::memset(store_.grad(), 0, bytes_of<float>(int64_t(store_.f32_floats())));
 }
 
+void Engine::lora_upload() {
+  STRATA_ASSERT(lora_, "lora_upload outside LoRA mode");
+  synchronize();
+  dev_.copy_h2d(buf_.lora_weights, lora_->image(), shape_.lora_bytes, Stream::compute);
+  dev_.stream_synchronize(Stream::compute);
+}
+
+void Engine::lora_collect_grads() {
+  STRATA_ASSERT(lora_, "lora_collect_grads outside LoRA mode");
+  dev_.copy_d2h(lora_->grad(), buf_.lora_grads, shape_.lora_bytes, Stream::compute);
+  dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
+  dev_.stream_synchronize(Stream::compute);
+  lora_->unscale_b();
+}
+
+// LoRA: the adapters' gradients cross the link once per step, AdamW runs over them on the host,
+// and the new adapters (B scaled) go back; the compute stream orders it before the next forward.
+double Engine::lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
+  double norm = 0;
+  exposed_wait(&optimizer_exposed_s_, [&] {
+    lora_collect_grads();
+    norm = std::sqrt(sum_of_squares(lora_->grad(), int64_t(lora_->layout().floats())));
+  });
+  STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
+               "); lower optim.learning_rate or check the data");
+  params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
+  exposed_wait(&optimizer_exposed_s_, [&] { lora_->adamw(params, weight_decay); });
+  dev_.copy_h2d(buf_.lora_weights, lora_->image(), shape_.lora_bytes, Stream::compute);
+  return norm;
+}
+
 double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
+  if (lora_) return lora_optimizer_step(params, max_grad_norm, weight_decay);
   exposed_wait(&d2h_wait_s_, [&] { host_.drain(); });  // every gradient has landed
   const bool shared = reduction_->shared_store();     // the ranks of a node share store_
   if (shared) reduction_->all_ranks_here();           // ... and every rank's gradient is in
@@ -523,6 +601,11 @@ void Engine::update_group_when_landed(size_t gi) {
 
 double Engine::forward_backward_update(const MicroBatch& mb, float grad_scale, AdamWParams params,
                                        double weight_decay) {
+  if (lora_) {  // the adapters update in one piece after backward (they are small)
+    const double loss = forward_backward(mb, grad_scale);
+    lora_landed_norm_ = lora_optimizer_step(params, 0.0, weight_decay);
+    return loss;
+  }
   params.clip_scale = 1.0;
   begin_optimizer_pass(true);
   landed_ = {true, params, weight_decay};
@@ -540,6 +623,7 @@ double Engine::forward_backward_update(const MicroBatch& mb, float grad_scale, A
 }
 
 double Engine::landed_update_norm() {
+  if (lora_) return lora_landed_norm_;
   host_.drain();
   double sq = 0;
   for (double g : group_sq_) sq += g;
@@ -563,7 +647,7 @@ void Engine::synchronize() {
   for (int s = 0; s < kStreamCount; ++s) collect([&] { dev_.stream_synchronize(Stream(s)); });
   collect([&] { host_.drain(); });
   if (spill_) collect([&] { spill_->drain(); });
-  collect([&] { store_.placement().flush(); });  // NVMe write-backs of the last pass have landed
+  if (!lora_) collect([&] { store_.placement().flush(); });  // LoRA: the base has no optimizer state  // NVMe write-backs of the last pass have landed
   for (auto& t : optimizer_ticket_) t = 0;
   scatter_ticket_ = 0;
   if (first) std::rethrow_exception(first);
@@ -593,7 +677,7 @@ EngineStats Engine::stats() const {
   s.optimizer_s = host_.busy_s();
   s.optimizer_exposed_s = optimizer_exposed_s_;
   s.link_bytes = c.h2d_bytes + c.d2h_bytes;
-  const StateIoCounters st = store_.placement().counters();
+  const StateIoCounters st = lora_ ? StateIoCounters{} : store_.placement().counters();
   s.nvme_read_bytes = st.read_bytes + (spill_ ? spill_->read_bytes() : 0);
   s.nvme_write_bytes = st.write_bytes + (spill_ ? spill_->write_bytes() : 0);
   s.nvme_wait_s = st.wait_s + nvme_exposed_s_;

@@ -101,7 +101,9 @@ class Engine {
     return engine_head_chunk_rows(spec, options);
   }
 
-  Engine(Device& dev, HostStore& store, const EngineOptions& options);
+  // LoRA mode (options.lora.enabled()): `lora` holds the adapters; the store is frozen (no
+  // gradients, master or moments for the base: HostStoreOptions::weights_only).
+  Engine(Device& dev, HostStore& store, const EngineOptions& options, LoraStore* lora = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -137,6 +139,13 @@ class Engine {
   // e.g. by the preference head (offload/preference_head.h). Between steps only.
   void set_loss_objective(std::unique_ptr<LossObjective> objective);
 
+  // LoRA mode: the adapters' gradients accumulated so far, brought to lora.grad() (dB unscaled)
+  // and zeroed on the device. optimizer_step does it itself; `strata grad --lora` calls it.
+  void lora_collect_grads();
+  // LoRA mode: the adapters' device copy from lora.image(), after they were set on the host
+  // (initialised, loaded from a PEFT dir or a checkpoint). Synchronous.
+  void lora_upload();
+
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }
   size_t pinned_bytes() const { return engine_pinned_bytes(table_); }  // staging, spilled checkpoints
@@ -153,6 +162,8 @@ class Engine {
   const void* ensure_head_chunk(size_t chunk);  // lm_head rows of `chunk` on the device
   void release_head_chunk(size_t chunk);        // the compute stream is done reading it
   void mark_device_weights_stale();             // after an update: every device copy is old
+  LayerGrads frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
+  double lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
   size_t lm_group() const { return shape_.tied ? 0 : store_.groups().size() - 1; }
   // one pass
   void upload_tokens(const MicroBatch& mb);
@@ -178,6 +189,8 @@ class Engine {
 
   Device& dev_;
   HostStore& store_;
+  LoraStore* lora_ = nullptr;  // LoRA mode: the adapters (the base is frozen)
+  double lora_landed_norm_ = 0;
   EngineOptions opt_;
   EngineShape shape_;     // capacities: what every buffer is sized for
   LayerDims dims_;        // the current micro-batch's shape (B, T set by upload_tokens)

@@ -63,10 +63,14 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   d.F = cfg.intermediate_size;
   d.eps = float(cfg.rms_norm_eps);
   d.wt = spec.matrix_dtype;
+  if (options.lora.enabled()) {
+    d.lora_r = options.lora.r;
+    s.lora_bytes = LoraLayout::of(spec, options.lora).bytes;
+  }
   size_t max_w = 0;
   for (size_t i = 0; i < s.layers; ++i) {
     max_w = std::max(max_w, layout.groups[1 + i].working_bytes);
-    s.layer_grad_bytes = std::max(s.layer_grad_bytes, layout.groups[1 + i].f32_bytes);
+    if (!s.frozen()) s.layer_grad_bytes = std::max(s.layer_grad_bytes, layout.groups[1 + i].f32_bytes);
   }
   if (s.weights == WeightsMode::stream) {
     s.slot_bytes.assign(std::min<size_t>(2, s.layers), max_w);
@@ -97,7 +101,10 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   for (size_t k = 0; k < s.slot_bytes.size(); ++k)
     dev(str_cat("layer weight slot ", k), s.slot_bytes[k], bind_at(into ? &into->weight_slots[k] : nullptr));
   dev("final norm weight", bytes_of<float>(s.C), bind_to(into, &B::norm));
-  dev("final norm gradient", bytes_of<float>(s.C), bind_to(into, &B::norm_grad));
+  if (s.frozen())
+    dev("frozen norm gradients (discarded)", bytes_of<float>(std::max(s.C, s.layer_capacity.D)), bind_to(into, &B::norm_grad));
+  else
+    dev("final norm gradient", bytes_of<float>(s.C), bind_to(into, &B::norm_grad));
   if (stream) {
     for (size_t k = 0; k < s.head_slots; ++k)
       dev(str_cat("lm_head chunk slot ", k, " (", s.head_rows, " vocab rows)"), head_w,
@@ -109,8 +116,13 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   for (size_t k = 0; k < s.head_slots; ++k)
     dev(str_cat("lm_head gradient chunk ", k), head_g, bind_at(into ? &into->head_grad_slots[k] : nullptr));
   dev("cross-entropy token statistics", bytes_of<double>(3 * s.tokens), bind_to(into, &B::ce_stats));
-  for (size_t k = 0; k < 2; ++k)
-    dev(str_cat("layer gradient slot ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_slots[k] : nullptr));
+  if (s.frozen()) {
+    dev("LoRA adapters (every layer)", s.lora_bytes, bind_to(into, &B::lora_weights));
+    dev("LoRA adapter gradients", s.lora_bytes, bind_to(into, &B::lora_grads));
+  } else {
+    for (size_t k = 0; k < 2; ++k)
+      dev(str_cat("layer gradient slot ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_slots[k] : nullptr));
+  }
   dev("last layer output", act, bind_to(into, &B::x_final));
   for (size_t k = 0; k < 2; ++k) dev(str_cat("activation staging ", k), act, bind_at(into ? &into->x_pp[k] : nullptr));
   dev("final norm output", act, bind_to(into, &B::hn));
@@ -126,6 +138,7 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   dev("layer workspace", layer_workspace_bytes(s.layer_capacity), bind_to(into, &B::workspace));
 
   pinned("embedding output (host)", act, bind_to(into, &B::x0_host));
+  if (s.frozen()) return t;  // LoRA: no base gradient comes back (the adapters' are the LoRA store's)
   pinned("d embedding output (host)", act, bind_to(into, &B::dx0_host));
   for (size_t k = 0; k < 2; ++k)
     pinned(str_cat("layer gradient staging ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_staging[k] : nullptr));

@@ -15,6 +15,7 @@
 #include "models/decoder_layer.h"
 #include "models/micro_batch.h"
 #include "offload/host_store.h"
+#include "offload/lora.h"
 
 namespace strata {
 
@@ -34,6 +35,7 @@ struct EngineOptions {
   size_t nvme_budget_bytes = 0;       // offload.nvme_memory; 0: free space minus 10%
   int64_t max_batch = 1, max_tokens = 1;
   int64_t head_chunk_rows = 0;        // 0: kHeadChunkRows (tests set it to compare chunkings)
+  LoraOptions lora;                   // r > 0: LoRA mode (frozen base, adapters resident; offload/lora.h)
 };
 
 enum class WeightsMode : uint8_t { stream, device };        // two streamed slots | all resident
@@ -58,6 +60,10 @@ struct EngineShape {
   size_t head_slots = 0;             // min(2, head_chunks): one chunk has nothing to prefetch
   size_t lm_row_bytes = 0;           // one lm_head row in its working dtype
   size_t rope_floats = 0;            // D/2
+  // LoRA mode (lora_bytes > 0): the base is frozen, so there are no layer, embedding, final norm
+  // or lm_head gradients to stage; the adapters and their gradients are resident instead.
+  size_t lora_bytes = 0;             // the adapters' f32 arena (offload/lora.h), 0: not LoRA
+  bool frozen() const { return lora_bytes > 0; }
 
   static EngineShape of(const ModelSpec& spec, const HostStoreLayout& layout, const EngineOptions& options);
   size_t activation_bytes() const { return bytes_of<float>(tokens * C); }  // one (N, C) f32
@@ -70,7 +76,9 @@ int64_t engine_head_chunk_rows(const ModelSpec& spec, const EngineOptions& optio
 struct EngineBuffers {
   std::vector<char*> weight_slots;   // (slot_bytes) a layer's working weights
   float* norm = nullptr;             // (C) final norm weight
-  float* norm_grad = nullptr;        // (C) its gradient
+  float* norm_grad = nullptr;        // (C) its gradient; LoRA: (max(C, D)) scratch the frozen norms' gradients go to
+  float* lora_weights = nullptr;     // LoRA: (adapter arena) every layer's A and scaled B
+  float* lora_grads = nullptr;       // LoRA: (adapter arena) their gradients, accumulated over a step
   char* lm_resident = nullptr;       // weights = device: (V, C) lm_head
   char* head_slots[2] = {};          // weights = stream: (R, C) lm_head chunks
   float* head_grad_slots[2] = {};    // (R, C) f32 lm_head gradient chunks

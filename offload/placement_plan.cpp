@@ -31,6 +31,7 @@ const char* device_kind(const std::string& row) {
     return "device gradient slots";
   if (starts("lm_head") || starts("final norm weight")) return "device head weights (final norm, lm_head)";
   if (starts("layer workspace")) return "device layer workspace";
+  if (starts("LoRA")) return "device LoRA adapters and their gradients";
   return "device activations and token buffers";
 }
 
@@ -69,6 +70,7 @@ EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout&
   eo.max_batch = in.micro_batch;
   eo.max_tokens = in.sequence_len;
   eo.head_chunk_rows = in.head_chunk_rows;
+  eo.lora = in.lora;
   // zo-sgd runs its own engine (offload/engine_zo.h): forward passes only, no checkpoints
   return in.optim_type == "zo-sgd" ? zo_engine_shape(spec, eo) : EngineShape::of(spec, layout, eo);
 }
@@ -124,14 +126,21 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
   const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
   add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
-  if (needs.grads) add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
+  const bool frozen = in.lora.enabled();
   const Tier state_tier = choice.optimizer_nvme ? Tier::nvme : Tier::host;
-  if (spec.matrix_dtype == DType::f32 && in.f32_master_shared)
-    add("fp32 master weights (the f32 working copy)", state_tier, 0);
-  else
-    add("fp32 master weights", state_tier, f32_bytes);
-  const size_t moments_bytes = needs.moments ? 2 * (f32_bytes / 4) * dtype_size(in.moments) : 0;
-  if (needs.moments) add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
+  const size_t moments_bytes = needs.moments && !frozen ? 2 * (f32_bytes / 4) * dtype_size(in.moments) : 0;
+  if (frozen) {  // LoRA: nothing for the base beyond its working copy
+    const LoraHostBytes lb = LoraStore::host_bytes(LoraLayout::of(spec, in.lora));
+    add("LoRA adapters: fp32 master, AdamW m and v", Tier::host, lb.state);
+    add("LoRA adapters: gradient and device image", Tier::host_pinned, lb.pinned);
+  } else {
+    if (needs.grads) add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
+    if (spec.matrix_dtype == DType::f32 && in.f32_master_shared)
+      add("fp32 master weights (the f32 working copy)", state_tier, 0);
+    else
+      add("fp32 master weights", state_tier, f32_bytes);
+    if (needs.moments) add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
+  }
   add(zo ? "pinned staging (embedding outputs)" : "pinned staging (activations, gradients)", Tier::host_pinned,
       engine_pinned_bytes(table));
   const size_t spilled = engine_pinned_bytes(ckpt);
@@ -214,7 +223,8 @@ PlacementPlan decide(const ModelSpec& spec, const PlanInputs& in, const PlanBudg
     PlacementPlan q = plan_for(spec, in, budgets, moved);
     if (q.host_total() < p.host_total()) c = moved, p = std::move(q);
   };
-  if (host_short(p) && nvme && in.optimizer == "auto" && optimizer_state_needs(in.optim_type).moments)
+  if (host_short(p) && nvme && in.optimizer == "auto" && optimizer_state_needs(in.optim_type).moments &&
+      !in.lora.enabled())
     try_move(&Choice::optimizer_nvme);
   if (host_short(p) && nvme && in.checkpoints == "auto" && p.host_checkpoints) try_move(&Choice::checkpoints_nvme);
   return p;

@@ -32,6 +32,7 @@
 
 #include "models/model_spec.h"
 #include "offload/engine_buffers.h"
+#include "offload/lora.h"
 #include "src/core/tensor.h"
 
 namespace strata {
@@ -59,6 +60,9 @@ struct PlanInputs {
   size_t baseline_bytes = 0;         // the process before the plan's allocations (VmRSS)
   size_t data_bytes = 0;             // tokenized rows and the data order, held all run
   size_t data_rows = 0;              // rows in the data order (resume reads them back)
+  // LoRA (offload/lora.h; r > 0): the base is frozen — its working copy alone on the host, no
+  // gradient, master or moments — and the adapters' state is listed instead.
+  LoraOptions lora;
 };
 
 struct PlanBudgets {

@@ -4,12 +4,15 @@
 // the batch holds preference pairs and the loss is the preference objective's
 // (src/train/preference_loss.h), printed with the pairs' log-prob sums.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <toml++/toml.h>
 
 #include "io/files.h"
 #include "io/safetensors.h"
 #include "offload/engine.h"
+#include "offload/lora.h"
 #include "offload/model_io.h"
 #include "offload/preference_head.h"
 #include "src/cli/cli_args.h"
@@ -96,6 +99,77 @@ MicroBatch token_batch(const nlohmann::json& j, const std::string& batch_path) {
   return mb;
 }
 
+// --lora CONFIG.toml and the --lora-* flags (the flags win). LoRA is on when any is given.
+struct LoraArgs {
+  std::string config, targets, adapter;
+  int64_t r = 0;
+  double alpha = 0;
+  uint64_t seed = 0;
+  bool given() const { return !config.empty() || r > 0 || alpha > 0 || !targets.empty() || !adapter.empty(); }
+};
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    if (end > start) out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// The [lora] table of CONFIG.toml (a recipe's, or a file holding just that table): r, alpha,
+// dropout, target_modules, adapter (relative to the file); merge is accepted and ignored here.
+LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
+  LoraOptions o;
+  o.r = 16;
+  o.alpha = 32;
+  std::vector<std::string> targets = lora_target_names(kLoraAllTargets);
+  if (!a.config.empty()) {
+    toml::table t;
+    try {
+      t = toml::parse(file_read(a.config, "LoRA config", "check --lora", ErrorKind::input), a.config);
+    } catch (const toml::parse_error& e) {
+      STRATA_CHECK(false, a.config, ":", e.source().begin.line, ": invalid TOML: ", e.description());
+    }
+    const toml::table* lt = t["lora"].as_table();
+    STRATA_CHECK(lt, a.config, " has no [lora] table; give r, alpha, target_modules (and adapter) under [lora]");
+    for (auto&& [k, v] : *lt) {
+      const std::string key(k.str());
+      if (key == "r") {
+        STRATA_CHECK(v.is_integer(), a.config, ": lora.r must be an integer");
+        o.r = v.as_integer()->get();
+      } else if (key == "alpha") {
+        STRATA_CHECK(v.is_number(), a.config, ": lora.alpha must be a number");
+        o.alpha = v.is_integer() ? double(v.as_integer()->get()) : v.as_floating_point()->get();
+      } else if (key == "dropout") {
+        STRATA_CHECK(v.is_number() && v.value_or(0.0) == 0.0, a.config, ": lora.dropout must be 0.0 in this version");
+      } else if (key == "target_modules") {
+        targets.clear();
+        if (v.is_string()) targets = split_commas(v.as_string()->get());
+        else if (const toml::array* arr = v.as_array())
+          for (const toml::node& e : *arr) {
+            STRATA_CHECK(e.is_string(), a.config, ": lora.target_modules must be a list of strings");
+            targets.push_back(e.as_string()->get());
+          }
+      } else if (key == "adapter") {
+        STRATA_CHECK(v.is_string(), a.config, ": lora.adapter must be a path");
+        *adapter = (std::filesystem::path(a.config).parent_path() / v.as_string()->get()).string();
+      } else {
+        STRATA_CHECK(key == "merge", a.config, ": unknown key lora.", key, " (r, alpha, dropout, target_modules, merge, adapter)");
+      }
+    }
+  }
+  if (a.r > 0) o.r = a.r;
+  if (a.alpha > 0) o.alpha = a.alpha;
+  if (!a.targets.empty()) targets = split_commas(a.targets);
+  if (!a.adapter.empty()) *adapter = a.adapter;
+  STRATA_CHECK(o.r >= 1 && o.alpha > 0, "LoRA needs r >= 1 and alpha > 0 (got r ", o.r, ", alpha ", o.alpha, ")");
+  o.targets = lora_targets_parse(targets, "--lora-targets");
+  return o;
+}
+
 }  // namespace
 
 MicroBatch cli_read_batch(const std::string& batch_path) {
@@ -133,6 +207,16 @@ int cmd_grad(const std::vector<std::string>& args) {
   CLI::Option* beta_option =
       app.add_option("--beta", beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
   app.add_option("--gamma", gamma, "simpo's target margin gamma (default 0.5)");
+  LoraArgs la;
+  app.add_option("--lora", la.config, "a TOML file with a [lora] table (r, alpha, target_modules, adapter): the base is "
+                 "frozen and --out gets the LoRA adapters' gradients only, with PEFT's names");
+  app.add_option("--lora-r", la.r, "LoRA rank (default 16; turns LoRA on)");
+  app.add_option("--lora-alpha", la.alpha, "LoRA alpha (default 32; turns LoRA on)");
+  app.add_option("--lora-targets", la.targets, "comma-separated PEFT module names (default all: q_proj,k_proj,v_proj,"
+                 "o_proj,gate_proj,up_proj,down_proj; turns LoRA on)");
+  app.add_option("--lora-adapter", la.adapter, "a PEFT adapter dir to take A and B from (default: PEFT's "
+                 "initialisation from --lora-seed, where B = 0)");
+  app.add_option("--lora-seed", la.seed, "seed of the adapters' initialisation without --lora-adapter");
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
   const bool preference = objective_name != "sft";
@@ -150,14 +234,32 @@ int cmd_grad(const std::vector<std::string>& args) {
   const int64_t counted = mb.counted();
   STRATA_CHECK(counted > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
 
-  CliModel model = cli_load_model(model_dir, dtype_name, memory);
-  Device* dev = model.dev.get();
-  HostStore& store = *model.store;
   EngineOptions eopt;
   eopt.weights = "device";
   eopt.max_batch = mb.B;
   eopt.max_tokens = mb.T;
-  Engine engine(*dev, store, eopt);
+  CliModel model;
+  std::unique_ptr<LoraStore> lora;
+  if (la.given()) {  // LoRA: a frozen base, the adapters from a PEFT dir or the seed
+    std::string adapter;
+    eopt.lora = lora_options_resolve(la, &adapter);
+    model.spec = model_spec_build(hf_config_load(model_dir), dtype_parse(dtype_name));
+    DeviceOptions dopt;
+    dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+    model.dev = device_create(dopt);
+    HostStoreOptions so;
+    so.weights_only = true;
+    model.store = std::make_unique<HostStore>(*model.dev, model.spec, so);
+    model_load_weights(*model.store, model_dir);
+    lora = std::make_unique<LoraStore>(*model.dev, model.spec, eopt.lora);
+    if (adapter.empty()) lora->init(la.seed);
+    else lora->load_peft(adapter);
+  } else {
+    model = cli_load_model(model_dir, dtype_name, memory);
+  }
+  Device* dev = model.dev.get();
+  HostStore& store = *model.store;
+  Engine engine(*dev, store, eopt, lora.get());
   PreferenceHead* head = nullptr;
   if (preference) {
     PreferenceParams params;
@@ -174,7 +276,12 @@ int cmd_grad(const std::vector<std::string>& args) {
   engine.synchronize();
 
   std::vector<TensorToWrite> out;
-  for (size_t i = 0; i < store.f32_table().size(); ++i) {
+  if (lora) {  // the adapters' gradients alone
+    engine.lora_collect_grads();
+    for (const TensorSpec& r : lora->layout().table.rows())
+      out.push_back(TensorToWrite{r.name, DType::f32, r.shape, static_cast<const void*>(lora->grad() + r.offset / 4)});
+  }
+  for (size_t i = 0; !lora && i < store.f32_table().size(); ++i) {
     const TensorSpec& r = store.f32_table()[i];
     out.push_back(TensorToWrite{r.name, DType::f32, r.shape, store.grad_of(i)});
   }

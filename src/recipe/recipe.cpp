@@ -70,6 +70,12 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"checkpoint.save_steps", "int", "0", "save every this many steps (0 = only at the end)"},
       {"checkpoint.save_dtype", "string", "\"bf16\"", "dtype of exported weights: \"bf16\" or \"f32\""},
       {"checkpoint.keep_last", "int", "0", "keep only the newest this many checkpoint-<step> dirs (0 = keep all)"},
+      {"lora.r", "int", "16", "LoRA rank; a [lora] table in the recipe turns LoRA on: the base is frozen (bf16 on the host, streamed) and only the adapters train"},
+      {"lora.alpha", "float", "32", "LoRA alpha: the adapter path is scaled by alpha / r"},
+      {"lora.dropout", "float", "0.0", "LoRA dropout on the adapter input (only 0.0 is supported in this version)"},
+      {"lora.target_modules", "list", "all", "the linear layers that get adapters, in PEFT's names: \"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\" (default all seven)"},
+      {"lora.merge", "bool", "false", "at the end also export a merged Hugging Face model (W + alpha/r B A) to output_dir/merged"},
+      {"lora.adapter", "path", "", "a PEFT adapter dir (adapter_config.json + adapter_model.safetensors) to continue training from, with model.path its base"},
       {"distributed.backend", "string", "\"auto\"", "under mpirun: \"auto\" (nccl for the cuda backend, mpi for cpu), \"nccl\" or \"mpi\""},
       {"distributed.shared_host_store", "bool", "false", "under mpirun on one node: the ranks share one host store in POSIX shared memory and split the optimizer update"},
       {"distributed.timeout", "float", "300", "seconds a collective may wait for the other ranks before every rank exits naming the missing one"},
@@ -125,6 +131,7 @@ struct Reader {
   std::map<std::string, std::unique_ptr<toml::node>> values;
   std::set<std::string> from_command_line;  // keys an override set (their errors blame it)
   std::string origin;
+  bool lora_table = false;  // the recipe has a [lora] table (LoRA on)
 
   // Where a key's value came from, for messages: the command line or the recipe file.
   std::string where(const char* name) const {
@@ -155,6 +162,24 @@ struct Reader {
                    "number such as ", find_key(name)->fallback);
     }
   }
+  void read(const char* name, std::vector<std::string>& out) const {  // a list of strings, or "a,b,c"
+    if (auto* n = get(name)) {
+      std::vector<std::string> v;
+      if (auto* str = n->as_string()) {
+        std::string item;
+        std::istringstream is(str->get());
+        while (std::getline(is, item, ','))
+          if (!item.empty()) v.push_back(item);
+      } else {
+        STRATA_CHECK(n->is_array(), where(name), ": ", name, " must be a list of strings, e.g. [\"q_proj\", \"v_proj\"]");
+        for (const toml::node& e : *n->as_array()) {
+          STRATA_CHECK(e.is_string(), where(name), ": ", name, " must be a list of strings", shown(&e));
+          v.push_back(e.as_string()->get());
+        }
+      }
+      out = std::move(v);
+    }
+  }
   void read(const char* name, bool& out) const {
     if (auto* n = get(name)) {
       STRATA_CHECK(n->is_boolean(), where(name), ": ", name, " must be true or false", shown(n));
@@ -176,6 +201,7 @@ void collect(const toml::table& t, const std::string& prefix, Reader& r) {
     std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (v.is_table()) {
       STRATA_CHECK(prefix.empty(), r.origin, ": unexpected table [", name, "]");
+      if (name == "lora") r.lora_table = true;
       collect(*v.as_table(), name, r);
       continue;
     }
@@ -287,6 +313,15 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("checkpoint.save_steps", rc.save_steps);
   r.read("checkpoint.save_dtype", rc.save_dtype);
   r.read("checkpoint.keep_last", rc.keep_last);
+  rc.lora_enabled = r.lora_table;
+  for (const auto& [name, node] : r.values)
+    if (name.rfind("lora.", 0) == 0) rc.lora_enabled = true;  // a lora.* override turns it on too
+  r.read("lora.r", rc.lora_r);
+  r.read("lora.alpha", rc.lora_alpha);
+  r.read("lora.dropout", rc.lora_dropout);
+  r.read("lora.target_modules", rc.lora_target_modules);
+  r.read("lora.merge", rc.lora_merge);
+  r.read("lora.adapter", rc.lora_adapter);
   r.read("distributed.backend", rc.distributed_backend);
   r.read("distributed.shared_host_store", rc.distributed_shared_host_store);
   r.read("distributed.timeout", rc.distributed_timeout_s);
@@ -309,6 +344,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   absolute("data.eval_path", rc.eval_path);
   absolute("data.prepared_dir", rc.prepared_dir);
   absolute("checkpoint.output_dir", rc.output_dir);
+  absolute("lora.adapter", rc.lora_adapter);
   if (rc.data_tokenizer != "auto" && rc.data_tokenizer != "bytes") absolute("data.tokenizer", rc.data_tokenizer);
 
   // validation: every message names the key and what to write instead
@@ -332,6 +368,21 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
                ": data.overlong must be \"truncate\" or \"drop\"");
   STRATA_CHECK(rc.eval_split >= 0 && rc.eval_split < 1, r.where("data.eval_split"), ": data.eval_split must be in [0, 1)");
   STRATA_CHECK(rc.keep_last >= 0, r.where("checkpoint.keep_last"), ": checkpoint.keep_last must be >= 0 (0 keeps all)");
+  if (rc.lora_enabled) {
+    STRATA_CHECK(rc.lora_r >= 1, r.where("lora.r"), ": lora.r must be at least 1 (16 is PEFT's usual)");
+    STRATA_CHECK(rc.lora_alpha > 0, r.where("lora.alpha"), ": lora.alpha must be positive");
+    const std::set<std::string> modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    STRATA_CHECK(!rc.lora_target_modules.empty(), r.where("lora.target_modules"), ": lora.target_modules is empty");
+    for (const std::string& m : rc.lora_target_modules)
+      STRATA_CHECK(modules.count(m), r.where("lora.target_modules"), ": lora.target_modules names \"", m,
+                   "\"; use PEFT's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+    STRATA_CHECK(rc.lora_dropout == 0.0, r.where("lora.dropout"), ": lora.dropout = ", rc.lora_dropout,
+                 " is not supported in this version; set lora.dropout = 0.0");
+    STRATA_CHECK(!rc.model_path.empty(), origin, ": LoRA trains adapters on a pretrained base: set model.path");
+    STRATA_CHECK(rc.optim_type == "adamw", r.where("optim.type"), ": LoRA trains with optim.type = \"adamw\"");
+    STRATA_CHECK(rc.offload_optimizer != "nvme", r.where("offload.optimizer"), ": with LoRA the base has no optimizer "
+                 "state (the adapters' is small and stays in RAM); set offload.optimizer = \"auto\"");
+  }
   STRATA_CHECK(rc.distributed_backend == "auto" || rc.distributed_backend == "nccl" || rc.distributed_backend == "mpi",
                r.where("distributed.backend"), ": distributed.backend must be \"auto\", \"nccl\" or \"mpi\"");
   STRATA_CHECK(rc.distributed_zo == "data" || rc.distributed_zo == "perturbation" || rc.distributed_zo == "2d",
@@ -420,6 +471,12 @@ std::string Recipe::to_toml() const {
   if (!device_link_bandwidth.empty()) os << "link_bandwidth = " << q(device_link_bandwidth) << "\n";
   os << "\n[checkpoint]\noutput_dir = " << q(output_dir) << "\nsave_steps = " << save_steps
      << "\nsave_dtype = " << q(save_dtype) << "\nkeep_last = " << keep_last << "\n";
+  if (lora_enabled) {
+    os << "\n[lora]\nr = " << lora_r << "\nalpha = " << lora_alpha << "\ndropout = " << lora_dropout << "\ntarget_modules = [";
+    for (size_t i = 0; i < lora_target_modules.size(); ++i) os << (i ? ", " : "") << q(lora_target_modules[i]);
+    os << "]\nmerge = " << (lora_merge ? "true" : "false") << "\n";
+    if (!lora_adapter.empty()) os << "adapter = " << q(lora_adapter) << "\n";
+  }
   os << "\n[distributed]\nbackend = " << q(distributed_backend) << "\nshared_host_store = "
      << (distributed_shared_host_store ? "true" : "false") << "\ntimeout = " << distributed_timeout_s
      << "\ndiagnostics_steps = " << distributed_diagnostics_steps << "\nzo = " << q(distributed_zo) << "\n";

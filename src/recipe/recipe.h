@@ -67,6 +67,14 @@ struct Recipe {
   // [checkpoint]
   std::string output_dir = "out", save_dtype = "bf16";
   int64_t save_steps = 0, keep_last = 0;
+  // [lora] (a [lora] table in the recipe turns LoRA on: offload/lora.h)
+  bool lora_enabled = false;
+  int64_t lora_r = 16;
+  double lora_alpha = 32, lora_dropout = 0.0;
+  std::vector<std::string> lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                  "gate_proj", "up_proj", "down_proj"};
+  bool lora_merge = false;
+  std::string lora_adapter;  // a PEFT adapter dir to continue from
   // [distributed] (read only under mpirun: src/train/distributed.h)
   std::string distributed_backend = "auto";
   bool distributed_shared_host_store = false;

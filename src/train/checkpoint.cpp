@@ -231,9 +231,30 @@ void export_hf_atomic(const HostStore& store, const std::string& dir, DType dtyp
   }
 }
 
+void lora_export(const LoraStore& lora, HostStore& store, const std::string& dir, bool merge, DType dtype,
+                 const CheckpointFiles& files) {
+  const fs::path dst = fs::path(dir).lexically_normal() / "adapter";
+  const fs::path tmp = dst.parent_path() / hidden_name("adapter", ".tmp");
+  std::error_code ec;
+  fs::create_directories(dst.parent_path(), ec);
+  STRATA_CHECK_IO(!ec, "cannot create ", dst.parent_path().string(), ": ", ec.message());
+  remove_quietly(tmp);
+  try {
+    lora.save_peft(tmp.string(), files.model_dir);
+    for (const char* name : kTokenizerFiles) copy_into(files.tokenizer_dir, name, tmp);
+    commit_dir(tmp, dst);
+  } catch (...) {
+    remove_quietly(tmp);
+    throw;
+  }
+  if (!merge) return;
+  lora_merge_into(store, lora);
+  export_hf_atomic(store, (fs::path(dir) / "merged").string(), dtype, files);
+}
+
 std::string checkpoint_save(const std::string& output_dir, const HostStore& store, const TrainState& state,
                             const std::string& recipe_toml, DType save_dtype, const CheckpointFiles& files,
-                            int64_t keep_last) {
+                            int64_t keep_last, const LoraStore* lora) {
   const std::string name = "checkpoint-" + std::to_string(state.step);
   const fs::path dst = fs::path(output_dir) / name;
   const fs::path tmp = fs::path(output_dir) / hidden_name(name, ".tmp");
@@ -246,7 +267,17 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     // optimizer state: streamed from wherever it lives (RAM or NVMe) a piece at a time
     const ModelSpec& spec = store.spec();
     std::vector<TensorToWrite> tensors;
-    for (size_t i = 0; i < spec.params.size(); ++i) {
+    if (lora) {  // LoRA: the adapters' state alone (the base is model.path, unchanged)
+      const TensorTable& t = lora->layout().table;
+      const LoraStore& ls = *lora;
+      for (size_t i = 0; i < t.size(); ++i)
+        for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
+          const float* base = a == StateArray::master ? ls.master() : a == StateArray::m ? ls.m() : ls.v();
+          tensors.emplace_back(std::string(state_array_name(a)) + "/" + t[i].name, DType::f32, t[i].shape,
+                               static_cast<const void*>(base + t[i].offset / 4));
+        }
+    }
+    for (size_t i = 0; !lora && i < spec.params.size(); ++i) {
       const TensorSpec& r = spec.params[i];
       for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
         if (!store.holds(a)) continue;  // zo-sgd: the master alone
@@ -266,7 +297,8 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     write_text(tmp / "trainer_state.json", st.dump(2) + "\n");
     file_write_atomic((tmp / "data_order.bin").string(), state.order.data(), state.order.size() * sizeof(int64_t));
     write_text(tmp / "recipe.toml", recipe_toml);
-    write_hf(store, tmp / "hf", save_dtype, files);
+    if (lora) lora->save_peft((tmp / "adapter").string(), files.model_dir);
+    else write_hf(store, tmp / "hf", save_dtype, files);
     write_manifest(tmp);  // before COMPLETE: a complete checkpoint always has one
 
     commit_dir(tmp, dst);
@@ -300,7 +332,7 @@ std::string checkpoint_find_latest(const std::string& output_dir) {
   return all.empty() ? std::string() : all.back().second.string();
 }
 
-TrainState checkpoint_load(const std::string& dir, HostStore& store) {
+TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* lora) {
   const fs::path d(dir);
   std::error_code ec;
   STRATA_CHECK(fs::exists(d, ec), "--resume ", dir, ": no such directory; give a checkpoint-<step> directory "
@@ -344,6 +376,20 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store) {
     std::memcpy(buf.data(), f.data(*e), buf.size() * 4);
     f.release(*e);  // one tensor's file pages resident at a time (offload/placement_plan.h)
   };
+  if (lora) {  // LoRA: the adapters' master and moments; the base stays as loaded from model.path
+    const TensorTable& t = lora->layout().table;
+    STRATA_CHECK(f.entries().size() == 3 * t.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
+                 " tensors but this run's adapters have ", 3 * t.size(), " (master, exp_avg, exp_avg_sq per adapter "
+                 "tensor): the checkpoint belongs to another model or LoRA setting");
+    for (size_t i = 0; i < t.size(); ++i)
+      for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
+        fetch(std::string(state_array_name(a)) + "/" + t[i].name, t[i]);
+        float* base = a == StateArray::master ? lora->master() : a == StateArray::m ? lora->m() : lora->v();
+        std::memcpy(base + t[i].offset / 4, buf.data(), buf.size() * 4);
+      }
+    lora->refresh_image();
+    return st;
+  }
   // AdamW runs save master, exp_avg and exp_avg_sq per parameter; zo-sgd runs the master alone.
   // An AdamW checkpoint resumes a zo-sgd run (its moments are not read); not the other way.
   const bool saved_moments = !spec.params.rows().empty() && f.find("exp_avg/" + spec.params[0].name);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "offload/host_store.h"
+#include "offload/lora.h"
 #include "src/core/dtype.h"
 
 namespace strata {
@@ -48,10 +49,12 @@ struct CheckpointFiles {
 };
 
 // Writes output_dir/checkpoint-<state.step> and prunes to the newest keep_last (0 = keep all).
-// Returns the checkpoint's path.
+// Returns the checkpoint's path. LoRA (`lora` given): the base is frozen and not saved (it is
+// model.path); optimizer_state.safetensors holds the adapters' master, exp_avg and exp_avg_sq
+// (PEFT names) and adapter/ (a PEFT adapter dir) replaces hf/.
 std::string checkpoint_save(const std::string& output_dir, const HostStore& store, const TrainState& state,
                             const std::string& recipe_toml, DType save_dtype, const CheckpointFiles& files,
-                            int64_t keep_last);
+                            int64_t keep_last, const LoraStore* lora = nullptr);
 
 // The newest complete checkpoint-<step> under output_dir; "" when there is none. Removes
 // leftover temp dirs of saves that were interrupted.
@@ -63,11 +66,19 @@ std::string checkpoint_find_latest(const std::string& output_dir);
 // position against itself (the row order a permutation of the saved row count, the cursor
 // inside it): a damaged checkpoint is an Error (exit 2) naming the file and the older
 // checkpoints to resume from instead.
-TrainState checkpoint_load(const std::string& dir, HostStore& store);
+// LoRA: the adapters' state goes into `lora` (the base store is left as loaded from model.path).
+TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* lora = nullptr);
 
 // An HF model dir: config.json, safetensors in `dtype`, tokenizer files copied. Atomic the same
 // way (temp dir, fsync, rename; an existing dir of that name is replaced only after the new
 // one is complete).
 void export_hf_atomic(const HostStore& store, const std::string& dir, DType dtype, const CheckpointFiles& files);
+
+// LoRA's export under dir: adapter/ (a PEFT adapter dir: adapter_config.json naming files.model_dir
+// as the base, adapter_model.safetensors, the tokenizer files), and with merge also merged/ (an HF
+// model dir of W + (alpha / r) B A, offload/lora.h: lora_merge_into). Each written atomically.
+// With merge the store's working copy holds the merged weights afterwards.
+void lora_export(const LoraStore& lora, HostStore& store, const std::string& dir, bool merge, DType dtype,
+                 const CheckpointFiles& files);
 
 }  // namespace strata

@@ -21,6 +21,7 @@
 #include "offload/device_reduction.h"
 #include "offload/engine.h"
 #include "offload/engine_zo.h"
+#include "offload/lora.h"
 #include "offload/model_io.h"
 #include "offload/step_estimate.h"
 #include "offload/placement_plan.h"
@@ -198,6 +199,7 @@ class TrainRun {
   bool shared_store_ = false;
   std::unique_ptr<Comm> device_comm_;  // data parallel over NCCL (Distributed::device_comm), freed before dev_
   std::unique_ptr<HostStore> store_;
+  std::unique_ptr<LoraStore> lora_;  // [lora]: the adapters (the store is frozen)
   std::unique_ptr<Engine> engine_;
   DataParallelReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
   // How the step's micro-batches are dealt over the ranks: first order, one data group per rank;
@@ -222,8 +224,25 @@ class TrainRun {
 
 }  // namespace
 
+std::string lora_target_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+LoraOptions train_lora_options(const Recipe& rc) {
+  LoraOptions o;
+  if (!rc.lora_enabled) return o;
+  o.r = rc.lora_r;
+  o.alpha = rc.lora_alpha;
+  o.dropout = rc.lora_dropout;
+  o.targets = lora_targets_parse(rc.lora_target_modules, "lora.target_modules");
+  return o;
+}
+
 PlanInputs train_plan_inputs(const Recipe& rc) {
   PlanInputs in;
+  in.lora = train_lora_options(rc);
   in.weights = rc.offload_weights;
   in.checkpoints = rc.offload_checkpoints;
   // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
@@ -296,6 +315,8 @@ void TrainRun::set_up() {
                  rc_.distributed_zo.c_str());
   STRATA_CHECK(rc_.optim_type != "zo-sgd" || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
                "train.objective = \"sft\" only; set optim.type = \"adamw\" for train.objective = \"", rc_.objective, "\"");
+  STRATA_CHECK(!rc_.lora_enabled || dist_.size() == 1, "LoRA ([lora]) runs on one rank only in this version: launch "
+               "without mpirun, or with -np 1");
   STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1, "train.objective = \"", rc_.objective,
                "\" runs on one rank only (data parallel covers train.objective = \"sft\"): launch without "
                "mpirun, or with -np 1");
@@ -352,8 +373,10 @@ void TrainRun::set_up_model() {
   eopt_.optimizer = rc_.offload_optimizer == "nvme" ? "nvme" : "host";  // "auto": host until the plan decides
   eopt_.nvme_dir = rc_.nvme_path;
   eopt_.nvme_budget_bytes = rc_.nvme_memory_bytes;
+  eopt_.lora = train_lora_options(rc_);
   HostStoreOptions sopt;
   sopt.needs = optimizer_state_needs(rc_.optim_type);  // zo-sgd: no moments, no gradients
+  sopt.weights_only = eopt_.lora.enabled();  // LoRA: the base keeps its working copy alone
   sopt.state_on_nvme = eopt_.optimizer == "nvme";
   sopt.nvme_path = rc_.nvme_path;
   sopt.nvme_budget_bytes = rc_.nvme_memory_bytes;
@@ -387,11 +410,12 @@ void TrainRun::set_up_model() {
   } else {
     store_ = std::make_unique<HostStore>(*dev_, spec, sopt);
   }
+  if (eopt_.lora.enabled()) lora_ = std::make_unique<LoraStore>(*dev_, spec, eopt_.lora);
   if (rc_.optim_type == "zo-sgd") {
     zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, eopt_);
     zo_step_notes(rc_);
   } else {
-    engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_);
+    engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_, lora_.get());
   }
   if (dist_.data_parallel() && engine_) {  // zo-sgd reduces loss scalars only (zo_step.h)
     device_comm_ = dist_.device_comm(*dev_, shared_store_);
@@ -405,7 +429,7 @@ void TrainRun::set_up_model() {
     reduction_ = reduction.get();
     engine_->set_grad_reduction(std::move(reduction));
   }
-  host_bytes_ = store_->host_bytes() + store_->pinned_bytes();
+  host_bytes_ = store_->host_bytes() + store_->pinned_bytes() + (lora_ ? lora_->host_bytes() + lora_->pinned_bytes() : 0);
   check_allocations_against_plan();
 }
 
@@ -417,7 +441,7 @@ void TrainRun::check_allocations_against_plan() {
     if (st.tier != Tier::nvme && st.tier != Tier::device &&
         (st.kind.rfind("working weights", 0) == 0 || st.kind == "fp32 gradient accumulation" ||
          st.kind.rfind("fp32 master weights", 0) == 0 || st.kind.rfind("AdamW moments", 0) == 0 ||
-         st.kind.rfind("NVMe optimizer pipeline", 0) == 0))
+         st.kind.rfind("NVMe optimizer pipeline", 0) == 0 || st.kind.rfind("LoRA adapters", 0) == 0))
       store_planned += st.bytes;
   const size_t page_slack = shared_store_ ? 5 * 4096 : 0;  // the shared segment starts each array on a page
   STRATA_ASSERT(host_bytes_ >= store_planned && host_bytes_ <= store_planned + page_slack,
@@ -458,6 +482,15 @@ void TrainRun::load_weights() {
     progress_.phase("loading model weights from " + rc_.model_path);
     model_load_weights(*store_, rc_.model_path);
     check_loaded_weights(*store_, rc_.model_path);
+    if (lora_) {  // the adapters: continued from a PEFT dir, or PEFT's initialisation from the seed
+      if (rc_.lora_adapter.empty()) lora_->init(uint64_t(rc_.seed));
+      else lora_->load_peft(rc_.lora_adapter);
+      engine_->lora_upload();
+      std::fprintf(stderr, "strata train: LoRA r %ld, alpha %g on %s: %.3fM adapter parameters%s%s\n", long(rc_.lora_r),
+                   rc_.lora_alpha, lora_target_list(rc_.lora_target_modules).c_str(),
+                   double(lora_->layout().parameter_count()) / 1e6, rc_.lora_adapter.empty() ? "" : " from ",
+                   rc_.lora_adapter.c_str());
+    }
   } else {
     progress_.phase("initialising weights (seed " + std::to_string(rc_.model_init_seed) + ")");
     model_init_weights(*store_, uint64_t(rc_.model_init_seed), rc_.model_init_std);
@@ -491,7 +524,9 @@ void TrainRun::resume() {
     if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, 0);
   } else {
     progress_.phase("verifying and loading " + resume_dir_);
-    TrainState saved = shared_store_ && !dist_.primary() ? TrainState{} : checkpoint_load(resume_dir_, *store_);
+    TrainState saved =
+        shared_store_ && !dist_.primary() ? TrainState{} : checkpoint_load(resume_dir_, *store_, lora_.get());
+    if (lora_) engine_->lora_upload();
     if (shared_store_) distributed_share_state(dist_, saved);  // rank 0 loaded the shared store
     STRATA_CHECK(saved.rows == state_.rows && saved.data_hash == state_.data_hash, "cannot resume from ",
                  resume_dir_, ": its training data (", saved.rows, " rows) differs from this run's (", state_.rows,
@@ -662,7 +697,7 @@ double TrainRun::save() {
   state_.rng = rs.str();
   if (!dist_.primary()) return seconds_since(t0);  // every rank holds the same state; rank 0 writes it
   summary_.last_checkpoint = checkpoint_save(rc_.output_dir, *store_, state_, recipe_toml_,
-                                             dtype_parse(rc_.save_dtype), files_, rc_.keep_last);
+                                             dtype_parse(rc_.save_dtype), files_, rc_.keep_last, lora_.get());
   const double s = seconds_since(t0);
   progress_.saved(s);
   progress_.phase("");
@@ -765,7 +800,11 @@ TrainSummary TrainRun::finish() {
   if (!dist_.primary()) return summary_;  // rank 0 exports
   const auto t0 = Clock::now();
   progress_.phase("exporting the model to " + summary_.final_dir);
-  export_hf_atomic(*store_, summary_.final_dir, dtype_parse(rc_.save_dtype), files_);
+  if (lora_) {  // the PEFT adapter dir, and with lora.merge the merged model beside it
+    lora_export(*lora_, *store_, summary_.final_dir, rc_.lora_merge, dtype_parse(rc_.save_dtype), files_);
+  } else {
+    export_hf_atomic(*store_, summary_.final_dir, dtype_parse(rc_.save_dtype), files_);
+  }
   progress_.saved(seconds_since(t0));
   progress_.phase("");
   progress_.finish();

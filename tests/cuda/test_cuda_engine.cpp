@@ -155,3 +155,80 @@ TEST_CASE("the CUDA backend with optimizer state and checkpoints on NVMe equals 
 }
 
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// LoRA (offload/lora.h) on golden `name`'s model: a frozen store, the adapters of
+// tests/golden/lora_grad/<name>, one forward_backward with streamed weights and host checkpoints;
+// returns the loss per counted token and the adapters' gradients (PEFT names, dB unscaled).
+struct LoraStep {
+  double loss = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> grads;
+};
+LoraStep lora_step(Device& dev, const std::string& name) {
+  const testing::Golden g = testing::Golden::load(name);
+  const std::string dir = testing::source_path("tests/golden/lora_grad/" + name);
+  const nlohmann::json expected = nlohmann::json::parse(testing::read_file(dir + "/expected.json"));
+  const ModelSpec spec = model_spec_build(hf_config_load(g.dir), DType::f32);
+  HostStoreOptions so;
+  so.weights_only = true;
+  HostStore store(dev, spec, so);
+  model_load_weights(store, g.dir);
+  LoraOptions lo;
+  lo.r = expected["r"].get<int64_t>();
+  lo.alpha = expected["alpha"].get<double>();
+  lo.targets = lora_targets_parse(expected["targets"].get<std::vector<std::string>>(), "expected.json");
+  LoraStore lora(dev, spec, lo);
+  lora.load_peft(dir + "/adapter");
+  EngineOptions eo;
+  eo.weights = "stream";
+  eo.checkpoints = "host";
+  eo.max_batch = g.batch.B;
+  eo.max_tokens = g.batch.T;
+  eo.lora = lo;
+  Engine engine(dev, store, eo, &lora);
+  LoraStep r;
+  r.loss = engine.forward_backward(g.batch, float(1.0 / double(g.batch.counted()))) / double(g.batch.counted());
+  engine.synchronize();
+  engine.lora_collect_grads();
+  for (const TensorSpec& t : lora.layout().table.rows())
+    r.grads.emplace_back(t.name, std::vector<float>(lora.grad() + t.offset / 4, lora.grad() + t.offset / 4 + t.numel()));
+  return r;
+}
+
+double rel_l2(const std::vector<float>& a, const float* b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace
+
+TEST_CASE("LoRA on the CUDA backend: adapter gradients match the torch goldens and the CPU backend", "[cuda-emu][lora]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  auto cpu = device_create(DeviceOptions{});
+  for (const char* name : {"llama", "qwen3"}) {
+    INFO(name);
+    const LoraStep on_cuda = lora_step(*cuda, name), on_cpu = lora_step(*cpu, name);
+    SafetensorsFile want = SafetensorsFile::open(testing::source_path("tests/golden/lora_grad/") + name + "/grads.safetensors");
+    REQUIRE(want.entries().size() == on_cuda.grads.size());
+    double worst = 0, worst_cpu = 0;
+    for (size_t i = 0; i < on_cuda.grads.size(); ++i) {
+      const auto& [tensor, grad] = on_cuda.grads[i];
+      INFO(tensor);
+      const SafetensorsEntry* e = want.find(tensor);
+      REQUIRE(e);
+      worst = std::max(worst, rel_l2(grad, static_cast<const float*>(want.data(*e))));
+      worst_cpu = std::max(worst_cpu, rel_l2(grad, on_cpu.grads[i].second.data()));
+    }
+    std::printf("cuda-emu lora %-6s loss %.9f (cpu %.9f) worst adapter grad rel L2 %.2e vs torch, %.2e vs cpu\n", name,
+                on_cuda.loss, on_cpu.loss, worst, worst_cpu);
+    CHECK(worst <= 1e-4);
+    CHECK(worst_cpu <= 1e-4);
+    CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * on_cpu.loss);
+  }
+}
+
+}  // namespace strata

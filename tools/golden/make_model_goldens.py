@@ -355,10 +355,11 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def forward_loss(case, p, input_ids, labels, llama3_scaling=True):
+def forward_loss(case, p, input_ids, labels, llama3_scaling=True, lora=None):
     """Returns (mean loss, number of counted tokens). p holds float64 tensors (or float32
-    ones for the f32 tolerance probe; the math then runs in float32 throughout)."""
-    logits = forward_logits(case, p, input_ids, llama3_scaling)       # (B, T, V)
+    ones for the f32 tolerance probe; the math then runs in float32 throughout). lora: see
+    forward_logits."""
+    logits = forward_logits(case, p, input_ids, llama3_scaling, lora)  # (B, T, V)
     if labels is None:
         labels = input_ids
     shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1])
@@ -369,9 +370,10 @@ def forward_loss(case, p, input_ids, labels, llama3_scaling=True):
     return loss, tokens
 
 
-def forward_logits(case, p, input_ids, llama3_scaling=True):
+def forward_logits(case, p, input_ids, llama3_scaling=True, lora=None):
     """The logits (B, T, V) of the transformers math (also used by
-    make_preference_grad_goldens.py)."""
+    make_preference_grad_goldens.py). lora: {module name: (A (r, in), B (out, r), scale)} adds
+    PEFT's LoRA path scale * (x A^T) B^T to those linears (make_lora_goldens.py)."""
     cfg = case["config"]
     d = case_dims(cfg)
     C, H, Hk, D, L = d["C"], d["H"], d["Hk"], d["D"], d["L"]
@@ -391,6 +393,9 @@ def forward_logits(case, p, input_ids, llama3_scaling=True):
         y = x @ p[name + ".weight"].t()
         if (name + ".bias") in p:
             y = y + p[name + ".bias"]
+        if lora is not None and name in lora:
+            a, b, scale = lora[name]
+            y = y + scale * ((x @ a.t()) @ b.t())
         return y
 
     x = p["model.embed_tokens.weight"][input_ids]                    # (B, T, C)
