@@ -206,8 +206,6 @@ LayerGrads Engine::frozen_grads_at(size_t layer) const {
   return g;
 }
 
-}
-
 // The lm_head rows [chunk * R, ...) on the device, ready for the compute stream: read in place
 // from the resident copy, or streamed through the head's chunk slots.
 const void* Engine::ensure_head_chunk(size_t chunk) {
