@@ -339,7 +339,7 @@ void Engine::head_backward(float grad_scale) {
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
   const HeadTensors head{buf_.hn, buf_.targets, buf_.ce_stats, N, C, V};
   dev_.memset_zero(buf_.dhn, bytes_of<float>(N * C), s);
-  float* lm_grad = store_.grad_of(size_t(store_.spec().lm_head_row()));  // (V, C) host accumulation
+  float* lm_grad = lora_ ? nullptr : store_.grad_of(size_t(store_.spec().lm_head_row()));  // (V, C) host accumulation
   for (size_t step = 0; step < shape_.head_chunks; ++step) {
     const size_t k = shape_.head_chunks - 1 - step;
     const size_t b = step % shape_.head_slots;

@@ -177,15 +177,13 @@ MicroBatch cli_read_batch(const std::string& batch_path) {
 }
 
 CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
-                        OptimizerStateNeeds needs) {
+                        const HostStoreOptions& store) {
   CliModel m;
   m.spec = model_spec_build(hf_config_load(dir), dtype_parse(dtype_name));
   DeviceOptions dopt;
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
   m.dev = device_create(dopt);
-  HostStoreOptions sopt;
-  sopt.needs = needs;
-  m.store = std::make_unique<HostStore>(*m.dev, m.spec, sopt);
+  m.store = std::make_unique<HostStore>(*m.dev, m.spec, store);
   model_load_weights(*m.store, dir);
   return m;
 }
@@ -243,14 +241,9 @@ int cmd_grad(const std::vector<std::string>& args) {
   if (la.given()) {  // LoRA: a frozen base, the adapters from a PEFT dir or the seed
     std::string adapter;
     eopt.lora = lora_options_resolve(la, &adapter);
-    model.spec = model_spec_build(hf_config_load(model_dir), dtype_parse(dtype_name));
-    DeviceOptions dopt;
-    dopt.memory_bytes = parse_bytes(memory, "--device-memory");
-    model.dev = device_create(dopt);
-    HostStoreOptions so;
-    so.weights_only = true;
-    model.store = std::make_unique<HostStore>(*model.dev, model.spec, so);
-    model_load_weights(*model.store, model_dir);
+    HostStoreOptions frozen;
+    frozen.weights_only = true;
+    model = cli_load_model(model_dir, dtype_name, memory, frozen);
     lora = std::make_unique<LoraStore>(*model.dev, model.spec, eopt.lora);
     if (adapter.empty()) lora->init(la.seed);
     else lora->load_peft(adapter);

@@ -40,7 +40,9 @@ int cmd_zo_probe(const std::vector<std::string>& args) {
 
   const MicroBatch mb = cli_read_batch(batch_path);
   const int64_t counted = mb.counted();
-  CliModel model = cli_load_model(model_dir, dtype_name, memory, HostZoSgd::kState);  // weights + master alone
+  HostStoreOptions master_only;
+  master_only.needs = HostZoSgd::kState;  // weights + master alone
+  CliModel model = cli_load_model(model_dir, dtype_name, memory, master_only);
   const ModelSpec& spec = model.spec;
   Device* dev = model.dev.get();
   HostStore& store = *model.store;

@@ -25,9 +25,10 @@ struct CliModel {
   std::unique_ptr<Device> dev;
   std::unique_ptr<HostStore> store;
 };
-// `needs`: the state the store holds beside the weights (strata grad: gradients; zo-probe: none).
+// `store`: what the host store holds beside the weights (strata grad: gradients; with --lora:
+// nothing, weights_only; zo-probe: the master alone).
 CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
-                        OptimizerStateNeeds needs = {});
+                        const HostStoreOptions& store = {});
 int cmd_train(const std::vector<std::string>& args);
 int cmd_estimate(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);

@@ -332,6 +332,40 @@ std::string checkpoint_find_latest(const std::string& output_dir) {
   return all.empty() ? std::string() : all.back().second.string();
 }
 
+namespace {
+
+// One f32 tensor of a checkpoint's state file into buf, checked against the model's shape.
+void state_fetch(SafetensorsFile& f, const std::string& dir, const std::string& name, const TensorSpec& r,
+                 std::vector<float>& buf) {
+  const SafetensorsEntry* e = f.find(name);
+  STRATA_CHECK(e, dir, "/", kStateFile, " has no tensor ", name, ": the checkpoint belongs to another model");
+  STRATA_CHECK(e->dtype == DType::f32 && e->shape == r.shape, dir, "/", kStateFile, ": ", name, " is ",
+               safetensors_format_shape(e->shape), " but the model expects f32 ", safetensors_format_shape(r.shape));
+  buf.resize(size_t(r.numel()));
+  std::memcpy(buf.data(), f.data(*e), buf.size() * 4);
+  f.release(*e);  // one tensor's file pages resident at a time (offload/placement_plan.h)
+}
+
+// LoRA: the adapters' master and moments (the base stays as loaded from model.path).
+void lora_state_load(SafetensorsFile& f, const std::string& dir, LoraStore& lora_store) {
+  LoraStore* lora = &lora_store;
+  std::vector<float> buf;
+  auto fetch = [&](const std::string& name, const TensorSpec& r) { state_fetch(f, dir, name, r, buf); };
+  const TensorTable& t = lora->layout().table;
+  STRATA_CHECK(f.entries().size() == 3 * t.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
+               " tensors but this run's adapters have ", 3 * t.size(), " (master, exp_avg, exp_avg_sq per adapter "
+               "tensor): the checkpoint belongs to another model or LoRA setting");
+  for (size_t i = 0; i < t.size(); ++i)
+    for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
+      fetch(std::string(state_array_name(a)) + "/" + t[i].name, t[i]);
+      float* base = a == StateArray::master ? lora->master() : a == StateArray::m ? lora->m() : lora->v();
+      std::memcpy(base + t[i].offset / 4, buf.data(), buf.size() * 4);
+    }
+  lora->refresh_image();
+}
+
+}  // namespace
+
 TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* lora) {
   const fs::path d(dir);
   std::error_code ec;
@@ -367,27 +401,9 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* 
   SafetensorsFile f = SafetensorsFile::open((d / kStateFile).string());
   const ModelSpec& spec = store.spec();
   std::vector<float> buf;
-  auto fetch = [&](const std::string& name, const TensorSpec& r) {
-    const SafetensorsEntry* e = f.find(name);
-    STRATA_CHECK(e, dir, "/", kStateFile, " has no tensor ", name, ": the checkpoint belongs to another model");
-    STRATA_CHECK(e->dtype == DType::f32 && e->shape == r.shape, dir, "/", kStateFile, ": ", name, " is ",
-                 safetensors_format_shape(e->shape), " but the model expects f32 ", safetensors_format_shape(r.shape));
-    buf.resize(size_t(r.numel()));
-    std::memcpy(buf.data(), f.data(*e), buf.size() * 4);
-    f.release(*e);  // one tensor's file pages resident at a time (offload/placement_plan.h)
-  };
+  auto fetch = [&](const std::string& name, const TensorSpec& r) { state_fetch(f, dir, name, r, buf); };
   if (lora) {  // LoRA: the adapters' master and moments; the base stays as loaded from model.path
-    const TensorTable& t = lora->layout().table;
-    STRATA_CHECK(f.entries().size() == 3 * t.size(), dir, "/", kStateFile, " holds ", f.entries().size(),
-                 " tensors but this run's adapters have ", 3 * t.size(), " (master, exp_avg, exp_avg_sq per adapter "
-                 "tensor): the checkpoint belongs to another model or LoRA setting");
-    for (size_t i = 0; i < t.size(); ++i)
-      for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
-        fetch(std::string(state_array_name(a)) + "/" + t[i].name, t[i]);
-        float* base = a == StateArray::master ? lora->master() : a == StateArray::m ? lora->m() : lora->v();
-        std::memcpy(base + t[i].offset / 4, buf.data(), buf.size() * 4);
-      }
-    lora->refresh_image();
+    lora_state_load(f, dir, *lora);
     return st;
   }
   // AdamW runs save master, exp_avg and exp_avg_sq per parameter; zo-sgd runs the master alone.
