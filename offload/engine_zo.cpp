@@ -15,9 +15,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/zo.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
+#include "src/device/host_ops.h"
 
 namespace strata {
 namespace {
@@ -213,7 +213,7 @@ void ZoEngine::embed_forward(const std::vector<Pass>& passes, uint64_t seed, flo
       float* xr = x0 + n * C;
       dtype_convert(xr, DType::f32, table + size_t(id) * row_bytes, emb.dtype, size_t(C));
       if (passes[p].sign == 0) continue;
-      cpu::zo_perturb_f32(xr, seed, uint32_t(row), uint64_t(id) * uint64_t(C), scale, C);
+      host_zo_perturb_f32(xr, seed, uint32_t(row), uint64_t(id) * uint64_t(C), scale, C);
       if (emb.dtype == DType::bf16)
         for (int64_t c = 0; c < C; ++c) xr[c] = bf16_to_f32(f32_to_bf16(xr[c]));
     }

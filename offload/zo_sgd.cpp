@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/zo.h"
 #include "src/core/error.h"
+#include "src/device/host_ops.h"
 
 namespace strata {
 
@@ -20,7 +20,7 @@ void HostZoSgd::update(size_t group, const AdamWParams& hyper, double weight_dec
     const float wd = wt[r].shape.size() == 2 ? float(weight_decay) : 0.f;  // no decay on norms, biases
     STRATA_ASSERT(wt[r].dtype == DType::f32 || wt[r].dtype == DType::bf16);
     char* working = static_cast<char*>(store_.working_of(r)) + pc.first * dtype_size(wt[r].dtype);
-    cpu::zo_sgd_update(pc.state.master, working, wt[r].dtype == DType::bf16, estimate_.seeds.data(),
+    host_zo_sgd_update(pc.state.master, working, wt[r].dtype == DType::bf16, estimate_.seeds.data(),
                        estimate_.coefs.data(), q, uint32_t(r), uint64_t(pc.first), float(hyper.lr), wd, pc.n);
   });
 }

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "kernels/common/zo_rng.h"
 #include "src/core/error.h"
+#include "src/device/host_ops.h"
 
 namespace strata {
 
@@ -42,7 +42,7 @@ ZoStepOutcome zo_step_run(ZoEngine& engine, const ZoStepOptions& options, const 
   std::vector<double> losses(q * M * 2, 0.0);
   std::vector<uint64_t> seeds(q);
   for (size_t j = 0; j < q; ++j) {
-    seeds[j] = zo::zo_seed(options.seed, uint64_t(step), uint32_t(j));
+    seeds[j] = host_zo_seed(options.seed, uint64_t(step), uint32_t(j));
     for (size_t k = 0; k < micro.size(); ++k) {
       double* at = &losses[(j * M + k * size_t(par.groups) + size_t(par.group)) * 2];
       if (par.sides == 1) {
