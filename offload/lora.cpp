@@ -10,6 +10,7 @@
 
 #include "io/files.h"
 #include "io/safetensors.h"
+#include "models/lora_adapter.h"
 #include "offload/host_store.h"
 #include "src/core/error.h"
 
@@ -182,13 +183,7 @@ void lora_merge_into(HostStore& store, const LoraStore& lora) {
       const float* B = lora.master() + l.table[size_t(a_row) + 1].offset / 4;  // (out, r)
       w.resize(size_t(out * in));
       store.get_param(row, w.data());
-#pragma omp parallel for schedule(static)
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t i = 0; i < in; ++i) {
-          float d = 0.f;
-          for (int64_t k = 0; k < r; ++k) d += B[o * r + k] * A[k * in + i];
-          w[size_t(o * in + i)] += l.scale * d;
-        }
+      lora_merge_weight(w.data(), A, B, out, in, r, l.scale);  // the merge `strata generate --adapter` runs
       store.set_param(row, w.data());
     }
 }
