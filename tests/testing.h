@@ -22,6 +22,7 @@
 #include <sstream>
 #include <random>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -221,6 +222,24 @@ struct FileSizeLimit {
 };
 
 // A fresh directory under the build tree, removed when the test ends.
+// A fresh path (removed, not created) for a test's run directory: <system temp>/<group>_<pid>/<name>,
+// one root per process, so test processes running at once (ctest -j, another checkout's tests on
+// the same machine) never share a run directory. The roots are removed when the process exits.
+inline std::string fresh_path(const std::string& group, const std::string& name) {
+  struct Roots {
+    std::set<std::filesystem::path> paths;
+    ~Roots() {
+      std::error_code ec;
+      for (const auto& p : paths) std::filesystem::remove_all(p, ec);
+    }
+  };
+  static Roots roots;
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / (group + "_" + std::to_string(::getpid()));
+  roots.paths.insert(root);
+  std::filesystem::remove_all(root / name);
+  return (root / name).string();
+}
+
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& name)

@@ -39,11 +39,7 @@ Recipe small(const std::string& out, std::vector<std::string> extra) {
   return recipe_load(testing::source_path("recipes/quickstart.toml"), o);
 }
 
-std::string fresh(const char* name) {
-  std::string d = (fs::temp_directory_path() / "strata_ckpt" / name).string();
-  fs::remove_all(d);
-  return d;
-}
+std::string fresh(const char* name) { return testing::fresh_path("strata_ckpt", name); }
 
 std::vector<std::string> checkpoint_dirs(const std::string& out) {
   std::vector<std::string> names;

@@ -19,11 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh(const char* name) {
-  std::string d = (fs::temp_directory_path() / "strata_lora" / name).string();
-  fs::remove_all(d);
-  return d;
-}
+std::string fresh(const char* name) { return testing::fresh_path("strata_lora", name); }
 
 const std::string kTiny = testing::source_path("recipes/sft-tiny/models/tiny");
 

@@ -22,11 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh(const char* name) {
-  std::string d = (fs::temp_directory_path() / "strata_pref" / name).string();
-  fs::remove_all(d);
-  return d;
-}
+std::string fresh(const char* name) { return testing::fresh_path("strata_pref", name); }
 
 // recipes/dpo-tiny/recipe.toml; from the bundled (random) tiny model unless extra names another
 Recipe dpo_tiny(const std::string& out, std::vector<std::string> extra) {

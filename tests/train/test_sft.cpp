@@ -21,8 +21,7 @@ using Run = testing::ProcessResult;
 Run strata(const std::string& args) { return testing::run_strata(args); }
 
 std::string fresh(const char* name) {
-  std::string d = (fs::temp_directory_path() / "strata_sft" / name).string();
-  fs::remove_all(d);
+  const std::string d = testing::fresh_path("strata_sft", name);
   fs::create_directories(d);
   return d;
 }

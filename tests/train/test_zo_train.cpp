@@ -23,11 +23,7 @@ using testing::require_same_tensors;
 
 namespace fs = std::filesystem;
 
-std::string fresh(const char* name) {
-  std::string d = (fs::temp_directory_path() / "strata_zo" / name).string();
-  fs::remove_all(d);
-  return d;
-}
+std::string fresh(const char* name) { return testing::fresh_path("strata_zo", name); }
 
 Recipe zo_recipe(const std::string& out, std::vector<std::string> extra) {
   std::vector<std::string> o = {"checkpoint.output_dir=" + out, "train.log_steps=1000", "checkpoint.save_dtype=f32",
