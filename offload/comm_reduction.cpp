@@ -20,8 +20,9 @@ double device_active_s(const DeviceCounters& c) { return c.compute_busy_s + c.st
 
 }  // namespace
 
-CommGradReduction::CommGradReduction(Comm& comm, bool tied_head, Device& dev, bool shared_store)
-    : comm_(comm), tied_(tied_head), shared_(shared_store), dev_(dev), rank_(comm.rank()), size_(comm.size()) {
+CommGradReduction::CommGradReduction(Comm& comm, bool tied_head, Device& dev, Comm* node)
+    : comm_(comm), tied_(tied_head), node_(node), shared_(node != nullptr), dev_(dev), rank_(comm.rank()),
+      size_(comm.size()) {
   STRATA_CHECK(!comm.device_buffers(), "data-parallel training reduces gradients in host memory; the ",
                comm.name(), " comm takes device buffers: set distributed.backend = \"mpi\"");
 }
@@ -88,7 +89,9 @@ void CommGradReduction::gather_ids() {
 void CommGradReduction::add_dense(float* dst, float* staging, size_t n) {
   if (size_ == 1) return grad_accumulate(dst, staging, n);
   if (diagnose_) diag_.local_sq += sum_of_squares(staging, int64_t(n));
-  if (rank_ == 0) grad_accumulate(staging, dst, n);  // G + g0 (addition commutes bit for bit)
+  // G + g0 (addition commutes bit for bit); with shared stores rank 0 reads its node's G, which
+  // every node's store holds alike
+  if (rank_ == 0) grad_accumulate(staging, dst, n);
   all_reduce(staging, n);
   if (diagnose_ && writes()) {
     double sq = 0;
@@ -103,7 +106,7 @@ void CommGradReduction::add_dense(float* dst, float* staging, size_t n) {
 }
 
 void CommGradReduction::all_ranks_here() {
-  if (shared_) timed(0, [&] { comm_.barrier(); });
+  if (shared_) timed(0, [&] { node_->barrier(); });
 }
 
 // Called by the trainer between steps, with the engine's host queue idle.

@@ -49,6 +49,12 @@ struct CommDiagnostics {
   double local_sq = 0, sum_sq = 0;
 };
 
+// A shared host store's split of the optimizer update: group g is updated by node rank
+// g mod (node ranks); every group by every rank without a shared store (node null).
+inline bool shared_updates_group(const Comm* node, size_t group) {
+  return !node || int(group % size_t(node->size())) == node->rank();
+}
+
 // What the trainer asks of a data-parallel reduction, over host buffers (CommGradReduction) or
 // on the device (offload/device_reduction.h).
 class DataParallelReduction : public GradReduction {
@@ -63,9 +69,11 @@ class CommGradReduction final : public DataParallelReduction {
  public:
   // comm: host buffers (comm.device_buffers() false). tied_head: the lm_head is the embedding
   // table. dev: its counters tell how much of each collective the device's work hid.
-  // shared_store: the ranks share one host store (distributed.shared_host_store): rank 0 alone
-  // writes the accumulation, and the groups' updates are split round-robin over the ranks.
-  CommGradReduction(Comm& comm, bool tied_head, Device& dev, bool shared_store = false);
+  // node: non-null when the ranks of each node share one host store (distributed.shared_host_store;
+  // the comm of this rank's node, Comm::split_node): the node's first rank alone writes the
+  // accumulation (every node's from the same all-reduced bits, so the nodes' stores stay equal),
+  // and the groups' updates are split round-robin over the node's ranks.
+  CommGradReduction(Comm& comm, bool tied_head, Device& dev, Comm* node = nullptr);
 
   void begin_micro_batch(const int32_t* ids, int64_t n) override;
   void add_dense(float* dst, float* staging, size_t n) override;
@@ -74,7 +82,7 @@ class CommGradReduction final : public DataParallelReduction {
 
   CommReductionStats stats() const override;
   bool shared_store() const override { return shared_; }
-  bool updates_group(size_t group) const override { return !shared_ || int(group % size_t(size_)) == rank_; }
+  bool updates_group(size_t group) const override { return shared_updates_group(node_, group); }
   void all_ranks_here() override;
   // (one extra pass over each bucket)
   void diagnostics_begin() override;
@@ -90,8 +98,9 @@ class CommGradReduction final : public DataParallelReduction {
 
   Comm& comm_;
   const bool tied_;
+  Comm* const node_;
   const bool shared_;
-  bool writes() const { return !shared_ || rank_ == 0; }  // this rank writes the accumulation
+  bool writes() const { return !shared_ || node_->rank() == 0; }  // this rank writes the accumulation
   Device& dev_;
   const int rank_, size_;
   std::vector<int32_t> ids_;              // this rank's micro-batch tokens

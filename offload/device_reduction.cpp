@@ -15,8 +15,8 @@ constexpr int64_t kExactIdLimit = int64_t(1) << 24;  // every integer below it i
 
 }  // namespace
 
-DeviceGradReduction::DeviceGradReduction(Comm& comm, bool tied_head, Device& dev)
-    : comm_(comm), tied_(tied_head), dev_(dev), rank_(comm.rank()), size_(comm.size()),
+DeviceGradReduction::DeviceGradReduction(Comm& comm, bool tied_head, Device& dev, Comm* node)
+    : comm_(comm), tied_(tied_head), node_(node), dev_(dev), rank_(comm.rank()), size_(comm.size()),
       local_done_(dev.event_create()), reduced_(dev.event_create()) {
   STRATA_CHECK(comm.device_buffers(), "the device gradient reduction needs a comm over device buffers (nccl); the ",
                comm.name(), " comm reduces host buffers: use the host reduction (offload/comm_reduction.h)");
@@ -149,7 +149,16 @@ CommTicket DeviceGradReduction::on_device(const GradLanding& l, float* grad, siz
   return t;
 }
 
+void DeviceGradReduction::add_dense(float* dst, float* staging, size_t n) {
+  if (writes()) grad_accumulate(dst, staging, n);
+}
+
+void DeviceGradReduction::all_ranks_here() {
+  if (node_) node_->barrier();
+}
+
 void DeviceGradReduction::add_head_rows(float* table_grad, float* staging, int64_t v0, int64_t rows, int64_t C) {
+  if (!writes()) return;
   if (tied_) {  // keep G on the touched rows: add_embedding redoes their chain
     if (old_rows_.size() != rows_.size() * size_t(C)) old_rows_.assign(rows_.size() * size_t(C), 0.f);
     const auto lo = std::lower_bound(rows_.begin(), rows_.end(), v0);
@@ -163,6 +172,7 @@ void DeviceGradReduction::add_head_rows(float* table_grad, float* staging, int64
 void DeviceGradReduction::add_embedding(float* table_grad, const float*, const int32_t* ids, int64_t n, int64_t C) {
   STRATA_ASSERT(n == n_ && std::equal(ids, ids + n, ids_all_.begin() + std::ptrdiff_t(size_t(rank_) * size_t(n))),
                 "the embedding's token ids are not the micro-batch's");
+  if (!writes()) return;
   const size_t nc = size_t(n * C), R = rows_.size();
   if (tied_)  // the touched rows back to G before the round
     for (size_t k = 0; k < R; ++k)

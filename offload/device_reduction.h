@@ -36,12 +36,16 @@ namespace strata {
 class DeviceGradReduction final : public DataParallelReduction {
  public:
   // comm: device buffers (comm.device_buffers()); dev: the device whose streams it runs on.
-  DeviceGradReduction(Comm& comm, bool tied_head, Device& dev);
+  // node: non-null when the ranks of each node share one host store (distributed.shared_host_store;
+  // the node's comm, host buffers, for all_ranks_here): every rank gets the same all-reduced bits
+  // on its device, the node's first rank alone adds them into the node's store (so every node's
+  // store holds the same), and the optimizer update is split over the node's ranks.
+  DeviceGradReduction(Comm& comm, bool tied_head, Device& dev, Comm* node = nullptr);
   ~DeviceGradReduction() override;
 
   void begin_micro_batch(const int32_t* ids, int64_t n) override;
   CommTicket on_device(const GradLanding& landing, float* grad, size_t n, Stream s) override;
-  void add_dense(float* dst, float* staging, size_t n) override { grad_accumulate(dst, staging, n); }
+  void add_dense(float* dst, float* staging, size_t n) override;
   void add_head_rows(float* table_grad, float* staging, int64_t v0, int64_t rows, int64_t C) override;
   void add_embedding(float* table_grad, const float* dx0, const int32_t* ids, int64_t n, int64_t C) override;
 
@@ -53,8 +57,12 @@ class DeviceGradReduction final : public DataParallelReduction {
   // all-reduce, on the compute stream: diagnostic steps only.
   void diagnostics_begin() override;
   CommDiagnostics diagnostics_end() override;
+  bool shared_store() const override { return node_ != nullptr; }
+  bool updates_group(size_t group) const override { return shared_updates_group(node_, group); }
+  void all_ranks_here() override;
 
  private:
+  bool writes() const { return !node_ || node_->rank() == 0; }  // this rank writes the accumulation
   template <class T>
   struct DeviceArray {  // a device buffer and its pinned host twin, grown on demand
     T* dev = nullptr;
@@ -71,6 +79,7 @@ class DeviceGradReduction final : public DataParallelReduction {
 
   Comm& comm_;
   const bool tied_;
+  Comm* const node_;
   Device& dev_;
   const int rank_, size_;
   int64_t n_ = 0;                         // tokens per micro-batch (every rank)

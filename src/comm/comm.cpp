@@ -37,9 +37,15 @@ class SingleComm final : public Comm {
     return {};
   }
   void barrier() override {}
+  std::unique_ptr<Comm> split_node(int) override { return std::make_unique<SingleComm>(); }
 };
 
 }  // namespace
+
+std::unique_ptr<Comm> Comm::split_node(int) {
+  STRATA_CHECK(false, "the ", name(), " comm cannot be split by node; split the MPI comm it was bootstrapped over");
+  return nullptr;
+}
 
 CommLaunch comm_launch_from_env() {
   CommLaunch l;

@@ -93,6 +93,12 @@ class Comm {
   virtual CommTicket broadcast(void* data, size_t bytes, int root, Stream s = Stream::compute) = 0;
   // Returns when every rank has called barrier() (or throws after the timeout).
   virtual void barrier() = 0;
+  // The comm of this rank's node (DESIGN §8: one host store per node): the ranks that share its
+  // memory, or with ranks_per_node > 0 the block of that many consecutive ranks holding this one
+  // (several nodes pretended on one machine, distributed.ranks_per_node). Ranks keep their order;
+  // the node comm's collectives never mix with this comm's. No collective: every rank knows its
+  // node's ranks since the launch. mpi and single only (an error elsewhere).
+  virtual std::unique_ptr<Comm> split_node(int ranks_per_node);
 };
 
 // Picks the implementation: without a launcher (comm_launch_from_env().launched false) a single

@@ -1,4 +1,5 @@
-// The MPI comm (comm.h): host buffers, OpenMPI point-to-point messages, one worker thread.
+// The MPI comm (comm.h): host buffers, OpenMPI point-to-point messages, one worker thread (shared
+// by the world comm and its node group, split_node).
 //
 // Every MPI call happens on the comm's worker thread (MPI_THREAD_FUNNELED: it is the thread that
 // called MPI_Init), which runs the queued collectives in call order. Each collective is a set of
@@ -88,30 +89,130 @@ class MpiWork final : public CommWork {
   std::string error_;
 };
 
-class MpiComm final : public Comm {
+// The worker thread every MpiComm of this process shares: MPI_Init_thread ran on it
+// (MPI_THREAD_FUNNELED), so every MPI call is made there, in the order the comms queue them.
+// Ends (and finalizes MPI when the world comm asked) once the last comm using it is gone.
+class MpiWorker {
  public:
-  explicit MpiComm(double timeout_s) : timeout_s_(timeout_s) {
+  MpiWorker() {
     std::promise<std::string> started;
     auto started_f = started.get_future();
-    worker_ = std::thread([this, &started] { worker_main(started); });
+    thread_ = std::thread([this, &started] { main(started); });
     const std::string error = started_f.get();
     if (!error.empty()) {
-      stop_worker();
+      stop();
       throw Error(ErrorKind::input, error);
     }
   }
+  ~MpiWorker() { stop(); }
+
+  CommTicket submit(std::function<void()> run) {
+    auto work = std::make_shared<MpiWork>(std::move(run));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(work);
+    }
+    cv_.notify_one();
+    return CommTicket(work);
+  }
+  std::string broken() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_;
+  }
+  void set_broken(const std::string& msg) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.empty()) broken_ = msg;
+  }
+
+  int world_rank = 0, world_size = 1;
+  std::vector<int> node_ranks;  // the world ranks sharing this node's memory (MPI_COMM_TYPE_SHARED)
+  bool finalize = false;        // worker thread only: MPI_Finalize when the thread ends
+
+ private:
+  void main(std::promise<std::string>& started) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      started.set_value("MPI_Init_thread failed: is strata running under mpirun?");
+      return;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    MPI_Comm node;  // the ranks sharing this node's memory
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
+    int node_size = 1;
+    MPI_Comm_size(node, &node_size);
+    MPI_Group world_group, node_group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Comm_group(node, &node_group);
+    std::vector<int> in_node(size_t(node_size), 0);
+    for (int i = 0; i < node_size; ++i) in_node[size_t(i)] = i;
+    node_ranks.assign(size_t(node_size), 0);
+    MPI_Group_translate_ranks(node_group, node_size, in_node.data(), world_group, node_ranks.data());
+    MPI_Group_free(&node_group);
+    MPI_Group_free(&world_group);
+    MPI_Comm_free(&node);
+    started.set_value("");
+    while (true) {
+      std::shared_ptr<MpiWork> work;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) break;
+        work = queue_.front();
+        queue_.pop_front();
+      }
+      work->execute(broken());
+    }
+    if (finalize) MPI_Finalize();
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<MpiWork>> queue_;
+  bool stop_ = false;
+  std::string broken_;
+  std::thread thread_;
+};
+
+// A group of ranks over MPI_COMM_WORLD's point-to-point messages: the world (members 0..size-1),
+// or a node's ranks (split_node). A group's collectives use their own tag range, so its messages
+// never match another group's (and no MPI communicator is created: nothing blocks without the
+// deadline). Messages name world ranks.
+class MpiComm final : public Comm {
+ public:
+  MpiComm(std::shared_ptr<MpiWorker> worker, double timeout_s, std::vector<int> members, int tag_base)
+      : worker_(std::move(worker)), timeout_s_(timeout_s), members_(std::move(members)), tag_base_(tag_base) {
+    world_ = tag_base_ == 0;
+    size_ = int(members_.size());
+    const auto me = std::find(members_.begin(), members_.end(), worker_->world_rank);
+    STRATA_ASSERT(me != members_.end(), "rank ", worker_->world_rank, " is not in its own group");
+    rank_ = int(me - members_.begin());
+    const auto& node = worker_->node_ranks;
+    local_rank_ = world_ ? int(std::find(node.begin(), node.end(), worker_->world_rank) - node.begin()) : rank_;
+  }
 
   ~MpiComm() override {
+    if (!world_) return;
     // Finalize only after every rank is known to be here: MPI_Finalize waits for all ranks, so
     // with a dead peer it would hang. A broken comm leaves MPI unfinalized (the launcher then
     // ends the other ranks).
     try {
-      if (broken().empty()) barrier();
+      if (worker_->broken().empty()) barrier();
     } catch (const Error& e) {
-      std::fprintf(stderr, "strata: rank %d: %s; leaving MPI without MPI_Finalize\n", rank_, e.what());
+      std::fprintf(stderr, "strata: rank %d: %s; leaving MPI without MPI_Finalize\n", worker_->world_rank, e.what());
     }
-    submit([this] { finalize_ = broken().empty(); });
-    stop_worker();
+    MpiWorker* w = worker_.get();
+    submit([w] { w->finalize = w->broken().empty(); });
   }
 
   std::string name() const override { return "mpi"; }
@@ -119,6 +220,24 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
   bool device_buffers() const override { return false; }
+
+  // The node's ranks: those sharing this node's memory, or (ranks_per_node > 0) the block of
+  // ranks_per_node consecutive world ranks holding this one, which must share its memory.
+  std::unique_ptr<Comm> split_node(int ranks_per_node) override {
+    STRATA_ASSERT(world_, "split_node of a group that is not the world");
+    std::vector<int> members = worker_->node_ranks;
+    if (ranks_per_node > 0) {
+      const int first = rank_ / ranks_per_node * ranks_per_node;
+      members.clear();
+      for (int r = first; r < std::min(size_, first + ranks_per_node); ++r) members.push_back(r);
+      for (int r : members)
+        STRATA_CHECK(std::count(worker_->node_ranks.begin(), worker_->node_ranks.end(), r), "distributed."
+                     "ranks_per_node = ", ranks_per_node, " puts ranks ", members.front(), "..", members.back(),
+                     " on one node, but rank ", r, " runs on another machine than rank ", rank_, ": set "
+                     "distributed.ranks_per_node = 0 (the real nodes) or at most the ranks each machine runs");
+    }
+    return std::make_unique<MpiComm>(worker_, timeout_s_, std::move(members), kGroupTags);
+  }
 
   CommTicket all_reduce_sum(float* data, size_t count, Stream) override {
     return submit([this, data, count] { all_reduce(data, count, "all-reduce of f32"); });
@@ -155,7 +274,10 @@ class MpiComm final : public Comm {
   }
 
  private:
+  static constexpr int kGroupTags = 1 << 14;  // world tags [0, 2^14), a node group's [2^14, 2^15)
+
   // Nonblocking sends and receives of one collective, completed together against the deadline.
+  // Peers are ranks of the group.
   class Exchange {
    public:
     Exchange(MpiComm& c, const char* what, size_t bytes) : c_(c), what_(what), bytes_(bytes) {}
@@ -182,6 +304,7 @@ class MpiComm final : public Comm {
    private:
     template <class T>
     void post(T* p, size_t n, int peer, int tag, bool is_send) {
+      const int world_peer = c_.members_[size_t(peer)];
       // MPI counts are int: long buffers go as several messages (kept in order by MPI).
       constexpr size_t kPiece = size_t(1) << 30;
       size_t done = 0;
@@ -189,13 +312,13 @@ class MpiComm final : public Comm {
         const size_t piece = std::min(kPiece, n - done);
         MPI_Request r;
         const int rc = is_send
-            ? MPI_Isend(p + done, int(piece), mpi_type<T>(), peer, tag, MPI_COMM_WORLD, &r)
-            : MPI_Irecv(p + done, int(piece), mpi_type<T>(), peer, tag, MPI_COMM_WORLD, &r);
+            ? MPI_Isend(p + done, int(piece), mpi_type<T>(), world_peer, tag, MPI_COMM_WORLD, &r)
+            : MPI_Irecv(p + done, int(piece), mpi_type<T>(), world_peer, tag, MPI_COMM_WORLD, &r);
         if (rc != MPI_SUCCESS)
-          fail(str_cat(is_send ? "MPI_Isend to" : "MPI_Irecv from", " rank ", peer, " failed (",
+          fail(str_cat(is_send ? "MPI_Isend to" : "MPI_Irecv from", " rank ", world_peer, " failed (",
                        mpi_error_text(rc), ")"));
         reqs_.push_back(r);
-        peers_.push_back(peer);
+        peers_.push_back(world_peer);
         done += piece;
       } while (done < n);
     }
@@ -209,12 +332,13 @@ class MpiComm final : public Comm {
       }
       std::string who;
       for (int p : silent) who += str_cat(who.empty() ? "" : ", ", p);
+      const int me = c_.worker_->world_rank;
       std::string msg = why == "no answer"
-          ? str_cat("rank ", c_.rank_, ": ", what_, " #", c_.ops_, " (", bytes_, " bytes) got no "
+          ? str_cat("rank ", me, ": ", what_, " #", c_.ops_, " (", bytes_, " bytes) got no "
                     "answer from rank ", who, " within ", c_.timeout_s_, " s: that rank died or "
                     "hangs (distributed.timeout sets the limit)")
-          : str_cat("rank ", c_.rank_, ": ", what_, " #", c_.ops_, ": ", why);
-      c_.set_broken(msg);
+          : str_cat("rank ", me, ": ", what_, " #", c_.ops_, ": ", why);
+      c_.worker_->set_broken(msg);
       throw Error(ErrorKind::io, msg);
     }
 
@@ -222,7 +346,7 @@ class MpiComm final : public Comm {
     const char* what_;
     size_t bytes_;
     std::vector<MPI_Request> reqs_;
-    std::vector<int> peers_;
+    std::vector<int> peers_;  // world ranks
   };
 
   template <class T>
@@ -267,83 +391,29 @@ class MpiComm final : public Comm {
 
   int next_tag() {
     ++ops_;
-    return int((ops_ % 8192) * 2);  // two tags per collective (phases); MPI keeps per-pair order
+    return tag_base_ + int((ops_ % 8192) * 2);  // two tags per collective (phases); MPI keeps per-pair order
   }
 
-  CommTicket submit(std::function<void()> run) {
-    auto work = std::make_shared<MpiWork>(std::move(run));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(work);
-    }
-    cv_.notify_one();
-    return CommTicket(work);
-  }
+  CommTicket submit(std::function<void()> run) { return worker_->submit(std::move(run)); }
 
-  void worker_main(std::promise<std::string>& started) {
-    int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-      started.set_value("MPI_Init_thread failed: is strata running under mpirun?");
-      return;
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    MPI_Comm node;  // the ranks sharing this node's memory
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-    MPI_Comm_rank(node, &local_rank_);
-    MPI_Comm_free(&node);
-    started.set_value("");
-    while (true) {
-      std::shared_ptr<MpiWork> work;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) break;
-        work = queue_.front();
-        queue_.pop_front();
-      }
-      work->execute(broken());
-    }
-    if (finalize_) MPI_Finalize();
-  }
-
-  void stop_worker() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    if (worker_.joinable()) worker_.join();
-  }
-
-  std::string broken() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return broken_;
-  }
-  void set_broken(const std::string& msg) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.empty()) broken_ = msg;
-  }
-
+  std::shared_ptr<MpiWorker> worker_;
   const double timeout_s_;
+  const std::vector<int> members_;  // world rank of each rank of the group
+  const int tag_base_;
+  bool world_ = true;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   uint64_t ops_ = 0;                 // collectives issued (worker thread only)
   std::vector<uint64_t> scratch_;   // all-reduce receive space (worker thread only)
-  bool finalize_ = false;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<MpiWork>> queue_;
-  bool stop_ = false;
-  std::string broken_;
-  std::thread worker_;
 };
 
 }  // namespace
 
 std::unique_ptr<Comm> comm_create_mpi(double timeout_s) {
   STRATA_CHECK(timeout_s > 0, "distributed.timeout must be positive (got ", timeout_s, " s)");
-  return std::make_unique<MpiComm>(timeout_s);
+  auto worker = std::make_shared<MpiWorker>();
+  std::vector<int> world(size_t(worker->world_size));
+  for (size_t r = 0; r < world.size(); ++r) world[r] = int(r);
+  return std::make_unique<MpiComm>(worker, timeout_s, std::move(world), 0);
 }
 
 }  // namespace strata

@@ -83,6 +83,12 @@ class CpuDevice final : public ArenaDevice {
   void free_pinned(void* p) override {
     if (!pageable_fallback_free(p)) std::free(p);
   }
+  bool register_host(void*, size_t bytes) override {
+    if (!pinned_fail_forced()) return true;
+    pageable_warning(bytes, "STRATA_FAKE_PINNED_FAIL=1");
+    return false;
+  }
+  void unregister_host(void*) override {}
 
   std::unique_ptr<Event> event_create() override { return std::make_unique<CpuEvent>(); }
   void event_record(Event& e, Stream s) override {

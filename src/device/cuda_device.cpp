@@ -260,6 +260,19 @@ class CudaDevice final : public ArenaDevice {
   void free_pinned(void* p) override {
     if (p && !pageable_fallback_free(p)) STRATA_CUDA_CHECK(cudaFreeHost(p));
   }
+  // cudaHostRegister, or pageable (one warning) when it fails.
+  bool register_host(void* p, size_t bytes) override {
+    if (pinned_fail_forced()) {
+      pageable_warning(bytes, "STRATA_FAKE_PINNED_FAIL=1");
+      return false;
+    }
+    const cudaError_t status = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (status == cudaSuccess) return true;
+    cudaGetLastError();  // clear it: the fallback is not an error
+    pageable_warning(bytes, str_cat("cudaHostRegister: ", cudaGetErrorString(status)));
+    return false;
+  }
+  void unregister_host(void* p) override { STRATA_CUDA_CHECK(cudaHostUnregister(p)); }
 
   // ---- streams, events, copies ----
   std::unique_ptr<Event> event_create() override { return std::make_unique<CudaEvent>(); }

@@ -30,9 +30,17 @@ void* ArenaDevice::pageable_fallback_alloc(size_t bytes, const std::string& why)
   STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(bytes), " of host memory (pinning it failed: ",
                       why, ", and pageable memory is exhausted too); lower the host memory the "
                       "recipe needs (a smaller model, micro_batch_size or sequence_len)");
+  {
+    std::lock_guard lock(arena_mu_);
+    pageable_[p] = bytes;
+    pageable_bytes_ += bytes;
+  }
+  pageable_warning(bytes, why);
+  return p;
+}
+
+void ArenaDevice::pageable_warning(size_t bytes, const std::string& why) {
   std::lock_guard lock(arena_mu_);
-  pageable_[p] = bytes;
-  pageable_bytes_ += bytes;
   if (!pageable_warned_) {
     pageable_warned_ = true;
     std::fprintf(stderr,
@@ -43,7 +51,6 @@ void* ArenaDevice::pageable_fallback_alloc(size_t bytes, const std::string& why)
                  "fallbacks are not repeated here; they are counted as host (not pinned) bytes.\n",
                  format_bytes(bytes).c_str(), why.c_str());
   }
-  return p;
 }
 
 bool ArenaDevice::pageable_fallback_free(void* p) {

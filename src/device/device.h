@@ -64,6 +64,14 @@ class Device {
   virtual void free_pinned(void* p) = 0;
   virtual bool host_is_pinned(const void* p) const = 0;
   virtual size_t pageable_fallback_bytes() const = 0;
+  // Page-locks host memory the caller owns (e.g. a node's shared host store,
+  // src/train/shared_store.h) for async copies, as alloc_pinned's is (cuda: cudaHostRegister).
+  // False where pinning fails (the same one warning as alloc_pinned's fallback): the copies then
+  // go through pageable memory, correct but slower. The cpu backend has nothing to lock: true
+  // (false under STRATA_FAKE_PINNED_FAIL=1). unregister_host(p) before the memory goes, for each
+  // registration that returned true.
+  virtual bool register_host(void* p, size_t bytes) = 0;
+  virtual void unregister_host(void* p) = 0;
 
   // ---- streams, events, copies ----
   virtual std::unique_ptr<Event> event_create() = 0;
@@ -185,6 +193,7 @@ class ArenaDevice : public Device {
   // Pinned allocation failed (`why`: the runtime's error): pageable memory instead, recorded,
   // and the cost said once.
   void* pageable_fallback_alloc(size_t bytes, const std::string& why);
+  void pageable_warning(size_t bytes, const std::string& why);  // said once per device
   bool pageable_fallback_free(void* p);  // true when p was a fallback (and is now freed)
   bool pinned_fail_forced() const { return pinned_fail_forced_; }  // STRATA_FAKE_PINNED_FAIL=1
 

@@ -77,7 +77,8 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"lora.merge", "bool", "false", "at the end also export a merged Hugging Face model (W + alpha/r B A) to output_dir/merged"},
       {"lora.adapter", "path", "", "a PEFT adapter dir (adapter_config.json + adapter_model.safetensors) to continue training from, with model.path its base"},
       {"distributed.backend", "string", "\"auto\"", "under mpirun: \"auto\" (nccl for the cuda backend, mpi for cpu), \"nccl\" or \"mpi\""},
-      {"distributed.shared_host_store", "bool", "false", "under mpirun on one node: the ranks share one host store in POSIX shared memory and split the optimizer update"},
+      {"distributed.shared_host_store", "string", "\"auto\"", "under mpirun: the ranks of a node share one host store in POSIX shared memory and split the optimizer update; \"auto\" (shared where a node runs several ranks and the run supports it), true or false"},
+      {"distributed.ranks_per_node", "int", "0", "under mpirun: 0 = the machines' nodes; N > 0 pretends nodes of N consecutive ranks (one shared store each), e.g. to run the multi-node layout on one machine"},
       {"distributed.timeout", "float", "300", "seconds a collective may wait for the other ranks before every rank exits naming the missing one"},
       {"distributed.zo", "string", "\"data\"", "zo-sgd under mpirun: \"data\" (ranks run different micro-batches), \"perturbation\" (2 ranks: one runs theta + eps z, the other theta - eps z) or \"2d\" (pairs x data groups); only loss scalars cross"},
       {"distributed.diagnostics_steps", "int", "0", "every this many steps, per-rank loss, gradient norm and cosine go to metrics.jsonl (0 = never)"},
@@ -323,7 +324,11 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("lora.merge", rc.lora_merge);
   r.read("lora.adapter", rc.lora_adapter);
   r.read("distributed.backend", rc.distributed_backend);
-  r.read("distributed.shared_host_store", rc.distributed_shared_host_store);
+  if (auto* n = r.get("distributed.shared_host_store"); n && n->is_boolean())  // true | false as TOML booleans
+    rc.distributed_shared_host_store = n->as_boolean()->get() ? "true" : "false";
+  else
+    r.read("distributed.shared_host_store", rc.distributed_shared_host_store);
+  r.read("distributed.ranks_per_node", rc.distributed_ranks_per_node);
   r.read("distributed.timeout", rc.distributed_timeout_s);
   r.read("distributed.diagnostics_steps", rc.distributed_diagnostics_steps);
   r.read("distributed.zo", rc.distributed_zo);
@@ -387,6 +392,11 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
                r.where("distributed.backend"), ": distributed.backend must be \"auto\", \"nccl\" or \"mpi\"");
   STRATA_CHECK(rc.distributed_zo == "data" || rc.distributed_zo == "perturbation" || rc.distributed_zo == "2d",
                r.where("distributed.zo"), ": distributed.zo must be \"data\", \"perturbation\" or \"2d\"");
+  STRATA_CHECK(rc.distributed_shared_host_store == "auto" || rc.distributed_shared_host_store == "true" ||
+               rc.distributed_shared_host_store == "false", r.where("distributed.shared_host_store"),
+               ": distributed.shared_host_store must be \"auto\", true or false");
+  STRATA_CHECK(rc.distributed_ranks_per_node >= 0, r.where("distributed.ranks_per_node"),
+               ": distributed.ranks_per_node must be >= 0 (0 = the machines' nodes)");
   STRATA_CHECK(rc.distributed_timeout_s > 0, r.where("distributed.timeout"), ": distributed.timeout must be positive (seconds)");
   STRATA_CHECK(rc.distributed_diagnostics_steps >= 0, r.where("distributed.diagnostics_steps"),
                ": distributed.diagnostics_steps must be >= 0 (0 = never)");
@@ -478,7 +488,8 @@ std::string Recipe::to_toml() const {
     if (!lora_adapter.empty()) os << "adapter = " << q(lora_adapter) << "\n";
   }
   os << "\n[distributed]\nbackend = " << q(distributed_backend) << "\nshared_host_store = "
-     << (distributed_shared_host_store ? "true" : "false") << "\ntimeout = " << distributed_timeout_s
+     << (distributed_shared_host_store == "auto" ? q(distributed_shared_host_store) : distributed_shared_host_store)
+     << "\nranks_per_node = " << distributed_ranks_per_node << "\ntimeout = " << distributed_timeout_s
      << "\ndiagnostics_steps = " << distributed_diagnostics_steps << "\nzo = " << q(distributed_zo) << "\n";
   return os.str();
 }

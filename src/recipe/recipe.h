@@ -77,7 +77,8 @@ struct Recipe {
   std::string lora_adapter;  // a PEFT adapter dir to continue from
   // [distributed] (read only under mpirun: src/train/distributed.h)
   std::string distributed_backend = "auto";
-  bool distributed_shared_host_store = false;
+  std::string distributed_shared_host_store = "auto";  // "auto" | "true" | "false" (src/train/distributed.h)
+  int64_t distributed_ranks_per_node = 0;  // 0: the machines' nodes; > 0: pretend nodes of that many ranks
   double distributed_timeout_s = 300;
   int64_t distributed_diagnostics_steps = 0;
   std::string distributed_zo = "data";  // zo-sgd: "data" | "perturbation" | "2d" (src/train/zo_step.h)

@@ -52,6 +52,7 @@ Distributed::Distributed(const Recipe& rc) {
   const CommLaunch launch = comm_launch_from_env();
   if (!launch.launched || launch.size == 1) {
     comm_ = comm_create_single();
+    node_ = comm_create_single();
     return;
   }
   rank_ = launch.rank;
@@ -63,31 +64,54 @@ Distributed::Distributed(const Recipe& rc) {
   STRATA_CHECK(rc.distributed_backend != "nccl" || comm_have_nccl(), "distributed.backend = \"nccl\" but this "
                "strata was built without NCCL (it needs the CUDA backend and NCCL under /usr/local/cuda): rebuild "
                "with NCCL, or use \"mpi\" (gradients reduced in host memory)");
-  STRATA_CHECK(rc.distributed_backend != "nccl" || !rc.distributed_shared_host_store, "distributed.backend = "
-               "\"nccl\" with distributed.shared_host_store = true is not built: a shared store takes the host "
-               "reduction, set distributed.backend = \"mpi\" (or the store unshared)");
   backend_ = rc.distributed_backend;
-  STRATA_CHECK(!rc.distributed_shared_host_store || rc.device_backend == "cpu", "distributed.shared_host_store = "
-               "true is built for the cpu backend only so far (the shared segment is not page-locked for GPU "
-               "copies yet): set distributed.shared_host_store = false with device.backend = \"", rc.device_backend, "\"");
-  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  STRATA_CHECK(!rc.distributed_shared_host_store || !local_size || std::atoi(local_size) == launch.size,
-               "distributed.shared_host_store = true shares one store between the ranks of one node, but this "
-               "launch spans several nodes (", launch.size, " ranks, ", local_size ? local_size : "?", " on this "
-               "node); one store per node across nodes is not built yet: set distributed.shared_host_store = false");
   timeout_s_ = rc.distributed_timeout_s;
   comm_ = comm_create_mpi(rc.distributed_timeout_s);
   STRATA_CHECK(comm_->rank() == rank_ && comm_->size() == size_, "MPI says rank ", comm_->rank(), " of ",
                comm_->size(), " but the launcher's environment says ", rank_, " of ", size_);
+  node_ = comm_->split_node(int(rc.distributed_ranks_per_node));
   if (rank_ > 0) silence_stderr();
 }
 
 Distributed::~Distributed() = default;
 
-std::unique_ptr<Comm> Distributed::device_comm(Device& dev, bool shared_store) {
+bool Distributed::choose_shared_store(const Recipe& rc, bool optimizer_on_nvme) {
+  if (size_ == 1 || rc.distributed_shared_host_store == "false") return false;
+  std::string why_not;
+  if (rc.optim_type == "zo-sgd")
+    why_not = "zo-sgd ranks each keep their own store (working weights + fp32 master; each applies the same update)";
+  else if (rc.lora_enabled)
+    why_not = "LoRA keeps a store per rank";
+  else if (optimizer_on_nvme)
+    why_not = "the optimizer state is on NVMe (offload.optimizer = \"nvme\", or the placement plan's choice for "
+              "\"auto\" when RAM is short); a shared store keeps it in shared RAM: set offload.optimizer = \"host\"";
+  // every rank answers alike (the plan may differ by a rank's own memory use)
+  double votes[2] = {why_not.empty() ? 0.0 : 1.0, node_->size() > 1 ? 1.0 : 0.0};
+  comm_->all_reduce_sum(votes, 2).wait();
+  const bool supported = votes[0] == 0, crowded = votes[1] > 0;
+  if (rc.distributed_shared_host_store == "true") {
+    STRATA_CHECK(supported, "distributed.shared_host_store = true: ",
+                 why_not.empty() ? std::string("another rank's run cannot share a store") : why_not,
+                 "; set distributed.shared_host_store = \"auto\" (shared where it can be) or false");
+  } else if (!supported || !crowded) {
+    if (primary())
+      std::fprintf(stderr, "strata train: one host store per rank (distributed.shared_host_store = \"auto\": %s)\n",
+                   !crowded ? "every node runs one rank" : why_not.empty() ? "another rank cannot share" : why_not.c_str());
+    return false;
+  }
+  double nodes = node_leader() ? 1.0 : 0.0;
+  comm_->all_reduce_sum(&nodes, 1).wait();
+  if (primary())
+    std::fprintf(stderr, "strata train: one shared host store per node (%d nodes, %d ranks; distributed."
+                 "shared_host_store = %s): each node's ranks split the optimizer update\n", int(nodes), size_,
+                 rc.distributed_shared_host_store.c_str());
+  return true;
+}
+
+std::unique_ptr<Comm> Distributed::device_comm(Device& dev) {
   if (size_ == 1) return nullptr;
   const bool cuda = dev.native_stream(Stream::compute) != nullptr;
-  if (backend_ == "mpi" || shared_store || !cuda || (backend_ == "auto" && !comm_have_nccl())) return nullptr;
+  if (backend_ == "mpi" || !cuda || (backend_ == "auto" && !comm_have_nccl())) return nullptr;
   return comm_create_nccl_over(*comm_, dev, timeout_s_);
 }
 

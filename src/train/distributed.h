@@ -4,9 +4,14 @@
 // its node rank, and builds the communicator the recipe asks for. Without mpirun there is one
 // rank and nothing else changes.
 //
-// Shared host store (distributed.shared_host_store, one node): src/train/shared_store.h holds
-// the store; rank 0 loads weights and checkpoints into it and writes the gradient accumulation;
-// the optimizer update is split over the ranks (offload/comm_reduction.h, engine.cpp).
+// Nodes: node() is the comm of this rank's node (Comm::split_node: the ranks sharing its memory,
+// or distributed.ranks_per_node consecutive ranks, to pretend several nodes on one machine).
+// Shared host store (distributed.shared_host_store, one per node): src/train/shared_store.h holds
+// it; each node's first rank (node_leader) loads weights and checkpoints into its node's store and
+// writes the gradient accumulation there; the optimizer update is split over the node's ranks
+// (offload/comm_reduction.h, device_reduction.h, engine.cpp). The gradients are all-reduced over
+// every rank of every node, so every node's store receives the same bits and applies the same
+// update: the stores stay identical, and equal to one process's.
 //
 // Roles: rank 0 alone writes the run directory (lock, recipe.toml, metrics.jsonl, checkpoints,
 // the export) and prints progress; the other ranks' informational output goes to /dev/null and
@@ -46,12 +51,20 @@ class Distributed {
   bool primary() const { return rank_ == 0; }
   bool data_parallel() const { return size_ > 1; }
   Comm& comm() { return *comm_; }
+  Comm& node() { return *node_; }  // this rank's node (see above)
+  bool node_leader() const { return node_->rank() == 0; }
+
+  // distributed.shared_host_store for this run, the same answer on every rank (collective): "false"
+  // never; "true" where the run supports a shared store, else an error saying why not; "auto" where
+  // it supports one and some node runs more than one rank. Supported: first order (not zo-sgd),
+  // without LoRA, with the optimizer state in RAM (not on NVMe). Says the choice on rank 0.
+  bool choose_shared_store(const Recipe& rc, bool optimizer_on_nvme);
   // The comm the gradients are reduced over on the device, once `dev` exists: NCCL (its unique id
   // broadcast over comm()) with distributed.backend = "nccl", or "auto" on the cuda backend in a
   // build with NCCL; null where they are reduced in host memory over comm() (MPI: the cpu backend,
-  // "mpi", a shared host store, a build without NCCL). The caller keeps it, and frees it before
+  // "mpi", a build without NCCL). The caller keeps it, and frees it before
   // the device.
-  std::unique_ptr<Comm> device_comm(Device& dev, bool shared_store);
+  std::unique_ptr<Comm> device_comm(Device& dev);
 
   // The sum of per-micro-batch values in the global micro-batch order, ((0 + v0) + v1) + ...,
   // where this rank holds the values of micro-batches rank, rank + N, ... (mine[j] is global
@@ -70,6 +83,7 @@ class Distributed {
   std::string backend_ = "auto";
   double timeout_s_ = 300;
   std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Comm> node_;  // after comm_: freed first (it shares comm_'s MPI worker)
 };
 
 // Worker consistency (metrics.jsonl "workers"): each rank's loss over its micro-batches and its
@@ -79,8 +93,8 @@ class Distributed {
 nlohmann::json distributed_worker_diagnostics(Distributed& dist, double local_loss_sum, int64_t local_tokens,
                                               const CommDiagnostics& d);
 
-// Rank 0's state to every rank (collective): a resume into a shared host store, which rank 0 alone
-// loads.
+// Rank 0's state to every rank (collective): a resume into shared host stores, which the node
+// leaders alone load.
 void distributed_share_state(Distributed& dist, TrainState& state);
 
 // Where errors go: stderr (kept when a rank > 0 silences its informational output).

@@ -15,9 +15,9 @@
 
 namespace strata {
 
-SharedHostMemory::SharedHostMemory(Comm& comm, size_t bytes) : bytes_(bytes) {
+SharedHostMemory::SharedHostMemory(Comm& comm, size_t bytes, Device* dev) : bytes_(bytes), dev_(dev) {
   char name[64] = {};
-  int created = 0;  // rank 0: 1 once the segment exists and has its size
+  int created = 0;  // node rank 0: 1 once the segment exists and has its size
   if (comm.rank() == 0) {
     std::snprintf(name, sizeof name, "/strata-%d-%08x", int(getpid()), unsigned(std::random_device{}()));
     const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -30,7 +30,7 @@ SharedHostMemory::SharedHostMemory(Comm& comm, size_t bytes) : bytes_(bytes) {
   double ok = created;
   comm.broadcast(name, sizeof name, 0).wait();
   comm.broadcast(&ok, sizeof ok, 0).wait();
-  STRATA_CHECK(ok == 1, "distributed.shared_host_store: rank 0 cannot create ", format_bytes(bytes),
+  STRATA_CHECK(ok == 1, "distributed.shared_host_store: the node's first rank cannot create ", format_bytes(bytes),
                " of POSIX shared memory (/dev/shm too small or not writable?): enlarge /dev/shm (docker: "
                "--shm-size) or set distributed.shared_host_store = false");
   const int fd = shm_open(name, O_RDWR, 0600);
@@ -41,14 +41,16 @@ SharedHostMemory::SharedHostMemory(Comm& comm, size_t bytes) : bytes_(bytes) {
   comm.all_reduce_sum(&mapped, 1).wait();  // every rank has mapped it (or failed): unlink now
   if (comm.rank() == 0) shm_unlink(name);
   if (p == MAP_FAILED && fd < 0) errno = open_errno;
-  STRATA_CHECK(p != MAP_FAILED, "rank ", comm.rank(), ": cannot map the shared host store ", name, " (",
+  STRATA_CHECK(p != MAP_FAILED, "node rank ", comm.rank(), ": cannot map the shared host store ", name, " (",
                std::strerror(errno), "); set distributed.shared_host_store = false");
   STRATA_CHECK(mapped == double(comm.size()), "a rank could not map the shared host store; set "
                "distributed.shared_host_store = false");
   data_ = p;
+  if (dev_) registered_ = dev_->register_host(data_, bytes_);
 }
 
 SharedHostMemory::~SharedHostMemory() {
+  if (registered_) dev_->unregister_host(data_);
   if (data_) munmap(data_, bytes_);
 }
 

@@ -305,10 +305,6 @@ void TrainRun::set_up() {
   check_inputs(rc_);
   zo_par_ = rc_.optim_type == "zo-sgd" ? zo_parallel_layout(rc_.distributed_zo, dist_.rank(), dist_.size())
                                        : ZoParallel{1, 0, dist_.size(), dist_.rank()};
-  STRATA_CHECK(rc_.optim_type != "zo-sgd" || !dist_.data_parallel() || !rc_.distributed_shared_host_store,
-               "distributed.shared_host_store = true shares a first-order store; zo-sgd ranks each keep their own "
-               "(working weights + fp32 master, and each applies the same update): set distributed.shared_host_store "
-               "= false");
   if (rc_.optim_type == "zo-sgd" && dist_.data_parallel())
     std::fprintf(stderr, "strata train: zo-sgd over %d ranks: %d side(s) x %d data group(s) (distributed.zo = \"%s\"); "
                  "only the loss scalars cross between ranks\n", dist_.size(), zo_par_.sides, zo_par_.groups,
@@ -398,14 +394,11 @@ void TrainRun::set_up_model() {
   eopt_.optimizer = plan_.optimizer_on_nvme ? "nvme" : "host";
   if (plan_.nvme_checkpoints > 0) eopt_.checkpoints = "nvme";
   sopt.state_on_nvme = plan_.optimizer_on_nvme;
-  STRATA_CHECK(!(sopt.state_on_nvme && dist_.data_parallel() && rc_.distributed_shared_host_store),
-               "distributed.shared_host_store = true keeps the optimizer state in shared RAM: set offload.optimizer "
-               "= \"host\", or distributed.shared_host_store = false");
+  shared_store_ = dist_.choose_shared_store(rc_, sopt.state_on_nvme);
 
   dev_ = device_create(dopt);
-  shared_store_ = dist_.data_parallel() && rc_.distributed_shared_host_store;  // first order only (set_up)
-  if (shared_store_) {  // one store for the node's ranks (src/train/shared_store.h)
-    shared_memory_ = std::make_unique<SharedHostMemory>(dist_.comm(), HostStore::shared_bytes(spec));
+  if (shared_store_) {  // one store for the node's ranks (src/train/shared_store.h), page-locked for copies
+    shared_memory_ = std::make_unique<SharedHostMemory>(dist_.node(), HostStore::shared_bytes(spec), dev_.get());
     store_ = std::make_unique<HostStore>(*dev_, spec, shared_memory_->data());
   } else {
     store_ = std::make_unique<HostStore>(*dev_, spec, sopt);
@@ -418,13 +411,14 @@ void TrainRun::set_up_model() {
     engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_, lora_.get());
   }
   if (dist_.data_parallel() && engine_) {  // zo-sgd reduces loss scalars only (zo_step.h)
-    device_comm_ = dist_.device_comm(*dev_, shared_store_);
+    device_comm_ = dist_.device_comm(*dev_);
+    Comm* node = shared_store_ ? &dist_.node() : nullptr;  // the ranks sharing this rank's store
     std::unique_ptr<DataParallelReduction> reduction;
     if (device_comm_) {
-      reduction = std::make_unique<DeviceGradReduction>(*device_comm_, spec.lm_head == kAbsent, *dev_);
+      reduction = std::make_unique<DeviceGradReduction>(*device_comm_, spec.lm_head == kAbsent, *dev_, node);
       std::fprintf(stderr, "strata train: gradients all-reduced on the device over %s\n", device_comm_->name().c_str());
     } else {
-      reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_, shared_store_);
+      reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_, node);
     }
     reduction_ = reduction.get();
     engine_->set_grad_reduction(std::move(reduction));
@@ -477,7 +471,7 @@ void TrainRun::plan_with_data() {
 
 void TrainRun::load_weights() {
   const auto t0 = Clock::now();
-  if (shared_store_ && !dist_.primary()) {  // rank 0 fills the shared store
+  if (shared_store_ && !dist_.node_leader()) {  // each node's first rank fills its node's store
   } else if (!rc_.model_path.empty()) {
     progress_.phase("loading model weights from " + rc_.model_path);
     model_load_weights(*store_, rc_.model_path);
@@ -525,9 +519,9 @@ void TrainRun::resume() {
   } else {
     progress_.phase("verifying and loading " + resume_dir_);
     TrainState saved =
-        shared_store_ && !dist_.primary() ? TrainState{} : checkpoint_load(resume_dir_, *store_, lora_.get());
+        shared_store_ && !dist_.node_leader() ? TrainState{} : checkpoint_load(resume_dir_, *store_, lora_.get());
     if (lora_) engine_->lora_upload();
-    if (shared_store_) distributed_share_state(dist_, saved);  // rank 0 loaded the shared store
+    if (shared_store_) distributed_share_state(dist_, saved);  // the node leaders loaded the shared stores
     STRATA_CHECK(saved.rows == state_.rows && saved.data_hash == state_.data_hash, "cannot resume from ",
                  resume_dir_, ": its training data (", saved.rows, " rows) differs from this run's (", state_.rows,
                  " rows, or the same count with other tokens); resume needs the same data, tokenizer, "

@@ -10,6 +10,7 @@
 // when the machine has 2 GPUs, else skipped (exit 77).
 #if defined(STRATA_TEST_NCCL)
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -49,10 +50,17 @@ struct RankResult {
 };
 
 // `steps` optimizer steps; in step s the engine runs micro[s][0..] (accumulated), then AdamW.
+// shared: a store every rank maps (shared_bytes of the spec, zero filled), which node rank 0
+// loads; `node` (the ranks sharing it) meets before the store is read.
 RankResult run_engine(Device& dev, const Golden& g, DType dtype, const std::vector<std::vector<MicroBatch>>& micro,
-                      float scale, std::unique_ptr<GradReduction> reduction) {
-  HostStore store(dev, model_spec_build(hf_config_load(g.dir), dtype));
-  model_load_weights(store, g.dir);
+                      float scale, std::unique_ptr<GradReduction> reduction, void* shared = nullptr,
+                      Comm* node = nullptr) {
+  const ModelSpec spec = model_spec_build(hf_config_load(g.dir), dtype);
+  std::unique_ptr<HostStore> owned = shared ? std::make_unique<HostStore>(dev, spec, shared)
+                                            : std::make_unique<HostStore>(dev, spec);
+  HostStore& store = *owned;
+  if (!node || node->rank() == 0) model_load_weights(store, g.dir);
+  if (node) node->barrier();
   EngineOptions eo;
   eo.weights = "stream";
   eo.checkpoints = "host";
@@ -69,6 +77,7 @@ RankResult run_engine(Device& dev, const Golden& g, DType dtype, const std::vect
     if (dp && s == 0) dp->diagnostics_begin();
     for (const MicroBatch& mb : micro[s]) r.losses.push_back(engine.forward_backward(mb, scale));
     engine.synchronize();
+    if (node) node->barrier();  // node rank 0 has added every gradient into the shared store
     if (dp && s == 0) r.diag = dp->diagnostics_end();
     r.grads.emplace_back(store.grad(), store.grad() + store.f32_floats());
     AdamWParams ap;
@@ -81,6 +90,45 @@ RankResult run_engine(Device& dev, const Golden& g, DType dtype, const std::vect
   return r;
 }
 
+// Exits as skipped (ctest SKIP_RETURN_CODE) on a real machine with fewer GPUs than ranks.
+void skip_without_gpus(int ranks) {
+#if !defined(STRATA_CUEMU)
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < ranks) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "SKIPPED: %d NCCL ranks need %d GPUs, this machine has %d\n", ranks, ranks, gpus);
+    std::exit(cuda_testing::kSkipExitCode);
+  }
+#else
+  (void)ranks;
+#endif
+}
+
+// `ranks` threads, each with its own device and NCCL comm, run rank(r, dev, comm); errors[r] holds
+// what a rank threw ("" when none).
+template <class F>
+std::vector<RankResult> run_ranks(int ranks, std::vector<std::string>& errors, F&& rank) {
+  const CommNcclId id = comm_nccl_unique_id();
+  std::vector<RankResult> results(static_cast<size_t>(ranks));
+  errors.assign(size_t(ranks), "");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+#if !defined(STRATA_CUEMU)
+        cudaSetDevice(r);
+#endif
+        auto dev = cuda_testing::test_device();
+        auto comm = comm_create_nccl(*dev, r, ranks, r, id, 120);
+        results[size_t(r)] = rank(r, *dev, *comm);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -90,14 +138,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumulating 2 micro-batches",
           "[cuda-emu][comm]") {
   constexpr int kRanks = 2, kSteps = 2;
-#if !defined(STRATA_CUEMU)
-  int gpus = 0;
-  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < kRanks) {  // skipped (ctest SKIP_RETURN_CODE)
-    std::fflush(stdout);
-    std::fprintf(stderr, "SKIPPED: 2 NCCL ranks need 2 GPUs, this machine has %d\n", gpus);
-    std::exit(cuda_testing::kSkipExitCode);
-  }
-#endif
+  skip_without_gpus(kRanks);
   for (const char* name : {"llama", "mistral"})
     for (DType dtype : {DType::f32, DType::bf16})
       for (int per_rank : {1, 2}) {
@@ -117,30 +158,15 @@ TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumul
         auto one_dev = cuda_testing::test_device();
         const RankResult one = run_engine(*one_dev, g, dtype, micro, scale, nullptr);
 
-        const CommNcclId id = comm_nccl_unique_id();
-        std::vector<RankResult> ranks(kRanks);
-        std::vector<std::string> errors(kRanks);
-        std::vector<std::thread> threads;
-        for (int r = 0; r < kRanks; ++r)
-          threads.emplace_back([&, r] {
-            try {
-#if !defined(STRATA_CUEMU)
-              cudaSetDevice(r);
-#endif
-              auto dev = cuda_testing::test_device();
-              auto comm = comm_create_nccl(*dev, r, kRanks, r, id, 120);
-              std::vector<std::vector<MicroBatch>> mine(kSteps);
-              for (int s = 0; s < kSteps; ++s)
-                for (size_t m = size_t(r); m < micro[size_t(s)].size(); m += kRanks)
-                  mine[size_t(s)].push_back(micro[size_t(s)][m]);
-              const bool tied = std::string(name) == "llama";
-              ranks[size_t(r)] = run_engine(*dev, g, dtype, mine, scale,
-                                            std::make_unique<DeviceGradReduction>(*comm, tied, *dev));
-            } catch (const std::exception& e) {
-              errors[size_t(r)] = e.what();
-            }
-          });
-        for (auto& t : threads) t.join();
+        std::vector<std::string> errors;
+        const std::vector<RankResult> ranks = run_ranks(kRanks, errors, [&](int r, Device& dev, Comm& comm) {
+          std::vector<std::vector<MicroBatch>> mine(kSteps);
+          for (int s = 0; s < kSteps; ++s)
+            for (size_t m = size_t(r); m < micro[size_t(s)].size(); m += kRanks)
+              mine[size_t(s)].push_back(micro[size_t(s)][m]);
+          const bool tied = std::string(name) == "llama";
+          return run_engine(dev, g, dtype, mine, scale, std::make_unique<DeviceGradReduction>(comm, tied, dev));
+        });
         for (int r = 0; r < kRanks; ++r) {
           CAPTURE(r);
           REQUIRE(errors[size_t(r)] == "");
@@ -192,6 +218,67 @@ TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumul
           }
         }
       }
+}
+
+// One host store for both ranks (distributed.shared_host_store on the cuda backend with NCCL): the
+// store's memory is page-locked (Device::register_host, cudaHostRegister: the emulator then runs
+// every copy from it through its pinned path, faulting on a host write into a page an in-flight
+// copy reads); each rank all-reduces on its device, rank 0 alone adds into the store, each rank
+// updates half the groups. The same bits as one process with the 2 micro-batches accumulated.
+TEST_CASE("data parallel over NCCL with one shared, page-locked host store equals one process",
+          "[cuda-emu][comm]") {
+  constexpr int kRanks = 2, kSteps = 2;
+  skip_without_gpus(kRanks);
+  // tied f32 and untied bf16 (the other two pairings add time, not paths)
+  for (const std::pair<const char*, DType>& run : {std::pair{"llama", DType::f32}, std::pair{"mistral", DType::bf16}}) {
+    const char* name = run.first;
+    const DType dtype = run.second;
+    CAPTURE(name, dtype_name(dtype));
+    const Golden g = Golden::load(name);
+    const int64_t V = hf_config_load(g.dir).vocab_size;
+    std::vector<std::vector<MicroBatch>> micro(kSteps);
+    int64_t counted = 0;
+    for (int s = 0; s < kSteps; ++s)
+      for (int m = 0; m < kRanks; ++m) {
+        micro[size_t(s)].push_back(random_micro_batch(g, V, uint32_t(1000 * s + 10 * m + 3)));
+        if (s == 0) counted += micro[size_t(s)].back().counted();
+      }
+    const float scale = float(1.0 / double(counted));
+    auto one_dev = cuda_testing::test_device();
+    const RankResult one = run_engine(*one_dev, g, dtype, micro, scale, nullptr);
+
+    const size_t bytes = HostStore::shared_bytes(model_spec_build(hf_config_load(g.dir), dtype));
+    void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(shared != MAP_FAILED);
+    auto reg_dev = cuda_testing::test_device();  // one registration serves every thread (one process)
+    REQUIRE(reg_dev->register_host(shared, bytes));
+    cudaPointerAttributes attr{};
+    REQUIRE(cudaPointerGetAttributes(&attr, static_cast<char*>(shared) + bytes - 1) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeHost);  // page-locked, as cudaMallocHost's memory
+
+    std::vector<std::string> errors;
+    const std::vector<RankResult> ranks = run_ranks(kRanks, errors, [&](int r, Device& dev, Comm& comm) {
+      std::vector<std::vector<MicroBatch>> mine(kSteps);
+      for (int s = 0; s < kSteps; ++s) mine[size_t(s)].push_back(micro[size_t(s)][size_t(r)]);
+      const bool tied = std::string(name) == "llama";
+      // the node is both ranks: the NCCL comm itself serves as the node's barrier here
+      return run_engine(dev, g, dtype, mine, scale, std::make_unique<DeviceGradReduction>(comm, tied, dev, &comm),
+                        shared, &comm);
+    });
+    reg_dev->unregister_host(shared);
+    munmap(shared, bytes);
+    for (int r = 0; r < kRanks; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[size_t(r)] == "");
+      const RankResult& got = ranks[size_t(r)];
+      for (int s = 0; s < kSteps; ++s) {
+        CAPTURE(s);
+        CHECK(got.losses[size_t(s)] == one.losses[size_t(s * kRanks + r)]);
+        CHECK(same_bits(got.grads[size_t(s)], one.grads[size_t(s)]));
+        CHECK(same_bits(got.masters[size_t(s)], one.masters[size_t(s)]));
+      }
+    }
+  }
 }
 
 }  // namespace strata

@@ -2,14 +2,20 @@
 # Data-parallel training under `mpirun -np N` for ctest (label mpi; src/comm/comm.cmake):
 #   run_train_mpi.sh STRATA SCENARIO
 # on the bundled sft-tiny recipe (tied embeddings, so the tied-head path is covered), CPU backend.
-#   equal       N ranks x A micro-batches give losses, final weights and optimizer state
+#   equal       separate stores (distributed.shared_host_store = false; resume too):
+#               N ranks x A micro-batches give losses, final weights and optimizer state
 #               bit-identical to one process with A x N micro-batches, eval losses included (N=2 A=1, clip on and off;
 #               N=2 A=2; N=3 A=1; an untied bf16 model), and differ from one process with A (the
 #               check can fail)
 #   resume      saved with 2 ranks, resumed with 1 (and 1 -> 2): bit-identical to the straight run
-#   shared      distributed.shared_host_store = true: the same bit-identities (2x1, 3x2, resume 1 -> 2),
+#   shared      one node's ranks share a store: chosen by default (distributed.shared_host_store =
+#               "auto") and forced (true): the same bit-identities (2x1, 3x2, resume 1 -> 2),
 #               nothing left in /dev/shm, and 2 ranks use at most 110% of one process's host memory
 #               (summed PSS, on a model whose store dominates)
+#   nodes       the multi-node layout on one machine (distributed.ranks_per_node pretends nodes): 2
+#               nodes x 2 ranks, one shared store per node (auto), x 1 micro-batch = 1 process x 4,
+#               bit for bit over 3 steps (node 1's store feeds steps 2 and 3 of ranks 2 and 3);
+#               uneven nodes (3 + 1 ranks) too; 2 nodes x 1 rank: auto keeps a store per rank
 #   killed      rank 1 killed mid-run: the job exits non-zero naming rank 1 within the timeout,
 #               the newest checkpoint is complete, and `--resume auto` on one rank finishes
 #   hung        rank 1 stopped (SIGSTOP): rank 0 exits non-zero after distributed.timeout naming it
@@ -60,6 +66,9 @@ same() {
   echo "bit-identical: $4 ($(losses "$1" | wc -l) steps)"
 }
 
+case "$scenario" in
+equal|resume) common="$common distributed.shared_host_store=false" ;;
+esac
 case "$scenario" in
 equal)
   # (with an eval every 2 steps: the ranks split the eval micro-batches)
@@ -114,10 +123,14 @@ shared)
   # distributed.shared_host_store = true: one store in shared memory, the optimizer split over the
   # ranks; still bit-identical to one process (and to separate stores), resumable across counts
   sh="distributed.shared_host_store=true"
+  # clip 1.0: by default ("auto"); clip 0: forced
   for clip in 1.0 0; do
     train 1 "$work/s2_$clip" train.max_steps=3 train.gradient_accumulation_steps=2 optim.max_grad_norm=$clip
-    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip $sh
-    same "$work/s2_$clip" "$work/d2_$clip" 3 "shared store: 2 ranks x 1 = 1 process x 2, max_grad_norm=$clip"
+    if [ $clip = 0 ]; then force=$sh; else force=""; fi
+    train 2 "$work/d2_$clip" train.max_steps=3 train.gradient_accumulation_steps=1 optim.max_grad_norm=$clip $force
+    grep -q "one shared host store per node (1 nodes, 2 ranks" "$work/d2_$clip.log" ||
+      { cat "$work/d2_$clip.log"; fail "the ranks did not share a store (${force:-auto})"; }
+    same "$work/s2_$clip" "$work/d2_$clip" 3 "shared store (${force:-auto}): 2 ranks x 1 = 1 process x 2, max_grad_norm=$clip"
   done
   train 1 "$work/s6" train.max_steps=2 train.gradient_accumulation_steps=6
   train 3 "$work/d32" train.max_steps=2 train.gradient_accumulation_steps=2 $sh
@@ -164,6 +177,21 @@ shared)
   cmp -s "$work/m1/final/model.safetensors" "$work/m2/final/model.safetensors" || { tail -5 "$work/m2.log"; fail "the large model differs"; }
   [ $one -gt 1000000 ] || fail "one process peaked at $one kB: the measurement missed it"
   [ $((two * 100)) -le $((one * 110)) ] || fail "2 ranks sharing a store use more than 110% of one process's memory"
+  ;;
+nodes)
+  # every rank's store is its node's: 2 segments; rank 0 exports node 0's, and node 1's feeds the
+  # forwards of ranks 2 and 3, so a wrong node 1 store shows in steps 2 and 3
+  train 1 "$work/s4" train.max_steps=3 train.gradient_accumulation_steps=4
+  train 4 "$work/n22" train.max_steps=3 train.gradient_accumulation_steps=1 distributed.ranks_per_node=2
+  grep -q "one shared host store per node (2 nodes, 4 ranks" "$work/n22.log" || { cat "$work/n22.log"; fail "no 2 x 2 layout"; }
+  same "$work/s4" "$work/n22" 3 "2 nodes x 2 ranks sharing a store per node, x 1 = 1 process x 4"
+  train 4 "$work/n31" train.max_steps=3 train.gradient_accumulation_steps=1 distributed.ranks_per_node=3
+  grep -q "one shared host store per node (2 nodes, 4 ranks" "$work/n31.log" || { cat "$work/n31.log"; fail "no 3 + 1 layout"; }
+  same "$work/s4" "$work/n31" 3 "nodes of 3 and 1 ranks, x 1 = 1 process x 4"
+  train 2 "$work/n11" train.max_steps=3 train.gradient_accumulation_steps=2 distributed.ranks_per_node=1
+  grep -q 'one host store per rank (distributed.shared_host_store = "auto": every node runs one rank)' "$work/n11.log" ||
+    { cat "$work/n11.log"; fail "2 nodes x 1 rank did not keep a store per rank"; }
+  same "$work/s4" "$work/n11" 3 "2 nodes x 1 rank (separate stores), x 2 = 1 process x 4"
   ;;
 killed|hung)
   out="$work/f"

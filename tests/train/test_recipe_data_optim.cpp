@@ -1,5 +1,6 @@
 // Recipes (strict schema, nearest-key suggestions, overrides), packing of documents into rows,
 // CPU AdamW against its fp64 reference, and the learning-rate schedule.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -135,6 +136,29 @@ TEST_CASE("learning-rate schedules follow the Hugging Face shapes", "[optim]") {
 }  // namespace strata
 
 namespace strata {
+
+TEST_CASE("distributed.shared_host_store takes auto, true or false; ranks_per_node >= 0", "[recipe]") {
+  CHECK(recipe_parse(kRecipe, "r.toml", {}).distributed_shared_host_store == "auto");  // the default
+  CHECK(recipe_parse(kRecipe, "r.toml", {}).distributed_ranks_per_node == 0);
+  for (const char* v : {"true", "false", "\"true\"", "\"false\"", "auto", "\"auto\""}) {
+    INFO(v);
+    const Recipe r = recipe_parse(kRecipe, "r.toml", {std::string("distributed.shared_host_store=") + v});
+    std::string want = v;
+    want.erase(std::remove(want.begin(), want.end(), '"'), want.end());
+    CHECK(r.distributed_shared_host_store == want);
+    CHECK(recipe_parse(r.to_toml(), "r.toml", {}).distributed_shared_host_store == want);  // round trip
+  }
+  const Recipe in_file = recipe_parse(std::string(kRecipe) + "[distributed]\nshared_host_store = false\n"
+                                      "ranks_per_node = 2\n", "r.toml", {});
+  CHECK(in_file.distributed_shared_host_store == "false");
+  CHECK(in_file.distributed_ranks_per_node == 2);
+  CHECK_THROWS_WITH(recipe_parse(kRecipe, "r.toml", {"distributed.shared_host_store=maybe"}),
+                    Catch::Contains("must be \"auto\", true or false"));
+  CHECK_THROWS_WITH(recipe_parse(kRecipe, "r.toml", {"distributed.shared_host_store=1"}),
+                    Catch::Contains("must be a string"));
+  CHECK_THROWS_WITH(recipe_parse(kRecipe, "r.toml", {"distributed.ranks_per_node=-1"}),
+                    Catch::Contains("distributed.ranks_per_node must be >= 0"));
+}
 
 TEST_CASE("every recipe key is documented in recipes/README.md", "[recipe]") {
   const std::string doc = testing::read_file(testing::source_path("recipes/README.md"));

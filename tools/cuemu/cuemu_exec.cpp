@@ -78,7 +78,14 @@ struct FiberRun {
   const std::function<void()>* body = nullptr;
 };
 thread_local FiberRun* tl_fibers = nullptr;
-thread_local std::vector<FiberStack> tl_stack_pool;
+// A thread's stacks, unmapped when the thread ends (tests that start threads per case, e.g. ranks
+// as threads, would otherwise run out of mappings: vm.max_map_count).
+struct FiberStackPool : std::vector<FiberStack> {
+  ~FiberStackPool() {
+    for (const FiberStack& s : *this) munmap(s.base, s.bytes);
+  }
+};
+thread_local FiberStackPool tl_stack_pool;
 
 void fiber_stacks_reserve(unsigned n) {
   long page = sysconf(_SC_PAGESIZE);
