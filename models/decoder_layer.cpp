@@ -11,10 +11,20 @@ namespace {
 
 enum Linear { kQ, kK, kV, kO, kGate, kUp, kDown };
 
-// y (N,O) = x (N,I) W^T (+ b) (+ (x A^T) B'^T with an adapter). W (O,I) is d.wt; in bf16 mode x
-// is rounded into `cast` first; the adapter path is f32.
+// The adapter's input: x, or with dropout x' = mask ⊙ x / (1 − p) written into lora_x (N,I).
+const float* lora_input(Device& dev, const float* x, const LoraLinear& ad, float* lora_x, int64_t n, int64_t i,
+                        Stream s) {
+  if (ad.dropout == 0.0) return x;
+  STRATA_ASSERT(lora_x != nullptr, "LoRA dropout without its workspace (LayerDims::lora_dropout)");
+  dev.dropout_apply(lora_x, x, ad.dropout_seed, ad.dropout_tensor, ad.dropout, n * i, false, s);
+  return lora_x;
+}
+
+// y (N,O) = x (N,I) W^T (+ b) (+ (x' A^T) B'^T with an adapter, x' = x or its dropout). W (O,I) is
+// d.wt; in bf16 mode x is rounded into `cast` first; the adapter path is f32.
 void linear_forward(Device& dev, float* y, const float* x, const void* w, const float* b, const LoraLinear& ad,
-                    bf16* cast, float* lora_u, int64_t n, int64_t o, int64_t i, const LayerDims& d, Stream s) {
+                    bf16* cast, float* lora_u, float* lora_x, int64_t n, int64_t o, int64_t i, const LayerDims& d,
+                    Stream s) {
   if (d.wt == DType::f32) {
     dev.matmul(y, x, w, DType::f32, n, o, i, false, true, 0.f, s);
   } else {
@@ -22,7 +32,8 @@ void linear_forward(Device& dev, float* y, const float* x, const void* w, const 
     dev.matmul(y, cast, w, DType::bf16, n, o, i, false, true, 0.f, s);
   }
   if (ad.a) {
-    dev.matmul(lora_u, x, ad.a, DType::f32, n, d.lora_r, i, false, true, 0.f, s);   // u (N,r) = x A^T
+    const float* xa = lora_input(dev, x, ad, lora_x, n, i, s);
+    dev.matmul(lora_u, xa, ad.a, DType::f32, n, d.lora_r, i, false, true, 0.f, s);  // u (N,r) = x' A^T
     dev.matmul(y, lora_u, ad.b, DType::f32, n, o, d.lora_r, false, true, 1.f, s);   // y += u B'^T
   }
   if (b) dev.bias_forward(y, b, n, o, s);
@@ -30,7 +41,8 @@ void linear_forward(Device& dev, float* y, const float* x, const void* w, const 
 
 // dx (N,I) = dy W (written, or added when accumulate); dW (O,I) += dy^T x unless dw is null
 // (frozen); db (O) += sum dy. With an adapter: t = dy B' (N,r); dx += t A; dA += t^T x;
-// dB' += dy^T (x A^T).
+// dB' += dy^T (x A^T); with dropout x' (the forward's mask, drawn again) replaces x there and
+// dx += mask ⊙ (t A) / (1 − p).
 void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLinearGrads& gad, const float* dy,
                      const float* x, const void* w, const LoraLinear& ad, LayerWorkspace& ws, int64_t n, int64_t o,
                      int64_t i, bool accumulate, const LayerDims& d, Stream s) {
@@ -49,11 +61,18 @@ void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLin
   if (db) dev.bias_backward(db, dy, n, o, s);
   if (ad.a) {
     const int64_t r = d.lora_r;
+    const float* xa = lora_input(dev, x, ad, ws.lora_x, n, i, s);                 // x' (N,I)
     dev.matmul(ws.lora_t, dy, ad.b, DType::f32, n, r, o, false, false, 0.f, s);   // t (N,r) = dy B'
-    dev.matmul(dx, ws.lora_t, ad.a, DType::f32, n, i, r, false, false, 1.f, s);   // dx += t A
-    dev.matmul(gad.a, ws.lora_t, x, DType::f32, r, i, n, true, false, 1.f, s);    // dA += t^T x
-    dev.matmul(ws.lora_u, x, ad.a, DType::f32, n, r, i, false, true, 0.f, s);     // u = x A^T
+    if (ad.dropout == 0.0) {
+      dev.matmul(dx, ws.lora_t, ad.a, DType::f32, n, i, r, false, false, 1.f, s);  // dx += t A
+    }
+    dev.matmul(gad.a, ws.lora_t, xa, DType::f32, r, i, n, true, false, 1.f, s);   // dA += t^T x'
+    dev.matmul(ws.lora_u, xa, ad.a, DType::f32, n, r, i, false, true, 0.f, s);    // u = x' A^T
     dev.matmul(gad.b, dy, ws.lora_u, DType::f32, o, r, n, true, false, 1.f, s);   // dB' += dy^T u
+    if (ad.dropout != 0.0) {  // x' is read: lora_x takes t A, and dx += its dropout
+      dev.matmul(ws.lora_x, ws.lora_t, ad.a, DType::f32, n, i, r, false, false, 0.f, s);
+      dev.dropout_apply(dx, ws.lora_x, ad.dropout_seed, ad.dropout_tensor, ad.dropout, n * i, true, s);
+    }
   }
 }
 
@@ -61,11 +80,11 @@ void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLin
 void attention_out_to_act(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
                           const LayerDims& d, Stream s) {
   const int64_t N = d.N(), C = d.C, H = d.H, D = d.D, F = d.F;
-  linear_forward(dev, ws.h, ws.attn, w.o, w.o_bias, w.lora[kO], ws.cast_a, ws.lora_u, N, C, H * D, d, s);
+  linear_forward(dev, ws.h, ws.attn, w.o, w.o_bias, w.lora[kO], ws.cast_a, ws.lora_u, ws.lora_x, N, C, H * D, d, s);
   dev.add_inplace(ws.h, x, N * C, s);  // residual
   dev.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, d.eps, s);
-  linear_forward(dev, ws.gate, ws.xn2, w.gate, nullptr, w.lora[kGate], ws.cast_a, ws.lora_u, N, F, C, d, s);
-  linear_forward(dev, ws.up, ws.xn2, w.up, nullptr, w.lora[kUp], ws.cast_a, ws.lora_u, N, F, C, d, s);
+  linear_forward(dev, ws.gate, ws.xn2, w.gate, nullptr, w.lora[kGate], ws.cast_a, ws.lora_u, ws.lora_x, N, F, C, d, s);
+  linear_forward(dev, ws.up, ws.xn2, w.up, nullptr, w.lora[kUp], ws.cast_a, ws.lora_u, ws.lora_x, N, F, C, d, s);
   dev.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
 }
 
@@ -113,6 +132,7 @@ LayerWorkspace carve(const LayerDims& d, Carver& c, bool with_backward = true) {
   ws.act = c.take<float>(N * F);
   ws.lora_u = d.lora_r > 0 ? c.take<float>(N * d.lora_r) : nullptr;
   ws.lora_t = d.lora_r > 0 && with_backward ? c.take<float>(N * d.lora_r) : nullptr;
+  ws.lora_x = d.lora_r > 0 && d.lora_dropout ? c.take<float>(N * widest) : nullptr;
   if (!with_backward) {
     ws.cast_a = c.take<bf16>(N * widest);
     ws.cast_b = nullptr;
@@ -164,11 +184,11 @@ void layer_forward_qkv(Device& dev, const float* x, const LayerWeights& w, const
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D;
   const bool qk_norm = w.q_norm != nullptr;
   dev.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, d.eps, s);
-  linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, w.lora[kQ], ws.cast_a, ws.lora_u, N, H * D,
-                 C, d, s);
-  linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, w.lora[kK], ws.cast_a, ws.lora_u, N,
+  linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, w.lora[kQ], ws.cast_a, ws.lora_u, ws.lora_x,
+                 N, H * D, C, d, s);
+  linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, w.lora[kK], ws.cast_a, ws.lora_u, ws.lora_x, N,
                  Hk * D, C, d, s);
-  linear_forward(dev, ws.v, ws.xn1, w.v, w.v_bias, w.lora[kV], ws.cast_a, ws.lora_u, N, Hk * D, C, d, s);
+  linear_forward(dev, ws.v, ws.xn1, w.v, w.v_bias, w.lora[kV], ws.cast_a, ws.lora_u, ws.lora_x, N, Hk * D, C, d, s);
   if (qk_norm) {
     dev.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, d.eps, s);
     dev.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, d.eps, s);
@@ -189,7 +209,7 @@ void layer_forward_from_attention(Device& dev, float* out, const float* x, const
   STRATA_ASSERT(out != x, "layer_forward_from_attention: out aliases x");
   attention_out_to_act(dev, x, w, ws, d, s);
   const int64_t N = d.N();
-  linear_forward(dev, out, ws.act, w.down, nullptr, w.lora[kDown], ws.cast_a, ws.lora_u, N, d.C, d.F, d, s);
+  linear_forward(dev, out, ws.act, w.down, nullptr, w.lora[kDown], ws.cast_a, ws.lora_u, ws.lora_x, N, d.C, d.F, d, s);
   dev.add_inplace(out, ws.h, N * d.C, s);  // residual
 }
 

@@ -11,7 +11,10 @@
 //
 // LoRA (offload/lora.h): a linear with an adapter adds (x A^T) B'^T to its output, where A is
 // (r, I) and B' = (alpha / r) B is (O, r), both f32; its backward adds (dy B') A into dx and
-// accumulates dA += (dy B')^T x, dB' += dy^T (x A^T). A layer whose base weights are frozen has
+// accumulates dA += (dy B')^T x, dB' += dy^T (x A^T). With LoRA dropout (PEFT's lora_dropout) the
+// adapter path reads x' = mask ⊙ x / (1 − p) instead of x (kernels/common/dropout_mask.h: the mask
+// is a function of the adapter's seed, its tensor number and the element, so backward draws it
+// again): y += (x' A^T) B'^T; dx += mask ⊙ ((dy B') A) / (1 − p); dA += (dy B')^T x'. A layer whose base weights are frozen has
 // null base gradients (LayerGrads): no dW is computed; the norm weights' gradients still need
 // somewhere to go (the kernels add into them) and are pointed at scratch.
 #pragma once
@@ -26,6 +29,7 @@ struct LayerDims {
   float eps = 1e-6f;
   DType wt = DType::f32;  // 2-D weights: f32 or bf16 (then matmul inputs and attention dots bf16)
   int64_t lora_r = 0;     // LoRA rank (0: no adapters); sizes the workspace's adapter scratch
+  bool lora_dropout = false;  // LoRA dropout possible: the workspace holds the dropped input (lora_x)
   int64_t N() const { return B * T; }
 };
 
@@ -34,6 +38,11 @@ constexpr int kLayerLinears = 7;
 struct LoraLinear {
   const float* a = nullptr;  // (r, I); null: no adapter on this linear
   const float* b = nullptr;  // (O, r), holding (alpha / r) B
+  // LoRA dropout on this adapter's input: probability (0: none, as in eval) and the mask's key
+  // (kernels/common/dropout_mask.h; offload/lora.h: lora_dropout_seed, lora_dropout_tensor).
+  double dropout = 0.0;
+  uint64_t dropout_seed = 0;
+  uint32_t dropout_tensor = 0;
 };
 struct LoraLinearGrads {
   float* a = nullptr;  // (r, I) accumulated
@@ -82,6 +91,8 @@ struct LayerWorkspace {
   float *dk_raw;               // (N, Hk*D) gradient before the per-head k norm (qk_norm only)
   bf16 *cast_a, *cast_b;       // (N, max(C, H*D, F)) bf16 copies of matmul inputs (bf16 mode)
   float *lora_u, *lora_t;      // (N, r) x A^T and dy B' (lora_r > 0; else null)
+  float *lora_x;               // (N, max(C, H*D, F)) the dropped adapter input, then (dy B') A
+                               // (lora_dropout; else null)
 };
 
 size_t layer_workspace_bytes(const LayerDims& d);

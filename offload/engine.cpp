@@ -16,6 +16,8 @@
 //   head_grad_copied[b] d2h (chunk gradient)       compute; host task           the same, lm_head gradient slot b
 //   norm_grad_copied    d2h (final norm gradient)  compute; host task           the same, final norm gradient
 //   dx0_copied          d2h (d x0)                 host task; finish_step       scattering d x0 before it landed
+//   lora_grad_copied    d2h (LoRA micro-batch      compute (zeroing it); host   reusing the micro-batch adapter
+//                       adapter gradients)         task                         gradients (data parallel)
 //   loss_copied         compute (loss d2h)         host (finish_step)           reading the loss before it landed
 // Host-side reuse is guarded by host-queue tickets: staging_ticket[b] / head_staging_ticket[b]
 // (a staging buffer's previous reader), optimizer_ticket[g] (group g's update, before its
@@ -155,6 +157,7 @@ void Engine::create_events() {
   for (size_t i = 0; i < L_; ++i) ev_.grad_copied.push_back(std::shared_ptr<Event>(dev_.event_create()));
   ev_.norm_grad_copied = std::shared_ptr<Event>(dev_.event_create());
   ev_.dx0_copied = std::shared_ptr<Event>(dev_.event_create());
+  ev_.lora_grad_copied = std::shared_ptr<Event>(dev_.event_create());
 }
 
 Engine::~Engine() {
@@ -176,7 +179,10 @@ template <class Linear>
 void lora_view(const LoraLayout& l, size_t layer, float* base, Linear (&out)[kLayerLinears]) {
   for (int t = 0; t < kLayerLinears; ++t) {
     const int64_t a = l.a_row[layer][size_t(t)];
-    if (a != kAbsent) out[t] = {base + l.table[size_t(a)].offset / 4, base + l.table[size_t(a) + 1].offset / 4};
+    if (a != kAbsent) {
+      out[t].a = base + l.table[size_t(a)].offset / 4;
+      out[t].b = base + l.table[size_t(a) + 1].offset / 4;
+    }
   }
 }
 
@@ -187,7 +193,12 @@ void lora_view(const LoraLayout& l, size_t layer, float* base, Linear (&out)[kLa
 LayerWeights Engine::ensure_layer(size_t layer) {
   const char* slot = layers_->acquire(layer, layer_host_block(store_, layer), [&] { wait_optimizer(1 + layer); });
   LayerWeights w = layer_weights_in(store_, slot, layer);
-  if (lora_) lora_view(lora_->layout(), layer, buf_.lora_weights, w.lora);
+  if (lora_) {
+    lora_view(lora_->layout(), layer, buf_.lora_weights, w.lora);
+    for (int t = 0; t < kLayerLinears; ++t)
+      if (w.lora[t].a && lora_dropout_.p > 0)
+        w.lora[t] = {w.lora[t].a, w.lora[t].b, lora_dropout_.p, lora_dropout_.seed, lora_dropout_tensor(layer, t)};
+  }
   return w;
 }
 
@@ -202,7 +213,7 @@ LayerGrads Engine::frozen_grads_at(size_t layer) const {
   g.input_norm = g.post_norm = buf_.norm_grad;
   const LayerParamRows& rows = store_.spec().layers[layer];
   if (rows.q_norm != kAbsent) g.q_norm = g.k_norm = buf_.norm_grad;
-  lora_view(lora_->layout(), layer, buf_.lora_grads, g.lora);
+  lora_view(lora_->layout(), layer, buf_.lora_mb_grads, g.lora);
   return g;
 }
 
@@ -231,6 +242,12 @@ void Engine::mark_device_weights_stale() {
 // ---- one pass: tokens, forward ------------------------------------------------------------
 
 double Engine::step(const MicroBatch& mb, StepKind kind, float grad_scale) {
+  lora_dropout_.p = 0;
+  if (lora_ && kind == StepKind::forward_backward && opt_.lora.dropout > 0) {  // this pass's masks
+    lora_dropout_.p = opt_.lora.dropout;
+    lora_dropout_.seed = lora_dropout_seed(opt_.lora.seed, lora_dropout_.step, lora_dropout_.next);
+    lora_dropout_.next += lora_dropout_.stride;
+  }
   upload_tokens(mb);
   spill_pass_ = spill_ && kind == StepKind::forward_backward;
   forward();
@@ -346,11 +363,15 @@ void Engine::head_backward(float grad_scale) {
     const int64_t v0 = int64_t(k) * R, vc = std::min(R, V - v0);
     const size_t chunk_bytes = bytes_of<float>(vc * C);
     const void* w = ensure_head_chunk(k);
+    if (lora_) {  // frozen lm_head: d(hidden) only, no weight-gradient matmul
+      objective_->chunk_backward(buf_.dhn, nullptr, head, w, lm_type, v0, vc, grad_scale, dev_, s);
+      release_head_chunk(k);
+      continue;
+    }
     dev_.stream_wait_event(s, *ev_.head_grad_copied[b]);  // the slot's previous chunk has left
     dev_.memset_zero(buf_.head_grad_slots[b], chunk_bytes, s);
     objective_->chunk_backward(buf_.dhn, buf_.head_grad_slots[b], head, w, lm_type, v0, vc, grad_scale, dev_, s);
     release_head_chunk(k);
-    if (lora_) continue;  // frozen lm_head: its gradient chunk is discarded
     float* staging = buf_.head_grad_staging[b];
     GradReduction* red = reduction_.get();
     head_staging_ticket_[b] = stage_to_host({GradLanding::head_chunk, v0, vc, C}, staging, buf_.head_grad_slots[b],
@@ -409,6 +430,10 @@ void Engine::backward() {
   float* dout = buf_.dx[0];
   float* dx = buf_.dx[1];
   std::vector<bool> copied_this_step(L_, false);
+  if (lora_) {  // this micro-batch's adapter gradients, from zero (lora_grads_land adds them)
+    dev_.stream_wait_event(s, *ev_.lora_grad_copied);
+    dev_.memset_zero(buf_.lora_mb_grads, shape_.lora_bytes, s);
+  }
   if (spill_)  // the first kSpillRing checkpoints the backward needs, read ahead
     for (size_t k = 0; k < kSpillRing && k + 3 <= L_; ++k)
       if (spilled_to_nvme(L_ - 3 - k)) spill_->read_ahead(L_ - 3 - k, bytes_of<float>(dims_.N() * dims_.C));
@@ -434,7 +459,26 @@ void Engine::backward() {
     std::swap(dout, dx);
   }
   STRATA_ASSERT(dout == buf_.dx[L_ % 2]);
-  if (!lora_) embed_backward();  // LoRA: the embedding is frozen; d x0 is not needed
+  if (lora_) lora_grads_land();
+  else embed_backward();  // LoRA: the embedding is frozen; d x0 is not needed
+}
+
+// LoRA: the micro-batch's adapter gradients g join the step's G in micro-batch order, one
+// elementwise G + g: on the device (one process; G crosses the link once per step), or data
+// parallel through the gradient reduction on the host (G there; grad_reduction.h: the ranks' g
+// summed in the single-process order, so N ranks equal one process accumulating their
+// micro-batches, bit for bit over host buffers).
+void Engine::lora_grads_land() {
+  const size_t n = lora_->layout().floats();
+  if (!lora_host_accumulation_) {
+    dev_.add_inplace(buf_.lora_grads, buf_.lora_mb_grads, int64_t(n), Stream::compute);
+    return;
+  }
+  GradReduction* red = reduction_.get();
+  float* dst = lora_->grad();
+  float* staging = buf_.lora_grad_staging;
+  lora_staging_ticket_ = stage_to_host({}, staging, buf_.lora_mb_grads, shape_.lora_bytes, ev_.lora_grad_copied,
+                                       lora_staging_ticket_, [red, dst, staging, n] { red->add_dense(dst, staging, n); });
 }
 
 // Layer i's gradient: device slot -> pinned staging -> added into the host accumulation, in
@@ -510,6 +554,7 @@ void Engine::wait_optimizer(size_t group) {
 void Engine::set_grad_reduction(std::unique_ptr<GradReduction> reduction) {
   synchronize();
   reduction_ = std::move(reduction);
+  lora_host_accumulation_ = lora_ != nullptr;  // data parallel: the adapters' G on the host
 }
 
 void Engine::zero_grads() {
@@ -517,6 +562,7 @@ void Engine::zero_grads() {
   if (lora_) {
     dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
     dev_.stream_synchronize(Stream::compute);
+    std::memset(lora_->grad(), 0, shape_.lora_bytes);
     return;
   }
   std::memset(store_.grad(), 0, bytes_of<float>(int64_t(store_.f32_floats())));
@@ -529,11 +575,22 @@ void Engine::lora_upload() {
   dev_.stream_synchronize(Stream::compute);
 }
 
+void Engine::lora_dropout_begin_step(int64_t step, int64_t first, int64_t stride) {
+  STRATA_ASSERT(step >= 0 && first >= 0 && stride >= 1);
+  lora_dropout_.step = step;
+  lora_dropout_.next = first;
+  lora_dropout_.stride = stride;
+}
+
 void Engine::lora_collect_grads() {
   STRATA_ASSERT(lora_, "lora_collect_grads outside LoRA mode");
-  dev_.copy_d2h(lora_->grad(), buf_.lora_grads, shape_.lora_bytes, Stream::compute);
-  dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
-  dev_.stream_synchronize(Stream::compute);
+  if (lora_host_accumulation_) {  // the reduction's additions into lora.grad() have landed
+    exposed_wait(&d2h_wait_s_, [&] { host_.drain(); });
+  } else {
+    dev_.copy_d2h(lora_->grad(), buf_.lora_grads, shape_.lora_bytes, Stream::compute);
+    dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
+    dev_.stream_synchronize(Stream::compute);
+  }
   lora_->unscale_b();
 }
 

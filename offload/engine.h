@@ -145,6 +145,11 @@ class Engine {
   // LoRA mode: the adapters' device copy from lora.image(), after they were set on the host
   // (initialised, loaded from a PEFT dir or a checkpoint). Synchronous.
   void lora_upload();
+  // LoRA dropout (lora.dropout > 0): the training passes that follow belong to optimizer step
+  // `step`; the first is micro-batch `first` of the step in the global order, the next first +
+  // stride, ... (stride: the data-parallel ranks). Each forward_backward draws its masks from
+  // lora_dropout_seed(options.lora.seed, step, its micro-batch); forward-only passes draw none.
+  void lora_dropout_begin_step(int64_t step, int64_t first = 0, int64_t stride = 1);
 
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }
@@ -163,6 +168,7 @@ class Engine {
   void release_head_chunk(size_t chunk);        // the compute stream is done reading it
   void mark_device_weights_stale();             // after an update: every device copy is old
   LayerGrads frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
+  void lora_grads_land();                           // LoRA: the micro-batch's adapter gradients into G
   double lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
   size_t lm_group() const { return shape_.tied ? 0 : store_.groups().size() - 1; }
   // one pass
@@ -191,6 +197,12 @@ class Engine {
   HostStore& store_;
   LoraStore* lora_ = nullptr;  // LoRA mode: the adapters (the base is frozen)
   double lora_landed_norm_ = 0;
+  bool lora_host_accumulation_ = false;  // data parallel: the adapters' step gradient sums on the host
+  struct LoraDropoutPass {
+    int64_t step = 1, next = 0, stride = 1;  // the next training pass's micro-batch: next
+    uint64_t seed = 0;                       // this pass's key; 0 dropout: none (forward-only)
+    double p = 0;
+  } lora_dropout_;
   EngineOptions opt_;
   EngineShape shape_;     // capacities: what every buffer is sized for
   LayerDims dims_;        // the current micro-batch's shape (B, T set by upload_tokens)
@@ -215,7 +227,7 @@ class Engine {
     std::unique_ptr<Event> pp_saved[2], ckpt_fetched[2], stage_free[2];
     std::unique_ptr<Event> compute_done;
     std::vector<std::shared_ptr<Event>> grad_copied;              // per layer
-    std::shared_ptr<Event> norm_grad_copied, dx0_copied, head_grad_copied[2];
+    std::shared_ptr<Event> norm_grad_copied, dx0_copied, head_grad_copied[2], lora_grad_copied;
     std::unique_ptr<Event> loss_copied;
   } ev_;
 
@@ -224,6 +236,7 @@ class Engine {
   uint64_t staging_ticket_[2] = {}, head_staging_ticket_[2] = {};  // host tasks reading staging
   std::vector<uint64_t> optimizer_ticket_;   // per group: its pending update
   uint64_t scatter_ticket_ = 0;              // the last embedding scatter (reads ids_host_, dx0_host)
+  uint64_t lora_staging_ticket_ = 0;         // data-parallel LoRA: the task reading lora_grad_staging
 
   // seams (one implementation each today)
   std::unique_ptr<LossObjective> objective_;

@@ -65,6 +65,7 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   d.wt = spec.matrix_dtype;
   if (options.lora.enabled()) {
     d.lora_r = options.lora.r;
+    d.lora_dropout = options.lora.dropout > 0;
     s.lora_bytes = LoraLayout::of(spec, options.lora).bytes;
   }
   size_t max_w = 0;
@@ -113,12 +114,14 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
     dev(s.tied ? "lm_head (tied embedding, resident)" : "lm_head (resident)", size_t(s.V) * s.lm_row_bytes,
         bind_to(into, &B::lm_resident));
   }
-  for (size_t k = 0; k < s.head_slots; ++k)
-    dev(str_cat("lm_head gradient chunk ", k), head_g, bind_at(into ? &into->head_grad_slots[k] : nullptr));
+  if (!s.frozen())  // LoRA: the frozen lm_head's backward computes d(hidden) only
+    for (size_t k = 0; k < s.head_slots; ++k)
+      dev(str_cat("lm_head gradient chunk ", k), head_g, bind_at(into ? &into->head_grad_slots[k] : nullptr));
   dev("cross-entropy token statistics", bytes_of<double>(3 * s.tokens), bind_to(into, &B::ce_stats));
   if (s.frozen()) {
     dev("LoRA adapters (every layer)", s.lora_bytes, bind_to(into, &B::lora_weights));
     dev("LoRA adapter gradients", s.lora_bytes, bind_to(into, &B::lora_grads));
+    dev("LoRA adapter gradients of one micro-batch", s.lora_bytes, bind_to(into, &B::lora_mb_grads));
   } else {
     for (size_t k = 0; k < 2; ++k)
       dev(str_cat("layer gradient slot ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_slots[k] : nullptr));
@@ -138,7 +141,10 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   dev("layer workspace", layer_workspace_bytes(s.layer_capacity), bind_to(into, &B::workspace));
 
   pinned("embedding output (host)", act, bind_to(into, &B::x0_host));
-  if (s.frozen()) return t;  // LoRA: no base gradient comes back (the adapters' are the LoRA store's)
+  if (s.frozen()) {  // LoRA: no base gradient comes back; the adapters' do under data parallel
+    pinned("LoRA adapter gradient staging", s.lora_bytes, bind_to(into, &B::lora_grad_staging));
+    return t;
+  }
   pinned("d embedding output (host)", act, bind_to(into, &B::dx0_host));
   for (size_t k = 0; k < 2; ++k)
     pinned(str_cat("layer gradient staging ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_staging[k] : nullptr));

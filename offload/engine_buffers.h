@@ -79,6 +79,8 @@ struct EngineBuffers {
   float* norm_grad = nullptr;        // (C) its gradient; LoRA: (max(C, D)) scratch the frozen norms' gradients go to
   float* lora_weights = nullptr;     // LoRA: (adapter arena) every layer's A and scaled B
   float* lora_grads = nullptr;       // LoRA: (adapter arena) their gradients, accumulated over a step
+  float* lora_mb_grads = nullptr;    // LoRA: (adapter arena) one micro-batch's gradients
+  float* lora_grad_staging = nullptr;  // LoRA, pinned: (adapter arena) a micro-batch's, data parallel
   char* lm_resident = nullptr;       // weights = device: (V, C) lm_head
   char* head_slots[2] = {};          // weights = stream: (R, C) lm_head chunks
   float* head_grad_slots[2] = {};    // (R, C) f32 lm_head gradient chunks

@@ -170,13 +170,18 @@ Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape)
   head_rows_ = head_rows_of(spec);
   head_chunks_ = size_t((V_ + head_rows_ - 1) / head_rows_);
   dims_ = dims_of(spec, shape.max_batch, shape.max_prompt);
-  const size_t left = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
+  // what the backend takes at the first GEMM (the cuBLAS workspace) stays free: every op runs on
+  // the compute stream
+  const size_t backend = dev.pending_workspace_bytes(Stream::compute);
+  const size_t free_bytes = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
+  const size_t left = free_bytes > backend ? free_bytes - backend : 0;
   GeneratorPlacement placement;
   const bool fits = choose_placement(spec, shape, left, &placement);
-  STRATA_CHECK_BUDGET(fits, "generation needs ", format_bytes(min_device_bytes(spec, shape)),
+  STRATA_CHECK_BUDGET(fits, "generation needs ", format_bytes(min_device_bytes(spec, shape) + backend),
                       " of device memory (weights streamed through two slots, the KV cache of ", shape.max_batch,
-                      " rows x ", shape.max_context, " positions spilled to host memory through two layer slots), "
-                      "the budget leaves ", format_bytes(left),
+                      " rows x ", shape.max_context, " positions spilled to host memory through two layer slots",
+                      backend ? str_cat(", ", format_bytes(backend), " of cuBLAS workspace") : std::string(),
+                      "), the budget leaves ", format_bytes(free_bytes),
                       ": raise --device-memory, or lower --max-new-tokens, --batch-size or the prompt length");
   allocate(placement);
 }
@@ -339,7 +344,7 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
   }
   const float scale = 1.0f / std::sqrt(float(dims_.D));
   dev_.attention_cached_forward(ws.attn, ws.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
-                                dims_.D, scale, s);
+                                dims_.D, scale, dims_.wt, s);  // the prefill's dot type (bf16 with bf16 weights)
   if (kv_spilled(layer)) {  // the new position to the host; then the slot may take the next layer
     kv_write_back(layer, ws.k, ws.v, start, B, 1);
     dev_.event_record(*b.kv_free[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);

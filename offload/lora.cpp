@@ -10,6 +10,7 @@
 
 #include "io/files.h"
 #include "io/safetensors.h"
+#include "kernels/common/dropout_mask.h"
 #include "models/lora_adapter.h"
 #include "offload/host_store.h"
 #include "src/core/error.h"
@@ -186,6 +187,10 @@ void lora_merge_into(HostStore& store, const LoraStore& lora) {
       lora_merge_weight(w.data(), A, B, out, in, r, l.scale);  // the merge `strata generate --adapter` runs
       store.set_param(row, w.data());
     }
+}
+
+uint64_t lora_dropout_seed(uint64_t run_seed, int64_t step, int64_t micro_batch) {
+  return dropout::dropout_seed(run_seed, uint64_t(step), uint64_t(micro_batch));
 }
 
 std::string lora_adapter_config_json(const LoraOptions& o, const std::string& base_model) {

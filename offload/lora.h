@@ -1,7 +1,8 @@
 // LoRA (issue 17, DESIGN §8b): low-rank adapters on the frozen, streamed base. Each targeted
 // linear layer W (out, in) gets A (r, in) and B (out, r); the layer computes
-//   y = x W^T + (alpha / r) · x A^T B^T
-// (PEFT's LoraLayer with lora_dropout = 0). Only A and B are trained: the base weights stay in the
+//   y = x W^T + (alpha / r) · dropout(x) A^T B^T
+// (PEFT's LoraLayer; dropout on the adapter path's input only, inverted, in training passes only:
+// forward-only passes such as eval see x). Only A and B are trained: the base weights stay in the
 // host store as their bf16 (or f32) working copy, with no master, moments or gradient.
 //
 // Where the adapters live, and why:
@@ -41,7 +42,8 @@ std::vector<std::string> lora_target_names(uint32_t mask);
 struct LoraOptions {
   int64_t r = 0;          // rank; 0: LoRA off
   double alpha = 32;      // lora_alpha
-  double dropout = 0.0;   // lora_dropout (0 only, checked where LoRA starts)
+  double dropout = 0.0;   // lora_dropout, in [0, 1)
+  uint64_t seed = 0;      // the run's seed: the dropout masks' key (lora_dropout_seed)
   uint32_t targets = kLoraAllTargets;
   bool enabled() const { return r > 0; }
   float scale() const { return float(alpha / double(r)); }
@@ -61,6 +63,14 @@ struct LoraLayout {
   size_t floats() const { return bytes / 4; }
   int64_t parameter_count() const;
 };
+
+// LoRA dropout's masks (kernels/common/dropout_mask.h): one key per micro-batch of a training
+// pass, from the run's seed, the optimizer step (1-based) and the micro-batch's index within the
+// step in the global order (over all data-parallel ranks, so N ranks with k micro-batches each draw
+// the masks one process with N·k draws); one tensor number per (layer, module). A resumed run and
+// the backward's recomputation draw the same masks; so does `strata grad` (step 1, micro-batch 0).
+uint64_t lora_dropout_seed(uint64_t run_seed, int64_t step, int64_t micro_batch);
+inline uint32_t lora_dropout_tensor(size_t layer, int target) { return uint32_t(layer) * kLoraTargets + uint32_t(target); }
 
 // Host bytes of the adapters' state (offload/placement_plan.h lists them).
 struct LoraHostBytes {

@@ -27,7 +27,8 @@ class LossObjective {
   // After the stats pass over every chunk: *loss_sum (device, zeroed) += the summed loss.
   virtual void loss(double* loss_sum, const HeadTensors& head, Device& dev, Stream s) = 0;
   // One vocab chunk's backward: dh (N, C) += and dw_chunk (vc, C) += the gradient of
-  // grad_scale * loss through lm_head rows [v0, v0 + vc) held in w_chunk.
+  // grad_scale * loss through lm_head rows [v0, v0 + vc) held in w_chunk (dw_chunk null: dh only,
+  // the head is frozen).
   virtual void chunk_backward(float* dh, float* dw_chunk, const HeadTensors& head, const void* w_chunk,
                               DType w_type, int64_t v0, int64_t vc, float grad_scale, Device& dev,
                               Stream s) = 0;

@@ -3,14 +3,20 @@
 // query i of row b sits at position start[b] + i and sees cache positions [0, start[b] + i]
 // (the caller has written its own key and value there first). Head h reads kv head h / (H/Hk).
 //   out (B,Tq,H,D); q (B,Tq,H,D); k_cache, v_cache (B,Tcap,Hk,D); start (B).
-// Twin: kernels/cpu/ref/attention_cached.h. Forward only: generation has no backward.
+// dot_type bf16 (as the training kernel's, ops.h: attention_forward): q, k and v are rounded to
+// bf16 as they are read, products of the rounded values summed in f32 (so decode rounds as the
+// bf16 prefill does); f32: read as they are.
+// Twin: kernels/cpu/ref/attention_cached.h (on inputs rounded by the caller for bf16). Forward
+// only: generation has no backward.
 #pragma once
 #include <cstdint>
+
+#include "src/core/dtype.h"
 
 namespace strata::cpu {
 
 void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                               const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
-                              int64_t d, float scale);
+                              int64_t d, float scale, DType dot_type);
 
 }  // namespace strata::cpu

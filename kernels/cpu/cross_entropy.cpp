@@ -127,7 +127,8 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
   });
 }
 
-// Backward pass over one vocab chunk: dh += dlogits · w_chunk, dw_chunk += dlogits^T · h.
+// Backward pass over one vocab chunk: dh += dlogits · w_chunk, dw_chunk += dlogits^T · h (dw_chunk
+// null: not computed, the head is frozen).
 // token_weight (N, or null: all 1) scales each row's dlogits on top of grad_scale.
 template <class W>
 void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const double* stats,
@@ -166,7 +167,7 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
       dlogits = logits;
     }
     ce_matmul(dh_tile.data(), dlogits, w, nr, c, vc, false, false, 0.f);   // (nr, C)
-    ce_matmul(dw, dlogits, h_tile, vc, c, nr, true, false, 1.f);           // (vc, C) +=
+    if (dw) ce_matmul(dw, dlogits, h_tile, vc, c, nr, true, false, 1.f);   // (vc, C) += (null: frozen head)
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
       float* dst = dh + rows[size_t(r0 + r)] * c;

@@ -131,6 +131,7 @@ void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_ch
                                  int64_t v0, int64_t vc, bool first);
 double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
                              int64_t n, int64_t v);
+// dw_chunk may be null: dh only (a frozen head, LoRA), the weight gradient's matmul skipped.
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const float* w_chunk,
                                const double* stats, const int32_t* targets, int64_t n, int64_t c,
                                int64_t v, int64_t v0, int64_t vc, float grad_scale);

@@ -6,6 +6,8 @@
 // (lane + 32u, u < 4: D <= 128) of q and of the output accumulator, so each key's row is read
 // coalesced and its score is a warp sum; keys go in tiles of 32 (lane j keeps key j's score)
 // with an online softmax (running max m, sum l); probabilities reach every lane by shuffles.
+// With bf16 dots q, k and v are rounded to bf16 (nearest even) as they are read, products of
+// the rounded values summed in f32, as the training kernel does (attention.cu).
 // Fixed order everywhere: deterministic. The decode step has Tq = 1: B*H warps, each walking the
 // cache once; memory O(1) per warp.
 #include "kernels/cuda/common.cuh"
@@ -21,7 +23,7 @@ constexpr int kCols = 4;  // head-dim columns per lane: D <= 128
 __global__ void attention_cached_forward_kernel(float* out, const float* q, const float* k_cache,
                                                 const float* v_cache, const int32_t* start, int64_t b,
                                                 int64_t tq, int64_t tcap, int64_t h, int64_t hk, int64_t d,
-                                                float scale) {
+                                                float scale, bool bf16_dots) {
   const int lane = int(threadIdx.x) % kWarp;
   const int64_t task = int64_t(blockIdx.x) * kWarps + int64_t(threadIdx.x) / kWarp;
   if (task >= b * tq * h) return;  // a whole warp leaves together
@@ -33,7 +35,7 @@ __global__ void attention_cached_forward_kernel(float* out, const float* q, cons
   float qr[kCols], acc[kCols];
   for (int u = 0; u < kCols; ++u) {
     const int64_t e = lane + kWarp * u;
-    qr[u] = e < d ? q[task * d + e] : 0.f;
+    qr[u] = e < d ? (bf16_dots ? bf16_load_rounded(q[task * d + e]) : q[task * d + e]) : 0.f;
     acc[u] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
@@ -45,7 +47,7 @@ __global__ void attention_cached_forward_kernel(float* out, const float* q, cons
       float part = 0.f;
       for (int u = 0; u < kCols; ++u) {
         const int64_t e = lane + kWarp * u;
-        if (e < d) part += qr[u] * kj[e];
+        if (e < d) part += qr[u] * (bf16_dots ? bf16_load_rounded(kj[e]) : kj[e]);
       }
       const float s = scale * warp_sum(part);
       if (lane == j) mine = s;
@@ -60,7 +62,7 @@ __global__ void attention_cached_forward_kernel(float* out, const float* q, cons
       const float* vj = vb + (j0 + j) * kv_stride;
       for (int u = 0; u < kCols; ++u) {
         const int64_t e = lane + kWarp * u;
-        if (e < d) acc[u] += pj * vj[e];
+        if (e < d) acc[u] += pj * (bf16_dots ? bf16_load_rounded(vj[e]) : vj[e]);
       }
     }
     m = m_new;
@@ -76,7 +78,7 @@ __global__ void attention_cached_forward_kernel(float* out, const float* q, cons
 
 void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                               const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
-                              int64_t d, float scale, cudaStream_t stream) {
+                              int64_t d, float scale, bool bf16_dots, cudaStream_t stream) {
   STRATA_CHECK(b >= 1 && tq >= 1 && tcap >= tq && h >= 1 && hk >= 1 && h % hk == 0 && d >= 1 &&
                    d <= kWarp * kCols,
                "attention_cached_forward: need b, tq >= 1, tcap >= tq, h a multiple of hk, 1 <= d <= ",
@@ -84,7 +86,7 @@ void attention_cached_forward(float* out, const float* q, const float* k_cache, 
   const int64_t tasks = b * tq * h;
   STRATA_CHECK((tasks + kWarps - 1) / kWarps <= int64_t(INT32_MAX), "attention_cached_forward: too many queries");
   STRATA_LAUNCH(attention_cached_forward_kernel, unsigned((tasks + kWarps - 1) / kWarps), kWarps * kWarp, 0, stream,
-                out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale);
+                out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale, bf16_dots);
   STRATA_CUDA_CHECK_LAUNCH("attention_cached_forward");
 }
 

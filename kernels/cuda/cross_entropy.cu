@@ -211,6 +211,7 @@ void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int3
   STRATA_CUDA_CHECK_LAUNCH("lm_head_ce stats seq sums");
 }
 
+// dw_chunk null: dh only (a frozen head, LoRA), the weight gradient's matmul skipped.
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w_chunk,
                                bool w_bf16, const double* stats, const int32_t* targets,
                                const float* token_weight, int64_t n, int64_t c, int64_t v,
@@ -228,7 +229,7 @@ void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk grad");
     const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : ws.logits;
     matmul(dh + r0 * c, dlogits, w_chunk, w_bf16, nr, c, vc, false, false, 1.f, handle, stream);
-    matmul(dw_chunk, dlogits, h_tile, w_bf16, vc, c, nr, true, false, 1.f, handle, stream);
+    if (dw_chunk) matmul(dw_chunk, dlogits, h_tile, w_bf16, vc, c, nr, true, false, 1.f, handle, stream);
   }
 }
 

@@ -73,8 +73,8 @@ exit $rc
     GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
 
   add_library(strata_cuda_kernels STATIC ${strata_cuda_kernels})
-  # The ZO perturbation must give the CPU's bits: no multiply-add contraction anywhere in it.
-  set_source_files_properties(${strata_cuda_dir}/zo.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
+  # The ZO perturbation and LoRA dropout must give the CPU's bits: no multiply-add contraction in them.
+  set_source_files_properties(${strata_cuda_dir}/zo.cu ${strata_cuda_dir}/dropout.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
   target_include_directories(strata_cuda_kernels PUBLIC ${CMAKE_SOURCE_DIR})
   target_compile_options(strata_cuda_kernels PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xptxas=-v

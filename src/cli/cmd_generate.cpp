@@ -283,7 +283,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   shape.max_batch = std::min<int64_t>(batch_size, int64_t(prompts.size()));
   shape.max_prompt = max_prompt;
   shape.max_context = max_prompt + so.max_new_tokens;
-  while (shape.max_batch > 1 && Generator::min_device_bytes(spec, shape) > dev->budget_bytes())
+  const size_t fixed = dev->used_bytes() + dev->pending_workspace_bytes(Stream::compute);  // + cuBLAS's, on CUDA
+  while (shape.max_batch > 1 && Generator::min_device_bytes(spec, shape) + fixed > dev->budget_bytes())
     shape.max_batch /= 2;  // fewer rows per pass before giving up (the constructor says what does not fit)
   Generator gen(*dev, store, shape);
 

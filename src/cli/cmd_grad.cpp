@@ -103,9 +103,11 @@ MicroBatch token_batch(const nlohmann::json& j, const std::string& batch_path) {
 struct LoraArgs {
   std::string config, targets, adapter;
   int64_t r = 0;
-  double alpha = 0;
+  double alpha = 0, dropout = -1;  // dropout < 0: not given
   uint64_t seed = 0;
-  bool given() const { return !config.empty() || r > 0 || alpha > 0 || !targets.empty() || !adapter.empty(); }
+  bool given() const {
+    return !config.empty() || r > 0 || alpha > 0 || dropout >= 0 || !targets.empty() || !adapter.empty();
+  }
 };
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -144,7 +146,8 @@ LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
         STRATA_CHECK(v.is_number(), a.config, ": lora.alpha must be a number");
         o.alpha = v.is_integer() ? double(v.as_integer()->get()) : v.as_floating_point()->get();
       } else if (key == "dropout") {
-        STRATA_CHECK(v.is_number() && v.value_or(0.0) == 0.0, a.config, ": lora.dropout must be 0.0 in this version");
+        STRATA_CHECK(v.is_number(), a.config, ": lora.dropout must be a number in [0, 1)");
+        o.dropout = v.is_integer() ? double(v.as_integer()->get()) : v.as_floating_point()->get();
       } else if (key == "target_modules") {
         targets.clear();
         if (v.is_string()) targets = split_commas(v.as_string()->get());
@@ -163,9 +166,12 @@ LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
   }
   if (a.r > 0) o.r = a.r;
   if (a.alpha > 0) o.alpha = a.alpha;
+  if (a.dropout >= 0) o.dropout = a.dropout;
+  o.seed = a.seed;
   if (!a.targets.empty()) targets = split_commas(a.targets);
   if (!a.adapter.empty()) *adapter = a.adapter;
   STRATA_CHECK(o.r >= 1 && o.alpha > 0, "LoRA needs r >= 1 and alpha > 0 (got r ", o.r, ", alpha ", o.alpha, ")");
+  STRATA_CHECK(o.dropout >= 0 && o.dropout < 1, "LoRA dropout must be in [0, 1) (got ", o.dropout, ")");
   o.targets = lora_targets_parse(targets, "--lora-targets");
   return o;
 }
@@ -214,7 +220,10 @@ int cmd_grad(const std::vector<std::string>& args) {
                  "o_proj,gate_proj,up_proj,down_proj; turns LoRA on)");
   app.add_option("--lora-adapter", la.adapter, "a PEFT adapter dir to take A and B from (default: PEFT's "
                  "initialisation from --lora-seed, where B = 0)");
-  app.add_option("--lora-seed", la.seed, "seed of the adapters' initialisation without --lora-adapter");
+  app.add_option("--lora-dropout", la.dropout, "LoRA dropout in [0, 1) (default 0; turns LoRA on): the masks of "
+                 "step 1, micro-batch 0 of a run seeded with --lora-seed (offload/lora.h)");
+  app.add_option("--lora-seed", la.seed, "seed of the adapters' initialisation without --lora-adapter, and of the "
+                 "dropout masks");
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;
   const bool preference = objective_name != "sft";

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "kernels/cpu/attention_cached.h"
+#include "kernels/cpu/dropout.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/zo.h"
 #include "src/core/error.h"
@@ -238,9 +239,9 @@ class CpuDevice final : public ArenaDevice {
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
-                                int64_t d, float scale, Stream s) override {
+                                int64_t d, float scale, DType dot_type, Stream s) override {
     enqueue_op(s, OpKind::attention, [=] {
-      cpu::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale);
+      cpu::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale, dot_type);
     });
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
@@ -312,6 +313,10 @@ class CpuDevice final : public ArenaDevice {
       else
         cpu::zo_perturb_bf16(static_cast<bf16*>(p), seed, tensor, offset, scale, n);
     });
+  }
+  void dropout_apply(float* out, const float* in, uint64_t seed, uint32_t tensor, double p, int64_t n,
+                     bool accumulate, Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::dropout_apply(out, in, seed, tensor, p, n, accumulate); });
   }
 
  private:

@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/attention_cached.h"
+#include "kernels/cuda/dropout.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
@@ -416,9 +417,10 @@ class CudaDevice final : public ArenaDevice {
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
-                                int64_t d, float scale, Stream s) override {
+                                int64_t d, float scale, DType dot_type, Stream s) override {
     const auto timed = time_op(s, OpKind::attention);
-    cuda::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale, stream(s));
+    cuda::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale,
+                                   attention_bf16_dots(dot_type), stream(s));
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
@@ -485,7 +487,16 @@ class CudaDevice final : public ArenaDevice {
     STRATA_ASSERT(pt == DType::f32 || pt == DType::bf16, "zo_perturb: tensors must be f32 or bf16");
     cuda::zo_perturb(p, pt == DType::bf16, seed, tensor, offset, scale, n, stream(s));
   }
+  void dropout_apply(float* out, const float* in, uint64_t seed, uint32_t tensor, double p, int64_t n,
+                     bool accumulate, Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::dropout_apply(out, in, seed, tensor, p, n, accumulate, stream(s));
+  }
+
   void* native_stream(Stream s) override { return stream(s); }
+  size_t pending_workspace_bytes(Stream s) const override {
+    return cublas_[int(s)] ? 0 : Arena::footprint(kCublasWorkspaceBytes);
+  }
 
  private:
   cudaStream_t stream(Stream s) const { return streams_[int(s)]; }

@@ -94,6 +94,10 @@ class Device {
   // The backend's own handle of stream s (a cudaStream_t on the CUDA backend, null on the CPU
   // backend), for libraries that enqueue work on it: the NCCL comm (src/comm).
   virtual void* native_stream(Stream s) { return nullptr; }
+  // Device memory the backend will still take from the budget at the first op on stream s (the
+  // CUDA backend's cuBLAS workspace, 8 MiB per stream that runs matmuls, allocated at its first
+  // GEMM; 0 after that, and on the CPU backend). A planner that fills the budget leaves it free.
+  virtual size_t pending_workspace_bytes(Stream s) const { return 0; }
 
   // ---- ops (kernels/cpu/ops.h documents shapes and semantics) ----
   // One argument order everywhere (STYLE.md §2), as in kernels/cpu/ops.h, kernels/cuda/ops.h
@@ -129,11 +133,12 @@ class Device {
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
                                   float scale, DType dot_type, Stream s) = 0;
   // Generation (offload/generator.h): queries continuing each row against a KV cache,
-  // kernels/cpu/attention_cached.h. q (B,Tq,H,D), caches (B,Tcap,Hk,D), start (B) device ints.
+  // kernels/cpu/attention_cached.h. q (B,Tq,H,D), caches (B,Tcap,Hk,D), start (B) device ints;
+  // dot_type as attention_forward's (bf16: q, k, v rounded to bf16 as read).
   virtual void attention_cached_forward(float* out, const float* q, const float* k_cache,
                                         const float* v_cache, const int32_t* start, int64_t b,
                                         int64_t tq, int64_t tcap, int64_t h, int64_t hk, int64_t d,
-                                        float scale, Stream s) = 0;
+                                        float scale, DType dot_type, Stream s) = 0;
   // lm_head + cross-entropy with lm_head in vocab chunks (ops.h: lm_head_ce_chunk_*; the whole
   // vocabulary is the one-chunk case v0 = 0, vc = V):
   // w_chunk (vc,C) holds vocab rows [v0, v0 + vc) of the (V,C) lm_head, stats (N,3) double the
@@ -170,6 +175,12 @@ class Device {
   // p (n, f32 or bf16) += scale * z(seed, tensor, offset + i), in f32 (bf16 rounded once).
   virtual void zo_perturb(void* p, DType p_type, uint64_t seed, uint32_t tensor, uint64_t offset,
                           float scale, int64_t n, Stream s) = 0;
+
+  // ---- LoRA dropout (kernels/cpu/dropout.h; the same mask and bits on every backend) ----
+  // out (n) = mask(seed, tensor, i) · in / (1 − p), or out += that when accumulate: the mask of
+  // kernels/common/dropout_mask.h, element i of the call being element i of the tensor.
+  virtual void dropout_apply(float* out, const float* in, uint64_t seed, uint32_t tensor, double p, int64_t n,
+                             bool accumulate, Stream s) = 0;
 };
 
 // The bookkeeping both backends share: device allocations carved from one reserved block by a

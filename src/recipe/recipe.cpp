@@ -72,7 +72,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"checkpoint.keep_last", "int", "0", "keep only the newest this many checkpoint-<step> dirs (0 = keep all)"},
       {"lora.r", "int", "16", "LoRA rank; a [lora] table in the recipe turns LoRA on: the base is frozen (bf16 on the host, streamed) and only the adapters train"},
       {"lora.alpha", "float", "32", "LoRA alpha: the adapter path is scaled by alpha / r"},
-      {"lora.dropout", "float", "0.0", "LoRA dropout on the adapter input (only 0.0 is supported in this version)"},
+      {"lora.dropout", "float", "0.0", "LoRA dropout on the adapter path's input, in [0, 1) (training passes only)"},
       {"lora.target_modules", "list", "all", "the linear layers that get adapters, in PEFT's names: \"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\" (default all seven)"},
       {"lora.merge", "bool", "false", "at the end also export a merged Hugging Face model (W + alpha/r B A) to output_dir/merged"},
       {"lora.adapter", "path", "", "a PEFT adapter dir (adapter_config.json + adapter_model.safetensors) to continue training from, with model.path its base"},
@@ -381,8 +381,8 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
     for (const std::string& m : rc.lora_target_modules)
       STRATA_CHECK(modules.count(m), r.where("lora.target_modules"), ": lora.target_modules names \"", m,
                    "\"; use PEFT's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
-    STRATA_CHECK(rc.lora_dropout == 0.0, r.where("lora.dropout"), ": lora.dropout = ", rc.lora_dropout,
-                 " is not supported in this version; set lora.dropout = 0.0");
+    STRATA_CHECK(rc.lora_dropout >= 0.0 && rc.lora_dropout < 1.0, r.where("lora.dropout"), ": lora.dropout = ",
+                 rc.lora_dropout, " must be in [0, 1) (PEFT's usual: 0.05 or 0.1)");
     STRATA_CHECK(!rc.model_path.empty(), origin, ": LoRA trains adapters on a pretrained base: set model.path");
     STRATA_CHECK(rc.optim_type == "adamw", r.where("optim.type"), ": LoRA trains with optim.type = \"adamw\"");
     STRATA_CHECK(rc.offload_optimizer != "nvme", r.where("offload.optimizer"), ": with LoRA the base has no optimizer "

@@ -236,6 +236,7 @@ LoraOptions train_lora_options(const Recipe& rc) {
   o.r = rc.lora_r;
   o.alpha = rc.lora_alpha;
   o.dropout = rc.lora_dropout;
+  o.seed = uint64_t(rc.seed);
   o.targets = lora_targets_parse(rc.lora_target_modules, "lora.target_modules");
   return o;
 }
@@ -311,8 +312,6 @@ void TrainRun::set_up() {
                  rc_.distributed_zo.c_str());
   STRATA_CHECK(rc_.optim_type != "zo-sgd" || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
                "train.objective = \"sft\" only; set optim.type = \"adamw\" for train.objective = \"", rc_.objective, "\"");
-  STRATA_CHECK(!rc_.lora_enabled || dist_.size() == 1, "LoRA ([lora]) runs on one rank only in this version: launch "
-               "without mpirun, or with -np 1");
   STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1, "train.objective = \"", rc_.objective,
                "\" runs on one rank only (data parallel covers train.objective = \"sft\"): launch without "
                "mpirun, or with -np 1");
@@ -592,6 +591,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
   if (reduction_) r.g0 = reduction_->stats();
   if (diagnose) reduction_->diagnostics_begin();
   std::vector<double> losses;  // this rank's micro-batches, summed below in the global order
+  if (lora_) engine_->lora_dropout_begin_step(r.step, zo_par_.group, zo_par_.groups);  // its masks' keys
   if (zo_engine_) {  // zeroth order: the perturbed passes (this rank's share), the update queued on the host
     const ZoStepOutcome z = zo_step_run(*zo_engine_, {uint64_t(rc_.seed), rc_.zo_eps, int(rc_.zo_perturbations)},
                                         batch.micro, batch.counted, r.step, ap.lr, rc_.weight_decay, zo_par_,

@@ -161,12 +161,13 @@ namespace {
 
 // LoRA (offload/lora.h) on golden `name`'s model: a frozen store, the adapters of
 // tests/golden/lora_grad/<name>, one forward_backward with streamed weights and host checkpoints;
-// returns the loss per counted token and the adapters' gradients (PEFT names, dB unscaled).
+// returns the loss per counted token and the adapters' gradients (PEFT names, dB unscaled). With
+// dropout, the golden's LoRA dropout (p, seed; step 1, micro-batch 0: the engine's first pass).
 struct LoraStep {
   double loss = 0;
   std::vector<std::pair<std::string, std::vector<float>>> grads;
 };
-LoraStep lora_step(Device& dev, const std::string& name) {
+LoraStep lora_step(Device& dev, const std::string& name, bool dropout = false) {
   const testing::Golden g = testing::Golden::load(name);
   const std::string dir = testing::source_path("tests/golden/lora_grad/" + name);
   const nlohmann::json expected = nlohmann::json::parse(testing::read_file(dir + "/expected.json"));
@@ -179,6 +180,10 @@ LoraStep lora_step(Device& dev, const std::string& name) {
   lo.r = expected["r"].get<int64_t>();
   lo.alpha = expected["alpha"].get<double>();
   lo.targets = lora_targets_parse(expected["targets"].get<std::vector<std::string>>(), "expected.json");
+  if (dropout) {
+    lo.dropout = expected["dropout"].get<double>();
+    lo.seed = expected["dropout_seed"].get<uint64_t>();
+  }
   LoraStore lora(dev, spec, lo);
   lora.load_peft(dir + "/adapter");
   EngineOptions eo;
@@ -210,24 +215,27 @@ TEST_CASE("LoRA on the CUDA backend: adapter gradients match the torch goldens a
   if (!cuda) return;
   auto cpu = device_create(DeviceOptions{});
   for (const char* name : {"llama", "qwen3"}) {
-    INFO(name);
-    const LoraStep on_cuda = lora_step(*cuda, name), on_cpu = lora_step(*cpu, name);
-    SafetensorsFile want = SafetensorsFile::open(testing::source_path("tests/golden/lora_grad/") + name + "/grads.safetensors");
-    REQUIRE(want.entries().size() == on_cuda.grads.size());
-    double worst = 0, worst_cpu = 0;
-    for (size_t i = 0; i < on_cuda.grads.size(); ++i) {
-      const auto& [tensor, grad] = on_cuda.grads[i];
-      INFO(tensor);
-      const SafetensorsEntry* e = want.find(tensor);
-      REQUIRE(e);
-      worst = std::max(worst, rel_l2(grad, static_cast<const float*>(want.data(*e))));
-      worst_cpu = std::max(worst_cpu, rel_l2(grad, on_cpu.grads[i].second.data()));
+    for (bool dropout : {false, true}) {  // with dropout: the same masks on both backends
+      INFO(name << (dropout ? " with dropout" : ""));
+      const LoraStep on_cuda = lora_step(*cuda, name, dropout), on_cpu = lora_step(*cpu, name, dropout);
+      SafetensorsFile want = SafetensorsFile::open(testing::source_path("tests/golden/lora_grad/") + name +
+                                                   (dropout ? "/grads_dropout.safetensors" : "/grads.safetensors"));
+      REQUIRE(want.entries().size() == on_cuda.grads.size());
+      double worst = 0, worst_cpu = 0;
+      for (size_t i = 0; i < on_cuda.grads.size(); ++i) {
+        const auto& [tensor, grad] = on_cuda.grads[i];
+        INFO(tensor);
+        const SafetensorsEntry* e = want.find(tensor);
+        REQUIRE(e);
+        worst = std::max(worst, rel_l2(grad, static_cast<const float*>(want.data(*e))));
+        worst_cpu = std::max(worst_cpu, rel_l2(grad, on_cpu.grads[i].second.data()));
+      }
+      std::printf("cuda-emu lora %-6s%s loss %.9f (cpu %.9f) worst adapter grad rel L2 %.2e vs torch, %.2e vs cpu\n",
+                  name, dropout ? " dropout" : "", on_cuda.loss, on_cpu.loss, worst, worst_cpu);
+      CHECK(worst <= 1e-4);
+      CHECK(worst_cpu <= 1e-4);
+      CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * on_cpu.loss);
     }
-    std::printf("cuda-emu lora %-6s loss %.9f (cpu %.9f) worst adapter grad rel L2 %.2e vs torch, %.2e vs cpu\n", name,
-                on_cuda.loss, on_cpu.loss, worst, worst_cpu);
-    CHECK(worst <= 1e-4);
-    CHECK(worst_cpu <= 1e-4);
-    CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * on_cpu.loss);
   }
 }
 

@@ -1,11 +1,13 @@
 // Generation on the CUDA backend: the cached-attention kernel (kernels/cuda/attention_cached.cu)
 // against its fp64 twin (kernels/cpu/ref/attention_cached.h) on head dims 5, 17, 64, 128, caches
-// longer than one 32-key tile and rows at different positions; determinism; and greedy
+// longer than one 32-key tile and rows at different positions, and with bf16 dots against the CPU
+// kernel; determinism; and greedy
 // generation on a golden model giving the CPU backend's tokens.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/attention_cached.h"
 #include "kernels/cpu/ref/attention_cached.h"
 #include "offload/generator.h"
 #include "offload/model_io.h"
@@ -38,13 +40,23 @@ TEST_CASE("cuda attention_cached_forward matches the fp64 twin", "[cuda-emu]") {
                                           c.tcap, c.h, c.hk, c.d, scale);
     Buffer<float> gq(*dev, q), gk(*dev, k), gv(*dev, v), gout(*dev, nq);
     Buffer<int32_t> gs(*dev, c.start);
-    dev->attention_cached_forward(gout, gq, gk, gv, gs, c.b, c.tq, c.tcap, c.h, c.hk, c.d, float(scale),
+    dev->attention_cached_forward(gout, gq, gk, gv, gs, c.b, c.tq, c.tcap, c.h, c.hk, c.d, float(scale), DType::f32,
                                   Stream::compute);
     const std::vector<float> out = gout.download();
     CHECK(max_rel_error(out, want) <= 5e-6);
-    dev->attention_cached_forward(gout, gq, gk, gv, gs, c.b, c.tq, c.tcap, c.h, c.hk, c.d, float(scale),
+    dev->attention_cached_forward(gout, gq, gk, gv, gs, c.b, c.tq, c.tcap, c.h, c.hk, c.d, float(scale), DType::f32,
                                   Stream::compute);
     CHECK(gout.download() == out);  // no atomics: the same bits again
+    // bf16 dots (the bf16 prefill's): against the CPU twin kernel with bf16 dots, which rounds
+    // q, k, v alike (tests/offload/test_generator.cpp checks it against the fp64 twin)
+    std::vector<float> cpu_bf16(nq);
+    cpu::attention_cached_forward(cpu_bf16.data(), q.data(), k.data(), v.data(), c.start.data(), c.b, c.tq, c.tcap, c.h,
+                                  c.hk, c.d, float(scale), DType::bf16);
+    dev->attention_cached_forward(gout, gq, gk, gv, gs, c.b, c.tq, c.tcap, c.h, c.hk, c.d, float(scale), DType::bf16,
+                                  Stream::compute);
+    const std::vector<float> out_bf16 = gout.download();
+    CHECK(max_rel_error(out_bf16, convert<double>(cpu_bf16)) <= 5e-6);
+    CHECK(max_rel_error(out_bf16, want) > 1e-4);  // the rounding is there
   }
 }
 
@@ -77,8 +89,10 @@ TEST_CASE("cuda generation with the KV cache spilled to host memory gives the sa
   const GeneratorShape shape{3, 7, 16};
   SamplingOptions so;
   so.max_new_tokens = 9;
-  // The backend takes its cuBLAS workspace from the budget at the first GEMM, which the
-  // generator's sizes do not count: a 1x1 GEMM first, so the generator sees what is left.
+  // The backend takes its cuBLAS workspace from the budget at the first GEMM; the generator
+  // leaves it free (Device::pending_workspace_bytes): a budget of the spilled placement plus that
+  // workspace must give the spilled placement and run to the end (it would exit 3 at the first
+  // GEMM, or pick a larger placement, if the workspace were not counted).
   auto warm = [](Device& d) {
     Buffer<float> one(d, std::vector<float>{1.f}), out(d, 1);
     d.matmul(out, one, one, DType::f32, 1, 1, 1, false, true, 0.f, Stream::compute);
@@ -93,14 +107,17 @@ TEST_CASE("cuda generation with the KV cache spilled to host memory gives the sa
   }
   auto run = [&](size_t budget, GeneratorPlacement* placement) {
     auto dev = cuda_testing::test_device(budget + backend_bytes);
-    warm(*dev);
+    CHECK(dev->pending_workspace_bytes(Stream::compute) == backend_bytes);
     HostStoreOptions ho;
     ho.weights_only = true;
     HostStore store(*dev, spec, ho);
     model_init_weights(store, 11, 0.3);
     Generator gen(*dev, store, shape);
     *placement = gen.placement();
-    return gen.generate(prompts, so, 0);
+    auto out = gen.generate(prompts, so, 0);
+    CHECK(dev->pending_workspace_bytes(Stream::compute) == 0);  // taken by then
+    CHECK(dev->peak_bytes() <= dev->budget_bytes());
+    return out;
   };
   GeneratorPlacement all, spilled;
   const auto want = run(size_t(96) << 20, &all);

@@ -22,7 +22,8 @@ struct ChunkedResult {
 // zero, dw at dw0 (the kernels accumulate into it).
 inline ChunkedResult ce_chunked_cpu(const std::vector<float>& h, const std::vector<float>& w, DType wt,
                                     const std::vector<int32_t>& targets, int64_t n, int64_t c, int64_t v,
-                                    int64_t rows, float grad_scale, const std::vector<float>& dw0) {
+                                    int64_t rows, float grad_scale, const std::vector<float>& dw0,
+                                    bool with_dw = true) {  // false: dw null (frozen head), r.dw stays dw0
   const bool bf = wt == DType::bf16;
   const std::vector<bf16> wb = bf ? to_bf16(w) : std::vector<bf16>();
   std::vector<double> stats(size_t(3 * n), -7.0);  // garbage: the first chunk must initialise
@@ -43,10 +44,10 @@ inline ChunkedResult ce_chunked_cpu(const std::vector<float>& h, const std::vect
   for (int64_t k = chunks - 1; k >= 0; --k) {
     const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
     if (bf)
-      cpu::lm_head_ce_chunk_backward_bf16(r.dh.data(), r.dw.data() + v0 * c, h.data(), wb.data() + v0 * c,
+      cpu::lm_head_ce_chunk_backward_bf16(r.dh.data(), with_dw ? r.dw.data() + v0 * c : nullptr, h.data(), wb.data() + v0 * c,
                                           stats.data(), targets.data(), n, c, v, v0, vc, grad_scale);
     else
-      cpu::lm_head_ce_chunk_backward(r.dh.data(), r.dw.data() + v0 * c, h.data(), w.data() + v0 * c, stats.data(),
+      cpu::lm_head_ce_chunk_backward(r.dh.data(), with_dw ? r.dw.data() + v0 * c : nullptr, h.data(), w.data() + v0 * c, stats.data(),
                                      targets.data(), n, c, v, v0, vc, grad_scale);
   }
   return r;

@@ -342,6 +342,23 @@ TEST_CASE("chunked cross-entropy results are bitwise independent of the thread c
   omp_set_num_threads(threads);
 }
 
+TEST_CASE("chunked cross-entropy backward without a weight gradient gives the same d(hidden), bit for bit",
+          "[kernels][ce-chunked]") {
+  // LoRA's frozen lm_head passes dw_chunk = null: the dW matmul is skipped, dh must not change.
+  const int64_t n = 37, c = 33, v = 1003, rows = 256;
+  const auto h = random_floats(size_t(n * c), 61), w = random_floats(size_t(v * c), 62);
+  const auto targets = make_targets(n, v, 4, 63);
+  const std::vector<float> dw0(size_t(v * c), 0.f);
+  for (bool bf : {false, true}) {
+    const DType wt = bf ? DType::bf16 : DType::f32;
+    const ChunkedResult full = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0);
+    const ChunkedResult dh_only = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0, false);
+    CHECK(std::memcmp(full.dh.data(), dh_only.dh.data(), full.dh.size() * 4) == 0);
+    CHECK(dh_only.dw == dw0);
+    CHECK(full.dw != dw0);
+  }
+}
+
 TEST_CASE("chunked cross-entropy rejects a chunk outside the vocabulary and a bad target", "[kernels][ce-chunked]") {
   const int64_t n = 4, c = 2, v = 7;
   const auto h = random_floats(size_t(n * c), 1), w = random_floats(size_t(v * c), 2);

@@ -1,6 +1,7 @@
 // LoRA (offload/lora.h): `strata grad --lora` against fp64 torch goldens of PEFT's math written
 // by hand (tools/golden/make_lora_grad_goldens.py) for all four families, and the merged export
-// (lora_merge_into) against W + (alpha / r) B A computed here in fp64.
+// (lora_merge_into) against W + (alpha / r) B A computed here in fp64; with LoRA dropout too, the
+// masks rebuilt by the golden script.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -41,50 +42,76 @@ struct LoraGolden {
   }
 };
 
+// `strata grad --lora` on golden `name` (with dropout: its dropout case, the masks of step 1,
+// micro-batch 0 of a run seeded dropout_seed) against the fp64 torch gradients: the loss to 2e-6
+// relative, every adapter tensor to 1e-4 relative L2. The family `config_form` passes its
+// settings in a [lora] table (adapter relative to it), the others as flags.
+void check_lora_golden(testing::TempDir& tmp, const std::string& name, bool dropout, const std::string& config_form) {
+  INFO(name << (dropout ? " with dropout" : ""));
+  const LoraGolden g = LoraGolden::load(name);
+  const double p = dropout ? g.expected["dropout"].get<double>() : 0.0;
+  const std::string out = (tmp.path / (name + ".safetensors")).string();
+  std::string lora_args;
+  if (name == config_form) {
+    const std::string cfg = tmp.file(name + ".toml", str_cat("[lora]\nr = ", g.expected["r"].get<int64_t>(), "\nalpha = ",
+                                                             g.expected["alpha"].get<double>(), "\ndropout = ", p,
+                                                             "\ntarget_modules = \"", g.targets(), "\"\nadapter = \"",
+                                                             g.adapter, "\"\n"));
+    lora_args = "--lora " + cfg;
+  } else {
+    lora_args = str_cat("--lora-r ", g.expected["r"].get<int64_t>(), " --lora-alpha ", g.expected["alpha"].get<double>(),
+                        " --lora-targets ", g.targets(), " --lora-adapter ", g.adapter,
+                        dropout ? str_cat(" --lora-dropout ", p) : std::string());
+  }
+  if (dropout) lora_args += str_cat(" --lora-seed ", g.expected["dropout_seed"].get<int64_t>());
+  const auto r = testing::run_strata(str_cat("grad --model ", g.model, " --batch ", g.model, "/batch.json --out ", out,
+                                             " ", lora_args),
+                                     true);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const nlohmann::json result = nlohmann::json::parse(r.out);
+  const double want_loss = g.expected[dropout ? "dropout_loss" : "loss"].get<double>();
+  CHECK(std::abs(result["loss"].get<double>() - want_loss) <= 2e-6 * want_loss);
+  SafetensorsFile got = SafetensorsFile::open(out);
+  SafetensorsFile want = SafetensorsFile::open(dropout ? testing::source_path("tests/golden/lora_grad/" + name +
+                                                                              "/grads_dropout.safetensors")
+                                                       : g.grads);
+  REQUIRE(got.entries().size() == want.entries().size());  // the adapters' gradients only
+  double worst = 0;
+  for (const SafetensorsEntry& w : want.entries()) {
+    INFO(w.name);
+    const SafetensorsEntry* e = got.find(w.name);
+    REQUIRE(e);
+    REQUIRE(e->shape == w.shape);
+    const double err = relative_l2(static_cast<const float*>(got.data(*e)), static_cast<const float*>(want.data(w)),
+                                   w.numel());
+    CHECK(err <= 1e-4);
+    worst = std::max(worst, err);
+  }
+  std::printf("lora golden %-8s dropout %.2f loss %.9f (want %.9f), worst adapter grad rel L2 %.2e over %zu tensors\n",
+              name.c_str(), p, result["loss"].get<double>(), want_loss, worst, want.entries().size());
+}
+
 }  // namespace
 
 TEST_CASE("strata grad --lora matches the fp64 torch LoRA goldens for every family", "[golden][lora]") {
   // Tolerance: f32 against fp64, the worst tensor is ~1.5e-6 relative L2; a wrong alpha / r
   // scale, a transposed adapter or a missing dx path is > 1e-2.
   testing::TempDir tmp("lora_grad_golden");
+  for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) check_lora_golden(tmp, name, false, "mistral");
+}
+
+TEST_CASE("strata grad --lora with dropout matches the fp64 torch goldens, the masks rebuilt in python",
+          "[golden][lora][dropout]") {
+  // make_lora_grad_goldens.py draws strata's counter-based masks (kernels/common/dropout_mask.h) in
+  // python, p from 0.05 to 0.5; the masks change the loss by 1e-2 to 0.4 (expected.json). A mask
+  // differing in one element of one module moves that module's gradients by ~1e-2 relative;
+  // dropout on the base path too, or without the 1 / (1 - p), by far more.
+  testing::TempDir tmp("lora_grad_dropout");
   for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
-    INFO(name);
     const LoraGolden g = LoraGolden::load(name);
-    const std::string out = (tmp.path / (std::string(name) + ".safetensors")).string();
-    std::string lora_args;
-    if (std::string(name) == "mistral") {  // the config-file form: the [lora] table, adapter relative to it
-      const std::string cfg = tmp.file("mistral.toml", str_cat("[lora]\nr = ", g.expected["r"].get<int64_t>(),
-                                                               "\nalpha = ", g.expected["alpha"].get<double>(),
-                                                               "\ntarget_modules = \"", g.targets(), "\"\nadapter = \"",
-                                                               g.adapter, "\"\n"));
-      lora_args = "--lora " + cfg;
-    } else {
-      lora_args = str_cat("--lora-r ", g.expected["r"].get<int64_t>(), " --lora-alpha ", g.expected["alpha"].get<double>(),
-                          " --lora-targets ", g.targets(), " --lora-adapter ", g.adapter);
-    }
-    const auto r = testing::run_strata(str_cat("grad --model ", g.model, " --batch ", g.model, "/batch.json --out ", out,
-                                               " ", lora_args),
-                                       true);
-    INFO(r.out);
-    REQUIRE(r.code == 0);
-    const nlohmann::json result = nlohmann::json::parse(r.out);
-    CHECK(std::abs(result["loss"].get<double>() - g.expected["loss"].get<double>()) <=
-          2e-6 * g.expected["loss"].get<double>());
-    SafetensorsFile got = SafetensorsFile::open(out), want = SafetensorsFile::open(g.grads);
-    REQUIRE(got.entries().size() == want.entries().size());  // the adapters' gradients only
-    double worst = 0;
-    for (const SafetensorsEntry& w : want.entries()) {
-      INFO(w.name);
-      const SafetensorsEntry* e = got.find(w.name);
-      REQUIRE(e);
-      REQUIRE(e->shape == w.shape);
-      const double err = relative_l2(static_cast<const float*>(got.data(*e)), static_cast<const float*>(want.data(w)),
-                                     w.numel());
-      CHECK(err <= 1e-4);
-      worst = std::max(worst, err);
-    }
-    std::printf("lora golden %-8s loss %.9f (want %.9f), worst adapter grad rel L2 %.2e over %zu tensors\n", name,
-                result["loss"].get<double>(), g.expected["loss"].get<double>(), worst, want.entries().size());
+    CHECK(std::abs(g.expected["dropout_loss"].get<double>() - g.expected["loss"].get<double>()) > 1e-3);
+    check_lora_golden(tmp, name, true, "qwen2");
   }
 }
 

@@ -13,10 +13,12 @@
 #include <numeric>
 
 #include "kernels/cpu/attention_cached.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cpu/ref/attention_cached.h"
 #include "offload/generator.h"
 #include "offload/model_io.h"
+#include "src/core/bf16.h"
 #include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
@@ -31,21 +33,63 @@ std::vector<float> uniform(size_t n, uint32_t seed) {
   return v;
 }
 
-TEST_CASE("attention_cached_forward matches its fp64 twin", "[generate][attention_cached]") {
+TEST_CASE("attention_cached_forward matches its fp64 twin, f32 and bf16 dots", "[generate][attention_cached]") {
+  // bf16 dots: the twin runs on q, k, v rounded to bf16 (products of bf16 values are exact in
+  // f32, so the kernel differs from it by f32 summation only).
   const int64_t B = 3, tq = 3, tcap = 150, H = 6, Hk = 2, D = 17;
   const std::vector<int32_t> start = {0, 67, 147};  // 147 + 3 = tcap: the last row fills the cache
   const float scale = 1.f / std::sqrt(float(D));
   const auto q = uniform(size_t(B * tq * H * D), 1), k = uniform(size_t(B * tcap * Hk * D), 2),
              v = uniform(size_t(B * tcap * Hk * D), 3);
-  std::vector<float> out(q.size());
-  cpu::attention_cached_forward(out.data(), q.data(), k.data(), v.data(), start.data(), B, tq, tcap, H, Hk, D, scale);
-  std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()), want(q.size());
-  ref::attention_cached_forward(want.data(), qd.data(), kd.data(), vd.data(), start.data(), B, tq, tcap, H, Hk, D,
-                                double(scale));
-  double worst = 0;
-  for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(double(out[i]) - want[i]));
-  INFO("max abs error " << worst);
-  CHECK(worst < 2e-6);
+  std::vector<float> out_f32;
+  for (DType dot : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dot));
+    std::vector<float> out(q.size());
+    cpu::attention_cached_forward(out.data(), q.data(), k.data(), v.data(), start.data(), B, tq, tcap, H, Hk, D, scale,
+                                  dot);
+    auto widen = [&](const std::vector<float>& x) {
+      std::vector<double> w(x.size());
+      for (size_t i = 0; i < x.size(); ++i) w[i] = dot == DType::bf16 ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
+      return w;
+    };
+    const std::vector<double> qd = widen(q), kd = widen(k), vd = widen(v);
+    std::vector<double> want(q.size());
+    ref::attention_cached_forward(want.data(), qd.data(), kd.data(), vd.data(), start.data(), B, tq, tcap, H, Hk, D,
+                                  double(scale));
+    double worst = 0;
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(double(out[i]) - want[i]));
+    INFO("max abs error " << worst);
+    CHECK(worst < 2e-6);
+    if (dot == DType::f32) out_f32 = out;
+    else CHECK(out != out_f32);  // the rounding is there
+  }
+}
+
+TEST_CASE("attention_cached_forward with bf16 dots computes what the bf16 prefill attention does",
+          "[generate][attention_cached]") {
+  // The decode step and the prefill (attention_forward, the training kernel) round alike: the
+  // cached kernel over a whole sequence against attention_forward with bf16 dots, to f32
+  // summation order; the f32 cached kernel is 100x further away.
+  const int64_t B = 2, T = 70, H = 4, Hk = 2, D = 16;
+  const float scale = 0.25f;
+  const auto q = uniform(size_t(B * T * H * D), 7), k = uniform(size_t(B * T * Hk * D), 8),
+             v = uniform(size_t(B * T * Hk * D), 9);
+  const std::vector<int32_t> start = {0, 0};
+  std::vector<float> prefill(q.size()), lse(size_t(B * T * H)), cached(q.size()), cached_f32(q.size());
+  cpu::attention_forward(prefill.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, B, T, H, Hk, D, scale,
+                         DType::bf16);
+  cpu::attention_cached_forward(cached.data(), q.data(), k.data(), v.data(), start.data(), B, T, T, H, Hk, D, scale,
+                                DType::bf16);
+  cpu::attention_cached_forward(cached_f32.data(), q.data(), k.data(), v.data(), start.data(), B, T, T, H, Hk, D, scale,
+                                DType::f32);
+  double same = 0, other = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    same = std::max(same, std::abs(double(cached[i]) - prefill[i]));
+    other = std::max(other, std::abs(double(cached_f32[i]) - prefill[i]));
+  }
+  std::printf("cached attention vs bf16 prefill: max abs %.2e with bf16 dots, %.2e with f32 dots\n", same, other);
+  CHECK(same < 2e-6);
+  CHECK(other > 100 * same);
 }
 
 TEST_CASE("attention_cached_forward over the whole sequence is the causal attention", "[generate][attention_cached]") {

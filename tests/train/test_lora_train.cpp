@@ -4,6 +4,7 @@
 // adapter dir and (lora.merge) the merged model, and a preference objective runs on adapters.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -143,10 +144,68 @@ TEST_CASE("a LoRA micro-batch sends no base gradient over the link; the step mov
   CHECK(c2.h2d_bytes - c1.h2d_bytes == lora.layout().bytes);
 }
 
+TEST_CASE("LoRA dropout: one mask per (step, micro-batch) in the global order; forward-only passes see none",
+          "[lora][engine][dropout]") {
+  // The qwen3 golden's adapters (B != 0, so the adapter path matters), f32. The gradients against
+  // torch are tests/models/test_lora_grad.cpp's; this checks which passes draw which masks.
+  auto dev = device_create(DeviceOptions{});
+  const testing::Golden g = testing::Golden::load("qwen3");
+  const std::string dir = testing::source_path("tests/golden/lora_grad/qwen3");
+  const nlohmann::json expected = nlohmann::json::parse(testing::read_file(dir + "/expected.json"));
+  const ModelSpec spec = model_spec_build(hf_config_load(g.dir), DType::f32);
+  HostStoreOptions so;
+  so.weights_only = true;
+  HostStore store(*dev, spec, so);
+  model_load_weights(store, g.dir);
+  auto run = [&](double dropout, const std::function<void(Engine&)>& body) {
+    LoraOptions lo;
+    lo.r = expected["r"].get<int64_t>();
+    lo.alpha = expected["alpha"].get<double>();
+    lo.targets = lora_targets_parse(expected["targets"].get<std::vector<std::string>>(), "expected.json");
+    lo.dropout = dropout;
+    lo.seed = 7;
+    LoraStore lora(*dev, spec, lo);
+    lora.load_peft(dir + "/adapter");
+    EngineOptions eo;
+    eo.max_batch = g.batch.B;
+    eo.max_tokens = g.batch.T;
+    eo.lora = lo;
+    Engine engine(*dev, store, eo, &lora);
+    body(engine);
+  };
+  double plain_eval = 0, plain_train = 0;
+  run(0.0, [&](Engine& e) {
+    plain_eval = e.forward_loss(g.batch);
+    plain_train = e.forward_backward(g.batch, 1.f);
+  });
+  CHECK(plain_eval == plain_train);
+  run(0.3, [&](Engine& e) {
+    CHECK(e.forward_loss(g.batch) == plain_eval);  // eval: no dropout, bit for bit
+    e.lora_dropout_begin_step(1);
+    const double m0 = e.forward_backward(g.batch, 1.f);  // step 1, micro-batch 0
+    const double m1 = e.forward_backward(g.batch, 1.f);  // micro-batch 1
+    CHECK(e.forward_loss(g.batch) == plain_eval);        // and between training passes
+    CHECK(m0 != plain_train);
+    CHECK(m1 != m0);
+    e.lora_dropout_begin_step(1);
+    CHECK(e.forward_backward(g.batch, 1.f) == m0);  // the same key, the same masks
+    e.lora_dropout_begin_step(2);
+    const double s2 = e.forward_backward(g.batch, 1.f);
+    CHECK(s2 != m0);
+    // rank 1 of 2 (first 1, stride 2): its first pass is micro-batch 1 of the step, its next 3
+    e.lora_dropout_begin_step(1, 1, 2);
+    CHECK(e.forward_backward(g.batch, 1.f) == m1);
+    std::printf("lora dropout 0.3: loss sums %.9f (none), %.9f, %.9f (step 1 micro-batches 0, 1), %.9f (step 2)\n",
+                plain_train, m0, m1, s2);
+  });
+}
+
 TEST_CASE("a LoRA run stopped and resumed equals the straight run bit for bit", "[lora][checkpoint]") {
   // no clipping: the last micro-batch's update path (forward_backward_update) is the one taken
   const std::string a = fresh("straight"), b = fresh("resumed");
-  const std::vector<std::string> common = {"train.max_steps=5", "checkpoint.save_steps=2", "optim.max_grad_norm=0"};
+  // with LoRA dropout: the resumed steps draw the straight run's masks (keyed by step and micro-batch)
+  const std::vector<std::string> common = {"train.max_steps=5", "checkpoint.save_steps=2", "optim.max_grad_norm=0",
+                                           "lora.dropout=0.1"};
   const TrainSummary straight = train_run(lora_recipe(a, common));
   TrainOptions stop;
   stop.stop_at_step = 3;
@@ -186,7 +245,9 @@ TEST_CASE("LoRA recipes: bad settings are refused with what to write", "[lora][r
     }
     return std::string();
   };
-  CHECK(testing::contains(error_of({"lora.dropout=0.1"}), "set lora.dropout = 0.0"));
+  CHECK(testing::contains(error_of({"lora.dropout=1.0"}), "must be in [0, 1)"));
+  CHECK(testing::contains(error_of({"lora.dropout=-0.1"}), "must be in [0, 1)"));
+  CHECK(recipe_load(recipe, {"lora.r=4", "lora.dropout=0.05"}).lora_dropout == 0.05);
   CHECK(testing::contains(error_of({"lora.target_modules=q_proj,qkv"}), "\"qkv\""));
   CHECK(testing::contains(error_of({"lora.r=0"}), "lora.r must be at least 1"));
   CHECK(testing::contains(error_of({"lora.rank=4"}), "did you mean 'lora.r'"));

@@ -373,7 +373,9 @@ def forward_loss(case, p, input_ids, labels, llama3_scaling=True, lora=None):
 def forward_logits(case, p, input_ids, llama3_scaling=True, lora=None):
     """The logits (B, T, V) of the transformers math (also used by
     make_preference_grad_goldens.py). lora: {module name: (A (r, in), B (out, r), scale)} adds
-    PEFT's LoRA path scale * (x A^T) B^T to those linears (make_lora_goldens.py)."""
+    PEFT's LoRA path scale * (x A^T) B^T to those linears (make_lora_goldens.py); a fourth entry
+    (B, T, in), the dropout mask already divided by 1 - p, multiplies x on the LoRA path only
+    (make_lora_grad_goldens.py)."""
     cfg = case["config"]
     d = case_dims(cfg)
     C, H, Hk, D, L = d["C"], d["H"], d["Hk"], d["D"], d["L"]
@@ -394,8 +396,9 @@ def forward_logits(case, p, input_ids, llama3_scaling=True, lora=None):
         if (name + ".bias") in p:
             y = y + p[name + ".bias"]
         if lora is not None and name in lora:
-            a, b, scale = lora[name]
-            y = y + scale * ((x @ a.t()) @ b.t())
+            a, b, scale = lora[name][:3]
+            xa = x if len(lora[name]) == 3 else x * lora[name][3]  # LoRA dropout: mask / (1 - p)
+            y = y + scale * ((xa @ a.t()) @ b.t())
         return y
 
     x = p["model.embed_tokens.weight"][input_ids]                    # (B, T, C)
