@@ -8,8 +8,11 @@
 #include <numa.h>
 #endif
 
+#include <vector>
+
 #include "offload/nvme_state.h"
 #include "offload/optimizer.h"
+#include "src/core/bf16.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -34,15 +37,15 @@ void numa_place(void* p, size_t bytes) {
   std::call_once(said, [] { std::fprintf(stderr, "strata: one NUMA node; host placement left to the OS\n"); });
 }
 
-float* alloc_host_floats(size_t n, const char* what) {
-  const size_t bytes = std::max<size_t>((n * 4 + 4095) / 4096 * 4096, 4096);
+void* alloc_host_bytes(size_t size, const char* what) {
+  const size_t bytes = std::max<size_t>((size + 4095) / 4096 * 4096, 4096);
   void* p = std::aligned_alloc(4096, bytes);
-  STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(n * 4), " of host memory for ", what,
+  STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(size), " of host memory for ", what,
                       ": the model's optimizer state does not fit in RAM; place it on NVMe "
                       "(offload.optimizer = \"nvme\" with offload.nvme_path) or use a smaller model");
   numa_place(p, bytes);
-  std::memset(p, 0, n * 4);
-  return static_cast<float*>(p);
+  std::memset(p, 0, size);
+  return p;
 }
 
 }  // namespace
@@ -112,6 +115,8 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
 
 HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions& options)
     : dev_(dev), spec_(spec), options_(options) {
+  STRATA_CHECK(options_.moments == DType::f32 || options_.moments == DType::bf16, "AdamW moments are f32 or bf16, not ",
+               dtype_name(options_.moments));
   STRATA_CHECK(!options_.state_on_nvme || options_.needs.moments, "offload.optimizer = \"nvme\" places AdamW "
                "moments on NVMe, and this optimizer keeps none (its fp32 master stays in RAM): set offload.optimizer "
                "= \"host\"");
@@ -143,13 +148,14 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
       return;
     }
     if (!master_is_working_) {
-      master_ = alloc_host_floats(n, "master weights");
+      master_ = static_cast<float*>(alloc_host_bytes(n * 4, "master weights"));
       host_bytes_ += n * 4;
     }
     if (options_.needs.moments) {
-      m_ = alloc_host_floats(n, "AdamW first moments");
-      v_ = alloc_host_floats(n, "AdamW second moments");
-      host_bytes_ += 2 * n * 4;
+      const size_t moment_bytes = n * dtype_size(options_.moments);
+      m_ = alloc_host_bytes(moment_bytes, "AdamW first moments");
+      v_ = alloc_host_bytes(moment_bytes, "AdamW second moments");
+      host_bytes_ += 2 * moment_bytes;
     }
     placement_ = std::make_unique<RamStatePlacement>(*this);
   } catch (...) {
@@ -179,10 +185,10 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(de
   working_data_ = p;
   p += page_round(working_.tier_bytes(Tier::host_pinned));
   if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
-  std::vector<float**> arrays = {&m_, &v_, &grad_};
-  if (!master_is_working_) arrays.insert(arrays.begin(), &master_);
-  for (float** a : arrays) {
-    *a = reinterpret_cast<float*>(p);
+  std::vector<void**> arrays = {&m_, &v_, reinterpret_cast<void**>(&grad_)};  // f32 moments (options_ default)
+  if (!master_is_working_) arrays.insert(arrays.begin(), reinterpret_cast<void**>(&master_));
+  for (void** a : arrays) {
+    *a = p;
     p += page_round(f32_floats() * 4);
   }
   host_bytes_ = shared_bytes(spec_);
@@ -192,7 +198,8 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(de
 void HostStore::release() {
   placement_.reset();  // first: the NVMe placement finishes its I/O and removes its files
   if (shared_) {       // the caller's memory
-    master_ = m_ = v_ = grad_ = nullptr;
+    master_ = grad_ = nullptr;
+    m_ = v_ = nullptr;
     working_data_ = nullptr;
     return;
   }
@@ -201,7 +208,8 @@ void HostStore::release() {
   std::free(v_);
   dev_.free_pinned(working_data_);
   if (grad_) dev_.free_pinned(grad_);
-  master_ = m_ = v_ = grad_ = nullptr;
+  master_ = grad_ = nullptr;
+  m_ = v_ = nullptr;
   working_data_ = nullptr;
 }
 
@@ -211,14 +219,28 @@ void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t coun
   STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
   STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
-  placement_->read(a, f32_[row].offset + size_t(first) * 4, dst, size_t(count) * 4);
+  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
+  if (es == 4) {
+    placement_->read(a, at, dst, size_t(count) * 4);
+    return;
+  }
+  std::vector<bf16> narrow(static_cast<size_t>(count));  // bf16 moments: read, then widen (exact)
+  placement_->read(a, at, narrow.data(), size_t(count) * es);
+  dtype_convert(dst, DType::f32, narrow.data(), DType::bf16, size_t(count));
 }
 
 void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
   STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
   STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
-  placement_->write(a, f32_[row].offset + size_t(first) * 4, src, size_t(count) * 4);
+  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
+  if (es == 4) {
+    placement_->write(a, at, src, size_t(count) * 4);
+    return;
+  }
+  std::vector<bf16> narrow(static_cast<size_t>(count));  // bf16 moments: round to nearest even, then write
+  dtype_convert(narrow.data(), DType::bf16, src, DType::f32, size_t(count));
+  placement_->write(a, at, narrow.data(), size_t(count) * es);
 }
 
 void HostStore::set_param(size_t row, const float* values) {
