@@ -1,5 +1,6 @@
 #include "offload/host_store.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +48,9 @@ void* alloc_host_bytes(size_t size, const char* what) {
   std::memset(p, 0, size);
   return p;
 }
+
+// bf16 moments are read and written through f32 in pieces of this many elements (64 KiB of bf16).
+constexpr size_t kStateConvertElements = size_t(1) << 15;
 
 }  // namespace
 
@@ -224,9 +228,13 @@ void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t coun
     placement_->read(a, at, dst, size_t(count) * 4);
     return;
   }
-  std::vector<bf16> narrow(static_cast<size_t>(count));  // bf16 moments: read, then widen (exact)
-  placement_->read(a, at, narrow.data(), size_t(count) * es);
-  dtype_convert(dst, DType::f32, narrow.data(), DType::bf16, size_t(count));
+  // bf16 moments: read, then widen (exact), a bounded piece at a time (no transient the plan misses)
+  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
+  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
+    const size_t len = std::min(narrow.size(), size_t(count) - k);
+    placement_->read(a, at + k * es, narrow.data(), len * es);
+    dtype_convert(dst + k, DType::f32, narrow.data(), DType::bf16, len);
+  }
 }
 
 void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
@@ -238,9 +246,13 @@ void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t cou
     placement_->write(a, at, src, size_t(count) * 4);
     return;
   }
-  std::vector<bf16> narrow(static_cast<size_t>(count));  // bf16 moments: round to nearest even, then write
-  dtype_convert(narrow.data(), DType::bf16, src, DType::f32, size_t(count));
-  placement_->write(a, at, narrow.data(), size_t(count) * es);
+  // bf16 moments: round to nearest even, then write, a bounded piece at a time
+  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
+  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
+    const size_t len = std::min(narrow.size(), size_t(count) - k);
+    dtype_convert(narrow.data(), DType::bf16, src + k, DType::f32, len);
+    placement_->write(a, at + k * es, narrow.data(), len * es);
+  }
 }
 
 void HostStore::set_param(size_t row, const float* values) {

@@ -291,9 +291,13 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
                                  store.read_state(a, i, int64_t(offset / es), int64_t(n), static_cast<float*>(dst));
                                  return;
                                }
-                               std::vector<float> wide(n);  // bf16 values: widened, then narrowed back exactly
-                               store.read_state(a, i, int64_t(offset / es), int64_t(n), wide.data());
-                               dtype_convert(dst, dt, wide.data(), DType::f32, n);
+                               // bf16 values: widened, then narrowed back exactly, 64 KiB of f32 at a time
+                               std::vector<float> wide(std::min<size_t>(n, size_t(1) << 14));
+                               for (size_t k = 0; k < n; k += wide.size()) {
+                                 const size_t len = std::min(wide.size(), n - k);
+                                 store.read_state(a, i, int64_t(offset / es + k), int64_t(len), wide.data());
+                                 dtype_convert(static_cast<char*>(dst) + k * es, dt, wide.data(), DType::f32, len);
+                               }
                              });
       }
     }
