@@ -105,7 +105,8 @@ void adamw_update_isa(AdamWIsa isa, float* master, void* m, void* v, DType momen
                " cannot run on this CPU");
   if (n == 0) return;
   const AdamWConstants c = adamw_make_consts(p);
-  const AdamWSpan s{master, m, v, grad, working, moment_type, working_type};
+  const AdamWSpan s{master, m, v, grad, working, moment_type, working_type,
+                    moment_type == DType::bf16 && p.stochastic_round, p.round_key_m, p.round_key_v, p.round_counter};
   const AdamWKernel kernel = adamw_kernel_for(isa);
   if (n < kAdamWSerialBelow || omp_get_max_threads() == 1) {
     kernel(c, s, 0, n);
@@ -130,6 +131,18 @@ void adamw_update(float* master, float* m, float* v, const float* grad, void* wo
 void adamw_update_bf16_moments(float* master, bf16* m, bf16* v, const float* grad, void* working,
                                DType working_type, int64_t n, const AdamWParams& p) {
   adamw_update_isa(adamw_isa_active(), master, m, v, DType::bf16, grad, working, working_type, n, p);
+}
+
+void adamw_round_keys(uint64_t seed, int64_t step, uint64_t row, uint32_t& key_m, uint32_t& key_v) {
+  auto mix = [](uint64_t z) {  // splitmix64's finaliser
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const uint64_t k = mix(mix(mix(seed) ^ uint64_t(step)) ^ row);
+  key_m = uint32_t(k);
+  key_v = uint32_t(k >> 32);
 }
 
 void adamw_update_ref(double* master, double* m, double* v, const double* grad, int64_t n,

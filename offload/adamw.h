@@ -5,7 +5,15 @@
 // reproduces Debian's torch 1.13 CPU AdamW bit for bit):
 //   g = grad * clip_scale;  p *= 1 - lr wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
-// Moments are f32, or bf16 as an option (stored bf16, computed in f32, rounded back).
+// Moments are f32, or bf16 as an option (optim.moments_dtype: stored bf16, computed in f32,
+// rounded back). bf16 moments are rounded back either to nearest even or stochastically
+// (AdamWParams::stochastic_round): with beta2 = 0.999 one step moves v by 0.1% of (g^2 - v),
+// below half a bf16 ulp (2^-9 relative), so under round-to-nearest v stops following g^2 once
+// it is within ~3x of it (and m likewise for beta1 > 0.996). Stochastic rounding keeps every
+// stored moment unbiased (E[round(x)] = x). Its random bits are counter based: element i of
+// a call draws adamw_round_bits(key, counter + i), with the key from (step, parameter row,
+// array) — no generator state, so the bits do not depend on the ISA, the thread split, how
+// NVMe cuts a row into ranges, or a resume.
 //
 // Variants: AVX-512, AVX2 and scalar, picked at run time from what the CPU offers (the choice is
 // logged once to stderr, "adamw: avx512"; STRATA_ADAMW_ISA=scalar|avx2|avx512 overrides it).
@@ -24,7 +32,28 @@ struct AdamWParams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   int64_t step = 1;          // 1-based, for bias correction
   double clip_scale = 1.0;   // global-norm clipping factor applied to the gradient
+  // bf16 moments only: round them back stochastically (else to nearest even). Element i of the
+  // call uses counter round_counter + i (mod 2^32) under keys round_key_m (m) and round_key_v (v).
+  bool stochastic_round = false;
+  uint32_t round_key_m = 0, round_key_v = 0;
+  uint32_t round_counter = 0;
 };
+
+// The keys of one parameter row's stochastic rounding at `step` (m and v differ): a splitmix64
+// of (seed, step, row). The caller then counts elements from the row's first (round_counter).
+void adamw_round_keys(uint64_t seed, int64_t step, uint64_t row, uint32_t& key_m, uint32_t& key_v);
+
+// The 32 random bits of element `counter` under `key` (lowbias32 of counter ^ key); a
+// stochastic rounding to bf16 adds the top 16 to the f32 bits and truncates.
+inline uint32_t adamw_round_bits(uint32_t key, uint32_t counter) {
+  uint32_t x = counter ^ key;
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
 
 enum class AdamWIsa : uint8_t { scalar, avx2, avx512 };  // avx2 means AVX2 + FMA; avx512: F, BW, VL
 

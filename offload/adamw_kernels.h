@@ -20,13 +20,15 @@
 // The scalar constants are computed in double (as Python does) and rounded to f32 once. With
 // this order the results equal Debian's torch 1.13 bit for bit on its goldens.
 #pragma once
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
-#include "src/core/bf16.h"
+#include "offload/adamw.h"
 #include "src/core/adamw_constants.h"
+#include "src/core/bf16.h"
 #include "src/core/dtype.h"
 
 namespace strata::adamw_detail {
@@ -42,6 +44,9 @@ struct AdamWSpan {
   void* working;
   DType moment_type;
   DType working_type;
+  // bf16 moments rounded back stochastically: element i draws adamw_round_bits(key, counter0 + i)
+  bool stochastic = false;
+  uint32_t key_m = 0, key_v = 0, counter0 = 0;
 };
 
 // Ranges at least this long write the working copy with non-temporal stores (when aligned).
@@ -52,20 +57,24 @@ void adamw_kernel_scalar(const AdamWConstants& c, const AdamWSpan& s, int64_t be
 void adamw_kernel_avx2(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
 void adamw_kernel_avx512(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end);
 
-// Calls run(bf16 moments, working kind) with both as compile-time constants (std::bool_constant,
-// std::integral_constant<int>; working kind 0: no working copy, 1: f32, 2: bf16), for the span's
-// types: the one place a vector kernel's six instantiations are chosen.
+// Moment storage kinds: f32, bf16 rounded to nearest even, bf16 rounded stochastically.
+enum : int { kMomentsF32 = 0, kMomentsBf16 = 1, kMomentsBf16Stochastic = 2 };
+
+// Calls run(moment kind, working kind) with both as compile-time std::integral_constant<int>
+// (working kind 0: no working copy, 1: f32, 2: bf16), for the span's types: the one place a
+// vector kernel's nine instantiations are chosen.
 template <class Run>
 void adamw_dispatch(const AdamWSpan& s, Run run) {
-  const bool bm = s.moment_type == DType::bf16;
+  const int mk = s.moment_type != DType::bf16 ? kMomentsF32 : s.stochastic ? kMomentsBf16Stochastic : kMomentsBf16;
   const int work = !s.working ? 0 : s.working_type == DType::f32 ? 1 : 2;
   auto with_work = [&](auto moments) {
     if (work == 0) run(moments, std::integral_constant<int, 0>{});
     if (work == 1) run(moments, std::integral_constant<int, 1>{});
     if (work == 2) run(moments, std::integral_constant<int, 2>{});
   };
-  if (bm) with_work(std::true_type{});
-  else with_work(std::false_type{});
+  if (mk == kMomentsF32) with_work(std::integral_constant<int, kMomentsF32>{});
+  if (mk == kMomentsBf16) with_work(std::integral_constant<int, kMomentsBf16>{});
+  if (mk == kMomentsBf16Stochastic) with_work(std::integral_constant<int, kMomentsBf16Stochastic>{});
 }
 
 // Internal linkage on purpose: each kernel file gets its own copy compiled under its own
@@ -96,6 +105,22 @@ inline void adamw_store(void* buf, DType t, int64_t i, float x) {
   }
 }
 
+// f32 -> bf16 rounded stochastically with random bits r: the top 16 of r are added to the f32
+// bits, which are then truncated (a value between two bf16 rounds up with probability equal to
+// its distance from the lower one; exact bf16 values are kept). NaN as f32_to_bf16.
+inline bf16 adamw_bf16_stochastic(float x, uint32_t r) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return f32_to_bf16(x);
+  return bf16{uint16_t((u + (r >> 16)) >> 16)};
+}
+
+inline void adamw_store_moment(const AdamWSpan& s, void* buf, uint32_t key, int64_t i, float x) {
+  if (s.moment_type == DType::bf16 && s.stochastic)
+    static_cast<bf16*>(buf)[i] = adamw_bf16_stochastic(x, adamw_round_bits(key, s.counter0 + uint32_t(i)));
+  else
+    adamw_store(buf, s.moment_type, i, x);
+}
+
 // Elements [begin, end) one at a time: the scalar variant, and the tails of the vector ones.
 inline void adamw_span_scalar(const AdamWConstants& c, const AdamWSpan& s, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
@@ -104,8 +129,8 @@ inline void adamw_span_scalar(const AdamWConstants& c, const AdamWSpan& s, int64
     float v = adamw_load(s.v, s.moment_type, i);
     adamw_step_element(c, p, m, v, s.grad[i]);
     s.master[i] = p;
-    adamw_store(s.m, s.moment_type, i, m);
-    adamw_store(s.v, s.moment_type, i, v);
+    adamw_store_moment(s, s.m, s.key_m, i, m);
+    adamw_store_moment(s, s.v, s.key_v, i, v);
     if (s.working) adamw_store(s.working, s.working_type, i, p);
   }
 }

@@ -1,5 +1,6 @@
 #include "offload/host_store.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -8,8 +9,11 @@
 #include <numa.h>
 #endif
 
+#include <vector>
+
 #include "offload/nvme_state.h"
 #include "offload/optimizer.h"
+#include "src/core/bf16.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -34,16 +38,19 @@ void numa_place(void* p, size_t bytes) {
   std::call_once(said, [] { std::fprintf(stderr, "strata: one NUMA node; host placement left to the OS\n"); });
 }
 
-float* alloc_host_floats(size_t n, const char* what) {
-  const size_t bytes = std::max<size_t>((n * 4 + 4095) / 4096 * 4096, 4096);
+void* alloc_host_bytes(size_t size, const char* what) {
+  const size_t bytes = std::max<size_t>((size + 4095) / 4096 * 4096, 4096);
   void* p = std::aligned_alloc(4096, bytes);
-  STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(n * 4), " of host memory for ", what,
+  STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(size), " of host memory for ", what,
                       ": the model's optimizer state does not fit in RAM; place it on NVMe "
                       "(offload.optimizer = \"nvme\" with offload.nvme_path) or use a smaller model");
   numa_place(p, bytes);
-  std::memset(p, 0, n * 4);
-  return static_cast<float*>(p);
+  std::memset(p, 0, size);
+  return p;
 }
+
+// bf16 moments are read and written through f32 in pieces of this many elements (64 KiB of bf16).
+constexpr size_t kStateConvertElements = size_t(1) << 15;
 
 }  // namespace
 
@@ -112,6 +119,8 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
 
 HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions& options)
     : dev_(dev), spec_(spec), options_(options) {
+  STRATA_CHECK(options_.moments == DType::f32 || options_.moments == DType::bf16, "AdamW moments are f32 or bf16, not ",
+               dtype_name(options_.moments));
   STRATA_CHECK(!options_.state_on_nvme || options_.needs.moments, "offload.optimizer = \"nvme\" places AdamW "
                "moments on NVMe, and this optimizer keeps none (its fp32 master stays in RAM): set offload.optimizer "
                "= \"host\"");
@@ -143,13 +152,14 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
       return;
     }
     if (!master_is_working_) {
-      master_ = alloc_host_floats(n, "master weights");
+      master_ = static_cast<float*>(alloc_host_bytes(n * 4, "master weights"));
       host_bytes_ += n * 4;
     }
     if (options_.needs.moments) {
-      m_ = alloc_host_floats(n, "AdamW first moments");
-      v_ = alloc_host_floats(n, "AdamW second moments");
-      host_bytes_ += 2 * n * 4;
+      const size_t moment_bytes = n * dtype_size(options_.moments);
+      m_ = alloc_host_bytes(moment_bytes, "AdamW first moments");
+      v_ = alloc_host_bytes(moment_bytes, "AdamW second moments");
+      host_bytes_ += 2 * moment_bytes;
     }
     placement_ = std::make_unique<RamStatePlacement>(*this);
   } catch (...) {
@@ -179,10 +189,10 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(de
   working_data_ = p;
   p += page_round(working_.tier_bytes(Tier::host_pinned));
   if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
-  std::vector<float**> arrays = {&m_, &v_, &grad_};
-  if (!master_is_working_) arrays.insert(arrays.begin(), &master_);
-  for (float** a : arrays) {
-    *a = reinterpret_cast<float*>(p);
+  std::vector<void**> arrays = {&m_, &v_, reinterpret_cast<void**>(&grad_)};  // f32 moments (options_ default)
+  if (!master_is_working_) arrays.insert(arrays.begin(), reinterpret_cast<void**>(&master_));
+  for (void** a : arrays) {
+    *a = p;
     p += page_round(f32_floats() * 4);
   }
   host_bytes_ = shared_bytes(spec_);
@@ -192,7 +202,8 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(de
 void HostStore::release() {
   placement_.reset();  // first: the NVMe placement finishes its I/O and removes its files
   if (shared_) {       // the caller's memory
-    master_ = m_ = v_ = grad_ = nullptr;
+    master_ = grad_ = nullptr;
+    m_ = v_ = nullptr;
     working_data_ = nullptr;
     return;
   }
@@ -201,7 +212,8 @@ void HostStore::release() {
   std::free(v_);
   dev_.free_pinned(working_data_);
   if (grad_) dev_.free_pinned(grad_);
-  master_ = m_ = v_ = grad_ = nullptr;
+  master_ = grad_ = nullptr;
+  m_ = v_ = nullptr;
   working_data_ = nullptr;
 }
 
@@ -211,14 +223,36 @@ void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t coun
   STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
   STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
-  placement_->read(a, f32_[row].offset + size_t(first) * 4, dst, size_t(count) * 4);
+  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
+  if (es == 4) {
+    placement_->read(a, at, dst, size_t(count) * 4);
+    return;
+  }
+  // bf16 moments: read, then widen (exact), a bounded piece at a time (no transient the plan misses)
+  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
+  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
+    const size_t len = std::min(narrow.size(), size_t(count) - k);
+    placement_->read(a, at + k * es, narrow.data(), len * es);
+    dtype_convert(dst + k, DType::f32, narrow.data(), DType::bf16, len);
+  }
 }
 
 void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
   STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
   STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
-  placement_->write(a, f32_[row].offset + size_t(first) * 4, src, size_t(count) * 4);
+  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
+  if (es == 4) {
+    placement_->write(a, at, src, size_t(count) * 4);
+    return;
+  }
+  // bf16 moments: round to nearest even, then write, a bounded piece at a time
+  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
+  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
+    const size_t len = std::min(narrow.size(), size_t(count) - k);
+    dtype_convert(narrow.data(), DType::bf16, src + k, DType::f32, len);
+    placement_->write(a, at + k * es, narrow.data(), len * es);
+  }
 }
 
 void HostStore::set_param(size_t row, const float* values) {

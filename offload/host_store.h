@@ -3,7 +3,7 @@
 // block in every array:
 //   working  the device-dtype copy that is streamed (bf16 or f32), pinned    (working table)
 //   master   fp32 master weights                                              (f32 table)
-//   m, v     AdamW moments, fp32                                              (f32 table)
+//   m, v     AdamW moments, fp32 or bf16 (optim.moments_dtype)                (f32 table's rows)
 //   grad     fp32 gradient accumulation, pinned (it receives device copies)   (f32 table)
 // Only what the run's optimizer needs is allocated (OptimizerStateNeeds): AdamW all four f32
 // arrays, ZO-SGD the master alone (working + master: 6 B/param in bf16, 4 B in f32).
@@ -51,7 +51,7 @@ struct OptimizerStateNeeds {
 
 struct HostStoreOptions {
   OptimizerStateNeeds needs;   // which arrays exist (default: AdamW's)
-  DType moments = DType::f32;  // AdamW m and v; the store allocates f32 (bf16 is for estimates)
+  DType moments = DType::f32;  // AdamW m and v: f32 or bf16 (optim.moments_dtype), in RAM or on NVMe
   // Inference (strata generate): the working weights alone — no master, moments, gradients or
   // state placement. set_param writes the working copy, get_param reads it back as f32; nothing
   // may train on such a store (placement() asserts).
@@ -108,8 +108,13 @@ class HostStore {
   // The RAM arrays; null when the placement keeps them elsewhere (NVMe) or the optimizer does
   // not need them (options().needs). In f32 compute mode master() is the working copy.
   float* master() { return master_; }
-  float* m() { return m_; }
-  float* v() { return v_; }
+  // m and v hold moments_dtype() elements (f32 or bf16), row r from element f32_table()[r].offset / 4.
+  void* m() { return m_; }
+  void* v() { return v_; }
+  DType moments_dtype() const { return options_.moments; }
+  // Bytes per element of array a: 4 for the master, the moments' dtype size for m and v. A
+  // placement's byte offsets into array a are element index x this.
+  size_t state_elem_bytes(StateArray a) const { return a == StateArray::master ? 4 : dtype_size(options_.moments); }
   float* grad() { return grad_; }
   size_t f32_floats() const { return f32_.tier_bytes(Tier::host) / 4; }
   bool master_is_working() const { return master_is_working_; }
@@ -132,7 +137,8 @@ class HostStore {
   // master lives.
   void set_param(size_t row, const float* values);
   void get_param(size_t row, float* values) const;
-  // count values of array `a` of parameter `row`, from its element `first`.
+  // count values of array `a` of parameter `row`, from its element `first`, as f32 (bf16
+  // moments are widened on read and rounded to nearest even on write).
   void read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const;
   void write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src);
 
@@ -152,7 +158,8 @@ class HostStore {
   TensorTable working_, f32_;
   std::vector<ParamGroup> groups_;
   char* working_data_ = nullptr;
-  float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grad_ = nullptr;
+  float *master_ = nullptr, *grad_ = nullptr;
+  void *m_ = nullptr, *v_ = nullptr;
   size_t pinned_bytes_ = 0, host_bytes_ = 0;
 };
 

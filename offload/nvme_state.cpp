@@ -30,16 +30,20 @@ NvmeStateSizes nvme_state_sizes(const HostStoreLayout& layout, const HostStoreOp
   s.block_bytes = options.nvme_block_bytes ? options.nvme_block_bytes : kDefaultBlock;
   STRATA_CHECK(s.block_bytes % 4096 == 0, "the NVMe block size must be a multiple of 4096 bytes (got ",
                s.block_bytes, ")");
-  size_t per_array = 0, largest = 0;
+  const size_t mb = dtype_size(options.moments);  // moments' element size: 4 or 2
+  // a range's f32 bytes: whole blocks of every array (bf16 moments: two blocks of f32 per block)
+  const size_t unit = s.block_bytes * (4 / mb);
+  size_t master_file = 0, moment_file = 0, largest = 0;
   for (const ParamGroup& g : layout.groups) {
-    per_array += round_up(g.f32_bytes, s.block_bytes);
-    largest = std::max(largest, round_up(g.f32_bytes, s.block_bytes));
+    master_file += round_up(g.f32_bytes, s.block_bytes);
+    moment_file += round_up(g.f32_bytes / 4 * mb, s.block_bytes);
+    largest = std::max(largest, round_up(g.f32_bytes, unit));
   }
-  s.chunk_bytes = round_up(options.nvme_chunk_bytes ? options.nvme_chunk_bytes : kDefaultChunk, s.block_bytes);
+  s.chunk_bytes = round_up(options.nvme_chunk_bytes ? options.nvme_chunk_bytes : kDefaultChunk, unit);
   s.chunk_bytes = std::min(s.chunk_bytes, largest);
-  const size_t arrays = master_on_nvme ? 3 : 2;
-  s.file_bytes = arrays * per_array;
-  s.host_bytes = size_t(std::max(options.nvme_window, 3)) * arrays * s.chunk_bytes +
+  s.file_bytes = (master_on_nvme ? master_file : 0) + 2 * moment_file;
+  const size_t range_bytes = (master_on_nvme ? s.chunk_bytes : 0) + 2 * (s.chunk_bytes / 4 * mb);
+  s.host_bytes = size_t(std::max(options.nvme_window, 3)) * range_bytes +
                  FileEngine::staging_bytes(engine_options(s.block_bytes));
   return s;
 }
@@ -49,36 +53,44 @@ NvmeStatePlacement::NvmeStatePlacement(HostStore& store, const HostStoreOptions&
   HostStoreLayout l{store.working_table(), store.f32_table(), store.groups()};
   sizes_ = nvme_state_sizes(l, options, master_on_nvme_);
   run_dir_ = NvmeRunDir::acquire(options.nvme_path);
-  const size_t per_array = sizes_.file_bytes / (master_on_nvme_ ? 3 : 2);
   run_dir_->reserve(sizes_.file_bytes, nvme_budget_bytes(options.nvme_budget_bytes, options.nvme_path),
                     master_on_nvme_ ? "the optimizer state (fp32 master weights, AdamW m and v)"
                                     : "the optimizer state (AdamW m and v)");
-  uint64_t base = 0;
-  for (const ParamGroup& g : store.groups()) {
-    file_base_.push_back(base);
-    base += round_up(g.f32_bytes, sizes_.block_bytes);
+  size_t file_bytes[3] = {};  // per array
+  for (StateArray a : kArrays) {
+    for (const ParamGroup& g : store.groups()) {
+      file_base_[int(a)].push_back(file_bytes[int(a)]);
+      file_bytes[int(a)] += round_up(g.f32_bytes / 4 * elem_bytes(a), sizes_.block_bytes);
+    }
   }
   io_ = std::make_unique<FileEngine>(engine_options(sizes_.block_bytes));
+  size_t slot_bytes = 0;  // one range of every array on NVMe
+  for (StateArray a : kArrays)
+    if (on_nvme(a)) slot_bytes += sizes_.chunk_bytes / 4 * elem_bytes(a);
   try {
-    const size_t arrays = master_on_nvme_ ? 3 : 2;
     slots_.resize(size_t(std::max(options.nvme_window, 3)));
     for (Slot& s : slots_) {
-      s.buffer = io_buffer_alloc(arrays * sizes_.chunk_bytes);
-      io_->register_memory(s.buffer.get(), arrays * sizes_.chunk_bytes);
+      s.buffer = io_buffer_alloc(slot_bytes);
+      io_->register_memory(s.buffer.get(), slot_bytes);
       size_t at = 0;
       for (StateArray a : kArrays)
-        if (on_nvme(a)) s.array[int(a)] = s.buffer.get() + sizes_.chunk_bytes * at++;
+        if (on_nvme(a)) {
+          s.array[int(a)] = s.buffer.get() + at;
+          at += sizes_.chunk_bytes / 4 * elem_bytes(a);
+        }
     }
     // Every file at full size (its last block written: the blocks before it are holes that read
     // as zeros and verify as zeros), then its space reserved.
     std::memset(slots_[0].buffer.get(), 0, sizes_.block_bytes);
     for (StateArray a : kArrays) {
       if (!on_nvme(a)) continue;
-      const std::string path = run_dir_->path() + "/state." + state_array_name(a) + ".f32";
+      const std::string path = run_dir_->path() + "/state." + state_array_name(a) + "." +
+                               dtype_name(a == StateArray::master ? DType::f32 : store.moments_dtype());
+      const size_t size = file_bytes[int(a)];
       file_[int(a)] = io_->open(path, FileOpen::create);
-      io_->wait(io_->write(file_[int(a)], per_array - sizes_.block_bytes, slots_[0].buffer.get(), sizes_.block_bytes));
+      io_->wait(io_->write(file_[int(a)], size - sizes_.block_bytes, slots_[0].buffer.get(), sizes_.block_bytes));
       io_->wait(io_->sync(file_[int(a)]));
-      nvme_file_reserve(path, per_array);
+      nvme_file_reserve(path, size);
     }
   } catch (...) {
     try {
@@ -92,7 +104,7 @@ NvmeStatePlacement::NvmeStatePlacement(HostStore& store, const HostStoreOptions&
   }
   std::fprintf(stderr, "strata: optimizer state on NVMe: %s in %s (%s, %s window)\n",
                format_bytes(sizes_.file_bytes).c_str(), run_dir_->path().c_str(), io_->backend(),
-               format_bytes(slots_.size() * (master_on_nvme_ ? 3 : 2) * sizes_.chunk_bytes).c_str());
+               format_bytes(slots_.size() * slot_bytes).c_str());
 }
 
 NvmeStatePlacement::~NvmeStatePlacement() {
@@ -112,18 +124,19 @@ NvmeStatePlacement::~NvmeStatePlacement() {
   io_.reset();
 }
 
-size_t NvmeStatePlacement::group_of(size_t offset) const {
+size_t NvmeStatePlacement::group_of(size_t element) const {
   const auto& groups = store_.groups();
-  auto it = std::upper_bound(groups.begin(), groups.end(), offset,
-                             [](size_t o, const ParamGroup& g) { return o < g.f32_offset; });
+  auto it = std::upper_bound(groups.begin(), groups.end(), element,
+                             [](size_t e, const ParamGroup& g) { return e < g.f32_offset / 4; });
   STRATA_ASSERT(it != groups.begin());
   return size_t(it - groups.begin()) - 1;
 }
 
-uint64_t NvmeStatePlacement::file_offset(size_t group, size_t offset) const {
+uint64_t NvmeStatePlacement::file_offset(StateArray a, size_t group, size_t offset) const {
   const ParamGroup& g = store_.groups()[group];
-  STRATA_ASSERT(offset >= g.f32_offset && offset <= g.f32_offset + g.f32_bytes);
-  return file_base_[group] + (offset - g.f32_offset);
+  const size_t es = elem_bytes(a), begin = g.f32_offset / 4 * es;
+  STRATA_ASSERT(offset >= begin && offset <= begin + g.f32_bytes / 4 * es);
+  return file_base_[int(a)][group] + (offset - begin);
 }
 
 std::vector<StateRange> NvmeStatePlacement::ranges(size_t group) const {
@@ -157,9 +170,11 @@ void NvmeStatePlacement::issue_read(size_t item) {
   const Item& it = pass_[item];
   Slot& s = slots_[item % slots_.size()];
   wait_slot(s);  // its previous range has been written back
-  const size_t len = round_up(it.bytes.end - it.bytes.begin, sizes_.block_bytes);
-  for (StateArray a : kArrays)
-    if (on_nvme(a)) s.pending.push_back(io_->read(file_[int(a)], file_offset(it.group, it.bytes.begin), s.array[int(a)], len));
+  for (StateArray a : kArrays) {
+    if (!on_nvme(a)) continue;
+    const size_t es = elem_bytes(a), len = round_up((it.bytes.end - it.bytes.begin) / 4 * es, sizes_.block_bytes);
+    s.pending.push_back(io_->read(file_[int(a)], file_offset(a, it.group, it.bytes.begin / 4 * es), s.array[int(a)], len));
+  }
 }
 
 void NvmeStatePlacement::begin_pass(const std::vector<size_t>& groups) {
@@ -181,10 +196,10 @@ GroupState NvmeStatePlacement::acquire(size_t group, size_t range) {
   Slot& s = slots_[next_ % slots_.size()];
   wait_slot(s);
   const size_t first = count_of<float>(pass_[next_].bytes.begin);
-  auto at = [&](StateArray a, float* ram) {
-    return on_nvme(a) ? reinterpret_cast<float*>(s.array[int(a)]) : ram + first;
-  };
-  return {at(StateArray::master, store_.master()), at(StateArray::m, store_.m()), at(StateArray::v, store_.v())};
+  // m and v are always on NVMe; the master is in RAM when it is the f32 working copy
+  float* master = on_nvme(StateArray::master) ? reinterpret_cast<float*>(s.array[int(StateArray::master)])
+                                              : store_.master() + first;
+  return {master, s.array[int(StateArray::m)], s.array[int(StateArray::v)]};
 }
 
 void NvmeStatePlacement::release(size_t group, size_t range) {
@@ -192,9 +207,11 @@ void NvmeStatePlacement::release(size_t group, size_t range) {
                 "NVMe state: range ", range, " of group ", group, " released out of order");
   const Item& it = pass_[next_];
   Slot& s = slots_[next_ % slots_.size()];
-  const size_t len = round_up(it.bytes.end - it.bytes.begin, sizes_.block_bytes);
-  for (StateArray a : kArrays)
-    if (on_nvme(a)) s.pending.push_back(io_->write(file_[int(a)], file_offset(it.group, it.bytes.begin), s.array[int(a)], len));
+  for (StateArray a : kArrays) {
+    if (!on_nvme(a)) continue;
+    const size_t es = elem_bytes(a), len = round_up((it.bytes.end - it.bytes.begin) / 4 * es, sizes_.block_bytes);
+    s.pending.push_back(io_->write(file_[int(a)], file_offset(a, it.group, it.bytes.begin / 4 * es), s.array[int(a)], len));
+  }
   ++next_;
   if (issued_ < pass_.size()) issue_read(issued_++);
 }
@@ -205,9 +222,9 @@ void NvmeStatePlacement::read(StateArray a, size_t offset, void* dst, size_t byt
     std::memcpy(dst, reinterpret_cast<const char*>(store_.master()) + offset, bytes);
     return;
   }
-  const size_t g = group_of(offset);
-  io_->wait(io_->read(file_[int(a)], file_offset(g, offset), dst, bytes));
-  (void)file_offset(g, offset + bytes);  // inside the group
+  const size_t g = group_of(offset / elem_bytes(a));
+  io_->wait(io_->read(file_[int(a)], file_offset(a, g, offset), dst, bytes));
+  (void)file_offset(a, g, offset + bytes);  // inside the group
 }
 
 void NvmeStatePlacement::write(StateArray a, size_t offset, const void* src, size_t bytes) {
@@ -216,9 +233,9 @@ void NvmeStatePlacement::write(StateArray a, size_t offset, const void* src, siz
     std::memcpy(reinterpret_cast<char*>(store_.master()) + offset, src, bytes);
     return;
   }
-  const size_t g = group_of(offset);
-  (void)file_offset(g, offset + bytes);
-  io_->wait(io_->write(file_[int(a)], file_offset(g, offset), src, bytes));
+  const size_t g = group_of(offset / elem_bytes(a));
+  (void)file_offset(a, g, offset + bytes);
+  io_->wait(io_->write(file_[int(a)], file_offset(a, g, offset), src, bytes));
 }
 
 void NvmeStatePlacement::flush() {

@@ -4,9 +4,10 @@
 // (io/uring_file.h: O_DIRECT, a crc32c per block verified on every read).
 //
 // File layout: each array's file holds the groups one after another, each starting on a block
-// boundary (group g at file_base[g]; a byte b of the f32 arena inside group g is at
-// file_base[g] + b - g.f32_offset), so whole blocks move between disk and the aligned window
-// buffers without a copy. The files are created at full size and their space reserved
+// boundary (group g at file_base[a][g]; element e of the f32 arena inside group g is at
+// file_base[a][g] + (e - g's first element) x the array's element size: 4, or 2 for bf16
+// moments), so whole blocks move between disk and the aligned window buffers without a copy.
+// With bf16 moments a range is a multiple of two blocks of f32, so its moments are whole blocks. The files are created at full size and their space reserved
 // (fallocate) before step 1: a disk too small fails then, not mid-run.
 //
 // The optimizer's pass: each group is cut into ranges of at most chunk_bytes per array; the
@@ -30,7 +31,7 @@ namespace strata {
 struct NvmeStateSizes {
   size_t file_bytes = 0;   // all files on NVMe
   size_t host_bytes = 0;   // window buffers + file engine staging
-  size_t chunk_bytes = 0;  // one range per array
+  size_t chunk_bytes = 0;  // one range, in f32 bytes (the master's; bf16 moments take half)
   size_t block_bytes = 0;
 };
 // `master_on_nvme`: false in f32 compute mode (the master is the working copy).
@@ -62,12 +63,14 @@ class NvmeStatePlacement final : public StatePlacement {
   };
   struct Slot {
     IoBuffer buffer;
-    unsigned char* array[3] = {};           // per StateArray on NVMe: chunk_bytes each
+    unsigned char* array[3] = {};           // per StateArray on NVMe: one chunk of its elements
     std::vector<FileTicket> pending;        // its read or its write-back
   };
   bool on_nvme(StateArray a) const { return a != StateArray::master || master_on_nvme_; }
-  size_t group_of(size_t offset) const;     // the group holding f32-arena byte `offset`
-  uint64_t file_offset(size_t group, size_t offset) const;
+  size_t group_of(size_t element) const;    // the group holding f32-arena element `element`
+  // The file offset of byte `offset` of array a (inside `group`).
+  uint64_t file_offset(StateArray a, size_t group, size_t offset) const;
+  size_t elem_bytes(StateArray a) const { return store_.state_elem_bytes(a); }
   void issue_read(size_t item);
   void wait_slot(Slot& s);                  // timed: the pass waits on NVMe
 
@@ -77,7 +80,7 @@ class NvmeStatePlacement final : public StatePlacement {
   std::shared_ptr<NvmeRunDir> run_dir_;
   std::unique_ptr<FileEngine> io_;
   int file_[3] = {-1, -1, -1};
-  std::vector<uint64_t> file_base_;        // per group
+  std::vector<uint64_t> file_base_[3];     // per array, per group
   std::vector<Slot> slots_;
   std::vector<Item> pass_;                 // the current pass's ranges, in order
   size_t next_ = 0, issued_ = 0;           // next range to acquire; ranges whose read was issued

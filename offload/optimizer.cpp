@@ -17,11 +17,11 @@ const char* state_array_name(StateArray a) {
   return "?";
 }
 
-float* RamStatePlacement::array(StateArray a) const {
+char* RamStatePlacement::array(StateArray a) const {
   switch (a) {
-    case StateArray::master: return store_.master();
-    case StateArray::m: return store_.m();
-    case StateArray::v: return store_.v();
+    case StateArray::master: return reinterpret_cast<char*>(store_.master());
+    case StateArray::m: return static_cast<char*>(store_.m());
+    case StateArray::v: return static_cast<char*>(store_.v());
   }
   return nullptr;
 }
@@ -34,28 +34,41 @@ std::vector<StateRange> RamStatePlacement::ranges(size_t group) const {
 GroupState RamStatePlacement::acquire(size_t group, size_t range) {
   STRATA_ASSERT(range == 0);
   const size_t first = count_of<float>(store_.groups()[group].f32_offset);
-  auto at = [first](float* a) { return a ? a + first : nullptr; };  // m, v: absent for ZO-SGD
-  return {at(store_.master()), at(store_.m()), at(store_.v())};
+  const size_t mb = store_.state_elem_bytes(StateArray::m);
+  auto at = [&](void* a) -> void* { return a ? static_cast<char*>(a) + first * mb : nullptr; };  // absent for ZO-SGD
+  return {store_.master() + first, at(store_.m()), at(store_.v())};
 }
 
 void RamStatePlacement::read(StateArray a, size_t offset, void* dst, size_t bytes) {
-  std::memcpy(dst, reinterpret_cast<const char*>(array(a)) + offset, bytes);
+  std::memcpy(dst, array(a) + offset, bytes);
 }
 
 void RamStatePlacement::write(StateArray a, size_t offset, const void* src, size_t bytes) {
-  std::memcpy(reinterpret_cast<char*>(array(a)) + offset, src, bytes);
+  std::memcpy(array(a) + offset, src, bytes);
 }
+
+namespace {
+// The seed of bf16 moments' stochastic rounding (any constant: the keys also mix step and row).
+constexpr uint64_t kMomentRoundSeed = 0x5354524154414d31ull;
+}  // namespace
 
 void HostAdamW::update(size_t group, const AdamWParams& hyper, double weight_decay) {
   const ParamGroup& g = store_.groups()[group];
   const TensorTable& wt = store_.working_table();
   const bool in_place = store_.master_is_working();
+  const DType moments = store_.moments_dtype();
   AdamWParams p = hyper;
+  p.stochastic_round = moments == DType::bf16;
   for_each_row_piece(store_, placement_, group, [&](const RowPiece& pc) {
     const size_t r = pc.row;
     char* working = in_place ? nullptr : static_cast<char*>(store_.working_of(r)) + pc.first * dtype_size(wt[r].dtype);
     p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
-    adamw_update(pc.state.master, pc.state.m, pc.state.v, store_.grad_of(r) + pc.first, working, wt[r].dtype, pc.n, p);
+    if (p.stochastic_round) {
+      adamw_round_keys(kMomentRoundSeed, hyper.step, r, p.round_key_m, p.round_key_v);
+      p.round_counter = uint32_t(pc.first);  // mod 2^32: still a pure function of (row, element)
+    }
+    adamw_update_isa(adamw_isa_active(), pc.state.master, pc.state.m, pc.state.v, moments, store_.grad_of(r) + pc.first,
+                     working, wt[r].dtype, pc.n, p);
   });
   std::memset(store_.grad() + count_of<float>(g.f32_offset), 0, g.f32_bytes);  // consumed
 }

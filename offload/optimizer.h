@@ -30,7 +30,7 @@ class RamStatePlacement final : public StatePlacement {
   bool in_ram(StateArray) const override { return true; }
 
  private:
-  float* array(StateArray a) const;
+  char* array(StateArray a) const;
   HostStore& store_;
 };
 
@@ -56,9 +56,10 @@ void for_each_row_piece(HostStore& store, StatePlacement& placement, size_t grou
       const size_t lo = std::max(row_begin, rg.begin), hi = std::min(row_end, rg.end);
       if (lo >= hi) continue;
       const size_t at = count_of<float>(lo - rg.begin);
-      auto offset = [&](float* a) { return a ? a + at : nullptr; };
-      piece(RowPiece{r, {offset(st.master), offset(st.m), offset(st.v)}, count_of<float>(lo - row_begin),
-                     int64_t(count_of<float>(hi - lo))});
+      const size_t mb = store.state_elem_bytes(StateArray::m);
+      auto moment = [&](void* a) -> void* { return a ? static_cast<char*>(a) + at * mb : nullptr; };
+      piece(RowPiece{r, {st.master ? st.master + at : nullptr, moment(st.m), moment(st.v)},
+                     count_of<float>(lo - row_begin), int64_t(count_of<float>(hi - lo))});
     }
     placement.release(group, k);
   }
@@ -74,7 +75,9 @@ class GroupOptimizer {
 // AdamW over the placement's ranges of a group: each range's rows (or the parts of rows it
 // holds) are updated in place; the update is elementwise, so how a group is cut into ranges
 // changes no bit of the result. In f32 compute mode the master is the working copy and is
-// updated in place (no second write).
+// updated in place (no second write). bf16 moments are rounded back stochastically, keyed by
+// (step, row) and counted from the row's first element (adamw_round_keys): the same bits in RAM
+// and on NVMe, and after a resume.
 class HostAdamW final : public GroupOptimizer {
  public:
   static constexpr OptimizerStateNeeds kState{true, true};  // m, v and the fp32 gradient

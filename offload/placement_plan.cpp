@@ -157,6 +157,7 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   if (choice.optimizer_nvme) {  // the placement's own sizes (offload/nvme_state.h): files, window, staging
     HostStoreOptions so;
     so.state_on_nvme = true;
+    so.moments = in.moments;
     const NvmeStateSizes ns = nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared));
     add("NVMe optimizer pipeline (window of master, m, v ranges; file staging)", Tier::host, ns.host_bytes);
     const size_t listed = (spec.matrix_dtype == DType::f32 && in.f32_master_shared ? 0 : f32_bytes) + moments_bytes;
@@ -256,6 +257,15 @@ std::vector<PlanChange> changes_for(const ModelSpec& spec, const PlanInputs& in,
     v.optimizer = "nvme";
     try_variant(str_cat("set offload.optimizer = \"nvme\"", nvme_dir_hint, " (fp32 master weights and AdamW moments ",
                         "move to NVMe)"), v, with_nvme);
+  }
+  if ((host_over || nvme_over) && in.moments == DType::f32 && optimizer_state_needs(in.optim_type).moments &&
+      !in.lora.enabled()) {
+    PlanInputs v = in;
+    v.moments = DType::bf16;
+    const PlacementPlan q = decide(spec, v, budgets);
+    const size_t s = saving(q) + (nvme_over && q.tier(Tier::nvme) < p.tier(Tier::nvme) ? p.tier(Tier::nvme) - q.tier(Tier::nvme) : 0);
+    if (s) out.push_back({"set optim.moments_dtype = \"bf16\" (AdamW m and v stored in bf16: 4 bytes per parameter "
+                          "instead of 8)", s});
   }
   if (host_over && p.host_checkpoints) {
     PlanInputs v = in;

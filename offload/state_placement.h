@@ -1,8 +1,10 @@
-// Where a parameter group's fp32 optimizer state lives (DESIGN §2, §8a): the seam between the
-// optimizer step and the memory tiers. Three arrays share the f32 table's layout (row r at
-// f32_table[r].offset bytes of each):
+// Where a parameter group's optimizer state lives (DESIGN §2, §8a): the seam between the
+// optimizer step and the memory tiers. Three arrays share the f32 table's element layout (row r
+// from element f32_table[r].offset / 4 of each):
 //   master  fp32 master weights (in f32 compute mode the working copy itself: no second array)
-//   m, v    AdamW moments
+//   m, v    AdamW moments, f32 or bf16 (HostStore::moments_dtype)
+// Byte offsets into an array are element index x its element size (HostStore::state_elem_bytes);
+// ranges (StateRange) are in the f32 arena's bytes, the same elements in every array.
 // Two implementations: RAM (offload/optimizer.h: the host store's arrays, every call free) and
 // NVMe (offload/nvme_state.h: files, read ahead and written back in a pipeline).
 //
@@ -23,11 +25,11 @@ namespace strata {
 enum class StateArray : uint8_t { master, m, v };
 const char* state_array_name(StateArray a);  // "master", "exp_avg", "exp_avg_sq"
 
-// Pointers to the first float of an acquired range in each array.
+// Pointers to the first element of an acquired range in each array (m, v: of the moments' dtype).
 struct GroupState {
   float* master = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
 };
 
 // Bytes [begin, end) of the f32 arena: a piece of one group.
@@ -49,7 +51,7 @@ class StatePlacement {
   virtual void begin_pass(const std::vector<size_t>& groups) { (void)groups; }
   virtual GroupState acquire(size_t group, size_t range) = 0;
   virtual void release(size_t group, size_t range) = 0;
-  // `bytes` at f32-arena byte `offset` of array `a` (offset and bytes multiples of 4).
+  // `bytes` at byte `offset` of array `a` (whole elements of it, inside one row).
   virtual void read(StateArray a, size_t offset, void* dst, size_t bytes) = 0;
   virtual void write(StateArray a, size_t offset, const void* src, size_t bytes) = 0;
   // Every write handed over so far has reached the placement's medium (a save follows).

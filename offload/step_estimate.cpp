@@ -104,11 +104,10 @@ StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const Placemen
     b.d2h += act + 8;  // d x0, the loss
   }
   if (plan.optimizer_on_nvme) {  // master (unless it is the f32 working copy), m and v: read, updated, written,
-    HostStoreOptions so;          // each group's ranges in whole blocks (offload/nvme_state.h)
+    HostStoreOptions so;          // each group's ranges in whole blocks (offload/nvme_state.h): the files
     so.state_on_nvme = true;
-    const bool master = !(spec.matrix_dtype == DType::f32 && in.f32_master_shared);
-    const double per_array = double(nvme_state_sizes(layout, so, master).file_bytes) / (master ? 3 : 2);
-    b.state = per_array * ((master ? 1 : 0) + 2 * double(dtype_size(in.moments)) / 4);  // bf16 m, v: half
+    so.moments = in.moments;      // bf16 m, v: half the bytes
+    b.state = double(nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared)).file_bytes);
   }
   return b;
 }

@@ -44,6 +44,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"preference.beta", "float", "0.1 (simpo: 2.0)", "the preference objective's beta: dpo/ipo 0.1, simpo 2.0, orpo (its lambda) 0.1 when unset, as TRL's configs"},
       {"preference.gamma", "float", "0.5", "simpo's target reward margin gamma"},
       {"optim.type", "string", "\"adamw\"", "\"adamw\" (first order: forward + backward) or \"zo-sgd\" (zeroth order, MeZO: two perturbed forward passes, no gradients or moments)"},
+      {"optim.moments_dtype", "string", "\"f32\"", "AdamW m and v in host RAM or on NVMe: \"f32\" (8 B/param) or \"bf16\" (4 B/param: read as bf16, computed in f32, rounded back stochastically with a counter-based RNG; resume stays bit-exact)"},
       {"optim.learning_rate", "float", "1e-5", "peak learning rate"},
       {"optim.weight_decay", "float", "0.0", "AdamW decoupled weight decay (matrices only; norms and biases are not decayed)"},
       {"optim.adam_beta1", "float", "0.9", "AdamW beta1"},
@@ -290,6 +291,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("optim.zo_eps", rc.zo_eps);
   r.read("optim.zo_perturbations", rc.zo_perturbations);
   rc.max_grad_norm_set = r.get("optim.max_grad_norm") != nullptr;
+  r.read("optim.moments_dtype", rc.moments_dtype);
   r.read("optim.learning_rate", rc.learning_rate);
   r.read("optim.weight_decay", rc.weight_decay);
   r.read("optim.adam_beta1", rc.adam_beta1);
@@ -415,6 +417,17 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
                r.where("optim.lr_scheduler_type"), ": optim.lr_scheduler_type must be \"cosine\", \"linear\" or \"constant\"");
   STRATA_CHECK(rc.optim_type == "adamw" || rc.optim_type == "zo-sgd", r.where("optim.type"),
                ": optim.type must be \"adamw\" or \"zo-sgd\"");
+  STRATA_CHECK(rc.moments_dtype == "f32" || rc.moments_dtype == "bf16", r.where("optim.moments_dtype"),
+               ": optim.moments_dtype must be \"f32\" or \"bf16\"");
+  STRATA_CHECK(rc.moments_dtype == "f32" || rc.optim_type == "adamw", r.where("optim.moments_dtype"),
+               ": optim.moments_dtype = \"bf16\" sets AdamW's moments, and optim.type = \"zo-sgd\" keeps none; remove "
+               "optim.moments_dtype");
+  STRATA_CHECK(rc.moments_dtype == "f32" || !rc.lora_enabled, r.where("optim.moments_dtype"),
+               ": with LoRA only the adapters train and their AdamW moments stay f32 (they are small); remove "
+               "optim.moments_dtype");
+  STRATA_CHECK(rc.moments_dtype == "f32" || !rc.distributed_shared_host_store, r.where("optim.moments_dtype"),
+               ": distributed.shared_host_store = true keeps f32 moments in this version; set optim.moments_dtype = "
+               "\"f32\" or distributed.shared_host_store = false");
   STRATA_CHECK(rc.zo_eps > 0, r.where("optim.zo_eps"), ": optim.zo_eps must be positive (1e-3 is MeZO's)");
   STRATA_CHECK(rc.zo_perturbations >= 1 && rc.zo_perturbations <= 64, r.where("optim.zo_perturbations"),
                ": optim.zo_perturbations must be in [1, 64]");
@@ -465,7 +478,7 @@ std::string Recipe::to_toml() const {
      << gradient_accumulation_steps << "\nseed = " << seed << "\nlog_steps = " << log_steps << "\neval_steps = " << eval_steps
      << "\nobjective = " << q(objective) << "\n";
   if (objective != "sft") os << "\n[preference]\nbeta = " << preference_beta << "\ngamma = " << preference_gamma << "\n";
-  os << "\n[optim]\ntype = " << q(optim_type) << "\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
+  os << "\n[optim]\ntype = " << q(optim_type) << "\nmoments_dtype = " << q(moments_dtype) << "\nlearning_rate = " << learning_rate << "\nweight_decay = " << weight_decay
      << "\nadam_beta1 = " << adam_beta1 << "\nadam_beta2 = " << adam_beta2 << "\nadam_epsilon = "
      << adam_epsilon << "\nmax_grad_norm = " << max_grad_norm << "\nlr_scheduler_type = "
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio

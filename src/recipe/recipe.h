@@ -47,6 +47,7 @@ struct Recipe {
   int64_t warmup_steps = 0;
   std::string lr_scheduler_type = "cosine";
   std::string optim_type = "adamw";   // "adamw" | "zo-sgd"
+  std::string moments_dtype = "f32";  // optim.moments_dtype: AdamW m and v, "f32" | "bf16"
   double zo_eps = 1e-3;
   int64_t zo_perturbations = 1;
   bool max_grad_norm_set = false;     // optim.max_grad_norm was given (zo-sgd warns it does not apply)

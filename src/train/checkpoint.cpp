@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -281,10 +282,22 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
       const TensorSpec& r = spec.params[i];
       for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
         if (!store.holds(a)) continue;  // zo-sgd: the master alone
-        tensors.emplace_back(std::string(state_array_name(a)) + "/" + r.name, DType::f32, r.shape,
-                             [&store, a, i](uint64_t offset, void* dst, size_t bytes) {
-                               store.read_state(a, i, int64_t(offset / 4), int64_t(bytes / 4),
-                                                static_cast<float*>(dst));
+        // the moments in the run's dtype (bf16 moments: as stored, so a resume is bit-exact)
+        const DType dt = a == StateArray::master ? DType::f32 : store.moments_dtype();
+        tensors.emplace_back(std::string(state_array_name(a)) + "/" + r.name, dt, r.shape,
+                             [&store, a, i, dt](uint64_t offset, void* dst, size_t bytes) {
+                               const size_t es = dtype_size(dt), n = bytes / es;
+                               if (dt == DType::f32) {
+                                 store.read_state(a, i, int64_t(offset / es), int64_t(n), static_cast<float*>(dst));
+                                 return;
+                               }
+                               // bf16 values: widened, then narrowed back exactly, 64 KiB of f32 at a time
+                               std::vector<float> wide(std::min<size_t>(n, size_t(1) << 14));
+                               for (size_t k = 0; k < n; k += wide.size()) {
+                                 const size_t len = std::min(wide.size(), n - k);
+                                 store.read_state(a, i, int64_t(offset / es + k), int64_t(len), wide.data());
+                                 dtype_convert(static_cast<char*>(dst) + k * es, dt, wide.data(), DType::f32, len);
+                               }
                              });
       }
     }
@@ -334,16 +347,31 @@ std::string checkpoint_find_latest(const std::string& output_dir) {
 
 namespace {
 
-// One f32 tensor of a checkpoint's state file into buf, checked against the model's shape.
+// One tensor of a checkpoint's state file into buf as f32, checked against the model's shape:
+// f32, or (moments: `bf16_ok`) bf16, widened exactly.
 void state_fetch(SafetensorsFile& f, const std::string& dir, const std::string& name, const TensorSpec& r,
-                 std::vector<float>& buf) {
+                 std::vector<float>& buf, bool bf16_ok = false) {
   const SafetensorsEntry* e = f.find(name);
   STRATA_CHECK(e, dir, "/", kStateFile, " has no tensor ", name, ": the checkpoint belongs to another model");
-  STRATA_CHECK(e->dtype == DType::f32 && e->shape == r.shape, dir, "/", kStateFile, ": ", name, " is ",
-               safetensors_format_shape(e->shape), " but the model expects f32 ", safetensors_format_shape(r.shape));
+  STRATA_CHECK((e->dtype == DType::f32 || (bf16_ok && e->dtype == DType::bf16)) && e->shape == r.shape, dir, "/",
+               kStateFile, ": ", name, " is ", dtype_name(e->dtype), " ", safetensors_format_shape(e->shape),
+               " but the model expects ", bf16_ok ? "f32 or bf16 " : "f32 ", safetensors_format_shape(r.shape));
   buf.resize(size_t(r.numel()));
-  std::memcpy(buf.data(), f.data(*e), buf.size() * 4);
+  dtype_convert(buf.data(), DType::f32, f.data(*e), e->dtype, buf.size());
   f.release(*e);  // one tensor's file pages resident at a time (offload/placement_plan.h)
+}
+
+// A checkpoint whose moments have another dtype than this run's (optim.moments_dtype) resumes
+// with them converted, said once: bf16 -> f32 widens exactly; f32 -> bf16 rounds each moment to
+// nearest even (the run goes on from slightly different moments than the saved run would have).
+void note_moment_conversion(SafetensorsFile& f, const std::string& dir, const HostStore& store) {
+  const SafetensorsEntry* e = store.spec().params.rows().empty() ? nullptr : f.find("exp_avg/" + store.spec().params[0].name);
+  if (!e || !store.holds(StateArray::m) || e->dtype == store.moments_dtype()) return;
+  std::fprintf(stderr, "strata train: %s holds %s AdamW moments and this run keeps %s (optim.moments_dtype): %s\n",
+               dir.c_str(), dtype_name(e->dtype), dtype_name(store.moments_dtype()),
+               e->dtype == DType::bf16 ? "widened exactly"
+                                       : "each rounded to nearest even, so the run does not continue bit-exactly; set "
+                                         "optim.moments_dtype = \"f32\" to resume it exactly");
 }
 
 // LoRA: the adapters' master and moments (the base stays as loaded from model.path).
@@ -417,14 +445,15 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* 
   STRATA_CHECK(saved_moments || !store.holds(StateArray::m), dir, " holds no AdamW moments (a zo-sgd run wrote it): "
                "resume it with optim.type = \"zo-sgd\", or start an AdamW run from its hf/ export (model.path = \"",
                (d / "hf").string(), "\")");
+  note_moment_conversion(f, dir, store);
   for (size_t i = 0; i < spec.params.size(); ++i) {  // one tensor at a time into RAM or NVMe
     const TensorSpec& r = spec.params[i];
     fetch("master/" + r.name, r);
     store.set_param(i, buf.data());
     if (!store.holds(StateArray::m)) continue;
-    fetch("exp_avg/" + r.name, r);
+    state_fetch(f, dir, "exp_avg/" + r.name, r, buf, true);
     store.write_state(StateArray::m, i, 0, r.numel(), buf.data());
-    fetch("exp_avg_sq/" + r.name, r);
+    state_fetch(f, dir, "exp_avg_sq/" + r.name, r, buf, true);
     store.write_state(StateArray::v, i, 0, r.numel(), buf.data());
   }
   return st;

@@ -3,7 +3,8 @@
 //
 //   checkpoint-<step>/
 //     optimizer_state.safetensors   f32 master weights, AdamW exp_avg and exp_avg_sq per parameter
-//                                   (zo-sgd: the master alone; the store's needs() say which)
+//                                   (in optim.moments_dtype, f32 or bf16; zo-sgd: the master
+//                                   alone; the store's needs() say which)
 //     trainer_state.json            step, data position (cursor, row count, data hash, RNG state),
 //                                   schedule, tokens seen
 //     data_order.bin                the current epoch's row order (int64 little-endian)

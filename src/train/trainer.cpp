@@ -249,6 +249,7 @@ PlanInputs train_plan_inputs(const Recipe& rc) {
   // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
   in.optimizer = rc.optim_type == "zo-sgd" && rc.offload_optimizer == "auto" ? "host" : rc.offload_optimizer;
   in.optim_type = rc.optim_type;  // which host arrays and which engine's device rows
+  in.moments = dtype_parse(rc.moments_dtype);
   in.micro_batch = rc.micro_batch_size * (preference_objective_enabled(rc) ? 2 : 1);  // pairs: 2 rows
   in.sequence_len = rc.sequence_len;
   in.save_dtype = dtype_parse(rc.save_dtype);
@@ -371,6 +372,7 @@ void TrainRun::set_up_model() {
   eopt_.lora = train_lora_options(rc_);
   HostStoreOptions sopt;
   sopt.needs = optimizer_state_needs(rc_.optim_type);  // zo-sgd: no moments, no gradients
+  sopt.moments = dtype_parse(rc_.moments_dtype);  // optim.moments_dtype: AdamW m and v, f32 or bf16
   sopt.weights_only = eopt_.lora.enabled();  // LoRA: the base keeps its working copy alone
   sopt.state_on_nvme = eopt_.optimizer == "nvme";
   sopt.nvme_path = rc_.nvme_path;

@@ -49,8 +49,10 @@ Result run(bool landed, bool tied, const std::string& weights) {
   }
   engine.synchronize();
   r.master.assign(store.master(), store.master() + store.f32_floats());
-  r.m.assign(store.m(), store.m() + store.f32_floats());
-  r.v.assign(store.v(), store.v() + store.f32_floats());
+  const float* m = static_cast<const float*>(store.m());  // f32 moments (the default)
+  const float* v = static_cast<const float*>(store.v());
+  r.m.assign(m, m + store.f32_floats());
+  r.v.assign(v, v + store.f32_floats());
   return r;
 }
 

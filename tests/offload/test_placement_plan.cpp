@@ -513,3 +513,41 @@ TEST_CASE("a failed pinned allocation falls back to pageable memory with one war
 }
 
 }  // namespace strata
+
+namespace strata {
+
+TEST_CASE("bf16 moments: the plan counts 4 B/param as the store allocates, and a plan short of RAM suggests them",
+          "[plan][bf16-moments]") {
+  const ModelSpec spec = budget_spec(false);
+  const size_t params = size_t(spec.parameter_count());
+  PlanInputs in = plan_inputs("host");
+  in.moments = DType::bf16;
+  const PlacementPlan p = placement_plan(spec, in, PlanBudgets{});
+  CHECK(p.bytes_of("AdamW moments (bf16 m and v)") == params * 4);
+  auto dev = device_create(DeviceOptions{});
+  HostStoreOptions so;
+  so.moments = DType::bf16;
+  HostStore hs(*dev, spec, so);
+  CHECK(hs.host_bytes() == p.bytes_of("fp32 master weights") + p.bytes_of("AdamW moments (bf16 m and v)"));
+  // f32 moments one byte over the host budget: the suggestion saves the moments' other half
+  const ModelSpec big = big_spec();
+  const size_t big_params = size_t(big.parameter_count());
+  PlanInputs f = plan_inputs("host");
+  PlanBudgets b;
+  b.host_bytes = placement_plan(big, f, b).host_total() - 1;
+  const PlacementPlan q = placement_plan(big, f, b);
+  REQUIRE_FALSE(q.fits());
+  bool found = false;
+  for (const PlanChange& c : q.changes)
+    if (c.what.rfind("set optim.moments_dtype = \"bf16\"", 0) == 0) {
+      found = true;
+      CHECK(c.saves_bytes == big_params * 4);
+    }
+  CHECK(found);
+  // zo-sgd keeps no moments: nothing to suggest
+  f.optim_type = "zo-sgd";
+  b.host_bytes = placement_plan(big, f, PlanBudgets{}).host_total() - 1;
+  for (const PlanChange& c : placement_plan(big, f, b).changes) CHECK(c.what.find("moments_dtype") == std::string::npos);
+}
+
+}  // namespace strata
