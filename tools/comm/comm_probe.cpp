@@ -2,7 +2,8 @@
 // of label `mpi` (src/comm/comm.cmake) launch it through tests/comm/run_mpi.sh.
 //
 //   mpirun -np N strata_comm_probe collectives      all-reduce of awkward sizes, scalars,
-//                                                   broadcast, barrier, queued tickets
+//                                                   broadcast, barrier, queued tickets; node
+//                                                   groups (split_node) beside the world
 //   mpirun -np N strata_comm_probe hang RANK SECS   RANK stops answering; the others must fail
 //   mpirun -np N strata_comm_probe exit RANK SECS   RANK exits early;   within SECS, naming RANK
 //
@@ -10,6 +11,7 @@
 // error. Every line is prefixed with the rank.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -130,6 +132,39 @@ void check_collectives(Comm& comm) {
   if (rank == 0) std::filesystem::remove_all(dir);
 }
 
+// Node groups (Comm::split_node): the real node (every rank here: one machine) and pretend nodes of
+// 2 consecutive ranks; a node's all-reduces, broadcast and barrier interleaved with the world's
+// queued ones (their messages must not mix: own tag ranges) give each group's own sums.
+void check_nodes(Comm& world) {
+  const int rank = world.rank(), size = world.size();
+  std::unique_ptr<Comm> machine = world.split_node(0);
+  PROBE_CHECK(machine->size() == size && machine->rank() == rank, "the machine's node is rank %d of %d",
+              machine->rank(), machine->size());
+  std::unique_ptr<Comm> node = world.split_node(2);
+  const int first = rank / 2 * 2, members = std::min(size, first + 2) - first;
+  PROBE_CHECK(node->size() == members && node->rank() == rank - first && node->local_rank() == rank - first,
+              "pretend node: rank %d of %d", node->rank(), node->size());
+  std::vector<double> w(1000), n(1000);
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < w.size(); ++i) w[i] = n[i] = double(rank + 1) * double(i + round);
+    CommTicket tw = world.all_reduce_sum(w.data(), w.size());
+    CommTicket tn = node->all_reduce_sum(n.data(), n.size());
+    tw.wait();
+    tn.wait();
+    double world_ranks = 0, node_ranks = 0;
+    for (int r = 0; r < size; ++r) world_ranks += r + 1;
+    for (int r = first; r < first + members; ++r) node_ranks += r + 1;
+    for (size_t i = 0; i < w.size(); ++i) {
+      PROBE_CHECK(w[i] == world_ranks * double(i + round), "world all-reduce [%zu] = %g", i, w[i]);
+      PROBE_CHECK(n[i] == node_ranks * double(i + round), "node all-reduce [%zu] = %g", i, n[i]);
+    }
+    double from = rank == first ? 100.0 + first : -1;
+    node->broadcast(&from, sizeof from, 0).wait();
+    PROBE_CHECK(from == 100.0 + first, "node broadcast gave %g", from);
+    node->barrier();
+  }
+}
+
 // One rank stops (hangs or exits) after a first all-reduce; the others' next one must fail.
 void check_fault(Comm& comm, bool hang, int victim) {
   std::vector<float> v(4097, 1.0f);
@@ -164,7 +199,10 @@ int main(int argc, char** argv) {
     g_rank = comm->rank();
     std::printf("rank %d of %d (local rank %d): comm %s\n", comm->rank(), comm->size(),
                 comm->local_rank(), comm->name().c_str());
-    if (mode == "collectives") check_collectives(*comm);
+    if (mode == "collectives") {
+      check_collectives(*comm);
+      check_nodes(*comm);
+    }
     else check_fault(*comm, mode == "hang", std::atoi(argv[2]));
     std::fflush(stdout);
     if (g_failures) std::fprintf(stderr, "rank %d: %d checks failed\n", g_rank, g_failures);
