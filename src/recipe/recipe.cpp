@@ -425,7 +425,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.moments_dtype == "f32" || !rc.lora_enabled, r.where("optim.moments_dtype"),
                ": with LoRA only the adapters train and their AdamW moments stay f32 (they are small); remove "
                "optim.moments_dtype");
-  STRATA_CHECK(rc.moments_dtype == "f32" || !rc.distributed_shared_host_store, r.where("optim.moments_dtype"),
+  STRATA_CHECK(rc.moments_dtype == "f32" || rc.distributed_shared_host_store != "true", r.where("optim.moments_dtype"),
                ": distributed.shared_host_store = true keeps f32 moments in this version; set optim.moments_dtype = "
                "\"f32\" or distributed.shared_host_store = false");
   STRATA_CHECK(rc.zo_eps > 0, r.where("optim.zo_eps"), ": optim.zo_eps must be positive (1e-3 is MeZO's)");

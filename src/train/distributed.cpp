@@ -82,6 +82,8 @@ bool Distributed::choose_shared_store(const Recipe& rc, bool optimizer_on_nvme) 
     why_not = "zo-sgd ranks each keep their own store (working weights + fp32 master; each applies the same update)";
   else if (rc.lora_enabled)
     why_not = "LoRA keeps a store per rank";
+  else if (rc.moments_dtype != "f32")
+    why_not = "a shared store keeps f32 moments (optim.moments_dtype = \"bf16\" keeps a store per rank)";
   else if (optimizer_on_nvme)
     why_not = "the optimizer state is on NVMe (offload.optimizer = \"nvme\", or the placement plan's choice for "
               "\"auto\" when RAM is short); a shared store keeps it in shared RAM: set offload.optimizer = \"host\"";
