@@ -20,17 +20,23 @@ const float* lora_input(Device& dev, const float* x, const LoraLinear& ad, float
   return lora_x;
 }
 
-// y (N,O) = x (N,I) W^T (+ b) (+ (x' A^T) B'^T with an adapter, x' = x or its dropout). W (O,I) is
-// d.wt; in bf16 mode x is rounded into `cast` first; the adapter path is f32.
-void linear_forward(Device& dev, float* y, const float* x, const void* w, const float* b, const LoraLinear& ad,
-                    bf16* cast, float* lora_u, float* lora_x, int64_t n, int64_t o, int64_t i, const LayerDims& d,
-                    Stream s) {
-  if (d.wt == DType::f32) {
+// x's bf16 copy in `cast` for the matmuls that read it (bf16 mode: one cast however many
+// projections share x); null in f32 mode, where the matmuls read x itself.
+const bf16* cast_input(Device& dev, bf16* cast, const float* x, int64_t count, const LayerDims& d, Stream s) {
+  if (d.wt == DType::f32) return nullptr;
+  dev.cast_f32_to_bf16(cast, x, count, s);
+  return cast;
+}
+
+// y (N,O) = x (N,I) W^T (+ b) (+ (x' A^T) B'^T with an adapter, x' = x or its dropout). W (O,I)
+// is d.wt; in bf16 mode the matmul reads xb, x's bf16 copy (cast_input); the adapter path is f32.
+void linear_forward(Device& dev, float* y, const float* x, const bf16* xb, const void* w, const float* b,
+                    const LoraLinear& ad, float* lora_u, float* lora_x,
+                    int64_t n, int64_t o, int64_t i, const LayerDims& d, Stream s) {
+  if (d.wt == DType::f32)
     dev.matmul(y, x, w, DType::f32, n, o, i, false, true, 0.f, s);
-  } else {
-    dev.cast_f32_to_bf16(cast, x, n * i, s);
-    dev.matmul(y, cast, w, DType::bf16, n, o, i, false, true, 0.f, s);
-  }
+  else
+    dev.matmul(y, xb, w, DType::bf16, n, o, i, false, true, 0.f, s);
   if (ad.a) {
     const float* xa = lora_input(dev, x, ad, lora_x, n, i, s);
     dev.matmul(lora_u, xa, ad.a, DType::f32, n, d.lora_r, i, false, true, 0.f, s);  // u (N,r) = x' A^T
@@ -40,11 +46,12 @@ void linear_forward(Device& dev, float* y, const float* x, const void* w, const 
 }
 
 // dx (N,I) = dy W (written, or added when accumulate); dW (O,I) += dy^T x unless dw is null
-// (frozen); db (O) += sum dy. With an adapter: t = dy B' (N,r); dx += t A; dA += t^T x;
-// dB' += dy^T (x A^T); with dropout x' (the forward's mask, drawn again) replaces x there and
-// dx += mask ⊙ (t A) / (1 − p).
+// (frozen), in bf16 mode from xb (x's bf16 copy, cast_input into ws.cast_b); db (O) += sum dy.
+// With an adapter: t = dy B' (N,r); dx += t A; dA += t^T x; dB' += dy^T (x A^T); with dropout
+// x' (the forward's mask, drawn again) replaces x there and dx += mask ⊙ (t A) / (1 − p).
 void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLinearGrads& gad, const float* dy,
-                     const float* x, const void* w, const LoraLinear& ad, LayerWorkspace& ws, int64_t n, int64_t o,
+                     const float* x, const bf16* xb, const void* w, const LoraLinear& ad, LayerWorkspace& ws,
+                     int64_t n, int64_t o,
                      int64_t i, bool accumulate, const LayerDims& d, Stream s) {
   const float beta = accumulate ? 1.f : 0.f;
   if (d.wt == DType::f32) {
@@ -53,10 +60,7 @@ void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLin
   } else {
     dev.cast_f32_to_bf16(ws.cast_a, dy, n * o, s);
     dev.matmul(dx, ws.cast_a, w, DType::bf16, n, i, o, false, false, beta, s);
-    if (dw) {
-      dev.cast_f32_to_bf16(ws.cast_b, x, n * i, s);
-      dev.matmul(dw, ws.cast_a, ws.cast_b, DType::bf16, o, i, n, true, false, 1.f, s);
-    }
+    if (dw) dev.matmul(dw, ws.cast_a, xb, DType::bf16, o, i, n, true, false, 1.f, s);
   }
   if (db) dev.bias_backward(db, dy, n, o, s);
   if (ad.a) {
@@ -80,11 +84,13 @@ void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLin
 void attention_out_to_act(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
                           const LayerDims& d, Stream s) {
   const int64_t N = d.N(), C = d.C, H = d.H, D = d.D, F = d.F;
-  linear_forward(dev, ws.h, ws.attn, w.o, w.o_bias, w.lora[kO], ws.cast_a, ws.lora_u, ws.lora_x, N, C, H * D, d, s);
+  const bf16* attn_b = cast_input(dev, ws.cast_a, ws.attn, N * H * D, d, s);
+  linear_forward(dev, ws.h, ws.attn, attn_b, w.o, w.o_bias, w.lora[kO], ws.lora_u, ws.lora_x, N, C, H * D, d, s);
   dev.add_inplace(ws.h, x, N * C, s);  // residual
   dev.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, d.eps, s);
-  linear_forward(dev, ws.gate, ws.xn2, w.gate, nullptr, w.lora[kGate], ws.cast_a, ws.lora_u, ws.lora_x, N, F, C, d, s);
-  linear_forward(dev, ws.up, ws.xn2, w.up, nullptr, w.lora[kUp], ws.cast_a, ws.lora_u, ws.lora_x, N, F, C, d, s);
+  const bf16* xn2_b = cast_input(dev, ws.cast_a, ws.xn2, N * C, d, s);  // one cast for gate and up
+  linear_forward(dev, ws.gate, ws.xn2, xn2_b, w.gate, nullptr, w.lora[kGate], ws.lora_u, ws.lora_x, N, F, C, d, s);
+  linear_forward(dev, ws.up, ws.xn2, xn2_b, w.up, nullptr, w.lora[kUp], ws.lora_u, ws.lora_x, N, F, C, d, s);
   dev.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
 }
 
@@ -107,12 +113,9 @@ struct Carver {
   }
 };
 
-// with_backward false: the forward's buffers and cast_a only (layer_forward reads nothing else);
-// the backward scratch and cast_b stay null.
-LayerWorkspace carve(const LayerDims& d, Carver& c, bool with_backward = true) {
+// The forward's activations (xn1 .. act), what layer_backward_saved reads.
+void carve_activations(const LayerDims& d, Carver& c, LayerWorkspace& ws) {
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
-  const int64_t widest = std::max({C, H * D, F});
-  LayerWorkspace ws{};
   ws.xn1 = c.take<float>(N * C);
   ws.rstd1 = c.take<float>(N);
   ws.q_raw = c.take<float>(N * H * D);
@@ -130,6 +133,15 @@ LayerWorkspace carve(const LayerDims& d, Carver& c, bool with_backward = true) {
   ws.gate = c.take<float>(N * F);
   ws.up = c.take<float>(N * F);
   ws.act = c.take<float>(N * F);
+}
+
+// with_backward false: the forward's buffers and cast_a only (layer_forward reads nothing else);
+// the backward scratch and cast_b stay null.
+LayerWorkspace carve(const LayerDims& d, Carver& c, bool with_backward = true) {
+  const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
+  const int64_t widest = std::max({C, H * D, F});
+  LayerWorkspace ws{};
+  carve_activations(d, c, ws);
   ws.lora_u = d.lora_r > 0 ? c.take<float>(N * d.lora_r) : nullptr;
   ws.lora_t = d.lora_r > 0 && with_backward ? c.take<float>(N * d.lora_r) : nullptr;
   ws.lora_x = d.lora_r > 0 && d.lora_dropout ? c.take<float>(N * widest) : nullptr;
@@ -179,16 +191,32 @@ LayerWorkspace layer_forward_workspace_carve(const LayerDims& d, void* base) {
   return carve(d, c, false);
 }
 
+size_t layer_activation_bytes(const LayerDims& d) {
+  Carver c{nullptr};
+  LayerWorkspace ws{};
+  carve_activations(d, c, ws);
+  return c.offset;
+}
+
+LayerWorkspace layer_workspace_with_activations(const LayerWorkspace& ws, const LayerDims& d, void* base) {
+  STRATA_ASSERT(base != nullptr);
+  Carver c{static_cast<char*>(base)};
+  LayerWorkspace out = ws;
+  carve_activations(d, c, out);
+  return out;
+}
+
 void layer_forward_qkv(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
                        LayerWorkspace& ws, const LayerDims& d, Stream s) {
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D;
   const bool qk_norm = w.q_norm != nullptr;
   dev.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, d.eps, s);
-  linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, w.q, w.q_bias, w.lora[kQ], ws.cast_a, ws.lora_u, ws.lora_x,
-                 N, H * D, C, d, s);
-  linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, w.k, w.k_bias, w.lora[kK], ws.cast_a, ws.lora_u, ws.lora_x, N,
+  const bf16* xn1_b = cast_input(dev, ws.cast_a, ws.xn1, N * C, d, s);  // one cast for q, k and v
+  linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, xn1_b, w.q, w.q_bias, w.lora[kQ], ws.lora_u, ws.lora_x, N,
+                 H * D, C, d, s);
+  linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, xn1_b, w.k, w.k_bias, w.lora[kK], ws.lora_u, ws.lora_x, N,
                  Hk * D, C, d, s);
-  linear_forward(dev, ws.v, ws.xn1, w.v, w.v_bias, w.lora[kV], ws.cast_a, ws.lora_u, ws.lora_x, N, Hk * D, C, d, s);
+  linear_forward(dev, ws.v, ws.xn1, xn1_b, w.v, w.v_bias, w.lora[kV], ws.lora_u, ws.lora_x, N, Hk * D, C, d, s);
   if (qk_norm) {
     dev.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, d.eps, s);
     dev.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, d.eps, s);
@@ -209,32 +237,43 @@ void layer_forward_from_attention(Device& dev, float* out, const float* x, const
   STRATA_ASSERT(out != x, "layer_forward_from_attention: out aliases x");
   attention_out_to_act(dev, x, w, ws, d, s);
   const int64_t N = d.N();
-  linear_forward(dev, out, ws.act, w.down, nullptr, w.lora[kDown], ws.cast_a, ws.lora_u, ws.lora_x, N, d.C, d.F, d, s);
+  const bf16* act_b = cast_input(dev, ws.cast_a, ws.act, N * d.F, d, s);
+  linear_forward(dev, out, ws.act, act_b, w.down, nullptr, w.lora[kDown], ws.lora_u, ws.lora_x, N, d.C, d.F, d, s);
   dev.add_inplace(out, ws.h, N * d.C, s);  // residual
 }
 
 void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
                     const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
                     const LayerDims& d, Stream s) {
+  forward_to_attention(dev, x, w, ctx, ws, d, s);  // recompute from the checkpoint
+  attention_out_to_act(dev, x, w, ws, d, s);
+  layer_backward_saved(dev, dx, g, dout, x, w, ctx, ws, d, s);
+}
+
+void layer_backward_saved(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
+                          const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
+                          const LayerDims& d, Stream s) {
   STRATA_ASSERT(dx != dout && dx != x, "layer_backward: dx aliases an input");
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
   const bool qk_norm = w.q_norm != nullptr;
-  forward_to_attention(dev, x, w, ctx, ws, d, s);  // recompute from the checkpoint
-  attention_out_to_act(dev, x, w, ws, d, s);
 
   // MLP: out = h + act Wd^T
-  linear_backward(dev, ws.dact, g.down, nullptr, g.lora[kDown], dout, ws.act, w.down, w.lora[kDown], ws, N, C, F, false,
-                  d, s);
+  const bf16* act_b = cast_input(dev, ws.cast_b, ws.act, N * F, d, s);
+  linear_backward(dev, ws.dact, g.down, nullptr, g.lora[kDown], dout, ws.act, act_b, w.down, w.lora[kDown], ws, N, C,
+                  F, false, d, s);
   dev.swiglu_backward(ws.dgate, ws.dup, ws.dact, ws.gate, ws.up, N * F, s);
-  linear_backward(dev, ws.dxn, g.gate, nullptr, g.lora[kGate], ws.dgate, ws.xn2, w.gate, w.lora[kGate], ws, N, F, C,
-                  false, d, s);
-  linear_backward(dev, ws.dxn, g.up, nullptr, g.lora[kUp], ws.dup, ws.xn2, w.up, w.lora[kUp], ws, N, F, C, true, d, s);
+  const bf16* xn2_b = cast_input(dev, ws.cast_b, ws.xn2, N * C, d, s);  // one cast for gate and up
+  linear_backward(dev, ws.dxn, g.gate, nullptr, g.lora[kGate], ws.dgate, ws.xn2, xn2_b, w.gate, w.lora[kGate], ws, N,
+                  F, C, false, d, s);
+  linear_backward(dev, ws.dxn, g.up, nullptr, g.lora[kUp], ws.dup, ws.xn2, xn2_b, w.up, w.lora[kUp], ws, N, F, C, true,
+                  d, s);
   dev.rmsnorm_backward(ws.dh, g.post_norm, ws.dxn, ws.h, w.post_norm, ws.rstd2, N, C, s);
   dev.add_inplace(ws.dh, dout, N * C, s);  // residual
 
   // attention: h = x + attn Wo^T (+ bo)
-  linear_backward(dev, ws.dattn, g.o, g.o_bias, g.lora[kO], ws.dh, ws.attn, w.o, w.lora[kO], ws, N, C, H * D, false,
-                  d, s);
+  const bf16* attn_b = cast_input(dev, ws.cast_b, ws.attn, N * H * D, d, s);
+  linear_backward(dev, ws.dattn, g.o, g.o_bias, g.lora[kO], ws.dh, ws.attn, attn_b, w.o, w.lora[kO], ws, N, C, H * D,
+                  false, d, s);
   const float scale = 1.0f / std::sqrt(float(D));
   dev.attention_backward(ws.dq, ws.dk, ws.dv, ws.dattn, ws.q, ws.k, ws.v, ws.attn, ws.lse,
                          ctx.doc_start, d.B, d.T, H, Hk, D, scale, d.wt, s);
@@ -248,12 +287,13 @@ void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, co
     dq_lin = ws.dattn;
     dk_lin = ws.dk_raw;
   }
-  linear_backward(dev, ws.dxn, g.q, g.q_bias, g.lora[kQ], dq_lin, ws.xn1, w.q, w.lora[kQ], ws, N, H * D, C, false, d,
-                  s);
-  linear_backward(dev, ws.dxn, g.k, g.k_bias, g.lora[kK], dk_lin, ws.xn1, w.k, w.lora[kK], ws, N, Hk * D, C, true, d,
-                  s);
-  linear_backward(dev, ws.dxn, g.v, g.v_bias, g.lora[kV], ws.dv, ws.xn1, w.v, w.lora[kV], ws, N, Hk * D, C, true, d,
-                  s);
+  const bf16* xn1_b = cast_input(dev, ws.cast_b, ws.xn1, N * C, d, s);  // one cast for q, k and v
+  linear_backward(dev, ws.dxn, g.q, g.q_bias, g.lora[kQ], dq_lin, ws.xn1, xn1_b, w.q, w.lora[kQ], ws, N, H * D, C,
+                  false, d, s);
+  linear_backward(dev, ws.dxn, g.k, g.k_bias, g.lora[kK], dk_lin, ws.xn1, xn1_b, w.k, w.lora[kK], ws, N, Hk * D, C,
+                  true, d, s);
+  linear_backward(dev, ws.dxn, g.v, g.v_bias, g.lora[kV], ws.dv, ws.xn1, xn1_b, w.v, w.lora[kV], ws, N, Hk * D, C,
+                  true, d, s);
   dev.rmsnorm_backward(dx, g.input_norm, ws.dxn, x, w.input_norm, ws.rstd1, N, C, s);
   dev.add_inplace(dx, ws.dh, N * C, s);  // residual
 }

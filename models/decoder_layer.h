@@ -1,5 +1,5 @@
 // One Llama-family decoder layer on a Device: forward, and the hand-written backward that
-// recomputes from the layer input (no autograd). Shared by llama, mistral, qwen2 (q/k/v bias)
+// recomputes from the layer input or reads the activations its forward kept (no autograd). Shared by llama, mistral, qwen2 (q/k/v bias)
 // and qwen3 (per-head q_norm/k_norm, head_dim independent of hidden/heads).
 //
 // Legend: B batch, T tokens per row, N = B*T, C hidden, H heads, Hk kv heads, D head dim,
@@ -120,5 +120,16 @@ void layer_forward_from_attention(Device& dev, float* out, const float* x, const
 void layer_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
                     const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
                     const LayerDims& d, Stream s);
+// layer_backward without the recompute: ws's activations (xn1 .. act) are the ones layer_forward
+// wrote for this x and these weights. The recompute is deterministic, so both give the same bits.
+void layer_backward_saved(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
+                          const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
+                          const LayerDims& d, Stream s);
+
+// Keeping a layer's activations from its forward to its backward (offload.recompute): the bytes
+// of one layer's xn1 .. act, and a workspace whose activations live in `base` (that many bytes,
+// carved for the same dims) while its scratch (casts, adapter and backward buffers) stays ws's.
+size_t layer_activation_bytes(const LayerDims& d);
+LayerWorkspace layer_workspace_with_activations(const LayerWorkspace& ws, const LayerDims& d, void* base);
 
 }  // namespace strata

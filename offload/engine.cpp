@@ -94,6 +94,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
   std::vector<EngineBuffer> ckpt = engine_checkpoint_table(shape_, device_ckpt_count_, &buf_);
   allocate(ckpt);
   for (EngineBuffer& b : ckpt) table_.push_back(std::move(b));
+  keep_activations();
 
   if (shape_.checkpoints == CheckpointMode::nvme) {
     try {
@@ -128,6 +129,34 @@ void Engine::allocate(std::vector<EngineBuffer>& table) {
   }
 }
 
+// offload.recompute: the last kept_layers_ layers' forward activations stay in their own blocks
+// until their backward (which then skips the recompute), from what the budget leaves after the
+// checkpoints; every other layer uses ws_ alone.
+void Engine::keep_activations() {
+  const size_t kept = engine_kept_activation_layers(shape_, device_bytes_left());
+  std::vector<EngineBuffer> rows = engine_kept_activation_table(shape_, kept, &buf_);
+  // "never" asks for all of them, as checkpoints = "device" does: the whole budget, no margin (the plan's check)
+  const size_t free = dev_.budget_bytes() - std::min(dev_.budget_bytes(), dev_.used_bytes());
+  const bool fits = engine_device_bytes(rows) <= free;
+  if (!fits) engine_buffers_free(dev_, table_);  // the constructor fails: nothing it allocated stays
+  STRATA_CHECK_BUDGET(fits, "offload.recompute = \"never\" keeps every layer's activations on the device: ",
+                      format_bytes(engine_device_bytes(rows)), ", more than the ", format_bytes(free),
+                      " the budget leaves; raise [device] memory, or set offload.recompute = \"auto\" (keep what fits)");
+  allocate(rows);
+  for (EngineBuffer& b : rows) table_.push_back(std::move(b));
+  kept_layers_ = kept;
+  kept_ws_.assign(L_, ws_);
+  const size_t per_layer = layer_activation_bytes(shape_.layer_capacity);
+  for (size_t k = 0; k < kept; ++k)
+    kept_ws_[L_ - kept + k] = layer_workspace_with_activations(ws_, shape_.layer_capacity,
+                                                                buf_.kept_activations + k * per_layer);
+}
+
+size_t Engine::device_bytes_left() const {
+  const size_t used = dev_.used_bytes() + (1 << 20);  // the margin: placement_plan.cpp's kDeviceMargin
+  return dev_.budget_bytes() > used ? dev_.budget_bytes() - used : 0;
+}
+
 size_t Engine::device_checkpoint_count() const {
   switch (shape_.checkpoints) {
     case CheckpointMode::device: return L_;
@@ -135,10 +164,7 @@ size_t Engine::device_checkpoint_count() const {
     case CheckpointMode::nvme: return 0;
     case CheckpointMode::automatic: break;
   }
-  const size_t margin = 1 << 20;
-  const size_t used = dev_.used_bytes() + margin;
-  const size_t left = dev_.budget_bytes() > used ? dev_.budget_bytes() - used : 0;
-  return std::min(L_, left / Arena::footprint(shape_.activation_bytes()));
+  return std::min(L_, device_bytes_left() / Arena::footprint(shape_.activation_bytes()));
 }
 
 void Engine::create_events() {
@@ -309,7 +335,7 @@ void Engine::forward() {
     float* out = i + 1 < L_ ? ckpt_device(i + 1) : buf_.x_final;
     const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
     if (out_spills) dev_.stream_wait_event(s, *ev_.pp_saved[(i + 1) % 2]);  // its last d2h is done
-    layer_forward(dev_, out, in, w, ctx, ws_, dims_, s);
+    layer_forward(dev_, out, in, w, ctx, kept_ws_[i], dims_, s);  // ws_, or the layer's kept activations
     layers_->release(i);
     if (out_spills && !spill_) {  // the next layer's input also goes to the host, for the backward
       dev_.event_record(*ev_.compute_done, s);
@@ -448,7 +474,10 @@ void Engine::backward() {
       dev_.memset_zero(g, store_.layer_group(i).f32_bytes, s);
     }
     LayerGrads lg = lora_ ? frozen_grads_at(i) : layer_grads_in(store_, g, i);
-    layer_backward(dev_, dx, lg, dout, ckpt_device(i), w, ctx, ws_, dims_, s);
+    if (i + kept_layers_ >= L_)  // its forward's activations were kept: no recompute
+      layer_backward_saved(dev_, dx, lg, dout, ckpt_device(i), w, ctx, kept_ws_[i], dims_, s);
+    else
+      layer_backward(dev_, dx, lg, dout, ckpt_device(i), w, ctx, ws_, dims_, s);
     layers_->release(i);
     dev_.event_record(*ev_.stage_free[b], s);
     if (!lora_) {  // LoRA: the adapters' gradients stay on the device until the optimizer step

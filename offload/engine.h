@@ -153,6 +153,7 @@ class Engine {
 
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }
+  size_t kept_activation_layers() const { return kept_layers_; }  // offload.recompute: layers not recomputed
   size_t pinned_bytes() const { return engine_pinned_bytes(table_); }  // staging, spilled checkpoints
   const EngineOptions& options() const { return opt_; }
 
@@ -160,6 +161,8 @@ class Engine {
   // set-up (engine.cpp, top)
   void allocate(std::vector<EngineBuffer>& table);
   size_t device_checkpoint_count() const;
+  size_t device_bytes_left() const;  // the budget minus what is allocated and the margin
+  void keep_activations();
   void create_events();
   // weights
   LayerWeights ensure_layer(size_t layer);  // weights of `layer` in its slot (h2d when needed)
@@ -213,6 +216,8 @@ class Engine {
   EngineBuffers buf_;
   LayerWorkspace ws_{};
   size_t device_ckpt_count_ = 0;   // layers [L - count, L) keep their input on the device
+  size_t kept_layers_ = 0;         // layers [L - count, L) keep their forward activations
+  std::vector<LayerWorkspace> kept_ws_;  // (L) ws_, or ws_ with the layer's kept activations
 
   // the weights on the device (weight_stream.h): every layer streamed through slots, lm_head in
   // chunks through its own slots (or resident with weights = "device"), the final norm resident

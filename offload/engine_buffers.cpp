@@ -37,6 +37,13 @@ CheckpointMode checkpoint_mode_parse(const std::string& text) {
   return CheckpointMode::host;
 }
 
+RecomputeMode recompute_mode_parse(const std::string& text) {
+  if (text == "auto") return RecomputeMode::automatic;
+  if (text == "always") return RecomputeMode::always;
+  STRATA_CHECK(text == "never", "offload.recompute = \"", text, "\": use \"auto\", \"always\" or \"never\"");
+  return RecomputeMode::never;
+}
+
 int64_t engine_head_chunk_rows(const ModelSpec& spec, const EngineOptions& options) {
   const int64_t V = spec.config.vocab_size;
   STRATA_CHECK(options.head_chunk_rows >= 0, "head_chunk_rows must be >= 0 (0: the default)");
@@ -48,6 +55,7 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   EngineShape s;
   s.weights = weights_mode_parse(options.weights);
   s.checkpoints = checkpoint_mode_parse(options.checkpoints);
+  s.recompute = recompute_mode_parse(options.recompute);
   s.layers = spec.layers.size();
   s.tied = spec.lm_head == kAbsent;
   s.C = cfg.hidden_size;
@@ -168,6 +176,21 @@ std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& s, size_t d
     t.push_back({"spilled layer checkpoints (host)", (s.layers - device_count) * act, Memory::pinned,
                  bind_to(into, &EngineBuffers::ckpt_host)});
   return t;
+}
+
+size_t engine_kept_activation_layers(const EngineShape& s, size_t device_bytes_left) {
+  switch (s.recompute) {
+    case RecomputeMode::always: return 0;
+    case RecomputeMode::never: return s.layers;
+    case RecomputeMode::automatic: break;
+  }
+  return std::min(s.layers, device_bytes_left / Arena::footprint(layer_activation_bytes(s.layer_capacity)));
+}
+
+std::vector<EngineBuffer> engine_kept_activation_table(const EngineShape& s, size_t count, EngineBuffers* into) {
+  if (count == 0) return {};
+  return {{str_cat("kept activations of ", count, " layers (no recompute)"),
+           count * layer_activation_bytes(s.layer_capacity), Memory::device, bind_to(into, &EngineBuffers::kept_activations)}};
 }
 
 void engine_buffers_allocate(Device& dev, std::vector<EngineBuffer>& table, const std::string& name_prefix) {

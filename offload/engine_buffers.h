@@ -29,6 +29,8 @@ struct EngineOptions {
   std::string weights = "stream";     // "stream" | "device"
   std::string checkpoints = "auto";   // "auto" (device while the budget allows) | "device" | "host"
                                       // | "nvme" (files under nvme_dir, offload/checkpoint_spill.h)
+  std::string recompute = "auto";     // "auto" (keep layers' activations while the budget allows,
+                                      // after the checkpoints) | "always" | "never" (keep every layer's)
   std::string optimizer = "host";     // "host" | "nvme": where the store keeps master and moments
                                       // (the store's options decide; recorded here for the plan)
   std::string nvme_dir;               // offload.nvme_path
@@ -40,14 +42,17 @@ struct EngineOptions {
 
 enum class WeightsMode : uint8_t { stream, device };        // two streamed slots | all resident
 enum class CheckpointMode : uint8_t { automatic, device, host, nvme };
+enum class RecomputeMode : uint8_t { automatic, always, never };
 WeightsMode weights_mode_parse(const std::string& text);     // offload.weights; bad text: Error
 CheckpointMode checkpoint_mode_parse(const std::string& text);  // offload.checkpoints
+RecomputeMode recompute_mode_parse(const std::string& text);    // offload.recompute
 
 // The sizes every buffer is derived from: the model's, and the capacity of one micro-batch
 // (never the current micro-batch's shape).
 struct EngineShape {
   WeightsMode weights = WeightsMode::stream;
   CheckpointMode checkpoints = CheckpointMode::automatic;
+  RecomputeMode recompute = RecomputeMode::automatic;
   size_t layers = 0;                 // L
   bool tied = false;                 // lm_head is the embedding table
   int64_t C = 0, V = 0;
@@ -97,6 +102,8 @@ struct EngineBuffers {
   float* inv_freq = nullptr;         // (D/2) rope
   void* workspace = nullptr;         // one layer's activations (models/decoder_layer.h)
   float* ckpt_dev = nullptr;         // (device checkpoints, N, C) layer inputs kept on the device
+  char* kept_activations = nullptr;  // (kept layers, layer_activation_bytes) forward activations kept
+                                     // for the backward (offload.recompute; models/decoder_layer.h)
   // pinned host
   float* x0_host = nullptr;          // (N, C) embedding output = checkpoint 0 when spilled
   float* dx0_host = nullptr;         // (N, C) d embedding output, scattered on the host
@@ -126,6 +133,13 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& shape, EngineBu
 // "nvme": to a file, through kSpillRing pinned buffers).
 std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& shape, size_t device_count,
                                                   EngineBuffers* into);
+
+// offload.recompute: how many layers keep their forward activations (xn1 .. act) on the device
+// until their backward, which then skips the recompute — layers [L - count, L), the first the
+// backward reaches. "always": 0; "never": L; "auto": as many as fit in device_bytes_left (what
+// the budget leaves after every other row and the device checkpoints). One row of count blocks.
+size_t engine_kept_activation_layers(const EngineShape& shape, size_t device_bytes_left);
+std::vector<EngineBuffer> engine_kept_activation_table(const EngineShape& shape, size_t count, EngineBuffers* into);
 
 // Allocates every row — device rows from the arena, named name_prefix + name; pinned rows from
 // the device's pinned allocator — and binds each. On failure frees the rows it allocated and

@@ -67,6 +67,7 @@ EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout&
   EngineOptions eo;
   eo.weights = in.weights;
   eo.checkpoints = in.checkpoints == "nvme" ? "host" : in.checkpoints;  // spilled rows, then moved by the plan
+  eo.recompute = in.recompute;
   eo.max_batch = in.micro_batch;
   eo.max_tokens = in.sequence_len;
   eo.head_chunk_rows = in.head_chunk_rows;
@@ -116,6 +117,13 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
                                             : engine_checkpoint_table(shape, p.device_checkpoints, nullptr);
   for (auto& [kind, bytes] : device_rows) add(kind, Tier::device, bytes);
   if (p.device_checkpoints) add("layer checkpoints (device)", Tier::device, engine_device_bytes(ckpt));
+  if (!zo) {  // offload.recompute: activations kept from what the budget leaves after the checkpoints
+    const size_t used = device_fixed + engine_device_bytes(ckpt) + kDeviceMargin;
+    const size_t left = budgets.device_bytes == 0 ? SIZE_MAX : budgets.device_bytes > used ? budgets.device_bytes - used : 0;
+    p.kept_activation_layers = engine_kept_activation_layers(shape, left);
+    const size_t kept = engine_device_bytes(engine_kept_activation_table(shape, p.kept_activation_layers, nullptr));
+    if (kept) add("kept layer activations (device, no recompute)", Tier::device, kept);
+  }
   size_t device_total = 0;
   for (const PlanState& s : p.states) device_total += s.bytes;
 
@@ -338,7 +346,8 @@ std::string placement_plan_table(const PlacementPlan& p) {
                  format_bytes(p.host_total()), of(p.budgets.host_bytes), " (", format_bytes(p.tier(Tier::host_pinned)),
                  " pinned), nvme ", format_bytes(p.tier(Tier::nvme)), of(p.budgets.nvme_bytes), "\n");
   out += str_cat("  layer checkpoints: ", p.device_checkpoints, " on the device, ", p.host_checkpoints, " in pinned host, ",
-                 p.nvme_checkpoints, " on NVMe (of ", p.layers, ")\n");
+                 p.nvme_checkpoints, " on NVMe (of ", p.layers, "); activations kept (no recompute) for ",
+                 p.kept_activation_layers, "\n");
   return out;
 }
 

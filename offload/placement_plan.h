@@ -41,6 +41,7 @@ namespace strata {
 struct PlanInputs {
   std::string weights = "stream";    // offload.weights: "stream" | "device"
   std::string checkpoints = "auto";  // offload.checkpoints: "auto" | "device" | "host" | "nvme"
+  std::string recompute = "auto";    // offload.recompute: "auto" | "always" | "never"
   std::string optimizer = "auto";    // offload.optimizer: "auto" | "host" | "nvme" (master + moments)
   // optim.type: "adamw" | "zo-sgd". It says which host arrays exist (optimizer_state_needs,
   // offload/optimizer.h: zo-sgd holds no moments and no gradients) and whose buffer table the
@@ -98,6 +99,7 @@ struct PlacementPlan {
   size_t tiers[kTierCount] = {};      // per tier: the sum of its states (peak)
   size_t layers = 0;
   size_t device_checkpoints = 0, host_checkpoints = 0, nvme_checkpoints = 0;  // layer inputs
+  size_t kept_activation_layers = 0;  // layers whose activations stay on the device (no recompute)
   bool optimizer_on_nvme = false;     // master + moments on NVMe
   PlanBudgets budgets;
   std::vector<std::string> problems;  // what does not fit (empty: it fits)

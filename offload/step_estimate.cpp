@@ -167,8 +167,10 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
   e.bytes = step_bytes(spec, in, plan, grad_accum);
-  // recompute in backward: every layer's forward again, and the lm_head's logits per chunk
-  const double executed = e.model_flops_per_token + 2 * layer_matmul + 2 * attn + 2 * double(lm.numel());
+  // recompute in backward: the forward again of every layer whose activations were not kept
+  // (offload.recompute, plan.kept_activation_layers), and the lm_head's logits per chunk
+  const double recomputed = plan.layers ? double(plan.layers - plan.kept_activation_layers) / double(plan.layers) : 1;
+  const double executed = e.model_flops_per_token + recomputed * (2 * layer_matmul + 2 * attn) + 2 * double(lm.numel());
   const double compute = k * tokens * executed / rates.device_flops_per_s;
   const double link = std::max(e.bytes.h2d, e.bytes.d2h) / rates.link_bytes_per_s;
   const double nvme_checkpoints = e.bytes.checkpoint_read / rates.nvme_read_bytes_per_s +

@@ -60,6 +60,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"offload.weights", "string", "\"stream\"", "\"stream\": layers cross to the device one at a time (two slots); \"device\": every layer resident"},
       {"offload.host_memory", "size", "", "host RAM budget for weights, optimizer state and staging (unset = the machine's available memory)"},
       {"offload.checkpoints", "string", "\"auto\"", "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\", \"host\" or \"nvme\" (files under offload.nvme_path)"},
+      {"offload.recompute", "string", "\"auto\"", "recompute each layer's forward in its backward (\"always\"), keep every layer's activations on the device instead (\"never\"), or keep the last layers' while the device budget allows after the checkpoints (\"auto\"); bit-identical either way"},
       {"offload.optimizer", "string", "\"auto\"", "where the fp32 master weights and AdamW moments live: \"host\" (RAM), \"nvme\" (files under offload.nvme_path, streamed through a pipelined step) or \"auto\" (host in this version)"},
       {"offload.nvme_path", "path", "", "an existing, writable directory for NVMe-placed state; strata creates its own subfolder in it and removes it at exit"},
       {"offload.nvme_memory", "size", "", "NVMe space strata may use under offload.nvme_path (unset = its free space minus 10%)"},
@@ -304,6 +305,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("optim.min_lr_ratio", rc.min_lr_ratio);
   r.read("offload.weights", rc.offload_weights);
   r.read("offload.checkpoints", rc.offload_checkpoints);
+  r.read("offload.recompute", rc.offload_recompute);
   r.read("offload.host_memory", rc.host_memory);
   r.read("offload.optimizer", rc.offload_optimizer);
   r.read("offload.nvme_path", rc.nvme_path);
@@ -436,6 +438,8 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
                    rc.offload_checkpoints == "host" || rc.offload_checkpoints == "nvme",
                r.where("offload.checkpoints"), ": offload.checkpoints must be \"auto\", \"device\", \"host\" or \"nvme\"");
+  STRATA_CHECK(rc.offload_recompute == "auto" || rc.offload_recompute == "always" || rc.offload_recompute == "never",
+               r.where("offload.recompute"), ": offload.recompute must be \"auto\", \"always\" or \"never\"");
   STRATA_CHECK(rc.offload_optimizer == "auto" || rc.offload_optimizer == "host" || rc.offload_optimizer == "nvme",
                r.where("offload.optimizer"), ": offload.optimizer must be \"auto\", \"host\" or \"nvme\"");
   if (rc.offload_optimizer == "nvme" || rc.offload_checkpoints == "nvme")
@@ -484,7 +488,7 @@ std::string Recipe::to_toml() const {
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio
      << "\nmin_lr_ratio = " << min_lr_ratio << "\nzo_eps = " << zo_eps << "\nzo_perturbations = " << zo_perturbations
      << "\n\n[offload]\nweights = " << q(offload_weights)
-     << "\ncheckpoints = " << q(offload_checkpoints) << "\n";
+     << "\ncheckpoints = " << q(offload_checkpoints) << "\nrecompute = " << q(offload_recompute) << "\n";
   if (!host_memory.empty()) os << "host_memory = " << q(host_memory) << "\n";
   os << "optimizer = " << q(offload_optimizer) << "\n";
   if (!nvme_path.empty()) os << "nvme_path = " << q(nvme_path) << "\n";

@@ -246,6 +246,7 @@ PlanInputs train_plan_inputs(const Recipe& rc) {
   in.lora = train_lora_options(rc);
   in.weights = rc.offload_weights;
   in.checkpoints = rc.offload_checkpoints;
+  in.recompute = rc.offload_recompute;
   // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
   in.optimizer = rc.optim_type == "zo-sgd" && rc.offload_optimizer == "auto" ? "host" : rc.offload_optimizer;
   in.optim_type = rc.optim_type;  // which host arrays and which engine's device rows
@@ -364,6 +365,7 @@ void TrainRun::set_up_model() {
   const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
   eopt_.weights = rc_.offload_weights;
   eopt_.checkpoints = rc_.offload_checkpoints;
+  eopt_.recompute = rc_.offload_recompute;
   eopt_.max_batch = rc_.micro_batch_size * (preference_objective_enabled(rc_) ? 2 : 1);  // pairs: 2 rows
   eopt_.max_tokens = rc_.sequence_len;
   eopt_.optimizer = rc_.offload_optimizer == "nvme" ? "nvme" : "host";  // "auto": host until the plan decides
@@ -446,11 +448,14 @@ void TrainRun::check_allocations_against_plan() {
   // optim.type = "zo-sgd": the plan reads that engine's table); the CUDA backend's also holds its
   // own error word and, later, cuBLAS and lm_head_ce workspaces, which the plan does not count yet.
   const size_t device_checkpoints = engine_ ? engine_->device_checkpoints() : 0;
+  const size_t kept_layers = engine_ ? engine_->kept_activation_layers() : 0;
   if (plan_in_.device_in_host_ram)
-    STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) && device_checkpoints == plan_.device_checkpoints,
+    STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) && device_checkpoints == plan_.device_checkpoints &&
+                      kept_layers == plan_.kept_activation_layers,
                   "the placement plan and the device disagree: the device holds ", dev_->used_bytes(), " bytes (plan ",
                   plan_.tier(Tier::device), "), ", device_checkpoints, " device checkpoints (plan ",
-                  plan_.device_checkpoints, ")");
+                  plan_.device_checkpoints, "), kept activations of ", kept_layers, " layers (plan ",
+                  plan_.kept_activation_layers, ")");
 }
 
 // The plan with the tokenized rows and their order added, checked again, printed and stored
@@ -493,10 +498,10 @@ void TrainRun::load_weights() {
   if (shared_store_) dist_.barrier();
   const ModelSpec& ms = store_->spec();
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
-               "checkpoints on the device; device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
+               "checkpoints on the device, %zu layers' activations kept (no recompute); device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
                rc_.offload_weights.c_str(), engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
-               format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
+               engine_ ? engine_->kept_activation_layers() : 0, format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
 }
 

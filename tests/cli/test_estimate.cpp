@@ -161,6 +161,7 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   in.micro_batch = 1;
   in.sequence_len = 1024;
   in.head_chunk_rows = 8192;  // 4 lm_head chunks through 2 slots
+  in.recompute = "always";     // every layer recomputed in backward (below: kept activations)
   const PlacementPlan plan = placement_plan(spec, in, PlanBudgets{});
   StepRates rates;
   rates.device_flops_per_s = 1e18;  // compute free: the link decides
@@ -202,6 +203,23 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   CHECK(c.bottleneck == "compute");
   CHECK(c.components.at("compute") == Approx(3 * 1024 * executed / 1e12).epsilon(1e-12));
   CHECK(c.mfu == Approx(model / executed).epsilon(1e-6));
+  // offload.recompute: layers whose activations are kept are not run forward again (here 4 of 4,
+  // then 1 of 4 under a device budget that holds one layer's activations beyond the rest)
+  PlanInputs kept = in;
+  kept.recompute = "never";
+  const PlacementPlan kept_plan = placement_plan(spec, kept, PlanBudgets{});
+  REQUIRE(kept_plan.kept_activation_layers == 4);
+  const StepEstimate k = step_estimate(spec, kept, kept_plan, 3, rates);
+  CHECK(k.components.at("compute") == Approx(3 * 1024 * (model + 2 * 32768.0 * 1024) / 1e12).epsilon(1e-12));
+  kept.recompute = "auto";
+  const size_t one_layer = (kept_plan.tier(Tier::device) - plan.tier(Tier::device)) / 4;
+  PlanBudgets one;
+  one.device_bytes = plan.tier(Tier::device) + (size_t(1) << 20) + one_layer;
+  const PlacementPlan one_plan = placement_plan(spec, kept, one);
+  REQUIRE(one_plan.kept_activation_layers == 1);
+  const StepEstimate o = step_estimate(spec, kept, one_plan, 3, rates);
+  CHECK(o.components.at("compute") ==
+        Approx(3 * 1024 * (model + 0.75 * (2 * 4 * layer_mm + 2 * attn) + 2 * 32768.0 * 1024) / 1e12).epsilon(1e-12));
   // on the CPU backend compute, the host's work and AdamW share the cores: they add up
   in.device_in_host_ram = true;
   rates.adamw_params_per_s = 1e9;

@@ -20,6 +20,7 @@
 #include "offload/placement_plan.h"
 #include "offload/checkpoint_spill.h"
 #include "offload/nvme_state.h"
+#include "src/core/align.h"
 #include "src/device/arena.h"
 #include "src/core/process_memory.h"
 #include "src/recipe/recipe.h"
@@ -44,9 +45,27 @@ EngineOptions budget_engine(const std::string& checkpoints) {
   EngineOptions eo;
   eo.weights = "stream";
   eo.checkpoints = checkpoints;
+  eo.recompute = "always";  // as plan_inputs
   eo.max_batch = 2;
   eo.max_tokens = 16;
   return eo;
+}
+
+// What an engine built on a device of device_bytes keeps there (budget_engine's shapes).
+struct EngineFootprint {
+  size_t device_checkpoints = 0, kept_layers = 0, used_bytes = 0;
+};
+EngineFootprint engine_footprint(const ModelSpec& spec, size_t device_bytes, const std::string& weights,
+                                 const std::string& checkpoints, const std::string& recompute) {
+  DeviceOptions dopt;
+  dopt.memory_bytes = device_bytes;
+  auto dev = device_create(dopt);
+  HostStore hs(*dev, spec);
+  EngineOptions eo = budget_engine(checkpoints);
+  eo.weights = weights;
+  eo.recompute = recompute;
+  Engine engine(*dev, hs, eo);
+  return {engine.device_checkpoints(), engine.kept_activation_layers(), dev->used_bytes()};
 }
 
 // Captures what is written to file descriptor 2 while it lives.
@@ -88,10 +107,11 @@ size_t count_of(const std::string& text, const std::string& what) {
 }
 
 
-PlanInputs plan_inputs(const std::string& checkpoints) {
+PlanInputs plan_inputs(const std::string& checkpoints, const std::string& recompute = "always") {
   PlanInputs in;
   in.weights = "stream";
   in.checkpoints = checkpoints;
+  in.recompute = recompute;
   in.optimizer = "host";
   in.micro_batch = 2;
   in.sequence_len = 16;
@@ -168,6 +188,7 @@ TEST_CASE("the plan's bytes are hand-worked and equal what the store, engine and
     EngineOptions eo;
     eo.weights = "stream";
     eo.checkpoints = "host";
+    eo.recompute = "always";
     eo.max_batch = 2;
     eo.max_tokens = 16;
     Engine engine(*dev, hs, eo);
@@ -190,18 +211,9 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
       const PlacementPlan p = placement_plan(spec, in, b);
       INFO(weights << " budget " << b.device_bytes);
       CHECK(p.fits());
-      DeviceOptions dopt;
-      dopt.memory_bytes = b.device_bytes;
-      auto dev = device_create(dopt);
-      HostStore hs(*dev, spec);
-      EngineOptions eo;
-      eo.weights = weights;
-      eo.checkpoints = "auto";
-      eo.max_batch = 2;
-      eo.max_tokens = 16;
-      Engine engine(*dev, hs, eo);
-      CHECK(engine.device_checkpoints() == p.device_checkpoints);
-      CHECK(dev->used_bytes() == p.tier(Tier::device));
+      const EngineFootprint e = engine_footprint(spec, b.device_bytes, weights, "auto", "always");
+      CHECK(e.device_checkpoints == p.device_checkpoints);
+      CHECK(e.used_bytes == p.tier(Tier::device));
       CHECK(p.host_checkpoints == 3 - p.device_checkpoints);
       CHECK(p.bytes_of("layer checkpoints (pinned host)") == p.host_checkpoints * 2 * 16 * 64 * 4);
     }
@@ -217,6 +229,47 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
   for (const PlanChange& c : dev_ckpt.changes)
     if (c.what.rfind("set offload.checkpoints = \"auto\"", 0) == 0) saves = c.saves_bytes;
   CHECK(saves == 3 * act);
+}
+
+TEST_CASE("kept activations: the plan keeps as many layers' as the engine does, after the checkpoints", "[plan][recompute]") {
+  const ModelSpec spec = budget_spec(false);
+  const PlacementPlan always = placement_plan(spec, plan_inputs("device", "always"), PlanBudgets{});
+  const PlacementPlan never = placement_plan(spec, plan_inputs("device", "never"), PlanBudgets{});
+  CHECK(always.kept_activation_layers == 0);
+  CHECK(never.kept_activation_layers == 3);
+  const size_t kept3 = never.bytes_of("kept layer activations (device, no recompute)");
+  CHECK(kept3 == never.tier(Tier::device) - always.tier(Tier::device));
+  CHECK(never.device_checkpoints == 3);
+  // one layer's xn1 .. act at N = 32 tokens (C 64, H 4 x D 16, Hk 2, F 128), each buffer 256-aligned
+  const size_t N = 32;
+  const size_t per_layer = align_up(N * 64 * 4) * 3 + align_up(N * 4) * 2 + align_up(N * 64 * 4) * 3 +
+                           align_up(N * 32 * 4) * 3 + align_up(N * 4 * 4) * 2 + align_up(N * 2 * 4) +
+                           align_up(N * 128 * 4) * 3;
+  CHECK(kept3 == 3 * per_layer);
+  for (const std::string weights : {"stream", "device"}) {
+    for (size_t extra : {size_t(0), (size_t(1) << 20) + per_layer - 1, (size_t(1) << 20) + per_layer,
+                         (size_t(1) << 20) + 2 * per_layer + 7, (size_t(1) << 20) + 5 * per_layer}) {
+      PlanInputs in = plan_inputs("device", "always");
+      in.weights = weights;
+      PlanBudgets b;
+      b.device_bytes = placement_plan(spec, in, PlanBudgets{}).tier(Tier::device) + extra;
+      in.recompute = "auto";
+      const PlacementPlan p = placement_plan(spec, in, b);
+      INFO(weights << " budget " << b.device_bytes);
+      CHECK(p.device_checkpoints == 3);
+      const EngineFootprint e = engine_footprint(spec, b.device_bytes, weights, "device", "auto");
+      CHECK(e.kept_layers == p.kept_activation_layers);
+      CHECK(e.used_bytes == p.tier(Tier::device));
+      CHECK(p.fits());
+      if (extra == (size_t(1) << 20) + per_layer - 1) CHECK(p.kept_activation_layers == 0);
+      if (extra == (size_t(1) << 20) + 2 * per_layer + 7) CHECK(p.kept_activation_layers == 2);
+    }
+  }
+  // "never" on a budget without room for them: a plan that does not fit
+  PlanBudgets small;
+  small.device_bytes = always.tier(Tier::device) + 2 * per_layer;
+  CHECK_FALSE(placement_plan(spec, plan_inputs("device", "never"), small).fits());
+  CHECK(placement_plan(spec, plan_inputs("device", "auto"), small).kept_activation_layers == 0);  // the 1 MiB margin
 }
 
 TEST_CASE("zo-sgd: the store holds working weights and master alone, as the plan counts, device rows too", "[plan][zo]") {

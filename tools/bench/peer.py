@@ -17,14 +17,18 @@ says nothing about strata. The script says which BLAS it found.
 
 usage: tools/bench/peer.py --strata build/strata [--config quickstart|mid|mid-bf16|all]
                            [--rounds R] [--steps S] [--threads N] [--keep DIR]
+Each strata run also reports its MFU: the model FLOPs per second of its timed steps over the GEMM
+peak (oneDNN GEMMs in the config's dtype: bf16 for mid-bf16) that the same `strata train` process
+measured at its start, so the ceiling is taken in the same run, under the same load.
 Ends with one JSON line: {"peer": {"configs": [{"name", "dtype", "torch_tokens_per_s",
-"strata_tokens_per_s", "ratio"}...]}}.
+"strata_tokens_per_s", "ratio", "strata_mfu", "peak_flops_per_s", "peak_dtype"}...]}}.
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -216,7 +220,14 @@ def strata_train(strata, workdir, c, steps, threads):
     timed = [x for x in recs if x["step"] > 1]
     # tokens_per_s counts every row token (T per row); compare trained tokens (T - 1 per row) as torch's
     tokens = sum(c["mb"] * (c["T"] - 1) for _ in timed)
-    return tokens / sum(x["tokens"] / x["tokens_per_s"] for x in timed), [x["loss"] for x in recs]
+    seconds = [x["tokens"] / x["tokens_per_s"] for x in timed]
+    # MFU: the model FLOPs per second of the timed steps over the GEMM peak strata train measured at
+    # its start, in this run (oneDNN GEMMs of the model's dtype; the log line names it)
+    peak = re.search(r"MFU is relative to ([0-9.e+-]+) TFLOP/s \(([^)]*)\)", r.stderr)
+    if not peak:
+        sys.exit("peer: strata train did not say its MFU peak:\n" + r.stderr[-3000:])
+    mfu = sum(x["mfu"] * t for x, t in zip(timed, seconds)) / sum(seconds)
+    return tokens / sum(seconds), [x["loss"] for x in recs], mfu, float(peak.group(1)) * 1e12
 
 
 def check_losses(strata, workdir, model, rows, c):
@@ -256,7 +267,7 @@ def run_config(name, args):
         print(f"{name}: loss on one batch at the initial weights: torch {torch_loss:.7f}, strata {strata_loss:.7f} "
               f"(relative difference {rel:.1e}, f32)", flush=True)
         state = {k: v.clone() for k, v in model.state_dict().items()}
-        t_rates, s_rates = [], []
+        t_rates, s_rates, mfus, peaks = [], [], [], []
         for r in range(args.rounds):
             order = ("torch", "strata") if r % 2 == 0 else ("strata", "torch")
             for who in order:
@@ -265,13 +276,17 @@ def run_config(name, args):
                     rate, _ = torch_train(model, rows, c, args.steps, args.threads)
                     t_rates.append(rate)
                 else:
-                    rate, _ = strata_train(args.strata, workdir, c, args.steps, args.threads)
+                    rate, _, mfu, peak = strata_train(args.strata, workdir, c, args.steps, args.threads)
                     s_rates.append(rate)
-            print(f"{name} round {r + 1}: torch {t_rates[-1]:,.0f} tokens/s, strata {s_rates[-1]:,.0f} tokens/s",
-                  flush=True)
+                    mfus.append(mfu)
+                    peaks.append(peak)
+            print(f"{name} round {r + 1}: torch {t_rates[-1]:,.0f} tokens/s, strata {s_rates[-1]:,.0f} tokens/s, "
+                  f"strata MFU {100 * mfus[-1]:.1f}% of a {peaks[-1] / 1e9:,.1f} GFLOP/s {c['dtype']} GEMM peak "
+                  f"measured by that run", flush=True)
         t, s = statistics.median(t_rates), statistics.median(s_rates)
         return {"name": name, "dtype": c["dtype"], "torch_tokens_per_s": round(t, 1), "strata_tokens_per_s": round(s, 1),
-                "ratio": round(s / t, 4), "rounds": args.rounds, "steps": args.steps, "threads": args.threads,
+                "ratio": round(s / t, 4), "strata_mfu": round(statistics.median(mfus), 4),
+                "peak_flops_per_s": round(statistics.median(peaks)), "peak_dtype": c["dtype"], "rounds": args.rounds, "steps": args.steps, "threads": args.threads,
                 "loss_rel_diff_f32": rel}
     finally:
         if not args.keep:
@@ -301,10 +316,11 @@ def main():
               "--bench) or the torch figures are not the fast configuration", flush=True)
     names = list(CONFIGS) if args.config == "all" else [args.config]
     results = [run_config(n, args) for n in names]
-    print(f"{'config':<12}{'dtype':<7}{'torch tok/s':>14}{'strata tok/s':>14}{'strata/torch':>14}")
+    print(f"{'config':<12}{'dtype':<7}{'torch tok/s':>14}{'strata tok/s':>14}{'strata/torch':>14}{'strata MFU':>12}"
+          f"{'GEMM peak':>16}")
     for r in results:
         print(f"{r['name']:<12}{r['dtype']:<7}{r['torch_tokens_per_s']:>14,.0f}{r['strata_tokens_per_s']:>14,.0f}"
-              f"{r['ratio']:>14.2f}")
+              f"{r['ratio']:>14.2f}{100 * r['strata_mfu']:>11.1f}%{r['peak_flops_per_s'] / 1e9:>10,.1f} GFLOP/s")
     print(json.dumps({"peer": {"blas": blas, "configs": results}}))
 
 
