@@ -227,11 +227,12 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   if (in.device_in_host_ram) host += 2 * e.bytes.link() / rates.host_bytes_per_s;
   const double optimizer = params / rates.adamw_params_per_s;
   if (in.device_in_host_ram) {
-    // the optimizer's NVMe state streams group by group under the host's own work (accumulation,
-    // AdamW as each group arrives), not under the device's: the next forward waits for each
-    // group's update, so what of the state pass the host work does not cover shows
-    e.seconds = std::max({compute + host + optimizer, link, nvme_checkpoints}) +
-                std::max(0.0, nvme_state - host - optimizer);
+    // the optimizer's NVMe state streams group by group as the last micro-batch's backward lands
+    // each group's gradient; the next forward starts once layer 0, the last to land, is updated:
+    // what of the state pass that backward does not cover shows. The drive carries the spilled
+    // checkpoints and the state both.
+    const double backward = compute / k - forward;
+    e.seconds = std::max({compute + host + optimizer + std::max(0.0, nvme_state - backward), link, nvme});
   } else {
     // the optimizer (pipelined with its NVMe state) runs after the last backward, overlapped with
     // the next step's forward: only what exceeds a forward shows

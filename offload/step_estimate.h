@@ -21,9 +21,10 @@
 // link, nvme checkpoints, host) + what of max(optimizer, nvme state) exceeds one forward (the
 // update overlaps the next step's forward). On the CPU backend the device IS the host's cores:
 // compute, accumulation, AdamW and the copies' memcpy share them and add up; a throttled link
-// and the checkpoints' NVMe traffic still overlap, and the optimizer's NVMe state streams under
-// the host's work: step = max(compute + host + optimizer, link, nvme checkpoints) + what of the
-// state's NVMe time exceeds host + optimizer. Compute is the device's work by kind (DeviceWork),
+// and NVMe still overlap, the optimizer's NVMe state with the last micro-batch's backward (each
+// group's update starts as its gradient lands; the next forward waits for layer 0's, the last):
+// step = max(compute + host + optimizer + what of the state's NVMe time exceeds that backward,
+// link, nvme). Compute is the device's work by kind (DeviceWork),
 // each at its rate: on the CPU backend every kind has its own (strata estimate --measure measures
 // them at the model's shapes, --rates-from takes them from a run's op_s).
 // The bottleneck is the largest component.

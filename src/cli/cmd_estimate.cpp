@@ -142,6 +142,7 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
     auto fill = [&](char* dst, size_t bytes, auto value) {
       std::vector<decltype(value)> h(bytes / sizeof(value) + 1, value);
       dev->copy_h2d(dst, h.data(), bytes, Stream::compute);
+      dev->stream_synchronize(Stream::compute);  // the copy reads h
     };
     const bool bf = spec.matrix_dtype == DType::bf16 || lm_type == DType::bf16;
     if (bf) fill(buf[0], g.working_bytes, f32_to_bf16(0.02f)), fill(buf[8], chunk, f32_to_bf16(0.02f));
@@ -211,46 +212,60 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
   return r;
 }
 
-// --rates-from: the CPU backend's rates as a run of the same recipe measured them, from one of its
-// steps: of the steps after the first in its metrics.jsonl, the one whose device time (op_s summed)
-// is the median (the lower one of an even count). Its op_s over the work DeviceWork counts for the
-// step gives a rate per kind (matmul: the layers' GEMMs; attention; norm + rope + elementwise: the
-// memory-bound ops; cross_entropy: the lm_head's fused chunks). One step's rates together, not
-// each kind's median apart: on a shared machine a step is slow in all its ops at once.
-MeasuredRates rates_from_run(const std::string& path, const ModelSpec& spec, const PlanInputs& in, int64_t grad_accum,
-                             int64_t* from_step) {
+// --rates-from: the CPU backend's rates as a run of the same recipe measured them, per step: each
+// step of its metrics.jsonl after the first gives a rate per kind of work, its op_s (the device's
+// time per op family) over the work DeviceWork counts for the step (matmul: the layers' GEMMs;
+// attention; norm + rope + elementwise: the memory-bound ops; cross_entropy: the lm_head's fused
+// chunks). One step's rates together, not each kind's median apart: on a shared machine a step
+// is slow in all its ops at once. Sorted by the step's device time (op_s summed).
+struct RunStepRates {
+  int64_t step = 0;
+  double device_s = 0;
+  MeasuredRates rates;
+};
+
+std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpec& spec, const PlanInputs& in,
+                                         int64_t grad_accum) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "metrics.jsonl" : fs::path(path);
   std::ifstream f(file);
   STRATA_CHECK(f.good(), "--rates-from ", path, ": cannot read ", file.string(), " (give a run's output dir or its metrics.jsonl)");
   const int64_t N = in.micro_batch * in.sequence_len;
-  std::vector<std::pair<double, nlohmann::json>> steps;  // (device seconds, record)
+  const DeviceWork work = layer_work(spec, in.micro_batch, in.sequence_len) * double(spec.layers.size() * grad_accum);
+  const double head = head_work(spec, N, spec.config.vocab_size).head_flops * double(grad_accum);
+  std::vector<RunStepRates> steps;
   for (std::string line; std::getline(f, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("op_s") || !j.contains("step") || j["step"].get<int64_t>() < 2) continue;
     STRATA_CHECK(j["tokens"].get<int64_t>() == N * grad_accum, "--rates-from ", file.string(), ": its steps ran ",
                  j["tokens"].get<int64_t>(), " tokens, this recipe's run ", N * grad_accum, " (estimate the recipe that run used)");
-    double device = 0;
-    for (const auto& [kind, sec] : j["op_s"].items()) device += sec.get<double>();
-    steps.emplace_back(device, j);
+    const nlohmann::json& o = j["op_s"];
+    auto sec = [&](std::initializer_list<const char*> kinds) {
+      double t = 0;
+      for (const char* k : kinds) t += o.value(k, 0.0);
+      return std::max(t, 1e-9);
+    };
+    RunStepRates r;
+    r.step = j["step"].get<int64_t>();
+    for (const auto& [kind, t] : o.items()) r.device_s += t.get<double>();
+    r.rates.matmul_flops_per_s = work.matmul_flops / sec({"matmul"});
+    r.rates.attention_flops_per_s = work.attention_flops / sec({"attention"});
+    r.rates.elementwise_bytes_per_s = work.elementwise_bytes / sec({"norm", "rope", "elementwise"});
+    r.rates.head_flops_per_s = head / sec({"cross_entropy"});
+    steps.push_back(r);
   }
   STRATA_CHECK(!steps.empty(), "--rates-from ", file.string(), ": no step after the first with op_s (run at least 2 steps)");
-  std::sort(steps.begin(), steps.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-  const nlohmann::json& j = steps[(steps.size() - 1) / 2].second;
-  *from_step = j["step"].get<int64_t>();
-  const nlohmann::json& o = j["op_s"];
-  auto sec = [&](std::initializer_list<const char*> kinds) {
-    double t = 0;
-    for (const char* k : kinds) t += o.value(k, 0.0);
-    return std::max(t, 1e-9);
-  };
-  const DeviceWork work = layer_work(spec, in.micro_batch, in.sequence_len) * double(spec.layers.size() * grad_accum);
-  MeasuredRates r;
-  r.matmul_flops_per_s = work.matmul_flops / sec({"matmul"});
-  r.attention_flops_per_s = work.attention_flops / sec({"attention"});
-  r.elementwise_bytes_per_s = work.elementwise_bytes / sec({"norm", "rope", "elementwise"});
-  r.head_flops_per_s = head_work(spec, N, spec.config.vocab_size).head_flops * double(grad_accum) / sec({"cross_entropy"});
-  return r;
+  std::sort(steps.begin(), steps.end(), [](const RunStepRates& x, const RunStepRates& y) { return x.device_s < y.device_s; });
+  return steps;
+}
+
+// The device's rates of a run's step in place of StepRates' (the square-GEMM peak stays MFU's).
+void use_run_rates(StepRates& rates, const MeasuredRates& m) {
+  if (rates.mfu_peak_flops_per_s == 0) rates.mfu_peak_flops_per_s = rates.device_flops_per_s;
+  rates.device_flops_per_s = m.matmul_flops_per_s;
+  rates.attention_flops_per_s = m.attention_flops_per_s;
+  rates.elementwise_bytes_per_s = m.elementwise_bytes_per_s;
+  rates.head_flops_per_s = m.head_flops_per_s;
 }
 
 // --measure with --nvme-path: sequential write (with fsync) and read of 512 MiB through strata's
@@ -408,17 +423,14 @@ int cmd_estimate(const std::vector<std::string>& args) {
       source["nvme_read"] = source["nvme_write"] = "measured here (" + budgets.nvme_dir + ")";
     }
   }
-  int64_t rates_step = 0;  // --rates-from: the run's step the device's rates are from
+  std::vector<RunStepRates> run_steps;  // --rates-from: the run's steps, by device time
   if (!a.rates_from.empty()) {
     STRATA_CHECK(source["device"].rfind("measured here", 0) == 0, "--rates-from prices the CPU backend: not with --gpu or --gpu-memory");
-    const MeasuredRates m = rates_from_run(a.rates_from, spec, in, recipe.gradient_accumulation_steps, &rates_step);
-    if (rates.mfu_peak_flops_per_s == 0) rates.mfu_peak_flops_per_s = rates.device_flops_per_s;
-    rates.device_flops_per_s = m.matmul_flops_per_s;
-    rates.attention_flops_per_s = m.attention_flops_per_s;
-    rates.elementwise_bytes_per_s = m.elementwise_bytes_per_s;
-    rates.head_flops_per_s = m.head_flops_per_s;
+    run_steps = rates_from_run(a.rates_from, spec, in, recipe.gradient_accumulation_steps);
+    const RunStepRates& median = run_steps[(run_steps.size() - 1) / 2];
+    use_run_rates(rates, median.rates);
     source["device"] = source["attention"] = source["elementwise"] = source["head"] =
-        str_cat("from ", a.rates_from, " (step ", rates_step, ": the median device time of its steps after the first)");
+        str_cat("from ", a.rates_from, " (step ", median.step, ": the median device time of its steps after the first)");
   }
   auto given = [&](double value, double scale, double& rate, const char* name) {
     if (value > 0) rate = value * scale, source[name] = "given";
@@ -451,7 +463,15 @@ int cmd_estimate(const std::vector<std::string>& args) {
                    {"bytes", {{"h2d", step.bytes.h2d}, {"d2h", step.bytes.d2h}, {"link", step.bytes.link()},
                               {"nvme_read", step.bytes.nvme_read()}, {"nvme_write", step.bytes.nvme_write()}}}};
     for (const auto& [name, v] : rate_value) out["step"]["rates"][name] = {{"value", v}, {"source", source[name]}};
-    if (rates_step) out["step"]["rates_from_step"] = rates_step;
+    if (!run_steps.empty()) {  // the step whose rates are used, and each step's estimate at its own rates
+      out["step"]["rates_from_step"] = run_steps[(run_steps.size() - 1) / 2].step;
+      for (const RunStepRates& r : run_steps) {
+        StepRates own = rates;
+        use_run_rates(own, r.rates);
+        const StepEstimate e = step_estimate(spec, in, plan, recipe.gradient_accumulation_steps, own, recipe.zo_perturbations);
+        out["step"]["rates_from_steps"].push_back({{"step", r.step}, {"seconds", e.seconds}});
+      }
+    }
     std::printf("%s\n", out.dump().c_str());
     return plan.fits() ? 0 : 3;
   }

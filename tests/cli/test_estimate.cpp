@@ -120,6 +120,13 @@ TEST_CASE("strata estimate: bad input exits 2", "[estimate]") {
   r = run_strata("estimate --model " + model + " --optimizer nvme --gpu H200");
   CHECK(r.code == 2);
   CHECK(r.out.find("offload.nvme_path") != std::string::npos);
+  // --rates-from: a run's metrics, on the CPU backend only
+  r = run_strata("estimate --model " + model + " device.backend=cpu --rates-from /nonexistent/run");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("metrics.jsonl") != std::string::npos);
+  r = run_strata("estimate --model " + model + " --gpu H200 --rates-from /nonexistent/run");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("CPU backend") != std::string::npos);
 }
 
 TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_uring engine, leaving nothing", "[estimate]") {

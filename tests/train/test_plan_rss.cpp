@@ -193,8 +193,8 @@ void print_figure(const std::string& figure, const std::string& config, double e
 // (Llama with tied embeddings; Qwen3 with q/k norm and head_dim != hidden / heads). Then `strata
 // estimate --json` on the same recipe. Device peak and pinned host bytes must be equal, peak RSS
 // and the NVMe space the run's files took within 5%, and the bytes every step moved over the link
-// and to and from NVMe (metrics.jsonl) equal to the estimate's per-step bytes. Step time is not
-// checked here (2 shared cores make wall time noise): `strata-bench estimate` reports its error.
+// and to and from NVMe (metrics.jsonl) equal to the estimate's per-step bytes. Step time:
+// tests/train/test_estimate_step.cpp.
 TEST_CASE("strata estimate against real runs: device, host, NVMe and the bytes each step moves", "[plan-rss][estimate-validation]") {
   const std::string root = tmp_dir("validation");
   constexpr int kSteps = 2;
