@@ -54,6 +54,51 @@ double model_flops_per_token(const ModelSpec& spec, int64_t T) {
   return 6.0 * matmul_params + 6.0 * double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * double(T);
 }
 
+DeviceWork& DeviceWork::operator+=(const DeviceWork& o) {
+  matmul_flops += o.matmul_flops, attention_flops += o.attention_flops;
+  elementwise_bytes += o.elementwise_bytes, head_flops += o.head_flops;
+  return *this;
+}
+
+DeviceWork DeviceWork::operator*(double s) const {
+  return {matmul_flops * s, attention_flops * s, elementwise_bytes * s, head_flops * s};
+}
+
+DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T) {
+  const auto& c = spec.config;
+  const double N = double(B) * double(T), C = double(c.hidden_size), F = double(c.intermediate_size);
+  const double H = double(c.num_attention_heads), Hk = double(c.num_key_value_heads), D = double(c.head_dim);
+  double matrix = 0;
+  for (const TensorSpec& r : spec.params.rows())
+    if (r.shape.size() == 2 && r.name.rfind("model.layers.0.", 0) == 0) matrix += double(r.numel());
+  // causal 64 x 64 tiles (kernels/cpu/attention.cpp): query tile [q0, q1) meets keys [0, q1)
+  double tile_pairs = 0;
+  for (int64_t q0 = 0; q0 < T; q0 += 64) {
+    const int64_t q1 = std::min<int64_t>(T, q0 + 64);
+    tile_pairs += double(q1 - q0) * double(q1);
+  }
+  DeviceWork w;
+  w.matmul_flops = 8 * N * matrix;
+  w.attention_flops = 11 * 2 * double(B) * H * tile_pairs * D;
+  const bool qk_norm = spec.layers.empty() ? false : spec.layers[0].q_norm != kAbsent;
+  const double f32_elems = 10 * N * C + (qk_norm ? 4 : 2) * N * (H + Hk) * D + 3 * N * F;  // norms, adds, RoPE, SwiGLU
+  const double cast_elems = spec.matrix_dtype == DType::bf16 ? 2 * N * C + N * H * D + N * F : 0;  // matmul inputs
+  w.elementwise_bytes = 4 * (4 * f32_elems + 6 * cast_elems);
+  return w;
+}
+
+// the forward's share of a layer's work (layer_work counts forward, recompute, dX and dW): a
+// quarter of the GEMMs and memory-bound bytes, 2 of attention's 11 products
+DeviceWork layer_forward_work(const DeviceWork& layer) {
+  return {layer.matmul_flops / 4, layer.attention_flops * 2 / 11, layer.elementwise_bytes / 4, 0};
+}
+
+DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows) {
+  DeviceWork w;
+  w.head_flops = 8 * double(N) * double(rows) * double(spec.config.hidden_size);
+  return w;
+}
+
 StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const PlacementPlan& plan, int64_t grad_accum) {
   const HostStoreLayout layout = HostStore::layout(spec);
   const EngineShape shape = placement_engine_shape(spec, layout, in);
@@ -155,23 +200,33 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   STRATA_CHECK(rates.device_flops_per_s > 0 && rates.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
                "and the link's bandwidth (--gpu NAME, or the recipe's device)");
   if (in.optim_type == "zo-sgd") return zo_step_estimate(spec, in, grad_accum, zo_perturbations, rates);
-  const auto& c = spec.config;
-  const double T = double(in.sequence_len), tokens = double(in.micro_batch) * T, k = double(grad_accum);
-  const HostStoreLayout layout = HostStore::layout(spec);
-  double layer_matmul = 0;
-  for (auto& r : spec.params.rows())
-    if (r.shape.size() == 2 && r.name.rfind("model.layers.", 0) == 0) layer_matmul += double(r.numel());
-  const TensorSpec& lm = layout.working[size_t(spec.lm_head_row())];
-  const double attn = double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * T;
-
+  const double tokens = double(in.micro_batch) * double(in.sequence_len), k = double(grad_accum);
+  const double L = double(spec.layers.size());
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
   e.bytes = step_bytes(spec, in, plan, grad_accum);
-  // recompute in backward: the forward again of every layer whose activations were not kept
-  // (offload.recompute, plan.kept_activation_layers), and the lm_head's logits per chunk
-  const double recomputed = plan.layers ? double(plan.layers - plan.kept_activation_layers) / double(plan.layers) : 1;
-  const double executed = e.model_flops_per_token + recomputed * (2 * layer_matmul + 2 * attn) + 2 * double(lm.numel());
-  const double compute = k * tokens * executed / rates.device_flops_per_s;
+  // the device's work per micro-batch, each kind at its rate (attention and the head at the GEMM
+  // rate, memory-bound ops unpriced, when the device's own rates are not known); the recompute in
+  // backward is one more forward of every layer whose activations were not kept (offload.recompute,
+  // plan.kept_activation_layers)
+  const DeviceWork layer = layer_work(spec, in.micro_batch, in.sequence_len);
+  const DeviceWork layer_forward = layer_forward_work(layer);
+  DeviceWork layers = layer * L;
+  layers += layer_forward * -double(plan.kept_activation_layers);
+  const DeviceWork head = head_work(spec, in.micro_batch * in.sequence_len, spec.config.vocab_size);
+  auto rate = [&](double r) { return r > 0 ? r : rates.device_flops_per_s; };
+  auto seconds = [&](const DeviceWork& w) -> std::map<std::string, double> {
+    return {{"matmul", w.matmul_flops / rates.device_flops_per_s},
+            {"attention", w.attention_flops / rate(rates.attention_flops_per_s)},
+            {"elementwise", rates.elementwise_bytes_per_s > 0 ? w.elementwise_bytes / rates.elementwise_bytes_per_s : 0},
+            {"head", w.head_flops / rate(rates.head_flops_per_s)}};
+  };
+  layers += head;
+  e.compute_parts = seconds(layers * k);
+  double compute = 0, forward = 0;
+  for (const auto& [name, sec] : e.compute_parts) compute += sec;
+  // one micro-batch's forward: every layer's forward, the head's statistics (a quarter)
+  for (const auto& [name, sec] : seconds(layer_forward * L + head * 0.25)) forward += sec;
   const double link = std::max(e.bytes.h2d, e.bytes.d2h) / rates.link_bytes_per_s;
   const double nvme_checkpoints = e.bytes.checkpoint_read / rates.nvme_read_bytes_per_s +
                                   e.bytes.checkpoint_write / rates.nvme_write_bytes_per_s;
@@ -179,16 +234,20 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   const double nvme = nvme_checkpoints + nvme_state;
   const double params = double(spec.parameter_count());
   // the host's accumulation: every f32 gradient staged, read and added (12 bytes per parameter
-  // and micro-batch); on the CPU backend the link's copies are memcpy on the same cores
-  double host = k * 12 * params / rates.host_bytes_per_s;
+  // and micro-batch), zeroed (4) once per step; on the CPU backend the link's copies are memcpy on the same cores
+  double host = (k * 12 + 4) * params / rates.host_bytes_per_s;
   if (in.device_in_host_ram) host += 2 * e.bytes.link() / rates.host_bytes_per_s;
   const double optimizer = params / rates.adamw_params_per_s;
   if (in.device_in_host_ram) {
-    e.seconds = std::max({compute + host + optimizer, link, nvme});
+    // the optimizer's NVMe state streams group by group as the last micro-batch's backward lands
+    // each group's gradient; the next forward starts once layer 0, the last to land, is updated:
+    // what of the state pass that backward does not cover shows. The drive carries the spilled
+    // checkpoints and the state both.
+    const double backward = compute / k - forward;
+    e.seconds = std::max({compute + host + optimizer + std::max(0.0, nvme_state - backward), link, nvme});
   } else {
     // the optimizer (pipelined with its NVMe state) runs after the last backward, overlapped with
     // the next step's forward: only what exceeds a forward shows
-    const double forward = compute / k * (e.model_flops_per_token / 3) / executed;
     const double host_side = std::max(optimizer, nvme_state);
     e.seconds = std::max({compute, link, nvme_checkpoints, host}) + std::max(0.0, host_side - forward);
   }

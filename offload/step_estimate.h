@@ -11,8 +11,8 @@
 // spilled checkpoints written and read, master + m + v read and written once per step.
 //
 // Time per optimizer step (k micro-batches):
-//   compute    model FLOPs (6 per matmul parameter per token, plus causal attention) plus the
-//              recompute of every layer's forward in backward, at the device's matmul rate
+//   compute    the device's work per micro-batch (DeviceWork: the GEMMs with the backward's
+//              recompute, attention, memory-bound ops, the lm_head), each kind at its rate
 //   link       the slower direction's bytes over the link (h2d and d2h overlap: full duplex)
 //   nvme       spilled checkpoints, and master + m + v when they live on NVMe
 //   optimizer  CPU AdamW over every parameter
@@ -21,7 +21,12 @@
 // link, nvme checkpoints, host) + what of max(optimizer, nvme state) exceeds one forward (the
 // update overlaps the next step's forward). On the CPU backend the device IS the host's cores:
 // compute, accumulation, AdamW and the copies' memcpy share them and add up; a throttled link
-// and NVMe still overlap: step = max(compute + host + optimizer, link, nvme).
+// and NVMe still overlap, the optimizer's NVMe state with the last micro-batch's backward (each
+// group's update starts as its gradient lands; the next forward waits for layer 0's, the last):
+// step = max(compute + host + optimizer + what of the state's NVMe time exceeds that backward,
+// link, nvme). Compute is the device's work by kind (DeviceWork),
+// each at its rate: on the CPU backend every kind has its own (strata estimate --measure measures
+// them at the model's shapes, --rates-from takes them from a run's op_s).
 // The bottleneck is the largest component.
 #pragma once
 #include <cstdint>
@@ -49,6 +54,25 @@ const std::vector<GpuSpec>& gpu_specs();
 // By name, case- and space-insensitive ("h100-sxm", "RTX 4090", "a100 80gb"); nullopt if unknown.
 std::optional<GpuSpec> gpu_spec_find(const std::string& name);
 
+// What the device executes, by the kind of work each rate of StepRates prices: the layers'
+// GEMMs, their causal attention, their memory-bound ops, the lm_head's fused logits +
+// cross-entropy. Counted for the forward, the backward's recompute of it, and the backward.
+struct DeviceWork {
+  double matmul_flops = 0;       // 8 per matrix parameter per token: 2 forward, 2 recompute, 2 dX, 2 dW
+  double attention_flops = 0;    // the CPU kernel's products over its 64 x 64 causal tiles: Q K^T and P V
+                                 // forward (twice, with the recompute), then Q K^T, dO V^T, dV, dK and
+                                 // Q K^T, dO V^T, dQ in the backward's two passes
+  double elementwise_bytes = 0;  // norms, RoPE, SwiGLU, residual adds, bf16 casts: f32 bytes read and
+                                 // written forward, counted 4 times (forward, recompute, backward ~2x)
+  double head_flops = 0;         // lm_head logits: 2 forward (statistics), 2 recompute, 2 dX, 2 dW per parameter
+  DeviceWork& operator+=(const DeviceWork& o);
+  DeviceWork operator*(double s) const;
+};
+// One decoder layer (every layer has the same shapes) on a micro-batch of B rows of T tokens.
+DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T);
+// The lm_head over `rows` vocab rows at N tokens.
+DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows);
+
 // The defaults are assumptions (a PCIe 4 NVMe drive, one CPU socket's AdamW and memory
 // bandwidth); `strata estimate --measure` replaces them with this host's figures.
 struct StepRates {
@@ -59,6 +83,13 @@ struct StepRates {
   double adamw_params_per_s = 1.0e9;    // CPU AdamW over f32 master, m, v (and the working copy)
   double host_bytes_per_s = 50e9;       // host memory bandwidth (accumulation, memcpy)
   double mfu_peak_flops_per_s = 0;      // MFU's denominator; 0: device_flops_per_s
+  // The CPU backend's own rates, measured at the model's shapes (strata estimate --measure runs a
+  // layer's forward and backward and an lm_head chunk on a CPU device): device_flops_per_s is then
+  // its GEMMs' rate. 0: attention and the head at device_flops_per_s, memory-bound ops unpriced
+  // (on a GPU they are small beside the GEMMs).
+  double attention_flops_per_s = 0;
+  double head_flops_per_s = 0;
+  double elementwise_bytes_per_s = 0;
 };
 
 // What one optimizer step moves, in bytes (the engine's counters: metrics.jsonl's link_bytes =
@@ -78,6 +109,7 @@ struct StepEstimate {
   double seconds = 0, tokens_per_s = 0, mfu = 0;
   std::string bottleneck;                     // "compute" | "link" | "nvme" | "optimizer" | "host"
   std::map<std::string, double> components;   // name -> seconds per optimizer step
+  std::map<std::string, double> compute_parts;  // compute by kind: matmul, attention, elementwise, head
   double model_flops_per_token = 0;           // for MFU (no recompute)
   StepBytes bytes;
 };

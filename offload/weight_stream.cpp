@@ -1,5 +1,6 @@
 // Host weights streamed through device slots (weight_stream.h).
 #include "offload/weight_stream.h"
+#include "offload/layer_views.h"
 
 #include <algorithm>
 #include <type_traits>
@@ -58,22 +59,31 @@ View layer_view(const LayerParamRows& r, At at) {
   return v;
 }
 
-}  // namespace
-
-LayerWeights layer_weights_in(const HostStore& store, const char* base, size_t layer) {
-  const ParamGroup& g = store.layer_group(layer);
-  const TensorTable& wt = store.working_table();
-  return layer_view<LayerWeights>(store.spec().layers[layer], [&](int64_t row) -> const void* {
-    return row == kAbsent ? nullptr : base + (wt[size_t(row)].offset - g.working_offset);
+// The same inside a block laid out as a parameter group: rows of `table` from offset `first` on.
+template <class View, class Byte>
+View group_view(const LayerParamRows& rows, const TensorTable& table, size_t first, Byte* base) {
+  using Ptr = std::conditional_t<std::is_const_v<Byte>, const void*, void*>;
+  return layer_view<View>(rows, [&](int64_t row) -> Ptr {
+    return row == kAbsent ? nullptr : base + (table[size_t(row)].offset - first);
   });
 }
 
+}  // namespace
+
+LayerWeights layer_weights_in(const ModelSpec& spec, const HostStoreLayout& layout, const char* base, size_t layer) {
+  return group_view<LayerWeights>(spec.layers[layer], layout.working, layout.groups[1 + layer].working_offset, base);
+}
+
+LayerGrads layer_grads_in(const ModelSpec& spec, const HostStoreLayout& layout, char* base, size_t layer) {
+  return group_view<LayerGrads>(spec.layers[layer], layout.f32, layout.groups[1 + layer].f32_offset, base);
+}
+
+LayerWeights layer_weights_in(const HostStore& store, const char* base, size_t layer) {
+  return group_view<LayerWeights>(store.spec().layers[layer], store.working_table(), store.layer_group(layer).working_offset, base);
+}
+
 LayerGrads layer_grads_in(const HostStore& store, char* base, size_t layer) {
-  const ParamGroup& g = store.layer_group(layer);
-  const TensorTable& ft = store.f32_table();
-  return layer_view<LayerGrads>(store.spec().layers[layer], [&](int64_t row) -> void* {
-    return row == kAbsent ? nullptr : base + (ft[size_t(row)].offset - g.f32_offset);
-  });
+  return group_view<LayerGrads>(store.spec().layers[layer], store.f32_table(), store.layer_group(layer).f32_offset, base);
 }
 
 HostBlock layer_host_block(HostStore& store, size_t layer) {

@@ -120,6 +120,13 @@ TEST_CASE("strata estimate: bad input exits 2", "[estimate]") {
   r = run_strata("estimate --model " + model + " --optimizer nvme --gpu H200");
   CHECK(r.code == 2);
   CHECK(r.out.find("offload.nvme_path") != std::string::npos);
+  // --rates-from: a run's metrics, on the CPU backend only
+  r = run_strata("estimate --model " + model + " device.backend=cpu --rates-from /nonexistent/run");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("metrics.jsonl") != std::string::npos);
+  r = run_strata("estimate --model " + model + " --gpu H200 --rates-from /nonexistent/run");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("CPU backend") != std::string::npos);
 }
 
 TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_uring engine, leaving nothing", "[estimate]") {
@@ -193,16 +200,31 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   const StepEstimate r = step_estimate(spec, resident, placement_plan(spec, resident, PlanBudgets{}), 3, rates);
   CHECK(r.bytes.h2d == 3 * (16 * 1024 + act) + 4 * layer_w + lm_w + 1024 * 4);
   CHECK(r.bytes.d2h == d2h);
-  // compute-bound: executed FLOPs are the model's plus the recompute (layer forward, logits)
+  // compute-bound: per micro-batch 8 FLOPs per matrix parameter and token (2 forward, 2 recompute,
+  // 2 dX, 2 dW) for the layers and the lm_head, and attention's 11 products over its 64 x 64
+  // causal tiles (16 query tiles of 64: 64 x 64 x (1 + 2 + ... + 16) query-key pairs per head)
   rates.device_flops_per_s = 1e12;
   rates.link_bytes_per_s = 1e18;
   const StepEstimate c = step_estimate(spec, in, plan, 3, rates);
-  const double layer_mm = 4.0 * 1024 * 1024 + 3.0 * 1024 * 4096, attn = 4.0 * 8 * 128 * 1024;
-  const double model = 6 * (4 * layer_mm + 32768.0 * 1024) + 6 * attn;
-  const double executed = model + 2 * 4 * layer_mm + 2 * attn + 2 * 32768.0 * 1024;
+  const double layer_mm = 4.0 * 1024 * 1024 + 3.0 * 1024 * 4096;
+  const double pairs = 64.0 * 64 * 136, attn_executed = 4 * 11 * 2 * 8 * pairs * 128;
+  const double executed = 1024 * 8 * (4 * layer_mm + 32768.0 * 1024) + attn_executed;
+  const double model = 6 * (4 * layer_mm + 32768.0 * 1024) + 6 * 4.0 * 8 * 128 * 1024;  // per token, as MFU counts
   CHECK(c.bottleneck == "compute");
-  CHECK(c.components.at("compute") == Approx(3 * 1024 * executed / 1e12).epsilon(1e-12));
-  CHECK(c.mfu == Approx(model / executed).epsilon(1e-6));
+  CHECK(c.components.at("compute") == Approx(3 * executed / 1e12).epsilon(1e-12));
+  CHECK(c.compute_parts.at("attention") == Approx(3 * attn_executed / 1e12).epsilon(1e-12));
+  CHECK(c.compute_parts.at("elementwise") == 0);  // no memory-bound rate given: not priced
+  CHECK(c.mfu == Approx(1024 * model / executed).epsilon(1e-6));
+  // the CPU backend's own rates: attention, memory-bound ops and the head each at theirs
+  StepRates own = rates;
+  own.attention_flops_per_s = 1e11, own.head_flops_per_s = 5e11, own.elementwise_bytes_per_s = 1e10;
+  const StepEstimate o = step_estimate(spec, in, plan, 3, own);
+  const double f32_elems = 10.0 * 1024 * 1024 + 2.0 * 1024 * 16 * 128 + 3.0 * 1024 * 4096;  // no q/k norms
+  const double cast_elems = 2.0 * 1024 * 1024 + 1024.0 * 8 * 128 + 1024.0 * 4096;  // bf16 matmul inputs
+  CHECK(o.compute_parts.at("attention") == Approx(3 * attn_executed / 1e11).epsilon(1e-12));
+  CHECK(o.compute_parts.at("head") == Approx(3 * 1024 * 8 * 32768.0 * 1024 / 5e11).epsilon(1e-12));
+  CHECK(o.compute_parts.at("matmul") == Approx(3 * 1024 * 8 * 4 * layer_mm / 1e12).epsilon(1e-12));
+  CHECK(o.compute_parts.at("elementwise") == Approx(3 * 4 * 4 * (4 * f32_elems + 6 * cast_elems) / 1e10).epsilon(1e-12));
   // offload.recompute: layers whose activations are kept are not run forward again (here 4 of 4,
   // then 1 of 4 under a device budget that holds one layer's activations beyond the rest)
   PlanInputs kept = in;
@@ -210,23 +232,23 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   const PlacementPlan kept_plan = placement_plan(spec, kept, PlanBudgets{});
   REQUIRE(kept_plan.kept_activation_layers == 4);
   const StepEstimate k = step_estimate(spec, kept, kept_plan, 3, rates);
-  CHECK(k.components.at("compute") == Approx(3 * 1024 * (model + 2 * 32768.0 * 1024) / 1e12).epsilon(1e-12));
+  const double layer_forward = 1024 * 2 * layer_mm + attn_executed / 4 * 2 / 11;  // what a kept layer does not redo
+  CHECK(k.components.at("compute") == Approx(3 * (executed - 4 * layer_forward) / 1e12).epsilon(1e-12));
   kept.recompute = "auto";
   const size_t one_layer = (kept_plan.tier(Tier::device) - plan.tier(Tier::device)) / 4;
   PlanBudgets one;
   one.device_bytes = plan.tier(Tier::device) + (size_t(1) << 20) + one_layer;
   const PlacementPlan one_plan = placement_plan(spec, kept, one);
   REQUIRE(one_plan.kept_activation_layers == 1);
-  const StepEstimate o = step_estimate(spec, kept, one_plan, 3, rates);
-  CHECK(o.components.at("compute") ==
-        Approx(3 * 1024 * (model + 0.75 * (2 * 4 * layer_mm + 2 * attn) + 2 * 32768.0 * 1024) / 1e12).epsilon(1e-12));
+  const StepEstimate o1 = step_estimate(spec, kept, one_plan, 3, rates);
+  CHECK(o1.components.at("compute") == Approx(3 * (executed - layer_forward) / 1e12).epsilon(1e-12));
   // on the CPU backend compute, the host's work and AdamW share the cores: they add up
   in.device_in_host_ram = true;
   rates.adamw_params_per_s = 1e9;
   rates.host_bytes_per_s = 1e10;
   const StepEstimate h = step_estimate(spec, in, placement_plan(spec, in, PlanBudgets{}), 3, rates);
   const double params = double(spec.parameter_count());
-  CHECK(h.components.at("host") == Approx(3 * 12 * params / 1e10 + 2 * (h2d + d2h) / 1e10).epsilon(1e-12));
+  CHECK(h.components.at("host") == Approx((3 * 12 + 4) * params / 1e10 + 2 * (h2d + d2h) / 1e10).epsilon(1e-12));
   CHECK(h.seconds == Approx(h.components.at("compute") + h.components.at("host") + params / 1e9).epsilon(1e-12));
 }
 

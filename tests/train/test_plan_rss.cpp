@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing.h"
+#include "tests/train/estimate_configs.h"
 
 namespace strata {
 namespace {
@@ -192,8 +193,8 @@ void print_figure(const std::string& figure, const std::string& config, double e
 // (Llama with tied embeddings; Qwen3 with q/k norm and head_dim != hidden / heads). Then `strata
 // estimate --json` on the same recipe. Device peak and pinned host bytes must be equal, peak RSS
 // and the NVMe space the run's files took within 5%, and the bytes every step moved over the link
-// and to and from NVMe (metrics.jsonl) equal to the estimate's per-step bytes. Step time is not
-// checked here (2 shared cores make wall time noise): `strata-bench estimate` reports its error.
+// and to and from NVMe (metrics.jsonl) equal to the estimate's per-step bytes. Step time:
+// tests/train/test_estimate_step.cpp.
 TEST_CASE("strata estimate against real runs: device, host, NVMe and the bytes each step moves", "[plan-rss][estimate-validation]") {
   const std::string root = tmp_dir("validation");
   constexpr int kSteps = 2;
@@ -222,22 +223,9 @@ TEST_CASE("strata estimate against real runs: device, host, NVMe and the bytes e
          "memory = \"512MiB\"\n[checkpoint]\nsave_steps = 100\n";
   }
   const std::string on_nvme = "offload.nvme_path=" + nvme;
-  struct Config {
-    std::string name;
-    std::vector<std::string> overrides;
-  };
-  const std::vector<Config> configs = {
-      {"llama stream f32 ckpt=device", {"model.dtype=f32", "offload.checkpoints=device"}},
-      {"llama resident bf16 ckpt=host accum 2",
-       {"model.dtype=bf16", "offload.weights=device", "offload.checkpoints=host", "train.gradient_accumulation_steps=2"}},
-      {"llama stream bf16 nvme ckpt+optim link 2GB/s",
-       {"model.dtype=bf16", "offload.checkpoints=nvme", "offload.optimizer=nvme", on_nvme, "device.link_bandwidth=2GB/s"}},
-      {"qwen3 stream bf16 ckpt=host accum 3 link 1GB/s",
-       {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.checkpoints=host", "train.gradient_accumulation_steps=3",
-        "device.link_bandwidth=1GB/s"}},
-      {"qwen3 stream f32 ckpt=nvme optim=nvme accum 2",
-       {"model.config=" + root + "/qwen3.json", "model.dtype=f32", "offload.checkpoints=nvme", "offload.optimizer=nvme", on_nvme,
-        "train.gradient_accumulation_steps=2"}},
+  using Config = testing::EstimateConfig;
+  std::vector<Config> configs = testing::estimate_validation_configs(root + "/qwen3.json", nvme);
+  configs.insert(configs.end(), {
       // a device budget that holds 3 of the 6 layer inputs: "auto" spills the other 3 to pinned host
       {"qwen3 resident bf16 ckpt=auto optim=nvme",
        {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.weights=device", "offload.optimizer=nvme", on_nvme,
@@ -246,7 +234,7 @@ TEST_CASE("strata estimate against real runs: device, host, NVMe and the bytes e
       {"llama stream bf16 moments=bf16", {"model.dtype=bf16", "offload.checkpoints=host", "optim.moments_dtype=bf16"}},
       {"qwen3 stream bf16 moments=bf16 optim=nvme",
        {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.optimizer=nvme", on_nvme, "optim.moments_dtype=bf16"}},
-  };
+  });
   std::printf("estimate-validation | figure | configuration | estimated | measured | error |\n");
   for (const Config& c : configs) {
     const std::string out = root + "/run";
