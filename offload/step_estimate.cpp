@@ -87,10 +87,17 @@ DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T) {
   return w;
 }
 
-// the forward's share of a layer's work (layer_work counts forward, recompute, dX and dW): a
-// quarter of the GEMMs and memory-bound bytes, 2 of attention's 11 products
+// layer_work counts forward, recompute, dX and dW: the forward is a quarter of the GEMMs and
+// memory-bound bytes, 2 of attention's 11 products
 DeviceWork layer_forward_work(const DeviceWork& layer) {
   return {layer.matmul_flops / 4, layer.attention_flops * 2 / 11, layer.elementwise_bytes / 4, 0};
+}
+
+DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers) {
+  const DeviceWork layer = layer_work(spec, B, T);
+  DeviceWork all = layer * double(spec.layers.size());
+  all += layer_forward_work(layer) * -double(kept_layers);
+  return all;
 }
 
 DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows) {
@@ -209,10 +216,8 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   // rate, memory-bound ops unpriced, when the device's own rates are not known); the recompute in
   // backward is one more forward of every layer whose activations were not kept (offload.recompute,
   // plan.kept_activation_layers)
-  const DeviceWork layer = layer_work(spec, in.micro_batch, in.sequence_len);
-  const DeviceWork layer_forward = layer_forward_work(layer);
-  DeviceWork layers = layer * L;
-  layers += layer_forward * -double(plan.kept_activation_layers);
+  const DeviceWork layer_forward = layer_forward_work(layer_work(spec, in.micro_batch, in.sequence_len));
+  DeviceWork layers = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers);
   const DeviceWork head = head_work(spec, in.micro_batch * in.sequence_len, spec.config.vocab_size);
   auto rate = [&](double r) { return r > 0 ? r : rates.device_flops_per_s; };
   auto seconds = [&](const DeviceWork& w) -> std::map<std::string, double> {

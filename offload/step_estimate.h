@@ -70,6 +70,11 @@ struct DeviceWork {
 };
 // One decoder layer (every layer has the same shapes) on a micro-batch of B rows of T tokens.
 DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T);
+// The forward's share of a layer's work (what a layer whose activations are kept does not recompute).
+DeviceWork layer_forward_work(const DeviceWork& layer);
+// Every layer's work, less the recompute of the `kept_layers` whose activations stay on the device
+// (offload.recompute, PlacementPlan::kept_activation_layers).
+DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers);
 // The lm_head over `rows` vocab rows at N tokens.
 DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows);
 

@@ -225,13 +225,13 @@ struct RunStepRates {
 };
 
 std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpec& spec, const PlanInputs& in,
-                                         int64_t grad_accum) {
+                                         const PlacementPlan& plan, int64_t grad_accum) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "metrics.jsonl" : fs::path(path);
   std::ifstream f(file);
   STRATA_CHECK(f.good(), "--rates-from ", path, ": cannot read ", file.string(), " (give a run's output dir or its metrics.jsonl)");
   const int64_t N = in.micro_batch * in.sequence_len;
-  const DeviceWork work = layer_work(spec, in.micro_batch, in.sequence_len) * double(spec.layers.size() * grad_accum);
+  const DeviceWork work = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
   const double head = head_work(spec, N, spec.config.vocab_size).head_flops * double(grad_accum);
   std::vector<RunStepRates> steps;
   for (std::string line; std::getline(f, line);) {
@@ -423,10 +423,11 @@ int cmd_estimate(const std::vector<std::string>& args) {
       source["nvme_read"] = source["nvme_write"] = "measured here (" + budgets.nvme_dir + ")";
     }
   }
+  const PlacementPlan plan = placement_plan(spec, in, budgets);
   std::vector<RunStepRates> run_steps;  // --rates-from: the run's steps, by device time
   if (!a.rates_from.empty()) {
     STRATA_CHECK(source["device"].rfind("measured here", 0) == 0, "--rates-from prices the CPU backend: not with --gpu or --gpu-memory");
-    run_steps = rates_from_run(a.rates_from, spec, in, recipe.gradient_accumulation_steps);
+    run_steps = rates_from_run(a.rates_from, spec, in, plan, recipe.gradient_accumulation_steps);
     const RunStepRates& median = run_steps[(run_steps.size() - 1) / 2];
     use_run_rates(rates, median.rates);
     source["device"] = source["attention"] = source["elementwise"] = source["head"] =
@@ -448,7 +449,6 @@ int cmd_estimate(const std::vector<std::string>& args) {
     rate_value.insert({{"attention", rates.attention_flops_per_s}, {"elementwise", rates.elementwise_bytes_per_s},
                        {"head", rates.head_flops_per_s}});
 
-  const PlacementPlan plan = placement_plan(spec, in, budgets);
   const int64_t max_batch = placement_max_micro_batch(spec, in, budgets, 1 << 14);
   const int64_t max_seq = placement_max_sequence_len(spec, in, budgets, 1 << 20);
   const StepEstimate step = step_estimate(spec, in, plan, recipe.gradient_accumulation_steps, rates,
