@@ -231,7 +231,9 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   double compute = 0, forward = 0;
   for (const auto& [name, sec] : e.compute_parts) compute += sec;
   // one micro-batch's forward: every layer's forward, the head's statistics (a quarter)
-  for (const auto& [name, sec] : seconds(layer_forward * L + head * 0.25)) forward += sec;
+  DeviceWork one_forward = layer_forward * L;
+  one_forward += head * 0.25;
+  for (const auto& [name, sec] : seconds(one_forward)) forward += sec;
   const double link = std::max(e.bytes.h2d, e.bytes.d2h) / rates.link_bytes_per_s;
   const double nvme_checkpoints = e.bytes.checkpoint_read / rates.nvme_read_bytes_per_s +
                                   e.bytes.checkpoint_write / rates.nvme_write_bytes_per_s;
