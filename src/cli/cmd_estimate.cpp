@@ -24,6 +24,7 @@
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
 #include "src/device/peak_flops.h"
+#include "src/train/accumulation.h"
 #include "src/train/trainer.h"
 
 namespace strata {
@@ -315,6 +316,11 @@ int cmd_estimate(const std::vector<std::string>& args) {
       {"nvme_read", rates.nvme_read_bytes_per_s},     {"nvme_write", rates.nvme_write_bytes_per_s},
       {"adamw", rates.adamw_params_per_s},            {"host", rates.host_bytes_per_s}};
 
+  in.group = accumulation_group(recipe, spec.lm_head == kAbsent, 1, [&](int64_t k) {  // offload.accumulation
+    PlanInputs t = in;
+    t.group = k;
+    return placement_plan(spec, t, budgets).fits();
+  });
   const PlacementPlan plan = placement_plan(spec, in, budgets);
   const int64_t max_batch = placement_max_micro_batch(spec, in, budgets, 1 << 14);
   const int64_t max_seq = placement_max_sequence_len(spec, in, budgets, 1 << 20);
@@ -324,6 +330,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
   if (a.json) {
     nlohmann::json j = placement_plan_json(plan);
     nlohmann::json out = {{"fits", plan.fits()}, {"tiers", j["tiers"]}, {"states", j["states"]},
+                          {"accumulation", in.group > 1 ? "layer_major" : "micro_batch"},
                           {"max_micro_batch_size", max_batch}, {"max_sequence_len", max_seq}};
     out["step"] = {{"seconds", step.seconds}, {"tokens_per_s", step.tokens_per_s}, {"mfu", step.mfu},
                    {"bottleneck", step.bottleneck}, {"components", step.components},
@@ -334,9 +341,10 @@ int cmd_estimate(const std::vector<std::string>& args) {
     return plan.fits() ? 0 : 3;
   }
   std::printf("strata estimate: %s, %.3gB parameters (%s); micro_batch_size %ld x sequence_len %ld, gradient "
-              "accumulation %ld\ndevice: %s\nfits: %s\n",
+              "accumulation %ld (%s)\ndevice: %s\nfits: %s\n",
               cfg.family.c_str(), double(spec.parameter_count()) / 1e9, dtype_name(dtype), long(in.micro_batch),
-              long(in.sequence_len), long(recipe.gradient_accumulation_steps), device_text.c_str(),
+              long(in.sequence_len), long(recipe.gradient_accumulation_steps),
+              in.group > 1 ? "layer-major: weights cross twice per step" : "one micro-batch at a time", device_text.c_str(),
               plan.fits() ? "yes" : "NO");
   for (const std::string& p : plan.problems) std::printf("  %s\n", p.c_str());
   std::printf("%s", placement_plan_table(plan).c_str());
