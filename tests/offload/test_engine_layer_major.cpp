@@ -22,6 +22,7 @@ constexpr int64_t kVocab = 700, kB = 2, kT = 11;
 
 struct Setup {
   bool layer_major = false;
+  bool lora = false;  // frozen base, adapters trained (B starts at zero: a first step moves it)
   std::string weights = "stream", checkpoints = "device";
   bool clip = false;
   int k = 2;
@@ -42,10 +43,20 @@ MicroBatch micro_batch(int s, int a, int k) {
 
 Result run(const Setup& su) {
   auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, model_spec_build(testing::tiny_llama_config({su.hidden, su.ffn, su.layers, kVocab, 64, false}),
-                                         DType::bf16));
+  const ModelSpec spec = model_spec_build(testing::tiny_llama_config({su.hidden, su.ffn, su.layers, kVocab, 64, false}),
+                                          DType::bf16);
+  HostStoreOptions so;
+  so.weights_only = su.lora;
+  HostStore store(*dev, spec, so);
   model_init_weights(store, 5);
   EngineOptions eo;
+  std::unique_ptr<LoraStore> lora;
+  if (su.lora) {
+    eo.lora.r = 4;
+    eo.lora.alpha = 8;
+    lora = std::make_unique<LoraStore>(*dev, spec, eo.lora);
+    lora->init(3);
+  }
   eo.weights = su.weights;
   eo.checkpoints = su.checkpoints;
   eo.max_batch = kB;
@@ -53,7 +64,7 @@ Result run(const Setup& su) {
   eo.head_chunk_rows = 256;  // three lm_head chunks, the last one shorter
   eo.group = su.layer_major ? su.k : 1;
   if (su.checkpoints == "nvme") eo.nvme_dir = testing::fresh_path("strata_layer_major", "nvme"), std::filesystem::create_directories(eo.nvme_dir);
-  Engine engine(*dev, store, eo);
+  Engine engine(*dev, store, eo, lora.get());
   Result r;
   for (int s = 1; s <= su.steps; ++s) {
     std::vector<MicroBatch> mbs;
@@ -84,6 +95,13 @@ Result run(const Setup& su) {
     engine.synchronize();
     r.link_bytes.push_back(engine.stats().link_bytes - link0);
     r.losses.insert(r.losses.end(), losses.begin(), losses.end());
+  }
+  if (lora) {
+    const size_t n = lora->layout().floats();
+    r.master.assign(lora->master(), lora->master() + n);
+    r.m.assign(lora->m(), lora->m() + n);
+    r.v.assign(lora->v(), lora->v() + n);
+    return r;
   }
   r.master.assign(store.master(), store.master() + store.f32_floats());
   r.m.assign(store.m(), store.m() + store.f32_floats());
@@ -119,6 +137,27 @@ TEST_CASE("layer-major accumulation equals the micro-batch schedule bit for bit"
           CHECK(same_bits(lm.m, mb.m));
           CHECK(same_bits(lm.v, mb.v));
         }
+}
+
+TEST_CASE("layer-major LoRA equals the micro-batch schedule bit for bit, with the base crossing once per step",
+          "[engine][layer_major][lora]") {
+  for (bool clip : {false, true}) {
+    Setup su;
+    su.lora = true;
+    su.checkpoints = "host";
+    su.clip = clip;
+    su.k = 4;
+    INFO("clip " << clip);
+    const Result mb = run(su);
+    su.layer_major = true;
+    const Result lm = run(su);
+    CHECK(lm.losses == mb.losses);
+    CHECK(lm.norms == mb.norms);
+    CHECK(same_bits(lm.master, mb.master));
+    CHECK(same_bits(lm.m, mb.m));
+    CHECK(same_bits(lm.v, mb.v));
+    for (size_t s = 0; s < mb.link_bytes.size(); ++s) CHECK(double(lm.link_bytes[s]) < 0.5 * double(mb.link_bytes[s]));
+  }
 }
 
 TEST_CASE("the updates see the gradients: a changed micro-batch order is not bit-identical", "[engine][layer_major]") {
