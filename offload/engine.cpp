@@ -17,6 +17,9 @@
 //   norm_grad_copied    d2h (final norm gradient)  compute; host task           the same, final norm gradient
 //   dx0_copied          d2h (d x0)                 host task; finish_step       scattering d x0 before it landed
 //   loss_copied         compute (loss d2h)         host (finish_step)           reading the loss before it landed
+// pp_saved, ckpt_fetched and stage_free exist once per (layer parity b, micro-batch m of the pass),
+// as the ping-pong buffers do (x_pp[b] has a row per micro-batch); dx0_copied is recorded after
+// each micro-batch's d x0, the last record covering them all (one d2h stream, in order).
 // Host-side reuse is guarded by host-queue tickets: staging_ticket[b] / head_staging_ticket[b]
 // (a staging buffer's previous reader), optimizer_ticket[g] (group g's update, before its
 // weights are uploaded), and scatter_ticket (upload_tokens waits for the previous micro-batch's

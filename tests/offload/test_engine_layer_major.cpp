@@ -96,21 +96,16 @@ Result run(const Setup& su) {
     r.link_bytes.push_back(engine.stats().link_bytes - link0);
     r.losses.insert(r.losses.end(), losses.begin(), losses.end());
   }
-  if (lora) {
-    const size_t n = lora->layout().floats();
-    r.master.assign(lora->master(), lora->master() + n);
-    r.m.assign(lora->m(), lora->m() + n);
-    r.v.assign(lora->v(), lora->v() + n);
-    return r;
-  }
-  r.master.assign(store.master(), store.master() + store.f32_floats());
-  r.m.assign(store.m(), store.m() + store.f32_floats());
-  r.v.assign(store.v(), store.v() + store.f32_floats());
+  // what was trained: the adapters' (LoRA) or the store's fp32 master and AdamW moments
+  const size_t n = lora ? lora->layout().floats() : store.f32_floats();
+  for (auto [dst, src] : {std::pair{&r.master, lora ? lora->master() : store.master()},
+                          std::pair{&r.m, lora ? lora->m() : store.m()}, std::pair{&r.v, lora ? lora->v() : store.v()}})
+    dst->assign(src, src + n);
   return r;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {  // every float, to the bit
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
