@@ -2,6 +2,19 @@
 // weights (which slot holds what), one pass (tokens, forward, head, backward, finish), the
 // staging helper every gradient goes through, then the optimizer.
 //
+// Layer-major passes (EngineOptions::group = g > 1, offload.accumulation = "layer_major"; DESIGN
+// §3): one pass runs up to g micro-batches. Forward: layer i's weights arrive once and every
+// micro-batch runs through it (last to first, so the checkpoint order is the exact reverse of the
+// backward's: the NVMe spill reads back in reverse of what it wrote), each keeping its layer
+// input as a checkpoint (g per layer, placed as engine.h says); lm_head chunks likewise.
+// Backward: layer i's weights arrive once, the g backwards run in micro-batch order, micro-batch
+// 0's dW straight into the layer's gradient slot, each later one's into a share slot then added
+// (grad_share): the slot holds ((d0 + d1) + d2) + ..., the sums the host accumulation forms one
+// micro-batch at a time, so one host add per pass gives the micro_batch schedule's bits. Link
+// bytes per step ~ 2W + G instead of g (2W + G). Every per-micro-batch buffer has g rows
+// (engine_buffers.h). Not with a tied lm_head outside LoRA (the head's rows and each micro-
+// batch's embedding scatter share one gradient: the order of the additions would change).
+//
 // Events: each guards the reuse of one buffer across streams (or the host).
 //   event               recorded on (after)        waited by (before)           guards against
 //   layers_, head_      the weight slots' loaded[s] / released[s] pairs (weight_stream.h): the
@@ -246,7 +259,7 @@ std::vector<double> Engine::forward_backward_group(const std::vector<MicroBatch>
   return run_pass(mbs.data(), mbs.size(), StepKind::forward_backward, grad_scale);
 }
 
-// One pass over `g` micro-batches, layer-major (engine.h): each layer (and lm_head chunk) runs
+// One pass over `g` micro-batches, layer-major (top of this file): each layer (and lm_head chunk) runs
 // every micro-batch while its weights are on the device. g = 1 is the micro_batch schedule.
 std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale) {
   STRATA_CHECK(g >= 1 && g <= shape_.group, "a pass of ", g, " micro-batches on an engine built for ", shape_.group,

@@ -32,18 +32,6 @@
 //     the store's state placement, RAM or NVMe) runs group by group on the host queue while the
 //     next forward streams each layer right behind its update; the placement is told the order
 //     first, so NVMe reads ahead of the updates (offload/nvme_state.h).
-//   - layer-major (options.group = g > 1, offload.accumulation = "layer_major"; DESIGN §3): one
-//     pass runs up to g micro-batches. Forward: layer i's weights arrive once and every
-//     micro-batch runs through it (last to first, so the checkpoint order is the exact reverse of
-//     the backward's: the NVMe spill reads back in reverse of what it wrote), each keeping its
-//     layer input as a checkpoint (g per layer, placed as above); lm_head chunks likewise. Backward:
-//     layer i's weights arrive once, the g backwards run in micro-batch order, micro-batch 0's dW
-//     straight into the layer's gradient slot, each later one's into a share slot then added
-//     (grad_share): the slot holds ((d0 + d1) + d2) + ..., the sums the host accumulation forms
-//     one micro-batch at a time, so one host add per pass gives the micro_batch schedule's bits.
-//     Link bytes per step ~ 2W + G instead of g (2W + G). Every per-micro-batch buffer has g rows
-//     (engine_buffers.h). Not with a tied lm_head outside LoRA (the head's rows and each micro-
-//     batch's embedding scatter share one gradient: the order of the additions would change).
 // Every buffer is a row of one table (offload/engine_buffers.h); events guard every buffer
 // reuse (the table of events is in engine.cpp).
 #pragma once
@@ -127,7 +115,7 @@ class Engine {
     return step(mb, StepKind::forward_backward, grad_scale);
   }
   double forward_loss(const MicroBatch& mb) { return step(mb, StepKind::forward_only, 1.f); }
-  // Layer-major (options.group = g > 1; engine.h top): up to g micro-batches in one pass, each
+  // Layer-major (options.group = g > 1; engine.cpp top): up to g micro-batches in one pass, each
   // layer and lm_head chunk on the device once for all of them. Gradients as forward_backward on
   // each in turn, to the bit; returns each micro-batch's summed loss.
   std::vector<double> forward_backward_group(const std::vector<MicroBatch>& mbs, float grad_scale);

@@ -39,7 +39,7 @@ struct EngineOptions {
   LoraOptions lora;                   // r > 0: LoRA mode (frozen base, adapters resident; offload/lora.h)
   // Micro-batches one pass runs together, layer-major (offload.accumulation = "layer_major": the
   // step's k; 1 = the micro_batch schedule). Every per-micro-batch buffer has this many rows, and
-  // each layer keeps this many checkpoints (engine.h, "layer-major").
+  // each layer keeps this many checkpoints (engine.cpp, "Layer-major passes").
   int64_t group = 1;
 };
 

@@ -1,4 +1,4 @@
-// offload.accumulation (DESIGN §3, offload/engine.h "layer-major"): which schedule a run's
+// offload.accumulation (DESIGN §3, offload/engine.cpp, "Layer-major passes"): which schedule a run's
 // gradient accumulation takes. "layer_major" runs the step's k micro-batches through each layer
 // together (EngineOptions::group = k); "micro_batch" one at a time (group 1); "auto" takes
 // layer_major where it applies and its placement plan fits the budgets.

@@ -1,4 +1,4 @@
-// Layer-major gradient accumulation (offload/engine.h, "layer-major"; DESIGN §3): the k
+// Layer-major gradient accumulation (offload/engine.cpp, "Layer-major passes"; DESIGN §3): the k
 // micro-batches of an optimizer step run through each layer and lm_head chunk together, their
 // gradients summed on the device in micro-batch order and crossing to the host once. The losses,
 // gradient norms and the updated master weights and moments must equal the micro_batch schedule's
@@ -6,6 +6,7 @@
 // NVMe, with and without clipping (optimizer_step / the landed-update path), k = 1, 2, 4, a last
 // micro-batch shorter than the others — and the link must carry about 2W + G per step whatever k.
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -212,6 +213,9 @@ TEST_CASE("layer-major link bytes per step stay at about 2W + G whatever k is", 
     CHECK(double(k4.link_bytes[s]) >= double(k1.link_bytes[s]));
     CHECK(double(mb4.link_bytes[s]) >= 3.5 * double(k1.link_bytes[s]));  // the micro_batch schedule: ~k x
   }
+  std::printf("layer-major link bytes per step: k = 1 %zu, k = 4 %zu (%.3f x), micro_batch k = 4 %zu (%.3f x)\n",
+              k1.link_bytes[1], k4.link_bytes[1], double(k4.link_bytes[1]) / double(k1.link_bytes[1]), mb4.link_bytes[1],
+              double(mb4.link_bytes[1]) / double(k1.link_bytes[1]));
 }
 
 TEST_CASE("layer-major refuses a tied lm_head and a pass larger than its buffers", "[engine][layer_major]") {
