@@ -2,6 +2,19 @@
 // weights (which slot holds what), one pass (tokens, forward, head, backward, finish), the
 // staging helper every gradient goes through, then the optimizer.
 //
+// Layer-major passes (EngineOptions::group = g > 1, offload.accumulation = "layer_major"; DESIGN
+// §3): one pass runs up to g micro-batches. Forward: layer i's weights arrive once and every
+// micro-batch runs through it (last to first, so the checkpoint order is the exact reverse of the
+// backward's: the NVMe spill reads back in reverse of what it wrote), each keeping its layer
+// input as a checkpoint (g per layer, placed as engine.h says); lm_head chunks likewise.
+// Backward: layer i's weights arrive once, the g backwards run in micro-batch order, micro-batch
+// 0's dW straight into the layer's gradient slot, each later one's into a share slot then added
+// (grad_share): the slot holds ((d0 + d1) + d2) + ..., the sums the host accumulation forms one
+// micro-batch at a time, so one host add per pass gives the micro_batch schedule's bits. Link
+// bytes per step ~ 2W + G instead of g (2W + G). Every per-micro-batch buffer has g rows
+// (engine_buffers.h). Not with a tied lm_head outside LoRA (the head's rows and each micro-
+// batch's embedding scatter share one gradient: the order of the additions would change).
+//
 // Events: each guards the reuse of one buffer across streams (or the host).
 //   event               recorded on (after)        waited by (before)           guards against
 //   layers_, head_      the weight slots' loaded[s] / released[s] pairs (weight_stream.h): the
@@ -19,6 +32,9 @@
 //   lora_grad_copied    d2h (LoRA micro-batch      compute (zeroing it); host   reusing the micro-batch adapter
 //                       adapter gradients)         task                         gradients (data parallel)
 //   loss_copied         compute (loss d2h)         host (finish_step)           reading the loss before it landed
+// pp_saved, ckpt_fetched and stage_free exist once per (layer parity b, micro-batch m of the pass),
+// as the ping-pong buffers do (x_pp[b] has a row per micro-batch); dx0_copied is recorded after
+// each micro-batch's d x0, the last record covering them all (one d2h stream, in order).
 // Host-side reuse is guarded by host-queue tickets: staging_ticket[b] / head_staging_ticket[b]
 // (a staging buffer's previous reader), optimizer_ticket[g] (group g's update, before its
 // weights are uploaded), and scatter_ticket (upload_tokens waits for the previous micro-batch's
@@ -51,7 +67,7 @@ EngineHostBytes Engine::host_bytes(const ModelSpec& spec, const EngineOptions& o
   b.staging = engine_pinned_bytes(engine_buffer_table(shape, nullptr));
   b.checkpoints = shape.checkpoints == CheckpointMode::device ? 0
                   : shape.checkpoints == CheckpointMode::nvme ? kSpillRing * shape.activation_bytes() + CheckpointSpill::host_bytes()
-                                                              : shape.layers * shape.activation_bytes();
+                                                              : shape.layers * shape.group * shape.activation_bytes();
   return b;
 }
 
@@ -59,13 +75,18 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
     : dev_(dev), store_(store), lora_(lora), opt_(opt), shape_(EngineShape::of(store.spec(), HostStore::layout(store.spec()), opt)) {
   const ModelSpec& spec = store_.spec();
   L_ = shape_.layers;
-  dims_ = shape_.layer_capacity;
   STRATA_ASSERT(store_.working_table()[size_t(spec.final_norm)].dtype == DType::f32,
                 "the final norm's working copy must be f32");
   STRATA_ASSERT(lora || store_.needs().grads, "the first-order engine lands gradients: its store needs them (HostAdamW::kState)");
   STRATA_ASSERT(opt.lora.enabled() == (lora != nullptr) && (!lora || store.options().weights_only),
                 "LoRA mode needs the adapters and a frozen store, and only LoRA mode has them");
 
+  // Layer-major sums a layer's gradient over the pass on the device, then adds it into the host
+  // accumulation once: the micro_batch schedule's sums exactly, except for a tied lm_head, whose
+  // gradient shares the embedding's rows with the scatter-add of every micro-batch in between
+  // (LoRA: the base has no gradient, the adapters' accumulate on the device in either schedule).
+  STRATA_CHECK(shape_.group == 1 || !shape_.tied || shape_.frozen(), "offload.accumulation = \"layer_major\" needs an untied lm_head "
+               "(tie_word_embeddings = false): set offload.accumulation = \"micro_batch\" or \"auto\"");
   // Every buffer from the table: summed and checked against the device budget before anything
   // is allocated, so a budget that is too small fails before step 1 with the minimum it needs.
   table_ = engine_buffer_table(shape_, &buf_);
@@ -98,7 +119,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
 
   if (shape_.checkpoints == CheckpointMode::nvme) {
     try {
-      spill_ = std::make_unique<CheckpointSpill>(dev_, opt_.nvme_dir, opt_.nvme_budget_bytes, L_,
+      spill_ = std::make_unique<CheckpointSpill>(dev_, opt_.nvme_dir, opt_.nvme_budget_bytes, L_ * shape_.group,
                                                  shape_.activation_bytes(), buf_.ckpt_ring);
     } catch (...) {
       engine_buffers_free(dev_, table_);
@@ -164,7 +185,7 @@ size_t Engine::device_checkpoint_count() const {
     case CheckpointMode::nvme: return 0;
     case CheckpointMode::automatic: break;
   }
-  return std::min(L_, device_bytes_left() / Arena::footprint(shape_.activation_bytes()));
+  return std::min(L_, device_bytes_left() / (shape_.group * Arena::footprint(shape_.activation_bytes())));
 }
 
 void Engine::create_events() {
@@ -172,12 +193,12 @@ void Engine::create_events() {
   head_.emplace(dev_, std::vector<char*>(buf_.head_slots, buf_.head_slots + (buf_.lm_resident ? 0 : shape_.head_slots)));
   norm_.emplace(dev_, reinterpret_cast<char*>(buf_.norm));
   if (buf_.lm_resident) lm_resident_.emplace(dev_, buf_.lm_resident);
-  for (int b = 0; b < 2; ++b) {
-    ev_.pp_saved[b] = dev_.event_create();
-    ev_.ckpt_fetched[b] = dev_.event_create();
-    ev_.stage_free[b] = dev_.event_create();
-    ev_.head_grad_copied[b] = std::shared_ptr<Event>(dev_.event_create());
+  for (size_t k = 0; k < 2 * shape_.group; ++k) {
+    ev_.pp_saved.push_back(dev_.event_create());
+    ev_.ckpt_fetched.push_back(dev_.event_create());
+    ev_.stage_free.push_back(dev_.event_create());
   }
+  for (int b = 0; b < 2; ++b) ev_.head_grad_copied[b] = std::shared_ptr<Event>(dev_.event_create());
   ev_.compute_done = dev_.event_create();
   ev_.loss_copied = dev_.event_create();
   for (size_t i = 0; i < L_; ++i) ev_.grad_copied.push_back(std::shared_ptr<Event>(dev_.event_create()));
@@ -268,13 +289,26 @@ void Engine::mark_device_weights_stale() {
 // ---- one pass: tokens, forward ------------------------------------------------------------
 
 double Engine::step(const MicroBatch& mb, StepKind kind, float grad_scale) {
+  return run_pass(&mb, 1, kind, grad_scale).front();
+}
+
+std::vector<double> Engine::forward_backward_group(const std::vector<MicroBatch>& mbs, float grad_scale) {
+  return run_pass(mbs.data(), mbs.size(), StepKind::forward_backward, grad_scale);
+}
+
+// One pass over `g` micro-batches, layer-major (top of this file): each layer (and lm_head chunk) runs
+// every micro-batch while its weights are on the device. g = 1 is the micro_batch schedule.
+std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale) {
+  STRATA_CHECK(g >= 1 && g <= shape_.group, "a pass of ", g, " micro-batches on an engine built for ", shape_.group,
+               " (offload.accumulation = \"layer_major\" sizes it for gradient_accumulation_steps)");
   lora_dropout_.p = 0;
   if (lora_ && kind == StepKind::forward_backward && opt_.lora.dropout > 0) {  // this pass's masks
+    STRATA_ASSERT(g == 1, "LoRA runs the micro_batch schedule (src/train/accumulation.cpp)");
     lora_dropout_.p = opt_.lora.dropout;
     lora_dropout_.seed = lora_dropout_seed(opt_.lora.seed, lora_dropout_.step, lora_dropout_.next);
     lora_dropout_.next += lora_dropout_.stride;
   }
-  upload_tokens(mb);
+  upload_tokens(mbs, g);
   spill_pass_ = spill_ && kind == StepKind::forward_backward;
   forward();
   head_forward();
@@ -286,102 +320,158 @@ double Engine::step(const MicroBatch& mb, StepKind kind, float grad_scale) {
   return finish_step(kind);
 }
 
-void Engine::upload_tokens(const MicroBatch& mb) {
-  engine_tokens_upload(dev_, shape_, mb, {buf_.ids, buf_.targets, buf_.pos, buf_.doc_start});
-  // The previous micro-batch's scatter still reads ids_host_ and dx0_host: wait for it (and,
-  // the queue being in order, every gradient task before it), but not for the optimizer
-  // updates queued after it, which the forward follows group by group (wait_optimizer).
+void Engine::upload_tokens(const MicroBatch* mbs, size_t g) {
+  const size_t n = size_t(shape_.tokens);
+  for (size_t m = 0; m < g; ++m)
+    engine_tokens_upload(dev_, shape_, mbs[m],
+                         {buf_.ids + m * n, buf_.targets + m * n, buf_.pos + m * n, buf_.doc_start + m * n});
+  // The previous pass's scatters still read pass_[m].ids and dx0_host: wait for them (and,
+  // the queue being in order, every gradient task before them), but not for the optimizer
+  // updates queued after them, which the forward follows group by group (wait_optimizer).
   if (scatter_ticket_) exposed_wait(&d2h_wait_s_, [&] { host_.wait(scatter_ticket_); });
   scatter_ticket_ = 0;
-  dims_.B = mb.B;
-  dims_.T = mb.T;
-  has_docs_ = !mb.doc_start.empty();
-  ids_host_ = mb.ids;
-  reduction_->begin_micro_batch(ids_host_.data(), int64_t(ids_host_.size()));
+  pass_.resize(g);
+  for (size_t m = 0; m < g; ++m) {
+    pass_[m].dims = shape_.layer_capacity;
+    pass_[m].dims.B = mbs[m].B;
+    pass_[m].dims.T = mbs[m].T;
+    pass_[m].has_docs = !mbs[m].doc_start.empty();
+    pass_[m].ids = mbs[m].ids;
+    reduction_->begin_micro_batch(pass_[m].ids.data(), int64_t(pass_[m].ids.size()));
+  }
 }
 
-float* Engine::ckpt_device(size_t layer) {
+TokenContext Engine::token_context(size_t m) const {
+  const size_t n = size_t(shape_.tokens);
+  return {buf_.pos + m * n, pass_[m].has_docs ? buf_.doc_start + m * n : nullptr, buf_.inv_freq};
+}
+
+HeadTensors Engine::head_tensors(size_t m) const {
+  const LayerDims& d = pass_[m].dims;
+  return {act(buf_.hn, m), buf_.targets + m * size_t(shape_.tokens), ce_stats(m), d.N(), d.C, shape_.V};
+}
+
+// Where the input of `layer` for micro-batch m lives on the device.
+float* Engine::ckpt_device(size_t layer, size_t m) {
   const size_t first_dev = L_ - device_ckpt_count_;
-  if (layer >= first_dev) return buf_.ckpt_dev + (layer - first_dev) * size_t(dims_.N() * dims_.C);
-  return buf_.x_pp[layer % 2];
+  if (layer >= first_dev) return buf_.ckpt_dev + ((layer - first_dev) * pass_.size() + m) * act_floats();
+  return act(buf_.x_pp[layer % 2], m);
 }
 
 // The embedding on the host: rows of the working table gathered into x0 (exact conversion to
-// f32), uploaded as layer 0's input.
+// f32), uploaded as layer 0's input, for each micro-batch of the pass.
 void Engine::embed_forward() {
-  const int64_t N = dims_.N(), C = dims_.C;
+  const int64_t C = shape_.C;
   wait_optimizer(0);
   const TensorSpec& emb = store_.working_table()[size_t(store_.spec().embed)];
   const char* table = store_.working() + emb.offset;
   const size_t row_bytes = size_t(C) * dtype_size(emb.dtype);
+  for (size_t m = 0; m < pass_.size(); ++m) {
+    const int64_t N = pass_[m].dims.N();
+    float* x0 = act(buf_.x0_host, m);
+    const int32_t* ids = pass_[m].ids.data();
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    dtype_convert(buf_.x0_host + n * C, DType::f32, table + size_t(ids_host_[size_t(n)]) * row_bytes, emb.dtype,
-                  size_t(C));
-  dev_.stream_wait_event(Stream::compute, *ev_.pp_saved[0]);
-  dev_.copy_h2d(ckpt_device(0), buf_.x0_host, bytes_of<float>(N * C), Stream::compute);
+    for (int64_t n = 0; n < N; ++n)
+      dtype_convert(x0 + n * C, DType::f32, table + size_t(ids[n]) * row_bytes, emb.dtype, size_t(C));
+    dev_.stream_wait_event(Stream::compute, *pp_saved(0, m));
+    dev_.copy_h2d(ckpt_device(0, m), x0, bytes_of<float>(N * C), Stream::compute);
+  }
 }
 
+// Layer by layer; within a layer the micro-batches run last to first, so that the checkpoint
+// order (layer, then micro-batch g-1..0) is exactly the reverse of the backward's (layer L-1..0,
+// then micro-batch 0..g-1): the NVMe spill reads back in reverse of what it wrote (spill_index).
 void Engine::forward() {
   const Stream s = Stream::compute;
-  const int64_t N = dims_.N(), C = dims_.C;
-  const size_t act_bytes = bytes_of<float>(N * C);
   embed_forward();
-  TokenContext ctx{buf_.pos, has_docs_ ? buf_.doc_start : nullptr, buf_.inv_freq};
   const size_t first_dev = L_ - device_ckpt_count_;
   for (size_t i = 0; i < L_; ++i) {
     const LayerWeights w = ensure_layer(i);
-    float* in = ckpt_device(i);
-    float* out = i + 1 < L_ ? ckpt_device(i + 1) : buf_.x_final;
-    const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
-    if (out_spills) dev_.stream_wait_event(s, *ev_.pp_saved[(i + 1) % 2]);  // its last d2h is done
-    layer_forward(dev_, out, in, w, ctx, kept_ws_[i], dims_, s);  // ws_, or the layer's kept activations
-    layers_->release(i);
-    if (out_spills && !spill_) {  // the next layer's input also goes to the host, for the backward
-      dev_.event_record(*ev_.compute_done, s);
-      dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
-      dev_.copy_d2h(buf_.ckpt_host + (i + 1) * size_t(N * C), out, act_bytes, Stream::d2h);
-      dev_.event_record(*ev_.pp_saved[(i + 1) % 2], Stream::d2h);
-    } else if (out_spills && spill_pass_ && spilled_to_nvme(i + 1)) {  // ... or to its file
-      float* ring = nullptr;
-      exposed_wait(&nvme_exposed_s_, [&] { ring = spill_->buffer_for_write(i + 1); });
-      dev_.event_record(*ev_.compute_done, s);
-      dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
-      dev_.stream_wait_event(Stream::d2h, spill_->consumed(i + 1));  // the backward's copy out of it
-      dev_.copy_d2h(ring, out, act_bytes, Stream::d2h);
-      dev_.event_record(spill_->copied(i + 1), Stream::d2h);
-      dev_.event_record(*ev_.pp_saved[(i + 1) % 2], Stream::d2h);
-      spill_->write(i + 1, act_bytes);
+    for (size_t r = 0; r < pass_.size(); ++r) {
+      const size_t m = pass_.size() - 1 - r;
+      float* out = i + 1 < L_ ? ckpt_device(i + 1, m) : act(buf_.x_final, m);
+      const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
+      if (out_spills) dev_.stream_wait_event(s, *pp_saved(i + 1, m));  // its last d2h is done
+      layer_forward(dev_, out, ckpt_device(i, m), w, token_context(m), kept_ws_[i], pass_[m].dims, s);  // ws_, or the layer's kept activations
+      if (out_spills) spill_checkpoint(i + 1, m, out);
     }
+    layers_->release(i);
   }
-  dev_.rmsnorm_forward(buf_.hn, buf_.rstd_final, buf_.x_final, ensure_final_norm(), N, C, dims_.eps, s);
+  for (size_t m = 0; m < pass_.size(); ++m)
+    dev_.rmsnorm_forward(act(buf_.hn, m), buf_.rstd_final + m * size_t(shape_.tokens), act(buf_.x_final, m),
+                         ensure_final_norm(), pass_[m].dims.N(), shape_.C, pass_[m].dims.eps, s);
+}
+
+// The input of `layer` for micro-batch m, just computed into `out`, also goes to the host for
+// the backward (or to its file).
+void Engine::spill_checkpoint(size_t layer, size_t m, const float* out) {
+  const Stream s = Stream::compute;
+  const size_t act_bytes = bytes_of<float>(pass_[m].dims.N() * shape_.C);
+  if (!spill_) {
+    dev_.event_record(*ev_.compute_done, s);
+    dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
+    dev_.copy_d2h(buf_.ckpt_host + (layer * pass_.size() + m) * act_floats(), out, act_bytes, Stream::d2h);
+    dev_.event_record(*pp_saved(layer, m), Stream::d2h);
+  } else if (spill_pass_ && spilled_to_nvme(layer)) {
+    const size_t j = spill_index(layer, m);
+    float* ring = nullptr;
+    exposed_wait(&nvme_exposed_s_, [&] { ring = spill_->buffer_for_write(j); });
+    dev_.event_record(*ev_.compute_done, s);
+    dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
+    dev_.stream_wait_event(Stream::d2h, spill_->consumed(j));  // the backward's copy out of it
+    dev_.copy_d2h(ring, out, act_bytes, Stream::d2h);
+    dev_.event_record(spill_->copied(j), Stream::d2h);
+    dev_.event_record(*pp_saved(layer, m), Stream::d2h);
+    spill_->write(j, act_bytes);
+  }
 }
 
 // ---- one pass: the loss head (engine.h) ------------------------------------------------------
 
-// Forward: online-softmax statistics per token over chunks 0..K-1, then the objective's loss.
+// Forward: online-softmax statistics per token over chunks 0..K-1 (each chunk on the device once
+// for every micro-batch of the pass), then the objective's loss per micro-batch.
 void Engine::head_forward() {
   const Stream s = Stream::compute;
-  const int64_t N = dims_.N(), C = dims_.C, V = shape_.V, R = shape_.head_rows;
+  const int64_t V = shape_.V, R = shape_.head_rows;
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
   for (size_t k = 0; k < shape_.head_chunks; ++k) {
     const void* w = ensure_head_chunk(k);
-    dev_.lm_head_ce_chunk_stats(buf_.ce_stats, buf_.hn, w, lm_type, buf_.targets, N, C, V, int64_t(k) * R,
-                                std::min(R, V - int64_t(k) * R), k == 0, s);
+    for (size_t m = 0; m < pass_.size(); ++m) {
+      const HeadTensors h = head_tensors(m);
+      dev_.lm_head_ce_chunk_stats(ce_stats(m), h.h, w, lm_type, h.targets, h.n, h.c, V, int64_t(k) * R,
+                                  std::min(R, V - int64_t(k) * R), k == 0, s);
+    }
     release_head_chunk(k);
   }
-  dev_.memset_zero(buf_.loss, sizeof(double), s);
-  objective_->loss(buf_.loss, HeadTensors{buf_.hn, buf_.targets, buf_.ce_stats, N, C, V}, dev_, s);
+  dev_.memset_zero(buf_.loss, pass_.size() * sizeof(double), s);
+  for (size_t m = 0; m < pass_.size(); ++m) objective_->loss(buf_.loss + m, head_tensors(m), dev_, s);
 }
 
-// Backward: chunks K-1..0 again, each adding its share into d(hidden) and sending its dW chunk
-// to the host, where it is added into its rows of the lm_head (or tied embedding) gradient.
+// Micro-batch m's share of a gradient whose pass total goes to `total` (device, `bytes`): the
+// buffer it is computed into, zeroed. m = 0 computes into `total` itself, later micro-batches
+// into `share`, which grad_share_add then adds: total = ((d0 + d1) + d2) + ..., in micro-batch
+// order. That is exactly the sum the host accumulation forms in the micro_batch schedule
+// (0 + d0, + d1, + d2, ...: 0 + d0 = d0 bit for bit, -0 aside, which the host's 0 + -0 folds the
+// same way in both schedules), so the one host add of the total per step gives the same bits.
+void* Engine::grad_share(size_t m, void* total, void* share, size_t bytes) {
+  void* dst = m == 0 || !share ? total : share;
+  dev_.memset_zero(dst, bytes, Stream::compute);
+  return dst;
+}
+
+void Engine::grad_share_add(void* total, const void* computed_in, size_t bytes) {
+  if (computed_in != total)
+    dev_.add_inplace(static_cast<float*>(total), static_cast<const float*>(computed_in), int64_t(bytes / 4), Stream::compute);
+}
+
+// Backward: chunks K-1..0 again, each adding its share into d(hidden) of each micro-batch and
+// sending the pass's dW chunk to the host, where it is added into its rows of the lm_head (or
+// embedding) gradient.
 void Engine::head_backward(float grad_scale) {
   const Stream s = Stream::compute;
-  const int64_t N = dims_.N(), C = dims_.C, V = shape_.V, R = shape_.head_rows;
+  const int64_t C = shape_.C, V = shape_.V, R = shape_.head_rows;
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
-  const HeadTensors head{buf_.hn, buf_.targets, buf_.ce_stats, N, C, V};
-  dev_.memset_zero(buf_.dhn, bytes_of<float>(N * C), s);
+  dev_.memset_zero(buf_.dhn, pass_.size() * act_floats() * sizeof(float), s);
   float* lm_grad = lora_ ? nullptr : store_.grad_of(size_t(store_.spec().lm_head_row()));  // (V, C) host accumulation
   for (size_t step = 0; step < shape_.head_chunks; ++step) {
     const size_t k = shape_.head_chunks - 1 - step;
@@ -395,8 +485,12 @@ void Engine::head_backward(float grad_scale) {
       continue;
     }
     dev_.stream_wait_event(s, *ev_.head_grad_copied[b]);  // the slot's previous chunk has left
-    dev_.memset_zero(buf_.head_grad_slots[b], chunk_bytes, s);
-    objective_->chunk_backward(buf_.dhn, buf_.head_grad_slots[b], head, w, lm_type, v0, vc, grad_scale, dev_, s);
+    for (size_t m = 0; m < pass_.size(); ++m) {
+      void* dw = grad_share(m, buf_.head_grad_slots[b], lora_ ? nullptr : buf_.head_grad_scratch, chunk_bytes);
+      objective_->chunk_backward(act(buf_.dhn, m), static_cast<float*>(dw), head_tensors(m), w, lm_type, v0, vc,
+                                 grad_scale, dev_, s);
+      grad_share_add(buf_.head_grad_slots[b], dw, chunk_bytes);
+    }
     release_head_chunk(k);
     float* staging = buf_.head_grad_staging[b];
     GradReduction* red = reduction_.get();
@@ -408,13 +502,18 @@ void Engine::head_backward(float grad_scale) {
   }
 }
 
-// The final norm's backward; d(last layer output) goes to dx[0], the norm's gradient to the host.
+// The final norm's backward; d(last layer output) of micro-batch m goes to dx[m], the norm's
+// gradient to the host.
 void Engine::final_norm_backward() {
   const Stream s = Stream::compute;
-  const int64_t N = dims_.N(), C = dims_.C;
+  const int64_t C = shape_.C;
   dev_.stream_wait_event(s, *ev_.norm_grad_copied);
-  dev_.memset_zero(buf_.norm_grad, bytes_of<float>(C), s);
-  dev_.rmsnorm_backward(buf_.dx[0], buf_.norm_grad, buf_.dhn, buf_.x_final, buf_.norm, buf_.rstd_final, N, C, s);
+  for (size_t m = 0; m < pass_.size(); ++m) {
+    void* dnorm = grad_share(m, buf_.norm_grad, lora_ ? nullptr : buf_.norm_grad_scratch, bytes_of<float>(C));
+    dev_.rmsnorm_backward(buf_.dx[m], static_cast<float*>(dnorm), act(buf_.dhn, m), act(buf_.x_final, m), buf_.norm,
+                          buf_.rstd_final + m * size_t(shape_.tokens), pass_[m].dims.N(), C, s);
+    grad_share_add(buf_.norm_grad, dnorm, bytes_of<float>(C));
+  }
   if (lora_) return;  // frozen: the norm's gradient is discarded
   float* dst = store_.grad_of(size_t(store_.spec().final_norm));
   float* staging = buf_.norm_grad_staging;
@@ -426,23 +525,25 @@ void Engine::final_norm_backward() {
 
 // ---- one pass: backward ------------------------------------------------------------------------
 
-// Brings layer i's spilled checkpoint back into x_pp[i % 2], except for the last two layers:
-// the forward's last writes into the ping-pong buffers were exactly their inputs, still there
-// (fetching them again would also overwrite a buffer the forward may still be reading).
-void Engine::fetch_checkpoint(size_t i) {
-  const size_t b = i % 2;
+// Brings layer i's spilled checkpoint of micro-batch m back into x_pp[i % 2], except for the
+// last two layers: the forward's last writes into the ping-pong buffers were exactly their
+// inputs, still there (fetching them again would also overwrite a buffer the forward may still
+// be reading).
+void Engine::fetch_checkpoint(size_t i, size_t m) {
   if (i >= L_ - device_ckpt_count_ || i + 2 >= L_) return;
-  const int64_t NC = dims_.N() * dims_.C;
-  const float* src = i == 0 ? buf_.x0_host : buf_.ckpt_host + i * size_t(NC);
-  if (spilled_to_nvme(i)) exposed_wait(&nvme_exposed_s_, [&] { src = spill_->wait_read(i); });
-  dev_.stream_wait_event(Stream::h2d, *ev_.stage_free[b]);
-  dev_.stream_wait_event(Stream::h2d, *ev_.pp_saved[b]);
-  dev_.copy_h2d(ckpt_device(i), src, bytes_of<float>(NC), Stream::h2d);
-  dev_.event_record(*ev_.ckpt_fetched[b], Stream::h2d);
-  dev_.stream_wait_event(Stream::compute, *ev_.ckpt_fetched[b]);
+  const size_t N = size_t(pass_[m].dims.N());
+  const size_t bytes = bytes_of<float>(int64_t(N) * shape_.C);
+  const float* src = i == 0 ? act(buf_.x0_host, m) : buf_.ckpt_host + (i * pass_.size() + m) * act_floats();
+  const size_t j = spill_index(i, m);
+  if (spilled_to_nvme(i)) exposed_wait(&nvme_exposed_s_, [&] { src = spill_->wait_read(j); });
+  dev_.stream_wait_event(Stream::h2d, *stage_free(i, m));
+  dev_.stream_wait_event(Stream::h2d, *pp_saved(i, m));
+  dev_.copy_h2d(ckpt_device(i, m), src, bytes, Stream::h2d);
+  dev_.event_record(*ckpt_fetched(i, m), Stream::h2d);
+  dev_.stream_wait_event(Stream::compute, *ckpt_fetched(i, m));
   if (spilled_to_nvme(i)) {
-    dev_.event_record(spill_->consumed(i), Stream::h2d);
-    if (i >= 1 + kSpillRing) spill_->read_ahead(i - kSpillRing, bytes_of<float>(NC));  // into the buffer just emptied
+    dev_.event_record(spill_->consumed(j), Stream::h2d);
+    if (j >= pass_.size() + kSpillRing) spill_read_ahead(j - kSpillRing);  // into the buffer just emptied
   }
 }
 
@@ -450,46 +551,40 @@ void Engine::fetch_checkpoint(size_t i) {
 // (layer 0's input stays in x0_host, the last two stay in the ping-pong buffers).
 bool Engine::spilled_to_nvme(size_t layer) const { return spill_ && layer >= 1 && layer + 2 < L_; }
 
+// A checkpoint's place in the spill file: (layer, micro-batch g-1..0) in the forward's order, so
+// the backward (layer L-1..0, micro-batch 0..g-1) reads them in descending order.
+size_t Engine::spill_index(size_t layer, size_t m) const { return layer * pass_.size() + (pass_.size() - 1 - m); }
+
+void Engine::spill_read_ahead(size_t j) {
+  const size_t m = pass_.size() - 1 - j % pass_.size();
+  spill_->read_ahead(j, bytes_of<float>(pass_[m].dims.N() * shape_.C));
+}
+
 void Engine::backward() {
-  const Stream s = Stream::compute;
-  TokenContext ctx{buf_.pos, has_docs_ ? buf_.doc_start : nullptr, buf_.inv_freq};
-  float* dout = buf_.dx[0];
-  float* dx = buf_.dx[1];
+  std::vector<float*> dout(buf_.dx.begin(), buf_.dx.begin() + long(pass_.size()));  // d(layer output) per micro-batch
+  float* dx = buf_.dx[pass_.size()];
   std::vector<bool> copied_this_step(L_, false);
   if (lora_) {  // this micro-batch's adapter gradients, from zero (lora_grads_land adds them)
-    dev_.stream_wait_event(s, *ev_.lora_grad_copied);
-    dev_.memset_zero(buf_.lora_mb_grads, shape_.lora_bytes, s);
+    dev_.stream_wait_event(Stream::compute, *ev_.lora_grad_copied);
+    dev_.memset_zero(buf_.lora_mb_grads, shape_.lora_bytes, Stream::compute);
   }
-  if (spill_)  // the first kSpillRing checkpoints the backward needs, read ahead
-    for (size_t k = 0; k < kSpillRing && k + 3 <= L_; ++k)
-      if (spilled_to_nvme(L_ - 3 - k)) spill_->read_ahead(L_ - 3 - k, bytes_of<float>(dims_.N() * dims_.C));
+  if (spill_ && L_ >= 3)  // the first kSpillRing checkpoints the backward needs, read ahead
+    for (size_t r = 0; r < kSpillRing && r < (L_ - 3) * pass_.size(); ++r) spill_read_ahead((L_ - 2) * pass_.size() - 1 - r);
   for (size_t step = 0; step < L_; ++step) {
     const size_t i = L_ - 1 - step;
-    const size_t b = i % 2;
     const LayerWeights w = ensure_layer(i);
-    fetch_checkpoint(i);
-    char* g = buf_.grad_slots[b];
-    if (!lora_) {
-      if (i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(s, *ev_.grad_copied[i + 2]);
-      dev_.memset_zero(g, store_.layer_group(i).f32_bytes, s);
-    }
-    LayerGrads lg = lora_ ? frozen_grads_at(i) : layer_grads_in(store_, g, i);
-    if (i + kept_layers_ >= L_)  // its forward's activations were kept: no recompute
-      layer_backward_saved(dev_, dx, lg, dout, ckpt_device(i), w, ctx, kept_ws_[i], dims_, s);
-    else
-      layer_backward(dev_, dx, lg, dout, ckpt_device(i), w, ctx, ws_, dims_, s);
+    char* g = buf_.grad_slots[i % 2];
+    if (!lora_ && i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(Stream::compute, *ev_.grad_copied[i + 2]);
+    for (size_t m = 0; m < pass_.size(); ++m) layer_backward_one(i, m, w, g, dout[m], dx), std::swap(dout[m], dx);
     layers_->release(i);
-    dev_.event_record(*ev_.stage_free[b], s);
     if (!lora_) {  // LoRA: the adapters' gradients stay on the device until the optimizer step
       layer_grad_to_host(i, g);
       copied_this_step[i] = true;
       update_group_when_landed(1 + i);
     }
-    std::swap(dout, dx);
   }
-  STRATA_ASSERT(dout == buf_.dx[L_ % 2]);
   if (lora_) lora_grads_land();
-  else embed_backward();  // LoRA: the embedding is frozen; d x0 is not needed
+  else embed_backward(dout);  // LoRA: the embedding is frozen; d x0 is not needed
 }
 
 // LoRA: the micro-batch's adapter gradients g join the step's G in micro-batch order, one
@@ -510,6 +605,24 @@ void Engine::lora_grads_land() {
                                        lora_staging_ticket_, [red, dst, staging, n] { red->add_dense(dst, staging, n); });
 }
 
+// Layer i's backward for micro-batch m: its share of dW into the layer's gradient slot `g`
+// (grad_share), d(layer input) into dx.
+void Engine::layer_backward_one(size_t i, size_t m, const LayerWeights& w, char* g, const float* dout, float* dx) {
+  fetch_checkpoint(i, m);
+  LayerGrads lg;
+  void* dw = nullptr;
+  const size_t bytes = lora_ ? 0 : store_.layer_group(i).f32_bytes;
+  if (lora_) lg = frozen_grads_at(i);
+  else lg = layer_grads_in(store_, static_cast<char*>(dw = grad_share(m, g, buf_.grad_scratch, bytes)), i);
+  if (i + kept_layers_ >= L_)  // its forward's activations were kept: no recompute
+    layer_backward_saved(dev_, dx, lg, dout, ckpt_device(i, m), w, token_context(m), kept_ws_[i], pass_[m].dims,
+                         Stream::compute);
+  else
+    layer_backward(dev_, dx, lg, dout, ckpt_device(i, m), w, token_context(m), ws_, pass_[m].dims, Stream::compute);
+  dev_.event_record(*stage_free(i, m), Stream::compute);
+  if (!lora_) grad_share_add(g, dw, bytes);
+}
+
 // Layer i's gradient: device slot -> pinned staging -> added into the host accumulation, in
 // layer order.
 void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
@@ -522,23 +635,29 @@ void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
                                      [red = reduction_.get(), dst, staging, count] { red->add_dense(dst, staging, count); });
 }
 
-// The embedding's backward on the host: d x0 is staged out and scatter-added into the table's
-// gradient, in token order.
-void Engine::embed_backward() {
-  const int64_t N = dims_.N(), C = dims_.C;
+// The embedding's backward on the host: each micro-batch's d x0 (in dx0[m]) is staged out and
+// scatter-added into the table's gradient, micro-batch by micro-batch, in token order.
+void Engine::embed_backward(const std::vector<float*>& dx0) {
+  const int64_t C = shape_.C;
   float* dtable = store_.grad_of(size_t(store_.spec().embed));
-  scatter_ticket_ = stage_to_host({GradLanding::embedding, 0, N, C}, buf_.dx0_host, buf_.dx[L_ % 2],
-                                  bytes_of<float>(N * C), ev_.dx0_copied, 0,
-                [this, dtable, N, C] { reduction_->add_embedding(dtable, buf_.dx0_host, ids_host_.data(), N, C); });
+  for (size_t m = 0; m < pass_.size(); ++m) {
+    const int64_t N = pass_[m].dims.N();
+    float* host = act(buf_.dx0_host, m);
+    const int32_t* ids = pass_[m].ids.data();
+    scatter_ticket_ = stage_to_host({GradLanding::embedding, 0, N, C}, host, dx0[m], bytes_of<float>(N * C),
+                                    ev_.dx0_copied, 0,
+                                    [this, dtable, host, ids, N, C] { reduction_->add_embedding(dtable, host, ids, N, C); });
+  }
   update_group_when_landed(0);  // the embedding (and a tied lm_head)
 }
 
-// The loss back to the host; after a backward also every copy the host tasks wait for.
-double Engine::finish_step(StepKind kind) {
-  dev_.copy_d2h(&loss_host_, buf_.loss, sizeof(double), Stream::compute);
+// The losses back to the host; after a backward also every copy the host tasks wait for.
+std::vector<double> Engine::finish_step(StepKind kind) {
+  std::vector<double> losses(pass_.size());
+  dev_.copy_d2h(losses.data(), buf_.loss, losses.size() * sizeof(double), Stream::compute);
   if (kind == StepKind::forward_only) {
     dev_.stream_synchronize(Stream::compute);
-    return loss_host_;
+    return losses;
   }
   dev_.event_record(*ev_.loss_copied, Stream::compute);
   exposed_wait(&d2h_wait_s_, [&] {
@@ -546,7 +665,7 @@ double Engine::finish_step(StepKind kind) {
     dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
     if (!lora_) dev_.event_synchronize(*ev_.dx0_copied);
   });
-  return loss_host_;
+  return losses;
 }
 
 // ---- staging ---------------------------------------------------------------------------------
@@ -581,6 +700,8 @@ void Engine::wait_optimizer(size_t group) {
 }
 
 void Engine::set_grad_reduction(std::unique_ptr<GradReduction> reduction) {
+  STRATA_CHECK(shape_.group == 1, "offload.accumulation = \"layer_major\" runs on one rank in this version (data "
+               "parallel all-reduces each micro-batch's gradient): set offload.accumulation = \"micro_batch\" or \"auto\"");
   synchronize();
   reduction_ = std::move(reduction);
   lora_host_accumulation_ = lora_ != nullptr;  // data parallel: the adapters' G on the host
@@ -685,25 +806,35 @@ void Engine::update_group_when_landed(size_t gi) {
 
 double Engine::forward_backward_update(const MicroBatch& mb, float grad_scale, AdamWParams params,
                                        double weight_decay) {
+  return pass_update(&mb, 1, grad_scale, params, weight_decay).front();
+}
+
+std::vector<double> Engine::forward_backward_group_update(const std::vector<MicroBatch>& mbs, float grad_scale,
+                                                          AdamWParams params, double weight_decay) {
+  return pass_update(mbs.data(), mbs.size(), grad_scale, params, weight_decay);
+}
+
+std::vector<double> Engine::pass_update(const MicroBatch* mbs, size_t g, float grad_scale, AdamWParams params,
+                                        double weight_decay) {
   if (lora_) {  // the adapters update in one piece after backward (they are small)
-    const double loss = forward_backward(mb, grad_scale);
+    std::vector<double> losses = run_pass(mbs, g, StepKind::forward_backward, grad_scale);
     lora_landed_norm_ = lora_optimizer_step(params, 0.0, weight_decay);
-    return loss;
+    return losses;
   }
   params.clip_scale = 1.0;
   begin_optimizer_pass(true);
   landed_ = {true, params, weight_decay};
   group_sq_.assign(store_.groups().size(), 0.0);
-  double loss;
+  std::vector<double> losses;
   try {
-    loss = forward_backward(mb, grad_scale);
+    losses = run_pass(mbs, g, StepKind::forward_backward, grad_scale);
   } catch (...) {
     landed_.active = false;
     throw;
   }
   landed_.active = false;
   mark_device_weights_stale();
-  return loss;
+  return losses;
 }
 
 double Engine::landed_update_norm() {

@@ -115,6 +115,10 @@ class Engine {
     return step(mb, StepKind::forward_backward, grad_scale);
   }
   double forward_loss(const MicroBatch& mb) { return step(mb, StepKind::forward_only, 1.f); }
+  // Layer-major (options.group = g > 1; engine.cpp top): up to g micro-batches in one pass, each
+  // layer and lm_head chunk on the device once for all of them. Gradients as forward_backward on
+  // each in turn, to the bit; returns each micro-batch's summed loss.
+  std::vector<double> forward_backward_group(const std::vector<MicroBatch>& mbs, float grad_scale);
 
   // The optimizer step over the accumulated gradients: exact global norm, clip, the group
   // optimizer per group on the host queue (grads are zeroed as they are consumed). Returns the
@@ -128,6 +132,10 @@ class Engine {
   // with max_grad_norm = 0. landed_update_norm() waits for the updates and returns the
   // gradient norm they saw (sum of per-group squares, in group order).
   double forward_backward_update(const MicroBatch& mb, float grad_scale, AdamWParams params, double weight_decay);
+  // ... and the whole layer-major pass as the last "micro-batch" (every group's update queued
+  // behind its one landing of the pass's gradient).
+  std::vector<double> forward_backward_group_update(const std::vector<MicroBatch>& mbs, float grad_scale,
+                                                    AdamWParams params, double weight_decay);
   double landed_update_norm();
   void zero_grads();   // waits for pending accumulation, then zeroes store.grad()
   void synchronize();  // all queued device and host work finished
@@ -174,20 +182,38 @@ class Engine {
   void lora_grads_land();                           // LoRA: the micro-batch's adapter gradients into G
   double lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
   size_t lm_group() const { return shape_.tied ? 0 : store_.groups().size() - 1; }
-  // one pass
-  void upload_tokens(const MicroBatch& mb);
+  // one pass over the micro-batches pass_ (one, or g layer-major)
+  std::vector<double> run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale);
+  std::vector<double> pass_update(const MicroBatch* mbs, size_t g, float grad_scale, AdamWParams params,
+                                  double weight_decay);
+  void upload_tokens(const MicroBatch* mbs, size_t g);
   void forward();
   void embed_forward();
-  float* ckpt_device(size_t layer);       // where the input of `layer` lives on the device
+  float* ckpt_device(size_t layer, size_t m);  // where the input of `layer` for micro-batch m lives on the device
+  void spill_checkpoint(size_t layer, size_t m, const float* out);
   void head_forward();
   void head_backward(float grad_scale);
   void final_norm_backward();
   void backward();
-  void fetch_checkpoint(size_t layer);
+  void layer_backward_one(size_t layer, size_t m, const LayerWeights& w, char* grad_slot, const float* dout, float* dx);
+  void* grad_share(size_t m, void* total, void* share, size_t bytes);
+  void grad_share_add(void* total, const void* computed_in, size_t bytes);
+  void fetch_checkpoint(size_t layer, size_t m);
   bool spilled_to_nvme(size_t layer) const;
+  size_t spill_index(size_t layer, size_t m) const;
+  void spill_read_ahead(size_t index);
   void layer_grad_to_host(size_t layer, char* grad_slot);
-  void embed_backward();
-  double finish_step(StepKind kind);
+  void embed_backward(const std::vector<float*>& dx0);
+  std::vector<double> finish_step(StepKind kind);
+  // micro-batch m's rows of the per-micro-batch buffers (engine_buffers.h: g x ...)
+  size_t act_floats() const { return size_t(shape_.tokens * shape_.C); }
+  float* act(float* base, size_t m) const { return base + m * act_floats(); }
+  double* ce_stats(size_t m) const { return buf_.ce_stats + 3 * m * size_t(shape_.tokens); }
+  TokenContext token_context(size_t m) const;
+  HeadTensors head_tensors(size_t m) const;
+  Event* pp_saved(size_t layer, size_t m) { return ev_.pp_saved[(layer % 2) * shape_.group + m].get(); }
+  Event* ckpt_fetched(size_t layer, size_t m) { return ev_.ckpt_fetched[(layer % 2) * shape_.group + m].get(); }
+  Event* stage_free(size_t layer, size_t m) { return ev_.stage_free[(layer % 2) * shape_.group + m].get(); }
   // staging: device -> pinned host -> a task on the host queue
   uint64_t stage_to_host(const GradLanding& landing, void* staging, void* src, size_t bytes,
                          const std::shared_ptr<Event>& copied, uint64_t reuse, std::function<void()> task);
@@ -208,8 +234,13 @@ class Engine {
   } lora_dropout_;
   EngineOptions opt_;
   EngineShape shape_;     // capacities: what every buffer is sized for
-  LayerDims dims_;        // the current micro-batch's shape (B, T set by upload_tokens)
   size_t L_ = 0;
+  struct PassMicroBatch {
+    LayerDims dims;               // its shape (B, T set by upload_tokens)
+    bool has_docs = false;
+    std::vector<int32_t> ids;     // the embedding gather and scatter read them
+  };
+  std::vector<PassMicroBatch> pass_;  // the current pass's micro-batches
 
   // buffers: the table's rows, and where they are (engine_buffers.h)
   std::vector<EngineBuffer> table_;
@@ -223,13 +254,11 @@ class Engine {
   // chunks through its own slots (or resident with weights = "device"), the final norm resident
   std::optional<WeightStream> layers_, head_;
   std::optional<ResidentBlock> norm_, lm_resident_;
-  bool has_docs_ = false;
-  double loss_host_ = 0;
-  std::vector<int32_t> ids_host_;            // the embedding gather and scatter read them
 
   // events (engine.cpp has the table: who records, who waits, what reuse each guards)
   struct Events {
-    std::unique_ptr<Event> pp_saved[2], ckpt_fetched[2], stage_free[2];
+    // per (layer parity, micro-batch of the pass): index (layer % 2) x g + m
+    std::vector<std::unique_ptr<Event>> pp_saved, ckpt_fetched, stage_free;
     std::unique_ptr<Event> compute_done;
     std::vector<std::shared_ptr<Event>> grad_copied;              // per layer
     std::shared_ptr<Event> norm_grad_copied, dx0_copied, head_grad_copied[2], lora_grad_copied;
@@ -240,7 +269,7 @@ class Engine {
   HostQueue host_;
   uint64_t staging_ticket_[2] = {}, head_staging_ticket_[2] = {};  // host tasks reading staging
   std::vector<uint64_t> optimizer_ticket_;   // per group: its pending update
-  uint64_t scatter_ticket_ = 0;              // the last embedding scatter (reads ids_host_, dx0_host)
+  uint64_t scatter_ticket_ = 0;              // the last embedding scatter (reads pass_[m].ids, dx0_host)
   uint64_t lora_staging_ticket_ = 0;         // data-parallel LoRA: the task reading lora_grad_staging
 
   // seams (one implementation each today)

@@ -61,6 +61,8 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   s.C = cfg.hidden_size;
   s.V = cfg.vocab_size;
   s.tokens = options.max_batch * options.max_tokens;
+  STRATA_CHECK(options.group >= 1, "the micro-batches of a layer-major pass must be at least 1, not ", options.group);
+  s.group = size_t(options.group);
   LayerDims& d = s.layer_capacity;
   d.B = options.max_batch;
   d.T = options.max_tokens;
@@ -97,7 +99,8 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
 std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffers* into) {
   using B = EngineBuffers;
   const bool stream = s.weights == WeightsMode::stream;
-  const size_t act = s.activation_bytes(), tokens_i32 = bytes_of<int32_t>(s.tokens);
+  const size_t g = s.group;  // per-micro-batch rows: g of them (engine_buffers.h)
+  const size_t act = s.activation_bytes(), tokens_i32 = g * bytes_of<int32_t>(s.tokens);
   const size_t head_w = size_t(s.head_rows) * s.lm_row_bytes, head_g = bytes_of<float>(s.head_rows * s.C);
   std::vector<EngineBuffer> t;
   auto dev = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
@@ -125,7 +128,7 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   if (!s.frozen())  // LoRA: the frozen lm_head's backward computes d(hidden) only
     for (size_t k = 0; k < s.head_slots; ++k)
       dev(str_cat("lm_head gradient chunk ", k), head_g, bind_at(into ? &into->head_grad_slots[k] : nullptr));
-  dev("cross-entropy token statistics", bytes_of<double>(3 * s.tokens), bind_to(into, &B::ce_stats));
+  dev("cross-entropy token statistics", g * bytes_of<double>(3 * s.tokens), bind_to(into, &B::ce_stats));
   if (s.frozen()) {
     dev("LoRA adapters (every layer)", s.lora_bytes, bind_to(into, &B::lora_weights));
     dev("LoRA adapter gradients", s.lora_bytes, bind_to(into, &B::lora_grads));
@@ -133,27 +136,33 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   } else {
     for (size_t k = 0; k < 2; ++k)
       dev(str_cat("layer gradient slot ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_slots[k] : nullptr));
+    if (g > 1) {  // layer-major: one micro-batch's share, added into the slot (engine.h)
+      dev("layer gradient slot (layer-major share)", s.layer_grad_bytes, bind_to(into, &B::grad_scratch));
+      dev("lm_head gradient share (layer-major)", head_g, bind_to(into, &B::head_grad_scratch));
+      dev("final norm gradient share (layer-major)", bytes_of<float>(s.C), bind_to(into, &B::norm_grad_scratch));
+    }
   }
-  dev("last layer output", act, bind_to(into, &B::x_final));
-  for (size_t k = 0; k < 2; ++k) dev(str_cat("activation staging ", k), act, bind_at(into ? &into->x_pp[k] : nullptr));
-  dev("final norm output", act, bind_to(into, &B::hn));
-  dev("d final norm output", act, bind_to(into, &B::dhn));
-  for (size_t k = 0; k < 2; ++k) dev(str_cat("d hidden ", k), act, bind_at(into ? &into->dx[k] : nullptr));
-  dev("final norm rstd", bytes_of<float>(s.tokens), bind_to(into, &B::rstd_final));
+  dev("last layer output", g * act, bind_to(into, &B::x_final));
+  for (size_t k = 0; k < 2; ++k) dev(str_cat("activation staging ", k), g * act, bind_at(into ? &into->x_pp[k] : nullptr));
+  dev("final norm output", g * act, bind_to(into, &B::hn));
+  dev("d final norm output", g * act, bind_to(into, &B::dhn));
+  if (into) into->dx.assign(g + 1, nullptr);
+  for (size_t k = 0; k <= g; ++k) dev(str_cat("d hidden ", k), act, bind_at(into ? &into->dx[k] : nullptr));
+  dev("final norm rstd", g * bytes_of<float>(s.tokens), bind_to(into, &B::rstd_final));
   dev("input ids", tokens_i32, bind_to(into, &B::ids));
   dev("targets", tokens_i32, bind_to(into, &B::targets));
   dev("positions", tokens_i32, bind_to(into, &B::pos));
   dev("document starts", tokens_i32, bind_to(into, &B::doc_start));
-  dev("loss", sizeof(double), bind_to(into, &B::loss));
+  dev("loss", g * sizeof(double), bind_to(into, &B::loss));
   dev("rope inv_freq", bytes_of<float>(int64_t(s.rope_floats)), bind_to(into, &B::inv_freq));
   dev("layer workspace", layer_workspace_bytes(s.layer_capacity), bind_to(into, &B::workspace));
 
-  pinned("embedding output (host)", act, bind_to(into, &B::x0_host));
+  pinned("embedding output (host)", g * act, bind_to(into, &B::x0_host));
   if (s.frozen()) {  // LoRA: no base gradient comes back; the adapters' do under data parallel
     pinned("LoRA adapter gradient staging", s.lora_bytes, bind_to(into, &B::lora_grad_staging));
     return t;
   }
-  pinned("d embedding output (host)", act, bind_to(into, &B::dx0_host));
+  pinned("d embedding output (host)", g * act, bind_to(into, &B::dx0_host));
   for (size_t k = 0; k < 2; ++k)
     pinned(str_cat("layer gradient staging ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_staging[k] : nullptr));
   pinned("final norm gradient staging", bytes_of<float>(s.C), bind_to(into, &B::norm_grad_staging));
@@ -164,13 +173,13 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
 
 std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& s, size_t device_count, EngineBuffers* into) {
   std::vector<EngineBuffer> t;
-  const size_t act = s.activation_bytes();
+  const size_t act = s.activation_bytes() * s.group;  // a layer's inputs: one per micro-batch of the pass
   if (device_count)
     t.push_back({str_cat(device_count, " layer checkpoints"), device_count * act, Memory::device,
                  bind_to(into, &EngineBuffers::ckpt_dev)});
   if (s.checkpoints == CheckpointMode::nvme) {
     for (size_t k = 0; k < kSpillRing; ++k)
-      t.push_back({str_cat("NVMe checkpoint staging ", k), act, Memory::pinned,
+      t.push_back({str_cat("NVMe checkpoint staging ", k), s.activation_bytes(), Memory::pinned,
                    bind_at(into ? &into->ckpt_ring[k] : nullptr)});
   } else if (s.layers > device_count)
     t.push_back({"spilled layer checkpoints (host)", (s.layers - device_count) * act, Memory::pinned,
@@ -179,6 +188,10 @@ std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& s, size_t d
 }
 
 size_t engine_kept_activation_layers(const EngineShape& s, size_t device_bytes_left) {
+  // a layer-major pass runs its g micro-batches through a layer before the next one: the one
+  // micro-batch's activations a layer keeps would be overwritten, so every layer is recomputed
+  // (src/train/accumulation.cpp refuses layer_major with recompute = "never")
+  if (s.group > 1) return 0;
   switch (s.recompute) {
     case RecomputeMode::always: return 0;
     case RecomputeMode::never: return s.layers;

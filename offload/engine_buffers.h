@@ -5,7 +5,8 @@
 // none of them can drift from the others.
 //
 // Legend: L layers, N token capacity of one micro-batch (max_batch x max_tokens), C hidden,
-// V vocab, R lm_head rows per chunk.
+// V vocab, R lm_head rows per chunk, g micro-batches per pass (1 unless layer-major): a buffer
+// marked "g x" holds one row per micro-batch of the pass, micro-batch m at m x (its row size).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -38,6 +39,10 @@ struct EngineOptions {
   int64_t max_batch = 1, max_tokens = 1;
   int64_t head_chunk_rows = 0;        // 0: kHeadChunkRows (tests set it to compare chunkings)
   LoraOptions lora;                   // r > 0: LoRA mode (frozen base, adapters resident; offload/lora.h)
+  // Micro-batches one pass runs together, layer-major (offload.accumulation = "layer_major": the
+  // step's k; 1 = the micro_batch schedule). Every per-micro-batch buffer has this many rows, and
+  // each layer keeps this many checkpoints (engine.cpp, "Layer-major passes").
+  int64_t group = 1;
 };
 
 enum class WeightsMode : uint8_t { stream, device };        // two streamed slots | all resident
@@ -69,6 +74,7 @@ struct EngineShape {
   // or lm_head gradients to stage; the adapters and their gradients are resident instead.
   size_t lora_bytes = 0;             // the adapters' f32 arena (offload/lora.h), 0: not LoRA
   bool frozen() const { return lora_bytes > 0; }
+  size_t group = 1;                  // g: micro-batches per pass (EngineOptions::group)
 
   static EngineShape of(const ModelSpec& spec, const HostStoreLayout& layout, const EngineOptions& options);
   size_t activation_bytes() const { return bytes_of<float>(tokens * C); }  // one (N, C) f32
@@ -89,28 +95,31 @@ struct EngineBuffers {
   char* lm_resident = nullptr;       // weights = device: (V, C) lm_head
   char* head_slots[2] = {};          // weights = stream: (R, C) lm_head chunks
   float* head_grad_slots[2] = {};    // (R, C) f32 lm_head gradient chunks
-  double* ce_stats = nullptr;        // (N, 3) per-token online-softmax statistics
+  double* ce_stats = nullptr;        // g x (N, 3) per-token online-softmax statistics
   char* grad_slots[2] = {};          // f32, one layer's gradients
-  float* x_final = nullptr;          // (N, C) output of the last layer
-  float* x_pp[2] = {};               // (N, C) ping-pong for spilled checkpoints
-  float* hn = nullptr;               // (N, C) final norm output
-  float* dhn = nullptr;              // (N, C) its gradient
-  float* dx[2] = {};                 // (N, C) d hidden, ping-pong through backward
-  float* rstd_final = nullptr;       // (N) final norm rstd
-  int32_t *ids = nullptr, *targets = nullptr, *pos = nullptr, *doc_start = nullptr;  // (N) each
-  double* loss = nullptr;            // (1) summed loss
+  char* grad_scratch = nullptr;      // g > 1: f32, one micro-batch's share of a layer's gradients
+  float* head_grad_scratch = nullptr;  // g > 1: (R, C) one micro-batch's share of a chunk's gradient
+  float* norm_grad_scratch = nullptr;  // g > 1: (C) one micro-batch's share of the final norm's
+  float* x_final = nullptr;          // g x (N, C) output of the last layer
+  float* x_pp[2] = {};               // g x (N, C) ping-pong for spilled checkpoints
+  float* hn = nullptr;               // g x (N, C) final norm output
+  float* dhn = nullptr;              // g x (N, C) its gradient
+  std::vector<float*> dx;            // g + 1 x (N, C) d hidden: one per micro-batch and a spare
+  float* rstd_final = nullptr;       // g x (N) final norm rstd
+  int32_t *ids = nullptr, *targets = nullptr, *pos = nullptr, *doc_start = nullptr;  // g x (N) each
+  double* loss = nullptr;            // g x (1) summed loss
   float* inv_freq = nullptr;         // (D/2) rope
   void* workspace = nullptr;         // one layer's activations (models/decoder_layer.h)
-  float* ckpt_dev = nullptr;         // (device checkpoints, N, C) layer inputs kept on the device
+  float* ckpt_dev = nullptr;         // (device checkpoints, g, N, C) layer inputs kept on the device
   char* kept_activations = nullptr;  // (kept layers, layer_activation_bytes) forward activations kept
                                      // for the backward (offload.recompute; models/decoder_layer.h)
   // pinned host
-  float* x0_host = nullptr;          // (N, C) embedding output = checkpoint 0 when spilled
-  float* dx0_host = nullptr;         // (N, C) d embedding output, scattered on the host
+  float* x0_host = nullptr;          // g x (N, C) embedding output = checkpoint 0 when spilled
+  float* dx0_host = nullptr;         // g x (N, C) d embedding output, scattered on the host
   float* grad_staging[2] = {};       // one layer's f32 gradients
   float* norm_grad_staging = nullptr;     // (C)
   float* head_grad_staging[2] = {};  // (R, C) lm_head gradient chunks
-  float* ckpt_host = nullptr;        // (L - device checkpoints, N, C) spilled inputs by layer
+  float* ckpt_host = nullptr;        // (L - device checkpoints, g, N, C) spilled inputs by layer
                                      // (layer 0 spills into x0_host; its row stays unused)
   float* ckpt_ring[kSpillRing] = {}; // checkpoints = "nvme": (N, C) each, between d2h/h2d and the file
 };

@@ -72,6 +72,7 @@ EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout&
   eo.max_tokens = in.sequence_len;
   eo.head_chunk_rows = in.head_chunk_rows;
   eo.lora = in.lora;
+  eo.group = in.group;
   // zo-sgd runs its own engine (offload/engine_zo.h): forward passes only, no checkpoints
   return in.optim_type == "zo-sgd" ? zo_engine_shape(spec, eo) : EngineShape::of(spec, layout, eo);
 }
@@ -111,7 +112,7 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   } else if (shape.checkpoints == CheckpointMode::automatic) {
     const size_t used = device_fixed + kDeviceMargin;
     const size_t left = budgets.device_bytes == 0 ? SIZE_MAX : budgets.device_bytes > used ? budgets.device_bytes - used : 0;
-    p.device_checkpoints = std::min<size_t>(L, left / Arena::footprint(act));
+    p.device_checkpoints = std::min<size_t>(L, left / (shape.group * Arena::footprint(act)));  // a layer's g inputs
   }
   const std::vector<EngineBuffer> ckpt = zo ? std::vector<EngineBuffer>{}
                                             : engine_checkpoint_table(shape, p.device_checkpoints, nullptr);

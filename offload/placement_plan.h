@@ -49,6 +49,10 @@ struct PlanInputs {
   std::string optim_type = "adamw";
   DType moments = DType::f32;        // AdamW m and v
   int64_t micro_batch = 1, sequence_len = 1;
+  // offload.accumulation = "layer_major": the micro-batches of a step run through each layer
+  // together, so the engine holds g of every per-micro-batch buffer and g checkpoints per layer
+  // (EngineOptions::group). 1: the micro_batch schedule.
+  int64_t group = 1;
   int64_t head_chunk_rows = 0;       // 0: the engine's default (EngineOptions::head_chunk_rows)
   DType save_dtype = DType::bf16;    // checkpoint.save_dtype: the HF export's dtype
   bool load_from_dir = false;        // weights are read from safetensors (else initialised)

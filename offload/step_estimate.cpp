@@ -131,13 +131,16 @@ StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const Placemen
   // checkpoint i (the input of layer i) leaves the device in forward and comes back in backward,
   // except the last two (still in the ping-pong buffers) and, with NVMe, layer 0's (x0 stays pinned)
   auto to_nvme = [&](size_t i) { return spill_nvme && i >= 1 && i + 2 < L; };
-  for (int64_t mb = 0; mb < grad_accum; ++mb) {
-    b.h2d += 4 * 4 * N + act;  // ids, targets, positions, document starts (int32); x0
+  // one pass per micro-batch, or (offload.accumulation = "layer_major") one pass of g = in.group
+  // micro-batches: weights and gradients once per pass, activations and tokens once per micro-batch
+  const double g = double(shape.group);
+  for (int64_t pass = 0; pass < grad_accum / int64_t(shape.group); ++pass) {
+    b.h2d += g * (4 * 4 * N + act);  // ids, targets, positions, document starts (int32); x0
     for (size_t i = 0; i < L; ++i) {
       ensure_layer(i);
       if (i + 1 < L && i + 1 < first_dev && (!spill_nvme || to_nvme(i + 1))) {
-        b.d2h += act;
-        if (spill_nvme) b.checkpoint_write += act;
+        b.d2h += g * act;
+        if (spill_nvme) b.checkpoint_write += g * act;
       }
     }
     if (stale) b.h2d += norm_bytes + (stream ? 0 : double(lm.bytes()));
@@ -148,12 +151,12 @@ StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const Placemen
     for (size_t i = L; i-- > 0;) {
       ensure_layer(i);
       if (i < first_dev && i + 2 < L) {
-        b.h2d += act;
-        if (to_nvme(i)) b.checkpoint_read += act;
+        b.h2d += g * act;
+        if (to_nvme(i)) b.checkpoint_read += g * act;
       }
       b.d2h += double(layout.groups[1 + i].f32_bytes);
     }
-    b.d2h += act + 8;  // d x0, the loss
+    b.d2h += g * (act + 8);  // d x0, the loss
   }
   if (plan.optimizer_on_nvme) {  // master (unless it is the f32 working copy), m and v: read, updated, written,
     HostStoreOptions so;          // each group's ranges in whole blocks (offload/nvme_state.h): the files
@@ -241,8 +244,9 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   const double nvme = nvme_checkpoints + nvme_state;
   const double params = double(spec.parameter_count());
   // the host's accumulation: every f32 gradient staged, read and added (12 bytes per parameter
-  // and micro-batch), zeroed (4) once per step; on the CPU backend the link's copies are memcpy on the same cores
-  double host = (k * 12 + 4) * params / rates.host_bytes_per_s;
+  // and micro-batch, once per pass of g micro-batches layer-major), zeroed (4) once per step; on
+  // the CPU backend the link's copies are memcpy on the same cores
+  double host = (k / double(std::max<int64_t>(1, in.group)) * 12 + 4) * params / rates.host_bytes_per_s;
   if (in.device_in_host_ram) host += 2 * e.bytes.link() / rates.host_bytes_per_s;
   const double optimizer = params / rates.adamw_params_per_s;
   if (in.device_in_host_ram) {

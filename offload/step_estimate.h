@@ -5,7 +5,8 @@
 //
 // Bytes per optimizer step (step_bytes): the engine's transfers walked in its order
 // (offload/engine.cpp) — token ids, the embedding output, every weight upload the engine's slot
-// cache does not skip (streamed weights twice per micro-batch less the two layers still in
+// cache does not skip (streamed weights twice per pass — one micro-batch, or the step's k with
+// offload.accumulation = "layer_major" (PlanInputs::group) — less the two layers still in
 // their slots at the turn, resident weights once per optimizer step), checkpoints spilled and
 // fetched back, each layer's f32 gradient, the lm_head gradient, d x0 and the loss; NVMe: the
 // spilled checkpoints written and read, master + m + v read and written once per step.

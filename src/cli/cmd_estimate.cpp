@@ -29,6 +29,7 @@
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
 #include "src/device/peak_flops.h"
+#include "src/train/accumulation.h"
 #include "src/train/trainer.h"
 
 namespace strata {
@@ -423,6 +424,11 @@ int cmd_estimate(const std::vector<std::string>& args) {
       source["nvme_read"] = source["nvme_write"] = "measured here (" + budgets.nvme_dir + ")";
     }
   }
+  in.group = accumulation_group(recipe, spec.lm_head == kAbsent, 1, [&](int64_t k) {  // offload.accumulation
+    PlanInputs t = in;
+    t.group = k;
+    return placement_plan(spec, t, budgets).fits();
+  });
   const PlacementPlan plan = placement_plan(spec, in, budgets);
   std::vector<RunStepRates> run_steps;  // --rates-from: the run's steps, by device time
   if (!a.rates_from.empty()) {
@@ -457,6 +463,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
   if (a.json) {
     nlohmann::json j = placement_plan_json(plan);
     nlohmann::json out = {{"fits", plan.fits()}, {"tiers", j["tiers"]}, {"states", j["states"]},
+                          {"accumulation", in.group > 1 ? "layer_major" : "micro_batch"},
                           {"max_micro_batch_size", max_batch}, {"max_sequence_len", max_seq}};
     out["step"] = {{"seconds", step.seconds}, {"tokens_per_s", step.tokens_per_s}, {"mfu", step.mfu},
                    {"bottleneck", step.bottleneck}, {"components", step.components}, {"compute_parts", step.compute_parts},
@@ -476,9 +483,10 @@ int cmd_estimate(const std::vector<std::string>& args) {
     return plan.fits() ? 0 : 3;
   }
   std::printf("strata estimate: %s, %.3gB parameters (%s); micro_batch_size %ld x sequence_len %ld, gradient "
-              "accumulation %ld\ndevice: %s\nfits: %s\n",
+              "accumulation %ld (%s)\ndevice: %s\nfits: %s\n",
               cfg.family.c_str(), double(spec.parameter_count()) / 1e9, dtype_name(dtype), long(in.micro_batch),
-              long(in.sequence_len), long(recipe.gradient_accumulation_steps), device_text.c_str(),
+              long(in.sequence_len), long(recipe.gradient_accumulation_steps),
+              in.group > 1 ? "layer-major: weights cross twice per step" : "one micro-batch at a time", device_text.c_str(),
               plan.fits() ? "yes" : "NO");
   for (const std::string& p : plan.problems) std::printf("  %s\n", p.c_str());
   std::printf("%s", placement_plan_table(plan).c_str());

@@ -62,6 +62,7 @@ const std::vector<RecipeKey>& recipe_schema() {
       {"offload.checkpoints", "string", "\"auto\"", "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\", \"host\" or \"nvme\" (files under offload.nvme_path)"},
       {"offload.recompute", "string", "\"auto\"", "recompute each layer's forward in its backward (\"always\"), keep every layer's activations on the device instead (\"never\"), or keep the last layers' while the device budget allows after the checkpoints (\"auto\"); bit-identical either way"},
       {"offload.optimizer", "string", "\"auto\"", "where the fp32 master weights and AdamW moments live: \"host\" (RAM), \"nvme\" (files under offload.nvme_path, streamed through a pipelined step) or \"auto\" (host in this version)"},
+      {"offload.accumulation", "string", "\"auto\"", "the schedule over a step's micro-batches: \"layer_major\" (every micro-batch through each layer while its weights are on the device: weights cross twice per step), \"micro_batch\" (one micro-batch at a time: twice per micro-batch) or \"auto\" (layer_major where it applies and fits)"},
       {"offload.nvme_path", "path", "", "an existing, writable directory for NVMe-placed state; strata creates its own subfolder in it and removes it at exit"},
       {"offload.nvme_memory", "size", "", "NVMe space strata may use under offload.nvme_path (unset = its free space minus 10%)"},
       {"device.backend", "string", "\"cpu\"", "\"cpu\", \"cuda\" or \"auto\""},
@@ -308,6 +309,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   r.read("offload.recompute", rc.offload_recompute);
   r.read("offload.host_memory", rc.host_memory);
   r.read("offload.optimizer", rc.offload_optimizer);
+  r.read("offload.accumulation", rc.offload_accumulation);
   r.read("offload.nvme_path", rc.nvme_path);
   r.read("offload.nvme_memory", rc.nvme_memory);
   r.read("device.backend", rc.device_backend);
@@ -442,6 +444,9 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
                r.where("offload.recompute"), ": offload.recompute must be \"auto\", \"always\" or \"never\"");
   STRATA_CHECK(rc.offload_optimizer == "auto" || rc.offload_optimizer == "host" || rc.offload_optimizer == "nvme",
                r.where("offload.optimizer"), ": offload.optimizer must be \"auto\", \"host\" or \"nvme\"");
+  STRATA_CHECK(rc.offload_accumulation == "auto" || rc.offload_accumulation == "layer_major" ||
+                   rc.offload_accumulation == "micro_batch",
+               r.where("offload.accumulation"), ": offload.accumulation must be \"auto\", \"layer_major\" or \"micro_batch\"");
   if (rc.offload_optimizer == "nvme" || rc.offload_checkpoints == "nvme")
     STRATA_CHECK(!rc.nvme_path.empty(), r.where(rc.offload_optimizer == "nvme" ? "offload.optimizer" : "offload.checkpoints"),
                  ": ", rc.offload_optimizer == "nvme" ? "offload.optimizer" : "offload.checkpoints",
@@ -488,7 +493,8 @@ std::string Recipe::to_toml() const {
      << q(lr_scheduler_type) << "\nwarmup_steps = " << warmup_steps << "\nwarmup_ratio = " << warmup_ratio
      << "\nmin_lr_ratio = " << min_lr_ratio << "\nzo_eps = " << zo_eps << "\nzo_perturbations = " << zo_perturbations
      << "\n\n[offload]\nweights = " << q(offload_weights)
-     << "\ncheckpoints = " << q(offload_checkpoints) << "\nrecompute = " << q(offload_recompute) << "\n";
+     << "\ncheckpoints = " << q(offload_checkpoints) << "\nrecompute = " << q(offload_recompute)
+     << "\naccumulation = " << q(offload_accumulation) << "\n";
   if (!host_memory.empty()) os << "host_memory = " << q(host_memory) << "\n";
   os << "optimizer = " << q(offload_optimizer) << "\n";
   if (!nvme_path.empty()) os << "nvme_path = " << q(nvme_path) << "\n";

@@ -29,6 +29,7 @@
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
 #include "src/core/threads.h"
+#include "src/train/accumulation.h"
 #include "src/train/checkpoint.h"
 #include "src/train/distributed.h"
 #include "src/train/preference_step.h"
@@ -158,6 +159,7 @@ class TrainRun {
   bool done() const { return state_.step >= max_steps_; }
   StepBatch next_batch();
   StepResult step(const StepBatch& batch);
+  std::vector<double> first_order_step(const StepBatch& batch, float scale, const AdamWParams& ap, double* grad_norm);
   void evaluate_if_due(int64_t step, bool stopping);
   bool save_due(int64_t step, bool stopping) const;
   double save();
@@ -390,6 +392,16 @@ void TrainRun::set_up_model() {
   plan_in_.resume = !resume_dir_.empty();
   plan_in_.baseline_bytes = process_rss_bytes();
   budgets_ = train_plan_budgets(rc_);
+  plan_in_.group = accumulation_group(rc_, spec.lm_head == kAbsent, dist_.size(), [&](int64_t k) {
+    PlanInputs in = plan_in_;
+    in.group = k;
+    return placement_plan(spec, in, budgets_).fits();
+  });
+  eopt_.group = plan_in_.group;
+  if (rc_.gradient_accumulation_steps > 1 && rc_.optim_type == "adamw")
+    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s\n", rc_.offload_accumulation.c_str(),
+                 eopt_.group > 1 ? "layer-major, each layer's weights cross twice per optimizer step"
+                                 : "one micro-batch at a time, each layer's weights cross twice per micro-batch");
   plan_ = placement_plan(spec, plan_in_, budgets_);
   placement_plan_check(plan_);
   // "auto" is the plan's choice: master and moments to NVMe when RAM is short, checkpoints spilled
@@ -612,13 +624,8 @@ StepResult TrainRun::step(const StepBatch& batch) {
     losses.push_back(o.loss);
     r.counted = o.chosen_tokens + o.rejected_tokens;
     r.preference = preference_metrics_json(o.metrics, "");
-  } else if (rc_.max_grad_norm > 0 || shared_store_) {  // clipping (or a shared store) needs every gradient first
-    for (auto& mb : batch.micro) losses.push_back(engine_->forward_backward(mb, scale));
-    r.grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
-  } else {  // no clipping: the last micro-batch updates each group as its gradient lands
-    for (size_t a = 0; a + 1 < batch.micro.size(); ++a) losses.push_back(engine_->forward_backward(batch.micro[a], scale));
-    losses.push_back(engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay));
-    r.grad_norm = engine_->landed_update_norm();
+  } else {
+    losses = first_order_step(batch, scale, ap, &r.grad_norm);
   }
   // zo-sgd's loss is already the whole step's on every rank (zo_step_run exchanged the scalars)
   const double loss_sum = zo_engine_ ? losses.front() : dist_.sum_in_global_order(losses);
@@ -639,6 +646,30 @@ StepResult TrainRun::step(const StepBatch& batch) {
   state_.step = r.step;
   state_.tokens_seen += double(tokens_per_step());
   return r;
+}
+
+// First order: the step's micro-batches (one at a time, or layer-major in one pass:
+// offload.accumulation), then the optimizer. Returns each micro-batch's summed loss.
+std::vector<double> TrainRun::first_order_step(const StepBatch& batch, float scale, const AdamWParams& ap,
+                                               double* grad_norm) {
+  std::vector<double> losses;
+  const bool layer_major = eopt_.group > 1;
+  if (rc_.max_grad_norm > 0 || shared_store_) {  // clipping (or a shared store) needs every gradient first
+    if (layer_major) losses = engine_->forward_backward_group(batch.micro, scale);
+    else
+      for (auto& mb : batch.micro) losses.push_back(engine_->forward_backward(mb, scale));
+    *grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
+    return losses;
+  }
+  // no clipping: the last micro-batch (layer-major: the whole pass) updates each group as its gradient lands
+  if (layer_major) {
+    losses = engine_->forward_backward_group_update(batch.micro, scale, ap, rc_.weight_decay);
+  } else {
+    for (size_t a = 0; a + 1 < batch.micro.size(); ++a) losses.push_back(engine_->forward_backward(batch.micro[a], scale));
+    losses.push_back(engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay));
+  }
+  *grad_norm = engine_->landed_update_norm();
+  return losses;
 }
 
 void TrainRun::evaluate_if_due(int64_t step, bool stopping) {

@@ -102,8 +102,10 @@ TEST_CASE("the streaming engine on the CUDA backend in bf16 and with packed docu
 namespace {
 
 // Two optimizer steps of a 6-layer model (layers 1..3 spill their checkpoints) on `dev`: the
-// losses, then the master weights after them.
-std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme) {
+// losses, then the master weights after them. Each step accumulates `accum` micro-batches, one
+// at a time or (layer_major) in one layer-major pass (offload/engine.h).
+std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme, int accum = 1,
+                                                            bool layer_major = false) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                       {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 6},
                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
@@ -122,11 +124,19 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   eo.nvme_dir = dir;
   eo.max_batch = 2;
   eo.max_tokens = 16;
+  eo.group = layer_major ? accum : 1;
   Engine engine(dev, store, eo);
   const MicroBatch mb = testing::strided_batch(2, 16, 300, 37);
+  std::vector<MicroBatch> mbs;
+  int64_t counted = 0;
+  for (int a = 0; a < accum; ++a) mbs.push_back(testing::strided_batch(2, 16 - a, 300, 37 + a, 5 * a)), counted += mbs.back().counted();
   std::vector<double> losses;
   for (int step = 1; step <= 2; ++step) {
-    losses.push_back(engine.forward_backward(mb, 1.f / float(mb.counted())));
+    if (layer_major) {
+      for (double l : engine.forward_backward_group(mbs, 1.f / float(counted))) losses.push_back(l);
+    } else {
+      for (const MicroBatch& m : mbs) losses.push_back(engine.forward_backward(m, 1.f / float(counted)));
+    }
     AdamWParams ap;
     ap.lr = 1e-3;
     ap.step = step;
@@ -152,6 +162,18 @@ TEST_CASE("the CUDA backend with optimizer state and checkpoints on NVMe equals 
   CHECK(nvme.first == ram.first);
   REQUIRE(nvme.second.size() == ram.second.size());
   CHECK(std::memcmp(nvme.second.data(), ram.second.data(), ram.second.size() * 4) == 0);
+}
+
+TEST_CASE("the CUDA backend: layer-major accumulation equals the micro-batch schedule bit for bit", "[cuda-emu]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  for (bool on_nvme : {false, true}) {
+    INFO((on_nvme ? "NVMe" : "host") << " checkpoints, 3 micro-batches per step");
+    const auto per_mb = nvme_run(*cuda, on_nvme, 3, false), lm = nvme_run(*cuda, on_nvme, 3, true);
+    CHECK(lm.first == per_mb.first);
+    REQUIRE(lm.second.size() == per_mb.second.size());
+    CHECK(std::memcmp(lm.second.data(), per_mb.second.data(), per_mb.second.size() * 4) == 0);
+  }
 }
 
 }  // namespace strata

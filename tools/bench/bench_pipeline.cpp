@@ -4,7 +4,9 @@
 // the bf16 GEMM rate measured in the same run. Reports (1) step time over max(compute, transfer)
 // — 1.0 means streaming and the optimizer are fully hidden — (2) streamed against resident step
 // time and model FLOP/s against the measured GEMM rate, and (3) the device high-water mark of
-// the same model at 4 and at L layers, which must not grow with depth.
+// the same model at 4 and at L layers, which must not grow with depth, and (4) gradient
+// accumulation over k micro-batches (--accum) on a link k times slower: one micro-batch at a time
+// against layer-major (offload.accumulation), per optimizer step.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -111,8 +113,11 @@ double step_model_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
   return double(B) * (6.0 * params * double(T) + 3.0 * attention);
 }
 
+// `steps` optimizer steps of `accum` micro-batches each, one at a time or (layer_major) in one
+// layer-major pass (offload.accumulation); the figures are per optimizer step.
 PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, const std::string& weights,
-                         double bandwidth, int64_t B, int64_t T, int steps, const std::string& memory) {
+                         double bandwidth, int64_t B, int64_t T, int steps, const std::string& memory,
+                         int accum = 1, bool layer_major = false) {
   DeviceOptions dopt;
   dopt.backend = backend;
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
@@ -125,21 +130,27 @@ PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, con
   eo.checkpoints = "host";
   eo.max_batch = B;
   eo.max_tokens = T;
+  eo.group = layer_major ? accum : 1;
   Engine engine(*dev, store, eo);
-  MicroBatch mb = bench_batch(B, T, cfg.vocab_size, 7);
+  std::vector<MicroBatch> mbs;
+  int64_t counted = 0;
+  for (int a = 0; a < accum; ++a) mbs.push_back(bench_batch(B, T, cfg.vocab_size, 7 + uint64_t(a))), counted += mbs.back().counted();
   AdamWParams ap;
   ap.lr = 1e-4f;
-  // one warm-up step, then timed steps (forward + backward + optimizer, overlapped)
-  engine.forward_backward(mb, 1.f / float(mb.counted()));
-  engine.optimizer_step(ap, 1.0, 0.0);
+  auto one_step = [&] {  // forward + backward over the step's micro-batches, then the optimizer (overlapped)
+    if (layer_major) engine.forward_backward_group(mbs, 1.f / float(counted));
+    else
+      for (const MicroBatch& mb : mbs) engine.forward_backward(mb, 1.f / float(counted));
+    engine.optimizer_step(ap, 1.0, 0.0);
+  };
+  one_step();  // warm-up
   engine.synchronize();
   dev->reset_peak();
   const EngineStats s0 = engine.stats();
   auto t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
     ap.step = i + 2;
-    engine.forward_backward(mb, 1.f / float(mb.counted()));
-    engine.optimizer_step(ap, 1.0, 0.0);
+    one_step();
   }
   engine.synchronize();
   const EngineStats s1 = engine.stats();
@@ -160,6 +171,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
                "strata-bench pipeline"};
   int64_t layers = 32, hidden = 256, batch = 1, tokens = 256;
   int steps = 3;
+  int64_t accum = 4;
   std::string memory = "1GiB", backend = "cpu";
   app.add_option("--backend", backend, "cpu (throttled link) or cuda (the real link)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -168,6 +180,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   app.add_option("--tokens", tokens, "tokens per row");
   app.add_option("--batch", batch, "rows per micro-batch");
   app.add_option("--steps", steps, "timed steps");
+  app.add_option("--accum", accum, "micro-batches per optimizer step of the accumulation case (k)");
   app.add_option("--device-memory", memory, "device arena budget");
   try {
     app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them reversed
@@ -176,6 +189,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   }
   STRATA_CHECK(hidden % 64 == 0 && hidden >= 64, "--hidden must be a positive multiple of 64");
   STRATA_CHECK(layers >= 4, "--layers must be at least 4");
+  STRATA_CHECK(accum >= 1, "--accum must be at least 1");
 
   const bool cuda = backend == "cuda";
   const ModelConfig deep = bench_config(layers, hidden);
@@ -201,6 +215,12 @@ int bench_pipeline(const std::vector<std::string>& args) {
   const double model_flops = step_model_flops(deep, batch, tokens);
   // 3. the device high-water mark does not grow with depth
   PipelineRun shallow = run_pipeline(backend, bench_config(4, hidden), "stream", 0, batch, tokens, 1, memory);
+  // 4. gradient accumulation over k micro-batches on a link k times slower than the balanced one
+  //    (CPU backend; CUDA: the real link): one micro-batch at a time moves k x the weights per
+  //    step and is link-bound, layer-major moves them once and hides them behind k x the compute
+  const double slow = cuda ? 0 : bandwidth / accum;
+  PipelineRun per_mb = run_pipeline(backend, deep, "stream", slow, batch, tokens, steps, memory, int(accum), false);
+  PipelineRun lm = run_pipeline(backend, deep, "stream", slow, batch, tokens, steps, memory, int(accum), true);
 
   std::printf("strata-bench pipeline (%s): llama, hidden %ld, %ld layers, %ldx%ld tokens, bf16 weights, "
               "checkpoints on the host\n", backend.c_str(), long(hidden), long(layers), long(batch), long(tokens));
@@ -220,6 +240,12 @@ int bench_pipeline(const std::vector<std::string>& args) {
                 model_flops / streamed.step_s / gemm_flops, gemm_flops / 1e12);
   std::printf("  %-40s %10.2f MiB (4 layers) vs %.2f MiB (%ld layers)\n", "device peak",
               double(shallow.device_peak) / 1048576, double(streamed.device_peak) / 1048576, long(layers));
+  std::printf("  gradient accumulation k = %ld, link %.3f GB/s%s:\n", long(accum), (cuda ? bandwidth : slow) / 1e9,
+              cuda ? " (measured)" : " (throttled to 1/k)");
+  std::printf("  %-40s %10.4f s, %.2f MB over the link\n", "  micro_batch step", per_mb.step_s, per_mb.link_bytes / 1e6);
+  std::printf("  %-40s %10.4f s, %.2f MB over the link\n", "  layer_major step", lm.step_s, lm.link_bytes / 1e6);
+  std::printf("  %-40s %10.3f (link bytes %.3f)\n", "  layer_major / micro_batch step", lm.step_s / per_mb.step_s,
+              lm.link_bytes / per_mb.link_bytes);
   nlohmann::json j = {{"pipeline", {{"backend", backend}, {"step_s", streamed.step_s},
                                     {"resident_step_s", resident.step_s}, {"compute_s", streamed.compute_s},
                                     {"transfer_s", transfer_s}, {"ratio", ratio},
@@ -228,7 +254,12 @@ int bench_pipeline(const std::vector<std::string>& args) {
                                     {"gemm_flops_per_s", gemm_flops},
                                     {"device_peak_bytes", streamed.device_peak},
                                     {"device_peak_bytes_4_layers", shallow.device_peak},
-                                    {"link_bytes_per_s", bandwidth}}}};
+                                    {"link_bytes_per_s", bandwidth},
+                                    {"accumulation", {{"k", accum}, {"link_bytes_per_s", cuda ? bandwidth : slow},
+                                                      {"micro_batch_step_s", per_mb.step_s},
+                                                      {"layer_major_step_s", lm.step_s},
+                                                      {"micro_batch_link_bytes", per_mb.link_bytes},
+                                                      {"layer_major_link_bytes", lm.link_bytes}}}}}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
