@@ -480,13 +480,14 @@ void Engine::head_backward(float grad_scale) {
     const size_t chunk_bytes = bytes_of<float>(vc * C);
     const void* w = ensure_head_chunk(k);
     if (lora_) {  // frozen lm_head: d(hidden) only, no weight-gradient matmul
-      objective_->chunk_backward(buf_.dhn, nullptr, head, w, lm_type, v0, vc, grad_scale, dev_, s);
+      for (size_t m = 0; m < pass_.size(); ++m)
+        objective_->chunk_backward(act(buf_.dhn, m), nullptr, head_tensors(m), w, lm_type, v0, vc, grad_scale, dev_, s);
       release_head_chunk(k);
       continue;
     }
     dev_.stream_wait_event(s, *ev_.head_grad_copied[b]);  // the slot's previous chunk has left
     for (size_t m = 0; m < pass_.size(); ++m) {
-      void* dw = grad_share(m, buf_.head_grad_slots[b], lora_ ? nullptr : buf_.head_grad_scratch, chunk_bytes);
+      void* dw = grad_share(m, buf_.head_grad_slots[b], buf_.head_grad_scratch, chunk_bytes);
       objective_->chunk_backward(act(buf_.dhn, m), static_cast<float*>(dw), head_tensors(m), w, lm_type, v0, vc,
                                  grad_scale, dev_, s);
       grad_share_add(buf_.head_grad_slots[b], dw, chunk_bytes);
