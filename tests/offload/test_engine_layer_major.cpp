@@ -99,8 +99,9 @@ Result run(const Setup& su) {
   }
   // what was trained: the adapters' (LoRA) or the store's fp32 master and AdamW moments
   const size_t n = lora ? lora->layout().floats() : store.f32_floats();
-  for (auto [dst, src] : {std::pair{&r.master, lora ? lora->master() : store.master()},
-                          std::pair{&r.m, lora ? lora->m() : store.m()}, std::pair{&r.v, lora ? lora->v() : store.v()}})
+  auto f32 = [](void* p) { return static_cast<const float*>(p); };  // f32 moments here
+  for (auto [dst, src] : {std::pair{&r.master, f32(lora ? lora->master() : store.master())},
+                          std::pair{&r.m, f32(lora ? lora->m() : store.m())}, std::pair{&r.v, f32(lora ? lora->v() : store.v())}})
     dst->assign(src, src + n);
   return r;
 }
