@@ -106,7 +106,7 @@ TEST_CASE("dropout: the kept fraction is 1 - p and the keys give unrelated masks
   CHECK(dropout::dropout_threshold(0.0) == 0u);
 }
 
-TEST_CASE("dropout: a probability outside [0, 1) is refused", "[kernels][dropout]") {
+TEST_CASE("dropout: a probability below 0 or at 1 and above is refused", "[kernels][dropout]") {
   std::vector<float> x(4, 1.f);
   CHECK_THROWS_AS(cpu::dropout_apply(x.data(), x.data(), 1, 0, 1.0, 4, false), Error);
   CHECK_THROWS_AS(cpu::dropout_apply(x.data(), x.data(), 1, 0, -0.5, 4, false), Error);

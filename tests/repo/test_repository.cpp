@@ -76,3 +76,14 @@ TEST_CASE("repository: the scan reports a file that refers outside, with its lin
   const fs::path good = dir.file("good.md", "see docs/ARCHITECTURE.md\n");
   CHECK(references_in({bad, good}, dir.path, needle) == std::vector<std::string>{"bad.md:2"});
 }
+
+// ctest registers each test case by name through a CMake list (catch_discover_tests): a name
+// with an unbalanced '[' merged the ~190 cases after it into one ctest entry that ran none of them.
+TEST_CASE("repository: no test name holds a character that breaks ctest's discovery", "[repo]") {
+  const auto& tests = Catch::getRegistryHub().getTestCaseRegistry().getAllTests();
+  REQUIRE(tests.size() > 100);
+  for (const Catch::TestCase& t : tests) {
+    INFO(t.name);
+    CHECK(t.name.find_first_of("[]") == std::string::npos);
+  }
+}
