@@ -10,10 +10,10 @@
 
 #include "io/files.h"
 #include "io/safetensors.h"
-#include "kernels/common/dropout_mask.h"
 #include "models/lora_adapter.h"
 #include "offload/host_store.h"
 #include "src/core/error.h"
+#include "src/device/host_ops.h"
 
 namespace strata {
 namespace {
@@ -190,7 +190,7 @@ void lora_merge_into(HostStore& store, const LoraStore& lora) {
 }
 
 uint64_t lora_dropout_seed(uint64_t run_seed, int64_t step, int64_t micro_batch) {
-  return dropout::dropout_seed(run_seed, uint64_t(step), uint64_t(micro_batch));
+  return host_dropout_seed(run_seed, uint64_t(step), uint64_t(micro_batch));
 }
 
 std::string lora_adapter_config_json(const LoraOptions& o, const std::string& base_model) {

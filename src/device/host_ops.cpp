@@ -1,5 +1,6 @@
 #include "src/device/host_ops.h"
 
+#include "kernels/common/dropout_mask.h"
 #include "kernels/common/zo_rng.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/zo.h"
@@ -22,6 +23,10 @@ void host_zo_sgd_update(float* master, void* working, bool working_bf16, const u
 
 uint64_t host_zo_seed(uint64_t base, uint64_t step, uint32_t perturbation) {
   return zo::zo_seed(base, step, perturbation);
+}
+
+uint64_t host_dropout_seed(uint64_t base, uint64_t step, uint64_t micro_batch) {
+  return dropout::dropout_seed(base, step, micro_batch);
 }
 
 }  // namespace strata

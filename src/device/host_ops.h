@@ -23,4 +23,8 @@ void host_zo_sgd_update(float* master, void* working, bool working_bf16, const u
 // The key of perturbation j of step `step` of a run seeded with `base` (kernels/common/zo_rng.h).
 uint64_t host_zo_seed(uint64_t base, uint64_t step, uint32_t perturbation);
 
+// The key of LoRA dropout's masks for one micro-batch of one step (kernels/common/dropout_mask.h:
+// the masks the device's dropout_apply draws from it).
+uint64_t host_dropout_seed(uint64_t base, uint64_t step, uint64_t micro_batch);
+
 }  // namespace strata
