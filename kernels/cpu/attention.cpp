@@ -84,7 +84,6 @@ struct AttentionWorkspace {
   std::vector<float> acc, acc2;        // (max tile, D)
   std::vector<float> row_a, row_b;     // (kTileQ)
   std::vector<int64_t> first, last;    // (kTileQ) visible key range of each query
-  std::vector<float> scores_t, dscores_t;  // (kTileK, kTileQ) transposed P and dS
   std::vector<int64_t> key_lo, key_hi;     // (kTileK) range of the queries that see each key
   std::vector<bf16> q_bf, do_bf;           // (kTileQ, dp) with dpbf16: bf16 rows, zero-padded
   std::vector<uint32_t> k_pairs, v_pairs;  // (dp/2, kTileK) with dpbf16: bf16 pairs (e, e+1)
@@ -111,8 +110,6 @@ struct AttentionWorkspace {
         row_b(size_t(kTileQ)),
         first(size_t(kTileQ)),
         last(size_t(kTileQ)),
-        scores_t(size_t(kTileK * kTileQ)),
-        dscores_t(size_t(kTileK * kTileQ)),
         key_lo(size_t(kTileK)),
         key_hi(size_t(kTileK)) {}
 };
@@ -260,37 +257,97 @@ void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int
   }
 }
 
-// y (D) += sum over j = j0..j1 of w[j] * x (rows of stride D): the same sums, element by element
-// in the same order (j ascending), as one axpy per j, with the accumulators kept in registers
-// across j (a 64-column block at a time) instead of loaded and stored for every j.
-void attention_accumulate_rows(float* y, const float* w, const float* x, int64_t j0, int64_t j1,
-                               int64_t d) {
-  auto load = [](const float* p) {
-    AttentionVec v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  };
-  int64_t e = 0;
+AttentionVec attention_load_vec(const float* p) {
+  AttentionVec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// y (D) += sum over j = j0..j1 of w[j * w_stride] * x (rows of stride D): the same sums,
+// element by element in the same order (j ascending), as one axpy per j, with the accumulators
+// kept in registers across j (a 64-column block at a time) instead of loaded and stored for
+// every j. The weight stride lets a column of a row-major tile serve as the weights (no
+// transpose). Empty when j0 > j1.
+// The same over the columns from e0 (a multiple of 64: the blocks fall where they fall from 0).
+void attention_accumulate_cols(float* y, const float* w, int64_t w_stride, const float* x, int64_t j0,
+                               int64_t j1, int64_t d, int64_t e0) {
+  if (j0 > j1) return;
+  int64_t e = e0;
   for (; e + 64 <= d; e += 64) {
     AttentionVec acc[4];
-    for (int64_t u = 0; u < 4; ++u) acc[u] = load(y + e + 16 * u);
+    for (int64_t u = 0; u < 4; ++u) acc[u] = attention_load_vec(y + e + 16 * u);
     for (int64_t j = j0; j <= j1; ++j) {
-      const float wj = w[j];
+      const float wj = w[j * w_stride];
       const float* xj = x + j * d + e;
-      for (int64_t u = 0; u < 4; ++u) acc[u] += wj * load(xj + 16 * u);
+      for (int64_t u = 0; u < 4; ++u) acc[u] += wj * attention_load_vec(xj + 16 * u);
     }
     std::memcpy(y + e, acc, sizeof(acc));
   }
   for (; e + 16 <= d; e += 16) {
-    AttentionVec acc = load(y + e);
-    for (int64_t j = j0; j <= j1; ++j) acc += w[j] * load(x + j * d + e);
+    AttentionVec acc = attention_load_vec(y + e);
+    for (int64_t j = j0; j <= j1; ++j) acc += w[j * w_stride] * attention_load_vec(x + j * d + e);
     std::memcpy(y + e, &acc, sizeof(acc));
   }
   for (; e < d; ++e) {
     float acc = y[e];
-    for (int64_t j = j0; j <= j1; ++j) acc += w[j] * x[j * d + e];
+    for (int64_t j = j0; j <= j1; ++j) acc += w[j * w_stride] * x[j * d + e];
     y[e] = acc;
   }
+}
+
+void attention_accumulate_rows(float* y, const float* w, int64_t w_stride, const float* x, int64_t j0,
+                               int64_t j1, int64_t d) {
+  attention_accumulate_cols(y, w, w_stride, x, j0, j1, d, 0);
+}
+
+// Both y0 += sum over [lo, hi] of w0[j] x_j and y1 likewise with w1, in one walk over the rows
+// of x, each loaded once for both (the single-output loop is bound by its loads, not its
+// multiply-adds). Same expressions, same order: the bits of two attention_accumulate_rows calls.
+void attention_accumulate_rows_joint(float* y0, const float* w0, float* y1, const float* w1,
+                                     int64_t w_stride, const float* x, int64_t lo, int64_t hi,
+                                     int64_t d) {
+  int64_t e = 0;
+  for (; e + 64 <= d; e += 64) {
+    AttentionVec a0[4], a1[4];
+    for (int64_t u = 0; u < 4; ++u) {
+      a0[u] = attention_load_vec(y0 + e + 16 * u);
+      a1[u] = attention_load_vec(y1 + e + 16 * u);
+    }
+    for (int64_t j = lo; j <= hi; ++j) {
+      const float w0j = w0[j * w_stride], w1j = w1[j * w_stride];
+      const float* xj = x + j * d + e;
+      for (int64_t u = 0; u < 4; ++u) {
+        const AttentionVec xv = attention_load_vec(xj + 16 * u);
+        a0[u] += w0j * xv;
+        a1[u] += w1j * xv;
+      }
+    }
+    std::memcpy(y0 + e, a0, sizeof(a0));
+    std::memcpy(y1 + e, a1, sizeof(a1));
+  }
+  if (e < d) {  // the columns past the last 64-block, one output at a time
+    attention_accumulate_cols(y0, w0, w_stride, x, lo, hi, d, e);
+    attention_accumulate_cols(y1, w1, w_stride, x, lo, hi, d, e);
+  }
+}
+
+// Two outputs over the same rows of x: y0 over [a0, b0] with weights w0, y1 over [a1, b1] with
+// w1 (either range may be empty). The range both cover runs jointly; each output's part before
+// it and after it runs alone, so each output still sums j in ascending order.
+void attention_accumulate_row_pair(float* y0, const float* w0, int64_t a0, int64_t b0, float* y1,
+                                   const float* w1, int64_t a1, int64_t b1, int64_t w_stride,
+                                   const float* x, int64_t d) {
+  const int64_t lo = std::max(a0, a1), hi = std::min(b0, b1);
+  if (a0 > b0 || a1 > b1 || lo > hi) {
+    attention_accumulate_rows(y0, w0, w_stride, x, a0, b0, d);
+    attention_accumulate_rows(y1, w1, w_stride, x, a1, b1, d);
+    return;
+  }
+  attention_accumulate_rows(y0, w0, w_stride, x, a0, lo - 1, d);
+  attention_accumulate_rows(y1, w1, w_stride, x, a1, lo - 1, d);
+  attention_accumulate_rows_joint(y0, w0, y1, w1, w_stride, x, lo, hi, d);
+  attention_accumulate_rows(y0, w0, w_stride, x, hi + 1, b0, d);
+  attention_accumulate_rows(y1, w1, w_stride, x, hi + 1, b1, d);
 }
 
 // One forward work item: query tile qt of head hi in batch row bi.
@@ -339,7 +396,14 @@ void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionI
       m[i] = m_new;
       float* oi = o + i * d;
       for (int64_t e = 0; e < d; ++e) oi[e] *= alpha;
-      attention_accumulate_rows(oi, pi, ws.v_rows.data(), j0, j1, d);
+    }
+    for (int64_t i = 0; i < nq; i += 2) {  // o_i += P_i V, two query rows per walk over V
+      if (i + 1 < nq)
+        attention_accumulate_row_pair(o + i * d, p + i * kTileK, ws.first[i], ws.last[i], o + (i + 1) * d,
+                                      p + (i + 1) * kTileK, ws.first[i + 1], ws.last[i + 1], 1,
+                                      ws.v_rows.data(), d);
+      else
+        attention_accumulate_rows(o + i * d, p + i * kTileK, 1, ws.v_rows.data(), ws.first[i], ws.last[i], d);
     }
   }
   // Every query sees at least itself, so l > 0.
@@ -413,30 +477,29 @@ void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, Atten
       attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                  scale, s, ws);
       // dV_j += sum_i P_ij dO_i and dK_j += sum_i dS_ij Q_i, over the queries i that see key j
-      // (i ascending; P and dS are zero inside [lo_j, hi_j] where i does not see j): P and dS
-      // transposed so each key's weights are contiguous.
+      // (i ascending; P and dS are zero inside [lo_j, hi_j] where i does not see j). Key j's
+      // weights are column j of the row-major P and dS tiles (stride kTileK), two keys per walk.
       int64_t* q_lo = ws.key_lo.data();
       int64_t* q_hi = ws.key_hi.data();
       std::fill(q_lo, q_lo + nk, nq);
       std::fill(q_hi, q_hi + nk, int64_t(-1));
-      for (int64_t i = 0; i < nq; ++i) {
-        const float* pi = ws.scores.data() + i * kTileK;
-        const float* dsi = ws.dscores.data() + i * kTileK;
-        for (int64_t j = 0; j < nk; ++j) {
-          ws.scores_t[j * kTileQ + i] = pi[j];
-          ws.dscores_t[j * kTileQ + i] = dsi[j];
-        }
+      for (int64_t i = 0; i < nq; ++i)
         for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
           q_lo[j] = std::min(q_lo[j], i);
           q_hi[j] = std::max(q_hi[j], i);
         }
-      }
-      for (int64_t j = 0; j < nk; ++j) {
-        if (q_lo[j] > q_hi[j]) continue;
-        attention_accumulate_rows(dv_acc + j * d, ws.scores_t.data() + j * kTileQ,
-                                  ws.do_rows.data(), q_lo[j], q_hi[j], d);
-        attention_accumulate_rows(dk_acc + j * d, ws.dscores_t.data() + j * kTileQ,
-                                  ws.q_rows.data(), q_lo[j], q_hi[j], d);
+      const float* p = ws.scores.data();
+      const float* ds = ws.dscores.data();
+      for (int64_t j = 0; j < nk; j += 2) {
+        if (j + 1 < nk) {
+          attention_accumulate_row_pair(dv_acc + j * d, p + j, q_lo[j], q_hi[j], dv_acc + (j + 1) * d, p + j + 1,
+                                        q_lo[j + 1], q_hi[j + 1], kTileK, ws.do_rows.data(), d);
+          attention_accumulate_row_pair(dk_acc + j * d, ds + j, q_lo[j], q_hi[j], dk_acc + (j + 1) * d, ds + j + 1,
+                                        q_lo[j + 1], q_hi[j + 1], kTileK, ws.q_rows.data(), d);
+        } else {
+          attention_accumulate_rows(dv_acc + j * d, p + j, kTileK, ws.do_rows.data(), q_lo[j], q_hi[j], d);
+          attention_accumulate_rows(dk_acc + j * d, ds + j, kTileK, ws.q_rows.data(), q_lo[j], q_hi[j], d);
+        }
       }
     }
   }
@@ -470,9 +533,15 @@ void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q,
     attention_load_rows(ws.k_rows.data(), nullptr, k, bi, s0, nk, g, s.hk, s);
     attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                scale, s, ws);
-    for (int64_t i = 0; i < nq; ++i)
-      attention_accumulate_rows(dq_acc + i * d, ws.dscores.data() + i * kTileK,
-                                ws.k_rows.data(), ws.first[i], ws.last[i], d);
+    const float* ds = ws.dscores.data();
+    for (int64_t i = 0; i < nq; i += 2) {  // dQ_i += dS_i K, two query rows per walk over K
+      if (i + 1 < nq)
+        attention_accumulate_row_pair(dq_acc + i * d, ds + i * kTileK, ws.first[i], ws.last[i],
+                                      dq_acc + (i + 1) * d, ds + (i + 1) * kTileK, ws.first[i + 1],
+                                      ws.last[i + 1], 1, ws.k_rows.data(), d);
+      else
+        attention_accumulate_rows(dq_acc + i * d, ds + i * kTileK, 1, ws.k_rows.data(), ws.first[i], ws.last[i], d);
+    }
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* dst = dq + ((bi * s.t + t0 + i) * s.h + hi) * d;
@@ -494,15 +563,8 @@ AttentionInput attention_input(const float* x, int64_t n, const AttentionShape& 
   if (!s.bf16) return {x, nullptr};
   storage.resize(size_t(n));
   bf16* dst = storage.data();
-  // f32_to_bf16 (src/core/bf16.h) without its branch, so the loop vectorises: the same bits.
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, sizeof(u));
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x0040u;
-    dst[i].bits = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(x[i]);
   return {x, dst};
 }
 

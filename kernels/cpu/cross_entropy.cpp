@@ -7,8 +7,9 @@
 // double), the loss is read from the stats, and a backward pass recomputes each chunk's logits:
 // dlogits = (softmax - onehot) * grad_scale, then dh += dlogits · w_chunk and
 // dw_chunk += dlogits^T · h. With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
-// Logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate); exp in f32,
-// sums in double; row losses are summed serially in row order, so results are bitwise
+// Logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate); exp in f32
+// (kernels/cpu/vec_exp.h, vectorised), each row's sum of exps in double over 8 fixed lanes
+// combined in lane order; row losses are summed serially in row order, so results are bitwise
 // independent of the thread count (given deterministic matmuls).
 //
 // The whole-vocabulary entries (lm_head_ce_forward / _backward) are the one-chunk case.
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_exp.h"
 #include "src/core/error.h"
 
 namespace strata::cpu {
@@ -43,6 +45,37 @@ W ce_from_f32(float x) {
   } else {
     return x;
   }
+}
+
+// max of x[0..n) (n > 0), over 16 lanes so the loop vectorises; a max is the same whatever the
+// order (NaN aside, which poisons the loss either way).
+float ce_row_max(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float lane[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) lane[l] = x[0];
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] = std::max(lane[l], x[j + l]);
+  float m = lane[0];
+  for (int64_t l = 1; l < kLanes; ++l) m = std::max(m, lane[l]);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// x[j] = e^(x[j] - m) in place, and their sum in double: 8 lanes, combined in lane order, then
+// the tail. A fixed order, so the same bits on any thread count.
+double ce_row_exp_sum(float* x, int64_t n, float m) {
+  constexpr int64_t kLanes = 8;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] = exp_f32(x[j] - m);
+  double lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += double(x[j + l]);
+  double sum = 0.0;
+  for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
+  for (; j < n; ++j) sum += double(x[j]);
+  return sum;
 }
 
 // Checks sizes and targets; returns the indices of counted rows in order.
@@ -103,15 +136,15 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
   if (first) std::fill(stats, stats + 3 * n, 0.0);
-  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W*, const float* logits) {
+  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W*, float* logits) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
-      const float* x = logits + r * vc;
+      float* x = logits + r * vc;  // logits, then their exps
       const int64_t i = rows[size_t(r0 + r)];
-      float m = x[0];
-      for (int64_t j = 1; j < vc; ++j) m = std::max(m, x[j]);
-      double sum = 0.0;
-      for (int64_t j = 0; j < vc; ++j) sum += double(std::exp(x[j] - m));
+      const int64_t t = int64_t(targets[i]) - v0;
+      const float target_logit = t >= 0 && t < vc ? x[t] : 0.f;
+      const float m = ce_row_max(x, vc);
+      const double sum = ce_row_exp_sum(x, vc, m);
       double* st = stats + 3 * i;
       if (first) {
         st[0] = double(m);
@@ -121,8 +154,7 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
         st[1] = st[1] * std::exp(st[0] - mx) + sum * std::exp(double(m) - mx);
         st[0] = mx;
       }
-      const int64_t t = int64_t(targets[i]) - v0;
-      if (t >= 0 && t < vc) st[2] = double(x[t]);
+      if (t >= 0 && t < vc) st[2] = double(target_logit);
     }
   });
 }
@@ -149,14 +181,13 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
       const float m = float(st[0]);
       const float inv_sum = float(1.0 / st[1]);
       const float scale = token_weight ? grad_scale * token_weight[i] : grad_scale;
-      for (int64_t j = 0; j < vc; ++j) {
-        x[j] = std::exp(x[j] - m);
-        x[j] = x[j] * inv_sum * scale;
-      }
+#pragma omp simd
+      for (int64_t j = 0; j < vc; ++j) x[j] = exp_f32(x[j] - m) * inv_sum * scale;
       const int64_t t = int64_t(targets[i]) - v0;
       if (t >= 0 && t < vc) x[t] -= scale;
       if constexpr (std::is_same_v<W, bf16>) {
         bf16* xb = dlogits_cast.data() + r * vc;
+#pragma omp simd
         for (int64_t j = 0; j < vc; ++j) xb[j] = f32_to_bf16(x[j]);
       }
     }

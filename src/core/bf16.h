@@ -13,13 +13,12 @@ struct bf16 {
 
 inline float bf16_to_f32(bf16 h) { return std::bit_cast<float>(uint32_t(h.bits) << 16); }
 
+// Branch-free (a select, not a jump), so loops over it vectorise.
 inline bf16 f32_to_bf16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) {
-    return bf16{uint16_t((u >> 16) | 0x0040u)};  // quiet NaN, sign kept
-  }
-  uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);  // ties to even
-  return bf16{uint16_t((u + rounding) >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // ties to even
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;                    // NaN: quiet, sign kept
+  return bf16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 
 // IEEE half, only needed to read F16 checkpoints.
