@@ -116,7 +116,44 @@ struct FileEngine::Piece {
   unsigned char* base = nullptr;      // where the block's bytes are: its staging buffer, or the
   bool in_user = false;               // caller's memory (a whole, 4096-aligned block: no copy)
   int stalls = 0;  // resubmissions in a row that moved nothing new
+  bool in_kernel = false;  // counted by the disk-busy clock (disk_busy_begin .. _end)
 };
+
+// ---- the disk-busy clock (file_engines_busy_seconds) -------------------------------------------
+
+namespace {
+
+struct DiskBusy {
+  std::mutex mu;
+  int in_flight = 0;
+  std::chrono::steady_clock::time_point since;
+  double busy_s = 0;
+};
+
+DiskBusy& disk_busy() {
+  static DiskBusy d;
+  return d;
+}
+
+void disk_busy_begin() {
+  DiskBusy& d = disk_busy();
+  std::lock_guard<std::mutex> lk(d.mu);
+  if (d.in_flight++ == 0) d.since = std::chrono::steady_clock::now();
+}
+
+void disk_busy_end() {
+  DiskBusy& d = disk_busy();
+  std::lock_guard<std::mutex> lk(d.mu);
+  if (--d.in_flight == 0) d.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - d.since).count();
+}
+
+}  // namespace
+
+double file_engines_busy_seconds() {
+  DiskBusy& d = disk_busy();
+  std::lock_guard<std::mutex> lk(d.mu);
+  return d.busy_s + (d.in_flight > 0 ? std::chrono::duration<double>(std::chrono::steady_clock::now() - d.since).count() : 0.0);
+}
 
 // ---- buffers --------------------------------------------------------------------------------------
 
@@ -554,6 +591,8 @@ void FileEngine::io_kernel_request(Piece& p) {
     return;
   }
   const uint64_t off = uint64_t(p.block) * opt_.block_bytes + p.cur_start;
+  p.in_kernel = true;
+  disk_busy_begin();
   backend_->queue(p.stage == Piece::write, p.buf, p.fixed, f.fd, p.base + p.cur_start, p.cur_len, off, ready_);
 }
 
@@ -564,6 +603,10 @@ void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
   const size_t B = opt_.block_bytes;
   const uint64_t block_off = uint64_t(p.block) * B;
   const bool writing = p.stage == Piece::write;
+  if (p.in_kernel) {
+    p.in_kernel = false;
+    disk_busy_end();
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (from_kernel) --kernel_in_flight_;

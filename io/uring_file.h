@@ -106,6 +106,13 @@ struct FileEngineStats {
   double wait_s = 0;                // time callers spent blocked in wait() and wait_all()
 };
 
+// Seconds during which at least one transfer of any FileEngine of this process was in the
+// kernel (reads and writes together, a union over engines: the NVMe tier's optimizer-state and
+// checkpoint engines share the disk). Monotone; a step's disk time is the difference across it.
+// With it, bytes moved / busy seconds is the throughput the disk gave the run's own mix of
+// requests (strata estimate --rates-from prices NVMe with it).
+double file_engines_busy_seconds();
+
 class FileEngine {
  public:
   explicit FileEngine(FileEngineOptions opt = {});

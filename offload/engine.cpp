@@ -45,6 +45,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "io/uring_file.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
 #include "src/device/host_ops.h"
@@ -897,6 +898,7 @@ EngineStats Engine::stats() const {
   s.nvme_read_bytes = st.read_bytes + (spill_ ? spill_->read_bytes() : 0);
   s.nvme_write_bytes = st.write_bytes + (spill_ ? spill_->write_bytes() : 0);
   s.nvme_wait_s = st.wait_s + nvme_exposed_s_;
+  s.nvme_busy_s = file_engines_busy_seconds();
   return s;
 }
 

@@ -82,6 +82,7 @@ struct EngineStats {
   uint64_t nvme_write_bytes = 0;  // ... and written
   double nvme_wait_s = 0;         // the optimizer's pass blocked on NVMe reads or write-backs, plus
                                   // the trainer thread blocked on checkpoint files
+  double nvme_busy_s = 0;         // disk time: some NVMe transfer in flight (file_engines_busy_seconds)
 };
 
 // The trainer thread blocks in `wait`; returns the part of that time the compute stream was

@@ -248,14 +248,17 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   // the CPU backend the link's copies are memcpy on the same cores
   double host = (k / double(std::max<int64_t>(1, in.group)) * 12 + 4) * params / rates.host_bytes_per_s;
   if (in.device_in_host_ram) host += 2 * e.bytes.link() / rates.host_bytes_per_s;
+  host += (e.bytes.nvme_read() + e.bytes.nvme_write()) / rates.checksum_bytes_per_s;
   const double optimizer = params / rates.adamw_params_per_s;
   if (in.device_in_host_ram) {
     // the optimizer's NVMe state streams group by group as the last micro-batch's backward lands
     // each group's gradient; the next forward starts once layer 0, the last to land, is updated:
     // what of the state pass that backward does not cover shows. The drive carries the spilled
-    // checkpoints and the state both.
+    // checkpoints and the state both: that backward's checkpoint reads share it with the pass.
     const double backward = compute / k - forward;
-    e.seconds = std::max({compute + host + optimizer + std::max(0.0, nvme_state - backward), link, nvme});
+    const double last_checkpoint_reads = e.bytes.checkpoint_read / k / rates.nvme_read_bytes_per_s;
+    const double state_shown = nvme_state > 0 ? std::max(0.0, nvme_state + last_checkpoint_reads - backward) : 0.0;
+    e.seconds = std::max({compute + host + optimizer + state_shown, link, nvme});
   } else {
     // the optimizer (pipelined with its NVMe state) runs after the last backward, overlapped with
     // the next step's forward: only what exceeds a forward shows

@@ -17,7 +17,8 @@
 //   link       the slower direction's bytes over the link (h2d and d2h overlap: full duplex)
 //   nvme       spilled checkpoints, and master + m + v when they live on NVMe
 //   optimizer  CPU AdamW over every parameter
-//   host       the host's gradient accumulation (and, on the CPU backend, the link's memcpy)
+//   host       the host's gradient accumulation (and, on the CPU backend, the link's memcpy), and
+//              the crc32c of every NVMe block read or written (the file engine's I/O thread)
 // On a GPU the device, the link, NVMe and the host run side by side: step = max(k x compute,
 // link, nvme checkpoints, host) + what of max(optimizer, nvme state) exceeds one forward (the
 // update overlaps the next step's forward). On the CPU backend the device IS the host's cores:
@@ -88,6 +89,7 @@ struct StepRates {
   double nvme_write_bytes_per_s = 2.0e9;
   double adamw_params_per_s = 1.0e9;    // CPU AdamW over f32 master, m, v (and the working copy)
   double host_bytes_per_s = 50e9;       // host memory bandwidth (accumulation, memcpy)
+  double checksum_bytes_per_s = 8e9;    // crc32c on one core: every NVMe block is summed when written, checked when read
   double mfu_peak_flops_per_s = 0;      // MFU's denominator; 0: device_flops_per_s
   // The CPU backend's own rates, measured at the model's shapes (strata estimate --measure runs a
   // layer's forward and backward and an lm_head chunk on a CPU device): device_flops_per_s is then

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 
+#include "io/checksum.h"
 #include "io/uring_file.h"
 #include "src/core/bf16.h"
 #include "kernels/cpu/ops.h"
@@ -104,8 +105,9 @@ double memory_bound_s(const DeviceCounters& c) {
 }
 
 struct MeasuredRates {
-  double adamw_params_per_s = 0, host_bytes_per_s = 0;
+  double adamw_params_per_s = 0, host_bytes_per_s = 0, checksum_bytes_per_s = 0;
   double matmul_flops_per_s = 0, attention_flops_per_s = 0, elementwise_bytes_per_s = 0, head_flops_per_s = 0;
+  double nvme_bytes_per_s = 0;  // --rates-from: bytes read + written over the run's disk-busy time (0: none)
 };
 
 MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cpu_device) {
@@ -116,7 +118,7 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
   AdamWParams p;
   const size_t copy_bytes = size_t(64) << 20;
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
-  std::vector<double> adamw_s, copy_s, mm_s, attn_s, rest_s, head_s;
+  std::vector<double> adamw_s, copy_s, crc_s, mm_s, attn_s, rest_s, head_s;
   // the layer and the head chunk on a CPU device
   const HostStoreLayout layout = HostStore::layout(spec);
   const EngineShape shape = placement_engine_shape(spec, layout, in);
@@ -173,6 +175,10 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
     for (int64_t k = 0; k < 64; ++k)
       std::memcpy(dst.data() + size_t(k) * (copy_bytes / 64), src.data() + size_t(k) * (copy_bytes / 64), copy_bytes / 64);
     copy_s.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    volatile uint32_t crc = crc32c(src.data(), copy_bytes);  // one core, as the file engine's I/O thread sums
+    (void)crc;
+    crc_s.push_back(seconds_since(t0));
     if (!cpu_device) return;
     const Stream s = Stream::compute;
     const TokenContext ctx{reinterpret_cast<const int32_t*>(buf[11]), nullptr, reinterpret_cast<const float*>(buf[12])};
@@ -203,6 +209,7 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
   MeasuredRates r;
   r.adamw_params_per_s = double(n) / median_of(adamw_s);
   r.host_bytes_per_s = 2 * double(copy_bytes) / median_of(copy_s);
+  r.checksum_bytes_per_s = double(copy_bytes) / median_of(crc_s);
   if (cpu_device) {
     const DeviceWork layer = layer_work(spec, d.B, d.T), head = head_work(spec, N, R);
     r.matmul_flops_per_s = layer.matmul_flops / median_of(mm_s);
@@ -218,7 +225,9 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
 // time per op family) over the work DeviceWork counts for the step (matmul: the layers' GEMMs;
 // attention; norm + rope + elementwise: the memory-bound ops; cross_entropy: the lm_head's fused
 // chunks). One step's rates together, not each kind's median apart: on a shared machine a step
-// is slow in all its ops at once. Sorted by the step's device time (op_s summed).
+// is slow in all its ops at once. Sorted by the step's device time (op_s summed). NVMe likewise:
+// the step's bytes read and written over its disk-busy time (metrics.jsonl's nvme_busy_s), the
+// throughput the disk gave the run's own mix of reads and writes, for both directions.
 struct RunStepRates {
   int64_t step = 0;
   double device_s = 0;
@@ -253,6 +262,9 @@ std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpe
     r.rates.attention_flops_per_s = work.attention_flops / sec({"attention"});
     r.rates.elementwise_bytes_per_s = work.elementwise_bytes / sec({"norm", "rope", "elementwise"});
     r.rates.head_flops_per_s = head / sec({"cross_entropy"});
+    const double nvme_bytes = j.value("nvme_read_bytes", 0.0) + j.value("nvme_write_bytes", 0.0);
+    const double nvme_busy = j.value("nvme_busy_s", 0.0);
+    if (nvme_bytes > 0 && nvme_busy > 0) r.rates.nvme_bytes_per_s = nvme_bytes / nvme_busy;
     steps.push_back(r);
   }
   STRATA_CHECK(!steps.empty(), "--rates-from ", file.string(), ": no step after the first with op_s (run at least 2 steps)");
@@ -267,6 +279,7 @@ void use_run_rates(StepRates& rates, const MeasuredRates& m) {
   rates.attention_flops_per_s = m.attention_flops_per_s;
   rates.elementwise_bytes_per_s = m.elementwise_bytes_per_s;
   rates.head_flops_per_s = m.head_flops_per_s;
+  if (m.nvme_bytes_per_s > 0) rates.nvme_read_bytes_per_s = rates.nvme_write_bytes_per_s = m.nvme_bytes_per_s;
 }
 
 // --measure with --nvme-path: sequential write (with fsync) and read of 512 MiB through strata's
@@ -396,7 +409,8 @@ int cmd_estimate(const std::vector<std::string>& args) {
   // StepRates defaults), printed beside the step time
   std::map<std::string, std::string> source = {{"device", a.gpu.empty() ? "measured here (CPU GEMM)" : "datasheet"},
                                                {"link", "datasheet"}, {"nvme_read", "assumed"},
-                                               {"nvme_write", "assumed"}, {"adamw", "assumed"}, {"host", "assumed"}};
+                                               {"nvme_write", "assumed"}, {"adamw", "assumed"}, {"host", "assumed"},
+                                               {"checksum", "assumed"}};
   if (a.gpu.empty() && recipe.device_backend == "cpu" && a.gpu_memory.empty())
     source["link"] = recipe.device_link_bytes_per_s > 0 ? "device.link_bandwidth (throttle)" : "memcpy (host bandwidth)";
   if (a.measure) {
@@ -415,7 +429,8 @@ int cmd_estimate(const std::vector<std::string>& args) {
     }
     rates.adamw_params_per_s = m.adamw_params_per_s;
     rates.host_bytes_per_s = m.host_bytes_per_s;
-    source["adamw"] = source["host"] = "measured here";
+    rates.checksum_bytes_per_s = m.checksum_bytes_per_s;
+    source["adamw"] = source["host"] = source["checksum"] = "measured here";
     if (source["link"] == "memcpy (host bandwidth)") rates.link_bytes_per_s = rates.host_bytes_per_s;
     if (!budgets.nvme_dir.empty()) {
       const auto [r, w] = measure_nvme(budgets.nvme_dir);
@@ -438,6 +453,9 @@ int cmd_estimate(const std::vector<std::string>& args) {
     use_run_rates(rates, median.rates);
     source["device"] = source["attention"] = source["elementwise"] = source["head"] =
         str_cat("from ", a.rates_from, " (step ", median.step, ": the median device time of its steps after the first)");
+    if (median.rates.nvme_bytes_per_s > 0)
+      source["nvme_read"] = source["nvme_write"] =
+          str_cat("from ", a.rates_from, " (step ", median.step, ": NVMe bytes read + written over its disk-busy time)");
   }
   auto given = [&](double value, double scale, double& rate, const char* name) {
     if (value > 0) rate = value * scale, source[name] = "given";
@@ -450,7 +468,8 @@ int cmd_estimate(const std::vector<std::string>& args) {
   std::map<std::string, double> rate_value = {
       {"device", rates.device_flops_per_s},          {"link", rates.link_bytes_per_s},
       {"nvme_read", rates.nvme_read_bytes_per_s},     {"nvme_write", rates.nvme_write_bytes_per_s},
-      {"adamw", rates.adamw_params_per_s},            {"host", rates.host_bytes_per_s}};
+      {"adamw", rates.adamw_params_per_s},            {"host", rates.host_bytes_per_s},
+      {"checksum", rates.checksum_bytes_per_s}};
   if (rates.elementwise_bytes_per_s > 0)  // the CPU backend's own, measured
     rate_value.insert({{"attention", rates.attention_flops_per_s}, {"elementwise", rates.elementwise_bytes_per_s},
                        {"head", rates.head_flops_per_s}});

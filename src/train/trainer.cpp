@@ -791,6 +791,7 @@ void TrainRun::record(const StepResult& r) {
       {"optimizer_exposed_s", e1.optimizer_exposed_s - e0.optimizer_exposed_s}, {"save_s", r.save_s},
       {"nvme_read_bytes", e1.nvme_read_bytes - e0.nvme_read_bytes},
       {"nvme_write_bytes", e1.nvme_write_bytes - e0.nvme_write_bytes}, {"nvme_wait_s", e1.nvme_wait_s - e0.nvme_wait_s},
+      {"nvme_busy_s", e1.nvme_busy_s - e0.nvme_busy_s},
       {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes() + (engine_ ? engine_->pinned_bytes() : 0)},
       {"host_bytes", host_bytes_}, {"host_rss_peak_bytes", process_rss_peak_bytes()},
       {"link_bytes", e1.link_bytes - e0.link_bytes}};

@@ -18,10 +18,12 @@
 //    measured / estimated within 25%, the issue's criterion. Per-step, because on a loaded
 //    machine the steps of one run differ by more than 25% from each other.
 //
-// Hidden ([.]; run it with `strata_tests "[step-time]"`): a wall-clock comparison. On this shared
-// 2-core machine (load 12-15) it is not reliably within 25%: across runs the per-step median
-// ratio stayed within 0.78-1.22 in most configurations, but the resident bf16 run with the
-// optimizer state on NVMe (a shared disk) reached 1.25 (README, "Validated against real runs").
+// Hidden from ctest's discovery ([.]) and registered on its own in CMakeLists.txt with RUN_SERIAL,
+// so no other test shares the cores or the disk with its runs. NVMe is priced like the device:
+// each step at the throughput its own reads and writes got from the disk (nvme_busy_s), because a
+// probe right after the run measured a different disk (a shared virtual disk, page-cache
+// write-back of the previous configuration). On this 2-core machine the medians stayed within
+// 0.98-1.06 quiet, 0.98-1.14 with one and with two busy loops competing for the cores.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -95,11 +97,16 @@ TEST_CASE("strata estimate's step time against real runs on the CPU backend", "[
     REQUIRE(run.code == 0);
     const nlohmann::json calibrated = estimate(args + " --measure --rates-from '" + out.string() + "'");
     std::map<int64_t, double> step_s;  // the run's steps after the first, save time excluded
+    double nvme_bytes = 0;
     std::ifstream m(out / "metrics.jsonl");
     for (std::string line; std::getline(m, line);) {
       const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("step_s") && j["step"].get<int>() >= 2)
+      if (j.contains("step_s") && j["step"].get<int>() >= 2) {
         step_s[j["step"].get<int64_t>()] = j["step_s"].get<double>() - j["save_s"].get<double>();
+        nvme_bytes += j["nvme_read_bytes"].get<double>() + j["nvme_write_bytes"].get<double>();
+        CHECK(j["nvme_busy_s"].get<double>() >= 0);
+        CHECK((j["nvme_busy_s"].get<double>() > 0) == (j["nvme_read_bytes"].get<double>() + j["nvme_write_bytes"].get<double>() > 0));
+      }
     }
     REQUIRE(step_s.size() == kSteps - 1);
     // each step against the estimate at that step's own device rates
@@ -117,6 +124,8 @@ TEST_CASE("strata estimate's step time against real runs on the CPU backend", "[
     INFO("per-step measured / estimated: median " << ratio << "\n" << calibrated["step"].dump());
     CHECK(std::fabs(ratio - 1) <= 0.25);
     CHECK(calibrated["step"]["rates"]["device"]["source"].get<std::string>().rfind("from ", 0) == 0);
+    // NVMe priced at the run's own disk throughput when it used the disk
+    CHECK((calibrated["step"]["rates"]["nvme_read"]["source"].get<std::string>().rfind("from ", 0) == 0) == (nvme_bytes > 0));
   }
 }
 
