@@ -116,6 +116,7 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
   std::vector<float> master(size_t(n), 0.5f), m(size_t(n), 0.f), v(size_t(n), 0.f), grad(size_t(n), 1e-3f);
   std::vector<char> working(size_t(n) * dtype_size(spec.matrix_dtype));
   AdamWParams p;
+  p.stochastic_round = in.moments == DType::bf16;
   const size_t copy_bytes = size_t(64) << 20;
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
   std::vector<double> adamw_s, copy_s, crc_s, mm_s, attn_s, rest_s, head_s;
@@ -168,7 +169,11 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
   probe_rounds([&] {
     auto t0 = Clock::now();
     ++p.step;
-    adamw_update(master.data(), m.data(), v.data(), grad.data(), working.data(), spec.matrix_dtype, n, p);
+    if (in.moments == DType::bf16)  // the recipe's optim.moments_dtype: bf16 moments, stochastically rounded as trained
+      adamw_update_bf16_moments(master.data(), reinterpret_cast<bf16*>(m.data()), reinterpret_cast<bf16*>(v.data()),
+                                grad.data(), working.data(), spec.matrix_dtype, n, p);
+    else
+      adamw_update(master.data(), m.data(), v.data(), grad.data(), working.data(), spec.matrix_dtype, n, p);
     adamw_s.push_back(seconds_since(t0));
     t0 = Clock::now();
 #pragma omp parallel for schedule(static)
