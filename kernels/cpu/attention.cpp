@@ -263,12 +263,12 @@ AttentionVec attention_load_vec(const float* p) {
   return v;
 }
 
-// y (D) += sum over j = j0..j1 of w[j * w_stride] * x (rows of stride D): the same sums,
-// element by element in the same order (j ascending), as one axpy per j, with the accumulators
-// kept in registers across j (a 64-column block at a time) instead of loaded and stored for
-// every j. The weight stride lets a column of a row-major tile serve as the weights (no
-// transpose). Empty when j0 > j1.
-// The same over the columns from e0 (a multiple of 64: the blocks fall where they fall from 0).
+// y[e0..D) += sum over j = j0..j1 of w[j * w_stride] * x_j[e0..D) (rows x_j of stride D): the
+// same sums, element by element in the same order (j ascending), as one axpy per j, with the
+// accumulators kept in registers across j (a 64-column block at a time, then 16, then single
+// columns) instead of loaded and stored for every j. The weight stride lets a column of a
+// row-major tile serve as the weights (no transpose). e0 is 0 or a multiple of 64, so the blocks
+// fall where they fall from 0. Empty when j0 > j1.
 void attention_accumulate_cols(float* y, const float* w, int64_t w_stride, const float* x, int64_t j0,
                                int64_t j1, int64_t d, int64_t e0) {
   if (j0 > j1) return;
@@ -295,6 +295,7 @@ void attention_accumulate_cols(float* y, const float* w, int64_t w_stride, const
   }
 }
 
+// The same over all D columns.
 void attention_accumulate_rows(float* y, const float* w, int64_t w_stride, const float* x, int64_t j0,
                                int64_t j1, int64_t d) {
   attention_accumulate_cols(y, w, w_stride, x, j0, j1, d, 0);
