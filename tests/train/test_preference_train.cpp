@@ -49,15 +49,10 @@ TEST_CASE("a DPO run on dpo-tiny raises held-out reward accuracy with growing ma
                 e["eval_rewards/margins"].get<double>(), e["eval_rewards/accuracies"].get<double>());
   const auto last = evals.back();
   CHECK(last["eval_pairs"].get<int64_t>() == 48);
-  // measured: accuracies 0.69, 0.69, 0.73, 0.71 and margins 1.32, 1.71, 2.28, 2.36 at steps 50..200;
-  // after the CPU cross-entropy's vectorised exp (last bits of every log-probability, so another
-  // trajectory from the SFT stage on) 0.52, 0.71, 0.71, 0.77 and margins 0.64, 1.88, 2.80, 3.31
-  // (chance: 0.5 and 0; the reference itself scores 0 and 0). The first eval, a quarter of the
-  // way in, is where trajectories differ most: accuracy is required from the second eval on, and
-  // the last at least the first.
-  for (size_t i = 1; i < evals.size(); ++i) CHECK(evals[i]["eval_rewards/accuracies"].get<double>() >= 0.65);
-  CHECK(last["eval_rewards/accuracies"].get<double>() >= evals[0]["eval_rewards/accuracies"].get<double>());
-  CHECK(last["eval_loss"].get<double>() < std::log(2.0));  // measured 0.636, then 0.597 (the reference: log 2)
+  // measured: accuracies 0.69, 0.69, 0.73, 0.71 and margins 1.32, 1.71, 2.28, 2.36 at steps 50..200
+  // (chance: 0.5 and 0; the reference itself scores 0 and 0)
+  for (const auto& e : evals) CHECK(e["eval_rewards/accuracies"].get<double>() >= 0.65);
+  CHECK(last["eval_loss"].get<double>() < std::log(2.0));  // measured 0.636 (the reference: log 2)
   // margins grow: every eval above the one before, the first already above 0
   CHECK(evals[0]["eval_rewards/margins"].get<double>() > 0);
   for (size_t i = 1; i < evals.size(); ++i)
