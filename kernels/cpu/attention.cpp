@@ -13,14 +13,18 @@
 // query tiles that cannot see a key tile are skipped.
 //
 // bf16 dots (dot_type bf16, ops.h): q, k, v and dout are rounded to bf16 as they are read, and
-// every product (D_i's included) uses those rounded values with f32 accumulation. The two score
-// products per tile (Q K^T and dO V^T, summed over D) run on vdpbf16ps where the CPU has
-// AVX512-BF16, from bf16 rows and keys packed in (D/2, kTileK) pairs; elsewhere, and for the
-// products summed over keys or queries, f32 arithmetic on the rounded values (exact products,
-// f32 sums).
+// every product (D_i's included) uses those rounded values with f32 accumulation. In the
+// backward, the weights of the products summed over keys or queries (P in P^T dO, dS in dS K and
+// dS^T Q) are rounded to bf16 too, once P and dS are formed in f32; the forward's P V keeps f32
+// weights (the forward is the f32 op on rounded inputs). Where the CPU has AVX512-BF16, the score
+// products (Q K^T, dO V^T, summed over D) run on vdpbf16ps from bf16 rows and keys packed in
+// (D/2, kTileK) pairs, and the backward's products over tokens from weight pairs and row pairs
+// (two tokens' bf16 values per 32-bit word, attention_pairs_gemm). Elsewhere (portable), and for
+// the forward's P V, f32 arithmetic on the same rounded values (exact products, f32 sums).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -43,8 +47,10 @@ struct AttentionShape {
   int64_t q_tiles;  // ceil(t / kTileQ)
   int64_t k_tiles;  // ceil(t / kTileK)
   bool bf16;        // q, k, v, dout rounded to bf16 (once per call, attention_input)
-  bool dpbf16;      // score products on vdpbf16ps (implies bf16)
+  bool dpbf16;      // every product on vdpbf16ps (implies bf16)
   int64_t dp;       // d rounded up to even: the bf16 row stride
+  int64_t da;       // row stride of the (tile, D) accumulators: d, or d rounded up to 16 with
+                    // dpbf16 (whole vectors, the padding stays zero)
 };
 
 void attention_check_inputs(const AttentionShape& s, const int32_t* doc_start) {
@@ -87,15 +93,25 @@ struct AttentionWorkspace {
   std::vector<int64_t> key_lo, key_hi;     // (kTileK) range of the queries that see each key
   std::vector<bf16> q_bf, do_bf;           // (kTileQ, dp) with dpbf16: bf16 rows, zero-padded
   std::vector<uint32_t> k_pairs, v_pairs;  // (dp/2, kTileK) with dpbf16: bf16 pairs (e, e+1)
+  // With dpbf16, the operands of the products summed over tokens: row pairs (tile/2, da) hold
+  // tokens 2p (low half) and 2p + 1 (high half) of one column; weight pairs hold P or dS rounded
+  // to bf16, two keys per word in a row (tile, kTileK/2) or two queries per word in a column
+  // (kTileQ/2, kTileK).
+  std::vector<uint32_t> x_rpairs, y_rpairs;  // (max tile / 2, da)
+  std::vector<uint32_t> w_pairs, w2_pairs;   // (kTileQ * kTileK / 2)
   explicit AttentionWorkspace(const AttentionShape& s)
-      : AttentionWorkspace(s.d) {
+      : AttentionWorkspace(s.d, s.da) {
     if (!s.dpbf16) return;
     q_bf.assign(size_t(kTileQ * s.dp), bf16{0});
     do_bf.assign(size_t(kTileQ * s.dp), bf16{0});
     k_pairs.assign(size_t(s.dp / 2 * kTileK), 0u);
     v_pairs.assign(size_t(s.dp / 2 * kTileK), 0u);
+    x_rpairs.assign(size_t(std::max(kTileQ, kTileK) / 2 * s.da), 0u);
+    y_rpairs.assign(size_t(std::max(kTileQ, kTileK) / 2 * s.da), 0u);
+    w_pairs.assign(size_t(kTileQ * kTileK / 2), 0u);
+    w2_pairs.assign(size_t(kTileQ * kTileK / 2), 0u);
   }
-  explicit AttentionWorkspace(int64_t d)
+  AttentionWorkspace(int64_t d, int64_t da)
       : q_rows(size_t(kTileQ * d)),
         do_rows(size_t(kTileQ * d)),
         k_cols(size_t(d * kTileK)),
@@ -104,8 +120,8 @@ struct AttentionWorkspace {
         v_rows(size_t(kTileK * d)),
         scores(size_t(kTileQ * kTileK)),
         dscores(size_t(kTileQ * kTileK)),
-        acc(size_t(std::max(kTileQ, kTileK) * d)),
-        acc2(size_t(std::max(kTileQ, kTileK) * d)),
+        acc(size_t(std::max(kTileQ, kTileK) * da)),
+        acc2(size_t(std::max(kTileQ, kTileK) * da)),
         row_a(size_t(kTileQ)),
         row_b(size_t(kTileQ)),
         first(size_t(kTileQ)),
@@ -122,12 +138,14 @@ struct AttentionInput {
 };
 
 // Copies n rows of one head from x (B,T,nh,D) starting at token t0 into rows (n, D) (the bf16
-// values, widened, with bf16 dots); with dpbf16, rows_bf (n, dp) also receives the bf16 bits
-// when not null.
+// values, widened, with bf16 dots) when rows is not null; with dpbf16, rows_bf (n, dp) also
+// receives the bf16 bits when not null.
 void attention_load_rows(float* rows, bf16* rows_bf, AttentionInput x, int64_t bi, int64_t t0,
                          int64_t n, int64_t head, int64_t nh, const AttentionShape& s) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t at = ((bi * s.t + t0 + i) * nh + head) * s.d;
+    if (s.dpbf16 && rows_bf) std::copy(x.bf + at, x.bf + at + s.d, rows_bf + i * s.dp);
+    if (!rows) continue;
     float* dst = rows + i * s.d;
     if (!x.bf) {
       std::copy(x.f32 + at, x.f32 + at + s.d, dst);
@@ -135,7 +153,57 @@ void attention_load_rows(float* rows, bf16* rows_bf, AttentionInput x, int64_t b
     }
     const bf16* src = x.bf + at;
     for (int64_t e = 0; e < s.d; ++e) dst[e] = bf16_to_f32(src[e]);
-    if (s.dpbf16 && rows_bf) std::copy(src, src + s.d, rows_bf + i * s.dp);
+  }
+}
+
+// With dpbf16: n rows of one head from x (as attention_load_rows) into row pairs (ceil(n/2), da):
+// word (p, e) holds token 2p's column e in its low half and token 2p + 1's in its high half;
+// zero past d and past the last token.
+void attention_load_row_pairs(uint32_t* pairs, AttentionInput x, int64_t bi, int64_t t0, int64_t n,
+                              int64_t head, int64_t nh, const AttentionShape& s) {
+  for (int64_t p = 0; 2 * p < n; ++p) {
+    const bf16* lo = x.bf + ((bi * s.t + t0 + 2 * p) * nh + head) * s.d;
+    const bf16* hi = 2 * p + 1 < n ? x.bf + ((bi * s.t + t0 + 2 * p + 1) * nh + head) * s.d : nullptr;
+    uint32_t* dst = pairs + p * s.da;
+    for (int64_t e = 0; e < s.d; ++e)
+      dst[e] = uint32_t(lo[e].bits) | (hi ? uint32_t(hi[e].bits) << 16 : 0u);
+    std::fill(dst + s.d, dst + s.da, 0u);
+  }
+}
+
+// The high half of a bf16-valued f32 (its bf16 bits, exactly).
+inline uint32_t attention_bf16_bits(float x) { return std::bit_cast<uint32_t>(x) >> 16; }
+
+// x rounded to bf16 (nearest even), kept as f32.
+inline float attention_round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// Weight pairs along a row: dst (rows, kTileK/2) from the bf16-valued tile w (rows, kTileK),
+// word (i, p) = w[i][2p] | w[i][2p + 1] << 16; columns at or past n are zero.
+void attention_pack_row_weights(uint32_t* dst, const float* w, int64_t rows, int64_t n) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* wi = w + i * kTileK;
+    uint32_t* di = dst + i * (kTileK / 2);
+    for (int64_t p = 0; p < kTileK / 2; ++p) {
+      const uint32_t a = 2 * p < n ? attention_bf16_bits(wi[2 * p]) : 0u;
+      const uint32_t b = 2 * p + 1 < n ? attention_bf16_bits(wi[2 * p + 1]) : 0u;
+      di[p] = a | b << 16;
+    }
+  }
+}
+
+// Weight pairs down a column: dst (ceil(rows/2), kTileK) from the bf16-valued tile w
+// (rows, kTileK), word (p, j) = w[2p][j] | w[2p + 1][j] << 16; row `rows` (odd rows) is zero.
+void attention_pack_col_weights(uint32_t* dst, const float* w, int64_t rows) {
+  for (int64_t p = 0; 2 * p < rows; ++p) {
+    const float* lo = w + 2 * p * kTileK;
+    const float* hi = lo + kTileK;
+    uint32_t* dp = dst + p * kTileK;
+    if (2 * p + 1 < rows) {
+      for (int64_t j = 0; j < kTileK; ++j)
+        dp[j] = attention_bf16_bits(lo[j]) | (std::bit_cast<uint32_t>(hi[j]) & 0xffff0000u);
+    } else {
+      for (int64_t j = 0; j < kTileK; ++j) dp[j] = attention_bf16_bits(lo[j]);
+    }
   }
 }
 
@@ -234,6 +302,54 @@ __attribute__((target("avx512f,avx512bf16"))) void attention_tile_dot_dpbf16(
       for (int64_t u = 0; u < kVecPerTile; ++u)
         _mm512_storeu_ps(c + (i + r) * kTileK + 16 * u, acc[r][u]);
   }
+}
+
+// The products summed over tokens, on vdpbf16ps: c (m, ldc) += a · b, where row r of a is m
+// weight pairs a[r * a_rs + p * a_ps] (p < np: tokens 2p, 2p + 1) and b is np row pairs (np, ldb)
+// of nv 16-column vectors. Each lane adds the products of one token pair to its f32 sum, pairs in
+// order, so every c element has one fixed summation order whatever the blocking: blocks of
+// kRows rows by kVecs vectors keep their accumulators in registers across p.
+template <int64_t kRows, int64_t kVecs>
+__attribute__((target("avx512f,avx512bf16"))) inline void attention_pairs_block(
+    float* c, int64_t ldc, const uint32_t* a, int64_t a_rs, int64_t a_ps, const uint32_t* b,
+    int64_t ldb, int64_t np) {
+  __m512 acc[kRows][kVecs];
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t u = 0; u < kVecs; ++u) acc[r][u] = _mm512_loadu_ps(c + r * ldc + 16 * u);
+  for (int64_t p = 0; p < np; ++p) {
+    __m512bh bv[kVecs];
+    for (int64_t u = 0; u < kVecs; ++u)
+      bv[u] = (__m512bh)_mm512_loadu_si512(b + p * ldb + 16 * u);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r * a_rs + p * a_ps]));
+      for (int64_t u = 0; u < kVecs; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], av, bv[u]);
+    }
+  }
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t u = 0; u < kVecs; ++u) _mm512_storeu_ps(c + r * ldc + 16 * u, acc[r][u]);
+}
+
+template <int64_t kVecs>
+__attribute__((target("avx512f,avx512bf16"))) void attention_pairs_cols(
+    float* c, int64_t ldc, const uint32_t* a, int64_t a_rs, int64_t a_ps, const uint32_t* b,
+    int64_t ldb, int64_t m, int64_t np) {
+  constexpr int64_t kRows = 4;
+  int64_t r = 0;
+  for (; r + kRows <= m; r += kRows)
+    attention_pairs_block<kRows, kVecs>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_ps, b, ldb, np);
+  for (; r < m; ++r)
+    attention_pairs_block<1, kVecs>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_ps, b, ldb, np);
+}
+
+void attention_pairs_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t a_rs, int64_t a_ps,
+                          const uint32_t* b, int64_t ldb, int64_t m, int64_t np, int64_t nv) {
+  int64_t v = 0;
+  for (; v + 4 <= nv; v += 4)
+    attention_pairs_cols<4>(c + 16 * v, ldc, a, a_rs, a_ps, b + 16 * v, ldb, m, np);
+  const int64_t rest = nv - v;
+  if (rest == 3) attention_pairs_cols<3>(c + 16 * v, ldc, a, a_rs, a_ps, b + 16 * v, ldb, m, np);
+  if (rest == 2) attention_pairs_cols<2>(c + 16 * v, ldc, a, a_rs, a_ps, b + 16 * v, ldb, m, np);
+  if (rest == 1) attention_pairs_cols<1>(c + 16 * v, ldc, a, a_rs, a_ps, b + 16 * v, ldb, m, np);
 }
 
 // c (nq, kTileK) = a · b^T over D for one tile: rows a (f32) or a_bf, keys cols or pairs.
@@ -351,6 +467,52 @@ void attention_accumulate_row_pair(float* y0, const float* w0, int64_t a0, int64
   attention_accumulate_rows(y1, w1, w_stride, x, hi + 1, b1, d);
 }
 
+// Softmax of one tile's scores, row by row (online: running max m and sum l of each query,
+// the rows of o (nq, D) rescaled); p becomes the probabilities relative to the running max.
+void attention_forward_softmax(float* p, float* o, float* m, float* l, int64_t nq, float scale,
+                               const AttentionShape& s, AttentionWorkspace& ws) {
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t j0 = ws.first[i], j1 = ws.last[i];
+    if (j0 > j1) continue;
+    float* pi = p + i * kTileK;
+    float tile_max = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : tile_max)
+    for (int64_t j = j0; j <= j1; ++j) {
+      pi[j] *= scale;
+      tile_max = std::max(tile_max, pi[j]);
+    }
+    const float m_new = std::max(m[i], tile_max);
+    const float alpha = std::exp(m[i] - m_new);  // 0 on the first visible tile
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = j0; j <= j1; ++j) {
+      pi[j] = exp_f32(pi[j] - m_new);
+      sum += pi[j];
+    }
+    l[i] = l[i] * alpha + sum;
+    m[i] = m_new;
+    float* oi = o + i * s.d;
+    for (int64_t e = 0; e < s.d; ++e) oi[e] *= alpha;
+  }
+}
+
+// o (nq, D) += P V over one key tile (ws.v_rows), two query rows per walk over V. P stays f32
+// with bf16 dots too: the forward is the f32 op on rounded inputs, so the cached decode kernel
+// (attention_cached.h) computes what it computes.
+void attention_forward_accumulate(float* o, const float* p, int64_t nq, const AttentionShape& s,
+                                  AttentionWorkspace& ws) {
+  const int64_t d = s.d;
+  for (int64_t i = 0; i < nq; i += 2) {
+    if (i + 1 < nq)
+      attention_accumulate_row_pair(o + i * d, p + i * kTileK, ws.first[i], ws.last[i],
+                                    o + (i + 1) * d, p + (i + 1) * kTileK, ws.first[i + 1],
+                                    ws.last[i + 1], 1, ws.v_rows.data(), d);
+    else
+      attention_accumulate_rows(o + i * d, p + i * kTileK, 1, ws.v_rows.data(), ws.first[i],
+                                ws.last[i], d);
+  }
+}
+
 // One forward work item: query tile qt of head hi in batch row bi.
 void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionInput k,
                             AttentionInput v,
@@ -363,7 +525,8 @@ void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionI
   float* m = ws.row_a.data();   // (nq) running max of scaled scores
   float* l = ws.row_b.data();   // (nq) running sum of exp(score - m)
   float* p = ws.scores.data();  // (nq, kTileK)
-  attention_load_rows(ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
+  attention_load_rows(s.dpbf16 ? nullptr : ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi,
+                      s.h, s);
   std::fill(o, o + nq * d, 0.f);
   std::fill(m, m + nq, -std::numeric_limits<float>::infinity());
   std::fill(l, l + nq, 0.f);
@@ -375,37 +538,8 @@ void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionI
     attention_tile_scores(p, ws.q_rows.data(), ws.q_bf.data(), ws.k_cols.data(), ws.k_pairs.data(),
                           nq, s);
     attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
-    for (int64_t i = 0; i < nq; ++i) {
-      const int64_t j0 = ws.first[i], j1 = ws.last[i];
-      if (j0 > j1) continue;
-      float* pi = p + i * kTileK;
-      float tile_max = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : tile_max)
-      for (int64_t j = j0; j <= j1; ++j) {
-        pi[j] *= scale;
-        tile_max = std::max(tile_max, pi[j]);
-      }
-      const float m_new = std::max(m[i], tile_max);
-      const float alpha = std::exp(m[i] - m_new);  // 0 on the first visible tile
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = j0; j <= j1; ++j) {
-        pi[j] = exp_f32(pi[j] - m_new);
-        sum += pi[j];
-      }
-      l[i] = l[i] * alpha + sum;
-      m[i] = m_new;
-      float* oi = o + i * d;
-      for (int64_t e = 0; e < d; ++e) oi[e] *= alpha;
-    }
-    for (int64_t i = 0; i < nq; i += 2) {  // o_i += P_i V, two query rows per walk over V
-      if (i + 1 < nq)
-        attention_accumulate_row_pair(o + i * d, p + i * kTileK, ws.first[i], ws.last[i], o + (i + 1) * d,
-                                      p + (i + 1) * kTileK, ws.first[i + 1], ws.last[i + 1], 1,
-                                      ws.v_rows.data(), d);
-      else
-        attention_accumulate_rows(o + i * d, p + i * kTileK, 1, ws.v_rows.data(), ws.first[i], ws.last[i], d);
-    }
+    attention_forward_softmax(p, o, m, l, nq, scale, s, ws);
+    attention_forward_accumulate(o, p, nq, s, ws);
   }
   // Every query sees at least itself, so l > 0.
   for (int64_t i = 0; i < nq; ++i) {
@@ -417,7 +551,7 @@ void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionI
 }
 
 // Recomputes P and dS = P * (dP - D_i) of one (query tile, key tile) pair into ws.scores and
-// ws.dscores (zero outside the visible ranges). Needs ws.q_rows, ws.do_rows, ws.k_cols,
+// ws.dscores (zero outside the visible ranges; rounded to bf16 with bf16 dots). Needs ws.q_rows, ws.do_rows, ws.k_cols,
 // ws.v_cols loaded and the query tile's lse and D_i in lse_t, di_t.
 void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int32_t* doc_start,
                                 int64_t bi, int64_t t0, int64_t nq, int64_t s0, int64_t nk,
@@ -434,6 +568,17 @@ void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int
     float* dpi = dp + i * kTileK;
     const int64_t j0 = ws.first[i], j1 = ws.last[i];
     const float lse_i = lse_t[i], di_i = di_t[i];
+    if (s.bf16) {  // the weights of the products over tokens, rounded once formed in f32
+#pragma omp simd
+      for (int64_t j = 0; j < nk; ++j) {
+        const bool visible = j >= j0 && j <= j1;
+        const float pij = exp_f32(pi[j] * scale - lse_i);
+        const float dsij = pij * (dpi[j] - di_i);
+        pi[j] = visible ? attention_round_bf16(pij) : 0.f;
+        dpi[j] = visible ? attention_round_bf16(dsij) : 0.f;
+      }
+      continue;
+    }
 #pragma omp simd
     for (int64_t j = 0; j < nk; ++j) {
       const bool visible = j >= j0 && j <= j1;
@@ -453,6 +598,66 @@ void attention_load_row_stats(const float* lse, const float* di, int64_t bi, int
   }
 }
 
+// dV_j += sum_i P_ij dO_i and dK_j += sum_i dS_ij Q_i over one (query tile, key tile) pair,
+// for the queries i that see key j (i ascending). With dpbf16 from weight pairs down the columns
+// of P and dS and the row pairs of dO (ws.y_rpairs) and Q (ws.x_rpairs). Else key j's weights
+// are column j of the row-major P and dS tiles (stride kTileK), two keys per walk, over the
+// query range [lo_j, hi_j] (P and dS are zero inside it where i does not see j).
+void attention_backward_kv_accumulate(float* dk_acc, float* dv_acc, int64_t nq, int64_t nk,
+                                      const AttentionShape& s, AttentionWorkspace& ws) {
+  const float* p = ws.scores.data();
+  const float* ds = ws.dscores.data();
+  const int64_t d = s.d;
+  if (s.dpbf16) {
+    attention_pack_col_weights(ws.w_pairs.data(), p, nq);
+    attention_pack_col_weights(ws.w2_pairs.data(), ds, nq);
+    attention_pairs_gemm(dv_acc, s.da, ws.w_pairs.data(), 1, kTileK, ws.y_rpairs.data(), s.da, nk,
+                         (nq + 1) / 2, s.da / 16);
+    attention_pairs_gemm(dk_acc, s.da, ws.w2_pairs.data(), 1, kTileK, ws.x_rpairs.data(), s.da, nk,
+                         (nq + 1) / 2, s.da / 16);
+    return;
+  }
+  int64_t* q_lo = ws.key_lo.data();
+  int64_t* q_hi = ws.key_hi.data();
+  std::fill(q_lo, q_lo + nk, nq);
+  std::fill(q_hi, q_hi + nk, int64_t(-1));
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
+      q_lo[j] = std::min(q_lo[j], i);
+      q_hi[j] = std::max(q_hi[j], i);
+    }
+  for (int64_t j = 0; j < nk; j += 2) {
+    if (j + 1 < nk) {
+      attention_accumulate_row_pair(dv_acc + j * d, p + j, q_lo[j], q_hi[j], dv_acc + (j + 1) * d,
+                                    p + j + 1, q_lo[j + 1], q_hi[j + 1], kTileK,
+                                    ws.do_rows.data(), d);
+      attention_accumulate_row_pair(dk_acc + j * d, ds + j, q_lo[j], q_hi[j], dk_acc + (j + 1) * d,
+                                    ds + j + 1, q_lo[j + 1], q_hi[j + 1], kTileK,
+                                    ws.q_rows.data(), d);
+    } else {
+      attention_accumulate_rows(dv_acc + j * d, p + j, kTileK, ws.do_rows.data(), q_lo[j],
+                                q_hi[j], d);
+      attention_accumulate_rows(dk_acc + j * d, ds + j, kTileK, ws.q_rows.data(), q_lo[j],
+                                q_hi[j], d);
+    }
+  }
+}
+
+// Loads query tile (bi, hi, t0..t0+nq) of q and dout as the backward's products read it: bf16
+// rows for the score products, and with dpbf16 row pairs (Q into ws.x_rpairs, dO into
+// ws.y_rpairs) when `pairs`, else f32 rows.
+void attention_load_query_tile(AttentionInput q, AttentionInput dout, int64_t bi, int64_t hi,
+                               int64_t t0, int64_t nq, bool pairs, const AttentionShape& s,
+                               AttentionWorkspace& ws) {
+  float* q_rows = s.dpbf16 ? nullptr : ws.q_rows.data();
+  float* do_rows = s.dpbf16 ? nullptr : ws.do_rows.data();
+  attention_load_rows(q_rows, ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
+  attention_load_rows(do_rows, ws.do_bf.data(), dout, bi, t0, nq, hi, s.h, s);
+  if (!s.dpbf16 || !pairs) return;
+  attention_load_row_pairs(ws.x_rpairs.data(), q, bi, t0, nq, hi, s.h, s);
+  attention_load_row_pairs(ws.y_rpairs.data(), dout, bi, t0, nq, hi, s.h, s);
+}
+
 // Backward pass 1 work item: key tile kt of kv head g in batch row bi; writes dk, dv there.
 void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, AttentionInput q,
                                 AttentionInput k, AttentionInput v, const float* lse,
@@ -460,57 +665,55 @@ void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, Atten
                                 const int32_t* doc_start, const int32_t* tile_first_keys,
                                 int64_t bi, int64_t g, int64_t kt, float scale,
                                 const AttentionShape& s, AttentionWorkspace& ws) {
-  const int64_t d = s.d;
+  const int64_t d = s.d, da = s.da;
   const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
-  float* dk_acc = ws.acc.data();   // (nk, D)
-  float* dv_acc = ws.acc2.data();  // (nk, D)
-  std::fill(dk_acc, dk_acc + nk * d, 0.f);
-  std::fill(dv_acc, dv_acc + nk * d, 0.f);
+  float* dk_acc = ws.acc.data();   // (nk, da)
+  float* dv_acc = ws.acc2.data();  // (nk, da)
+  std::fill(dk_acc, dk_acc + nk * da, 0.f);
+  std::fill(dv_acc, dv_acc + nk * da, 0.f);
   attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
   attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
   for (int64_t hi = g * s.rep; hi < (g + 1) * s.rep; ++hi) {
     for (int64_t qt = s0 / kTileQ; qt < s.q_tiles; ++qt) {
       if (tile_first_keys[bi * s.q_tiles + qt] > s0 + nk - 1) continue;  // no query sees these keys
       const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
-      attention_load_rows(ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
-      attention_load_rows(ws.do_rows.data(), ws.do_bf.data(), dout, bi, t0, nq, hi, s.h, s);
+      attention_load_query_tile(q, dout, bi, hi, t0, nq, true, s, ws);
       attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
       attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                  scale, s, ws);
-      // dV_j += sum_i P_ij dO_i and dK_j += sum_i dS_ij Q_i, over the queries i that see key j
-      // (i ascending; P and dS are zero inside [lo_j, hi_j] where i does not see j). Key j's
-      // weights are column j of the row-major P and dS tiles (stride kTileK), two keys per walk.
-      int64_t* q_lo = ws.key_lo.data();
-      int64_t* q_hi = ws.key_hi.data();
-      std::fill(q_lo, q_lo + nk, nq);
-      std::fill(q_hi, q_hi + nk, int64_t(-1));
-      for (int64_t i = 0; i < nq; ++i)
-        for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
-          q_lo[j] = std::min(q_lo[j], i);
-          q_hi[j] = std::max(q_hi[j], i);
-        }
-      const float* p = ws.scores.data();
-      const float* ds = ws.dscores.data();
-      for (int64_t j = 0; j < nk; j += 2) {
-        if (j + 1 < nk) {
-          attention_accumulate_row_pair(dv_acc + j * d, p + j, q_lo[j], q_hi[j], dv_acc + (j + 1) * d, p + j + 1,
-                                        q_lo[j + 1], q_hi[j + 1], kTileK, ws.do_rows.data(), d);
-          attention_accumulate_row_pair(dk_acc + j * d, ds + j, q_lo[j], q_hi[j], dk_acc + (j + 1) * d, ds + j + 1,
-                                        q_lo[j + 1], q_hi[j + 1], kTileK, ws.q_rows.data(), d);
-        } else {
-          attention_accumulate_rows(dv_acc + j * d, p + j, kTileK, ws.do_rows.data(), q_lo[j], q_hi[j], d);
-          attention_accumulate_rows(dk_acc + j * d, ds + j, kTileK, ws.q_rows.data(), q_lo[j], q_hi[j], d);
-        }
-      }
+      attention_backward_kv_accumulate(dk_acc, dv_acc, nq, nk, s, ws);
     }
   }
   for (int64_t j = 0; j < nk; ++j) {
     float* dkj = dk + ((bi * s.t + s0 + j) * s.hk + g) * d;
     float* dvj = dv + ((bi * s.t + s0 + j) * s.hk + g) * d;
     for (int64_t e = 0; e < d; ++e) {
-      dkj[e] = dk_acc[j * d + e] * scale;
-      dvj[e] = dv_acc[j * d + e];
+      dkj[e] = dk_acc[j * da + e] * scale;
+      dvj[e] = dv_acc[j * da + e];
     }
+  }
+}
+
+// dQ_i += dS_i K over one key tile: with dpbf16 from weight pairs along the rows of dS and K's
+// row pairs (ws.x_rpairs), else two query rows per walk over ws.k_rows.
+void attention_backward_q_accumulate(float* dq_acc, int64_t nq, int64_t nk,
+                                     const AttentionShape& s, AttentionWorkspace& ws) {
+  const float* ds = ws.dscores.data();
+  if (s.dpbf16) {
+    attention_pack_row_weights(ws.w_pairs.data(), ds, nq, nk);
+    attention_pairs_gemm(dq_acc, s.da, ws.w_pairs.data(), kTileK / 2, 1, ws.x_rpairs.data(), s.da,
+                         nq, (nk + 1) / 2, s.da / 16);
+    return;
+  }
+  const int64_t d = s.d;
+  for (int64_t i = 0; i < nq; i += 2) {  // two query rows per walk over K
+    if (i + 1 < nq)
+      attention_accumulate_row_pair(dq_acc + i * d, ds + i * kTileK, ws.first[i], ws.last[i],
+                                    dq_acc + (i + 1) * d, ds + (i + 1) * kTileK, ws.first[i + 1],
+                                    ws.last[i + 1], 1, ws.k_rows.data(), d);
+    else
+      attention_accumulate_rows(dq_acc + i * d, ds + i * kTileK, 1, ws.k_rows.data(), ws.first[i],
+                                ws.last[i], d);
   }
 }
 
@@ -520,33 +723,27 @@ void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q,
                                const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
                                int64_t qt, float scale, const AttentionShape& s,
                                AttentionWorkspace& ws) {
-  const int64_t d = s.d, g = hi / s.rep;
+  const int64_t d = s.d, da = s.da, g = hi / s.rep;
   const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
-  float* dq_acc = ws.acc.data();  // (nq, D)
-  std::fill(dq_acc, dq_acc + nq * d, 0.f);
-  attention_load_rows(ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
-  attention_load_rows(ws.do_rows.data(), ws.do_bf.data(), dout, bi, t0, nq, hi, s.h, s);
+  float* dq_acc = ws.acc.data();  // (nq, da)
+  std::fill(dq_acc, dq_acc + nq * da, 0.f);
+  attention_load_query_tile(q, dout, bi, hi, t0, nq, false, s, ws);
   attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
   for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
     attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
     attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
-    attention_load_rows(ws.k_rows.data(), nullptr, k, bi, s0, nk, g, s.hk, s);
+    if (s.dpbf16)
+      attention_load_row_pairs(ws.x_rpairs.data(), k, bi, s0, nk, g, s.hk, s);
+    else
+      attention_load_rows(ws.k_rows.data(), nullptr, k, bi, s0, nk, g, s.hk, s);
     attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                scale, s, ws);
-    const float* ds = ws.dscores.data();
-    for (int64_t i = 0; i < nq; i += 2) {  // dQ_i += dS_i K, two query rows per walk over K
-      if (i + 1 < nq)
-        attention_accumulate_row_pair(dq_acc + i * d, ds + i * kTileK, ws.first[i], ws.last[i],
-                                      dq_acc + (i + 1) * d, ds + (i + 1) * kTileK, ws.first[i + 1],
-                                      ws.last[i + 1], 1, ws.k_rows.data(), d);
-      else
-        attention_accumulate_rows(dq_acc + i * d, ds + i * kTileK, 1, ws.k_rows.data(), ws.first[i], ws.last[i], d);
-    }
+    attention_backward_q_accumulate(dq_acc, nq, nk, s, ws);
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* dst = dq + ((bi * s.t + t0 + i) * s.h + hi) * d;
-    for (int64_t e = 0; e < d; ++e) dst[e] = dq_acc[i * d + e] * scale;
+    for (int64_t e = 0; e < d; ++e) dst[e] = dq_acc[i * da + e] * scale;
   }
 }
 
@@ -586,7 +783,8 @@ AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int6
                    (t + kTileK - 1) / kTileK,
                    bf16,
                    bf16 && isa == AttentionIsa::avx512_bf16,
-                   (d + 1) / 2 * 2};
+                   (d + 1) / 2 * 2,
+                   bf16 && isa == AttentionIsa::avx512_bf16 ? (d + 15) / 16 * 16 : d};
   return s;
 }
 

@@ -65,8 +65,11 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 // doc_start[b,t] <= s <= t (packed rows: documents never attend across each other).
 // dk, dv (B,T,Hk,D) are written.
 // dot_type f32 or bf16: with bf16, q, k, v and dout are rounded to bf16 (nearest even) wherever
-// they are read, so the op equals the f32 op on rounded inputs; products accumulate in f32 and
-// softmax, lse, P and dS stay f32. The CUDA kernel does the same.
+// they are read, so the forward equals the f32 op on rounded inputs; products accumulate in f32
+// and softmax, lse, P and dS are formed in f32. The backward also rounds P and dS to bf16 where
+// they weight the sums over tokens (dV = P^T dO, dK = dS^T Q, dQ = dS K), as FlashAttention's
+// bf16 backward does, so its gradients differ from the f32 op on rounded inputs by up to the
+// weights' rounding (2^-9 relative each). The CUDA kernel does the same.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                        int64_t d, float scale, DType dot_type);
@@ -74,9 +77,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                         int64_t d, float scale, DType dot_type);
-// The bf16 score products (Q K^T, dO V^T) run on vdpbf16ps where the CPU has AVX512-BF16
-// (avx512_bf16), else as f32 products of the rounded values (portable); the two sum a dot
-// product in a different order, so their last bits may differ. The plain entries above use the
+// The bf16 score products (Q K^T, dO V^T) and the backward's sums over tokens run on vdpbf16ps
+// where the CPU has AVX512-BF16 (avx512_bf16), else as f32 products of the rounded values
+// (portable); the two sum in a different order, so their last bits may differ (and a weight that
+// f32 rounding tips across a bf16 tie rounds the other way). The plain entries above use the
 // best the CPU offers; the _isa entries let tests run both.
 enum class AttentionIsa : uint8_t { portable, avx512_bf16 };
 const char* attention_isa_name(AttentionIsa isa);

@@ -3,7 +3,8 @@
 // Head h reads kv head h / (H/Hk). Query t sees keys s with doc_start[b,t] <= s <= t.
 // f32 arithmetic, memory O(tile): scores live one 32-key tile at a time, never (T, T). With
 // bf16 dots, q, k, v and dout are rounded to bf16 wherever they are read (every product then
-// uses the rounded values, f32 sums), as the CPU kernel does.
+// uses the rounded values, f32 sums), and the backward rounds P and dS to bf16 where they weight
+// the sums over tokens (dV, dK, dQ), as the CPU kernel does (kernels/cpu/ops.h).
 //
 // Layout shared by the three kernels: blocks of 4 warps; a key tile of 32 keys sits in shared
 // memory (K and V rows padded by one float so lane-per-key reads hit distinct banks); in the
@@ -228,8 +229,8 @@ __global__ void attention_backward_kv_kernel(float* dk, float* dv, const float* 
           p = expf(attention_dot<kD>(sq[r], sk[lane], d) * scale - slse[r]);
           ds = p * (attention_dot<kD>(sdo[r], sv[lane], d) - sdi[r]);
         }
-        sp[r][lane] = p;
-        sds[r][lane] = ds;
+        sp[r][lane] = bf16_dots ? bf16_load_rounded(p) : p;
+        sds[r][lane] = bf16_dots ? bf16_load_rounded(ds) : ds;
       }
       __syncthreads();
       for (int r = 0; r < nq; ++r) {
@@ -304,6 +305,7 @@ __global__ void attention_backward_q_kernel(float* dq, const float* dout, const 
       if (s >= first[i] && s <= t0 + r) {
         const float p = expf(attention_dot<kD>(sq[r], sk[lane], d) * scale - row_lse[i]);
         ds = p * (attention_dot<kD>(sdo[r], sv[lane], d) - row_di[i]);
+        if (bf16_dots) ds = bf16_load_rounded(ds);
       }
       for (int j = 0; j < kKeys; ++j) {
         const float dsj = __shfl_sync(kFullMask, ds, j);

@@ -2,8 +2,8 @@
 // (kernels/cpu/ref/attention.h): GQA group sizes 1, 2, 4 and H == Hk, head dims 5, 16, 24, 64
 // and 128 (the three kernel variants and their padded columns), T = 1, 17, 40, 70 (partial
 // 16-, 8- and 32-token tiles), with and without packed documents, f32 and bf16 dots (against the
-// twin on bf16-rounded q, k, v, dout: the op's definition, kernels/cpu/ops.h); determinism; bad
-// doc_start.
+// twin on bf16-rounded q, k, v, dout with bf16-rounded backward weights: the op's definition,
+// kernels/cpu/ops.h); determinism; bad doc_start.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -51,7 +51,7 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
                                    c.b, c.t, c.h, c.hk, c.d, scale);
     ref::attention_backward<double>(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
                                     vd.data(), out.data(), lse.data(), ds_host, c.b, c.t, c.h, c.hk,
-                                    c.d, scale);
+                                    c.d, scale, dot_type == DType::bf16);
 
     Buffer<float> gq(*dev, q), gk(*dev, k), gv(*dev, v), gdo(*dev, dout);
     Buffer<float> gout(*dev, nq), glse(*dev, lse.size()), gdq(*dev, nq), gdk(*dev, nk), gdv(*dev, nk);
@@ -62,13 +62,17 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
     dev->attention_backward(gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,
                             c.t, c.h, c.hk, c.d, float(scale), dot_type, Stream::compute);
     // f32 online softmax and dot products over D <= 128 (measured <= 6e-7 under the emulator);
-    // the backward recomputes P from the f32 lse and sums up to T*H/Hk terms.
+    // the backward recomputes P from the f32 lse and sums up to T*H/Hk terms. With bf16 dots the
+    // twin rounds the backward's weights P and dS to bf16 too, in fp64 where the kernel rounds
+    // f32 values: a weight within f32 rounding of a bf16 tie may round the other way, one bf16
+    // step (2^-8) of one term (kernels/cpu tests: <= 4e-3 stated, as here).
+    const double tol_grad = dot_type == DType::bf16 ? 4e-3 : 1e-5;
     CHECK(max_rel_error(gout.download(), out) <= 5e-6);
     CHECK(max_rel_error(glse.download(), lse) <= 1e-6);
     const std::vector<float> dq1 = gdq.download(), dk1 = gdk.download(), dv1 = gdv.download();
-    CHECK(max_rel_error(dq1, dq) <= 1e-5);
-    CHECK(max_rel_error(dk1, dk) <= 1e-5);
-    CHECK(max_rel_error(dv1, dv) <= 1e-5);
+    CHECK(max_rel_error(dq1, dq) <= tol_grad);
+    CHECK(max_rel_error(dk1, dk) <= tol_grad);
+    CHECK(max_rel_error(dv1, dv) <= tol_grad);
 
     // No atomics: a second backward (blocks run in another shuffled order) is bitwise equal.
     dev->attention_backward(gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, ds_dev, c.b,

@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "src/core/bf16.h"
+
 namespace strata::ref {
 
 // First key query t of batch row bi may see (document start, 0 when doc_start is null).
@@ -64,10 +66,15 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 
 // dq (B,T,H,D), dk and dv (B,T,Hk,D) written; dout, out (B,T,H,D), lse (B,T,H) from forward.
 // dS = P * (dP - rowsum(dout * out)), dq = scale dS k, dk = scale dS^T q, dv = P^T dout.
+// bf16_weights: P and dS rounded to bf16 (nearest even, through f32) where they weight the
+// products over tokens (dv, dk, dq), as the backward does with bf16 dots (kernels/cpu/ops.h).
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const int32_t* doc_start, int64_t b, int64_t t,
-                        int64_t h, int64_t hk, int64_t d, T scale) {
+                        int64_t h, int64_t hk, int64_t d, T scale, bool bf16_weights = false) {
+  auto weight = [bf16_weights](T x) {
+    return bf16_weights ? T(bf16_to_f32(f32_to_bf16(float(x)))) : x;
+  };
   for (int64_t i = 0; i < b * t * hk * d; ++i) dk[i] = dv[i] = 0;
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t hi = 0; hi < h; ++hi) {
@@ -89,13 +96,14 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           for (int64_t e = 0; e < d; ++e) s += qi[e] * kj[e];
           for (int64_t e = 0; e < d; ++e) dp += doi[e] * vj[e];
           const T pij = std::exp(scale * s - lse_i);
-          const T ds = pij * (dp - di);
+          const T ds = weight(pij * (dp - di));
+          const T pw = weight(pij);
           T* dkj = dk + ((bi * t + j) * hk + g) * d;
           T* dvj = dv + ((bi * t + j) * hk + g) * d;
           for (int64_t e = 0; e < d; ++e) {
             dqi[e] += scale * ds * kj[e];
             dkj[e] += scale * ds * qi[e];
-            dvj[e] += pij * doi[e];
+            dvj[e] += pw * doi[e];
           }
         }
       }
