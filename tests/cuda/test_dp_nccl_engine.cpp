@@ -133,6 +133,14 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// How many of the masters round to different bf16 weights.
+size_t bf16_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    n += f32_to_bf16(a[i]).bits != f32_to_bf16(b[i]).bits;
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumulating 2 micro-batches",
@@ -172,13 +180,25 @@ TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumul
           REQUIRE(errors[size_t(r)] == "");
           const RankResult& got = ranks[size_t(r)];
           REQUIRE(got.losses.size() == size_t(kSteps * per_rank));
+          // In bf16, step 2 runs on step 1's masters rounded to bf16. A master that step 1's f32
+          // rounding differences (~1e-6 relative, per_rank 2) tip across a bf16 tie gives the
+          // two runs different weights (one bf16 step, 2^-8), and step 2 then differs at bf16
+          // level (the roundings of activations, P and dS tip too), not f32 rounding. Only
+          // masters within ~1e-6 of a tie can tip: at most 1 in 1000 here (measured: 1 of
+          // 29,184 for llama, 0 for mistral). Without a tipped weight, step 2 must agree as
+          // tightly as in f32; with one, to bf16 level: losses 5e-4 relative, gradients and
+          // masters 1e-2 (measured 7.7e-5, 3.5e-3, 8.8e-4).
+          const size_t tipped = dtype == DType::bf16 ? bf16_differences(got.masters[0], one.masters[0]) : 0;
+          CHECK(tipped * 1000 <= got.masters[0].size());
+          const bool same_weights = tipped == 0;
           for (int s = 0; s < kSteps; ++s)
             for (int j = 0; j < per_rank; ++j) {  // each micro-batch's loss: computed alone on the same weights
               const double want = one.losses[size_t(s * kRanks * per_rank + j * kRanks + r)];
               if (per_rank == 1 || s == 0)
                 CHECK(got.losses[size_t(s * per_rank + j)] == want);
               else  // after an update from rounding-close gradients
-                CHECK(std::abs(got.losses[size_t(s * per_rank + j)] - want) <= 1e-6 * std::abs(want));
+                CHECK(std::abs(got.losses[size_t(s * per_rank + j)] - want) <=
+                      (same_weights ? 1e-6 : 5e-4) * std::abs(want));
             }
           for (int s = 0; s < kSteps; ++s) {
             CAPTURE(s);
@@ -188,11 +208,13 @@ TEST_CASE("data parallel over NCCL: 2 engines as ranks equal one process accumul
             } else {  // f32 rounding of a different summation order only
               const double eg = testing::max_rel_error(got.grads[size_t(s)], one.grads[size_t(s)]);
               const double ew = testing::max_rel_error(got.masters[size_t(s)], one.masters[size_t(s)]);
-              CHECK(eg <= 1e-5);
-              CHECK(ew <= 1e-5);
+              const double tol = s == 0 || same_weights ? 1e-5 : 1e-2;
+              CHECK(eg <= tol);
+              CHECK(ew <= tol);
               if (r == 0)
-                std::printf("nccl dp %-8s %-4s 2 ranks x 2 vs 1 x 4, step %d: grads max rel err %.2e, weights %.2e\n",
-                            name, dtype_name(dtype), s + 1, eg, ew);
+                std::printf("nccl dp %-8s %-4s 2 ranks x 2 vs 1 x 4, step %d: grads max rel err %.2e, weights %.2e"
+                            " (bf16 weights tipped by step 1: %zu)\n",
+                            name, dtype_name(dtype), s + 1, eg, ew, tipped);
               // the data tells the orders apart: (G + g0) + g1 is not G + (g0 + g1) here, so the
               // bit-identity checked with one micro-batch per rank is not a coincidence
               if (s == 0) CHECK(!same_bits(got.grads[0], one.grads[0]));
