@@ -467,6 +467,20 @@ void attention_accumulate_row_pair(float* y0, const float* w0, int64_t a0, int64
   attention_accumulate_rows(y1, w1, w_stride, x, hi + 1, b1, d);
 }
 
+// y_i (nq, D) += w_i x over each query's visible keys [first_i, last_i] (w (nq, kTileK) row-major,
+// x (kTileK, D) key rows), two query rows per walk over x.
+void attention_accumulate_query_rows(float* y, const float* w, const float* x, int64_t nq,
+                                     int64_t d, const AttentionWorkspace& ws) {
+  for (int64_t i = 0; i < nq; i += 2) {
+    if (i + 1 < nq)
+      attention_accumulate_row_pair(y + i * d, w + i * kTileK, ws.first[i], ws.last[i],
+                                    y + (i + 1) * d, w + (i + 1) * kTileK, ws.first[i + 1],
+                                    ws.last[i + 1], 1, x, d);
+    else
+      attention_accumulate_rows(y + i * d, w + i * kTileK, 1, x, ws.first[i], ws.last[i], d);
+  }
+}
+
 // Softmax of one tile's scores, row by row (online: running max m and sum l of each query,
 // the rows of o (nq, D) rescaled); p becomes the probabilities relative to the running max.
 void attention_forward_softmax(float* p, float* o, float* m, float* l, int64_t nq, float scale,
@@ -501,16 +515,7 @@ void attention_forward_softmax(float* p, float* o, float* m, float* l, int64_t n
 // (attention_cached.h) computes what it computes.
 void attention_forward_accumulate(float* o, const float* p, int64_t nq, const AttentionShape& s,
                                   AttentionWorkspace& ws) {
-  const int64_t d = s.d;
-  for (int64_t i = 0; i < nq; i += 2) {
-    if (i + 1 < nq)
-      attention_accumulate_row_pair(o + i * d, p + i * kTileK, ws.first[i], ws.last[i],
-                                    o + (i + 1) * d, p + (i + 1) * kTileK, ws.first[i + 1],
-                                    ws.last[i + 1], 1, ws.v_rows.data(), d);
-    else
-      attention_accumulate_rows(o + i * d, p + i * kTileK, 1, ws.v_rows.data(), ws.first[i],
-                                ws.last[i], d);
-  }
+  attention_accumulate_query_rows(o, p, ws.v_rows.data(), nq, s.d, ws);
 }
 
 // One forward work item: query tile qt of head hi in batch row bi.
@@ -705,16 +710,7 @@ void attention_backward_q_accumulate(float* dq_acc, int64_t nq, int64_t nk,
                          nq, (nk + 1) / 2, s.da / 16);
     return;
   }
-  const int64_t d = s.d;
-  for (int64_t i = 0; i < nq; i += 2) {  // two query rows per walk over K
-    if (i + 1 < nq)
-      attention_accumulate_row_pair(dq_acc + i * d, ds + i * kTileK, ws.first[i], ws.last[i],
-                                    dq_acc + (i + 1) * d, ds + (i + 1) * kTileK, ws.first[i + 1],
-                                    ws.last[i + 1], 1, ws.k_rows.data(), d);
-    else
-      attention_accumulate_rows(dq_acc + i * d, ds + i * kTileK, 1, ws.k_rows.data(), ws.first[i],
-                                ws.last[i], d);
-  }
+  attention_accumulate_query_rows(dq_acc, ds, ws.k_rows.data(), nq, s.d, ws);
 }
 
 // Backward pass 2 work item: query tile qt of head hi in batch row bi; writes dq there.
