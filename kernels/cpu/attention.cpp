@@ -47,7 +47,7 @@ struct AttentionShape {
   int64_t q_tiles;  // ceil(t / kTileQ)
   int64_t k_tiles;  // ceil(t / kTileK)
   bool bf16;        // q, k, v, dout rounded to bf16 (once per call, attention_input)
-  bool dpbf16;      // every product on vdpbf16ps (implies bf16)
+  bool dpbf16;      // score and backward token-sum products on vdpbf16ps (implies bf16)
   int64_t dp;       // d rounded up to even: the bf16 row stride
   int64_t da;       // row stride of the (tile, D) accumulators: d, or d rounded up to 16 with
                     // dpbf16 (whole vectors, the padding stays zero)

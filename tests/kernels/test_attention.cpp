@@ -179,10 +179,10 @@ void check_attention_sizes(int64_t b, DType dot_type = DType::f32,
       }
   worst_fwd.check();
   worst_bwd.check();
-  std::printf("attention %s b=%lld: worst fwd %.2e bwd %.2e unrounded %.2e raw %.2e\n",
-              bf16 ? cpu::attention_isa_name(isa) : "f32", (long long)b, worst_fwd.worst,
-              worst_bwd.worst, worst_unrounded.worst, worst_raw.worst);
   if (bf16) {
+    std::printf("attention bf16 %s b=%lld: worst fwd %.2e bwd %.2e, vs f32 weights %.2e, vs raw "
+                "inputs %.2e\n", cpu::attention_isa_name(isa), (long long)b, worst_fwd.worst,
+                worst_bwd.worst, worst_unrounded.worst, worst_raw.worst);
     worst_raw.check();
     // The rounding happened: raw-input errors well above f32's (inputs here are not bf16 values),
     // and the backward's weights were rounded.
