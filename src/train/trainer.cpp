@@ -171,6 +171,8 @@ class TrainRun {
 
  private:
   void set_up_model();
+  void choose_accumulation(const ModelSpec& spec);
+  void release_model();
   void check_allocations_against_plan();
   void plan_with_data();
   void load_weights();
@@ -336,6 +338,9 @@ void TrainRun::set_up() {
                    rc_.output_dir.c_str());
   }
   adamw_isa_active();  // its one-line notice comes now, not over the progress bar
+  plan_in_ = train_plan_inputs(rc_);  // plan_with_data adds the tokenized rows
+  plan_in_.resume = !resume_dir_.empty();
+  plan_in_.baseline_bytes = process_rss_bytes();  // before the device, the store and the data
   set_up_model();
   data_ = training_data_load(rc_, cfg_.vocab_size);
   plan_with_data();
@@ -388,20 +393,8 @@ void TrainRun::set_up_model() {
   cpu_threads_set(int(rc_.device_cpu_threads));
   cpu_threads_apply();
 
-  plan_in_ = train_plan_inputs(rc_);
-  plan_in_.resume = !resume_dir_.empty();
-  plan_in_.baseline_bytes = process_rss_bytes();
   budgets_ = train_plan_budgets(rc_);
-  plan_in_.group = accumulation_group(rc_, spec.lm_head == kAbsent, dist_.size(), [&](int64_t k) {
-    PlanInputs in = plan_in_;
-    in.group = k;
-    return placement_plan(spec, in, budgets_).fits();
-  });
-  eopt_.group = plan_in_.group;
-  if (rc_.gradient_accumulation_steps > 1 && rc_.optim_type == "adamw")
-    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s\n", rc_.offload_accumulation.c_str(),
-                 eopt_.group > 1 ? "layer-major, each layer's weights cross twice per optimizer step"
-                                 : "one micro-batch at a time, each layer's weights cross twice per micro-batch");
+  choose_accumulation(spec);
   plan_ = placement_plan(spec, plan_in_, budgets_);
   placement_plan_check(plan_);
   // "auto" is the plan's choice: master and moments to NVMe when RAM is short, checkpoints spilled
@@ -440,6 +433,35 @@ void TrainRun::set_up_model() {
   }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes() + (lora_ ? lora_->host_bytes() + lora_->pinned_bytes() : 0);
   check_allocations_against_plan();
+}
+
+// The schedule over a step's micro-batches (src/train/accumulation.h), said at start. "auto"
+// asks the plan with the inputs known so far: before the data, then again with its rows when
+// they leave no room for layer-major (plan_with_data).
+void TrainRun::choose_accumulation(const ModelSpec& spec) {
+  plan_in_.group = accumulation_group(rc_, spec.lm_head == kAbsent, dist_.size(), [&](int64_t k) {
+    PlanInputs in = plan_in_;
+    in.group = k;
+    return placement_plan(spec, in, budgets_).fits();
+  });
+  eopt_.group = plan_in_.group;
+  if (rc_.gradient_accumulation_steps > 1 && rc_.optim_type == "adamw")
+    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s\n", rc_.offload_accumulation.c_str(),
+                 eopt_.group > 1 ? "layer-major, each layer's weights cross twice per optimizer step"
+                                 : "one micro-batch at a time, each layer's weights cross twice per micro-batch");
+}
+
+// Frees the engine, the store and the device (reverse order of set_up_model), before any weight
+// is loaded into them.
+void TrainRun::release_model() {
+  reduction_ = nullptr;
+  engine_.reset();
+  zo_engine_.reset();
+  lora_.reset();
+  store_.reset();
+  device_comm_.reset();
+  shared_memory_.reset();
+  dev_.reset();
 }
 
 // What the store and the device allocated is what the plan counted.
@@ -481,6 +503,16 @@ void TrainRun::plan_with_data() {
   plan_in_.data_rows = size_t(data_.train.rows()) + data_.train_chosen.size();
   plan_in_.data_bytes = bytes + plan_in_.data_rows * sizeof(int64_t);  // + the shuffled order
   plan_ = placement_plan(store_->spec(), plan_in_, budgets_);
+  if (!plan_.fits() && eopt_.group > 1 && rc_.offload_accumulation == "auto") {
+    // "auto" chose layer-major before the rows were counted, and they leave no room for its k
+    // checkpoints per layer: nothing is loaded yet, so the model is set up again, the choice
+    // made with the rows counted (micro_batch where it fits, else exit 3 naming what to change)
+    std::fprintf(stderr, "strata train: the tokenized data (%s) leaves no room for the layer-major schedule's %ld "
+                 "micro-batches per layer within the budgets; setting up again\n",
+                 format_bytes(plan_in_.data_bytes).c_str(), long(eopt_.group));
+    release_model();
+    set_up_model();
+  }
   placement_plan_check(plan_);
   if (!dist_.primary()) return;  // every rank plans the same; rank 0 says it and writes it
   std::fprintf(stderr, "strata train: placement plan\n%s", placement_plan_table(plan_).c_str());

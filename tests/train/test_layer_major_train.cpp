@@ -1,7 +1,8 @@
 // offload.accumulation end to end (src/train/accumulation.h): a run whose steps accumulate 4
 // micro-batches trains bit-identically under "layer_major", "micro_batch" and "auto" — full
 // fine-tuning with and without clipping (LoRA: micro_batch only) — while metrics.jsonl's link_bytes shows the
-// layer-major saving; an explicit "layer_major" where it does not apply is refused.
+// layer-major saving; "auto" takes micro_batch when the data leaves no room for layer-major; an
+// explicit "layer_major" where it does not apply is refused.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -37,15 +38,13 @@ Recipe recipe(const std::string& out, const std::string& accumulation, std::vect
   return recipe_load(testing::source_path("recipes/quickstart.toml"), o);
 }
 
-std::vector<double> link_bytes(const std::string& out) {
-  std::ifstream m(out + "/metrics.jsonl");
+// A run's metrics.jsonl values of `key`, one per step that has it.
+std::vector<double> metric(const std::string& out, const std::string& key) {
   std::vector<double> v;
-  for (std::string line; std::getline(m, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("link_bytes")) v.push_back(j["link_bytes"].get<double>());
-  }
+  for (const nlohmann::json& j : testing::metrics_records(out, key)) v.push_back(j[key].get<double>());
   return v;
 }
+std::vector<double> link_bytes(const std::string& out) { return metric(out, "link_bytes"); }
 
 }  // namespace
 
@@ -101,6 +100,54 @@ TEST_CASE("LoRA runs the micro_batch schedule: auto takes it, an explicit layer_
     CHECK(e.kind() == ErrorKind::input);
     CHECK_THAT(e.what(), Catch::Contains("LoRA") && Catch::Contains("offload.accumulation = \"micro_batch\""));
   }
+}
+
+TEST_CASE("auto takes micro_batch when the tokenized data leaves no room for layer-major's checkpoints",
+          "[train][layer_major]") {
+  // The layer-major run's plan with a generous budget gives its host total and the data's bytes.
+  // A budget half the data's bytes below that total holds layer-major before the data is
+  // counted, not after: "auto" sets the model up again for one micro-batch at a time (which
+  // holds 1 checkpoint per layer, not 4), an explicit "layer_major" exits 3. Separate processes:
+  // the plan counts the process's resident set, which a fresh process measures alike each time.
+  const std::string args = testing::source_path("recipes/quickstart.toml") + " model.config=" + untied_config() +
+                           " train.max_steps=2 train.micro_batch_size=8 data.sequence_len=256"
+                           " train.gradient_accumulation_steps=4 optim.warmup_steps=1 train.log_steps=100"
+                           " offload.checkpoints=host offload.recompute=always checkpoint.save_steps=0";
+  const std::string a = testing::fresh_path("strata_layer_major_train", "room_layer"),
+                    b = testing::fresh_path("strata_layer_major_train", "room_auto"),
+                    c = testing::fresh_path("strata_layer_major_train", "room_explicit"),
+                    d = testing::fresh_path("strata_layer_major_train", "room_micro");
+  const testing::ProcessResult lm =
+      testing::run_strata("train " + args + " offload.accumulation=layer_major checkpoint.output_dir=" + a);
+  testing::check_run(lm, 0, {"layer-major, each layer's weights cross twice per optimizer step"});
+  std::ifstream plan_in(a + "/plan.json");
+  const nlohmann::json plan = nlohmann::json::parse(plan_in);
+  const double host_total = plan["tiers"]["host"].get<double>() + plan["tiers"]["host_pinned"].get<double>();
+  double data = 0;
+  for (const nlohmann::json& st : plan["states"])
+    if (st["kind"].get<std::string>().rfind("tokenized data", 0) == 0) data = st["bytes"].get<double>();
+  REQUIRE(data > 4e6);  // the quickstart corpus: 1377 rows of 256 tokens, well above the resident set's jitter
+  const std::string budget = " offload.host_memory=" + std::to_string(int64_t(host_total - data / 2)) + "B";
+
+  const testing::ProcessResult au =
+      testing::run_strata("train " + args + budget + " offload.accumulation=auto checkpoint.output_dir=" + b);
+  testing::check_run(au, 0, {"leaves no room for the layer-major schedule", "one micro-batch at a time"});
+  CHECK(metric(b, "loss") == metric(a, "loss"));  // the two schedules train alike, bit for bit
+  // the bytes over the link are micro_batch's (a run with room to spare), more than layer-major's
+  testing::check_run(testing::run_strata("train " + args + " offload.accumulation=micro_batch checkpoint.output_dir=" + d),
+                     0, {"one micro-batch at a time"});
+  const std::vector<double> lm_link = metric(a, "link_bytes"), au_link = metric(b, "link_bytes");
+  REQUIRE(lm_link.size() == 2);
+  CHECK(au_link == metric(d, "link_bytes"));
+  CHECK(au_link[1] > lm_link[1]);
+  std::ifstream au_plan_in(b + "/plan.json");
+  const nlohmann::json au_plan = nlohmann::json::parse(au_plan_in);
+  CHECK(au_plan["tiers"]["host"].get<double>() + au_plan["tiers"]["host_pinned"].get<double>() <
+        host_total - data / 2);
+
+  const testing::ProcessResult ex =
+      testing::run_strata("train " + args + budget + " offload.accumulation=layer_major checkpoint.output_dir=" + c);
+  testing::check_run(ex, 3, {"offload.host_memory"}, {"step 1/"});
 }
 
 TEST_CASE("an explicit layer_major where it does not apply is refused with the reason", "[train][layer_major]") {
