@@ -243,11 +243,21 @@ LayerWeights Engine::ensure_layer(size_t layer) {
   LayerWeights w = layer_weights_in(store_, slot, layer);
   if (lora_) {
     lora_view(lora_->layout(), layer, buf_.lora_weights, w.lora);
-    for (int t = 0; t < kLayerLinears; ++t)
+    for (int t = 0; t < kLayerLinears; ++t)  // the masks' keys; each micro-batch's seed: for_micro_batch
       if (w.lora[t].a && lora_dropout_.p > 0)
-        w.lora[t] = {w.lora[t].a, w.lora[t].b, lora_dropout_.p, lora_dropout_.seed, lora_dropout_tensor(layer, t)};
+        w.lora[t] = {w.lora[t].a, w.lora[t].b, lora_dropout_.p, 0, lora_dropout_tensor(layer, t)};
   }
   return w;
+}
+
+// A layer's weights as micro-batch m of the pass sees them: LoRA dropout draws its masks from
+// m's seed (a layer-major pass runs several micro-batches, each with its own masks).
+LayerWeights Engine::for_micro_batch(const LayerWeights& w, size_t m) const {
+  LayerWeights x = w;
+  if (lora_dropout_.p > 0)
+    for (LoraLinear& l : x.lora)
+      if (l.a) l.dropout_seed = lora_dropout_.seeds[m];
+  return x;
 }
 
 const float* Engine::ensure_final_norm() {
@@ -303,11 +313,11 @@ std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind k
   STRATA_CHECK(g >= 1 && g <= shape_.group, "a pass of ", g, " micro-batches on an engine built for ", shape_.group,
                " (offload.accumulation = \"layer_major\" sizes it for gradient_accumulation_steps)");
   lora_dropout_.p = 0;
+  lora_dropout_.seeds.clear();
   if (lora_ && kind == StepKind::forward_backward && opt_.lora.dropout > 0) {  // this pass's masks
-    STRATA_ASSERT(g == 1, "LoRA runs the micro_batch schedule (src/train/accumulation.cpp)");
     lora_dropout_.p = opt_.lora.dropout;
-    lora_dropout_.seed = lora_dropout_seed(opt_.lora.seed, lora_dropout_.step, lora_dropout_.next);
-    lora_dropout_.next += lora_dropout_.stride;
+    for (size_t m = 0; m < g; ++m, lora_dropout_.next += lora_dropout_.stride)
+      lora_dropout_.seeds.push_back(lora_dropout_seed(opt_.lora.seed, lora_dropout_.step, lora_dropout_.next));
   }
   upload_tokens(mbs, g);
   spill_pass_ = spill_ && kind == StepKind::forward_backward;
@@ -393,7 +403,7 @@ void Engine::forward() {
       float* out = i + 1 < L_ ? ckpt_device(i + 1, m) : act(buf_.x_final, m);
       const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
       if (out_spills) dev_.stream_wait_event(s, *pp_saved(i + 1, m));  // its last d2h is done
-      layer_forward(dev_, out, ckpt_device(i, m), w, token_context(m), kept_ws_[i], pass_[m].dims, s);  // ws_, or the layer's kept activations
+      layer_forward(dev_, out, ckpt_device(i, m), for_micro_batch(w, m), token_context(m), kept_ws_[i], pass_[m].dims, s);  // ws_, or the layer's kept activations
       if (out_spills) spill_checkpoint(i + 1, m, out);
     }
     layers_->release(i);
@@ -609,8 +619,9 @@ void Engine::lora_grads_land() {
 
 // Layer i's backward for micro-batch m: its share of dW into the layer's gradient slot `g`
 // (grad_share), d(layer input) into dx.
-void Engine::layer_backward_one(size_t i, size_t m, const LayerWeights& w, char* g, const float* dout, float* dx) {
+void Engine::layer_backward_one(size_t i, size_t m, const LayerWeights& layer_w, char* g, const float* dout, float* dx) {
   fetch_checkpoint(i, m);
+  const LayerWeights w = for_micro_batch(layer_w, m);
   LayerGrads lg;
   void* dw = nullptr;
   const size_t bytes = lora_ ? 0 : store_.layer_group(i).f32_bytes;

@@ -157,7 +157,8 @@ class Engine {
   // LoRA dropout (lora.dropout > 0): the training passes that follow belong to optimizer step
   // `step`; the first is micro-batch `first` of the step in the global order, the next first +
   // stride, ... (stride: the data-parallel ranks). Each forward_backward draws its masks from
-  // lora_dropout_seed(options.lora.seed, step, its micro-batch); forward-only passes draw none.
+  // lora_dropout_seed(options.lora.seed, step, its micro-batch) (a layer-major pass: each of its
+  // micro-batches, next in turn); forward-only passes draw none.
   void lora_dropout_begin_step(int64_t step, int64_t first = 0, int64_t stride = 1);
 
   EngineStats stats() const;
@@ -175,6 +176,7 @@ class Engine {
   void create_events();
   // weights
   LayerWeights ensure_layer(size_t layer);  // weights of `layer` in its slot (h2d when needed)
+  LayerWeights for_micro_batch(const LayerWeights& w, size_t m) const;  // m's LoRA dropout masks
   const float* ensure_final_norm();
   const void* ensure_head_chunk(size_t chunk);  // lm_head rows of `chunk` on the device
   void release_head_chunk(size_t chunk);        // the compute stream is done reading it
@@ -229,9 +231,9 @@ class Engine {
   double lora_landed_norm_ = 0;
   bool lora_host_accumulation_ = false;  // data parallel: the adapters' step gradient sums on the host
   struct LoraDropoutPass {
-    int64_t step = 1, next = 0, stride = 1;  // the next training pass's micro-batch: next
-    uint64_t seed = 0;                       // this pass's key; 0 dropout: none (forward-only)
-    double p = 0;
+    int64_t step = 1, next = 0, stride = 1;  // the next training pass's first micro-batch: next
+    std::vector<uint64_t> seeds;             // this pass's keys, one per micro-batch
+    double p = 0;                            // 0: none (forward-only)
   } lora_dropout_;
   EngineOptions opt_;
   EngineShape shape_;     // capacities: what every buffer is sized for

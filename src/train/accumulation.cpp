@@ -13,9 +13,6 @@ std::string accumulation_layer_major_obstacle(const Recipe& rc, bool tied_lm_hea
   if (tied_lm_head && !rc.lora_enabled)
     return "a tied lm_head's gradient shares the embedding's rows with every micro-batch's scatter-add, so a sum "
            "over the step on the device would change the order of the additions";
-  if (rc.lora_enabled)
-    return "LoRA lands each micro-batch's adapter gradients on their own (data parallel and dropout masks key on the "
-           "micro-batch) in this version";
   if (rc.offload_recompute == "never")
     return "offload.recompute = \"never\" keeps one micro-batch's activations per layer, and a layer-major pass "
            "runs several through each layer";

@@ -1,7 +1,8 @@
 // offload.accumulation (DESIGN §3, offload/engine.cpp, "Layer-major passes"): which schedule a run's
 // gradient accumulation takes. "layer_major" runs the step's k micro-batches through each layer
 // together (EngineOptions::group = k); "micro_batch" one at a time (group 1); "auto" takes
-// layer_major where it applies and its placement plan fits the budgets.
+// layer_major where it applies and its placement plan fits the budgets (LoRA included: the base
+// is frozen, and each micro-batch of a pass draws its own dropout masks).
 #pragma once
 #include <cstdint>
 #include <functional>

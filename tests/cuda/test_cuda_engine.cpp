@@ -185,11 +185,14 @@ namespace {
 // tests/golden/lora_grad/<name>, one forward_backward with streamed weights and host checkpoints;
 // returns the loss per counted token and the adapters' gradients (PEFT names, dB unscaled). With
 // dropout, the golden's LoRA dropout (p, seed; step 1, micro-batch 0: the engine's first pass).
+// With accum > 0: that many strided micro-batches of the golden's shape instead (each with its
+// own masks), one at a time or in one layer-major pass; the losses per micro-batch too.
 struct LoraStep {
   double loss = 0;
+  std::vector<double> losses;
   std::vector<std::pair<std::string, std::vector<float>>> grads;
 };
-LoraStep lora_step(Device& dev, const std::string& name, bool dropout = false) {
+LoraStep lora_step(Device& dev, const std::string& name, bool dropout = false, int accum = 0, bool layer_major = false) {
   const testing::Golden g = testing::Golden::load(name);
   const std::string dir = testing::source_path("tests/golden/lora_grad/" + name);
   const nlohmann::json expected = nlohmann::json::parse(testing::read_file(dir + "/expected.json"));
@@ -214,9 +217,21 @@ LoraStep lora_step(Device& dev, const std::string& name, bool dropout = false) {
   eo.max_batch = g.batch.B;
   eo.max_tokens = g.batch.T;
   eo.lora = lo;
+  eo.group = layer_major ? accum : 1;
   Engine engine(dev, store, eo, &lora);
   LoraStep r;
-  r.loss = engine.forward_backward(g.batch, float(1.0 / double(g.batch.counted()))) / double(g.batch.counted());
+  if (accum == 0) {
+    r.loss = engine.forward_backward(g.batch, float(1.0 / double(g.batch.counted()))) / double(g.batch.counted());
+  } else {
+    std::vector<MicroBatch> mbs;
+    int64_t counted = 0;
+    for (int a = 0; a < accum; ++a)
+      mbs.push_back(testing::strided_batch(g.batch.B, g.batch.T - a, spec.config.vocab_size, 37 + a, 5 * a)), counted += mbs.back().counted();
+    const float scale = float(1.0 / double(counted));
+    if (layer_major) r.losses = engine.forward_backward_group(mbs, scale);
+    else
+      for (const MicroBatch& mb : mbs) r.losses.push_back(engine.forward_backward(mb, scale));
+  }
   engine.synchronize();
   engine.lora_collect_grads();
   for (const TensorSpec& t : lora.layout().table.rows())
@@ -257,6 +272,23 @@ TEST_CASE("LoRA on the CUDA backend: adapter gradients match the torch goldens a
       CHECK(worst <= 1e-4);
       CHECK(worst_cpu <= 1e-4);
       CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * on_cpu.loss);
+    }
+  }
+}
+
+TEST_CASE("LoRA on the CUDA backend: a layer-major pass equals the micro-batch schedule bit for bit, dropout masks included",
+          "[cuda-emu][lora][layer_major]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  for (bool dropout : {false, true}) {
+    INFO("3 micro-batches" << (dropout ? ", LoRA dropout" : ""));
+    const LoraStep mb = lora_step(*cuda, "llama", dropout, 3, false), lm = lora_step(*cuda, "llama", dropout, 3, true);
+    REQUIRE(mb.losses.size() == 3);
+    CHECK(lm.losses == mb.losses);
+    REQUIRE(lm.grads.size() == mb.grads.size());
+    for (size_t i = 0; i < mb.grads.size(); ++i) {
+      INFO(mb.grads[i].first);
+      CHECK(lm.grads[i].second == mb.grads[i].second);
     }
   }
 }

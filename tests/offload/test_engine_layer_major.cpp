@@ -3,7 +3,7 @@
 // gradients summed on the device in micro-batch order and crossing to the host once. The losses,
 // gradient norms and the updated master weights and moments must equal the micro_batch schedule's
 // to the bit — streamed and resident weights, checkpoints on the device, in pinned RAM and on
-// NVMe, with and without clipping (optimizer_step / the landed-update path), k = 1, 2, 4, a last
+// NVMe, with and without clipping, LoRA with and without dropout (optimizer_step / the landed-update path), k = 1, 2, 4, a last
 // micro-batch shorter than the others — and the link must carry about 2W + G per step whatever k.
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -24,6 +24,7 @@ constexpr int64_t kVocab = 700, kB = 2, kT = 11;
 struct Setup {
   bool layer_major = false;
   bool lora = false;  // frozen base, adapters trained (B starts at zero: a first step moves it)
+  double lora_dropout = 0;  // each micro-batch's masks keyed by (step, its index in the step)
   std::string weights = "stream", checkpoints = "device";
   bool clip = false;
   int k = 2;
@@ -55,6 +56,8 @@ Result run(const Setup& su) {
   if (su.lora) {
     eo.lora.r = 4;
     eo.lora.alpha = 8;
+    eo.lora.dropout = su.lora_dropout;
+    eo.lora.seed = 11;
     lora = std::make_unique<LoraStore>(*dev, spec, eo.lora);
     lora->init(3);
   }
@@ -76,6 +79,7 @@ Result run(const Setup& su) {
     ap.lr = 3e-3f;
     ap.step = s;
     const size_t link0 = engine.stats().link_bytes;
+    if (su.lora) engine.lora_dropout_begin_step(s);
     std::vector<double> losses;
     if (su.layer_major && su.clip) {
       losses = engine.forward_backward_group(mbs, scale);
@@ -138,23 +142,30 @@ TEST_CASE("layer-major accumulation equals the micro-batch schedule bit for bit"
 
 TEST_CASE("layer-major LoRA equals the micro-batch schedule bit for bit, with the base crossing once per step",
           "[engine][layer_major][lora]") {
-  for (bool clip : {false, true}) {
-    Setup su;
-    su.lora = true;
-    su.checkpoints = "host";
-    su.clip = clip;
-    su.k = 4;
-    INFO("clip " << clip);
-    const Result mb = run(su);
-    su.layer_major = true;
-    const Result lm = run(su);
-    CHECK(lm.losses == mb.losses);
-    CHECK(lm.norms == mb.norms);
-    CHECK(same_bits(lm.master, mb.master));
-    CHECK(same_bits(lm.m, mb.m));
-    CHECK(same_bits(lm.v, mb.v));
-    for (size_t s = 0; s < mb.link_bytes.size(); ++s) CHECK(double(lm.link_bytes[s]) < 0.5 * double(mb.link_bytes[s]));
-  }
+  // with dropout, each micro-batch of a layer-major pass draws its own masks, the ones the
+  // micro_batch schedule draws for it; the masks change what is trained (not a no-op)
+  std::vector<float> undropped[2];
+  for (double dropout : {0.0, 0.25})
+    for (bool clip : {false, true}) {
+      Setup su;
+      su.lora = true;
+      su.lora_dropout = dropout;
+      su.checkpoints = "host";
+      su.clip = clip;
+      su.k = 4;
+      INFO("clip " << clip << ", lora dropout " << dropout);
+      const Result mb = run(su);
+      su.layer_major = true;
+      const Result lm = run(su);
+      CHECK(lm.losses == mb.losses);
+      CHECK(lm.norms == mb.norms);
+      CHECK(same_bits(lm.master, mb.master));
+      CHECK(same_bits(lm.m, mb.m));
+      CHECK(same_bits(lm.v, mb.v));
+      for (size_t s = 0; s < mb.link_bytes.size(); ++s) CHECK(double(lm.link_bytes[s]) < 0.5 * double(mb.link_bytes[s]));
+      if (dropout == 0) undropped[clip] = lm.master;
+      else CHECK_FALSE(same_bits(lm.master, undropped[clip]));
+    }
 }
 
 TEST_CASE("the updates see the gradients: a changed micro-batch order is not bit-identical", "[engine][layer_major]") {
