@@ -6,7 +6,8 @@
 // fixed order, so results are bitwise independent of the thread count. The backward therefore
 // runs two passes instead of accumulating dq with atomics: pass 1 over (b, kv head, key block)
 // writes dk and dv (summing the query heads of the group in order), pass 2 over
-// (b, head, query block) writes dq. Scores are recomputed in both.
+// (b, head, query block) writes dq. Scores are recomputed in both, except that with dpbf16
+// pass 2 reads the dS weights pass 1 kept, when they fit the cap (AttentionStoredDs).
 //
 // Masking: query t sees keys s with doc_start[b,t] <= s <= t. Key tiles entirely outside
 // [min doc_start of the query tile, last query of the tile] are skipped, and in the backward,
@@ -136,6 +137,20 @@ struct AttentionInput {
   const float* f32;
   const bf16* bf;  // null with f32 dots
 };
+
+// With dpbf16, pass 1 keeps the dS weight pairs of every (query tile, key tile) pair it visits,
+// packed along the rows as pass 2's dQ = dS K reads them (attention_pack_row_weights), so pass 2
+// does not recompute P and dS. Pass 1 visits key tile kt for the query tiles qt >= kt that see
+// it; pass 2 visits the same pairs (kTileQ == kTileK), so every slot it reads was written. Null
+// `words`: pass 2 recomputes (f32 dots, or a store larger than the cap).
+struct AttentionStoredDs {
+  uint32_t* words = nullptr;  // (B, H, q_tiles (q_tiles + 1) / 2, kTileQ * kTileK / 2)
+  int64_t pairs = 0;          // query tile pairs with kt <= qt per (b, head)
+  uint32_t* slot(const AttentionShape& s, int64_t bi, int64_t hi, int64_t qt, int64_t kt) const {
+    return words + ((bi * s.h + hi) * pairs + qt * (qt + 1) / 2 + kt) * (kTileQ * kTileK / 2);
+  }
+};
+static_assert(kTileQ == kTileK, "the stored dS slots pair query tile qt with key tiles kt <= qt");
 
 // Copies n rows of one head from x (B,T,nh,D) starting at token t0 into rows (n, D) (the bf16
 // values, widened, with bf16 dots) when rows is not null; with dpbf16, rows_bf (n, dp) also
@@ -669,7 +684,8 @@ void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, Atten
                                 const float* di,
                                 const int32_t* doc_start, const int32_t* tile_first_keys,
                                 int64_t bi, int64_t g, int64_t kt, float scale,
-                                const AttentionShape& s, AttentionWorkspace& ws) {
+                                const AttentionShape& s, AttentionWorkspace& ws,
+                                const AttentionStoredDs& stored) {
   const int64_t d = s.d, da = s.da;
   const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
   float* dk_acc = ws.acc.data();   // (nk, da)
@@ -686,6 +702,7 @@ void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, Atten
       attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
       attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                  scale, s, ws);
+      if (stored.words) attention_pack_row_weights(stored.slot(s, bi, hi, qt, kt), ws.dscores.data(), nq, nk);
       attention_backward_kv_accumulate(dk_acc, dv_acc, nq, nk, s, ws);
     }
   }
@@ -699,15 +716,16 @@ void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, Atten
   }
 }
 
-// dQ_i += dS_i K over one key tile: with dpbf16 from weight pairs along the rows of dS and K's
-// row pairs (ws.x_rpairs), else two query rows per walk over ws.k_rows.
-void attention_backward_q_accumulate(float* dq_acc, int64_t nq, int64_t nk,
+// dQ_i += dS_i K over one key tile: with dpbf16 from weight pairs along the rows of dS (pass 1's
+// `stored` ones, else packed from ws.dscores) and K's row pairs (ws.x_rpairs), else two query
+// rows per walk over ws.k_rows.
+void attention_backward_q_accumulate(float* dq_acc, int64_t nq, int64_t nk, const uint32_t* stored,
                                      const AttentionShape& s, AttentionWorkspace& ws) {
   const float* ds = ws.dscores.data();
   if (s.dpbf16) {
-    attention_pack_row_weights(ws.w_pairs.data(), ds, nq, nk);
-    attention_pairs_gemm(dq_acc, s.da, ws.w_pairs.data(), kTileK / 2, 1, ws.x_rpairs.data(), s.da,
-                         nq, (nk + 1) / 2, s.da / 16);
+    if (!stored) attention_pack_row_weights(ws.w_pairs.data(), ds, nq, nk);
+    attention_pairs_gemm(dq_acc, s.da, stored ? stored : ws.w_pairs.data(), kTileK / 2, 1,
+                         ws.x_rpairs.data(), s.da, nq, (nk + 1) / 2, s.da / 16);
     return;
   }
   attention_accumulate_query_rows(dq_acc, ds, ws.k_rows.data(), nq, s.d, ws);
@@ -718,24 +736,30 @@ void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q,
                                AttentionInput v, const float* lse, const float* di,
                                const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
                                int64_t qt, float scale, const AttentionShape& s,
-                               AttentionWorkspace& ws) {
+                               AttentionWorkspace& ws, const AttentionStoredDs& stored) {
   const int64_t d = s.d, da = s.da, g = hi / s.rep;
   const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
   float* dq_acc = ws.acc.data();  // (nq, da)
   std::fill(dq_acc, dq_acc + nq * da, 0.f);
-  attention_load_query_tile(q, dout, bi, hi, t0, nq, false, s, ws);
-  attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
+  if (!stored.words) {
+    attention_load_query_tile(q, dout, bi, hi, t0, nq, false, s, ws);
+    attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
+  }
   for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
-    attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
-    attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
     if (s.dpbf16)
       attention_load_row_pairs(ws.x_rpairs.data(), k, bi, s0, nk, g, s.hk, s);
     else
       attention_load_rows(ws.k_rows.data(), nullptr, k, bi, s0, nk, g, s.hk, s);
+    if (stored.words) {
+      attention_backward_q_accumulate(dq_acc, nq, nk, stored.slot(s, bi, hi, qt, kt), s, ws);
+      continue;
+    }
+    attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
     attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                scale, s, ws);
-    attention_backward_q_accumulate(dq_acc, nq, nk, s, ws);
+    attention_backward_q_accumulate(dq_acc, nq, nk, nullptr, s, ws);
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* dst = dq + ((bi * s.t + t0 + i) * s.h + hi) * d;
@@ -818,6 +842,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                          dot_type, attention_isa_best());
 }
 
+size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DType dot_type, AttentionIsa isa) {
+  const AttentionShape s = attention_shape(b, t, h, h, d, dot_type, isa);
+  return s.dpbf16 ? size_t(s.b * s.h * (s.q_tiles * (s.q_tiles + 1) / 2)) * (kTileQ * kTileK / 2) * sizeof(uint32_t) : 0;
+}
+
 void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                            int64_t d, float scale, DType dot_type, AttentionIsa isa) {
@@ -847,10 +876,19 @@ void attention_forward_isa(float* out, float* lse, const float* q, const float* 
 void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* out, const float* lse,
                             const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                            int64_t d, float scale, DType dot_type, AttentionIsa isa) {
+                            int64_t d, float scale, DType dot_type, AttentionIsa isa,
+                            size_t stored_ds_max_bytes) {
   const AttentionShape s = attention_shape(b, t, h, hk, d, dot_type, isa);
   attention_check_inputs(s, doc_start);
   const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
+  AttentionStoredDs stored;
+  std::vector<uint32_t> stored_words;
+  stored.pairs = s.q_tiles * (s.q_tiles + 1) / 2;
+  const size_t stored_bytes = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
+  if (stored_bytes > 0 && stored_bytes <= stored_ds_max_bytes) {  // pass 1 writes every slot pass 2 reads
+    stored_words.resize(stored_bytes / sizeof(uint32_t));
+    stored.words = stored_words.data();
+  }
   std::vector<bf16> q_bf, k_bf, v_bf, do_bf;
   const AttentionInput qi = attention_input(q, b * t * h * d, s, q_bf);
   const AttentionInput ki = attention_input(k, b * t * hk * d, s, k_bf);
@@ -882,14 +920,14 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
       const int64_t kt = it % s.k_tiles;
       const int64_t g = (it / s.k_tiles) % s.hk, bi = it / (s.k_tiles * s.hk);
       attention_backward_kv_tile(dk, dv, doi, qi, ki, vi, lse, di.data(), doc_start,
-                                 first_keys.data(), bi, g, kt, scale, s, ws);
+                                 first_keys.data(), bi, g, kt, scale, s, ws, stored);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < q_items; ++it) {
       const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
       const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
       attention_backward_q_tile(dq, doi, qi, ki, vi, lse, di.data(), doc_start,
-                                first_keys[bi * s.q_tiles + qt], bi, hi, qt, scale, s, ws);
+                                first_keys[bi * s.q_tiles + qt], bi, hi, qt, scale, s, ws, stored);
     }
   }
 }

@@ -89,10 +89,18 @@ AttentionIsa attention_isa_best();
 void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                            int64_t d, float scale, DType dot_type, AttentionIsa isa);
+// On vdpbf16ps the backward's second pass (dQ) reads the bf16 dS its first pass (dK, dV) formed,
+// kept for every visible 64 x 64 tile pair (B·H·q_tiles(q_tiles + 1)/2 tiles of 8 KiB, a
+// transient of the call), instead of recomputing P and dS, when they fit in
+// stored_ds_max_bytes; the bits are the same either way.
+// attention_stored_ds_bytes: the bytes kept (0 where the products are not on vdpbf16ps).
+constexpr size_t kAttentionStoredDsMaxBytes = size_t(32) << 20;
+size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DType dot_type, AttentionIsa isa);
 void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* out, const float* lse,
                             const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                            int64_t d, float scale, DType dot_type, AttentionIsa isa);
+                            int64_t d, float scale, DType dot_type, AttentionIsa isa,
+                            size_t stored_ds_max_bytes = kAttentionStoredDsMaxBytes);
 
 // ---- lm_head + cross-entropy over the whole vocabulary (never all N x V logits at once) ----
 // h (N,C) final hidden, w (V,C) lm_head, targets (N) with -100 ignored.

@@ -2,7 +2,7 @@
 // the tiled f32 fast path against the reference at awkward sizes, thread-count independence,
 // and a long sequence that an O(T^2) implementation could not run in the time allowed; the
 // bf16 dots (both ISAs) against the twin on bf16-rounded inputs (with bf16-rounded backward
-// weights) and on the raw f32 inputs.
+// weights) and on the raw f32 inputs; on vdpbf16ps, dQ from the kept dS equals recomputing it.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -274,6 +274,45 @@ TEST_CASE("attention results are bitwise independent of the thread count", "[ker
     CHECK(same(one.dq, three.dq));
     CHECK(same(one.dk, three.dk));
     CHECK(same(one.dv, three.dv));
+  }
+}
+
+TEST_CASE("attention bf16 backward on vdpbf16ps: dQ from pass 1's kept dS has the bits of recomputing it",
+          "[kernels]") {
+  if (!cpu::attention_isa_supported(cpu::AttentionIsa::avx512_bf16)) {
+    WARN("SKIPPED: this CPU has no AVX512-BF16 (the kept dS is that path's)");
+    return;
+  }
+  const cpu::AttentionIsa isa = cpu::AttentionIsa::avx512_bf16;
+  // packed documents (tiles skipped), an odd head size and a last tile of one token, MHA
+  const AttnCase cases[] = {{2, 200, 6, 2, 24}, {3, 65, 2, 1, 7}, {1, 130, 4, 4, 64}};
+  for (int ci = 0; ci < 3; ++ci) {
+    const AttnCase c = cases[ci];
+    INFO("case " << ci);
+    const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;
+    const auto q = random_floats(size_t(nq), 11 + ci), k = random_floats(size_t(nk), 21 + ci),
+               v = random_floats(size_t(nk), 31 + ci), dout = random_floats(size_t(nq), 41 + ci);
+    const std::vector<int32_t> docs = make_doc_start(c.b, c.t, 50, 5 + ci);
+    const int32_t* ds = ci == 2 ? nullptr : docs.data();
+    const int64_t tiles = (c.t + 63) / 64;
+    const size_t kept = cpu::attention_stored_ds_bytes(c.b, c.t, c.h, c.d, DType::bf16, isa);
+    CHECK(kept == size_t(c.b * c.h * tiles * (tiles + 1) / 2) * 64 * 64 * 2);  // 2 bytes per tile element
+    CHECK(kept <= cpu::kAttentionStoredDsMaxBytes);  // so the default call keeps them
+    CHECK(cpu::attention_stored_ds_bytes(c.b, c.t, c.h, c.d, DType::f32, isa) == 0);
+    const AttnResult fwd = run_fast(c, q, k, v, dout, ds, 0.3f, DType::bf16, isa);  // keeps dS
+    AttnResult again = fwd;
+    cpu::attention_backward_isa(again.dq.data(), again.dk.data(), again.dv.data(), dout.data(), q.data(), k.data(),
+                                v.data(), fwd.out.data(), fwd.lse.data(), ds, c.b, c.t, c.h, c.hk, c.d, 0.3f,
+                                DType::bf16, isa, 0);  // recomputes dS
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    CHECK(same(fwd.dq, again.dq));
+    CHECK(same(fwd.dk, again.dk));
+    CHECK(same(fwd.dv, again.dv));
+    double dq_norm = 0;
+    for (float x : fwd.dq) dq_norm += double(x) * x;
+    CHECK(dq_norm > 0);
   }
 }
 
