@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -882,12 +883,12 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
   attention_check_inputs(s, doc_start);
   const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
   AttentionStoredDs stored;
-  std::vector<uint32_t> stored_words;
+  std::unique_ptr<uint32_t[]> stored_words;  // not zeroed: pass 1 writes every slot pass 2 reads
   stored.pairs = s.q_tiles * (s.q_tiles + 1) / 2;
   const size_t stored_bytes = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
   if (stored_bytes > 0 && stored_bytes <= stored_ds_max_bytes) {  // pass 1 writes every slot pass 2 reads
-    stored_words.resize(stored_bytes / sizeof(uint32_t));
-    stored.words = stored_words.data();
+    stored_words.reset(new uint32_t[stored_bytes / sizeof(uint32_t)]);
+    stored.words = stored_words.get();
   }
   std::vector<bf16> q_bf, k_bf, v_bf, do_bf;
   const AttentionInput qi = attention_input(q, b * t * h * d, s, q_bf);
