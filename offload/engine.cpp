@@ -359,7 +359,7 @@ TokenContext Engine::token_context(size_t m) const {
 
 HeadTensors Engine::head_tensors(size_t m) const {
   const LayerDims& d = pass_[m].dims;
-  return {act(buf_.hn, m), buf_.targets + m * size_t(shape_.tokens), ce_stats(m), d.N(), d.C, shape_.V};
+  return {act(buf_.hn, m), buf_.targets + m * size_t(shape_.tokens), ce_stats(m), d.N(), d.C, shape_.V, m};
 }
 
 // Where the input of `layer` for micro-batch m lives on the device.

@@ -19,6 +19,7 @@ struct HeadTensors {
   const int32_t* targets = nullptr;    // (N) labels, -100 ignored
   const double* stats = nullptr;       // (N, 3) online-softmax statistics over all chunks
   int64_t n = 0, c = 0, v = 0;         // N, C, V
+  size_t m = 0;                        // the micro-batch's index in the engine's pass (layer-major: 0..g-1)
 };
 
 class LossObjective {

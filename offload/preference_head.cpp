@@ -64,12 +64,13 @@ PreferenceStepTotals preference_layout_totals(const MicroBatch& mb, const Prefer
   return t;
 }
 
-PreferenceHead::PreferenceHead(Device& dev, const PreferenceParams& params, int64_t max_tokens)
-    : dev_(dev), params_(params), capacity_(max_tokens) {
-  STRATA_ASSERT(max_tokens > 0, "preference head without tokens");
+PreferenceHead::PreferenceHead(Device& dev, const PreferenceParams& params, int64_t max_tokens, size_t max_group)
+    : dev_(dev), params_(params), capacity_(max_tokens), max_group_(max_group) {
+  STRATA_ASSERT(max_tokens > 0 && max_group > 0, "preference head without tokens");
   try {
     seq_dev_ = static_cast<int32_t*>(dev_.alloc(bytes_of<int32_t>(max_tokens), "preference.seq"));
-    weight_dev_ = static_cast<float*>(dev_.alloc(bytes_of<float>(max_tokens), "preference.token_weight"));
+    weight_dev_ = static_cast<float*>(dev_.alloc(bytes_of<float>(max_tokens * int64_t(max_group)),
+                                                 "preference.token_weight"));
     sums_dev_ = static_cast<double*>(dev_.alloc(bytes_of<double>(2 * max_tokens), "preference.seq_sums"));
   } catch (...) {
     if (seq_dev_) dev_.free(seq_dev_);
@@ -88,65 +89,81 @@ PreferenceHead::~PreferenceHead() {
   dev_.free(sums_dev_);
 }
 
+void PreferenceHead::set_layouts(std::vector<PreferenceLayout> layouts) {
+  STRATA_ASSERT(!layouts.empty() && layouts.size() <= max_group_, "a pass of ", layouts.size(),
+                " micro-batches on a preference head built for ", max_group_);
+  passes_.clear();
+  for (PreferenceLayout& layout : layouts) {
+    STRATA_ASSERT(layout.chosen.size() == layout.rejected.size() && !layout.chosen.empty(), "pairs without sides");
+    STRATA_ASSERT(layout.ref_chosen.size() == layout.ref_rejected.size() &&
+                      (layout.ref_chosen.empty() || layout.ref_chosen.size() == layout.chosen.size()),
+                  "reference sums do not match the pairs");
+    STRATA_ASSERT(layout.num_seqs > 0 && layout.num_seqs <= capacity_, "sequence count outside the head's buffers");
+    passes_.push_back({std::move(layout), {}, {}});
+  }
+}
+
 void PreferenceHead::set_layout(PreferenceLayout layout) {
-  STRATA_ASSERT(layout.chosen.size() == layout.rejected.size() && !layout.chosen.empty(), "pairs without sides");
-  STRATA_ASSERT(layout.ref_chosen.size() == layout.ref_rejected.size() &&
-                    (layout.ref_chosen.empty() || layout.ref_chosen.size() == layout.chosen.size()),
-                "reference sums do not match the pairs");
-  STRATA_ASSERT(layout.num_seqs > 0 && layout.num_seqs <= capacity_, "sequence count outside the head's buffers");
-  layout_ = std::move(layout);
-  has_layout_ = true;
+  std::vector<PreferenceLayout> one;
+  one.push_back(std::move(layout));
+  set_layouts(std::move(one));
 }
 
 // Between the stats pass and the backward: s, n per sequence to the host (a synchronisation of
 // the compute stream: the loss's weights depend on them), then the pairs' loss and derivatives,
 // the per-token weights back to the device, and this micro-batch's loss into *loss_sum.
 void PreferenceHead::loss(double* loss_sum, const HeadTensors& head, Device& dev, Stream s) {
-  STRATA_CHECK(has_layout_, "a preference objective needs the micro-batch's pair layout before the step");
-  STRATA_ASSERT(int64_t(layout_.seq.size()) == head.n && head.n <= capacity_, "layout of ", layout_.seq.size(),
+  STRATA_CHECK(head.m < passes_.size(), "a preference objective needs the micro-batch's pair layout before the step");
+  MicroBatchHead& mb = passes_[head.m];
+  const PreferenceLayout& layout = mb.layout;
+  std::vector<PreferencePair>& pairs = mb.pairs;
+  STRATA_ASSERT(int64_t(layout.seq.size()) == head.n && head.n <= capacity_, "layout of ", layout.seq.size(),
                 " tokens for a micro-batch of ", head.n);
-  const int64_t S = layout_.num_seqs;
-  dev.copy_h2d(seq_dev_, layout_.seq.data(), bytes_of<int32_t>(head.n), s);
+  const int64_t S = layout.num_seqs;
+  dev.copy_h2d(seq_dev_, layout.seq.data(), bytes_of<int32_t>(head.n), s);
   dev.lm_head_ce_stats_seq_sums(sums_dev_, head.stats, head.targets, seq_dev_, head.n, head.v, S, s);
   sums_host_.resize(size_t(2 * S));
   dev.copy_d2h(sums_host_.data(), sums_dev_, bytes_of<double>(2 * S), s);
   dev.stream_synchronize(s);
 
-  const size_t P = layout_.chosen.size();
-  const bool own_ref = layout_.ref_chosen.empty();
-  pairs_.assign(P, PreferencePair{});
+  const size_t P = layout.chosen.size();
+  const bool own_ref = layout.ref_chosen.empty();
+  pairs.assign(P, PreferencePair{});
   for (size_t i = 0; i < P; ++i) {
-    PreferencePair& p = pairs_[i];
-    const size_t c = size_t(layout_.chosen[i]), r = size_t(layout_.rejected[i]);
+    PreferencePair& p = pairs[i];
+    const size_t c = size_t(layout.chosen[i]), r = size_t(layout.rejected[i]);
     p.chosen_logp = sums_host_[2 * c];
     p.rejected_logp = sums_host_[2 * r];
     p.chosen_tokens = int64_t(sums_host_[2 * c + 1]);
     p.rejected_tokens = int64_t(sums_host_[2 * r + 1]);
-    p.ref_chosen_logp = own_ref ? p.chosen_logp : layout_.ref_chosen[i];
-    p.ref_rejected_logp = own_ref ? p.rejected_logp : layout_.ref_rejected[i];
+    p.ref_chosen_logp = own_ref ? p.chosen_logp : layout.ref_chosen[i];
+    p.ref_rejected_logp = own_ref ? p.rejected_logp : layout.ref_rejected[i];
   }
-  result_ = preference_loss(params_, pairs_, layout_.totals);
+  const PreferenceLoss& result = mb.result = preference_loss(params_, pairs, layout.totals);
 
   // w_t = -d loss / d s of the token's sequence (d s / d logits = onehot - softmax)
   std::vector<double> d_seq(size_t(S), 0.0);
   for (size_t i = 0; i < P; ++i) {
-    d_seq[size_t(layout_.chosen[i])] = result_.d_chosen_logp[i];
-    d_seq[size_t(layout_.rejected[i])] = result_.d_rejected_logp[i];
+    d_seq[size_t(layout.chosen[i])] = result.d_chosen_logp[i];
+    d_seq[size_t(layout.rejected[i])] = result.d_rejected_logp[i];
   }
   weight_host_.resize(size_t(head.n));
   for (size_t t = 0; t < weight_host_.size(); ++t) {
-    const int32_t q = layout_.seq[t];
+    const int32_t q = layout.seq[t];
     weight_host_[t] = q < 0 ? 0.f : float(-d_seq[size_t(q)]);
   }
-  dev.copy_h2d(weight_dev_, weight_host_.data(), bytes_of<float>(head.n), s);
-  loss_host_ = result_.loss;
+  // the next loss() synchronises the stream before it rewrites weight_host_ or loss_host_
+  dev.copy_h2d(weight_dev_ + head.m * size_t(capacity_), weight_host_.data(), bytes_of<float>(head.n), s);
+  loss_host_ = result.loss;
   dev.copy_h2d(loss_sum, &loss_host_, sizeof(double), s);  // the engine zeroed it: the sum is this loss
 }
 
 void PreferenceHead::chunk_backward(float* dh, float* dw_chunk, const HeadTensors& head, const void* w_chunk,
                                     DType w_type, int64_t v0, int64_t vc, float grad_scale, Device& dev, Stream s) {
+  STRATA_ASSERT(head.m < passes_.size(), "a preference backward without its micro-batch's layout");
   dev.lm_head_ce_chunk_backward_weighted(dh, dw_chunk, head.h, w_chunk, w_type, head.stats, head.targets,
-                                         weight_dev_, head.n, head.c, head.v, v0, vc, grad_scale, s);
+                                         weight_dev_ + head.m * size_t(capacity_), head.n, head.c, head.v, v0, vc,
+                                         grad_scale, s);
 }
 
 }  // namespace strata

@@ -4,7 +4,8 @@
 // logits); those few numbers come to the host, src/train/preference_loss turns the pairs' sums
 // into the loss and d loss / d s, each token gets the weight w_t = -d loss / d s of its
 // sequence, and the head's backward runs with d loss / d logits_t = w_t · (softmax - onehot)
-// (Device::lm_head_ce_chunk_backward_weighted). A micro-batch stays one forward and one backward.
+// (Device::lm_head_ce_chunk_backward_weighted). A micro-batch stays one forward and one backward;
+// a layer-major pass (offload.accumulation) runs several, each with its own layout and weights.
 //
 // Layout: a micro-batch holds whole pairs, one sequence per row: rows [0, P) the chosen
 // sequences, rows [P, 2P) the rejected ones (preference_micro_batch), each row padded at its end
@@ -43,18 +44,20 @@ PreferenceStepTotals preference_layout_totals(const MicroBatch& mb, const Prefer
 
 class PreferenceHead final : public LossObjective {
  public:
-  // max_tokens: the engine's N capacity (max_batch x max_tokens). Device buffers: seq ids (N),
-  // token weights (N), sequence sums (N, 2).
-  PreferenceHead(Device& dev, const PreferenceParams& params, int64_t max_tokens);
+  // max_tokens: the engine's N capacity (max_batch x max_tokens); max_group: the micro-batches
+  // of its largest pass (EngineOptions::group). Device buffers: seq ids (N), token weights
+  // (max_group, N), sequence sums (N, 2).
+  PreferenceHead(Device& dev, const PreferenceParams& params, int64_t max_tokens, size_t max_group = 1);
   ~PreferenceHead() override;
   PreferenceHead(const PreferenceHead&) = delete;
   PreferenceHead& operator=(const PreferenceHead&) = delete;
 
-  // The next micro-batch's layout (before Engine::step).
-  void set_layout(PreferenceLayout layout);
-  // After a step: the pairs' sums (s, n, ρ as used) and the loss with its derivatives.
-  const std::vector<PreferencePair>& pairs() const { return pairs_; }
-  const PreferenceLoss& result() const { return result_; }
+  // The next pass's layouts, one per micro-batch (before Engine::step or forward_backward_group).
+  void set_layouts(std::vector<PreferenceLayout> layouts);
+  void set_layout(PreferenceLayout layout);  // a pass of one micro-batch
+  // After a pass: micro-batch m's pairs' sums (s, n, ρ as used) and loss with its derivatives.
+  const std::vector<PreferencePair>& pairs(size_t m = 0) const { return passes_.at(m).pairs; }
+  const PreferenceLoss& result(size_t m = 0) const { return passes_.at(m).result; }
   const PreferenceParams& params() const { return params_; }
 
   void loss(double* loss_sum, const HeadTensors& head, Device& dev, Stream s) override;
@@ -62,20 +65,23 @@ class PreferenceHead final : public LossObjective {
                       int64_t v0, int64_t vc, float grad_scale, Device& dev, Stream s) override;
 
  private:
+  struct MicroBatchHead {  // one micro-batch of the pass
+    PreferenceLayout layout;
+    std::vector<PreferencePair> pairs;
+    PreferenceLoss result;
+  };
   Device& dev_;
   PreferenceParams params_;
   int64_t capacity_ = 0;
+  size_t max_group_ = 1;
   int32_t* seq_dev_ = nullptr;        // (N)
-  float* weight_dev_ = nullptr;       // (N)
+  float* weight_dev_ = nullptr;       // (max_group, N): micro-batch m's token weights at m * N
   double* sums_dev_ = nullptr;        // (N, 2)
-  PreferenceLayout layout_;
-  bool has_layout_ = false;
+  std::vector<MicroBatchHead> passes_;
   // host sides of the copies: alive until the next loss() has synchronised the stream
   std::vector<double> sums_host_;     // (S, 2)
   std::vector<float> weight_host_;    // (N)
   double loss_host_ = 0;
-  std::vector<PreferencePair> pairs_;
-  PreferenceLoss result_;
 };
 
 }  // namespace strata

@@ -1,14 +1,11 @@
 #include "src/train/accumulation.h"
 
 #include "src/core/error.h"
-#include "src/train/preference_step.h"
 
 namespace strata {
 
 std::string accumulation_layer_major_obstacle(const Recipe& rc, bool tied_lm_head, int ranks) {
   if (rc.optim_type != "adamw") return str_cat("optim.type = \"", rc.optim_type, "\" has no backward to accumulate");
-  if (preference_objective_enabled(rc))
-    return str_cat("train.objective = \"", rc.objective, "\" weights each pair's tokens within one micro-batch pass");
   if (ranks > 1) return "data parallel runs all-reduce each micro-batch's gradient (one rank only in this version)";
   if (tied_lm_head && !rc.lora_enabled)
     return "a tied lm_head's gradient shares the embedding's rows with every micro-batch's scatter-add, so a sum "

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "io/files.h"
 #include "src/core/error.h"
@@ -75,7 +76,8 @@ PreferenceTrainer::PreferenceTrainer(const Recipe& rc, PreferencePairs train, Pr
     : rc_(rc), params_(preference_params(rc)), train_(std::move(train)), eval_(std::move(eval)), engine_(engine) {
   STRATA_CHECK(train_.size() > 0, "train.objective = \"", rc.objective, "\" needs preference pairs: data.path must "
                "hold {prompt, chosen, rejected} records (data.format = \"preference\")");
-  auto head = std::make_unique<PreferenceHead>(dev, params_, engine.options().max_batch * engine.options().max_tokens);
+  auto head = std::make_unique<PreferenceHead>(dev, params_, engine.options().max_batch * engine.options().max_tokens,
+                                               size_t(engine.options().group));
   head_ = head.get();
   engine_.set_loss_objective(std::move(head));
 }
@@ -206,14 +208,21 @@ PreferenceStepOutcome PreferenceTrainer::step(const std::vector<std::vector<int6
   }
   PreferenceStepOutcome out;
   out.chosen_tokens = totals.chosen_tokens;
-  for (size_t a = 0; a < micro.size(); ++a) {
-    layouts[a].totals = totals;
-    head_->set_layout(std::move(layouts[a]));
-    const bool landed = max_grad_norm <= 0 && a + 1 == micro.size();
-    out.loss += landed ? engine_.forward_backward_update(mbs[a], 1.f, params, weight_decay)
-                       : engine_.forward_backward(mbs[a], 1.f);
-    out.metrics.add(head_->result().metrics);
-    for (const PreferencePair& p : head_->pairs()) out.rejected_tokens += p.rejected_tokens;
+  for (PreferenceLayout& layout : layouts) layout.totals = totals;
+  // the micro-batches one pass runs: all of them layer-major (offload.accumulation), else one
+  const size_t per_pass = engine_.options().group > 1 ? micro.size() : 1;
+  for (size_t a = 0; a < micro.size(); a += per_pass) {
+    const std::vector<MicroBatch> pass(mbs.begin() + long(a), mbs.begin() + long(a + per_pass));
+    head_->set_layouts({std::make_move_iterator(layouts.begin() + long(a)),
+                        std::make_move_iterator(layouts.begin() + long(a + per_pass))});
+    const bool landed = max_grad_norm <= 0 && a + per_pass == micro.size();
+    const std::vector<double> losses = landed ? engine_.forward_backward_group_update(pass, 1.f, params, weight_decay)
+                                              : engine_.forward_backward_group(pass, 1.f);
+    for (size_t m = 0; m < per_pass; ++m) {  // in micro-batch order, as one at a time adds them
+      out.loss += losses[m];
+      out.metrics.add(head_->result(m).metrics);
+      for (const PreferencePair& p : head_->pairs(m)) out.rejected_tokens += p.rejected_tokens;
+    }
   }
   *grad_norm = max_grad_norm > 0 ? engine_.optimizer_step(params, max_grad_norm, weight_decay)
                                  : engine_.landed_update_norm();

@@ -1,8 +1,10 @@
 // The CUDA backend's preference head ops (kernels/cuda/cross_entropy.cu: per-sequence log-prob
 // sums, the per-token weighted chunk backward) against their CPU twins on the same seeded inputs,
-// and a DPO step of the streaming engine on CUDA against the CPU backend.
+// a DPO step of the streaming engine on CUDA against the CPU backend, and a layer-major DPO pass
+// against the micro-batch schedule.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -127,6 +129,75 @@ TEST_CASE("cuda preference head ops match the CPU twins", "[cuda-emu]") {
     CHECK(max_rel_error(bdh.download(), want_dh) <= tol);
     CHECK(max_rel_error(bdw.download(), want_dw) <= tol);
   }
+}
+
+namespace {
+
+// The qwen3 golden's pairs as two micro-batches of one step (pairs [0, 2) and [2, 3)), one at a
+// time or in one layer-major pass (EngineOptions::group = 2): the losses and the gradients.
+std::pair<std::vector<double>, std::vector<float>> dpo_two_micro_batches(Device& dev, bool layer_major) {
+  const std::string model = testing::source_path("tests/golden/qwen3");  // an untied lm_head
+  std::ifstream in(testing::source_path("tests/golden/preference/qwen3/batch.json"));
+  const nlohmann::json b = nlohmann::json::parse(in);
+  std::vector<MicroBatch> mbs;
+  std::vector<PreferenceLayout> layouts;
+  PreferenceStepTotals totals;
+  for (auto [first, end] : {std::pair{0, 2}, std::pair{2, 3}}) {
+    auto rows = [&](const char* key) {
+      std::vector<std::vector<int32_t>> r;
+      for (int i = first; i < end; ++i) r.push_back(b[key][size_t(i)].get<std::vector<int32_t>>());
+      return r;
+    };
+    PreferenceLayout layout;
+    mbs.push_back(preference_micro_batch(rows("chosen_input_ids"), rows("chosen_labels"), rows("rejected_input_ids"),
+                                         rows("rejected_labels"), &layout));
+    for (int i = first; i < end; ++i) {
+      layout.ref_chosen.push_back(b["ref_chosen_logps"][size_t(i)].get<double>());
+      layout.ref_rejected.push_back(b["ref_rejected_logps"][size_t(i)].get<double>());
+    }
+    const PreferenceStepTotals t = preference_layout_totals(mbs.back(), layout);
+    totals.pairs += t.pairs;
+    totals.chosen_tokens += t.chosen_tokens;
+    layouts.push_back(std::move(layout));
+  }
+  for (PreferenceLayout& l : layouts) l.totals = totals;
+  HostStore store(dev, model_spec_build(hf_config_load(model), DType::f32));
+  model_load_weights(store, model);
+  EngineOptions eo;
+  eo.weights = "stream";
+  eo.checkpoints = "host";
+  eo.head_chunk_rows = 16;
+  eo.max_batch = std::max(mbs[0].B, mbs[1].B);
+  eo.max_tokens = std::max(mbs[0].T, mbs[1].T);
+  eo.group = layer_major ? 2 : 1;
+  Engine engine(dev, store, eo);
+  PreferenceParams params;
+  params.beta = 0.3;
+  auto owned = std::make_unique<PreferenceHead>(dev, params, eo.max_batch * eo.max_tokens, size_t(eo.group));
+  PreferenceHead* head = owned.get();
+  engine.set_loss_objective(std::move(owned));
+  std::vector<double> losses;
+  if (layer_major) {
+    head->set_layouts(layouts);
+    losses = engine.forward_backward_group(mbs, 1.f);
+  } else {
+    for (size_t m = 0; m < 2; ++m) head->set_layout(layouts[m]), losses.push_back(engine.forward_backward(mbs[m], 1.f));
+  }
+  engine.synchronize();
+  return {losses, std::vector<float>(store.grad(), store.grad() + store.f32_floats())};
+}
+
+}  // namespace
+
+TEST_CASE("cuda engine: a layer-major DPO pass equals the micro-batch schedule bit for bit", "[cuda-emu][layer_major]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  const auto mb = dpo_two_micro_batches(*cuda, false), lm = dpo_two_micro_batches(*cuda, true);
+  REQUIRE(mb.first.size() == 2);
+  CHECK(lm.first == mb.first);
+  REQUIRE(lm.second.size() == mb.second.size());
+  CHECK(std::memcmp(lm.second.data(), mb.second.data(), mb.second.size() * sizeof(float)) == 0);
+  CHECK(mb.first[0] != mb.first[1]);  // two micro-batches with their own pairs and weights
 }
 
 TEST_CASE("cuda engine: a DPO step with lm_head in chunks matches the CPU backend", "[cuda-emu]") {

@@ -1,6 +1,6 @@
 // offload.accumulation end to end (src/train/accumulation.h): a run whose steps accumulate 4
 // micro-batches trains bit-identically under "layer_major", "micro_batch" and "auto" — full
-// fine-tuning with and without clipping, LoRA with dropout — while metrics.jsonl's link_bytes shows the
+// fine-tuning with and without clipping, LoRA with dropout, preference objectives — while metrics.jsonl's link_bytes shows the
 // layer-major saving; "auto" takes micro_batch when the data leaves no room for layer-major; an
 // explicit "layer_major" where it does not apply is refused.
 #include <catch2/catch.hpp>
@@ -108,6 +108,50 @@ TEST_CASE("LoRA runs layer-major too: auto takes it, bit for bit the micro_batch
     CHECK(au_link[s] < 0.5 * mb_link[s]);  // auto chose layer-major
   }
   std::printf("layer-major LoRA train: link bytes per step %.0f (micro_batch %.0f)\n", au_link[1], mb_link[1]);
+}
+
+TEST_CASE("preference objectives run layer-major: bit for bit the micro_batch schedule's, each pair weighted in its micro-batch",
+          "[train][layer_major][preference]") {
+  // dpo-tiny's pairs on the tiny model's shape with its own lm_head (random init from the seed,
+  // its tokenizer): each micro-batch of a layer-major pass gets its own pair layout and token
+  // weights (offload/preference_head.h), so the pass trains what one micro-batch at a time does
+  const std::string tiny = testing::source_path("recipes/sft-tiny/models/tiny");
+  const std::string dir = testing::fresh_path("strata_layer_major_train", "pref_config");
+  fs::create_directories(dir);
+  std::ifstream in(tiny + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["tie_word_embeddings"] = false;
+  std::ofstream(dir + "/config.json") << j.dump();
+  for (const char* objective : {"dpo", "orpo"})
+    for (const char* clip : {"optim.max_grad_norm=1.0", "optim.max_grad_norm=0"}) {
+      INFO(objective << ", " << clip);
+      auto pref_recipe = [&](const std::string& out, const std::string& accumulation) {
+        return recipe_load(testing::source_path("recipes/dpo-tiny/recipe.toml"),
+                           {"model.path=", "model.config=" + dir + "/config.json", "data.tokenizer=" + tiny,
+                            std::string("train.objective=") + objective, clip, "train.micro_batch_size=2",
+                            "train.gradient_accumulation_steps=3", "train.max_steps=3", "train.eval_steps=0",
+                            "train.log_steps=100", "checkpoint.save_steps=0", "checkpoint.save_dtype=f32",
+                            "checkpoint.output_dir=" + out, "offload.accumulation=" + accumulation});
+      };
+      const std::string a = testing::fresh_path("strata_layer_major_train", "pref_micro"),
+                        b = testing::fresh_path("strata_layer_major_train", "pref_layer"),
+                        c = testing::fresh_path("strata_layer_major_train", "pref_auto");
+      const TrainSummary mb = train_run(pref_recipe(a, "micro_batch"));
+      const TrainSummary lm = train_run(pref_recipe(b, "layer_major"));
+      const TrainSummary au = train_run(pref_recipe(c, "auto"));
+      REQUIRE(mb.losses.size() == 3);
+      CHECK(lm.losses == mb.losses);
+      CHECK(au.losses == mb.losses);
+      CHECK(testing::read_file(a + "/final/model.safetensors") == testing::read_file(b + "/final/model.safetensors"));
+      for (const char* key : {"rewards/margins", "rewards/accuracies", "logps/chosen"})
+        CHECK(metric(b, key) == metric(a, key));  // TRL's metrics, summed over the pass's micro-batches alike
+      const std::vector<double> mb_link = link_bytes(a), lm_link = link_bytes(b);
+      REQUIRE(lm_link.size() == 3);
+      CHECK(link_bytes(c) == lm_link);  // auto chose layer-major
+      for (size_t s = 0; s < 3; ++s) CHECK(lm_link[s] < mb_link[s]);  // gradients cross once per step
+      std::printf("layer-major %s (%s): link bytes per step %.0f (micro_batch %.0f)\n", objective, clip, lm_link[1],
+                  mb_link[1]);
+    }
 }
 
 TEST_CASE("auto takes micro_batch when the tokenized data leaves no room for layer-major's checkpoints",
