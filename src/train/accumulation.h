@@ -2,7 +2,8 @@
 // gradient accumulation takes. "layer_major" runs the step's k micro-batches through each layer
 // together (EngineOptions::group = k); "micro_batch" one at a time (group 1); "auto" takes
 // layer_major where it applies and its placement plan fits the budgets (LoRA included: the base
-// is frozen, and each micro-batch of a pass draws its own dropout masks).
+// is frozen, and each micro-batch of a pass draws its own dropout masks; preference objectives
+// too: each micro-batch of a pass keeps its own pair layout in the head).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -12,8 +13,7 @@
 
 namespace strata {
 
-// Why layer-major does not apply to this run ("" when it does): zo-sgd, a preference objective,
-// several ranks, or a tied lm_head outside LoRA mode (its gradient shares the embedding's rows with
+// Why layer-major does not apply to this run ("" when it does): zo-sgd, several ranks, or a tied lm_head outside LoRA mode (its gradient shares the embedding's rows with
 // each micro-batch's scatter, so summing it on the device would change the sums' order).
 std::string accumulation_layer_major_obstacle(const Recipe& rc, bool tied_lm_head, int ranks);
 
