@@ -213,8 +213,8 @@ PreferenceStepOutcome PreferenceTrainer::step(const std::vector<std::vector<int6
   const size_t per_pass = engine_.options().group > 1 ? micro.size() : 1;
   for (size_t a = 0; a < micro.size(); a += per_pass) {
     const std::vector<MicroBatch> pass(mbs.begin() + long(a), mbs.begin() + long(a + per_pass));
-    head_->set_layouts({std::make_move_iterator(layouts.begin() + long(a)),
-                        std::make_move_iterator(layouts.begin() + long(a + per_pass))});
+    head_->set_layouts(std::vector<PreferenceLayout>(std::make_move_iterator(layouts.begin() + long(a)),
+                                                     std::make_move_iterator(layouts.begin() + long(a + per_pass))));
     const bool landed = max_grad_norm <= 0 && a + per_pass == micro.size();
     const std::vector<double> losses = landed ? engine_.forward_backward_group_update(pass, 1.f, params, weight_decay)
                                               : engine_.forward_backward_group(pass, 1.f);
