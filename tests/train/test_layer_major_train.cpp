@@ -46,6 +46,23 @@ std::vector<double> metric(const std::string& out, const std::string& key) {
 }
 std::vector<double> link_bytes(const std::string& out) { return metric(out, "link_bytes"); }
 
+// dpo-tiny's pairs on the tiny model's shape with its own lm_head (random init from the seed, the
+// tiny model's tokenizer), 3 micro-batches of 2 pairs a step.
+Recipe untied_dpo_tiny(const std::string& out, std::vector<std::string> extra) {
+  const std::string tiny = testing::source_path("recipes/sft-tiny/models/tiny");
+  const std::string dir = testing::fresh_path("strata_layer_major_train", "pref_config");
+  fs::create_directories(dir);
+  std::ifstream in(tiny + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["tie_word_embeddings"] = false;
+  std::ofstream(dir + "/config.json") << j.dump();
+  std::vector<std::string> o = {"model.path=", "model.config=" + dir + "/config.json", "data.tokenizer=" + tiny,
+                                "train.micro_batch_size=2", "train.gradient_accumulation_steps=3",
+                                "train.log_steps=100", "checkpoint.save_dtype=f32", "checkpoint.output_dir=" + out};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return recipe_load(testing::source_path("recipes/dpo-tiny/recipe.toml"), o);
+}
+
 }  // namespace
 
 TEST_CASE("layer-major training equals micro-batch training bit for bit, with a fraction of the link bytes",
@@ -110,28 +127,45 @@ TEST_CASE("LoRA runs layer-major too: auto takes it, bit for bit the micro_batch
   std::printf("layer-major LoRA train: link bytes per step %.0f (micro_batch %.0f)\n", au_link[1], mb_link[1]);
 }
 
+TEST_CASE("a layer-major DPO run stopped at step K and resumed equals the straight run bit for bit",
+          "[train][layer_major][preference][checkpoint]") {
+  const std::string a = testing::fresh_path("strata_layer_major_train", "pref_straight"),
+                    b = testing::fresh_path("strata_layer_major_train", "pref_resumed");
+  const std::vector<std::string> keys = {"train.max_steps=4", "checkpoint.save_steps=2", "train.eval_steps=2",
+                                         "offload.accumulation=layer_major"};
+  const TrainSummary straight = train_run(untied_dpo_tiny(a, keys));
+  REQUIRE(straight.losses.size() == 4);
+  TrainOptions stop;
+  stop.stop_at_step = 2;
+  const TrainSummary first = train_run(untied_dpo_tiny(b, keys), stop);
+  TrainOptions resume;
+  resume.resume = "auto";
+  const TrainSummary rest = train_run(untied_dpo_tiny(b, keys), resume);
+  REQUIRE(first.losses.size() == 2);
+  REQUIRE(rest.losses.size() == 2);
+  CHECK(first.losses[1] == straight.losses[1]);
+  CHECK(rest.losses[0] == straight.losses[2]);
+  CHECK(rest.losses[1] == straight.losses[3]);
+  CHECK(testing::read_file(a + "/checkpoint-4/optimizer_state.safetensors") ==
+        testing::read_file(b + "/checkpoint-4/optimizer_state.safetensors"));
+  // the eval at step 4 (a run stopping at step 2 skips that step's eval to stop at once)
+  REQUIRE(!metric(b, "eval_rewards/margins").empty());
+  CHECK(metric(a, "eval_rewards/margins").back() == metric(b, "eval_rewards/margins").back());
+  CHECK(metric(a, "rewards/margins") == metric(b, "rewards/margins"));
+}
+
 TEST_CASE("preference objectives run layer-major: bit for bit the micro_batch schedule's, each pair weighted in its micro-batch",
           "[train][layer_major][preference]") {
   // dpo-tiny's pairs on the tiny model's shape with its own lm_head (random init from the seed,
   // its tokenizer): each micro-batch of a layer-major pass gets its own pair layout and token
   // weights (offload/preference_head.h), so the pass trains what one micro-batch at a time does
-  const std::string tiny = testing::source_path("recipes/sft-tiny/models/tiny");
-  const std::string dir = testing::fresh_path("strata_layer_major_train", "pref_config");
-  fs::create_directories(dir);
-  std::ifstream in(tiny + "/config.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  j["tie_word_embeddings"] = false;
-  std::ofstream(dir + "/config.json") << j.dump();
   for (const char* objective : {"dpo", "orpo"})
     for (const char* clip : {"optim.max_grad_norm=1.0", "optim.max_grad_norm=0"}) {
       INFO(objective << ", " << clip);
       auto pref_recipe = [&](const std::string& out, const std::string& accumulation) {
-        return recipe_load(testing::source_path("recipes/dpo-tiny/recipe.toml"),
-                           {"model.path=", "model.config=" + dir + "/config.json", "data.tokenizer=" + tiny,
-                            std::string("train.objective=") + objective, clip, "train.micro_batch_size=2",
-                            "train.gradient_accumulation_steps=3", "train.max_steps=3", "train.eval_steps=0",
-                            "train.log_steps=100", "checkpoint.save_steps=0", "checkpoint.save_dtype=f32",
-                            "checkpoint.output_dir=" + out, "offload.accumulation=" + accumulation});
+        return untied_dpo_tiny(out, {std::string("train.objective=") + objective, clip, "train.max_steps=3",
+                                     "train.eval_steps=0", "checkpoint.save_steps=0",
+                                     "offload.accumulation=" + accumulation});
       };
       const std::string a = testing::fresh_path("strata_layer_major_train", "pref_micro"),
                         b = testing::fresh_path("strata_layer_major_train", "pref_layer"),
