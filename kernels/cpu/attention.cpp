@@ -886,7 +886,7 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
   std::unique_ptr<uint32_t[]> stored_words;  // not zeroed: pass 1 writes every slot pass 2 reads
   stored.pairs = s.q_tiles * (s.q_tiles + 1) / 2;
   const size_t stored_bytes = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
-  if (stored_bytes > 0 && stored_bytes <= stored_ds_max_bytes) {  // pass 1 writes every slot pass 2 reads
+  if (stored_bytes > 0 && stored_bytes <= stored_ds_max_bytes) {
     stored_words.reset(new uint32_t[stored_bytes / sizeof(uint32_t)]);
     stored.words = stored_words.get();
   }
