@@ -117,6 +117,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
   allocate(ckpt);
   for (EngineBuffer& b : ckpt) table_.push_back(std::move(b));
   keep_activations();
+  keep_logits();
 
   if (shape_.checkpoints == CheckpointMode::nvme) {
     try {
@@ -172,6 +173,22 @@ void Engine::keep_activations() {
   for (size_t k = 0; k < kept; ++k)
     kept_ws_[L_ - kept + k] = layer_workspace_with_activations(ws_, shape_.layer_capacity,
                                                                 buf_.kept_activations + k * per_layer);
+}
+
+// offload.recompute, the head: the last kept_chunks_ lm_head chunks keep their logits from the
+// stats pass to the backward, from what the budget leaves after the kept activations.
+void Engine::keep_logits() {
+  const size_t kept = engine_kept_logit_chunks(shape_, device_bytes_left());
+  std::vector<EngineBuffer> rows = engine_kept_logits_table(shape_, kept, &buf_);
+  allocate(rows);
+  for (EngineBuffer& b : rows) table_.push_back(std::move(b));
+  kept_chunks_ = kept;
+}
+
+float* Engine::kept_logits(size_t chunk, size_t m) const {
+  const size_t first = shape_.head_chunks - kept_chunks_;
+  if (!backward_pass_ || chunk < first) return nullptr;
+  return buf_.kept_logits + ((chunk - first) * shape_.group + m) * engine_kept_logit_floats(shape_);
 }
 
 size_t Engine::device_bytes_left() const {
@@ -321,6 +338,7 @@ std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind k
   }
   upload_tokens(mbs, g);
   spill_pass_ = spill_ && kind == StepKind::forward_backward;
+  backward_pass_ = kind == StepKind::forward_backward;
   forward();
   head_forward();
   if (kind == StepKind::forward_backward) {
@@ -450,7 +468,7 @@ void Engine::head_forward() {
     for (size_t m = 0; m < pass_.size(); ++m) {
       const HeadTensors h = head_tensors(m);
       dev_.lm_head_ce_chunk_stats(ce_stats(m), h.h, w, lm_type, h.targets, h.n, h.c, V, int64_t(k) * R,
-                                  std::min(R, V - int64_t(k) * R), k == 0, s);
+                                  std::min(R, V - int64_t(k) * R), k == 0, kept_logits(k, m), s);
     }
     release_head_chunk(k);
   }
@@ -492,7 +510,8 @@ void Engine::head_backward(float grad_scale) {
     const void* w = ensure_head_chunk(k);
     if (lora_) {  // frozen lm_head: d(hidden) only, no weight-gradient matmul
       for (size_t m = 0; m < pass_.size(); ++m)
-        objective_->chunk_backward(act(buf_.dhn, m), nullptr, head_tensors(m), w, lm_type, v0, vc, grad_scale, dev_, s);
+        objective_->chunk_backward(act(buf_.dhn, m), nullptr, head_tensors(m), w, lm_type, v0, vc, grad_scale,
+                                   kept_logits(k, m), dev_, s);
       release_head_chunk(k);
       continue;
     }
@@ -500,7 +519,7 @@ void Engine::head_backward(float grad_scale) {
     for (size_t m = 0; m < pass_.size(); ++m) {
       void* dw = grad_share(m, buf_.head_grad_slots[b], buf_.head_grad_scratch, chunk_bytes);
       objective_->chunk_backward(act(buf_.dhn, m), static_cast<float*>(dw), head_tensors(m), w, lm_type, v0, vc,
-                                 grad_scale, dev_, s);
+                                 grad_scale, kept_logits(k, m), dev_, s);
       grad_share_add(buf_.head_grad_slots[b], dw, chunk_bytes);
     }
     release_head_chunk(k);

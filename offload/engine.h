@@ -19,7 +19,8 @@
 //     Llama-3 8B). The loss takes two passes over the chunks: forward (chunk k+1 prefetched on
 //     h2d while chunk k computes) keeps each token's online-softmax statistics; then the loss
 //     objective (offload/loss_objective.h) reads them; backward walks the chunks in reverse
-//     (the two chunks still in the slots are reused), recomputes each chunk's logits, adds
+//     (the two chunks still in the slots are reused), recomputes each chunk's logits (or reads
+//     the ones the forward kept, offload.recompute, while the budget allows), adds
 //     dlogits · W_chunk into d(hidden) and stages dW_chunk device -> host through two gradient
 //     chunk slots, where it is added into the lm_head (or embedding) gradient in a fixed order.
 //     Chunk size: kHeadChunkRows (4096) vocab rows, or V when smaller. The rule depends on
@@ -164,6 +165,7 @@ class Engine {
   EngineStats stats() const;
   size_t device_checkpoints() const { return device_ckpt_count_; }
   size_t kept_activation_layers() const { return kept_layers_; }  // offload.recompute: layers not recomputed
+  size_t kept_logit_chunks() const { return kept_chunks_; }        // offload.recompute: lm_head chunks likewise
   size_t pinned_bytes() const { return engine_pinned_bytes(table_); }  // staging, spilled checkpoints
   const EngineOptions& options() const { return opt_; }
 
@@ -173,6 +175,8 @@ class Engine {
   size_t device_checkpoint_count() const;
   size_t device_bytes_left() const;  // the budget minus what is allocated and the margin
   void keep_activations();
+  void keep_logits();
+  float* kept_logits(size_t chunk, size_t m) const;  // the chunk's kept logits of micro-batch m; null: none
   void create_events();
   // weights
   LayerWeights ensure_layer(size_t layer);  // weights of `layer` in its slot (h2d when needed)
@@ -251,6 +255,7 @@ class Engine {
   LayerWorkspace ws_{};
   size_t device_ckpt_count_ = 0;   // layers [L - count, L) keep their input on the device
   size_t kept_layers_ = 0;         // layers [L - count, L) keep their forward activations
+  size_t kept_chunks_ = 0;         // lm_head chunks [K - count, K) keep their logits
   std::vector<LayerWorkspace> kept_ws_;  // (L) ws_, or ws_ with the layer's kept activations
 
   // the weights on the device (weight_stream.h): every layer streamed through slots, lm_head in
@@ -292,6 +297,7 @@ class Engine {
   double nvme_exposed_s_ = 0;                // the trainer thread waited on checkpoint files
   std::unique_ptr<CheckpointSpill> spill_;   // checkpoints = "nvme"
   bool spill_pass_ = false;                  // this pass writes checkpoints (a backward follows)
+  bool backward_pass_ = false;               // a backward follows this pass's forward
 };
 
 }  // namespace strata

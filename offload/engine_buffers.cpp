@@ -206,6 +206,23 @@ std::vector<EngineBuffer> engine_kept_activation_table(const EngineShape& s, siz
            count * layer_activation_bytes(s.layer_capacity), Memory::device, bind_to(into, &EngineBuffers::kept_activations)}};
 }
 
+size_t engine_kept_logit_floats(const EngineShape& s) {
+  return (size_t(s.tokens * s.head_rows) + 63) / 64 * 64;  // each chunk's rows start 256-byte aligned
+}
+
+size_t engine_kept_logit_chunks(const EngineShape& s, size_t device_bytes_left) {
+  if (s.recompute == RecomputeMode::always || s.head_chunks == 0) return 0;
+  const size_t chunk = s.group * bytes_of<float>(int64_t(engine_kept_logit_floats(s)));
+  return std::min(s.head_chunks, device_bytes_left / Arena::footprint(chunk));
+}
+
+std::vector<EngineBuffer> engine_kept_logits_table(const EngineShape& s, size_t count, EngineBuffers* into) {
+  if (count == 0) return {};
+  return {{str_cat("kept lm_head logits of ", count, " chunks (no recompute)"),
+           count * s.group * bytes_of<float>(int64_t(engine_kept_logit_floats(s))), Memory::device,
+           bind_to(into, &EngineBuffers::kept_logits)}};
+}
+
 void engine_buffers_allocate(Device& dev, std::vector<EngineBuffer>& table, const std::string& name_prefix) {
   try {
     for (EngineBuffer& b : table) {

@@ -30,8 +30,9 @@ struct EngineOptions {
   std::string weights = "stream";     // "stream" | "device"
   std::string checkpoints = "auto";   // "auto" (device while the budget allows) | "device" | "host"
                                       // | "nvme" (files under nvme_dir, offload/checkpoint_spill.h)
-  std::string recompute = "auto";     // "auto" (keep layers' activations while the budget allows,
-                                      // after the checkpoints) | "always" | "never" (keep every layer's)
+  std::string recompute = "auto";     // "auto" (keep layers' activations, then lm_head chunks' logits,
+                                      // while the budget allows, after the checkpoints) | "always" |
+                                      // "never" (keep every layer's activations; logits as "auto")
   std::string optimizer = "host";     // "host" | "nvme": where the store keeps master and moments
                                       // (the store's options decide; recorded here for the plan)
   std::string nvme_dir;               // offload.nvme_path
@@ -113,6 +114,8 @@ struct EngineBuffers {
   float* ckpt_dev = nullptr;         // (device checkpoints, g, N, C) layer inputs kept on the device
   char* kept_activations = nullptr;  // (kept layers, layer_activation_bytes) forward activations kept
                                      // for the backward (offload.recompute; models/decoder_layer.h)
+  float* kept_logits = nullptr;      // (kept chunks, g, engine_kept_logit_floats) lm_head logits the
+                                     // stats pass keeps for the backward (offload.recompute)
   // pinned host
   float* x0_host = nullptr;          // g x (N, C) embedding output = checkpoint 0 when spilled
   float* dx0_host = nullptr;         // g x (N, C) d embedding output, scattered on the host
@@ -149,6 +152,15 @@ std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& shape, size
 // the budget leaves after every other row and the device checkpoints). One row of count blocks.
 size_t engine_kept_activation_layers(const EngineShape& shape, size_t device_bytes_left);
 std::vector<EngineBuffer> engine_kept_activation_table(const EngineShape& shape, size_t count, EngineBuffers* into);
+// offload.recompute, the head: how many lm_head chunks keep their logits from the stats pass to
+// the backward, which then reads them instead of recomputing (one of the chunk backward's three
+// matmuls; the same bits) — chunks [K - count, K), the first the backward reaches. "always": 0;
+// "auto" and "never": as many as fit in device_bytes_left, what the budget leaves after the kept
+// activations (a layer's activations save about as much work per byte, and "never" asks for
+// them all). A chunk's logits: g micro-batches of engine_kept_logit_floats each.
+size_t engine_kept_logit_floats(const EngineShape& shape);  // N x R, rounded up to 64 floats
+size_t engine_kept_logit_chunks(const EngineShape& shape, size_t device_bytes_left);
+std::vector<EngineBuffer> engine_kept_logits_table(const EngineShape& shape, size_t count, EngineBuffers* into);
 
 // Allocates every row — device rows from the arena, named name_prefix + name; pinned rows from
 // the device's pinned allocator — and binds each. On failure frees the rows it allocated and

@@ -269,7 +269,7 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
                         vc * C, s);
         w = buf_.head_perturbed;
       }
-      dev_.lm_head_ce_chunk_stats(buf_.ce_stats[p], hn[p], w, lm_type, buf_.targets, N, C, V, v0, vc, k == 0, s);
+      dev_.lm_head_ce_chunk_stats(buf_.ce_stats[p], hn[p], w, lm_type, buf_.targets, N, C, V, v0, vc, k == 0, nullptr, s);
     }
     head_->release(k);
   }

@@ -29,10 +29,11 @@ class LossObjective {
   virtual void loss(double* loss_sum, const HeadTensors& head, Device& dev, Stream s) = 0;
   // One vocab chunk's backward: dh (N, C) += and dw_chunk (vc, C) += the gradient of
   // grad_scale * loss through lm_head rows [v0, v0 + vc) held in w_chunk (dw_chunk null: dh only,
-  // the head is frozen).
+  // the head is frozen). kept_logits: the chunk's logits as the stats pass kept them (Device::
+  // lm_head_ce_chunk_stats' keep_logits), consumed; null: recomputed.
   virtual void chunk_backward(float* dh, float* dw_chunk, const HeadTensors& head, const void* w_chunk,
-                              DType w_type, int64_t v0, int64_t vc, float grad_scale, Device& dev,
-                              Stream s) = 0;
+                              DType w_type, int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
+                              Device& dev, Stream s) = 0;
 };
 
 // The summed token cross-entropy over counted positions (kernels/cpu/ops.h lm_head_ce_chunk_*).
@@ -42,9 +43,9 @@ class TokenCrossEntropy final : public LossObjective {
     dev.lm_head_ce_stats_loss(loss_sum, head.stats, head.targets, head.n, head.v, s);
   }
   void chunk_backward(float* dh, float* dw_chunk, const HeadTensors& head, const void* w_chunk, DType w_type,
-                      int64_t v0, int64_t vc, float grad_scale, Device& dev, Stream s) override {
+                      int64_t v0, int64_t vc, float grad_scale, float* kept_logits, Device& dev, Stream s) override {
     dev.lm_head_ce_chunk_backward(dh, dw_chunk, head.h, w_chunk, w_type, head.stats, head.targets, head.n,
-                                  head.c, head.v, v0, vc, grad_scale, s);
+                                  head.c, head.v, v0, vc, grad_scale, kept_logits, s);
   }
 };
 

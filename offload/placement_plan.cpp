@@ -124,6 +124,13 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
     p.kept_activation_layers = engine_kept_activation_layers(shape, left);
     const size_t kept = engine_device_bytes(engine_kept_activation_table(shape, p.kept_activation_layers, nullptr));
     if (kept) add("kept layer activations (device, no recompute)", Tier::device, kept);
+    p.kept_logit_chunks = engine_kept_logit_chunks(shape, left > kept ? left - kept : 0);
+    if (p.kept_logit_chunks) {
+      const size_t first = shape.head_chunks - p.kept_logit_chunks;
+      p.kept_logit_rows = size_t(shape.V) - first * size_t(shape.head_rows);
+      add("kept lm_head logits (device, no recompute)", Tier::device,
+          engine_device_bytes(engine_kept_logits_table(shape, p.kept_logit_chunks, nullptr)));
+    }
   }
   size_t device_total = 0;
   for (const PlanState& s : p.states) device_total += s.bytes;
@@ -348,7 +355,7 @@ std::string placement_plan_table(const PlacementPlan& p) {
                  " pinned), nvme ", format_bytes(p.tier(Tier::nvme)), of(p.budgets.nvme_bytes), "\n");
   out += str_cat("  layer checkpoints: ", p.device_checkpoints, " on the device, ", p.host_checkpoints, " in pinned host, ",
                  p.nvme_checkpoints, " on NVMe (of ", p.layers, "); activations kept (no recompute) for ",
-                 p.kept_activation_layers, "\n");
+                 p.kept_activation_layers, " layers, lm_head logits for ", p.kept_logit_chunks, " chunks\n");
   return out;
 }
 

@@ -104,6 +104,8 @@ struct PlacementPlan {
   size_t layers = 0;
   size_t device_checkpoints = 0, host_checkpoints = 0, nvme_checkpoints = 0;  // layer inputs
   size_t kept_activation_layers = 0;  // layers whose activations stay on the device (no recompute)
+  size_t kept_logit_chunks = 0;       // lm_head chunks whose logits stay on the device likewise
+  size_t kept_logit_rows = 0;         // the vocab rows of those chunks
   bool optimizer_on_nvme = false;     // master + moments on NVMe
   PlanBudgets budgets;
   std::vector<std::string> problems;  // what does not fit (empty: it fits)

@@ -159,11 +159,12 @@ void PreferenceHead::loss(double* loss_sum, const HeadTensors& head, Device& dev
 }
 
 void PreferenceHead::chunk_backward(float* dh, float* dw_chunk, const HeadTensors& head, const void* w_chunk,
-                                    DType w_type, int64_t v0, int64_t vc, float grad_scale, Device& dev, Stream s) {
+                                    DType w_type, int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
+                                    Device& dev, Stream s) {
   STRATA_ASSERT(head.m < passes_.size(), "a preference backward without its micro-batch's layout");
   dev.lm_head_ce_chunk_backward_weighted(dh, dw_chunk, head.h, w_chunk, w_type, head.stats, head.targets,
                                          weight_dev_ + head.m * size_t(capacity_), head.n, head.c, head.v, v0, vc,
-                                         grad_scale, s);
+                                         grad_scale, kept_logits, s);
 }
 
 }  // namespace strata

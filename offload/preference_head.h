@@ -62,7 +62,8 @@ class PreferenceHead final : public LossObjective {
 
   void loss(double* loss_sum, const HeadTensors& head, Device& dev, Stream s) override;
   void chunk_backward(float* dh, float* dw_chunk, const HeadTensors& head, const void* w_chunk, DType w_type,
-                      int64_t v0, int64_t vc, float grad_scale, Device& dev, Stream s) override;
+                      int64_t v0, int64_t vc, float grad_scale, float* kept_logits, Device& dev,
+                      Stream s) override;
 
  private:
   struct MicroBatchHead {  // one micro-batch of the pass

@@ -100,9 +100,9 @@ DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_
   return all;
 }
 
-DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows) {
+DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows, int64_t kept_rows) {
   DeviceWork w;
-  w.head_flops = 8 * double(N) * double(rows) * double(spec.config.hidden_size);
+  w.head_flops = (8 * double(rows) - 2 * double(kept_rows)) * double(N) * double(spec.config.hidden_size);
   return w;
 }
 
@@ -217,11 +217,13 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Pl
   e.bytes = step_bytes(spec, in, plan, grad_accum);
   // the device's work per micro-batch, each kind at its rate (attention and the head at the GEMM
   // rate, memory-bound ops unpriced, when the device's own rates are not known); the recompute in
-  // backward is one more forward of every layer whose activations were not kept (offload.recompute,
-  // plan.kept_activation_layers)
+  // backward is one more forward of every layer whose activations were not kept, and one more
+  // logits matmul of every lm_head chunk whose logits were not (offload.recompute,
+  // plan.kept_activation_layers and kept_logit_rows)
   const DeviceWork layer_forward = layer_forward_work(layer_work(spec, in.micro_batch, in.sequence_len));
   DeviceWork layers = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers);
-  const DeviceWork head = head_work(spec, in.micro_batch * in.sequence_len, spec.config.vocab_size);
+  const DeviceWork head = head_work(spec, in.micro_batch * in.sequence_len, spec.config.vocab_size,
+                                    int64_t(plan.kept_logit_rows));
   auto rate = [&](double r) { return r > 0 ? r : rates.device_flops_per_s; };
   auto seconds = [&](const DeviceWork& w) -> std::map<std::string, double> {
     return {{"matmul", w.matmul_flops / rates.device_flops_per_s},

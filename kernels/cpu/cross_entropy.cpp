@@ -4,7 +4,8 @@
 // matmuls: only counted rows are gathered into tiles.
 //
 // A stats pass keeps each row's running max and sum of exps (online softmax, combined in
-// double), the loss is read from the stats, and a backward pass recomputes each chunk's logits:
+// double), the loss is read from the stats, and a backward pass recomputes each chunk's logits
+// (or reads the ones the stats pass kept in the caller's buffer, ops.h "Kept logits"):
 // dlogits = (softmax - onehot) * grad_scale, then dh += dlogits · w_chunk and
 // dw_chunk += dlogits^T · h. With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
 // Logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate); exp in f32
@@ -75,20 +76,21 @@ float ce_row_max(const float* x, int64_t n) {
   return m;
 }
 
-// x[j] = e^(x[j] - m) in place, and their sum in double: 8 lanes, combined in lane order, then
-// the tail. A fixed order, so the same bits on any thread count.
+// The sum in double of e^(x[j] - m), the exps formed in e (n; x itself is left as it is, so a
+// kept tile of logits stays logits): 8 lanes, combined in lane order, then the tail. A fixed
+// order, so the same bits on any thread count.
 template <class W>
-double ce_row_exp_sum(float* x, int64_t n, float m) {
+double ce_row_exp_sum(const float* x, float* e, int64_t n, float m) {
   constexpr int64_t kLanes = 8;
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) x[j] = ce_exp<W>(x[j] - m);
+  for (int64_t j = 0; j < n; ++j) e[j] = ce_exp<W>(x[j] - m);
   double lane[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += double(x[j + l]);
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += double(e[j + l]);
   double sum = 0.0;
   for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
-  for (; j < n; ++j) sum += double(x[j]);
+  for (; j < n; ++j) sum += double(e[j]);
   return sum;
 }
 
@@ -124,41 +126,54 @@ void ce_gather(W* tile, const float* h, const std::vector<int64_t>& rows, int64_
   }
 }
 
+// Where the logits of a chunk live: a tile of kCeChunkRows rows (recomputed per tile), or the
+// caller's kept (N, vc) buffer, counted row r at kept + r * vc.
+enum class CeLogits { compute, compute_into_kept, read_kept };
+
 // For each tile of up to kCeChunkRows counted rows (in order): the tile's rows of h gathered
-// and rounded to W, its logits (nr, vc) = h_tile · w_chunk^T, then per_tile(r0, nr, h_tile,
-// logits) with rows [r0, r0 + nr) of `rows`.
+// and rounded to W, its logits (nr, vc) = h_tile · w_chunk^T (computed into the tile, or into
+// kept's rows; read_kept: not computed, kept's rows already hold them), then per_tile(r0, nr,
+// h_tile, logits) with rows [r0, r0 + nr) of `rows`. One matmul of the same shape and operands
+// whichever the destination, so kept logits are the bits a recompute gives.
 template <class W, class F>
 void ce_for_each_tile(const float* h, const W* w, const std::vector<int64_t>& rows, int64_t c, int64_t vc,
-                      F&& per_tile) {
+                      CeLogits mode, float* kept, F&& per_tile) {
   const int64_t counted = int64_t(rows.size());
   if (counted == 0) return;
   const int64_t chunk = std::min(kCeChunkRows, counted);
-  std::vector<W> h_tile(size_t(chunk * c));       // (chunk, C)
-  std::vector<float> logits(size_t(chunk * vc));  // (chunk, vc)
+  std::vector<W> h_tile(size_t(chunk * c));                                         // (chunk, C)
+  std::vector<float> tile(mode == CeLogits::compute ? size_t(chunk * vc) : 0);     // (chunk, vc)
   for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
     const int64_t nr = std::min(chunk, counted - r0);
+    float* logits = mode == CeLogits::compute ? tile.data() : kept + r0 * vc;
     ce_gather(h_tile.data(), h, rows, r0, nr, c);
-    ce_matmul(logits.data(), h_tile.data(), w, nr, vc, c, false, true, 0.f);
-    per_tile(r0, nr, h_tile.data(), logits.data());
+    if (mode != CeLogits::read_kept) ce_matmul(logits, h_tile.data(), w, nr, vc, c, false, true, 0.f);
+    per_tile(r0, nr, h_tile.data(), logits);
   }
 }
 
 // Stats pass over one vocab chunk: stats (N,3) = {max, sum of exp(z - max), target logit}.
+// keep (N, vc) not null: the logits stay there for the backward (lm_head_ce_chunk_backward's
+// kept_logits).
 template <class W>
 void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* targets, int64_t n,
-                    int64_t c, int64_t v, int64_t v0, int64_t vc, bool first) {
+                    int64_t c, int64_t v, int64_t v0, int64_t vc, bool first, float* keep) {
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
   if (first) std::fill(stats, stats + 3 * n, 0.0);
-  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W*, float* logits) {
-#pragma omp parallel for schedule(static)
+  const CeLogits mode = keep ? CeLogits::compute_into_kept : CeLogits::compute;
+  ce_for_each_tile(h, w, rows, c, vc, mode, keep, [&](int64_t r0, int64_t nr, const W*, float* logits) {
+#pragma omp parallel
+    {
+    std::vector<float> exps(static_cast<size_t>(vc));  // this thread's row of exps (the logits stay as they are)
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
-      float* x = logits + r * vc;  // logits, then their exps
+      const float* x = logits + r * vc;
       const int64_t i = rows[size_t(r0 + r)];
       const int64_t t = int64_t(targets[i]) - v0;
       const float target_logit = t >= 0 && t < vc ? x[t] : 0.f;
       const float m = ce_row_max(x, vc);
-      const double sum = ce_row_exp_sum<W>(x, vc, m);
+      const double sum = ce_row_exp_sum<W>(x, exps.data(), vc, m);
       double* st = stats + 3 * i;
       if (first) {
         st[0] = double(m);
@@ -170,23 +185,27 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
       }
       if (t >= 0 && t < vc) st[2] = double(target_logit);
     }
+    }
   });
 }
 
 // Backward pass over one vocab chunk: dh += dlogits · w_chunk, dw_chunk += dlogits^T · h (dw_chunk
 // null: not computed, the head is frozen).
 // token_weight (N, or null: all 1) scales each row's dlogits on top of grad_scale.
+// kept_logits (N, vc) not null: the chunk's logits as the stats pass kept them, read instead of
+// recomputed and overwritten with dlogits.
 template <class W>
 void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const double* stats,
                        const int32_t* targets, const float* token_weight, int64_t n, int64_t c,
-                       int64_t v, int64_t v0, int64_t vc, float grad_scale) {
+                       int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits) {
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
   const int64_t chunk = std::min<int64_t>(kCeChunkRows, int64_t(rows.size()));
   std::vector<W> dlogits_cast;                    // (chunk, vc) bf16 copy, bf16 w only
   if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * vc));
   std::vector<float> dh_tile(size_t(chunk * c));  // (chunk, C)
-  ce_for_each_tile(h, w, rows, c, vc, [&](int64_t r0, int64_t nr, const W* h_tile, float* logits) {
+  const CeLogits mode = kept_logits ? CeLogits::read_kept : CeLogits::compute;
+  ce_for_each_tile(h, w, rows, c, vc, mode, kept_logits, [&](int64_t r0, int64_t nr, const W* h_tile, float* logits) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
       float* x = logits + r * vc;  // logits, then dlogits
@@ -226,14 +245,14 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
 
 void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                            int64_t vc, bool first) {
-  ce_chunk_stats<float>(stats, h, w_chunk, targets, n, c, v, v0, vc, first);
+                            int64_t vc, bool first, float* keep_logits) {
+  ce_chunk_stats<float>(stats, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
 }
 
 void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_chunk,
                                  const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                 int64_t v0, int64_t vc, bool first) {
-  ce_chunk_stats<bf16>(stats, h, w_chunk, targets, n, c, v, v0, vc, first);
+                                 int64_t v0, int64_t vc, bool first, float* keep_logits) {
+  ce_chunk_stats<bf16>(stats, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
 }
 
 double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
@@ -250,15 +269,17 @@ double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t*
 
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const float* w_chunk,
                                const double* stats, const int32_t* targets, int64_t n, int64_t c,
-                               int64_t v, int64_t v0, int64_t vc, float grad_scale) {
-  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale);
+                               int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits) {
+  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale,
+                       kept_logits);
 }
 
 void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
                                     const bf16* w_chunk, const double* stats,
                                     const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                    int64_t v0, int64_t vc, float grad_scale) {
-  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale);
+                                    int64_t v0, int64_t vc, float grad_scale, float* kept_logits) {
+  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale,
+                       kept_logits);
 }
 
 // ---- per-sequence sums and the per-token weighted backward (preference objectives) ---------
@@ -282,16 +303,18 @@ void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float*
                                         const float* w_chunk, const double* stats,
                                         const int32_t* targets, const float* token_weight,
                                         int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
-                                        float grad_scale) {
-  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale);
+                                        float grad_scale, float* kept_logits) {
+  ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale,
+                       kept_logits);
 }
 
 void lm_head_ce_chunk_backward_weighted_bf16(float* dh, float* dw_chunk, const float* h,
                                              const bf16* w_chunk, const double* stats,
                                              const int32_t* targets, const float* token_weight,
                                              int64_t n, int64_t c, int64_t v, int64_t v0,
-                                             int64_t vc, float grad_scale) {
-  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale);
+                                             int64_t vc, float grad_scale, float* kept_logits) {
+  ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale,
+                       kept_logits);
 }
 
 // ---- the whole vocabulary at once: the one-chunk case of the chunked loss ------------------
@@ -302,11 +325,11 @@ template <class W>
 double ce_one_chunk(float* dh, float* dw, int64_t* count, const float* h, const W* w,
                     const int32_t* targets, int64_t n, int64_t c, int64_t v, float grad_scale) {
   std::vector<double> stats(size_t(3 * std::max<int64_t>(n, 0)));  // (N, 3)
-  ce_chunk_stats<W>(stats.data(), h, w, targets, n, c, v, 0, v, true);
+  ce_chunk_stats<W>(stats.data(), h, w, targets, n, c, v, 0, v, true, nullptr);
   const double loss = lm_head_ce_stats_loss(count, stats.data(), targets, n, v);
   if (dh) {
     std::fill(dh, dh + n * c, 0.f);  // written: ignored rows keep zero
-    ce_chunk_backward<W>(dh, dw, h, w, stats.data(), targets, nullptr, n, c, v, 0, v, grad_scale);
+    ce_chunk_backward<W>(dh, dw, h, w, stats.data(), targets, nullptr, n, c, v, 0, v, grad_scale, nullptr);
   }
   return loss;
 }

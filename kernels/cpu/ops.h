@@ -132,25 +132,29 @@ double lm_head_ce_backward_bf16(float* dh, float* dw, int64_t* count, const floa
 //   backward pass: dlogits = (exp(z - M) / S - onehot) * grad_scale recomputed per chunk;
 //                 dh (N,C) += dlogits · w_chunk and dw_chunk (vc,C) += dlogits^T · h (both
 //                 accumulated: the caller zeroes dh once before the first chunk).
+// Kept logits: keep_logits (N, vc) not null, the stats pass leaves the chunk's logits there (the
+// rows the pass computes, in its own layout); the backward given them as kept_logits reads them
+// instead of recomputing (one matmul of three saved) and overwrites them. The same bits either
+// way: the logits come from the same matmul. Null: recomputed.
 // Ignored rows (-100) are left out of the matmuls; their stats are zeroed by the first chunk
 // and their dh is not touched. With bf16 w, h and dlogits are rounded to bf16 for the
 // matmuls. Thread-count independent like the rest.
 void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                            int64_t vc, bool first);
+                            int64_t vc, bool first, float* keep_logits);
 void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_chunk,
                                  const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                 int64_t v0, int64_t vc, bool first);
+                                 int64_t v0, int64_t vc, bool first, float* keep_logits);
 double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
                              int64_t n, int64_t v);
 // dw_chunk may be null: dh only (a frozen head, LoRA), the weight gradient's matmul skipped.
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const float* w_chunk,
                                const double* stats, const int32_t* targets, int64_t n, int64_t c,
-                               int64_t v, int64_t v0, int64_t vc, float grad_scale);
+                               int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits);
 void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
                                     const bf16* w_chunk, const double* stats,
                                     const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                    int64_t v0, int64_t vc, float grad_scale);
+                                    int64_t v0, int64_t vc, float grad_scale, float* kept_logits);
 
 // ---- per-sequence sums and a per-token weighted backward (preference objectives) -----------
 // seq (N) gives each row's sequence in [0, num_seqs), or -1 for none. From the final stats,
@@ -164,12 +168,12 @@ void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float*
                                         const float* w_chunk, const double* stats,
                                         const int32_t* targets, const float* token_weight,
                                         int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
-                                        float grad_scale);
+                                        float grad_scale, float* kept_logits);
 void lm_head_ce_chunk_backward_weighted_bf16(float* dh, float* dw_chunk, const float* h,
                                              const bf16* w_chunk, const double* stats,
                                              const int32_t* targets, const float* token_weight,
                                              int64_t n, int64_t c, int64_t v, int64_t v0,
-                                             int64_t vc, float grad_scale);
+                                             int64_t vc, float grad_scale, float* kept_logits);
 
 // ---- elementwise helpers ------------------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n);  // y += x

@@ -11,7 +11,9 @@
 // double); one thread sums the loss from the stats in row order (deterministic, as on the
 // CPU); the backward pass recomputes the tile's logits into dlogits = (softmax - onehot) *
 // grad_scale (also rounded to bf16 for bf16 w) and accumulates dh += dlogits · w_chunk and
-// dw_chunk += dlogits^T · h.
+// dw_chunk += dlogits^T · h. Kept logits (ops.h): the stats pass computes each tile's logits into
+// the caller's (N, vc) buffer instead of the workspace, and the backward works on them in place
+// instead of recomputing them (the same matmul, so the same bits).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "src/core/align.h"
@@ -156,9 +158,11 @@ void ce_chunk_check(int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc, siz
 }
 
 // Tile [r0, r0 + nr) of the rows: h rounded to bf16 into the workspace when w is bf16, then
-// ws.logits (nr, vc) = h_tile · w_chunk^T. Returns h_tile as the matmuls read it.
-const void* ce_tile_logits(const CeWorkspace& ws, const float* h, const void* w_chunk, bool w_bf16, int64_t r0,
-                           int64_t nr, int64_t c, int64_t vc, cublasHandle_t handle, cudaStream_t stream) {
+// logits (nr, vc) = h_tile · w_chunk^T unless compute is false (the kept logits already hold
+// them). Returns h_tile as the matmuls read it.
+const void* ce_tile_logits(float* logits, const CeWorkspace& ws, const float* h, const void* w_chunk, bool w_bf16,
+                           int64_t r0, int64_t nr, int64_t c, int64_t vc, bool compute, cublasHandle_t handle,
+                           cudaStream_t stream) {
   const void* h_tile = h + r0 * c;  // (nr, C)
   if (w_bf16) {
     STRATA_LAUNCH(ce_cast_kernel, grid_blocks(nr * c, kCeThreads), kCeThreads, 0, stream, ws.h_bf16,
@@ -166,7 +170,7 @@ const void* ce_tile_logits(const CeWorkspace& ws, const float* h, const void* w_
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce cast");
     h_tile = ws.h_bf16;
   }
-  matmul(ws.logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f, handle, stream);
+  if (compute) matmul(logits, h_tile, w_chunk, w_bf16, nr, vc, c, false, true, 0.f, handle, stream);
   return h_tile;
 }
 
@@ -180,15 +184,16 @@ size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v) {
 
 void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, bool w_bf16,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                            int64_t vc, bool first, void* workspace, size_t workspace_bytes,
+                            int64_t vc, bool first, float* keep_logits, void* workspace, size_t workspace_bytes,
                             int* error_word, cublasHandle_t handle, cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
     const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
-    ce_tile_logits(ws, h, w_chunk, w_bf16, r0, nr, c, vc, handle, stream);
+    float* logits = keep_logits ? keep_logits + r0 * vc : ws.logits;  // the stats kernel only reads them
+    ce_tile_logits(logits, ws, h, w_chunk, w_bf16, r0, nr, c, vc, true, handle, stream);
     STRATA_LAUNCH(ce_chunk_stats_kernel, unsigned(nr), kCeThreads, 0, stream, stats + 3 * r0,
-                  ws.logits, targets + r0, v, v0, vc, first ? 1 : 0, error_word);
+                  logits, targets + r0, v, v0, vc, first ? 1 : 0, error_word);
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk stats");
   }
 }
@@ -215,19 +220,20 @@ void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int3
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w_chunk,
                                bool w_bf16, const double* stats, const int32_t* targets,
                                const float* token_weight, int64_t n, int64_t c, int64_t v,
-                               int64_t v0, int64_t vc, float grad_scale, void* workspace,
+                               int64_t v0, int64_t vc, float grad_scale, float* kept_logits, void* workspace,
                                size_t workspace_bytes, int* error_word, cublasHandle_t handle,
                                cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
     const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
-    const void* h_tile = ce_tile_logits(ws, h, w_chunk, w_bf16, r0, nr, c, vc, handle, stream);
-    STRATA_LAUNCH(ce_chunk_grad_kernel, unsigned(nr), kCeThreads, 0, stream, ws.logits,
+    float* logits = kept_logits ? kept_logits + r0 * vc : ws.logits;  // then dlogits, in place
+    const void* h_tile = ce_tile_logits(logits, ws, h, w_chunk, w_bf16, r0, nr, c, vc, !kept_logits, handle, stream);
+    STRATA_LAUNCH(ce_chunk_grad_kernel, unsigned(nr), kCeThreads, 0, stream, logits,
                   w_bf16 ? ws.dl_bf16 : nullptr, stats + 3 * r0, targets + r0,
                   token_weight ? token_weight + r0 : nullptr, v, v0, vc, grad_scale, error_word);
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk grad");
-    const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : ws.logits;
+    const void* dlogits = w_bf16 ? static_cast<const void*>(ws.dl_bf16) : logits;
     matmul(dh + r0 * c, dlogits, w_chunk, w_bf16, nr, c, vc, false, false, 1.f, handle, stream);
     if (dw_chunk) matmul(dw_chunk, dlogits, h_tile, w_bf16, vc, c, nr, true, false, 1.f, handle, stream);
   }

@@ -86,9 +86,11 @@ size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v);
 // The backward
 // accumulates dh (N,C) += dlogits · w_chunk and dw_chunk (vc,C) += dlogits^T · h. The loss adds
 // Σ over counted rows (in row order) of max + log(sum) - target logit into *loss_sum.
+// keep_logits / kept_logits (N, vc, device; null: recomputed) as on the CPU (kernels/cpu/ops.h,
+// "Kept logits"): here row r of the chunk's logits is at r * vc, ignored rows included.
 void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, bool w_bf16,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                            int64_t vc, bool first, void* workspace, size_t workspace_bytes,
+                            int64_t vc, bool first, float* keep_logits, void* workspace, size_t workspace_bytes,
                             int* error_word, cublasHandle_t handle, cudaStream_t stream);
 void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
                            int64_t n, int64_t v, cudaStream_t stream);
@@ -97,7 +99,7 @@ void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t*
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w_chunk,
                                bool w_bf16, const double* stats, const int32_t* targets,
                                const float* token_weight, int64_t n, int64_t c, int64_t v,
-                               int64_t v0, int64_t vc, float grad_scale, void* workspace,
+                               int64_t v0, int64_t vc, float grad_scale, float* kept_logits, void* workspace,
                                size_t workspace_bytes, int* error_word, cublasHandle_t handle,
                                cudaStream_t stream);
 // seq_sums (num_seqs, 2) = {Σ log p(target), count} per sequence (seq (N): each row's sequence,

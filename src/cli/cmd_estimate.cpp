@@ -204,10 +204,10 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
     t0 = Clock::now();
     const auto* targets = reinterpret_cast<const int32_t*>(buf[11]) + N;
     auto* stats = reinterpret_cast<double*>(buf[10]);
-    dev->lm_head_ce_chunk_stats(stats, f(6), buf[8], lm_type, targets, N, C, V, 0, R, true, s);
+    dev->lm_head_ce_chunk_stats(stats, f(6), buf[8], lm_type, targets, N, C, V, 0, R, true, nullptr, s);
     dev->lm_head_ce_stats_loss(reinterpret_cast<double*>(buf[13]), stats, targets, N, V, s);
     dev->memset_zero(buf[9], bytes_of<float>(R * C), s);
-    dev->lm_head_ce_chunk_backward(f(7), f(9), f(6), buf[8], lm_type, stats, targets, N, C, V, 0, R, 1.f / float(N), s);
+    dev->lm_head_ce_chunk_backward(f(7), f(9), f(6), buf[8], lm_type, stats, targets, N, C, V, 0, R, 1.f / float(N), nullptr, s);
     dev->stream_synchronize(s);
     head_s.push_back(seconds_since(t0));
   });
@@ -216,7 +216,7 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
   r.host_bytes_per_s = 2 * double(copy_bytes) / median_of(copy_s);
   r.checksum_bytes_per_s = double(copy_bytes) / median_of(crc_s);
   if (cpu_device) {
-    const DeviceWork layer = layer_work(spec, d.B, d.T), head = head_work(spec, N, R);
+    const DeviceWork layer = layer_work(spec, d.B, d.T), head = head_work(spec, N, R, 0);
     r.matmul_flops_per_s = layer.matmul_flops / median_of(mm_s);
     r.attention_flops_per_s = layer.attention_flops / median_of(attn_s);
     r.elementwise_bytes_per_s = layer.elementwise_bytes / median_of(rest_s);
@@ -247,7 +247,8 @@ std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpe
   STRATA_CHECK(f.good(), "--rates-from ", path, ": cannot read ", file.string(), " (give a run's output dir or its metrics.jsonl)");
   const int64_t N = in.micro_batch * in.sequence_len;
   const DeviceWork work = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
-  const double head = head_work(spec, N, spec.config.vocab_size).head_flops * double(grad_accum);
+  const double head = head_work(spec, N, spec.config.vocab_size, int64_t(plan.kept_logit_rows)).head_flops *
+                      double(grad_accum);
   std::vector<RunStepRates> steps;
   for (std::string line; std::getline(f, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);

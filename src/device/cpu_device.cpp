@@ -246,13 +246,15 @@ class CpuDevice final : public ArenaDevice {
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                              int64_t vc, bool first, Stream s) override {
+                              int64_t vc, bool first, float* keep_logits, Stream s) override {
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     enqueue_op(s, OpKind::cross_entropy, [=] {
       if (wt == DType::f32)
-        cpu::lm_head_ce_chunk_stats(stats, h, static_cast<const float*>(w), targets, n, c, v, v0, vc, first);
+        cpu::lm_head_ce_chunk_stats(stats, h, static_cast<const float*>(w), targets, n, c, v, v0, vc, first,
+                                    keep_logits);
       else
-        cpu::lm_head_ce_chunk_stats_bf16(stats, h, static_cast<const bf16*>(w), targets, n, c, v, v0, vc, first);
+        cpu::lm_head_ce_chunk_stats_bf16(stats, h, static_cast<const bf16*>(w), targets, n, c, v, v0, vc, first,
+                                         keep_logits);
     });
   }
   void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
@@ -264,15 +266,16 @@ class CpuDevice final : public ArenaDevice {
   }
   void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w,
                                  DType wt, const double* stats, const int32_t* targets, int64_t n,
-                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale, Stream s) override {
+                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
+                                 Stream s) override {
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     enqueue_op(s, OpKind::cross_entropy, [=] {
       if (wt == DType::f32)
         cpu::lm_head_ce_chunk_backward(dh, dw_chunk, h, static_cast<const float*>(w), stats, targets, n, c,
-                                       v, v0, vc, grad_scale);
+                                       v, v0, vc, grad_scale, kept_logits);
       else
         cpu::lm_head_ce_chunk_backward_bf16(dh, dw_chunk, h, static_cast<const bf16*>(w), stats, targets,
-                                            n, c, v, v0, vc, grad_scale);
+                                            n, c, v, v0, vc, grad_scale, kept_logits);
     });
   }
   void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
@@ -283,15 +286,17 @@ class CpuDevice final : public ArenaDevice {
   void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float* h, const void* w, DType wt,
                                           const double* stats, const int32_t* targets,
                                           const float* token_weight, int64_t n, int64_t c, int64_t v,
-                                          int64_t v0, int64_t vc, float grad_scale, Stream s) override {
+                                          int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
+                                          Stream s) override {
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     enqueue_op(s, OpKind::cross_entropy, [=] {
       if (wt == DType::f32)
         cpu::lm_head_ce_chunk_backward_weighted(dh, dw_chunk, h, static_cast<const float*>(w), stats, targets,
-                                                token_weight, n, c, v, v0, vc, grad_scale);
+                                                token_weight, n, c, v, v0, vc, grad_scale, kept_logits);
       else
         cpu::lm_head_ce_chunk_backward_weighted_bf16(dh, dw_chunk, h, static_cast<const bf16*>(w), stats,
-                                                     targets, token_weight, n, c, v, v0, vc, grad_scale);
+                                                     targets, token_weight, n, c, v, v0, vc, grad_scale,
+                                                     kept_logits);
     });
   }
   void add_inplace(float* y, const float* x, int64_t n, Stream s) override {

@@ -424,14 +424,14 @@ class CudaDevice final : public ArenaDevice {
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
-                              int64_t vc, bool first, Stream s) override {
+                              int64_t vc, bool first, float* keep_logits, Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
     void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
     checks_pending_[int(s)] = true;
     cuda::lm_head_ce_chunk_stats(stats, h, w, wt == DType::bf16, targets, n, c, v, v0, vc, first,
-                                 ws, ce_workspace_bytes_, error_word_, cublas(s), stream(s));
+                                 keep_logits, ws, ce_workspace_bytes_, error_word_, cublas(s), stream(s));
   }
   void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
                              int64_t n, int64_t v, Stream s) override {
@@ -440,14 +440,15 @@ class CudaDevice final : public ArenaDevice {
   }
   void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const void* w,
                                  DType wt, const double* stats, const int32_t* targets, int64_t n,
-                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale, Stream s) override {
+                                 int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
+                                 Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
     void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
     checks_pending_[int(s)] = true;
     cuda::lm_head_ce_chunk_backward(dh, dw_chunk, h, w, wt == DType::bf16, stats, targets, nullptr, n, c,
-                                    v, v0, vc, grad_scale, ws, ce_workspace_bytes_, error_word_,
+                                    v, v0, vc, grad_scale, kept_logits, ws, ce_workspace_bytes_, error_word_,
                                     cublas(s), stream(s));
   }
   void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
@@ -458,14 +459,15 @@ class CudaDevice final : public ArenaDevice {
   void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float* h, const void* w, DType wt,
                                           const double* stats, const int32_t* targets,
                                           const float* token_weight, int64_t n, int64_t c, int64_t v,
-                                          int64_t v0, int64_t vc, float grad_scale, Stream s) override {
+                                          int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
+                                          Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
     STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
     STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
     void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
     checks_pending_[int(s)] = true;
     cuda::lm_head_ce_chunk_backward(dh, dw_chunk, h, w, wt == DType::bf16, stats, targets, token_weight, n,
-                                    c, v, v0, vc, grad_scale, ws, ce_workspace_bytes_, error_word_,
+                                    c, v, v0, vc, grad_scale, kept_logits, ws, ce_workspace_bytes_, error_word_,
                                     cublas(s), stream(s));
   }
   void add_inplace(float* y, const float* x, int64_t n, Stream s) override {

@@ -144,15 +144,20 @@ class Device {
   // w_chunk (vc,C) holds vocab rows [v0, v0 + vc) of the (V,C) lm_head, stats (N,3) double the
   // rows' online-softmax statistics (first = this chunk initialises them). The backward pass
   // accumulates dh (N,C) and dw_chunk (vc,C); the loss adds the summed loss into *loss_sum.
+  // Kept logits (offload.recompute): keep_logits (N, vc, device) not null, the stats pass leaves
+  // the chunk's logits there; the backward given them as kept_logits reads them instead of
+  // recomputing (one of its three matmuls) and overwrites them. Same bits as a recompute.
   virtual void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk,
                                       DType w_type, const int32_t* targets, int64_t n, int64_t c,
-                                      int64_t v, int64_t v0, int64_t vc, bool first, Stream s) = 0;
+                                      int64_t v, int64_t v0, int64_t vc, bool first, float* keep_logits,
+                                      Stream s) = 0;
   virtual void lm_head_ce_stats_loss(double* loss_sum, const double* stats,
                                      const int32_t* targets, int64_t n, int64_t v, Stream s) = 0;
   virtual void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h,
                                          const void* w_chunk, DType w_type, const double* stats,
                                          const int32_t* targets, int64_t n, int64_t c, int64_t v,
-                                         int64_t v0, int64_t vc, float grad_scale, Stream s) = 0;
+                                         int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
+                                         Stream s) = 0;
   // The preference objectives' head (ops.h: lm_head_ce_stats_seq_sums and
   // lm_head_ce_chunk_backward_weighted): per-sequence {Σ log p, count} (num_seqs, 2) from the
   // final stats, seq (N) naming each row's sequence (-1: none); and the chunk backward with row
@@ -164,7 +169,7 @@ class Device {
                                                   const void* w_chunk, DType w_type, const double* stats,
                                                   const int32_t* targets, const float* token_weight,
                                                   int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
-                                                  float grad_scale, Stream s) = 0;
+                                                  float grad_scale, float* kept_logits, Stream s) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n, Stream s) = 0;
   virtual void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) = 0;
 

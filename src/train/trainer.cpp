@@ -483,13 +483,15 @@ void TrainRun::check_allocations_against_plan() {
   // own error word and, later, cuBLAS and lm_head_ce workspaces, which the plan does not count yet.
   const size_t device_checkpoints = engine_ ? engine_->device_checkpoints() : 0;
   const size_t kept_layers = engine_ ? engine_->kept_activation_layers() : 0;
+  const size_t kept_chunks = engine_ ? engine_->kept_logit_chunks() : 0;
   if (plan_in_.device_in_host_ram)
     STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) && device_checkpoints == plan_.device_checkpoints &&
-                      kept_layers == plan_.kept_activation_layers,
+                      kept_layers == plan_.kept_activation_layers && kept_chunks == plan_.kept_logit_chunks,
                   "the placement plan and the device disagree: the device holds ", dev_->used_bytes(), " bytes (plan ",
                   plan_.tier(Tier::device), "), ", device_checkpoints, " device checkpoints (plan ",
                   plan_.device_checkpoints, "), kept activations of ", kept_layers, " layers (plan ",
-                  plan_.kept_activation_layers, ")");
+                  plan_.kept_activation_layers, "), kept logits of ", kept_chunks, " lm_head chunks (plan ",
+                  plan_.kept_logit_chunks, ")");
 }
 
 // The plan with the tokenized rows and their order added, checked again, printed and stored
@@ -542,10 +544,10 @@ void TrainRun::load_weights() {
   if (shared_store_) dist_.barrier();
   const ModelSpec& ms = store_->spec();
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
-               "checkpoints on the device, %zu layers' activations kept (no recompute); device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
+               "checkpoints on the device, %zu layers' activations and %zu lm_head chunks' logits kept (no recompute); device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
                rc_.offload_weights.c_str(), engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
-               engine_ ? engine_->kept_activation_layers() : 0, format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
+               engine_ ? engine_->kept_activation_layers() : 0, engine_ ? engine_->kept_logit_chunks() : 0, format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
 }
 

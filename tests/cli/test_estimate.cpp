@@ -231,15 +231,19 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   kept.recompute = "never";
   const PlacementPlan kept_plan = placement_plan(spec, kept, PlanBudgets{});
   REQUIRE(kept_plan.kept_activation_layers == 4);
+  REQUIRE(kept_plan.kept_logit_chunks == 4);  // and every lm_head chunk's logits: V rows
+  REQUIRE(kept_plan.kept_logit_rows == 32768);
   const StepEstimate k = step_estimate(spec, kept, kept_plan, 3, rates);
   const double layer_forward = 1024 * 2 * layer_mm + attn_executed / 4 * 2 / 11;  // what a kept layer does not redo
-  CHECK(k.components.at("compute") == Approx(3 * (executed - 4 * layer_forward) / 1e12).epsilon(1e-12));
+  const double logits_matmul = 2.0 * 1024 * 32768 * 1024;  // what kept logits do not redo
+  CHECK(k.components.at("compute") == Approx(3 * (executed - 4 * layer_forward - logits_matmul) / 1e12).epsilon(1e-12));
   kept.recompute = "auto";
-  const size_t one_layer = (kept_plan.tier(Tier::device) - plan.tier(Tier::device)) / 4;
+  const size_t one_layer = kept_plan.bytes_of("kept layer activations (device, no recompute)") / 4;
   PlanBudgets one;
   one.device_bytes = plan.tier(Tier::device) + (size_t(1) << 20) + one_layer;
   const PlacementPlan one_plan = placement_plan(spec, kept, one);
   REQUIRE(one_plan.kept_activation_layers == 1);
+  REQUIRE(one_plan.kept_logit_chunks == 0);  // nothing left after the activations
   const StepEstimate o1 = step_estimate(spec, kept, one_plan, 3, rates);
   CHECK(o1.components.at("compute") == Approx(3 * (executed - layer_forward) / 1e12).epsilon(1e-12));
   // on the CPU backend compute, the host's work and AdamW share the cores: they add up

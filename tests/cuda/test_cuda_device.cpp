@@ -85,7 +85,7 @@ TEST_CASE("cuda device: bad targets and token ids found by kernels throw at sync
   Buffer<float> w(*dev, testing::random_floats(size_t(v * c), 92));
   Buffer<int32_t> targets(*dev, std::vector<int32_t>{1, 7, -100});  // 7 is outside [0, 7)
   Buffer<double> stats(*dev, size_t(n * 3));
-  dev->lm_head_ce_chunk_stats(stats, h, w, DType::f32, targets, n, c, v, 0, v, true, Stream::compute);
+  dev->lm_head_ce_chunk_stats(stats, h, w, DType::f32, targets, n, c, v, 0, v, true, nullptr, Stream::compute);
   CHECK_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("target id"));
   dev->stream_synchronize(Stream::compute);  // cleared once reported
 

@@ -25,7 +25,7 @@ using testing::ChunkedResult;
 // the engine keeps them.
 ChunkedResult device_chunked(Device& dev, const std::vector<float>& h, const std::vector<float>& w, DType wt,
                              const std::vector<int32_t>& targets, int64_t n, int64_t c, int64_t v, int64_t rows,
-                             float scale, const std::vector<float>& dw0) {
+                             float scale, const std::vector<float>& dw0, bool keep = false) {
   Buffer<float> bh(dev, h), bdh(dev, std::vector<float>(h.size(), 0.f));
   Buffer<int32_t> bt(dev, targets);
   Buffer<double> bstats(dev, size_t(3 * n)), bloss(dev, std::vector<double>{0.25});  // the loss adds into it
@@ -46,13 +46,18 @@ ChunkedResult device_chunked(Device& dev, const std::vector<float>& h, const std
     dwc.push_back(std::make_unique<Buffer<float>>(
         dev, std::vector<float>(dw0.begin() + long(v0 * c), dw0.begin() + long((v0 + vc) * c))));
   }
+  // keep: each chunk's logits kept by the stats pass (device, N x rows) for the backward
+  std::vector<std::unique_ptr<Buffer<float>>> kept;
+  for (int64_t k = 0; keep && k < chunks; ++k)
+    kept.push_back(std::make_unique<Buffer<float>>(dev, std::vector<float>(size_t(n * rows), -3.f)));
+  auto kept_of = [&](int64_t k) -> float* { return keep ? kept[size_t(k)]->get() : nullptr; };
   for (int64_t k = 0; k < chunks; ++k)
     dev.lm_head_ce_chunk_stats(bstats, bh, wp[size_t(k)], wt, bt, n, c, v, k * rows,
-                               std::min(rows, v - k * rows), k == 0, Stream::compute);
+                               std::min(rows, v - k * rows), k == 0, kept_of(k), Stream::compute);
   dev.lm_head_ce_stats_loss(bloss, bstats, bt, n, v, Stream::compute);
   for (int64_t k = chunks - 1; k >= 0; --k)
     dev.lm_head_ce_chunk_backward(bdh, *dwc[size_t(k)], bh, wp[size_t(k)], wt, bstats, bt, n, c, v,
-                                  k * rows, std::min(rows, v - k * rows), scale, Stream::compute);
+                                  k * rows, std::min(rows, v - k * rows), scale, kept_of(k), Stream::compute);
   ChunkedResult r;
   r.loss = bloss.download()[0] - 0.25;
   r.dh = bdh.download();
@@ -98,6 +103,12 @@ TEST_CASE("cuda vocab-chunked lm_head cross-entropy matches the CPU twins, f32 a
       const double tol = wt == DType::f32 ? 1e-5 : 1e-2;
       CHECK(max_rel_error(got.dh, want.dh) <= tol);
       CHECK(max_rel_error(got.dw, want.dw) <= tol);
+      // kept logits (Device::lm_head_ce_chunk_stats' keep_logits): the backward reads what the
+      // stats pass kept instead of recomputing it, and gives the recompute's bits
+      const ChunkedResult kept = device_chunked(*dev, h, w, wt, targets, s.n, s.c, s.v, s.rows, scale, dw0, true);
+      CHECK(std::memcmp(&kept.loss, &got.loss, sizeof(double)) == 0);
+      CHECK(std::memcmp(kept.dh.data(), got.dh.data(), got.dh.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(kept.dw.data(), got.dw.data(), got.dw.size() * sizeof(float)) == 0);
     }
   }
 }
@@ -109,7 +120,7 @@ TEST_CASE("cuda vocab-chunked cross-entropy reports a target outside the vocabul
   Buffer<float> bh(*dev, random_floats(size_t(n * c), 1)), bw(*dev, random_floats(size_t(v * c), 2));
   Buffer<int32_t> bt(*dev, std::vector<int32_t>{0, -100, 9, 2});
   Buffer<double> bstats(*dev, size_t(3 * n));
-  dev->lm_head_ce_chunk_stats(bstats, bh, bw.get(), DType::f32, bt, n, c, v, 0, 5, true, Stream::compute);
+  dev->lm_head_ce_chunk_stats(bstats, bh, bw.get(), DType::f32, bt, n, c, v, 0, 5, true, nullptr, Stream::compute);
   REQUIRE_THROWS_WITH(dev->stream_synchronize(Stream::compute), Catch::Contains("target id"));
 }
 

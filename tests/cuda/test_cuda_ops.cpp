@@ -253,13 +253,13 @@ TEST_CASE("cuda lm_head cross-entropy matches the reference across chunks, f32 a
       }
       // the whole vocabulary: the one-chunk case of the chunked loss
       Buffer<double> stats(*dev, size_t(s.n * 3));
-      dev->lm_head_ce_chunk_stats(stats, bh, wp, wt, bt, s.n, s.c, s.v, 0, s.v, true, Stream::compute);
+      dev->lm_head_ce_chunk_stats(stats, bh, wp, wt, bt, s.n, s.c, s.v, 0, s.v, true, nullptr, Stream::compute);
       dev->lm_head_ce_stats_loss(bloss, stats, bt, s.n, s.v, Stream::compute);
       const double fwd = bloss.download()[0] - 0.25;
       dev->lm_head_ce_stats_loss(bloss, stats, bt, s.n, s.v, Stream::compute);
       dev->memset_zero(bdh, h.size() * 4, Stream::compute);
       dev->lm_head_ce_chunk_backward(bdh, bdw, bh, wp, wt, stats, bt, s.n, s.c, s.v, 0,
-                                     s.v, scale, Stream::compute);
+                                     s.v, scale, nullptr, Stream::compute);
       const double both = bloss.download()[0] - 0.25;
       const double tol_loss = wt == DType::f32 ? 2e-6 : 1e-5;
       CHECK(std::abs(fwd - loss) <= tol_loss * std::abs(loss));

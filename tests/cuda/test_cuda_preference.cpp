@@ -88,9 +88,9 @@ TEST_CASE("cuda preference head ops match the CPU twins", "[cuda-emu]") {
     for (int64_t k = 0; k < chunks; ++k) {
       const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
       if (wt == DType::bf16)
-        cpu::lm_head_ce_chunk_stats_bf16(stats.data(), h.data(), wb.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0);
+        cpu::lm_head_ce_chunk_stats_bf16(stats.data(), h.data(), wb.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0, nullptr);
       else
-        cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0);
+        cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0, nullptr);
     }
     std::vector<double> want_sums(size_t(2 * S));
     cpu::lm_head_ce_stats_seq_sums(want_sums.data(), stats.data(), targets.data(), seq.data(), n, v, S);
@@ -99,10 +99,10 @@ TEST_CASE("cuda preference head ops match the CPU twins", "[cuda-emu]") {
       const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
       if (wt == DType::bf16)
         cpu::lm_head_ce_chunk_backward_weighted_bf16(want_dh.data(), want_dw.data() + v0 * c, h.data(), wb.data() + v0 * c,
-                                                     stats.data(), targets.data(), weight.data(), n, c, v, v0, vc, 0.7f);
+                                                     stats.data(), targets.data(), weight.data(), n, c, v, v0, vc, 0.7f, nullptr);
       else
         cpu::lm_head_ce_chunk_backward_weighted(want_dh.data(), want_dw.data() + v0 * c, h.data(), w.data() + v0 * c,
-                                                stats.data(), targets.data(), weight.data(), n, c, v, v0, vc, 0.7f);
+                                                stats.data(), targets.data(), weight.data(), n, c, v, v0, vc, 0.7f, nullptr);
     }
     // the device: the same stats (from the device's own stats pass), chunks in their own buffers
     Buffer<float> bh(*dev, h), bdh(*dev, std::vector<float>(size_t(n * c), 0.f)), bweight(*dev, weight);
@@ -115,11 +115,11 @@ TEST_CASE("cuda preference head ops match the CPU twins", "[cuda-emu]") {
     };
     for (int64_t k = 0; k < chunks; ++k)
       dev->lm_head_ce_chunk_stats(bstats, bh, wp(k * rows), wt, bt, n, c, v, k * rows, std::min(rows, v - k * rows),
-                                  k == 0, Stream::compute);
+                                  k == 0, nullptr, Stream::compute);
     dev->lm_head_ce_stats_seq_sums(bsums, bstats, bt, bseq, n, v, S, Stream::compute);
     for (int64_t k = chunks - 1; k >= 0; --k)
       dev->lm_head_ce_chunk_backward_weighted(bdh, bdw.get() + k * rows * c, bh, wp(k * rows), wt, bstats, bt, bweight,
-                                              n, c, v, k * rows, std::min(rows, v - k * rows), 0.7f, Stream::compute);
+                                              n, c, v, k * rows, std::min(rows, v - k * rows), 0.7f, nullptr, Stream::compute);
     const auto sums = bsums.download();
     for (size_t q = 0; q < sums.size(); ++q) {
       INFO("sum entry " << q);

@@ -113,7 +113,7 @@ TEST_CASE("a kernel error is sticky and surfaces at synchronize", "[device]") {
   dev->copy_h2d(h, zeros.data(), n * c * 4, Stream::compute);
   dev->copy_h2d(w, zeros.data(), v * c * 4, Stream::compute);
   dev->copy_h2d(t, bad.data(), n * 4, Stream::compute);
-  dev->lm_head_ce_chunk_stats(stats, h, w, DType::f32, t, n, c, v, 0, v, true, Stream::compute);
+  dev->lm_head_ce_chunk_stats(stats, h, w, DType::f32, t, n, c, v, 0, v, true, nullptr, Stream::compute);
   CHECK_THROWS_AS(dev->stream_synchronize(Stream::compute), Error);
   dev->stream_synchronize(Stream::compute);  // cleared once reported
 }

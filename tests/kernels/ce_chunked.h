@@ -23,18 +23,22 @@ struct ChunkedResult {
 inline ChunkedResult ce_chunked_cpu(const std::vector<float>& h, const std::vector<float>& w, DType wt,
                                     const std::vector<int32_t>& targets, int64_t n, int64_t c, int64_t v,
                                     int64_t rows, float grad_scale, const std::vector<float>& dw0,
-                                    bool with_dw = true) {  // false: dw null (frozen head), r.dw stays dw0
+                                    bool with_dw = true,  // false: dw null (frozen head), r.dw stays dw0
+                                    bool keep = false) {  // true: the backward reads the logits the stats pass kept
   const bool bf = wt == DType::bf16;
   const std::vector<bf16> wb = bf ? to_bf16(w) : std::vector<bf16>();
   std::vector<double> stats(size_t(3 * n), -7.0);  // garbage: the first chunk must initialise
   const int64_t chunks = (v + rows - 1) / rows;
+  std::vector<std::vector<float>> kept(keep ? size_t(chunks) : 0, std::vector<float>(size_t(n * rows), -3.f));
+  auto kept_of = [&](int64_t k) { return keep ? kept[size_t(k)].data() : nullptr; };
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
     if (bf)
       cpu::lm_head_ce_chunk_stats_bf16(stats.data(), h.data(), wb.data() + v0 * c, targets.data(), n, c, v, v0, vc,
-                                       k == 0);
+                                       k == 0, kept_of(k));
     else
-      cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0);
+      cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data() + v0 * c, targets.data(), n, c, v, v0, vc, k == 0,
+                                  kept_of(k));
   }
   ChunkedResult r;
   int64_t count = 0;
@@ -45,10 +49,10 @@ inline ChunkedResult ce_chunked_cpu(const std::vector<float>& h, const std::vect
     const int64_t v0 = k * rows, vc = std::min(rows, v - v0);
     if (bf)
       cpu::lm_head_ce_chunk_backward_bf16(r.dh.data(), with_dw ? r.dw.data() + v0 * c : nullptr, h.data(), wb.data() + v0 * c,
-                                          stats.data(), targets.data(), n, c, v, v0, vc, grad_scale);
+                                          stats.data(), targets.data(), n, c, v, v0, vc, grad_scale, kept_of(k));
     else
       cpu::lm_head_ce_chunk_backward(r.dh.data(), with_dw ? r.dw.data() + v0 * c : nullptr, h.data(), w.data() + v0 * c, stats.data(),
-                                     targets.data(), n, c, v, v0, vc, grad_scale);
+                                     targets.data(), n, c, v, v0, vc, grad_scale, kept_of(k));
   }
   return r;
 }

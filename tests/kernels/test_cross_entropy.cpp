@@ -359,16 +359,56 @@ TEST_CASE("chunked cross-entropy backward without a weight gradient gives the sa
   }
 }
 
+TEST_CASE("kept logits: the stats pass keeps each chunk's logits and the backward reading them gives a recompute's bits",
+          "[kernels][ce-chunked]") {
+  // 300 rows (3 row tiles, every 7th ignored), 3 vocab chunks (384, 384, 232 rows)
+  const int64_t n = 300, c = 40, v = 1000, rows = 384;
+  const auto h = random_floats(size_t(n * c), 71), w = random_floats(size_t(v * c), 72);
+  const auto targets = make_targets(n, v, 7, 73);
+  std::vector<int64_t> counted;
+  for (int64_t i = 0; i < n; ++i)
+    if (targets[size_t(i)] != -100) counted.push_back(i);
+  REQUIRE(counted.size() < size_t(n));
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const std::vector<float> dw0(size_t(v * c), 0.25f);
+  for (DType wt : {DType::f32, DType::bf16})
+    for (bool with_dw : {true, false}) {
+      INFO(dtype_name(wt) << (with_dw ? " with dw" : " dh only"));
+      const auto recomputed = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0, with_dw, false);
+      const auto kept = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0, with_dw, true);
+      CHECK(std::memcmp(&kept.loss, &recomputed.loss, sizeof(double)) == 0);
+      CHECK(same(kept.dh, recomputed.dh));
+      CHECK(same(kept.dw, recomputed.dw));
+    }
+  // What the stats pass keeps are the logits: counted row r of the chunk is h_i · w_(v0 + j), in
+  // the pass's compacted row order (f32 against fp64 dots; rows past the counted ones untouched).
+  std::vector<double> stats(size_t(3 * n));
+  std::vector<float> logits(size_t(n * rows), -3.f);
+  cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data() + rows * c, targets.data(), n, c, v, rows, rows, true,
+                              logits.data());
+  double worst = 0;
+  for (size_t r = 0; r < counted.size(); ++r)
+    for (int64_t j = 0; j < rows; ++j) {
+      double want = 0;
+      for (int64_t e = 0; e < c; ++e) want += double(h[size_t(counted[r] * c + e)]) * double(w[size_t((rows + j) * c + e)]);
+      worst = std::max(worst, std::abs(double(logits[r * size_t(rows) + size_t(j)]) - want));
+    }
+  CHECK(worst <= 2e-5);
+  CHECK(logits[counted.size() * size_t(rows)] == -3.f);
+}
+
 TEST_CASE("chunked cross-entropy rejects a chunk outside the vocabulary and a bad target", "[kernels][ce-chunked]") {
   const int64_t n = 4, c = 2, v = 7;
   const auto h = random_floats(size_t(n * c), 1), w = random_floats(size_t(v * c), 2);
   std::vector<double> stats(size_t(3 * n));
   const std::vector<int32_t> good = {0, -100, 3, 6};
-  REQUIRE_THROWS_WITH(cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data(), good.data(), n, c, v, 4, 4, true),
+  REQUIRE_THROWS_WITH(cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data(), good.data(), n, c, v, 4, 4, true, nullptr),
                       Catch::Contains("[4, 8)") && Catch::Contains("[0, 7)"));
-  REQUIRE_THROWS_WITH(cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data(), good.data(), n, c, v, 0, 0, true),
+  REQUIRE_THROWS_WITH(cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data(), good.data(), n, c, v, 0, 0, true, nullptr),
                       Catch::Contains("non-empty"));
   const std::vector<int32_t> bad = {0, -100, 3, 7};
-  REQUIRE_THROWS_WITH(cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data(), bad.data(), n, c, v, 0, 4, true),
+  REQUIRE_THROWS_WITH(cpu::lm_head_ce_chunk_stats(stats.data(), h.data(), w.data(), bad.data(), n, c, v, 0, 4, true, nullptr),
                       Catch::Contains("row 3") && Catch::Contains("target id 7"));
 }

@@ -135,10 +135,10 @@ TEST_CASE("preference head kernels: the f32 and bf16 fast paths against the fp64
         const int64_t v0 = ci * k.rows, vc = std::min(k.rows, k.v - v0);
         if (bf)
           cpu::lm_head_ce_chunk_stats_bf16(stats.data(), hf.data(), wb.data() + v0 * k.c, targets.data(), k.n, k.c, k.v,
-                                           v0, vc, ci == 0);
+                                           v0, vc, ci == 0, nullptr);
         else
           cpu::lm_head_ce_chunk_stats(stats.data(), hf.data(), wf.data() + v0 * k.c, targets.data(), k.n, k.c, k.v, v0,
-                                      vc, ci == 0);
+                                      vc, ci == 0, nullptr);
       }
       std::vector<double> sums(size_t(2 * S), 99.0);
       cpu::lm_head_ce_stats_seq_sums(sums.data(), stats.data(), targets.data(), seq.data(), k.n, k.v, S);
@@ -155,21 +155,21 @@ TEST_CASE("preference head kernels: the f32 and bf16 fast paths against the fp64
         if (bf) {
           cpu::lm_head_ce_chunk_backward_weighted_bf16(dh.data(), dw.data() + v0 * k.c, hf.data(), wb.data() + v0 * k.c,
                                                        stats.data(), targets.data(), weight.data(), k.n, k.c, k.v, v0,
-                                                       vc, 0.5f);
+                                                       vc, 0.5f, nullptr);
           cpu::lm_head_ce_chunk_backward_weighted_bf16(dh1.data(), dw1.data() + v0 * k.c, hf.data(),
                                                        wb.data() + v0 * k.c, stats.data(), targets.data(), ones.data(),
-                                                       k.n, k.c, k.v, v0, vc, 0.5f);
+                                                       k.n, k.c, k.v, v0, vc, 0.5f, nullptr);
           cpu::lm_head_ce_chunk_backward_bf16(dh_u.data(), dw_u.data() + v0 * k.c, hf.data(), wb.data() + v0 * k.c,
-                                              stats.data(), targets.data(), k.n, k.c, k.v, v0, vc, 0.5f);
+                                              stats.data(), targets.data(), k.n, k.c, k.v, v0, vc, 0.5f, nullptr);
         } else {
           cpu::lm_head_ce_chunk_backward_weighted(dh.data(), dw.data() + v0 * k.c, hf.data(), wf.data() + v0 * k.c,
                                                   stats.data(), targets.data(), weight.data(), k.n, k.c, k.v, v0, vc,
-                                                  0.5f);
+                                                  0.5f, nullptr);
           cpu::lm_head_ce_chunk_backward_weighted(dh1.data(), dw1.data() + v0 * k.c, hf.data(), wf.data() + v0 * k.c,
                                                   stats.data(), targets.data(), ones.data(), k.n, k.c, k.v, v0, vc,
-                                                  0.5f);
+                                                  0.5f, nullptr);
           cpu::lm_head_ce_chunk_backward(dh_u.data(), dw_u.data() + v0 * k.c, hf.data(), wf.data() + v0 * k.c,
-                                         stats.data(), targets.data(), k.n, k.c, k.v, v0, vc, 0.5f);
+                                         stats.data(), targets.data(), k.n, k.c, k.v, v0, vc, 0.5f, nullptr);
         }
       }
       // bf16 dlogits carry 8 bits of mantissa

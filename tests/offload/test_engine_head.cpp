@@ -30,12 +30,16 @@ struct HeadRun {
   std::vector<float> grads, master;
   TensorTable table;
   size_t device_peak = 0;
+  size_t kept_layers = 0, kept_chunks = 0;  // offload.recompute: activations and lm_head logits kept
 };
 
 // forward_backward, an optimizer step, forward_backward and forward_loss again: the losses, the
 // gradients of the second step and the master weights after the update.
-HeadRun run_head(const ModelConfig& cfg, DType dtype, const std::string& weights, int64_t head_chunk_rows = 0) {
-  auto dev = device_create(DeviceOptions{});
+HeadRun run_head(const ModelConfig& cfg, DType dtype, const std::string& weights, int64_t head_chunk_rows = 0,
+                 const std::string& recompute = "auto", size_t device_bytes = DeviceOptions{}.memory_bytes) {
+  DeviceOptions dopt;
+  dopt.memory_bytes = device_bytes;
+  auto dev = device_create(dopt);
   HostStore store(*dev, model_spec_build(cfg, dtype));
   model_init_weights(store, 3);
   EngineOptions eo;
@@ -44,6 +48,7 @@ HeadRun run_head(const ModelConfig& cfg, DType dtype, const std::string& weights
   eo.max_batch = 2;
   eo.max_tokens = 33;
   eo.head_chunk_rows = head_chunk_rows;
+  eo.recompute = recompute;
   Engine engine(*dev, store, eo);
   const MicroBatch mb = head_batch(cfg.vocab_size);
   HeadRun r;
@@ -59,6 +64,8 @@ HeadRun run_head(const ModelConfig& cfg, DType dtype, const std::string& weights
   r.master.assign(store.master(), store.master() + store.f32_floats());
   r.table = store.f32_table();
   r.device_peak = dev->peak_bytes();
+  r.kept_layers = engine.kept_activation_layers();
+  r.kept_chunks = engine.kept_logit_chunks();
   return r;
 }
 
@@ -83,8 +90,9 @@ TEST_CASE("a large vocabulary's lm_head is streamed in chunks: the device peak d
   const int64_t V = 50000, C = 64;
   for (bool tied : {false, true}) {
     INFO((tied ? "tied" : "untied"));
-    const HeadRun large = run_head(head_config(V, tied), DType::bf16, "stream");
-    const HeadRun medium = run_head(head_config(9000, tied), DType::bf16, "stream");
+    // recompute = "always": no logits kept (those scale with V by design, as the budget allows)
+    const HeadRun large = run_head(head_config(V, tied), DType::bf16, "stream", 0, "always");
+    const HeadRun medium = run_head(head_config(9000, tied), DType::bf16, "stream", 0, "always");
     std::printf("lm_head streamed, %s, V %ld C %ld bf16: device peak %zu bytes (V x C x (2 + 4) = %ld)\n",
                 tied ? "tied" : "untied", long(V), long(C), large.device_peak, long(V * C * 6));
     // Resident, the bf16 weights and f32 gradient of lm_head alone would be V x C x 6 = 19.2 MB.
@@ -128,6 +136,34 @@ TEST_CASE("streamed and resident lm_head chunks are bit-identical, across an opt
     CHECK(same_bits(one_thread.grads, two_threads.grads));
     CHECK(same_bits(one_thread.grads, streamed.grads));
   }
+}
+
+TEST_CASE("kept lm_head logits: the backward reads the stats pass's logits, bit for bit a recompute", "[engine][head][recompute]") {
+  // 13 chunks (12 of 4096 rows and one of 848); each kept chunk holds the 66 tokens' logits
+  const size_t chunk_bytes = size_t(66 * 4096 + 64 - 1) / 64 * 64 * sizeof(float);
+  for (bool tied : {false, true})
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (const std::string weights : {"stream", "device"}) {
+        INFO((tied ? "tied " : "untied ") << dtype_name(dtype) << " weights " << weights);
+        const ModelConfig cfg = head_config(50000, tied);
+        const HeadRun always = run_head(cfg, dtype, weights, 0, "always");
+        const HeadRun all = run_head(cfg, dtype, weights, 0, "auto");
+        CHECK(always.kept_chunks == 0);
+        CHECK(all.kept_chunks == 13);
+        CHECK(all.kept_layers == 2);
+        // the activations first, then 13 chunks of logits
+        const size_t activations = all.device_peak - always.device_peak - 13 * chunk_bytes;
+        // a budget that leaves room for the activations and 5 chunks: the last 5 (the backward's first)
+        const size_t budget = always.device_peak + (size_t(1) << 20) + activations + 5 * chunk_bytes + 100;
+        const HeadRun some = run_head(cfg, dtype, weights, 0, "auto", budget);
+        CHECK(some.kept_layers == 2);
+        CHECK(some.kept_chunks == 5);
+        for (const HeadRun* r : {&all, &some}) {
+          CHECK(std::memcmp(always.losses.data(), r->losses.data(), always.losses.size() * sizeof(double)) == 0);
+          CHECK(same_bits(always.grads, r->grads));
+          CHECK(same_bits(always.master, r->master));
+        }
+      }
 }
 
 TEST_CASE("the torch goldens still hold with lm_head in many small chunks", "[engine][head][golden]") {

@@ -53,7 +53,7 @@ EngineOptions budget_engine(const std::string& checkpoints) {
 
 // What an engine built on a device of device_bytes keeps there (budget_engine's shapes).
 struct EngineFootprint {
-  size_t device_checkpoints = 0, kept_layers = 0, used_bytes = 0;
+  size_t device_checkpoints = 0, kept_layers = 0, used_bytes = 0, kept_chunks = 0;
 };
 EngineFootprint engine_footprint(const ModelSpec& spec, size_t device_bytes, const std::string& weights,
                                  const std::string& checkpoints, const std::string& recompute) {
@@ -65,7 +65,7 @@ EngineFootprint engine_footprint(const ModelSpec& spec, size_t device_bytes, con
   eo.weights = weights;
   eo.recompute = recompute;
   Engine engine(*dev, hs, eo);
-  return {engine.device_checkpoints(), engine.kept_activation_layers(), dev->used_bytes()};
+  return {engine.device_checkpoints(), engine.kept_activation_layers(), dev->used_bytes(), engine.kept_logit_chunks()};
 }
 
 // Captures what is written to file descriptor 2 while it lives.
@@ -231,14 +231,20 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
   CHECK(saves == 3 * act);
 }
 
-TEST_CASE("kept activations: the plan keeps as many layers' as the engine does, after the checkpoints", "[plan][recompute]") {
+TEST_CASE("kept activations and logits: the plan keeps as many as the engine does, after the checkpoints", "[plan][recompute]") {
   const ModelSpec spec = budget_spec(false);
   const PlacementPlan always = placement_plan(spec, plan_inputs("device", "always"), PlanBudgets{});
   const PlacementPlan never = placement_plan(spec, plan_inputs("device", "never"), PlanBudgets{});
   CHECK(always.kept_activation_layers == 0);
   CHECK(never.kept_activation_layers == 3);
   const size_t kept3 = never.bytes_of("kept layer activations (device, no recompute)");
-  CHECK(kept3 == never.tier(Tier::device) - always.tier(Tier::device));
+  // and the logits of the one lm_head chunk (V 256) at N = 32 tokens, which "always" does not keep
+  const size_t logits = never.bytes_of("kept lm_head logits (device, no recompute)");
+  CHECK(logits == 32 * 256 * 4);
+  CHECK(always.kept_logit_chunks == 0);
+  CHECK(never.kept_logit_chunks == 1);
+  CHECK(never.kept_logit_rows == 256);
+  CHECK(kept3 + logits == never.tier(Tier::device) - always.tier(Tier::device));
   CHECK(never.device_checkpoints == 3);
   // one layer's xn1 .. act at N = 32 tokens (C 64, H 4 x D 16, Hk 2, F 128), each buffer 256-aligned
   const size_t N = 32;
@@ -259,10 +265,14 @@ TEST_CASE("kept activations: the plan keeps as many layers' as the engine does, 
       CHECK(p.device_checkpoints == 3);
       const EngineFootprint e = engine_footprint(spec, b.device_bytes, weights, "device", "auto");
       CHECK(e.kept_layers == p.kept_activation_layers);
+      CHECK(e.kept_chunks == p.kept_logit_chunks);
       CHECK(e.used_bytes == p.tier(Tier::device));
       CHECK(p.fits());
       if (extra == (size_t(1) << 20) + per_layer - 1) CHECK(p.kept_activation_layers == 0);
       if (extra == (size_t(1) << 20) + 2 * per_layer + 7) CHECK(p.kept_activation_layers == 2);
+      // the logits (32 KiB) from what the activations leave: a layer's less a byte, or two layers'
+      const bool room = extra == (size_t(1) << 20) + per_layer - 1 || extra == (size_t(1) << 20) + 5 * per_layer;
+      CHECK(p.kept_logit_chunks == (room ? 1u : 0u));
     }
   }
   // "never" on a budget without room for them: a plan that does not fit
