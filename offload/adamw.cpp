@@ -162,13 +162,20 @@ void adamw_update_ref(double* master, double* m, double* v, const double* grad, 
 
 double sum_of_squares(const float* x, int64_t n) {
   constexpr int64_t kChunk = 1 << 14;
+  constexpr int64_t kLanes = 32;  // element j of a chunk goes to lane j % 32: the loop vectorises
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(size_t(chunks), 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
+    const float* xc = x + c * kChunk;
+    const int64_t len = std::min(n - c * kChunk, kChunk);
+    double lane[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= len; j += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) lane[l] += double(xc[j + l]) * double(xc[j + l]);
+    for (; j < len; ++j) lane[j % kLanes] += double(xc[j]) * double(xc[j]);
     double s = 0;
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; ++i) s += double(x[i]) * double(x[i]);
+    for (int64_t l = 0; l < kLanes; ++l) s += lane[l];  // lanes, then chunks, in order: any thread count
     partial[size_t(c)] = s;
   }
   double total = 0;

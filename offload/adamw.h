@@ -84,7 +84,8 @@ void adamw_update_isa(AdamWIsa isa, float* master, void* m, void* v, DType momen
 void adamw_update_ref(double* master, double* m, double* v, const double* grad, int64_t n,
                       const AdamWParams& p);
 
-// Sum of squares in double, in fixed-size chunks summed in order (thread-count independent).
+// Sum of squares in double, in fixed-size chunks summed in order (thread-count independent),
+// each chunk over 32 lanes combined in lane order.
 double sum_of_squares(const float* x, int64_t n);
 
 }  // namespace strata

@@ -433,4 +433,22 @@ TEST_CASE("AdamW rejects bad arguments with a message", "[optim]") {
   CHECK(std::string(adamw_isa_name(AdamWIsa::avx512)) == "avx512");
 }
 
+TEST_CASE("the gradient norm's sum of squares matches a long-double sum and is thread-count independent", "[optim]") {
+  // three full 16384-element chunks and a tail that is not a multiple of the 32 lanes
+  for (int64_t n : {int64_t(1), int64_t(31), int64_t(16384 * 3 + 77)}) {
+    INFO("n = " << n);
+    const std::vector<float> x = testing::random_floats(size_t(n), 91, -3.f, 3.f);
+    long double want = 0;
+    for (float v : x) want += (long double)v * (long double)v;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const double one = sum_of_squares(x.data(), n);
+    omp_set_num_threads(2);
+    const double two = sum_of_squares(x.data(), n);
+    omp_set_num_threads(threads);
+    CHECK(std::abs(double(one - want)) <= 1e-14 * double(want));
+    CHECK(std::memcmp(&one, &two, sizeof(double)) == 0);
+  }
+}
+
 }  // namespace strata
