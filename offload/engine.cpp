@@ -191,8 +191,12 @@ float* Engine::kept_logits(size_t chunk, size_t m) const {
   return buf_.kept_logits + ((chunk - first) * shape_.group + m) * engine_kept_logit_floats(shape_);
 }
 
+// What the budget leaves for checkpoints and kept activations and logits: the margin, and what
+// the backend will still take at its first GEMM and lm_head loss, stay free.
 size_t Engine::device_bytes_left() const {
-  const size_t used = dev_.used_bytes() + (1 << 20);  // the margin: placement_plan.cpp's kDeviceMargin
+  const size_t used = dev_.used_bytes() + (1 << 20) +  // the margin: placement_plan.cpp's kDeviceMargin
+                      dev_.pending_workspace_bytes(Stream::compute) +
+                      dev_.pending_lm_head_ce_workspace_bytes(shape_.C, shape_.head_rows);
   return dev_.budget_bytes() > used ? dev_.budget_bytes() - used : 0;
 }
 

@@ -499,6 +499,10 @@ class CudaDevice final : public ArenaDevice {
   size_t pending_workspace_bytes(Stream s) const override {
     return cublas_[int(s)] ? 0 : Arena::footprint(kCublasWorkspaceBytes);
   }
+  size_t pending_lm_head_ce_workspace_bytes(int64_t c, int64_t vc) const override {
+    const size_t bytes = cuda::lm_head_ce_workspace_bytes(c, vc);
+    return bytes > ce_workspace_bytes_ ? Arena::footprint(bytes) : 0;
+  }
 
  private:
   cudaStream_t stream(Stream s) const { return streams_[int(s)]; }

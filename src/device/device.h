@@ -98,6 +98,9 @@ class Device {
   // CUDA backend's cuBLAS workspace, 8 MiB per stream that runs matmuls, allocated at its first
   // GEMM; 0 after that, and on the CPU backend). A planner that fills the budget leaves it free.
   virtual size_t pending_workspace_bytes(Stream s) const { return 0; }
+  // Likewise what the chunked lm_head loss over vc vocab rows at hidden size c will still take
+  // (the CUDA backend's lm_head_ce workspace, grown at its first call; 0 on the CPU backend).
+  virtual size_t pending_lm_head_ce_workspace_bytes(int64_t c, int64_t vc) const { return 0; }
 
   // ---- ops (kernels/cpu/ops.h documents shapes and semantics) ----
   // One argument order everywhere (STYLE.md §2), as in kernels/cpu/ops.h, kernels/cuda/ops.h

@@ -14,6 +14,7 @@
 #include "offload/model_io.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/kernels/ce_chunked.h"
+#include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -152,6 +153,48 @@ TEST_CASE("the engine on CUDA with pinned memory fallen back to pageable gives t
   CHECK(b.pageable_bytes > 0);
   CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0);
   CHECK(std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * 4) == 0);
+}
+
+TEST_CASE("the engine on CUDA keeps activations and logits only in what the backend's workspaces leave", "[cuda-emu]") {
+  // 5 lm_head chunks of 4096 rows (V 20000) at 66 tokens: ~1.1 MB of logits each. The cuBLAS
+  // workspace (8 MiB) and the lm_head_ce workspace (~3 MB) are taken at the first GEMM and loss:
+  // counted as free, kept logits would fill them and the first step would run out of budget.
+  const ModelConfig cfg = testing::tiny_llama_config({64, 96, 2, 20000, 256, false});
+  struct Run {
+    double loss = 0;
+    size_t peak = 0, kept_chunks = 0;
+    std::vector<float> grads;
+  };
+  auto run = [&](size_t budget, const std::string& recompute) {
+    auto dev = cuda_testing::test_device(budget);
+    HostStore store(*dev, model_spec_build(cfg, DType::bf16));
+    model_init_weights(store, 3);
+    EngineOptions eo;
+    eo.checkpoints = "host";
+    eo.max_batch = 2;
+    eo.max_tokens = 33;
+    eo.recompute = recompute;
+    Engine engine(*dev, store, eo);
+    const MicroBatch mb = testing::strided_batch(2, 33, cfg.vocab_size, 7919);
+    Run r;
+    r.loss = engine.forward_backward(mb, 1.f / float(mb.counted()));
+    engine.synchronize();
+    r.peak = dev->peak_bytes();
+    r.kept_chunks = engine.kept_logit_chunks();
+    r.grads.assign(store.grad(), store.grad() + store.f32_floats());
+    return r;
+  };
+  auto probe = cuda_testing::test_device();
+  if (!probe) return;
+  const Run always = run(size_t(96) << 20, "always");
+  REQUIRE(always.kept_chunks == 0);
+  const size_t chunk = size_t(66 * 4096) * sizeof(float);
+  const Run tight = run(always.peak + (size_t(1) << 20) + 5 * chunk / 2, "auto");  // room for ~2 chunks
+  CHECK(tight.kept_chunks >= 1);
+  CHECK(tight.kept_chunks < 5);
+  CHECK(tight.peak <= always.peak + (size_t(1) << 20) + 5 * chunk / 2);
+  CHECK(std::memcmp(&tight.loss, &always.loss, sizeof(double)) == 0);
+  CHECK(std::memcmp(tight.grads.data(), always.grads.data(), always.grads.size() * sizeof(float)) == 0);
 }
 
 }  // namespace strata
