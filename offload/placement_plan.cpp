@@ -12,6 +12,7 @@
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
 #include "src/device/arena.h"
+#include "src/device/device.h"
 #include "src/device/peak_flops.h"
 
 namespace strata {
@@ -104,7 +105,11 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
     if (it == device_rows.end()) device_rows.emplace_back(kind, 0), it = device_rows.end() - 1;
     it->second += Arena::footprint(b.bytes);
   }
-  const size_t device_fixed = engine_device_bytes(table);
+  // A CUDA device takes its own workspaces at the first GEMM and loss; the engine leaves them
+  // free (Engine::device_bytes_left), so the plan counts them before the checkpoints and kept rows.
+  const size_t backend_ws = in.device_is_cuda ? cuda_backend_workspace_bytes(shape.C, shape.head_rows) : 0;
+  if (backend_ws) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
+  const size_t device_fixed = engine_device_bytes(table) + backend_ws;
   if (zo) {
     // no layer checkpoints: nothing goes back
   } else if (shape.checkpoints == CheckpointMode::device) {

@@ -62,6 +62,8 @@ struct PlanInputs {
   bool f32_master_shared = true;
   bool device_in_host_ram = false;   // the CPU backend: the device arena is process memory, and
                                      // the MFU peak is measured with GEMMs in process memory
+  bool device_is_cuda = false;       // a CUDA device: its own cuBLAS and lm_head_ce workspaces
+                                     // come out of the budget too (cuda_backend_workspace_bytes)
   size_t baseline_bytes = 0;         // the process before the plan's allocations (VmRSS)
   size_t data_bytes = 0;             // tokenized rows and the data order, held all run
   size_t data_rows = 0;              // rows in the data order (resume reads them back)

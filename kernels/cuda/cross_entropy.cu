@@ -14,6 +14,7 @@
 // dw_chunk += dlogits^T · h. Kept logits (ops.h): the stats pass computes each tile's logits into
 // the caller's (N, vc) buffer instead of the workspace, and the backward works on them in place
 // instead of recomputing them (the same matmul, so the same bits).
+#include "kernels/common/ce_workspace.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "src/core/align.h"
@@ -177,9 +178,8 @@ const void* ce_tile_logits(float* logits, const CeWorkspace& ws, const float* h,
 }  // namespace
 
 size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v) {
-  return align_up(size_t(kCeChunkRows * v) * sizeof(float)) +
-         align_up(size_t(kCeChunkRows * c) * sizeof(__nv_bfloat16)) +
-         align_up(size_t(kCeChunkRows * v) * sizeof(__nv_bfloat16));
+  static_assert(kCeChunkRows == kCeTileRows && sizeof(__nv_bfloat16) == 2, "ce_carve's layout is ce_workspace.h's");
+  return lm_head_ce_tile_workspace_bytes(c, v);
 }
 
 void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, bool w_bf16,

@@ -388,6 +388,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
     for (const GpuSpec& s : gpu_specs()) names += (names.empty() ? "" : ", ") + s.name;
     STRATA_CHECK(g, "--gpu ", a.gpu, " is not in the table (", names, "): give --gpu-memory and --gpu-flops instead");
     in.device_in_host_ram = false;
+    in.device_is_cuda = true;
     budgets.device_bytes = g->memory_bytes;
     budgets.device_origin = "--gpu " + g->name;
     const std::optional<DevicePeak> peak = gpu_datasheet_peak(g->datasheet_name, dtype);
@@ -405,6 +406,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
     STRATA_CHECK(!a.gpu_memory.empty() && a.gpu_flops > 0 && a.link_gbps > 0, "for a GPU not in the table give "
                  "--gpu-memory, --gpu-flops and --link-gbps (or --gpu NAME)");
     in.device_in_host_ram = false;
+    in.device_is_cuda = true;
     device_text = "a GPU given by its figures";
   }
   if (!a.gpu_memory.empty()) {

@@ -33,7 +33,6 @@
 namespace strata {
 namespace {
 
-constexpr size_t kCublasWorkspaceBytes = size_t(8) << 20;  // per stream that runs matmuls
 constexpr int kMinComputeMajor = 8;                        // kernels are built for sm_80+
 
 #define STRATA_CUBLAS_DEVICE_CHECK(call)                                                   \
@@ -497,7 +496,7 @@ class CudaDevice final : public ArenaDevice {
 
   void* native_stream(Stream s) override { return stream(s); }
   size_t pending_workspace_bytes(Stream s) const override {
-    return cublas_[int(s)] ? 0 : Arena::footprint(kCublasWorkspaceBytes);
+    return cublas_[int(s)] ? 0 : Arena::footprint(kCudaCublasWorkspaceBytes);
   }
   size_t pending_lm_head_ce_workspace_bytes(int64_t c, int64_t vc) const override {
     const size_t bytes = cuda::lm_head_ce_workspace_bytes(c, vc);
@@ -569,10 +568,10 @@ class CudaDevice final : public ArenaDevice {
   cublasHandle_t cublas(Stream s) {
     cublasHandle_t& h = cublas_[int(s)];
     if (!h) {
-      void* ws = alloc(kCublasWorkspaceBytes, str_cat("cuBLAS workspace (stream ", int(s), ")"));
+      void* ws = alloc(kCudaCublasWorkspaceBytes, str_cat("cuBLAS workspace (stream ", int(s), ")"));
       STRATA_CUBLAS_DEVICE_CHECK(cublasCreate(&h));
       STRATA_CUBLAS_DEVICE_CHECK(cublasSetStream(h, stream(s)));
-      STRATA_CUBLAS_DEVICE_CHECK(cublasSetWorkspace(h, ws, kCublasWorkspaceBytes));
+      STRATA_CUBLAS_DEVICE_CHECK(cublasSetWorkspace(h, ws, kCudaCublasWorkspaceBytes));
     }
     return h;
   }

@@ -10,6 +10,7 @@
 #include "src/device/device.h"
 
 #include "src/device/arena.h"
+#include "kernels/common/ce_workspace.h"
 
 namespace strata {
 
@@ -123,6 +124,10 @@ std::unique_ptr<Device> device_create(const DeviceOptions& options) {
                "device backend 'cuda' is not built into this strata (configure with "
                "-DSTRATA_CUDA=ON on a machine with the CUDA Toolkit); use [device] backend = \"cpu\"");
   STRATA_CHECK(false, "unknown device backend '", options.backend, "': use \"cpu\", \"cuda\" or \"auto\"");
+}
+
+size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc) {
+  return Arena::footprint(kCudaCublasWorkspaceBytes) + Arena::footprint(lm_head_ce_tile_workspace_bytes(c, vc));
 }
 
 }  // namespace strata

@@ -33,6 +33,14 @@ struct DeviceOptions {
   double link_bytes_per_s = 0;        // CPU backend: throttle host<->device copies (0 = off)
 };
 
+// The CUDA backend's cuBLAS workspace, per stream that runs matmuls (only the compute stream).
+inline constexpr size_t kCudaCublasWorkspaceBytes = size_t(8) << 20;
+// The arena bytes the CUDA backend takes for itself at a training step's first GEMM and first
+// lm_head loss over chunks of vc vocab rows at hidden size c: the cuBLAS workspace and the
+// lm_head_ce workspace (Device::pending_workspace_bytes and pending_lm_head_ce_workspace_bytes
+// until then). The placement plan counts them for a CUDA device.
+size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc);
+
 // Op families, for the per-op time split the trainer reports (matmul share, attention, ...).
 enum class OpKind : uint8_t { matmul, attention, cross_entropy, norm, rope, elementwise, embedding, count };
 const char* op_kind_name(OpKind k);

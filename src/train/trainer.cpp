@@ -261,6 +261,7 @@ PlanInputs train_plan_inputs(const Recipe& rc) {
   in.load_from_dir = !rc.model_path.empty();
   in.f32_master_shared = true;  // HostStore: in f32 compute mode the master is the working copy
   in.device_in_host_ram = rc.device_backend == "cpu";
+  in.device_is_cuda = rc.device_backend == "cuda";
   return in;
 }
 
@@ -480,7 +481,8 @@ void TrainRun::check_allocations_against_plan() {
                 store_planned);
   // The CPU backend's arena holds the engine's buffers alone (the zeroth-order engine's rows when
   // optim.type = "zo-sgd": the plan reads that engine's table); the CUDA backend's also holds its
-  // own error word and, later, cuBLAS and lm_head_ce workspaces, which the plan does not count yet.
+  // own error word, which the plan does not count, and, from the first step, the cuBLAS and
+  // lm_head_ce workspaces, which it does (cuda_backend_workspace_bytes).
   const size_t device_checkpoints = engine_ ? engine_->device_checkpoints() : 0;
   const size_t kept_layers = engine_ ? engine_->kept_activation_layers() : 0;
   const size_t kept_chunks = engine_ ? engine_->kept_logit_chunks() : 0;

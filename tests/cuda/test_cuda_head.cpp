@@ -12,6 +12,7 @@
 #include "kernels/cpu/ops.h"
 #include "offload/engine.h"
 #include "offload/model_io.h"
+#include "offload/placement_plan.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/kernels/ce_chunked.h"
 #include "tests/seeded_inputs.h"
@@ -162,7 +163,7 @@ TEST_CASE("the engine on CUDA keeps activations and logits only in what the back
   const ModelConfig cfg = testing::tiny_llama_config({64, 96, 2, 20000, 256, false});
   struct Run {
     double loss = 0;
-    size_t peak = 0, kept_chunks = 0;
+    size_t peak = 0, kept_chunks = 0, kept_layers = 0;
     std::vector<float> grads;
   };
   auto run = [&](size_t budget, const std::string& recompute) {
@@ -181,6 +182,7 @@ TEST_CASE("the engine on CUDA keeps activations and logits only in what the back
     engine.synchronize();
     r.peak = dev->peak_bytes();
     r.kept_chunks = engine.kept_logit_chunks();
+    r.kept_layers = engine.kept_activation_layers();
     r.grads.assign(store.grad(), store.grad() + store.f32_floats());
     return r;
   };
@@ -189,10 +191,25 @@ TEST_CASE("the engine on CUDA keeps activations and logits only in what the back
   const Run always = run(size_t(96) << 20, "always");
   REQUIRE(always.kept_chunks == 0);
   const size_t chunk = size_t(66 * 4096) * sizeof(float);
-  const Run tight = run(always.peak + (size_t(1) << 20) + 5 * chunk / 2, "auto");  // room for ~2 chunks
+  const size_t budget = always.peak + (size_t(1) << 20) + 5 * chunk / 2;  // room for ~2 chunks
+  const Run tight = run(budget, "auto");
   CHECK(tight.kept_chunks >= 1);
   CHECK(tight.kept_chunks < 5);
-  CHECK(tight.peak <= always.peak + (size_t(1) << 20) + 5 * chunk / 2);
+  CHECK(tight.peak <= budget);
+  // the placement plan for a CUDA device counts those workspaces and keeps what the engine keeps
+  PlanInputs in;
+  in.checkpoints = "host";
+  in.recompute = "auto";
+  in.optimizer = "host";
+  in.micro_batch = 2;
+  in.sequence_len = 33;
+  in.device_is_cuda = true;
+  PlanBudgets b;
+  b.device_bytes = budget;
+  const PlacementPlan plan = placement_plan(model_spec_build(cfg, DType::bf16), in, b);
+  CHECK(plan.bytes_of("CUDA backend workspaces (cuBLAS, lm_head loss)") == cuda_backend_workspace_bytes(64, 4096));
+  CHECK(plan.kept_logit_chunks == tight.kept_chunks);
+  CHECK(plan.kept_activation_layers == tight.kept_layers);
   CHECK(std::memcmp(&tight.loss, &always.loss, sizeof(double)) == 0);
   CHECK(std::memcmp(tight.grads.data(), always.grads.data(), always.grads.size() * sizeof(float)) == 0);
 }
