@@ -165,26 +165,26 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
   ce_for_each_tile(h, w, rows, c, vc, mode, keep, [&](int64_t r0, int64_t nr, const W*, float* logits) {
 #pragma omp parallel
     {
-    std::vector<float> exps(static_cast<size_t>(vc));  // this thread's row of exps (the logits stay as they are)
+      std::vector<float> exps(static_cast<size_t>(vc));  // this thread's row of exps (the logits stay as they are)
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < nr; ++r) {
-      const float* x = logits + r * vc;
-      const int64_t i = rows[size_t(r0 + r)];
-      const int64_t t = int64_t(targets[i]) - v0;
-      const float target_logit = t >= 0 && t < vc ? x[t] : 0.f;
-      const float m = ce_row_max(x, vc);
-      const double sum = ce_row_exp_sum<W>(x, exps.data(), vc, m);
-      double* st = stats + 3 * i;
-      if (first) {
-        st[0] = double(m);
-        st[1] = sum;
-      } else {
-        const double mx = std::max(st[0], double(m));
-        st[1] = st[1] * std::exp(st[0] - mx) + sum * std::exp(double(m) - mx);
-        st[0] = mx;
+      for (int64_t r = 0; r < nr; ++r) {
+        const float* x = logits + r * vc;
+        const int64_t i = rows[size_t(r0 + r)];
+        const int64_t t = int64_t(targets[i]) - v0;
+        const float target_logit = t >= 0 && t < vc ? x[t] : 0.f;
+        const float m = ce_row_max(x, vc);
+        const double sum = ce_row_exp_sum<W>(x, exps.data(), vc, m);
+        double* st = stats + 3 * i;
+        if (first) {
+          st[0] = double(m);
+          st[1] = sum;
+        } else {
+          const double mx = std::max(st[0], double(m));
+          st[1] = st[1] * std::exp(st[0] - mx) + sum * std::exp(double(m) - mx);
+          st[0] = mx;
+        }
+        if (t >= 0 && t < vc) st[2] = double(target_logit);
       }
-      if (t >= 0 && t < vc) st[2] = double(target_logit);
-    }
     }
   });
 }
@@ -271,7 +271,7 @@ void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const
                                const double* stats, const int32_t* targets, int64_t n, int64_t c,
                                int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits) {
   ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale,
-                       kept_logits);
+                           kept_logits);
 }
 
 void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
@@ -279,7 +279,7 @@ void lm_head_ce_chunk_backward_bf16(float* dh, float* dw_chunk, const float* h,
                                     const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                     int64_t v0, int64_t vc, float grad_scale, float* kept_logits) {
   ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, nullptr, n, c, v, v0, vc, grad_scale,
-                       kept_logits);
+                          kept_logits);
 }
 
 // ---- per-sequence sums and the per-token weighted backward (preference objectives) ---------
@@ -305,7 +305,7 @@ void lm_head_ce_chunk_backward_weighted(float* dh, float* dw_chunk, const float*
                                         int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
                                         float grad_scale, float* kept_logits) {
   ce_chunk_backward<float>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale,
-                       kept_logits);
+                           kept_logits);
 }
 
 void lm_head_ce_chunk_backward_weighted_bf16(float* dh, float* dw_chunk, const float* h,
@@ -314,7 +314,7 @@ void lm_head_ce_chunk_backward_weighted_bf16(float* dh, float* dw_chunk, const f
                                              int64_t n, int64_t c, int64_t v, int64_t v0,
                                              int64_t vc, float grad_scale, float* kept_logits) {
   ce_chunk_backward<bf16>(dh, dw_chunk, h, w_chunk, stats, targets, token_weight, n, c, v, v0, vc, grad_scale,
-                       kept_logits);
+                          kept_logits);
 }
 
 // ---- the whole vocabulary at once: the one-chunk case of the chunked loss ------------------
