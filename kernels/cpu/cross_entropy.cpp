@@ -1,7 +1,7 @@
 // lm_head + cross-entropy on the CPU, with lm_head in vocab chunks (a streamed lm_head) and
-// rows in chunks of kCeChunkRows, so at most kCeChunkRows x vc logits exist at once (vocab is
-// 32k-152k; all N x V logits would not fit). Ignored rows (-100) are dropped before the
-// matmuls: only counted rows are gathered into tiles.
+// rows in tiles of ce_tile_rows (so a bounded number of logits exist at once: vocab is 32k-152k,
+// and all N x V logits would not fit). Ignored rows (-100) are dropped before the matmuls: only
+// counted rows are gathered into tiles.
 //
 // A stats pass keeps each row's running max and sum of exps (online softmax, combined in
 // double), the loss is read from the stats, and a backward pass recomputes each chunk's logits
@@ -28,7 +28,41 @@ namespace strata::cpu {
 namespace {
 
 constexpr int32_t kCeIgnoreIndex = -100;
-constexpr int64_t kCeChunkRows = 128;  // rows of logits alive at once: 128 x V floats
+constexpr int64_t kCeTileRowsMin = 128, kCeTileRowsMax = 1024;
+constexpr int64_t kCeTileLogitBytes = int64_t(8) << 20;  // bf16 weights: f32 logits of a tile, about
+
+// Rows per tile for a vocab chunk of vc: a function of the shape only (never of the thread
+// count), so the tiles, and the order dw sums them in, are fixed. f32 weights: 128, the tiles
+// f32 runs have always had, so they keep their bits (training trajectories, torch goldens).
+// bf16 weights: about kCeTileLogitBytes of logits, 128 to 1024 rows, so the tile's matmuls are
+// long enough in K to run near the GEMM's peak: dw_chunk += dlogits^T h sums over the tile's
+// rows, and at vc 4096 128-row tiles ran it at ~75% of a large GEMM's rate (512: ~90%).
+template <class W>
+int64_t ce_tile_rows(int64_t vc) {
+  if constexpr (!std::is_same_v<W, bf16>) return kCeTileRowsMin;
+  return std::clamp(kCeTileLogitBytes / (vc * int64_t(sizeof(float))), kCeTileRowsMin, kCeTileRowsMax);
+}
+
+// The per-call tile buffers, kept by the calling thread (the device's compute stream) from one
+// call to the next and only grown: a step makes a few calls of one shape, and allocating and
+// faulting in megabytes every call cost more than the loops that fill them.
+template <class W>
+struct CeScratch {
+  std::vector<W> h_tile, dlogits_cast;
+  std::vector<float> logits, dh_tile;
+};
+
+template <class W>
+CeScratch<W>& ce_scratch() {
+  static thread_local CeScratch<W> scratch;
+  return scratch;
+}
+
+template <class T>
+T* ce_grow(std::vector<T>& v, int64_t n) {
+  if (v.size() < size_t(n)) v.resize(size_t(n));
+  return v.data();
+}
 
 void ce_matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
                bool trans_a, bool trans_b, float beta) {
@@ -126,11 +160,11 @@ void ce_gather(W* tile, const float* h, const std::vector<int64_t>& rows, int64_
   }
 }
 
-// Where the logits of a chunk live: a tile of kCeChunkRows rows (recomputed per tile), or the
+// Where the logits of a chunk live: a tile of ce_tile_rows rows (recomputed per tile), or the
 // caller's kept (N, vc) buffer, counted row r at kept + r * vc.
 enum class CeLogits { compute, compute_into_kept, read_kept };
 
-// For each tile of up to kCeChunkRows counted rows (in order): the tile's rows of h gathered
+// For each tile of up to ce_tile_rows<W>(vc) counted rows (in order): the tile's rows of h gathered
 // and rounded to W, its logits (nr, vc) = h_tile · w_chunk^T (computed into the tile, or into
 // kept's rows; read_kept: not computed, kept's rows already hold them), then per_tile(r0, nr,
 // h_tile, logits) with rows [r0, r0 + nr) of `rows`. One matmul of the same shape and operands
@@ -140,15 +174,16 @@ void ce_for_each_tile(const float* h, const W* w, const std::vector<int64_t>& ro
                       CeLogits mode, float* kept, F&& per_tile) {
   const int64_t counted = int64_t(rows.size());
   if (counted == 0) return;
-  const int64_t chunk = std::min(kCeChunkRows, counted);
-  std::vector<W> h_tile(size_t(chunk * c));                                         // (chunk, C)
-  std::vector<float> tile(mode == CeLogits::compute ? size_t(chunk * vc) : 0);     // (chunk, vc)
+  const int64_t chunk = std::min(ce_tile_rows<W>(vc), counted);
+  CeScratch<W>& scratch = ce_scratch<W>();
+  W* h_tile = ce_grow(scratch.h_tile, chunk * c);                                  // (chunk, C)
+  float* tile = mode == CeLogits::compute ? ce_grow(scratch.logits, chunk * vc) : nullptr;  // (chunk, vc)
   for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
     const int64_t nr = std::min(chunk, counted - r0);
-    float* logits = mode == CeLogits::compute ? tile.data() : kept + r0 * vc;
-    ce_gather(h_tile.data(), h, rows, r0, nr, c);
-    if (mode != CeLogits::read_kept) ce_matmul(logits, h_tile.data(), w, nr, vc, c, false, true, 0.f);
-    per_tile(r0, nr, h_tile.data(), logits);
+    float* logits = mode == CeLogits::compute ? tile : kept + r0 * vc;
+    ce_gather(h_tile, h, rows, r0, nr, c);
+    if (mode != CeLogits::read_kept) ce_matmul(logits, h_tile, w, nr, vc, c, false, true, 0.f);
+    per_tile(r0, nr, h_tile, logits);
   }
 }
 
@@ -200,10 +235,11 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
                        int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits) {
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
-  const int64_t chunk = std::min<int64_t>(kCeChunkRows, int64_t(rows.size()));
-  std::vector<W> dlogits_cast;                    // (chunk, vc) bf16 copy, bf16 w only
-  if constexpr (std::is_same_v<W, bf16>) dlogits_cast.resize(size_t(chunk * vc));
-  std::vector<float> dh_tile(size_t(chunk * c));  // (chunk, C)
+  const int64_t chunk = std::min<int64_t>(ce_tile_rows<W>(vc), int64_t(rows.size()));
+  CeScratch<W>& scratch = ce_scratch<W>();
+  W* dlogits_cast = nullptr;  // (chunk, vc) bf16 copy, bf16 w only
+  if constexpr (std::is_same_v<W, bf16>) dlogits_cast = ce_grow(scratch.dlogits_cast, chunk * vc);
+  float* dh_tile = ce_grow(scratch.dh_tile, chunk * c);  // (chunk, C)
   const CeLogits mode = kept_logits ? CeLogits::read_kept : CeLogits::compute;
   ce_for_each_tile(h, w, rows, c, vc, mode, kept_logits, [&](int64_t r0, int64_t nr, const W* h_tile, float* logits) {
 #pragma omp parallel for schedule(static)
@@ -219,23 +255,23 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
       const int64_t t = int64_t(targets[i]) - v0;
       if (t >= 0 && t < vc) x[t] -= scale;
       if constexpr (std::is_same_v<W, bf16>) {
-        bf16* xb = dlogits_cast.data() + r * vc;
+        bf16* xb = dlogits_cast + r * vc;
 #pragma omp simd
         for (int64_t j = 0; j < vc; ++j) xb[j] = f32_to_bf16(x[j]);
       }
     }
     const W* dlogits;
     if constexpr (std::is_same_v<W, bf16>) {
-      dlogits = dlogits_cast.data();
+      dlogits = dlogits_cast;
     } else {
       dlogits = logits;
     }
-    ce_matmul(dh_tile.data(), dlogits, w, nr, c, vc, false, false, 0.f);   // (nr, C)
+    ce_matmul(dh_tile, dlogits, w, nr, c, vc, false, false, 0.f);   // (nr, C)
     if (dw) ce_matmul(dw, dlogits, h_tile, vc, c, nr, true, false, 1.f);   // (vc, C) += (null: frozen head)
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) {
       float* dst = dh + rows[size_t(r0 + r)] * c;
-      const float* src = dh_tile.data() + r * c;
+      const float* src = dh_tile + r * c;
       for (int64_t e = 0; e < c; ++e) dst[e] += src[e];
     }
   });

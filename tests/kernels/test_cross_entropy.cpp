@@ -276,10 +276,11 @@ TEST_CASE("chunked cross-entropy f32 and bf16 fast paths match the fp64 chunked 
   struct Case {
     int64_t n, c, v, rows;
   };
-  // 300 rows with every third ignored = 200 counted: two 128-row tiles; v = 5003 in chunks of
-  // 4096 leaves a 907-row last chunk; rows = 1 puts one vocab row in each chunk.
+  // 300 rows with every third ignored = 200 counted: two 128-row tiles in f32 (bf16 sizes its
+  // tiles by the chunk: one tile up to vc 4096, two 128-row tiles at vc 20000); v = 5003 in chunks
+  // of 4096 leaves a 907-row last chunk; rows = 1 puts one vocab row in each chunk.
   for (Case k : {Case{1, 3, 7, 1}, Case{17, 33, 1000, 333}, Case{300, 64, 5003, 4096}, Case{300, 17, 97, 97},
-                 Case{40, 8, 130, 64}}) {
+                 Case{40, 8, 130, 64}, Case{300, 8, 20000, 20000}}) {
     INFO("n=" << k.n << " c=" << k.c << " v=" << k.v << " rows=" << k.rows);
     const auto h = random_floats(size_t(k.n * k.c), 100 + uint64_t(k.v), -1.f, 1.f);
     const auto w = random_floats(size_t(k.v * k.c), 200 + uint64_t(k.v), -1.f, 1.f);
@@ -324,20 +325,24 @@ TEST_CASE("one chunk of the whole vocabulary computes what the fused kernels com
 }
 
 TEST_CASE("chunked cross-entropy results are bitwise independent of the thread count", "[kernels][ce-chunked]") {
-  const int64_t n = 300, c = 64, v = 1000, rows = 300;
-  const auto h = random_floats(size_t(n * c), 51), w = random_floats(size_t(v * c), 52);
-  const auto targets = make_targets(n, v, 5, 53);
-  const std::vector<float> dw0(size_t(v * c), 0.f);
+  // 240 counted rows: one row tile, and (bf16 at vc 20000) two tiles of 128 rows
+  const int64_t n = 300, c = 64;
   const int threads = omp_get_max_threads();
-  for (bool bf : {false, true}) {
-    omp_set_num_threads(1);
-    const DType wt = bf ? DType::bf16 : DType::f32;
-    const ChunkedResult one = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0);
-    omp_set_num_threads(std::max(2, threads));
-    const ChunkedResult many = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0);
-    CHECK(std::memcmp(&one.loss, &many.loss, sizeof(double)) == 0);
-    CHECK(std::memcmp(one.dh.data(), many.dh.data(), one.dh.size() * 4) == 0);
-    CHECK(std::memcmp(one.dw.data(), many.dw.data(), one.dw.size() * 4) == 0);
+  for (const auto& [v, rows] : {std::pair<int64_t, int64_t>{1000, 300}, {20000, 20000}}) {
+    INFO("v=" << v << " rows=" << rows);
+    const auto h = random_floats(size_t(n * c), 51), w = random_floats(size_t(v * c), 52);
+    const auto targets = make_targets(n, v, 5, 53);
+    const std::vector<float> dw0(size_t(v * c), 0.f);
+    for (bool bf : {false, true}) {
+      omp_set_num_threads(1);
+      const DType wt = bf ? DType::bf16 : DType::f32;
+      const ChunkedResult one = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0);
+      omp_set_num_threads(std::max(2, threads));
+      const ChunkedResult many = ce_chunked_cpu(h, w, wt, targets, n, c, v, rows, 0.01f, dw0);
+      CHECK(std::memcmp(&one.loss, &many.loss, sizeof(double)) == 0);
+      CHECK(std::memcmp(one.dh.data(), many.dh.data(), one.dh.size() * 4) == 0);
+      CHECK(std::memcmp(one.dw.data(), many.dw.data(), one.dw.size() * 4) == 0);
+    }
   }
   omp_set_num_threads(threads);
 }
@@ -361,7 +366,7 @@ TEST_CASE("chunked cross-entropy backward without a weight gradient gives the sa
 
 TEST_CASE("kept logits: the stats pass keeps each chunk's logits and the backward reading them gives a recompute's bits",
           "[kernels][ce-chunked]") {
-  // 300 rows (3 row tiles, every 7th ignored), 3 vocab chunks (384, 384, 232 rows)
+  // 300 rows (every 7th ignored; 3 row tiles in f32), 3 vocab chunks (384, 384, 232 rows)
   const int64_t n = 300, c = 40, v = 1000, rows = 384;
   const auto h = random_floats(size_t(n * c), 71), w = random_floats(size_t(v * c), 72);
   const auto targets = make_targets(n, v, 7, 73);
@@ -382,6 +387,19 @@ TEST_CASE("kept logits: the stats pass keeps each chunk's logits and the backwar
       CHECK(same(kept.dh, recomputed.dh));
       CHECK(same(kept.dw, recomputed.dw));
     }
+  {  // bf16 sizes its row tiles by the chunk: at vc 384 one tile; at vc 10000 two (209 rows each)
+    const int64_t big_v = 20000, big_rows = 10000;
+    const auto big_w = random_floats(size_t(big_v * c), 74);
+    const auto big_targets = make_targets(n, big_v, 7, 75);
+    const std::vector<float> big_dw0(size_t(big_v * c), 0.25f);
+    const auto recomputed = ce_chunked_cpu(h, big_w, DType::bf16, big_targets, n, c, big_v, big_rows, 0.01f, big_dw0,
+                                           true, false);
+    const auto kept = ce_chunked_cpu(h, big_w, DType::bf16, big_targets, n, c, big_v, big_rows, 0.01f, big_dw0, true,
+                                     true);
+    CHECK(std::memcmp(&kept.loss, &recomputed.loss, sizeof(double)) == 0);
+    CHECK(same(kept.dh, recomputed.dh));
+    CHECK(same(kept.dw, recomputed.dw));
+  }
   // What the stats pass keeps are the logits: counted row r of the chunk is h_i · w_(v0 + j), in
   // the pass's compacted row order (f32 against fp64 dots; rows past the counted ones untouched).
   std::vector<double> stats(size_t(3 * n));
