@@ -1,7 +1,7 @@
 // lm_head + softmax cross-entropy on CUDA with lm_head in vocab chunks (twin: kernels/cpu/ref/
 // cross_entropy.h; CPU fast path kernels/cpu/cross_entropy.cpp; the whole vocabulary is the
-// one-chunk case v0 = 0, vc = V). Rows go in tiles of kCeChunkRows, so at most
-// kCeChunkRows x vc logits exist at once, in a caller-provided workspace; the matmuls go
+// one-chunk case v0 = 0, vc = V). Rows go in tiles of kCeTileRows, so at most
+// kCeTileRows x vc logits exist at once, in a caller-provided workspace; the matmuls go
 // through cuBLAS (matmul.cu). Unlike the CPU path, ignored rows (-100) are not compacted away
 // (that would need the targets on the host): they ride through the matmuls and get zero loss
 // and zero gradient.
@@ -23,7 +23,6 @@ namespace strata::cuda {
 namespace {
 
 constexpr int32_t kCeIgnoreIndex = -100;
-constexpr int64_t kCeChunkRows = 128;
 constexpr int kCeThreads = 256;
 
 // The workspace, carved in this order.
@@ -37,9 +36,9 @@ CeWorkspace ce_carve(void* base, int64_t c, int64_t v) {
   char* p = static_cast<char*>(base);
   CeWorkspace ws;
   ws.logits = reinterpret_cast<float*>(p);
-  p += align_up(size_t(kCeChunkRows * v) * sizeof(float));
+  p += align_up(size_t(kCeTileRows * v) * sizeof(float));
   ws.h_bf16 = reinterpret_cast<__nv_bfloat16*>(p);
-  p += align_up(size_t(kCeChunkRows * c) * sizeof(__nv_bfloat16));
+  p += align_up(size_t(kCeTileRows * c) * sizeof(__nv_bfloat16));
   ws.dl_bf16 = reinterpret_cast<__nv_bfloat16*>(p);
   return ws;
 }
@@ -178,7 +177,7 @@ const void* ce_tile_logits(float* logits, const CeWorkspace& ws, const float* h,
 }  // namespace
 
 size_t lm_head_ce_workspace_bytes(int64_t c, int64_t v) {
-  static_assert(kCeChunkRows == kCeTileRows && sizeof(__nv_bfloat16) == 2, "ce_carve's layout is ce_workspace.h's");
+  static_assert(sizeof(__nv_bfloat16) == 2, "ce_carve's layout is ce_workspace.h's");
   return lm_head_ce_tile_workspace_bytes(c, v);
 }
 
@@ -188,8 +187,8 @@ void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, 
                             int* error_word, cublasHandle_t handle, cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
-  for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
-    const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
+  for (int64_t r0 = 0; r0 < n; r0 += kCeTileRows) {
+    const int64_t nr = n - r0 < kCeTileRows ? n - r0 : kCeTileRows;
     float* logits = keep_logits ? keep_logits + r0 * vc : ws.logits;  // the stats kernel only reads them
     ce_tile_logits(logits, ws, h, w_chunk, w_bf16, r0, nr, c, vc, true, handle, stream);
     STRATA_LAUNCH(ce_chunk_stats_kernel, unsigned(nr), kCeThreads, 0, stream, stats + 3 * r0,
@@ -225,8 +224,8 @@ void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const
                                cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
-  for (int64_t r0 = 0; r0 < n; r0 += kCeChunkRows) {
-    const int64_t nr = n - r0 < kCeChunkRows ? n - r0 : kCeChunkRows;
+  for (int64_t r0 = 0; r0 < n; r0 += kCeTileRows) {
+    const int64_t nr = n - r0 < kCeTileRows ? n - r0 : kCeTileRows;
     float* logits = kept_logits ? kept_logits + r0 * vc : ws.logits;  // then dlogits, in place
     const void* h_tile = ce_tile_logits(logits, ws, h, w_chunk, w_bf16, r0, nr, c, vc, !kept_logits, handle, stream);
     STRATA_LAUNCH(ce_chunk_grad_kernel, unsigned(nr), kCeThreads, 0, stream, logits,
