@@ -143,7 +143,12 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   // -- host: the process, the data, the store's arrays, the engine's pinned buffers
   add("process baseline (code, libraries, tokenizer)", Tier::host, in.baseline_bytes);
   add("tokenized data rows and order", Tier::host, in.data_bytes);
-  if (in.device_in_host_ram) add("device arena (CPU backend: process memory)", Tier::host, device_total);
+  if (in.device_in_host_ram) {
+    add("device arena (CPU backend: process memory)", Tier::host, device_total);
+    const LayerDims& d = shape.layer_capacity;
+    const size_t scratch = cpu_backend_scratch_bytes({d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.wt});
+    if (scratch) add("CPU kernel scratch (attention inputs, dS, loss tiles)", Tier::host, scratch);
+  }
   const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
   const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
   add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);

@@ -809,11 +809,21 @@ AttentionScratch& attention_scratch() {
   return scratch;
 }
 
+// v holds at least n elements afterwards; when it grows, to exactly n (so what a thread keeps is
+// the largest call's, attention_scratch_bytes, not a growth policy's multiple of it).
+template <class T>
+T* attention_grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) {
+    v.reserve(n);
+    v.resize(n);
+  }
+  return v.data();
+}
+
 AttentionInput attention_input(const float* x, int64_t n, const AttentionShape& s,
                                std::vector<bf16>& storage) {
   if (!s.bf16) return {x, nullptr};
-  if (storage.size() < size_t(n)) storage.resize(size_t(n));
-  bf16* dst = storage.data();
+  bf16* dst = attention_grow(storage, size_t(n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(x[i]);
   return {x, dst};
@@ -875,6 +885,21 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                          dot_type, attention_isa_best());
 }
 
+size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,
+                               AttentionIsa isa, size_t stored_ds_max_bytes) {
+  if (dot_type != DType::bf16) return 0;
+  const size_t inputs = size_t(2 * b * t * h * d + 2 * b * t * hk * d) * sizeof(bf16);  // q, dout; k, v
+  const size_t ds = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
+  return inputs + (ds <= stored_ds_max_bytes ? ds : 0);
+}
+
+size_t attention_scratch_held_bytes() {
+  const AttentionScratch& s = attention_scratch();
+  size_t bytes = s.ds_words.capacity() * sizeof(uint32_t);
+  for (const auto& v : s.inputs) bytes += v.capacity() * sizeof(bf16);
+  return bytes;
+}
+
 size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DType dot_type, AttentionIsa isa) {
   const AttentionShape s = attention_shape(b, t, h, h, d, dot_type, isa);
   return s.dpbf16 ? size_t(s.b * s.h * (s.q_tiles * (s.q_tiles + 1) / 2)) * (kTileQ * kTileK / 2) * sizeof(uint32_t) : 0;
@@ -920,8 +945,7 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
   const size_t stored_bytes = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
   if (stored_bytes > 0 && stored_bytes <= stored_ds_max_bytes) {
     const size_t words = stored_bytes / sizeof(uint32_t);
-    if (scratch.ds_words.size() < words) scratch.ds_words.resize(words);
-    stored.words = scratch.ds_words.data();
+    stored.words = attention_grow(scratch.ds_words, words);
   }
   const AttentionInput qi = attention_input(q, b * t * h * d, s, scratch.inputs[0]);
   const AttentionInput ki = attention_input(k, b * t * hk * d, s, scratch.inputs[1]);

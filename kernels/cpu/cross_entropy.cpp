@@ -58,10 +58,28 @@ CeScratch<W>& ce_scratch() {
   return scratch;
 }
 
+// v holds at least n elements afterwards; when it grows, to exactly n (lm_head_ce_scratch_bytes).
 template <class T>
 T* ce_grow(std::vector<T>& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
+  if (v.size() < size_t(n)) {
+    v.reserve(size_t(n));
+    v.resize(size_t(n));
+  }
   return v.data();
+}
+
+template <class W>
+size_t ce_scratch_bytes(int64_t n, int64_t c, int64_t vc) {
+  const size_t rows = size_t(std::min(ce_tile_rows<W>(vc), std::max<int64_t>(n, 0)));
+  const size_t cast = std::is_same_v<W, bf16> ? rows * size_t(vc) * sizeof(W) : 0;  // dlogits' bf16 copy
+  return rows * size_t(c) * sizeof(W) + rows * size_t(vc) * sizeof(float) + cast + rows * size_t(c) * sizeof(float);
+}
+
+template <class W>
+size_t ce_scratch_held() {
+  const CeScratch<W>& s = ce_scratch<W>();
+  return (s.h_tile.capacity() + s.dlogits_cast.capacity()) * sizeof(W) +
+         (s.logits.capacity() + s.dh_tile.capacity()) * sizeof(float);
 }
 
 void ce_matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
@@ -278,6 +296,12 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
 }
 
 }  // namespace
+
+size_t lm_head_ce_scratch_bytes(int64_t n, int64_t c, int64_t vc, DType w_dtype) {
+  return w_dtype == DType::bf16 ? ce_scratch_bytes<bf16>(n, c, vc) : ce_scratch_bytes<float>(n, c, vc);
+}
+
+size_t lm_head_ce_scratch_held_bytes() { return ce_scratch_held<float>() + ce_scratch_held<bf16>(); }
 
 void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,

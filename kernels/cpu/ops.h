@@ -96,6 +96,12 @@ void attention_forward_isa(float* out, float* lse, const float* q, const float* 
 // attention_stored_ds_bytes: the bytes kept (0 where the products are not on vdpbf16ps).
 constexpr size_t kAttentionStoredDsMaxBytes = size_t(32) << 20;
 size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DType dot_type, AttentionIsa isa);
+// What a thread keeps from one attention call to the next (with bf16 dots: the inputs' bf16
+// copies and the kept dS), sized by the largest call it made: attention_scratch_bytes for a
+// forward and backward of that shape; attention_scratch_held_bytes what the calling thread holds.
+size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,
+                               AttentionIsa isa, size_t stored_ds_max_bytes = kAttentionStoredDsMaxBytes);
+size_t attention_scratch_held_bytes();
 void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* out, const float* lse,
                             const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
@@ -147,6 +153,12 @@ void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_ch
                                  int64_t v0, int64_t vc, bool first, float* keep_logits);
 double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
                              int64_t n, int64_t v);
+// What a thread keeps from one call to the next (its row tiles: h, logits, the bf16 copy of
+// dlogits, dh), sized by the largest call: lm_head_ce_scratch_bytes for calls over n rows and
+// chunks of up to vc vocab rows of w_dtype; lm_head_ce_scratch_held_bytes what the calling thread
+// holds (f32 and bf16 heads together).
+size_t lm_head_ce_scratch_bytes(int64_t n, int64_t c, int64_t vc, DType w_dtype);
+size_t lm_head_ce_scratch_held_bytes();
 // dw_chunk may be null: dh only (a frozen head, LoRA), the weight gradient's matmul skipped.
 void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h, const float* w_chunk,
                                const double* stats, const int32_t* targets, int64_t n, int64_t c,

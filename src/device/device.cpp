@@ -11,6 +11,7 @@
 
 #include "src/device/arena.h"
 #include "kernels/common/ce_workspace.h"
+#include "kernels/cpu/ops.h"
 
 namespace strata {
 
@@ -128,6 +129,11 @@ std::unique_ptr<Device> device_create(const DeviceOptions& options) {
 
 size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc) {
   return Arena::footprint(kCudaCublasWorkspaceBytes) + Arena::footprint(lm_head_ce_tile_workspace_bytes(c, vc));
+}
+
+size_t cpu_backend_scratch_bytes(const CpuScratchShape& s) {
+  return cpu::attention_scratch_bytes(s.b, s.t, s.h, s.hk, s.d, s.dtype, cpu::attention_isa_best()) +
+         cpu::lm_head_ce_scratch_bytes(s.b * s.t, s.c, s.vc, s.dtype);
 }
 
 }  // namespace strata

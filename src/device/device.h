@@ -40,6 +40,16 @@ inline constexpr size_t kCudaCublasWorkspaceBytes = size_t(8) << 20;
 // lm_head_ce workspace (Device::pending_workspace_bytes and pending_lm_head_ce_workspace_bytes
 // until then). The placement plan counts them for a CUDA device.
 size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc);
+// The CPU backend's kernels keep scratch on the compute stream's thread from one call to the
+// next, outside the arena (kernels/cpu/ops.h: attention's bf16 input copies and kept dS, the
+// lm_head loss's row tiles), at most this much for micro-batches of b rows of t tokens, h query
+// and hk kv heads of size d, hidden size c, lm_head chunks of vc rows, dtype the matrices'. The
+// placement plan counts it as host memory.
+struct CpuScratchShape {
+  int64_t b = 0, t = 0, h = 0, hk = 0, d = 0, c = 0, vc = 0;
+  DType dtype = DType::f32;
+};
+size_t cpu_backend_scratch_bytes(const CpuScratchShape& shape);
 
 // Op families, for the per-op time split the trainer reports (matmul share, attention, ...).
 enum class OpKind : uint8_t { matmul, attention, cross_entropy, norm, rope, elementwise, embedding, count };

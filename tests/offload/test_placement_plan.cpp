@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/cpu/ops.h"
 #include "offload/engine.h"
 #include "offload/engine_zo.h"
 #include "offload/model_io.h"
@@ -369,6 +370,30 @@ TEST_CASE("f32 compute mode counts one f32 copy: the master is the working copy"
   const PlacementPlan two = placement_plan(spec, in, PlanBudgets{});
   CHECK(two.bytes_of("fp32 master weights") == params * 4);
   CHECK(two.host_total() - one.host_total() == params * 4);
+}
+
+TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA device has none", "[plan][scratch]") {
+  // budget_spec: C 64, 4 heads of 16, 2 kv heads, V 256 in one chunk; micro-batches of 2 x 16
+  const std::string row = "CPU kernel scratch (attention inputs, dS, loss tiles)";
+  for (const DType dt : {DType::bf16, DType::f32}) {
+    INFO(dtype_name(dt));
+    nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                        {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
+                        {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
+                        {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
+    const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), dt);
+    PlanInputs in = plan_inputs("host");
+    in.device_in_host_ram = true;
+    const PlacementPlan cpu = placement_plan(spec, in, PlanBudgets{});
+    const size_t want = cpu::attention_scratch_bytes(2, 16, 4, 2, 16, dt, cpu::attention_isa_best()) +
+                        cpu::lm_head_ce_scratch_bytes(2 * 16, 64, 256, dt);
+    CHECK(want > 0);
+    CHECK(cpu.bytes_of(row) == want);
+    in.device_in_host_ram = false;
+    in.device_is_cuda = true;
+    const PlacementPlan cuda = placement_plan(spec, in, PlanBudgets{});
+    CHECK(cuda.bytes_of(row) == 0);
+  }
 }
 
 TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe", "[plan]") {
