@@ -347,9 +347,28 @@ size_t PlacementPlan::bytes_of(const std::string& kind) const {
 }
 
 PlacementPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets) {
+  if (in.weights == "auto") {
+    PlanInputs resolved = in;
+    placement_resolve_weights(spec, resolved, budgets);
+    return placement_plan(spec, resolved, budgets);
+  }
   PlacementPlan p = decide(spec, in, budgets);
   if (!p.fits()) p.changes = changes_for(spec, in, budgets, p);
   return p;
+}
+
+void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const PlanBudgets& budgets) {
+  if (in.weights != "auto") return;
+  in.weights = "stream";
+  if (in.optim_type == "zo-sgd") return;
+  PlanInputs resident = in;
+  resident.weights = "device";
+  const PlacementPlan s = decide(spec, in, budgets), d = decide(spec, resident, budgets);
+  const bool no_worse = d.device_checkpoints >= s.device_checkpoints && d.host_checkpoints <= s.host_checkpoints &&
+                        d.nvme_checkpoints <= s.nvme_checkpoints &&
+                        d.kept_activation_layers >= s.kept_activation_layers &&
+                        d.kept_logit_chunks >= s.kept_logit_chunks;
+  if (d.fits() && (no_worse || !s.fits())) in.weights = "device";
 }
 
 std::string placement_plan_table(const PlacementPlan& p) {

@@ -39,7 +39,7 @@ namespace strata {
 
 // What the plan is computed for: the recipe's placement keys and shapes, as plain values.
 struct PlanInputs {
-  std::string weights = "stream";    // offload.weights: "stream" | "device"
+  std::string weights = "stream";    // offload.weights: "stream" | "device" ("auto": placement_resolve_weights first)
   std::string checkpoints = "auto";  // offload.checkpoints: "auto" | "device" | "host" | "nvme"
   std::string recompute = "auto";    // offload.recompute: "auto" | "always" | "never"
   std::string optimizer = "auto";    // offload.optimizer: "auto" | "host" | "nvme" (master + moments)
@@ -126,7 +126,15 @@ EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout&
 
 // The plan. Bad plan inputs (an unknown mode, NVMe asked for without a directory) are
 // Error(input); a plan that does not fit is returned with `problems` and `changes` filled.
+// weights = "auto" is resolved as placement_resolve_weights does.
 PlacementPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets);
+
+// offload.weights = "auto": "device" (every layer resident, so only the optimizer's updates
+// cross the link, once per step) when that plan fits and keeps as much on the device as the
+// streamed plan does (the same layer checkpoints, kept activations and kept logits: residency
+// then costs no recompute and no spilling); else "stream". zo-sgd streams (its engine has no
+// resident mode). Other values are left as they are.
+void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const PlanBudgets& budgets);
 
 // Throws Error(budget) (exit 3) when the plan does not fit: what does not fit, the plan's table
 // and what to change, each with the bytes it saves.

@@ -421,6 +421,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
                                                {"checksum", "assumed"}};
   if (a.gpu.empty() && recipe.device_backend == "cpu" && a.gpu_memory.empty())
     source["link"] = recipe.device_link_bytes_per_s > 0 ? "device.link_bandwidth (throttle)" : "memcpy (host bandwidth)";
+  placement_resolve_weights(spec, in, budgets);  // offload.weights = "auto", as the trainer resolves it
   if (a.measure) {
     cpu_threads_set(int(recipe.device_cpu_threads));  // the kernels' thread count, as `strata train` sets it
     cpu_threads_apply();
@@ -509,11 +510,14 @@ int cmd_estimate(const std::vector<std::string>& args) {
     std::printf("%s\n", out.dump().c_str());
     return plan.fits() ? 0 : 3;
   }
+  const bool resident = in.weights == "device";
   std::printf("strata estimate: %s, %.3gB parameters (%s); micro_batch_size %ld x sequence_len %ld, gradient "
-              "accumulation %ld (%s)\ndevice: %s\nfits: %s\n",
+              "accumulation %ld (%s); weights %s\ndevice: %s\nfits: %s\n",
               cfg.family.c_str(), double(spec.parameter_count()) / 1e9, dtype_name(dtype), long(in.micro_batch),
               long(in.sequence_len), long(recipe.gradient_accumulation_steps),
-              in.group > 1 ? "layer-major: weights cross twice per step" : "one micro-batch at a time", device_text.c_str(),
+              in.group > 1 ? (resident ? "layer-major" : "layer-major: weights cross twice per step")
+                           : "one micro-batch at a time",
+              resident ? "resident (they cross once per step, after the update)" : "streamed", device_text.c_str(),
               plan.fits() ? "yes" : "NO");
   for (const std::string& p : plan.problems) std::printf("  %s\n", p.c_str());
   std::printf("%s", placement_plan_table(plan).c_str());

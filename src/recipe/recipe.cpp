@@ -435,8 +435,8 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   STRATA_CHECK(rc.zo_eps > 0, r.where("optim.zo_eps"), ": optim.zo_eps must be positive (1e-3 is MeZO's)");
   STRATA_CHECK(rc.zo_perturbations >= 1 && rc.zo_perturbations <= 64, r.where("optim.zo_perturbations"),
                ": optim.zo_perturbations must be in [1, 64]");
-  STRATA_CHECK(rc.offload_weights == "stream" || rc.offload_weights == "device", r.where("offload.weights"),
-               ": offload.weights must be \"stream\" or \"device\"");
+  STRATA_CHECK(rc.offload_weights == "auto" || rc.offload_weights == "stream" || rc.offload_weights == "device",
+               r.where("offload.weights"), ": offload.weights must be \"auto\", \"stream\" or \"device\"");
   STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
                    rc.offload_checkpoints == "host" || rc.offload_checkpoints == "nvme",
                r.where("offload.checkpoints"), ": offload.checkpoints must be \"auto\", \"device\", \"host\" or \"nvme\"");

@@ -52,7 +52,7 @@ struct Recipe {
   int64_t zo_perturbations = 1;
   bool max_grad_norm_set = false;     // optim.max_grad_norm was given (zo-sgd warns it does not apply)
   // [offload]
-  std::string offload_weights = "stream", offload_checkpoints = "auto";
+  std::string offload_weights = "auto", offload_checkpoints = "auto";
   std::string offload_recompute = "auto";  // "auto" | "always" | "never" (offload/engine_buffers.h)
   std::string host_memory;  // unset: the machine's available memory
   std::string offload_optimizer = "auto";  // "auto" | "host" | "nvme": where fp32 master and moments live

@@ -371,7 +371,6 @@ void TrainRun::set_up() {
 // rows are not known yet: plan_with_data adds them.
 void TrainRun::set_up_model() {
   const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
-  eopt_.weights = rc_.offload_weights;
   eopt_.checkpoints = rc_.offload_checkpoints;
   eopt_.recompute = rc_.offload_recompute;
   eopt_.max_batch = rc_.micro_batch_size * (preference_objective_enabled(rc_) ? 2 : 1);  // pairs: 2 rows
@@ -395,6 +394,8 @@ void TrainRun::set_up_model() {
   cpu_threads_apply();
 
   budgets_ = train_plan_budgets(rc_);
+  placement_resolve_weights(spec, plan_in_, budgets_);  // offload.weights = "auto": resident when it costs nothing
+  eopt_.weights = plan_in_.weights;
   choose_accumulation(spec);
   plan_ = placement_plan(spec, plan_in_, budgets_);
   placement_plan_check(plan_);
@@ -548,7 +549,8 @@ void TrainRun::load_weights() {
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
                "checkpoints on the device, %zu layers' activations and %zu lm_head chunks' logits kept (no recompute); device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
-               rc_.offload_weights.c_str(), engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
+               zo_engine_ ? "stream" : eopt_.weights == "device" ? "resident" : "stream",
+               engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
                engine_ ? engine_->kept_activation_layers() : 0, engine_ ? engine_->kept_logit_chunks() : 0, format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
 }

@@ -89,7 +89,7 @@ void zo_step_notes(const Recipe& rc) {
   if (rc.max_grad_norm_set && rc.max_grad_norm > 0)
     std::fprintf(stderr, "strata train: warning: optim.max_grad_norm = %g does not apply to zo-sgd (there is no "
                  "gradient to clip; the step is lr * projected_grad * z); it is ignored\n", rc.max_grad_norm);
-  if (rc.offload_weights != "stream")
+  if (rc.offload_weights == "device")
     std::fprintf(stderr, "strata train: note: zo-sgd always streams the layers (its weights change every step); "
                  "offload.weights = \"%s\" is ignored\n", rc.offload_weights.c_str());
 }

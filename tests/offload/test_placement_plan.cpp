@@ -232,6 +232,49 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
   CHECK(saves == 3 * act);
 }
 
+TEST_CASE("offload.weights = auto: resident when that costs the device nothing, else streamed", "[plan]") {
+  const ModelSpec spec = budget_spec(false);
+  PlanInputs in = plan_inputs("auto", "auto");
+  in.weights = "auto";
+  auto resolved = [&](const PlanInputs& from, const PlanBudgets& b) {
+    PlanInputs r = from;
+    placement_resolve_weights(spec, r, b);
+    return r.weights;
+  };
+  auto with = [&](const std::string& weights) {
+    PlanInputs r = in;
+    r.weights = weights;
+    return r;
+  };
+  // no device budget: everything fits either way, so every layer stays on the device
+  CHECK(resolved(in, PlanBudgets{}) == "device");
+  const PlacementPlan stream = placement_plan(spec, with("stream"), PlanBudgets{});
+  const PlacementPlan resident = placement_plan(spec, with("device"), PlanBudgets{});
+  CHECK(placement_plan(spec, in, PlanBudgets{}).tier(Tier::device) == resident.tier(Tier::device));
+  REQUIRE(resident.tier(Tier::device) > stream.tier(Tier::device));  // a third layer slot
+  // a budget that holds the streamed plan with everything kept, but not the resident one: residency
+  // would cost kept activations (recompute), so the layers stream
+  PlanBudgets tight;
+  tight.device_bytes = stream.tier(Tier::device) + (size_t(1) << 20);  // the engine's margin
+  const PlacementPlan s = placement_plan(spec, with("stream"), tight), d = placement_plan(spec, with("device"), tight);
+  REQUIRE(s.fits());
+  REQUIRE(s.device_checkpoints == 3);
+  REQUIRE(s.kept_activation_layers == 3);
+  REQUIRE(d.device_checkpoints + d.kept_activation_layers + d.kept_logit_chunks <
+          s.device_checkpoints + s.kept_activation_layers + s.kept_logit_chunks);
+  CHECK(resolved(in, tight) == "stream");
+  CHECK(placement_plan(spec, in, tight).tier(Tier::device) == s.tier(Tier::device));
+  // with room for the third slot as well, resident again
+  PlanBudgets roomy;
+  roomy.device_bytes = resident.tier(Tier::device) + (size_t(1) << 20);
+  CHECK(resolved(in, roomy) == "device");
+  // explicit modes are left alone; zo-sgd streams (its engine has no resident mode)
+  CHECK(resolved(with("stream"), PlanBudgets{}) == "stream");
+  PlanInputs zo = in;
+  zo.optim_type = "zo-sgd";
+  CHECK(resolved(zo, PlanBudgets{}) == "stream");
+}
+
 TEST_CASE("kept activations and logits: the plan keeps as many as the engine does, after the checkpoints", "[plan][recompute]") {
   const ModelSpec spec = budget_spec(false);
   const PlacementPlan always = placement_plan(spec, plan_inputs("device", "always"), PlanBudgets{});

@@ -108,6 +108,7 @@ TEST_CASE("LoRA runs layer-major too: auto takes it, bit for bit the micro_batch
                         "lora.dropout=0.1", "data.sequence_len=64", "train.micro_batch_size=2",
                         "train.gradient_accumulation_steps=4", "train.max_steps=2", "train.log_steps=100",
                         "optim.warmup_steps=1", "checkpoint.save_steps=0", "checkpoint.output_dir=" + out,
+                        "offload.weights=stream",  // the base streams ("auto" would keep it resident here)
                         "offload.accumulation=" + accumulation});
   };
   const std::string a = testing::fresh_path("strata_layer_major_train", "lora_micro"),

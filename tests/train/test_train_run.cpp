@@ -85,6 +85,23 @@ TEST_CASE("streamed and resident runs give bit-identical losses and final weight
                                                      "device.link_bandwidth=2GB/s"}));
   CHECK(resident.losses == streamed.losses);
   require_same_weights(a + "/final", b + "/final");
+  // offload.weights = "auto" (the default) keeps this small model resident: the resident run's
+  // link bytes, fewer than the streamed run's (each layer's weights cross once per step, after
+  // the update, instead of twice: forward and backward)
+  const std::string c = tmp_out("strata_train_auto");
+  TrainSummary automatic = train_run(small_recipe(c, {"offload.checkpoints=device"}));
+  CHECK(automatic.losses == resident.losses);
+  require_same_weights(a + "/final", c + "/final");
+  const auto link = [](const std::string& out) {
+    std::vector<double> v;
+    for (const auto& j : testing::metrics_records(out, "link_bytes")) v.push_back(j["link_bytes"].get<double>());
+    return v;
+  };
+  const std::vector<double> auto_link = link(c), resident_link = link(a), streamed_link = link(b);
+  REQUIRE(auto_link.size() == resident.losses.size());
+  CHECK(auto_link == resident_link);
+  REQUIRE(streamed_link.size() == auto_link.size());
+  for (size_t s = 1; s < auto_link.size(); ++s) CHECK(auto_link[s] < streamed_link[s]);
 }
 
 TEST_CASE("the thread count does not change results", "[train][engine]") {
