@@ -19,11 +19,13 @@ int bench_peer(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") {
       std::printf("usage: strata-bench peer [--config quickstart|mid|mid-bf16|all] [--rounds R] [--steps S]\n"
-                  "                         [--threads N] [--keep DIR]\n"
+                  "                         [--threads N] [--keep DIR] [--weights auto|stream|device]\n"
                   "Trains the same Llama-family model on the same token rows with PyTorch (Debian's python3-torch:\n"
                   "OpenBLAS, OMP_WAIT_POLICY=PASSIVE, autocast for bf16) and with strata, interleaved over R rounds\n"
                   "(default 3) of S steps (default 6; the first is not timed), and prints tokens/s of each and the\n"
-                  "ratio. Needs /usr/bin/python3 with torch and, for the fast torch, libopenblas0-pthread\n"
+                  "ratio. --weights is strata's offload.weights (default auto: resident when the model fits, as a\n"
+                  "user's run would be; stream measures the streaming engine). Needs /usr/bin/python3 with torch\n"
+                  "and, for the fast torch, libopenblas0-pthread\n"
                   "(bash scripts/setup.sh --bench). Ends with one JSON line {\"peer\": {\"configs\": [...]}}.\n");
       return 0;
     }

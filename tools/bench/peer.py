@@ -202,7 +202,7 @@ def torch_train(model, rows, c, steps, threads):
     return mb * (T - 1) * (steps - 1) / sum(times[1:]), losses
 
 
-def strata_train(strata, workdir, c, steps, threads):
+def strata_train(strata, workdir, c, steps, threads, weights):
     out = os.path.join(workdir, "out")
     shutil.rmtree(out, ignore_errors=True)
     recipe = os.path.join(workdir, "recipe.toml")
@@ -212,6 +212,7 @@ def strata_train(strata, workdir, c, steps, threads):
 [train]\nmax_steps = {steps}\nmicro_batch_size = {c['mb']}\nseed = 1\nlog_steps = 1000\n
 [optim]\nlearning_rate = {LR}\nweight_decay = {WD}\nmax_grad_norm = {CLIP}\nlr_scheduler_type = "constant"\n
 [device]\nbackend = "cpu"\nmemory = "4GiB"\ncpu_threads = {threads}\n
+[offload]\nweights = "{weights}"\n
 [checkpoint]\noutput_dir = "out"\nsave_dtype = "f32"\n""")
     r = subprocess.run([strata, "train", recipe], capture_output=True, text=True)
     if r.returncode != 0:
@@ -227,7 +228,8 @@ def strata_train(strata, workdir, c, steps, threads):
     if not peak:
         sys.exit("peer: strata train did not say its MFU peak:\n" + r.stderr[-3000:])
     mfu = sum(x["mfu"] * t for x, t in zip(timed, seconds)) / sum(seconds)
-    return tokens / sum(seconds), [x["loss"] for x in recs], mfu, float(peak.group(1)) * 1e12
+    mode = re.search(r"weights (resident|stream),", r.stderr)  # offload.weights as the run resolved it
+    return tokens / sum(seconds), [x["loss"] for x in recs], mfu, float(peak.group(1)) * 1e12, mode.group(1) if mode else "?"
 
 
 def check_losses(strata, workdir, model, rows, c):
@@ -267,7 +269,7 @@ def run_config(name, args):
         print(f"{name}: loss on one batch at the initial weights: torch {torch_loss:.7f}, strata {strata_loss:.7f} "
               f"(relative difference {rel:.1e}, f32)", flush=True)
         state = {k: v.clone() for k, v in model.state_dict().items()}
-        t_rates, s_rates, mfus, peaks = [], [], [], []
+        t_rates, s_rates, mfus, peaks, modes = [], [], [], [], set()
         for r in range(args.rounds):
             order = ("torch", "strata") if r % 2 == 0 else ("strata", "torch")
             for who in order:
@@ -276,18 +278,21 @@ def run_config(name, args):
                     rate, _ = torch_train(model, rows, c, args.steps, args.threads)
                     t_rates.append(rate)
                 else:
-                    rate, _, mfu, peak = strata_train(args.strata, workdir, c, args.steps, args.threads)
+                    rate, _, mfu, peak, mode = strata_train(args.strata, workdir, c, args.steps, args.threads,
+                                                            args.weights)
                     s_rates.append(rate)
+                    modes.add(mode)
                     mfus.append(mfu)
                     peaks.append(peak)
-            print(f"{name} round {r + 1}: torch {t_rates[-1]:,.0f} tokens/s, strata {s_rates[-1]:,.0f} tokens/s, "
+            print(f"{name} round {r + 1}: torch {t_rates[-1]:,.0f} tokens/s, strata {s_rates[-1]:,.0f} tokens/s "
+                  f"(weights {mode}), "
                   f"strata MFU {100 * mfus[-1]:.1f}% of a {peaks[-1] / 1e9:,.1f} GFLOP/s {c['dtype']} GEMM peak "
                   f"measured by that run", flush=True)
         t, s = statistics.median(t_rates), statistics.median(s_rates)
         return {"name": name, "dtype": c["dtype"], "torch_tokens_per_s": round(t, 1), "strata_tokens_per_s": round(s, 1),
                 "ratio": round(s / t, 4), "strata_mfu": round(statistics.median(mfus), 4),
                 "peak_flops_per_s": round(statistics.median(peaks)), "peak_dtype": c["dtype"], "rounds": args.rounds, "steps": args.steps, "threads": args.threads,
-                "loss_rel_diff_f32": rel}
+                "loss_rel_diff_f32": rel, "strata_weights": "/".join(sorted(modes))}
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -301,6 +306,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6, help="optimizer steps per run (the first is not timed)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", default="", help="keep the work folders under this directory")
+    ap.add_argument("--weights", default="auto", choices=["auto", "stream", "device"],
+                    help="strata's offload.weights (auto: its default, resident when the model fits)")
     args = ap.parse_args()
     if args.steps < 2 or args.rounds < 1:
         sys.exit("peer: --steps must be at least 2 and --rounds at least 1")
@@ -317,10 +324,11 @@ def main():
     names = list(CONFIGS) if args.config == "all" else [args.config]
     results = [run_config(n, args) for n in names]
     print(f"{'config':<12}{'dtype':<7}{'torch tok/s':>14}{'strata tok/s':>14}{'strata/torch':>14}{'strata MFU':>12}"
-          f"{'GEMM peak':>16}")
+          f"{'GEMM peak':>16}  weights")
     for r in results:
         print(f"{r['name']:<12}{r['dtype']:<7}{r['torch_tokens_per_s']:>14,.0f}{r['strata_tokens_per_s']:>14,.0f}"
-              f"{r['ratio']:>14.2f}{100 * r['strata_mfu']:>11.1f}%{r['peak_flops_per_s'] / 1e9:>10,.1f} GFLOP/s")
+              f"{r['ratio']:>14.2f}{100 * r['strata_mfu']:>11.1f}%{r['peak_flops_per_s'] / 1e9:>10,.1f} GFLOP/s"
+              f"  {r['strata_weights']}")
     print(json.dumps({"peer": {"blas": blas, "configs": results}}))
 
 
