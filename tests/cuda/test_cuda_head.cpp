@@ -197,7 +197,13 @@ TEST_CASE("the engine on CUDA keeps activations and logits only in what the back
   CHECK(tight.kept_chunks < 5);
   CHECK(tight.peak <= budget);
   // the placement plan for a CUDA device counts those workspaces and keeps what the engine keeps
-  PlanInputs in{.checkpoints = "host", .recompute = "auto", .optimizer = "host", .micro_batch = 2, .sequence_len = 33};
+  PlanInputs in;
+  in.weights = "stream";  // as the engine above
+  in.checkpoints = "host";
+  in.recompute = "auto";
+  in.optimizer = "host";
+  in.micro_batch = 2;
+  in.sequence_len = 33;
   in.device_is_cuda = true;
   PlanBudgets b;
   b.device_bytes = budget;

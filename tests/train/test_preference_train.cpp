@@ -88,7 +88,9 @@ TEST_CASE("the reference pass equals the first step's own sums; its cache is reu
 
   // the same run again (overwrite keeps the cache? no: a fresh dir) — reuse within one output dir
   const auto t_before = fs::last_write_time(cache);
-  train_run(dpo_tiny(out, {"train.max_steps=2", "checkpoint.save_steps=0"}), TrainOptions{"auto"});
+  TrainOptions resume;
+  resume.resume = "auto";
+  train_run(dpo_tiny(out, {"train.max_steps=2", "checkpoint.save_steps=0"}), resume);
   CHECK(fs::last_write_time(cache) == t_before);  // reused, not rewritten
 
   // a stale cache (another model's fingerprint) is recomputed
