@@ -292,7 +292,8 @@ def run_config(name, args):
         return {"name": name, "dtype": c["dtype"], "torch_tokens_per_s": round(t, 1), "strata_tokens_per_s": round(s, 1),
                 "ratio": round(s / t, 4), "strata_mfu": round(statistics.median(mfus), 4),
                 "peak_flops_per_s": round(statistics.median(peaks)), "peak_dtype": c["dtype"], "rounds": args.rounds, "steps": args.steps, "threads": args.threads,
-                "loss_rel_diff_f32": rel, "strata_weights": "/".join(sorted(modes))}
+                "loss_rel_diff_f32": rel, "strata_weights": "/".join(sorted(modes)),
+                "round_ratios": [round(s_r / t_r, 4) for s_r, t_r in zip(s_rates, t_rates)]}
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -329,6 +330,8 @@ def main():
         print(f"{r['name']:<12}{r['dtype']:<7}{r['torch_tokens_per_s']:>14,.0f}{r['strata_tokens_per_s']:>14,.0f}"
               f"{r['ratio']:>14.2f}{100 * r['strata_mfu']:>11.1f}%{r['peak_flops_per_s'] / 1e9:>10,.1f} GFLOP/s"
               f"  {r['strata_weights']}")
+    for r in results:  # how much the machine moved the figures: each round's own ratio
+        print(f"{r['name']}: per-round strata/torch " + ", ".join(f"{x:.2f}" for x in r["round_ratios"]))
     print(json.dumps({"peer": {"blas": blas, "configs": results}}))
 
 
