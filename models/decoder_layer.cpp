@@ -46,21 +46,25 @@ void linear_forward(Device& dev, float* y, const float* x, const bf16* xb, const
 }
 
 // dx (N,I) = dy W (written, or added when accumulate); dW (O,I) += dy^T x unless dw is null
-// (frozen), in bf16 mode from xb (x's bf16 copy, cast_input into ws.cast_b); db (O) += sum dy.
+// (frozen), in bf16 mode from xb (x's bf16 copy, cast_input into ws.cast_b) and dy's bf16 copy:
+// dyb when given (made with dy, as swiglu_backward_bf16 does; then there is no bias and no
+// adapter, the readers of dy itself), else cast here into ws.cast_a; db (O) += sum dy.
 // With an adapter: t = dy B' (N,r); dx += t A; dA += t^T x; dB' += dy^T (x A^T); with dropout
 // x' (the forward's mask, drawn again) replaces x there and dx += mask ⊙ (t A) / (1 − p).
 void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLinearGrads& gad, const float* dy,
                      const float* x, const bf16* xb, const void* w, const LoraLinear& ad, LayerWorkspace& ws,
                      int64_t n, int64_t o,
-                     int64_t i, bool accumulate, const LayerDims& d, Stream s) {
+                     int64_t i, bool accumulate, const LayerDims& d, Stream s, const bf16* dyb = nullptr) {
   const float beta = accumulate ? 1.f : 0.f;
+  STRATA_ASSERT(!dyb || (d.wt == DType::bf16 && !db && !ad.a), "linear_backward: a bf16 dy where dy itself is read");
   if (d.wt == DType::f32) {
     dev.matmul(dx, dy, w, DType::f32, n, i, o, false, false, beta, s);
     if (dw) dev.matmul(dw, dy, x, DType::f32, o, i, n, true, false, 1.f, s);
   } else {
-    dev.cast_f32_to_bf16(ws.cast_a, dy, n * o, s);
-    dev.matmul(dx, ws.cast_a, w, DType::bf16, n, i, o, false, false, beta, s);
-    if (dw) dev.matmul(dw, ws.cast_a, xb, DType::bf16, o, i, n, true, false, 1.f, s);
+    if (!dyb) dev.cast_f32_to_bf16(ws.cast_a, dy, n * o, s);
+    const bf16* dy_bf16 = dyb ? dyb : ws.cast_a;
+    dev.matmul(dx, dy_bf16, w, DType::bf16, n, i, o, false, false, beta, s);
+    if (dw) dev.matmul(dw, dy_bf16, xb, DType::bf16, o, i, n, true, false, 1.f, s);
   }
   if (db) dev.bias_backward(db, dy, n, o, s);
   if (ad.a) {
@@ -78,6 +82,26 @@ void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLin
       dev.dropout_apply(dx, ws.lora_x, ad.dropout_seed, ad.dropout_tensor, ad.dropout, n * i, true, s);
     }
   }
+}
+
+// From d act (ws.dact) through SwiGLU and the gate and up projections to d xn2 (ws.dxn). In bf16
+// mode without adapters on gate and up, SwiGLU's backward writes its gradients as the bf16
+// operands of their matmuls directly (into ws.dgate and ws.dup's memory: no f32 copy is read).
+void mlp_gate_up_backward(Device& dev, LayerGrads& g, const LayerWeights& w, LayerWorkspace& ws, const LayerDims& d,
+                          Stream s) {
+  const int64_t N = d.N(), C = d.C, F = d.F;
+  const bool fused = d.wt == DType::bf16 && !w.lora[kGate].a && !w.lora[kUp].a;
+  bf16* dgate_b = fused ? reinterpret_cast<bf16*>(ws.dgate) : nullptr;
+  bf16* dup_b = fused ? reinterpret_cast<bf16*>(ws.dup) : nullptr;
+  if (fused)
+    dev.swiglu_backward_bf16(dgate_b, dup_b, ws.dact, ws.gate, ws.up, N * F, s);
+  else
+    dev.swiglu_backward(ws.dgate, ws.dup, ws.dact, ws.gate, ws.up, N * F, s);
+  const bf16* xn2_b = cast_input(dev, ws.cast_b, ws.xn2, N * C, d, s);  // one cast for gate and up
+  linear_backward(dev, ws.dxn, g.gate, nullptr, g.lora[kGate], ws.dgate, ws.xn2, xn2_b, w.gate, w.lora[kGate], ws, N,
+                  F, C, false, d, s, dgate_b);
+  linear_backward(dev, ws.dxn, g.up, nullptr, g.lora[kUp], ws.dup, ws.xn2, xn2_b, w.up, w.lora[kUp], ws, N, F, C, true,
+                  d, s, dup_b);
 }
 
 // From the attention output to the MLP activation: fills ws (h .. act).
@@ -261,12 +285,7 @@ void layer_backward_saved(Device& dev, float* dx, LayerGrads& g, const float* do
   const bf16* act_b = cast_input(dev, ws.cast_b, ws.act, N * F, d, s);
   linear_backward(dev, ws.dact, g.down, nullptr, g.lora[kDown], dout, ws.act, act_b, w.down, w.lora[kDown], ws, N, C,
                   F, false, d, s);
-  dev.swiglu_backward(ws.dgate, ws.dup, ws.dact, ws.gate, ws.up, N * F, s);
-  const bf16* xn2_b = cast_input(dev, ws.cast_b, ws.xn2, N * C, d, s);  // one cast for gate and up
-  linear_backward(dev, ws.dxn, g.gate, nullptr, g.lora[kGate], ws.dgate, ws.xn2, xn2_b, w.gate, w.lora[kGate], ws, N,
-                  F, C, false, d, s);
-  linear_backward(dev, ws.dxn, g.up, nullptr, g.lora[kUp], ws.dup, ws.xn2, xn2_b, w.up, w.lora[kUp], ws, N, F, C, true,
-                  d, s);
+  mlp_gate_up_backward(dev, g, w, ws, d, s);
   dev.rmsnorm_backward(ws.dh, g.post_norm, ws.dxn, ws.h, w.post_norm, ws.rstd2, N, C, s);
   dev.add_inplace(ws.dh, dout, N * C, s);  // residual
 

@@ -45,6 +45,10 @@ void rope_backward(float* din, const float* dout, const int32_t* pos, const floa
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise over n = N*F ------------------------------
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+// The backward with its outputs rounded to bf16 (the bf16 matmuls' operands): swiglu_backward's
+// values, then cast_f32_to_bf16's rounding, in one pass.
+void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate,
+                          const float* up, int64_t n);
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t n);
 

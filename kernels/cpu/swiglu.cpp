@@ -13,6 +13,14 @@ constexpr int64_t kParallelMin = 1 << 14;  // elements; fewer are not worth waki
 
 inline float swiglu_sigmoid(float g) { return 1.f / (1.f + exp_f32(-g)); }
 
+// dgate and dup of one element: one expression for the f32 and the bf16-output backward, so the
+// latter's values are the former's, rounded.
+inline void swiglu_grads(float& dgate, float& dup, float dy, float g, float u) {
+  const float s = swiglu_sigmoid(g);
+  dgate = dy * u * (s * (1.f + g * (1.f - s)));
+  dup = dy * (g * s);
+}
+
 }  // namespace
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
@@ -28,12 +36,18 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
                      const float* up, int64_t n) {
   STRATA_CHECK(n >= 0, "swiglu_backward: need n >= 0, got ", n);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) swiglu_grads(dgate[i], dup[i], dout[i], gate[i], up[i]);
+}
+
+void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate,
+                          const float* up, int64_t n) {
+  STRATA_CHECK(n >= 0, "swiglu_backward_bf16: need n >= 0, got ", n);
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    const float s = swiglu_sigmoid(g);
-    const float dy = dout[i];
-    dgate[i] = dy * up[i] * (s * (1.f + g * (1.f - s)));
-    dup[i] = dy * (g * s);
+    float dg, du;
+    swiglu_grads(dg, du, dout[i], gate[i], up[i]);
+    dgate[i] = f32_to_bf16(dg);
+    dup[i] = f32_to_bf16(du);
   }
 }
 

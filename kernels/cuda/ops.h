@@ -56,6 +56,9 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n,
                     cudaStream_t stream);
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t n, cudaStream_t stream);
+// Its outputs rounded to bf16 in the same pass (twin: cpu::swiglu_backward_bf16).
+void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate,
+                          const float* up, int64_t n, cudaStream_t stream);
 void bias_forward(float* y, const float* b, int64_t n, int64_t o, cudaStream_t stream);
 void bias_backward(float* db, const float* dy, int64_t n, int64_t o, cudaStream_t stream);
 

@@ -17,14 +17,20 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate, const float
   }
 }
 
-__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout,
-                                       const float* gate, const float* up, int64_t n) {
+__device__ inline void store_grad(float* p, float x) { *p = x; }
+__device__ inline void store_grad(__nv_bfloat16* p, float x) { *p = bf16_from(x); }
+
+// T float, or __nv_bfloat16 for the bf16 matmuls' operands (the f32 values, rounded as
+// cast_f32_to_bf16 rounds).
+template <class T>
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, const float* dout, const float* gate,
+                                       const float* up, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float g = gate[i], u = up[i], dy = dout[i];
     const float s = 1.f / (1.f + expf(-g));
-    dgate[i] = dy * u * s * (1.f + g * (1.f - s));
-    dup[i] = dy * g * s;
+    store_grad(dgate + i, dy * u * s * (1.f + g * (1.f - s)));
+    store_grad(dup + i, dy * g * s);
   }
 }
 
@@ -43,9 +49,19 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
                      const float* up, int64_t n, cudaStream_t stream) {
   STRATA_CHECK(n >= 0, "swiglu_backward: need n >= 0, got n=", n);
   if (n == 0) return;
-  STRATA_LAUNCH(swiglu_backward_kernel, grid_blocks(n, kThreads), kThreads, 0, stream, dgate,
+  STRATA_LAUNCH(swiglu_backward_kernel<float>, grid_blocks(n, kThreads), kThreads, 0, stream, dgate,
                 dup, dout, gate, up, n);
   STRATA_CUDA_CHECK_LAUNCH("swiglu_backward");
+}
+
+void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate,
+                          const float* up, int64_t n, cudaStream_t stream) {
+  STRATA_CHECK(n >= 0, "swiglu_backward_bf16: need n >= 0, got n=", n);
+  if (n == 0) return;
+  STRATA_LAUNCH(swiglu_backward_kernel<__nv_bfloat16>, grid_blocks(n, kThreads), kThreads, 0, stream,
+                reinterpret_cast<__nv_bfloat16*>(dgate), reinterpret_cast<__nv_bfloat16*>(dup), dout, gate,
+                up, n);
+  STRATA_CUDA_CHECK_LAUNCH("swiglu_backward_bf16");
 }
 
 }  // namespace strata::cuda

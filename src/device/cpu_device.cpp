@@ -202,6 +202,10 @@ class CpuDevice final : public ArenaDevice {
                        const float* up, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_backward(dgate, dup, dout, gate, up, n); });
   }
+  void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate, const float* up,
+                            int64_t n, Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_backward_bf16(dgate, dup, dout, gate, up, n); });
+  }
   void bias_forward(float* y, const float* b, int64_t n, int64_t o, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::bias_forward(y, b, n, o); });
   }

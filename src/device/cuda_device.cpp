@@ -374,6 +374,11 @@ class CudaDevice final : public ArenaDevice {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::swiglu_backward(dgate, dup, dout, gate, up, n, stream(s));
   }
+  void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate, const float* up,
+                            int64_t n, Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::swiglu_backward_bf16(dgate, dup, dout, gate, up, n, stream(s));
+  }
   void bias_forward(float* y, const float* b, int64_t n, int64_t o, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::bias_forward(y, b, n, o, stream(s));

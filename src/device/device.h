@@ -138,6 +138,10 @@ class Device {
                               int64_t n, Stream s) = 0;
   virtual void swiglu_backward(float* dgate, float* dup, const float* dout,
                                const float* gate, const float* up, int64_t n, Stream s) = 0;
+  // The same gradients rounded to bf16, for the bf16 matmuls that read them (one pass where
+  // swiglu_backward and two cast_f32_to_bf16 made three).
+  virtual void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate,
+                                    const float* up, int64_t n, Stream s) = 0;
   virtual void bias_forward(float* y, const float* b, int64_t n, int64_t o, Stream s) = 0;
   virtual void bias_backward(float* db, const float* dy, int64_t n, int64_t o, Stream s) = 0;
   virtual void embedding_forward(float* out, const void* table, DType table_type,

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/testing.h"
@@ -146,6 +147,21 @@ TEST_CASE("cuda swiglu, bias, add and casts match the reference", "[cuda-emu]") 
     CHECK(max_rel_error(bout.download(), out) <= kF32Tol);
     CHECK(max_rel_error(bdg.download(), dg) <= kF32Tol);
     CHECK(max_rel_error(bdu.download(), du) <= kF32Tol);
+    // the bf16-output backward: the f32 backward's values rounded as cast_f32_to_bf16 rounds, bit
+    // for bit, and so within bf16 rounding (2^-9) of the CPU twin's
+    Buffer<bf16> bdg16(*dev, g.size()), bdu16(*dev, g.size());
+    dev->swiglu_backward_bf16(bdg16, bdu16, bdy, bg, bu, n, Stream::compute);
+    const std::vector<bf16> dg16 = bdg16.download(), du16 = bdu16.download();
+    const std::vector<bf16> want_dg = testing::to_bf16(bdg.download()), want_du = testing::to_bf16(bdu.download());
+    int rounded_mismatches = 0;
+    for (size_t i = 0; i < dg16.size(); ++i)
+      rounded_mismatches += (dg16[i].bits != want_dg[i].bits) + (du16[i].bits != want_du[i].bits);
+    CHECK(rounded_mismatches == 0);
+    std::vector<bf16> cpu_dg(g.size()), cpu_du(g.size());
+    cpu::swiglu_backward_bf16(cpu_dg.data(), cpu_du.data(), dy.data(), g.data(), u.data(), n);
+    std::vector<float> widened(g.size()), cpu_widened(g.size());
+    for (size_t i = 0; i < g.size(); ++i) widened[i] = bf16_to_f32(dg16[i]), cpu_widened[i] = bf16_to_f32(cpu_dg[i]);
+    CHECK(max_rel_error(widened, convert<double>(cpu_widened)) <= 1.0 / 256);
 
     // y += x, then bf16 of y: round to nearest even like src/core/bf16.h, bit for bit.
     std::vector<float> y = u;

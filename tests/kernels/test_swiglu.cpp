@@ -75,6 +75,27 @@ TEST_CASE("swiglu fast path matches the fp64 reference", "[kernels]") {
               worst, elem);
 }
 
+TEST_CASE("swiglu's bf16-output backward is the f32 backward rounded, bit for bit", "[kernels]") {
+  // 70001 elements: both threads' shares and the vector loop's tail; gates up to +-90 saturate
+  // the sigmoid, zero gates and outputs exercise signed zeros
+  for (const float range : {8.f, 90.f}) {
+    const int64_t n = 70001;
+    auto g = random_floats(n, 15, -range, range), u = random_floats(n, 16), dy = random_floats(n, 17);
+    for (int64_t i = 0; i < n; i += 97) g[size_t(i)] = 0.f, dy[size_t(i + 1 < n ? i + 1 : i)] = -0.f;
+    std::vector<float> dg(n), du(n);
+    strata::cpu::swiglu_backward(dg.data(), du.data(), dy.data(), g.data(), u.data(), n);
+    std::vector<strata::bf16> dg16(n), du16(n), want_dg(n), want_du(n);
+    strata::cpu::swiglu_backward_bf16(dg16.data(), du16.data(), dy.data(), g.data(), u.data(), n);
+    strata::cpu::cast_f32_to_bf16(want_dg.data(), dg.data(), n);
+    strata::cpu::cast_f32_to_bf16(want_du.data(), du.data(), n);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < n; ++i)
+      mismatches += (dg16[size_t(i)].bits != want_dg[size_t(i)].bits) + (du16[size_t(i)].bits != want_du[size_t(i)].bits);
+    INFO("gate range +-" << range);
+    CHECK(mismatches == 0);
+  }
+}
+
 TEST_CASE("swiglu fast path is bitwise independent of the thread count", "[kernels]") {
   const int64_t n = 70001;
   auto g = random_floats(n, 5, -8.f, 8.f), u = random_floats(n, 6), dy = random_floats(n, 7);
