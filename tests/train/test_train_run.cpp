@@ -102,6 +102,9 @@ TEST_CASE("streamed and resident runs give bit-identical losses and final weight
   CHECK(auto_link == resident_link);
   REQUIRE(streamed_link.size() == auto_link.size());
   for (size_t s = 1; s < auto_link.size(); ++s) CHECK(auto_link[s] < streamed_link[s]);
+  // an unknown mode is refused when the recipe is read, naming the three
+  CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_badweights"), {"offload.weights=resident"}),
+                    Catch::Contains("offload.weights must be \"auto\", \"stream\" or \"device\""));
 }
 
 TEST_CASE("the thread count does not change results", "[train][engine]") {
