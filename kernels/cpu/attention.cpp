@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_exp.h"
 #include "src/core/error.h"
 
@@ -809,21 +810,10 @@ AttentionScratch& attention_scratch() {
   return scratch;
 }
 
-// v holds at least n elements afterwards; when it grows, to exactly n (so what a thread keeps is
-// the largest call's, attention_scratch_bytes, not a growth policy's multiple of it).
-template <class T>
-T* attention_grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) {
-    v.reserve(n);
-    v.resize(n);
-  }
-  return v.data();
-}
-
 AttentionInput attention_input(const float* x, int64_t n, const AttentionShape& s,
                                std::vector<bf16>& storage) {
   if (!s.bf16) return {x, nullptr};
-  bf16* dst = attention_grow(storage, size_t(n));
+  bf16* dst = scratch_grow(storage, size_t(n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(x[i]);
   return {x, dst};
@@ -945,7 +935,7 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
   const size_t stored_bytes = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
   if (stored_bytes > 0 && stored_bytes <= stored_ds_max_bytes) {
     const size_t words = stored_bytes / sizeof(uint32_t);
-    stored.words = attention_grow(scratch.ds_words, words);
+    stored.words = scratch_grow(scratch.ds_words, words);
   }
   const AttentionInput qi = attention_input(q, b * t * h * d, s, scratch.inputs[0]);
   const AttentionInput ki = attention_input(k, b * t * hk * d, s, scratch.inputs[1]);

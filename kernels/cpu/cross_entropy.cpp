@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_exp.h"
 #include "src/core/error.h"
 
@@ -56,16 +57,6 @@ template <class W>
 CeScratch<W>& ce_scratch() {
   static thread_local CeScratch<W> scratch;
   return scratch;
-}
-
-// v holds at least n elements afterwards; when it grows, to exactly n (lm_head_ce_scratch_bytes).
-template <class T>
-T* ce_grow(std::vector<T>& v, int64_t n) {
-  if (v.size() < size_t(n)) {
-    v.reserve(size_t(n));
-    v.resize(size_t(n));
-  }
-  return v.data();
 }
 
 template <class W>
@@ -194,8 +185,8 @@ void ce_for_each_tile(const float* h, const W* w, const std::vector<int64_t>& ro
   if (counted == 0) return;
   const int64_t chunk = std::min(ce_tile_rows<W>(vc), counted);
   CeScratch<W>& scratch = ce_scratch<W>();
-  W* h_tile = ce_grow(scratch.h_tile, chunk * c);                                  // (chunk, C)
-  float* tile = mode == CeLogits::compute ? ce_grow(scratch.logits, chunk * vc) : nullptr;  // (chunk, vc)
+  W* h_tile = scratch_grow(scratch.h_tile, size_t(chunk * c));  // (chunk, C)
+  float* tile = mode == CeLogits::compute ? scratch_grow(scratch.logits, size_t(chunk * vc)) : nullptr;  // (chunk, vc)
   for (int64_t r0 = 0; r0 < counted; r0 += chunk) {
     const int64_t nr = std::min(chunk, counted - r0);
     float* logits = mode == CeLogits::compute ? tile : kept + r0 * vc;
@@ -256,8 +247,8 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
   const int64_t chunk = std::min<int64_t>(ce_tile_rows<W>(vc), int64_t(rows.size()));
   CeScratch<W>& scratch = ce_scratch<W>();
   W* dlogits_cast = nullptr;  // (chunk, vc) bf16 copy, bf16 w only
-  if constexpr (std::is_same_v<W, bf16>) dlogits_cast = ce_grow(scratch.dlogits_cast, chunk * vc);
-  float* dh_tile = ce_grow(scratch.dh_tile, chunk * c);  // (chunk, C)
+  if constexpr (std::is_same_v<W, bf16>) dlogits_cast = scratch_grow(scratch.dlogits_cast, size_t(chunk * vc));
+  float* dh_tile = scratch_grow(scratch.dh_tile, size_t(chunk * c));  // (chunk, C)
   const CeLogits mode = kept_logits ? CeLogits::read_kept : CeLogits::compute;
   ce_for_each_tile(h, w, rows, c, vc, mode, kept_logits, [&](int64_t r0, int64_t nr, const W* h_tile, float* logits) {
 #pragma omp parallel for schedule(static)
@@ -298,6 +289,8 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
 }  // namespace
 
 size_t lm_head_ce_scratch_bytes(int64_t n, int64_t c, int64_t vc, DType w_dtype) {
+  STRATA_CHECK(n >= 0 && c > 0 && vc > 0, "lm_head_ce scratch: sizes must be positive (got n=", n, " c=", c,
+               " vc=", vc, ")");
   return w_dtype == DType::bf16 ? ce_scratch_bytes<bf16>(n, c, vc) : ce_scratch_bytes<float>(n, c, vc);
 }
 

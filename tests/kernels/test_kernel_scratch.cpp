@@ -84,6 +84,9 @@ TEST_CASE("the CPU kernels keep the scratch they say they keep, sized by the lar
       CHECK(loss > 0);
     }
   }
+  // sizes that cannot be a loss call are refused, not divided by
+  CHECK_THROWS_WITH(cpu::lm_head_ce_scratch_bytes(32, 64, 0, DType::bf16), Catch::Contains("vc=0"));
+  CHECK_THROWS_WITH(cpu::lm_head_ce_scratch_bytes(-1, 64, 256, DType::f32), Catch::Contains("n=-1"));
   // a kept dS larger than the cap is recomputed, not kept
   CHECK(cpu::attention_scratch_bytes(1, 512, 8, 8, 64, DType::bf16, cpu::attention_isa_best(), 0) ==
         size_t(2 * 512 * 16 * 64) * 2);
