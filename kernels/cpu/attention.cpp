@@ -33,6 +33,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_exp.h"
@@ -50,7 +51,8 @@ struct AttentionShape {
   int64_t q_tiles;  // ceil(t / kTileQ)
   int64_t k_tiles;  // ceil(t / kTileK)
   bool bf16;        // q, k, v, dout rounded to bf16 (once per call, attention_input)
-  bool dpbf16;      // score and backward token-sum products on vdpbf16ps (implies bf16)
+  bool dpbf16;      // score and backward token-sum products from bf16 pairs (implies bf16)
+  bool amx;         // those products on AMX tiles rather than vdpbf16ps (implies dpbf16)
   int64_t dp;       // d rounded up to even: the bf16 row stride
   int64_t da;       // row stride of the (tile, D) accumulators: d, or d rounded up to 16 with
                     // dpbf16 (whole vectors, the padding stays zero)
@@ -224,10 +226,82 @@ void attention_pack_col_weights(uint32_t* dst, const float* w, int64_t rows) {
   }
 }
 
+// dst (cols, rows) = the transpose of the 32-bit words src (rows, cols), row strides ldd and lds
+// (in words): 16 x 16 blocks through registers (four rounds of two-vector shuffles: the unpacks
+// and 128-bit lane shuffles of AVX-512, written as generic vector shuffles), the edges word by
+// word. src may be bf16 storage (two values per word), so it is read through memcpy only.
+typedef uint32_t AttentionWords __attribute__((vector_size(64)));  // 16 words
+
+void attention_transpose_words(uint32_t* dst, int64_t ldd, const void* src, int64_t lds,
+                               int64_t rows, int64_t cols) {
+  const auto* in = static_cast<const char*>(src);
+  auto word = [&](int64_t r, int64_t c) {
+    uint32_t w;
+    std::memcpy(&w, in + (r * lds + c) * 4, 4);
+    return w;
+  };
+  const int64_t rows16 = rows / 16 * 16, cols16 = cols / 16 * 16;
+  for (int64_t r0 = 0; r0 < rows16; r0 += 16) {
+    for (int64_t c0 = 0; c0 < cols16; c0 += 16) {
+      AttentionWords x[16], t[16];
+      for (int i = 0; i < 16; ++i) std::memcpy(&x[i], in + ((r0 + i) * lds + c0) * 4, 64);
+      for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i and i + 1 interleaved
+        t[i] = __builtin_shufflevector(x[i], x[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25,
+                                       12, 28, 13, 29);
+        t[i + 1] = __builtin_shufflevector(x[i], x[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11,
+                                           27, 14, 30, 15, 31);
+      }
+      for (int i = 0; i < 16; i += 4) {  // per lane k: column 4k + m of rows i..i+3 in x[i + m]
+        x[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25,
+                                       12, 13, 28, 29);
+        x[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26,
+                                           27, 14, 15, 30, 31);
+        x[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9,
+                                           24, 25, 12, 13, 28, 29);
+        x[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
+                                           26, 27, 14, 15, 30, 31);
+      }
+      for (int i = 0; i < 4; ++i) {  // lanes 0, 2 / 1, 3: rows 0-7 from x[i], x[i + 4], 8-15 likewise
+        t[i] = __builtin_shufflevector(x[i], x[i + 4], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24,
+                                       25, 26, 27);
+        t[i + 4] = __builtin_shufflevector(x[i], x[i + 4], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                           23, 28, 29, 30, 31);
+        t[i + 8] = __builtin_shufflevector(x[i + 8], x[i + 12], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17,
+                                           18, 19, 24, 25, 26, 27);
+        t[i + 12] = __builtin_shufflevector(x[i + 8], x[i + 12], 4, 5, 6, 7, 12, 13, 14, 15, 20,
+                                            21, 22, 23, 28, 29, 30, 31);
+      }
+      for (int i = 0; i < 8; ++i) {  // t[i] and t[i + 8] hold columns i and i + 8: all 16 rows
+        x[i] = __builtin_shufflevector(t[i], t[i + 8], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24,
+                                       25, 26, 27);
+        x[i + 8] = __builtin_shufflevector(t[i], t[i + 8], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                           23, 28, 29, 30, 31);
+      }
+      for (int i = 0; i < 16; ++i) std::memcpy(dst + (c0 + i) * ldd + r0, &x[i], 64);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = (r < rows16 ? cols16 : 0); c < cols; ++c) dst[c * ldd + r] = word(r, c);
+}
+
+// Weight pairs down the columns of w one key per row, as AMX reads the weights of a sum over
+// queries: dst (nk, kTileQ/2), word (j, p) = w[2p][j] | w[2p + 1][j] << 16 (the high half zero
+// where 2p + 1 = rows); `tmp` receives attention_pack_col_weights's layout on the way.
+void attention_pack_col_weights_by_key(uint32_t* dst, uint32_t* tmp, const float* w, int64_t rows,
+                                       int64_t nk) {
+  attention_pack_col_weights(tmp, w, rows);
+  attention_transpose_words(dst, kTileQ / 2, tmp, kTileK, (rows + 1) / 2, nk);
+}
+
 // Same, transposed into cols (D, kTileK); with dpbf16 into pairs (dp/2, kTileK) instead, the low
 // half of each word holding element 2p and the high half 2p + 1 (zero past d).
 void attention_load_cols(float* cols, uint32_t* pairs, AttentionInput x, int64_t bi, int64_t t0,
                          int64_t n, int64_t head, int64_t nh, const AttentionShape& s) {
+  if (s.dpbf16 && s.d % 2 == 0) {  // the rows' words, transposed
+    attention_transpose_words(pairs, kTileK, x.bf + ((bi * s.t + t0) * nh + head) * s.d,
+                              nh * s.d / 2, n, s.d / 2);
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) {
     const int64_t at = ((bi * s.t + t0 + j) * nh + head) * s.d;
     if (s.dpbf16) {
@@ -372,7 +446,10 @@ void attention_pairs_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t a_rs
 // c (nq, kTileK) = a · b^T over D for one tile: rows a (f32) or a_bf, keys cols or pairs.
 void attention_tile_scores(float* c, const float* a, const bf16* a_bf, const float* cols,
                            const uint32_t* pairs, int64_t nq, const AttentionShape& s) {
-  if (s.dpbf16) {
+  if (s.amx) {
+    amx_pairs_gemm(c, kTileK, false, reinterpret_cast<const uint32_t*>(a_bf), s.dp / 2, pairs,
+                   kTileK, nq, s.dp / 2, kVecPerTile);
+  } else if (s.dpbf16) {
     attention_tile_dot_dpbf16(c, a_bf, pairs, nq, s.dp);
   } else {
     attention_tile_dot(c, a, cols, nq, s.d);
@@ -648,6 +725,16 @@ void attention_backward_kv_accumulate(float* dk_acc, float* dv_acc, int64_t nq, 
   const float* p = ws.scores.data();
   const float* ds = ws.dscores.data();
   const int64_t d = s.d;
+  if (s.amx) {  // AMX reads a row by row: key j's weight pairs down its column of P or dS
+    const int64_t np = (nq + 1) / 2;
+    attention_pack_col_weights_by_key(ws.w_pairs.data(), ws.w2_pairs.data(), p, nq, nk);
+    amx_pairs_gemm(dv_acc, s.da, true, ws.w_pairs.data(), kTileQ / 2, ws.y_rpairs.data(), s.da, nk,
+                   np, s.da / 16);
+    attention_pack_col_weights_by_key(ws.w_pairs.data(), ws.w2_pairs.data(), ds, nq, nk);
+    amx_pairs_gemm(dk_acc, s.da, true, ws.w_pairs.data(), kTileQ / 2, ws.x_rpairs.data(), s.da,
+                   nk, np, s.da / 16);
+    return;
+  }
   if (s.dpbf16) {
     attention_pack_col_weights(ws.w_pairs.data(), p, nq);
     attention_pack_col_weights(ws.w2_pairs.data(), ds, nq);
@@ -744,6 +831,11 @@ void attention_backward_q_accumulate(float* dq_acc, int64_t nq, int64_t nk, cons
   const float* ds = ws.dscores.data();
   if (s.dpbf16) {
     if (!stored) attention_pack_row_weights(ws.w_pairs.data(), ds, nq, nk);
+    if (s.amx) {
+      amx_pairs_gemm(dq_acc, s.da, true, stored ? stored : ws.w_pairs.data(), kTileK / 2,
+                     ws.x_rpairs.data(), s.da, nq, (nk + 1) / 2, s.da / 16);
+      return;
+    }
     attention_pairs_gemm(dq_acc, s.da, stored ? stored : ws.w_pairs.data(), kTileK / 2, 1,
                          ws.x_rpairs.data(), s.da, nq, (nk + 1) / 2, s.da / 16);
     return;
@@ -835,28 +927,38 @@ AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int6
                    (t + kTileQ - 1) / kTileQ,
                    (t + kTileK - 1) / kTileK,
                    bf16,
-                   bf16 && isa == AttentionIsa::avx512_bf16,
+                   bf16 && isa != AttentionIsa::portable,
+                   bf16 && isa == AttentionIsa::amx_bf16,
                    (d + 1) / 2 * 2,
-                   bf16 && isa == AttentionIsa::avx512_bf16 ? (d + 15) / 16 * 16 : d};
+                   bf16 && isa != AttentionIsa::portable ? (d + 15) / 16 * 16 : d};
   return s;
 }
 
 }  // namespace
 
 const char* attention_isa_name(AttentionIsa isa) {
-  return isa == AttentionIsa::avx512_bf16 ? "avx512_bf16" : "portable";
+  switch (isa) {
+    case AttentionIsa::avx512_bf16: return "avx512_bf16";
+    case AttentionIsa::amx_bf16: return "amx_bf16";
+    case AttentionIsa::portable: break;
+  }
+  return "portable";
 }
 
 bool attention_isa_supported(AttentionIsa isa) {
   if (isa == AttentionIsa::portable) return true;
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  // every CPU with AMX has AVX512-BF16; asking for both keeps the ISAs a ladder
+  const bool avx512_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return isa == AttentionIsa::amx_bf16 ? avx512_bf16 && amx_bf16_available() : avx512_bf16;
 }
 
 AttentionIsa attention_isa_best() {
-  static const AttentionIsa best = attention_isa_supported(AttentionIsa::avx512_bf16)
-                                       ? AttentionIsa::avx512_bf16
-                                       : AttentionIsa::portable;
+  static const AttentionIsa best = [] {
+    for (AttentionIsa isa : {AttentionIsa::amx_bf16, AttentionIsa::avx512_bf16})
+      if (attention_isa_supported(isa)) return isa;
+    return AttentionIsa::portable;
+  }();
   return best;
 }
 

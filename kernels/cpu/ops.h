@@ -81,23 +81,24 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                         int64_t d, float scale, DType dot_type);
-// The bf16 score products (Q K^T, dO V^T) and the backward's sums over tokens run on vdpbf16ps
-// where the CPU has AVX512-BF16 (avx512_bf16), else as f32 products of the rounded values
-// (portable); the two sum in a different order, so their last bits may differ (and a weight that
-// f32 rounding tips across a bf16 tie rounds the other way). The plain entries above use the
-// best the CPU offers; the _isa entries let tests run both.
-enum class AttentionIsa : uint8_t { portable, avx512_bf16 };
+// The bf16 score products (Q K^T, dO V^T) and the backward's sums over tokens run on AMX tiles
+// where the CPU and OS offer AMX-BF16 (amx_bf16, kernels/cpu/amx.h), else on vdpbf16ps where the
+// CPU has AVX512-BF16 (avx512_bf16), else as f32 products of the rounded values (portable); the
+// three round their sums differently, so their last bits may differ (and a weight that f32
+// rounding tips across a bf16 tie rounds the other way). The plain entries above use the best
+// the CPU offers; the _isa entries let tests run each.
+enum class AttentionIsa : uint8_t { portable, avx512_bf16, amx_bf16 };
 const char* attention_isa_name(AttentionIsa isa);
 bool attention_isa_supported(AttentionIsa isa);
 AttentionIsa attention_isa_best();
 void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                            int64_t d, float scale, DType dot_type, AttentionIsa isa);
-// On vdpbf16ps the backward's second pass (dQ) reads the bf16 dS its first pass (dK, dV) formed,
+// On vdpbf16ps or AMX the backward's second pass (dQ) reads the bf16 dS its first pass (dK, dV) formed,
 // kept for every visible 64 x 64 tile pair (B·H·q_tiles(q_tiles + 1)/2 tiles of 8 KiB, a
 // transient of the call), instead of recomputing P and dS, when they fit in
 // stored_ds_max_bytes; the bits are the same either way.
-// attention_stored_ds_bytes: the bytes kept (0 where the products are not on vdpbf16ps).
+// attention_stored_ds_bytes: the bytes kept (0 for f32 dots and on the portable kernel).
 constexpr size_t kAttentionStoredDsMaxBytes = size_t(32) << 20;
 size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DType dot_type, AttentionIsa isa);
 // What a thread keeps from one attention call to the next (with bf16 dots: the inputs' bf16

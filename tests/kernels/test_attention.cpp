@@ -1,8 +1,9 @@
 // Tests of the causal GQA attention kernels: the fp64 reference against finite differences,
 // the tiled f32 fast path against the reference at awkward sizes, thread-count independence,
 // and a long sequence that an O(T^2) implementation could not run in the time allowed; the
-// bf16 dots (both ISAs) against the twin on bf16-rounded inputs (with bf16-rounded backward
-// weights) and on the raw f32 inputs; on vdpbf16ps, dQ from the kept dS equals recomputing it.
+// bf16 dots (every ISA the CPU has) against the twin on bf16-rounded inputs (with bf16-rounded
+// backward weights) and on the raw f32 inputs; on vdpbf16ps and AMX, dQ from the kept dS equals
+// recomputing it.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -60,7 +61,7 @@ std::vector<float> round_bf16(const std::vector<float>& x) {
 
 std::vector<cpu::AttentionIsa> supported_isas() {
   std::vector<cpu::AttentionIsa> isas;
-  for (auto isa : {cpu::AttentionIsa::portable, cpu::AttentionIsa::avx512_bf16})
+  for (auto isa : {cpu::AttentionIsa::portable, cpu::AttentionIsa::avx512_bf16, cpu::AttentionIsa::amx_bf16})
     if (cpu::attention_isa_supported(isa)) isas.push_back(isa);
   return isas;
 }
@@ -213,11 +214,13 @@ TEST_CASE("attention bf16 dots match the fp64 twin at awkward sizes, every ISA",
 TEST_CASE("attention bf16 dots: the forward is the f32 op on bf16-rounded inputs, the backward "
           "also rounds its weights", "[kernels]") {
   // Forward, portable: the same operations on the same values, so equal to the bit; avx512_bf16
-  // sums each score's dot product in pairs (vdpbf16ps), so only to f32 rounding. Backward: P and
+  // and amx_bf16 sum each score's dot product in pairs (vdpbf16ps, AMX tiles), so only to f32
+  // rounding. Backward: P and
   // dS are rounded to bf16 where they weight the sums over tokens, so the gradients leave the f32
   // op on rounded inputs by more than f32 rounding (> 1e-4) and by less than that rounding
-  // allows (<= 1e-2, as in the twin test above); the two ISAs agree but for weights that f32
-  // rounding of the scores tips across a bf16 tie (one bf16 step of one term, <= 4e-3).
+  // allows (<= 1e-2, as in the twin test above); the ISAs agree with the portable kernel but for
+  // weights that f32 rounding of the scores tips across a bf16 tie (one bf16 step of one term,
+  // <= 4e-3).
   const AttnCase c{2, 150, 4, 2, 33};
   const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;
   const auto q = random_floats(size_t(nq), 11, -2.f, 2.f),
@@ -244,11 +247,13 @@ TEST_CASE("attention bf16 dots: the forward is the f32 op on bf16-rounded inputs
     CHECK(e_grad <= 1e-2);
     per_isa.push_back(r);
   }
-  if (per_isa.size() == 2) {
-    const AttnResult &a = per_isa[0], &b = per_isa[1];
-    CHECK(max_rel_error(b.dq, convert<double>(a.dq), 0.1) <= 4e-3);
-    CHECK(max_rel_error(b.dk, convert<double>(a.dk), 0.1) <= 4e-3);
-    CHECK(max_rel_error(b.dv, convert<double>(a.dv), 0.1) <= 4e-3);
+  const AttnResult& portable = per_isa[0];  // always supported, always first
+  for (size_t i = 1; i < per_isa.size(); ++i) {
+    INFO("isa " << cpu::attention_isa_name(supported_isas()[i]) << " vs portable");
+    const AttnResult& b = per_isa[i];
+    CHECK(max_rel_error(b.dq, convert<double>(portable.dq), 0.1) <= 4e-3);
+    CHECK(max_rel_error(b.dk, convert<double>(portable.dk), 0.1) <= 4e-3);
+    CHECK(max_rel_error(b.dv, convert<double>(portable.dv), 0.1) <= 4e-3);
   }
 }
 
@@ -277,13 +282,9 @@ TEST_CASE("attention results are bitwise independent of the thread count", "[ker
   }
 }
 
-TEST_CASE("attention bf16 backward on vdpbf16ps: dQ from pass 1's kept dS has the bits of recomputing it",
-          "[kernels]") {
-  if (!cpu::attention_isa_supported(cpu::AttentionIsa::avx512_bf16)) {
-    WARN("SKIPPED: this CPU has no AVX512-BF16 (the kept dS is that path's)");
-    return;
-  }
-  const cpu::AttentionIsa isa = cpu::AttentionIsa::avx512_bf16;
+namespace {
+
+void check_kept_ds(cpu::AttentionIsa isa) {
   // packed documents (tiles skipped), an odd head size and a last tile of one token, MHA
   const AttnCase cases[] = {{2, 200, 6, 2, 24}, {3, 65, 2, 1, 7}, {1, 130, 4, 4, 64}};
   for (int ci = 0; ci < 3; ++ci) {
@@ -314,6 +315,20 @@ TEST_CASE("attention bf16 backward on vdpbf16ps: dQ from pass 1's kept dS has th
     for (float x : fwd.dq) dq_norm += double(x) * x;
     CHECK(dq_norm > 0);
   }
+}
+
+}  // namespace
+
+TEST_CASE("attention bf16 backward on vdpbf16ps and AMX: dQ from pass 1's kept dS has the bits of "
+          "recomputing it", "[kernels]") {
+  int ran = 0;
+  for (auto isa : {cpu::AttentionIsa::avx512_bf16, cpu::AttentionIsa::amx_bf16}) {
+    if (!cpu::attention_isa_supported(isa)) continue;
+    INFO("isa " << cpu::attention_isa_name(isa));
+    check_kept_ds(isa);
+    ++ran;
+  }
+  if (ran == 0) WARN("SKIPPED: this CPU has neither AVX512-BF16 nor AMX-BF16 (the kept dS is theirs)");
 }
 
 TEST_CASE("attention forward at T=4096 runs in tile-sized memory", "[kernels]") {
