@@ -28,6 +28,18 @@ const bf16* cast_input(Device& dev, bf16* cast, const float* x, int64_t count, c
   return cast;
 }
 
+// RMSNorm of x's N rows into xn (rstd saved), and in bf16 mode xn's bf16 copy into `cast` in
+// the same pass, returned as cast_input returns it.
+const bf16* norm_input(Device& dev, float* xn, bf16* cast, float* rstd, const float* x, const float* weight,
+                       const LayerDims& d, Stream s) {
+  if (d.wt == DType::f32) {
+    dev.rmsnorm_forward(xn, rstd, x, weight, d.N(), d.C, d.eps, s);
+    return nullptr;
+  }
+  dev.rmsnorm_forward_bf16(xn, cast, rstd, x, weight, d.N(), d.C, d.eps, s);
+  return cast;
+}
+
 // y (N,O) = x (N,I) W^T (+ b) (+ (x' A^T) B'^T with an adapter, x' = x or its dropout). W (O,I)
 // is d.wt; in bf16 mode the matmul reads xb, x's bf16 copy (cast_input); the adapter path is f32.
 void linear_forward(Device& dev, float* y, const float* x, const bf16* xb, const void* w, const float* b,
@@ -104,18 +116,23 @@ void mlp_gate_up_backward(Device& dev, LayerGrads& g, const LayerWeights& w, Lay
                   d, s, dup_b);
 }
 
-// From the attention output to the MLP activation: fills ws (h .. act).
+// From the attention output to the MLP activation: fills ws (h .. act). With act_b (bf16 mode,
+// the forward) SwiGLU also writes act's bf16 copy there, for the down projection; the backward's
+// recompute passes null (its down projection reads dy).
 void attention_out_to_act(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
-                          const LayerDims& d, Stream s) {
+                          const LayerDims& d, Stream s, bf16* act_b = nullptr) {
   const int64_t N = d.N(), C = d.C, H = d.H, D = d.D, F = d.F;
   const bf16* attn_b = cast_input(dev, ws.cast_a, ws.attn, N * H * D, d, s);
   linear_forward(dev, ws.h, ws.attn, attn_b, w.o, w.o_bias, w.lora[kO], ws.lora_u, ws.lora_x, N, C, H * D, d, s);
   dev.add_inplace(ws.h, x, N * C, s);  // residual
-  dev.rmsnorm_forward(ws.xn2, ws.rstd2, ws.h, w.post_norm, N, C, d.eps, s);
-  const bf16* xn2_b = cast_input(dev, ws.cast_a, ws.xn2, N * C, d, s);  // one cast for gate and up
+  // one bf16 copy of xn2 for gate and up
+  const bf16* xn2_b = norm_input(dev, ws.xn2, ws.cast_a, ws.rstd2, ws.h, w.post_norm, d, s);
   linear_forward(dev, ws.gate, ws.xn2, xn2_b, w.gate, nullptr, w.lora[kGate], ws.lora_u, ws.lora_x, N, F, C, d, s);
   linear_forward(dev, ws.up, ws.xn2, xn2_b, w.up, nullptr, w.lora[kUp], ws.lora_u, ws.lora_x, N, F, C, d, s);
-  dev.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
+  if (act_b && d.wt == DType::bf16)
+    dev.swiglu_forward_bf16(ws.act, act_b, ws.gate, ws.up, N * F, s);
+  else
+    dev.swiglu_forward(ws.act, ws.gate, ws.up, N * F, s);
 }
 
 // Everything up to the attention output: fills ws (xn1 .. attn, lse).
@@ -234,8 +251,8 @@ void layer_forward_qkv(Device& dev, const float* x, const LayerWeights& w, const
                        LayerWorkspace& ws, const LayerDims& d, Stream s) {
   const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D;
   const bool qk_norm = w.q_norm != nullptr;
-  dev.rmsnorm_forward(ws.xn1, ws.rstd1, x, w.input_norm, N, C, d.eps, s);
-  const bf16* xn1_b = cast_input(dev, ws.cast_a, ws.xn1, N * C, d, s);  // one cast for q, k and v
+  // one bf16 copy of xn1 for q, k and v
+  const bf16* xn1_b = norm_input(dev, ws.xn1, ws.cast_a, ws.rstd1, x, w.input_norm, d, s);
   linear_forward(dev, qk_norm ? ws.q_raw : ws.q, ws.xn1, xn1_b, w.q, w.q_bias, w.lora[kQ], ws.lora_u, ws.lora_x, N,
                  H * D, C, d, s);
   linear_forward(dev, qk_norm ? ws.k_raw : ws.k, ws.xn1, xn1_b, w.k, w.k_bias, w.lora[kK], ws.lora_u, ws.lora_x, N,
@@ -259,9 +276,10 @@ void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& 
 void layer_forward_from_attention(Device& dev, float* out, const float* x, const LayerWeights& w,
                                   LayerWorkspace& ws, const LayerDims& d, Stream s) {
   STRATA_ASSERT(out != x, "layer_forward_from_attention: out aliases x");
-  attention_out_to_act(dev, x, w, ws, d, s);
+  // SwiGLU writes act's bf16 copy into cast_a once gate and up have read xn2's from it
+  attention_out_to_act(dev, x, w, ws, d, s, ws.cast_a);
   const int64_t N = d.N();
-  const bf16* act_b = cast_input(dev, ws.cast_a, ws.act, N * d.F, d, s);
+  const bf16* act_b = d.wt == DType::bf16 ? ws.cast_a : nullptr;
   linear_forward(dev, out, ws.act, act_b, w.down, nullptr, w.lora[kDown], ws.lora_u, ws.lora_x, N, d.C, d.F, d, s);
   dev.add_inplace(out, ws.h, N * d.C, s);  // residual
 }

@@ -31,6 +31,10 @@ void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, i
 // out = weight * in * rstd, rstd = 1/sqrt(mean(in^2) + eps) saved per row (n).
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
                      int64_t c, float eps);
+// The forward that also writes out's bf16 rounding to out_b (the bf16 matmuls' operand), row by
+// row while the row is in cache: out's bits are rmsnorm_forward's, out_b's cast_f32_to_bf16(out)'s.
+void rmsnorm_forward_bf16(float* out, bf16* out_b, float* rstd, const float* in, const float* weight,
+                          int64_t n, int64_t c, float eps);
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                       const float* weight, const float* rstd, int64_t n, int64_t c);
 
@@ -45,6 +49,9 @@ void rope_backward(float* din, const float* dout, const int32_t* pos, const floa
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise over n = N*F ------------------------------
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+// The forward that also writes out's bf16 rounding to out_b (the down matmul's operand) in the
+// same pass: out's bits are swiglu_forward's, out_b's cast_f32_to_bf16(out)'s.
+void swiglu_forward_bf16(float* out, bf16* out_b, const float* gate, const float* up, int64_t n);
 // The backward with its outputs rounded to bf16 (the bf16 matmuls' operands): swiglu_backward's
 // values, then cast_f32_to_bf16's rounding, in one pass.
 void swiglu_backward_bf16(bf16* dgate, bf16* dup, const float* dout, const float* gate,

@@ -19,9 +19,11 @@ constexpr int64_t kRowsPerChunk = 64;  // fixed: the dweight sum order must not 
 
 }  // namespace
 
-void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
-                     int64_t c, float eps) {
-  STRATA_CHECK(n >= 0 && c > 0, "rmsnorm_forward: need n >= 0 and c > 0, got n=", n, " c=", c);
+namespace {
+
+// out_b null: the f32 output only; else also its bf16 rounding, each row while it is in cache.
+void rmsnorm_forward_rows(float* out, bf16* out_b, float* rstd, const float* in, const float* weight,
+                          int64_t n, int64_t c, float eps) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = in + i * c;  // (c)
@@ -33,7 +35,25 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
     rstd[i] = r;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) y[j] = weight[j] * (x[j] * r);
+    if (!out_b) continue;
+    bf16* yb = out_b + i * c;  // (c)
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) yb[j] = f32_to_bf16(y[j]);
   }
+}
+
+}  // namespace
+
+void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
+                     int64_t c, float eps) {
+  STRATA_CHECK(n >= 0 && c > 0, "rmsnorm_forward: need n >= 0 and c > 0, got n=", n, " c=", c);
+  rmsnorm_forward_rows(out, nullptr, rstd, in, weight, n, c, eps);
+}
+
+void rmsnorm_forward_bf16(float* out, bf16* out_b, float* rstd, const float* in, const float* weight,
+                          int64_t n, int64_t c, float eps) {
+  STRATA_CHECK(n >= 0 && c > 0, "rmsnorm_forward_bf16: need n >= 0 and c > 0, got n=", n, " c=", c);
+  rmsnorm_forward_rows(out, out_b, rstd, in, weight, n, c, eps);
 }
 
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,

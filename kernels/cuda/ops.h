@@ -41,6 +41,9 @@ void matmul(float* c, const void* a, const void* b, bool bf16, int64_t m, int64_
 // ---- RMSNorm (also per-head: n = N*H rows of c = D) ----------------------------------------
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
                      int64_t c, float eps, cudaStream_t stream);
+// Also out's bf16 rounding into out_b, in the same pass (twin: cpu::rmsnorm_forward_bf16).
+void rmsnorm_forward_bf16(float* out, bf16* out_b, float* rstd, const float* in, const float* weight,
+                          int64_t n, int64_t c, float eps, cudaStream_t stream);
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                       const float* weight, const float* rstd, int64_t n, int64_t c,
                       cudaStream_t stream);
@@ -54,6 +57,9 @@ void rope_backward(float* din, const float* dout, const int32_t* pos, const floa
 // ---- SwiGLU, bias ----------------------------------------------------------------------------
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n,
                     cudaStream_t stream);
+// Also out's bf16 rounding into out_b, in the same pass (twin: cpu::swiglu_forward_bf16).
+void swiglu_forward_bf16(float* out, bf16* out_b, const float* gate, const float* up, int64_t n,
+                         cudaStream_t stream);
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t n, cudaStream_t stream);
 // Its outputs rounded to bf16 in the same pass (twin: cpu::swiglu_backward_bf16).

@@ -13,7 +13,8 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kColRows = 32;      // row groups of the dweight reduction: block (32, 32)
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* in,
+// out_b null: the f32 output only; else also its bf16 rounding (cast_f32_to_bf16's bits).
+__global__ void rmsnorm_forward_kernel(float* out, __nv_bfloat16* out_b, float* rstd, const float* in,
                                        const float* weight, int64_t n, int64_t c, float eps) {
   const int lane = int(threadIdx.x) % kWarp;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -25,7 +26,23 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* in,
   ss = warp_sum(ss);
   const float r = 1.f / sqrtf(ss / float(c) + eps);
   if (lane == 0) rstd[row] = r;
-  for (int64_t j = lane; j < c; j += kWarp) y[j] = weight[j] * (x[j] * r);
+  for (int64_t j = lane; j < c; j += kWarp) {
+    const float v = weight[j] * (x[j] * r);
+    y[j] = v;
+    if (out_b) out_b[row * c + j] = bf16_from(v);
+  }
+}
+
+void rmsnorm_forward_launch(float* out, __nv_bfloat16* out_b, float* rstd, const float* in,
+                            const float* weight, int64_t n, int64_t c, float eps, cudaStream_t stream,
+                            const char* name) {
+  STRATA_CHECK(n >= 0 && c > 0, name, ": need n >= 0 and c > 0, got n=", n, " c=", c);
+  if (n == 0) return;
+  const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  STRATA_CHECK(blocks <= 0x7fffffff, name, ": too many rows (", n, ")");
+  STRATA_LAUNCH(rmsnorm_forward_kernel, unsigned(blocks), kRowsPerBlock * kWarp, 0, stream, out, out_b,
+                rstd, in, weight, n, c, eps);
+  STRATA_CUDA_CHECK_LAUNCH(name);
 }
 
 __global__ void rmsnorm_backward_input_kernel(float* din, const float* dout, const float* in,
@@ -60,13 +77,13 @@ __global__ void rmsnorm_backward_weight_kernel(float* dweight, const float* dout
 
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
                      int64_t c, float eps, cudaStream_t stream) {
-  STRATA_CHECK(n >= 0 && c > 0, "rmsnorm_forward: need n >= 0 and c > 0, got n=", n, " c=", c);
-  if (n == 0) return;
-  const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
-  STRATA_CHECK(blocks <= 0x7fffffff, "rmsnorm_forward: too many rows (", n, ")");
-  STRATA_LAUNCH(rmsnorm_forward_kernel, unsigned(blocks), kRowsPerBlock * kWarp, 0, stream, out,
-                rstd, in, weight, n, c, eps);
-  STRATA_CUDA_CHECK_LAUNCH("rmsnorm_forward");
+  rmsnorm_forward_launch(out, nullptr, rstd, in, weight, n, c, eps, stream, "rmsnorm_forward");
+}
+
+void rmsnorm_forward_bf16(float* out, bf16* out_b, float* rstd, const float* in, const float* weight,
+                          int64_t n, int64_t c, float eps, cudaStream_t stream) {
+  rmsnorm_forward_launch(out, reinterpret_cast<__nv_bfloat16*>(out_b), rstd, in, weight, n, c, eps, stream,
+                         "rmsnorm_forward_bf16");
 }
 
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,

@@ -8,12 +8,16 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void swiglu_forward_kernel(float* out, const float* gate, const float* up, int64_t n) {
+// out_b null: the f32 output only; else also its bf16 rounding (cast_f32_to_bf16's bits).
+__global__ void swiglu_forward_kernel(float* out, __nv_bfloat16* out_b, const float* gate, const float* up,
+                                      int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float g = gate[i];
     const float s = 1.f / (1.f + expf(-g));
-    out[i] = g * s * up[i];
+    const float y = g * s * up[i];
+    out[i] = y;
+    if (out_b) out_b[i] = bf16_from(y);
   }
 }
 
@@ -40,9 +44,18 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n,
                     cudaStream_t stream) {
   STRATA_CHECK(n >= 0, "swiglu_forward: need n >= 0, got n=", n);
   if (n == 0) return;
-  STRATA_LAUNCH(swiglu_forward_kernel, grid_blocks(n, kThreads), kThreads, 0, stream, out, gate,
-                up, n);
+  STRATA_LAUNCH(swiglu_forward_kernel, grid_blocks(n, kThreads), kThreads, 0, stream, out, nullptr,
+                gate, up, n);
   STRATA_CUDA_CHECK_LAUNCH("swiglu_forward");
+}
+
+void swiglu_forward_bf16(float* out, bf16* out_b, const float* gate, const float* up, int64_t n,
+                         cudaStream_t stream) {
+  STRATA_CHECK(n >= 0, "swiglu_forward_bf16: need n >= 0, got n=", n);
+  if (n == 0) return;
+  STRATA_LAUNCH(swiglu_forward_kernel, grid_blocks(n, kThreads), kThreads, 0, stream, out,
+                reinterpret_cast<__nv_bfloat16*>(out_b), gate, up, n);
+  STRATA_CUDA_CHECK_LAUNCH("swiglu_forward_bf16");
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,

@@ -182,7 +182,11 @@ class CpuDevice final : public ArenaDevice {
   void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight,
                        int64_t n, int64_t c, float eps, Stream s) override {
     enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_forward(out, rstd, in, weight, n, c, eps); });
+  }  void rmsnorm_forward_bf16(float* out, bf16* out_b, float* rstd, const float* in, const float* weight, int64_t n,
+                            int64_t c, float eps, Stream s) override {
+    enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_forward_bf16(out, out_b, rstd, in, weight, n, c, eps); });
   }
+
   void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                         const float* weight, const float* rstd, int64_t n, int64_t c, Stream s) override {
     enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c); });
@@ -197,6 +201,10 @@ class CpuDevice final : public ArenaDevice {
   }
   void swiglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_forward(out, gate, up, n); });
+  }
+  void swiglu_forward_bf16(float* out, bf16* out_b, const float* gate, const float* up, int64_t n,
+                           Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_forward_bf16(out, out_b, gate, up, n); });
   }
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n, Stream s) override {

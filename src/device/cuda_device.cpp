@@ -349,7 +349,12 @@ class CudaDevice final : public ArenaDevice {
                        int64_t n, int64_t c, float eps, Stream s) override {
     const auto timed = time_op(s, OpKind::norm);
     cuda::rmsnorm_forward(out, rstd, in, weight, n, c, eps, stream(s));
+  }  void rmsnorm_forward_bf16(float* out, bf16* out_b, float* rstd, const float* in, const float* weight, int64_t n,
+                            int64_t c, float eps, Stream s) override {
+    const auto timed = time_op(s, OpKind::norm);
+    cuda::rmsnorm_forward_bf16(out, out_b, rstd, in, weight, n, c, eps, stream(s));
   }
+
   void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                         const float* weight, const float* rstd, int64_t n, int64_t c, Stream s) override {
     const auto timed = time_op(s, OpKind::norm);
@@ -368,7 +373,12 @@ class CudaDevice final : public ArenaDevice {
   void swiglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::swiglu_forward(out, gate, up, n, stream(s));
+  }  void swiglu_forward_bf16(float* out, bf16* out_b, const float* gate, const float* up, int64_t n,
+                           Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::swiglu_forward_bf16(out, out_b, gate, up, n, stream(s));
   }
+
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);

@@ -127,6 +127,10 @@ class Device {
                       int64_t n, int64_t k, bool trans_a, bool trans_b, float beta, Stream s) = 0;
   virtual void rmsnorm_forward(float* out, float* rstd, const float* in,
                                const float* weight, int64_t n, int64_t c, float eps, Stream s) = 0;
+  // The same, also writing out rounded to bf16 into out_b for the bf16 matmuls that read it (one
+  // pass where rmsnorm_forward and cast_f32_to_bf16 made two; the same bits).
+  virtual void rmsnorm_forward_bf16(float* out, bf16* out_b, float* rstd, const float* in, const float* weight,
+                                    int64_t n, int64_t c, float eps, Stream s) = 0;
   virtual void rmsnorm_backward(float* din, float* dweight, const float* dout,
                                 const float* in, const float* weight, const float* rstd,
                                 int64_t n, int64_t c, Stream s) = 0;
@@ -136,6 +140,9 @@ class Device {
                              const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) = 0;
   virtual void swiglu_forward(float* out, const float* gate, const float* up,
                               int64_t n, Stream s) = 0;
+  // The same, also writing out rounded to bf16 into out_b (as rmsnorm_forward_bf16).
+  virtual void swiglu_forward_bf16(float* out, bf16* out_b, const float* gate, const float* up, int64_t n,
+                                   Stream s) = 0;
   virtual void swiglu_backward(float* dgate, float* dup, const float* dout,
                                const float* gate, const float* up, int64_t n, Stream s) = 0;
   // The same gradients rounded to bf16, for the bf16 matmuls that read them (one pass where

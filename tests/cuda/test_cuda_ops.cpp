@@ -4,6 +4,7 @@
 // entry (testing::max_rel_error); each says what it allows for.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -87,6 +88,23 @@ TEST_CASE("cuda rmsnorm forward and backward match the fp64 reference", "[cuda-e
     // exactly) and all that is left is cancellation noise: measure it against the O(1) scale.
     CHECK(max_rel_error(gdx.download(), dx, 1e-2) <= 1e-5);
     CHECK(max_rel_error(gdw.download(), dw) <= 1e-5);
+    // the bf16-output forward: its own f32 forward's bits, and those rounded as
+    // cast_f32_to_bf16 rounds; so within bf16 rounding (2^-9) of the CPU twin's copy
+    Buffer<float> gout2(*dev, x.size()), grstd2(*dev, size_t(s.n));
+    Buffer<bf16> gout_b(*dev, x.size());
+    dev->rmsnorm_forward_bf16(gout2, gout_b, grstd2, gx, gw, s.n, s.c, eps, Stream::compute);
+    const std::vector<float> f32_out = gout.download(), f32_out2 = gout2.download();
+    CHECK(std::memcmp(f32_out.data(), f32_out2.data(), f32_out.size() * 4) == 0);
+    const std::vector<bf16> got_b = gout_b.download(), want_b = testing::to_bf16(f32_out);
+    int mismatches = 0;
+    for (size_t i = 0; i < got_b.size(); ++i) mismatches += got_b[i].bits != want_b[i].bits;
+    CHECK(mismatches == 0);
+    std::vector<float> cpu_out(x.size()), cpu_rstd(size_t(s.n));
+    std::vector<bf16> cpu_b(x.size());
+    cpu::rmsnorm_forward_bf16(cpu_out.data(), cpu_b.data(), cpu_rstd.data(), x.data(), w.data(), s.n, s.c, eps);
+    std::vector<float> widened(x.size()), cpu_widened(x.size());
+    for (size_t i = 0; i < x.size(); ++i) widened[i] = bf16_to_f32(got_b[i]), cpu_widened[i] = bf16_to_f32(cpu_b[i]);
+    CHECK(max_rel_error(widened, convert<double>(cpu_widened)) <= 1.0 / 256);
   }
 }
 
@@ -151,6 +169,16 @@ TEST_CASE("cuda swiglu, bias, add and casts match the reference", "[cuda-emu]") 
     // for bit, and so within bf16 rounding (2^-9) of the CPU twin's
     Buffer<bf16> bdg16(*dev, g.size()), bdu16(*dev, g.size());
     dev->swiglu_backward_bf16(bdg16, bdu16, bdy, bg, bu, n, Stream::compute);
+    // and the bf16-output forward: its own f32 forward's bits and their rounding
+    Buffer<float> bout2(*dev, g.size());
+    Buffer<bf16> bout16(*dev, g.size());
+    dev->swiglu_forward_bf16(bout2, bout16, bg, bu, n, Stream::compute);
+    const std::vector<float> fwd = bout.download(), fwd2 = bout2.download();
+    CHECK(std::memcmp(fwd.data(), fwd2.data(), fwd.size() * 4) == 0);
+    const std::vector<bf16> fwd16 = bout16.download(), want_fwd16 = testing::to_bf16(fwd);
+    int fwd_mismatches = 0;
+    for (size_t i = 0; i < fwd16.size(); ++i) fwd_mismatches += fwd16[i].bits != want_fwd16[i].bits;
+    CHECK(fwd_mismatches == 0);
     const std::vector<bf16> dg16 = bdg16.download(), du16 = bdu16.download();
     const std::vector<bf16> want_dg = testing::to_bf16(bdg.download()), want_du = testing::to_bf16(bdu.download());
     int rounded_mismatches = 0;

@@ -115,7 +115,27 @@ TEST_CASE("rmsnorm fast path is bitwise independent of the thread count", "[kern
   CHECK(std::memcmp(one.dweight.data(), two.dweight.data(), one.dweight.size() * 4) == 0);
 }
 
+TEST_CASE("rmsnorm's bf16-output forward: the f32 forward's bits, and their rounding", "[kernels]") {
+  // 1000 x 129: both threads' rows and the vector loop's tail; large inputs round up past a
+  // bf16 boundary, zero rows give zeros
+  const int64_t n = 1000, c = 129;
+  auto x = random_floats(n * c, 60, -300.f, 300.f), w = random_floats(c, 61);
+  for (int64_t j = 0; j < c; ++j) x[size_t(7 * c + j)] = 0.f;
+  std::vector<float> out(x.size()), rstd(static_cast<size_t>(n)), out2(x.size()), rstd2(static_cast<size_t>(n));
+  std::vector<strata::bf16> out_b(x.size()), want(x.size());
+  strata::cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6f);
+  strata::cpu::rmsnorm_forward_bf16(out2.data(), out_b.data(), rstd2.data(), x.data(), w.data(), n, c, 1e-6f);
+  strata::cpu::cast_f32_to_bf16(want.data(), out.data(), n * c);
+  CHECK(std::memcmp(out.data(), out2.data(), out.size() * 4) == 0);
+  CHECK(std::memcmp(rstd.data(), rstd2.data(), rstd.size() * 4) == 0);
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < want.size(); ++i) mismatches += out_b[i].bits != want[i].bits;
+  CHECK(mismatches == 0);
+}
+
 TEST_CASE("rmsnorm rejects bad sizes", "[kernels]") {
   float x = 1, w = 1, out, rstd;
+  strata::bf16 out_b;
   CHECK_THROWS_AS(strata::cpu::rmsnorm_forward(&out, &rstd, &x, &w, 1, 0, 1e-6f), strata::Error);
+  CHECK_THROWS_AS(strata::cpu::rmsnorm_forward_bf16(&out, &out_b, &rstd, &x, &w, -1, 1, 1e-6f), strata::Error);
 }

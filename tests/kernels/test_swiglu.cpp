@@ -96,6 +96,24 @@ TEST_CASE("swiglu's bf16-output backward is the f32 backward rounded, bit for bi
   }
 }
 
+TEST_CASE("swiglu's bf16-output forward: the f32 forward's bits, and their rounding", "[kernels]") {
+  for (const float range : {8.f, 90.f}) {
+    const int64_t n = 70001;
+    auto g = random_floats(n, 25, -range, range), u = random_floats(n, 26);
+    for (int64_t i = 0; i < n; i += 89) g[size_t(i)] = 0.f;
+    std::vector<float> out(n), out2(n);
+    std::vector<strata::bf16> out_b(n), want(n);
+    strata::cpu::swiglu_forward(out.data(), g.data(), u.data(), n);
+    strata::cpu::swiglu_forward_bf16(out2.data(), out_b.data(), g.data(), u.data(), n);
+    strata::cpu::cast_f32_to_bf16(want.data(), out.data(), n);
+    INFO("gate range +-" << range);
+    CHECK(std::memcmp(out.data(), out2.data(), out.size() * 4) == 0);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) mismatches += out_b[size_t(i)].bits != want[size_t(i)].bits;
+    CHECK(mismatches == 0);
+  }
+}
+
 TEST_CASE("swiglu fast path is bitwise independent of the thread count", "[kernels]") {
   const int64_t n = 70001;
   auto g = random_floats(n, 5, -8.f, 8.f), u = random_floats(n, 6), dy = random_floats(n, 7);
