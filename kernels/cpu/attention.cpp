@@ -28,9 +28,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/amx.h"
@@ -962,11 +964,29 @@ AttentionIsa attention_isa_best() {
   return best;
 }
 
+AttentionIsa attention_isa_choose(const char* want) {
+  if (!want || !*want) return attention_isa_best();
+  const std::string_view name(want);
+  for (AttentionIsa isa : {AttentionIsa::portable, AttentionIsa::avx512_bf16, AttentionIsa::amx_bf16}) {
+    if (name != attention_isa_name(isa)) continue;
+    STRATA_CHECK(attention_isa_supported(isa), "STRATA_ATTENTION_ISA=", name,
+                 " but this CPU (or OS) cannot run it; unset it or pick portable");
+    return isa;
+  }
+  throw Error(ErrorKind::input, str_cat("STRATA_ATTENTION_ISA=", name,
+                                        " is not a variant; use portable, avx512_bf16 or amx_bf16"));
+}
+
+AttentionIsa attention_isa_active() {
+  static const AttentionIsa active = attention_isa_choose(std::getenv("STRATA_ATTENTION_ISA"));
+  return active;
+}
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                        int64_t d, float scale, DType dot_type) {
   attention_forward_isa(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, dot_type,
-                        attention_isa_best());
+                        attention_isa_active());
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
@@ -974,7 +994,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                         int64_t d, float scale, DType dot_type) {
   attention_backward_isa(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
-                         dot_type, attention_isa_best());
+                         dot_type, attention_isa_active());
 }
 
 size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,

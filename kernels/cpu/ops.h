@@ -98,6 +98,13 @@ enum class AttentionIsa : uint8_t { portable, avx512_bf16, amx_bf16 };
 const char* attention_isa_name(AttentionIsa isa);
 bool attention_isa_supported(AttentionIsa isa);
 AttentionIsa attention_isa_best();
+// What the plain entries run: the ISA named by the environment variable STRATA_ATTENTION_ISA
+// (portable, avx512_bf16 or amx_bf16: to reproduce another machine's bits, or to measure one
+// kernel against another) when set, else attention_isa_best(); read once.
+// attention_isa_choose(value) is that choice for a given value (null or empty: the best); it
+// throws for an unknown name or one this CPU cannot run.
+AttentionIsa attention_isa_active();
+AttentionIsa attention_isa_choose(const char* want);
 void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                            int64_t d, float scale, DType dot_type, AttentionIsa isa);

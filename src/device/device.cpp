@@ -132,7 +132,7 @@ size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc) {
 }
 
 size_t cpu_backend_scratch_bytes(const CpuScratchShape& s) {
-  return cpu::attention_scratch_bytes(s.b, s.t, s.h, s.hk, s.d, s.dtype, cpu::attention_isa_best()) +
+  return cpu::attention_scratch_bytes(s.b, s.t, s.h, s.hk, s.d, s.dtype, cpu::attention_isa_active()) +
          cpu::lm_head_ce_scratch_bytes(s.b * s.t, s.c, s.vc, s.dtype);
 }
 

@@ -257,6 +257,22 @@ TEST_CASE("attention bf16 dots: the forward is the f32 op on bf16-rounded inputs
   }
 }
 
+TEST_CASE("STRATA_ATTENTION_ISA picks a kernel the CPU can run, or says what to do", "[kernels]") {
+  CHECK(cpu::attention_isa_choose(nullptr) == cpu::attention_isa_best());
+  CHECK(cpu::attention_isa_choose("") == cpu::attention_isa_best());
+  CHECK(cpu::attention_isa_choose("portable") == cpu::AttentionIsa::portable);
+  CHECK_THROWS_WITH(cpu::attention_isa_choose("amx"),
+                    Catch::Contains("not a variant; use portable, avx512_bf16 or amx_bf16"));
+  for (auto isa : {cpu::AttentionIsa::avx512_bf16, cpu::AttentionIsa::amx_bf16}) {
+    const char* name = cpu::attention_isa_name(isa);
+    INFO(name);
+    if (cpu::attention_isa_supported(isa))
+      CHECK(cpu::attention_isa_choose(name) == isa);
+    else
+      CHECK_THROWS_WITH(cpu::attention_isa_choose(name), Catch::Contains("cannot run it; unset it"));
+  }
+}
+
 TEST_CASE("attention results are bitwise independent of the thread count", "[kernels]") {
   const AttnCase c{2, 200, 6, 2, 24};
   const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;

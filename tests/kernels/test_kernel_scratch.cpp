@@ -75,7 +75,7 @@ TEST_CASE("the CPU kernels keep the scratch they say they keep, sized by the lar
     for (const DType dt : {DType::bf16, DType::f32}) {
       INFO("b=" << k.b << " t=" << k.t << " vc=" << k.vc << " " << dtype_name(dt));
       const Held held = held_after(k.b, k.t, k.h, k.hk, k.d, k.c, k.vc, dt);
-      const size_t attention = cpu::attention_scratch_bytes(k.b, k.t, k.h, k.hk, k.d, dt, cpu::attention_isa_best());
+      const size_t attention = cpu::attention_scratch_bytes(k.b, k.t, k.h, k.hk, k.d, dt, cpu::attention_isa_active());
       const size_t loss = cpu::lm_head_ce_scratch_bytes(k.b * k.t, k.c, k.vc, dt);
       CHECK(held.attention == attention);
       CHECK(held.loss == loss);
@@ -88,6 +88,6 @@ TEST_CASE("the CPU kernels keep the scratch they say they keep, sized by the lar
   CHECK_THROWS_WITH(cpu::lm_head_ce_scratch_bytes(32, 64, 0, DType::bf16), Catch::Contains("vc=0"));
   CHECK_THROWS_WITH(cpu::lm_head_ce_scratch_bytes(-1, 64, 256, DType::f32), Catch::Contains("n=-1"));
   // a kept dS larger than the cap is recomputed, not kept
-  CHECK(cpu::attention_scratch_bytes(1, 512, 8, 8, 64, DType::bf16, cpu::attention_isa_best(), 0) ==
+  CHECK(cpu::attention_scratch_bytes(1, 512, 8, 8, 64, DType::bf16, cpu::attention_isa_active(), 0) ==
         size_t(2 * 512 * 16 * 64) * 2);
 }

@@ -428,7 +428,7 @@ TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA d
     PlanInputs in = plan_inputs("host");
     in.device_in_host_ram = true;
     const PlacementPlan cpu = placement_plan(spec, in, PlanBudgets{});
-    const size_t want = cpu::attention_scratch_bytes(2, 16, 4, 2, 16, dt, cpu::attention_isa_best()) +
+    const size_t want = cpu::attention_scratch_bytes(2, 16, 4, 2, 16, dt, cpu::attention_isa_active()) +
                         cpu::lm_head_ce_scratch_bytes(2 * 16, 64, 256, dt);
     CHECK(want > 0);
     CHECK(cpu.bytes_of(row) == want);
