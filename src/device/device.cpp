@@ -131,6 +131,8 @@ size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc) {
   return Arena::footprint(kCudaCublasWorkspaceBytes) + Arena::footprint(lm_head_ce_tile_workspace_bytes(c, vc));
 }
 
+const char* cpu_backend_attention_kernel() { return cpu::attention_isa_name(cpu::attention_isa_active()); }
+
 size_t cpu_backend_scratch_bytes(const CpuScratchShape& s) {
   return cpu::attention_scratch_bytes(s.b, s.t, s.h, s.hk, s.d, s.dtype, cpu::attention_isa_active()) +
          cpu::lm_head_ce_scratch_bytes(s.b * s.t, s.c, s.vc, s.dtype);

@@ -50,6 +50,9 @@ struct CpuScratchShape {
   DType dtype = DType::f32;
 };
 size_t cpu_backend_scratch_bytes(const CpuScratchShape& shape);
+// The CPU backend's attention kernel, by name (amx_bf16, avx512_bf16 or portable: the best this
+// CPU offers, or STRATA_ATTENTION_ISA's choice), for the run's start lines and benchmarks.
+const char* cpu_backend_attention_kernel();
 
 // Op families, for the per-op time split the trainer reports (matmul share, attention, ...).
 enum class OpKind : uint8_t { matmul, attention, cross_entropy, norm, rope, elementwise, embedding, count };

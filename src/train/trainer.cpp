@@ -360,6 +360,9 @@ void TrainRun::set_up() {
   if (zo_engine_) flops_per_token_ *= zo_flops_ratio(rc_);  // forward passes only
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
                peak_.source.c_str());
+  if (dev_->name() == "cpu")
+    std::fprintf(stderr, "strata train: CPU attention kernel %s (STRATA_ATTENTION_ISA chooses another)\n",
+                 cpu_backend_attention_kernel());
   recipe_toml_ = rc_.to_toml();
   if (dist_.primary()) file_write_atomic(rc_.output_dir + "/recipe.toml", recipe_toml_.data(), recipe_toml_.size());
   files_ = CheckpointFiles{data_.tokenizer_dir, rc_.model_path, fallback_chat_template(rc_, data_.tokenizer_dir)};

@@ -63,6 +63,26 @@ def blas_in_use():
     return "openblas" if "openblas" in real else ("netlib (reference BLAS)" if "/blas/" in real else real)
 
 
+def cpu_info():
+    """The CPU's model name and the bf16 matrix features that decide strata's bf16 kernels (an AMX
+    tile unit makes oneDNN's bf16 GEMM peak about four times AVX512-BF16's)."""
+    info = {"model": "unknown", "amx_bf16": False, "avx512_bf16": False}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and info["model"] == "unknown":
+                    info["model"] = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    info["amx_bf16"] = "amx_bf16" in flags
+                    info["avx512_bf16"] = "avx512_bf16" in flags
+                    break
+    except OSError:
+        pass
+    return info
+
+
 def hf_config(c):
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c["hidden"],
@@ -229,7 +249,9 @@ def strata_train(strata, workdir, c, steps, threads, weights):
         sys.exit("peer: strata train did not say its MFU peak:\n" + r.stderr[-3000:])
     mfu = sum(x["mfu"] * t for x, t in zip(timed, seconds)) / sum(seconds)
     mode = re.search(r"weights (resident|stream),", r.stderr)  # offload.weights as the run resolved it
-    return tokens / sum(seconds), [x["loss"] for x in recs], mfu, float(peak.group(1)) * 1e12, mode.group(1) if mode else "?"
+    attention = re.search(r"CPU attention kernel (\S+)", r.stderr)
+    return (tokens / sum(seconds), [x["loss"] for x in recs], mfu, float(peak.group(1)) * 1e12,
+            mode.group(1) if mode else "?", attention.group(1) if attention else "?")
 
 
 def check_losses(strata, workdir, model, rows, c):
@@ -269,7 +291,7 @@ def run_config(name, args):
         print(f"{name}: loss on one batch at the initial weights: torch {torch_loss:.7f}, strata {strata_loss:.7f} "
               f"(relative difference {rel:.1e}, f32)", flush=True)
         state = {k: v.clone() for k, v in model.state_dict().items()}
-        t_rates, s_rates, mfus, peaks, modes = [], [], [], [], set()
+        t_rates, s_rates, mfus, peaks, modes, kernels = [], [], [], [], set(), set()
         for r in range(args.rounds):
             order = ("torch", "strata") if r % 2 == 0 else ("strata", "torch")
             for who in order:
@@ -278,10 +300,11 @@ def run_config(name, args):
                     rate, _ = torch_train(model, rows, c, args.steps, args.threads)
                     t_rates.append(rate)
                 else:
-                    rate, _, mfu, peak, mode = strata_train(args.strata, workdir, c, args.steps, args.threads,
-                                                            args.weights)
+                    rate, _, mfu, peak, mode, kernel = strata_train(args.strata, workdir, c, args.steps,
+                                                                    args.threads, args.weights)
                     s_rates.append(rate)
                     modes.add(mode)
+                    kernels.add(kernel)
                     mfus.append(mfu)
                     peaks.append(peak)
             print(f"{name} round {r + 1}: torch {t_rates[-1]:,.0f} tokens/s, strata {s_rates[-1]:,.0f} tokens/s "
@@ -293,6 +316,7 @@ def run_config(name, args):
                 "ratio": round(s / t, 4), "strata_mfu": round(statistics.median(mfus), 4),
                 "peak_flops_per_s": round(statistics.median(peaks)), "peak_dtype": c["dtype"], "rounds": args.rounds, "steps": args.steps, "threads": args.threads,
                 "loss_rel_diff_f32": rel, "strata_weights": "/".join(sorted(modes)),
+                "strata_attention_kernel": "/".join(sorted(kernels)),
                 "round_ratios": [round(s_r / t_r, 4) for s_r, t_r in zip(s_rates, t_rates)]}
     finally:
         if not args.keep:
@@ -317,8 +341,11 @@ def main():
     except ImportError:
         sys.exit("peer: python3-torch is not installed: bash scripts/setup.sh --bench")
     blas = blas_in_use()
+    cpu = cpu_info()
     print(f"peer: torch {torch.__version__}, {args.threads} threads, BLAS {blas}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}", flush=True)
+    print(f"peer: CPU {cpu['model']}, AMX-BF16 {'yes' if cpu['amx_bf16'] else 'no'}, "
+          f"AVX512-BF16 {'yes' if cpu['avx512_bf16'] else 'no'}", flush=True)
     if blas != "openblas":
         print("peer: warning: torch is not using OpenBLAS; install libopenblas0-pthread (scripts/setup.sh "
               "--bench) or the torch figures are not the fast configuration", flush=True)
@@ -332,7 +359,7 @@ def main():
               f"  {r['strata_weights']}")
     for r in results:  # how much the machine moved the figures: each round's own ratio
         print(f"{r['name']}: per-round strata/torch " + ", ".join(f"{x:.2f}" for x in r["round_ratios"]))
-    print(json.dumps({"peer": {"blas": blas, "configs": results}}))
+    print(json.dumps({"peer": {"blas": blas, "cpu": cpu, "configs": results}}))
 
 
 if __name__ == "__main__":
