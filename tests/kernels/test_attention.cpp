@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -117,7 +118,8 @@ namespace {
 // Against the reference on the raw f32 inputs the error is that of bf16 inputs (8 significant
 // bits, relative rounding <= 2^-9): <= 2e-2 stated (measured: see worst_raw).
 void check_attention_sizes(int64_t b, DType dot_type = DType::f32,
-                           cpu::AttentionIsa isa = cpu::attention_isa_best()) {
+                           cpu::AttentionIsa isa = cpu::attention_isa_best(),
+                           std::initializer_list<int64_t> dims = {5, 24, 64}) {
   const bool bf16 = dot_type == DType::bf16;
   const double tol = 1e-5, floor = 0.1, tol_raw = 2e-2;
   testing::WorstError worst_fwd{"forward", tol}, worst_bwd{"backward", bf16 ? 4e-3 : tol};
@@ -126,7 +128,7 @@ void check_attention_sizes(int64_t b, DType dot_type = DType::f32,
   int idx = int(b) * 100;
   for (int64_t t : {1, 17, 70, 130})
     for (auto [h, hk] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {6, 2}})
-      for (int64_t d : {5, 24, 64}) {
+      for (int64_t d : dims) {
         ++idx;
         const AttnCase c{b, t, h, hk, d};
         const int64_t nq = b * t * h * d, nk = b * t * hk * d;
@@ -208,6 +210,14 @@ TEST_CASE("attention bf16 dots match the fp64 twin at awkward sizes, every ISA",
     INFO("isa " << cpu::attention_isa_name(isa));
     check_attention_sizes(1, DType::bf16, isa);
     check_attention_sizes(2, DType::bf16, isa);
+  }
+}
+
+TEST_CASE("attention bf16 dots match the fp64 twin at head sizes 80 and 128, every ISA", "[kernels]") {
+  // more than four 16-column blocks per row: the AMX products run in two column groups
+  for (const cpu::AttentionIsa isa : supported_isas()) {
+    INFO("isa " << cpu::attention_isa_name(isa));
+    check_attention_sizes(1, DType::bf16, isa, {80, 128});
   }
 }
 
