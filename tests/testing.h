@@ -59,6 +59,13 @@ inline std::vector<bf16> to_bf16(const std::vector<float>& v) {
   for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
   return out;
 }
+// How many elements of a and b differ in their bits (a length difference counts as that many).
+inline size_t bf16_mismatches(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t bad = std::max(a.size(), b.size()) - n;
+  for (size_t i = 0; i < n; ++i) bad += a[i].bits != b[i].bits;
+  return bad;
+}
 inline std::vector<float> round_bf16(const std::vector<float>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(f32_to_bf16(v[i]));

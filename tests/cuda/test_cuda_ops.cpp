@@ -95,10 +95,8 @@ TEST_CASE("cuda rmsnorm forward and backward match the fp64 reference", "[cuda-e
     dev->rmsnorm_forward_bf16(gout2, gout_b, grstd2, gx, gw, s.n, s.c, eps, Stream::compute);
     const std::vector<float> f32_out = gout.download(), f32_out2 = gout2.download();
     CHECK(std::memcmp(f32_out.data(), f32_out2.data(), f32_out.size() * 4) == 0);
-    const std::vector<bf16> got_b = gout_b.download(), want_b = testing::to_bf16(f32_out);
-    int mismatches = 0;
-    for (size_t i = 0; i < got_b.size(); ++i) mismatches += got_b[i].bits != want_b[i].bits;
-    CHECK(mismatches == 0);
+    const std::vector<bf16> got_b = gout_b.download();
+    CHECK(testing::bf16_mismatches(got_b, testing::to_bf16(f32_out)) == 0);
     std::vector<float> cpu_out(x.size()), cpu_rstd(size_t(s.n));
     std::vector<bf16> cpu_b(x.size());
     cpu::rmsnorm_forward_bf16(cpu_out.data(), cpu_b.data(), cpu_rstd.data(), x.data(), w.data(), s.n, s.c, eps);
@@ -175,16 +173,10 @@ TEST_CASE("cuda swiglu, bias, add and casts match the reference", "[cuda-emu]") 
     dev->swiglu_forward_bf16(bout2, bout16, bg, bu, n, Stream::compute);
     const std::vector<float> fwd = bout.download(), fwd2 = bout2.download();
     CHECK(std::memcmp(fwd.data(), fwd2.data(), fwd.size() * 4) == 0);
-    const std::vector<bf16> fwd16 = bout16.download(), want_fwd16 = testing::to_bf16(fwd);
-    int fwd_mismatches = 0;
-    for (size_t i = 0; i < fwd16.size(); ++i) fwd_mismatches += fwd16[i].bits != want_fwd16[i].bits;
-    CHECK(fwd_mismatches == 0);
+    CHECK(testing::bf16_mismatches(bout16.download(), testing::to_bf16(fwd)) == 0);
     const std::vector<bf16> dg16 = bdg16.download(), du16 = bdu16.download();
-    const std::vector<bf16> want_dg = testing::to_bf16(bdg.download()), want_du = testing::to_bf16(bdu.download());
-    int rounded_mismatches = 0;
-    for (size_t i = 0; i < dg16.size(); ++i)
-      rounded_mismatches += (dg16[i].bits != want_dg[i].bits) + (du16[i].bits != want_du[i].bits);
-    CHECK(rounded_mismatches == 0);
+    CHECK(testing::bf16_mismatches(dg16, testing::to_bf16(bdg.download())) == 0);
+    CHECK(testing::bf16_mismatches(du16, testing::to_bf16(bdu.download())) == 0);
     std::vector<bf16> cpu_dg(g.size()), cpu_du(g.size());
     cpu::swiglu_backward_bf16(cpu_dg.data(), cpu_du.data(), dy.data(), g.data(), u.data(), n);
     std::vector<float> widened(g.size()), cpu_widened(g.size());
@@ -198,10 +190,7 @@ TEST_CASE("cuda swiglu, bias, add and casts match the reference", "[cuda-emu]") 
     CHECK(bu.download() == y);
     Buffer<bf16> bb(*dev, g.size());
     dev->cast_f32_to_bf16(bb, bu, n, Stream::compute);
-    const std::vector<bf16> got = bb.download(), want = testing::to_bf16(y);
-    int mismatches = 0;
-    for (size_t i = 0; i < got.size(); ++i) mismatches += got[i].bits != want[i].bits;
-    CHECK(mismatches == 0);
+    CHECK(testing::bf16_mismatches(bb.download(), testing::to_bf16(y)) == 0);
   }
   struct Shape { int64_t n, o; };
   for (Shape s : {Shape{1, 1}, Shape{17, 33}, Shape{70, 5}}) {

@@ -128,9 +128,7 @@ TEST_CASE("rmsnorm's bf16-output forward: the f32 forward's bits, and their roun
   strata::cpu::cast_f32_to_bf16(want.data(), out.data(), n * c);
   CHECK(std::memcmp(out.data(), out2.data(), out.size() * 4) == 0);
   CHECK(std::memcmp(rstd.data(), rstd2.data(), rstd.size() * 4) == 0);
-  int64_t mismatches = 0;
-  for (size_t i = 0; i < want.size(); ++i) mismatches += out_b[i].bits != want[i].bits;
-  CHECK(mismatches == 0);
+  CHECK(bf16_mismatches(out_b, want) == 0);
 }
 
 TEST_CASE("rmsnorm rejects bad sizes", "[kernels]") {

@@ -88,11 +88,9 @@ TEST_CASE("swiglu's bf16-output backward is the f32 backward rounded, bit for bi
     strata::cpu::swiglu_backward_bf16(dg16.data(), du16.data(), dy.data(), g.data(), u.data(), n);
     strata::cpu::cast_f32_to_bf16(want_dg.data(), dg.data(), n);
     strata::cpu::cast_f32_to_bf16(want_du.data(), du.data(), n);
-    int64_t mismatches = 0;
-    for (int64_t i = 0; i < n; ++i)
-      mismatches += (dg16[size_t(i)].bits != want_dg[size_t(i)].bits) + (du16[size_t(i)].bits != want_du[size_t(i)].bits);
     INFO("gate range +-" << range);
-    CHECK(mismatches == 0);
+    CHECK(strata::testing::bf16_mismatches(dg16, want_dg) == 0);
+    CHECK(strata::testing::bf16_mismatches(du16, want_du) == 0);
   }
 }
 
@@ -108,10 +106,15 @@ TEST_CASE("swiglu's bf16-output forward: the f32 forward's bits, and their round
     strata::cpu::cast_f32_to_bf16(want.data(), out.data(), n);
     INFO("gate range +-" << range);
     CHECK(std::memcmp(out.data(), out2.data(), out.size() * 4) == 0);
-    int64_t mismatches = 0;
-    for (int64_t i = 0; i < n; ++i) mismatches += out_b[size_t(i)].bits != want[size_t(i)].bits;
-    CHECK(mismatches == 0);
+    CHECK(strata::testing::bf16_mismatches(out_b, want) == 0);
   }
+}
+
+TEST_CASE("swiglu's bf16-output ops reject a negative size", "[kernels]") {
+  float x = 1, y = 1, out = 0;
+  strata::bf16 b{0}, b2{0};
+  CHECK_THROWS_WITH(strata::cpu::swiglu_forward_bf16(&out, &b, &x, &y, -1), Catch::Contains("need n >= 0"));
+  CHECK_THROWS_WITH(strata::cpu::swiglu_backward_bf16(&b, &b2, &x, &x, &y, -1), Catch::Contains("need n >= 0"));
 }
 
 TEST_CASE("swiglu fast path is bitwise independent of the thread count", "[kernels]") {
