@@ -146,8 +146,8 @@ PlacementPlan plan_for(const ModelSpec& spec, const PlanInputs& in, const PlanBu
   if (in.device_in_host_ram) {
     add("device arena (CPU backend: process memory)", Tier::host, device_total);
     const LayerDims& d = shape.layer_capacity;
-    const size_t scratch = cpu_backend_scratch_bytes({d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.wt});
-    if (scratch) add("CPU kernel scratch (attention inputs, dS, loss tiles)", Tier::host, scratch);
+    const size_t scratch = cpu_backend_scratch_bytes({d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt});
+    if (scratch) add("CPU kernel scratch (attention inputs, dS, loss tiles, GEMM tiles)", Tier::host, scratch);
   }
   const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
   const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);

@@ -319,39 +319,61 @@ void attention_load_cols(float* cols, uint32_t* pairs, AttentionInput x, int64_t
   }
 }
 
-// c (nq, kTileK) = a (nq, D) · cols (D, kTileK). All kTileK columns are computed, four rows at
-// a time in 16-float vectors so the 4 x 64 accumulators stay in registers; callers read only
-// the first nk columns. Each c[i][j] sums over D in order, whatever the row blocking.
-typedef float AttentionVec __attribute__((vector_size(64)));  // 16 floats
-constexpr int64_t kVecPerTile = kTileK / 16;
-static_assert(kTileK % 16 == 0);
+// The portable kernels' vectors are as wide as the compile target's registers: 16 floats with
+// AVX-512, 8 with AVX2 (or AVX), 4 otherwise. A generic vector wider than the target is split by
+// the compiler through the stack (with 64-byte vectors on an AVX2 CPU these loops ran ~5x
+// slower than the same loops in registers). Every output element still sums in the same order
+// whatever the width and blocking, so the results do not depend on it.
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+#elif defined(__AVX__)
+constexpr int64_t kLanes = 8;
+#else
+constexpr int64_t kLanes = 4;
+#endif
+typedef float AttentionVec __attribute__((vector_size(kLanes * sizeof(float))));
+constexpr int64_t kVecPerTile = kTileK / 16;  // the AVX-512 vdpbf16ps kernels: 16-float vectors per key tile
+static_assert(kTileK % 16 == 0 && kTileK % kLanes == 0);
+// The register blocks of attention_tile_dot (rows x column vectors of accumulators) and of the
+// accumulation over rows (columns per block): 16 accumulators on AVX-512's 32 registers, 8 on
+// AVX2's 16.
+constexpr int64_t kDotRows = kLanes == 16 ? 4 : 2;
+constexpr int64_t kDotVecs = 4;
+constexpr int64_t kDotCols = kDotVecs * kLanes;  // 64 (AVX-512) or 32 columns per block
+constexpr int64_t kAccCols = 4 * kLanes;         // accumulate_cols' column block
+static_assert(kTileK % kDotCols == 0);
 
+AttentionVec attention_load_vec(const float* p) {
+  AttentionVec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// c (nq, kTileK) = a (nq, D) · cols (D, kTileK). All kTileK columns are computed, a block of
+// kDotRows rows by kDotCols columns at a time so the accumulators stay in registers; callers
+// read only the first nk columns. Each c[i][j] sums over D in order, whatever the blocking.
 void attention_tile_dot(float* c, const float* a, const float* cols, int64_t nq, int64_t d) {
-  auto load = [](const float* p) {
-    AttentionVec x;
-    std::memcpy(&x, p, sizeof(x));
-    return x;
-  };
-  constexpr int64_t kRows = 4;
-  int64_t i = 0;
-  for (; i + kRows <= nq; i += kRows) {
-    AttentionVec acc[kRows][kVecPerTile] = {};
-    for (int64_t e = 0; e < d; ++e) {
-      const float* col = cols + e * kTileK;
-      for (int64_t u = 0; u < kVecPerTile; ++u) {
-        const AttentionVec cv = load(col + 16 * u);
-        for (int64_t r = 0; r < kRows; ++r) acc[r][u] += a[(i + r) * d + e] * cv;
+  for (int64_t j0 = 0; j0 < kTileK; j0 += kDotCols) {
+    int64_t i = 0;
+    for (; i + kDotRows <= nq; i += kDotRows) {
+      AttentionVec acc[kDotRows][kDotVecs] = {};
+      for (int64_t e = 0; e < d; ++e) {
+        const float* col = cols + e * kTileK + j0;
+        for (int64_t u = 0; u < kDotVecs; ++u) {
+          const AttentionVec cv = attention_load_vec(col + kLanes * u);
+          for (int64_t r = 0; r < kDotRows; ++r) acc[r][u] += a[(i + r) * d + e] * cv;
+        }
       }
+      for (int64_t r = 0; r < kDotRows; ++r) std::memcpy(c + (i + r) * kTileK + j0, acc[r], sizeof(acc[r]));
     }
-    for (int64_t r = 0; r < kRows; ++r) std::memcpy(c + (i + r) * kTileK, acc[r], sizeof(acc[r]));
-  }
-  for (; i < nq; ++i) {
-    AttentionVec acc[kVecPerTile] = {};
-    for (int64_t e = 0; e < d; ++e) {
-      const float* col = cols + e * kTileK;
-      for (int64_t u = 0; u < kVecPerTile; ++u) acc[u] += a[i * d + e] * load(col + 16 * u);
+    for (; i < nq; ++i) {
+      AttentionVec acc[kDotVecs] = {};
+      for (int64_t e = 0; e < d; ++e) {
+        const float* col = cols + e * kTileK + j0;
+        for (int64_t u = 0; u < kDotVecs; ++u) acc[u] += a[i * d + e] * attention_load_vec(col + kLanes * u);
+      }
+      std::memcpy(c + i * kTileK + j0, acc, sizeof(acc));
     }
-    std::memcpy(c + i * kTileK, acc, sizeof(acc));
   }
 }
 
@@ -469,33 +491,27 @@ void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int
   }
 }
 
-AttentionVec attention_load_vec(const float* p) {
-  AttentionVec v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 // y[e0..D) += sum over j = j0..j1 of w[j * w_stride] * x_j[e0..D) (rows x_j of stride D): the
 // same sums, element by element in the same order (j ascending), as one axpy per j, with the
-// accumulators kept in registers across j (a 64-column block at a time, then 16, then single
-// columns) instead of loaded and stored for every j. The weight stride lets a column of a
-// row-major tile serve as the weights (no transpose). e0 is 0 or a multiple of 64, so the blocks
-// fall where they fall from 0. Empty when j0 > j1.
+// accumulators kept in registers across j (a kAccCols-column block at a time, then one vector,
+// then single columns) instead of loaded and stored for every j. The weight stride lets a column
+// of a row-major tile serve as the weights (no transpose). e0 is 0 or a multiple of kAccCols, so
+// the blocks fall where they fall from 0. Empty when j0 > j1.
 void attention_accumulate_cols(float* y, const float* w, int64_t w_stride, const float* x, int64_t j0,
                                int64_t j1, int64_t d, int64_t e0) {
   if (j0 > j1) return;
   int64_t e = e0;
-  for (; e + 64 <= d; e += 64) {
+  for (; e + kAccCols <= d; e += kAccCols) {
     AttentionVec acc[4];
-    for (int64_t u = 0; u < 4; ++u) acc[u] = attention_load_vec(y + e + 16 * u);
+    for (int64_t u = 0; u < 4; ++u) acc[u] = attention_load_vec(y + e + kLanes * u);
     for (int64_t j = j0; j <= j1; ++j) {
       const float wj = w[j * w_stride];
       const float* xj = x + j * d + e;
-      for (int64_t u = 0; u < 4; ++u) acc[u] += wj * attention_load_vec(xj + 16 * u);
+      for (int64_t u = 0; u < 4; ++u) acc[u] += wj * attention_load_vec(xj + kLanes * u);
     }
     std::memcpy(y + e, acc, sizeof(acc));
   }
-  for (; e + 16 <= d; e += 16) {
+  for (; e + kLanes <= d; e += kLanes) {
     AttentionVec acc = attention_load_vec(y + e);
     for (int64_t j = j0; j <= j1; ++j) acc += w[j * w_stride] * attention_load_vec(x + j * d + e);
     std::memcpy(y + e, &acc, sizeof(acc));
@@ -520,17 +536,17 @@ void attention_accumulate_rows_joint(float* y0, const float* w0, float* y1, cons
                                      int64_t w_stride, const float* x, int64_t lo, int64_t hi,
                                      int64_t d) {
   int64_t e = 0;
-  for (; e + 64 <= d; e += 64) {
+  for (; e + kAccCols <= d; e += kAccCols) {
     AttentionVec a0[4], a1[4];
     for (int64_t u = 0; u < 4; ++u) {
-      a0[u] = attention_load_vec(y0 + e + 16 * u);
-      a1[u] = attention_load_vec(y1 + e + 16 * u);
+      a0[u] = attention_load_vec(y0 + e + kLanes * u);
+      a1[u] = attention_load_vec(y1 + e + kLanes * u);
     }
     for (int64_t j = lo; j <= hi; ++j) {
       const float w0j = w0[j * w_stride], w1j = w1[j * w_stride];
       const float* xj = x + j * d + e;
       for (int64_t u = 0; u < 4; ++u) {
-        const AttentionVec xv = attention_load_vec(xj + 16 * u);
+        const AttentionVec xv = attention_load_vec(xj + kLanes * u);
         a0[u] += w0j * xv;
         a1[u] += w1j * xv;
       }
@@ -538,7 +554,7 @@ void attention_accumulate_rows_joint(float* y0, const float* w0, float* y1, cons
     std::memcpy(y0 + e, a0, sizeof(a0));
     std::memcpy(y1 + e, a1, sizeof(a1));
   }
-  if (e < d) {  // the columns past the last 64-block, one output at a time
+  if (e < d) {  // the columns past the last block, one output at a time
     attention_accumulate_cols(y0, w0, w_stride, x, lo, hi, d, e);
     attention_accumulate_cols(y1, w1, w_stride, x, lo, hi, d, e);
   }
@@ -577,21 +593,21 @@ void attention_accumulate_query_rows(float* y, const float* w, const float* x, i
   }
 }
 
-// x[0..n) *= scale, and their max (n > 0), 16 lanes at a time (the compiler leaves the plain
+// x[0..n) *= scale, and their max (n > 0), kLanes at a time (the compiler leaves the plain
 // loop scalar). A max is the same whatever the order: NaN is skipped either way (a lane keeps
 // its value unless the new one is greater), and where +0 and -0 tie, either gives the same
 // differences and exps downstream.
 float attention_scale_max(float* x, int64_t n, float scale) {
   int64_t j = 0;
   float m = -std::numeric_limits<float>::infinity();
-  if (n >= 16) {
+  if (n >= kLanes) {
     AttentionVec vm = attention_load_vec(x) * scale;
-    for (; j + 16 <= n; j += 16) {
+    for (; j + kLanes <= n; j += kLanes) {
       const AttentionVec v = attention_load_vec(x + j) * scale;
       std::memcpy(x + j, &v, sizeof(v));
       vm = v > vm ? v : vm;
     }
-    for (int l = 0; l < 16; ++l) m = std::max(m, vm[l]);
+    for (int l = 0; l < kLanes; ++l) m = std::max(m, vm[l]);
   }
   for (; j < n; ++j) {
     x[j] *= scale;

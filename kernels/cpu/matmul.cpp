@@ -12,8 +12,20 @@
 // runs on one core).
 //
 // Creating a oneDNN primitive costs far more than a small GEMM, so primitives are cached per
-// (m, n, k, tile shape, transposes, beta, dtype); one engine serves the process, and each
+// (m, n, k, tile shape, transposes, output buffer, dtype); one engine serves the process, and each
 // thread executes on its own stream so concurrent tiles never share one.
+//
+// bf16 on a CPU without AVX-512 (an AVX2 workstation: oneDNN 2.x has no bf16 matmul there and
+// refuses to create one): each tile's operands are widened to f32 (exact) into the thread's own
+// buffers, op(a) (tm, K) and op(b) (K, tn) dense, and multiplied by an f32 primitive: the
+// same products of bf16 values with f32 sums, in oneDNN's f32 order rather than its bf16
+// kernel's.
+//
+// beta = 1 is c + (the finished sum), on every path: the tile's product goes into the thread's
+// sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
+// its AVX2 f32 GEMM starts the sums from c for a transposed a: other bits.) So a gradient
+// accumulated by the GEMM equals one summed in a second buffer and added, which the engine's
+// schedules rely on (offload/engine.cpp: LoRA's adapters, layer-major shares).
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -24,6 +36,7 @@
 #include <omp.h>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/scratch.h"
 #include "src/core/error.h"
 
 namespace strata::cpu {
@@ -33,12 +46,14 @@ constexpr int64_t kTileM = 256, kTileN = 256;  // fixed: the tiling must not fol
 
 struct MatmulKey {
   int64_t m, n, k, tile_m, tile_n;
-  bool trans_a, trans_b, accumulate;
+  bool trans_a, trans_b;
+  bool buffered;  // the product into the thread's dense (tm, tn) sum buffer, not into c
   dnnl::memory::data_type dtype;
+  bool widened = false;  // f32 tiles widened from bf16: op(a) (tm, K) and op(b) (K, tn) dense
   bool operator<(const MatmulKey& o) const {
-    return std::tie(m, n, k, tile_m, tile_n, trans_a, trans_b, accumulate, dtype) <
-           std::tie(o.m, o.n, o.k, o.tile_m, o.tile_n, o.trans_a, o.trans_b, o.accumulate,
-                    o.dtype);
+    return std::tie(m, n, k, tile_m, tile_n, trans_a, trans_b, buffered, dtype, widened) <
+           std::tie(o.m, o.n, o.k, o.tile_m, o.tile_n, o.trans_a, o.trans_b, o.buffered,
+                    o.dtype, o.widened);
   }
 };
 
@@ -64,19 +79,15 @@ MatmulPlan matmul_make_plan(const MatmulKey& key) {
   using dims = dnnl::memory::dims;
   const int64_t m = key.m, n = key.n, k = key.k, tm = key.tile_m, tn = key.tile_n;
   // op(a) tile (tm,K): a stored (M,K) has strides {K,1}; a stored (K,M) is read as {1,M}.
-  dnnl::memory::desc a_md({tm, k}, key.dtype, key.trans_a ? dims{1, m} : dims{k, 1});
+  dnnl::memory::desc a_md({tm, k}, key.dtype, key.trans_a && !key.widened ? dims{1, m} : dims{k, 1});
   // op(b) tile (K,tn): b stored (K,N) has strides {N,1}; b stored (N,K) is read as {1,K}.
-  dnnl::memory::desc b_md({k, tn}, key.dtype, key.trans_b ? dims{1, k} : dims{n, 1});
-  dnnl::memory::desc c_md({tm, tn}, dnnl::memory::data_type::f32, dims{n, 1});
+  dnnl::memory::desc b_md({k, tn}, key.dtype,
+                          key.widened ? dims{tn, 1} : key.trans_b ? dims{1, k} : dims{n, 1});
+  dnnl::memory::desc c_md({tm, tn}, dnnl::memory::data_type::f32, key.buffered ? dims{tn, 1} : dims{n, 1});
   dnnl::primitive_attr attr;
   // A user scratchpad per thread: oneDNN's library scratchpad is shared between concurrent
   // executions (Debian's build has no concurrent-exec support), and tiles run concurrently.
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (key.accumulate) {
-    dnnl::post_ops ops;
-    ops.append_sum(1.f);
-    attr.set_post_ops(ops);
-  }
   dnnl::matmul::desc desc(a_md, b_md, c_md);
   dnnl::matmul::primitive_desc pd(desc, attr, matmul_engine());
   return MatmulPlan{dnnl::matmul(pd), a_md, b_md, c_md, pd.scratchpad_desc()};
@@ -104,8 +115,45 @@ const MatmulPlan& matmul_plan(const MatmulKey& key) {
   return it->second;
 }
 
+// op(x) rows [r0, r0 + nr) by columns [c0, c0 + nc) of the bf16 matrix x (stored (R, C) with row
+// stride ld, or transposed: stored (C, R)), widened into dst (nr, nc) dense.
+void matmul_widen(float* dst, const bf16* x, int64_t ld, bool trans, int64_t r0, int64_t nr,
+                  int64_t c0, int64_t nc) {
+  if (!trans) {
+    for (int64_t i = 0; i < nr; ++i) {
+      const bf16* src = x + (r0 + i) * ld + c0;
+      float* d = dst + i * nc;
+      for (int64_t j = 0; j < nc; ++j) d[j] = bf16_to_f32(src[j]);
+    }
+    return;
+  }
+  // stored rows are op(x)'s columns: a transpose, in 64 x 64 blocks so that both the rows read
+  // and the rows written stay in cache
+  constexpr int64_t kBlock = 64;
+  for (int64_t i0 = 0; i0 < nr; i0 += kBlock) {
+    const int64_t i1 = std::min(nr, i0 + kBlock);
+    for (int64_t j0 = 0; j0 < nc; j0 += kBlock) {
+      const int64_t j1 = std::min(nc, j0 + kBlock);
+      for (int64_t j = j0; j < j1; ++j) {
+        const bf16* src = x + (c0 + j) * ld + r0;
+        for (int64_t i = i0; i < i1; ++i) dst[i * nc + j] = bf16_to_f32(src[i]);
+      }
+    }
+  }
+}
+
+// The buffers of the calling thread: op(a) (tm, K) and op(b) (K, tn) of one tile widened from
+// bf16, and a tile's product (tm, tn) before beta = 1 adds it to c.
+struct MatmulScratch {
+  std::vector<float> a, b, c;
+};
+MatmulScratch& matmul_scratch() {
+  thread_local MatmulScratch scratch;
+  return scratch;
+}
+
 void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, int64_t k,
-                bool trans_a, bool trans_b, float beta, dnnl::memory::data_type dtype) {
+                bool trans_a, bool trans_b, float beta, dnnl::memory::data_type dtype, bool widen) {
   STRATA_CHECK(m >= 0 && n >= 0 && k >= 0, "matmul: sizes must be >= 0, got m=", m, " n=", n,
                " k=", k);
   STRATA_CHECK(beta == 0.f || beta == 1.f, "matmul: beta must be 0 or 1, got ", beta);
@@ -122,8 +170,8 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     for (int sn = 0; sn < 2; ++sn) {
       int64_t tm = sm ? m - (tiles_m - 1) * kTileM : std::min(m, kTileM);
       int64_t tn = sn ? n - (tiles_n - 1) * kTileN : std::min(n, kTileN);
-      plans[sm][sn] = &matmul_plan(
-          MatmulKey{m, n, k, tm, tn, trans_a, trans_b, beta != 0.f, dtype});
+      plans[sm][sn] = &matmul_plan(MatmulKey{m, n, k, tm, tn, trans_a, trans_b, beta != 0.f,
+                                             widen ? dnnl::memory::data_type::f32 : dtype, widen});
     }
   }
   const int64_t tiles = tiles_m * tiles_n;
@@ -141,11 +189,25 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       // j0 is at j0 (stored (K,N)) or row j0*K (stored (N,K)).
       const size_t a_off = size_t(trans_a ? i0 : i0 * k) * elem_bytes;
       const size_t b_off = size_t(trans_b ? j0 * k : j0) * elem_bytes;
+      const void* a_tile = a_bytes + a_off;
+      const void* b_tile = b_bytes + b_off;
+      float* c_tile = c + i0 * n + j0;
+      const int64_t tm = std::min(kTileM, m - i0), tn = std::min(kTileN, n - j0);
+      MatmulScratch& ws = matmul_scratch();
+      if (widen) {  // this tile's op(a) (tm, K) and op(b) (K, tn) as dense f32
+        float* a32 = scratch_grow(ws.a, size_t(kTileM * k));  // sized by K alone: one size per K
+        float* b32 = scratch_grow(ws.b, size_t(k * kTileN));
+        matmul_widen(a32, static_cast<const bf16*>(a), trans_a ? m : k, trans_a, i0, tm, 0, k);
+        matmul_widen(b32, static_cast<const bf16*>(b), trans_b ? k : n, trans_b, 0, k, j0, tn);
+        a_tile = a32;
+        b_tile = b32;
+      }
+      if (beta != 0.f) c_tile = scratch_grow(ws.c, size_t(kTileM * kTileN));
       try {
         dnnl::engine& engine = matmul_engine();
-        dnnl::memory a_mem(plan.a_md, engine, const_cast<char*>(a_bytes + a_off));
-        dnnl::memory b_mem(plan.b_md, engine, const_cast<char*>(b_bytes + b_off));
-        dnnl::memory c_mem(plan.c_md, engine, c + i0 * n + j0);
+        dnnl::memory a_mem(plan.a_md, engine, const_cast<void*>(a_tile));
+        dnnl::memory b_mem(plan.b_md, engine, const_cast<void*>(b_tile));
+        dnnl::memory c_mem(plan.c_md, engine, c_tile);
         thread_local std::vector<char> scratch;
         if (scratch.size() < plan.scratch_md.get_size()) scratch.resize(plan.scratch_md.get_size());
         dnnl::memory s_mem(plan.scratch_md, engine, scratch.data());
@@ -157,6 +219,14 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       } catch (const dnnl::error& e) {  // nothing may leave an OpenMP region
         STRATA_ASSERT(false, "oneDNN matmul failed (m=", m, " n=", n, " k=", k, "): ", e.what());
       }
+      if (beta != 0.f) {  // c + the finished sum
+        for (int64_t i = 0; i < tm; ++i) {
+          float* ci = c + (i0 + i) * n + j0;
+          const float* ti = c_tile + i * tn;
+#pragma omp simd
+          for (int64_t j = 0; j < tn; ++j) ci[j] += ti[j];
+        }
+      }
     }
   }
 }
@@ -165,12 +235,44 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
 
 void matmul_f32(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
                 bool trans_a, bool trans_b, float beta) {
-  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::f32);
+  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::f32, false);
+}
+
+bool matmul_bf16_native() {
+  static const bool native = [] {  // asked once, by making a bf16 plan
+    const int keep = omp_get_max_threads();
+    omp_set_num_threads(1);
+    bool ok = true;
+    try {
+      matmul_make_plan(MatmulKey{16, 16, 16, 16, 16, false, false, false, dnnl::memory::data_type::bf16});
+    } catch (const dnnl::error&) {
+      ok = false;
+    }
+    omp_set_num_threads(keep);
+    return ok;
+  }();
+  return native;
 }
 
 void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
                  bool trans_a, bool trans_b, float beta) {
-  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16);
+  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16, !matmul_bf16_native());
+}
+
+void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
+                         bool trans_a, bool trans_b, float beta) {
+  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16, true);
+}
+
+size_t matmul_scratch_bytes(int64_t k, DType dtype) {
+  STRATA_CHECK(k >= 0, "matmul_scratch_bytes: k must be >= 0, got ", k);
+  const size_t widened = dtype == DType::bf16 && !matmul_bf16_native() ? size_t(kTileM + kTileN) * size_t(k) : 0;
+  return (widened + size_t(kTileM * kTileN)) * sizeof(float);
+}
+
+size_t matmul_scratch_held_bytes() {
+  const MatmulScratch& ws = matmul_scratch();
+  return (ws.a.capacity() + ws.b.capacity() + ws.c.capacity()) * sizeof(float);
 }
 
 }  // namespace strata::cpu

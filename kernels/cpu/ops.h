@@ -9,6 +9,7 @@
 //   - results are bitwise independent of the thread count (fixed chunking, fixed-order sums);
 //   - in-place is allowed only where a comment says so.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "src/core/bf16.h"
@@ -17,7 +18,8 @@
 namespace strata::cpu {
 
 // ---- matmul ------------------------------------------------------------------------------
-// c (M,N) = op(a) (M,K) · op(b) (K,N) + beta * c, with beta 0 (overwrite) or 1 (accumulate).
+// c (M,N) = op(a) (M,K) · op(b) (K,N) + beta * c, with beta 0 (overwrite) or 1 (accumulate:
+// c + the finished sum, the bits of the product into another buffer added to c).
 // op(a) is a stored (M,K), or a^T with a stored (K,M) when trans_a; likewise b.
 // Linear layer y = x W^T with W (O,I):  matmul(y, x, W, N, O, I, false, true, 0)
 //                 dx = dy W:            matmul(dx, dy, W, N, I, O, false, false, 0)
@@ -26,6 +28,19 @@ void matmul_f32(float* c, const float* a, const float* b, int64_t m, int64_t n, 
                 bool trans_a, bool trans_b, float beta);
 void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
                  bool trans_a, bool trans_b, float beta);
+// Whether oneDNN multiplies bf16 on this CPU (it needs AVX-512). Where it does not (an AVX2
+// workstation), matmul_bf16 runs matmul_bf16_widened: each 256 x 256 tile's op(a) (tm, K) and
+// op(b) (K, tn) widened to f32 (exact) into the working thread's scratch and multiplied by
+// oneDNN's f32 kernel: the same products of bf16 values, f32 sums in that kernel's order.
+// matmul_bf16_widened runs that path on any CPU (tests).
+// A thread keeps its matmul buffers from one call to the next (a 256 x 256 tile's product before
+// beta = 1 adds it; the widened tiles): matmul_scratch_bytes(k, dtype) per thread for calls of
+// up to k, matmul_scratch_held_bytes what the calling thread holds.
+bool matmul_bf16_native();
+void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
+                         bool trans_a, bool trans_b, float beta);
+size_t matmul_scratch_bytes(int64_t k, DType dtype);
+size_t matmul_scratch_held_bytes();
 
 // ---- RMSNorm (also per-head RMSNorm: n = N*H rows of c = D) -------------------------------
 // out = weight * in * rstd, rstd = 1/sqrt(mean(in^2) + eps) saved per row (n).

@@ -11,9 +11,13 @@ static const int g_default = omp_get_max_threads();
 
 void cpu_threads_set(int n) { g_threads = n; }
 
+int cpu_threads_count() {
+  const int n = g_threads.load();
+  return n > 0 ? n : g_default;
+}
+
 void cpu_threads_apply() {
-  int n = g_threads.load();
-  int want = n > 0 ? n : g_default;
+  const int want = cpu_threads_count();
   if (omp_get_max_threads() != want) omp_set_num_threads(want);
 }
 

@@ -7,5 +7,6 @@ namespace strata {
 
 void cpu_threads_set(int n);  // 0: OpenMP's default (OMP_NUM_THREADS or all cores)
 void cpu_threads_apply();     // on the calling thread
+int cpu_threads_count();      // the count cpu_threads_apply sets
 
 }  // namespace strata

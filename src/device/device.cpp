@@ -1,5 +1,6 @@
 // Backend selection, the bookkeeping both backends share (the device arena, pinned host
 // allocations that fell back to pageable memory) and the byte/bandwidth parsers used by recipes.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +8,7 @@
 
 #include "src/core/error.h"
 #include "src/core/tensor.h"
+#include "src/core/threads.h"
 #include "src/device/device.h"
 
 #include "src/device/arena.h"
@@ -134,8 +136,12 @@ size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc) {
 const char* cpu_backend_attention_kernel() { return cpu::attention_isa_name(cpu::attention_isa_active()); }
 
 size_t cpu_backend_scratch_bytes(const CpuScratchShape& s) {
+  // the GEMMs' longest sum: hidden, heads x head dim, intermediate, tokens (weight gradients),
+  // or a vocab chunk (the loss's d(hidden))
+  const int64_t k_max = std::max({s.c, s.h * s.d, s.f, s.b * s.t, s.vc});
   return cpu::attention_scratch_bytes(s.b, s.t, s.h, s.hk, s.d, s.dtype, cpu::attention_isa_active()) +
-         cpu::lm_head_ce_scratch_bytes(s.b * s.t, s.c, s.vc, s.dtype);
+         cpu::lm_head_ce_scratch_bytes(s.b * s.t, s.c, s.vc, s.dtype) +
+         size_t(cpu_threads_count()) * cpu::matmul_scratch_bytes(k_max, s.dtype);
 }
 
 }  // namespace strata

@@ -42,11 +42,12 @@ inline constexpr size_t kCudaCublasWorkspaceBytes = size_t(8) << 20;
 size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc);
 // The CPU backend's kernels keep scratch on the compute stream's thread from one call to the
 // next, outside the arena (kernels/cpu/ops.h: attention's bf16 input copies and kept dS, the
-// lm_head loss's row tiles), at most this much for micro-batches of b rows of t tokens, h query
-// and hk kv heads of size d, hidden size c, lm_head chunks of vc rows, dtype the matrices'. The
-// placement plan counts it as host memory.
+// lm_head loss's row tiles, each kernel thread's GEMM tile buffers: the product before beta = 1
+// adds it, and the widened bf16 tiles on a CPU without native bf16 GEMMs), at most this much for micro-batches of b rows of t tokens, h query and hk kv
+// heads of size d, hidden size c, intermediate size f, lm_head chunks of vc rows, dtype the
+// matrices'. The placement plan counts it as host memory.
 struct CpuScratchShape {
-  int64_t b = 0, t = 0, h = 0, hk = 0, d = 0, c = 0, vc = 0;
+  int64_t b = 0, t = 0, h = 0, hk = 0, d = 0, c = 0, vc = 0, f = 0;
   DType dtype = DType::f32;
 };
 size_t cpu_backend_scratch_bytes(const CpuScratchShape& shape);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -34,8 +35,9 @@ const MatmulShape kShapes[] = {{1, 1, 1}, {3, 17, 15}, {65, 33, 129}, {128, 256,
 
 // Worst error of the fast path (f32 or bf16 inputs) against the fp64 reference over all shapes,
 // transposes and betas. The reference runs on the same (for bf16: rounded) inputs.
+// widened: bf16 through matmul_bf16_widened (the path of a CPU without native bf16 GEMMs).
 template <bool kBf16>
-double matmul_check_all(double tol) {
+double matmul_check_all(double tol, bool widened = false) {
   double worst = 0;
   for (const MatmulShape& s : kShapes) {
     for (int ta = 0; ta < 2; ++ta) {
@@ -54,7 +56,8 @@ double matmul_check_all(double tol) {
               ? std::vector<float>(c0.size(), std::numeric_limits<float>::quiet_NaN()) : c0;
           if (kBf16) {
             auto a16 = strata::testing::to_bf16(a), b16 = strata::testing::to_bf16(b);
-            strata::cpu::matmul_bf16(c.data(), a16.data(), b16.data(), s.m, s.n, s.k, ta, tb, beta);
+            if (widened) strata::cpu::matmul_bf16_widened(c.data(), a16.data(), b16.data(), s.m, s.n, s.k, ta, tb, beta);
+            else strata::cpu::matmul_bf16(c.data(), a16.data(), b16.data(), s.m, s.n, s.k, ta, tb, beta);
           } else {
             strata::cpu::matmul_f32(c.data(), a.data(), b.data(), s.m, s.n, s.k, ta, tb, beta);
           }
@@ -76,7 +79,7 @@ double matmul_check_all(double tol) {
 
 // True when matmul (f32 or bf16 inputs) gives the same bits with 1 and 2 OpenMP threads.
 bool matmul_same_bits_1_2_threads(bool use_bf16, int64_t m, int64_t n, int64_t k, bool ta,
-                                  bool tb, float beta) {
+                                  bool tb, float beta, bool widened = false) {
   auto a = random_floats(m * k, 1), b = random_floats(k * n, 2), c0 = random_floats(m * n, 3);
   auto a16 = strata::testing::to_bf16(a), b16 = strata::testing::to_bf16(b);
   std::vector<float> one = c0, two = c0;
@@ -84,7 +87,8 @@ bool matmul_same_bits_1_2_threads(bool use_bf16, int64_t m, int64_t n, int64_t k
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     float* c = threads == 1 ? one.data() : two.data();
-    if (use_bf16) strata::cpu::matmul_bf16(c, a16.data(), b16.data(), m, n, k, ta, tb, beta);
+    if (use_bf16 && widened) strata::cpu::matmul_bf16_widened(c, a16.data(), b16.data(), m, n, k, ta, tb, beta);
+    else if (use_bf16) strata::cpu::matmul_bf16(c, a16.data(), b16.data(), m, n, k, ta, tb, beta);
     else strata::cpu::matmul_f32(c, a.data(), b.data(), m, n, k, ta, tb, beta);
     CHECK(omp_get_max_threads() == threads);  // matmul leaves the caller's thread count alone
   }
@@ -136,6 +140,75 @@ TEST_CASE("matmul_f32 matches the fp64 reference", "[kernels]") {
 TEST_CASE("matmul_bf16 matches the fp64 reference on the rounded inputs", "[kernels]") {
   double worst = matmul_check_all<true>(1e-5);
   std::printf("matmul_bf16 vs fp64 ref on bf16-rounded inputs (worst): %.2e\n", worst);
+}
+
+TEST_CASE("matmul_bf16_widened (bf16 where oneDNN has no bf16 GEMM) matches the fp64 reference", "[kernels]") {
+  // the path an AVX2 CPU runs for every bf16 GEMM; on an AVX-512 CPU matmul_bf16 is oneDNN's bf16
+  // kernel and this is the only place the widened path runs
+  double worst = matmul_check_all<true>(1e-5, true);
+  std::printf("matmul_bf16_widened vs fp64 ref on bf16-rounded inputs (worst): %.2e (native bf16 here: %s)\n", worst,
+              strata::cpu::matmul_bf16_native() ? "yes" : "no");
+  // the thread-count independence of the tiles holds for it too
+  CHECK(matmul_same_bits_1_2_threads(true, 300, 520, 96, false, true, 0.f, true));
+  CHECK(matmul_same_bits_1_2_threads(true, 520, 96, 300, true, false, 1.f, true));
+  CHECK(matmul_same_bits_1_2_threads(true, 64, 64, 8192, true, false, 1.f, true));
+}
+
+TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum", "[kernels][scratch]") {
+  struct Held {
+    size_t overwrite = 0, small = 0, large = 0, after = 0;
+  } held;
+  std::thread worker([&] {
+    omp_set_num_threads(1);  // every tile on this thread
+    auto run = [](int64_t m, int64_t n, int64_t k, float beta) {
+      const auto a = strata::testing::to_bf16(random_floats(m * k, 5));
+      const auto b = strata::testing::to_bf16(random_floats(k * n, 6));
+      std::vector<float> c(size_t(m * n), 0.f);
+      strata::cpu::matmul_bf16_widened(c.data(), a.data(), b.data(), m, n, k, false, true, beta);
+    };
+    run(300, 520, 70, 0.f);
+    held.overwrite = strata::cpu::matmul_scratch_held_bytes();
+    run(300, 520, 70, 1.f);
+    held.small = strata::cpu::matmul_scratch_held_bytes();
+    run(65, 33, 129, 1.f);
+    held.large = strata::cpu::matmul_scratch_held_bytes();
+    run(300, 520, 70, 1.f);  // a shorter sum fits in what the thread holds
+    held.after = strata::cpu::matmul_scratch_held_bytes();
+  });
+  worker.join();
+  // 256 x K of op(a) and K x 256 of op(b) widened, and with beta = 1 the 256 x 256 product, f32
+  CHECK(held.overwrite == size_t(512 * 70 * 4));
+  CHECK(held.small == size_t((512 * 70 + 65536) * 4));
+  CHECK(held.large == size_t((512 * 129 + 65536) * 4));
+  CHECK(held.after == held.large);
+  CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::bf16) ==
+        (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4) : held.large));
+  CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::f32) == size_t(65536 * 4));
+  CHECK_THROWS_WITH(strata::cpu::matmul_scratch_bytes(-1, strata::DType::f32), Catch::Contains("k must be >= 0"));
+}
+
+TEST_CASE("matmul's beta = 1 adds a finished sum: accumulating equals a second buffer added", "[kernels]") {
+  // what the engine's schedules rely on (offload/engine.cpp: LoRA's adapter gradients summed by
+  // the GEMM over a layer-major pass, or per micro-batch and added): dW += dy^T x by the GEMM
+  // gives the bits of dW + (dy^T x into another buffer). oneDNN's own sum post-op does not on an
+  // AVX2 CPU (its f32 GEMM starts the sums from c for a transposed a), so matmul adds after.
+  for (const MatmulShape s : {MatmulShape{64, 32, 128}, MatmulShape{16, 64, 1024}, MatmulShape{300, 520, 70}}) {
+    for (int path = 0; path < 3; ++path) {  // f32, bf16 as this CPU runs it, bf16 widened
+      const auto a = random_floats(s.m * s.k, 11), b = random_floats(s.k * s.n, 12);  // a (K, M): transposed
+      const auto a16 = strata::testing::to_bf16(a), b16 = strata::testing::to_bf16(b);
+      const auto c0 = random_floats(s.m * s.n, 13);
+      std::vector<float> fused = c0, separate = c0, t(c0.size());
+      for (float beta : {1.f, 0.f}) {
+        float* c = beta != 0.f ? fused.data() : t.data();
+        if (path == 0) strata::cpu::matmul_f32(c, a.data(), b.data(), s.m, s.n, s.k, true, false, beta);
+        if (path == 1) strata::cpu::matmul_bf16(c, a16.data(), b16.data(), s.m, s.n, s.k, true, false, beta);
+        if (path == 2) strata::cpu::matmul_bf16_widened(c, a16.data(), b16.data(), s.m, s.n, s.k, true, false, beta);
+      }
+      for (size_t i = 0; i < t.size(); ++i) separate[i] += t[i];
+      INFO("path " << path << " m=" << s.m << " n=" << s.n << " k=" << s.k);
+      CHECK(std::memcmp(fused.data(), separate.data(), fused.size() * 4) == 0);
+    }
+  }
 }
 
 TEST_CASE("matmul handles empty sizes and rejects other betas", "[kernels]") {

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "kernels/cpu/ops.h"
+#include "src/core/threads.h"
 #include "offload/engine.h"
 #include "offload/engine_zo.h"
 #include "offload/model_io.h"
@@ -417,7 +418,7 @@ TEST_CASE("f32 compute mode counts one f32 copy: the master is the working copy"
 
 TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA device has none", "[plan][scratch]") {
   // budget_spec: C 64, 4 heads of 16, 2 kv heads, V 256 in one chunk; micro-batches of 2 x 16
-  const std::string row = "CPU kernel scratch (attention inputs, dS, loss tiles)";
+  const std::string row = "CPU kernel scratch (attention inputs, dS, loss tiles, GEMM tiles)";
   for (const DType dt : {DType::bf16, DType::f32}) {
     INFO(dtype_name(dt));
     nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
@@ -428,8 +429,10 @@ TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA d
     PlanInputs in = plan_inputs("host");
     in.device_in_host_ram = true;
     const PlacementPlan cpu = placement_plan(spec, in, PlanBudgets{});
+    // every kernel thread's GEMM tile buffers, for the longest sum (the vocab chunk, 256, here)
+    const size_t gemm = size_t(cpu_threads_count()) * cpu::matmul_scratch_bytes(256, dt);
     const size_t want = cpu::attention_scratch_bytes(2, 16, 4, 2, 16, dt, cpu::attention_isa_active()) +
-                        cpu::lm_head_ce_scratch_bytes(2 * 16, 64, 256, dt);
+                        cpu::lm_head_ce_scratch_bytes(2 * 16, 64, 256, dt) + gemm;
     CHECK(want > 0);
     CHECK(cpu.bytes_of(row) == want);
     in.device_in_host_ram = false;
