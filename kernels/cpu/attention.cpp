@@ -335,9 +335,9 @@ typedef float AttentionVec __attribute__((vector_size(kLanes * sizeof(float))));
 constexpr int64_t kVecPerTile = kTileK / 16;  // the AVX-512 vdpbf16ps kernels: 16-float vectors per key tile
 static_assert(kTileK % 16 == 0 && kTileK % kLanes == 0);
 // The register blocks of attention_tile_dot (rows x column vectors of accumulators) and of the
-// accumulation over rows (columns per block): 16 accumulators on AVX-512's 32 registers, 8 on
-// AVX2's 16.
-constexpr int64_t kDotRows = kLanes == 16 ? 4 : 2;
+// accumulation over rows (columns per block): 16 accumulators on AVX-512's 32 registers, 12 on
+// AVX2's 16 (with the column vector and the row's broadcast beside them).
+constexpr int64_t kDotRows = kLanes == 16 ? 4 : 3;
 constexpr int64_t kDotVecs = 4;
 constexpr int64_t kDotCols = kDotVecs * kLanes;  // 64 (AVX-512) or 32 columns per block
 constexpr int64_t kAccCols = 4 * kLanes;         // accumulate_cols' column block
