@@ -15,6 +15,8 @@ namespace {
 using FilterFn = std::function<Value(const Value&, const CallArgs&)>;
 using TestFn = std::function<bool(const Value&, const CallArgs&)>;
 
+// The argument at pos or named name, else dflt: a reference to one or the other, so a caller that
+// passes a temporary default keeps a copy (const Value x = arg_or(...)), never a reference.
 const Value& arg_or(const CallArgs& a, size_t pos, const char* name, const Value& dflt) {
   const Value* v = a.get(pos, name);
   return v ? *v : dflt;
@@ -165,7 +167,7 @@ Value filter_tojson(const Value& x, const CallArgs& a) {
 }
 
 Value filter_indent(const Value& x, const CallArgs& a) {
-  const Value& w = arg_or(a, 0, "width", Value(int64_t(4)));
+  const Value w = arg_or(a, 0, "width", Value(int64_t(4)));
   std::string ind = w.is_string() ? w.as_string() : std::string(size_t(to_int(w, "indent width")), ' ');
   bool first = value_truthy(arg_or(a, 1, "first", Value(false)));
   bool blank = value_truthy(arg_or(a, 2, "blank", Value(false)));
@@ -273,7 +275,7 @@ const std::map<std::string, FilterFn>& filters() {
       {"capitalize", [](const Value& x, const CallArgs&) { return Value(py_capitalize(value_str(x))); }},
       {"count", [](const Value& x, const CallArgs& a) { return jinja_apply_filter("length", x, a); }},
       {"default", [](const Value& x, const CallArgs& a) {
-         const Value& dflt = arg_or(a, 0, "default_value", Value(""));
+         const Value dflt = arg_or(a, 0, "default_value", Value(""));
          bool boolean = value_truthy(arg_or(a, 1, "boolean", Value(false)));
          if (x.is_undefined() || (boolean && !value_truthy(x))) return dflt;
          return x;
@@ -308,7 +310,7 @@ const std::map<std::string, FilterFn>& filters() {
          return items.empty() ? Value(Undefined{"first item of an empty sequence"}) : items.front();
        }},
       {"float", [](const Value& x, const CallArgs& a) {
-         const Value& dflt = arg_or(a, 0, "default", Value(0.0));
+         const Value dflt = arg_or(a, 0, "default", Value(0.0));
          if (x.is_number()) return Value(to_double(x));
          if (x.is_string()) {
            try {
@@ -324,7 +326,7 @@ const std::map<std::string, FilterFn>& filters() {
       {"format", filter_format},
       {"indent", filter_indent},
       {"int", [](const Value& x, const CallArgs& a) {
-         const Value& dflt = arg_or(a, 0, "default", Value(int64_t(0)));
+         const Value dflt = arg_or(a, 0, "default", Value(int64_t(0)));
          int base = int(to_int(arg_or(a, 1, "base", Value(int64_t(10))), "int base"));
          if (x.is_int()) return x;
          if (x.is_bool() || x.is_float()) return Value(to_int(x, "int"));

@@ -114,4 +114,6 @@ TEST_CASE("jinja: transformers extensions and Python details", "[jinja]") {
                "{% set n = n + i %}{% endfor %}{{ ns.c }}/{{ n }}") == "6/0");
   // Tuples are lists here (Python would print (1, 2)).
   CHECK(render("{{ (1, 2) }}") == "[1, 2]");
+  // Filters' own defaults when the argument is left out (each was once a reference to a freed temporary).
+  CHECK(render("[{{ u | default }}]{{ 'x' | int }}{{ 'x' | float }}|{{ 'a\nb' | indent }}|") == "[]00.0|a\n    b|");
 }
