@@ -17,9 +17,11 @@
 //
 // bf16 on a CPU without AVX-512 (an AVX2 workstation: oneDNN 2.x has no bf16 matmul there and
 // refuses to create one): each tile's operands are widened to f32 (exact) into the thread's own
-// buffers, op(a) (tm, K) and op(b) (K, tn) dense, and multiplied by an f32 primitive: the
-// same products of bf16 values with f32 sums, in oneDNN's f32 order rather than its bf16
-// kernel's.
+// buffers, op(a) as (tm, K) rows and op(b) as (tn, K) rows, and multiplied by an f32 primitive:
+// the same products of bf16 values with f32 sums, in oneDNN's f32 order rather than its bf16
+// kernel's. f32 tiles on such a CPU are packed the same way where they are not stored along K
+// (matmul_pack_f32). A thread keeps a packed operand for its next tile in the same row (a) or
+// column (b) of tiles.
 //
 // beta = 1 is c + (the finished sum), on every path: the tile's product goes into the thread's
 // sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
@@ -27,6 +29,7 @@
 // accumulated by the GEMM equals one summed in a second buffer and added, which the engine's
 // schedules rely on (offload/engine.cpp: LoRA's adapters, layer-major shares).
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -49,11 +52,13 @@ struct MatmulKey {
   bool trans_a, trans_b;
   bool buffered;  // the product into the thread's dense (tm, tn) sum buffer, not into c
   dnnl::memory::data_type dtype;
-  bool widened = false;  // f32 tiles widened from bf16: op(a) (tm, K) and op(b) (K, tn) dense
+  // f32 tiles packed by matmul_run into the thread's buffers: op(a) as (tm, K) rows, op(b) as
+  // (tn, K) rows (widened bf16 packs both)
+  bool packed_a = false, packed_b = false;
   bool operator<(const MatmulKey& o) const {
-    return std::tie(m, n, k, tile_m, tile_n, trans_a, trans_b, buffered, dtype, widened) <
+    return std::tie(m, n, k, tile_m, tile_n, trans_a, trans_b, buffered, dtype, packed_a, packed_b) <
            std::tie(o.m, o.n, o.k, o.tile_m, o.tile_n, o.trans_a, o.trans_b, o.buffered,
-                    o.dtype, o.widened);
+                    o.dtype, o.packed_a, o.packed_b);
   }
 };
 
@@ -78,11 +83,10 @@ dnnl::stream& matmul_stream() {
 MatmulPlan matmul_make_plan(const MatmulKey& key) {
   using dims = dnnl::memory::dims;
   const int64_t m = key.m, n = key.n, k = key.k, tm = key.tile_m, tn = key.tile_n;
-  // op(a) tile (tm,K): a stored (M,K) has strides {K,1}; a stored (K,M) is read as {1,M}.
-  dnnl::memory::desc a_md({tm, k}, key.dtype, key.trans_a && !key.widened ? dims{1, m} : dims{k, 1});
-  // op(b) tile (K,tn): b stored (K,N) has strides {N,1}; b stored (N,K) is read as {1,K}.
-  dnnl::memory::desc b_md({k, tn}, key.dtype,
-                          key.widened ? dims{tn, 1} : key.trans_b ? dims{1, k} : dims{n, 1});
+  // op(a) tile (tm,K): a stored (M,K) or packed has strides {K,1}; a stored (K,M) is read as {1,M}.
+  dnnl::memory::desc a_md({tm, k}, key.dtype, key.trans_a && !key.packed_a ? dims{1, m} : dims{k, 1});
+  // op(b) tile (K,tn): b stored (N,K) or packed is read as {1,K}; b stored (K,N) has strides {N,1}.
+  dnnl::memory::desc b_md({k, tn}, key.dtype, key.trans_b || key.packed_b ? dims{1, k} : dims{n, 1});
   dnnl::memory::desc c_md({tm, tn}, dnnl::memory::data_type::f32, key.buffered ? dims{tn, 1} : dims{n, 1});
   dnnl::primitive_attr attr;
   // A user scratchpad per thread: oneDNN's library scratchpad is shared between concurrent
@@ -115,37 +119,68 @@ const MatmulPlan& matmul_plan(const MatmulKey& key) {
   return it->second;
 }
 
-// op(x) rows [r0, r0 + nr) by columns [c0, c0 + nc) of the bf16 matrix x (stored (R, C) with row
-// stride ld, or transposed: stored (C, R)), widened into dst (nr, nc) dense.
-void matmul_widen(float* dst, const bf16* x, int64_t ld, bool trans, int64_t r0, int64_t nr,
-                  int64_t c0, int64_t nc) {
+float matmul_to_f32(float x) { return x; }
+float matmul_to_f32(bf16 x) { return bf16_to_f32(x); }
+
+// op(x) rows [r0, r0 + nr) by columns [c0, c0 + nc) of the matrix x (stored (R, C) with row
+// stride ld, or transposed: stored (C, R)), as f32 into dst (nr, nc) dense.
+template <class T>
+void matmul_pack(float* dst, const T* x, int64_t ld, bool trans, int64_t r0, int64_t nr, int64_t c0,
+                 int64_t nc) {
   if (!trans) {
     for (int64_t i = 0; i < nr; ++i) {
-      const bf16* src = x + (r0 + i) * ld + c0;
+      const T* src = x + (r0 + i) * ld + c0;
       float* d = dst + i * nc;
-      for (int64_t j = 0; j < nc; ++j) d[j] = bf16_to_f32(src[j]);
+#pragma omp simd
+      for (int64_t j = 0; j < nc; ++j) d[j] = matmul_to_f32(src[j]);
     }
     return;
   }
-  // stored rows are op(x)'s columns: a transpose, in 64 x 64 blocks so that both the rows read
-  // and the rows written stay in cache
-  constexpr int64_t kBlock = 64;
-  for (int64_t i0 = 0; i0 < nr; i0 += kBlock) {
-    const int64_t i1 = std::min(nr, i0 + kBlock);
-    for (int64_t j0 = 0; j0 < nc; j0 += kBlock) {
-      const int64_t j1 = std::min(nc, j0 + kBlock);
-      for (int64_t j = j0; j < j1; ++j) {
-        const bf16* src = x + (c0 + j) * ld + r0;
-        for (int64_t i = i0; i < i1; ++i) dst[i * nc + j] = bf16_to_f32(src[i]);
+  // stored rows are op(x)'s columns: a transpose, in 8 x 8 blocks (a block's reads are eight
+  // short rows, its writes eight short rows: both stay in cache lines), then the ragged edges
+  constexpr int64_t kBlock = 8;
+  const int64_t nr8 = nr - nr % kBlock, nc8 = nc - nc % kBlock;
+  for (int64_t j0 = 0; j0 < nc8; j0 += kBlock) {
+    for (int64_t i0 = 0; i0 < nr8; i0 += kBlock) {
+      float block[kBlock][kBlock];
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const T* src = x + (c0 + j0 + j) * ld + r0 + i0;
+        for (int64_t i = 0; i < kBlock; ++i) block[i][j] = matmul_to_f32(src[i]);
       }
+      for (int64_t i = 0; i < kBlock; ++i)
+        for (int64_t j = 0; j < kBlock; ++j) dst[(i0 + i) * nc + j0 + j] = block[i][j];
     }
+  }
+  for (int64_t j = 0; j < nc; ++j) {
+    const T* src = x + (c0 + j) * ld + r0;
+    for (int64_t i = j < nc8 ? nr8 : 0; i < nr; ++i) dst[i * nc + j] = matmul_to_f32(src[i]);
   }
 }
 
-// The buffers of the calling thread: op(a) (tm, K) and op(b) (K, tn) of one tile widened from
-// bf16, and a tile's product (tm, tn) before beta = 1 adds it to c.
+// Whether f32 tiles are packed so both operands run along K (op(a) as (tm, K) rows, op(b) as
+// (tn, K) rows) when they are not stored so. Measured with oneDNN 2.6's AVX2 f32 kernel on an AMD
+// EPYC, 2 threads: a (2048, 512) x (512, 1408)-shaped product with b stored (K, N) ran at
+// 93 GFLOP/s against 124 with b stored (N, K); the weight gradients dy^T x (a read transposed,
+// b stored (K, N)) at 86 against 109 packed; the lm_head's dw (K = 128 rows) at 64 against 104.
+// On AVX-512 the tiles go to oneDNN as they are stored: its kernels there were tuned with them.
+bool matmul_pack_f32() {
+  static const bool pack = !__builtin_cpu_supports("avx512f");
+  return pack;
+}
+
+}  // namespace
+
+bool matmul_f32_packs() { return matmul_pack_f32(); }
+
+namespace {
+
+// The buffers of the calling thread: op(a) (tm, K) and op(b) as (tn, K) of one tile packed
+// (widened from bf16, or f32 rearranged), and a tile's product (tm, tn) before beta = 1 adds it
+// to c. A packed operand is kept for the thread's next tile of the same call and row (a) or column
+// (b) of tiles: call is the matmul_run call's number, -1 when nothing is packed.
 struct MatmulScratch {
   std::vector<float> a, b, c;
+  int64_t a_call = -1, a_tile = -1, b_call = -1, b_tile = -1;
 };
 MatmulScratch& matmul_scratch() {
   thread_local MatmulScratch scratch;
@@ -162,7 +197,15 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     if (beta == 0.f) std::fill(c, c + m * n, 0.f);
     return;
   }
-  const size_t elem_bytes = dtype == dnnl::memory::data_type::f32 ? 4 : 2;
+  const bool f32 = dtype == dnnl::memory::data_type::f32;
+  // f32: an operand is packed when other tiles share it (a packed b serves a column of tiles, a
+  // packed a a row): a single row of tiles repacking its b for each tile costs more than the
+  // packing gains (the lm_head's dh = dlogits w on 128 rows: 78 GFLOP/s packed, 98 not).
+  const bool pack_a = widen || (f32 && trans_a && n > kTileN && matmul_pack_f32());
+  const bool pack_b = widen || (f32 && !trans_b && m > kTileM && matmul_pack_f32());
+  static std::atomic<int64_t> calls{0};
+  const int64_t call = calls.fetch_add(1, std::memory_order_relaxed);
+  const size_t elem_bytes = f32 ? 4 : 2;
   const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
   // At most four tile shapes: full, short in M, short in N, short in both.
   const MatmulPlan* plans[2][2];
@@ -171,10 +214,13 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       int64_t tm = sm ? m - (tiles_m - 1) * kTileM : std::min(m, kTileM);
       int64_t tn = sn ? n - (tiles_n - 1) * kTileN : std::min(n, kTileN);
       plans[sm][sn] = &matmul_plan(MatmulKey{m, n, k, tm, tn, trans_a, trans_b, beta != 0.f,
-                                             widen ? dnnl::memory::data_type::f32 : dtype, widen});
+                                             widen ? dnnl::memory::data_type::f32 : dtype, pack_a, pack_b});
     }
   }
   const int64_t tiles = tiles_m * tiles_n;
+  // Tiles in column order when only b is packed (a thread's next tile mostly reuses its b),
+  // else in row order.
+  const bool by_columns = pack_b && !pack_a;
   const auto* a_bytes = static_cast<const char*>(a);
   const auto* b_bytes = static_cast<const char*>(b);
 #pragma omp parallel if (tiles > 1)
@@ -182,7 +228,8 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     omp_set_num_threads(1);  // this thread's own ICV: oneDNN runs each tile single-threaded
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t ti = t / tiles_n, tj = t % tiles_n;
+      const int64_t ti = by_columns ? t % tiles_m : t / tiles_n;
+      const int64_t tj = by_columns ? t / tiles_m : t % tiles_n;
       const int64_t i0 = ti * kTileM, j0 = tj * kTileN;
       const MatmulPlan& plan = *plans[ti == tiles_m - 1][tj == tiles_n - 1];
       // Tile origins: a row i0 is at i0*K (stored (M,K)) or column i0 (stored (K,M)); b column
@@ -194,12 +241,22 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       float* c_tile = c + i0 * n + j0;
       const int64_t tm = std::min(kTileM, m - i0), tn = std::min(kTileN, n - j0);
       MatmulScratch& ws = matmul_scratch();
-      if (widen) {  // this tile's op(a) (tm, K) and op(b) (K, tn) as dense f32
+      if (pack_a) {  // op(a) rows [i0, i0 + tm) as (tm, K) f32
         float* a32 = scratch_grow(ws.a, size_t(kTileM * k));  // sized by K alone: one size per K
-        float* b32 = scratch_grow(ws.b, size_t(k * kTileN));
-        matmul_widen(a32, static_cast<const bf16*>(a), trans_a ? m : k, trans_a, i0, tm, 0, k);
-        matmul_widen(b32, static_cast<const bf16*>(b), trans_b ? k : n, trans_b, 0, k, j0, tn);
+        if (ws.a_call != call || ws.a_tile != ti) {
+          if (widen) matmul_pack(a32, static_cast<const bf16*>(a), trans_a ? m : k, trans_a, i0, tm, 0, k);
+          else matmul_pack(a32, static_cast<const float*>(a), trans_a ? m : k, trans_a, i0, tm, 0, k);
+          ws.a_call = call, ws.a_tile = ti;
+        }
         a_tile = a32;
+      }
+      if (pack_b) {  // op(b) columns [j0, j0 + tn) as (tn, K) f32 rows: stored b's rows, or its transpose
+        float* b32 = scratch_grow(ws.b, size_t(k * kTileN));
+        if (ws.b_call != call || ws.b_tile != tj) {
+          if (widen) matmul_pack(b32, static_cast<const bf16*>(b), trans_b ? k : n, !trans_b, j0, tn, 0, k);
+          else matmul_pack(b32, static_cast<const float*>(b), trans_b ? k : n, !trans_b, j0, tn, 0, k);
+          ws.b_call = call, ws.b_tile = tj;
+        }
         b_tile = b32;
       }
       if (beta != 0.f) c_tile = scratch_grow(ws.c, size_t(kTileM * kTileN));
@@ -266,8 +323,9 @@ void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int6
 
 size_t matmul_scratch_bytes(int64_t k, DType dtype) {
   STRATA_CHECK(k >= 0, "matmul_scratch_bytes: k must be >= 0, got ", k);
-  const size_t widened = dtype == DType::bf16 && !matmul_bf16_native() ? size_t(kTileM + kTileN) * size_t(k) : 0;
-  return (widened + size_t(kTileM * kTileN)) * sizeof(float);
+  const bool packs = dtype == DType::bf16 ? !matmul_bf16_native() : matmul_pack_f32();
+  const size_t packed = packs ? size_t(kTileM + kTileN) * size_t(k) : 0;
+  return (packed + size_t(kTileM * kTileN)) * sizeof(float);
 }
 
 size_t matmul_scratch_held_bytes() {

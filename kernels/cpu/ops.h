@@ -30,13 +30,18 @@ void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, i
                  bool trans_a, bool trans_b, float beta);
 // Whether oneDNN multiplies bf16 on this CPU (it needs AVX-512). Where it does not (an AVX2
 // workstation), matmul_bf16 runs matmul_bf16_widened: each 256 x 256 tile's op(a) (tm, K) and
-// op(b) (K, tn) widened to f32 (exact) into the working thread's scratch and multiplied by
+// op(b) (as (tn, K) rows) widened to f32 (exact) into the working thread's scratch and multiplied by
 // oneDNN's f32 kernel: the same products of bf16 values, f32 sums in that kernel's order.
 // matmul_bf16_widened runs that path on any CPU (tests).
+// matmul_f32_packs: whether f32 tiles are repacked so both operands run along K (op(a) as (tm, K)
+// rows, op(b) as (tn, K) rows) before oneDNN multiplies them: on CPUs without AVX-512, where its
+// f32 kernel runs a transposed a or a b stored (K, N) markedly slower (kernels/cpu/matmul.cpp).
+// Same products, f32 sums in that kernel's order.
 // A thread keeps its matmul buffers from one call to the next (a 256 x 256 tile's product before
-// beta = 1 adds it; the widened tiles): matmul_scratch_bytes(k, dtype) per thread for calls of
-// up to k, matmul_scratch_held_bytes what the calling thread holds.
+// beta = 1 adds it; the packed or widened tiles): matmul_scratch_bytes(k, dtype) per thread for
+// calls of up to k, matmul_scratch_held_bytes what the calling thread holds.
 bool matmul_bf16_native();
+bool matmul_f32_packs();
 void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
                          bool trans_a, bool trans_b, float beta);
 size_t matmul_scratch_bytes(int64_t k, DType dtype);

@@ -274,6 +274,8 @@ def check_losses(strata, workdir, model, rows, c):
 def run_config(name, args):
     import torch
     c = CONFIGS[name]
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix=f"strata-peer-{name}-", dir=args.keep or None)
     try:
         model = build_model(c)
