@@ -157,8 +157,8 @@ void matmul_pack(float* dst, const T* x, int64_t ld, bool trans, int64_t r0, int
   }
 }
 
-// Whether f32 tiles are packed so both operands run along K (op(a) as (tm, K) rows, op(b) as
-// (tn, K) rows) when they are not stored so. Measured with oneDNN 2.6's AVX2 f32 kernel on an AMD
+// Whether f32 tiles are packed so that an operand not stored along K runs along K (op(a) as
+// (tm, K) rows, or else op(b) as (tn, K) rows; matmul_run says which). Measured with oneDNN 2.6's AVX2 f32 kernel on an AMD
 // EPYC, 2 threads: a (2048, 512) x (512, 1408)-shaped product with b stored (K, N) ran at
 // 93 GFLOP/s against 124 with b stored (N, K); the weight gradients dy^T x (a read transposed,
 // b stored (K, N)) at 86 against 109 packed; the lm_head's dw (K = 128 rows) at 64 against 104.
@@ -198,11 +198,13 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     return;
   }
   const bool f32 = dtype == dnnl::memory::data_type::f32;
-  // f32: an operand is packed when other tiles share it (a packed b serves a column of tiles, a
-  // packed a a row): a single row of tiles repacking its b for each tile costs more than the
-  // packing gains (the lm_head's dh = dlogits w on 128 rows: 78 GFLOP/s packed, 98 not).
+  // f32: one operand at most is packed, a before b, and only when other tiles share it (a packed
+  // a serves a row of tiles, a packed b a column): a single row of tiles repacking its b for each
+  // tile costs more than the packing gains (the lm_head's dh = dlogits w on 128 rows: 78 GFLOP/s
+  // packed, 98 not), and so does repacking b beside a packed a (dW = dy^T x, K = 2048: ~90
+  // GFLOP/s either way, against ~105 with a alone).
   const bool pack_a = widen || (f32 && trans_a && n > kTileN && matmul_pack_f32());
-  const bool pack_b = widen || (f32 && !trans_b && m > kTileM && matmul_pack_f32());
+  const bool pack_b = widen || (f32 && !pack_a && !trans_b && m > kTileM && matmul_pack_f32());
   static std::atomic<int64_t> calls{0};
   const int64_t call = calls.fetch_add(1, std::memory_order_relaxed);
   const size_t elem_bytes = f32 ? 4 : 2;
@@ -221,12 +223,16 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
   // Tiles in column order when only b is packed (a thread's next tile mostly reuses its b),
   // else in row order.
   const bool by_columns = pack_b && !pack_a;
+  // A thread takes runs of tiles along a row (a column when by_columns), as long as that leaves
+  // every thread work, so that its packed operand serves the run.
+  const int64_t along = by_columns ? tiles_m : tiles_n;
+  const int chunk = int(std::clamp<int64_t>(tiles / std::max(1, omp_get_max_threads()), 1, along));
   const auto* a_bytes = static_cast<const char*>(a);
   const auto* b_bytes = static_cast<const char*>(b);
 #pragma omp parallel if (tiles > 1)
   {
     omp_set_num_threads(1);  // this thread's own ICV: oneDNN runs each tile single-threaded
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t ti = by_columns ? t % tiles_m : t / tiles_n;
       const int64_t tj = by_columns ? t / tiles_m : t % tiles_n;

@@ -33,10 +33,10 @@ void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, i
 // op(b) (as (tn, K) rows) widened to f32 (exact) into the working thread's scratch and multiplied by
 // oneDNN's f32 kernel: the same products of bf16 values, f32 sums in that kernel's order.
 // matmul_bf16_widened runs that path on any CPU (tests).
-// matmul_f32_packs: whether f32 tiles are repacked so both operands run along K (op(a) as (tm, K)
-// rows, op(b) as (tn, K) rows) before oneDNN multiplies them: on CPUs without AVX-512, where its
-// f32 kernel runs a transposed a or a b stored (K, N) markedly slower (kernels/cpu/matmul.cpp).
-// Same products, f32 sums in that kernel's order.
+// matmul_f32_packs: whether f32 tiles are repacked so that a transposed a, or else a b stored
+// (K, N), runs along K (op(a) as (tm, K) rows, op(b) as (tn, K) rows) before oneDNN multiplies
+// them: on CPUs without AVX-512, where its f32 kernel runs those layouts markedly slower
+// (kernels/cpu/matmul.cpp). Same products, f32 sums in that kernel's order.
 // A thread keeps its matmul buffers from one call to the next (a 256 x 256 tile's product before
 // beta = 1 adds it; the packed or widened tiles): matmul_scratch_bytes(k, dtype) per thread for
 // calls of up to k, matmul_scratch_held_bytes what the calling thread holds.

@@ -185,12 +185,14 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
         (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4) : held.large));
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::f32) ==
         (strata::cpu::matmul_f32_packs() ? held.large : size_t(65536 * 4)));
-  // f32 tiles that are packed (a read transposed, b stored (K, N), 2 x 3 tiles) hold the same buffers
+  // f32 tiles that are packed (2 x 3 tiles: a read transposed, then b stored (K, N)) hold the same
+  // buffers
   std::thread f32_worker([&] {
     omp_set_num_threads(1);
     const auto a = random_floats(300 * 129, 7), b = random_floats(129 * 520, 8);
     std::vector<float> c(300 * 520, 0.f);
     strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 300, 520, 129, true, false, 1.f);
+    strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 300, 520, 129, false, false, 1.f);
     held.large = strata::cpu::matmul_scratch_held_bytes();
   });
   f32_worker.join();
