@@ -19,9 +19,9 @@
 // refuses to create one): each tile's operands are widened to f32 (exact) into the thread's own
 // buffers, op(a) as (tm, K) rows and op(b) as (tn, K) rows, and multiplied by an f32 primitive:
 // the same products of bf16 values with f32 sums, in oneDNN's f32 order rather than its bf16
-// kernel's. f32 tiles on such a CPU are packed the same way where they are not stored along K
-// (matmul_pack_f32). A thread keeps a packed operand for its next tile in the same row (a) or
-// column (b) of tiles.
+// kernel's. On such a CPU an f32 tile's operand not stored along K (a transposed a, else a b
+// stored (K, N)) is packed the same way (matmul_pack_f32). A thread keeps a packed operand for its
+// next tile in the same row (a) or column (b) of tiles.
 //
 // beta = 1 is c + (the finished sum), on every path: the tile's product goes into the thread's
 // sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
@@ -157,12 +157,19 @@ void matmul_pack(float* dst, const T* x, int64_t ld, bool trans, int64_t r0, int
   }
 }
 
+// matmul_pack of x's bf16 (widen) or f32 elements.
+void matmul_pack_any(float* dst, const void* x, bool widen, int64_t ld, bool trans, int64_t r0,
+                     int64_t nr, int64_t c0, int64_t nc) {
+  if (widen) matmul_pack(dst, static_cast<const bf16*>(x), ld, trans, r0, nr, c0, nc);
+  else matmul_pack(dst, static_cast<const float*>(x), ld, trans, r0, nr, c0, nc);
+}
+
 // Whether f32 tiles are packed so that an operand not stored along K runs along K (op(a) as
-// (tm, K) rows, or else op(b) as (tn, K) rows; matmul_run says which). Measured with oneDNN 2.6's AVX2 f32 kernel on an AMD
-// EPYC, 2 threads: a (2048, 512) x (512, 1408)-shaped product with b stored (K, N) ran at
-// 93 GFLOP/s against 124 with b stored (N, K); the weight gradients dy^T x (a read transposed,
-// b stored (K, N)) at 86 against 109 packed; the lm_head's dw (K = 128 rows) at 64 against 104.
-// On AVX-512 the tiles go to oneDNN as they are stored: its kernels there were tuned with them.
+// (tm, K) rows, or else op(b) as (tn, K) rows; matmul_run says which). Measured with oneDNN 2.6's
+// AVX2 f32 kernel on an AMD EPYC, 2 threads: dx = dy W (2048 x 512, K = 1408, b stored (K, N))
+// at 93 GFLOP/s as stored against 124 with b along K; the weight gradient dy^T x (512 x 512,
+// K = 2048) at 86 against ~105 with a packed; the lm_head's dw (8192 x 512, K = 128) at 64 against
+// ~95-104. On AVX-512 the tiles go to oneDNN as they are stored: measured fast there before.
 bool matmul_pack_f32() {
   static const bool pack = !__builtin_cpu_supports("avx512f");
   return pack;
@@ -250,8 +257,7 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       if (pack_a) {  // op(a) rows [i0, i0 + tm) as (tm, K) f32
         float* a32 = scratch_grow(ws.a, size_t(kTileM * k));  // sized by K alone: one size per K
         if (ws.a_call != call || ws.a_tile != ti) {
-          if (widen) matmul_pack(a32, static_cast<const bf16*>(a), trans_a ? m : k, trans_a, i0, tm, 0, k);
-          else matmul_pack(a32, static_cast<const float*>(a), trans_a ? m : k, trans_a, i0, tm, 0, k);
+          matmul_pack_any(a32, a, widen, trans_a ? m : k, trans_a, i0, tm, 0, k);
           ws.a_call = call, ws.a_tile = ti;
         }
         a_tile = a32;
@@ -259,8 +265,7 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       if (pack_b) {  // op(b) columns [j0, j0 + tn) as (tn, K) f32 rows: stored b's rows, or its transpose
         float* b32 = scratch_grow(ws.b, size_t(k * kTileN));
         if (ws.b_call != call || ws.b_tile != tj) {
-          if (widen) matmul_pack(b32, static_cast<const bf16*>(b), trans_b ? k : n, !trans_b, j0, tn, 0, k);
-          else matmul_pack(b32, static_cast<const float*>(b), trans_b ? k : n, !trans_b, j0, tn, 0, k);
+          matmul_pack_any(b32, b, widen, trans_b ? k : n, !trans_b, j0, tn, 0, k);
           ws.b_call = call, ws.b_tile = tj;
         }
         b_tile = b32;

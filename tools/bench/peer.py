@@ -274,8 +274,6 @@ def check_losses(strata, workdir, model, rows, c):
 def run_config(name, args):
     import torch
     c = CONFIGS[name]
-    if args.keep:
-        os.makedirs(args.keep, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix=f"strata-peer-{name}-", dir=args.keep or None)
     try:
         model = build_model(c)
@@ -338,6 +336,10 @@ def main():
     args = ap.parse_args()
     if args.steps < 2 or args.rounds < 1:
         sys.exit("peer: --steps must be at least 2 and --rounds at least 1")
+    if args.keep:
+        if os.path.exists(args.keep) and not os.path.isdir(args.keep):
+            sys.exit(f"peer: --keep {args.keep} is not a directory: name a folder to keep the runs in")
+        os.makedirs(args.keep, exist_ok=True)
     try:
         import torch
     except ImportError:
