@@ -4,10 +4,17 @@
 //
 // Determinism: every output element is owned by exactly one OpenMP work item and computed in a
 // fixed order, so results are bitwise independent of the thread count. The backward therefore
-// runs two passes instead of accumulating dq with atomics: pass 1 over (b, kv head, key block)
-// writes dk and dv (summing the query heads of the group in order), pass 2 over
-// (b, head, query block) writes dq. Scores are recomputed in both, except that with dpbf16
-// pass 2 reads the dS weights pass 1 kept, when they fit the cap (AttentionStoredDs).
+// never accumulates with atomics. The portable kernel runs one pass over (b, kv head) groups
+// when there are enough of them for the threads: a group owns dk and dv of its keys and dq of its
+// query heads, and forms each tile pair's P and dS once. Otherwise, and on the vdpbf16ps and AMX
+// kernels, two passes: pass 1 over (b, kv head, key block) writes dk and dv (summing the query
+// heads of the group in order), pass 2 over (b, head, query block) writes dq, in the same orders.
+// Scores are recomputed in both, except that with dpbf16 pass 2 reads the dS weights pass 1 kept,
+// when they fit the cap (AttentionStoredDs).
+//
+// The portable kernel reads q, dout and the value and key rows in place (with bf16 dots, their
+// roundings made once per call) and the key and value columns from transposes made once per
+// call; its five products run through one register-blocked kernel (attention_gemm).
 //
 // Masking: query t sees keys s with doc_start[b,t] <= s <= t. Key tiles entirely outside
 // [min doc_start of the query tile, last query of the tile] are skipped, and in the backward,
@@ -23,6 +30,7 @@
 // (two tokens' bf16 values per 32-bit word, attention_pairs_gemm). Elsewhere (portable), and for
 // the forward's P V, f32 arithmetic on the same rounded values (exact products, f32 sums).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -88,11 +96,9 @@ std::vector<int32_t> attention_tile_first_keys(const AttentionShape& s, const in
   return first;
 }
 
-// Per-thread tiles. The names say the layout: *_rows are (tile, D), *_cols are (D, kTileK).
+// Per-thread tiles. The names say the layout: *_rows are (tile, D).
 struct AttentionWorkspace {
-  std::vector<float> q_rows, do_rows;  // (kTileQ, D)
-  std::vector<float> k_cols, v_cols;   // (D, kTileK)
-  std::vector<float> k_rows, v_rows;   // (kTileK, D)
+  std::vector<float> v_rows;           // (kTileK, D) with dpbf16: the widened bf16 values
   std::vector<float> scores, dscores;  // (kTileQ, kTileK)
   std::vector<float> acc, acc2;        // (max tile, D)
   std::vector<float> row_a, row_b;     // (kTileQ)
@@ -119,12 +125,7 @@ struct AttentionWorkspace {
     w2_pairs.assign(size_t(kTileQ * kTileK / 2), 0u);
   }
   AttentionWorkspace(int64_t d, int64_t da)
-      : q_rows(size_t(kTileQ * d)),
-        do_rows(size_t(kTileQ * d)),
-        k_cols(size_t(d * kTileK)),
-        v_cols(size_t(d * kTileK)),
-        k_rows(size_t(kTileK * d)),
-        v_rows(size_t(kTileK * d)),
+      : v_rows(size_t(kTileK * d)),
         scores(size_t(kTileQ * kTileK)),
         dscores(size_t(kTileQ * kTileK)),
         acc(size_t(std::max(kTileQ, kTileK) * da)),
@@ -158,21 +159,15 @@ struct AttentionStoredDs {
 };
 static_assert(kTileQ == kTileK, "the stored dS slots pair query tile qt with key tiles kt <= qt");
 
-// Copies n rows of one head from x (B,T,nh,D) starting at token t0 into rows (n, D) (the bf16
-// values, widened, with bf16 dots) when rows is not null; with dpbf16, rows_bf (n, dp) also
-// receives the bf16 bits when not null.
+// With dpbf16: copies n rows of one head from x (B,T,nh,D) starting at token t0, the bf16 bits
+// into rows_bf (n, dp) when not null, the values widened into rows (n, D) when not null.
 void attention_load_rows(float* rows, bf16* rows_bf, AttentionInput x, int64_t bi, int64_t t0,
                          int64_t n, int64_t head, int64_t nh, const AttentionShape& s) {
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t at = ((bi * s.t + t0 + i) * nh + head) * s.d;
-    if (s.dpbf16 && rows_bf) std::copy(x.bf + at, x.bf + at + s.d, rows_bf + i * s.dp);
+    const bf16* src = x.bf + ((bi * s.t + t0 + i) * nh + head) * s.d;
+    if (rows_bf) std::copy(src, src + s.d, rows_bf + i * s.dp);
     if (!rows) continue;
     float* dst = rows + i * s.d;
-    if (!x.bf) {
-      std::copy(x.f32 + at, x.f32 + at + s.d, dst);
-      continue;
-    }
-    const bf16* src = x.bf + at;
     for (int64_t e = 0; e < s.d; ++e) dst[e] = bf16_to_f32(src[e]);
   }
 }
@@ -295,27 +290,21 @@ void attention_pack_col_weights_by_key(uint32_t* dst, uint32_t* tmp, const float
   attention_transpose_words(dst, kTileQ / 2, tmp, kTileK, (rows + 1) / 2, nk);
 }
 
-// Same, transposed into cols (D, kTileK); with dpbf16 into pairs (dp/2, kTileK) instead, the low
-// half of each word holding element 2p and the high half 2p + 1 (zero past d).
-void attention_load_cols(float* cols, uint32_t* pairs, AttentionInput x, int64_t bi, int64_t t0,
-                         int64_t n, int64_t head, int64_t nh, const AttentionShape& s) {
-  if (s.dpbf16 && s.d % 2 == 0) {  // the rows' words, transposed
+// With dpbf16: n rows of one head, as attention_load_rows reads them, transposed into pairs
+// (dp/2, kTileK), the low half of each word holding element 2p and the high half 2p + 1 (zero
+// past d).
+void attention_load_cols(uint32_t* pairs, AttentionInput x, int64_t bi, int64_t t0, int64_t n,
+                         int64_t head, int64_t nh, const AttentionShape& s) {
+  if (s.d % 2 == 0) {  // the rows' words, transposed
     attention_transpose_words(pairs, kTileK, x.bf + ((bi * s.t + t0) * nh + head) * s.d,
                               nh * s.d / 2, n, s.d / 2);
     return;
   }
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t at = ((bi * s.t + t0 + j) * nh + head) * s.d;
-    if (s.dpbf16) {
-      const bf16* src = x.bf + at;
-      for (int64_t p = 0; p < s.d / 2; ++p)
-        pairs[p * kTileK + j] = uint32_t(src[2 * p].bits) | uint32_t(src[2 * p + 1].bits) << 16;
-      if (s.d % 2) pairs[s.d / 2 * kTileK + j] = src[s.d - 1].bits;
-    } else if (x.bf) {
-      for (int64_t e = 0; e < s.d; ++e) cols[e * kTileK + j] = bf16_to_f32(x.bf[at + e]);
-    } else {
-      for (int64_t e = 0; e < s.d; ++e) cols[e * kTileK + j] = x.f32[at + e];
-    }
+    const bf16* src = x.bf + ((bi * s.t + t0 + j) * nh + head) * s.d;
+    for (int64_t p = 0; p < s.d / 2; ++p)
+      pairs[p * kTileK + j] = uint32_t(src[2 * p].bits) | uint32_t(src[2 * p + 1].bits) << 16;
+    pairs[s.d / 2 * kTileK + j] = src[s.d - 1].bits;  // d odd
   }
 }
 
@@ -349,32 +338,89 @@ AttentionVec attention_load_vec(const float* p) {
   return v;
 }
 
-// c (nq, kTileK) = a (nq, D) · cols (D, kTileK). All kTileK columns are computed, a block of
-// kDotRows rows by kDotCols columns at a time so the accumulators stay in registers; callers
-// read only the first nk columns. Each c[i][j] sums over D in order, whatever the blocking.
-void attention_tile_dot(float* c, const float* a, const float* cols, int64_t nq, int64_t d) {
-  for (int64_t j0 = 0; j0 < kTileK; j0 += kDotCols) {
-    int64_t i = 0;
-    for (; i + kDotRows <= nq; i += kDotRows) {
-      AttentionVec acc[kDotRows][kDotVecs] = {};
-      for (int64_t e = 0; e < d; ++e) {
-        const float* col = cols + e * kTileK + j0;
-        for (int64_t u = 0; u < kDotVecs; ++u) {
-          const AttentionVec cv = attention_load_vec(col + kLanes * u);
-          for (int64_t r = 0; r < kDotRows; ++r) acc[r][u] += a[(i + r) * d + e] * cv;
-        }
-      }
-      for (int64_t r = 0; r < kDotRows; ++r) std::memcpy(c + (i + r) * kTileK + j0, acc[r], sizeof(acc[r]));
-    }
-    for (; i < nq; ++i) {
-      AttentionVec acc[kDotVecs] = {};
-      for (int64_t e = 0; e < d; ++e) {
-        const float* col = cols + e * kTileK + j0;
-        for (int64_t u = 0; u < kDotVecs; ++u) acc[u] += a[i * d + e] * attention_load_vec(col + kLanes * u);
-      }
-      std::memcpy(c + i * kTileK + j0, acc, sizeof(acc));
+// c + a b rounded once, where the CPU has FMA: written out, because GCC tuned for AMD Zen leaves a
+// single accumulator's chain of multiply-adds uncontracted (multiply, then add: two roundings)
+// while it contracts the same expression in a loop of many accumulators, so the bits of a sum
+// would depend on how many accumulators its block had.
+inline AttentionVec attention_fma(float a, AttentionVec b, AttentionVec c) {
+#if defined(__AVX512F__)
+  return AttentionVec(_mm512_fmadd_ps(_mm512_set1_ps(a), __m512(b), __m512(c)));
+#elif defined(__AVX__) && defined(__FMA__)
+  return AttentionVec(_mm256_fmadd_ps(_mm256_set1_ps(a), __m256(b), __m256(c)));
+#else
+  return a * b + c;
+#endif
+}
+
+inline float attention_fma(float a, float b, float c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// c (m, n) = a · b, or c += a · b, over a range of the inner index x: the portable kernel's
+// products (the scores Q K^T and dO V^T, P V, dS K, P^T dO and dS^T Q) and the vdpbf16ps
+// forward's P V. a's element (r, x) is a[r * a_rs + x * a_cs] (a row-major tile or its transpose,
+// read in place), b (x, n) is row-major with row stride ldb, c (m, n) has row stride ldc. Row r
+// sums x over [lo[r], hi[r]] (all of [0, k) when lo is null) in ascending order, from c's value
+// (`add`) or from zero, so each element has that one summation order whatever the blocking. Rows
+// run kDotRows at a time, their accumulators in registers across x, each block over the union of
+// its rows' ranges: a must be zero (and b finite) where a row's x lies in its block's range but
+// outside its own, where P and dS hold their masked zeros (which add nothing but may turn the
+// sign of an exact zero sum).
+template <int64_t kRows, int64_t kVecs>
+inline void attention_gemm_block(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
+                                 const float* b, int64_t ldb, int64_t x0, int64_t x1, bool add) {
+  AttentionVec acc[kRows][kVecs];
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t u = 0; u < kVecs; ++u)
+      acc[r][u] = add ? attention_load_vec(c + r * ldc + kLanes * u) : AttentionVec{};
+  for (int64_t x = x0; x <= x1; ++x) {
+    float ar[kRows];
+    for (int64_t r = 0; r < kRows; ++r) ar[r] = a[r * a_rs + x * a_cs];
+    for (int64_t u = 0; u < kVecs; ++u) {
+      const AttentionVec bv = attention_load_vec(b + x * ldb + kLanes * u);
+      for (int64_t r = 0; r < kRows; ++r) acc[r][u] = attention_fma(ar[r], bv, acc[r][u]);
     }
   }
+  for (int64_t r = 0; r < kRows; ++r) std::memcpy(c + r * ldc, acc[r], sizeof(acc[r]));
+}
+
+template <int64_t kRows>
+void attention_gemm_rows(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
+                         const float* b, int64_t ldb, int64_t n, int64_t k, const int64_t* lo,
+                         const int64_t* hi, bool add) {
+  int64_t x0 = 0, x1 = k - 1;
+  if (lo) {
+    x0 = k, x1 = -1;
+    for (int64_t r = 0; r < kRows; ++r)
+      if (lo[r] <= hi[r]) x0 = std::min(x0, lo[r]), x1 = std::max(x1, hi[r]);
+  }
+  int64_t j = 0;
+  for (; j + kDotCols <= n; j += kDotCols)
+    attention_gemm_block<kRows, kDotVecs>(c + j, ldc, a, a_rs, a_cs, b + j, ldb, x0, x1, add);
+  for (; j + kLanes <= n; j += kLanes)
+    attention_gemm_block<kRows, 1>(c + j, ldc, a, a_rs, a_cs, b + j, ldb, x0, x1, add);
+  for (; j < n; ++j)
+    for (int64_t r = 0; r < kRows; ++r) {
+      float acc = add ? c[r * ldc + j] : 0.f;
+      for (int64_t x = x0; x <= x1; ++x) acc = attention_fma(a[r * a_rs + x * a_cs], b[x * ldb + j], acc);
+      c[r * ldc + j] = acc;
+    }
+}
+
+void attention_gemm(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
+                    const float* b, int64_t ldb, int64_t m, int64_t n, int64_t k, const int64_t* lo,
+                    const int64_t* hi, bool add) {
+  int64_t r = 0;
+  for (; r + kDotRows <= m; r += kDotRows)
+    attention_gemm_rows<kDotRows>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k,
+                                  lo ? lo + r : nullptr, lo ? hi + r : nullptr, add);
+  for (; r < m; ++r)
+    attention_gemm_rows<1>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k,
+                           lo ? lo + r : nullptr, lo ? hi + r : nullptr, add);
 }
 
 // c (nq, kTileK) = a (nq, dp) · pairs (dp/2, kTileK) on vdpbf16ps: each lane adds the products
@@ -467,17 +513,15 @@ void attention_pairs_gemm(float* c, int64_t ldc, const uint32_t* a, int64_t a_rs
   if (rest == 1) attention_pairs_cols<1>(c + 16 * v, ldc, a, a_rs, a_ps, b + 16 * v, ldb, m, np);
 }
 
-// c (nq, kTileK) = a · b^T over D for one tile: rows a (f32) or a_bf, keys cols or pairs.
-void attention_tile_scores(float* c, const float* a, const bf16* a_bf, const float* cols,
-                           const uint32_t* pairs, int64_t nq, const AttentionShape& s) {
-  if (s.amx) {
+// c (nq, kTileK) = the bf16 rows a_bf · the key pairs over D for one tile, on AMX tiles or
+// vdpbf16ps.
+void attention_tile_scores_dpbf16(float* c, const bf16* a_bf, const uint32_t* pairs, int64_t nq,
+                                  const AttentionShape& s) {
+  if (s.amx)
     amx_pairs_gemm(c, kTileK, false, reinterpret_cast<const uint32_t*>(a_bf), s.dp / 2, pairs,
                    kTileK, nq, s.dp / 2, kVecPerTile);
-  } else if (s.dpbf16) {
+  else
     attention_tile_dot_dpbf16(c, a_bf, pairs, nq, s.dp);
-  } else {
-    attention_tile_dot(c, a, cols, nq, s.d);
-  }
 }
 
 // Visible key range [first, last] of each query of the tile, relative to key s0; empty when
@@ -491,107 +535,30 @@ void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int
   }
 }
 
-// y[e0..D) += sum over j = j0..j1 of w[j * w_stride] * x_j[e0..D) (rows x_j of stride D): the
-// same sums, element by element in the same order (j ascending), as one axpy per j, with the
-// accumulators kept in registers across j (a kAccCols-column block at a time, then one vector,
-// then single columns) instead of loaded and stored for every j. The weight stride lets a column
-// of a row-major tile serve as the weights (no transpose). e0 is 0 or a multiple of kAccCols, so
-// the blocks fall where they fall from 0. Empty when j0 > j1.
-void attention_accumulate_cols(float* y, const float* w, int64_t w_stride, const float* x, int64_t j0,
-                               int64_t j1, int64_t d, int64_t e0) {
-  if (j0 > j1) return;
-  int64_t e = e0;
-  for (; e + kAccCols <= d; e += kAccCols) {
-    AttentionVec acc[4];
-    for (int64_t u = 0; u < 4; ++u) acc[u] = attention_load_vec(y + e + kLanes * u);
-    for (int64_t j = j0; j <= j1; ++j) {
-      const float wj = w[j * w_stride];
-      const float* xj = x + j * d + e;
-      for (int64_t u = 0; u < 4; ++u) acc[u] += wj * attention_load_vec(xj + kLanes * u);
+// The range [key_lo[j], key_hi[j]] of the tile's queries that see key j (empty: lo > hi), from
+// the queries' ranges. A document's queries are consecutive, so the queries that see a key are
+// too; P and dS are zero inside the range where one does not.
+void attention_key_ranges(int64_t nq, int64_t nk, AttentionWorkspace& ws) {
+  int64_t* q_lo = ws.key_lo.data();
+  int64_t* q_hi = ws.key_hi.data();
+  std::fill(q_lo, q_lo + nk, nq);
+  std::fill(q_hi, q_hi + nk, int64_t(-1));
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
+      q_lo[j] = std::min(q_lo[j], i);
+      q_hi[j] = std::max(q_hi[j], i);
     }
-    std::memcpy(y + e, acc, sizeof(acc));
-  }
-  for (; e + kLanes <= d; e += kLanes) {
-    AttentionVec acc = attention_load_vec(y + e);
-    for (int64_t j = j0; j <= j1; ++j) acc += w[j * w_stride] * attention_load_vec(x + j * d + e);
-    std::memcpy(y + e, &acc, sizeof(acc));
-  }
-  for (; e < d; ++e) {
-    float acc = y[e];
-    for (int64_t j = j0; j <= j1; ++j) acc += w[j * w_stride] * x[j * d + e];
-    y[e] = acc;
-  }
 }
 
-// The same over all D columns.
-void attention_accumulate_rows(float* y, const float* w, int64_t w_stride, const float* x, int64_t j0,
-                               int64_t j1, int64_t d) {
-  attention_accumulate_cols(y, w, w_stride, x, j0, j1, d, 0);
-}
-
-// Both y0 += sum over [lo, hi] of w0[j] x_j and y1 likewise with w1, in one walk over the rows
-// of x, each loaded once for both (the single-output loop is bound by its loads, not its
-// multiply-adds). Same expressions, same order: the bits of two attention_accumulate_rows calls.
-void attention_accumulate_rows_joint(float* y0, const float* w0, float* y1, const float* w1,
-                                     int64_t w_stride, const float* x, int64_t lo, int64_t hi,
-                                     int64_t d) {
-  int64_t e = 0;
-  for (; e + kAccCols <= d; e += kAccCols) {
-    AttentionVec a0[4], a1[4];
-    for (int64_t u = 0; u < 4; ++u) {
-      a0[u] = attention_load_vec(y0 + e + kLanes * u);
-      a1[u] = attention_load_vec(y1 + e + kLanes * u);
-    }
-    for (int64_t j = lo; j <= hi; ++j) {
-      const float w0j = w0[j * w_stride], w1j = w1[j * w_stride];
-      const float* xj = x + j * d + e;
-      for (int64_t u = 0; u < 4; ++u) {
-        const AttentionVec xv = attention_load_vec(xj + kLanes * u);
-        a0[u] += w0j * xv;
-        a1[u] += w1j * xv;
-      }
-    }
-    std::memcpy(y0 + e, a0, sizeof(a0));
-    std::memcpy(y1 + e, a1, sizeof(a1));
-  }
-  if (e < d) {  // the columns past the last block, one output at a time
-    attention_accumulate_cols(y0, w0, w_stride, x, lo, hi, d, e);
-    attention_accumulate_cols(y1, w1, w_stride, x, lo, hi, d, e);
-  }
-}
-
-// Two outputs over the same rows of x: y0 over [a0, b0] with weights w0, y1 over [a1, b1] with
-// w1 (either range may be empty). The range both cover runs jointly; each output's part before
-// it and after it runs alone, so each output still sums j in ascending order.
-void attention_accumulate_row_pair(float* y0, const float* w0, int64_t a0, int64_t b0, float* y1,
-                                   const float* w1, int64_t a1, int64_t b1, int64_t w_stride,
-                                   const float* x, int64_t d) {
-  const int64_t lo = std::max(a0, a1), hi = std::min(b0, b1);
-  if (a0 > b0 || a1 > b1 || lo > hi) {
-    attention_accumulate_rows(y0, w0, w_stride, x, a0, b0, d);
-    attention_accumulate_rows(y1, w1, w_stride, x, a1, b1, d);
-    return;
-  }
-  attention_accumulate_rows(y0, w0, w_stride, x, a0, lo - 1, d);
-  attention_accumulate_rows(y1, w1, w_stride, x, a1, lo - 1, d);
-  attention_accumulate_rows_joint(y0, w0, y1, w1, w_stride, x, lo, hi, d);
-  attention_accumulate_rows(y0, w0, w_stride, x, hi + 1, b0, d);
-  attention_accumulate_rows(y1, w1, w_stride, x, hi + 1, b1, d);
-}
-
-// y_i (nq, D) += w_i x over each query's visible keys [first_i, last_i] (w (nq, kTileK) row-major,
-// x (kTileK, D) key rows), two query rows per walk over x.
-void attention_accumulate_query_rows(float* y, const float* w, const float* x, int64_t nq,
-                                     int64_t d, const AttentionWorkspace& ws) {
-  for (int64_t i = 0; i < nq; i += 2) {
-    if (i + 1 < nq)
-      attention_accumulate_row_pair(y + i * d, w + i * kTileK, ws.first[i], ws.last[i],
-                                    y + (i + 1) * d, w + (i + 1) * kTileK, ws.first[i + 1],
-                                    ws.last[i + 1], 1, x, d);
-    else
-      attention_accumulate_rows(y + i * d, w + i * kTileK, 1, x, ws.first[i], ws.last[i], d);
-  }
-}
+// The portable kernel's inputs, read in place: q, k, v and dout (with bf16 dots their bf16
+// roundings, as f32) and the transposes kt and vt (B, Hk, D, tp) of k and v, tp = T rounded up
+// to kTileK and zero past T, so that a key tile's columns are the (D, kTileK) block at token s0
+// with row stride tp.
+struct AttentionFloats {
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  const float *kt = nullptr, *vt = nullptr;
+  int64_t tp = 0;
+};
 
 // x[0..n) *= scale, and their max (n > 0), kLanes at a time (the compiler leaves the plain
 // loop scalar). A max is the same whatever the order: NaN is skipped either way (a lane keeps
@@ -617,13 +584,18 @@ float attention_scale_max(float* x, int64_t n, float scale) {
 }
 
 // Softmax of one tile's scores, row by row (online: running max m and sum l of each query,
-// the rows of o (nq, D) rescaled); p becomes the probabilities relative to the running max.
-void attention_forward_softmax(float* p, float* o, float* m, float* l, int64_t nq, float scale,
-                               const AttentionShape& s, AttentionWorkspace& ws) {
+// the rows of o (nq, D) rescaled); p becomes the probabilities relative to the running max,
+// zero outside each query's visible keys (over the tile's nk keys: P V sums blocks of rows
+// over the union of their ranges).
+void attention_forward_softmax(float* p, float* o, float* m, float* l, int64_t nq, int64_t nk,
+                               float scale, const AttentionShape& s, AttentionWorkspace& ws) {
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t j0 = ws.first[i], j1 = ws.last[i];
-    if (j0 > j1) continue;
     float* pi = p + i * kTileK;
+    if (j0 > j1) {
+      std::fill(pi, pi + nk, 0.f);
+      continue;
+    }
     const float tile_max = attention_scale_max(pi + j0, j1 - j0 + 1, scale);
     const float m_new = std::max(m[i], tile_max);
     const float alpha = std::exp(m[i] - m_new);  // 0 on the first visible tile
@@ -633,6 +605,8 @@ void attention_forward_softmax(float* p, float* o, float* m, float* l, int64_t n
       pi[j] = exp_f32(pi[j] - m_new);
       sum += pi[j];
     }
+    std::fill(pi, pi + j0, 0.f);
+    std::fill(pi + j1 + 1, pi + nk, 0.f);
     l[i] = l[i] * alpha + sum;
     m[i] = m_new;
     float* oi = o + i * s.d;
@@ -640,41 +614,44 @@ void attention_forward_softmax(float* p, float* o, float* m, float* l, int64_t n
   }
 }
 
-// o (nq, D) += P V over one key tile (ws.v_rows), two query rows per walk over V. P stays f32
-// with bf16 dots too: the forward is the f32 op on rounded inputs, so the cached decode kernel
-// (attention_cached.h) computes what it computes.
-void attention_forward_accumulate(float* o, const float* p, int64_t nq, const AttentionShape& s,
-                                  AttentionWorkspace& ws) {
-  attention_accumulate_query_rows(o, p, ws.v_rows.data(), nq, s.d, ws);
-}
-
-// One forward work item: query tile qt of head hi in batch row bi.
+// One forward work item: query tile qt of head hi in batch row bi. The score products read the
+// portable inputs `in` in place, or with dpbf16 the bf16 tiles loaded from q and k; P V keeps
+// f32 weights with bf16 dots too (the forward is the f32 op on rounded inputs, so the cached
+// decode kernel, attention_cached.h, computes what it computes).
 void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionInput k,
-                            AttentionInput v,
-                            const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
-                            int64_t qt, float scale, const AttentionShape& s,
-                            AttentionWorkspace& ws) {
+                            AttentionInput v, const AttentionFloats& in, const int32_t* doc_start,
+                            int32_t first_key, int64_t bi, int64_t hi, int64_t qt, float scale,
+                            const AttentionShape& s, AttentionWorkspace& ws) {
   const int64_t d = s.d, g = hi / s.rep;
   const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
   float* o = ws.acc.data();     // (nq, D) unnormalised output
   float* m = ws.row_a.data();   // (nq) running max of scaled scores
   float* l = ws.row_b.data();   // (nq) running sum of exp(score - m)
   float* p = ws.scores.data();  // (nq, kTileK)
-  attention_load_rows(s.dpbf16 ? nullptr : ws.q_rows.data(), ws.q_bf.data(), q, bi, t0, nq, hi,
-                      s.h, s);
+  if (s.dpbf16) attention_load_rows(nullptr, ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
   std::fill(o, o + nq * d, 0.f);
   std::fill(m, m + nq, -std::numeric_limits<float>::infinity());
   std::fill(l, l + nq, 0.f);
 
   for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
-    attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
-    attention_load_rows(ws.v_rows.data(), nullptr, v, bi, s0, nk, g, s.hk, s);
-    attention_tile_scores(p, ws.q_rows.data(), ws.q_bf.data(), ws.k_cols.data(), ws.k_pairs.data(),
-                          nq, s);
+    const float* v_rows = ws.v_rows.data();  // (nk, D) with row stride ldv
+    int64_t ldv = d;
+    if (s.dpbf16) {
+      attention_load_cols(ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
+      attention_load_rows(ws.v_rows.data(), nullptr, v, bi, s0, nk, g, s.hk, s);
+      attention_tile_scores_dpbf16(p, ws.q_bf.data(), ws.k_pairs.data(), nq, s);
+    } else {
+      attention_gemm(p, kTileK, in.q + ((bi * s.t + t0) * s.h + hi) * d, s.h * d, 1,
+                     in.kt + (bi * s.hk + g) * d * in.tp + s0, in.tp, nq, kTileK, d, nullptr,
+                     nullptr, false);
+      v_rows = in.v + ((bi * s.t + s0) * s.hk + g) * d;
+      ldv = s.hk * d;
+    }
     attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
-    attention_forward_softmax(p, o, m, l, nq, scale, s, ws);
-    attention_forward_accumulate(o, p, nq, s, ws);
+    attention_forward_softmax(p, o, m, l, nq, nk, scale, s, ws);
+    attention_gemm(o, d, p, kTileK, 1, v_rows, ldv, nq, d, nk, ws.first.data(), ws.last.data(),
+                   true);
   }
   // Every query sees at least itself, so l > 0.
   for (int64_t i = 0; i < nq; ++i) {
@@ -685,19 +662,13 @@ void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionI
   }
 }
 
-// Recomputes P and dS = P * (dP - D_i) of one (query tile, key tile) pair into ws.scores and
-// ws.dscores (zero outside the visible ranges; rounded to bf16 with bf16 dots). Needs ws.q_rows, ws.do_rows, ws.k_cols,
-// ws.v_cols loaded and the query tile's lse and D_i in lse_t, di_t.
-void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int32_t* doc_start,
-                                int64_t bi, int64_t t0, int64_t nq, int64_t s0, int64_t nk,
-                                float scale, const AttentionShape& s, AttentionWorkspace& ws) {
+// P and dS = P * (dP - D_i) of one (query tile, key tile) pair, in place of its scores in
+// ws.scores and dP in ws.dscores: zero outside the visible ranges (ws.first, ws.last), rounded
+// to bf16 with bf16 dots. lse_t, di_t: the query tile's lse and D_i.
+void attention_tile_weights(const float* lse_t, const float* di_t, int64_t nq, int64_t nk,
+                            float scale, const AttentionShape& s, AttentionWorkspace& ws) {
   float* p = ws.scores.data();
   float* dp = ws.dscores.data();
-  attention_tile_scores(p, ws.q_rows.data(), ws.q_bf.data(), ws.k_cols.data(), ws.k_pairs.data(),
-                        nq, s);
-  attention_tile_scores(dp, ws.do_rows.data(), ws.do_bf.data(), ws.v_cols.data(), ws.v_pairs.data(),
-                        nq, s);
-  attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
   for (int64_t i = 0; i < nq; ++i) {
     float* pi = p + i * kTileK;
     float* dpi = dp + i * kTileK;
@@ -733,16 +704,124 @@ void attention_load_row_stats(const float* lse, const float* di, int64_t bi, int
   }
 }
 
-// dV_j += sum_i P_ij dO_i and dK_j += sum_i dS_ij Q_i over one (query tile, key tile) pair,
-// for the queries i that see key j (i ascending). With dpbf16 from weight pairs down the columns
-// of P and dS and the row pairs of dO (ws.y_rpairs) and Q (ws.x_rpairs). Else key j's weights
-// are column j of the row-major P and dS tiles (stride kTileK), two keys per walk, over the
-// query range [lo_j, hi_j] (P and dS are zero inside it where i does not see j).
+// ---- the portable backward ----
+// Rows [0, n) of x (row stride ld, D wide) set to zero, or multiplied by scale.
+void attention_zero_rows(float* x, int64_t ld, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; ++i) std::fill(x + i * ld, x + i * ld + d, 0.f);
+}
+
+void attention_scale_rows(float* x, int64_t ld, int64_t n, int64_t d, float scale) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t e = 0; e < d; ++e) x[i * ld + e] *= scale;
+}
+
+// One (query tile qt of head hi, key tile kt) pair: P and dS recomputed from the inputs, then
+// with `kv` dV += P^T dO and dK += dS^T Q into the key tile's rows of dv and dk, and with `q_grad`
+// dQ += dS K into the query tile's rows of dq: sums in place in the outputs, each over the pair's
+// tokens in ascending order, so an output element's order is the order its callers visit pairs.
+void attention_backward_pair(float* dq, float* dk, float* dv, const AttentionFloats& in,
+                             const float* lse, const float* di, const int32_t* doc_start,
+                             int64_t bi, int64_t hi, int64_t qt, int64_t kt, float scale, bool kv,
+                             bool q_grad, const AttentionShape& s, AttentionWorkspace& ws) {
+  const int64_t d = s.d, g = hi / s.rep, ldq = s.h * d, ldk = s.hk * d;
+  const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
+  const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
+  const int64_t q_at = ((bi * s.t + t0) * s.h + hi) * d, k_at = ((bi * s.t + s0) * s.hk + g) * d;
+  const int64_t cols_at = (bi * s.hk + g) * d * in.tp + s0;
+  float* p = ws.scores.data();
+  float* ds = ws.dscores.data();
+  attention_gemm(p, kTileK, in.q + q_at, ldq, 1, in.kt + cols_at, in.tp, nq, kTileK, d, nullptr,
+                 nullptr, false);
+  attention_gemm(ds, kTileK, in.dout + q_at, ldq, 1, in.vt + cols_at, in.tp, nq, kTileK, d,
+                 nullptr, nullptr, false);
+  attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
+  attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
+  attention_tile_weights(ws.row_a.data(), ws.row_b.data(), nq, nk, scale, s, ws);
+  if (kv) {  // the weights of key j: column j of P and dS (a_rs 1, a_cs kTileK)
+    attention_key_ranges(nq, nk, ws);
+    attention_gemm(dv + k_at, ldk, p, 1, kTileK, in.dout + q_at, ldq, nk, d, nq, ws.key_lo.data(),
+                   ws.key_hi.data(), true);
+    attention_gemm(dk + k_at, ldk, ds, 1, kTileK, in.q + q_at, ldq, nk, d, nq, ws.key_lo.data(),
+                   ws.key_hi.data(), true);
+  }
+  if (q_grad)
+    attention_gemm(dq + q_at, ldq, ds, kTileK, 1, in.k + k_at, ldk, nq, d, nk, ws.first.data(),
+                   ws.last.data(), true);
+}
+
+// Key tile kt of kv head g in batch row bi: dK and dV of its keys, summed over the group's
+// heads in order and, for each, its query tiles that see the keys in ascending order; with
+// `q_grad` also the dQ these pairs give (for a caller that owns every query tile of the group and
+// visits its key tiles in ascending order).
+void attention_backward_key_tile(float* dq, float* dk, float* dv, const AttentionFloats& in,
+                                 const float* lse, const float* di, const int32_t* doc_start,
+                                 const int32_t* tile_first_keys, int64_t bi, int64_t g, int64_t kt,
+                                 float scale, bool q_grad, const AttentionShape& s,
+                                 AttentionWorkspace& ws) {
+  const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0), ldk = s.hk * s.d;
+  const int64_t k_at = ((bi * s.t + s0) * s.hk + g) * s.d;
+  attention_zero_rows(dk + k_at, ldk, nk, s.d);
+  attention_zero_rows(dv + k_at, ldk, nk, s.d);
+  for (int64_t hi = g * s.rep; hi < (g + 1) * s.rep; ++hi)
+    for (int64_t qt = s0 / kTileQ; qt < s.q_tiles; ++qt) {
+      if (tile_first_keys[bi * s.q_tiles + qt] > s0 + nk - 1) continue;  // no query sees these keys
+      attention_backward_pair(dq, dk, dv, in, lse, di, doc_start, bi, hi, qt, kt, scale, true,
+                              q_grad, s, ws);
+    }
+  attention_scale_rows(dk + k_at, ldk, nk, s.d, scale);
+}
+
+// The backward of one batch row and kv head in one pass: its key tiles in ascending order, dQ of
+// the group's heads summed in place as the pairs come (each query tile's key tiles ascending).
+void attention_backward_group(float* dq, float* dk, float* dv, const AttentionFloats& in,
+                              const float* lse, const float* di, const int32_t* doc_start,
+                              const int32_t* tile_first_keys, int64_t bi, int64_t g, float scale,
+                              const AttentionShape& s, AttentionWorkspace& ws) {
+  const int64_t ldq = s.h * s.d;
+  for (int64_t hi = g * s.rep; hi < (g + 1) * s.rep; ++hi)
+    attention_zero_rows(dq + (bi * s.t * s.h + hi) * s.d, ldq, s.t, s.d);
+  for (int64_t kt = 0; kt < s.k_tiles; ++kt)
+    attention_backward_key_tile(dq, dk, dv, in, lse, di, doc_start, tile_first_keys, bi, g, kt,
+                                scale, true, s, ws);
+  for (int64_t hi = g * s.rep; hi < (g + 1) * s.rep; ++hi)
+    attention_scale_rows(dq + (bi * s.t * s.h + hi) * s.d, ldq, s.t, s.d, scale);
+}
+
+// dQ of query tile qt of head hi in batch row bi, over the key tiles it sees in ascending order
+// (the second pass when the backward runs in two).
+void attention_backward_query_tile(float* dq, const AttentionFloats& in, const float* lse,
+                                   const float* di, const int32_t* doc_start, int32_t first_key,
+                                   int64_t bi, int64_t hi, int64_t qt, float scale,
+                                   const AttentionShape& s, AttentionWorkspace& ws) {
+  const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0), ldq = s.h * s.d;
+  float* rows = dq + ((bi * s.t + t0) * s.h + hi) * s.d;
+  attention_zero_rows(rows, ldq, nq, s.d);
+  for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt)
+    attention_backward_pair(dq, nullptr, nullptr, in, lse, di, doc_start, bi, hi, qt, kt, scale,
+                            false, true, s, ws);
+  attention_scale_rows(rows, ldq, nq, s.d, scale);
+}
+
+// ---- the vdpbf16ps and AMX backward ----
+// Recomputes P and dS of one (query tile, key tile) pair into ws.scores and ws.dscores (as
+// attention_tile_weights leaves them). Needs ws.q_bf, ws.do_bf, ws.k_pairs, ws.v_pairs loaded and
+// the query tile's lse and D_i in lse_t, di_t.
+void attention_tile_probs_grads(const float* lse_t, const float* di_t, const int32_t* doc_start,
+                                int64_t bi, int64_t t0, int64_t nq, int64_t s0, int64_t nk,
+                                float scale, const AttentionShape& s, AttentionWorkspace& ws) {
+  attention_tile_scores_dpbf16(ws.scores.data(), ws.q_bf.data(), ws.k_pairs.data(), nq, s);
+  attention_tile_scores_dpbf16(ws.dscores.data(), ws.do_bf.data(), ws.v_pairs.data(), nq, s);
+  attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
+  attention_tile_weights(lse_t, di_t, nq, nk, scale, s, ws);
+}
+
+// dV_j += sum_i P_ij dO_i and dK_j += sum_i dS_ij Q_i over one (query tile, key tile) pair, from
+// weight pairs down the columns of P and dS and the row pairs of dO (ws.y_rpairs) and Q
+// (ws.x_rpairs), in query order (P and dS are zero where i does not see j).
 void attention_backward_kv_accumulate(float* dk_acc, float* dv_acc, int64_t nq, int64_t nk,
                                       const AttentionShape& s, AttentionWorkspace& ws) {
   const float* p = ws.scores.data();
   const float* ds = ws.dscores.data();
-  const int64_t d = s.d;
   if (s.amx) {  // AMX reads a row by row: key j's weight pairs down its column of P or dS
     const int64_t np = (nq + 1) / 2;
     attention_pack_col_weights_by_key(ws.w_pairs.data(), ws.w2_pairs.data(), p, nq, nk);
@@ -753,57 +832,28 @@ void attention_backward_kv_accumulate(float* dk_acc, float* dv_acc, int64_t nq, 
                    nk, np, s.da / 16);
     return;
   }
-  if (s.dpbf16) {
-    attention_pack_col_weights(ws.w_pairs.data(), p, nq);
-    attention_pack_col_weights(ws.w2_pairs.data(), ds, nq);
-    attention_pairs_gemm(dv_acc, s.da, ws.w_pairs.data(), 1, kTileK, ws.y_rpairs.data(), s.da, nk,
-                         (nq + 1) / 2, s.da / 16);
-    attention_pairs_gemm(dk_acc, s.da, ws.w2_pairs.data(), 1, kTileK, ws.x_rpairs.data(), s.da, nk,
-                         (nq + 1) / 2, s.da / 16);
-    return;
-  }
-  int64_t* q_lo = ws.key_lo.data();
-  int64_t* q_hi = ws.key_hi.data();
-  std::fill(q_lo, q_lo + nk, nq);
-  std::fill(q_hi, q_hi + nk, int64_t(-1));
-  for (int64_t i = 0; i < nq; ++i)
-    for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
-      q_lo[j] = std::min(q_lo[j], i);
-      q_hi[j] = std::max(q_hi[j], i);
-    }
-  for (int64_t j = 0; j < nk; j += 2) {
-    if (j + 1 < nk) {
-      attention_accumulate_row_pair(dv_acc + j * d, p + j, q_lo[j], q_hi[j], dv_acc + (j + 1) * d,
-                                    p + j + 1, q_lo[j + 1], q_hi[j + 1], kTileK,
-                                    ws.do_rows.data(), d);
-      attention_accumulate_row_pair(dk_acc + j * d, ds + j, q_lo[j], q_hi[j], dk_acc + (j + 1) * d,
-                                    ds + j + 1, q_lo[j + 1], q_hi[j + 1], kTileK,
-                                    ws.q_rows.data(), d);
-    } else {
-      attention_accumulate_rows(dv_acc + j * d, p + j, kTileK, ws.do_rows.data(), q_lo[j],
-                                q_hi[j], d);
-      attention_accumulate_rows(dk_acc + j * d, ds + j, kTileK, ws.q_rows.data(), q_lo[j],
-                                q_hi[j], d);
-    }
-  }
+  attention_pack_col_weights(ws.w_pairs.data(), p, nq);
+  attention_pack_col_weights(ws.w2_pairs.data(), ds, nq);
+  attention_pairs_gemm(dv_acc, s.da, ws.w_pairs.data(), 1, kTileK, ws.y_rpairs.data(), s.da, nk,
+                       (nq + 1) / 2, s.da / 16);
+  attention_pairs_gemm(dk_acc, s.da, ws.w2_pairs.data(), 1, kTileK, ws.x_rpairs.data(), s.da, nk,
+                       (nq + 1) / 2, s.da / 16);
 }
 
 // Loads query tile (bi, hi, t0..t0+nq) of q and dout as the backward's products read it: bf16
-// rows for the score products, and with dpbf16 row pairs (Q into ws.x_rpairs, dO into
-// ws.y_rpairs) when `pairs`, else f32 rows.
+// rows for the score products, and row pairs (Q into ws.x_rpairs, dO into ws.y_rpairs) when
+// `pairs`.
 void attention_load_query_tile(AttentionInput q, AttentionInput dout, int64_t bi, int64_t hi,
                                int64_t t0, int64_t nq, bool pairs, const AttentionShape& s,
                                AttentionWorkspace& ws) {
-  float* q_rows = s.dpbf16 ? nullptr : ws.q_rows.data();
-  float* do_rows = s.dpbf16 ? nullptr : ws.do_rows.data();
-  attention_load_rows(q_rows, ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
-  attention_load_rows(do_rows, ws.do_bf.data(), dout, bi, t0, nq, hi, s.h, s);
-  if (!s.dpbf16 || !pairs) return;
+  attention_load_rows(nullptr, ws.q_bf.data(), q, bi, t0, nq, hi, s.h, s);
+  attention_load_rows(nullptr, ws.do_bf.data(), dout, bi, t0, nq, hi, s.h, s);
+  if (!pairs) return;
   attention_load_row_pairs(ws.x_rpairs.data(), q, bi, t0, nq, hi, s.h, s);
   attention_load_row_pairs(ws.y_rpairs.data(), dout, bi, t0, nq, hi, s.h, s);
 }
 
-// Backward pass 1 work item: key tile kt of kv head g in batch row bi; writes dk, dv there.
+// vdpbf16ps and AMX backward pass 1 work item: key tile kt of kv head g in batch row bi; writes dk, dv there.
 void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, AttentionInput q,
                                 AttentionInput k, AttentionInput v, const float* lse,
                                 const float* di,
@@ -817,8 +867,8 @@ void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, Atten
   float* dv_acc = ws.acc2.data();  // (nk, da)
   std::fill(dk_acc, dk_acc + nk * da, 0.f);
   std::fill(dv_acc, dv_acc + nk * da, 0.f);
-  attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
-  attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
+  attention_load_cols(ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
+  attention_load_cols(ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
   for (int64_t hi = g * s.rep; hi < (g + 1) * s.rep; ++hi) {
     for (int64_t qt = s0 / kTileQ; qt < s.q_tiles; ++qt) {
       if (tile_first_keys[bi * s.q_tiles + qt] > s0 + nk - 1) continue;  // no query sees these keys
@@ -841,27 +891,21 @@ void attention_backward_kv_tile(float* dk, float* dv, AttentionInput dout, Atten
   }
 }
 
-// dQ_i += dS_i K over one key tile: with dpbf16 from weight pairs along the rows of dS (pass 1's
-// `stored` ones, else packed from ws.dscores) and K's row pairs (ws.x_rpairs), else two query
-// rows per walk over ws.k_rows.
+// dQ_i += dS_i K over one key tile, from weight pairs along the rows of dS (pass 1's `stored`
+// ones, else packed from ws.dscores) and K's row pairs (ws.x_rpairs).
 void attention_backward_q_accumulate(float* dq_acc, int64_t nq, int64_t nk, const uint32_t* stored,
                                      const AttentionShape& s, AttentionWorkspace& ws) {
-  const float* ds = ws.dscores.data();
-  if (s.dpbf16) {
-    if (!stored) attention_pack_row_weights(ws.w_pairs.data(), ds, nq, nk);
-    if (s.amx) {
-      amx_pairs_gemm(dq_acc, s.da, true, stored ? stored : ws.w_pairs.data(), kTileK / 2,
-                     ws.x_rpairs.data(), s.da, nq, (nk + 1) / 2, s.da / 16);
-      return;
-    }
-    attention_pairs_gemm(dq_acc, s.da, stored ? stored : ws.w_pairs.data(), kTileK / 2, 1,
-                         ws.x_rpairs.data(), s.da, nq, (nk + 1) / 2, s.da / 16);
+  if (!stored) attention_pack_row_weights(ws.w_pairs.data(), ws.dscores.data(), nq, nk);
+  if (s.amx) {
+    amx_pairs_gemm(dq_acc, s.da, true, stored ? stored : ws.w_pairs.data(), kTileK / 2,
+                   ws.x_rpairs.data(), s.da, nq, (nk + 1) / 2, s.da / 16);
     return;
   }
-  attention_accumulate_query_rows(dq_acc, ds, ws.k_rows.data(), nq, s.d, ws);
+  attention_pairs_gemm(dq_acc, s.da, stored ? stored : ws.w_pairs.data(), kTileK / 2, 1,
+                       ws.x_rpairs.data(), s.da, nq, (nk + 1) / 2, s.da / 16);
 }
 
-// Backward pass 2 work item: query tile qt of head hi in batch row bi; writes dq there.
+// vdpbf16ps and AMX backward pass 2 work item: query tile qt of head hi in batch row bi; writes dq there.
 void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q, AttentionInput k,
                                AttentionInput v, const float* lse, const float* di,
                                const int32_t* doc_start, int32_t first_key, int64_t bi, int64_t hi,
@@ -877,16 +921,13 @@ void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q,
   }
   for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
-    if (s.dpbf16)
-      attention_load_row_pairs(ws.x_rpairs.data(), k, bi, s0, nk, g, s.hk, s);
-    else
-      attention_load_rows(ws.k_rows.data(), nullptr, k, bi, s0, nk, g, s.hk, s);
+    attention_load_row_pairs(ws.x_rpairs.data(), k, bi, s0, nk, g, s.hk, s);
     if (stored.words) {
       attention_backward_q_accumulate(dq_acc, nq, nk, stored.slot(s, bi, hi, qt, kt), s, ws);
       continue;
     }
-    attention_load_cols(ws.k_cols.data(), ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
-    attention_load_cols(ws.v_cols.data(), ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
+    attention_load_cols(ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
+    attention_load_cols(ws.v_pairs.data(), v, bi, s0, nk, g, s.hk, s);
     attention_tile_probs_grads(ws.row_a.data(), ws.row_b.data(), doc_start, bi, t0, nq, s0, nk,
                                scale, s, ws);
     attention_backward_q_accumulate(dq_acc, nq, nk, nullptr, s, ws);
@@ -905,13 +946,76 @@ void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q,
   return acc;
 }
 
-// The input as the tiles read it: with bf16 dots, rounded once into `storage` (n elements).
-// The large transients of a call (the inputs' bf16 copies, the kept dS), kept by the calling
-// thread (the device's compute stream) from one call to the next: a step makes 2L calls of one
-// shape, and allocating, faulting in and freeing the same megabytes every time cost ~15% of the
-// forward and ~7% of the backward at B4 T512 H8/4 D64. They only grow, to the largest call's.
+// D_i = rowsum(dout * out) (B,T,H), dout as the kernel reads it: f32 values, or bf16 ones widened.
+void attention_output_dots(float* di, const float* dout, const bf16* dout_bf, const float* out,
+                           const AttentionShape& s) {
+  const int64_t rows = s.b * s.t * s.h, d = s.d;
+#pragma omp parallel
+  {
+    std::vector<float> widened(size_t(dout_bf ? d : 0));  // (D) one dout row, bf16 widened
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* g = dout ? dout + r * d : widened.data();
+      if (dout_bf)
+        for (int64_t e = 0; e < d; ++e) widened[e] = bf16_to_f32(dout_bf[r * d + e]);
+      di[r] = attention_row_dot(g, out + r * d, d);
+    }
+  }
+}
+
+// The portable backward. One pass over the (batch row, kv head) groups when they spread evenly
+// over the threads (the busiest thread's share at most 1.25 times the mean): each P and dS is
+// formed once, where the two passes form them twice (7 products a tile pair instead of 5).
+// Else two passes over the finer key tiles (dK, dV) and query tiles (dQ). Every output element
+// sums in the same order either way, so the bits do not depend on the choice or the threads.
+void attention_backward_portable(float* dq, float* dk, float* dv, const AttentionFloats& in,
+                                 const float* lse, const float* di, const int32_t* doc_start,
+                                 const int32_t* tile_first_keys, float scale,
+                                 const AttentionShape& s) {
+  const int64_t groups = s.b * s.hk, threads = omp_get_max_threads();
+  const bool one_pass = (groups + threads - 1) / threads * threads * 4 <= groups * 5;
+  const int64_t kv_items = s.b * s.hk * s.k_tiles;
+  const int64_t q_items = s.b * s.h * s.q_tiles;
+#pragma omp parallel
+  {
+    AttentionWorkspace ws(s);
+    if (one_pass) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < groups; ++it)
+        attention_backward_group(dq, dk, dv, in, lse, di, doc_start, tile_first_keys, it / s.hk,
+                                 it % s.hk, scale, s, ws);
+    } else {
+      // Early key tiles are seen by the most queries, late query tiles see the most keys: both
+      // handed out first.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < kv_items; ++it) {
+        const int64_t kt = it % s.k_tiles;
+        const int64_t g = (it / s.k_tiles) % s.hk, bi = it / (s.k_tiles * s.hk);
+        attention_backward_key_tile(nullptr, dk, dv, in, lse, di, doc_start, tile_first_keys, bi,
+                                    g, kt, scale, false, s, ws);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < q_items; ++it) {
+        const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
+        const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
+        attention_backward_query_tile(dq, in, lse, di, doc_start,
+                                      tile_first_keys[bi * s.q_tiles + qt], bi, hi, qt, scale, s,
+                                      ws);
+      }
+    }
+  }
+}
+
+// The large transients of a call (the portable kernel's key and value transposes and, with bf16
+// dots, its inputs' roundings; the vdpbf16ps and AMX kernels' bf16 input copies and kept dS),
+// kept by the calling thread (the device's compute stream) from one call to the next: a step
+// makes 2L calls of one shape, and allocating, faulting in and freeing the same megabytes every
+// time cost ~15% of the forward and ~7% of the backward at B4 T512 H8/4 D64. They only grow, to
+// the largest call's.
 struct AttentionScratch {
-  std::vector<bf16> inputs[4];      // q, k, v, dout
+  std::vector<bf16> inputs[4];      // q, k, v, dout (dpbf16)
+  std::vector<float> rounded[4];    // q, k, v, dout (portable, bf16 dots)
+  std::vector<float> kt, vt;        // AttentionFloats::kt, vt (portable)
   std::vector<uint32_t> ds_words;   // AttentionStoredDs::words
 };
 
@@ -920,13 +1024,65 @@ AttentionScratch& attention_scratch() {
   return scratch;
 }
 
-AttentionInput attention_input(const float* x, int64_t n, const AttentionShape& s,
-                               std::vector<bf16>& storage) {
-  if (!s.bf16) return {x, nullptr};
+// With dpbf16, the input as the tiles read it: its bf16 rounding, made once into `storage`
+// (n elements).
+AttentionInput attention_input(const float* x, int64_t n, std::vector<bf16>& storage) {
   bf16* dst = scratch_grow(storage, size_t(n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(x[i]);
   return {x, dst};
+}
+
+// The portable kernel's view of an input: x itself, or with bf16 dots its rounding to bf16 (kept
+// as f32) made once into `storage` (n elements).
+const float* attention_rounded(const float* x, int64_t n, const AttentionShape& s,
+                               std::vector<float>& storage) {
+  if (!s.bf16) return x;
+  float* dst = scratch_grow(storage, size_t(n));
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = attention_round_bf16(x[i]);
+  return dst;
+}
+
+// xt (B, nh, D, tp) = x (B, T, nh, D) arranged by head and dimension, tokens along the rows,
+// zero past T (tp: T rounded up to kTileK), a key tile of 64 tokens at a time.
+void attention_transpose_heads(float* xt, const float* x, int64_t nh, int64_t tp,
+                               const AttentionShape& s) {
+  const int64_t d = s.d, tiles = tp / kTileK;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bh = 0; bh < s.b * nh; ++bh)
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t bi = bh / nh, head = bh % nh, t0 = tile * kTileK;
+      const int64_t n = std::min(kTileK, s.t - t0);
+      const float* src = x + ((bi * s.t + t0) * nh + head) * d;
+      float* dst = xt + bh * d * tp + t0;
+      for (int64_t e = 0; e < d; ++e) {
+        float* row = dst + e * tp;
+        for (int64_t j = 0; j < n; ++j) row[j] = src[j * nh * d + e];
+        std::fill(row + n, row + kTileK, 0.f);
+      }
+    }
+}
+
+// The portable kernel's inputs for one call, in the calling thread's scratch: the forward (dout
+// null) reads the values in place and needs no vt.
+AttentionFloats attention_floats(const float* q, const float* k, const float* v, const float* dout,
+                                 const AttentionShape& s, AttentionScratch& scratch) {
+  AttentionFloats in;
+  in.tp = s.k_tiles * kTileK;
+  in.q = attention_rounded(q, s.b * s.t * s.h * s.d, s, scratch.rounded[0]);
+  in.k = attention_rounded(k, s.b * s.t * s.hk * s.d, s, scratch.rounded[1]);
+  in.v = attention_rounded(v, s.b * s.t * s.hk * s.d, s, scratch.rounded[2]);
+  if (dout) in.dout = attention_rounded(dout, s.b * s.t * s.h * s.d, s, scratch.rounded[3]);
+  const size_t cols = size_t(s.b * s.hk * s.d * in.tp);
+  float* kt = scratch_grow(scratch.kt, cols);
+  attention_transpose_heads(kt, in.k, s.hk, in.tp, s);
+  in.kt = kt;
+  if (!dout) return in;
+  float* vt = scratch_grow(scratch.vt, cols);
+  attention_transpose_heads(vt, in.v, s.hk, in.tp, s);
+  in.vt = vt;
+  return in;
 }
 
 AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
@@ -1015,7 +1171,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
 size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,
                                AttentionIsa isa, size_t stored_ds_max_bytes) {
-  if (dot_type != DType::bf16) return 0;
+  const AttentionShape s = attention_shape(b, t, h, hk, d, dot_type, isa);
+  if (!s.dpbf16) {  // the transposes kt and vt; with bf16 dots the inputs' roundings
+    const size_t transposes = size_t(2 * b * hk * d * s.k_tiles * kTileK) * sizeof(float);
+    return transposes + (s.bf16 ? size_t(2 * b * t * h * d + 2 * b * t * hk * d) * sizeof(float) : 0);
+  }
   const size_t inputs = size_t(2 * b * t * h * d + 2 * b * t * hk * d) * sizeof(bf16);  // q, dout; k, v
   const size_t ds = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
   return inputs + (ds <= stored_ds_max_bytes ? ds : 0);
@@ -1025,7 +1185,8 @@ size_t attention_scratch_held_bytes() {
   const AttentionScratch& s = attention_scratch();
   size_t bytes = s.ds_words.capacity() * sizeof(uint32_t);
   for (const auto& v : s.inputs) bytes += v.capacity() * sizeof(bf16);
-  return bytes;
+  for (const auto& v : s.rounded) bytes += v.capacity() * sizeof(float);
+  return bytes + (s.kt.capacity() + s.vt.capacity()) * sizeof(float);
 }
 
 size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DType dot_type, AttentionIsa isa) {
@@ -1040,9 +1201,15 @@ void attention_forward_isa(float* out, float* lse, const float* q, const float* 
   attention_check_inputs(s, doc_start);
   const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
   AttentionScratch& scratch = attention_scratch();
-  const AttentionInput qi = attention_input(q, b * t * h * d, s, scratch.inputs[0]);
-  const AttentionInput ki = attention_input(k, b * t * hk * d, s, scratch.inputs[1]);
-  const AttentionInput vi = attention_input(v, b * t * hk * d, s, scratch.inputs[2]);
+  AttentionInput qi{}, ki{}, vi{};
+  AttentionFloats in;
+  if (s.dpbf16) {
+    qi = attention_input(q, b * t * h * d, scratch.inputs[0]);
+    ki = attention_input(k, b * t * hk * d, scratch.inputs[1]);
+    vi = attention_input(v, b * t * hk * d, scratch.inputs[2]);
+  } else {
+    in = attention_floats(q, k, v, nullptr, s, scratch);
+  }
   const int64_t items = s.b * s.h * s.q_tiles;
 #pragma omp parallel
   {
@@ -1052,9 +1219,8 @@ void attention_forward_isa(float* out, float* lse, const float* q, const float* 
     for (int64_t it = 0; it < items; ++it) {
       const int64_t qt = s.q_tiles - 1 - it % s.q_tiles;
       const int64_t hi = (it / s.q_tiles) % s.h, bi = it / (s.q_tiles * s.h);
-      attention_forward_tile(out, lse, qi, ki, vi, doc_start, first_keys[bi * s.q_tiles + qt], bi,
-                             hi,
-                             qt, scale, s, ws);
+      attention_forward_tile(out, lse, qi, ki, vi, in, doc_start, first_keys[bi * s.q_tiles + qt],
+                             bi, hi, qt, scale, s, ws);
     }
   }
 }
@@ -1068,6 +1234,14 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
   attention_check_inputs(s, doc_start);
   const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
   AttentionScratch& scratch = attention_scratch();
+  std::vector<float> di(size_t(b * t * h));  // (B,T,H) rowsum(dout * out)
+  if (!s.dpbf16) {
+    const AttentionFloats in = attention_floats(q, k, v, dout, s, scratch);
+    attention_output_dots(di.data(), in.dout, nullptr, out, s);
+    attention_backward_portable(dq, dk, dv, in, lse, di.data(), doc_start, first_keys.data(), scale,
+                                s);
+    return;
+  }
   AttentionStoredDs stored;  // pass 1 writes every slot pass 2 reads: stale words are never read
   stored.pairs = s.q_tiles * (s.q_tiles + 1) / 2;
   const size_t stored_bytes = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
@@ -1075,25 +1249,11 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
     const size_t words = stored_bytes / sizeof(uint32_t);
     stored.words = scratch_grow(scratch.ds_words, words);
   }
-  const AttentionInput qi = attention_input(q, b * t * h * d, s, scratch.inputs[0]);
-  const AttentionInput ki = attention_input(k, b * t * hk * d, s, scratch.inputs[1]);
-  const AttentionInput vi = attention_input(v, b * t * hk * d, s, scratch.inputs[2]);
-  const AttentionInput doi = attention_input(dout, b * t * h * d, s, scratch.inputs[3]);
-  std::vector<float> di(size_t(b * t * h));  // (B,T,H) rowsum(dout * out)
-  const int64_t rows = b * t * h;
-#pragma omp parallel
-  {
-    std::vector<float> widened(size_t(s.bf16 ? d : 0));  // (D) one dout row, bf16 widened
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* g = dout + r * d;
-      if (s.bf16) {
-        for (int64_t e = 0; e < d; ++e) widened[e] = bf16_to_f32(doi.bf[r * d + e]);
-        g = widened.data();
-      }
-      di[r] = attention_row_dot(g, out + r * d, d);
-    }
-  }
+  const AttentionInput qi = attention_input(q, b * t * h * d, scratch.inputs[0]);
+  const AttentionInput ki = attention_input(k, b * t * hk * d, scratch.inputs[1]);
+  const AttentionInput vi = attention_input(v, b * t * hk * d, scratch.inputs[2]);
+  const AttentionInput doi = attention_input(dout, b * t * h * d, scratch.inputs[3]);
+  attention_output_dots(di.data(), nullptr, doi.bf, out, s);
   const int64_t kv_items = s.b * s.hk * s.k_tiles;
   const int64_t q_items = s.b * s.h * s.q_tiles;
 #pragma omp parallel
