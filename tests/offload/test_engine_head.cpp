@@ -111,9 +111,13 @@ TEST_CASE("vocab-chunked loss and gradients match one whole-vocabulary chunk wit
     const HeadRun whole = run_head(cfg, DType::f32, "stream", 50000);        // one chunk: the fused kernel's math
     for (size_t i = 0; i < whole.losses.size(); ++i)
       CHECK(std::abs(chunked.losses[i] - whole.losses[i]) <= 1e-6 * std::abs(whole.losses[i]));
+    // dh sums 50,000 logits' terms in one GEMM or in 13 chunk sums: f32 rounding of such a sum
+    // grows like sqrt(V) 2^-24 (~1.3e-5 relative), carried back through the layers. Measured:
+    // ~1e-5 to 1.6e-5 as other kernels' rounding moved (the attention kernel's FMAs); a wrong
+    // chunk (a row or a chunk dropped, counted twice, misweighted) is off by O(1).
     const double err = worst_tensor_error(whole.table, chunked.grads, whole.grads);
     INFO("worst per-tensor gradient error " << err);
-    CHECK(err <= 1e-5);
+    CHECK(err <= 5e-5);
     CHECK(err > 0);  // a different summation order: not the same arithmetic
   }
 }
