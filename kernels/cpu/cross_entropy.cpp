@@ -9,8 +9,9 @@
 // dlogits = (softmax - onehot) * grad_scale, then dh += dlogits · w_chunk and
 // dw_chunk += dlogits^T · h. With bf16 w, h and dlogits are rounded to bf16 before the matmuls.
 // Logits come from the ops.h matmuls (f32, or bf16 inputs with f32 accumulate); exp in f32
-// (ce_exp: the C library's expf with f32 weights, the vectorised kernels/cpu/vec_exp.h with bf16
-// weights), each row's sum of exps in double over 8 fixed lanes combined in lane order; row losses are summed serially in row order, so results are bitwise
+// (the vectorised kernels/cpu/vec_exp.h: 1.4 ulp at most; glibc's expf, which f32 weights used
+// until the AVX2 peer benchmark, is not vectorised and cost ~0.1 s a step at hidden 512, V 8192,
+// 2048 tokens), each row's sum of exps in double over 8 fixed lanes combined in lane order; row losses are summed serially in row order, so results are bitwise
 // independent of the thread count (given deterministic matmuls).
 //
 // The whole-vocabulary entries (lm_head_ce_forward / _backward) are the one-chunk case.
@@ -33,14 +34,14 @@ constexpr int64_t kCeTileRowsMin = 128, kCeTileRowsMax = 1024;
 constexpr int64_t kCeTileLogitBytes = int64_t(8) << 20;  // bf16 weights: f32 logits of a tile, about
 
 // Rows per tile for a vocab chunk of vc: a function of the shape only (never of the thread
-// count), so the tiles, and the order dw sums them in, are fixed. f32 weights: 128, the tiles
-// f32 runs have always had, so they keep their bits (training trajectories, torch goldens).
-// bf16 weights: about kCeTileLogitBytes of logits, 128 to 1024 rows, so the tile's matmuls are
-// long enough in K to run near the GEMM's peak: dw_chunk += dlogits^T h sums over the tile's
-// rows, and at vc 4096 128-row tiles ran it at ~75% of a large GEMM's rate (512: ~90%).
+// count), so the tiles, and the order dw sums them in, are fixed: about kCeTileLogitBytes of
+// logits, 128 to 1024 rows, so the tile's matmuls are long enough in K to run near the GEMM's
+// peak: dw_chunk += dlogits^T h sums over the tile's rows, and at vc 4096 128-row tiles ran it at
+// ~75% of a large GEMM's rate (512: ~90%). (f32 weights kept 128-row tiles until the AVX2
+// machine's peer benchmark: 512 rows took its f32 head from ~0.53 to ~0.45 s a step at hidden
+// 512, V 8192, 2048 tokens, with the vectorised exp below.)
 template <class W>
 int64_t ce_tile_rows(int64_t vc) {
-  if constexpr (!std::is_same_v<W, bf16>) return kCeTileRowsMin;
   return std::clamp(kCeTileLogitBytes / (vc * int64_t(sizeof(float))), kCeTileRowsMin, kCeTileRowsMax);
 }
 
@@ -91,19 +92,6 @@ W ce_from_f32(float x) {
   }
 }
 
-// e^x of a logit. With f32 weights the C library's expf, so f32 runs keep their bits (training
-// trajectories, torch goldens); with bf16 weights the vectorised exp_f32 (1.4 ulp at most, far
-// below the bf16 rounding of the logits' inputs), which takes the bf16 head's exp from ~0.06 s
-// to almost nothing per step at hidden 512, V 8192, 2048 tokens.
-template <class W>
-float ce_exp(float x) {
-  if constexpr (std::is_same_v<W, bf16>) {
-    return exp_f32(x);
-  } else {
-    return std::exp(x);
-  }
-}
-
 // max of x[0..n) (n > 0), over 16 lanes so the loop vectorises; a max is the same whatever the
 // order (NaN aside, which poisons the loss either way).
 float ce_row_max(const float* x, int64_t n) {
@@ -126,7 +114,7 @@ template <class W>
 double ce_row_exp_sum(const float* x, float* e, int64_t n, float m) {
   constexpr int64_t kLanes = 8;
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) e[j] = ce_exp<W>(x[j] - m);
+  for (int64_t j = 0; j < n; ++j) e[j] = exp_f32(x[j] - m);
   double lane[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
@@ -260,7 +248,7 @@ void ce_chunk_backward(float* dh, float* dw, const float* h, const W* w, const d
       const float inv_sum = float(1.0 / st[1]);
       const float scale = token_weight ? grad_scale * token_weight[i] : grad_scale;
 #pragma omp simd
-      for (int64_t j = 0; j < vc; ++j) x[j] = ce_exp<W>(x[j] - m) * inv_sum * scale;
+      for (int64_t j = 0; j < vc; ++j) x[j] = exp_f32(x[j] - m) * inv_sum * scale;
       const int64_t t = int64_t(targets[i]) - v0;
       if (t >= 0 && t < vc) x[t] -= scale;
       if constexpr (std::is_same_v<W, bf16>) {
