@@ -536,18 +536,35 @@ void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int
 }
 
 // The range [key_lo[j], key_hi[j]] of the tile's queries that see key j (empty: lo > hi), from
-// the queries' ranges. A document's queries are consecutive, so the queries that see a key are
-// too; P and dS are zero inside the range where one does not.
+// the queries' ranges. Documents are consecutive, so first and last never decrease along the
+// queries and the queries that see key j are those from the first whose range reaches j to the
+// last whose range starts by j. (A doc_start that decreases somewhere is not a packing; its
+// ranges still cover every query that sees the key: P and dS are zero inside them where one
+// does not.)
 void attention_key_ranges(int64_t nq, int64_t nk, AttentionWorkspace& ws) {
+  const int64_t* first = ws.first.data();
+  const int64_t* last = ws.last.data();
+  bool sorted = true;
+  for (int64_t i = 1; i < nq; ++i) sorted = sorted && first[i] >= first[i - 1] && last[i] >= last[i - 1];
   int64_t* q_lo = ws.key_lo.data();
   int64_t* q_hi = ws.key_hi.data();
-  std::fill(q_lo, q_lo + nk, nq);
-  std::fill(q_hi, q_hi + nk, int64_t(-1));
-  for (int64_t i = 0; i < nq; ++i)
-    for (int64_t j = ws.first[i]; j <= ws.last[i]; ++j) {
-      q_lo[j] = std::min(q_lo[j], i);
-      q_hi[j] = std::max(q_hi[j], i);
-    }
+  if (!sorted) {
+    std::fill(q_lo, q_lo + nk, nq);
+    std::fill(q_hi, q_hi + nk, int64_t(-1));
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t j = first[i]; j <= last[i]; ++j) {
+        q_lo[j] = std::min(q_lo[j], i);
+        q_hi[j] = std::max(q_hi[j], i);
+      }
+    return;
+  }
+  int64_t lo = 0, hi = -1;
+  for (int64_t j = 0; j < nk; ++j) {
+    while (lo < nq && last[lo] < j) ++lo;             // the first query whose range reaches j
+    while (hi + 1 < nq && first[hi + 1] <= j) ++hi;   // the last query whose range starts by j
+    q_lo[j] = lo;
+    q_hi[j] = hi;  // empty when lo > hi
+  }
 }
 
 // The portable kernel's inputs, read in place: q, k, v and dout (with bf16 dots their bf16
