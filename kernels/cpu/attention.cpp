@@ -12,8 +12,8 @@
 // Scores are recomputed in both, except that with dpbf16 pass 2 reads the dS weights pass 1 kept,
 // when they fit the cap (AttentionStoredDs).
 //
-// The portable kernel reads q, dout and the value and key rows in place (with bf16 dots, their
-// roundings made once per call) and the key and value columns from transposes made once per
+// The portable kernel reads q, k, v and dout from head-major copies (with bf16 dots, their
+// roundings) and the key and value columns from transposes, all made once per
 // call; its five products run through one register-blocked kernel (attention_gemm).
 //
 // Masking: query t sees keys s with doc_start[b,t] <= s <= t. Key tiles entirely outside
@@ -567,15 +567,20 @@ void attention_key_ranges(int64_t nq, int64_t nk, AttentionWorkspace& ws) {
   }
 }
 
-// The portable kernel's inputs, read in place: q, k, v and dout (with bf16 dots their bf16
-// roundings, as f32) and the transposes kt and vt (B, Hk, D, tp) of k and v, tp = T rounded up
-// to kTileK and zero past T, so that a key tile's columns are the (D, kTileK) block at token s0
-// with row stride tp.
+// The portable kernel's inputs, made once per call: q, k, v and dout head-major, (B, nh, T, D)
+// (with bf16 dots their bf16 roundings, as f32), so that a head's tile is one contiguous
+// (tile, D) block, and the transposes kt and vt (B, Hk, D, tp) of k and v, zero past T, so that
+// a key tile's columns are the (D, kTileK) block at token s0 with row stride tp: T rounded up to
+// kTileK, plus 16 so that the rows of a tile's columns do not share a few cache sets (a stride
+// of a power of two bytes maps 64 of them to 4 of the L1's 64 sets).
 struct AttentionFloats {
+  // q, k, v, dout: (B, nh, T, D); kt, vt: (B, Hk, D, tp)
   const float *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   const float *kt = nullptr, *vt = nullptr;
   int64_t tp = 0;
 };
+
+int64_t attention_cols_stride(const AttentionShape& s) { return s.k_tiles * kTileK + 16; }
 
 // x[0..n) *= scale, and their max (n > 0), kLanes at a time (the compiler leaves the plain
 // loop scalar). A max is the same whatever the order: NaN is skipped either way (a lane keeps
@@ -652,22 +657,20 @@ void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionI
 
   for (int64_t kt = first_key / kTileK; kt * kTileK <= t0 + nq - 1; ++kt) {
     const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
-    const float* v_rows = ws.v_rows.data();  // (nk, D) with row stride ldv
-    int64_t ldv = d;
+    const float* v_rows = ws.v_rows.data();  // (nk, D)
     if (s.dpbf16) {
       attention_load_cols(ws.k_pairs.data(), k, bi, s0, nk, g, s.hk, s);
       attention_load_rows(ws.v_rows.data(), nullptr, v, bi, s0, nk, g, s.hk, s);
       attention_tile_scores_dpbf16(p, ws.q_bf.data(), ws.k_pairs.data(), nq, s);
     } else {
-      attention_gemm(p, kTileK, in.q + ((bi * s.t + t0) * s.h + hi) * d, s.h * d, 1,
+      attention_gemm(p, kTileK, in.q + ((bi * s.h + hi) * s.t + t0) * d, d, 1,
                      in.kt + (bi * s.hk + g) * d * in.tp + s0, in.tp, nq, kTileK, d, nullptr,
                      nullptr, false);
-      v_rows = in.v + ((bi * s.t + s0) * s.hk + g) * d;
-      ldv = s.hk * d;
+      v_rows = in.v + ((bi * s.hk + g) * s.t + s0) * d;
     }
     attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
     attention_forward_softmax(p, o, m, l, nq, nk, scale, s, ws);
-    attention_gemm(o, d, p, kTileK, 1, v_rows, ldv, nq, d, nk, ws.first.data(), ws.last.data(),
+    attention_gemm(o, d, p, kTileK, 1, v_rows, d, nq, d, nk, ws.first.data(), ws.last.data(),
                    true);
   }
   // Every query sees at least itself, so l > 0.
@@ -744,25 +747,26 @@ void attention_backward_pair(float* dq, float* dk, float* dv, const AttentionFlo
   const int64_t t0 = qt * kTileQ, nq = std::min(kTileQ, s.t - t0);
   const int64_t s0 = kt * kTileK, nk = std::min(kTileK, s.t - s0);
   const int64_t q_at = ((bi * s.t + t0) * s.h + hi) * d, k_at = ((bi * s.t + s0) * s.hk + g) * d;
+  const int64_t qh_at = ((bi * s.h + hi) * s.t + t0) * d, kh_at = ((bi * s.hk + g) * s.t + s0) * d;
   const int64_t cols_at = (bi * s.hk + g) * d * in.tp + s0;
   float* p = ws.scores.data();
   float* ds = ws.dscores.data();
-  attention_gemm(p, kTileK, in.q + q_at, ldq, 1, in.kt + cols_at, in.tp, nq, kTileK, d, nullptr,
+  attention_gemm(p, kTileK, in.q + qh_at, d, 1, in.kt + cols_at, in.tp, nq, kTileK, d, nullptr,
                  nullptr, false);
-  attention_gemm(ds, kTileK, in.dout + q_at, ldq, 1, in.vt + cols_at, in.tp, nq, kTileK, d,
+  attention_gemm(ds, kTileK, in.dout + qh_at, d, 1, in.vt + cols_at, in.tp, nq, kTileK, d,
                  nullptr, nullptr, false);
   attention_load_row_stats(lse, di, bi, hi, t0, nq, s, ws);
   attention_tile_ranges(ws, doc_start, bi, t0, nq, s0, nk, s);
   attention_tile_weights(ws.row_a.data(), ws.row_b.data(), nq, nk, scale, s, ws);
   if (kv) {  // the weights of key j: column j of P and dS (a_rs 1, a_cs kTileK)
     attention_key_ranges(nq, nk, ws);
-    attention_gemm(dv + k_at, ldk, p, 1, kTileK, in.dout + q_at, ldq, nk, d, nq, ws.key_lo.data(),
+    attention_gemm(dv + k_at, ldk, p, 1, kTileK, in.dout + qh_at, d, nk, d, nq, ws.key_lo.data(),
                    ws.key_hi.data(), true);
-    attention_gemm(dk + k_at, ldk, ds, 1, kTileK, in.q + q_at, ldq, nk, d, nq, ws.key_lo.data(),
+    attention_gemm(dk + k_at, ldk, ds, 1, kTileK, in.q + qh_at, d, nk, d, nq, ws.key_lo.data(),
                    ws.key_hi.data(), true);
   }
   if (q_grad)
-    attention_gemm(dq + q_at, ldq, ds, kTileK, 1, in.k + k_at, ldk, nq, d, nk, ws.first.data(),
+    attention_gemm(dq + q_at, ldq, ds, kTileK, 1, in.k + kh_at, d, nq, d, nk, ws.first.data(),
                    ws.last.data(), true);
 }
 
@@ -963,8 +967,9 @@ void attention_backward_q_tile(float* dq, AttentionInput dout, AttentionInput q,
   return acc;
 }
 
-// D_i = rowsum(dout * out) (B,T,H), dout as the kernel reads it: f32 values, or bf16 ones widened.
-void attention_output_dots(float* di, const float* dout, const bf16* dout_bf, const float* out,
+// D_i = rowsum(dout * out) (B,T,H), dout as the kernel reads it: the portable kernel's head-major
+// values (B,H,T,D), or bf16 ones widened.
+void attention_output_dots(float* di, const float* dout_hm, const bf16* dout_bf, const float* out,
                            const AttentionShape& s) {
   const int64_t rows = s.b * s.t * s.h, d = s.d;
 #pragma omp parallel
@@ -972,7 +977,8 @@ void attention_output_dots(float* di, const float* dout, const bf16* dout_bf, co
     std::vector<float> widened(size_t(dout_bf ? d : 0));  // (D) one dout row, bf16 widened
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const float* g = dout ? dout + r * d : widened.data();
+      const int64_t bi = r / (s.t * s.h), ti = r / s.h % s.t, head = r % s.h;
+      const float* g = dout_hm ? dout_hm + ((bi * s.h + head) * s.t + ti) * d : widened.data();
       if (dout_bf)
         for (int64_t e = 0; e < d; ++e) widened[e] = bf16_to_f32(dout_bf[r * d + e]);
       di[r] = attention_row_dot(g, out + r * d, d);
@@ -1031,7 +1037,7 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const Attentio
 // the largest call's.
 struct AttentionScratch {
   std::vector<bf16> inputs[4];      // q, k, v, dout (dpbf16)
-  std::vector<float> rounded[4];    // q, k, v, dout (portable, bf16 dots)
+  std::vector<float> inputs_f32[4];  // q, k, v, dout head-major (portable)
   std::vector<float> kt, vt;        // AttentionFloats::kt, vt (portable)
   std::vector<uint32_t> ds_words;   // AttentionStoredDs::words
 };
@@ -1050,33 +1056,41 @@ AttentionInput attention_input(const float* x, int64_t n, std::vector<bf16>& sto
   return {x, dst};
 }
 
-// The portable kernel's view of an input: x itself, or with bf16 dots its rounding to bf16 (kept
-// as f32) made once into `storage` (n elements).
-const float* attention_rounded(const float* x, int64_t n, const AttentionShape& s,
-                               std::vector<float>& storage) {
-  if (!s.bf16) return x;
-  float* dst = scratch_grow(storage, size_t(n));
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = attention_round_bf16(x[i]);
-  return dst;
+// x (B, T, nh, D) head-major into `storage` (B, nh, T, D), with bf16 dots rounded to bf16 (kept
+// as f32).
+const float* attention_head_major(const float* x, int64_t nh, const AttentionShape& s,
+                                  std::vector<float>& storage) {
+  const int64_t d = s.d;
+  float* xh = scratch_grow(storage, size_t(s.b * s.t * nh * d));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bi = 0; bi < s.b; ++bi)
+    for (int64_t ti = 0; ti < s.t; ++ti)
+      for (int64_t head = 0; head < nh; ++head) {
+        const float* src = x + ((bi * s.t + ti) * nh + head) * d;
+        float* row = xh + ((bi * nh + head) * s.t + ti) * d;
+        if (s.bf16)
+          for (int64_t e = 0; e < d; ++e) row[e] = attention_round_bf16(src[e]);
+        else
+          std::copy(src, src + d, row);
+      }
+  return xh;
 }
 
-// xt (B, nh, D, tp) = x (B, T, nh, D) arranged by head and dimension, tokens along the rows,
-// zero past T (tp: T rounded up to kTileK), a key tile of 64 tokens at a time.
-void attention_transpose_heads(float* xt, const float* x, int64_t nh, int64_t tp,
+// xt (B, nh, D, tp) = the head-major xh (B, nh, T, D) by head and dimension, tokens along the
+// rows, zero past T (up to tp), a key tile of 64 tokens at a time.
+void attention_transpose_heads(float* xt, const float* xh, int64_t nh, int64_t tp,
                                const AttentionShape& s) {
-  const int64_t d = s.d, tiles = tp / kTileK;
+  const int64_t d = s.d, tiles = s.k_tiles;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t bh = 0; bh < s.b * nh; ++bh)
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t bi = bh / nh, head = bh % nh, t0 = tile * kTileK;
-      const int64_t n = std::min(kTileK, s.t - t0);
-      const float* src = x + ((bi * s.t + t0) * nh + head) * d;
+      const int64_t t0 = tile * kTileK, n = std::min(kTileK, s.t - t0);
+      const float* src = xh + (bh * s.t + t0) * d;
       float* dst = xt + bh * d * tp + t0;
       for (int64_t e = 0; e < d; ++e) {
         float* row = dst + e * tp;
-        for (int64_t j = 0; j < n; ++j) row[j] = src[j * nh * d + e];
-        std::fill(row + n, row + kTileK, 0.f);
+        for (int64_t j = 0; j < n; ++j) row[j] = src[j * d + e];
+        std::fill(row + n, row + (tile + 1 == tiles ? tp - t0 : kTileK), 0.f);
       }
     }
 }
@@ -1086,11 +1100,11 @@ void attention_transpose_heads(float* xt, const float* x, int64_t nh, int64_t tp
 AttentionFloats attention_floats(const float* q, const float* k, const float* v, const float* dout,
                                  const AttentionShape& s, AttentionScratch& scratch) {
   AttentionFloats in;
-  in.tp = s.k_tiles * kTileK;
-  in.q = attention_rounded(q, s.b * s.t * s.h * s.d, s, scratch.rounded[0]);
-  in.k = attention_rounded(k, s.b * s.t * s.hk * s.d, s, scratch.rounded[1]);
-  in.v = attention_rounded(v, s.b * s.t * s.hk * s.d, s, scratch.rounded[2]);
-  if (dout) in.dout = attention_rounded(dout, s.b * s.t * s.h * s.d, s, scratch.rounded[3]);
+  in.tp = attention_cols_stride(s);
+  in.q = attention_head_major(q, s.h, s, scratch.inputs_f32[0]);
+  in.k = attention_head_major(k, s.hk, s, scratch.inputs_f32[1]);
+  in.v = attention_head_major(v, s.hk, s, scratch.inputs_f32[2]);
+  if (dout) in.dout = attention_head_major(dout, s.h, s, scratch.inputs_f32[3]);
   const size_t cols = size_t(s.b * s.hk * s.d * in.tp);
   float* kt = scratch_grow(scratch.kt, cols);
   attention_transpose_heads(kt, in.k, s.hk, in.tp, s);
@@ -1189,10 +1203,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,
                                AttentionIsa isa, size_t stored_ds_max_bytes) {
   const AttentionShape s = attention_shape(b, t, h, hk, d, dot_type, isa);
-  if (!s.dpbf16) {  // the transposes kt and vt; with bf16 dots the inputs' roundings
-    const size_t transposes = size_t(2 * b * hk * d * s.k_tiles * kTileK) * sizeof(float);
-    return transposes + (s.bf16 ? size_t(2 * b * t * h * d + 2 * b * t * hk * d) * sizeof(float) : 0);
-  }
+  if (!s.dpbf16)  // the transposes kt and vt, the inputs head-major
+    return size_t(2 * b * hk * d * attention_cols_stride(s) + 2 * b * t * h * d + 2 * b * t * hk * d) *
+           sizeof(float);
   const size_t inputs = size_t(2 * b * t * h * d + 2 * b * t * hk * d) * sizeof(bf16);  // q, dout; k, v
   const size_t ds = attention_stored_ds_bytes(b, t, h, d, dot_type, isa);
   return inputs + (ds <= stored_ds_max_bytes ? ds : 0);
@@ -1202,7 +1215,7 @@ size_t attention_scratch_held_bytes() {
   const AttentionScratch& s = attention_scratch();
   size_t bytes = s.ds_words.capacity() * sizeof(uint32_t);
   for (const auto& v : s.inputs) bytes += v.capacity() * sizeof(bf16);
-  for (const auto& v : s.rounded) bytes += v.capacity() * sizeof(float);
+  for (const auto& v : s.inputs_f32) bytes += v.capacity() * sizeof(float);
   return bytes + (s.kt.capacity() + s.vt.capacity()) * sizeof(float);
 }
 

@@ -135,9 +135,10 @@ void attention_forward_isa(float* out, float* lse, const float* q, const float* 
 // attention_stored_ds_bytes: the bytes kept (0 for f32 dots and on the portable kernel).
 constexpr size_t kAttentionStoredDsMaxBytes = size_t(32) << 20;
 size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DType dot_type, AttentionIsa isa);
-// What a thread keeps from one attention call to the next (the portable kernel: the keys' and
-// values' transposes, 2·B·Hk·D·(T rounded up to 64) floats, and with bf16 dots the inputs'
-// roundings in f32; the vdpbf16ps and AMX kernels: the inputs' bf16 copies and the kept dS),
+// What a thread keeps from one attention call to the next (the portable kernel: the inputs
+// head-major in f32, bf16-rounded with bf16 dots, and the keys' and values' transposes,
+// 2·B·Hk·D·(T rounded up to 64, plus 16) floats; the vdpbf16ps and AMX kernels: the inputs' bf16
+// copies and the kept dS),
 // sized by the largest call it made: attention_scratch_bytes for a forward and backward of that
 // shape; attention_scratch_held_bytes what the calling thread holds.
 size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,
