@@ -79,7 +79,7 @@ DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T) {
   }
   DeviceWork w;
   w.matmul_flops = 8 * N * matrix;
-  w.attention_flops = 11 * 2 * double(B) * H * tile_pairs * D;
+  w.attention_flops = 9 * 2 * double(B) * H * tile_pairs * D;
   const bool qk_norm = spec.layers.empty() ? false : spec.layers[0].q_norm != kAbsent;
   const double f32_elems = 10 * N * C + (qk_norm ? 4 : 2) * N * (H + Hk) * D + 3 * N * F;  // norms, adds, RoPE, SwiGLU
   const double cast_elems = spec.matrix_dtype == DType::bf16 ? 2 * N * C + N * H * D + N * F : 0;  // matmul inputs
@@ -88,9 +88,9 @@ DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T) {
 }
 
 // layer_work counts forward, recompute, dX and dW: the forward is a quarter of the GEMMs and
-// memory-bound bytes, 2 of attention's 11 products
+// memory-bound bytes, 2 of attention's 9 products
 DeviceWork layer_forward_work(const DeviceWork& layer) {
-  return {layer.matmul_flops / 4, layer.attention_flops * 2 / 11, layer.elementwise_bytes / 4, 0};
+  return {layer.matmul_flops / 4, layer.attention_flops * 2 / 9, layer.elementwise_bytes / 4, 0};
 }
 
 DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers) {

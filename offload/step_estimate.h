@@ -63,7 +63,8 @@ struct DeviceWork {
   double matmul_flops = 0;       // 8 per matrix parameter per token: 2 forward, 2 recompute, 2 dX, 2 dW
   double attention_flops = 0;    // the CPU kernel's products over its 64 x 64 causal tiles: Q K^T and P V
                                  // forward (twice, with the recompute), then Q K^T, dO V^T, dV, dK and
-                                 // Q K^T, dO V^T, dQ in the backward's two passes
+                                 // dQ in the portable backward's one pass (the two-pass backwards,
+                                 // 7 products, run at a rate a measurement folds this count into)
   double elementwise_bytes = 0;  // norms, RoPE, SwiGLU, residual adds, bf16 casts: f32 bytes read and
                                  // written forward, counted 4 times (forward, recompute, backward ~2x)
   double head_flops = 0;         // lm_head logits: 2 forward (statistics), 2 recompute, 2 dX, 2 dW per parameter

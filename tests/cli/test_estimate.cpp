@@ -201,13 +201,13 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   CHECK(r.bytes.h2d == 3 * (16 * 1024 + act) + 4 * layer_w + lm_w + 1024 * 4);
   CHECK(r.bytes.d2h == d2h);
   // compute-bound: per micro-batch 8 FLOPs per matrix parameter and token (2 forward, 2 recompute,
-  // 2 dX, 2 dW) for the layers and the lm_head, and attention's 11 products over its 64 x 64
+  // 2 dX, 2 dW) for the layers and the lm_head, and attention's 9 products over its 64 x 64
   // causal tiles (16 query tiles of 64: 64 x 64 x (1 + 2 + ... + 16) query-key pairs per head)
   rates.device_flops_per_s = 1e12;
   rates.link_bytes_per_s = 1e18;
   const StepEstimate c = step_estimate(spec, in, plan, 3, rates);
   const double layer_mm = 4.0 * 1024 * 1024 + 3.0 * 1024 * 4096;
-  const double pairs = 64.0 * 64 * 136, attn_executed = 4 * 11 * 2 * 8 * pairs * 128;
+  const double pairs = 64.0 * 64 * 136, attn_executed = 4 * 9 * 2 * 8 * pairs * 128;
   const double executed = 1024 * 8 * (4 * layer_mm + 32768.0 * 1024) + attn_executed;
   const double model = 6 * (4 * layer_mm + 32768.0 * 1024) + 6 * 4.0 * 8 * 128 * 1024;  // per token, as MFU counts
   CHECK(c.bottleneck == "compute");
@@ -234,7 +234,7 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   REQUIRE(kept_plan.kept_logit_chunks == 4);  // and every lm_head chunk's logits: V rows
   REQUIRE(kept_plan.kept_logit_rows == 32768);
   const StepEstimate k = step_estimate(spec, kept, kept_plan, 3, rates);
-  const double layer_forward = 1024 * 2 * layer_mm + attn_executed / 4 * 2 / 11;  // what a kept layer does not redo
+  const double layer_forward = 1024 * 2 * layer_mm + attn_executed / 4 * 2 / 9;  // what a kept layer does not redo
   const double logits_matmul = 2.0 * 1024 * 32768 * 1024;  // what kept logits do not redo
   CHECK(k.components.at("compute") == Approx(3 * (executed - 4 * layer_forward - logits_matmul) / 1e12).epsilon(1e-12));
   kept.recompute = "auto";
