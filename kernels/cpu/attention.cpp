@@ -138,11 +138,10 @@ struct AttentionWorkspace {
         key_hi(size_t(kTileK)) {}
 };
 
-// One input tensor: f32, and with bf16 dots also its bf16 rounding (made once per call, so the
-// many tile loads only widen or copy).
+// One input tensor of the vdpbf16ps and AMX kernels: its bf16 rounding, made once per call, so
+// the many tile loads only widen or copy.
 struct AttentionInput {
-  const float* f32;
-  const bf16* bf;  // null with f32 dots
+  const bf16* bf = nullptr;
 };
 
 // With dpbf16, pass 1 keeps the dS weight pairs of every (query tile, key tile) pair it visits,
@@ -1053,7 +1052,7 @@ AttentionInput attention_input(const float* x, int64_t n, std::vector<bf16>& sto
   bf16* dst = scratch_grow(storage, size_t(n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(x[i]);
-  return {x, dst};
+  return {dst};
 }
 
 // x (B, T, nh, D) head-major into `storage` (B, nh, T, D), with bf16 dots rounded to bf16 (kept

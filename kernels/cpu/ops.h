@@ -138,9 +138,8 @@ size_t attention_stored_ds_bytes(int64_t b, int64_t t, int64_t h, int64_t d, DTy
 // What a thread keeps from one attention call to the next (the portable kernel: the inputs
 // head-major in f32, bf16-rounded with bf16 dots, and the keys' and values' transposes,
 // 2·B·Hk·D·(T rounded up to 64, plus 16) floats; the vdpbf16ps and AMX kernels: the inputs' bf16
-// copies and the kept dS),
-// sized by the largest call it made: attention_scratch_bytes for a forward and backward of that
-// shape; attention_scratch_held_bytes what the calling thread holds.
+// copies and the kept dS), sized by the largest call it made: attention_scratch_bytes for a
+// forward and backward of that shape; attention_scratch_held_bytes what the calling thread holds.
 size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,
                                AttentionIsa isa, size_t stored_ds_max_bytes = kAttentionStoredDsMaxBytes);
 size_t attention_scratch_held_bytes();
