@@ -228,11 +228,9 @@ struct FileSizeLimit {
   }
 };
 
-// A fresh directory under the build tree, removed when the test ends.
-// A fresh path (removed, not created) for a test's run directory: <system temp>/<group>_<pid>/<name>,
-// one root per process, so test processes running at once (ctest -j, another checkout's tests on
-// the same machine) never share a run directory. The roots are removed when the process exits.
-inline std::string fresh_path(const std::string& group, const std::string& name) {
+// <system temp>/<group>_<pid>: one root per process, so test processes running at once (ctest -j,
+// another checkout's tests on the same machine) never share it; removed when the process exits.
+inline std::filesystem::path process_root(const std::string& group) {
   struct Roots {
     std::set<std::filesystem::path> paths;
     ~Roots() {
@@ -243,10 +241,24 @@ inline std::string fresh_path(const std::string& group, const std::string& name)
   static Roots roots;
   const std::filesystem::path root = std::filesystem::temp_directory_path() / (group + "_" + std::to_string(::getpid()));
   roots.paths.insert(root);
+  return root;
+}
+
+// A fresh path (removed, not created) for a test's run directory: process_root(group) / name.
+inline std::string fresh_path(const std::string& group, const std::string& name) {
+  const std::filesystem::path root = process_root(group);
   std::filesystem::remove_all(root / name);
   return (root / name).string();
 }
 
+// process_root(group), created (its contents kept while the process runs).
+inline std::string process_dir(const std::string& group) {
+  const std::filesystem::path root = process_root(group);
+  std::filesystem::create_directories(root);
+  return root.string();
+}
+
+// A fresh directory under the build tree, removed when the test ends.
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& name)

@@ -5,7 +5,6 @@
 // with gradient accumulation; NVMe traffic is counted exactly; the store holds no master or
 // moment array in RAM; in f32 mode the master is the working copy; an injected I/O error
 // names the file and is an I/O error (exit 4); the run folder is removed when the store goes.
-#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include "offload/nvme_state.h"
 #include "src/core/error.h"
 #include "tests/seeded_inputs.h"
+#include "tests/testing.h"
 
 namespace strata {
 namespace {
@@ -25,9 +25,7 @@ namespace fs = std::filesystem;
 
 std::string nvme_root() {
   // one root per test process: ctest runs the cases in parallel, and they count run folders here
-  const std::string d = (fs::temp_directory_path() / ("strata_nvme_state-" + std::to_string(getpid()))).string();
-  fs::create_directories(d);
-  return d;
+  return testing::process_dir("strata_nvme_state");
 }
 
 size_t run_folders(const std::string& root) {

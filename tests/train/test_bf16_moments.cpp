@@ -3,7 +3,6 @@
 // f32-moment run, the checkpoint carries the moments as bf16 and resumes bit-exactly in RAM,
 // on NVMe and across the two, a checkpoint with the other moments dtype resumes converted, and
 // the settings that keep no such moments refuse the key.
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -30,9 +29,7 @@ namespace fs = std::filesystem;
 std::string fresh(const char* name) { return testing::fresh_path("strata_bf16_moments", name); }
 
 std::string nvme_dir() {  // one per test process; each run's folder goes with the run
-  const std::string d = (fs::temp_directory_path() / ("strata_bf16_moments_disk-" + std::to_string(getpid()))).string();
-  fs::create_directories(d);
-  return d;
+  return testing::process_dir("strata_bf16_moments_disk");
 }
 
 Recipe quick(const std::string& out, const std::string& moments, std::vector<std::string> extra) {

@@ -5,7 +5,6 @@
 // are exit 2 before any work, a budget too small exit 3; injected I/O errors and a real full
 // disk are exit 4 naming the file, with the previous checkpoint intact and the run's NVMe
 // folder removed.
-#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -35,9 +34,7 @@ std::string fresh(const std::string& name) {
 
 std::string nvme_dir() {
   // one per test process: ctest runs the cases in parallel, and they check it is left empty
-  const std::string d = (fs::temp_directory_path() / ("strata_nvme_train_disk-" + std::to_string(getpid()))).string();
-  fs::create_directories(d);
-  return d;
+  return testing::process_dir("strata_nvme_train_disk");
 }
 
 bool nvme_dir_empty() { return fs::is_empty(nvme_dir()); }
