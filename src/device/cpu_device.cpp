@@ -100,10 +100,10 @@ class CpuDevice final : public ArenaDevice {
       gen = ++ev.recorded;
     }
     worker(s).enqueue([&ev, gen] {
-      {
-        std::lock_guard lock(ev.mu);
-        ev.completed = std::max(ev.completed, gen);
-      }
+      // Notified under the lock: a host thread that sees the event complete may destroy it as
+      // soon as it can take the lock, so nothing may touch ev after the lock is released.
+      std::lock_guard lock(ev.mu);
+      ev.completed = std::max(ev.completed, gen);
       ev.cv.notify_all();
     });
   }

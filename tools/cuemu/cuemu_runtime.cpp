@@ -676,11 +676,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     generation = ++e->recorded;
   }
   return stream_submit(s, [e, generation] {
-    {
-      std::lock_guard<std::mutex> lock(e->m);
-      e->completed = std::max(e->completed, generation);
-      e->when = std::chrono::steady_clock::now();
-    }
+    // Notified under the lock: the host may destroy the event as soon as it sees it complete
+    // (cudaEventQuery, then cudaEventDestroy), so nothing may touch e after the lock is released.
+    std::lock_guard<std::mutex> lock(e->m);
+    e->completed = std::max(e->completed, generation);
+    e->when = std::chrono::steady_clock::now();
     e->cv.notify_all();
   });
 }
