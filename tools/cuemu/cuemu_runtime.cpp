@@ -60,7 +60,8 @@ struct CUstream_st {
   std::deque<std::function<void()>> queue;
   uint64_t submitted = 0, completed = 0;
   bool stop = false;
-  int pins = 0;  // drain_all calls holding this stream (guarded by g_streams_mutex)
+  int pins = 0;         // drain_all calls holding this stream (guarded by g_streams_mutex)
+  bool doomed = false;  // destroyed while pinned: the last drain_all to unpin it deletes it
   std::mt19937_64 rng;
   std::thread worker;
 
@@ -135,7 +136,6 @@ std::map<uintptr_t, size_t> g_dev;
 size_t g_dev_bytes = 0;
 
 std::mutex g_streams_mutex;
-std::condition_variable g_streams_unpinned;
 std::set<CUstream_st*> g_streams;
 uint64_t g_stream_serial = 0;
 
@@ -150,10 +150,11 @@ size_t device_rounded(size_t bytes) {
 bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
 
 // The legacy default stream waits for all queued work; cuemu then runs its op on the caller.
-// Each stream is pinned while it drains: another thread's cudaStreamDestroy (a rank of an
-// emulated NCCL run tearing down its device) waits for the pin before freeing it.
+// Each stream is pinned while the walk holds it: another thread's cudaStreamDestroy (a rank of an
+// emulated NCCL run tearing down its device) then leaves the deletion to the walk, as a GPU
+// releases a destroyed stream's resources once its work is done, without blocking the caller.
 void drain_all() {
-  std::vector<CUstream_st*> all;
+  std::vector<CUstream_st*> all, doomed;
   {
     std::lock_guard<std::mutex> lock(g_streams_mutex);
     all.assign(g_streams.begin(), g_streams.end());
@@ -162,9 +163,10 @@ void drain_all() {
   for (CUstream_st* s : all) s->drain();
   {
     std::lock_guard<std::mutex> lock(g_streams_mutex);
-    for (CUstream_st* s : all) --s->pins;
+    for (CUstream_st* s : all)
+      if (--s->pins == 0 && s->doomed) doomed.push_back(s);
   }
-  g_streams_unpinned.notify_all();
+  for (CUstream_st* s : doomed) delete s;
 }
 
 const char* kind_name(cudaMemcpyKind k) {
@@ -631,9 +633,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (is_legacy(s) || !stream_known(s)) return set_last_error(cudaErrorInvalidResourceHandle);
   s->drain();  // queued work still completes, as on a GPU
   {
-    std::unique_lock<std::mutex> lock(g_streams_mutex);
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
     g_streams.erase(s);
-    g_streams_unpinned.wait(lock, [s] { return s->pins == 0; });  // a drain_all still holds it
+    if (s->pins > 0) {  // a drain_all on another thread holds it and deletes it when done
+      s->doomed = true;
+      return cudaSuccess;
+    }
   }
   delete s;
   return cudaSuccess;
