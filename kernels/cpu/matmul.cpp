@@ -19,9 +19,9 @@
 // refuses to create one): each tile's operands are widened to f32 (exact) into the thread's own
 // buffers, op(a) as (tm, K) rows and op(b) as (tn, K) rows, and multiplied by an f32 primitive:
 // the same products of bf16 values with f32 sums, in oneDNN's f32 order rather than its bf16
-// kernel's. On such a CPU an f32 tile's operand not stored along K (a transposed a, else a b
-// stored (K, N)) is packed the same way (matmul_pack_f32). A thread keeps a packed operand for its
-// next tile in the same row (a) or column (b) of tiles.
+// kernel's. On such a CPU an f32 tile's transposed a is packed the same way, and a b stored
+// (K, N) is copied as (K, tn) rows kRestrideLd apart (matmul_pack_f32). A thread keeps a packed
+// operand for its next tile in the same row (a) or column (b) of tiles.
 //
 // beta = 1 is c + (the finished sum), on every path: the tile's product goes into the thread's
 // sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
@@ -30,6 +30,7 @@
 // schedules rely on (offload/engine.cpp: LoRA's adapters, layer-major shares).
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -46,6 +47,10 @@ namespace strata::cpu {
 namespace {
 
 constexpr int64_t kTileM = 256, kTileN = 256;  // fixed: the tiling must not follow threads
+// An f32 b stored (K, N) is copied tile column by tile column into (K, tn) rows this far apart:
+// not a power of two, unlike the model's usual N (512 floats: 2 KiB between rows), whose rows
+// oneDNN's AVX2 kernel reads in place from the same few cache sets.
+constexpr int64_t kRestrideLd = kTileN + 8;
 
 struct MatmulKey {
   int64_t m, n, k, tile_m, tile_n;
@@ -53,12 +58,14 @@ struct MatmulKey {
   bool buffered;  // the product into the thread's dense (tm, tn) sum buffer, not into c
   dnnl::memory::data_type dtype;
   // f32 tiles packed by matmul_run into the thread's buffers: op(a) as (tm, K) rows, op(b) as
-  // (tn, K) rows (widened bf16 packs both)
-  bool packed_a = false, packed_b = false;
+  // (tn, K) rows (widened bf16 packs both); an f32 b stored (K, N) restrided as (K, tn) rows
+  // kRestrideLd apart
+  bool packed_a = false, packed_b = false, restrided_b = false;
   bool operator<(const MatmulKey& o) const {
-    return std::tie(m, n, k, tile_m, tile_n, trans_a, trans_b, buffered, dtype, packed_a, packed_b) <
+    return std::tie(m, n, k, tile_m, tile_n, trans_a, trans_b, buffered, dtype, packed_a, packed_b,
+                    restrided_b) <
            std::tie(o.m, o.n, o.k, o.tile_m, o.tile_n, o.trans_a, o.trans_b, o.buffered,
-                    o.dtype, o.packed_a, o.packed_b);
+                    o.dtype, o.packed_a, o.packed_b, o.restrided_b);
   }
 };
 
@@ -85,8 +92,11 @@ MatmulPlan matmul_make_plan(const MatmulKey& key) {
   const int64_t m = key.m, n = key.n, k = key.k, tm = key.tile_m, tn = key.tile_n;
   // op(a) tile (tm,K): a stored (M,K) or packed has strides {K,1}; a stored (K,M) is read as {1,M}.
   dnnl::memory::desc a_md({tm, k}, key.dtype, key.trans_a && !key.packed_a ? dims{1, m} : dims{k, 1});
-  // op(b) tile (K,tn): b stored (N,K) or packed is read as {1,K}; b stored (K,N) has strides {N,1}.
-  dnnl::memory::desc b_md({k, tn}, key.dtype, key.trans_b || key.packed_b ? dims{1, k} : dims{n, 1});
+  // op(b) tile (K,tn): b stored (N,K) or packed is read as {1,K}; b stored (K,N) has strides {N,1},
+  // restrided {kRestrideLd,1}.
+  dnnl::memory::desc b_md({k, tn}, key.dtype,
+                          key.trans_b || key.packed_b ? dims{1, k}
+                                                      : dims{key.restrided_b ? kRestrideLd : n, 1});
   dnnl::memory::desc c_md({tm, tn}, dnnl::memory::data_type::f32, key.buffered ? dims{tn, 1} : dims{n, 1});
   dnnl::primitive_attr attr;
   // A user scratchpad per thread: oneDNN's library scratchpad is shared between concurrent
@@ -164,12 +174,15 @@ void matmul_pack_any(float* dst, const void* x, bool widen, int64_t ld, bool tra
   else matmul_pack(dst, static_cast<const float*>(x), ld, trans, r0, nr, c0, nc);
 }
 
-// Whether f32 tiles are packed so that an operand not stored along K runs along K (op(a) as
-// (tm, K) rows, or else op(b) as (tn, K) rows; matmul_run says which). Measured with oneDNN 2.6's
-// AVX2 f32 kernel on an AMD EPYC, 2 threads: dx = dy W (2048 x 512, K = 1408, b stored (K, N))
-// at 93 GFLOP/s as stored against 124 with b along K; the weight gradient dy^T x (512 x 512,
-// K = 2048) at 86 against ~105 with a packed; the lm_head's dw (8192 x 512, K = 128) at 64 against
-// ~95-104. On AVX-512 the tiles go to oneDNN as they are stored: measured fast there before.
+// Whether f32 tiles are rearranged: a transposed a packed to run along K (op(a) as (tm, K) rows),
+// a b stored (K, N) restrided (its tile column as (K, tn) rows kRestrideLd apart). Measured with
+// oneDNN 2.6's AVX2 f32 kernel on an AMD EPYC: the weight gradient dy^T x (512 x 512, K = 2048)
+// at 86 GFLOP/s (2 threads) against ~105 with a packed; the lm_head's dw (8192 x 512, K = 128) at
+// 64 against ~95-104. A b stored (K, N) with N = 512 runs a 256 x 256 x 2048 tile at 50-54 GFLOP/s
+// on one thread when 64-byte aligned, as every device buffer is (77 when 16 bytes off: oneDNN then
+// copies it), 73-75 packed as (tn, K) rows, 78-85 restrided: in a training step the weight
+// gradients of q, k, v, o, gate and up (b = the layer's 512-wide input) ran at 58-69 GFLOP/s
+// before the restride. On AVX-512 the tiles go to oneDNN as they are stored: measured fast there.
 bool matmul_pack_f32() {
   static const bool pack = !__builtin_cpu_supports("avx512f");
   return pack;
@@ -211,7 +224,8 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
   // packed, 98 not), and so does repacking b beside a packed a (dW = dy^T x, K = 2048: ~90
   // GFLOP/s either way, against ~105 with a alone).
   const bool pack_a = widen || (f32 && trans_a && n > kTileN && matmul_pack_f32());
-  const bool pack_b = widen || (f32 && !pack_a && !trans_b && m > kTileM && matmul_pack_f32());
+  const bool pack_b = widen;
+  const bool restride_b = f32 && !trans_b && matmul_pack_f32();
   static std::atomic<int64_t> calls{0};
   const int64_t call = calls.fetch_add(1, std::memory_order_relaxed);
   const size_t elem_bytes = f32 ? 4 : 2;
@@ -223,13 +237,14 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       int64_t tm = sm ? m - (tiles_m - 1) * kTileM : std::min(m, kTileM);
       int64_t tn = sn ? n - (tiles_n - 1) * kTileN : std::min(n, kTileN);
       plans[sm][sn] = &matmul_plan(MatmulKey{m, n, k, tm, tn, trans_a, trans_b, beta != 0.f,
-                                             widen ? dnnl::memory::data_type::f32 : dtype, pack_a, pack_b});
+                                             widen ? dnnl::memory::data_type::f32 : dtype, pack_a, pack_b,
+                                             restride_b});
     }
   }
   const int64_t tiles = tiles_m * tiles_n;
-  // Tiles in column order when only b is packed (a thread's next tile mostly reuses its b),
-  // else in row order.
-  const bool by_columns = pack_b && !pack_a;
+  // Tiles in column order when only b is packed or restrided (a thread's next tile mostly reuses
+  // its b), else in row order.
+  const bool by_columns = (pack_b || restride_b) && !pack_a;
   // A thread takes runs of tiles along a row (a column when by_columns), as long as that leaves
   // every thread work, so that its packed operand serves the run.
   const int64_t along = by_columns ? tiles_m : tiles_n;
@@ -266,6 +281,15 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
         float* b32 = scratch_grow(ws.b, size_t(k * kTileN));
         if (ws.b_call != call || ws.b_tile != tj) {
           matmul_pack_any(b32, b, widen, trans_b ? k : n, !trans_b, j0, tn, 0, k);
+          ws.b_call = call, ws.b_tile = tj;
+        }
+        b_tile = b32;
+      }
+      if (restride_b) {  // b's columns [j0, j0 + tn) as (K, tn) rows kRestrideLd apart
+        float* b32 = scratch_grow(ws.b, size_t(k * kRestrideLd));
+        if (ws.b_call != call || ws.b_tile != tj) {
+          const float* src = static_cast<const float*>(b) + j0;
+          for (int64_t r = 0; r < k; ++r) std::memcpy(b32 + r * kRestrideLd, src + r * n, size_t(tn) * sizeof(float));
           ws.b_call = call, ws.b_tile = tj;
         }
         b_tile = b32;
@@ -334,8 +358,10 @@ void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int6
 
 size_t matmul_scratch_bytes(int64_t k, DType dtype) {
   STRATA_CHECK(k >= 0, "matmul_scratch_bytes: k must be >= 0, got ", k);
+  // widened bf16: op(a) (256, K) and op(b) (256, K); f32: op(a) (256, K) and b (K, kRestrideLd)
   const bool packs = dtype == DType::bf16 ? !matmul_bf16_native() : matmul_pack_f32();
-  const size_t packed = packs ? size_t(kTileM + kTileN) * size_t(k) : 0;
+  const int64_t b_row = dtype == DType::bf16 ? kTileN : kRestrideLd;
+  const size_t packed = packs ? size_t(kTileM + b_row) * size_t(k) : 0;
   return (packed + size_t(kTileM * kTileN)) * sizeof(float);
 }
 

@@ -183,10 +183,11 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
   CHECK(held.after == held.large);
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::bf16) ==
         (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4) : held.large));
+  // f32: op(a) packed the same, b restrided as (K, 256) rows 264 floats apart
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::f32) ==
-        (strata::cpu::matmul_f32_packs() ? held.large : size_t(65536 * 4)));
-  // f32 tiles that are packed (2 x 3 tiles: a read transposed, then b stored (K, N)) hold the same
-  // buffers
+        (strata::cpu::matmul_f32_packs() ? size_t(((256 + 264) * 129 + 65536) * 4) : size_t(65536 * 4)));
+  // f32 tiles that are packed and restrided (2 x 3 tiles: a read transposed, then b stored (K, N))
+  // hold those buffers
   std::thread f32_worker([&] {
     omp_set_num_threads(1);
     const auto a = random_floats(300 * 129, 7), b = random_floats(129 * 520, 8);
