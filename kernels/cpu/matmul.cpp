@@ -51,6 +51,7 @@ constexpr int64_t kTileM = 256, kTileN = 256;  // fixed: the tiling must not fol
 // not a power of two, unlike the model's usual N (512 floats: 2 KiB between rows), whose rows
 // oneDNN's AVX2 kernel reads in place from the same few cache sets.
 constexpr int64_t kRestrideLd = kTileN + 8;
+constexpr int64_t kRestrideMinM = 64;  // fewer rows of op(a): b is read in place (matmul_run)
 
 struct MatmulKey {
   int64_t m, n, k, tile_m, tile_n;
@@ -218,14 +219,14 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     return;
   }
   const bool f32 = dtype == dnnl::memory::data_type::f32;
-  // f32: one operand at most is packed, a before b, and only when other tiles share it (a packed
-  // a serves a row of tiles, a packed b a column): a single row of tiles repacking its b for each
-  // tile costs more than the packing gains (the lm_head's dh = dlogits w on 128 rows: 78 GFLOP/s
-  // packed, 98 not), and so does repacking b beside a packed a (dW = dy^T x, K = 2048: ~90
-  // GFLOP/s either way, against ~105 with a alone).
+  // f32: a transposed a is packed only when other tiles share it (a packed a serves a row of
+  // tiles). A b stored (K, N) is restrided per tile column once op(a) has kRestrideMinM rows:
+  // the copy is K x tn floats for 2 M K tn flops. Measured (AVX2, 2 threads, aligned b of
+  // 2048 x 512): M = 1 0.21 ms restrided against 0.09 in place, M = 8 0.36 / 0.24, M = 32 about
+  // even, M = 64 1.2-1.6 / 1.5, M = 256 4.1-4.7 / 6.1-6.3.
   const bool pack_a = widen || (f32 && trans_a && n > kTileN && matmul_pack_f32());
   const bool pack_b = widen;
-  const bool restride_b = f32 && !trans_b && matmul_pack_f32();
+  const bool restride_b = f32 && !trans_b && m >= kRestrideMinM && matmul_pack_f32();
   static std::atomic<int64_t> calls{0};
   const int64_t call = calls.fetch_add(1, std::memory_order_relaxed);
   const size_t elem_bytes = f32 ? 4 : 2;
