@@ -21,7 +21,8 @@
 // the same products of bf16 values with f32 sums, in oneDNN's f32 order rather than its bf16
 // kernel's. On such a CPU an f32 tile's transposed a is packed the same way, and a b stored
 // (K, N) is copied as (K, tn) rows kRestrideLd apart (matmul_pack_f32). A thread keeps a packed
-// operand for its next tile in the same row (a) or column (b) of tiles.
+// operand for its next tile in the same row (a) or column (b) of tiles; with both, the restrided b
+// is made once per call and shared by the threads.
 //
 // beta = 1 is c + (the finished sum), on every path: the tile's product goes into the thread's
 // sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
@@ -35,7 +36,9 @@
 #include <mutex>
 #include <vector>
 #include <tuple>
+#include <type_traits>
 
+#include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
@@ -133,6 +136,29 @@ const MatmulPlan& matmul_plan(const MatmulKey& key) {
 float matmul_to_f32(float x) { return x; }
 float matmul_to_f32(bf16 x) { return bf16_to_f32(x); }
 
+#if defined(__AVX__)
+// dst's 8 x 8 block (row stride ldd) = the transpose of src's (row stride lds): unpacks pair the
+// rows' elements, shuffles make quadruples, 128-bit lane permutes finish the columns.
+inline void matmul_transpose_8x8(float* dst, int64_t ldd, const float* src, int64_t lds) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
 // op(x) rows [r0, r0 + nr) by columns [c0, c0 + nc) of the matrix x (stored (R, C) with row
 // stride ld, or transposed: stored (C, R)), as f32 into dst (nr, nc) dense.
 template <class T>
@@ -153,6 +179,12 @@ void matmul_pack(float* dst, const T* x, int64_t ld, bool trans, int64_t r0, int
   const int64_t nr8 = nr - nr % kBlock, nc8 = nc - nc % kBlock;
   for (int64_t j0 = 0; j0 < nc8; j0 += kBlock) {
     for (int64_t i0 = 0; i0 < nr8; i0 += kBlock) {
+#if defined(__AVX__)
+      if constexpr (std::is_same_v<T, float>) {  // through registers: the scalar block ran at ~4 GB/s
+        matmul_transpose_8x8(dst + i0 * nc + j0, nc, x + (c0 + j0) * ld + r0 + i0, ld);
+        continue;
+      }
+#endif
       float block[kBlock][kBlock];
       for (int64_t j = 0; j < kBlock; ++j) {
         const T* src = x + (c0 + j0 + j) * ld + r0 + i0;
@@ -201,6 +233,7 @@ namespace {
 // (b) of tiles: call is the matmul_run call's number, -1 when nothing is packed.
 struct MatmulScratch {
   std::vector<float> a, b, c;
+  std::vector<float> b_shared;  // a call's whole b restrided, shared by its threads (matmul_run)
   int64_t a_call = -1, a_tile = -1, b_call = -1, b_tile = -1;
 };
 MatmulScratch& matmul_scratch() {
@@ -243,6 +276,16 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     }
   }
   const int64_t tiles = tiles_m * tiles_n;
+  // With a packed (tiles in row order) every row of tiles reads every restrided tile column: a
+  // thread's own b buffer was copied afresh for each tile (the weight gradient of gate or up on
+  // the mid model, 6 x 2 tiles: 12 copies of 2048 x 256 floats, ~8% of its time). So when the
+  // columns are no more than the threads (what their own buffers would hold), the calling
+  // thread's buffer takes all of b restrided, (K, tn) rows kRestrideLd apart per tile column,
+  // copied once by the team before its first tile.
+  const int threads = omp_get_max_threads();
+  const bool shared_b = restride_b && pack_a && tiles > 1 && tiles_n <= threads;
+  float* b_shared =
+      shared_b ? scratch_grow(matmul_scratch().b_shared, size_t(tiles_n * k * kRestrideLd)) : nullptr;
   // Tiles in column order when only b is packed or restrided (a thread's next tile mostly reuses
   // its b), else in row order.
   const bool by_columns = (pack_b || restride_b) && !pack_a;
@@ -255,6 +298,14 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
 #pragma omp parallel if (tiles > 1)
   {
     omp_set_num_threads(1);  // this thread's own ICV: oneDNN runs each tile single-threaded
+    if (shared_b) {
+      const float* src = static_cast<const float*>(b);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < k; ++r)
+        for (int64_t tj = 0; tj < tiles_n; ++tj)
+          std::memcpy(b_shared + (tj * k + r) * kRestrideLd, src + r * n + tj * kTileN,
+                      size_t(std::min(kTileN, n - tj * kTileN)) * sizeof(float));
+    }
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t ti = by_columns ? t % tiles_m : t / tiles_n;
@@ -286,7 +337,9 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
         }
         b_tile = b32;
       }
-      if (restride_b) {  // b's columns [j0, j0 + tn) as (K, tn) rows kRestrideLd apart
+      if (shared_b) {
+        b_tile = b_shared + tj * k * kRestrideLd;
+      } else if (restride_b) {  // b's columns [j0, j0 + tn) as (K, tn) rows kRestrideLd apart
         float* b32 = scratch_grow(ws.b, size_t(k * kRestrideLd));
         if (ws.b_call != call || ws.b_tile != tj) {
           const float* src = static_cast<const float*>(b) + j0;
@@ -359,16 +412,18 @@ void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int6
 
 size_t matmul_scratch_bytes(int64_t k, DType dtype) {
   STRATA_CHECK(k >= 0, "matmul_scratch_bytes: k must be >= 0, got ", k);
-  // widened bf16: op(a) (256, K) and op(b) (256, K); f32: op(a) (256, K) and b (K, kRestrideLd)
+  // widened bf16: op(a) (256, K) and op(b) (256, K); f32: op(a) (256, K), b (K, kRestrideLd) and
+  // a thread's share of a call's shared restrided b (the calling thread holds up to one (K,
+  // kRestrideLd) block per thread of the team)
   const bool packs = dtype == DType::bf16 ? !matmul_bf16_native() : matmul_pack_f32();
-  const int64_t b_row = dtype == DType::bf16 ? kTileN : kRestrideLd;
+  const int64_t b_row = dtype == DType::bf16 ? kTileN : 2 * kRestrideLd;
   const size_t packed = packs ? size_t(kTileM + b_row) * size_t(k) : 0;
   return (packed + size_t(kTileM * kTileN)) * sizeof(float);
 }
 
 size_t matmul_scratch_held_bytes() {
   const MatmulScratch& ws = matmul_scratch();
-  return (ws.a.capacity() + ws.b.capacity() + ws.c.capacity()) * sizeof(float);
+  return (ws.a.capacity() + ws.b.capacity() + ws.c.capacity() + ws.b_shared.capacity()) * sizeof(float);
 }
 
 }  // namespace strata::cpu

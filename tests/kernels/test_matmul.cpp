@@ -28,8 +28,10 @@ using strata::bf16;
 struct MatmulShape {
   int64_t m, n, k;
 };
-// (300, 520, 70) spans 2 x 3 of matmul.cpp's 256 x 256 tiles, edge tiles included.
-const MatmulShape kShapes[] = {{1, 1, 1}, {3, 17, 15}, {65, 33, 129}, {128, 256, 96}, {300, 520, 70}};
+// (300, 520, 70) spans 2 x 3 of matmul.cpp's 256 x 256 tiles, edge tiles included; (300, 400, 70)
+// 2 x 2, whose transposed-a products share one restrided b between 2 or more threads (AVX2).
+const MatmulShape kShapes[] = {{1, 1, 1},     {3, 17, 15},    {65, 33, 129},
+                               {128, 256, 96}, {300, 520, 70}, {300, 400, 70}};
 
 // ---- matmul -------------------------------------------------------------------------------
 
@@ -183,11 +185,14 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
   CHECK(held.after == held.large);
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::bf16) ==
         (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4) : held.large));
-  // f32: op(a) packed the same, b restrided as (K, 256) rows 264 floats apart
+  // f32: op(a) packed the same, b restrided as (K, 256) rows 264 floats apart, and a thread's
+  // share of a restrided b shared by the team (one (K, 264) block per thread)
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::f32) ==
-        (strata::cpu::matmul_f32_packs() ? size_t(((256 + 264) * 129 + 65536) * 4) : size_t(65536 * 4)));
+        (strata::cpu::matmul_f32_packs() ? size_t(((256 + 2 * 264) * 129 + 65536) * 4) : size_t(65536 * 4)));
   // f32 tiles that are packed and restrided (2 x 3 tiles: a read transposed, then b stored (K, N))
-  // hold those buffers
+  // hold those buffers: on one thread its own; on three, a transposed a's 3 tile columns of b
+  // restrided once into the calling thread's shared buffer
+  size_t shared_held = 0;
   std::thread f32_worker([&] {
     omp_set_num_threads(1);
     const auto a = random_floats(300 * 129, 7), b = random_floats(129 * 520, 8);
@@ -195,9 +200,18 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
     strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 300, 520, 129, true, false, 1.f);
     strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 300, 520, 129, false, false, 1.f);
     held.large = strata::cpu::matmul_scratch_held_bytes();
+    omp_set_num_threads(3);
+    strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 300, 520, 129, true, false, 1.f);
+    shared_held = strata::cpu::matmul_scratch_held_bytes();
   });
   f32_worker.join();
-  CHECK(held.large == strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
+  if (strata::cpu::matmul_f32_packs()) {
+    CHECK(held.large == size_t(((256 + 264) * 129 + 65536) * 4));
+    CHECK(shared_held == held.large + size_t(3 * 129 * 264 * 4));
+    CHECK(shared_held <= 3 * strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
+  } else {
+    CHECK(held.large == strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
+  }
   CHECK_THROWS_WITH(strata::cpu::matmul_scratch_bytes(-1, strata::DType::f32), Catch::Contains("k must be >= 0"));
 }
 
@@ -245,6 +259,8 @@ TEST_CASE("matmul results are bitwise independent of the thread count", "[kernel
   const Case cases[] = {{300, 520, 96, false, true, 0.f, "y = x W^T"},
                         {300, 96, 520, false, false, 0.f, "dx = dy W"},
                         {520, 96, 300, true, false, 1.f, "dW += dy^T x"},
+                        // a packed and two tile columns of b: on 2 threads b is restrided once, shared
+                        {520, 300, 96, true, false, 1.f, "dW += dy^T x, b shared"},
                         {8, 8, 16384, true, false, 0.f, "long K"},
                         {64, 64, 8192, true, false, 1.f, "dW, many tokens"}};
   int differ = 0;
