@@ -21,8 +21,8 @@
 // the same products of bf16 values with f32 sums, in oneDNN's f32 order rather than its bf16
 // kernel's. On such a CPU an f32 tile's transposed a is packed the same way, and a b stored
 // (K, N) is copied as (K, tn) rows kRestrideLd apart (matmul_pack_f32). A thread keeps a packed
-// operand for its next tile in the same row (a) or column (b) of tiles; with both, the restrided b
-// is made once per call and shared by the threads.
+// operand for its next tile in the same row (a) or column (b) of tiles; with both, one of them is
+// made once per call and shared by the threads.
 //
 // beta = 1 is c + (the finished sum), on every path: the tile's product goes into the thread's
 // sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
@@ -233,7 +233,7 @@ namespace {
 // (b) of tiles: call is the matmul_run call's number, -1 when nothing is packed.
 struct MatmulScratch {
   std::vector<float> a, b, c;
-  std::vector<float> b_shared;  // a call's whole b restrided, shared by its threads (matmul_run)
+  std::vector<float> shared;  // a call's whole b restrided or a packed, shared by its threads (matmul_run)
   int64_t a_call = -1, a_tile = -1, b_call = -1, b_tile = -1;
 };
 MatmulScratch& matmul_scratch() {
@@ -276,19 +276,22 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     }
   }
   const int64_t tiles = tiles_m * tiles_n;
-  // With a packed (tiles in row order) every row of tiles reads every restrided tile column: a
-  // thread's own b buffer was copied afresh for each tile (the weight gradient of gate or up on
-  // the mid model, 6 x 2 tiles: 12 copies of 2048 x 256 floats, ~8% of its time). So when the
-  // columns are no more than the threads (what their own buffers would hold), the calling
-  // thread's buffer takes all of b restrided, (K, tn) rows kRestrideLd apart per tile column,
-  // copied once by the team before its first tile.
+  // With a packed and b restrided, a thread's run of tiles keeps one of them and copies the other
+  // afresh for each tile (the weight gradient of gate or up on the mid model, 6 x 2 tiles: 12
+  // copies of 2048 x 256 floats in row order, ~8% of its time). So one of them is made once per
+  // call, by the team before its first tile, into the calling thread's shared buffer, when it
+  // takes no more than the threads' own buffers would (its tiles no more than the threads): b
+  // (all its tile columns restrided, (K, tn) rows kRestrideLd apart per column; tiles in row
+  // order), else a (all its tile rows packed, (tm, K) each; tiles in column order).
   const int threads = omp_get_max_threads();
   const bool shared_b = restride_b && pack_a && tiles > 1 && tiles_n <= threads;
-  float* b_shared =
-      shared_b ? scratch_grow(matmul_scratch().b_shared, size_t(tiles_n * k * kRestrideLd)) : nullptr;
-  // Tiles in column order when only b is packed or restrided (a thread's next tile mostly reuses
-  // its b), else in row order.
-  const bool by_columns = (pack_b || restride_b) && !pack_a;
+  const bool shared_a = restride_b && pack_a && tiles > 1 && !shared_b && tiles_m <= threads;
+  float* shared = nullptr;
+  if (shared_b) shared = scratch_grow(matmul_scratch().shared, size_t(tiles_n * k * kRestrideLd));
+  if (shared_a) shared = scratch_grow(matmul_scratch().shared, size_t(tiles_m * kTileM * k));
+  // Tiles in column order when only b is packed or restrided, or a is shared (a thread's next
+  // tile mostly reuses its b), else in row order.
+  const bool by_columns = (pack_b || restride_b) && (!pack_a || shared_a);
   // A thread takes runs of tiles along a row (a column when by_columns), as long as that leaves
   // every thread work, so that its packed operand serves the run.
   const int64_t along = by_columns ? tiles_m : tiles_n;
@@ -303,8 +306,14 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < k; ++r)
         for (int64_t tj = 0; tj < tiles_n; ++tj)
-          std::memcpy(b_shared + (tj * k + r) * kRestrideLd, src + r * n + tj * kTileN,
+          std::memcpy(shared + (tj * k + r) * kRestrideLd, src + r * n + tj * kTileN,
                       size_t(std::min(kTileN, n - tj * kTileN)) * sizeof(float));
+    }
+    if (shared_a) {
+#pragma omp for schedule(static)
+      for (int64_t ti = 0; ti < tiles_m; ++ti)
+        matmul_pack_any(shared + ti * kTileM * k, a, false, m, true, ti * kTileM,
+                        std::min(kTileM, m - ti * kTileM), 0, k);
     }
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < tiles; ++t) {
@@ -321,7 +330,9 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       float* c_tile = c + i0 * n + j0;
       const int64_t tm = std::min(kTileM, m - i0), tn = std::min(kTileN, n - j0);
       MatmulScratch& ws = matmul_scratch();
-      if (pack_a) {  // op(a) rows [i0, i0 + tm) as (tm, K) f32
+      if (shared_a) {
+        a_tile = shared + ti * kTileM * k;
+      } else if (pack_a) {  // op(a) rows [i0, i0 + tm) as (tm, K) f32
         float* a32 = scratch_grow(ws.a, size_t(kTileM * k));  // sized by K alone: one size per K
         if (ws.a_call != call || ws.a_tile != ti) {
           matmul_pack_any(a32, a, widen, trans_a ? m : k, trans_a, i0, tm, 0, k);
@@ -338,7 +349,7 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
         b_tile = b32;
       }
       if (shared_b) {
-        b_tile = b_shared + tj * k * kRestrideLd;
+        b_tile = shared + tj * k * kRestrideLd;
       } else if (restride_b) {  // b's columns [j0, j0 + tn) as (K, tn) rows kRestrideLd apart
         float* b32 = scratch_grow(ws.b, size_t(k * kRestrideLd));
         if (ws.b_call != call || ws.b_tile != tj) {
@@ -413,8 +424,8 @@ void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int6
 size_t matmul_scratch_bytes(int64_t k, DType dtype) {
   STRATA_CHECK(k >= 0, "matmul_scratch_bytes: k must be >= 0, got ", k);
   // widened bf16: op(a) (256, K) and op(b) (256, K); f32: op(a) (256, K), b (K, kRestrideLd) and
-  // a thread's share of a call's shared restrided b (the calling thread holds up to one (K,
-  // kRestrideLd) block per thread of the team)
+  // a thread's share of a call's shared restrided b or packed a (the calling thread holds up to
+  // one (K, kRestrideLd) or (256, K) block per thread of the team)
   const bool packs = dtype == DType::bf16 ? !matmul_bf16_native() : matmul_pack_f32();
   const int64_t b_row = dtype == DType::bf16 ? kTileN : 2 * kRestrideLd;
   const size_t packed = packs ? size_t(kTileM + b_row) * size_t(k) : 0;
@@ -423,7 +434,7 @@ size_t matmul_scratch_bytes(int64_t k, DType dtype) {
 
 size_t matmul_scratch_held_bytes() {
   const MatmulScratch& ws = matmul_scratch();
-  return (ws.a.capacity() + ws.b.capacity() + ws.c.capacity() + ws.b_shared.capacity()) * sizeof(float);
+  return (ws.a.capacity() + ws.b.capacity() + ws.c.capacity() + ws.shared.capacity()) * sizeof(float);
 }
 
 }  // namespace strata::cpu

@@ -29,7 +29,8 @@ struct MatmulShape {
   int64_t m, n, k;
 };
 // (300, 520, 70) spans 2 x 3 of matmul.cpp's 256 x 256 tiles, edge tiles included; (300, 400, 70)
-// 2 x 2, whose transposed-a products share one restrided b between 2 or more threads (AVX2).
+// 2 x 2. On AVX2 with 2 threads their transposed-a products share one packed a (2 x 3) or one
+// restrided b (2 x 2) between the threads.
 const MatmulShape kShapes[] = {{1, 1, 1},     {3, 17, 15},    {65, 33, 129},
                                {128, 256, 96}, {300, 520, 70}, {300, 400, 70}};
 
@@ -261,6 +262,8 @@ TEST_CASE("matmul results are bitwise independent of the thread count", "[kernel
                         {520, 96, 300, true, false, 1.f, "dW += dy^T x"},
                         // a packed and two tile columns of b: on 2 threads b is restrided once, shared
                         {520, 300, 96, true, false, 1.f, "dW += dy^T x, b shared"},
+                        // four tile columns, two rows: on 2 threads a is packed once, shared
+                        {300, 800, 96, true, false, 1.f, "dW += dy^T x, a shared"},
                         {8, 8, 16384, true, false, 0.f, "long K"},
                         {64, 64, 8192, true, false, 1.f, "dW, many tokens"}};
   int differ = 0;
