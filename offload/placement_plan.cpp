@@ -372,9 +372,11 @@ void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const Plan
 }
 
 std::string placement_plan_table(const PlacementPlan& p) {
-  std::string out = str_cat(padded("  kind of state", 58), padded("tier", 13), "bytes\n");
+  size_t width = 56;  // the kind column, as wide as its longest entry (and a space)
+  for (const PlanState& s : p.states) width = std::max(width, s.kind.size() + 1);
+  std::string out = str_cat(padded("  kind of state", width + 2), padded("tier", 13), "bytes\n");
   for (const PlanState& s : p.states)
-    out += str_cat("  ", padded(s.kind, 56), padded(tier_name(s.tier), 13), format_bytes(s.bytes), "\n");
+    out += str_cat("  ", padded(s.kind, width), padded(tier_name(s.tier), 13), format_bytes(s.bytes), "\n");
   out += "  transient phases (one at a time):";
   for (const PlanState& t : p.transients) out += str_cat(" ", t.kind, " ", format_bytes(t.bytes), ";");
   out.back() = '\n';
