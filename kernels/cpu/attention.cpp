@@ -324,9 +324,9 @@ constexpr int64_t kVecPerTile = kTileK / 16;  // the AVX-512 vdpbf16ps kernels: 
 static_assert(kTileK % 16 == 0 && kTileK % kLanes == 0);
 // The register block of attention_gemm (rows x column vectors of accumulators): 4 x 4 = 16
 // accumulators on AVX-512's 32 registers (4 column vectors and 4 row broadcasts beside them); on
-// AVX2's 16, 6 x 2 = 12 with the two column vectors and one broadcast beside them, so each column vector is loaded once per x and reused by
-// the six rows (the 3 x 4 block it replaced had GCC fold every column load into its FMA: 15 loads
-// per 12 FMAs, which kept that block load-bound at about 80% of the FMA rate on Zen 3).
+// AVX2's 16, 6 x 2 = 12 with the two column vectors and one broadcast beside them, so each column
+// vector is loaded once per x and reused by the six rows (the 3 x 4 block it replaced had GCC
+// fold every column load into its FMA: 15 loads per 12 FMAs, load-bound on Zen 3).
 constexpr int64_t kDotRows = kLanes == 16 ? 4 : 6;
 constexpr int64_t kDotVecs = kLanes == 16 ? 4 : 2;
 constexpr int64_t kDotCols = kDotVecs * kLanes;  // 64 (AVX-512) or 16 columns per block

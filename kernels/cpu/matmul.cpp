@@ -200,6 +200,13 @@ void matmul_pack(float* dst, const T* x, int64_t ld, bool trans, int64_t r0, int
   }
 }
 
+// Rows [r0, r1) of the tile column [j0, j0 + tn) of an f32 b stored (K, N) into dst, the
+// column's (K, tn) copy with rows kRestrideLd apart.
+void matmul_restride_rows(float* dst, const float* b, int64_t n, int64_t j0, int64_t tn, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    std::memcpy(dst + r * kRestrideLd, b + r * n + j0, size_t(tn) * sizeof(float));
+}
+
 // matmul_pack of x's bf16 (widen) or f32 elements.
 void matmul_pack_any(float* dst, const void* x, bool widen, int64_t ld, bool trans, int64_t r0,
                      int64_t nr, int64_t c0, int64_t nc) {
@@ -301,13 +308,13 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
 #pragma omp parallel if (tiles > 1)
   {
     omp_set_num_threads(1);  // this thread's own ICV: oneDNN runs each tile single-threaded
-    if (shared_b) {
-      const float* src = static_cast<const float*>(b);
+    if (shared_b) {  // rows of every tile column, in blocks spread over the team
+      constexpr int64_t kRows = 64;
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < k; ++r)
+      for (int64_t r0 = 0; r0 < k; r0 += kRows)
         for (int64_t tj = 0; tj < tiles_n; ++tj)
-          std::memcpy(shared + (tj * k + r) * kRestrideLd, src + r * n + tj * kTileN,
-                      size_t(std::min(kTileN, n - tj * kTileN)) * sizeof(float));
+          matmul_restride_rows(shared + tj * k * kRestrideLd, static_cast<const float*>(b), n, tj * kTileN,
+                               std::min(kTileN, n - tj * kTileN), r0, std::min(k, r0 + kRows));
     }
     if (shared_a) {
 #pragma omp for schedule(static)
@@ -353,8 +360,7 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
       } else if (restride_b) {  // b's columns [j0, j0 + tn) as (K, tn) rows kRestrideLd apart
         float* b32 = scratch_grow(ws.b, size_t(k * kRestrideLd));
         if (ws.b_call != call || ws.b_tile != tj) {
-          const float* src = static_cast<const float*>(b) + j0;
-          for (int64_t r = 0; r < k; ++r) std::memcpy(b32 + r * kRestrideLd, src + r * n, size_t(tn) * sizeof(float));
+          matmul_restride_rows(b32, static_cast<const float*>(b), n, j0, tn, 0, k);
           ws.b_call = call, ws.b_tile = tj;
         }
         b_tile = b32;

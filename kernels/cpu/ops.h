@@ -38,8 +38,8 @@ void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, i
 // them: on CPUs without AVX-512, where its f32 kernel runs those layouts markedly slower
 // (kernels/cpu/matmul.cpp). Same products, f32 sums in that kernel's order.
 // A thread keeps its matmul buffers from one call to the next (a 256 x 256 tile's product before
-// beta = 1 adds it; the packed or widened tiles; the calling thread a restrided b its team
-// shares): matmul_scratch_bytes(k, dtype) per thread for calls of up to k,
+// beta = 1 adds it; the packed or widened tiles; the calling thread a restrided b or packed a
+// its team shares): matmul_scratch_bytes(k, dtype) per thread for calls of up to k,
 // matmul_scratch_held_bytes what the calling thread holds.
 bool matmul_bf16_native();
 bool matmul_f32_packs();

@@ -192,8 +192,10 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
         (strata::cpu::matmul_f32_packs() ? size_t(((256 + 2 * 264) * 129 + 65536) * 4) : size_t(65536 * 4)));
   // f32 tiles that are packed and restrided (2 x 3 tiles: a read transposed, then b stored (K, N))
   // hold those buffers: on one thread its own; on three, a transposed a's 3 tile columns of b
-  // restrided once into the calling thread's shared buffer
-  size_t shared_held = 0;
+  // restrided once into the calling thread's shared buffer; on two (a fresh thread, its own
+  // buffers first made by a call on one thread, whichever tiles the team then hands it), its 2
+  // tile rows of a packed once there instead
+  size_t shared_held = 0, shared_a_held = 0;
   std::thread f32_worker([&] {
     omp_set_num_threads(1);
     const auto a = random_floats(300 * 129, 7), b = random_floats(129 * 520, 8);
@@ -206,10 +208,22 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
     shared_held = strata::cpu::matmul_scratch_held_bytes();
   });
   f32_worker.join();
+  std::thread shared_a_worker([&] {
+    const auto a = random_floats(300 * 129, 7), b = random_floats(129 * 520, 8);
+    std::vector<float> c(300 * 520, 0.f);
+    omp_set_num_threads(1);
+    strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 300, 520, 129, true, false, 1.f);
+    omp_set_num_threads(2);
+    strata::cpu::matmul_f32(c.data(), a.data(), b.data(), 300, 520, 129, true, false, 1.f);
+    shared_a_held = strata::cpu::matmul_scratch_held_bytes();
+  });
+  shared_a_worker.join();
   if (strata::cpu::matmul_f32_packs()) {
     CHECK(held.large == size_t(((256 + 264) * 129 + 65536) * 4));
     CHECK(shared_held == held.large + size_t(3 * 129 * 264 * 4));
     CHECK(shared_held <= 3 * strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
+    CHECK(shared_a_held == held.large + size_t(2 * 256 * 129 * 4));
+    CHECK(shared_a_held <= 2 * strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
   } else {
     CHECK(held.large == strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
   }
