@@ -1,4 +1,4 @@
-// Matmul (oneDNN) against the plain-loop reference in fp64: all four transpose combinations,
+// Matmul (oneDNN, or strata's own AVX2 kernel) against the plain-loop reference in fp64: all four transpose combinations,
 // beta 0 and 1, f32 and bf16 inputs, awkward shapes; the reference's transpose handling checked
 // by finite differences; thread-count independence measured. Also the elementwise helpers that
 // feed matmul_bf16: the f32 -> bf16 rounding against an independent rounding in double,
@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <omp.h>
 
+#include "kernels/cpu/gemm_avx2.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "src/core/error.h"
@@ -29,10 +30,11 @@ struct MatmulShape {
   int64_t m, n, k;
 };
 // (300, 520, 70) spans 2 x 3 of matmul.cpp's 256 x 256 tiles, edge tiles included; (300, 400, 70)
-// 2 x 2. On AVX2 with 2 threads their transposed-a products share one packed a (2 x 3) or one
-// restrided b (2 x 2) between the threads.
-const MatmulShape kShapes[] = {{1, 1, 1},     {3, 17, 15},    {65, 33, 129},
-                               {128, 256, 96}, {300, 520, 70}, {300, 400, 70}};
+// 2 x 2. On AVX2 with 2 threads (strata's kernel) their transposed-a products share one packed a
+// (2 x 3) or one packed b (2 x 2) between the threads. (70, 40, 300): more than one 256-step block
+// of K, with a tail that is not a multiple of 8; 70 and 40 are not multiples of the kernel's 6 x 16.
+const MatmulShape kShapes[] = {{1, 1, 1},       {3, 17, 15},    {65, 33, 129},  {128, 256, 96},
+                               {300, 520, 70}, {300, 400, 70}, {70, 40, 300}};
 
 // ---- matmul -------------------------------------------------------------------------------
 
@@ -180,21 +182,28 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
   });
   worker.join();
   // 256 x K of op(a) and K x 256 of op(b) widened, and with beta = 1 the 256 x 256 product, f32
-  CHECK(held.overwrite == size_t(512 * 70 * 4));
-  CHECK(held.small == size_t((512 * 70 + 65536) * 4));
-  CHECK(held.large == size_t((512 * 129 + 65536) * 4));
+  // strata's kernel (AVX2): a tile row of op(a) in panels of 6 rows (258 x K) and a tile column
+  // of op(b) (256 x K); oneDNN widening: 256 x K of each. With beta = 1 also the 256 x 256 product.
+  const bool own = strata::cpu::gemm_avx2_available();
+  const auto packed = [&](int64_t k) {
+    return size_t(own ? strata::cpu::gemm_packed_a_floats(256, k) + strata::cpu::gemm_packed_b_floats(256, k)
+                      : 512 * k);
+  };
+  CHECK(packed(70) == size_t(own ? (258 + 256) * 70 : 512 * 70));
+  CHECK(held.overwrite == packed(70) * 4);
+  CHECK(held.small == (packed(70) + 65536) * 4);
+  CHECK(held.large == (packed(129) + 65536) * 4);
   CHECK(held.after == held.large);
+  // and a thread's share of a packed operand its team shares (strata's kernel)
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::bf16) ==
-        (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4) : held.large));
-  // f32: op(a) packed the same, b restrided as (K, 256) rows 264 floats apart, and a thread's
-  // share of a restrided b shared by the team (one (K, 264) block per thread)
+        (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4) : held.large + (own ? size_t(258 * 129 * 4) : 0)));
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::f32) ==
-        (strata::cpu::matmul_f32_packs() ? size_t(((256 + 2 * 264) * 129 + 65536) * 4) : size_t(65536 * 4)));
-  // f32 tiles that are packed and restrided (2 x 3 tiles: a read transposed, then b stored (K, N))
-  // hold those buffers: on one thread its own; on three, a transposed a's 3 tile columns of b
-  // restrided once into the calling thread's shared buffer; on two (a fresh thread, its own
-  // buffers first made by a call on one thread, whichever tiles the team then hands it), its 2
-  // tile rows of a packed once there instead
+        (strata::cpu::matmul_f32_packs() ? size_t(((258 + 256 + 258) * 129 + 65536) * 4) : size_t(65536 * 4)));
+  // f32 tiles through strata's kernel (2 x 3 tiles: a read transposed, then a stored (M, K), read
+  // in place but for its last partial panel of rows) hold its buffers: on one thread its own; on
+  // three, b's 3 tile columns packed once into the calling thread's shared buffer; on two (a fresh
+  // thread, its own buffers first made by a call on one thread, whichever tiles the team then
+  // hands it), the transposed a's 2 tile rows packed once there instead
   size_t shared_held = 0, shared_a_held = 0;
   std::thread f32_worker([&] {
     omp_set_num_threads(1);
@@ -219,10 +228,10 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
   });
   shared_a_worker.join();
   if (strata::cpu::matmul_f32_packs()) {
-    CHECK(held.large == size_t(((256 + 264) * 129 + 65536) * 4));
-    CHECK(shared_held == held.large + size_t(3 * 129 * 264 * 4));
+    CHECK(held.large == size_t(((258 + 256) * 129 + 65536) * 4));
+    CHECK(shared_held == held.large + size_t(3 * 256 * 129 * 4));
     CHECK(shared_held <= 3 * strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
-    CHECK(shared_a_held == held.large + size_t(2 * 256 * 129 * 4));
+    CHECK(shared_a_held == held.large + size_t(2 * 258 * 129 * 4));
     CHECK(shared_a_held <= 2 * strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
   } else {
     CHECK(held.large == strata::cpu::matmul_scratch_bytes(129, strata::DType::f32));
@@ -274,8 +283,10 @@ TEST_CASE("matmul results are bitwise independent of the thread count", "[kernel
   const Case cases[] = {{300, 520, 96, false, true, 0.f, "y = x W^T"},
                         {300, 96, 520, false, false, 0.f, "dx = dy W"},
                         {520, 96, 300, true, false, 1.f, "dW += dy^T x"},
-                        // a packed and two tile columns of b: on 2 threads b is restrided once, shared
+                        // a packed and two tile columns of b: on 2 threads b is packed once, shared
                         {520, 300, 96, true, false, 1.f, "dW += dy^T x, b shared"},
+                        // a read in place, six tile columns of b: runs down the tile columns
+                        {600, 1408, 64, false, true, 0.f, "y = x W^T, wide"},
                         // four tile columns, two rows: on 2 threads a is packed once, shared
                         {300, 800, 96, true, false, 1.f, "dW += dy^T x, a shared"},
                         {8, 8, 16384, true, false, 0.f, "long K"},
@@ -290,6 +301,36 @@ TEST_CASE("matmul results are bitwise independent of the thread count", "[kernel
     }
   }
   std::printf("matmul 1 vs 2 threads: %d of %d cases differ\n", differ, int(2 * std::size(cases)));
+}
+
+TEST_CASE("matmul gives the same bits for an a read in place and one packed", "[kernels]") {
+  // strata's AVX2 kernel reads an f32 a stored (M, K) in place and packs a transposed one (and
+  // a last partial panel of rows); both must feed the same products in the same order. The same
+  // op(a) stored both ways, with b both ways: over more than one 256-step block of K, edge tiles,
+  // partial 6-row panels and 16-column panels, 1 and 2 threads. (oneDNN makes no such promise:
+  // checked only where strata's kernel runs.)
+  if (!strata::cpu::matmul_f32_packs()) SUCCEED("oneDNN's tiles on this CPU");
+  else {
+    const int64_t m = 301, n = 270, k = 530;
+    const auto a = random_floats(m * k, 11), b = random_floats(k * n, 12);
+    std::vector<float> at(size_t(m * k));  // a transposed: stored (K, M)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < k; ++p) at[size_t(p * m + i)] = a[size_t(i * k + p)];
+    const int keep = omp_get_max_threads();
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      for (bool tb : {false, true}) {
+        for (float beta : {0.f, 1.f}) {
+          std::vector<float> in_place(size_t(m * n), 0.5f), packed(size_t(m * n), 0.5f);
+          strata::cpu::matmul_f32(in_place.data(), a.data(), b.data(), m, n, k, false, tb, beta);
+          strata::cpu::matmul_f32(packed.data(), at.data(), b.data(), m, n, k, true, tb, beta);
+          INFO("threads " << threads << " tb " << tb << " beta " << beta);
+          CHECK(std::memcmp(in_place.data(), packed.data(), in_place.size() * 4) == 0);
+        }
+      }
+    }
+    omp_set_num_threads(keep);
+  }
 }
 
 // ---- elementwise helpers that feed matmul_bf16 ---------------------------------------------
