@@ -74,7 +74,7 @@ DevicePeak measure_cpu(DType ab) {
   // down, and a peak measured low would put MFU above 1 once they go quiet.
   DevicePeak p;
   p.flops_per_s = 2.0 * double(n) * double(n) * double(n) / *std::min_element(runs.begin(), runs.end());
-  p.source = str_cat("measured: the fastest of 5 oneDNN ", dtype_name(ab), " GEMMs ", n, "x", n, "x", n, " (median ",
+  p.source = str_cat("measured: the fastest of 5 ", dtype_name(ab), " GEMMs (", cpu::matmul_f32_packs() ? "strata's AVX2 kernel" : "oneDNN", ") ", n, "x", n, "x", n, " (median ",
                      str_cat(int(std::lround(2.0 * double(n) * double(n) * double(n) / median_seconds(runs) / 1e9))),
                      " GFLOP/s) on ", omp_get_max_threads(), " threads");
   return p;

@@ -21,7 +21,8 @@ struct DevicePeak {
 // plain (non-tensor) f32. nullopt for a GPU the table does not list.
 std::optional<DevicePeak> gpu_datasheet_peak(const std::string& gpu_name, DType ab);
 
-// The CPU backend's peak for `ab`: the fastest of 5 timed oneDNN GEMMs (M = N = K =
+// The CPU backend's peak for `ab`: the fastest of 5 timed GEMMs of its own matmul (oneDNN, or
+// strata's AVX2 kernel where it runs: kernels/cpu/matmul.cpp) (M = N = K =
 // kCpuPeakGemmSize, after a warm-up; the median is reported beside it) on the current
 // device.cpu_threads, measured once per process for each dtype and thread count. The fastest,
 // because other load on the machine only slows runs down.
