@@ -18,7 +18,7 @@ says nothing about strata. The script says which BLAS it found.
 usage: tools/bench/peer.py --strata build/strata [--config quickstart|mid|mid-bf16|all]
                            [--rounds R] [--steps S] [--threads N] [--keep DIR]
 Each strata run also reports its MFU: the model FLOPs per second of its timed steps over the GEMM
-peak (oneDNN GEMMs in the config's dtype: bf16 for mid-bf16) that the same `strata train` process
+peak (GEMMs of the CPU backend's own matmul in the config's dtype: bf16 for mid-bf16) that the same `strata train` process
 measured at its start, so the ceiling is taken in the same run, under the same load.
 Ends with one JSON line: {"peer": {"configs": [{"name", "dtype", "torch_tokens_per_s",
 "strata_tokens_per_s", "ratio", "strata_mfu", "peak_flops_per_s", "peak_dtype"}...]}}.
@@ -243,7 +243,7 @@ def strata_train(strata, workdir, c, steps, threads, weights):
     tokens = sum(c["mb"] * (c["T"] - 1) for _ in timed)
     seconds = [x["tokens"] / x["tokens_per_s"] for x in timed]
     # MFU: the model FLOPs per second of the timed steps over the GEMM peak strata train measured at
-    # its start, in this run (oneDNN GEMMs of the model's dtype; the log line names it)
+    # its start, in this run (the backend's GEMMs of the model's dtype; the log line names it)
     peak = re.search(r"MFU is relative to ([0-9.e+-]+) TFLOP/s \(([^)]*)\)", r.stderr)
     if not peak:
         sys.exit("peer: strata train did not say its MFU peak:\n" + r.stderr[-3000:])
