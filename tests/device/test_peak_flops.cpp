@@ -1,5 +1,5 @@
 // The MFU denominator (issue 10, item 5): the device's peak matmul FLOP/s per dtype — the GPU
-// datasheet table by name, the CPU backend's measured oneDNN GEMM (positive, cached, per dtype).
+// datasheet table by name, the CPU backend's measured GEMM (positive, cached, per dtype).
 #include <catch2/catch.hpp>
 
 #include "src/device/device.h"
