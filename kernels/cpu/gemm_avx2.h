@@ -6,8 +6,9 @@
 // kGemmMr rows, each panel (K, kGemmMr) with element (p, r) at p * kGemmMr + r, rows past tm zero;
 // op(b)'s columns [j0, j0 + tn) as panels of kGemmNr columns, (K, kGemmNr) each, columns past tn
 // zero. bf16 operands are widened (exactly) as they are packed. An f32 a stored (M, K) is read in
-// place instead (its rows run along K already), but for a last panel of fewer than kGemmMr rows. gemm_tile then sums in blocks of
-// kGemmKc along K: c = the first block's sum, then c += each next block's. Every element's sum
+// place instead (its rows run along K already), but for a last panel of fewer than kGemmMr rows.
+// gemm_tile then sums in blocks of kGemmKc (512) along K: c = the first block's sum, then c +=
+// each next block's. Every element's sum
 // runs in one fixed order that depends only on K, never on the tile's place or the thread.
 #pragma once
 

@@ -20,12 +20,13 @@
 // a or a b stored (K, N)), and has no bf16 matmul there at all. Each tile's op(a) rows and op(b)
 // columns are packed over the whole K into that kernel's panels (bf16 widened to f32, exact, as
 // they are packed; an f32 a stored (M, K) is read in place): the same products, f32 sums in that
-// kernel's order, which depends only on K. In the mid model's training step (Zen 3, 2 cores) its
-// GEMMs went from 2.45-2.57 s to 2.29-2.30 s a step against oneDNN's with strata's repacking. A thread keeps a packed
-// operand for its next tile in the same row (a) or column (b) of tiles, and when one operand's
-// tiles are no more than the threads it is packed once per call and shared by the team.
-// Without AVX2 (and without AVX-512: no bf16 in oneDNN) a bf16 tile's operands are widened into
-// the thread's buffers, op(a) as (tm, K) rows and op(b) as (tn, K) rows, for an f32 primitive.
+// kernel's order, which depends only on K. In the mid model's training step (Zen 3, 2 cores,
+// interleaved runs) its GEMMs took 2.25-2.38 s a step against 2.45-2.84 s for oneDNN's fed by
+// strata's repacking. A thread keeps a packed operand for its next tile in the same row (a) or
+// column (b) of tiles, and when one operand's tiles are no more than the threads it is packed
+// once per call and shared by the team. Without AVX2 (and without AVX-512: no bf16 in oneDNN) a
+// bf16 tile's operands are widened into the thread's buffers, op(a) as (tm, K) rows and op(b) as
+// (tn, K) rows, for an f32 primitive; matmul_bf16_widened runs that path on any CPU (tests).
 //
 // beta = 1 is c + (the finished sum), on every path: the tile's product goes into the thread's
 // sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
@@ -343,9 +344,11 @@ void matmul_run_onednn(float* c, const void* a, const void* b, int64_t m, int64_
   }
 }
 
-// widen: bf16 operands where oneDNN has no bf16 matmul (or asked by the tests).
+// Which tiles: oneDNN's (its f32 or bf16 kernels, or bf16 widened for its f32 kernel), or strata's.
+enum class MatmulPath { onednn, onednn_widened, own };
+
 void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
-                float beta, dnnl::memory::data_type dtype, bool widen) {
+                float beta, dnnl::memory::data_type dtype, MatmulPath path) {
   STRATA_CHECK(m >= 0 && n >= 0 && k >= 0, "matmul: sizes must be >= 0, got m=", m, " n=", n,
                " k=", k);
   STRATA_CHECK(beta == 0.f || beta == 1.f, "matmul: beta must be 0 or 1, got ", beta);
@@ -354,18 +357,21 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     if (beta == 0.f) std::fill(c, c + m * n, 0.f);
     return;
   }
-  const bool f32 = dtype == dnnl::memory::data_type::f32;
-  if (f32 ? matmul_own_f32() : widen && gemm_avx2_available())
-    matmul_run_own(c, a, b, m, n, k, trans_a, trans_b, beta, !f32);
+  if (path == MatmulPath::own)
+    matmul_run_own(c, a, b, m, n, k, trans_a, trans_b, beta, dtype == dnnl::memory::data_type::bf16);
   else
-    matmul_run_onednn(c, a, b, m, n, k, trans_a, trans_b, beta, dtype, widen);
+    matmul_run_onednn(c, a, b, m, n, k, trans_a, trans_b, beta, dtype, path == MatmulPath::onednn_widened);
 }
+
+// bf16 where oneDNN has no bf16 matmul: strata's kernel where it runs, else widened for oneDNN.
+bool matmul_bf16_own() { return !matmul_bf16_native() && gemm_avx2_available(); }
 
 }  // namespace
 
 void matmul_f32(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
                 bool trans_a, bool trans_b, float beta) {
-  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::f32, false);
+  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::f32,
+             matmul_own_f32() ? MatmulPath::own : MatmulPath::onednn);
 }
 
 bool matmul_bf16_native() {
@@ -386,12 +392,15 @@ bool matmul_bf16_native() {
 
 void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
                  bool trans_a, bool trans_b, float beta) {
-  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16, !matmul_bf16_native());
+  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16,
+             matmul_bf16_native() ? MatmulPath::onednn
+             : matmul_bf16_own()  ? MatmulPath::own
+                                  : MatmulPath::onednn_widened);
 }
 
 void matmul_bf16_widened(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
                          bool trans_a, bool trans_b, float beta) {
-  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16, true);
+  matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16, MatmulPath::onednn_widened);
 }
 
 size_t matmul_scratch_bytes(int64_t k, DType dtype) {
@@ -399,7 +408,7 @@ size_t matmul_scratch_bytes(int64_t k, DType dtype) {
   // strata's kernel: a tile row of op(a) and a tile column of op(b) in its panels, and a thread's
   // share of a call's shared packed operand (the calling thread holds up to one tile row or
   // column per thread of the team); oneDNN widening bf16: op(a) (256, K) and op(b) (256, K)
-  const bool own = dtype == DType::bf16 ? !matmul_bf16_native() && gemm_avx2_available() : matmul_own_f32();
+  const bool own = dtype == DType::bf16 ? matmul_bf16_own() : matmul_own_f32();
   const bool widens = dtype == DType::bf16 && !matmul_bf16_native();
   const int64_t a_floats = gemm_packed_a_floats(kTileM, k), b_floats = gemm_packed_b_floats(kTileN, k);
   const size_t packed = own ? size_t(a_floats + b_floats + std::max(a_floats, b_floats))

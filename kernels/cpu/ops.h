@@ -29,10 +29,11 @@ void matmul_f32(float* c, const float* a, const float* b, int64_t m, int64_t n, 
 void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
                  bool trans_a, bool trans_b, float beta);
 // Whether oneDNN multiplies bf16 on this CPU (it needs AVX-512). Where it does not (an AVX2
-// workstation), matmul_bf16 runs matmul_bf16_widened: each 256 x 256 tile's operands widened to
-// f32 (exact) as they are packed for strata's own AVX2 kernel (kernels/cpu/gemm_avx2.h; without
-// AVX2, widened into (tm, K) and (tn, K) rows for oneDNN's f32 kernel): the same products of bf16
-// values, f32 sums in that kernel's order. matmul_bf16_widened runs that path on any CPU (tests).
+// workstation), matmul_bf16 widens each 256 x 256 tile's operands to f32 (exact) as they are
+// packed for strata's own AVX2 kernel (kernels/cpu/gemm_avx2.h), or without AVX2 runs
+// matmul_bf16_widened: op(a) as (tm, K) rows and op(b) as (tn, K) rows widened into the working
+// thread's scratch for oneDNN's f32 kernel. Either way the same products of bf16 values, f32 sums
+// in that kernel's order. matmul_bf16_widened runs its path on any CPU (tests).
 // matmul_f32_packs: whether f32 tiles run through strata's AVX2 kernel, their operands packed
 // into its panels (an f32 a stored (M, K) read in place): on CPUs with AVX2 and FMA but no
 // AVX-512, where oneDNN 2.x's f32 kernel ran well below the FMA peak (kernels/cpu/matmul.cpp).

@@ -1,5 +1,5 @@
-// Matmul (oneDNN, or strata's own AVX2 kernel) against the plain-loop reference in fp64: all four transpose combinations,
-// beta 0 and 1, f32 and bf16 inputs, awkward shapes; the reference's transpose handling checked
+// Matmul (oneDNN, or strata's own AVX2 kernel) against the plain-loop reference in fp64: all four
+// transpose combinations, beta 0 and 1, f32 and bf16 inputs, awkward shapes; the reference's transpose handling checked
 // by finite differences; thread-count independence measured. Also the elementwise helpers that
 // feed matmul_bf16: the f32 -> bf16 rounding against an independent rounding in double,
 // bf16 -> f32 and add_inplace.
@@ -31,16 +31,17 @@ struct MatmulShape {
 };
 // (300, 520, 70) spans 2 x 3 of matmul.cpp's 256 x 256 tiles, edge tiles included; (300, 400, 70)
 // 2 x 2. On AVX2 with 2 threads (strata's kernel) their transposed-a products share one packed a
-// (2 x 3) or one packed b (2 x 2) between the threads. (70, 40, 300): more than one 256-step block
-// of K, with a tail that is not a multiple of 8; 70 and 40 are not multiples of the kernel's 6 x 16.
+// (2 x 3) or one packed b (2 x 2) between the threads. (70, 40, 1100): three of the kernel's
+// 512-step blocks of K, the last with a tail that is not a multiple of 8; 70 and 40 are not
+// multiples of the kernel's 6 x 16.
 const MatmulShape kShapes[] = {{1, 1, 1},       {3, 17, 15},    {65, 33, 129},  {128, 256, 96},
-                               {300, 520, 70}, {300, 400, 70}, {70, 40, 300}};
+                               {300, 520, 70}, {300, 400, 70}, {70, 40, 1100}};
 
 // ---- matmul -------------------------------------------------------------------------------
 
 // Worst error of the fast path (f32 or bf16 inputs) against the fp64 reference over all shapes,
 // transposes and betas. The reference runs on the same (for bf16: rounded) inputs.
-// widened: bf16 through matmul_bf16_widened (the path of a CPU without native bf16 GEMMs).
+// widened: bf16 through matmul_bf16_widened (a CPU without native bf16 GEMMs and without AVX2).
 template <bool kBf16>
 double matmul_check_all(double tol, bool widened = false) {
   double worst = 0;
@@ -148,8 +149,9 @@ TEST_CASE("matmul_bf16 matches the fp64 reference on the rounded inputs", "[kern
 }
 
 TEST_CASE("matmul_bf16_widened (bf16 where oneDNN has no bf16 GEMM) matches the fp64 reference", "[kernels]") {
-  // the path an AVX2 CPU runs for every bf16 GEMM; on an AVX-512 CPU matmul_bf16 is oneDNN's bf16
-  // kernel and this is the only place the widened path runs
+  // the path a CPU with neither AVX-512 nor AVX2 runs for every bf16 GEMM (an AVX2 CPU widens in
+  // strata's own kernel, checked through matmul_bf16 above); elsewhere this is the only place the
+  // widened path runs
   double worst = matmul_check_all<true>(1e-5, true);
   std::printf("matmul_bf16_widened vs fp64 ref on bf16-rounded inputs (worst): %.2e (native bf16 here: %s)\n", worst,
               strata::cpu::matmul_bf16_native() ? "yes" : "no");
@@ -182,21 +184,20 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
   });
   worker.join();
   // 256 x K of op(a) and K x 256 of op(b) widened, and with beta = 1 the 256 x 256 product, f32
-  // strata's kernel (AVX2): a tile row of op(a) in panels of 6 rows (258 x K) and a tile column
-  // of op(b) (256 x K); oneDNN widening: 256 x K of each. With beta = 1 also the 256 x 256 product.
-  const bool own = strata::cpu::gemm_avx2_available();
-  const auto packed = [&](int64_t k) {
-    return size_t(own ? strata::cpu::gemm_packed_a_floats(256, k) + strata::cpu::gemm_packed_b_floats(256, k)
-                      : 512 * k);
-  };
-  CHECK(packed(70) == size_t(own ? (258 + 256) * 70 : 512 * 70));
-  CHECK(held.overwrite == packed(70) * 4);
-  CHECK(held.small == (packed(70) + 65536) * 4);
-  CHECK(held.large == (packed(129) + 65536) * 4);
+  CHECK(held.overwrite == size_t(512 * 70 * 4));
+  CHECK(held.small == size_t((512 * 70 + 65536) * 4));
+  CHECK(held.large == size_t((512 * 129 + 65536) * 4));
   CHECK(held.after == held.large);
-  // and a thread's share of a packed operand its team shares (strata's kernel)
+  // matmul_bf16 without native bf16: strata's kernel where it runs (a tile row of op(a) in panels
+  // of 6 rows, 258 x K, a tile column of op(b), 256 x K, and a thread's share of a packed operand
+  // its team shares, up to 258 x K), else the widened buffers above
+  const bool own = strata::cpu::gemm_avx2_available();
+  CHECK(strata::cpu::gemm_packed_a_floats(256, 129) == 258 * 129);
+  CHECK(strata::cpu::gemm_packed_b_floats(256, 129) == 256 * 129);
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::bf16) ==
-        (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4) : held.large + (own ? size_t(258 * 129 * 4) : 0)));
+        (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4)
+         : own                             ? size_t(((258 + 256 + 258) * 129 + 65536) * 4)
+                                           : held.large));
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::f32) ==
         (strata::cpu::matmul_f32_packs() ? size_t(((258 + 256 + 258) * 129 + 65536) * 4) : size_t(65536 * 4)));
   // f32 tiles through strata's kernel (2 x 3 tiles: a read transposed, then a stored (M, K), read
@@ -306,7 +307,7 @@ TEST_CASE("matmul results are bitwise independent of the thread count", "[kernel
 TEST_CASE("matmul gives the same bits for an a read in place and one packed", "[kernels]") {
   // strata's AVX2 kernel reads an f32 a stored (M, K) in place and packs a transposed one (and
   // a last partial panel of rows); both must feed the same products in the same order. The same
-  // op(a) stored both ways, with b both ways: over more than one 256-step block of K, edge tiles,
+  // op(a) stored both ways, with b both ways: over more than one 512-step block of K, edge tiles,
   // partial 6-row panels and 16-column panels, 1 and 2 threads. (oneDNN makes no such promise:
   // checked only where strata's kernel runs.)
   if (!strata::cpu::matmul_f32_packs()) SUCCEED("oneDNN's tiles on this CPU");
