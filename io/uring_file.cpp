@@ -19,6 +19,7 @@
 #include "io/checksum.h"
 #include "io/uring_file_backend.h"
 #include "src/core/error.h"
+#include "src/core/fault.h"
 
 
 namespace strata {
@@ -180,7 +181,11 @@ FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
                "the NVMe queue depth must be between 1 and 4096 (got ", opt_.queue_depth, ")");
   if (!opt_.warn)
     opt_.warn = [](const std::string& m) { std::fprintf(stderr, "strata: warning: %s\n", m.c_str()); };
-  if (const char* env = std::getenv("STRATA_IO_FAULT"); env && *env) fault_ = io_fault_parse(env, &fault_at_);
+  if (const char* env = std::getenv("STRATA_IO_FAULT"); env && *env) {
+    fault_ = io_fault_parse(env, &fault_at_);
+  } else if (std::string kind; fault_io_armed(&kind, &fault_at_)) {  // STRATA_FAULT=<kind>@io:<N>
+    fault_ = io_fault_parse(kind + "@" + std::to_string(fault_at_), &fault_at_);
+  }
 
   const size_t qd = size_t(opt_.queue_depth), B = opt_.block_bytes;
   staging_ = io_buffer_alloc(qd * B);
