@@ -47,6 +47,7 @@
 
 #include "io/uring_file.h"
 #include "src/core/error.h"
+#include "src/core/fault.h"
 #include "src/device/arena.h"
 #include "src/device/host_ops.h"
 
@@ -345,6 +346,7 @@ std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind k
   backward_pass_ = kind == StepKind::forward_backward;
   forward();
   head_forward();
+  fault_point("step");  // STRATA_FAULT=kill@step: mid-step, the forward queued, the backward not
   if (kind == StepKind::forward_backward) {
     head_backward(grad_scale);
     final_norm_backward();

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "src/core/error.h"
+#include "src/core/fault.h"
 
 namespace strata {
 namespace {
@@ -213,6 +214,7 @@ void NvmeStatePlacement::release(size_t group, size_t range) {
     s.pending.push_back(io_->write(file_[int(a)], file_offset(a, it.group, it.bytes.begin / 4 * es), s.array[int(a)], len));
   }
   ++next_;
+  fault_point("nvme-writeback");  // STRATA_FAULT=kill@nvme-writeback: a range's write-back in flight
   if (issued_ < pass_.size()) issue_read(issued_++);
 }
 

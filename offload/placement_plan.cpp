@@ -4,6 +4,7 @@
 #include "offload/nvme_state.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "offload/engine_buffers.h"
 #include "offload/engine_zo.h"
@@ -11,6 +12,7 @@
 #include "offload/optimizer.h"
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
+#include "src/core/threads.h"
 #include "src/device/arena.h"
 #include "src/device/device.h"
 #include "src/device/peak_flops.h"
@@ -321,12 +323,29 @@ std::vector<PlanChange> changes_for(const ModelSpec& spec, const PlanInputs& in,
     try_variant("set offload.checkpoints = \"auto\" (checkpoints the device cannot hold spill to pinned host memory)", v,
                 budgets);
   }
+  // The CPU backend's GEMM scratch is per kernel thread: more threads than cores only cost memory
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (host_over && in.device_in_host_ram && cpu_threads_count() > cores) {
+    const EngineShape shape = placement_engine_shape(spec, HostStore::layout(spec), in);
+    const LayerDims& d = shape.layer_capacity;
+    const CpuScratchShape sh{d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt};
+    const size_t now = cpu_backend_scratch_bytes(sh), fewer = cpu_backend_scratch_bytes(sh, cores);
+    if (now > fewer)
+      out.push_back({str_cat("lower device.cpu_threads to ", cores, " (this machine's cores; it is ", cpu_threads_count(),
+                             ", and each kernel thread keeps its own GEMM scratch)"), now - fewer});
+  }
   if (device_over)
     out.push_back({str_cat("raise device.memory to at least ", format_bytes(p.tier(Tier::device) + kDeviceMargin),
                            " (a GPU with more memory)"), 0});
-  if (host_over)
-    out.push_back({str_cat("raise offload.host_memory to at least ", format_bytes(p.host_total()),
-                           " if the machine has the RAM"), 0});
+  if (host_over) {
+    // the process baseline (resident set at start) varies by a MiB or so from run to run: the
+    // advice leaves 2% (at least 4 MiB) above this run's total, so following it fits next time
+    const size_t mib = size_t(1) << 20;
+    const size_t advice = (p.host_total() + std::max(p.host_total() / 50, 4 * mib) + mib - 1) / mib * mib;
+    out.push_back({str_cat("raise offload.host_memory to at least ", format_bytes(advice),
+                           " if the machine has the RAM (the plan's host total is ", format_bytes(p.host_total()),
+                           ")"), 0});
+  }
   if (nvme_over)
     out.push_back({str_cat("raise offload.nvme_memory to at least ", format_bytes(p.tier(Tier::nvme)),
                            ", or point offload.nvme_path at a larger drive"), 0});

@@ -51,10 +51,10 @@ bool parse_rule(const std::string& item, bool io_only, FaultRule* r) {
     r->n = n;
   }
   if (r->point.empty()) return false;
-  if (io_kind_name(kind)) {
+  if (io_kind_name(kind)) {  // at `io`: the file engine's N-th request; elsewhere: that write fails
     r->kind = FaultKind::io;
     r->io_kind = kind;
-    return r->point == "io";
+    return !io_only || r->point == "io";
   }
   if (io_only) return false;
   r->kind = kind == "kill" ? FaultKind::kill : kind == "throw" ? FaultKind::throw_error
@@ -108,7 +108,7 @@ FaultKind hit(const char* point) {
   FaultTable* t = g_table.load();
   STRATA_CHECK(t->error.empty(), t->error);
   for (auto& r : t->rules) {
-    if (r->kind == FaultKind::io || r->point != point) continue;
+    if (r->point != point || (r->kind == FaultKind::io && r->point == "io")) continue;
     if (r->hits.fetch_add(1) + 1 != r->n) continue;
     switch (r->kind) {
       case FaultKind::kill: {
@@ -135,7 +135,7 @@ bool fault_io_armed(std::string* kind, uint64_t* n) {
   FaultTable* t = g_table.load();
   STRATA_CHECK(t->error.empty(), t->error);
   for (auto& r : t->rules) {
-    if (r->kind != FaultKind::io) continue;
+    if (r->kind != FaultKind::io || r->point != "io") continue;
     *kind = r->io_kind;
     *n = r->n;
     return true;

@@ -13,8 +13,9 @@
 //            nullptr; the device arena: out of its budget)
 //   thread   the thread creation there fails with EAGAIN (as under ulimit -v or -u)
 //   eio, enospc, efbig, einval, short
-//            the N-th kernel I/O request of a file engine fails with that errno or transfers half
-//            (point `io`: the older STRATA_IO_FAULT=<kind>@<N> means <kind>@io:<N>)
+//            at point `io`: the N-th kernel I/O request of a file engine fails with that errno or
+//            transfers half (the older STRATA_IO_FAULT=<kind>@<N> means <kind>@io:<N>); at another
+//            point: the write there fails as that errno would (fault_point returns `io`)
 // The points are named where the code calls fault_point(); tests/faults/README.md lists them.
 // A malformed value is bad input (exit 2) at the first fault point, naming the variable.
 #pragma once
@@ -31,7 +32,7 @@ FaultKind hit(const char* point);
 }  // namespace fault_detail
 
 // The fault armed for `point`, if this is the hit it fires on. `kill` never returns and `throw`
-// throws; `alloc` and `thread` are returned for the caller to fail as it would for real.
+// throws; `alloc`, `thread` and `io` are returned for the caller to fail as it would for real.
 inline FaultKind fault_point(const char* point) {
   if (!fault_detail::armed) [[likely]] return FaultKind::none;
   return fault_detail::hit(point);

@@ -135,13 +135,13 @@ size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc) {
 
 const char* cpu_backend_attention_kernel() { return cpu::attention_isa_name(cpu::attention_isa_active()); }
 
-size_t cpu_backend_scratch_bytes(const CpuScratchShape& s) {
+size_t cpu_backend_scratch_bytes(const CpuScratchShape& s, int threads) {
   // the GEMMs' longest sum: hidden, heads x head dim, intermediate, tokens (weight gradients),
   // or a vocab chunk (the loss's d(hidden))
   const int64_t k_max = std::max({s.c, s.h * s.d, s.f, s.b * s.t, s.vc});
   return cpu::attention_scratch_bytes(s.b, s.t, s.h, s.hk, s.d, s.dtype, cpu::attention_isa_active()) +
          cpu::lm_head_ce_scratch_bytes(s.b * s.t, s.c, s.vc, s.dtype) +
-         size_t(cpu_threads_count()) * cpu::matmul_scratch_bytes(k_max, s.dtype);
+         size_t(threads > 0 ? threads : cpu_threads_count()) * cpu::matmul_scratch_bytes(k_max, s.dtype);
 }
 
 }  // namespace strata

@@ -50,7 +50,8 @@ struct CpuScratchShape {
   int64_t b = 0, t = 0, h = 0, hk = 0, d = 0, c = 0, vc = 0, f = 0;
   DType dtype = DType::f32;
 };
-size_t cpu_backend_scratch_bytes(const CpuScratchShape& shape);
+// threads: the kernel thread count it is for (0: device.cpu_threads as set, cpu_threads_count()).
+size_t cpu_backend_scratch_bytes(const CpuScratchShape& shape, int threads = 0);
 // The CPU backend's attention kernel, by name (amx_bf16, avx512_bf16 or portable: the best this
 // CPU offers, or STRATA_ATTENTION_ISA's choice), for the run's start lines and benchmarks.
 const char* cpu_backend_attention_kernel();

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "offload/model_io.h"
 #include "src/core/error.h"
+#include "src/core/fault.h"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -306,7 +307,10 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     json st = {{"step", state.step},           {"max_steps", state.max_steps}, {"rows", state.rows},
                {"data_hash", state.data_hash}, {"cursor", state.cursor},       {"epoch", state.epoch},
                {"rng", state.rng},             {"tokens_seen", state.tokens_seen},
-               {"order_count", state.order.size()}};
+               {"order_count", state.order.size()}, {"ranks", state.ranks},
+               {"global_batch", state.global_batch}, {"micro_batch_size", state.micro_batch},
+               {"gradient_accumulation_steps", state.accumulation}};
+    fault_point("save");  // STRATA_FAULT=kill@save: the state file written, the rest not
     write_text(tmp / "trainer_state.json", st.dump(2) + "\n");
     file_write_atomic((tmp / "data_order.bin").string(), state.order.data(), state.order.size() * sizeof(int64_t));
     write_text(tmp / "recipe.toml", recipe_toml);
@@ -333,6 +337,14 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     }
   }
   return dst.string();
+}
+
+size_t checkpoint_bytes_estimate(const HostStore& store, DType save_dtype, size_t order_rows, const LoraStore* lora) {
+  const size_t moments = store.needs().moments ? 2 * dtype_size(store.moments_dtype()) : 0;
+  const size_t params = lora ? size_t(lora->layout().parameter_count()) : size_t(store.spec().parameter_count());
+  // master + moments, and the export (hf/ in save_dtype; a PEFT adapter in f32)
+  const size_t per_param = 4 + moments + (lora ? 4 : dtype_size(save_dtype));
+  return params * per_param + order_rows * sizeof(int64_t) + (size_t(1) << 20);  // + the small files
 }
 
 std::string checkpoint_find_latest(const std::string& output_dir) {
@@ -415,6 +427,10 @@ TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* 
     st.epoch = j.at("epoch").get<int64_t>();
     st.rng = j.at("rng").get<std::string>();
     st.tokens_seen = j.at("tokens_seen").get<double>();
+    st.ranks = j.value("ranks", int64_t(0));  // absent before the rank count was recorded
+    st.global_batch = j.value("global_batch", int64_t(0));
+    st.micro_batch = j.value("micro_batch_size", int64_t(0));
+    st.accumulation = j.value("gradient_accumulation_steps", int64_t(0));
     const size_t count = j.at("order_count").get<size_t>();
     std::string order = read_file(d / "data_order.bin");
     STRATA_CHECK(order.size() == count * sizeof(int64_t), dir, "/data_order.bin holds ", order.size(),

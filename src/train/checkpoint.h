@@ -38,6 +38,14 @@ struct TrainState {
   std::string rng;               // std::mt19937_64 state, as its operator<< writes it
   int64_t epoch = 0;
   double tokens_seen = 0;
+  // How the step's rows were dealt (0 in checkpoints from before these were recorded): the rank
+  // count, and the global batch, rows per optimizer step (micro_batch_size x
+  // gradient_accumulation_steps x data groups). A resume continues the run exactly when the
+  // global batch is the same, whatever the split.
+  int64_t ranks = 0;
+  int64_t global_batch = 0;
+  int64_t micro_batch = 0;    // train.micro_batch_size
+  int64_t accumulation = 0;   // train.gradient_accumulation_steps
 };
 
 struct CheckpointFiles {
@@ -56,6 +64,11 @@ struct CheckpointFiles {
 std::string checkpoint_save(const std::string& output_dir, const HostStore& store, const TrainState& state,
                             const std::string& recipe_toml, DType save_dtype, const CheckpointFiles& files,
                             int64_t keep_last, const LoraStore* lora = nullptr);
+
+// About the bytes one checkpoint_save writes (the state file, hf/ or adapter/, the data order):
+// what `strata train` compares with the output dir's free space before step 1.
+size_t checkpoint_bytes_estimate(const HostStore& store, DType save_dtype, size_t order_rows,
+                                 const LoraStore* lora = nullptr);
 
 // The newest complete checkpoint-<step> under output_dir; "" when there is none. Removes
 // leftover temp dirs of saves that were interrupted.

@@ -23,17 +23,43 @@ class RunLock {
   int fd_ = -1;
 };
 
-// Creates output_dir (exit 4 when it cannot be created or written). A fresh run (not resuming)
-// into a dir that already holds a run's checkpoints or metrics is refused (exit 2, naming
-// --resume auto and --overwrite) unless `overwrite`, which removes them first.
-void run_dir_prepare(const std::string& output_dir, bool resuming, bool overwrite);
+// Creates output_dir (exit 4 when it cannot be created or written). Called before RunLock,
+// which lives in it; touches nothing else there.
+void run_dir_create(const std::string& output_dir);
+
+// A path the run reads (model.path, data.path, the checkpoint it resumes from, ...), named by the
+// recipe key or option that gives it, so --overwrite can refuse to delete it.
+struct RunInput {
+  std::string key;   // "model.path", "--resume", ...
+  std::string path;
+};
+
+// Called with output_dir's lock held (RunLock), so no live run's files are touched. A fresh run
+// (not resuming) into a dir that already holds a run's checkpoints or metrics is refused (exit 2,
+// naming --resume auto and --overwrite) unless `overwrite`, which removes them first — unless one
+// of them is, holds or lies inside one of `inputs`: then nothing is removed and the run is refused
+// (exit 2) naming the input.
+void run_dir_prepare(const std::string& output_dir, bool resuming, bool overwrite,
+                     const std::vector<RunInput>& inputs = {});
 
 // Keeps the records of steps <= last_step in metrics.jsonl (a resumed run rewrites what came after).
 void run_dir_truncate_metrics(const std::string& output_dir, int64_t last_step);
 
 // Warnings for recipe keys that changed between a checkpoint's effective recipe and this run's
 // (keys that may change on resume — output, device, offload, lengths of the run — excepted).
-void run_dir_warn_recipe_changes(const std::string& saved_toml, const std::string& now_toml);
+// batch_split_exempt: train.micro_batch_size and train.gradient_accumulation_steps are excepted
+// too (the caller compares the global batch, which is what decides whether the run continues).
+void run_dir_warn_recipe_changes(const std::string& saved_toml, const std::string& now_toml,
+                                 bool batch_split_exempt = false);
+
+// The warning `strata train` prints before step 1 when one checkpoint (`need_bytes`) would not
+// fit in the `available_bytes` free at output_dir; "" when it fits.
+std::string run_dir_space_warning(const std::string& output_dir, size_t need_bytes, size_t available_bytes);
+
+// The step whose model final/ holds (written after each complete export), or -1 when the export
+// never finished (or is from before the record was kept).
+int64_t run_dir_final_step(const std::string& output_dir);
+void run_dir_mark_final(const std::string& output_dir, int64_t step);
 
 // `strata train RECIPE [overrides] --resume auto`, each argument quoted for a POSIX shell when it
 // needs it: what to paste to continue the run.

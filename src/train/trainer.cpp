@@ -27,6 +27,7 @@
 #include "offload/placement_plan.h"
 #include "offload/nvme_dir.h"
 #include "src/core/error.h"
+#include "src/core/fault.h"
 #include "src/core/process_memory.h"
 #include "src/core/threads.h"
 #include "src/train/accumulation.h"
@@ -92,6 +93,16 @@ void check_inputs(const Recipe& rc) {
   if (!rc.eval_path.empty())
     STRATA_CHECK(fs::exists(rc.eval_path, ec), "data.eval_path ", rc.eval_path, " does not exist: give the "
                  "held-out dataset, or leave data.eval_path unset (data.eval_split holds out part of data.path)");
+}
+
+// Every path the run reads, for --overwrite to keep its hands off (src/train/run_dir.h).
+std::vector<RunInput> run_inputs(const Recipe& rc, const TrainOptions& topt) {
+  std::vector<RunInput> in = {{"model.path", rc.model_path},     {"model.config", rc.model_config},
+                              {"data.path", rc.data_path},       {"data.eval_path", rc.eval_path},
+                              {"data.prepared_dir", rc.prepared_dir}, {"lora.adapter", rc.lora_adapter}};
+  if (rc.data_tokenizer != "auto" && rc.data_tokenizer != "bytes") in.push_back({"data.tokenizer", rc.data_tokenizer});
+  if (!topt.resume.empty() && topt.resume != "auto") in.push_back({"--resume", topt.resume});
+  return in;
 }
 
 // A loaded model must hold finite weights: NaN or Inf in a file is the file's fault, and would
@@ -168,12 +179,14 @@ class TrainRun {
   bool stop_requested(int64_t step) { return dist_.any(train_stop_requested() || step == topt_.stop_at_step); }
   TrainSummary interrupted(int64_t step);
   TrainSummary finish();
+  void warn_batch_change(const TrainState& saved, int64_t rows_per_step) const;
 
  private:
   void set_up_model();
   void choose_accumulation(const ModelSpec& spec);
   void release_model();
   void check_allocations_against_plan();
+  void load_data();
   void plan_with_data();
   void load_weights();
   void evaluate(int64_t step);
@@ -217,6 +230,8 @@ class TrainRun {
   bool mfu_capped_ = false;
   size_t host_bytes_ = 0;
   std::string recipe_toml_, resume_dir_;
+  bool data_loaded_ = false;
+  bool export_only_ = false;  // resumed at the last step to finish final/'s export
   CheckpointFiles files_;
   int64_t max_steps_ = 0, warmup_ = 0, first_step_ = 1;
   TrainState state_;
@@ -328,8 +343,10 @@ void TrainRun::set_up() {
                  "max_position_embeddings (%ld): positions beyond it were never trained\n",
                  long(rc_.sequence_len), long(cfg_.max_position_embeddings));
   if (dist_.primary()) {  // rank 0 owns the run dir; the others look once it is ready
-    run_dir_prepare(rc_.output_dir, !topt_.resume.empty(), topt_.overwrite);
+    // the lock first: nothing in the dir is touched while another process holds it
+    run_dir_create(rc_.output_dir);
     lock_ = std::make_unique<RunLock>(rc_.output_dir);
+    run_dir_prepare(rc_.output_dir, !topt_.resume.empty(), topt_.overwrite, run_inputs(rc_, topt_));
   }
   dist_.barrier();
   if (!topt_.resume.empty()) {
@@ -343,7 +360,7 @@ void TrainRun::set_up() {
   plan_in_.resume = !resume_dir_.empty();
   plan_in_.baseline_bytes = process_rss_bytes();  // before the device, the store and the data
   set_up_model();
-  data_ = training_data_load(rc_, cfg_.vocab_size);
+  if (!data_loaded_) load_data();
   plan_with_data();
   if (rc_.eval_steps > 0 && data_.eval.rows() == 0 && data_.eval_chosen.empty())
     std::fprintf(stderr, "strata train: warning: train.eval_steps is %ld but there is no eval data; set "
@@ -366,6 +383,13 @@ void TrainRun::set_up() {
   recipe_toml_ = rc_.to_toml();
   if (dist_.primary()) file_write_atomic(rc_.output_dir + "/recipe.toml", recipe_toml_.data(), recipe_toml_.size());
   files_ = CheckpointFiles{data_.tokenizer_dir, rc_.model_path, fallback_chat_template(rc_, data_.tokenizer_dir)};
+  if (dist_.primary()) {  // a disk that cannot take one checkpoint: said now, not after the first steps
+    std::error_code ec;
+    const fs::space_info space = fs::space(rc_.output_dir, ec);
+    const size_t need = checkpoint_bytes_estimate(*store_, dtype_parse(rc_.save_dtype), plan_in_.data_rows, lora_.get());
+    const std::string warning = ec ? "" : run_dir_space_warning(rc_.output_dir, need, size_t(space.available));
+    if (!warning.empty()) std::fprintf(stderr, "strata train: warning: %s\n", warning.c_str());
+  }
 }
 
 // The placement plan (offload/placement_plan.h) decides and checks every tier before anything
@@ -401,6 +425,12 @@ void TrainRun::set_up_model() {
   eopt_.weights = plan_in_.weights;
   choose_accumulation(spec);
   plan_ = placement_plan(spec, plan_in_, budgets_);
+  if (!plan_.fits() && !data_loaded_) {
+    // Before it says what to change, the plan counts the tokenized data too: the advice is then
+    // the total the checks after loading use, not one that fails again with the data added.
+    load_data();
+    plan_ = placement_plan(spec, plan_in_, budgets_);
+  }
   placement_plan_check(plan_);
   // "auto" is the plan's choice: master and moments to NVMe when RAM is short, checkpoints spilled
   // past the device to NVMe when pinned RAM is short
@@ -500,9 +530,10 @@ void TrainRun::check_allocations_against_plan() {
                   plan_.kept_logit_chunks, ")");
 }
 
-// The plan with the tokenized rows and their order added, checked again, printed and stored
-// as output_dir/plan.json.
-void TrainRun::plan_with_data() {
+// The training and eval data, tokenized, and their bytes in the plan's inputs.
+void TrainRun::load_data() {
+  data_ = training_data_load(rc_, cfg_.vocab_size);
+  data_loaded_ = true;
   size_t bytes = 0;
   for (const TokenRows* rows : {&data_.train, &data_.eval})
     bytes += 4 * (rows->ids.size() + rows->targets.size() + rows->pos.size() + rows->doc_start.size());
@@ -510,6 +541,11 @@ void TrainRun::plan_with_data() {
     for (const Sample& sm : *side) bytes += sm.ids.size() * sizeof(int32_t) + sm.labels.size();  // preference pairs
   plan_in_.data_rows = size_t(data_.train.rows()) + data_.train_chosen.size();
   plan_in_.data_bytes = bytes + plan_in_.data_rows * sizeof(int64_t);  // + the shuffled order
+}
+
+// The plan with the tokenized rows and their order added, checked again, printed and stored
+// as output_dir/plan.json.
+void TrainRun::plan_with_data() {
   plan_ = placement_plan(store_->spec(), plan_in_, budgets_);
   if (!plan_.fits() && eopt_.group > 1 && rc_.offload_accumulation == "auto") {
     // "auto" chose layer-major before the rows were counted, and they leave no room for its k
@@ -585,25 +621,63 @@ void TrainRun::resume() {
                  resume_dir_, ": its training data (", saved.rows, " rows) differs from this run's (", state_.rows,
                  " rows, or the same count with other tokens); resume needs the same data, tokenizer, "
                  "sequence_len and packing");
-    STRATA_CHECK(saved.step < max_steps_, "cannot resume from ", resume_dir_, ": it is at step ", saved.step,
-                 " and the run ends at step ", max_steps_, "; raise train.max_steps to train further");
+    // A run whose steps are all done resumes only to finish an export that did not (a full disk
+    // or a kill while final/ was written): the last step always saves a checkpoint first.
+    export_only_ = saved.step == max_steps_ && run_dir_final_step(rc_.output_dir) != saved.step;
+    STRATA_CHECK(saved.step < max_steps_ || export_only_, "cannot resume from ", resume_dir_, ": it is at step ",
+                 saved.step, " and the run ends at step ", max_steps_,
+                 saved.step == max_steps_ ? str_cat("; the run is complete (its model is in ", rc_.output_dir,
+                                                    "/final)") : std::string(),
+                 "; raise train.max_steps to train further");
     std::istringstream rs(saved.rng);
     rs >> rng_;
     STRATA_CHECK(!rs.fail(), resume_dir_, "/trainer_state.json: the RNG state is damaged");
     const std::string saved_recipe = file_read(resume_dir_ + "/recipe.toml", "checkpoint file",
                                                "resume from an older checkpoint (--resume DIR)");
-    run_dir_warn_recipe_changes(saved_recipe, recipe_toml_);
+    run_dir_warn_recipe_changes(saved_recipe, recipe_toml_, saved.global_batch > 0);
+    warn_batch_change(saved, rows_per_step);
     state_ = std::move(saved);
+    if (export_only_)
+      std::fprintf(stderr, "strata train: the run's %ld steps are done but its export to %s/final did not finish; "
+                   "finishing it now (the model of step %ld is also in %s/%s)\n", long(max_steps_),
+                   rc_.output_dir.c_str(), long(state_.step), resume_dir_.c_str(), lora_ ? "adapter" : "hf");
     if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, state_.step);
     std::fprintf(stderr, "strata train: resumed from %s at step %ld of %ld\n", resume_dir_.c_str(),
                  long(state_.step), long(max_steps_));
   }
   state_.max_steps = max_steps_;
+  state_.ranks = dist_.size();
+  state_.global_batch = rows_per_step;
+  state_.micro_batch = rc_.micro_batch_size;
+  state_.accumulation = rc_.gradient_accumulation_steps;
   first_step_ = state_.step + 1;
   if (dist_.primary()) metrics_ = std::make_unique<MetricsWriter>(rc_.output_dir + "/metrics.jsonl", /*append=*/true);
   progress_.set_total(max_steps_);
   progress_.set_save_plan(rc_.save_steps);
   train_signal_phase_setup(false);  // from here a signal stops after the current step
+}
+
+// What decides whether a resumed run continues the saved one is the global batch (rows per
+// optimizer step, in the same order), not how it is split over micro-batches, accumulation and
+// ranks: 2 ranks x accumulation 1 continue bit-identically as 1 rank x accumulation 2.
+void TrainRun::warn_batch_change(const TrainState& saved, int64_t rows_per_step) const {
+  if (saved.global_batch <= 0) return;  // an older checkpoint: the recipe keys were compared
+  const std::string was = str_cat(saved.global_batch, " rows per step (micro_batch_size ", saved.micro_batch,
+                                  " x gradient_accumulation_steps ", saved.accumulation, " x ", saved.ranks, " rank",
+                                  saved.ranks == 1 ? "" : "s", ")");
+  const std::string now = str_cat(rows_per_step, " (", rc_.micro_batch_size, " x ", rc_.gradient_accumulation_steps,
+                                  " x ", dist_.size(), " rank", dist_.size() == 1 ? "" : "s", ")");
+  if (saved.global_batch != rows_per_step) {
+    const int64_t per = rc_.micro_batch_size * zo_par_.groups;
+    std::fprintf(stderr, "strata train: warning: the checkpoint's global batch was %s and this run's is %s; the resumed "
+                 "run is not the run it continues%s\n", was.c_str(), now.c_str(),
+                 saved.global_batch % per == 0 ? str_cat(" (train.gradient_accumulation_steps = ", saved.global_batch / per,
+                                                         " continues it exactly)").c_str() : "");
+  } else if (saved.micro_batch != rc_.micro_batch_size || saved.accumulation != rc_.gradient_accumulation_steps ||
+             saved.ranks != dist_.size()) {
+    std::fprintf(stderr, "strata train: the checkpoint's global batch was %s; this run deals the same rows as %s: the "
+                 "run continues as it was (the same rows, in the same order)\n", was.c_str(), now.c_str());
+  }
 }
 
 // The micro-batches of the next step, taken in the shuffled order (reshuffled each epoch). Data
@@ -874,11 +948,22 @@ TrainSummary TrainRun::finish() {
   if (!dist_.primary()) return summary_;  // rank 0 exports
   const auto t0 = Clock::now();
   progress_.phase("exporting the model to " + summary_.final_dir);
-  if (lora_) {  // the PEFT adapter dir, and with lora.merge the merged model beside it
-    lora_export(*lora_, *store_, summary_.final_dir, rc_.lora_merge, dtype_parse(rc_.save_dtype), files_);
-  } else {
-    export_hf_atomic(*store_, summary_.final_dir, dtype_parse(rc_.save_dtype), files_);
+  try {
+    // STRATA_FAULT=kill@export: killed before final/ is written; enospc@export: a full disk there
+    STRATA_CHECK_IO(fault_point("export") != FaultKind::io, "cannot write ", summary_.final_dir,
+                    ": No space left on device (injected by STRATA_FAULT)");
+    if (lora_) {  // the PEFT adapter dir, and with lora.merge the merged model beside it
+      lora_export(*lora_, *store_, summary_.final_dir, rc_.lora_merge, dtype_parse(rc_.save_dtype), files_);
+    } else {
+      export_hf_atomic(*store_, summary_.final_dir, dtype_parse(rc_.save_dtype), files_);
+    }
+  } catch (const Error& e) {  // the last step's checkpoint holds the model: say where, and how to finish
+    throw Error(e.kind(), str_cat(e.what(), "\nThe model of step ", state_.step, " is saved in ", summary_.last_checkpoint.empty()
+                                  ? str_cat(rc_.output_dir, "/checkpoint-", state_.step) : summary_.last_checkpoint,
+                                  lora_ ? "/adapter" : "/hf", "; once the cause is fixed, finish the export with: ",
+                                  run_dir_resume_command(rc_.source_path, topt_.overrides)));
   }
+  run_dir_mark_final(rc_.output_dir, state_.step);
   progress_.saved(seconds_since(t0));
   progress_.phase("");
   progress_.finish();

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -440,6 +441,36 @@ TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA d
     const PlacementPlan cuda = placement_plan(spec, in, PlanBudgets{});
     CHECK(cuda.bytes_of(row) == 0);
   }
+}
+
+TEST_CASE("more kernel threads than cores: a plan short of RAM names device.cpu_threads and what it saves",
+          "[plan][scratch]") {
+  // issue 43: device.cpu_threads = 100000 asked for GiBs of GEMM scratch and the advice never named it
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                      {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
+                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
+  const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), DType::f32);
+  PlanInputs in = plan_inputs("host");
+  in.device_in_host_ram = true;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int keep = cpu_threads_count();
+  cpu_threads_set(cores + 1000);
+  PlanBudgets b;
+  b.host_bytes = placement_plan(spec, in, b).host_total() - 1;
+  const PlacementPlan p = placement_plan(spec, in, b);
+  cpu_threads_set(keep);
+  REQUIRE_FALSE(p.fits());
+  const PlanChange* named = nullptr;
+  for (const PlanChange& c : p.changes)
+    if (c.what.find("lower device.cpu_threads to " + std::to_string(cores)) != std::string::npos) named = &c;
+  REQUIRE(named);
+  CHECK(named->saves_bytes == 1000 * cpu::matmul_scratch_bytes(256, DType::f32));  // the vocab chunk's sum is the longest
+  // at or below the core count the change is not offered
+  cpu_threads_set(cores);
+  const PlacementPlan q = placement_plan(spec, in, b);
+  cpu_threads_set(keep);
+  for (const PlanChange& c : q.changes) CHECK(c.what.find("device.cpu_threads") == std::string::npos);
 }
 
 TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe", "[plan]") {

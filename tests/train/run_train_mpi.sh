@@ -7,7 +7,8 @@
 #               bit-identical to one process with A x N micro-batches, eval losses included (N=2 A=1, clip on and off;
 #               N=2 A=2; N=3 A=1; an untied bf16 model), and differ from one process with A (the
 #               check can fail)
-#   resume      saved with 2 ranks, resumed with 1 (and 1 -> 2): bit-identical to the straight run
+#   resume      saved with 2 ranks, resumed with 1 (and 1 -> 2): bit-identical to the straight run,
+#               said to continue it (no warning); resumed with half the global batch: warned
 #   shared      one node's ranks share a store: chosen by default (distributed.shared_host_store =
 #               "auto") and forced (true): the same bit-identities (2x1, 3x2, resume 1 -> 2),
 #               nothing left in /dev/shm, and 2 ranks use at most 110% of one process's host memory
@@ -19,6 +20,8 @@
 #   killed      rank 1 killed mid-run: the job exits non-zero naming rank 1 within the timeout,
 #               the newest checkpoint is complete, and `--resume auto` on one rank finishes
 #   hung        rank 1 stopped (SIGSTOP): rank 0 exits non-zero after distributed.timeout naming it
+#   injected    STRATA_FAULT on rank 1 alone (killed mid-step, a throw mid-step): every rank exits
+#               non-zero naming rank 1, and one process resumes the newest checkpoint bit-exactly
 #   zo-equal    zeroth-order parallel (distributed.zo, recipes/zo-tiny.toml, 2 perturbations per
 #               step): loss, loss_plus, loss_minus, zo_projected_grad, eval_loss, checkpoint-2's
 #               master weights and the final weights bit-identical to one process with the same
@@ -115,6 +118,16 @@ resume)
   train 1 "$work/a" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=2 --resume auto
   grep -q "resumed from .*checkpoint-2" "$work/a.log" || { cat "$work/a.log"; fail "2 -> 1 did not resume at step 2"; }
   same "$work/ref" "$work/a" 4 "saved by 2 ranks, resumed by 1"
+  # the exact continuation is said to be one, with no warning (issue 43, item 5) ...
+  ! grep -q "not the run it continues" "$work/a.log" || { cat "$work/a.log"; fail "2 -> 1 x 2 warned"; }
+  grep -q "global batch was 2 rows per step (micro_batch_size 1 x gradient_accumulation_steps 1 x 2 ranks); this run deals the same rows" "$work/a.log" ||
+    { cat "$work/a.log"; fail "2 -> 1 x 2 did not say the run continues as it was"; }
+  # ... and half the global batch is warned about, naming the accumulation that continues it
+  train 2 "$work/h" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2
+  rm -rf "$work/h/checkpoint-4" "$work/h/final"
+  train 1 "$work/h" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2 --resume auto
+  grep -q "warning: the checkpoint's global batch was 2 rows per step .* and this run's is 1 .*not the run it continues (train.gradient_accumulation_steps = 2 continues it exactly)" "$work/h.log" ||
+    { cat "$work/h.log"; fail "2 -> 1 x 1 (half the global batch) was not warned about"; }
   # 1 -> 2
   train 1 "$work/b" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=2
   rm -rf "$work/b/checkpoint-4" "$work/b/final"
@@ -234,6 +247,34 @@ killed|hung)
     { cat "$work/r.log"; fail "--resume auto after the fault failed"; }
   grep -q "resumed from .*checkpoint-$latest" "$work/r.log" || { cat "$work/r.log"; fail "did not resume from checkpoint-$latest"; }
   echo "as expected: non-zero exit naming rank 1, checkpoint-$latest complete and resumable"
+  ;;
+injected)
+  # faults injected into rank 1 alone (STRATA_FAULT, src/core/fault.h; an MPMD launch gives it only
+  # to the second process): killed mid-step 3, and a throw mid-step 3. Each: every rank exits
+  # non-zero within the timeout naming rank 1, checkpoint-2 is the newest and complete, and one
+  # process resuming it with the same global batch ends bit-identical to a run never interrupted.
+  train 1 "$work/ref" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=1
+  for fault in kill@step:3 throw@step:3; do
+    out="$work/inj_${fault%%@*}"
+    args=(train "$recipe" $common checkpoint.output_dir="$out" train.max_steps=4 train.gradient_accumulation_steps=1
+          checkpoint.save_steps=1 distributed.timeout=10)
+    start=$(date +%s)
+    timeout 300 mpirun -np 1 "$strata" "${args[@]}" : -np 1 env STRATA_FAULT=$fault "$strata" "${args[@]}" \
+      >"$out.log" 2>&1
+    rc=$?
+    echo "$fault on rank 1: mpirun exited $rc after $(( $(date +%s) - start )) s"
+    [ $rc -ne 0 ] || { cat "$out.log"; fail "$fault: the job exited 0"; }
+    [ $rc -ne 124 ] || { cat "$out.log"; fail "$fault: the job hung"; }
+    grep -Eq "rank 1" "$out.log" || { cat "$out.log"; fail "$fault: no message names rank 1"; }
+    latest=$(ls -d "$out"/checkpoint-* | sed 's/.*checkpoint-//' | sort -n | tail -1)
+    [ "$latest" = 2 ] || { ls "$out"; fail "$fault: the newest checkpoint is $latest, not 2"; }
+    [ -f "$out/checkpoint-2/COMPLETE" ] || fail "$fault: checkpoint-2 is not complete"
+    [ -z "$(ls /dev/shm | grep -i strata)" ] || fail "$fault: shared memory left in /dev/shm: $(ls /dev/shm)"
+    timeout 300 "$strata" train "$recipe" $common checkpoint.output_dir="$out" train.max_steps=4 \
+      train.gradient_accumulation_steps=2 checkpoint.save_steps=1 --resume auto >"$out.resume.log" 2>&1 ||
+      { cat "$out.resume.log"; fail "$fault: --resume auto failed"; }
+    same "$work/ref" "$out" 4 "$fault on rank 1, resumed by one process"
+  done
   ;;
 zo-equal|zo-resume)
   recipe="$here/recipes/zo-tiny.toml"

@@ -145,3 +145,29 @@ TEST_CASE("the resume hint repeats the overrides, quoted for the shell", "[rundi
 }
 
 }  // namespace strata
+
+namespace strata {
+
+TEST_CASE("a disk that cannot take one checkpoint is warned about, naming the shortfall", "[rundir]") {
+  // issue 43, deliver 3: before step 1, against the plan's checkpoint size
+  CHECK(run_dir_space_warning("/out", 100 << 20, 200 << 20).empty());
+  CHECK(run_dir_space_warning("/out", 100 << 20, 100 << 20).empty());
+  const std::string w = run_dir_space_warning("/out", 100 << 20, 40 << 20);
+  INFO(w);
+  CHECK(w.find("/out has 40.0 MiB free") != std::string::npos);
+  CHECK(w.find("about 100.0 MiB") != std::string::npos);
+  CHECK(w.find("60.0 MiB short") != std::string::npos);
+  CHECK(w.find("choose a checkpoint.output_dir on a larger disk") != std::string::npos);
+}
+
+TEST_CASE("final/'s step is recorded after an export and read back only while final/ exists", "[rundir]") {
+  testing::TempDir tmp("final_step");
+  const std::string out = tmp.path.string();
+  CHECK(run_dir_final_step(out) == -1);
+  run_dir_mark_final(out, 7);
+  CHECK(run_dir_final_step(out) == -1);  // no final/: the record alone says nothing
+  std::filesystem::create_directories(tmp.path / "final");
+  CHECK(run_dir_final_step(out) == 7);
+}
+
+}  // namespace strata
