@@ -9,6 +9,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -32,6 +33,72 @@ bool is_blank(const std::string& line) { return line.find_first_not_of(" \t\r") 
 
 bool is_chat_format(const std::string& f) {
   return f == "alpaca" || f == "sharegpt" || f == "messages" || f == "preference";
+}
+
+// ---- is it text? ----------------------------------------------------------------------------
+
+// The offset in `s` of the first byte that is not part of well-formed UTF-8 (RFC 3629: no
+// overlong forms, no UTF-16 surrogates, nothing above U+10FFFF), or npos.
+size_t utf8_first_invalid(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    if (p[i] < 0x80) {  // ASCII, the bulk of most corpora
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+    if (p[i] >= 0xc2 && p[i] <= 0xdf) {
+      len = 2;
+    } else if (p[i] >= 0xe0 && p[i] <= 0xef) {
+      len = 3;
+      if (p[i] == 0xe0) lo = 0xa0;  // overlong
+      if (p[i] == 0xed) hi = 0x9f;  // surrogates
+    } else if (p[i] >= 0xf0 && p[i] <= 0xf4) {
+      len = 4;
+      if (p[i] == 0xf0) lo = 0x90;  // overlong
+      if (p[i] == 0xf4) hi = 0x8f;  // above U+10FFFF
+    } else {
+      return i;  // a continuation byte without a lead, an overlong lead (c0, c1) or f5..ff
+    }
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
+// What a file that is not text most likely is, from its first bytes ("" when nothing known).
+std::string binary_file_hint(std::string_view head) {
+  auto starts = [&](std::string_view magic) { return head.substr(0, magic.size()) == magic; };
+  if (starts("\x7f" "ELF")) return " (it starts like an ELF executable or library)";
+  if (starts("\x1f\x8b")) return " (it starts like a gzip file: decompress it first)";
+  if (starts("\x28\xb5\x2f\xfd")) return " (it starts like a zstd file: decompress it first)";
+  if (starts("PK\x03\x04")) return " (it starts like a zip archive: extract it first)";
+  return "";
+}
+
+// A data file must be text. The byte tokenizer turns any byte into an id, so an executable, an
+// archive or an image given as data.path would otherwise train without a word; this stops it at
+// its first offending byte. NUL bytes mark a binary file in every line-based format (text and
+// JSON Lines never hold one raw); for "text", whose lines go to the tokenizer as they are, every
+// byte must also be well-formed UTF-8 (JSON formats leave that to the JSON parser, a bad line
+// that data.skip_bad_lines may skip). `offset` is the line's offset in the file.
+void check_is_text(const std::string& path, std::string_view line, int64_t offset, int64_t lineno, bool utf8) {
+  size_t at = line.find('\0');
+  if (utf8) at = std::min(at, utf8_first_invalid(line));
+  if (at == std::string::npos) return;
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x", unsigned(static_cast<unsigned char>(line[at])));
+  STRATA_CHECK(false, "dataset ", path, " is not text", offset == 0 ? binary_file_hint(line) : std::string(),
+               ": the byte at offset ", offset + int64_t(at), " (line ", lineno, ") is ", byte,
+               line[at] == '\0' ? ", a NUL byte" : ", not part of well-formed UTF-8",
+               "; training data must be UTF-8 text: plain text (.txt, documents separated by blank lines) or "
+               "JSON Lines (.jsonl); give pre-tokenized ids as {\"input_ids\": [[...], ...]} in a .json file "
+               "(data.format = \"tokens\"), and re-encode text in another encoding to UTF-8 (iconv -t UTF-8)");
 }
 
 // ---- record fields --------------------------------------------------------------------------
@@ -309,6 +376,7 @@ void read_records(Dataset* d, const DatasetOptions& opt, const TextEncoder& enc)
   if (d->format == "text") {  // documents separated by blank lines
     Record doc;
     for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+      check_is_text(d->path, line, bytes_read, lineno, true);
       bytes_read += int64_t(line.size()) + 1;
       if (is_blank(line)) {
         if (!doc.text.empty()) push(std::move(doc));
@@ -322,6 +390,7 @@ void read_records(Dataset* d, const DatasetOptions& opt, const TextEncoder& enc)
     if (!doc.text.empty()) push(std::move(doc));
   } else {
     for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+      check_is_text(d->path, line, bytes_read, lineno, false);  // UTF-8 is the JSON parser's to check
       bytes_read += int64_t(line.size()) + 1;
       if (is_blank(line)) continue;
       push(Record{lineno, std::move(line)});
@@ -370,18 +439,24 @@ std::string dataset_detect_format(const std::string& path, bool skip_bad_lines) 
   if (!ext.empty()) return ext;
   std::ifstream in(path, std::ios::binary);
   STRATA_CHECK(in, "cannot open dataset ", path, ": check data.path");
-  std::string line;
+  std::string line, first_bad;  // with skip_bad_lines: the first skipped line's "LINE: why"
+  int64_t offset = 0, skipped = 0;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    check_is_text(path, line, offset, lineno, false);
+    offset += int64_t(line.size()) + 1;
     if (is_blank(line)) continue;
     Json j = Json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
-      if (skip_bad_lines) continue;
+      std::string why;
       try {
         j = Json::parse(line);
+        why = str_cat("expected a JSON object, not ", j.type_name());
       } catch (const Json::exception& e) {
-        STRATA_CHECK(false, path, ":", lineno, ": not valid JSON (", e.what(), ")");
+        why = str_cat("not valid JSON (", e.what(), ")");
       }
-      STRATA_CHECK(false, path, ":", lineno, ": expected a JSON object, not ", j.type_name());
+      STRATA_CHECK(skip_bad_lines, path, ":", lineno, ": ", why);
+      if (++skipped == 1) first_bad = str_cat(lineno, ": ", why);
+      continue;
     }
     auto has = [&](const char* k) { return j.contains(k); };
     if (has("prompt") && has("chosen") && has("rejected")) return "preference";
@@ -395,6 +470,12 @@ std::string dataset_detect_format(const std::string& path, bool skip_bad_lines) 
                  "}: expected \"text\", \"instruction\" + \"output\", \"conversations\", \"messages\" or \"prompt\" + "
                  "\"chosen\" + \"rejected\"; or set data.format");
   }
+  STRATA_CHECK_IO(!in.bad(), "reading dataset ", path, " failed");
+  // Every line bad and skipped must not read as an empty file: say how many, and the first.
+  STRATA_CHECK(skipped == 0, "dataset ", path, " holds no records: all ", skipped, " of its non-blank lines are bad "
+               "JSON (malformed, or not a JSON object), skipped because data.skip_bad_lines = true (the first, ",
+               path, ":", first_bad, "); fix the data, or set data.skip_bad_lines = false to stop at each bad line "
+               "with its error");
   STRATA_CHECK(false, "dataset ", path, " is empty: it holds no records");
 }
 
@@ -416,7 +497,10 @@ Dataset dataset_read(const std::string& path, const DatasetOptions& opt, const T
                  " holds no samples: it is empty");
     STRATA_CHECK(false, "dataset ", path, " holds no usable samples: ", st.skipped_lines, " bad lines skipped, ",
                  st.dropped_overlong, " longer than data.sequence_len = ", opt.sequence_len, " dropped, ",
-                 st.dropped_unlabelled, " without a trained token dropped (check data.train_on and the data)");
+                 st.dropped_unlabelled, " without a trained token dropped (check data.train_on and the data)",
+                 st.skipped_lines > 0 ? "; data.skip_bad_lines = true skipped the bad lines: the first are named "
+                                        "above, or set it to false to stop at the first with its error"
+                                      : "");
   }
   return d;
 }

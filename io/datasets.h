@@ -25,9 +25,9 @@
 // packing is off (with packing it continues into the next row). A sample left with no trained
 // token is dropped. All of it is counted in DatasetStats and reported on one line.
 //
-// Bad input is an error naming path:line and the field; with data.skip_bad_lines a bad record
-// (malformed JSON, a missing or ill-typed field, an unknown role, a template error) is skipped,
-// counted, and the first few are named on stderr. An empty dataset is an error.
+// Bad input is an error naming path:line and the field; data.skip_bad_lines skips a bad record
+// (malformed JSON, a missing or ill-typed field, an unknown role, a template error), counts it and
+// names the first few on stderr; none left is an error with the counts. Non-text files are refused.
 #pragma once
 #include <cstdint>
 #include <functional>

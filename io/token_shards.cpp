@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/checksum.h"
 #include "io/files.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
@@ -27,9 +28,14 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'S', 'H'};
-constexpr uint32_t kVersion = 1;
+// 2: a CRC-32C trailer. Version 1 shards had none, so a changed byte that still made a valid
+// token id trained silently; they are refused (rerun prepare) rather than read unverified.
+constexpr uint32_t kVersion = 2;
 constexpr uint32_t kFlagMaySplit = 1;
-constexpr int kManifestVersion = 1;
+constexpr uint64_t kTrailerBytes = 4;  // u32 CRC-32C of every byte before it
+static_assert(sizeof(uint32_t) == kTrailerBytes);
+// The prepared directory's format (manifest and shards together); 2: shards of version 2.
+constexpr int kManifestVersion = 2;
 // Bumped when the samples a dataset turns into change meaning (masks, formats), so older
 // shards read as stale.
 constexpr int kSamplesVersion = 1;
@@ -49,6 +55,14 @@ uint64_t align8(uint64_t x) { return (x + 7) & ~uint64_t(7); }
 
 std::string rerun(const std::string& path) {
   return str_cat(path, ": rerun `strata prepare RECIPE.toml` to rebuild data.prepared_dir");
+}
+
+// What a prepared file of another format version says: older ones are rebuilt, never read.
+std::string version_advice(const char* what, int64_t have, int64_t want, const std::string& path) {
+  return have < want ? str_cat(what, " format version ", have, " was written by an older strata (this one reads ", want,
+                               ", whose shards carry a CRC-32C checksum); ", rerun(path))
+                     : str_cat(what, " format version ", have, " was written by a newer strata (this one reads ", want,
+                               "); use that strata, or ", rerun(path));
 }
 
 // A read-only mapping of a whole file.
@@ -166,12 +180,17 @@ void shard_write(const std::string& path, const std::vector<Sample>& samples, in
   h.flags = may_split ? kFlagMaySplit : 0;
   {
     AtomicFile file(path);
-    file.write(&h, sizeof h);
+    uint32_t crc = 0;  // of every byte written, chained as they go out
+    auto put = [&](const void* data, size_t bytes) {
+      crc = crc32c(data, bytes, crc);
+      file.write(data, bytes);
+    };
+    put(&h, sizeof h);
     std::vector<uint8_t> buf;
     buf.reserve(1 << 20);
     auto drain = [&](bool force) {
       if (buf.size() >= (1u << 20) || (force && !buf.empty())) {
-        file.write(buf.data(), buf.size());
+        put(buf.data(), buf.size());
         buf.clear();
       }
     };
@@ -195,6 +214,7 @@ void shard_write(const std::string& path, const std::vector<Sample>& samples, in
     }
     drain(true);
     STRATA_ASSERT(file.written() == h.offsets_offset + 8 * (h.sample_count + 1));
+    file.write(&crc, sizeof crc);
     file.commit();
   }
 }
@@ -205,22 +225,28 @@ std::vector<Sample> shard_read(const std::string& path, int64_t max_vocab_size, 
   STRATA_CHECK(m.size >= sizeof h, "shard is truncated: ", m.size, " bytes, shorter than its header; ", rerun(path));
   std::memcpy(&h, m.data, sizeof h);
   STRATA_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "not a strata shard (bad magic); ", rerun(path));
-  STRATA_CHECK(h.version == kVersion, "shard format version ", h.version, " (this strata reads ", kVersion, "); ",
-               rerun(path));
-  STRATA_CHECK(h.fingerprint_hash == fingerprint_hash, "shard belongs to another preparation than manifest.json; ",
-               rerun(path));
+  STRATA_CHECK(h.version == kVersion, version_advice("shard", h.version, kVersion, path));
   STRATA_CHECK(h.vocab_size > 0 && h.token_bytes == (h.vocab_size <= 65536 ? 2u : 4u),
                "shard header is corrupt (vocab_size ", h.vocab_size, ", token_bytes ", h.token_bytes, "); ", rerun(path));
-  STRATA_CHECK(h.vocab_size <= uint64_t(max_vocab_size), "shard was prepared for a vocabulary of ", h.vocab_size,
-               " ids but the model's vocab_size is ", max_vocab_size, "; ", rerun(path));
   const uint64_t size = m.size;
   // each count bounded by the file size first, so the products below cannot overflow
   const bool sizes_ok = h.token_count <= size && h.sample_count <= size / 8 && h.tokens_offset == sizeof h &&
                         h.labels_offset == h.tokens_offset + h.token_count * h.token_bytes &&
                         h.offsets_offset == align8(h.labels_offset + h.token_count) &&
-                        size == h.offsets_offset + 8 * (h.sample_count + 1);
+                        size == h.offsets_offset + 8 * (h.sample_count + 1) + kTrailerBytes;
   STRATA_CHECK(sizes_ok, "shard is truncated or its header is corrupt (", size, " bytes on disk; the header says ",
                h.sample_count, " samples, ", h.token_count, " tokens); ", rerun(path));
+  // One pass over the mapped bytes (CRC-32C runs at memory speed on SSE4.2), before anything
+  // below trusts them: a changed byte that still reads as a valid token id is caught here.
+  uint32_t stored = 0;
+  std::memcpy(&stored, m.data + size - kTrailerBytes, kTrailerBytes);
+  const uint32_t computed = crc32c(m.data, size - kTrailerBytes);
+  STRATA_CHECK(computed == stored, "shard is damaged: its bytes do not match its CRC-32C checksum (computed ",
+               crc32c_hex(computed), ", stored ", crc32c_hex(stored), "); ", rerun(path));
+  STRATA_CHECK(h.fingerprint_hash == fingerprint_hash, "shard belongs to another preparation than manifest.json; ",
+               rerun(path));
+  STRATA_CHECK(h.vocab_size <= uint64_t(max_vocab_size), "shard was prepared for a vocabulary of ", h.vocab_size,
+               " ids but the model's vocab_size is ", max_vocab_size, "; ", rerun(path));
   std::vector<uint64_t> offsets(h.sample_count + 1);
   std::memcpy(offsets.data(), m.data + h.offsets_offset, offsets.size() * 8);
   STRATA_CHECK(offsets.front() == 0 && offsets.back() == h.token_count, "shard's sample offsets do not span its ",
@@ -330,8 +356,12 @@ TrainingSamples prepared_read(const std::string& dir, const SamplesOptions& opti
                               int64_t model_vocab_size) {
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   nlohmann::json m = nlohmann::json::parse(file_read(manifest_path, "manifest", "rerun `strata prepare RECIPE.toml`"), nullptr, false);
-  STRATA_CHECK(!m.is_discarded() && m.is_object() && m.value("strata_prepared", 0) == kManifestVersion &&
-                   m.contains("fingerprint") && m.contains("fingerprint_hash") && m.contains("splits") &&
+  STRATA_CHECK(!m.is_discarded() && m.is_object() && m.contains("strata_prepared") &&
+                   m["strata_prepared"].is_number_integer(),
+               "manifest is not one strata wrote; ", rerun(manifest_path));
+  const int64_t version = m["strata_prepared"].get<int64_t>();
+  STRATA_CHECK(version == kManifestVersion, version_advice("prepared data", version, kManifestVersion, manifest_path));
+  STRATA_CHECK(m.contains("fingerprint") && m.contains("fingerprint_hash") && m.contains("splits") &&
                    m["splits"].is_object(),
                "manifest is not one this strata wrote; ", rerun(manifest_path));
   const nlohmann::json want = prepared_fingerprint(options, enc);

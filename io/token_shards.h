@@ -6,7 +6,7 @@
 // fsynced and renamed; the manifest last, so a manifest means a complete set.
 //
 // Shard layout, little-endian, read through mmap:
-//   0   char[8] magic "STRATASH"      8  u32 version (1)        12 u32 token_bytes (2 or 4)
+//   0   char[8] magic "STRATASH"      8  u32 version (2)        12 u32 token_bytes (2 or 4)
 //   16  u64 vocab_size (ids are below it; token_bytes = 2 when it is <= 65536)
 //   24  u64 sample_count              32 u64 token_count
 //   40  u64 tokens_offset (128)       48 u64 labels_offset      56 u64 offsets_offset
@@ -16,9 +16,12 @@
 //   tokens   token_count ids (u16 or u32)
 //   labels   token_count bytes, 0 or 1 (1: the token is trained on)
 //   offsets  sample_count + 1 u64 token offsets (first 0, ascending, last token_count), 8-aligned
-// Reading revalidates all of it: magic, version, sizes against the file size, offsets, ids and
-// labels. A corrupt or stale shard is an error (exit 2) that says to rerun `strata prepare`;
-// failing to read one is an I/O error (exit 4).
+//   crc      u32 CRC-32C (io/checksum.h) of every byte before it
+// Reading revalidates all of it: magic, version, sizes against the file size, the checksum (one
+// pass over the mapping), offsets, ids and labels. A corrupt or stale shard, or one of another
+// format version (version 1 had no checksum; manifest.json's "strata_prepared" is the set's
+// version, 2), is an error (exit 2) naming the file and saying to rerun `strata prepare`; failing
+// to read one is an I/O error (exit 4).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -401,6 +401,86 @@ TEST_CASE("bad input: every problem names file:line and what is wrong; skip_bad_
   CHECK(contains(dataset_stats_line(na), "1 without a trained token"));
 }
 
+TEST_CASE("bad input: a file of only bad JSON lines, skipped, says how many and which was first",
+          "[datasets][data-faults]") {
+  TempDir dir("datasets_all_bad");
+  const std::string path = dir.file("junk.jsonl", "not json\n\n{\"messages\": [\n[1, 2]\nstill not json\n");
+  TextEncoder enc = TextEncoder::bytes();
+  DatasetOptions skip = options();
+  skip.skip_bad_lines = true;
+  // auto-detection skips every line: not "empty", but the count, the first one and the way to see them all
+  std::string e = error_of([&] { dataset_read(path, skip, enc); });
+  CHECK(contains(e, "holds no records: all 4 of its non-blank lines are bad JSON"));
+  CHECK(contains(e, "skipped because data.skip_bad_lines = true"));
+  CHECK(contains(e, "junk.jsonl:1: not valid JSON"));
+  CHECK(contains(e, "data.skip_bad_lines = false"));
+  CHECK_FALSE(contains(e, "is empty"));
+  // a format given: the records are skipped one by one, and the error says so too
+  DatasetOptions skip_messages = skip;
+  skip_messages.format = "messages";
+  e = error_of([&] { dataset_read(path, skip_messages, enc); });
+  CHECK(contains(e, "4 bad lines skipped"));
+  CHECK(contains(e, "data.skip_bad_lines = true skipped the bad lines"));
+  // without skipping, the first bad line stops it, as always
+  CHECK(contains(error_of([&] { dataset_read(path, options(), enc); }), "junk.jsonl:1: not valid JSON"));
+  // a file of only blank lines is still just empty
+  CHECK(contains(error_of([&] { dataset_read(dir.file("blank.jsonl", "\n  \n"), skip, enc); }), "is empty"));
+}
+
+TEST_CASE("data that is not text is refused at its first offending byte, byte tokenizer or not",
+          "[datasets][data-faults]") {
+  TempDir dir("datasets_binary");
+  TextEncoder bytes = TextEncoder::bytes(), tiny = TextEncoder::from_dir(kTinyModel);
+  DatasetOptions text = options("text");
+  // an ELF executable's first bytes (NUL at offset 7), named like a corpus, and with data.format set
+  const char elf_bytes[] = "\x7f" "ELF\x02\x01\x01\0\0\0\0\0\0\0\0\0\x03\0>\0\x01\0\0\0 some text after\n\nmore\n";
+  const std::string elf(elf_bytes, sizeof elf_bytes - 1);
+  for (const std::string& name : {std::string("prog.txt"), std::string("prog")}) {
+    const std::string path = dir.file(name, elf);
+    for (const TextEncoder* enc : {&bytes, &tiny}) {
+      INFO(name << (enc->is_bytes() ? " bytes" : " tokenizer"));
+      const std::string e = error_of([&] { dataset_read(path, text, *enc); });
+      CHECK(contains(e, "dataset " + path + " is not text (it starts like an ELF executable or library)"));
+      CHECK(contains(e, "the byte at offset 7 (line 1) is 0x00, a NUL byte"));
+      CHECK(contains(e, "training data must be UTF-8 text"));
+      CHECK(contains(e, "data.format = \"tokens\""));
+    }
+  }
+  // text in another encoding (Latin-1), on a later line: the offset counts from the file's start
+  const std::string latin1 = dir.file("latin1.txt", "good line\nna\xefve caf\xe9\n");
+  std::string e = error_of([&] { dataset_read(latin1, options(), bytes); });
+  CHECK(contains(e, "the byte at offset 12 (line 2) is 0xef, not part of well-formed UTF-8"));
+  CHECK(contains(e, "iconv"));
+  CHECK_FALSE(contains(e, "ELF"));
+  // what well-formed UTF-8 forbids, each at offset 3: overlong forms, surrogates, above U+10FFFF,
+  // a stray continuation byte, a sequence cut short, bytes no UTF-8 uses
+  const char* const ill[] = {"\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\x80",
+                             "\xe2\x82", "\xe2\x82 x", "\xf5\x80\x80\x80", "\xff"};
+  for (const char* b : ill) {
+    INFO("first byte " << int(uint8_t(b[0])));
+    const std::string path = dir.file("ill.txt", std::string("ok ") + b + "\n");
+    CHECK(contains(error_of([&] { dataset_read(path, options(), bytes); }), "offset 3 (line 1)"));
+  }
+  // well-formed UTF-8 of every length reads, the bytes as they are
+  const std::string fine = "caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80 \xef\xbf\xbd \xf4\x8f\xbf\xbf";
+  Dataset d = dataset_read(dir.file("fine.txt", fine + "\n"), options(), bytes);
+  REQUIRE(d.samples.size() == 1);
+  CHECK(std::string(d.samples[0].ids.begin(), d.samples[0].ids.end()) == fine + "\n");
+
+  // JSON Lines with NUL bytes is a binary file too, even where bad lines are skipped
+  DatasetOptions skip = options();
+  skip.skip_bad_lines = true;
+  const char nul_bytes[] = "{\"text\": \"a\"}\n\0\0\x01\x02\n";  // line 2 starts at offset 14
+  const std::string nul = dir.file("nul.jsonl", std::string(nul_bytes, sizeof nul_bytes - 1));
+  CHECK(contains(error_of([&] { dataset_read(nul, skip, bytes); }), "offset 14 (line 2) is 0x00, a NUL byte"));
+  const std::string nul_first = dir.file("nul_first.jsonl", elf);
+  CHECK(contains(error_of([&] { dataset_read(nul_first, skip, bytes); }), "ELF executable"));
+  // ... while a JSON line that is not UTF-8 stays a bad line (the JSON parser's), which may be skipped
+  const std::string latin1_json = dir.file("latin1.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"caf\xe9\"}\n");
+  CHECK(contains(error_of([&] { dataset_read(latin1_json, options(), bytes); }), "latin1.jsonl:2: not valid JSON"));
+  CHECK(dataset_read(latin1_json, skip, bytes).stats.skipped_lines == 1);
+}
+
 TEST_CASE("bad input: a template's raise_exception names the sample's file:line", "[datasets]") {
   const TemplatedChat chat(
       "datasets_raise", "<|im_end|>",

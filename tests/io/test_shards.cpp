@@ -1,13 +1,14 @@
 // Binary token shards and `strata prepare`: training from prepared shards gives exactly the rows
-// of tokenizing on the fly; every kind of damage (truncation, a flipped magic, an id outside the
-// vocabulary, a bad label, a stale fingerprint, a garbled manifest) is a clear input error that
-// says to rerun `strata prepare`.
+// of tokenizing on the fly; every kind of damage (truncation, a flipped magic, any changed byte,
+// an id outside the vocabulary, a bad label, a stale fingerprint, a garbled manifest) and shards
+// of an older format are clear input errors that name the file and say to rerun `strata prepare`.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "io/checksum.h"
 #include "io/datasets.h"
 #include "src/train/training_data.h"
 #include "io/token_shards.h"
@@ -39,6 +40,14 @@ void check_same_rows(const TokenRows& a, const TokenRows& b) {
   CHECK(a.targets == b.targets);
   CHECK(a.pos == b.pos);
   CHECK(a.doc_start == b.doc_start);
+}
+
+// A shard's bytes with the CRC-32C trailer recomputed: damage the checksum would stop, carried
+// past it to the checks behind it (which stay, for a writer's own bugs).
+std::string resealed(std::string bytes) {
+  const uint32_t crc = crc32c(bytes.data(), bytes.size() - 4);
+  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  return bytes;
 }
 
 int prepare(const std::string& recipe, const std::vector<std::string>& overrides = {}) {
@@ -127,7 +136,7 @@ TEST_CASE("shards: uint32 ids above 65535 round-trip; a model too small for them
   samples[1].labels = {0, 0};
   const std::string path = (dir.path / "s.bin").string();
   shard_write(path, samples, 70001, 42);
-  CHECK(fs::file_size(path) == 128 + 5 * 4 + 5 + 7 /* labels end at 153: pad to 160 */ + 3 * 8);
+  CHECK(fs::file_size(path) == 128 + 5 * 4 + 5 + 7 /* labels end at 153: pad to 160 */ + 3 * 8 + 4 /* CRC */);
   std::vector<Sample> back = shard_read(path, 70001, 42);
   REQUIRE(back.size() == 2);
   CHECK(back[0].ids == samples[0].ids);
@@ -174,7 +183,7 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
     std::string bad = good;
     bad[128] = char(0xff);  // the first token, uint16: 0x..ff
     bad[129] = char(0xff);
-    testing::write_file(shard, bad);
+    testing::write_file(shard, resealed(bad));
     std::string e = load_error();
     CHECK(contains(e, "token id 65535"));
     check_says_rerun(e);
@@ -184,7 +193,7 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
     std::memcpy(&labels_offset, good.data() + 48, 8);
     std::string bad = good;
     bad[labels_offset + 1] = 7;
-    testing::write_file(shard, bad);
+    testing::write_file(shard, resealed(bad));
     CHECK(contains(load_error(), "label flag of 7"));
   }
   SECTION("offsets out of order") {
@@ -193,8 +202,10 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
     std::string bad = good;
     std::memcpy(bad.data() + offsets_offset + 8, &two, 8);  // sample 0 ends at token 2 ...
     std::memcpy(bad.data() + offsets_offset, &two, 8);      // ... and starts there too
-    testing::write_file(shard, bad);
-    CHECK(contains(load_error(), "rerun `strata prepare"));
+    testing::write_file(shard, resealed(bad));
+    std::string e = load_error();
+    CHECK(contains(e, "sample offsets do not span"));
+    check_says_rerun(e);
   }
   SECTION("stale: a recipe setting changed") {
     const Recipe longer = recipe_load(recipe, {"data.sequence_len=128"});
@@ -224,6 +235,78 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
   SECTION("the intact shards still load") {
     TrainingData td = training_data_load(rc, 640);
     CHECK(td.train.rows() == 1);
+  }
+}
+
+TEST_CASE("shards: a changed byte that still reads as valid data fails the checksum; older formats say rerun",
+          "[shards][data-faults]") {
+  TempDir dir("shards_checksum");
+  dir.file("chat.jsonl",
+           R"({"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "2 + 2 = 4."}]})"
+           "\n");
+  const std::string recipe = tiny_recipe(dir, "path = \"chat.jsonl\"\nsequence_len = 64\nprepared_dir = \"prep\"\n");
+  REQUIRE(prepare(recipe) == 0);
+  const Recipe rc = recipe_load(recipe, {});
+  const fs::path shard = dir.path / "prep" / "train.bin", manifest = dir.path / "prep" / "manifest.json";
+  const std::string good = testing::read_file(shard.string());
+  uint64_t labels_offset = 0;
+  std::memcpy(&labels_offset, good.data() + 48, 8);
+  REQUIRE(labels_offset > 130);
+  auto load_error = [&] { return error_of([&] { training_data_load(rc, 640); }); };
+  auto check_damaged = [&](const std::string& e) {
+    CHECK(contains(e, "damaged"));
+    CHECK(contains(e, "CRC-32C"));
+    CHECK(contains(e, shard.string()));
+    CHECK(contains(e, "rerun `strata prepare"));
+  };
+
+  SECTION("one token id changed to another valid id") {
+    std::string bad = good;
+    bad[128] = char(uint8_t(bad[128]) ^ 1);  // the first uint16 id; the vocabulary (640) is even, so it stays below
+    testing::write_file(shard.string(), bad);
+    check_damaged(load_error());
+  }
+  SECTION("a label flipped between 0 and 1") {
+    std::string bad = good;
+    bad[labels_offset + 1] = char(uint8_t(bad[labels_offset + 1]) ^ 1);
+    testing::write_file(shard.string(), bad);
+    check_damaged(load_error());
+  }
+  SECTION("the stored checksum itself changed") {
+    std::string bad = good;
+    bad.back() = char(uint8_t(bad.back()) ^ 0x10);
+    testing::write_file(shard.string(), bad);
+    check_damaged(load_error());
+  }
+  SECTION("a version 1 shard, from before checksums") {
+    std::string old = good.substr(0, good.size() - 4);  // version 1 had no trailer
+    const uint32_t one = 1;
+    std::memcpy(old.data() + 8, &one, 4);
+    testing::write_file(shard.string(), old);
+    const std::string e = load_error();
+    CHECK(contains(e, "shard format version 1 was written by an older strata"));
+    CHECK(contains(e, shard.string()));
+    CHECK(contains(e, "rerun `strata prepare"));
+  }
+  SECTION("a shard of a newer format") {
+    std::string newer = good;
+    const uint32_t nine = 9;
+    std::memcpy(newer.data() + 8, &nine, 4);
+    testing::write_file(shard.string(), newer);
+    CHECK(contains(load_error(), "newer strata"));
+  }
+  SECTION("a manifest of prepared-data format 1") {
+    nlohmann::json m = nlohmann::json::parse(testing::read_file(manifest.string()));
+    REQUIRE(m["strata_prepared"] == 2);
+    m["strata_prepared"] = 1;
+    testing::write_file(manifest.string(), m.dump(2));
+    const std::string e = load_error();
+    CHECK(contains(e, "prepared data format version 1 was written by an older strata"));
+    CHECK(contains(e, manifest.string()));
+    CHECK(contains(e, "rerun `strata prepare"));
+  }
+  SECTION("intact, the shards load") {
+    CHECK(training_data_load(rc, 640).train.rows() == 1);
   }
 }
 
