@@ -425,9 +425,12 @@ void TrainRun::set_up_model() {
   eopt_.weights = plan_in_.weights;
   choose_accumulation(spec);
   plan_ = placement_plan(spec, plan_in_, budgets_);
-  if (!plan_.fits() && !data_loaded_) {
-    // Before it says what to change, the plan counts the tokenized data too: the advice is then
-    // the total the checks after loading use, not one that fails again with the data added.
+  const bool device_over = budgets_.device_bytes && plan_.tier(Tier::device) > budgets_.device_bytes;
+  if (!plan_.fits() && !data_loaded_ && !device_over) {
+    // Short of host memory: before it says what to change, the plan counts the tokenized data
+    // too, so the advice is the total the checks after loading use, not one that fails again
+    // with the data added. (A device that is too small is said at once: the data changes nothing
+    // there.)
     load_data();
     plan_ = placement_plan(spec, plan_in_, budgets_);
   }

@@ -280,3 +280,56 @@ TEST_CASE("faults: --overwrite refuses to delete the run's own inputs, and delet
 }
 
 }  // namespace strata
+
+namespace strata {
+
+TEST_CASE("faults: prepare on a full disk (ulimit -f) exits 4 leaving no partial shards; a rerun makes them",
+          "[faults]") {
+  const std::string out = testing::fresh_path("faults", "prepare_full");
+  const std::string shards = out + "/shards";
+  const std::string prep = testing::strata_binary() + " prepare " + testing::source_path("recipes/quickstart.toml") +
+                           " data.sequence_len=32 data.prepared_dir=" + shards;
+  // 16 KiB of file: the shards (the quickstart corpus is ~1.4 MB of bytes) cannot be written
+  const testing::BoundedRun r = testing::run_bounded("ulimit -f 16; exec " + prep, kBound);
+  check_ended(r, 4, 0, {"error:"});
+  // nothing half-written is left to train from: a run with that prepared_dir tokenizes the data itself
+  CHECK(fs::is_empty(shards));
+  const testing::BoundedRun t = strata_run(train_args(out + "/run", "data.prepared_dir=" + shards));
+  check_ended(t, 0, 0, {"tokenizing"});
+  // with the space back, prepare again and train from the shards
+  check_ended(testing::run_bounded("exec " + prep, kBound), 0, 0, {});
+  check_ended(strata_run(train_args(out + "/run2", "data.prepared_dir=" + shards)), 0, 0, {"done; model written to"});
+}
+
+TEST_CASE("faults: estimate --measure under a throwing task exits non-zero with a message, never hangs", "[faults]") {
+  const testing::BoundedRun r =
+      strata_run("estimate " + testing::source_path("recipes/quickstart.toml") + " --measure", "STRATA_FAULT=throw@task:5");
+  INFO(tail_of(r.out));
+  REQUIRE_FALSE(r.hung);
+  CHECK_FALSE(r.leftover);
+  CHECK(r.signal == 0);
+  CHECK(r.code != 0);
+  CHECK(testing::contains(r.out, "a task threw at task"));
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("faults: the host-memory advice counts the data, and a run given it fits", "[faults]") {
+  // issue 43: 50 MiB -> "raise to at least 322.8 MiB", which failed needing 328.3, then 329.7
+  const std::string out = testing::fresh_path("faults", "host_advice");
+  const std::string args = "train " + testing::source_path("recipes/quickstart.toml") +
+                           " device.cpu_threads=2 train.max_steps=1 checkpoint.output_dir=" + out;
+  const testing::BoundedRun r = strata_run(args + " offload.host_memory=50MiB");
+  check_ended(r, 3, 0, {"tokenized data rows and order", "raise offload.host_memory to at least "});
+  const std::string key = "raise offload.host_memory to at least ";
+  const size_t at = r.out.find(key) + key.size();
+  const std::string advice = r.out.substr(at, r.out.find(" if the machine", at) - at);  // "181.0 MiB"
+  INFO(advice);
+  REQUIRE(advice.find(" MiB") != std::string::npos);
+  const std::string budget = advice.substr(0, advice.find('.')) + "MiB";
+  check_ended(strata_run(args + " offload.host_memory=" + budget), 0, 0, {"done; model written to"});
+}
+
+}  // namespace strata

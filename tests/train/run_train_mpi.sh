@@ -120,13 +120,13 @@ resume)
   same "$work/ref" "$work/a" 4 "saved by 2 ranks, resumed by 1"
   # the exact continuation is said to be one, with no warning (issue 43, item 5) ...
   ! grep -q "not the run it continues" "$work/a.log" || { cat "$work/a.log"; fail "2 -> 1 x 2 warned"; }
-  grep -q "global batch was 2 rows per step (micro_batch_size 1 x gradient_accumulation_steps 1 x 2 ranks); this run deals the same rows" "$work/a.log" ||
+  grep -q "global batch was [0-9]* rows per step (micro_batch_size [0-9]* x gradient_accumulation_steps 1 x 2 ranks); this run deals the same rows" "$work/a.log" ||
     { cat "$work/a.log"; fail "2 -> 1 x 2 did not say the run continues as it was"; }
   # ... and half the global batch is warned about, naming the accumulation that continues it
   train 2 "$work/h" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2
   rm -rf "$work/h/checkpoint-4" "$work/h/final"
   train 1 "$work/h" train.max_steps=4 train.gradient_accumulation_steps=1 checkpoint.save_steps=2 --resume auto
-  grep -q "warning: the checkpoint's global batch was 2 rows per step .* and this run's is 1 .*not the run it continues (train.gradient_accumulation_steps = 2 continues it exactly)" "$work/h.log" ||
+  grep -q "warning: the checkpoint's global batch was [0-9]* rows per step .* x 2 ranks) and this run's is [0-9]* .* x 1 rank).*not the run it continues (train.gradient_accumulation_steps = 2 continues it exactly)" "$work/h.log" ||
     { cat "$work/h.log"; fail "2 -> 1 x 1 (half the global batch) was not warned about"; }
   # 1 -> 2
   train 1 "$work/b" train.max_steps=4 train.gradient_accumulation_steps=2 checkpoint.save_steps=2
@@ -266,6 +266,10 @@ injected)
     [ $rc -ne 0 ] || { cat "$out.log"; fail "$fault: the job exited 0"; }
     [ $rc -ne 124 ] || { cat "$out.log"; fail "$fault: the job hung"; }
     grep -Eq "rank 1" "$out.log" || { cat "$out.log"; fail "$fault: no message names rank 1"; }
+    if [ "${fault%%@*}" = throw ]; then  # the cause is said, and the rank exits, never aborts
+      grep -q "rank 1: error: STRATA_FAULT: a task threw at step" "$out.log" || { cat "$out.log"; fail "$fault: the cause is not said"; }
+      ! grep -q "terminate called" "$out.log" || { cat "$out.log"; fail "$fault: rank 1 aborted (std::terminate)"; }
+    fi
     latest=$(ls -d "$out"/checkpoint-* | sed 's/.*checkpoint-//' | sort -n | tail -1)
     [ "$latest" = 2 ] || { ls "$out"; fail "$fault: the newest checkpoint is $latest, not 2"; }
     [ -f "$out/checkpoint-2/COMPLETE" ] || fail "$fault: checkpoint-2 is not complete"

@@ -67,16 +67,18 @@ TEST_CASE("a signal while the model is being set up exits 130 at once: no step, 
   }
 }
 
-TEST_CASE("budgets are checked before the data is tokenized and before weights are initialised",
+TEST_CASE("budgets are checked before weights are initialised, the device's before the data is tokenized",
           "[signals][cli]") {
   testing::TempDir tmp("budget_first");
-  for (const char* budget : {"device.memory=8MiB", "offload.host_memory=1MiB"}) {
-    DYNAMIC_SECTION(budget) {
-      testing::check_run(testing::run_strata(quickstart_args((tmp.path / "out").string(),
-                                                             std::string("train.max_steps=1 ") + budget)),
-                         3, {}, {"strata data:", "initialising weights"});
-    }
-  }
+  testing::check_run(testing::run_strata(quickstart_args((tmp.path / "out").string(),
+                                                         "train.max_steps=1 device.memory=8MiB")),
+                     3, {}, {"strata data:", "initialising weights"});
+  // Short of host memory, the data is tokenized first (issue 43: the advice left it out, and a
+  // run with the advised budget failed again): the advice counts it, weights are never touched.
+  const testing::ProcessResult host = testing::run_strata(
+      quickstart_args((tmp.path / "out").string(), "train.max_steps=1 offload.host_memory=1MiB"));
+  testing::check_run(host, 3, {"strata data:", "tokenized data rows and order", "raise offload.host_memory to at least"},
+                     {"initialising weights"});
 }
 
 TEST_CASE("the set-up phases and saves are said in the log", "[signals][cli]") {
