@@ -46,6 +46,19 @@ void check_ended(const testing::BoundedRun& r, int code, int signal, const std::
   for (const std::string& s : says) CHECK(testing::contains(r.out, s));
 }
 
+// The run failed on its own: no hang, nothing left behind, never a signal (a segfault, an abort),
+// a non-zero exit (`code` when given) with an error line saying `says`.
+void check_failed(const testing::BoundedRun& r, const std::string& says, int code = 0) {
+  INFO(tail_of(r.out));
+  REQUIRE_FALSE(r.hung);
+  CHECK_FALSE(r.leftover);
+  CHECK(r.signal == 0);
+  CHECK(r.code != 0);
+  if (code) CHECK(r.code == code);
+  CHECK(testing::contains(r.out, "error:"));
+  CHECK(testing::contains(r.out, says));
+}
+
 // Losses by step from metrics.jsonl.
 std::vector<double> losses(const std::string& out) {
   std::vector<double> v;
@@ -179,13 +192,7 @@ TEST_CASE("faults: a task that throws, a failed allocation or thread creation ex
     DYNAMIC_SECTION(c.fault) {
       const std::string out = testing::fresh_path("faults", std::string("task_") + std::to_string(&c - cases));
       const testing::BoundedRun r = strata_run(train_args(out), std::string("STRATA_FAULT=") + c.fault);
-      INFO(tail_of(r.out));
-      REQUIRE_FALSE(r.hung);
-      CHECK_FALSE(r.leftover);
-      CHECK(r.signal == 0);  // never a segfault or an abort
-      CHECK(r.code == c.code);
-      CHECK(testing::contains(r.out, "error:"));
-      CHECK(testing::contains(r.out, c.says));
+      check_failed(r, c.says, c.code);
       if (!complete_checkpoints(out).empty()) check_resumes_exactly(out);
     }
   }
@@ -200,12 +207,7 @@ TEST_CASE("faults: generate under a throwing task and a failed device allocation
           std::string("echo '{\"prompt\": \"hello\"}' | STRATA_FAULT=") + fault + " " + testing::strata_binary() +
               " generate --model " + model + " --max-new-tokens 8",
           kBound);
-      INFO(tail_of(r.out));
-      REQUIRE_FALSE(r.hung);
-      CHECK_FALSE(r.leftover);
-      CHECK(r.signal == 0);
-      CHECK(r.code != 0);
-      CHECK(testing::contains(r.out, "error:"));
+      check_failed(r, "");
     }
   }
 }
@@ -304,12 +306,7 @@ TEST_CASE("faults: prepare on a full disk (ulimit -f) exits 4 leaving no partial
 TEST_CASE("faults: estimate --measure under a throwing task exits non-zero with a message, never hangs", "[faults]") {
   const testing::BoundedRun r =
       strata_run("estimate " + testing::source_path("recipes/quickstart.toml") + " --measure", "STRATA_FAULT=throw@task:5");
-  INFO(tail_of(r.out));
-  REQUIRE_FALSE(r.hung);
-  CHECK_FALSE(r.leftover);
-  CHECK(r.signal == 0);
-  CHECK(r.code != 0);
-  CHECK(testing::contains(r.out, "a task threw at task"));
+  check_failed(r, "a task threw at task");
 }
 
 }  // namespace strata
