@@ -117,6 +117,9 @@ const MatmulPlan& matmul_plan(const MatmulKey& key) {
       it = cache.emplace(key, matmul_make_plan(key)).first;
     } catch (const dnnl::error& e) {
       omp_set_num_threads(keep);
+      STRATA_CHECK_BUDGET(e.status != dnnl_out_of_memory, "oneDNN ran out of host memory creating a matmul (m=",
+                          key.m, " n=", key.n, " k=", key.k, "): the process is out of memory or address space "
+                          "(ulimit -v); lower the memory the recipe needs, or device.cpu_threads");
       STRATA_ASSERT(false, "oneDNN could not create a matmul (m=", key.m, " n=", key.n, " k=",
                     key.k, "): ", e.what());
     }
@@ -294,6 +297,7 @@ void matmul_run_onednn(float* c, const void* a, const void* b, int64_t m, int64_
   const int chunk = int(std::clamp<int64_t>(tiles / std::max(1, omp_get_max_threads()), 1, tiles_n));
   const auto* a_bytes = static_cast<const char*>(a);
   const auto* b_bytes = static_cast<const char*>(b);
+  std::atomic<bool> out_of_memory{false};  // a tile oneDNN could not run for memory: thrown after the region
 #pragma omp parallel if (tiles > 1)
   {
     omp_set_num_threads(1);  // this thread's own ICV: oneDNN runs each tile single-threaded
@@ -337,11 +341,18 @@ void matmul_run_onednn(float* c, const void* a, const void* b, int64_t m, int64_
                                             {DNNL_ARG_SCRATCHPAD, s_mem}});
         matmul_stream().wait();
       } catch (const dnnl::error& e) {  // nothing may leave an OpenMP region
+        if (e.status == dnnl_out_of_memory) {
+          out_of_memory = true;
+          continue;
+        }
         STRATA_ASSERT(false, "oneDNN matmul failed (m=", m, " n=", n, " k=", k, "): ", e.what());
       }
       if (beta != 0.f) matmul_add_tile(c, n, i0, j0, c_tile, tm, tn);
     }
   }
+  STRATA_CHECK_BUDGET(!out_of_memory, "oneDNN ran out of host memory running a matmul (m=", m, " n=", n, " k=", k,
+                      "): the process is out of memory or address space (ulimit -v); lower the memory the recipe "
+                      "needs, or device.cpu_threads");
 }
 
 // Which tiles: oneDNN's (its f32 or bf16 kernels, or bf16 widened for its f32 kernel), or strata's.

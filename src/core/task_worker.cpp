@@ -19,15 +19,21 @@ TaskWorker::~TaskWorker() {
   thread_.join();
 }
 
-uint64_t TaskWorker::enqueue(std::function<void()> task) {
+uint64_t TaskWorker::push(Task task) {
   uint64_t ticket;
   {
     std::lock_guard lock(mu_);
-    queue_.push_back(std::move(task));
+    queue_.push_back(std::move(task));  // strong guarantee: a bad_alloc here queues nothing
     ticket = ++issued_;
   }
   cv_.notify_all();
   return ticket;
+}
+
+uint64_t TaskWorker::enqueue(std::function<void()> task) { return push(Task{std::move(task), {}}); }
+
+uint64_t TaskWorker::enqueue_marker(std::function<void(std::exception_ptr)> marker) {
+  return push(Task{{}, std::move(marker)});
 }
 
 uint64_t TaskWorker::enqueue(std::function<void()> wait_for_input, std::function<void()> work) {
@@ -79,8 +85,9 @@ double TaskWorker::waited_s() const {
 
 void TaskWorker::run() {
   for (;;) {
-    std::function<void()> task;
+    Task task;
     bool skip;
+    std::exception_ptr kept;  // what a marker is told
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -88,16 +95,22 @@ void TaskWorker::run() {
       task = std::move(queue_.front());
       queue_.pop_front();
       skip = error_ && after_error_ == AfterError::skip_until_wait;
+      kept = error_;
     }
     auto t0 = Clock::now();
     task_input_wait_s_ = 0;
     std::exception_ptr err;
     try {
-      cpu_threads_apply();
-      if (!skip) task();
+      if (task.marker) {
+        task.marker(kept);
+      } else if (!skip) {
+        cpu_threads_apply();
+        task.run();
+      }
     } catch (...) {
       err = std::current_exception();
     }
+    task = Task{};  // what the task held goes before it is counted done (its owner may free it then)
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     {
       std::lock_guard lock(mu_);

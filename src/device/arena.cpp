@@ -1,6 +1,7 @@
 #include "src/device/arena.h"
 
 #include "src/core/error.h"
+#include "src/core/fault.h"
 #include "src/core/tensor.h"
 
 namespace strata {
@@ -15,6 +16,7 @@ char* Arena::alloc(size_t bytes, const std::string& tensor) {
   auto best = free_.end();
   for (auto it = free_.begin(); it != free_.end(); ++it)
     if (it->second >= need && (best == free_.end() || it->second < best->second)) best = it;
+  if (fault_point("arena-alloc") == FaultKind::alloc) best = free_.end();  // STRATA_FAULT: as if out of budget
   STRATA_CHECK_BUDGET(best != free_.end(), "the ", what_, " memory budget of ", format_bytes(budget_),
                       " is exhausted allocating ", tensor, " (", format_bytes(bytes), "; ",
                       format_bytes(used_), " in use): raise [device] memory in the recipe, or "

@@ -2,8 +2,13 @@
 // mapping carved by the budgeted Arena and poisoned with NaN on allocation; each stream is a
 // worker thread running its queue in order; events are real; copies really copy, and the
 // host<->device link can be throttled to a set bandwidth so streaming schedules are exercised
-// and timed as they would be over PCIe. An exception thrown by queued work (bad input found
-// by a kernel) is sticky: the next synchronize on that stream rethrows it.
+// and timed as they would be over PCIe.
+//
+// Errors, as CUDA's sticky errors: an exception thrown by queued work (bad input found by a
+// kernel, a failed allocation, STRATA_FAULT=throw@task) is kept by its stream, which skips its
+// later work until stream_synchronize rethrows it. Event records always run: one recorded after
+// the failure completes marked failed with that error, so a stream waiting on it fails too (and
+// skips), and event_synchronize rethrows it. No waiter is left blocked by a failure.
 #include <sys/mman.h>
 
 #include <chrono>
@@ -18,7 +23,9 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/zo.h"
 #include "src/core/error.h"
+#include "src/core/fault.h"
 #include "src/core/task_worker.h"
+#include "src/core/tensor.h"
 #include "src/core/threads.h"
 #include "src/device/arena.h"
 #include "src/device/device.h"
@@ -28,21 +35,42 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class CpuEvent final : public Event {
- public:
+// An event's state, shared by the Event and the tasks that record or wait on it: an Event may be
+// destroyed with such tasks still queued (as cudaEventDestroy allows), and they still run.
+struct CpuEventState {
   std::mutex mu;
   std::condition_variable cv;
   uint64_t recorded = 0;   // generation of the latest record()
   uint64_t completed = 0;  // generation the stream has reached
+  uint64_t failed = 0;     // the latest generation completed after a failure on its stream
+  std::exception_ptr error;  // that failure
 
+  // Until generation gen has completed; rethrows the failure of the work before it (or before a
+  // later record that completed first: the stream failed either way).
   void wait_for(uint64_t gen) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return completed >= gen; });
+    if (gen > 0 && failed >= gen && error) std::rethrow_exception(error);
+  }
+  void complete(uint64_t gen, std::exception_ptr err) noexcept {
+    std::lock_guard lock(mu);
+    completed = std::max(completed, gen);
+    if (err) {
+      failed = std::max(failed, gen);
+      error = std::move(err);
+    }
+    cv.notify_all();
   }
 };
 
-// A stream: tasks in order on one thread; after a failed task the rest are skipped (events
-// still fire) until stream_synchronize rethrows the error.
+class CpuEvent final : public Event {
+ public:
+  const std::shared_ptr<CpuEventState> state = std::make_shared<CpuEventState>();
+};
+
+// A stream: tasks in order on one thread; after a failed task the rest are skipped (event
+// records still run, completing their events marked failed) until stream_synchronize rethrows
+// the error.
 class StreamWorker : public TaskWorker {
  public:
   StreamWorker() : TaskWorker(AfterError::skip_until_wait) {}
@@ -60,6 +88,18 @@ class CpuDevice final : public ArenaDevice {
                         "; lower [device] memory");
     base_ = static_cast<char*>(base);
     arena_init(base_, mapping_bytes_);
+    // The kernels' threads, checked now that the arena's address space is taken (exit 3 naming
+    // device.cpu_threads and the ulimits when they cannot all be made), and the compute stream's
+    // OpenMP team made, so that no later kernel has to create a thread (src/core/threads.h). The
+    // copy streams run no parallel region on this backend.
+    try {
+      cpu_threads_start();
+      StreamWorker& compute = worker(Stream::compute);
+      compute.wait(compute.enqueue([] { cpu_threads_start_team(); }));
+    } catch (...) {
+      munmap(base_, mapping_bytes_);
+      throw;
+    }
   }
   ~CpuDevice() override {
     for (auto& w : workers_) w.drain_quiet();
@@ -77,8 +117,13 @@ class CpuDevice final : public ArenaDevice {
   // pinned allocation take the pageable fallback so its accounting and warning can be tested.
   void* alloc_pinned(size_t bytes) override {
     if (pinned_fail_forced()) return pageable_fallback_alloc(bytes, "STRATA_FAKE_PINNED_FAIL=1");
-    void* p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
-    STRATA_CHECK_BUDGET(p, "cannot allocate ", bytes, " bytes of pinned host memory");
+    // STRATA_FAULT=alloc@host-alloc: the allocation fails as malloc's would
+    void* p = fault_point("host-alloc") == FaultKind::alloc
+                  ? nullptr
+                  : std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
+    STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(bytes), " of pinned host memory: the host is out of "
+                        "memory (or of address space: ulimit -v); lower the host memory the recipe needs (a "
+                        "smaller model, micro_batch_size or sequence_len)");
     return p;
   }
   void free_pinned(void* p) override {
@@ -93,37 +138,45 @@ class CpuDevice final : public ArenaDevice {
 
   std::unique_ptr<Event> event_create() override { return std::make_unique<CpuEvent>(); }
   void event_record(Event& e, Stream s) override {
-    auto& ev = static_cast<CpuEvent&>(e);
+    const std::shared_ptr<CpuEventState>& ev = static_cast<CpuEvent&>(e).state;
     uint64_t gen;
     {
-      std::lock_guard lock(ev.mu);
-      gen = ++ev.recorded;
+      std::lock_guard lock(ev->mu);
+      gen = ++ev->recorded;
     }
-    worker(s).enqueue([&ev, gen] {
-      // Notified under the lock: a host thread that sees the event complete may destroy it as
-      // soon as it can take the lock, so nothing may touch ev after the lock is released.
-      std::lock_guard lock(ev.mu);
-      ev.completed = std::max(ev.completed, gen);
-      ev.cv.notify_all();
-    });
+    try {
+      // a marker: runs even while the stream skips after a failure, and passes the failure on
+      worker(s).enqueue_marker([ev, gen](std::exception_ptr failure) { ev->complete(gen, std::move(failure)); });
+    } catch (...) {  // not queued (out of memory): nothing may wait for this generation in vain
+      ev->complete(gen, std::current_exception());
+      throw;
+    }
   }
   void stream_wait_event(Stream s, Event& e) override {
-    auto& ev = static_cast<CpuEvent&>(e);
+    const std::shared_ptr<CpuEventState>& ev = static_cast<CpuEvent&>(e).state;
     uint64_t gen;
     {
-      std::lock_guard lock(ev.mu);
-      gen = ev.recorded;
+      std::lock_guard lock(ev->mu);
+      gen = ev->recorded;
     }
-    worker(s).enqueue([this, &ev, gen, si = int(s)] {
+    worker(s).enqueue([this, ev, gen, si = int(s)] {
       auto t0 = Clock::now();
-      ev.wait_for(gen);
-      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      std::lock_guard lock(op_mu_);  // counters() reads it from other threads, mid-step too
-      stream_wait_s_[si] += dt;
+      auto count = [&] {
+        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        std::lock_guard lock(op_mu_);  // counters() reads it from other threads, mid-step too
+        stream_wait_s_[si] += dt;
+      };
+      try {
+        ev->wait_for(gen);  // rethrows the recording stream's failure: this stream fails too
+      } catch (...) {
+        count();
+        throw;
+      }
+      count();
     });
   }
   void event_synchronize(Event& e) override {
-    auto& ev = static_cast<CpuEvent&>(e);
+    CpuEventState& ev = *static_cast<CpuEvent&>(e).state;
     uint64_t gen;
     {
       std::lock_guard lock(ev.mu);
@@ -146,11 +199,11 @@ class CpuDevice final : public ArenaDevice {
   void copy_d2d(void* dst, const void* src, size_t bytes, Stream s) override {
     check_device_range(dst, bytes, "copy_d2d destination");
     check_device_range(src, bytes, "copy_d2d source");
-    worker(s).enqueue([=] { std::memcpy(dst, src, bytes); });
+    enqueue_task(s, [=] { std::memcpy(dst, src, bytes); });
   }
   void memset_zero(void* dst, size_t bytes, Stream s) override {
     check_device_range(dst, bytes, "memset destination");
-    worker(s).enqueue([=] { std::memset(dst, 0, bytes); });
+    enqueue_task(s, [=] { std::memset(dst, 0, bytes); });
   }
   DeviceCounters counters() const override {
     DeviceCounters c;
@@ -339,9 +392,19 @@ class CpuDevice final : public ArenaDevice {
  private:
   StreamWorker& worker(Stream s) { return workers_[int(s)]; }
 
+  // Every op, copy and memset runs through here (event records and waits do not): the place a
+  // task's failure is injected, STRATA_FAULT=throw@task[:N] (the N-th such task of the process).
+  template <class F>
+  void enqueue_task(Stream s, F&& f) {
+    worker(s).enqueue([f = std::forward<F>(f)] {
+      fault_point("task");
+      f();
+    });
+  }
+
   template <class F>
   void enqueue_op(Stream s, OpKind kind, F&& f) {
-    worker(s).enqueue([this, kind, f = std::forward<F>(f)] {
+    enqueue_task(s, [this, kind, f = std::forward<F>(f)] {
       auto t0 = Clock::now();
       f();
       double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -358,7 +421,7 @@ class CpuDevice final : public ArenaDevice {
 
   void enqueue_copy(Stream s, void* dst, const void* src, size_t bytes) {
     double bw = link_bytes_per_s_;
-    worker(s).enqueue([=] {
+    enqueue_task(s, [=] {
       auto t0 = Clock::now();
       std::memcpy(dst, src, bytes);
       if (bw > 0) std::this_thread::sleep_until(t0 + std::chrono::duration<double>(double(bytes) / bw));

@@ -27,6 +27,9 @@
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
+#include "src/core/fault.h"
+#include "src/core/tensor.h"
+#include "src/core/threads.h"
 #include "src/device/arena.h"
 #include "src/device/device.h"
 
@@ -203,6 +206,9 @@ class CudaDevice final : public ArenaDevice {
  public:
   explicit CudaDevice(const DeviceOptions& o) {
     STRATA_CHECK(o.memory_bytes > 0, "[device] memory must be positive");
+    // the host's kernel threads (AdamW and gradient accumulation on the host queue), checked
+    // first: exit 3 naming device.cpu_threads and the ulimits when they cannot all be made
+    cpu_threads_start();
     cuda_check_environment();
     const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&base_), o.memory_bytes);
     if (status != cudaSuccess) {
@@ -251,6 +257,10 @@ class CudaDevice final : public ArenaDevice {
   // cudaMallocHost, or pageable memory (one warning, counted) when pinning fails.
   void* alloc_pinned(size_t bytes) override {
     if (pinned_fail_forced()) return pageable_fallback_alloc(bytes, "STRATA_FAKE_PINNED_FAIL=1");
+    // STRATA_FAULT=alloc@host-alloc: pinned and pageable host memory both exhausted
+    STRATA_CHECK_BUDGET(fault_point("host-alloc") != FaultKind::alloc, "cannot allocate ", format_bytes(bytes),
+                        " of host memory (pinning it failed: STRATA_FAULT, and pageable memory is exhausted too); "
+                        "lower the host memory the recipe needs (a smaller model, micro_batch_size or sequence_len)");
     void* p = nullptr;
     const cudaError_t status = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
     if (status == cudaSuccess) return p;

@@ -2,11 +2,17 @@
 // across streams, copies are asynchronous, the link throttle holds, errors are sticky.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "src/core/error.h"
+#include "src/core/fault.h"
+#include "src/core/threads.h"
 #include "src/device/device.h"
+#include "tests/core/watchdog.h"
 
 namespace strata {
 
@@ -126,6 +132,157 @@ TEST_CASE("unknown and unavailable backends are clear input errors", "[device]")
 #endif
   o.backend = "tpu";
   CHECK_THROWS_AS(device_create(o), Error);
+}
+
+// STRATA_FAULT set in this process for one scope (the count starts again from the set).
+struct FaultScope {
+  explicit FaultScope(const char* value) {
+    setenv("STRATA_FAULT", value, 1);
+    fault_reload_for_tests();
+  }
+  ~FaultScope() {
+    unsetenv("STRATA_FAULT");
+    fault_reload_for_tests();
+  }
+};
+
+// What each wait of the failure test saw: the error's text, or "" when it returned normally.
+struct Waits {
+  std::string event_sync, h2d_sync, compute_sync, d2h_sync, compute_again;
+  float after = 0;
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("a task that throws fails every stream waiting on its events, and nothing hangs", "[device][task-faults]") {
+  // h2d: [memset: throws] [copy] record(up); compute: wait(up) [add] record(done); d2h: wait(done)
+  // [copy] record(back). Before event records ran after a failure, `up` never completed and
+  // compute, d2h and the host blocked for ever.
+  auto w = std::make_shared<Waits>();
+  const bool finished = testing::finishes_within(60, [w] {
+    FaultScope fault("throw@task:1");
+    auto dev = device_create(DeviceOptions{});
+    const int64_t n = 1024;
+    std::vector<float> host(n, 1.f), back(n, 0.f);
+    float* a = static_cast<float*>(dev->alloc(n * 4, "a"));
+    float* b = static_cast<float*>(dev->alloc(n * 4, "b"));
+    auto up = dev->event_create(), done = dev->event_create(), copied = dev->event_create();
+    dev->memset_zero(a, n * 4, Stream::h2d);  // the process's first task since the set: throws
+    dev->copy_h2d(a, host.data(), n * 4, Stream::h2d);
+    dev->event_record(*up, Stream::h2d);
+    dev->stream_wait_event(Stream::compute, *up);
+    dev->memset_zero(b, n * 4, Stream::compute);
+    dev->add_inplace(b, a, n, Stream::compute);
+    dev->event_record(*done, Stream::compute);
+    dev->stream_wait_event(Stream::d2h, *done);
+    dev->copy_d2h(back.data(), b, n * 4, Stream::d2h);
+    dev->event_record(*copied, Stream::d2h);
+    w->event_sync = error_of([&] { dev->event_synchronize(*copied); });
+    w->h2d_sync = error_of([&] { dev->stream_synchronize(Stream::h2d); });
+    w->compute_sync = error_of([&] { dev->stream_synchronize(Stream::compute); });
+    w->d2h_sync = error_of([&] { dev->stream_synchronize(Stream::d2h); });
+    // collected once per stream: the device works again, events recorded anew complete cleanly
+    w->compute_again = error_of([&] { dev->synchronize(); });
+    dev->copy_h2d(a, host.data(), n * 4, Stream::h2d);
+    dev->event_record(*up, Stream::h2d);
+    dev->stream_wait_event(Stream::compute, *up);
+    dev->memset_zero(b, n * 4, Stream::compute);
+    dev->add_inplace(b, a, n, Stream::compute);
+    dev->event_record(*done, Stream::compute);
+    dev->stream_wait_event(Stream::d2h, *done);
+    dev->copy_d2h(back.data(), b, n * 4, Stream::d2h);
+    dev->event_record(*copied, Stream::d2h);
+    dev->event_synchronize(*copied);
+    w->after = back[n - 1];
+    dev->free(a);
+    dev->free(b);
+  });
+  REQUIRE(finished);
+  CHECK_THAT(w->event_sync, Catch::Contains("STRATA_FAULT: a task threw at task"));
+  CHECK_THAT(w->h2d_sync, Catch::Contains("STRATA_FAULT: a task threw at task"));
+  CHECK_THAT(w->compute_sync, Catch::Contains("STRATA_FAULT: a task threw at task"));
+  CHECK_THAT(w->d2h_sync, Catch::Contains("STRATA_FAULT: a task threw at task"));
+  CHECK(w->compute_again.empty());
+  CHECK(w->after == 1.f);
+}
+
+TEST_CASE("a device destroyed with a failed stream and waiters on it does not hang", "[device][task-faults]") {
+  const bool finished = testing::finishes_within(60, [] {
+    FaultScope fault("throw@task:2");
+    auto dev = device_create(DeviceOptions{});
+    float* a = static_cast<float*>(dev->alloc(4096, "a"));
+    auto ev = dev->event_create();
+    for (int i = 0; i < 3; ++i) dev->memset_zero(a, 4096, Stream::compute);  // the second throws
+    dev->event_record(*ev, Stream::compute);
+    dev->stream_wait_event(Stream::h2d, *ev);
+    dev->stream_wait_event(Stream::d2h, *ev);
+    dev->memset_zero(a, 4096, Stream::d2h);
+    // no synchronize: the event goes first (with tasks on it still queued, as cudaEventDestroy
+    // allows), then the device, whose destructor drains every stream, dropping the errors
+  });
+  CHECK(finished);
+}
+
+TEST_CASE("an arena allocation fails as out of budget under STRATA_FAULT=alloc@arena-alloc", "[device][task-faults]") {
+  auto dev = device_create(DeviceOptions{});
+  FaultScope fault("alloc@arena-alloc:2");
+  void* first = dev->alloc(64, "first");
+  try {
+    dev->alloc(64, "second");
+    FAIL("the second allocation did not fail");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::budget);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("exhausted allocating second"));
+  }
+  void* third = dev->alloc(64, "third");  // fires once
+  dev->free(first);
+  dev->free(third);
+  CHECK(dev->used_bytes() == 0);
+}
+
+TEST_CASE("pinned host memory fails as the allocator would under STRATA_FAULT=alloc@host-alloc", "[device][task-faults]") {
+  auto dev = device_create(DeviceOptions{});
+  FaultScope fault("alloc@host-alloc");
+  try {
+    dev->alloc_pinned(1 << 20);
+    FAIL("the allocation did not fail");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::budget);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("pinned host memory"));
+  }
+  void* p = dev->alloc_pinned(1 << 20);
+  CHECK(p != nullptr);
+  dev->free_pinned(p);
+}
+
+TEST_CASE("the start-up thread check fails as exit 3 naming device.cpu_threads and the ulimits", "[device][task-faults]") {
+  // a count above any this process has checked, so that the check runs; the fault stops it at
+  // its second thread (had it not fired, this would start 512 threads here)
+  const int keep = cpu_threads_count(), big = 512;
+  cpu_threads_set(big);
+  {
+    FaultScope fault("thread@thread-start:2");
+    try {
+      cpu_threads_start();
+      FAIL("the thread check passed");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::budget);
+      const std::string what = e.what();
+      CHECK_THAT(what, Catch::Contains("thread 2 of the"));
+      CHECK_THAT(what, Catch::Contains("Resource temporarily unavailable"));
+      CHECK_THAT(what, Catch::Contains("device.cpu_threads (now " + std::to_string(big) + ")"));
+      CHECK_THAT(what, Catch::Contains("ulimit -v"));
+      CHECK_THAT(what, Catch::Contains("ulimit -u"));
+    }
+  }
+  cpu_threads_set(keep);
 }
 
 }  // namespace strata
