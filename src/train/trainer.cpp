@@ -419,6 +419,7 @@ void TrainRun::set_up_model() {
   dopt.link_bytes_per_s = rc_.device_link_bytes_per_s;
   cpu_threads_set(int(rc_.device_cpu_threads));
   cpu_threads_apply();
+  cpu_threads_start();  // before anything opens a parallel region (the tokenizer too): exit 3 if they cannot exist
 
   budgets_ = train_plan_budgets(rc_);
   placement_resolve_weights(spec, plan_in_, budgets_);  // offload.weights = "auto": resident when it costs nothing

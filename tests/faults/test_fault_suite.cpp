@@ -330,3 +330,14 @@ TEST_CASE("faults: the host-memory advice counts the data, and a run given it fi
 }
 
 }  // namespace strata
+
+namespace strata {
+
+TEST_CASE("faults: device.cpu_threads = 100000 is exit 3 naming it, never a segfault", "[faults]") {
+  // issue 43: libgomp failed to create its threads in the tokenizer (exit 139) once the plan's
+  // advice tokenized the data; the threads are now checked before anything opens a parallel region
+  const std::string out = testing::fresh_path("faults", "threads");
+  check_failed(strata_run(train_args(out, "device.cpu_threads=100000")), "Lower device.cpu_threads (now 100000)", 3);
+}
+
+}  // namespace strata
