@@ -99,7 +99,7 @@ exit $rc
       STRATA_BINARY_DIR="${CMAKE_BINARY_DIR}")
     # A case that needs a GPU on a machine without one exits 77 (tests/cuda/cuda_testing.h):
     # ctest reports it skipped, one entry per case.
-    catch_discover_tests(strata_cuda_tests TEST_PREFIX "gpu: " PROPERTIES LABELS cuda
+    catch_discover_tests(strata_cuda_tests EXTRA_ARGS -w NoTests TEST_PREFIX "gpu: " PROPERTIES LABELS cuda
       ENVIRONMENT "OMP_NUM_THREADS=2" SKIP_RETURN_CODE 77)
   endif()
 endif()
@@ -136,6 +136,6 @@ if(STRATA_TESTS AND strata_cuda_emu_include AND EXISTS ${CMAKE_SOURCE_DIR}/tools
   # neither the real backend's archive members nor the real CUDA libraries are linked in.
   target_link_libraries(strata_cuda_emu_tests PRIVATE strata_cuemu strata_lib Catch2::Catch2)
   target_link_options(strata_cuda_emu_tests PRIVATE -Wl,--as-needed)
-  catch_discover_tests(strata_cuda_emu_tests TEST_PREFIX "emu: " PROPERTIES LABELS cuda-emu
+  catch_discover_tests(strata_cuda_emu_tests EXTRA_ARGS -w NoTests TEST_PREFIX "emu: " PROPERTIES LABELS cuda-emu
     ENVIRONMENT "CUEMU_SEED=1;OMP_NUM_THREADS=2")
 endif()

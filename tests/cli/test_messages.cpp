@@ -50,7 +50,7 @@ TEST_CASE("NaN in the loaded weights blames the model file, not the learning rat
   testing::check_run(r, 2, {"holds NaN", "model.embed_tokens.weight"}, {"lower optim.learning_rate", "step 1/"});
 }
 
-TEST_CASE("recipe values: NaN is not a number; a bad override blames the command line", "[messages][cli]") {
+TEST_CASE("recipe values: NaN is not a number, a bad override blames the command line", "[messages][cli]") {
   testing::TempDir tmp("msg_values");
   auto r = run_strata(quickstart((tmp.path / "o").string(), "optim.learning_rate=nan"));
   testing::check_run(r, 2, {"optim.learning_rate is nan, not a number"});
@@ -79,7 +79,7 @@ TEST_CASE("eval_steps without eval data and a sequence longer than the model's p
   CHECK(r.out.find("is longer than the model's max_position_embeddings") != std::string::npos);
 }
 
-TEST_CASE("tokenize and detokenize --help work; errors carry one prefix", "[messages][cli]") {
+TEST_CASE("tokenize and detokenize --help work, errors carry one prefix", "[messages][cli]") {
   for (const char* cmd : {"tokenize", "detokenize"}) {
     auto r = run_strata(std::string(cmd) + " --help");
     INFO(r.out);

@@ -188,7 +188,7 @@ TEST_CASE("metrics.jsonl: the last record of a step wins, eval lines are their o
   CHECK(c.skipped_torn_lines == 0);
 }
 
-TEST_CASE("metrics.jsonl: a broken line is named by file:line; an unfinished last line is skipped", "[plot]") {
+TEST_CASE("metrics.jsonl: a broken line is named by file:line, an unfinished last line is skipped", "[plot]") {
   const std::string dir = plot_dir("broken");
   const std::string path = dir + "/metrics.jsonl";
   write_text(path, step_line(1, "5.0", 0.001) + step_line(2, "4.0", 0.002) + "{\"step\":3,\"loss\":\n" +

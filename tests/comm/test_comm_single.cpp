@@ -64,7 +64,7 @@ TEST_CASE("single comm: size 1, collectives leave the data as it is", "[comm]") 
   empty.wait();
 }
 
-TEST_CASE("comm_create: single without a launcher; the launcher's environment is read", "[comm]") {
+TEST_CASE("comm_create: single without a launcher, the launcher's environment is read", "[comm]") {
   ScopedEnv r("OMPI_COMM_WORLD_RANK", nullptr), s("OMPI_COMM_WORLD_SIZE", nullptr),
       l("OMPI_COMM_WORLD_LOCAL_RANK", nullptr), p("PMIX_RANK", nullptr);
   CHECK_FALSE(comm_launch_from_env().launched);

@@ -86,7 +86,7 @@ TEST_CASE("arena enforces its budget, names the tensor, reuses and coalesces", "
   CHECK(r == block.data());
 }
 
-TEST_CASE("sizes and bandwidths parse with units; bad text is an input error", "[core]") {
+TEST_CASE("sizes and bandwidths parse with units, bad text is an input error", "[core]") {
   CHECK(parse_bytes("512MiB", "m") == 512ull << 20);
   CHECK(parse_bytes("2GiB", "m") == 2ull << 30);
   CHECK(parse_bytes("1.5GB", "m") == 1500000000ull);

@@ -285,7 +285,7 @@ TEST_CASE("faults: --overwrite refuses to delete the run's own inputs, and delet
 
 namespace strata {
 
-TEST_CASE("faults: prepare on a full disk (ulimit -f) exits 4 leaving no partial shards; a rerun makes them",
+TEST_CASE("faults: prepare on a full disk (ulimit -f) exits 4 leaving no partial shards, a rerun makes them",
           "[faults]") {
   const std::string out = testing::fresh_path("faults", "prepare_full");
   const std::string shards = out + "/shards";

@@ -26,7 +26,7 @@ TEST_CASE("crc32c matches the published check values", "[checksum]") {
   CHECK(crc32c_hex(0x0000beefu) == "0000beef");
 }
 
-TEST_CASE("crc32c: the fast path equals the twin at every length and alignment; chaining", "[checksum]") {
+TEST_CASE("crc32c: the fast path equals the twin at every length and alignment, chaining", "[checksum]") {
   std::vector<unsigned char> buf(4097 + 16);
   uint32_t x = 12345;
   for (auto& b : buf) b = (unsigned char)((x = x * 1103515245u + 12345u) >> 16);

@@ -93,7 +93,7 @@ const std::string kChatML_hi_yo = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>a
 
 }  // namespace
 
-TEST_CASE("pack_samples: chat samples first-fit with padding; targets only on labelled next tokens", "[datasets]") {
+TEST_CASE("pack_samples: chat samples first-fit with padding, targets only on labelled next tokens", "[datasets]") {
   // A: 1 2 3 (2, 3 trained); B: 4 5 6 7 (6, 7 trained); C: 8 9 (9 trained). T = 5.
   std::vector<Sample> s = {make_sample({1, 2, 3}, {0, 1, 1}), make_sample({4, 5, 6, 7}, {0, 0, 1, 1}),
                            make_sample({8, 9}, {0, 1})};
@@ -127,7 +127,7 @@ TEST_CASE("pack_samples: chat samples first-fit with padding; targets only on la
   CHECK(cut.targets == std::vector<int32_t>{2, 3, 4, -100});
 }
 
-TEST_CASE("pack_samples: pretraining text continues across rows; pad_last_row keeps the tail", "[datasets]") {
+TEST_CASE("pack_samples: pretraining text continues across rows, pad_last_row keeps the tail", "[datasets]") {
   std::vector<Sample> docs = {sample_from_document({1, 2, 3}), sample_from_document({4, 5}),
                               sample_from_document({6, 7, 8, 9, 10})};
   TokenRows r = pack_samples(docs, 4, true);
@@ -358,7 +358,7 @@ TEST_CASE("preference data: only the chosen side's assistant turns are trained",
   CHECK(labelled_bytes(d.rejected[0]) == "bad<|im_end|>\n");
 }
 
-TEST_CASE("bad input: every problem names file:line and what is wrong; skip_bad_lines counts", "[datasets]") {
+TEST_CASE("bad input: every problem names file:line and what is wrong, skip_bad_lines counts", "[datasets]") {
   TextEncoder enc = TextEncoder::bytes();
   const std::string bad = kFixtures + "bad/";
   // file, where the error points, what it says

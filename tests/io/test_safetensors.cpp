@@ -206,7 +206,7 @@ TEST_CASE("safetensors: unaligned tensor data converts correctly", "[io]") {
   CHECK(std::memcmp(same.data(), v.data(), v.size() * 4) == 0);
 }
 
-TEST_CASE("safetensors: a streamed tensor writes the same bytes as a pointer; released pages read back the same", "[io]") {
+TEST_CASE("safetensors: a streamed tensor writes the same bytes as a pointer, released pages read back the same", "[io]") {
   TempDir tmp;
   // awkward sizes: pieces of 7 floats over 4097 elements (a tail of 2), one empty tensor
   const std::vector<float> a = testing::random_floats(4097, 7), b = testing::random_floats(15, 8);

@@ -127,7 +127,7 @@ TEST_CASE("shards: preference pairs keep their rejected side", "[shards]") {
   CHECK(got.train.format == "preference");
 }
 
-TEST_CASE("shards: uint32 ids above 65535 round-trip; a model too small for them is an error", "[shards]") {
+TEST_CASE("shards: uint32 ids above 65535 round-trip, a model too small for them is an error", "[shards]") {
   TempDir dir("shards_u32");
   std::vector<Sample> samples(2);
   samples[0].ids = {70000, 1, 65536};
@@ -238,7 +238,7 @@ TEST_CASE("shards: corruption and staleness are clear errors that say to rerun s
   }
 }
 
-TEST_CASE("shards: a changed byte that still reads as valid data fails the checksum; older formats say rerun",
+TEST_CASE("shards: a changed byte that still reads as valid data fails the checksum, older formats say rerun",
           "[shards][data-faults]") {
   TempDir dir("shards_checksum");
   dir.file("chat.jsonl",

@@ -225,7 +225,7 @@ TEST_CASE("tokenizer: bad input and unsupported components are clear errors", "[
   CHECK_THROWS_WITH(Tokenizer::load("/nonexistent/dir"), Catch::Contains("/nonexistent/dir"));
 }
 
-TEST_CASE("tokenizer: merges as pairs and as strings give the same ids; long words", "[tokenizer]") {
+TEST_CASE("tokenizer: merges as pairs and as strings give the same ids, long words", "[tokenizer]") {
   std::string vocab = R"({"a":0,"b":1,"c":2,"ab":3,"abc":4,"bc":5,"aa":6,"aaaa":7})";
   auto make = [&](const std::string& merges) {
     return Tokenizer::from_json_text(R"({"model":{"type":"BPE","vocab":)" + vocab + R"(,"merges":)" + merges + "}}",

@@ -12,7 +12,7 @@
 
 namespace strata {
 
-TEST_CASE("a failing host task reaches the waiting thread; the tasks behind it still run", "[host_queue]") {
+TEST_CASE("a failing host task reaches the waiting thread, the tasks behind it still run", "[host_queue]") {
   HostQueue q;
   std::atomic<int> ran{0};
   const uint64_t bad = q.enqueue([] { STRATA_CHECK(false, "damaged input"); });

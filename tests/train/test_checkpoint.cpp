@@ -116,7 +116,7 @@ TEST_CASE("a run stopped at step K and resumed equals the straight run bit for b
   }
 }
 
-TEST_CASE("keep_last prunes old checkpoints; the newest complete one is found; leftovers are cleaned", "[checkpoint]") {
+TEST_CASE("keep_last prunes old checkpoints, the newest complete one is found, leftovers are cleaned", "[checkpoint]") {
   const std::string out = fresh("keep");
   train_run(small(out, {"train.max_steps=5", "checkpoint.save_steps=1", "checkpoint.keep_last=2"}));
   CHECK(checkpoint_dirs(out) == std::vector<std::string>{"checkpoint-4", "checkpoint-5"});
@@ -169,7 +169,7 @@ TEST_CASE("the HF export reloads to the checkpoint's master weights", "[checkpoi
   }
 }
 
-TEST_CASE("SIGTERM mid-run saves and exits 130; resume finishes the run as if uninterrupted", "[checkpoint][cli]") {
+TEST_CASE("SIGTERM mid-run saves and exits 130, resume finishes the run as if uninterrupted", "[checkpoint][cli]") {
   const std::string a = fresh("sig_straight"), b = fresh("sig_resumed");
   const std::string recipe = testing::source_path("recipes/quickstart.toml");
   std::string args;

@@ -104,7 +104,7 @@ TEST_CASE("LoRA SFT lowers the loss with 2 bytes per base parameter on the host 
   }
 }
 
-TEST_CASE("a LoRA micro-batch sends no base gradient over the link; the step moves the adapters once", "[lora][engine]") {
+TEST_CASE("a LoRA micro-batch sends no base gradient over the link, the step moves the adapters once", "[lora][engine]") {
   // checkpoints on the device: the only device -> host copy of a micro-batch is its loss (8
   // bytes); the optimizer step brings the adapters' gradients (their arena) and sends the new
   // adapters back, once per step whatever the accumulation.
@@ -144,7 +144,7 @@ TEST_CASE("a LoRA micro-batch sends no base gradient over the link; the step mov
   CHECK(c2.h2d_bytes - c1.h2d_bytes == lora.layout().bytes);
 }
 
-TEST_CASE("LoRA dropout: one mask per (step, micro-batch) in the global order; forward-only passes see none",
+TEST_CASE("LoRA dropout: one mask per (step, micro-batch) in the global order, forward-only passes see none",
           "[lora][engine][dropout]") {
   // The qwen3 golden's adapters (B != 0, so the adapter path matters), f32. The gradients against
   // torch are tests/models/test_lora_grad.cpp's; this checks which passes draw which masks.

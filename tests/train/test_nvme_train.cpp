@@ -174,7 +174,7 @@ TEST_CASE("bad NVMe settings are refused before any work: exit 2, or 3 for a bud
   }
 }
 
-TEST_CASE("NVMe I/O errors in training are exit 4 naming the file; nothing saved before is lost", "[nvme][cli]") {
+TEST_CASE("NVMe I/O errors in training are exit 4 naming the file, nothing saved before is lost", "[nvme][cli]") {
   const std::string out = fresh("fault");
   const std::string recipe_path = testing::source_path("recipes/quickstart.toml");
   std::vector<std::string> o = overrides(out, "bf16", true);

@@ -80,7 +80,7 @@ TEST_CASE("a DPO run on dpo-tiny raises held-out reward accuracy with growing ma
   CHECK(svg.find("id=\"eval-margins\"") != std::string::npos);
 }
 
-TEST_CASE("the reference pass equals the first step's own sums; its cache is reused and a stale one recomputed",
+TEST_CASE("the reference pass equals the first step's own sums, its cache is reused and a stale one recomputed",
           "[preference][train]") {
   const std::string out = fresh("reference");
   train_run(dpo_tiny(out, {"train.max_steps=1", "checkpoint.save_steps=0", "train.gradient_accumulation_steps=2"}));

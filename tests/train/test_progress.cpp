@@ -87,7 +87,7 @@ TEST_CASE("plain mode prints the first step, every log_steps and the last, with 
   CHECK(cap.text().find('\r') == std::string::npos);
 }
 
-TEST_CASE("plain mode: a run stopped between log steps prints its last step on finish; a resumed run "
+TEST_CASE("plain mode: a run stopped between log steps prints its last step on finish, a resumed run "
           "prints its first", "[progress]") {
   Capture cap;
   {
@@ -171,7 +171,7 @@ TEST_CASE("the bar holds every field when wide and drops the least useful ones w
   CHECK(p.bar_line(r, 8) == "step 12");  // narrower than one field: cut, never wrapped
 }
 
-TEST_CASE("STRATA_PROGRESS forces the mode; otherwise a file that is not a terminal gets plain lines",
+TEST_CASE("STRATA_PROGRESS forces the mode, otherwise a file that is not a terminal gets plain lines",
           "[progress]") {
   Capture cap;
   ::unsetenv("STRATA_PROGRESS");

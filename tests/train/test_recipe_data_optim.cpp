@@ -78,7 +78,7 @@ TEST_CASE("packing cuts documents into full rows with restarting positions and n
   CHECK(std::vector<int32_t>(u.targets.begin() + 8, u.targets.end()) == std::vector<int32_t>{7, 8, 9, -100});
 }
 
-TEST_CASE("datasets: bad lines name the line; a too-small dataset says what to do", "[data]") {
+TEST_CASE("datasets: bad lines name the line, a too-small dataset says what to do", "[data]") {
   auto dir = std::filesystem::temp_directory_path() / "strata_test_data";
   std::filesystem::create_directories(dir);
   {
@@ -137,7 +137,7 @@ TEST_CASE("learning-rate schedules follow the Hugging Face shapes", "[optim]") {
 
 namespace strata {
 
-TEST_CASE("distributed.shared_host_store takes auto, true or false; ranks_per_node >= 0", "[recipe]") {
+TEST_CASE("distributed.shared_host_store takes auto, true or false, ranks_per_node >= 0", "[recipe]") {
   CHECK(recipe_parse(kRecipe, "r.toml", {}).distributed_shared_host_store == "auto");  // the default
   CHECK(recipe_parse(kRecipe, "r.toml", {}).distributed_ranks_per_node == 0);
   for (const char* v : {"true", "false", "\"true\"", "\"false\"", "auto", "\"auto\""}) {

@@ -93,7 +93,7 @@ TEST_CASE("the README's example resolves from the repository root and from anoth
   CHECK(again.out.find("resumed from") != std::string::npos);
 }
 
-TEST_CASE("a fresh run into a dir holding a run stops with exit 2; --overwrite starts over", "[rundir]") {
+TEST_CASE("a fresh run into a dir holding a run stops with exit 2, --overwrite starts over", "[rundir]") {
   testing::TempDir tmp("rundir_fresh");
   const std::string out = (tmp.path / "out").string();
   train_run(small(out));

@@ -44,7 +44,7 @@ strata_cuemu_compile_cu(${strata_cuemu_test_kernels})
 add_executable(strata_cuemu_tests ${strata_cuemu_test_sources} ${strata_cuemu_test_kernels})
 target_compile_options(strata_cuemu_tests PRIVATE ${strata_flags})
 target_link_libraries(strata_cuemu_tests PRIVATE strata_cuemu Catch2::Catch2)
-catch_discover_tests(strata_cuemu_tests PROPERTIES LABELS cuda-emu ENVIRONMENT "CUEMU_SEED=1")
+catch_discover_tests(strata_cuemu_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cuda-emu ENVIRONMENT "CUEMU_SEED=1")
 
 # Seeded bug for ThreadSanitizer: one OS thread per CUDA thread, a reduction without its barrier.
 include(CheckCXXSourceCompiles)
@@ -133,7 +133,7 @@ exec "$@"
   set(strata_cuda_tsan_cases "cuda device*,the streaming engine on the CUDA backend in bf16*,\
 cuda adamw*,cuda rmsnorm*,cuda rope*,cuda swiglu*,cuda matmul*,cuda attention reports*,\
 cuda attention rejects*")
-  catch_discover_tests(strata_cuda_emu_tests_tsan TEST_SPEC ${strata_cuda_tsan_cases}
+  catch_discover_tests(strata_cuda_emu_tests_tsan EXTRA_ARGS -w NoTests TEST_SPEC ${strata_cuda_tsan_cases}
     TEST_PREFIX "tsan: " PROPERTIES LABELS cuda-emu)
   message(STATUS "strata: CUDA emulator TSan  strata_cuda_emu_tests_tsan (ctest \"tsan: *\", label cuda-emu)")
 endif()

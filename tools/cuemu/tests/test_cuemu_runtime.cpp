@@ -125,7 +125,7 @@ TEST_CASE("cuemu pageable async copies: source reusable at once, destination fil
   cudaFree(d);
 }
 
-TEST_CASE("cuemu events order work across streams; a missing wait reads NaN poison", "[cuda-emu]") {
+TEST_CASE("cuemu events order work across streams, a missing wait reads NaN poison", "[cuda-emu]") {
   const int n = 1000;
   std::vector<float> h(n);
   for (int i = 0; i < n; ++i) h[i] = float(i % 13);
