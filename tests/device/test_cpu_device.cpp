@@ -174,31 +174,27 @@ TEST_CASE("a task that throws fails every stream waiting on its events, and noth
     float* a = static_cast<float*>(dev->alloc(n * 4, "a"));
     float* b = static_cast<float*>(dev->alloc(n * 4, "b"));
     auto up = dev->event_create(), done = dev->event_create(), copied = dev->event_create();
+    // upload, add, download: three streams chained by the three events
+    auto chain = [&] {
+      dev->copy_h2d(a, host.data(), n * 4, Stream::h2d);
+      dev->event_record(*up, Stream::h2d);
+      dev->stream_wait_event(Stream::compute, *up);
+      dev->memset_zero(b, n * 4, Stream::compute);
+      dev->add_inplace(b, a, n, Stream::compute);
+      dev->event_record(*done, Stream::compute);
+      dev->stream_wait_event(Stream::d2h, *done);
+      dev->copy_d2h(back.data(), b, n * 4, Stream::d2h);
+      dev->event_record(*copied, Stream::d2h);
+    };
     dev->memset_zero(a, n * 4, Stream::h2d);  // the process's first task since the set: throws
-    dev->copy_h2d(a, host.data(), n * 4, Stream::h2d);
-    dev->event_record(*up, Stream::h2d);
-    dev->stream_wait_event(Stream::compute, *up);
-    dev->memset_zero(b, n * 4, Stream::compute);
-    dev->add_inplace(b, a, n, Stream::compute);
-    dev->event_record(*done, Stream::compute);
-    dev->stream_wait_event(Stream::d2h, *done);
-    dev->copy_d2h(back.data(), b, n * 4, Stream::d2h);
-    dev->event_record(*copied, Stream::d2h);
+    chain();
     w->event_sync = error_of([&] { dev->event_synchronize(*copied); });
     w->h2d_sync = error_of([&] { dev->stream_synchronize(Stream::h2d); });
     w->compute_sync = error_of([&] { dev->stream_synchronize(Stream::compute); });
     w->d2h_sync = error_of([&] { dev->stream_synchronize(Stream::d2h); });
     // collected once per stream: the device works again, events recorded anew complete cleanly
     w->compute_again = error_of([&] { dev->synchronize(); });
-    dev->copy_h2d(a, host.data(), n * 4, Stream::h2d);
-    dev->event_record(*up, Stream::h2d);
-    dev->stream_wait_event(Stream::compute, *up);
-    dev->memset_zero(b, n * 4, Stream::compute);
-    dev->add_inplace(b, a, n, Stream::compute);
-    dev->event_record(*done, Stream::compute);
-    dev->stream_wait_event(Stream::d2h, *done);
-    dev->copy_d2h(back.data(), b, n * 4, Stream::d2h);
-    dev->event_record(*copied, Stream::d2h);
+    chain();
     dev->event_synchronize(*copied);
     w->after = back[n - 1];
     dev->free(a);
