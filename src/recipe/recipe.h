@@ -1,21 +1,15 @@
 // Recipes: TOML files users copy and edit (recipes/README.md documents every key). The schema
-// is one table of keys with types, defaults and a line of help; an unknown key is an error that
-// names the closest valid key; `key=value` overrides on the command line use the same schema.
-// Relative paths in a recipe are resolved against the recipe file's folder.
+// is one table of keys with types, defaults, a line of help and the Recipe member each lands in
+// (RecipeKey, below); an unknown key is an error that names the closest valid key; `key=value`
+// overrides on the command line use the same schema. Relative paths in a recipe are resolved
+// against the recipe file's folder.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace strata {
-
-struct RecipeKey {
-  const char* name;     // "optim.learning_rate"
-  const char* type;     // "string" | "int" | "float" | "bool" | "size" | "path"
-  const char* fallback; // default, as TOML text ("" for none/unset)
-  const char* help;
-};
-const std::vector<RecipeKey>& recipe_schema();
 
 struct Recipe {
   std::string source_path;  // the recipe file
@@ -88,6 +82,26 @@ struct Recipe {
 
   std::string to_toml() const;  // the effective recipe, every key
 };
+
+// Where a key's value lands: the Recipe member of the key's type.
+using RecipeField = std::variant<std::string Recipe::*, int64_t Recipe::*, double Recipe::*, bool Recipe::*,
+                                 std::vector<std::string> Recipe::*>;
+
+// One row per key (src/recipe/recipe_schema.cpp), in the order to_toml writes them. Reading,
+// defaults, to_toml and the closest-key suggestion all loop over these rows, so a plain key is
+// its Recipe member, its row and its line in recipes/README.md (a test holds the README to the rows).
+// What does not fit a row keeps a few lines in recipe.cpp: sizes ("2GiB" -> *_bytes), paths made
+// absolute, preference.beta's default, the [lora] table turning LoRA on, the allowed values of
+// string keys and the checks across keys.
+struct RecipeKey {
+  const char* name;      // "optim.learning_rate"
+  const char* type;      // "string" | "int" | "float" | "bool" | "size" | "path" | "list"
+  const char* fallback;  // the default as TOML text, as recipes/README.md shows it; "": unset. Text that is
+                         // not one TOML value describes a default another key decides (preference.beta)
+  RecipeField field;
+  const char* help;
+};
+const std::vector<RecipeKey>& recipe_schema();
 
 // Parses a recipe file and applies "section.key=value" overrides; throws strata::Error.
 Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides);
