@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "io/json.h"
 
 namespace strata {
 

@@ -11,10 +11,8 @@
 #include <fstream>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
 #include "io/chat_template.h"
-#include "io/token_shards.h"
+#include "io/json.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
 

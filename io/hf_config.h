@@ -3,9 +3,10 @@
 // the key, and write back unchanged.
 #pragma once
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "io/json.h"
 
 namespace strata {
 

@@ -2,8 +2,9 @@
 // interrupted run keeps every finished step (DESIGN §7).
 #pragma once
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <string>
+
+#include "io/json.h"
 
 namespace strata {
 

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 
+#include "io/json.h"
 #include "src/core/error.h"
 
 namespace strata {

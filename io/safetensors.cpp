@@ -13,10 +13,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "io/files.h"
+#include "io/json.h"
 #include "src/core/error.h"
 
 namespace strata {

@@ -6,10 +6,9 @@
 #include <fstream>
 #include <mutex>
 
-#include <nlohmann/json.hpp>
-
 #include "io/chat_template.h"
 #include "io/files.h"
+#include "io/json.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/core/error.h"
 

@@ -27,9 +27,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "io/datasets.h"
+#include "io/json.h"
 
 namespace strata {
 

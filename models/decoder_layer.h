@@ -9,7 +9,7 @@
 //   a = attention(q,k,v) ; h = x + a Wo^T (+bo)
 //   xn2 = rmsnorm(h) ; out = h + (silu(xn2 Wg^T) * xn2 Wu^T) Wd^T
 //
-// LoRA (offload/lora.h): a linear with an adapter adds (x A^T) B'^T to its output, where A is
+// LoRA (offload/state/lora.h): a linear with an adapter adds (x A^T) B'^T to its output, where A is
 // (r, I) and B' = (alpha / r) B is (O, r), both f32; its backward adds (dy B') A into dx and
 // accumulates dA += (dy B')^T x, dB' += dy^T (x A^T). With LoRA dropout (PEFT's lora_dropout) the
 // adapter path reads x' = mask ⊙ x / (1 − p) instead of x (kernels/common/dropout_mask.h: the mask
@@ -39,7 +39,7 @@ struct LoraLinear {
   const float* a = nullptr;  // (r, I); null: no adapter on this linear
   const float* b = nullptr;  // (O, r), holding (alpha / r) B
   // LoRA dropout on this adapter's input: probability (0: none, as in eval) and the mask's key
-  // (kernels/common/dropout_mask.h; offload/lora.h: lora_dropout_seed, lora_dropout_tensor).
+  // (kernels/common/dropout_mask.h; offload/state/lora.h: lora_dropout_seed, lora_dropout_tensor).
   double dropout = 0.0;
   uint64_t dropout_seed = 0;
   uint32_t dropout_tensor = 0;
@@ -98,7 +98,7 @@ struct LayerWorkspace {
 size_t layer_workspace_bytes(const LayerDims& d);
 LayerWorkspace layer_workspace_carve(const LayerDims& d, void* base);
 // The forward's part alone (backward scratch null): enough for layer_forward, not for
-// layer_backward. The zeroth-order engine (offload/engine_zo.h) runs forwards only.
+// layer_backward. The zeroth-order engine (offload/engine/engine_zo.h) runs forwards only.
 size_t layer_forward_workspace_bytes(const LayerDims& d);
 LayerWorkspace layer_forward_workspace_carve(const LayerDims& d, void* base);
 

@@ -35,8 +35,8 @@
 #include "io/safetensors.h"
 #include "src/core/bf16.h"
 #include "models/micro_batch.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
 #include "src/device/device.h"
 
 namespace strata::testing {

@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "io/json.h"
 
 namespace strata::jinja {
 

@@ -11,8 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "io/json.h"
 #include "io/tokenizer/flat_map.h"
 
 namespace strata::tok {

@@ -5,8 +5,7 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "io/json.h"
 #include "io/tokenizer/text.h"
 
 namespace strata::tok {

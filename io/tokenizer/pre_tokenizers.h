@@ -9,8 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "io/json.h"
 #include "io/tokenizer/text.h"
 
 namespace strata::tok {

@@ -8,8 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "io/json.h"
 #include "src/core/error.h"
 
 namespace strata::tok {

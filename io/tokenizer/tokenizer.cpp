@@ -5,9 +5,8 @@
 #include <fstream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "io/files.h"
+#include "io/json.h"
 #include "io/tokenizer/added_tokens.h"
 #include "io/tokenizer/bpe.h"
 #include "io/tokenizer/decoders.h"

@@ -1,4 +1,4 @@
-// LoRA dropout's mask (issue 17, offload/lora.h): a counter-based function (seed, tensor, element)
+// LoRA dropout's mask (issue 17, offload/state/lora.h): a counter-based function (seed, tensor, element)
 // -> keep or drop, written once for the CPU (g++), the GPU (nvcc) and the CUDA emulator, so both
 // backends, the backward's recomputation and a resumed run all draw the same mask, and the
 // golden script (tools/golden/make_lora_grad_goldens.py) reproduces it in python.
@@ -11,7 +11,7 @@
 //            nn.Dropout), or with accumulate out + that; each operation rounded once (the CPU
 //            file is compiled without contraction, the GPU uses __fmul_rn / __fadd_rn)
 // The seed of one micro-batch is dropout_seed(run seed, step, micro-batch); tensor names the
-// layer and the module (offload/lora.h: lora_dropout_tensor).
+// layer and the module (offload/state/lora.h: lora_dropout_tensor).
 #pragma once
 #include <cstdint>
 

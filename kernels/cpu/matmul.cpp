@@ -32,7 +32,7 @@
 // sum buffer and is then added to c. (oneDNN's sum post-op does that in its AVX-512 kernels, but
 // its AVX2 f32 GEMM starts the sums from c for a transposed a: other bits.) So a gradient
 // accumulated by the GEMM equals one summed in a second buffer and added, which the engine's
-// schedules rely on (offload/engine.cpp: LoRA's adapters, layer-major shares).
+// schedules rely on (offload/engine/engine.cpp: LoRA's adapters, layer-major shares).
 #include <algorithm>
 #include <atomic>
 #include <cstring>

@@ -1,5 +1,5 @@
-// AdamW on CUDA (twin: the CPU AdamW, offload/adamw.h): one fused pass per element, the same
-// f32 operations in the same order as offload/adamw_kernels.h, so the results are the CPU's
+// AdamW on CUDA (twin: the CPU AdamW, offload/state/adamw.h): one fused pass per element, the same
+// f32 operations in the same order as offload/state/adamw_kernels.h, so the results are the CPU's
 // bits (tests/cuda/test_cuda_adamw.cpp checks it):
 //   g  = grad * clip;  p = p * (1 - lr wd)
 //   m  = fma(1 - b1, g, m * b1);  v = fma((1 - b2) * g, g, v * b2)

@@ -6,9 +6,8 @@
 #include <iostream>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "io/chat_template.h"
+#include "io/json.h"
 #include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"

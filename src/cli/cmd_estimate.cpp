@@ -1,8 +1,8 @@
 // `strata estimate RECIPE.toml [key=value ...] [--measure]` and `strata estimate --model DIR|config.json`:
 // will the run fit, where does every byte go, and how fast will a step be — without running
-// it. The bytes are the trainer's own placement plan (offload/placement_plan.h, with the same
-// recipe-to-plan glue, train_plan_inputs); the step time is the roofline of
-// offload/step_estimate.h. Nothing large is allocated: a 405B config answers in a moment.
+// it. The bytes are the trainer's own placement plan (offload/plan/placement_plan.h, with the same
+// recipe-to-plan glue, recipe_plan_inputs); the step time is the roofline of
+// offload/plan/step_estimate.h. Nothing large is allocated: a 405B config answers in a moment.
 // Exit 0 when it fits, 3 when it does not, 2 on bad input.
 #include <unistd.h>
 
@@ -19,10 +19,10 @@
 #include "io/uring_file.h"
 #include "src/core/bf16.h"
 #include "kernels/cpu/ops.h"
-#include "offload/engine_buffers.h"
-#include "offload/adamw.h"
-#include "offload/step_estimate.h"
-#include "offload/layer_views.h"
+#include "offload/stream/engine_buffers.h"
+#include "offload/state/adamw.h"
+#include "offload/plan/step_estimate.h"
+#include "offload/stream/layer_views.h"
 #include "src/core/threads.h"
 #include "models/decoder_layer.h"
 #include "src/cli/cli_args.h"
@@ -30,7 +30,8 @@
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
 #include "src/device/peak_flops.h"
-#include "src/train/accumulation.h"
+#include "src/recipe/recipe_modes.h"
+#include "src/recipe/recipe_plan.h"
 #include "src/train/trainer.h"
 
 namespace strata {
@@ -122,7 +123,7 @@ MeasuredRates measure_rates(const ModelSpec& spec, const PlanInputs& in, bool cp
   std::vector<double> adamw_s, copy_s, crc_s, mm_s, attn_s, rest_s, head_s;
   // the layer and the head chunk on a CPU device
   const HostStoreLayout layout = HostStore::layout(spec);
-  const EngineShape shape = placement_engine_shape(spec, layout, in);
+  const EngineShape shape = placement_engine_shape(spec, layout, in, 1);
   const LayerDims d = shape.layer_capacity;
   const int64_t N = d.N(), C = d.C, V = shape.V, R = shape.head_rows;
   const DType lm_type = layout.working[size_t(spec.lm_head_row())].dtype;
@@ -240,7 +241,7 @@ struct RunStepRates {
 };
 
 std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpec& spec, const PlanInputs& in,
-                                         const PlacementPlan& plan, int64_t grad_accum) {
+                                         const RunPlan& plan, int64_t grad_accum) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "metrics.jsonl" : fs::path(path);
   std::ifstream f(file);
@@ -367,11 +368,11 @@ int cmd_estimate(const std::vector<std::string>& args) {
   const DType dtype = dtype_parse(recipe.model_dtype);
   const ModelSpec spec = model_spec_build(cfg, dtype);
 
-  PlanInputs in = train_plan_inputs(recipe);
-  if (!a.optimizer.empty()) in.optimizer = a.optimizer;  // else the recipe's offload.optimizer
+  PlanInputs in = recipe_plan_inputs(recipe);
+  if (!a.optimizer.empty()) in.optimizer = state_tier_parse(a.optimizer);  // else the recipe's offload.optimizer
   in.resume = a.resume;
   in.baseline_bytes = process_rss_bytes();  // the same binary and libraries as `strata train`
-  PlanBudgets budgets = train_plan_budgets(recipe);
+  PlanBudgets budgets = recipe_plan_budgets(recipe);
   if (!a.host_memory.empty()) {
     budgets.host_bytes = parse_bytes(a.host_memory, "--host-memory");
     budgets.host_origin = "--host-memory " + a.host_memory;
@@ -421,7 +422,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
                                                {"checksum", "assumed"}};
   if (a.gpu.empty() && recipe.device_backend == "cpu" && a.gpu_memory.empty())
     source["link"] = recipe.device_link_bytes_per_s > 0 ? "device.link_bandwidth (throttle)" : "memcpy (host bandwidth)";
-  placement_resolve_weights(spec, in, budgets);  // offload.weights = "auto", as the trainer resolves it
+  placement_resolve_weights(spec, in, budgets);  // offload.weights = WeightsMode::automatic, as the trainer resolves it
   if (a.measure) {
     cpu_threads_set(int(recipe.device_cpu_threads));  // the kernels' thread count, as `strata train` sets it
     cpu_threads_apply();
@@ -448,12 +449,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
       source["nvme_read"] = source["nvme_write"] = "measured here (" + budgets.nvme_dir + ")";
     }
   }
-  in.group = accumulation_group(recipe, spec.lm_head == kAbsent, 1, [&](int64_t k) {  // offload.accumulation
-    PlanInputs t = in;
-    t.group = k;
-    return placement_plan(spec, t, budgets).fits();
-  });
-  const PlacementPlan plan = placement_plan(spec, in, budgets);
+  const RunPlan plan = placement_plan(spec, in, budgets);  // and with it offload.accumulation's schedule
   std::vector<RunStepRates> run_steps;  // --rates-from: the run's steps, by device time
   if (!a.rates_from.empty()) {
     STRATA_CHECK(source["device"].rfind("measured here", 0) == 0, "--rates-from prices the CPU backend: not with --gpu or --gpu-memory");
@@ -491,7 +487,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
   if (a.json) {
     nlohmann::json j = placement_plan_json(plan);
     nlohmann::json out = {{"fits", plan.fits()}, {"tiers", j["tiers"]}, {"states", j["states"]},
-                          {"accumulation", in.group > 1 ? "layer_major" : "micro_batch"},
+                          {"accumulation", plan.group > 1 ? "layer_major" : "micro_batch"},
                           {"max_micro_batch_size", max_batch}, {"max_sequence_len", max_seq}};
     out["step"] = {{"seconds", step.seconds}, {"tokens_per_s", step.tokens_per_s}, {"mfu", step.mfu},
                    {"bottleneck", step.bottleneck}, {"components", step.components}, {"compute_parts", step.compute_parts},
@@ -510,12 +506,12 @@ int cmd_estimate(const std::vector<std::string>& args) {
     std::printf("%s\n", out.dump().c_str());
     return plan.fits() ? 0 : 3;
   }
-  const bool resident = in.weights == "device";
+  const bool resident = plan.weights == WeightsMode::device;
   std::printf("strata estimate: %s, %.3gB parameters (%s); micro_batch_size %ld x sequence_len %ld, gradient "
               "accumulation %ld (%s); weights %s\ndevice: %s\nfits: %s\n",
               cfg.family.c_str(), double(spec.parameter_count()) / 1e9, dtype_name(dtype), long(in.micro_batch),
               long(in.sequence_len), long(recipe.gradient_accumulation_steps),
-              in.group > 1 ? (resident ? "layer-major" : "layer-major: weights cross twice per step")
+              plan.group > 1 ? (resident ? "layer-major" : "layer-major: weights cross twice per step")
                            : "one micro-batch at a time",
               resident ? "resident (they cross once per step, after the update)" : "streamed", device_text.c_str(),
               plan.fits() ? "yes" : "NO");

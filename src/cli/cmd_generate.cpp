@@ -1,4 +1,4 @@
-// `strata generate --model DIR`: text from a model, streamed like training (offload/generator.h).
+// `strata generate --model DIR`: text from a model, streamed like training (offload/engine/generator.h).
 // Standard input holds JSON lines, one request each:
 //   {"prompt": "..."}        the text, encoded with the tokenizer's special tokens (e.g. BOS)
 //   {"messages": [...]}      a conversation, rendered with the model's chat template and
@@ -24,8 +24,8 @@
 #include "io/files.h"
 #include "io/text_encoder.h"
 #include "io/tokenizer/tokenizer.h"
-#include "offload/generator.h"
-#include "offload/model_io.h"
+#include "offload/engine/generator.h"
+#include "offload/state/model_io.h"
 #include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"

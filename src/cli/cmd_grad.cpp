@@ -2,7 +2,7 @@
 // porting a model. HF causal-LM convention: cross-entropy of logits[:, :-1] against
 // labels[:, 1:], mean over positions whose label is not -100. With --objective dpo|ipo|simpo|orpo
 // the batch holds preference pairs and the loss is the preference objective's
-// (src/train/preference_loss.h), printed with the pairs' log-prob sums.
+// (offload/objective/preference_loss.h), printed with the pairs' log-prob sums.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,10 +11,10 @@
 
 #include "io/files.h"
 #include "io/safetensors.h"
-#include "offload/engine.h"
-#include "offload/lora.h"
-#include "offload/model_io.h"
-#include "offload/preference_head.h"
+#include "offload/engine/engine.h"
+#include "offload/state/lora.h"
+#include "offload/state/model_io.h"
+#include "offload/objective/preference_head.h"
 #include "src/cli/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
@@ -221,7 +221,7 @@ int cmd_grad(const std::vector<std::string>& args) {
   app.add_option("--lora-adapter", la.adapter, "a PEFT adapter dir to take A and B from (default: PEFT's "
                  "initialisation from --lora-seed, where B = 0)");
   app.add_option("--lora-dropout", la.dropout, "LoRA dropout in [0, 1) (default 0; turns LoRA on): the masks of "
-                 "step 1, micro-batch 0 of a run seeded with --lora-seed (offload/lora.h)");
+                 "step 1, micro-batch 0 of a run seeded with --lora-seed (offload/state/lora.h)");
   app.add_option("--lora-seed", la.seed, "seed of the adapters' initialisation without --lora-adapter, and of the "
                  "dropout masks");
   int rc = 0;
@@ -242,7 +242,7 @@ int cmd_grad(const std::vector<std::string>& args) {
   STRATA_CHECK(counted > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
 
   EngineOptions eopt;
-  eopt.weights = "device";
+  eopt.weights = WeightsMode::device;
   eopt.max_batch = mb.B;
   eopt.max_tokens = mb.T;
   CliModel model;

@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "io/json.h"
 #include "io/tokenizer/tokenizer.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "models/micro_batch.h"
-#include "offload/host_store.h"
+#include "offload/state/host_store.h"
 
 namespace strata {
 

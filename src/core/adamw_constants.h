@@ -1,4 +1,4 @@
-// The f32 constants of one AdamW update, shared by the CPU update (offload/adamw.cpp) and the
+// The f32 constants of one AdamW update, shared by the CPU update (offload/state/adamw.cpp) and the
 // CUDA one (kernels/cuda/adamw.cu) so the two give the same bits: each is derived from the
 // hyperparameters in double (as Python computes them) and rounded to f32 once.
 #pragma once

@@ -1,6 +1,6 @@
 // One worker thread running tasks in the order they were queued, with tickets: the CPU
 // device's streams (src/device/cpu_device.cpp) and the engine's host queue
-// (offload/host_queue.h) are each one of these. A task that throws does not stop the worker;
+// (offload/stream/host_queue.h) are each one of these. A task that throws does not stop the worker;
 // the first error is kept and rethrown by the next wait(), which then clears it.
 //
 // Nothing queued may be lost on the way: a task that must run whatever happened before it (an

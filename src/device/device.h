@@ -169,7 +169,7 @@ class Device {
                                   const float* out, const float* lse, const int32_t* doc_start,
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
                                   float scale, DType dot_type, Stream s) = 0;
-  // Generation (offload/generator.h): queries continuing each row against a KV cache,
+  // Generation (offload/engine/generator.h): queries continuing each row against a KV cache,
   // kernels/cpu/attention_cached.h. q (B,Tq,H,D), caches (B,Tcap,Hk,D), start (B) device ints;
   // dot_type as attention_forward's (bf16: q, k, v rounded to bf16 as read).
   virtual void attention_cached_forward(float* out, const float* q, const float* k_cache,

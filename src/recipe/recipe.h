@@ -47,7 +47,7 @@ struct Recipe {
   bool max_grad_norm_set = false;     // optim.max_grad_norm was given (zo-sgd warns it does not apply)
   // [offload]
   std::string offload_weights = "auto", offload_checkpoints = "auto";
-  std::string offload_recompute = "auto";  // "auto" | "always" | "never" (offload/engine_buffers.h)
+  std::string offload_recompute = "auto";  // "auto" | "always" | "never" (offload/stream/engine_buffers.h)
   std::string host_memory;  // unset: the machine's available memory
   std::string offload_optimizer = "auto";  // "auto" | "host" | "nvme": where fp32 master and moments live
   std::string offload_accumulation = "auto";  // "auto" | "layer_major" | "micro_batch" (the schedule over a step's micro-batches)
@@ -64,7 +64,7 @@ struct Recipe {
   // [checkpoint]
   std::string output_dir = "out", save_dtype = "bf16";
   int64_t save_steps = 0, keep_last = 0;
-  // [lora] (a [lora] table in the recipe turns LoRA on: offload/lora.h)
+  // [lora] (a [lora] table in the recipe turns LoRA on: offload/state/lora.h)
   bool lora_enabled = false;
   int64_t lora_r = 16;
   double lora_alpha = 32, lora_dropout = 0.0;

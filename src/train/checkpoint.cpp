@@ -15,7 +15,7 @@
 #include "io/checksum.h"
 #include "io/files.h"
 #include "io/safetensors.h"
-#include "offload/model_io.h"
+#include "offload/state/model_io.h"
 #include "src/core/error.h"
 #include "src/core/fault.h"
 
@@ -370,7 +370,7 @@ void state_fetch(SafetensorsFile& f, const std::string& dir, const std::string& 
                " but the model expects ", bf16_ok ? "f32 or bf16 " : "f32 ", safetensors_format_shape(r.shape));
   buf.resize(size_t(r.numel()));
   dtype_convert(buf.data(), DType::f32, f.data(*e), e->dtype, buf.size());
-  f.release(*e);  // one tensor's file pages resident at a time (offload/placement_plan.h)
+  f.release(*e);  // one tensor's file pages resident at a time (offload/plan/placement_plan.h)
 }
 
 // A checkpoint whose moments have another dtype than this run's (optim.moments_dtype) resumes

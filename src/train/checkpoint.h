@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "offload/host_store.h"
-#include "offload/lora.h"
+#include "offload/state/host_store.h"
+#include "offload/state/lora.h"
 #include "src/core/dtype.h"
 
 namespace strata {
@@ -90,7 +90,7 @@ void export_hf_atomic(const HostStore& store, const std::string& dir, DType dtyp
 
 // LoRA's export under dir: adapter/ (a PEFT adapter dir: adapter_config.json naming files.model_dir
 // as the base, adapter_model.safetensors, the tokenizer files), and with merge also merged/ (an HF
-// model dir of W + (alpha / r) B A, offload/lora.h: lora_merge_into). Each written atomically.
+// model dir of W + (alpha / r) B A, offload/state/lora.h: lora_merge_into). Each written atomically.
 // With merge the store's working copy holds the merged weights afterwards.
 void lora_export(const LoraStore& lora, HostStore& store, const std::string& dir, bool merge, DType dtype,
                  const CheckpointFiles& files);

@@ -9,7 +9,7 @@
 // Shared host store (distributed.shared_host_store, one per node): src/train/shared_store.h holds
 // it; each node's first rank (node_leader) loads weights and checkpoints into its node's store and
 // writes the gradient accumulation there; the optimizer update is split over the node's ranks
-// (offload/comm_reduction.h, device_reduction.h, engine.cpp). The gradients are all-reduced over
+// (offload/reduce/comm_reduction.h, device_reduction.h, engine.cpp). The gradients are all-reduced over
 // every rank of every node, so every node's store receives the same bits and applies the same
 // update: the stores stay identical, and equal to one process's.
 //
@@ -19,9 +19,9 @@
 //
 // Data parallel (first-order): the global order of micro-batches is the single-process order
 // with gradient_accumulation_steps x N; rank r runs micro-batches r, r + N, ... of each step and
-// offload/comm_reduction.h sums the gradients in host memory (MPI) so that every rank holds the
+// offload/reduce/comm_reduction.h sums the gradients in host memory (MPI) so that every rank holds the
 // gradient one process would have accumulated, bit for bit; each rank then runs the same
-// optimizer on it. On the cuda backend with NCCL (device_comm), offload/device_reduction.h
+// optimizer on it. On the cuda backend with NCCL (device_comm), offload/reduce/device_reduction.h
 // all-reduces each gradient on the device before its copy to the host instead (bit-identical
 // for 2 ranks with one micro-batch each per step; rounding-close otherwise).
 #pragma once
@@ -32,7 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "offload/comm_reduction.h"
+#include "offload/reduce/comm_reduction.h"
 #include "src/comm/comm.h"
 #include "src/recipe/recipe.h"
 #include "src/train/checkpoint.h"

@@ -1,5 +1,5 @@
 // The trainer's preference objectives (train.objective = dpo | ipo | simpo | orpo): the pairs a
-// run trains and evaluates on, their micro-batches (offload/preference_head.h: chosen rows then
+// run trains and evaluates on, their micro-batches (offload/objective/preference_head.h: chosen rows then
 // rejected rows), the reference log-probs (dpo, ipo) and the TRL-named metrics. The trainer
 // (trainer.cpp) keeps its loop — data order, optimizer, clipping, checkpoints, resume, export —
 // and hands a step's pair indices here.
@@ -21,9 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/token_rows.h"
-#include "offload/adamw.h"
-#include "offload/engine.h"
-#include "offload/preference_head.h"
+#include "offload/state/adamw.h"
+#include "offload/engine/engine.h"
+#include "offload/objective/preference_head.h"
 #include "src/train/progress.h"
 
 namespace strata {

@@ -16,21 +16,21 @@
 #include "io/text_encoder.h"
 #include "io/safetensors.h"
 #include "io/token_rows.h"
-#include "offload/adamw.h"
-#include "offload/comm_reduction.h"
-#include "offload/device_reduction.h"
-#include "offload/engine.h"
-#include "offload/engine_zo.h"
-#include "offload/lora.h"
-#include "offload/model_io.h"
-#include "offload/step_estimate.h"
-#include "offload/placement_plan.h"
-#include "offload/nvme_dir.h"
+#include "offload/state/adamw.h"
+#include "offload/reduce/comm_reduction.h"
+#include "offload/reduce/device_reduction.h"
+#include "offload/engine/engine.h"
+#include "offload/engine/engine_zo.h"
+#include "offload/state/lora.h"
+#include "offload/state/model_io.h"
+#include "offload/plan/step_estimate.h"
+#include "offload/plan/placement_plan.h"
+#include "offload/state/nvme_dir.h"
 #include "src/core/error.h"
 #include "src/core/fault.h"
 #include "src/core/process_memory.h"
 #include "src/core/threads.h"
-#include "src/train/accumulation.h"
+#include "src/recipe/recipe_plan.h"
 #include "src/train/checkpoint.h"
 #include "src/train/distributed.h"
 #include "src/train/preference_step.h"
@@ -183,7 +183,7 @@ class TrainRun {
 
  private:
   void set_up_model();
-  void choose_accumulation(const ModelSpec& spec);
+  void say_accumulation() const;
   void release_model();
   void check_allocations_against_plan();
   void load_data();
@@ -206,11 +206,11 @@ class TrainRun {
   Progress progress_;
   std::unique_ptr<RunLock> lock_;
   ModelConfig cfg_;
-  EngineOptions eopt_;
   TrainingData data_;
   PlanInputs plan_in_;
   PlanBudgets budgets_;
-  PlacementPlan plan_;
+  RunPlan plan_;
+  int64_t built_group_ = 1;  // the engine's micro-batches per pass, as built
   std::unique_ptr<Device> dev_;
   std::unique_ptr<SharedHostMemory> shared_memory_;  // distributed.shared_host_store: the store's memory
   bool shared_store_ = false;
@@ -247,47 +247,6 @@ std::string lora_target_list(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
-}
-
-LoraOptions train_lora_options(const Recipe& rc) {
-  LoraOptions o;
-  if (!rc.lora_enabled) return o;
-  o.r = rc.lora_r;
-  o.alpha = rc.lora_alpha;
-  o.dropout = rc.lora_dropout;
-  o.seed = uint64_t(rc.seed);
-  o.targets = lora_targets_parse(rc.lora_target_modules, "lora.target_modules");
-  return o;
-}
-
-PlanInputs train_plan_inputs(const Recipe& rc) {
-  PlanInputs in;
-  in.lora = train_lora_options(rc);
-  in.weights = rc.offload_weights;
-  in.checkpoints = rc.offload_checkpoints;
-  in.recompute = rc.offload_recompute;
-  // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
-  in.optimizer = rc.optim_type == "zo-sgd" && rc.offload_optimizer == "auto" ? "host" : rc.offload_optimizer;
-  in.optim_type = rc.optim_type;  // which host arrays and which engine's device rows
-  in.moments = dtype_parse(rc.moments_dtype);
-  in.micro_batch = rc.micro_batch_size * (preference_objective_enabled(rc) ? 2 : 1);  // pairs: 2 rows
-  in.sequence_len = rc.sequence_len;
-  in.save_dtype = dtype_parse(rc.save_dtype);
-  in.load_from_dir = !rc.model_path.empty();
-  in.f32_master_shared = true;  // HostStore: in f32 compute mode the master is the working copy
-  in.device_in_host_ram = rc.device_backend == "cpu";
-  in.device_is_cuda = rc.device_backend == "cuda";
-  return in;
-}
-
-PlanBudgets train_plan_budgets(const Recipe& rc) {
-  PlanBudgets b;
-  b.device_bytes = rc.device_memory_bytes;
-  b.device_origin = str_cat("device.memory = \"", rc.device_memory, "\"");
-  placement_host_budget(b, rc.host_memory_bytes, rc.host_memory);
-  b.nvme_dir = rc.nvme_path;
-  b.nvme_bytes = rc.nvme_memory_bytes;
-  return b;
 }
 
 double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio) {
@@ -356,7 +315,7 @@ void TrainRun::set_up() {
                    rc_.output_dir.c_str());
   }
   adamw_isa_active();  // its one-line notice comes now, not over the progress bar
-  plan_in_ = train_plan_inputs(rc_);  // plan_with_data adds the tokenized rows
+  plan_in_ = recipe_plan_inputs(rc_, dist_.size());  // plan_with_data adds the tokenized rows
   plan_in_.resume = !resume_dir_.empty();
   plan_in_.baseline_bytes = process_rss_bytes();  // before the device, the store and the data
   set_up_model();
@@ -373,7 +332,7 @@ void TrainRun::set_up() {
     preference_->prepare_reference(progress_);
   }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
-  flops_per_token_ = model_flops_per_token(store_->spec(), rc_.sequence_len);  // offload/step_estimate.h
+  flops_per_token_ = model_flops_per_token(store_->spec(), rc_.sequence_len);  // offload/plan/step_estimate.h
   if (zo_engine_) flops_per_token_ *= zo_flops_ratio(rc_);  // forward passes only
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
                peak_.source.c_str());
@@ -392,27 +351,12 @@ void TrainRun::set_up() {
   }
 }
 
-// The placement plan (offload/placement_plan.h) decides and checks every tier before anything
+// The placement plan (offload/plan/placement_plan.h) decides and checks every tier before anything
 // large is allocated or filled (exit 3 naming what to change); then the device, the host store
 // and the engine allocate, and what they allocated is checked against the plan. The tokenized
 // rows are not known yet: plan_with_data adds them.
 void TrainRun::set_up_model() {
   const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
-  eopt_.checkpoints = rc_.offload_checkpoints;
-  eopt_.recompute = rc_.offload_recompute;
-  eopt_.max_batch = rc_.micro_batch_size * (preference_objective_enabled(rc_) ? 2 : 1);  // pairs: 2 rows
-  eopt_.max_tokens = rc_.sequence_len;
-  eopt_.optimizer = rc_.offload_optimizer == "nvme" ? "nvme" : "host";  // "auto": host until the plan decides
-  eopt_.nvme_dir = rc_.nvme_path;
-  eopt_.nvme_budget_bytes = rc_.nvme_memory_bytes;
-  eopt_.lora = train_lora_options(rc_);
-  HostStoreOptions sopt;
-  sopt.needs = optimizer_state_needs(rc_.optim_type);  // zo-sgd: no moments, no gradients
-  sopt.moments = dtype_parse(rc_.moments_dtype);  // optim.moments_dtype: AdamW m and v, f32 or bf16
-  sopt.weights_only = eopt_.lora.enabled();  // LoRA: the base keeps its working copy alone
-  sopt.state_on_nvme = eopt_.optimizer == "nvme";
-  sopt.nvme_path = rc_.nvme_path;
-  sopt.nvme_budget_bytes = rc_.nvme_memory_bytes;
   DeviceOptions dopt;
   dopt.backend = rc_.device_backend;
   dopt.memory_bytes = rc_.device_memory_bytes;
@@ -421,10 +365,8 @@ void TrainRun::set_up_model() {
   cpu_threads_apply();
   cpu_threads_start();  // before anything opens a parallel region (the tokenizer too): exit 3 if they cannot exist
 
-  budgets_ = train_plan_budgets(rc_);
-  placement_resolve_weights(spec, plan_in_, budgets_);  // offload.weights = "auto": resident when it costs nothing
-  eopt_.weights = plan_in_.weights;
-  choose_accumulation(spec);
+  budgets_ = recipe_plan_budgets(rc_);
+  // every "auto" resolved: weights resident when it costs nothing, the schedule, the tiers
   plan_ = placement_plan(spec, plan_in_, budgets_);
   const bool device_over = budgets_.device_bytes && plan_.tier(Tier::device) > budgets_.device_bytes;
   if (!plan_.fits() && !data_loaded_ && !device_over) {
@@ -436,11 +378,8 @@ void TrainRun::set_up_model() {
     plan_ = placement_plan(spec, plan_in_, budgets_);
   }
   placement_plan_check(plan_);
-  // "auto" is the plan's choice: master and moments to NVMe when RAM is short, checkpoints spilled
-  // past the device to NVMe when pinned RAM is short
-  eopt_.optimizer = plan_.optimizer_on_nvme ? "nvme" : "host";
-  if (plan_.nvme_checkpoints > 0) eopt_.checkpoints = "nvme";
-  sopt.state_on_nvme = plan_.optimizer_on_nvme;
+  say_accumulation();
+  const HostStoreOptions sopt = run_plan_store_options(plan_);
   shared_store_ = dist_.choose_shared_store(rc_, sopt.state_on_nvme);
 
   dev_ = device_create(dopt);
@@ -450,13 +389,14 @@ void TrainRun::set_up_model() {
   } else {
     store_ = std::make_unique<HostStore>(*dev_, spec, sopt);
   }
-  if (eopt_.lora.enabled()) lora_ = std::make_unique<LoraStore>(*dev_, spec, eopt_.lora);
-  if (rc_.optim_type == "zo-sgd") {
-    zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, eopt_);
+  if (plan_.lora.enabled()) lora_ = std::make_unique<LoraStore>(*dev_, spec, plan_.lora);
+  if (plan_.optimizer_kind == OptimizerKind::zo_sgd) {
+    zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, run_plan_engine_options(plan_));
     zo_step_notes(rc_);
   } else {
-    engine_ = std::make_unique<Engine>(*dev_, *store_, eopt_, lora_.get());
+    engine_ = std::make_unique<Engine>(*dev_, *store_, run_plan_engine_options(plan_), lora_.get());
   }
+  built_group_ = plan_.group;
   if (dist_.data_parallel() && engine_) {  // zo-sgd reduces loss scalars only (zo_step.h)
     device_comm_ = dist_.device_comm(*dev_);
     Comm* node = shared_store_ ? &dist_.node() : nullptr;  // the ranks sharing this rank's store
@@ -474,19 +414,11 @@ void TrainRun::set_up_model() {
   check_allocations_against_plan();
 }
 
-// The schedule over a step's micro-batches (src/train/accumulation.h), said at start. "auto"
-// asks the plan with the inputs known so far: before the data, then again with its rows when
-// they leave no room for layer-major (plan_with_data).
-void TrainRun::choose_accumulation(const ModelSpec& spec) {
-  plan_in_.group = accumulation_group(rc_, spec.lm_head == kAbsent, dist_.size(), [&](int64_t k) {
-    PlanInputs in = plan_in_;
-    in.group = k;
-    return placement_plan(spec, in, budgets_).fits();
-  });
-  eopt_.group = plan_in_.group;
-  if (rc_.gradient_accumulation_steps > 1 && rc_.optim_type == "adamw")
+// The schedule over a step's micro-batches the plan chose (offload.accumulation), said at start.
+void TrainRun::say_accumulation() const {
+  if (rc_.gradient_accumulation_steps > 1 && plan_.optimizer_kind == OptimizerKind::adamw)
     std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s\n", rc_.offload_accumulation.c_str(),
-                 eopt_.group > 1 ? "layer-major, each layer's weights cross twice per optimizer step"
+                 plan_.group > 1 ? "layer-major, each layer's weights cross twice per optimizer step"
                                  : "one micro-batch at a time, each layer's weights cross twice per micro-batch");
 }
 
@@ -551,13 +483,13 @@ void TrainRun::load_data() {
 // as output_dir/plan.json.
 void TrainRun::plan_with_data() {
   plan_ = placement_plan(store_->spec(), plan_in_, budgets_);
-  if (!plan_.fits() && eopt_.group > 1 && rc_.offload_accumulation == "auto") {
+  if (plan_.group != built_group_) {
     // "auto" chose layer-major before the rows were counted, and they leave no room for its k
     // checkpoints per layer: nothing is loaded yet, so the model is set up again, the choice
     // made with the rows counted (micro_batch where it fits, else exit 3 naming what to change)
     std::fprintf(stderr, "strata train: the tokenized data (%s) leaves no room for the layer-major schedule's %ld "
                  "micro-batches per layer within the budgets; setting up again\n",
-                 format_bytes(plan_in_.data_bytes).c_str(), long(eopt_.group));
+                 format_bytes(plan_in_.data_bytes).c_str(), long(built_group_));
     release_model();
     set_up_model();
   }
@@ -592,7 +524,7 @@ void TrainRun::load_weights() {
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
                "checkpoints on the device, %zu layers' activations and %zu lm_head chunks' logits kept (no recompute); device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
-               zo_engine_ ? "stream" : eopt_.weights == "device" ? "resident" : "stream",
+               plan_.weights == WeightsMode::device ? "resident" : "stream",
                engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
                engine_ ? engine_->kept_activation_layers() : 0, engine_ ? engine_->kept_logit_chunks() : 0, format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
@@ -772,7 +704,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
 std::vector<double> TrainRun::first_order_step(const StepBatch& batch, float scale, const AdamWParams& ap,
                                                double* grad_norm) {
   std::vector<double> losses;
-  const bool layer_major = eopt_.group > 1;
+  const bool layer_major = plan_.group > 1;
   if (rc_.max_grad_norm > 0 || shared_store_) {  // clipping (or a shared store) needs every gradient first
     if (layer_major) losses = engine_->forward_backward_group(batch.micro, scale);
     else

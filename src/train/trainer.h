@@ -1,4 +1,4 @@
-// The first-order trainer: the step engine (offload/engine.h) fed from packed token rows, with
+// The first-order trainer: the step engine (offload/engine/engine.h) fed from packed token rows, with
 // a token-mean loss over every micro-batch of an optimizer step, exact global-norm clipping,
 // warmup + cosine/linear schedule, metrics.jsonl per step, eval loss on a held-out split,
 // checkpoints every save_steps and at the end (src/train/checkpoint.h), bit-exact resume, and
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "offload/placement_plan.h"
+#include "offload/plan/placement_plan.h"
 #include "src/recipe/recipe.h"
 #include "src/train/signals.h"
 
@@ -34,12 +34,6 @@ struct TrainOptions {
 };
 
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options = {});
-
-// The placement plan's inputs and budgets from a recipe (offload/placement_plan.h): what the
-// trainer plans with and what `strata estimate` prices. The process baseline, the data's bytes
-// and whether the run resumes are the caller's to fill.
-PlanInputs train_plan_inputs(const Recipe& recipe);
-PlanBudgets train_plan_budgets(const Recipe& recipe);
 
 // HF-style learning-rate multiplier for 0-based step `s` of `total`.
 double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio);

@@ -1,10 +1,10 @@
 // One zeroth-order training step (optim.type = "zo-sgd", DESIGN §8b): for each of the q
 // perturbations j of step t (seed_j = zo_seed(train.seed, t, j), kernels/common/zo_rng.h), the
-// dual forward of every micro-batch of the step (offload/engine_zo.h), then
+// dual forward of every micro-batch of the step (offload/engine/engine_zo.h), then
 //   g_j = (ΣL+ − ΣL−) / counted / (2ε)
 // the projected gradient of the step's token-mean loss (gradient accumulation = more batches in
 // one estimate), and the ZO-SGD update of every group queued on the host with coefficients g_j / q
-// (offload/zo_sgd.h). The RNG position is (train.seed, step): a resumed run regenerates the same
+// (offload/state/zo_sgd.h). The RNG position is (train.seed, step): a resumed run regenerates the same
 // z from the checkpoint's step, so resume is bit-exact with nothing more to store.
 #pragma once
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "models/micro_batch.h"
-#include "offload/engine_zo.h"
+#include "offload/engine/engine_zo.h"
 #include "src/comm/comm.h"
 #include "src/recipe/recipe.h"
 

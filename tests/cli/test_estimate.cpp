@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "offload/step_estimate.h"
+#include "offload/plan/step_estimate.h"
 #include "src/device/peak_flops.h"
 #include "tests/testing.h"
 
@@ -163,13 +163,13 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
                       {"max_position_embeddings", 4096}, {"tie_word_embeddings", false}};
   const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16);
   PlanInputs in;
-  in.checkpoints = "device";
-  in.optimizer = "host";
+  in.checkpoints = CheckpointMode::device;
+  in.optimizer = StateTier::host;
   in.micro_batch = 1;
   in.sequence_len = 1024;
   in.head_chunk_rows = 8192;  // 4 lm_head chunks through 2 slots
-  in.recompute = "always";     // every layer recomputed in backward (below: kept activations)
-  const PlacementPlan plan = placement_plan(spec, in, PlanBudgets{});
+  in.recompute = RecomputeMode::always;     // every layer recomputed in backward (below: kept activations)
+  const RunPlan plan = placement_plan(spec, in, PlanBudgets{});
   StepRates rates;
   rates.device_flops_per_s = 1e18;  // compute free: the link decides
   rates.link_bytes_per_s = 1e9;
@@ -196,7 +196,7 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   CHECK(e.tokens_per_s == Approx(3 * 1024 / e.seconds));
   // resident weights: every layer and the lm_head once per optimizer step
   PlanInputs resident = in;
-  resident.weights = "device";
+  resident.weights = WeightsMode::device;
   const StepEstimate r = step_estimate(spec, resident, placement_plan(spec, resident, PlanBudgets{}), 3, rates);
   CHECK(r.bytes.h2d == 3 * (16 * 1024 + act) + 4 * layer_w + lm_w + 1024 * 4);
   CHECK(r.bytes.d2h == d2h);
@@ -228,8 +228,8 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   // offload.recompute: layers whose activations are kept are not run forward again (here 4 of 4,
   // then 1 of 4 under a device budget that holds one layer's activations beyond the rest)
   PlanInputs kept = in;
-  kept.recompute = "never";
-  const PlacementPlan kept_plan = placement_plan(spec, kept, PlanBudgets{});
+  kept.recompute = RecomputeMode::never;
+  const RunPlan kept_plan = placement_plan(spec, kept, PlanBudgets{});
   REQUIRE(kept_plan.kept_activation_layers == 4);
   REQUIRE(kept_plan.kept_logit_chunks == 4);  // and every lm_head chunk's logits: V rows
   REQUIRE(kept_plan.kept_logit_rows == 32768);
@@ -237,11 +237,11 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   const double layer_forward = 1024 * 2 * layer_mm + attn_executed / 4 * 2 / 9;  // what a kept layer does not redo
   const double logits_matmul = 2.0 * 1024 * 32768 * 1024;  // what kept logits do not redo
   CHECK(k.components.at("compute") == Approx(3 * (executed - 4 * layer_forward - logits_matmul) / 1e12).epsilon(1e-12));
-  kept.recompute = "auto";
+  kept.recompute = RecomputeMode::automatic;
   const size_t one_layer = kept_plan.bytes_of("kept layer activations (device, no recompute)") / 4;
   PlanBudgets one;
   one.device_bytes = plan.tier(Tier::device) + (size_t(1) << 20) + one_layer;
-  const PlacementPlan one_plan = placement_plan(spec, kept, one);
+  const RunPlan one_plan = placement_plan(spec, kept, one);
   REQUIRE(one_plan.kept_activation_layers == 1);
   REQUIRE(one_plan.kept_logit_chunks == 0);  // nothing left after the activations
   const StepEstimate o1 = step_estimate(spec, kept, one_plan, 3, rates);

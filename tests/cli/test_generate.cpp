@@ -3,8 +3,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
-#include "offload/host_store.h"
-#include "offload/model_io.h"
+#include "offload/state/host_store.h"
+#include "offload/state/model_io.h"
 #include "tests/testing.h"
 
 namespace strata {

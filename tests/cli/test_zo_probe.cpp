@@ -10,8 +10,8 @@
 #include <cstring>
 
 #include "io/safetensors.h"
-#include "offload/host_store.h"
-#include "offload/model_io.h"
+#include "offload/state/host_store.h"
+#include "offload/state/model_io.h"
 #include "tests/testing.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-// The optional GPU AdamW (kernels/cuda/adamw.cu) against the CPU AdamW (offload/adamw.h, its
+// The optional GPU AdamW (kernels/cuda/adamw.cu) against the CPU AdamW (offload/state/adamw.h, its
 // scalar variant, which all CPU variants equal bit for bit): the same master weights, moments
 // and working copy to the bit, over several steps, at awkward sizes, with f32 and bf16 moments
 // and f32, bf16 or no working copy. Launched directly on a stream of the test's own (the op is
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/ops.h"
-#include "offload/adamw.h"
+#include "offload/state/adamw.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/testing.h"
 

@@ -1,4 +1,4 @@
-// End to end on the CUDA backend: the step engine (offload/engine.h) streaming a model layer by
+// End to end on the CUDA backend: the step engine (offload/engine/engine.h) streaming a model layer by
 // layer through the CUDA device's h2d / compute / d2h streams and events, with every op of a
 // decoder layer, the chunked lm_head loss and the gradient path. Checked against the fp64
 // torch goldens of tests/golden (tolerances of tests/models/test_golden_grad.cpp) and against
@@ -24,8 +24,8 @@ using testing::GoldenStep;
 // the most cross-stream traffic), on golden g's model and batch.
 GoldenStep run_step(Device& dev, const Golden& g, DType dtype) {
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = "host";
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = CheckpointMode::host;
   return testing::golden_step(dev, g, dtype, eo);
 }
 
@@ -103,7 +103,7 @@ namespace {
 
 // Two optimizer steps of a 6-layer model (layers 1..3 spill their checkpoints) on `dev`: the
 // losses, then the master weights after them. Each step accumulates `accum` micro-batches, one
-// at a time or (layer_major) in one layer-major pass (offload/engine.h).
+// at a time or (layer_major) in one layer-major pass (offload/engine/engine.h).
 std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme, int accum = 1,
                                                             bool layer_major = false) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
@@ -120,7 +120,7 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   HostStore store(dev, model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16), so);
   model_init_weights(store, 4);
   EngineOptions eo;
-  eo.checkpoints = on_nvme ? "nvme" : "host";
+  eo.checkpoints = on_nvme ? CheckpointMode::nvme : CheckpointMode::host;
   eo.nvme_dir = dir;
   eo.max_batch = 2;
   eo.max_tokens = 16;
@@ -181,7 +181,7 @@ TEST_CASE("the CUDA backend: layer-major accumulation equals the micro-batch sch
 namespace strata {
 namespace {
 
-// LoRA (offload/lora.h) on golden `name`'s model: a frozen store, the adapters of
+// LoRA (offload/state/lora.h) on golden `name`'s model: a frozen store, the adapters of
 // tests/golden/lora_grad/<name>, one forward_backward with streamed weights and host checkpoints;
 // returns the loss per counted token and the adapters' gradients (PEFT names, dB unscaled). With
 // dropout, the golden's LoRA dropout (p, seed; step 1, micro-batch 0: the engine's first pass).
@@ -212,8 +212,8 @@ LoraStep lora_step(Device& dev, const std::string& name, bool dropout = false, i
   LoraStore lora(dev, spec, lo);
   lora.load_peft(dir + "/adapter");
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = "host";
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = CheckpointMode::host;
   eo.max_batch = g.batch.B;
   eo.max_tokens = g.batch.T;
   eo.lora = lo;

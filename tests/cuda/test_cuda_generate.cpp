@@ -9,8 +9,8 @@
 
 #include "kernels/cpu/attention_cached.h"
 #include "kernels/cpu/ref/attention_cached.h"
-#include "offload/generator.h"
-#include "offload/model_io.h"
+#include "offload/engine/generator.h"
+#include "offload/state/model_io.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/seeded_inputs.h"
 #include "tests/testing.h"

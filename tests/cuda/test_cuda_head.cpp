@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
-#include "offload/placement_plan.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
+#include "offload/plan/placement_plan.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/kernels/ce_chunked.h"
 #include "tests/seeded_inputs.h"
@@ -74,8 +75,8 @@ using testing::GoldenStep;
 
 GoldenStep golden_step(Device& dev, const std::string& name, int64_t head_chunk_rows) {
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = "host";
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = CheckpointMode::host;
   eo.head_chunk_rows = head_chunk_rows;
   return testing::golden_step(dev, testing::Golden::load(name), DType::f32, eo);
 }
@@ -171,10 +172,10 @@ TEST_CASE("the engine on CUDA keeps activations and logits only in what the back
     HostStore store(*dev, model_spec_build(cfg, DType::bf16));
     model_init_weights(store, 3);
     EngineOptions eo;
-    eo.checkpoints = "host";
+    eo.checkpoints = CheckpointMode::host;
     eo.max_batch = 2;
     eo.max_tokens = 33;
-    eo.recompute = recompute;
+    eo.recompute = recompute_mode_parse(recompute);
     Engine engine(*dev, store, eo);
     const MicroBatch mb = testing::strided_batch(2, 33, cfg.vocab_size, 7919);
     Run r;
@@ -198,16 +199,16 @@ TEST_CASE("the engine on CUDA keeps activations and logits only in what the back
   CHECK(tight.peak <= budget);
   // the placement plan for a CUDA device counts those workspaces and keeps what the engine keeps
   PlanInputs in;
-  in.weights = "stream";  // as the engine above
-  in.checkpoints = "host";
-  in.recompute = "auto";
-  in.optimizer = "host";
+  in.weights = WeightsMode::stream;  // as the engine above
+  in.checkpoints = CheckpointMode::host;
+  in.recompute = RecomputeMode::automatic;
+  in.optimizer = StateTier::host;
   in.micro_batch = 2;
   in.sequence_len = 33;
   in.device_is_cuda = true;
   PlanBudgets b;
   b.device_bytes = budget;
-  const PlacementPlan plan = placement_plan(model_spec_build(cfg, DType::bf16), in, b);
+  const RunPlan plan = placement_plan(model_spec_build(cfg, DType::bf16), in, b);
   CHECK(plan.bytes_of("CUDA backend workspaces (cuBLAS, lm_head loss)") == cuda_backend_workspace_bytes(64, 4096));
   CHECK(plan.kept_logit_chunks == tight.kept_chunks);
   CHECK(plan.kept_activation_layers == tight.kept_layers);

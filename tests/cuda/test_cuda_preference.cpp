@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
-#include "offload/preference_head.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
+#include "offload/objective/preference_head.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/testing.h"
 
@@ -43,8 +43,8 @@ StepOut dpo_step(Device& dev, const std::string& family) {
   HostStore store(dev, model_spec_build(hf_config_load(model), DType::f32));
   model_load_weights(store, model);
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = "host";
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = CheckpointMode::host;
   eo.head_chunk_rows = 16;  // several vocab chunks
   eo.max_batch = mb.B;
   eo.max_tokens = mb.T;
@@ -164,8 +164,8 @@ std::pair<std::vector<double>, std::vector<float>> dpo_two_micro_batches(Device&
   HostStore store(dev, model_spec_build(hf_config_load(model), DType::f32));
   model_load_weights(store, model);
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = "host";
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = CheckpointMode::host;
   eo.head_chunk_rows = 16;
   eo.max_batch = std::max(mbs[0].B, mbs[1].B);
   eo.max_tokens = std::max(mbs[0].T, mbs[1].T);

@@ -1,4 +1,4 @@
-// The zeroth-order engine (offload/engine_zo.h) on the CUDA backend: the dual forward on the
+// The zeroth-order engine (offload/engine/engine_zo.h) on the CUDA backend: the dual forward on the
 // four golden families against the CPU backend, and the device's perturbation of the streamed
 // layers, norm and lm_head chunks against the same model perturbed on the host by the plain-loop
 // twin (kernels/cpu/ref/zo.h) and run clean on the same device: bit for bit, so the CUDA
@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "kernels/cpu/ref/zo.h"
-#include "offload/engine_zo.h"
+#include "offload/engine/engine_zo.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/testing.h"
 

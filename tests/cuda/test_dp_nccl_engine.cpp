@@ -1,4 +1,4 @@
-// Data parallel over NCCL end to end (offload/device_reduction.h): 2 ranks as threads, each with
+// Data parallel over NCCL end to end (offload/reduce/device_reduction.h): 2 ranks as threads, each with
 // its own CUDA device, host store and streaming engine, every gradient all-reduced on the device
 // before its copy to the host. Each rank runs one micro-batch per step; one process on one device
 // runs the same two micro-batches accumulated. Losses, accumulated gradients (before the
@@ -20,8 +20,8 @@
 #include <random>
 #include <thread>
 
-#include "offload/device_reduction.h"
-#include "offload/engine.h"
+#include "offload/reduce/device_reduction.h"
+#include "offload/engine/engine.h"
 #include "src/comm/comm_nccl.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/testing.h"
@@ -62,8 +62,8 @@ RankResult run_engine(Device& dev, const Golden& g, DType dtype, const std::vect
   if (!node || node->rank() == 0) model_load_weights(store, g.dir);
   if (node) node->barrier();
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = "host";
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = CheckpointMode::host;
   eo.max_batch = g.batch.B;
   eo.max_tokens = g.batch.T;
   Engine engine(dev, store, eo);

@@ -241,7 +241,7 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
 }
 
 TEST_CASE("matmul's beta = 1 adds a finished sum: accumulating equals a second buffer added", "[kernels]") {
-  // what the engine's schedules rely on (offload/engine.cpp: LoRA's adapter gradients summed by
+  // what the engine's schedules rely on (offload/engine/engine.cpp: LoRA's adapter gradients summed by
   // the GEMM over a layer-major pass, or per micro-batch and added): dW += dy^T x by the GEMM
   // gives the bits of dW + (dy^T x into another buffer). oneDNN's own sum post-op does not on an
   // AVX2 CPU (its f32 GEMM starts the sums from c for a transposed a), so matmul adds after.

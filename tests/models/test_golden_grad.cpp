@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "tests/testing.h"
+#include "src/recipe/recipe_modes.h"
 
 namespace strata {
 namespace {
@@ -17,8 +18,8 @@ using testing::GoldenStep;
 
 EngineOptions engine_options(const std::string& weights, const std::string& checkpoints) {
   EngineOptions eo;
-  eo.weights = weights;
-  eo.checkpoints = checkpoints;
+  eo.weights = weights_mode_parse(weights);
+  eo.checkpoints = checkpoint_mode_parse(checkpoints);
   return eo;
 }
 

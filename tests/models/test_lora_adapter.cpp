@@ -9,8 +9,8 @@
 #include <functional>
 
 #include "models/lora_adapter.h"
-#include "offload/host_store.h"
-#include "offload/model_io.h"
+#include "offload/state/host_store.h"
+#include "offload/state/model_io.h"
 #include "tests/testing.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-// LoRA (offload/lora.h): `strata grad --lora` against fp64 torch goldens of PEFT's math written
+// LoRA (offload/state/lora.h): `strata grad --lora` against fp64 torch goldens of PEFT's math written
 // by hand (tools/golden/make_lora_grad_goldens.py) for all four families, and the merged export
 // (lora_merge_into) against W + (alpha / r) B A computed here in fp64; with LoRA dropout too, the
 // masks rebuilt by the golden script.
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "offload/lora.h"
+#include "offload/state/lora.h"
 #include "tests/testing.h"
 
 namespace strata {

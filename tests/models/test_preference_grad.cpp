@@ -9,7 +9,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "offload/preference_head.h"
+#include "offload/objective/preference_head.h"
+#include "src/recipe/recipe_modes.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -85,8 +86,8 @@ TEST_CASE("preference objectives in f32 match the fp64 torch goldens for every f
         HostStore store(*dev, model_spec_build(hf_config_load(g.model_dir), DType::f32));
         model_load_weights(store, g.model_dir);
         EngineOptions eo;
-        eo.weights = weights;
-        eo.checkpoints = std::string(weights) == "device" ? "device" : "host";
+        eo.weights = weights_mode_parse(weights);
+        eo.checkpoints = std::string(weights) == "device" ? CheckpointMode::device : CheckpointMode::host;
         eo.max_batch = g.mb.B;
         eo.max_tokens = g.mb.T;
         Engine engine(*dev, store, eo);

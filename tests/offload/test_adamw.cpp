@@ -1,4 +1,4 @@
-// CPU AdamW (offload/adamw.h): every variant against the fp64 reference at SIMD-tail sizes,
+// CPU AdamW (offload/state/adamw.h): every variant against the fp64 reference at SIMD-tail sizes,
 // against torch.optim.AdamW goldens (tools/golden/make_adamw_goldens.py), the bf16-moment
 // option against the reference, and bitwise agreement across variants and thread counts.
 #include <omp.h>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "offload/adamw.h"
+#include "offload/state/adamw.h"
 #include "src/core/error.h"
 #include "tests/testing.h"
 

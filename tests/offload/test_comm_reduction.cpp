@@ -1,4 +1,4 @@
-// The data-parallel gradient reduction (offload/comm_reduction.h) without mpirun: N ranks as
+// The data-parallel gradient reduction (offload/reduce/comm_reduction.h) without mpirun: N ranks as
 // threads over a rendezvous comm that sums in rank order as the MPI comm does (comm.h), fed the
 // engine's call sequence (head chunks K-1..0, a dense layer, the embedding scatter) for A rounds
 // of N micro-batches. Every rank's accumulation must equal, bit for bit, one process adding the
@@ -12,7 +12,7 @@
 #include <random>
 #include <thread>
 
-#include "offload/comm_reduction.h"
+#include "offload/reduce/comm_reduction.h"
 #include "src/core/error.h"
 
 namespace strata {

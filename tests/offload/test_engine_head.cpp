@@ -1,4 +1,4 @@
-// The lm_head streamed in vocab chunks (offload/engine.h): the device footprint of the head
+// The lm_head streamed in vocab chunks (offload/engine/engine.h): the device footprint of the head
 // does not grow with V, the chunked loss and gradients agree with one whole-vocabulary chunk
 // within f32 rounding, streamed and resident heads are bit-identical (also across an optimizer
 // step and across thread counts), and the torch goldens still hold with many small chunks.
@@ -9,8 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
 #include "src/core/threads.h"
 #include "tests/testing.h"
 #include "tests/seeded_inputs.h"
@@ -43,12 +44,12 @@ HeadRun run_head(const ModelConfig& cfg, DType dtype, const std::string& weights
   HostStore store(*dev, model_spec_build(cfg, dtype));
   model_init_weights(store, 3);
   EngineOptions eo;
-  eo.weights = weights;
-  eo.checkpoints = "host";
+  eo.weights = weights_mode_parse(weights);
+  eo.checkpoints = CheckpointMode::host;
   eo.max_batch = 2;
   eo.max_tokens = 33;
   eo.head_chunk_rows = head_chunk_rows;
-  eo.recompute = recompute;
+  eo.recompute = recompute_mode_parse(recompute);
   Engine engine(*dev, store, eo);
   const MicroBatch mb = head_batch(cfg.vocab_size);
   HeadRun r;
@@ -179,8 +180,8 @@ TEST_CASE("the torch goldens still hold with lm_head in many small chunks", "[en
     auto dev = device_create(DeviceOptions{});
     const testing::Golden g = testing::Golden::load(name);
     EngineOptions eo;
-    eo.weights = "stream";
-    eo.checkpoints = "host";
+    eo.weights = WeightsMode::stream;
+    eo.checkpoints = CheckpointMode::host;
     eo.head_chunk_rows = 7;
     const testing::GoldenStep r = testing::golden_step(*dev, g, DType::f32, eo);
     CHECK(std::abs(r.loss - g.loss) <= 2e-6 * std::abs(g.loss));

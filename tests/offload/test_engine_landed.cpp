@@ -1,4 +1,4 @@
-// Updates as gradients land (offload/engine.h, forward_backward_update): with clipping off, the
+// Updates as gradients land (offload/engine/engine.h, forward_backward_update): with clipping off, the
 // last micro-batch's AdamW runs group by group inside backward, and must give exactly what
 // forward_backward + optimizer_step gives, for streamed and resident weights, tied or not.
 #include <catch2/catch.hpp>
@@ -6,8 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/hf_config.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
 #include "tests/testing.h"
 #include "tests/seeded_inputs.h"
 
@@ -24,7 +25,7 @@ Result run(bool landed, bool tied, const std::string& weights) {
   HostStore store(*dev, model_spec_build(testing::tiny_llama_config({32, 48, 3, 300, 64, tied}), DType::bf16));
   model_init_weights(store, 11);
   EngineOptions eo;
-  eo.weights = weights;
+  eo.weights = weights_mode_parse(weights);
   eo.max_batch = 2;
   eo.max_tokens = 17;
   Engine engine(*dev, store, eo);

@@ -1,4 +1,4 @@
-// Layer-major gradient accumulation (offload/engine.cpp, "Layer-major passes"; DESIGN §3): the k
+// Layer-major gradient accumulation (offload/engine/engine.cpp, "Layer-major passes"; DESIGN §3): the k
 // micro-batches of an optimizer step run through each layer and lm_head chunk together, their
 // gradients summed on the device in micro-batch order and crossing to the host once. The losses,
 // gradient norms and the updated master weights and moments must equal the micro_batch schedule's
@@ -11,8 +11,9 @@
 #include <filesystem>
 
 #include "io/hf_config.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
 #include "tests/seeded_inputs.h"
 #include "tests/testing.h"
 
@@ -25,7 +26,8 @@ struct Setup {
   bool layer_major = false;
   bool lora = false;  // frozen base, adapters trained (B starts at zero: a first step moves it)
   double lora_dropout = 0;  // each micro-batch's masks keyed by (step, its index in the step)
-  std::string weights = "stream", checkpoints = "device";
+  WeightsMode weights = WeightsMode::stream;
+  CheckpointMode checkpoints = CheckpointMode::device;
   bool clip = false;
   int k = 2;
   int64_t hidden = 32, ffn = 48, layers = 5;
@@ -67,7 +69,7 @@ Result run(const Setup& su) {
   eo.max_tokens = kT;
   eo.head_chunk_rows = 256;  // three lm_head chunks, the last one shorter
   eo.group = su.layer_major ? su.k : 1;
-  if (su.checkpoints == "nvme") eo.nvme_dir = testing::fresh_path("strata_layer_major", "nvme"), std::filesystem::create_directories(eo.nvme_dir);
+  if (su.checkpoints == CheckpointMode::nvme) eo.nvme_dir = testing::fresh_path("strata_layer_major", "nvme"), std::filesystem::create_directories(eo.nvme_dir);
   Engine engine(*dev, store, eo, lora.get());
   Result r;
   for (int s = 1; s <= su.steps; ++s) {
@@ -123,8 +125,8 @@ TEST_CASE("layer-major accumulation equals the micro-batch schedule bit for bit"
         for (int k : {1, 2, 4}) {
           if (std::string(weights) == "device" && std::string(checkpoints) == "nvme") continue;  // one NVMe run per k
           Setup su;
-          su.weights = weights;
-          su.checkpoints = checkpoints;
+          su.weights = weights_mode_parse(weights);
+          su.checkpoints = checkpoint_mode_parse(checkpoints);
           su.clip = clip;
           su.k = k;
           INFO(weights << " weights, " << checkpoints << " checkpoints, clip " << clip << ", k = " << k);
@@ -150,7 +152,7 @@ TEST_CASE("layer-major LoRA equals the micro-batch schedule bit for bit, with th
       Setup su;
       su.lora = true;
       su.lora_dropout = dropout;
-      su.checkpoints = "host";
+      su.checkpoints = CheckpointMode::host;
       su.clip = clip;
       su.k = 4;
       INFO("clip " << clip << ", lora dropout " << dropout);
@@ -209,8 +211,8 @@ TEST_CASE("layer-major link bytes per step stay at about 2W + G whatever k is", 
   su.ffn = 256;
   su.layers = 4;
   su.steps = 2;
-  su.weights = "stream";
-  su.checkpoints = "host";
+  su.weights = WeightsMode::stream;
+  su.checkpoints = CheckpointMode::host;
   su.layer_major = true;
   su.k = 1;
   const Result k1 = run(su);

@@ -3,8 +3,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "offload/engine.h"
-#include "offload/model_io.h"
+#include "offload/engine/engine.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/state/model_io.h"
 #include "tests/testing.h"
 #include "src/core/align.h"
 #include "tests/seeded_inputs.h"
@@ -16,9 +17,9 @@ static size_t device_peak_for(int64_t layers, const std::string& checkpoints) {
   HostStore store(*dev, model_spec_build(testing::tiny_llama_config({64, 96, layers, 97, 256, false}), DType::bf16));
   model_init_weights(store, 3);
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = checkpoints;
-  eo.recompute = "always";  // one layer's activations at a time: depth must cost nothing more
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = checkpoint_mode_parse(checkpoints);
+  eo.recompute = RecomputeMode::always;  // one layer's activations at a time: depth must cost nothing more
   eo.max_batch = 2;
   eo.max_tokens = 33;
   Engine engine(*dev, store, eo);

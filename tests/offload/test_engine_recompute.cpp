@@ -6,8 +6,9 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
-#include "offload/engine.h"
-#include "offload/model_io.h"
+#include "offload/engine/engine.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/state/model_io.h"
 #include "src/device/arena.h"
 #include "tests/seeded_inputs.h"
 #include "tests/testing.h"
@@ -28,16 +29,16 @@ constexpr int64_t kLayers = 4, kB = 2, kT = 33, kV = 97;
 RecomputeRun run_steps(DType dtype, const std::string& weights, const std::string& recompute, size_t kept_budget_layers) {
   // The budget: what the "always" engine needs, plus room for kept_budget_layers layers' activations.
   EngineOptions eo;
-  eo.weights = weights;
-  eo.checkpoints = "device";
-  eo.recompute = recompute;
+  eo.weights = weights_mode_parse(weights);
+  eo.checkpoints = CheckpointMode::device;
+  eo.recompute = recompute_mode_parse(recompute);
   eo.max_batch = kB;
   eo.max_tokens = kT;
   const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 96, kLayers, kV, 256, false}), dtype);
   size_t budget = 512ull << 20;
   if (recompute == "auto") {
     EngineOptions probe = eo;
-    probe.recompute = "always";
+    probe.recompute = RecomputeMode::always;
     auto dev = device_create(DeviceOptions{});
     HostStore store(*dev, spec);
     const size_t base = [&] {
@@ -107,8 +108,8 @@ TEST_CASE("offload.recompute = \"never\" on a budget too small for the activatio
           "[engine][recompute]") {
   const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 96, kLayers, kV, 256, false}), DType::f32);
   EngineOptions eo;
-  eo.checkpoints = "device";
-  eo.recompute = "always";
+  eo.checkpoints = CheckpointMode::device;
+  eo.recompute = RecomputeMode::always;
   eo.max_batch = kB;
   eo.max_tokens = kT;
   size_t base = 0;
@@ -123,7 +124,7 @@ TEST_CASE("offload.recompute = \"never\" on a budget too small for the activatio
   dopt.memory_bytes = base + Arena::footprint(layer_activation_bytes(shape.layer_capacity));
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
-  eo.recompute = "never";
+  eo.recompute = RecomputeMode::never;
   try {
     Engine e(*dev, store, eo);
     FAIL("the engine was built");
@@ -132,8 +133,8 @@ TEST_CASE("offload.recompute = \"never\" on a budget too small for the activatio
     CHECK_THAT(e.what(), Catch::Contains("offload.recompute = \"never\"") && Catch::Contains("raise [device] memory"));
   }
   CHECK(dev->used_bytes() == 0);  // nothing it allocated stays
-  eo.recompute = "sometimes";
-  CHECK_THROWS_WITH(Engine(*dev, store, eo), Catch::Contains("use \"auto\", \"always\" or \"never\""));
+  // a mode the recipe does not know is refused where the recipe's strings are parsed, once
+  CHECK_THROWS_WITH(recompute_mode_parse("sometimes"), Catch::Contains("use \"auto\", \"always\" or \"never\""));
 }
 
 }  // namespace strata

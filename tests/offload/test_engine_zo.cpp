@@ -1,4 +1,4 @@
-// The zeroth-order engine (offload/engine_zo.h): its device footprint (flat in depth, below a
+// The zeroth-order engine (offload/engine/engine_zo.h): its device footprint (flat in depth, below a
 // first-order forward-only pass), its link traffic (the weights once per dual forward, nothing
 // back but two losses), its update (ZO-SGD on the host master against the plain-loop twin), its
 // perturbation of the device copy (the same losses as a host store holding θ ± εz), and the
@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/ref/zo.h"
-#include "offload/engine.h"
-#include "offload/engine_zo.h"
-#include "offload/model_io.h"
+#include "offload/engine/engine.h"
+#include "offload/engine/engine_zo.h"
+#include "offload/state/model_io.h"
 #include "src/core/align.h"
 #include "src/device/arena.h"
 #include "src/train/zo_step.h"
@@ -44,7 +44,7 @@ EngineOptions capacity(int64_t B, int64_t T) {
   EngineOptions eo;
   eo.max_batch = B;
   eo.max_tokens = T;
-  eo.checkpoints = "host";
+  eo.checkpoints = CheckpointMode::host;
   return eo;
 }
 
@@ -209,7 +209,7 @@ TEST_CASE("ZO: device and host bytes against first order for Llama-3.1-8B shapes
     EngineOptions eo;
     eo.max_batch = 1;
     eo.max_tokens = tokens;
-    eo.checkpoints = "host";
+    eo.checkpoints = CheckpointMode::host;
     const EngineShape shape = EngineShape::of(spec, HostStore::layout(spec), eo);
     const size_t first_order = engine_device_bytes(engine_buffer_table(shape, nullptr));
     const size_t ckpt_on_device = shape.layers * Arena::footprint(shape.activation_bytes());

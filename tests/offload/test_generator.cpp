@@ -1,4 +1,4 @@
-// The generation engine (offload/generator.h) and its cached-attention kernel:
+// The generation engine (offload/engine/generator.h) and its cached-attention kernel:
 //   - attention_cached_forward (CPU) against its fp64 plain-loop twin on awkward sizes (a cache
 //     longer than one key tile, D = 17, rows at different positions), and against the training
 //     attention's twin when the queries are the whole sequence;
@@ -16,8 +16,8 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cpu/ref/attention_cached.h"
-#include "offload/generator.h"
-#include "offload/model_io.h"
+#include "offload/engine/generator.h"
+#include "offload/state/model_io.h"
 #include "src/core/bf16.h"
 #include "tests/seeded_inputs.h"
 #include "tests/testing.h"

@@ -1,4 +1,4 @@
-// The host queue (offload/host_queue.h): a task's error reaches the thread that waits on it
+// The host queue (offload/stream/host_queue.h): a task's error reaches the thread that waits on it
 // and nothing hangs behind it; a task's wait for its input is not counted as host work.
 #include <catch2/catch.hpp>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "offload/host_queue.h"
+#include "offload/stream/host_queue.h"
 #include "src/core/error.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-// The NVMe tier's storage side (offload/nvme_state.h, offload/checkpoint_spill.h): optimizer
+// The NVMe tier's storage side (offload/state/nvme_state.h, offload/stream/checkpoint_spill.h): optimizer
 // state in files and activation checkpoints in a file give the all-RAM run's losses, master
 // weights, moments and working copy bit for bit — f32 and bf16 compute, streamed and resident
 // weights, clipping on (forward_backward + optimizer_step) and off (forward_backward_update),
@@ -11,9 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "io/hf_config.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
-#include "offload/nvme_state.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
+#include "offload/state/nvme_state.h"
 #include "src/core/error.h"
 #include "tests/seeded_inputs.h"
 #include "tests/testing.h"
@@ -84,8 +85,8 @@ Result run(const Setup& s) {
   HostStore store(*dev, nvme_spec(s.dtype, s.tied), nvme_options(s.state_nvme));
   model_init_weights(store, 11);
   EngineOptions eo;
-  eo.weights = s.weights;
-  eo.checkpoints = s.checkpoints;
+  eo.weights = weights_mode_parse(s.weights);
+  eo.checkpoints = checkpoint_mode_parse(s.checkpoints);
   eo.nvme_dir = nvme_root();
   eo.max_batch = 2;
   eo.max_tokens = 17;

@@ -1,4 +1,4 @@
-// The placement plan (offload/placement_plan.h): every kind of state's bytes against hand-worked
+// The placement plan (offload/plan/placement_plan.h): every kind of state's bytes against hand-worked
 // figures and against what the store, the engine and the device really allocate; the tier
 // decisions (a tight host budget with an NVMe dir moves master and moments to NVMe; without
 // one it is an exit-3 error whose changes each say what they save); f32 mode counting one f32
@@ -16,13 +16,14 @@
 #include <sstream>
 
 #include "kernels/cpu/ops.h"
+#include "src/recipe/recipe_modes.h"
 #include "src/core/threads.h"
-#include "offload/engine.h"
-#include "offload/engine_zo.h"
-#include "offload/model_io.h"
-#include "offload/placement_plan.h"
-#include "offload/checkpoint_spill.h"
-#include "offload/nvme_state.h"
+#include "offload/engine/engine.h"
+#include "offload/engine/engine_zo.h"
+#include "offload/state/model_io.h"
+#include "offload/plan/placement_plan.h"
+#include "offload/stream/checkpoint_spill.h"
+#include "offload/state/nvme_state.h"
 #include "src/core/align.h"
 #include "src/device/arena.h"
 #include "src/core/process_memory.h"
@@ -46,9 +47,9 @@ ModelSpec budget_spec(bool tied) {
 
 EngineOptions budget_engine(const std::string& checkpoints) {
   EngineOptions eo;
-  eo.weights = "stream";
-  eo.checkpoints = checkpoints;
-  eo.recompute = "always";  // as plan_inputs
+  eo.weights = WeightsMode::stream;
+  eo.checkpoints = checkpoint_mode_parse(checkpoints);
+  eo.recompute = RecomputeMode::always;  // as plan_inputs
   eo.max_batch = 2;
   eo.max_tokens = 16;
   return eo;
@@ -65,8 +66,8 @@ EngineFootprint engine_footprint(const ModelSpec& spec, size_t device_bytes, con
   auto dev = device_create(dopt);
   HostStore hs(*dev, spec);
   EngineOptions eo = budget_engine(checkpoints);
-  eo.weights = weights;
-  eo.recompute = recompute;
+  eo.weights = weights_mode_parse(weights);
+  eo.recompute = recompute_mode_parse(recompute);
   Engine engine(*dev, hs, eo);
   return {engine.device_checkpoints(), engine.kept_activation_layers(), dev->used_bytes(), engine.kept_logit_chunks()};
 }
@@ -112,10 +113,10 @@ size_t count_of(const std::string& text, const std::string& what) {
 
 PlanInputs plan_inputs(const std::string& checkpoints, const std::string& recompute = "always") {
   PlanInputs in;
-  in.weights = "stream";
-  in.checkpoints = checkpoints;
-  in.recompute = recompute;
-  in.optimizer = "host";
+  in.weights = WeightsMode::stream;
+  in.checkpoints = checkpoint_mode_parse(checkpoints);
+  in.recompute = recompute_mode_parse(recompute);
+  in.optimizer = StateTier::host;
   in.micro_batch = 2;
   in.sequence_len = 16;
   return in;
@@ -145,7 +146,7 @@ TEST_CASE("the plan's bytes are hand-worked and equal what the store, engine and
     PlanInputs in = plan_inputs("host");
     in.baseline_bytes = 1000;
     in.data_bytes = 24;
-    const PlacementPlan p = placement_plan(spec, in, PlanBudgets{});
+    const RunPlan p = placement_plan(spec, in, PlanBudgets{});
     CHECK(p.fits());
     CHECK(p.bytes_of("working weights (bf16)") == matrix * 2 + norm * 4);  // bf16 matrices, f32 norms
     CHECK(p.bytes_of("fp32 master weights") == params * 4);
@@ -189,9 +190,9 @@ TEST_CASE("the plan's bytes are hand-worked and equal what the store, engine and
     CHECK(hs.pinned_bytes() == p.bytes_of("working weights (bf16)") + p.bytes_of("fp32 gradient accumulation"));
     CHECK(hs.host_bytes() == p.bytes_of("fp32 master weights") + p.bytes_of("AdamW moments (f32 m and v)"));
     EngineOptions eo;
-    eo.weights = "stream";
-    eo.checkpoints = "host";
-    eo.recompute = "always";
+    eo.weights = WeightsMode::stream;
+    eo.checkpoints = CheckpointMode::host;
+    eo.recompute = RecomputeMode::always;
     eo.max_batch = 2;
     eo.max_tokens = 16;
     Engine engine(*dev, hs, eo);
@@ -201,17 +202,17 @@ TEST_CASE("the plan's bytes are hand-worked and equal what the store, engine and
 
 TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does, for every budget", "[plan]") {
   const ModelSpec spec = budget_spec(false);
-  const PlacementPlan host = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
+  const RunPlan host = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
   const size_t act = Arena::footprint(2 * 16 * 64 * 4);
   for (const std::string weights : {"stream", "device"}) {
     PlanInputs in = plan_inputs("auto");
-    in.weights = weights;
+    in.weights = weights_mode_parse(weights);
     const size_t fixed = placement_plan(spec, in, PlanBudgets{}).tier(Tier::device) - 3 * act;  // unlimited: all 3
     for (size_t extra : {size_t(0), (size_t(1) << 20) + act - 1, (size_t(1) << 20) + act, (size_t(1) << 20) + 2 * act + 7,
                          (size_t(1) << 20) + 5 * act}) {
       PlanBudgets b;
       b.device_bytes = fixed + extra;
-      const PlacementPlan p = placement_plan(spec, in, b);
+      const RunPlan p = placement_plan(spec, in, b);
       INFO(weights << " budget " << b.device_bytes);
       CHECK(p.fits());
       const EngineFootprint e = engine_footprint(spec, b.device_bytes, weights, "auto", "always");
@@ -224,7 +225,7 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
   // "device": all of them, and a budget too small for them is a plan that does not fit
   PlanBudgets small;
   small.device_bytes = host.tier(Tier::device) + act;
-  const PlacementPlan dev_ckpt = placement_plan(spec, plan_inputs("device"), small);
+  const RunPlan dev_ckpt = placement_plan(spec, plan_inputs("device"), small);
   CHECK(dev_ckpt.device_checkpoints == 3);
   CHECK_FALSE(dev_ckpt.fits());
   // "auto" keeps none of them within the 1 MiB margin the engine leaves: all 3 spill
@@ -237,7 +238,7 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
 TEST_CASE("offload.weights = auto: resident when that costs the device nothing, else streamed", "[plan]") {
   const ModelSpec spec = budget_spec(false);
   PlanInputs in = plan_inputs("auto", "auto");
-  in.weights = "auto";
+  in.weights = WeightsMode::automatic;
   auto resolved = [&](const PlanInputs& from, const PlanBudgets& b) {
     PlanInputs r = from;
     placement_resolve_weights(spec, r, b);
@@ -245,42 +246,42 @@ TEST_CASE("offload.weights = auto: resident when that costs the device nothing, 
   };
   auto with = [&](const std::string& weights) {
     PlanInputs r = in;
-    r.weights = weights;
+    r.weights = weights_mode_parse(weights);
     return r;
   };
   // no device budget: everything fits either way, so every layer stays on the device
-  CHECK(resolved(in, PlanBudgets{}) == "device");
-  const PlacementPlan stream = placement_plan(spec, with("stream"), PlanBudgets{});
-  const PlacementPlan resident = placement_plan(spec, with("device"), PlanBudgets{});
+  CHECK(resolved(in, PlanBudgets{}) == WeightsMode::device);
+  const RunPlan stream = placement_plan(spec, with("stream"), PlanBudgets{});
+  const RunPlan resident = placement_plan(spec, with("device"), PlanBudgets{});
   CHECK(placement_plan(spec, in, PlanBudgets{}).tier(Tier::device) == resident.tier(Tier::device));
   REQUIRE(resident.tier(Tier::device) > stream.tier(Tier::device));  // a third layer slot
   // a budget that holds the streamed plan with everything kept, but not the resident one: residency
   // would cost kept activations (recompute), so the layers stream
   PlanBudgets tight;
   tight.device_bytes = stream.tier(Tier::device) + (size_t(1) << 20);  // the engine's margin
-  const PlacementPlan s = placement_plan(spec, with("stream"), tight), d = placement_plan(spec, with("device"), tight);
+  const RunPlan s = placement_plan(spec, with("stream"), tight), d = placement_plan(spec, with("device"), tight);
   REQUIRE(s.fits());
   REQUIRE(s.device_checkpoints == 3);
   REQUIRE(s.kept_activation_layers == 3);
   REQUIRE(d.device_checkpoints + d.kept_activation_layers + d.kept_logit_chunks <
           s.device_checkpoints + s.kept_activation_layers + s.kept_logit_chunks);
-  CHECK(resolved(in, tight) == "stream");
+  CHECK(resolved(in, tight) == WeightsMode::stream);
   CHECK(placement_plan(spec, in, tight).tier(Tier::device) == s.tier(Tier::device));
   // with room for the third slot as well, resident again
   PlanBudgets roomy;
   roomy.device_bytes = resident.tier(Tier::device) + (size_t(1) << 20);
-  CHECK(resolved(in, roomy) == "device");
+  CHECK(resolved(in, roomy) == WeightsMode::device);
   // explicit modes are left alone; zo-sgd streams (its engine has no resident mode)
-  CHECK(resolved(with("stream"), PlanBudgets{}) == "stream");
+  CHECK(resolved(with("stream"), PlanBudgets{}) == WeightsMode::stream);
   PlanInputs zo = in;
-  zo.optim_type = "zo-sgd";
-  CHECK(resolved(zo, PlanBudgets{}) == "stream");
+  zo.optimizer_kind = OptimizerKind::zo_sgd;
+  CHECK(resolved(zo, PlanBudgets{}) == WeightsMode::stream);
 }
 
 TEST_CASE("kept activations and logits: the plan keeps as many as the engine does, after the checkpoints", "[plan][recompute]") {
   const ModelSpec spec = budget_spec(false);
-  const PlacementPlan always = placement_plan(spec, plan_inputs("device", "always"), PlanBudgets{});
-  const PlacementPlan never = placement_plan(spec, plan_inputs("device", "never"), PlanBudgets{});
+  const RunPlan always = placement_plan(spec, plan_inputs("device", "always"), PlanBudgets{});
+  const RunPlan never = placement_plan(spec, plan_inputs("device", "never"), PlanBudgets{});
   CHECK(always.kept_activation_layers == 0);
   CHECK(never.kept_activation_layers == 3);
   const size_t kept3 = never.bytes_of("kept layer activations (device, no recompute)");
@@ -302,11 +303,11 @@ TEST_CASE("kept activations and logits: the plan keeps as many as the engine doe
     for (size_t extra : {size_t(0), (size_t(1) << 20) + per_layer - 1, (size_t(1) << 20) + per_layer,
                          (size_t(1) << 20) + 2 * per_layer + 7, (size_t(1) << 20) + 5 * per_layer}) {
       PlanInputs in = plan_inputs("device", "always");
-      in.weights = weights;
+      in.weights = weights_mode_parse(weights);
       PlanBudgets b;
       b.device_bytes = placement_plan(spec, in, PlanBudgets{}).tier(Tier::device) + extra;
-      in.recompute = "auto";
-      const PlacementPlan p = placement_plan(spec, in, b);
+      in.recompute = RecomputeMode::automatic;
+      const RunPlan p = placement_plan(spec, in, b);
       INFO(weights << " budget " << b.device_bytes);
       CHECK(p.device_checkpoints == 3);
       const EngineFootprint e = engine_footprint(spec, b.device_bytes, weights, "device", "auto");
@@ -365,8 +366,8 @@ TEST_CASE("zo-sgd: the store holds working weights and master alone, as the plan
       CHECK(adamw.bytes() - hs.bytes() == params * 12);
 
       PlanInputs in = plan_inputs("host");
-      in.optim_type = "zo-sgd";
-      const PlacementPlan p = placement_plan(spec, in, PlanBudgets{});
+      in.optimizer_kind = OptimizerKind::zo_sgd;
+      const RunPlan p = placement_plan(spec, in, PlanBudgets{});
       CHECK(p.fits());
       CHECK(p.bytes_of(str_cat("working weights (", dtype_name(dtype), ")")) == working);
       CHECK(p.bytes_of("fp32 master weights") == master);
@@ -383,14 +384,14 @@ TEST_CASE("zo-sgd: the store holds working weights and master alone, as the plan
       CHECK(p.bytes_of("pinned staging (embedding outputs)") == ZoEngine::pinned_bytes(spec, budget_engine("host")));
       CHECK(p.bytes_of("pinned staging (embedding outputs)") == 2 * 2 * 16 * 64 * 4);  // x0 of each pass
       // and a plan for AdamW on the same model counts what that store holds
-      const PlacementPlan pa = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
+      const RunPlan pa = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
       CHECK(pa.host_total() > p.host_total());
     }
   }
   // zo-sgd keeps no moments to place on NVMe: asking for it is bad input naming the fix
   PlanInputs in = plan_inputs("host");
-  in.optim_type = "zo-sgd";
-  in.optimizer = "nvme";
+  in.optimizer_kind = OptimizerKind::zo_sgd;
+  in.optimizer = StateTier::nvme;
   PlanBudgets b;
   b.nvme_dir = "/tmp";
   CHECK_THROWS_WITH(placement_plan(budget_spec(false), in, b), Catch::Contains("set offload.optimizer = \"host\""));
@@ -404,7 +405,7 @@ TEST_CASE("f32 compute mode counts one f32 copy: the master is the working copy"
   const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), DType::f32);
   const size_t params = size_t(spec.parameter_count());
   PlanInputs in = plan_inputs("host");
-  const PlacementPlan one = placement_plan(spec, in, PlanBudgets{});
+  const RunPlan one = placement_plan(spec, in, PlanBudgets{});
   CHECK(one.bytes_of("working weights (f32)") == params * 4);
   CHECK(one.bytes_of("fp32 master weights (the f32 working copy)") == 0);
   CHECK(one.bytes_of("fp32 master weights") == 0);
@@ -412,7 +413,7 @@ TEST_CASE("f32 compute mode counts one f32 copy: the master is the working copy"
   CHECK(one.bytes_of("working weights (f32)") + one.bytes_of("AdamW moments (f32 m and v)") +
             one.bytes_of("fp32 gradient accumulation") == params * 16);
   in.f32_master_shared = false;  // a store that still keeps two f32 copies
-  const PlacementPlan two = placement_plan(spec, in, PlanBudgets{});
+  const RunPlan two = placement_plan(spec, in, PlanBudgets{});
   CHECK(two.bytes_of("fp32 master weights") == params * 4);
   CHECK(two.host_total() - one.host_total() == params * 4);
 }
@@ -429,7 +430,7 @@ TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA d
     const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), dt);
     PlanInputs in = plan_inputs("host");
     in.device_in_host_ram = true;
-    const PlacementPlan cpu = placement_plan(spec, in, PlanBudgets{});
+    const RunPlan cpu = placement_plan(spec, in, PlanBudgets{});
     // every kernel thread's GEMM tile buffers, for the longest sum (the vocab chunk, 256, here)
     const size_t gemm = size_t(cpu_threads_count()) * cpu::matmul_scratch_bytes(256, dt);
     const size_t want = cpu::attention_scratch_bytes(2, 16, 4, 2, 16, dt, cpu::attention_isa_active()) +
@@ -438,7 +439,7 @@ TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA d
     CHECK(cpu.bytes_of(row) == want);
     in.device_in_host_ram = false;
     in.device_is_cuda = true;
-    const PlacementPlan cuda = placement_plan(spec, in, PlanBudgets{});
+    const RunPlan cuda = placement_plan(spec, in, PlanBudgets{});
     CHECK(cuda.bytes_of(row) == 0);
   }
 }
@@ -458,7 +459,7 @@ TEST_CASE("more kernel threads than cores: a plan short of RAM names device.cpu_
   cpu_threads_set(cores + 1000);
   PlanBudgets b;
   b.host_bytes = placement_plan(spec, in, b).host_total() - 1;
-  const PlacementPlan p = placement_plan(spec, in, b);
+  const RunPlan p = placement_plan(spec, in, b);
   cpu_threads_set(keep);
   REQUIRE_FALSE(p.fits());
   const PlanChange* named = nullptr;
@@ -468,7 +469,7 @@ TEST_CASE("more kernel threads than cores: a plan short of RAM names device.cpu_
   CHECK(named->saves_bytes == 1000 * cpu::matmul_scratch_bytes(256, DType::f32));  // the vocab chunk's sum is the longest
   // at or below the core count the change is not offered
   cpu_threads_set(cores);
-  const PlacementPlan q = placement_plan(spec, in, b);
+  const RunPlan q = placement_plan(spec, in, b);
   cpu_threads_set(keep);
   for (const PlanChange& c : q.changes) CHECK(c.what.find("device.cpu_threads") == std::string::npos);
 }
@@ -477,14 +478,14 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   const ModelSpec spec = big_spec();
   const size_t params = size_t(spec.parameter_count());
   PlanInputs in = plan_inputs("auto");
-  in.optimizer = "auto";
+  in.optimizer = StateTier::automatic;
   PlanBudgets b;
-  const PlacementPlan ram = placement_plan(spec, in, b);
+  const RunPlan ram = placement_plan(spec, in, b);
   CHECK_FALSE(ram.optimizer_on_nvme);
   CHECK(ram.tier(Tier::nvme) == 0);
   b.host_bytes = ram.host_total() - 1;  // one byte short
   b.nvme_dir = "/nvme/strata";
-  const PlacementPlan p = placement_plan(spec, in, b);
+  const RunPlan p = placement_plan(spec, in, b);
   INFO(placement_plan_table(p));
   // the NVMe placement's own sizes (files: fp32 master + m + v, each group block-rounded; RAM: its window)
   HostStoreOptions so;
@@ -499,12 +500,12 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   // the working weights and gradients stay in pinned RAM
   CHECK(p.tier(Tier::host_pinned) == ram.tier(Tier::host_pinned));
   // "host" keeps them in RAM whatever the budget: then it does not fit
-  in.optimizer = "host";
+  in.optimizer = StateTier::host;
   CHECK_FALSE(placement_plan(spec, in, b).fits());
   // an NVMe budget too small for them is a problem naming offload.nvme_memory
-  in.optimizer = "auto";
+  in.optimizer = StateTier::automatic;
   b.nvme_bytes = ns.file_bytes - 1;
-  const PlacementPlan small = placement_plan(spec, in, b);
+  const RunPlan small = placement_plan(spec, in, b);
   REQUIRE(small.problems.size() == 1);
   CHECK(small.problems[0].find("offload.nvme_memory") != std::string::npos);
   // still short after the move: spilled checkpoints follow (a device budget with no room for them)
@@ -513,15 +514,15 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   in.sequence_len = 256;  // 4 layers x 64 MiB of checkpoints
   const size_t act = size_t(64) * 256 * 1024 * 4, pipeline = ns.host_bytes;
   PlanInputs host_ckpt = in;
-  host_ckpt.checkpoints = "host";
+  host_ckpt.checkpoints = CheckpointMode::host;
   b.device_bytes = placement_plan(spec, host_ckpt, PlanBudgets{}).tier(Tier::device) + (1 << 20);
   PlanBudgets no_limit = b;
   no_limit.host_bytes = 0;
-  const PlacementPlan big = placement_plan(spec, in, no_limit);
+  const RunPlan big = placement_plan(spec, in, no_limit);
   CHECK(big.host_checkpoints == 4);
   // after both moves: the state and the checkpoints off; the pipeline, the checkpoint ring and its staging on
   b.host_bytes = big.host_total() - params * 12 + pipeline - 4 * act + kSpillRing * act + CheckpointSpill::host_bytes();
-  const PlacementPlan both = placement_plan(spec, in, b);
+  const RunPlan both = placement_plan(spec, in, b);
   INFO(placement_plan_table(both));
   CHECK(both.fits());
   CHECK(both.optimizer_on_nvme);
@@ -533,12 +534,12 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
 TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to change and what it saves", "[plan]") {
   const ModelSpec spec = big_spec();
   PlanInputs in = plan_inputs("host");
-  in.optimizer = "auto";
+  in.optimizer = StateTier::automatic;
   in.micro_batch = 8;
   PlanBudgets b;
   b.host_bytes = placement_plan(spec, in, b).host_total() - 1;
   b.host_origin = "offload.host_memory = \"test\"";
-  const PlacementPlan p = placement_plan(spec, in, b);
+  const RunPlan p = placement_plan(spec, in, b);
   REQUIRE_FALSE(p.fits());
   CHECK_FALSE(p.optimizer_on_nvme);
   try {
@@ -573,10 +574,10 @@ TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to
     }
   CHECK(found);
   // NVMe asked for without a directory is bad input (exit 2)
-  in.optimizer = "nvme";
+  in.optimizer = StateTier::nvme;
   CHECK_THROWS_WITH(placement_plan(spec, in, PlanBudgets{}), Catch::Contains("offload.nvme_path"));
-  in.optimizer = "disk";
-  CHECK_THROWS_WITH(placement_plan(spec, in, PlanBudgets{}), Catch::Contains("\"auto\", \"host\" or \"nvme\""));
+  // an unknown tier is refused where the recipe's strings are parsed, once
+  CHECK_THROWS_WITH(state_tier_parse("disk"), Catch::Contains("\"auto\", \"host\" or \"nvme\""));
 }
 
 TEST_CASE("the largest micro-batch and sequence length that fit are found by the plan", "[plan]") {
@@ -626,7 +627,7 @@ TEST_CASE("the host budget comes from offload.host_memory, else from MemAvailabl
 
 TEST_CASE("a failed pinned allocation falls back to pageable memory with one warning, counted as host", "[pinned]") {
   const ModelSpec spec = budget_spec(true);
-  const PlacementPlan e = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
+  const RunPlan e = placement_plan(spec, plan_inputs("host"), PlanBudgets{});
   const size_t working = e.bytes_of("working weights (bf16)"), grads = e.bytes_of("fp32 gradient accumulation"),
                state = e.bytes_of("fp32 master weights") + e.bytes_of("AdamW moments (f32 m and v)"),
                staging = e.bytes_of("pinned staging (activations, gradients)"),
@@ -687,7 +688,7 @@ TEST_CASE("bf16 moments: the plan counts 4 B/param as the store allocates, and a
   const size_t params = size_t(spec.parameter_count());
   PlanInputs in = plan_inputs("host");
   in.moments = DType::bf16;
-  const PlacementPlan p = placement_plan(spec, in, PlanBudgets{});
+  const RunPlan p = placement_plan(spec, in, PlanBudgets{});
   CHECK(p.bytes_of("AdamW moments (bf16 m and v)") == params * 4);
   auto dev = device_create(DeviceOptions{});
   HostStoreOptions so;
@@ -700,7 +701,7 @@ TEST_CASE("bf16 moments: the plan counts 4 B/param as the store allocates, and a
   PlanInputs f = plan_inputs("host");
   PlanBudgets b;
   b.host_bytes = placement_plan(big, f, b).host_total() - 1;
-  const PlacementPlan q = placement_plan(big, f, b);
+  const RunPlan q = placement_plan(big, f, b);
   REQUIRE_FALSE(q.fits());
   bool found = false;
   for (const PlanChange& c : q.changes)
@@ -710,7 +711,7 @@ TEST_CASE("bf16 moments: the plan counts 4 B/param as the store allocates, and a
     }
   CHECK(found);
   // zo-sgd keeps no moments: nothing to suggest
-  f.optim_type = "zo-sgd";
+  f.optimizer_kind = OptimizerKind::zo_sgd;
   b.host_bytes = placement_plan(big, f, PlanBudgets{}).host_total() - 1;
   for (const PlanChange& c : placement_plan(big, f, b).changes) CHECK(c.what.find("moments_dtype") == std::string::npos);
 }

@@ -1,4 +1,4 @@
-// The weight slots every engine streams through (offload/weight_stream.h): a block crosses the
+// The weight slots every engine streams through (offload/stream/weight_stream.h): a block crosses the
 // link only when its slot holds another one, what the compute stream reads is the block it asked
 // for, an upload into a slot waits for the compute stream's release of what it held, and the
 // views of a layer and of the lm_head chunks land on the store's tensors.
@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "offload/model_io.h"
-#include "offload/weight_stream.h"
+#include "offload/state/model_io.h"
+#include "offload/stream/weight_stream.h"
 #include "tests/testing.h"
 
 namespace strata {

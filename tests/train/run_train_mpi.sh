@@ -323,7 +323,7 @@ zo-equal|zo-resume)
   ;;
 lora)
   # LoRA adapters (bf16 frozen base, dropout 0.1): each rank's micro-batch adapter gradients go
-  # through the host reduction (offload/engine.cpp: lora_grads_land), every rank runs the same
+  # through the host reduction (offload/engine/engine.cpp: lora_grads_land), every rank runs the same
   # AdamW, rank 0 exports; the dropout masks follow the global micro-batch index
   lo="model.dtype=bf16 lora.r=8 lora.alpha=16 lora.dropout=0.1 data.sequence_len=64 checkpoint.save_steps=2"
   lora_same() {  # lora_same DIR_A DIR_B WHAT: losses, checkpoint-2's adapter state, the exported adapter

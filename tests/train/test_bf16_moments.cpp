@@ -13,7 +13,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "models/model_spec.h"
-#include "offload/host_store.h"
+#include "offload/state/host_store.h"
 #include "src/core/bf16.h"
 #include "src/core/error.h"
 #include "src/device/device.h"

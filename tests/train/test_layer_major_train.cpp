@@ -159,7 +159,7 @@ TEST_CASE("preference objectives run layer-major: bit for bit the micro_batch sc
           "[train][layer_major][preference]") {
   // dpo-tiny's pairs on the tiny model's shape with its own lm_head (random init from the seed,
   // its tokenizer): each micro-batch of a layer-major pass gets its own pair layout and token
-  // weights (offload/preference_head.h), so the pass trains what one micro-batch at a time does
+  // weights (offload/objective/preference_head.h), so the pass trains what one micro-batch at a time does
   for (const char* objective : {"dpo", "ipo", "simpo", "orpo"})
     for (const char* clip : {"optim.max_grad_norm=1.0", "optim.max_grad_norm=0"}) {
       INFO(objective << ", " << clip);

@@ -1,4 +1,4 @@
-// LoRA training (offload/lora.h) on the bundled tiny chat model: the loss falls, the host holds
+// LoRA training (offload/state/lora.h) on the bundled tiny chat model: the loss falls, the host holds
 // the frozen base's bf16 working copy (2 bytes per parameter) plus the adapters' state, a
 // micro-batch sends no base gradient over the link, resume is bit-exact, the exports are PEFT's
 // adapter dir and (lora.merge) the merged model, and a preference objective runs on adapters.
@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
-#include "offload/engine.h"
-#include "offload/lora.h"
-#include "offload/model_io.h"
+#include "offload/engine/engine.h"
+#include "offload/state/lora.h"
+#include "offload/state/model_io.h"
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"
 #include "tests/testing.h"
@@ -122,7 +122,7 @@ TEST_CASE("a LoRA micro-batch sends no base gradient over the link, the step mov
   LoraStore lora(*dev, spec, lo);
   lora.init(3);
   EngineOptions eo;
-  eo.checkpoints = "device";
+  eo.checkpoints = CheckpointMode::device;
   eo.max_batch = g.batch.B;
   eo.max_tokens = g.batch.T;
   eo.lora = lo;

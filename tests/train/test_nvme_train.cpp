@@ -1,4 +1,4 @@
-// Training with the NVMe tier (offload.optimizer = "nvme", offload.checkpoints = "nvme"): the
+// Training with the NVMe tier (offload.optimizer = StateTier::nvme, offload.checkpoints = CheckpointMode::nvme): the
 // losses, the exported model and the checkpoint's optimizer state equal the RAM run's bit for
 // bit (f32 and bf16); a checkpoint saved from an NVMe run resumes in a RAM run and vice versa,
 // bit-exactly (the format is unchanged); metrics.jsonl counts the NVMe traffic; bad NVMe paths
@@ -13,8 +13,8 @@
 
 #include "io/hf_config.h"
 #include "io/safetensors.h"
-#include "offload/model_io.h"
-#include "offload/nvme_state.h"
+#include "offload/state/model_io.h"
+#include "offload/state/nvme_state.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
 #include "src/train/checkpoint.h"

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/error.h"
-#include "src/train/preference_loss.h"
+#include "offload/objective/preference_loss.h"
 
 using namespace strata;
 

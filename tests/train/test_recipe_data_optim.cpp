@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "io/token_rows.h"
-#include "offload/adamw.h"
+#include "offload/state/adamw.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"

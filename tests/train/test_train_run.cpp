@@ -85,7 +85,7 @@ TEST_CASE("streamed and resident runs give bit-identical losses and final weight
                                                      "device.link_bandwidth=2GB/s"}));
   CHECK(resident.losses == streamed.losses);
   require_same_weights(a + "/final", b + "/final");
-  // offload.weights = "auto" (the default) keeps this small model resident: the resident run's
+  // offload.weights = WeightsMode::automatic (the default) keeps this small model resident: the resident run's
   // link bytes, fewer than the streamed run's (each layer's weights cross once per step, after
   // the update, instead of twice: forward and backward)
   const std::string c = tmp_out("strata_train_auto");

@@ -11,7 +11,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "models/model_spec.h"
-#include "offload/host_store.h"
+#include "offload/state/host_store.h"
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"
 #include "tests/testing.h"

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "offload/adamw.h"
+#include "offload/state/adamw.h"
 #include "src/core/error.h"
 
 namespace strata::bench {

@@ -17,8 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/token_rows.h"
-#include "offload/engine.h"
-#include "offload/model_io.h"
+#include "src/recipe/recipe_modes.h"
+#include "offload/engine/engine.h"
+#include "offload/state/model_io.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
 
@@ -126,8 +127,8 @@ PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, con
   HostStore store(*dev, model_spec_build(cfg, DType::bf16));
   model_init_weights(store, 1, 0.02);
   EngineOptions eo;
-  eo.weights = weights;
-  eo.checkpoints = "host";
+  eo.weights = weights_mode_parse(weights);
+  eo.checkpoints = CheckpointMode::host;
   eo.max_batch = B;
   eo.max_tokens = T;
   eo.group = layer_major ? accum : 1;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Torch goldens for strata's preference losses (src/train/preference_loss.*).
+"""Torch goldens for strata's preference losses (offload/objective/preference_loss.*).
 
 Written independently of the C++ code, following TRL's DPOTrainer ("sigmoid" and "ipo" loss
 types) and CPOTrainer ("simpo", ORPO's odds ratio) as issue 14 defines them, in float64 with

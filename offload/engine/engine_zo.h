@@ -1,0 +1,134 @@
+// The zeroth-order step engine (DESIGN §8b; MeZO streamed as ZO2 does): forward passes only,
+// over the same host store and the same streamed layers as the first-order engine (engine.h).
+//   - weights: two clean slots (layer i+1 crosses on h2d while layer i computes) and one
+//     perturbed slot. While layer i sits in its clean slot, the dual forward runs both passes:
+//     the perturbed slot is rebuilt from the clean one (d2d copy, then p += sign·ε·z(seed, row,
+//     element) per tensor, in f32, bf16 rounded once) for θ + εz, layer forward on x+; rebuilt
+//     again from the clean slot for θ − εz (never θ + εz − 2εz: the rounding would differ),
+//     layer forward on x−. Each layer crosses the link once per dual forward; nothing comes back
+//     but the two losses.
+//   - embedding: gathered on the host from the working table and perturbed there with the
+//     element indices of the full table (id·C + c), for each pass; a tied lm_head is the same
+//     tensor (same row index, same z), perturbed again chunk by chunk on the device.
+//   - head: final norm perturbed per pass; lm_head streamed in chunks through two clean chunk
+//     slots and one perturbed chunk slot; each chunk serves both passes' online-softmax
+//     statistics, so it too crosses once.
+//   - no gradients, no checkpoints, no moments: the device holds three layer slots, three
+//     lm_head chunk slots, the two passes' activations (x±, ping-pong) and one layer's
+//     workspace, whatever the depth. Below the first-order engine's forward-only footprint
+//     (which keeps two f32 gradient slots and its backward buffers).
+//   - update: the ZO-SGD step (offload/state/zo_sgd.h) runs on the host queue group by group after the
+//     losses are known; the next pass waits for a group's update only when it is about to upload
+//     that group, so the update of layer i overlaps the device computing layers < i.
+// z(seed, tensor, element) is kernels/common/zo_rng.h's generator: tensor = the parameter's row
+// in the model's table (ModelSpec::params), element = the index in the full tensor.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "models/decoder_layer.h"
+#include "models/micro_batch.h"
+#include "offload/engine/engine.h"
+#include "offload/stream/engine_buffers.h"
+#include "offload/stream/host_queue.h"
+#include "offload/state/host_store.h"
+#include "offload/stream/weight_stream.h"
+#include "offload/state/zo_sgd.h"
+
+namespace strata {
+
+// Summed losses over counted positions of one micro-batch.
+struct ZoLosses {
+  double plus = 0;   // L(θ + εz)
+  double minus = 0;  // L(θ − εz)
+};
+
+// The ZO engine's buffers (device rows and pinned rows), from the engine's shape; `into` may be
+// null when only sizes are wanted.
+struct ZoBuffers {
+  std::vector<char*> slots;          // (slot_bytes) clean layer weights, 2 (1 when L = 1)
+  char* perturbed = nullptr;         // (slot_bytes) θ ± εz of the current layer
+  float* norm = nullptr;             // (C) clean final norm
+  float* norm_perturbed = nullptr;   // (C)
+  char* head_slots[2] = {};          // (R, C) clean lm_head chunks
+  char* head_perturbed = nullptr;    // (R, C)
+  double* ce_stats[2] = {};          // (N, 3) per pass
+  float* x[2][2] = {};               // (N, C) per pass, ping-pong
+  float* rstd_final = nullptr;       // (N)
+  int32_t *ids = nullptr, *targets = nullptr, *pos = nullptr, *doc_start = nullptr;  // (N)
+  double* loss = nullptr;            // (2) summed loss per pass
+  float* inv_freq = nullptr;         // (D/2)
+  void* workspace = nullptr;         // one layer's forward activations, reused by both passes
+  float* x0_host[2] = {};            // pinned (N, C): each pass's embedding output
+};
+std::vector<EngineBuffer> zo_buffer_table(const EngineShape& shape, ZoBuffers* into);
+// The shape the ZO engine runs with: always streamed (its weights change every step).
+EngineShape zo_engine_shape(const ModelSpec& spec, EngineOptions options);
+
+class ZoEngine {
+ public:
+  // The device bytes ZoEngine allocates for this model and micro-batch capacity (for budgets
+  // and the memory comparison in README.md).
+  static size_t device_bytes(const ModelSpec& spec, const EngineOptions& options);
+  static size_t pinned_bytes(const ModelSpec& spec, const EngineOptions& options);
+
+  ZoEngine(Device& dev, HostStore& store, const EngineOptions& options);
+  ~ZoEngine();
+  ZoEngine(const ZoEngine&) = delete;
+  ZoEngine& operator=(const ZoEngine&) = delete;
+
+  // Both perturbed passes of one micro-batch under perturbation seed `seed` and step eps.
+  ZoLosses dual_forward(const MicroBatch& mb, uint64_t seed, float eps);
+  // One of the two (sign +1: θ + εz, −1: θ − εz): its summed loss, the same bits as that side
+  // of dual_forward. ZO perturbation parallel runs one side on each rank of a pair.
+  double perturbed_forward(const MicroBatch& mb, uint64_t seed, float eps, int sign);
+  // The clean pass (eval; zo-probe's reference loss): summed loss.
+  double forward_loss(const MicroBatch& mb);
+
+  // Queues the ZO-SGD update of every group (in group order) on the host queue; the next pass
+  // waits for each group just before uploading it. Non-blocking.
+  void queue_update(const ZoSgdEstimate& estimate, double lr, double weight_decay);
+
+  void synchronize();  // every queued device and host task finished
+  EngineStats stats() const;
+  // Bytes one dual forward uploads as weights: every layer, the final norm, the lm_head (the
+  // tied embedding table when tied); the embedding is gathered on the host and never crosses.
+  size_t weight_link_bytes() const;
+  const EngineShape& shape() const { return shape_; }
+
+ private:
+  struct Pass {
+    int sign;  // +1, -1, or 0: the clean weights
+  };
+  double run(const MicroBatch& mb, const std::vector<Pass>& passes, uint64_t seed, float eps, ZoLosses* out);
+  void upload_tokens(const MicroBatch& mb);
+  void embed_forward(const std::vector<Pass>& passes, uint64_t seed, float eps);
+  const char* ensure_layer(size_t layer);
+  const float* ensure_final_norm();
+  const char* ensure_head_chunk(size_t chunk);
+  // the weights a pass reads: the clean copy, or the perturbed slot rebuilt from it
+  const char* layer_weights_for(const Pass& p, const char* clean, size_t layer, uint64_t seed, float eps);
+  void wait_group(size_t group);
+
+  Device& dev_;
+  HostStore& store_;
+  EngineShape shape_;
+  LayerDims dims_;
+  size_t L_ = 0;
+  std::vector<EngineBuffer> table_;
+  ZoBuffers buf_;
+  LayerWorkspace ws_{};
+  std::optional<WeightStream> layers_, head_;  // the clean layer slots and lm_head chunk slots
+  std::optional<ResidentBlock> norm_;          // the clean final norm
+  bool has_docs_ = false;
+  std::vector<int32_t> ids_host_;
+  double loss_host_[2] = {};
+  HostQueue host_;
+  std::vector<uint64_t> update_ticket_;  // per group: its pending ZO-SGD update
+  std::unique_ptr<HostZoSgd> optimizer_;
+  double optimizer_exposed_s_ = 0;
+};
+
+}  // namespace strata

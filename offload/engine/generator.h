@@ -1,0 +1,145 @@
+// The generation engine behind `strata generate`: a forward-only pass streamed like training
+// (DESIGN §3), with a KV cache within the device budget.
+//   - weights: every layer resident when the budget holds them beside the cache (uploaded once),
+//     else two device slots, layer i+1 copied in on the h2d stream while layer i computes; the
+//     lm_head likewise, in chunks of vocab rows (kHeadChunkRows), resident or through two slots.
+//   - KV cache: each layer's keys and values (B, Tcap, Hk, D) on the device while they fit; when
+//     they do not (long contexts, many rows), the caches of the last layers live in pinned host
+//     memory and pass through two device cache slots like the weights: before layer i attends,
+//     its cached positions (each row's [0, start)) are copied in on the h2d stream, and the new
+//     position's key and value go back to the host after it. The attention reads the same
+//     numbers in the same layout either way, so the tokens are identical; the price is link
+//     traffic of 2 x rows x length x Hk x D x 4 bytes per spilled layer per decoded token.
+//     GeneratorPlacement says which; the constructor picks the fitting one that moves fewest bytes.
+//   - prefill: the prompts of a batch, right-padded to the longest, in one pass per layer through
+//     layer_forward (the training forward); each layer's keys and values (after the k norm and
+//     RoPE) are copied into its cache rows. A padded position writes cache entries that are never
+//     read: the row's first generated token overwrites them before any query can reach them.
+//   - decode: one token per row per pass; each layer writes the new key and value at the row's
+//     position and attends over the cache with attention_cached_forward (the device op).
+//   - head: the final norm and lm_head for each row's last position only; logits (B, V) come to
+//     the host, where the next token is chosen (greedy, or temperature / top-k / top-p sampling
+//     from a generator seeded per request, so a request's tokens do not depend on its batch).
+// Legend: B rows, Tp padded prompt length, Tcap cache positions per row, C hidden, H heads,
+// Hk kv heads, D head dim, V vocab.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/decoder_layer.h"
+#include "offload/state/host_store.h"
+
+namespace strata {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 256;
+  double temperature = 0;  // 0: greedy (argmax, the lowest id on ties)
+  int64_t top_k = 0;       // 0: all
+  double top_p = 1;        // 1: all
+  uint64_t seed = 0;
+  std::vector<int32_t> eos_ids;  // generation stops after any of them (not part of the result)
+};
+
+// What the generator's buffers are sized for.
+struct GeneratorShape {
+  int64_t max_batch = 1;     // rows per pass
+  int64_t max_prompt = 1;    // longest prompt (tokens)
+  int64_t max_context = 2;   // cache positions per row: max_prompt + max_new_tokens
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids, without the EOS that stopped them
+  bool stopped = false;         // true: an EOS id came; false: max_new_tokens reached
+};
+
+struct GenerateStats {
+  int64_t prefill_tokens = 0, decode_tokens = 0;  // real (unpadded) tokens processed
+  uint64_t kv_h2d_bytes = 0, kv_d2h_bytes = 0;     // spilled KV cache traffic
+  double prefill_s = 0, decode_s = 0;
+};
+
+// Where the weights and the KV cache live on the device.
+struct GeneratorPlacement {
+  bool weights_resident = true;  // false: two weight slots
+  size_t kv_device_layers = 0;   // layers [0, n) keep their cache on the device; the rest spill
+                                 // to pinned host memory through min(2, L - n) device cache slots
+};
+
+class Generator {
+ public:
+  // Device bytes the generator allocates for `shape` with `placement`.
+  static size_t device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorPlacement& placement);
+  // Every layer's cache on the device; weights resident or in two slots.
+  static size_t device_bytes(const ModelSpec& spec, const GeneratorShape& shape, bool resident);
+  // The least any placement needs (weights streamed, the KV cache spilled as far as that saves).
+  static size_t min_device_bytes(const ModelSpec& spec, const GeneratorShape& shape);
+  // Of the placements that fit in `budget_bytes`, the one moving fewest bytes over the link per
+  // decoded token (ties: more cache on the device); false when none fits.
+  static bool choose_placement(const ModelSpec& spec, const GeneratorShape& shape, size_t budget_bytes,
+                               GeneratorPlacement* placement);
+
+  // Allocates from dev's budget: resident weights when they fit, else streamed; throws a budget
+  // error (exit 3) when even streamed weights and the cache do not fit.
+  Generator(Device& dev, HostStore& store, const GeneratorShape& shape);
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  // Generates for up to max_batch prompts in one batch. Request r's sampling generator is seeded
+  // from (options.seed, first_request + r). on_token(r, id), when set, sees every token as it
+  // comes (the EOS excluded).
+  std::vector<GenerateResult> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                       const SamplingOptions& options, uint64_t first_request,
+                                       const std::function<void(size_t, int32_t)>& on_token = {});
+
+  bool weights_resident() const { return placement_.weights_resident; }
+  const GeneratorPlacement& placement() const { return placement_; }
+  size_t kv_host_bytes() const;  // pinned host memory of the spilled layers' caches
+  const GenerateStats& stats() const { return stats_; }
+
+ private:
+  struct Buffers;
+  void allocate(const GeneratorPlacement& placement);
+  void release();
+  LayerWeights ensure_layer(size_t layer);
+  const void* ensure_head_chunk(size_t chunk);
+  // One pass: rows' tokens (B rows x T each, row-major) at positions start[b] + t.
+  void forward_pass(const std::vector<int32_t>& ids, const std::vector<int32_t>& start, int64_t B, int64_t T,
+                    bool prefill);
+  void decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
+                    const std::vector<int32_t>& start);
+  // The KV cache of a layer: on the device, or a spilled layer's (uploaded into its cache slot
+  // for a decode pass: positions [0, start[r]) of each row).
+  bool kv_spilled(size_t layer) const { return layer >= placement_.kv_device_layers; }
+  std::pair<float*, float*> kv_cache(size_t layer);
+  void kv_upload(size_t layer, const std::vector<int32_t>& start, int64_t B);
+  // After a spilled layer ran: its new positions [start[r], start[r] + T) go back to the host.
+  void kv_write_back(size_t layer, const float* k, const float* v, const std::vector<int32_t>& start, int64_t B,
+                     int64_t T);
+  // logits (B, V) on the host of row b's position last[b] of the pass output.
+  void head(const std::vector<int64_t>& last_index, int64_t B);
+
+  Device& dev_;
+  HostStore& store_;
+  GeneratorShape shape_;
+  LayerDims dims_;     // B, T set per pass
+  size_t L_ = 0;
+  int64_t V_ = 0, head_rows_ = 0;
+  size_t head_chunks_ = 0;
+  GeneratorPlacement placement_;
+  std::unique_ptr<Buffers> buf_;
+  std::vector<float> logits_;         // (B, V) host
+  std::vector<int32_t> pos_host_, start_host_;
+  GenerateStats stats_;
+};
+
+// The next token from logits (V): argmax when temperature is 0, else a draw from the
+// temperature-scaled softmax restricted to the top_k largest and the smallest set whose
+// probability reaches top_p; u in [0, 1) is the draw.
+int32_t generator_pick_token(const float* logits, int64_t V, const SamplingOptions& options, double u);
+
+}  // namespace strata

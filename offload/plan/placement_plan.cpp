@@ -1,0 +1,547 @@
+#include "offload/plan/placement_plan.h"
+
+#include "offload/stream/checkpoint_spill.h"
+#include "offload/state/nvme_state.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "offload/stream/engine_buffers.h"
+#include "offload/engine/engine_zo.h"
+#include "offload/state/host_store.h"
+#include "offload/state/optimizer.h"
+#include "src/core/error.h"
+#include "src/core/process_memory.h"
+#include "src/core/threads.h"
+#include "src/device/arena.h"
+#include "src/device/device.h"
+#include "src/device/peak_flops.h"
+
+namespace strata {
+namespace {
+
+// The engine keeps this much of the device budget free when "auto" fills it with checkpoints
+// (offload/engine/engine.cpp, device_checkpoint_count).
+constexpr size_t kDeviceMargin = size_t(1) << 20;
+
+// The device rows of the engine's table, gathered into the kinds the plan prints.
+const char* device_kind(const std::string& row) {
+  auto starts = [&](const char* p) { return row.rfind(p, 0) == 0; };
+  if (starts("layer weight slot") || starts("perturbed layer")) return "device layer weight slots";
+  if (starts("perturbed")) return "device head weights (final norm, lm_head)";  // zo-sgd's perturbed copies
+  if (starts("layer forward workspace")) return "device layer workspace";
+  if (starts("lm_head gradient") || starts("layer gradient slot") || starts("final norm gradient"))
+    return "device gradient slots";
+  if (starts("lm_head") || starts("final norm weight")) return "device head weights (final norm, lm_head)";
+  if (starts("layer workspace")) return "device layer workspace";
+  if (starts("LoRA")) return "device LoRA adapters and their gradients";
+  return "device activations and token buffers";
+}
+
+struct Choice {
+  bool optimizer_nvme = false;
+  bool checkpoints_nvme = false;  // the inputs that do not stay on the device go to NVMe
+};
+
+void check_inputs(const PlanInputs& in, const PlanBudgets& b) {
+  STRATA_CHECK(in.micro_batch >= 1 && in.sequence_len >= 1, "micro_batch_size (", in.micro_batch,
+               ") and sequence_len (", in.sequence_len, ") must be at least 1");
+  STRATA_CHECK(in.moments == DType::f32 || in.moments == DType::bf16, "AdamW moments are f32 or bf16, not ",
+               dtype_name(in.moments));
+  STRATA_CHECK(in.save_dtype == DType::f32 || in.save_dtype == DType::bf16, "the export dtype is f32 or bf16, not ",
+               dtype_name(in.save_dtype));
+  STRATA_CHECK(optimizer_state_needs(in.optimizer_kind).moments || in.optimizer != StateTier::nvme,
+               "offload.optimizer = \"nvme\" places AdamW moments, and optim.type = \"",
+               optimizer_kind_name(in.optimizer_kind), "\" keeps none (its fp32 master stays in RAM): set "
+               "offload.optimizer = \"host\"");
+  const char* nvme_dir = " = \"nvme\" needs offload.nvme_path: a directory on an NVMe drive where strata may keep its files";
+  STRATA_CHECK(in.optimizer != StateTier::nvme || !b.nvme_dir.empty(), "offload.optimizer", nvme_dir);
+  STRATA_CHECK(in.checkpoints != CheckpointMode::nvme || !b.nvme_dir.empty(), "offload.checkpoints", nvme_dir);
+}
+
+// The engine's options for plan inputs whose weights are resolved, at group g.
+EngineOptions engine_options_for(const PlanInputs& in, int64_t group) {
+  EngineOptions eo;
+  eo.weights = in.weights;
+  eo.checkpoints = in.checkpoints;
+  eo.recompute = in.recompute;
+  eo.max_batch = in.micro_batch;
+  eo.max_tokens = in.sequence_len;
+  eo.head_chunk_rows = in.head_chunk_rows;
+  eo.lora = in.lora;
+  eo.group = group;
+  return eo;
+}
+
+}  // namespace
+
+EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in,
+                                   int64_t group) {
+  EngineOptions eo = engine_options_for(in, group);
+  if (eo.checkpoints == CheckpointMode::nvme) eo.checkpoints = CheckpointMode::host;  // spilled rows, then moved by the plan
+  // zo-sgd runs its own engine (offload/engine/engine_zo.h): forward passes only, no checkpoints
+  return in.optimizer_kind == OptimizerKind::zo_sgd ? zo_engine_shape(spec, eo) : EngineShape::of(spec, layout, eo);
+}
+
+namespace {
+
+// The plan for one choice of what goes to NVMe; `problems` filled, `changes` not.
+RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets, Choice choice) {
+  RunPlan p;
+  p.budgets = budgets;
+  p.optimizer_on_nvme = choice.optimizer_nvme;
+  auto add = [&](std::string kind, Tier tier, size_t bytes) { p.states.push_back({std::move(kind), tier, bytes}); };
+
+  // The store's tables and the engine's buffer table: the same functions the allocation runs.
+  const HostStoreLayout layout = HostStore::layout(spec);
+  const OptimizerStateNeeds needs = optimizer_state_needs(in.optimizer_kind);
+  const bool zo = in.optimizer_kind == OptimizerKind::zo_sgd;  // its own engine: forward passes only, no checkpoints
+  const EngineShape shape = placement_engine_shape(spec, layout, in, group);
+  const std::vector<EngineBuffer> table = zo ? zo_buffer_table(shape, nullptr) : engine_buffer_table(shape, nullptr);
+  const size_t L = shape.layers, act = shape.activation_bytes();
+  p.layers = L;
+
+  // -- device: the engine's rows, then the checkpoints the engine keeps there
+  std::vector<std::pair<std::string, size_t>> device_rows;
+  for (const EngineBuffer& b : table) {
+    if (b.memory != Memory::device) continue;
+    const std::string kind = device_kind(b.name);
+    auto it = std::find_if(device_rows.begin(), device_rows.end(), [&](auto& r) { return r.first == kind; });
+    if (it == device_rows.end()) device_rows.emplace_back(kind, 0), it = device_rows.end() - 1;
+    it->second += Arena::footprint(b.bytes);
+  }
+  // A CUDA device takes its own workspaces at the first GEMM and loss; the engine leaves them
+  // free (Engine::device_bytes_left), so the plan counts them before the checkpoints and kept rows.
+  const size_t backend_ws = in.device_is_cuda ? cuda_backend_workspace_bytes(shape.C, shape.head_rows) : 0;
+  if (backend_ws) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
+  const size_t device_fixed = engine_device_bytes(table) + backend_ws;
+  if (zo) {
+    // no layer checkpoints: nothing goes back
+  } else if (shape.checkpoints == CheckpointMode::device) {
+    p.device_checkpoints = L;
+  } else if (shape.checkpoints == CheckpointMode::automatic) {
+    const size_t used = device_fixed + kDeviceMargin;
+    const size_t left = budgets.device_bytes == 0 ? SIZE_MAX : budgets.device_bytes > used ? budgets.device_bytes - used : 0;
+    p.device_checkpoints = std::min<size_t>(L, left / (shape.group * Arena::footprint(act)));  // a layer's g inputs
+  }
+  const std::vector<EngineBuffer> ckpt = zo ? std::vector<EngineBuffer>{}
+                                            : engine_checkpoint_table(shape, p.device_checkpoints, nullptr);
+  for (auto& [kind, bytes] : device_rows) add(kind, Tier::device, bytes);
+  if (p.device_checkpoints) add("layer checkpoints (device)", Tier::device, engine_device_bytes(ckpt));
+  if (!zo) {  // offload.recompute: activations kept from what the budget leaves after the checkpoints
+    const size_t used = device_fixed + engine_device_bytes(ckpt) + kDeviceMargin;
+    const size_t left = budgets.device_bytes == 0 ? SIZE_MAX : budgets.device_bytes > used ? budgets.device_bytes - used : 0;
+    p.kept_activation_layers = engine_kept_activation_layers(shape, left);
+    const size_t kept = engine_device_bytes(engine_kept_activation_table(shape, p.kept_activation_layers, nullptr));
+    if (kept) add("kept layer activations (device, no recompute)", Tier::device, kept);
+    p.kept_logit_chunks = engine_kept_logit_chunks(shape, left > kept ? left - kept : 0);
+    if (p.kept_logit_chunks) {
+      const size_t first = shape.head_chunks - p.kept_logit_chunks;
+      p.kept_logit_rows = size_t(shape.V) - first * size_t(shape.head_rows);
+      add("kept lm_head logits (device, no recompute)", Tier::device,
+          engine_device_bytes(engine_kept_logits_table(shape, p.kept_logit_chunks, nullptr)));
+    }
+  }
+  size_t device_total = 0;
+  for (const PlanState& s : p.states) device_total += s.bytes;
+
+  // -- host: the process, the data, the store's arrays, the engine's pinned buffers
+  add("process baseline (code, libraries, tokenizer)", Tier::host, in.baseline_bytes);
+  add("tokenized data rows and order", Tier::host, in.data_bytes);
+  if (in.device_in_host_ram) {
+    add("device arena (CPU backend: process memory)", Tier::host, device_total);
+    const LayerDims& d = shape.layer_capacity;
+    const size_t scratch = cpu_backend_scratch_bytes({d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt});
+    if (scratch) add("CPU kernel scratch (attention inputs, dS, loss tiles, GEMM tiles)", Tier::host, scratch);
+  }
+  const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
+  const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
+  add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
+  const bool frozen = in.lora.enabled();
+  const Tier state_tier = choice.optimizer_nvme ? Tier::nvme : Tier::host;
+  const size_t moments_bytes = needs.moments && !frozen ? 2 * (f32_bytes / 4) * dtype_size(in.moments) : 0;
+  if (frozen) {  // LoRA: nothing for the base beyond its working copy
+    const LoraHostBytes lb = LoraStore::host_bytes(LoraLayout::of(spec, in.lora));
+    add("LoRA adapters: fp32 master, AdamW m and v", Tier::host, lb.state);
+    add("LoRA adapters: gradient and device image", Tier::host_pinned, lb.pinned);
+  } else {
+    if (needs.grads) add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
+    if (spec.matrix_dtype == DType::f32 && in.f32_master_shared)
+      add("fp32 master weights (the f32 working copy)", state_tier, 0);
+    else
+      add("fp32 master weights", state_tier, f32_bytes);
+    if (needs.moments) add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
+  }
+  add(zo ? "pinned staging (embedding outputs)" : "pinned staging (activations, gradients)", Tier::host_pinned,
+      engine_pinned_bytes(table));
+  const size_t spilled = engine_pinned_bytes(ckpt);
+  const bool ckpt_nvme = in.checkpoints == CheckpointMode::nvme || choice.checkpoints_nvme;
+  if (spilled) {
+    (ckpt_nvme ? p.nvme_checkpoints : p.host_checkpoints) = L - p.device_checkpoints;
+    add(ckpt_nvme ? "layer checkpoints (NVMe)" : "layer checkpoints (pinned host)", ckpt_nvme ? Tier::nvme : Tier::host_pinned,
+        spilled);
+    if (ckpt_nvme) {  // the engine's ring of pinned buffers and the spill's file-engine staging
+      add(str_cat("NVMe checkpoint staging (", kSpillRing, " x activations)"), Tier::host_pinned, kSpillRing * act);
+      add("NVMe checkpoint file staging", Tier::host, CheckpointSpill::host_bytes());
+    }
+  }
+  if (choice.optimizer_nvme) {  // the placement's own sizes (offload/state/nvme_state.h): files, window, staging
+    HostStoreOptions so;
+    so.state_on_nvme = true;
+    so.moments = in.moments;
+    const NvmeStateSizes ns = nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared));
+    add("NVMe optimizer pipeline (window of master, m, v ranges; file staging)", Tier::host, ns.host_bytes);
+    const size_t listed = (spec.matrix_dtype == DType::f32 && in.f32_master_shared ? 0 : f32_bytes) + moments_bytes;
+    if (ns.file_bytes > listed) add("NVMe files: each group rounded to whole blocks", Tier::nvme, ns.file_bytes - listed);
+  }
+
+  // -- transients: one phase at a time, so the tier holds the largest
+  size_t max_numel = 0;
+  for (const TensorSpec& r : spec.params.rows()) max_numel = std::max(max_numel, size_t(r.numel()));
+  const size_t tensor_f32 = max_numel * 4;
+  // loading: one tensor converted to f32, plus its mapped file pages (released per tensor; f32
+  // on disk at most)
+  if (in.load_from_dir) p.transients.push_back({"reading the model dir (one tensor)", Tier::host, 2 * tensor_f32});
+  else p.transients.push_back({"weight initialisation (one tensor)", Tier::host, tensor_f32});
+  if (in.resume)  // the same per tensor, plus data_order.bin read whole and its check's bitmap
+    p.transients.push_back({"resuming (one tensor, the data order)", Tier::host,
+                            2 * tensor_f32 + in.data_rows * 8 + in.data_rows / 8 + 8});
+  if (in.device_in_host_ram) {  // the CPU backend measures its GEMM peak (src/device/peak_flops.h)
+    const size_t n2 = size_t(kCpuPeakGemmSize) * kCpuPeakGemmSize;
+    p.transients.push_back({"measuring the CPU GEMM peak (3 matrices)", Tier::host,
+                            n2 * 12 + (spec.matrix_dtype == DType::bf16 ? n2 * 4 : 0)});
+  }
+  const size_t export_bytes =
+      tensor_f32 + (in.save_dtype == DType::f32 ? 0 : std::min(max_numel, kExportChunkElements) * dtype_size(in.save_dtype));
+  p.transients.push_back({"exporting the HF model (one tensor)", Tier::host, export_bytes});
+  p.transients.push_back({"saving a checkpoint (export, then the manifest)", Tier::host,
+                          std::max(export_bytes, kManifestReadBytes)});
+  const auto largest = std::max_element(p.transients.begin(), p.transients.end(),
+                                        [](const PlanState& a, const PlanState& b) { return a.bytes < b.bytes; });
+  add(str_cat("transient buffers (largest: ", largest->kind.substr(0, largest->kind.find(" (")), ")"), Tier::host,
+      largest->bytes);
+
+  for (const PlanState& s : p.states) p.tiers[int(s.tier)] += s.bytes;
+
+  // -- what does not fit
+  const auto& b = budgets;
+  if (b.device_bytes && p.tier(Tier::device) > b.device_bytes)
+    p.problems.push_back(str_cat("the device budget of ", format_bytes(b.device_bytes), " (", b.device_origin,
+                                 ") is too small: this model and micro-batch need at least ",
+                                 format_bytes(p.tier(Tier::device))));
+  if (b.host_bytes && p.host_total() > b.host_bytes)
+    p.problems.push_back(str_cat("host memory needs ", format_bytes(p.host_total()), " (", format_bytes(p.tier(Tier::host_pinned)),
+                                 " of it pinned), more than the budget of ", format_bytes(b.host_bytes), " (",
+                                 b.host_origin, ")"));
+  if (b.nvme_bytes && p.tier(Tier::nvme) > b.nvme_bytes)
+    p.problems.push_back(str_cat("NVMe needs ", format_bytes(p.tier(Tier::nvme)), ", more than offload.nvme_memory (",
+                                 format_bytes(b.nvme_bytes), ")"));
+  return p;
+}
+
+// The decision: everything in RAM (checkpoints on the device first) unless RAM is short and
+// an NVMe directory is given; then master and moments go first, spilled checkpoints next.
+RunPlan decide(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets) {
+  check_inputs(in, budgets);
+  Choice c;
+  c.optimizer_nvme = in.optimizer == StateTier::nvme;
+  RunPlan p = plan_for(spec, in, group, budgets, c);
+  const bool nvme = !budgets.nvme_dir.empty();
+  auto host_short = [&](const RunPlan& q) { return budgets.host_bytes && q.host_total() > budgets.host_bytes; };
+  // a move is kept only when it lowers the host total (NVMe's own buffers can outweigh a small model's state)
+  auto try_move = [&](bool Choice::*what) {
+    Choice moved = c;
+    moved.*what = true;
+    RunPlan q = plan_for(spec, in, group, budgets, moved);
+    if (q.host_total() < p.host_total()) c = moved, p = std::move(q);
+  };
+  if (host_short(p) && nvme && in.optimizer == StateTier::automatic &&
+      optimizer_state_needs(in.optimizer_kind).moments && !in.lora.enabled())
+    try_move(&Choice::optimizer_nvme);
+  if (host_short(p) && nvme && in.checkpoints == CheckpointMode::automatic && p.host_checkpoints)
+    try_move(&Choice::checkpoints_nvme);
+  // the decisions, resolved
+  p.optimizer_kind = in.optimizer_kind;
+  p.lora = in.lora;
+  p.weights = in.weights;
+  p.checkpoints = p.nvme_checkpoints > 0 ? CheckpointMode::nvme : in.checkpoints;
+  p.recompute = in.recompute;
+  p.moments = in.moments;
+  p.micro_batch = in.micro_batch;
+  p.sequence_len = in.sequence_len;
+  p.group = group;
+  p.head_chunk_rows = in.head_chunk_rows;
+  return p;
+}
+
+// What to change when the plan does not fit: each variant planned again, with what it saves on
+// the tiers that are over.
+std::vector<PlanChange> changes_for(const ModelSpec& spec, const PlanInputs& in, int64_t group,
+                                    const PlanBudgets& budgets, const RunPlan& p) {
+  const bool device_over = budgets.device_bytes && p.tier(Tier::device) > budgets.device_bytes;
+  const bool host_over = budgets.host_bytes && p.host_total() > budgets.host_bytes;
+  const bool nvme_over = budgets.nvme_bytes && p.tier(Tier::nvme) > budgets.nvme_bytes;
+  std::vector<PlanChange> out;
+  auto saving = [&](const RunPlan& q) -> size_t {
+    size_t s = 0;
+    if (device_over && q.tier(Tier::device) < p.tier(Tier::device)) s += p.tier(Tier::device) - q.tier(Tier::device);
+    if (host_over && q.host_total() < p.host_total()) s += p.host_total() - q.host_total();
+    return s;
+  };
+  auto try_variant = [&](std::string what, PlanInputs v, PlanBudgets vb) {
+    const RunPlan q = decide(spec, v, group, vb);
+    if (const size_t s = saving(q)) out.push_back({std::move(what), s});
+  };
+  const std::string nvme_dir_hint = budgets.nvme_dir.empty() ? " with offload.nvme_path = a directory on an NVMe drive" : "";
+  PlanBudgets with_nvme = budgets;
+  if (with_nvme.nvme_dir.empty()) with_nvme.nvme_dir = "(offload.nvme_path)";
+  if (host_over && !p.optimizer_on_nvme && optimizer_state_needs(in.optimizer_kind).moments) {
+    PlanInputs v = in;
+    v.optimizer = StateTier::nvme;
+    try_variant(str_cat("set offload.optimizer = \"nvme\"", nvme_dir_hint, " (fp32 master weights and AdamW moments ",
+                        "move to NVMe)"), v, with_nvme);
+  }
+  if ((host_over || nvme_over) && in.moments == DType::f32 && optimizer_state_needs(in.optimizer_kind).moments &&
+      !in.lora.enabled()) {
+    PlanInputs v = in;
+    v.moments = DType::bf16;
+    const RunPlan q = decide(spec, v, group, budgets);
+    const size_t s = saving(q) + (nvme_over && q.tier(Tier::nvme) < p.tier(Tier::nvme) ? p.tier(Tier::nvme) - q.tier(Tier::nvme) : 0);
+    if (s) out.push_back({"set optim.moments_dtype = \"bf16\" (AdamW m and v stored in bf16: 4 bytes per parameter "
+                          "instead of 8)", s});
+  }
+  if (host_over && p.host_checkpoints) {
+    PlanInputs v = in;
+    v.checkpoints = CheckpointMode::nvme;
+    try_variant(str_cat("set offload.checkpoints = \"nvme\"", nvme_dir_hint, " (spilled layer checkpoints move to NVMe)"),
+                v, with_nvme);
+  }
+  if ((device_over || host_over) && in.micro_batch > 1) {
+    PlanInputs v = in;
+    v.micro_batch = std::max<int64_t>(1, in.micro_batch / 2);
+    try_variant(str_cat("lower train.micro_batch_size to ", v.micro_batch, " (raise gradient_accumulation_steps to keep "
+                        "the batch)"), v, budgets);
+  }
+  if ((device_over || host_over) && in.sequence_len > 1) {
+    PlanInputs v = in;
+    v.sequence_len = std::max<int64_t>(1, in.sequence_len / 2);
+    try_variant(str_cat("lower data.sequence_len to ", v.sequence_len), v, budgets);
+  }
+  if (device_over && in.weights == WeightsMode::device) {
+    PlanInputs v = in;
+    v.weights = WeightsMode::stream;
+    try_variant("set offload.weights = \"stream\" (two layer slots on the device instead of every layer)", v, budgets);
+  }
+  if (device_over && in.checkpoints == CheckpointMode::device) {
+    PlanInputs v = in;
+    v.checkpoints = CheckpointMode::automatic;
+    try_variant("set offload.checkpoints = \"auto\" (checkpoints the device cannot hold spill to pinned host memory)", v,
+                budgets);
+  }
+  // The CPU backend's GEMM scratch is per kernel thread: more threads than cores only cost memory
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (host_over && in.device_in_host_ram && cpu_threads_count() > cores) {
+    const EngineShape shape = placement_engine_shape(spec, HostStore::layout(spec), in, group);
+    const LayerDims& d = shape.layer_capacity;
+    const CpuScratchShape sh{d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt};
+    const size_t now = cpu_backend_scratch_bytes(sh), fewer = cpu_backend_scratch_bytes(sh, cores);
+    if (now > fewer)
+      out.push_back({str_cat("lower device.cpu_threads to ", cores, " (this machine's cores; it is ", cpu_threads_count(),
+                             ", and each kernel thread keeps its own GEMM scratch)"), now - fewer});
+  }
+  if (device_over)
+    out.push_back({str_cat("raise device.memory to at least ", format_bytes(p.tier(Tier::device) + kDeviceMargin),
+                           " (a GPU with more memory)"), 0});
+  if (host_over) {
+    // the process baseline (resident set at start) varies by a MiB or so from run to run: the
+    // advice leaves 2% (at least 4 MiB) above this run's total, so following it fits next time
+    const size_t mib = size_t(1) << 20;
+    const size_t advice = (p.host_total() + std::max(p.host_total() / 50, 4 * mib) + mib - 1) / mib * mib;
+    out.push_back({str_cat("raise offload.host_memory to at least ", format_bytes(advice),
+                           " if the machine has the RAM (the plan's host total is ", format_bytes(p.host_total()),
+                           ")"), 0});
+  }
+  if (nvme_over)
+    out.push_back({str_cat("raise offload.nvme_memory to at least ", format_bytes(p.tier(Tier::nvme)),
+                           ", or point offload.nvme_path at a larger drive"), 0});
+  return out;
+}
+
+std::string padded(std::string s, size_t width) {
+  if (s.size() < width) s.resize(width, ' ');
+  return s;
+}
+
+}  // namespace
+
+size_t RunPlan::bytes_of(const std::string& kind) const {
+  for (const PlanState& s : states)
+    if (s.kind == kind) return s.bytes;
+  return 0;
+}
+
+std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInputs& in) {
+  if (in.optimizer_kind != OptimizerKind::adamw)
+    return str_cat("optim.type = \"", optimizer_kind_name(in.optimizer_kind), "\" has no backward to accumulate");
+  if (in.ranks > 1) return "data parallel runs all-reduce each micro-batch's gradient (one rank only in this version)";
+  if (spec.lm_head == kAbsent && !in.lora.enabled())
+    return "a tied lm_head's gradient shares the embedding's rows with every micro-batch's scatter-add, so a sum "
+           "over the step on the device would change the order of the additions";
+  if (in.recompute == RecomputeMode::never)
+    return "offload.recompute = \"never\" keeps one micro-batch's activations per layer, and a layer-major pass "
+           "runs several through each layer";
+  return "";
+}
+
+namespace {
+
+// The micro-batches one engine pass runs (offload.accumulation): k for layer_major (an obstacle
+// is Error(input) naming it), 1 for micro_batch; automatic: k when there is no obstacle and the
+// plan at k fits, else 1.
+int64_t choose_group(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets) {
+  const int64_t k = in.accumulation_steps;
+  if (in.accumulation == AccumulationMode::micro_batch || k <= 1) return 1;
+  const std::string obstacle = placement_layer_major_obstacle(spec, in);
+  if (in.accumulation == AccumulationMode::layer_major) {
+    STRATA_CHECK(obstacle.empty(), "offload.accumulation = \"layer_major\" does not apply here: ", obstacle,
+                 "; set offload.accumulation = \"micro_batch\" or \"auto\"");
+    return k;
+  }
+  return obstacle.empty() && decide(spec, in, k, budgets).fits() ? k : 1;
+}
+
+}  // namespace
+
+RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets) {
+  if (in.weights == WeightsMode::automatic) {
+    PlanInputs resolved = in;
+    placement_resolve_weights(spec, resolved, budgets);
+    return placement_plan(spec, resolved, budgets);
+  }
+  const int64_t group = choose_group(spec, in, budgets);
+  RunPlan p = decide(spec, in, group, budgets);
+  if (!p.fits()) p.changes = changes_for(spec, in, group, budgets, p);
+  return p;
+}
+
+void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const PlanBudgets& budgets) {
+  if (in.weights != WeightsMode::automatic) return;
+  in.weights = WeightsMode::stream;
+  if (in.optimizer_kind == OptimizerKind::zo_sgd) return;  // its engine has no resident mode
+  PlanInputs resident = in;
+  resident.weights = WeightsMode::device;
+  // at one micro-batch per pass: the schedule is chosen after, for the weights chosen here
+  const RunPlan s = decide(spec, in, 1, budgets), d = decide(spec, resident, 1, budgets);
+  const bool no_worse = d.device_checkpoints >= s.device_checkpoints && d.host_checkpoints <= s.host_checkpoints &&
+                        d.nvme_checkpoints <= s.nvme_checkpoints &&
+                        d.kept_activation_layers >= s.kept_activation_layers &&
+                        d.kept_logit_chunks >= s.kept_logit_chunks;
+  if (d.fits() && (no_worse || !s.fits())) in.weights = WeightsMode::device;
+}
+
+HostStoreOptions run_plan_store_options(const RunPlan& plan) {
+  HostStoreOptions so;
+  so.needs = optimizer_state_needs(plan.optimizer_kind);  // zo-sgd: no moments, no gradients
+  so.moments = plan.moments;
+  so.weights_only = plan.lora.enabled();  // LoRA: the base keeps its working copy alone
+  so.state_on_nvme = plan.optimizer_on_nvme;
+  so.nvme_path = plan.budgets.nvme_dir;
+  so.nvme_budget_bytes = plan.budgets.nvme_bytes;
+  return so;
+}
+
+EngineOptions run_plan_engine_options(const RunPlan& plan) {
+  EngineOptions eo;
+  eo.weights = plan.weights;
+  eo.checkpoints = plan.checkpoints;
+  eo.recompute = plan.recompute;
+  eo.nvme_dir = plan.budgets.nvme_dir;
+  eo.nvme_budget_bytes = plan.budgets.nvme_bytes;
+  eo.max_batch = plan.micro_batch;
+  eo.max_tokens = plan.sequence_len;
+  eo.head_chunk_rows = plan.head_chunk_rows;
+  eo.lora = plan.lora;
+  eo.group = plan.group;
+  return eo;
+}
+
+std::string placement_plan_table(const RunPlan& p) {
+  size_t width = 56;  // the kind column, as wide as its longest entry (and a space)
+  for (const PlanState& s : p.states) width = std::max(width, s.kind.size() + 1);
+  std::string out = str_cat(padded("  kind of state", width + 2), padded("tier", 13), "bytes\n");
+  for (const PlanState& s : p.states)
+    out += str_cat("  ", padded(s.kind, width), padded(tier_name(s.tier), 13), format_bytes(s.bytes), "\n");
+  out += "  transient phases (one at a time):";
+  for (const PlanState& t : p.transients) out += str_cat(" ", t.kind, " ", format_bytes(t.bytes), ";");
+  out.back() = '\n';
+  auto of = [](size_t budget) { return budget ? str_cat(" of ", format_bytes(budget)) : std::string(); };
+  out += str_cat("  totals: device ", format_bytes(p.tier(Tier::device)), of(p.budgets.device_bytes), ", host ",
+                 format_bytes(p.host_total()), of(p.budgets.host_bytes), " (", format_bytes(p.tier(Tier::host_pinned)),
+                 " pinned), nvme ", format_bytes(p.tier(Tier::nvme)), of(p.budgets.nvme_bytes), "\n");
+  out += str_cat("  layer checkpoints: ", p.device_checkpoints, " on the device, ", p.host_checkpoints, " in pinned host, ",
+                 p.nvme_checkpoints, " on NVMe (of ", p.layers, "); activations kept (no recompute) for ",
+                 p.kept_activation_layers, " layers, lm_head logits for ", p.kept_logit_chunks, " chunks\n");
+  return out;
+}
+
+void placement_plan_check(const RunPlan& p) {
+  if (p.fits()) return;
+  std::string msg = "the run does not fit:";
+  for (const std::string& problem : p.problems) msg += "\n  " + problem;
+  msg += "\nThe plan:\n" + placement_plan_table(p) + "What to change:";
+  for (const PlanChange& c : p.changes)
+    msg += str_cat("\n  - ", c.what, c.saves_bytes ? str_cat(": saves ", format_bytes(c.saves_bytes)) : std::string());
+  STRATA_CHECK_BUDGET(false, msg);
+}
+
+nlohmann::json placement_plan_json(const RunPlan& p) {
+  nlohmann::json tiers = nlohmann::json::object();
+  for (Tier t : {Tier::device, Tier::host, Tier::host_pinned, Tier::nvme}) tiers[tier_name(t)] = p.tier(t);
+  nlohmann::json states = nlohmann::json::array();
+  for (const PlanState& s : p.states) states.push_back({{"kind", s.kind}, {"tier", tier_name(s.tier)}, {"bytes", s.bytes}});
+  return {{"tiers", tiers}, {"states", states}};
+}
+
+void placement_host_budget(PlanBudgets& b, size_t host_memory_bytes, const std::string& host_memory) {
+  if (host_memory_bytes > 0) {
+    b.host_bytes = host_memory_bytes;
+    b.host_origin = str_cat("offload.host_memory = \"", host_memory, "\"");
+  } else {
+    b.host_bytes = host_memory_available();
+    b.host_origin = "the machine's available memory (MemAvailable in /proc/meminfo; offload.host_memory is unset)";
+  }
+}
+
+namespace {
+
+// The largest value in [1, limit] for which fits(value) holds, fits being monotone; 0 if none.
+template <class F>
+int64_t largest_fitting(int64_t limit, F&& fits) {
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;
+  while (hi <= limit && fits(hi)) lo = hi, hi *= 2;
+  hi = std::min(hi, limit + 1);  // fits(lo), !fits(hi) (or hi beyond the limit)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+}  // namespace
+
+int64_t placement_max_micro_batch(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets, int64_t limit) {
+  return largest_fitting(limit, [&](int64_t b) {
+    in.micro_batch = b;
+    return placement_plan(spec, in, budgets).fits();
+  });
+}
+
+int64_t placement_max_sequence_len(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets, int64_t limit) {
+  return largest_fitting(limit, [&](int64_t t) {
+    in.sequence_len = t;
+    return placement_plan(spec, in, budgets).fits();
+  });
+}
+
+}  // namespace strata

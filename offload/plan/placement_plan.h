@@ -1,0 +1,195 @@
+// The placement plan (DESIGN §2, §8a): ONE function from the model's tensor table, the run's
+// plan inputs and the budgets (device, host, NVMe) to the tier and byte count of every kind of
+// state a training run holds. The trainer calls it before anything large is allocated (and
+// checks what the store and the engine then allocate against it); `strata estimate` calls the
+// same function and allocates nothing.
+//
+// Where each kind of state goes, by how often it is touched:
+//   working weights (read twice per micro-batch), fp32 gradients (every micro-batch)  pinned host
+//   fp32 master, AdamW moments (once per optimizer step)      host, or NVMe when RAM is short
+//                                                              ("auto" with an NVMe dir) or asked
+//   (zo-sgd: working weights and the master alone, in RAM; the zeroth-order engine's device rows)
+//   layer-input checkpoints                                    device while the device budget
+//                                                              allows, then pinned host, then NVMe
+//   device slots, workspace, pinned staging                   the engine's buffer table
+//                                                              (offload/stream/engine_buffers.h), read
+//                                                              row by row: no second model of them
+// In f32 compute mode the master copy is the working copy (one f32 array, counted once).
+//
+// Peaks, not sums: loading weights, resuming, saving and exporting allocate transient buffers
+// at different moments, so a tier's total is its resident states plus the LARGEST transient;
+// `transients` lists each phase, and one "transient buffers" state carries the largest.
+// The host tiers (host + host_pinned) are the process's whole resident set at its peak: the
+// process baseline (code, libraries, tokenizer: VmRSS measured at plan time), the tokenized
+// rows, and on the CPU backend the device arena itself, which lives in process memory.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/model_spec.h"
+#include "offload/stream/engine_buffers.h"
+#include "offload/modes.h"
+#include "offload/state/lora.h"
+#include "offload/state/model_io.h"
+#include "offload/state/store_layout.h"
+#include "src/core/tensor.h"
+
+namespace strata {
+
+// What the plan is computed for: the recipe's placement keys and shapes, typed (the recipe's
+// strings are parsed once, src/recipe/recipe_plan.h). `automatic` values are the plan's to decide.
+struct PlanInputs {
+  WeightsMode weights = WeightsMode::stream;            // offload.weights (automatic: the plan resolves it)
+  CheckpointMode checkpoints = CheckpointMode::automatic;  // offload.checkpoints
+  RecomputeMode recompute = RecomputeMode::automatic;   // offload.recompute
+  StateTier optimizer = StateTier::automatic;           // offload.optimizer (master + moments)
+  // optim.type. It says which host arrays exist (optimizer_state_needs, offload/state/store_layout.h:
+  // zo-sgd holds no moments and no gradients) and whose buffer table the device rows come from
+  // (zo-sgd: the zeroth-order engine's, offload/engine/engine_zo.h; no checkpoints).
+  OptimizerKind optimizer_kind = OptimizerKind::adamw;
+  DType moments = DType::f32;        // AdamW m and v
+  // Rows per micro-batch as the engine sees them (a preference objective's pairs: 2 per pair).
+  int64_t micro_batch = 1, sequence_len = 1;
+  // offload.accumulation over gradient_accumulation_steps micro-batches per step: layer_major runs
+  // them through each layer together (the engine holds g = steps of every per-micro-batch buffer
+  // and g checkpoints per layer: EngineOptions::group); micro_batch one at a time; automatic:
+  // layer_major where it applies (placement_layer_major_obstacle) and fits.
+  AccumulationMode accumulation = AccumulationMode::micro_batch;
+  int64_t accumulation_steps = 1;
+  int ranks = 1;                     // data-parallel ranks (layer-major: one rank only)
+  int64_t head_chunk_rows = 0;       // 0: the engine's default (EngineOptions::head_chunk_rows)
+  DType save_dtype = DType::bf16;    // checkpoint.save_dtype: the HF export's dtype
+  bool load_from_dir = false;        // weights are read from safetensors (else initialised)
+  bool resume = false;               // a checkpoint's optimizer state is read at start
+  // f32 compute mode: true counts the master copy as the working copy (one f32 array); false
+  // counts a separate f32 master, for a host store that still keeps two.
+  bool f32_master_shared = true;
+  bool device_in_host_ram = false;   // the CPU backend: the device arena is process memory, and
+                                     // the MFU peak is measured with GEMMs in process memory
+  bool device_is_cuda = false;       // a CUDA device: its own cuBLAS and lm_head_ce workspaces
+                                     // come out of the budget too (cuda_backend_workspace_bytes)
+  size_t baseline_bytes = 0;         // the process before the plan's allocations (VmRSS)
+  size_t data_bytes = 0;             // tokenized rows and the data order, held all run
+  size_t data_rows = 0;              // rows in the data order (resume reads them back)
+  // LoRA (offload/state/lora.h; r > 0): the base is frozen — its working copy alone on the host, no
+  // gradient, master or moments — and the adapters' state is listed instead.
+  LoraOptions lora;
+};
+
+struct PlanBudgets {
+  size_t device_bytes = 0;   // the device arena; 0: not checked
+  size_t host_bytes = 0;     // host + host_pinned; 0: not checked
+  std::string device_origin = "device.memory", host_origin = "offload.host_memory";  // for messages
+  std::string nvme_dir;      // offload.nvme_path; "": no NVMe tier
+  size_t nvme_bytes = 0;     // offload.nvme_memory; 0 with a dir: not checked
+};
+
+struct PlanState {
+  std::string kind;  // "working weights (bf16)", ...
+  Tier tier = Tier::host;
+  size_t bytes = 0;
+};
+
+struct PlanChange {
+  std::string what;      // "set offload.optimizer = \"nvme\" ...": a recipe change
+  size_t saves_bytes = 0;  // what it takes off the tier that is over its budget
+};
+
+// The NVMe tier's RAM comes from the NVMe code's own sizes: nvme_state_sizes (offload/state/nvme_state.h:
+// the window of master, m, v ranges and the file engine's staging) and, for checkpoints, the
+// engine's kSpillRing pinned buffers plus CheckpointSpill::host_bytes().
+// The HF export's conversion buffer: kExportChunkElements (offload/state/model_io.h).
+// The checkpoint manifest reads files back through a buffer this large (io/checksum.cpp).
+inline constexpr size_t kManifestReadBytes = size_t(4) << 20;
+
+// The resolved plan: every decision of the run, typed, and what each kind of state costs where.
+// The host store (run_plan_store_options) and the engines (run_plan_engine_options,
+// offload/plan/run_engines.h) are built from it alone.
+struct RunPlan {
+  // -- the decisions (no `automatic` left but the engine behaviours of CheckpointMode and
+  //    RecomputeMode, offload/modes.h)
+  OptimizerKind optimizer_kind = OptimizerKind::adamw;  // AdamW (LoRA: on the adapters) or ZO-SGD
+  LoraOptions lora;                   // r > 0: LoRA-AdamW, the base frozen
+  WeightsMode weights = WeightsMode::stream;  // stream | device
+  CheckpointMode checkpoints = CheckpointMode::automatic;  // nvme when the plan spilled them there
+  RecomputeMode recompute = RecomputeMode::automatic;
+  DType moments = DType::f32;
+  int64_t micro_batch = 1, sequence_len = 1;  // the engine's capacity (rows, tokens per row)
+  int64_t group = 1;                  // micro-batches per engine pass: k layer-major, 1 micro_batch
+  int64_t head_chunk_rows = 0;        // 0: the engine's default
+  // -- what each kind of state costs, and where
+  std::vector<PlanState> states;      // every kind of state, transient buffers as one row per tier
+  std::vector<PlanState> transients;  // each transient phase (loading, resuming, saving, exporting)
+  size_t tiers[kTierCount] = {};      // per tier: the sum of its states (peak)
+  size_t layers = 0;
+  size_t device_checkpoints = 0, host_checkpoints = 0, nvme_checkpoints = 0;  // layer inputs
+  size_t kept_activation_layers = 0;  // layers whose activations stay on the device (no recompute)
+  size_t kept_logit_chunks = 0;       // lm_head chunks whose logits stay on the device likewise
+  size_t kept_logit_rows = 0;         // the vocab rows of those chunks
+  bool optimizer_on_nvme = false;     // master + moments on NVMe (nvme_dir below)
+  PlanBudgets budgets;                // and with them the NVMe directory and its budget
+  std::vector<std::string> problems;  // what does not fit (empty: it fits)
+  std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
+
+  bool fits() const { return problems.empty(); }
+  size_t tier(Tier t) const { return tiers[int(t)]; }
+  size_t host_total() const { return tier(Tier::host) + tier(Tier::host_pinned); }
+  size_t bytes_of(const std::string& kind) const;  // 0 when absent
+};
+
+// The engine's buffer shape for these inputs (the checkpoint mode before the plan moves spilled
+// rows to NVMe): what the plan sizes the device and staging from, and the step estimate's
+// transfer count walks.
+EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in,
+                                   int64_t group);
+
+// The plan. Bad plan inputs (an unknown mode, NVMe asked for without a directory) are
+// Error(input); a plan that does not fit is returned with `problems` and `changes` filled.
+// weights = automatic is resolved as placement_resolve_weights does, then the accumulation
+// schedule (automatic: layer-major when it applies and its plan fits, else micro_batch).
+RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets);
+
+// offload.weights = automatic: device (every layer resident, so only the optimizer's updates
+// cross the link, once per step) when that plan fits and keeps as much on the device as the
+// streamed plan does (the same layer checkpoints, kept activations and kept logits: residency
+// then costs no recompute and no spilling); else "stream". zo-sgd streams (its engine has no
+// resident mode). Other values are left as they are.
+void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const PlanBudgets& budgets);
+
+// Why a layer-major schedule does not apply to these inputs ("" when it does): zo-sgd, several
+// ranks, recompute = never, or a tied lm_head outside LoRA mode (its gradient shares the
+// embedding's rows with each micro-batch's scatter, so summing it on the device would change the
+// sums' order).
+std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInputs& in);
+
+// The host store's and the engine's options for a plan (the store: the optimizer's arrays, their
+// tier and NVMe directory; the engine: modes, capacity, schedule, LoRA).
+HostStoreOptions run_plan_store_options(const RunPlan& plan);
+EngineOptions run_plan_engine_options(const RunPlan& plan);
+
+// Throws Error(budget) (exit 3) when the plan does not fit: what does not fit, the plan's table
+// and what to change, each with the bytes it saves.
+void placement_plan_check(const RunPlan& plan);
+
+// The table printed at training start: kind of state -> tier -> bytes, then the tier totals.
+std::string placement_plan_table(const RunPlan& plan);
+
+// plan.json: {"tiers": {"device", "host", "host_pinned", "nvme"}, "states": [{"kind", "tier", "bytes"}]}
+nlohmann::json placement_plan_json(const RunPlan& plan);
+
+// The host budget: offload.host_memory when set (bytes > 0), else the machine's MemAvailable.
+// Sets budgets.host_bytes and host_origin.
+void placement_host_budget(PlanBudgets& budgets, size_t host_memory_bytes, const std::string& host_memory);
+
+// The largest micro_batch_size (at in.sequence_len) and sequence_len (at in.micro_batch) whose
+// plan fits; 0 when even 1 does not. Searched up to `limit`.
+int64_t placement_max_micro_batch(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
+                                  int64_t limit = 1 << 16);
+int64_t placement_max_sequence_len(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
+                                   int64_t limit = 1 << 22);
+
+}  // namespace strata

@@ -1,0 +1,137 @@
+// The step-time estimate of `strata estimate` (DESIGN §8c): a roofline of the schedule strata
+// really runs (DESIGN §3), priced with a device's matrix FLOP/s, the host link, NVMe and the
+// CPU AdamW rate. The bytes come from the placement plan (offload/plan/placement_plan.h): which
+// checkpoints spill, whether master and moments live on NVMe; the FLOPs from the model table.
+//
+// Bytes per optimizer step (step_bytes): the engine's transfers walked in its order
+// (offload/engine/engine.cpp) — token ids, the embedding output, every weight upload the engine's slot
+// cache does not skip (streamed weights twice per pass — one micro-batch, or the step's k with
+// offload.accumulation = "layer_major" (PlanInputs::group) — less the two layers still in
+// their slots at the turn, resident weights once per optimizer step), checkpoints spilled and
+// fetched back, each layer's f32 gradient, the lm_head gradient, d x0 and the loss; NVMe: the
+// spilled checkpoints written and read, master + m + v read and written once per step.
+//
+// Time per optimizer step (k micro-batches):
+//   compute    the device's work per micro-batch (DeviceWork: the GEMMs with the backward's
+//              recompute, attention, memory-bound ops, the lm_head), each kind at its rate
+//   link       the slower direction's bytes over the link (h2d and d2h overlap: full duplex)
+//   nvme       spilled checkpoints, and master + m + v when they live on NVMe
+//   optimizer  CPU AdamW over every parameter
+//   host       the host's gradient accumulation (and, on the CPU backend, the link's memcpy), and
+//              the crc32c of every NVMe block read or written (the file engine's I/O thread)
+// On a GPU the device, the link, NVMe and the host run side by side: step = max(k x compute,
+// link, nvme checkpoints, host) + what of max(optimizer, nvme state) exceeds one forward (the
+// update overlaps the next step's forward). On the CPU backend the device IS the host's cores:
+// compute, accumulation, AdamW and the copies' memcpy share them and add up; a throttled link
+// and NVMe still overlap, the optimizer's NVMe state with the last micro-batch's backward (each
+// group's update starts as its gradient lands; the next forward waits for layer 0's, the last):
+// step = max(compute + host + optimizer + what of the state's NVMe time exceeds that backward,
+// link, nvme). Compute is the device's work by kind (DeviceWork),
+// each at its rate: on the CPU backend every kind has its own (strata estimate --measure measures
+// them at the model's shapes, --rates-from takes them from a run's op_s).
+// The bottleneck is the largest component.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/model_spec.h"
+#include "offload/plan/placement_plan.h"
+
+namespace strata {
+
+// A GPU as the estimate sees it: its datasheet dense peak (src/device/peak_flops.h's table),
+// memory and host link (per direction).
+struct GpuSpec {
+  std::string name;            // "H100 SXM"
+  std::string datasheet_name;  // the CUDA device name gpu_datasheet_peak matches
+  size_t memory_bytes = 0;
+  double link_bytes_per_s = 0;
+  std::string link;            // "PCIe 5.0 x16"
+};
+
+const std::vector<GpuSpec>& gpu_specs();
+// By name, case- and space-insensitive ("h100-sxm", "RTX 4090", "a100 80gb"); nullopt if unknown.
+std::optional<GpuSpec> gpu_spec_find(const std::string& name);
+
+// What the device executes, by the kind of work each rate of StepRates prices: the layers'
+// GEMMs, their causal attention, their memory-bound ops, the lm_head's fused logits +
+// cross-entropy. Counted for the forward, the backward's recompute of it, and the backward.
+struct DeviceWork {
+  double matmul_flops = 0;       // 8 per matrix parameter per token: 2 forward, 2 recompute, 2 dX, 2 dW
+  double attention_flops = 0;    // the CPU kernel's products over its 64 x 64 causal tiles: Q K^T and P V
+                                 // forward (twice, with the recompute), then Q K^T, dO V^T, dV, dK and
+                                 // dQ in the portable backward's one pass (the two-pass backwards,
+                                 // 7 products, run at a rate a measurement folds this count into)
+  double elementwise_bytes = 0;  // norms, RoPE, SwiGLU, residual adds, bf16 casts: f32 bytes read and
+                                 // written forward, counted 4 times (forward, recompute, backward ~2x)
+  double head_flops = 0;         // lm_head logits: 2 forward (statistics), 2 recompute, 2 dX, 2 dW per parameter
+  DeviceWork& operator+=(const DeviceWork& o);
+  DeviceWork operator*(double s) const;
+};
+// One decoder layer (every layer has the same shapes) on a micro-batch of B rows of T tokens.
+DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T);
+// The forward's share of a layer's work (what a layer whose activations are kept does not recompute).
+DeviceWork layer_forward_work(const DeviceWork& layer);
+// Every layer's work, less the recompute of the `kept_layers` whose activations stay on the device
+// (offload.recompute, RunPlan::kept_activation_layers).
+DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers);
+// The lm_head over `rows` vocab rows at N tokens.
+// kept_rows of the rows keep their logits from the statistics pass (offload.recompute,
+// RunPlan::kept_logit_rows): 6 FLOPs per parameter per token instead of 8.
+DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows, int64_t kept_rows);
+
+// The defaults are assumptions (a PCIe 4 NVMe drive, one CPU socket's AdamW and memory
+// bandwidth); `strata estimate --measure` replaces them with this host's figures.
+struct StepRates {
+  double device_flops_per_s = 0;        // dense matmul peak for the model's dtype
+  double link_bytes_per_s = 0;          // host <-> device, per direction
+  double nvme_read_bytes_per_s = 1.5e9;
+  double nvme_write_bytes_per_s = 2.0e9;
+  double adamw_params_per_s = 1.0e9;    // CPU AdamW over f32 master, m, v (and the working copy)
+  double host_bytes_per_s = 50e9;       // host memory bandwidth (accumulation, memcpy)
+  double checksum_bytes_per_s = 8e9;    // crc32c on one core: every NVMe block is summed when written, checked when read
+  double mfu_peak_flops_per_s = 0;      // MFU's denominator; 0: device_flops_per_s
+  // The CPU backend's own rates, measured at the model's shapes (strata estimate --measure runs a
+  // layer's forward and backward and an lm_head chunk on a CPU device): device_flops_per_s is then
+  // its GEMMs' rate. 0: attention and the head at device_flops_per_s, memory-bound ops unpriced
+  // (on a GPU they are small beside the GEMMs).
+  double attention_flops_per_s = 0;
+  double head_flops_per_s = 0;
+  double elementwise_bytes_per_s = 0;
+};
+
+// What one optimizer step moves, in bytes (the engine's counters: metrics.jsonl's link_bytes =
+// h2d + d2h, nvme_read_bytes, nvme_write_bytes).
+struct StepBytes {
+  double h2d = 0, d2h = 0;
+  double checkpoint_write = 0, checkpoint_read = 0;  // activation checkpoints on NVMe
+  double state = 0;                                  // master, m, v on NVMe: read once, written once
+  double link() const { return h2d + d2h; }
+  double nvme_read() const { return checkpoint_read + state; }
+  double nvme_write() const { return checkpoint_write + state; }
+};
+
+StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, int64_t grad_accum);
+
+struct StepEstimate {
+  double seconds = 0, tokens_per_s = 0, mfu = 0;
+  std::string bottleneck;                     // "compute" | "link" | "nvme" | "optimizer" | "host"
+  std::map<std::string, double> components;   // name -> seconds per optimizer step
+  std::map<std::string, double> compute_parts;  // compute by kind: matmul, attention, elementwise, head
+  double model_flops_per_token = 0;           // for MFU (no recompute)
+  StepBytes bytes;
+};
+
+// Model FLOPs of one token's forward + backward at context T (as the trainer's MFU counts them).
+double model_flops_per_token(const ModelSpec& spec, int64_t T);
+
+// in.optimizer_kind = zo_sgd: the zeroth-order step instead (zo_perturbations = optim.zo_perturbations):
+// q x grad_accum dual forwards, each max(two forward passes, the weights once over the link),
+// plus the host ZO-SGD update beyond what one dual forward hides.
+StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan,
+                           int64_t grad_accum, const StepRates& rates, int64_t zo_perturbations = 1);
+
+}  // namespace strata

@@ -1,0 +1,315 @@
+#include "offload/state/host_store.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#ifdef STRATA_HAVE_NUMA
+#include <numa.h>
+#endif
+
+#include <vector>
+
+#include "offload/state/nvme_state.h"
+#include "src/core/bf16.h"
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+// With several NUMA nodes the host arrays are interleaved across them before first touch, so
+// the optimizer's streaming passes draw on every node's memory bandwidth; with one node (or no
+// libnuma) placement is left to the OS, said once.
+void numa_place(void* p, size_t bytes) {
+  static std::once_flag said;
+#ifdef STRATA_HAVE_NUMA
+  if (numa_available() >= 0 && numa_num_configured_nodes() > 1) {
+    numa_interleave_memory(p, bytes, numa_all_nodes_ptr);
+    std::call_once(said, [] {
+      std::fprintf(stderr, "strata: host store interleaved across %d NUMA nodes\n", numa_num_configured_nodes());
+    });
+    return;
+  }
+#endif
+  (void)p;
+  (void)bytes;
+  std::call_once(said, [] { std::fprintf(stderr, "strata: one NUMA node; host placement left to the OS\n"); });
+}
+
+void* alloc_host_bytes(size_t size, const char* what) {
+  const size_t bytes = std::max<size_t>((size + 4095) / 4096 * 4096, 4096);
+  void* p = std::aligned_alloc(4096, bytes);
+  STRATA_CHECK_BUDGET(p, "cannot allocate ", format_bytes(size), " of host memory for ", what,
+                      ": the model's optimizer state does not fit in RAM; place it on NVMe "
+                      "(offload.optimizer = \"nvme\" with offload.nvme_path) or use a smaller model");
+  numa_place(p, bytes);
+  std::memset(p, 0, size);
+  return p;
+}
+
+// bf16 moments are read and written through f32 in pieces of this many elements (64 KiB of bf16).
+constexpr size_t kStateConvertElements = size_t(1) << 15;
+
+}  // namespace
+
+HostStoreLayout HostStore::layout(const ModelSpec& spec) {
+  // groups: embed | layer 0 .. L-1 | head (final norm, lm_head) — the spec's row order
+  HostStoreLayout l;
+  const auto& rows = spec.params.rows();
+  auto group_of = [&](size_t r) -> std::string {
+    const std::string& n = rows[r].name;
+    if (n.rfind("model.layers.", 0) == 0) return "layer." + n.substr(13, n.find('.', 13) - 13);
+    if (n == "model.embed_tokens.weight") return "embed";
+    return "head";
+  };
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::string g = group_of(r);
+    if (l.groups.empty() || l.groups.back().name != g) l.groups.push_back(ParamGroup{g, r, r});
+    STRATA_ASSERT(l.groups.back().name == g);
+    l.groups.back().end_row = r + 1;
+    l.working.add(TensorSpec{rows[r].name, rows[r].shape, rows[r].dtype, Tier::host_pinned});
+    l.f32.add(TensorSpec{rows[r].name, rows[r].shape, DType::f32, Tier::host});
+  }
+  STRATA_ASSERT(l.groups.size() == spec.layers.size() + 2 && l.groups.front().name == "embed" &&
+                l.groups.back().name == "head", "unexpected parameter order");
+  l.working.layout(Tier::host_pinned);
+  l.f32.layout(Tier::host);
+  for (auto& g : l.groups) {
+    g.working_offset = l.working[g.first_row].offset;
+    g.f32_offset = l.f32[g.first_row].offset;
+    const TensorSpec& last_w = l.working[g.end_row - 1];
+    const TensorSpec& last_f = l.f32[g.end_row - 1];
+    g.working_bytes = last_w.offset + last_w.bytes() - g.working_offset;
+    g.f32_bytes = last_f.offset + last_f.bytes() - g.f32_offset;
+  }
+  return l;
+}
+
+namespace {
+
+// f32 compute mode: every working row is f32, so the working arena has the f32 table's layout
+// and serves as the master copy.
+bool working_is_f32(const HostStoreLayout& l) {
+  for (size_t r = 0; r < l.working.size(); ++r)
+    if (l.working[r].dtype != DType::f32) return false;
+  return true;
+}
+
+}  // namespace
+
+HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOptions& options) {
+  const HostStoreLayout l = layout(spec);
+  const size_t f32_bytes = l.f32.tier_bytes(Tier::host);
+  const bool aliased = working_is_f32(l);
+  HostMemoryEstimate e;
+  e.working = l.working.tier_bytes(Tier::host_pinned);
+  if (options.weights_only) return e;
+  e.master = aliased || options.state_on_nvme ? 0 : f32_bytes;
+  e.moments = options.state_on_nvme || !options.needs.moments ? 0 : 2 * f32_bytes / 4 * dtype_size(options.moments);
+  e.grads = options.needs.grads ? f32_bytes : 0;
+  if (options.state_on_nvme) {
+    const NvmeStateSizes n = nvme_state_sizes(l, options, !aliased);
+    e.nvme_buffers = n.host_bytes;
+    e.nvme = n.file_bytes;
+  }
+  return e;
+}
+
+HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions& options)
+    : dev_(dev), spec_(spec), options_(options) {
+  STRATA_CHECK(options_.moments == DType::f32 || options_.moments == DType::bf16, "AdamW moments are f32 or bf16, not ",
+               dtype_name(options_.moments));
+  STRATA_CHECK(!options_.state_on_nvme || options_.needs.moments, "offload.optimizer = \"nvme\" places AdamW "
+               "moments on NVMe, and this optimizer keeps none (its fp32 master stays in RAM): set offload.optimizer "
+               "= \"host\"");
+  HostStoreLayout l = layout(spec_);
+  master_is_working_ = working_is_f32(l);
+  working_ = std::move(l.working);
+  f32_ = std::move(l.f32);
+  groups_ = std::move(l.groups);
+  for (size_t r = 0; master_is_working_ && r < f32_.size(); ++r)
+    STRATA_ASSERT(working_[r].offset == f32_[r].offset, "f32 working and master tables differ at ", f32_[r].name);
+  const size_t working_bytes = working_.tier_bytes(Tier::host_pinned);
+  const size_t n = f32_floats();
+  // pinned where the device can pin it; a fallback to pageable memory counts as host
+  auto account = [&](const void* p, size_t bytes) { (dev_.host_is_pinned(p) ? pinned_bytes_ : host_bytes_) += bytes; };
+  working_data_ = static_cast<char*>(dev_.alloc_pinned(working_bytes));
+  account(working_data_, working_bytes);
+  std::memset(working_data_, 0, working_bytes);
+  if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
+  if (options_.weights_only) return;
+  try {
+    if (options_.needs.grads) {
+      grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
+      account(grad_, n * 4);
+      std::memset(grad_, 0, n * 4);
+    }
+    if (options_.state_on_nvme) {
+      placement_ = std::make_unique<NvmeStatePlacement>(HostStoreLayout{working_, f32_, groups_}, options_,
+                                                         master_is_working_ ? master_ : nullptr);
+      host_bytes_ += placement_->host_bytes();
+      return;
+    }
+    if (!master_is_working_) {
+      master_ = static_cast<float*>(alloc_host_bytes(n * 4, "master weights"));
+      host_bytes_ += n * 4;
+    }
+    if (options_.needs.moments) {
+      const size_t moment_bytes = n * dtype_size(options_.moments);
+      m_ = alloc_host_bytes(moment_bytes, "AdamW first moments");
+      v_ = alloc_host_bytes(moment_bytes, "AdamW second moments");
+      host_bytes_ += 2 * moment_bytes;
+    }
+    placement_ = std::make_unique<RamStatePlacement>(*this);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+namespace {
+size_t page_round(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+}  // namespace
+
+// working | master (unless it is the f32 working copy) | m | v | grad, each starting on a page.
+size_t HostStore::shared_bytes(const ModelSpec& spec) {
+  const HostStoreLayout l = layout(spec);
+  const size_t f32_arrays = working_is_f32(l) ? 3 : 4;
+  return page_round(l.working.tier_bytes(Tier::host_pinned)) + f32_arrays * page_round(l.f32.tier_bytes(Tier::host));
+}
+
+HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(dev), spec_(spec), shared_(true) {
+  HostStoreLayout l = layout(spec_);
+  master_is_working_ = working_is_f32(l);
+  working_ = std::move(l.working);
+  f32_ = std::move(l.f32);
+  groups_ = std::move(l.groups);
+  char* p = static_cast<char*>(shared);
+  working_data_ = p;
+  p += page_round(working_.tier_bytes(Tier::host_pinned));
+  if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
+  std::vector<void**> arrays = {&m_, &v_, reinterpret_cast<void**>(&grad_)};  // f32 moments (options_ default)
+  if (!master_is_working_) arrays.insert(arrays.begin(), reinterpret_cast<void**>(&master_));
+  for (void** a : arrays) {
+    *a = p;
+    p += page_round(f32_floats() * 4);
+  }
+  host_bytes_ = shared_bytes(spec_);
+  placement_ = std::make_unique<RamStatePlacement>(*this);
+}
+
+void HostStore::release() {
+  placement_.reset();  // first: the NVMe placement finishes its I/O and removes its files
+  if (shared_) {       // the caller's memory
+    master_ = grad_ = nullptr;
+    m_ = v_ = nullptr;
+    working_data_ = nullptr;
+    return;
+  }
+  if (!master_is_working_) std::free(master_);
+  std::free(m_);
+  std::free(v_);
+  dev_.free_pinned(working_data_);
+  if (grad_) dev_.free_pinned(grad_);
+  master_ = grad_ = nullptr;
+  m_ = v_ = nullptr;
+  working_data_ = nullptr;
+}
+
+HostStore::~HostStore() { release(); }
+
+void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const {
+  STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
+  STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
+  STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
+  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
+  if (es == 4) {
+    placement_->read(a, at, dst, size_t(count) * 4);
+    return;
+  }
+  // bf16 moments: read, then widen (exact), a bounded piece at a time (no transient the plan misses)
+  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
+  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
+    const size_t len = std::min(narrow.size(), size_t(count) - k);
+    placement_->read(a, at + k * es, narrow.data(), len * es);
+    dtype_convert(dst + k, DType::f32, narrow.data(), DType::bf16, len);
+  }
+}
+
+void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
+  STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
+  STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
+  STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
+  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
+  if (es == 4) {
+    placement_->write(a, at, src, size_t(count) * 4);
+    return;
+  }
+  // bf16 moments: round to nearest even, then write, a bounded piece at a time
+  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
+  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
+    const size_t len = std::min(narrow.size(), size_t(count) - k);
+    dtype_convert(narrow.data(), DType::bf16, src + k, DType::f32, len);
+    placement_->write(a, at + k * es, narrow.data(), len * es);
+  }
+}
+
+void HostStore::set_param(size_t row, const float* values) {
+  const int64_t n = f32_[row].numel();
+  if (!master_is_working_ && !options_.weights_only) write_state(StateArray::master, row, 0, n, values);
+  dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, size_t(n));
+}
+
+void HostStore::get_param(size_t row, float* values) const {
+  if (options_.weights_only) {  // the working copy is all there is
+    dtype_convert(values, DType::f32, working_data_ + working_[row].offset, working_[row].dtype, size_t(f32_[row].numel()));
+    return;
+  }
+  read_state(StateArray::master, row, 0, f32_[row].numel(), values);
+}
+
+const char* state_array_name(StateArray a) {
+  switch (a) {
+    case StateArray::master: return "master";
+    case StateArray::m: return "exp_avg";
+    case StateArray::v: return "exp_avg_sq";
+  }
+  return "?";
+}
+
+char* RamStatePlacement::array(StateArray a) const {
+  switch (a) {
+    case StateArray::master: return reinterpret_cast<char*>(store_.master());
+    case StateArray::m: return static_cast<char*>(store_.m());
+    case StateArray::v: return static_cast<char*>(store_.v());
+  }
+  return nullptr;
+}
+
+std::vector<StateRange> RamStatePlacement::ranges(size_t group) const {
+  const ParamGroup& g = store_.groups()[group];
+  return {StateRange{g.f32_offset, g.f32_offset + g.f32_bytes}};
+}
+
+GroupState RamStatePlacement::acquire(size_t group, size_t range) {
+  STRATA_ASSERT(range == 0);
+  const size_t first = count_of<float>(store_.groups()[group].f32_offset);
+  const size_t mb = store_.state_elem_bytes(StateArray::m);
+  auto at = [&](void* a) -> void* { return a ? static_cast<char*>(a) + first * mb : nullptr; };  // absent for ZO-SGD
+  return {store_.master() + first, at(store_.m()), at(store_.v())};
+}
+
+void RamStatePlacement::read(StateArray a, size_t offset, void* dst, size_t bytes) {
+  std::memcpy(dst, array(a) + offset, bytes);
+}
+
+void RamStatePlacement::write(StateArray a, size_t offset, const void* src, size_t bytes) {
+  std::memcpy(array(a) + offset, src, bytes);
+}
+
+const char* optimizer_kind_name(OptimizerKind k) {
+  return k == OptimizerKind::adamw ? "adamw" : "zo-sgd";
+}
+
+}  // namespace strata

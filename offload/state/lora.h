@@ -1,0 +1,135 @@
+// LoRA (issue 17, DESIGN §8b): low-rank adapters on the frozen, streamed base. Each targeted
+// linear layer W (out, in) gets A (r, in) and B (out, r); the layer computes
+//   y = x W^T + (alpha / r) · dropout(x) A^T B^T
+// (PEFT's LoraLayer; dropout on the adapter path's input only, inverted, in training passes only:
+// forward-only passes such as eval see x). Only A and B are trained: the base weights stay in the
+// host store as their bf16 (or f32) working copy, with no master, moments or gradient.
+//
+// Where the adapters live, and why:
+//   device  every layer's A and B (f32) and their gradients, resident for the whole run. They are
+//           small (r · (in + out) per target: 42M parameters, 168 MiB, for Llama-3 8B at r = 16
+//           on all seven projections), so streaming them with the layer would add link traffic
+//           every micro-batch to save little memory; resident, the gradients accumulate on the
+//           device over the micro-batches of a step and cross the link once per optimizer step.
+//           The device copy of B holds (alpha / r) · B, so the adapter path is four plain matmuls
+//           (no scaling op); the download multiplies dB back (LoraStore::unscale_b).
+//   host    fp32 master, AdamW m and v (RAM), the gradient and the device image (pinned): the
+//           optimizer step runs AdamW (offload/state/adamw.h) over them row by row.
+// Names are PEFT's: base_model.model.<HF module>.lora_A.weight / lora_B.weight.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/decoder_layer.h"
+#include "models/model_spec.h"
+#include "offload/state/adamw.h"
+#include "src/device/device.h"
+
+namespace strata {
+
+// The seven linear layers of a decoder layer, in PEFT's names.
+enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down };
+constexpr int kLoraTargets = 7;
+const char* lora_target_name(LoraTarget t);  // "q_proj", ..., "down_proj"
+constexpr uint32_t kLoraAllTargets = (1u << kLoraTargets) - 1;
+static_assert(kLoraTargets == kLayerLinears, "LoraTarget follows the decoder layer's linears (models/decoder_layer.h)");
+// PEFT module names ("q_proj", ...) -> a mask over LoraTarget; bad names: Error(input).
+uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin);
+std::vector<std::string> lora_target_names(uint32_t mask);
+
+struct LoraOptions {
+  int64_t r = 0;          // rank; 0: LoRA off
+  double alpha = 32;      // lora_alpha
+  double dropout = 0.0;   // lora_dropout, in [0, 1)
+  uint64_t seed = 0;      // the run's seed: the dropout masks' key (lora_dropout_seed)
+  uint32_t targets = kLoraAllTargets;
+  bool enabled() const { return r > 0; }
+  float scale() const { return float(alpha / double(r)); }
+};
+
+// The adapters' table: rows A then B for each targeted linear of each layer, f32, laid out in one
+// arena (the same offsets on the device and in every host array).
+struct LoraLayout {
+  TensorTable table;                                   // PEFT names
+  std::vector<std::array<int64_t, kLoraTargets>> a_row;  // per layer: row of A (B is the next row); kAbsent
+  size_t bytes = 0;                                    // the arena
+  int64_t r = 0;
+  float scale = 1.f;
+  std::vector<size_t> b_rows;                          // every B row (scaled on the device)
+
+  static LoraLayout of(const ModelSpec& spec, const LoraOptions& options);
+  size_t floats() const { return bytes / 4; }
+  int64_t parameter_count() const;
+};
+
+// LoRA dropout's masks (kernels/common/dropout_mask.h): one key per micro-batch of a training
+// pass, from the run's seed, the optimizer step (1-based) and the micro-batch's index within the
+// step in the global order (over all data-parallel ranks, so N ranks with k micro-batches each draw
+// the masks one process with N·k draws); one tensor number per (layer, module). A resumed run and
+// the backward's recomputation draw the same masks; so does `strata grad` (step 1, micro-batch 0).
+uint64_t lora_dropout_seed(uint64_t run_seed, int64_t step, int64_t micro_batch);
+inline uint32_t lora_dropout_tensor(size_t layer, int target) { return uint32_t(layer) * kLoraTargets + uint32_t(target); }
+
+// Host bytes of the adapters' state (offload/plan/placement_plan.h lists them).
+struct LoraHostBytes {
+  size_t state = 0;   // host: fp32 master, m, v
+  size_t pinned = 0;  // pinned: gradient and device image
+};
+
+class LoraStore {
+ public:
+  static LoraHostBytes host_bytes(const LoraLayout& layout) { return {3 * layout.bytes, 2 * layout.bytes}; }
+
+  LoraStore(Device& dev, const ModelSpec& spec, const LoraOptions& options);
+  ~LoraStore();
+  LoraStore(const LoraStore&) = delete;
+  LoraStore& operator=(const LoraStore&) = delete;
+
+  const LoraLayout& layout() const { return layout_; }
+  const LoraOptions& options() const { return options_; }
+  float* master() { return master_; }
+  float* m() { return m_; }
+  float* v() { return v_; }
+  float* grad() { return grad_; }    // pinned: the device's gradients land here
+  float* image() { return image_; }  // pinned: what the device holds (B scaled)
+  const float* master() const { return master_; }
+  const float* m() const { return m_; }
+  const float* v() const { return v_; }
+  size_t host_bytes() const { return host_bytes_; }
+  size_t pinned_bytes() const { return pinned_bytes_; }
+
+  // PEFT's default: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), B = 0; one
+  // generator per tensor from (seed, row).
+  void init(uint64_t seed);
+  // Reads adapter_model.safetensors of a PEFT adapter dir (adapter_config.json must agree on r
+  // and the targets; a missing or misshapen tensor is one error listing them).
+  void load_peft(const std::string& dir);
+  // Writes adapter_config.json and adapter_model.safetensors (f32, PEFT names).
+  void save_peft(const std::string& dir, const std::string& base_model) const;
+
+  void refresh_image();  // image = master, with every B multiplied by the scale
+  void unscale_b();      // grad of every B multiplied by the scale (the device computed d(scale B))
+  // AdamW over every adapter row (weight decay on all: they are matrices); zeroes the gradient.
+  void adamw(const AdamWParams& params, double weight_decay);
+
+ private:
+  void release();
+
+  Device& dev_;
+  LoraOptions options_;
+  LoraLayout layout_;
+  float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grad_ = nullptr, *image_ = nullptr;
+  size_t host_bytes_ = 0, pinned_bytes_ = 0;
+};
+
+// W += (alpha / r) B A for every adapted linear, in f32, written back through set_param (a frozen
+// bf16 store rounds each merged weight to bf16 once): what `lora.merge` exports.
+class HostStore;
+void lora_merge_into(HostStore& store, const LoraStore& lora);
+
+// adapter_config.json as PEFT writes it.
+std::string lora_adapter_config_json(const LoraOptions& options, const std::string& base_model);
+
+}  // namespace strata

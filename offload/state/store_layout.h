@@ -1,0 +1,62 @@
+// The host store's plain data: its tables and parameter groups (computed from the spec alone),
+// which arrays an optimizer needs, and the store's options. What the NVMe placement, the
+// optimizers and the plan read of the store without the store itself (offload/state/host_store.h
+// builds on it).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/core/dtype.h"
+#include "src/core/tensor.h"
+
+namespace strata {
+
+struct ParamGroup {
+  std::string name;            // "embed", "layer.3", "head"
+  size_t first_row = 0, end_row = 0;  // rows [first, end) of the spec's parameter table
+  size_t working_offset = 0, working_bytes = 0;  // bytes in the working arena
+  size_t f32_offset = 0, f32_bytes = 0;          // bytes in the f32 arenas
+};
+
+// The store's tables and groups, computed from the spec alone (nothing allocated).
+struct HostStoreLayout {
+  TensorTable working, f32;
+  std::vector<ParamGroup> groups;
+};
+
+// What the optimizer keeps per parameter beyond the working weights and the fp32 master: the
+// store allocates, the plan counts and checkpoints carry these and nothing more.
+struct OptimizerStateNeeds {
+  bool moments = true;  // AdamW m and v
+  bool grads = true;    // fp32 gradient accumulation (what a backward pass lands)
+};
+
+// The host optimizer of a run (optim.type; LoRA's adapters use AdamW on their own store).
+enum class OptimizerKind : uint8_t { adamw, zo_sgd };
+const char* optimizer_kind_name(OptimizerKind k);  // "adamw", "zo-sgd" (the recipe's names)
+
+// AdamW: m, v and the fp32 gradient; ZO-SGD: the master alone (HostAdamW::kState,
+// HostZoSgd::kState in offload/state/optimizer.h and zo_sgd.h are these).
+constexpr OptimizerStateNeeds optimizer_state_needs(OptimizerKind k) {
+  return k == OptimizerKind::adamw ? OptimizerStateNeeds{true, true} : OptimizerStateNeeds{false, false};
+}
+
+struct HostStoreOptions {
+  OptimizerStateNeeds needs;   // which arrays exist (default: AdamW's)
+  DType moments = DType::f32;  // AdamW m and v: f32 or bf16 (optim.moments_dtype), in RAM or on NVMe
+  // Inference (strata generate): the working weights alone — no master, moments, gradients or
+  // state placement. set_param writes the working copy, get_param reads it back as f32; nothing
+  // may train on such a store (placement() asserts).
+  bool weights_only = false;
+  // The optimizer tier is NVMe: m, v (and master, unless it is the working copy) live in files
+  // under a run folder of nvme_path (offload/state/nvme_state.h), read and written group by group.
+  bool state_on_nvme = false;
+  std::string nvme_path;          // offload.nvme_path
+  size_t nvme_budget_bytes = 0;   // offload.nvme_memory; 0: the free space of nvme_path minus 10%
+  size_t nvme_block_bytes = 0;    // 0: 1 MiB (the I/O and checksum unit; tests use 4 KiB)
+  size_t nvme_chunk_bytes = 0;    // 0: 64 MiB per array and buffer (a multiple of the block)
+  int nvme_window = 3;            // buffers: one read ahead, one updated, one written back
+};
+
+}  // namespace strata

@@ -1,0 +1,263 @@
+#include "offload/stream/engine_buffers.h"
+
+#include <algorithm>
+
+#include "src/core/error.h"
+#include "src/device/arena.h"
+
+namespace strata {
+namespace {
+
+template <class T>
+std::function<void(void*)> bind_to(EngineBuffers* into, T* EngineBuffers::*field) {
+  if (!into) return {};
+  return [into, field](void* p) { into->*field = static_cast<T*>(p); };
+}
+
+template <class T>
+std::function<void(void*)> bind_at(T** slot) {
+  if (!slot) return {};
+  return [slot](void* p) { *slot = static_cast<T*>(p); };
+}
+
+}  // namespace
+
+int64_t engine_head_chunk_rows(const ModelSpec& spec, const EngineOptions& options) {
+  const int64_t V = spec.config.vocab_size;
+  STRATA_CHECK(options.head_chunk_rows >= 0, "head_chunk_rows must be >= 0 (0: the default)");
+  return std::min(V, options.head_chunk_rows > 0 ? options.head_chunk_rows : kHeadChunkRows);
+}
+
+EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout, const EngineOptions& options) {
+  const ModelConfig& cfg = spec.config;
+  EngineShape s;
+  STRATA_ASSERT(options.weights != WeightsMode::automatic, "the plan resolves offload.weights = \"auto\" first");
+  s.weights = options.weights;
+  s.checkpoints = options.checkpoints;
+  s.recompute = options.recompute;
+  s.layers = spec.layers.size();
+  s.tied = spec.lm_head == kAbsent;
+  s.C = cfg.hidden_size;
+  s.V = cfg.vocab_size;
+  s.tokens = options.max_batch * options.max_tokens;
+  STRATA_CHECK(options.group >= 1, "the micro-batches of a layer-major pass must be at least 1, not ", options.group);
+  s.group = size_t(options.group);
+  LayerDims& d = s.layer_capacity;
+  d.B = options.max_batch;
+  d.T = options.max_tokens;
+  d.C = cfg.hidden_size;
+  d.H = cfg.num_attention_heads;
+  d.Hk = cfg.num_key_value_heads;
+  d.D = cfg.head_dim;
+  d.F = cfg.intermediate_size;
+  d.eps = float(cfg.rms_norm_eps);
+  d.wt = spec.matrix_dtype;
+  if (options.lora.enabled()) {
+    d.lora_r = options.lora.r;
+    d.lora_dropout = options.lora.dropout > 0;
+    s.lora_bytes = LoraLayout::of(spec, options.lora).bytes;
+  }
+  size_t max_w = 0;
+  for (size_t i = 0; i < s.layers; ++i) {
+    max_w = std::max(max_w, layout.groups[1 + i].working_bytes);
+    if (!s.frozen()) s.layer_grad_bytes = std::max(s.layer_grad_bytes, layout.groups[1 + i].f32_bytes);
+  }
+  if (s.weights == WeightsMode::stream) {
+    s.slot_bytes.assign(std::min<size_t>(2, s.layers), max_w);
+  } else {
+    for (size_t i = 0; i < s.layers; ++i) s.slot_bytes.push_back(layout.groups[1 + i].working_bytes);
+  }
+  s.head_rows = engine_head_chunk_rows(spec, options);
+  s.head_chunks = size_t((s.V + s.head_rows - 1) / s.head_rows);
+  s.head_slots = std::min<size_t>(2, s.head_chunks);
+  s.lm_row_bytes = size_t(s.C) * dtype_size(layout.working[size_t(spec.lm_head_row())].dtype);
+  s.rope_floats = model_rope_inv_freq(cfg).size();
+  return s;
+}
+
+std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffers* into) {
+  using B = EngineBuffers;
+  const bool stream = s.weights == WeightsMode::stream;
+  const size_t g = s.group;  // per-micro-batch rows: g of them (engine_buffers.h)
+  const size_t act = s.activation_bytes(), tokens_i32 = g * bytes_of<int32_t>(s.tokens);
+  const size_t head_w = size_t(s.head_rows) * s.lm_row_bytes, head_g = bytes_of<float>(s.head_rows * s.C);
+  std::vector<EngineBuffer> t;
+  auto dev = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
+    t.push_back({std::move(name), bytes, Memory::device, std::move(bind)});
+  };
+  auto pinned = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
+    t.push_back({std::move(name), bytes, Memory::pinned, std::move(bind)});
+  };
+  if (into) into->weight_slots.assign(s.slot_bytes.size(), nullptr);
+  for (size_t k = 0; k < s.slot_bytes.size(); ++k)
+    dev(str_cat("layer weight slot ", k), s.slot_bytes[k], bind_at(into ? &into->weight_slots[k] : nullptr));
+  dev("final norm weight", bytes_of<float>(s.C), bind_to(into, &B::norm));
+  if (s.frozen())
+    dev("frozen norm gradients (discarded)", bytes_of<float>(std::max(s.C, s.layer_capacity.D)), bind_to(into, &B::norm_grad));
+  else
+    dev("final norm gradient", bytes_of<float>(s.C), bind_to(into, &B::norm_grad));
+  if (stream) {
+    for (size_t k = 0; k < s.head_slots; ++k)
+      dev(str_cat("lm_head chunk slot ", k, " (", s.head_rows, " vocab rows)"), head_w,
+          bind_at(into ? &into->head_slots[k] : nullptr));
+  } else {
+    dev(s.tied ? "lm_head (tied embedding, resident)" : "lm_head (resident)", size_t(s.V) * s.lm_row_bytes,
+        bind_to(into, &B::lm_resident));
+  }
+  if (!s.frozen())  // LoRA: the frozen lm_head's backward computes d(hidden) only
+    for (size_t k = 0; k < s.head_slots; ++k)
+      dev(str_cat("lm_head gradient chunk ", k), head_g, bind_at(into ? &into->head_grad_slots[k] : nullptr));
+  dev("cross-entropy token statistics", g * bytes_of<double>(3 * s.tokens), bind_to(into, &B::ce_stats));
+  if (s.frozen()) {
+    dev("LoRA adapters (every layer)", s.lora_bytes, bind_to(into, &B::lora_weights));
+    dev("LoRA adapter gradients", s.lora_bytes, bind_to(into, &B::lora_grads));
+    dev("LoRA adapter gradients of one micro-batch", s.lora_bytes, bind_to(into, &B::lora_mb_grads));
+  } else {
+    for (size_t k = 0; k < 2; ++k)
+      dev(str_cat("layer gradient slot ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_slots[k] : nullptr));
+    if (g > 1) {  // layer-major: one micro-batch's share, added into the slot (engine.h)
+      dev("layer gradient slot (layer-major share)", s.layer_grad_bytes, bind_to(into, &B::grad_scratch));
+      dev("lm_head gradient share (layer-major)", head_g, bind_to(into, &B::head_grad_scratch));
+      dev("final norm gradient share (layer-major)", bytes_of<float>(s.C), bind_to(into, &B::norm_grad_scratch));
+    }
+  }
+  dev("last layer output", g * act, bind_to(into, &B::x_final));
+  for (size_t k = 0; k < 2; ++k) dev(str_cat("activation staging ", k), g * act, bind_at(into ? &into->x_pp[k] : nullptr));
+  dev("final norm output", g * act, bind_to(into, &B::hn));
+  dev("d final norm output", g * act, bind_to(into, &B::dhn));
+  if (into) into->dx.assign(g + 1, nullptr);
+  for (size_t k = 0; k <= g; ++k) dev(str_cat("d hidden ", k), act, bind_at(into ? &into->dx[k] : nullptr));
+  dev("final norm rstd", g * bytes_of<float>(s.tokens), bind_to(into, &B::rstd_final));
+  dev("input ids", tokens_i32, bind_to(into, &B::ids));
+  dev("targets", tokens_i32, bind_to(into, &B::targets));
+  dev("positions", tokens_i32, bind_to(into, &B::pos));
+  dev("document starts", tokens_i32, bind_to(into, &B::doc_start));
+  dev("loss", g * sizeof(double), bind_to(into, &B::loss));
+  dev("rope inv_freq", bytes_of<float>(int64_t(s.rope_floats)), bind_to(into, &B::inv_freq));
+  dev("layer workspace", layer_workspace_bytes(s.layer_capacity), bind_to(into, &B::workspace));
+
+  pinned("embedding output (host)", g * act, bind_to(into, &B::x0_host));
+  if (s.frozen()) {  // LoRA: no base gradient comes back; the adapters' do under data parallel
+    pinned("LoRA adapter gradient staging", s.lora_bytes, bind_to(into, &B::lora_grad_staging));
+    return t;
+  }
+  pinned("d embedding output (host)", g * act, bind_to(into, &B::dx0_host));
+  for (size_t k = 0; k < 2; ++k)
+    pinned(str_cat("layer gradient staging ", k), s.layer_grad_bytes, bind_at(into ? &into->grad_staging[k] : nullptr));
+  pinned("final norm gradient staging", bytes_of<float>(s.C), bind_to(into, &B::norm_grad_staging));
+  for (size_t k = 0; k < s.head_slots; ++k)
+    pinned(str_cat("lm_head gradient staging ", k), head_g, bind_at(into ? &into->head_grad_staging[k] : nullptr));
+  return t;
+}
+
+std::vector<EngineBuffer> engine_checkpoint_table(const EngineShape& s, size_t device_count, EngineBuffers* into) {
+  std::vector<EngineBuffer> t;
+  const size_t act = s.activation_bytes() * s.group;  // a layer's inputs: one per micro-batch of the pass
+  if (device_count)
+    t.push_back({str_cat(device_count, " layer checkpoints"), device_count * act, Memory::device,
+                 bind_to(into, &EngineBuffers::ckpt_dev)});
+  if (s.checkpoints == CheckpointMode::nvme) {
+    for (size_t k = 0; k < kSpillRing; ++k)
+      t.push_back({str_cat("NVMe checkpoint staging ", k), s.activation_bytes(), Memory::pinned,
+                   bind_at(into ? &into->ckpt_ring[k] : nullptr)});
+  } else if (s.layers > device_count)
+    t.push_back({"spilled layer checkpoints (host)", (s.layers - device_count) * act, Memory::pinned,
+                 bind_to(into, &EngineBuffers::ckpt_host)});
+  return t;
+}
+
+size_t engine_kept_activation_layers(const EngineShape& s, size_t device_bytes_left) {
+  // a layer-major pass runs its g micro-batches through a layer before the next one: the one
+  // micro-batch's activations a layer keeps would be overwritten, so every layer is recomputed
+  // (src/train/accumulation.cpp refuses layer_major with recompute = "never")
+  if (s.group > 1) return 0;
+  switch (s.recompute) {
+    case RecomputeMode::always: return 0;
+    case RecomputeMode::never: return s.layers;
+    case RecomputeMode::automatic: break;
+  }
+  return std::min(s.layers, device_bytes_left / Arena::footprint(layer_activation_bytes(s.layer_capacity)));
+}
+
+std::vector<EngineBuffer> engine_kept_activation_table(const EngineShape& s, size_t count, EngineBuffers* into) {
+  if (count == 0) return {};
+  return {{str_cat("kept activations of ", count, " layers (no recompute)"),
+           count * layer_activation_bytes(s.layer_capacity), Memory::device, bind_to(into, &EngineBuffers::kept_activations)}};
+}
+
+size_t engine_kept_logit_floats(const EngineShape& s) {
+  return (size_t(s.tokens * s.head_rows) + 63) / 64 * 64;  // each chunk's rows start 256-byte aligned
+}
+
+size_t engine_kept_logit_chunks(const EngineShape& s, size_t device_bytes_left) {
+  if (s.recompute == RecomputeMode::always || s.head_chunks == 0) return 0;
+  const size_t chunk = s.group * bytes_of<float>(int64_t(engine_kept_logit_floats(s)));
+  return std::min(s.head_chunks, device_bytes_left / Arena::footprint(chunk));
+}
+
+std::vector<EngineBuffer> engine_kept_logits_table(const EngineShape& s, size_t count, EngineBuffers* into) {
+  if (count == 0) return {};
+  return {{str_cat("kept lm_head logits of ", count, " chunks (no recompute)"),
+           count * s.group * bytes_of<float>(int64_t(engine_kept_logit_floats(s))), Memory::device,
+           bind_to(into, &EngineBuffers::kept_logits)}};
+}
+
+void engine_buffers_allocate(Device& dev, std::vector<EngineBuffer>& table, const std::string& name_prefix) {
+  try {
+    for (EngineBuffer& b : table) {
+      b.ptr = b.memory == Memory::device ? dev.alloc(b.bytes, name_prefix + b.name) : dev.alloc_pinned(b.bytes);
+      b.bind(b.ptr);
+    }
+  } catch (...) {
+    engine_buffers_free(dev, table);
+    throw;
+  }
+}
+
+void engine_buffers_free(Device& dev, std::vector<EngineBuffer>& table) {
+  for (EngineBuffer& b : table) {
+    if (!b.ptr) continue;
+    if (b.memory == Memory::device) dev.free(b.ptr);
+    else dev.free_pinned(b.ptr);
+    b.ptr = nullptr;
+  }
+}
+
+void engine_tokens_upload(Device& dev, const EngineShape& shape, const MicroBatch& mb, const DeviceTokens& to) {
+  const LayerDims& cap = shape.layer_capacity;
+  STRATA_CHECK(mb.B >= 1 && mb.T >= 1 && mb.B <= cap.B && mb.T <= cap.T, "micro-batch of ", mb.B, "x", mb.T,
+               " tokens exceeds the engine's buffers (", cap.B, "x", cap.T, ")");
+  const size_t n = size_t(mb.B * mb.T);
+  STRATA_ASSERT(mb.ids.size() == n && mb.targets.size() == n && mb.pos.size() == n);
+  const int64_t V = shape.V;
+  for (size_t i = 0; i < n; ++i) {
+    STRATA_CHECK(mb.ids[i] >= 0 && mb.ids[i] < V, "token id ", mb.ids[i], " at position ", i,
+                 " is outside the vocabulary [0, ", V, ")");
+    STRATA_CHECK(mb.targets[i] == -100 || (mb.targets[i] >= 0 && mb.targets[i] < V), "label ",
+                 mb.targets[i], " at position ", i, " is neither -100 nor in [0, ", V, ")");
+  }
+  const size_t bytes = bytes_of<int32_t>(int64_t(n));
+  dev.copy_h2d(to.ids, mb.ids.data(), bytes, Stream::compute);
+  dev.copy_h2d(to.targets, mb.targets.data(), bytes, Stream::compute);
+  dev.copy_h2d(to.pos, mb.pos.data(), bytes, Stream::compute);
+  if (!mb.doc_start.empty()) {
+    STRATA_ASSERT(mb.doc_start.size() == n);
+    dev.copy_h2d(to.doc_start, mb.doc_start.data(), bytes, Stream::compute);
+  }
+}
+
+size_t engine_device_bytes(const std::vector<EngineBuffer>& table) {
+  size_t sum = 0;
+  for (const EngineBuffer& b : table)
+    if (b.memory == Memory::device) sum += Arena::footprint(b.bytes);
+  return sum;
+}
+
+size_t engine_pinned_bytes(const std::vector<EngineBuffer>& table) {
+  size_t sum = 0;
+  for (const EngineBuffer& b : table)
+    if (b.memory == Memory::pinned) sum += b.bytes;
+  return sum;
+}
+
+}  // namespace strata

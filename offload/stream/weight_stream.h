@@ -1,0 +1,83 @@
+// Host weights streamed through device slots (DESIGN §3): the protocol the three engines share
+// (offload/engine/engine.h, offload/engine/engine_zo.h, offload/engine/generator.h). A block of host weights — one
+// layer's group, or one chunk of lm_head rows — is copied into slot `block % slots` on the h2d
+// stream while the compute stream works on what another slot holds (layer i+1 crosses while
+// layer i computes). A slot is overwritten only after the compute stream has released it, and
+// read only after its copy has landed. With as many slots as blocks (resident weights) every
+// block is uploaded once and stays until invalidate(). A block the compute stream alone uploads
+// and reads (the final norm) is a ResidentBlock.
+//
+// Events, one pair per slot:
+//   event        recorded on (after)         waited by (before)            guards against
+//   loaded[s]    h2d (the upload into s)     compute (reading slot s)      reading weights not yet uploaded
+//   released[s]  compute (its last read)     h2d (the next upload into s)  overwriting weights still read
+// Host side: acquire()'s before_upload runs only when a copy is needed, before it is queued
+// (the engines wait there for an optimizer update of the block's working copy).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "models/decoder_layer.h"
+#include "offload/state/host_store.h"
+
+namespace strata {
+
+// A block of host weights: `bytes` at `src` (pinned memory of the host store's working copy).
+struct HostBlock {
+  const char* src = nullptr;
+  size_t bytes = 0;
+};
+
+class WeightStream {
+ public:
+  // slots: device buffers, each as large as the largest block (none when nothing streams).
+  WeightStream(Device& dev, std::vector<char*> slots);
+
+  size_t slot_count() const { return slots_.size(); }
+  size_t slot_of(size_t block) const { return block % slots_.size(); }
+
+  // Block number `block` (its host copy: `from`) in its slot, the compute stream waiting for it;
+  // copied on the h2d stream only when the slot holds something else, after before_upload().
+  char* acquire(size_t block, HostBlock from, const std::function<void()>& before_upload = {});
+  // The compute stream has queued its last read of `block`: the next upload into its slot may go.
+  void release(size_t block);
+  // The host copies changed (an optimizer update): no slot holds a current block.
+  void invalidate();
+
+ private:
+  Device& dev_;
+  std::vector<char*> slots_;
+  std::vector<int64_t> held_;  // the block each slot holds (-1: none, or stale)
+  std::vector<std::unique_ptr<Event>> loaded_, released_;
+};
+
+// One host block kept whole on the device (the final norm; lm_head with weights = "device"):
+// uploaded on the compute stream the first time it is read after invalidate(). Written and read
+// on the compute stream only, so stream order guards it: no events.
+class ResidentBlock {
+ public:
+  ResidentBlock(Device& dev, char* dst) : dev_(dev), dst_(dst) {}
+  // The device copy of `from`; uploaded, after before_upload(), when stale.
+  char* acquire(HostBlock from, const std::function<void()>& before_upload = {});
+  void invalidate() { stale_ = true; }
+
+ private:
+  Device& dev_;
+  char* dst_;
+  bool stale_ = true;
+};
+
+// A layer's tensors inside a device block laid out as its parameter group: weights in the
+// working dtype (a weight slot), or f32 gradients (a gradient slot). Absent tensors are null.
+LayerWeights layer_weights_in(const HostStore& store, const char* base, size_t layer);
+LayerGrads layer_grads_in(const HostStore& store, char* base, size_t layer);
+
+// Blocks of the store's working copy: one layer's group, one tensor, or the lm_head rows of
+// chunk `chunk` (`rows` vocab rows per chunk, the last one shorter).
+HostBlock layer_host_block(HostStore& store, size_t layer);
+HostBlock tensor_host_block(HostStore& store, int64_t row);
+HostBlock lm_head_chunk_block(HostStore& store, size_t chunk, int64_t rows);
+
+}  // namespace strata

@@ -1,0 +1,55 @@
+#include "src/recipe/recipe_plan.h"
+
+#include "src/core/dtype.h"
+#include "src/core/error.h"
+#include "src/recipe/recipe_modes.h"
+
+namespace strata {
+
+LoraOptions recipe_lora_options(const Recipe& rc) {
+  LoraOptions o;
+  if (!rc.lora_enabled) return o;
+  o.r = rc.lora_r;
+  o.alpha = rc.lora_alpha;
+  o.dropout = rc.lora_dropout;
+  o.seed = uint64_t(rc.seed);
+  o.targets = lora_targets_parse(rc.lora_target_modules, "lora.target_modules");
+  return o;
+}
+
+PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
+  PlanInputs in;
+  in.lora = recipe_lora_options(rc);
+  in.weights = weights_mode_parse(rc.offload_weights);
+  in.checkpoints = checkpoint_mode_parse(rc.offload_checkpoints);
+  in.recompute = recompute_mode_parse(rc.offload_recompute);
+  in.optimizer_kind = optimizer_kind_parse(rc.optim_type);  // which host arrays and which engine's device rows
+  in.optimizer = state_tier_parse(rc.offload_optimizer);
+  // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
+  if (in.optimizer_kind == OptimizerKind::zo_sgd && in.optimizer == StateTier::automatic) in.optimizer = StateTier::host;
+  in.moments = dtype_parse(rc.moments_dtype);
+  // a preference objective's micro-batch holds pairs: 2 rows each (chosen, rejected)
+  in.micro_batch = rc.micro_batch_size * (rc.objective != "sft" ? 2 : 1);
+  in.sequence_len = rc.sequence_len;
+  in.accumulation = accumulation_mode_parse(rc.offload_accumulation);
+  in.accumulation_steps = rc.gradient_accumulation_steps;
+  in.ranks = ranks;
+  in.save_dtype = dtype_parse(rc.save_dtype);
+  in.load_from_dir = !rc.model_path.empty();
+  in.f32_master_shared = true;  // HostStore: in f32 compute mode the master is the working copy
+  in.device_in_host_ram = rc.device_backend == "cpu";
+  in.device_is_cuda = rc.device_backend == "cuda";
+  return in;
+}
+
+PlanBudgets recipe_plan_budgets(const Recipe& rc) {
+  PlanBudgets b;
+  b.device_bytes = rc.device_memory_bytes;
+  b.device_origin = str_cat("device.memory = \"", rc.device_memory, "\"");
+  placement_host_budget(b, rc.host_memory_bytes, rc.host_memory);
+  b.nvme_dir = rc.nvme_path;
+  b.nvme_bytes = rc.nvme_memory_bytes;
+  return b;
+}
+
+}  // namespace strata
