@@ -8,7 +8,7 @@
 
 #include "io/chat_template.h"
 #include "io/json.h"
-#include "src/cli/cli_args.h"
+#include "src/core/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 

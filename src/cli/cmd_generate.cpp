@@ -26,7 +26,7 @@
 #include "io/tokenizer/tokenizer.h"
 #include "offload/engine/generator.h"
 #include "offload/state/model_io.h"
-#include "src/cli/cli_args.h"
+#include "src/core/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
@@ -117,7 +117,7 @@ struct LoadedModel {
 
 struct ModelSource {
   std::string model_dir, adapter_dir;  // adapter_dir: a PEFT LoRA adapter merged at load ("" = none)
-  std::string backend, memory, dtype_name;
+  std::string backend = "cpu", memory = "4GiB", dtype_name = "bf16";
 };
 
 // The device and a weights-only host store (no master, moments or gradients: nothing trains),
@@ -197,22 +197,19 @@ int generate_chat(const ModelSource& src, const ModelConfig& cfg, const TextEnco
   return 0;
 }
 
-}  // namespace
-
-int cmd_generate(const std::vector<std::string>& args) {
-  CLI::App app{"Generate text: JSON lines {\"prompt\"} / {\"messages\"} / {\"input_ids\"} on stdin -> "
-               "{\"text\", \"tokens\", \"finish_reason\", \"ids\"} lines on stdout",
-               "strata generate"};
-  std::string model_dir, adapter_dir, tokenizer = "auto", backend = "cpu", memory = "4GiB", dtype_name = "bf16";
+// The command line of `strata generate`.
+struct GenerateArgs {
+  ModelSource src;
+  std::string tokenizer = "auto";
   SamplingOptions so;
   int64_t batch_size = 8;
   std::vector<int32_t> eos_override;
-  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
-  app.add_option("--adapter", adapter_dir,
-                 "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the "
-                 "weights at load: W + lora_alpha/r * B A");
-  app.add_option("--tokenizer", tokenizer,
-                 "tokenizer directory (default: the model's tokenizer.json when it has one, else UTF-8 bytes as ids)");
+  bool interactive = false;
+  int64_t max_context = 4096;
+};
+
+void generate_add_sampling_options(CLI::App& app, GenerateArgs& a) {
+  SamplingOptions& so = a.so;
   app.add_option("--max-new-tokens", so.max_new_tokens, "most tokens generated per request (default 256)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   app.add_option("--temperature", so.temperature, "0: greedy (default); > 0: sampling")->check(CLI::Range(0.0, 1e6));
@@ -221,39 +218,40 @@ int cmd_generate(const std::vector<std::string>& args) {
   app.add_option("--top-k", so.top_k, "sample from the K most likely tokens (default 0: all)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   app.add_option("--seed", so.seed, "sampling seed (default 0); request i of the input draws from (seed, i)");
-  app.add_option("--batch-size", batch_size, "requests per pass (default 8; lowered to fit the device budget)")
+  app.add_option("--batch-size", a.batch_size, "requests per pass (default 8; lowered to fit the device budget)")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
-  app.add_option("--eos-id", eos_override, "stop at this token id (repeatable; replaces the model's EOS ids)");
-  app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--device-memory", memory, "device arena budget (default 4GiB)");
-  app.add_option("--dtype", dtype_name, "dtype of the weights on the device: bf16 (default) or f32")
+  app.add_option("--eos-id", a.eos_override, "stop at this token id (repeatable; replaces the model's EOS ids)");
+}
+
+// false when the command is not to run (*exit_code: 0 after --help, 2 on bad usage)
+bool generate_args_parse(const std::vector<std::string>& args, GenerateArgs& a, int* exit_code) {
+  CLI::App app{"Generate text: JSON lines {\"prompt\"} / {\"messages\"} / {\"input_ids\"} on stdin -> "
+               "{\"text\", \"tokens\", \"finish_reason\", \"ids\"} lines on stdout",
+               "strata generate"};
+  app.add_option("--model", a.src.model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
+  app.add_option("--adapter", a.src.adapter_dir,
+                 "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the "
+                 "weights at load: W + lora_alpha/r * B A");
+  app.add_option("--tokenizer", a.tokenizer,
+                 "tokenizer directory (default: the model's tokenizer.json when it has one, else UTF-8 bytes as ids)");
+  generate_add_sampling_options(app, a);
+  app.add_option("--backend", a.src.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device-memory", a.src.memory, "device arena budget (default 4GiB)");
+  app.add_option("--dtype", a.src.dtype_name, "dtype of the weights on the device: bf16 (default) or f32")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  bool interactive = false;
-  int64_t max_context = 4096;
-  app.add_flag("--interactive", interactive,
+  app.add_flag("--interactive", a.interactive,
                "a chat: each stdin line is a user turn, the reply is printed as it comes (plain text, not JSON)");
-  app.add_option("--max-context", max_context, "--interactive: tokens of conversation kept (default 4096)")
+  app.add_option("--max-context", a.max_context, "--interactive: tokens of conversation kept (default 4096)")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 24));
-  int rc = 0;
-  if (!parse_args(app, args, &rc)) return rc;
+  return parse_args(app, args, exit_code);
+}
 
-  STRATA_CHECK(std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "config.json"), "--model ", model_dir,
-               " holds no config.json: pass a Hugging Face model directory (config.json + safetensors)");
-  const ModelConfig cfg = hf_config_load(model_dir);
-  const TextEncoder enc = tokenizer == "auto" ? TextEncoder::resolve("auto", model_dir) : TextEncoder::from_dir(tokenizer);
-  so.eos_ids = eos_override.empty() ? model_eos_ids(model_dir, cfg) : eos_override;
-  if (so.eos_ids.empty())
-    std::fprintf(stderr, "strata generate: %s names no eos_token_id; every request runs to --max-new-tokens\n",
-                 model_dir.c_str());
-
-  const ModelSource src{model_dir, adapter_dir, backend, memory, dtype_name};
-  if (interactive) return generate_chat(src, cfg, enc, so, max_context);
-
-  // every request, read and checked before anything is loaded
+// Every request line of standard input as prompt ids, read and checked before anything is
+// loaded; *max_prompt: the longest prompt (at least 1).
+std::vector<std::vector<int32_t>> read_requests(const TextEncoder& enc, const ModelConfig& cfg, int64_t* max_prompt) {
   std::vector<std::vector<int32_t>> prompts;
   std::string line;
   size_t line_no = 0;
-  int64_t max_prompt = 1;
   while (std::getline(std::cin, line)) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -264,27 +262,43 @@ int cmd_generate(const std::vector<std::string>& args) {
       STRATA_CHECK(id >= 0 && id < cfg.vocab_size, "stdin line ", line_no, ": token id ", id,
                    " is outside the model's vocabulary [0, ", cfg.vocab_size, ")",
                    enc.is_bytes() ? " (the text was encoded as UTF-8 bytes: pass --tokenizer DIR)" : "");
-    max_prompt = std::max<int64_t>(max_prompt, int64_t(ids.size()));
+    *max_prompt = std::max<int64_t>(*max_prompt, int64_t(ids.size()));
     prompts.push_back(std::move(ids));
   }
-  if (prompts.empty()) return 0;
-  if (cfg.max_position_embeddings > 0 && max_prompt + so.max_new_tokens > cfg.max_position_embeddings)
-    std::fprintf(stderr,
-                 "strata generate: the longest prompt (%lld tokens) plus --max-new-tokens %lld passes the model's "
-                 "max_position_embeddings (%lld); positions beyond it were not trained\n",
-                 (long long)max_prompt, (long long)so.max_new_tokens, (long long)cfg.max_position_embeddings);
+  return prompts;
+}
 
+// Prefill and decode speeds, where the weights and the KV cache were, to standard error.
+void print_generate_stats(const Generator& gen, const HostStore& store, size_t requests, int64_t batch) {
+  const GenerateStats& st = gen.stats();
+  const size_t L = store.spec().layers.size(), kv_dev = std::min(L, gen.placement().kv_device_layers);
+  const std::string kv = kv_dev == L ? std::string("on the device")
+                                     : str_cat(kv_dev, " of ", L, " layers on the device, the rest in ",
+                                               format_bytes(gen.kv_host_bytes()), " of host memory (",
+                                               format_bytes(st.kv_h2d_bytes), " uploaded, ",
+                                               format_bytes(st.kv_d2h_bytes), " written back)");
+  std::fprintf(stderr,
+               "strata generate: %zu requests, batch %lld, weights %s, KV cache %s; host store %s; prefill %lld "
+               "tokens in %.3f s (%.1f tokens/s), decode %lld tokens in %.3f s (%.1f tokens/s)\n",
+               requests, (long long)batch, gen.weights_resident() ? "resident" : "streamed", kv.c_str(),
+               format_bytes(store.pinned_bytes() + store.host_bytes()).c_str(),
+               (long long)st.prefill_tokens, st.prefill_s, st.prefill_s > 0 ? double(st.prefill_tokens) / st.prefill_s : 0.0,
+               (long long)st.decode_tokens, st.decode_s, st.decode_s > 0 ? double(st.decode_tokens) / st.decode_s : 0.0);
+}
+
+// The requests in passes of up to batch_size rows (fewer when the device budget asks), one JSON
+// line each on standard output, in order.
+void generate_requests(const ModelSource& src, const ModelConfig& cfg, const TextEncoder& enc, const SamplingOptions& so,
+                       const std::vector<std::vector<int32_t>>& prompts, int64_t max_prompt, int64_t batch_size) {
   LoadedModel m = load_model(src, cfg);
   Device* dev = m.dev.get();
   HostStore& store = *m.store;
-  const ModelSpec& spec = store.spec();
-
   GeneratorShape shape;
   shape.max_batch = std::min<int64_t>(batch_size, int64_t(prompts.size()));
   shape.max_prompt = max_prompt;
   shape.max_context = max_prompt + so.max_new_tokens;
   const size_t fixed = dev->used_bytes() + dev->pending_workspace_bytes(Stream::compute);  // + cuBLAS's, on CUDA
-  while (shape.max_batch > 1 && Generator::min_device_bytes(spec, shape) + fixed > dev->budget_bytes())
+  while (shape.max_batch > 1 && Generator::min_device_bytes(store.spec(), shape) + fixed > dev->budget_bytes())
     shape.max_batch /= 2;  // fewer rows per pass before giving up (the constructor says what does not fit)
   Generator gen(*dev, store, shape);
 
@@ -303,20 +317,37 @@ int cmd_generate(const std::vector<std::string>& args) {
     std::cout.flush();
     STRATA_CHECK_IO(std::cout.good(), "writing to standard output failed");
   }
-  const GenerateStats& st = gen.stats();
-  const size_t L = spec.layers.size(), kv_dev = std::min(L, gen.placement().kv_device_layers);
-  const std::string kv = kv_dev == L ? std::string("on the device")
-                                     : str_cat(kv_dev, " of ", L, " layers on the device, the rest in ",
-                                               format_bytes(gen.kv_host_bytes()), " of host memory (",
-                                               format_bytes(st.kv_h2d_bytes), " uploaded, ",
-                                               format_bytes(st.kv_d2h_bytes), " written back)");
-  std::fprintf(stderr,
-               "strata generate: %zu requests, batch %lld, weights %s, KV cache %s; host store %s; prefill %lld "
-               "tokens in %.3f s (%.1f tokens/s), decode %lld tokens in %.3f s (%.1f tokens/s)\n",
-               prompts.size(), (long long)shape.max_batch, gen.weights_resident() ? "resident" : "streamed", kv.c_str(),
-               format_bytes(store.pinned_bytes() + store.host_bytes()).c_str(),
-               (long long)st.prefill_tokens, st.prefill_s, st.prefill_s > 0 ? double(st.prefill_tokens) / st.prefill_s : 0.0,
-               (long long)st.decode_tokens, st.decode_s, st.decode_s > 0 ? double(st.decode_tokens) / st.decode_s : 0.0);
+  print_generate_stats(gen, store, prompts.size(), shape.max_batch);
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& args) {
+  GenerateArgs a;
+  int rc = 0;
+  if (!generate_args_parse(args, a, &rc)) return rc;
+  const std::string& model_dir = a.src.model_dir;
+  STRATA_CHECK(std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "config.json"), "--model ", model_dir,
+               " holds no config.json: pass a Hugging Face model directory (config.json + safetensors)");
+  const ModelConfig cfg = hf_config_load(model_dir);
+  const TextEncoder enc =
+      a.tokenizer == "auto" ? TextEncoder::resolve("auto", model_dir) : TextEncoder::from_dir(a.tokenizer);
+  SamplingOptions& so = a.so;
+  so.eos_ids = a.eos_override.empty() ? model_eos_ids(model_dir, cfg) : a.eos_override;
+  if (so.eos_ids.empty())
+    std::fprintf(stderr, "strata generate: %s names no eos_token_id; every request runs to --max-new-tokens\n",
+                 model_dir.c_str());
+  if (a.interactive) return generate_chat(a.src, cfg, enc, so, a.max_context);
+
+  int64_t max_prompt = 1;
+  const std::vector<std::vector<int32_t>> prompts = read_requests(enc, cfg, &max_prompt);
+  if (prompts.empty()) return 0;
+  if (cfg.max_position_embeddings > 0 && max_prompt + so.max_new_tokens > cfg.max_position_embeddings)
+    std::fprintf(stderr,
+                 "strata generate: the longest prompt (%lld tokens) plus --max-new-tokens %lld passes the model's "
+                 "max_position_embeddings (%lld); positions beyond it were not trained\n",
+                 (long long)max_prompt, (long long)so.max_new_tokens, (long long)cfg.max_position_embeddings);
+  generate_requests(a.src, cfg, enc, so, prompts, max_prompt, a.batch_size);
   return 0;
 }
 

@@ -11,14 +11,15 @@
 
 #include "io/files.h"
 #include "io/safetensors.h"
-#include "offload/engine/engine.h"
 #include "offload/state/lora.h"
 #include "offload/state/model_io.h"
 #include "offload/objective/preference_head.h"
-#include "src/cli/cli_args.h"
+#include "offload/plan/run_engines.h"
+#include "src/core/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
+#include "src/recipe/recipe_modes.h"
 
 namespace strata {
 namespace {
@@ -176,42 +177,31 @@ LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
   return o;
 }
 
-}  // namespace
-
-MicroBatch cli_read_batch(const std::string& batch_path) {
-  return token_batch(read_batch_json(batch_path), batch_path);
-}
-
-CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
-                        const HostStoreOptions& store) {
-  CliModel m;
-  m.spec = model_spec_build(hf_config_load(dir), dtype_parse(dtype_name));
-  DeviceOptions dopt;
-  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
-  m.dev = device_create(dopt);
-  m.store = std::make_unique<HostStore>(*m.dev, m.spec, store);
-  model_load_weights(*m.store, dir);
-  return m;
-}
-
-int cmd_grad(const std::vector<std::string>& args) {
-  CLI::App app{"Loss and gradients of one batch, for checking strata's numerics against another implementation",
-               "strata grad"};
-  std::string model_dir, batch_path, out_path, dtype_name = "f32", memory = "4GiB";
-  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
-  app.add_option("--batch", batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored; with --objective: {\"chosen_input_ids\", \"chosen_labels\", \"rejected_input_ids\", \"rejected_labels\", \"ref_chosen_logps\"?, \"ref_rejected_logps\"?}")->required();
-  app.add_option("--out", out_path, "where to write the gradients (safetensors, F32, HF names)")->required();
-  app.add_option("--dtype", dtype_name, "compute dtype of the weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
-  app.add_option("--device-memory", memory, "device arena budget");
-  std::string objective_name = "sft";
+// The command line of `strata grad`.
+struct GradArgs {
+  std::string model_dir, batch_path, out_path, dtype_name = "f32", memory = "4GiB", objective_name = "sft";
   double beta = -1, gamma = 0.5;
-  app.add_option("--objective", objective_name,
+  bool beta_given = false;
+  LoraArgs lora;
+  bool preference() const { return objective_name != "sft"; }
+};
+
+// The options of the batch, the model and the preference objective; --beta's, to say if given.
+CLI::Option* grad_add_options(CLI::App& app, GradArgs& a) {
+  app.add_option("--model", a.model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
+  app.add_option("--batch", a.batch_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}; labels optional, -100 ignored; with --objective: {\"chosen_input_ids\", \"chosen_labels\", \"rejected_input_ids\", \"rejected_labels\", \"ref_chosen_logps\"?, \"ref_rejected_logps\"?}")->required();
+  app.add_option("--out", a.out_path, "where to write the gradients (safetensors, F32, HF names)")->required();
+  app.add_option("--dtype", a.dtype_name, "compute dtype of the weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--device-memory", a.memory, "device arena budget");
+  app.add_option("--objective", a.objective_name,
                  "sft (cross-entropy), or a preference objective over a preference batch: dpo, ipo, simpo, orpo")
       ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo", "orpo"}));
-  CLI::Option* beta_option =
-      app.add_option("--beta", beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
-  app.add_option("--gamma", gamma, "simpo's target margin gamma (default 0.5)");
-  LoraArgs la;
+  CLI::Option* beta = app.add_option("--beta", a.beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
+  app.add_option("--gamma", a.gamma, "simpo's target margin gamma (default 0.5)");
+  return beta;
+}
+
+void grad_add_lora_options(CLI::App& app, LoraArgs& la) {
   app.add_option("--lora", la.config, "a TOML file with a [lora] table (r, alpha, target_modules, adapter): the base is "
                  "frozen and --out gets the LoRA adapters' gradients only, with PEFT's names");
   app.add_option("--lora-r", la.r, "LoRA rank (default 16; turns LoRA on)");
@@ -224,61 +214,72 @@ int cmd_grad(const std::vector<std::string>& args) {
                  "step 1, micro-batch 0 of a run seeded with --lora-seed (offload/state/lora.h)");
   app.add_option("--lora-seed", la.seed, "seed of the adapters' initialisation without --lora-adapter, and of the "
                  "dropout masks");
-  int rc = 0;
-  if (!parse_args(app, args, &rc)) return rc;
-  const bool preference = objective_name != "sft";
-  STRATA_CHECK(beta_option->count() == 0 || beta > 0, "--beta must be positive (got ", beta, ")");
+}
 
-  const nlohmann::json j = read_batch_json(batch_path);
-  MicroBatch mb;
-  PreferenceBatch pref;
-  if (preference) {
-    pref = read_preference_batch(j, batch_path);
-    mb = pref.mb;
-  } else {
-    mb = token_batch(j, batch_path);
-  }
-  const int64_t counted = mb.counted();
-  STRATA_CHECK(counted > 0, batch_path, ": every label is -100, so there is no loss to differentiate");
+// false when the command is not to run (*exit_code: 0 after --help, 2 on bad usage)
+bool grad_args_parse(const std::vector<std::string>& args, GradArgs& a, int* exit_code) {
+  CLI::App app{"Loss and gradients of one batch, for checking strata's numerics against another implementation",
+               "strata grad"};
+  CLI::Option* beta = grad_add_options(app, a);
+  grad_add_lora_options(app, a.lora);
+  if (!parse_args(app, args, exit_code)) return false;
+  a.beta_given = beta->count() > 0;
+  STRATA_CHECK(!a.beta_given || a.beta > 0, "--beta must be positive (got ", a.beta, ")");
+  return true;
+}
 
-  EngineOptions eopt;
-  eopt.weights = WeightsMode::device;
-  eopt.max_batch = mb.B;
-  eopt.max_tokens = mb.T;
+// The batch: preference pairs with --objective, else token rows (the layout then unused).
+PreferenceBatch grad_read_batch(const GradArgs& a) {
+  const nlohmann::json j = read_batch_json(a.batch_path);
+  PreferenceBatch b;
+  if (a.preference()) b = read_preference_batch(j, a.batch_path);
+  else b.mb = token_batch(j, a.batch_path);
+  STRATA_CHECK(b.mb.counted() > 0, a.batch_path, ": every label is -100, so there is no loss to differentiate");
+  return b;
+}
+
+// The model with every layer resident, planned for this batch; with LoRA a frozen base and the
+// adapters from a PEFT dir or the seed.
+struct GradModel {
   CliModel model;
   std::unique_ptr<LoraStore> lora;
-  if (la.given()) {  // LoRA: a frozen base, the adapters from a PEFT dir or the seed
-    std::string adapter;
-    eopt.lora = lora_options_resolve(la, &adapter);
-    HostStoreOptions frozen;
-    frozen.weights_only = true;
-    model = cli_load_model(model_dir, dtype_name, memory, frozen);
-    lora = std::make_unique<LoraStore>(*model.dev, model.spec, eopt.lora);
-    if (adapter.empty()) lora->init(la.seed);
-    else lora->load_peft(adapter);
-  } else {
-    model = cli_load_model(model_dir, dtype_name, memory);
-  }
-  Device* dev = model.dev.get();
-  HostStore& store = *model.store;
-  Engine engine(*dev, store, eopt, lora.get());
-  PreferenceHead* head = nullptr;
-  if (preference) {
-    PreferenceParams params;
-    params.objective = preference_objective_parse(objective_name);
-    params.beta = beta_option->count() ? beta : preference_default_beta(params.objective);
-    params.gamma = gamma;
-    auto owned = std::make_unique<PreferenceHead>(*dev, params, mb.B * mb.T);
-    head = owned.get();
-    head->set_layout(pref.layout);
-    engine.set_loss_objective(std::move(owned));
-  }
-  // cross-entropy: the mean over counted tokens; preference: the head normalises by the pairs
-  const double loss_sum = engine.forward_backward(mb, preference ? 1.f : float(1.0 / double(counted)));
-  engine.synchronize();
+};
 
+GradModel grad_load_model(const GradArgs& a, const MicroBatch& mb) {
+  PlanInputs in;
+  in.weights = WeightsMode::device;
+  in.optimizer_kind = OptimizerKind::adamw;
+  in.micro_batch = mb.B;
+  in.sequence_len = mb.T;
+  std::string adapter;
+  if (a.lora.given()) in.lora = lora_options_resolve(a.lora, &adapter);
+  GradModel m;
+  m.model = cli_load_model(a.model_dir, a.dtype_name, a.memory, in);
+  if (a.lora.given()) {
+    m.lora = std::make_unique<LoraStore>(*m.model.dev, m.model.spec, m.model.plan.lora);
+    if (adapter.empty()) m.lora->init(a.lora.seed);
+    else m.lora->load_peft(adapter);
+  }
+  return m;
+}
+
+// --objective dpo|ipo|simpo|orpo: the preference head, the engine's loss objective from now on.
+PreferenceHead* grad_preference_head(const GradArgs& a, Device& dev, Engine& engine, const PreferenceBatch& b) {
+  PreferenceParams params;
+  params.objective = preference_objective_parse(a.objective_name);
+  params.beta = a.beta_given ? a.beta : preference_default_beta(params.objective);
+  params.gamma = a.gamma;
+  auto owned = std::make_unique<PreferenceHead>(dev, params, b.mb.B * b.mb.T);
+  PreferenceHead* head = owned.get();
+  head->set_layout(b.layout);
+  engine.set_loss_objective(std::move(owned));
+  return head;
+}
+
+// --out: every parameter's gradient under its HF name, or with LoRA the adapters' alone.
+void grad_write(const std::string& out_path, Engine& engine, HostStore& store, LoraStore* lora) {
   std::vector<TensorToWrite> out;
-  if (lora) {  // the adapters' gradients alone
+  if (lora) {
     engine.lora_collect_grads();
     for (const TensorSpec& r : lora->layout().table.rows())
       out.push_back(TensorToWrite{r.name, DType::f32, r.shape, static_cast<const void*>(lora->grad() + r.offset / 4)});
@@ -288,15 +289,52 @@ int cmd_grad(const std::vector<std::string>& args) {
     out.push_back(TensorToWrite{r.name, DType::f32, r.shape, store.grad_of(i)});
   }
   safetensors_write_file(out_path, out);
-  nlohmann::json result;
-  if (preference) {
-    std::vector<double> chosen, rejected;
-    for (const PreferencePair& p : head->pairs()) chosen.push_back(p.chosen_logp), rejected.push_back(p.rejected_logp);
-    result = {{"loss", loss_sum}, {"pairs", head->pairs().size()}, {"chosen_logps", chosen}, {"rejected_logps", rejected}};
-  } else {
-    result = {{"loss", loss_sum / double(counted)}, {"tokens", counted}};
-  }
-  std::printf("%s\n", result.dump().c_str());
+}
+
+// The printed line: the mean loss and the tokens, or the preference loss and the pairs' sums.
+nlohmann::json grad_result(double loss_sum, int64_t counted, const PreferenceHead* head) {
+  if (!head) return {{"loss", loss_sum / double(counted)}, {"tokens", counted}};
+  std::vector<double> chosen, rejected;
+  for (const PreferencePair& p : head->pairs()) chosen.push_back(p.chosen_logp), rejected.push_back(p.rejected_logp);
+  return {{"loss", loss_sum}, {"pairs", head->pairs().size()}, {"chosen_logps", chosen}, {"rejected_logps", rejected}};
+}
+
+}  // namespace
+
+MicroBatch cli_read_batch(const std::string& batch_path) {
+  return token_batch(read_batch_json(batch_path), batch_path);
+}
+
+CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
+                        const PlanInputs& in) {
+  CliModel m;
+  m.spec = model_spec_build(hf_config_load(dir), dtype_parse(dtype_name));
+  m.plan = placement_plan(m.spec, in, PlanBudgets{});
+  DeviceOptions dopt;
+  dopt.memory_bytes = parse_bytes(memory, "--device-memory");
+  m.dev = device_create(dopt);
+  m.store = run_plan_host_store(*m.dev, m.spec, m.plan);
+  model_load_weights(*m.store, dir);
+  return m;
+}
+
+int cmd_grad(const std::vector<std::string>& args) {
+  GradArgs a;
+  int rc = 0;
+  if (!grad_args_parse(args, a, &rc)) return rc;
+  const PreferenceBatch batch = grad_read_batch(a);
+  const MicroBatch& mb = batch.mb;
+  const int64_t counted = mb.counted();
+  GradModel m = grad_load_model(a, mb);
+  Device& dev = *m.model.dev;
+  HostStore& store = *m.model.store;
+  const std::unique_ptr<Engine> engine = run_plan_engine(dev, store, m.model.plan, m.lora.get());
+  const PreferenceHead* head = a.preference() ? grad_preference_head(a, dev, *engine, batch) : nullptr;
+  // cross-entropy: the mean over counted tokens; preference: the head normalises by the pairs
+  const double loss_sum = engine->forward_backward(mb, a.preference() ? 1.f : float(1.0 / double(counted)));
+  engine->synchronize();
+  grad_write(a.out_path, *engine, store, m.lora.get());
+  std::printf("%s\n", grad_result(loss_sum, counted, head).dump().c_str());
   return 0;
 }
 

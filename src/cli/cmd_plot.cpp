@@ -12,7 +12,7 @@
 #include "io/metrics_curves.h"
 #include "io/svg_plot.h"
 #include "io/safetensors.h"
-#include "src/cli/cli_args.h"
+#include "src/core/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 

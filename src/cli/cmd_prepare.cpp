@@ -12,7 +12,7 @@
 #include "src/train/training_data.h"
 #include "io/hf_config.h"
 #include "io/token_shards.h"
-#include "src/cli/cli_args.h"
+#include "src/core/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"

@@ -1,7 +1,7 @@
 // `strata train RECIPE.toml [section.key=value ...]`
 #include <cstdio>
 
-#include "src/cli/cli_args.h"
+#include "src/core/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/train/trainer.h"

@@ -4,22 +4,50 @@
 // a tied lm_head is the embedding, written once). L± are the losses of the weights θ ± εz with
 // exactly this z, so a model written as θ ± εz and run through `strata grad` gives the same
 // losses, and projected_grad = (L+ − L−) / (2ε) approaches ∇L · z as ε shrinks.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "io/files.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/zo.h"
-#include "offload/engine/engine_zo.h"
+#include "offload/plan/run_engines.h"
 #include "offload/state/model_io.h"
-#include "src/cli/cli_args.h"
+#include "src/core/cli_args.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
 #include "src/train/zo_step.h"
 
 namespace strata {
+namespace {
+
+// z of every parameter, made by the device's zo_generate piece by piece and brought back (the same
+// bits the perturbation used: kernels/common/zo_rng.h), in the order of the model's table. One
+// device buffer of at most 4 MiB and at most half of what the arena has left.
+std::vector<std::vector<float>> zo_probe_directions(Device& dev, const ModelSpec& spec, uint64_t seed) {
+  constexpr int64_t kPiece = int64_t(1) << 20;  // elements per zo_generate
+  int64_t largest = 1;
+  for (const TensorSpec& row : spec.params.rows()) largest = std::max(largest, row.numel());
+  const size_t left = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
+  const int64_t piece = std::max<int64_t>(1, std::min({largest, kPiece, int64_t(left / 2 / sizeof(float))}));
+  float* buf = static_cast<float*>(dev.alloc(bytes_of<float>(piece), "zo-probe z"));
+  std::vector<std::vector<float>> z(spec.params.size());
+  for (size_t r = 0; r < spec.params.size(); ++r) {
+    const int64_t n = spec.params[r].numel();
+    z[r].resize(size_t(n));
+    for (int64_t at = 0; at < n; at += piece) {
+      const int64_t len = std::min(piece, n - at);
+      dev.zo_generate(buf, seed, uint32_t(r), uint64_t(at), len, Stream::compute);
+      dev.copy_d2h(z[r].data() + at, buf, bytes_of<float>(len), Stream::compute);
+      dev.stream_synchronize(Stream::compute);
+    }
+  }
+  dev.free(buf);
+  return z;
+}
+
+}  // namespace
 
 int cmd_zo_probe(const std::vector<std::string>& args) {
   CLI::App app{"One zeroth-order perturbation of one batch: L(θ + εz), L(θ − εz), the projected gradient, and z",
@@ -40,29 +68,25 @@ int cmd_zo_probe(const std::vector<std::string>& args) {
 
   const MicroBatch mb = cli_read_batch(batch_path);
   const int64_t counted = mb.counted();
-  HostStoreOptions master_only;
-  master_only.needs = HostZoSgd::kState;  // weights + master alone
-  CliModel model = cli_load_model(model_dir, dtype_name, memory, master_only);
-  const ModelSpec& spec = model.spec;
-  Device* dev = model.dev.get();
-  HostStore& store = *model.store;
-  EngineOptions eopt;
-  eopt.max_batch = mb.B;
-  eopt.max_tokens = mb.T;
-  ZoEngine engine(*dev, store, eopt);
-  const double loss = engine.forward_loss(mb) / double(counted);
-  const ZoLosses l = engine.dual_forward(mb, seed, float(eps));
-  engine.synchronize();
+  PlanInputs in;  // the zeroth-order engine over the master alone, in RAM
+  in.optimizer_kind = OptimizerKind::zo_sgd;
+  in.optimizer = StateTier::host;
+  in.micro_batch = mb.B;
+  in.sequence_len = mb.T;
+  CliModel model = cli_load_model(model_dir, dtype_name, memory, in);
+  std::unique_ptr<ZoEngine> engine = run_plan_zo_engine(*model.dev, *model.store, model.plan);
+  const double loss = engine->forward_loss(mb) / double(counted);
+  const ZoLosses l = engine->dual_forward(mb, seed, float(eps));
+  engine->synchronize();
+  engine.reset();  // its device buffers back to the arena, for z's
   const double used = zo_eps_used(eps);
   const double plus = l.plus / double(counted), minus = l.minus / double(counted);
 
-  // z of every parameter, regenerated on the host: the same bits the device perturbed with
-  std::vector<std::vector<float>> z(spec.params.size());
+  const ModelSpec& spec = model.spec;
+  const std::vector<std::vector<float>> z = zo_probe_directions(*model.dev, spec, seed);
   std::vector<TensorToWrite> out;
   for (size_t r = 0; r < spec.params.size(); ++r) {
     const TensorSpec& row = spec.params[r];
-    z[r].resize(size_t(row.numel()));
-    cpu::zo_generate(z[r].data(), seed, uint32_t(r), 0, row.numel());
     out.push_back(TensorToWrite{row.name, DType::f32, row.shape, z[r].data()});
   }
   safetensors_write_file(out_path, out);

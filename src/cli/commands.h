@@ -2,12 +2,12 @@
 // process exit code (0 done, 2 bad input, 3 memory budget, 4 I/O error, 130 interrupted).
 // Errors are thrown as strata::Error; main() prints them and maps them to exit codes.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
-#include <memory>
-
 #include "models/micro_batch.h"
+#include "offload/plan/placement_plan.h"
 #include "offload/state/host_store.h"
 
 namespace strata {
@@ -19,16 +19,19 @@ int cmd_zo_probe(const std::vector<std::string>& args);
 // [[...]]}, labels optional, -100 ignored) as a micro-batch; an error when nothing is labelled.
 MicroBatch cli_read_batch(const std::string& batch_path);
 // The model of a numerics check (`strata grad`, `strata zo-probe`): config.json and weights from
-// dir, computed in dtype_name ("f32" | "bf16") on a CPU device with a `memory` arena.
+// dir, computed in dtype_name ("f32" | "bf16") on a CPU device with a `memory` arena, and the
+// placement plan of `in` (no budgets: the device's arena checks its own) that its host store was
+// built from and its engine is built from (offload/plan/run_engines.h). What the store holds
+// beside the weights is the plan's: AdamW's gradients (and master and moments), nothing with
+// LoRA, the master alone for zo-sgd.
 struct CliModel {
   ModelSpec spec;
+  RunPlan plan;
   std::unique_ptr<Device> dev;
   std::unique_ptr<HostStore> store;
 };
-// `store`: what the host store holds beside the weights (strata grad: gradients; with --lora:
-// nothing, weights_only; zo-probe: the master alone).
 CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
-                        const HostStoreOptions& store = {});
+                        const PlanInputs& in);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_estimate(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);

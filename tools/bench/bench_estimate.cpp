@@ -21,7 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "src/cli/cli_args.h"
+#include "src/core/cli_args.h"
 #include "src/core/error.h"
 
 namespace strata::bench {

@@ -13,13 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "io/token_rows.h"
 #include "src/recipe/recipe_modes.h"
 #include "offload/engine/engine.h"
 #include "offload/state/model_io.h"
+#include "src/core/cli_args.h"
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
 
@@ -183,11 +183,8 @@ int bench_pipeline(const std::vector<std::string>& args) {
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--accum", accum, "micro-batches per optimizer step of the accumulation case (k)");
   app.add_option("--device-memory", memory, "device arena budget");
-  try {
-    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes them reversed
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // 0 after --help, 2 on bad usage
-  }
+  int rc = 0;
+  if (!parse_args(app, args, &rc)) return rc;  // 0 after --help, 2 on bad usage
   STRATA_CHECK(hidden % 64 == 0 && hidden >= 64, "--hidden must be a positive multiple of 64");
   STRATA_CHECK(layers >= 4, "--layers must be at least 4");
   STRATA_CHECK(accum >= 1, "--accum must be at least 1");

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "src/comm/comm.h"
-#include "tests/comm/comm_inputs.h"
+#include "tools/comm/comm_inputs.h"
 #include "src/core/error.h"
 
 namespace {
@@ -44,7 +44,7 @@ int g_failures = 0;
     }                                                                           \
   } while (0)
 
-using strata::comm_testing::input;  // rank r's i-th value (tests/comm/comm_inputs.h)
+using strata::comm_testing::input;  // rank r's i-th value (tools/comm/comm_inputs.h)
 using strata::comm_testing::mix;
 
 template <class T>

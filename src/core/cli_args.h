@@ -1,5 +1,6 @@
-// Command-line parsing shared by the subcommands (CLI11). parse_args returns true when the
-// command should run; otherwise *exit_code says how to leave (0 after --help, 2 on bad usage).
+// Command-line parsing shared by the strata subcommands (src/cli) and the tools (strata-bench):
+// CLI11, with the exit codes of src/core/error.h. parse_args returns true when the command should
+// run; otherwise *exit_code says how to leave (0 after --help, 2 on bad usage).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>

@@ -1,0 +1,105 @@
+// `strata estimate`'s output (estimate.h): one JSON object with --json, else the table a person
+// reads: the model and device, whether it fits and what to change, the plan, the step and its rates.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "src/cli/estimate.h"
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+// Where a rate comes from ("" when nothing says).
+std::string source_of(const EstimateRates& r, const std::string& name) {
+  const auto it = r.source.find(name);
+  return it == r.source.end() ? std::string() : it->second;
+}
+
+// --rates-from: the step whose rates are used, and each step's estimate at its own rates.
+void json_run_steps(const EstimateReport& r, nlohmann::json& step) {
+  const std::vector<RunStepRates>& steps = r.rates.run_steps;
+  step["rates_from_step"] = steps[(steps.size() - 1) / 2].step;
+  for (const RunStepRates& s : steps) {
+    StepRates own = r.rates.rates;
+    use_run_rates(own, s.rates);
+    const StepEstimate e =
+        step_estimate(r.spec, r.in, r.plan, r.recipe.gradient_accumulation_steps, own, r.recipe.zo_perturbations);
+    step["rates_from_steps"].push_back({{"step", s.step}, {"seconds", e.seconds}});
+  }
+}
+
+// The step's time, where it goes, what it moves and the rates it was priced at.
+void print_step(const EstimateReport& r) {
+  const StepEstimate& step = r.step;
+  std::printf("step: %.4g s, %.4g tokens/s, MFU %.1f%%, bottleneck %s\n", step.seconds, step.tokens_per_s,
+              100 * step.mfu, step.bottleneck.c_str());
+  for (const auto& [name, s] : step.components) std::printf("  %-10s %.4g s\n", name.c_str(), s);
+  std::printf("  compute by kind:");
+  for (const auto& [name, s] : step.compute_parts) std::printf(" %s %.4g s", name.c_str(), s);
+  std::printf("\n");
+  std::printf("moved per step: link %s (h2d %s, d2h %s), NVMe read %s, write %s\n",
+              format_bytes(size_t(step.bytes.link())).c_str(), format_bytes(size_t(step.bytes.h2d)).c_str(),
+              format_bytes(size_t(step.bytes.d2h)).c_str(), format_bytes(size_t(step.bytes.nvme_read())).c_str(),
+              format_bytes(size_t(step.bytes.nvme_write())).c_str());
+  const char* unit[] = {"device FLOP/s", "link B/s", "NVMe read B/s", "NVMe write B/s", "AdamW params/s", "host B/s",
+                        "attention FLOP/s", "memory-bound B/s", "lm_head FLOP/s"};
+  const char* key[] = {"device", "link", "nvme_read", "nvme_write", "adamw", "host", "attention", "elementwise", "head"};
+  const std::map<std::string, double> rate_value = r.rates.values();
+  std::printf("rates:\n");
+  bool assumed = false;
+  for (int i = 0; i < 9; ++i) {
+    if (!rate_value.count(key[i])) continue;
+    const std::string source = source_of(r.rates, key[i]);
+    std::printf("  %-16s %.4g  %s\n", unit[i], rate_value.at(key[i]), source.c_str());
+    assumed = assumed || source == "assumed";
+  }
+  if (assumed) std::printf("  (assumed rates are typical figures, not this machine's: --measure measures them here)\n");
+}
+
+}  // namespace
+
+void estimate_print_json(const EstimateReport& r) {
+  const RunPlan& plan = r.plan;
+  const StepEstimate& step = r.step;
+  nlohmann::json j = placement_plan_json(plan);
+  nlohmann::json out = {{"fits", plan.fits()}, {"tiers", j["tiers"]}, {"states", j["states"]},
+                        {"accumulation", plan.group > 1 ? "layer_major" : "micro_batch"},
+                        {"max_micro_batch_size", r.max_batch}, {"max_sequence_len", r.max_seq}};
+  out["step"] = {{"seconds", step.seconds}, {"tokens_per_s", step.tokens_per_s}, {"mfu", step.mfu},
+                 {"bottleneck", step.bottleneck}, {"components", step.components}, {"compute_parts", step.compute_parts},
+                 {"bytes", {{"h2d", step.bytes.h2d}, {"d2h", step.bytes.d2h}, {"link", step.bytes.link()},
+                            {"nvme_read", step.bytes.nvme_read()}, {"nvme_write", step.bytes.nvme_write()}}}};
+  for (const auto& [name, v] : r.rates.values())
+    out["step"]["rates"][name] = {{"value", v}, {"source", source_of(r.rates, name)}};
+  if (!r.rates.run_steps.empty()) json_run_steps(r, out["step"]);
+  std::printf("%s\n", out.dump().c_str());
+}
+
+void estimate_print_text(const EstimateReport& r) {
+  const RunPlan& plan = r.plan;
+  const PlanInputs& in = r.in;
+  const bool resident = plan.weights == WeightsMode::device;
+  std::printf("strata estimate: %s, %.3gB parameters (%s); micro_batch_size %ld x sequence_len %ld, gradient "
+              "accumulation %ld (%s); weights %s\ndevice: %s\nfits: %s\n",
+              r.spec.config.family.c_str(), double(r.spec.parameter_count()) / 1e9, dtype_name(r.dtype),
+              long(in.micro_batch), long(in.sequence_len), long(r.recipe.gradient_accumulation_steps),
+              plan.group > 1 ? (resident ? "layer-major" : "layer-major: weights cross twice per step")
+                             : "one micro-batch at a time",
+              resident ? "resident (they cross once per step, after the update)" : "streamed",
+              r.rates.device_text.c_str(), plan.fits() ? "yes" : "NO");
+  for (const std::string& p : plan.problems) std::printf("  %s\n", p.c_str());
+  std::printf("%s", placement_plan_table(plan).c_str());
+  std::printf("  (tokenized data rows are not read here: 16 bytes per token of the dataset come on top)\n");
+  if (!plan.fits()) {
+    std::printf("what to change:\n");
+    for (const PlanChange& c : plan.changes)
+      std::printf("  - %s%s\n", c.what.c_str(), c.saves_bytes ? str_cat(": saves ", format_bytes(c.saves_bytes)).c_str() : "");
+  }
+  std::printf("largest micro_batch_size that fits (sequence_len %ld): %ld\nlargest sequence_len that fits "
+              "(micro_batch_size %ld): %ld\n",
+              long(in.sequence_len), long(r.max_batch), long(in.micro_batch), long(r.max_seq));
+  print_step(r);
+}
+
+}  // namespace strata

@@ -1,0 +1,100 @@
+// `strata estimate` in its parts: the command line into the recipe and the plan's inputs
+// (cmd_estimate_args.cpp), the step's rates and where each comes from (cmd_estimate_rates.cpp;
+// --measure's probes of this host in cmd_estimate_measure.cpp), the table and the --json object
+// (cmd_estimate_report.cpp); the command itself, which runs them in order, is cmd_estimate.cpp.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/model_spec.h"
+#include "offload/plan/placement_plan.h"
+#include "offload/plan/step_estimate.h"
+#include "src/recipe/recipe.h"
+
+namespace strata {
+
+// ---- the command line (cmd_estimate_args.cpp)
+
+struct EstimateArgs {
+  std::string recipe_path, model;
+  std::vector<std::string> overrides;
+  std::string gpu, gpu_memory, host_memory, nvme_memory, nvme_path, optimizer, rates_from;
+  double gpu_flops = 0, link_gbps = 0, nvme_read_gbps = 0, nvme_write_gbps = 0, adamw_params_per_s = 0;
+  bool json = false, measure = false, resume = false;
+};
+
+// The arguments into `a`; false when the command is not to run (*exit_code: 0 after --help, 2 on
+// bad usage). A recipe or --model, one of them (an error otherwise).
+bool estimate_args_parse(const std::vector<std::string>& args, EstimateArgs& a, int* exit_code);
+// The recipe to price: the file with its overrides, or --model's config with the defaults.
+Recipe estimate_recipe(const EstimateArgs& a);
+// The recipe's plan inputs and budgets, with --optimizer, --resume, --host-memory, --nvme-path and
+// --nvme-memory in place of the recipe's; the process baseline measured now (VmRSS).
+void estimate_plan_setup(const EstimateArgs& a, const Recipe& recipe, PlanInputs& in, PlanBudgets& budgets);
+
+// ---- the rates (cmd_estimate_rates.cpp, --measure: cmd_estimate_measure.cpp)
+
+// The rates a measurement gives: --measure's on this host, or a run's step (--rates-from).
+struct MeasuredRates {
+  double adamw_params_per_s = 0, host_bytes_per_s = 0, checksum_bytes_per_s = 0;
+  double matmul_flops_per_s = 0, attention_flops_per_s = 0, elementwise_bytes_per_s = 0, head_flops_per_s = 0;
+  double nvme_bytes_per_s = 0;  // --rates-from: bytes read + written over the run's disk-busy time (0: none)
+};
+
+// One step of a run's metrics.jsonl (--rates-from): its device time and its rates.
+struct RunStepRates {
+  int64_t step = 0;
+  double device_s = 0;
+  MeasuredRates rates;
+};
+
+// The step's rates, each with where it comes from ("datasheet", "measured here ...", "given",
+// "assumed": the StepRates defaults, ...), printed beside the step time.
+struct EstimateRates {
+  StepRates rates;
+  std::map<std::string, std::string> source;  // rate name ("device", "link", ...) -> where from
+  std::string device_text;                    // the report's "device:" line
+  std::vector<RunStepRates> run_steps;        // --rates-from: the run's steps, by device time
+  // Each rate by name, as reported; attention, elementwise and head only when the CPU backend's
+  // own were measured.
+  std::map<std::string, double> values() const;
+};
+
+// The device: a GPU of the table (--gpu), the recipe's CPU backend (its GEMM peak measured here),
+// or a GPU given by its figures; sets the plan's device fields and budget (--gpu-memory wins).
+EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType dtype, PlanInputs& in,
+                              PlanBudgets& budgets);
+// --measure: this host's AdamW, memory, checksum and (the CPU backend) device rates, and with an
+// NVMe directory its read and write bandwidth.
+void estimate_measure(const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets,
+                      EstimateRates& r);
+// --rates-from: the device's (and NVMe's) rates of the run's median step by device time.
+void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
+                         const RunPlan& plan, EstimateRates& r);
+// --gpu-flops, --link-gbps, --nvme-read-gbps, --nvme-write-gbps, --adamw-params-per-s: given
+// rates win over every other source.
+void estimate_given_rates(const EstimateArgs& a, EstimateRates& r);
+// The device's rates of a run's step in place of StepRates' (the square-GEMM peak stays MFU's).
+void use_run_rates(StepRates& rates, const MeasuredRates& m);
+
+// ---- the report (cmd_estimate_report.cpp)
+
+struct EstimateReport {
+  const ModelSpec& spec;
+  DType dtype;
+  const Recipe& recipe;
+  const PlanInputs& in;
+  const RunPlan& plan;
+  const EstimateRates& rates;
+  const StepEstimate& step;
+  int64_t max_batch = 0, max_seq = 0;  // the largest micro_batch_size and sequence_len that fit
+};
+
+// One JSON object (--json): fits, tiers, states, accumulation, the largest sizes and the step.
+void estimate_print_json(const EstimateReport& r);
+// The table: the model, the device, whether it fits (and what to change), the plan, the step.
+void estimate_print_text(const EstimateReport& r);
+
+}  // namespace strata
