@@ -432,6 +432,11 @@ void read_tokens(Dataset* d, const DatasetOptions& opt) {
 
 }  // namespace
 
+bool dataset_format_renders_chat(const std::string& format, const std::string& path, bool skip_bad_lines) {
+  const std::string f = format != "auto" ? format : path.empty() ? std::string() : dataset_detect_format(path, skip_bad_lines);
+  return f == "alpaca" || f == "sharegpt" || f == "messages" || f == "preference";
+}
+
 std::string dataset_detect_format(const std::string& path, bool skip_bad_lines) {
   std::string ext = extension_format(path);
   if (!ext.empty()) return ext;

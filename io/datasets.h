@@ -69,6 +69,9 @@ struct Dataset {
 
 // The format "auto" resolves to for `path` (reads up to the first valid .jsonl record).
 std::string dataset_detect_format(const std::string& path, bool skip_bad_lines);
+// Whether data.format `format` (for "auto": as detected in `path`; "" path: unknown) renders chat
+// samples through a chat template (alpaca, sharegpt, messages, preference).
+bool dataset_format_renders_chat(const std::string& format, const std::string& path, bool skip_bad_lines);
 
 // Reads and tokenizes a dataset; deterministic (records are processed in parallel, kept in order).
 Dataset dataset_read(const std::string& path, const DatasetOptions& opt, const TextEncoder& encoder);

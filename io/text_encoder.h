@@ -24,6 +24,8 @@ class TextEncoder {
   // data.tokenizer: "bytes", a directory, or "auto" (model_path's tokenizer.json when it has
   // one, else bytes).
   static TextEncoder resolve(const std::string& setting, const std::string& model_path);
+  // Whether a data.tokenizer setting names a directory (not "bytes" or "auto").
+  static bool setting_is_dir(const std::string& setting) { return setting != "bytes" && setting != "auto"; }
 
   bool is_bytes() const;
   const std::string& dir() const;  // "" for bytes

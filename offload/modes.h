@@ -5,6 +5,7 @@
 // RecomputeMode::automatic, which are engine behaviours (keep on the device while the budget
 // allows), not undecided choices.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace strata {
@@ -21,11 +22,56 @@ enum class StateTier : uint8_t { automatic, host, nvme };
 // offload.accumulation: the schedule over a step's micro-batches.
 enum class AccumulationMode : uint8_t { automatic, micro_batch, layer_major };
 
-// The recipe's spelling of each value ("stream", "auto", "layer_major", ...), for messages.
-const char* mode_name(WeightsMode m);
-const char* mode_name(CheckpointMode m);
-const char* mode_name(RecomputeMode m);
-const char* mode_name(StateTier m);
-const char* mode_name(AccumulationMode m);
+// A mode's spellings: one table per enum (here and in src/recipe/recipe_modes.h), read by the
+// recipe's parsing and by messages alike.
+template <class E>
+struct ModeSpelling {
+  E value;
+  const char* name;  // as the recipe writes it
+};
+template <class E>
+struct ModeTable;  // ModeTable<E>::key (the recipe key) and ::values (every spelling)
+
+template <>
+struct ModeTable<WeightsMode> {
+  static constexpr const char* key = "offload.weights";
+  static constexpr ModeSpelling<WeightsMode> values[] = {
+      {WeightsMode::stream, "stream"}, {WeightsMode::device, "device"}, {WeightsMode::automatic, "auto"}};
+};
+template <>
+struct ModeTable<CheckpointMode> {
+  static constexpr const char* key = "offload.checkpoints";
+  static constexpr ModeSpelling<CheckpointMode> values[] = {{CheckpointMode::automatic, "auto"},
+                                                            {CheckpointMode::device, "device"},
+                                                            {CheckpointMode::host, "host"},
+                                                            {CheckpointMode::nvme, "nvme"}};
+};
+template <>
+struct ModeTable<RecomputeMode> {
+  static constexpr const char* key = "offload.recompute";
+  static constexpr ModeSpelling<RecomputeMode> values[] = {
+      {RecomputeMode::automatic, "auto"}, {RecomputeMode::always, "always"}, {RecomputeMode::never, "never"}};
+};
+template <>
+struct ModeTable<StateTier> {
+  static constexpr const char* key = "offload.optimizer";
+  static constexpr ModeSpelling<StateTier> values[] = {
+      {StateTier::automatic, "auto"}, {StateTier::host, "host"}, {StateTier::nvme, "nvme"}};
+};
+template <>
+struct ModeTable<AccumulationMode> {
+  static constexpr const char* key = "offload.accumulation";
+  static constexpr ModeSpelling<AccumulationMode> values[] = {{AccumulationMode::automatic, "auto"},
+                                                              {AccumulationMode::micro_batch, "micro_batch"},
+                                                              {AccumulationMode::layer_major, "layer_major"}};
+};
+
+// The recipe's spelling of a value ("stream", "auto", "layer_major", ...), for messages.
+template <class E>
+const char* mode_name(E value) {
+  for (const ModeSpelling<E>& s : ModeTable<E>::values)
+    if (s.value == value) return s.name;
+  return "?";
+}
 
 }  // namespace strata

@@ -888,6 +888,30 @@ double Engine::landed_update_norm() {
 
 // Every stream and the host queue are drained even when one of them failed, so nothing is
 // left running on buffers the caller may free next; then the first error is rethrown.
+StepOutcome Engine::train_step(const StepWork& work) {
+  STRATA_ASSERT(work.micro && !work.micro->empty(), "a step has at least one micro-batch");
+  const std::vector<MicroBatch>& micro = *work.micro;
+  const float scale = float(1.0 / double(std::max<int64_t>(work.counted, 1)));
+  const bool layer_major = opt_.group > 1;
+  StepOutcome out;
+  if (work.gradients_first) {
+    if (layer_major) out.losses = forward_backward_group(micro, scale);
+    else
+      for (const MicroBatch& mb : micro) out.losses.push_back(forward_backward(mb, scale));
+    out.grad_norm = optimizer_step(work.hyper, work.max_grad_norm, work.weight_decay);
+    return out;
+  }
+  // no clipping: the last micro-batch (layer-major: the whole pass) updates each group as its gradient lands
+  if (layer_major) {
+    out.losses = forward_backward_group_update(micro, scale, work.hyper, work.weight_decay);
+  } else {
+    for (size_t a = 0; a + 1 < micro.size(); ++a) out.losses.push_back(forward_backward(micro[a], scale));
+    out.losses.push_back(forward_backward_update(micro.back(), scale, work.hyper, work.weight_decay));
+  }
+  out.grad_norm = landed_update_norm();
+  return out;
+}
+
 void Engine::synchronize() {
   std::exception_ptr first;
   auto collect = [&](auto&& f) {

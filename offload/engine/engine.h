@@ -47,6 +47,7 @@
 #include "offload/state/adamw.h"
 #include "offload/stream/checkpoint_spill.h"
 #include "offload/stream/engine_buffers.h"
+#include "offload/engine/step_engine.h"
 #include "offload/reduce/grad_reduction.h"
 #include "offload/stream/host_queue.h"
 #include "offload/state/host_store.h"
@@ -64,39 +65,12 @@ struct EngineHostBytes {
                            // (an upper bound for "auto", which keeps what the device budget allows)
 };
 
-// Cumulative; the trainer reports per-step differences. compute_s + h2d_wait_s + d2h_wait_s +
-// optimizer_exposed_s is about the wall time of the steps (the compute stream's timeline: busy,
-// blocked on another stream, or out of work because the trainer thread waited on the host);
-// optimizer_s overlaps compute by design and is not part of that sum.
-struct EngineStats {
-  double compute_s = 0;         // compute stream busy running ops
-  double h2d_wait_s = 0;        // compute stream blocked on another stream: weights/checkpoints
-                                // arriving, or a gradient slot still being copied out
-  double d2h_wait_s = 0;        // compute stream out of work while the trainer thread waited for
-                                // gradients to reach the host (staging reuse, end of backward)
-  double optimizer_s = 0;       // host worker working: gradient accumulation + AdamW (its waits
-                                // for device copies excluded)
-  double optimizer_exposed_s = 0;  // compute stream out of work while the trainer thread waited
-                                   // for an optimizer update or computed the global norm
-  size_t link_bytes = 0;        // h2d + d2h
-  uint64_t nvme_read_bytes = 0;   // optimizer state and activation checkpoints read from NVMe
-  uint64_t nvme_write_bytes = 0;  // ... and written
-  double nvme_wait_s = 0;         // the optimizer's pass blocked on NVMe reads or write-backs, plus
-                                  // the trainer thread blocked on checkpoint files
-  double nvme_busy_s = 0;         // disk time: some NVMe transfer in flight (file_engines_busy_seconds)
-};
-
-// The trainer thread blocks in `wait`; returns the part of that time the compute stream was
-// neither busy nor blocked on another stream (it had run out of work). Only that part lengthens
-// a step: the rest overlapped device work. (EngineStats' *_exposed_s and d2h_wait_s.)
-double engine_exposed_wait(Device& dev, const std::function<void()>& wait);
-
 // What one pass over a micro-batch does: forward only (eval) and forward + backward. The
 // zeroth-order dual forward (θ + εz and θ − εz side by side) is its own engine over the same host
 // store, buffer shapes and streams, without gradient or checkpoint buffers: offload/engine/engine_zo.h.
 enum class StepKind : uint8_t { forward_only, forward_backward };
 
-class Engine {
+class Engine final : public StepEngine {
  public:
   static EngineHostBytes host_bytes(const ModelSpec& spec, const EngineOptions& options);
   static int64_t head_chunk_rows(const ModelSpec& spec, const EngineOptions& options) {
@@ -116,7 +90,11 @@ class Engine {
   double forward_backward(const MicroBatch& mb, float grad_scale) {
     return step(mb, StepKind::forward_backward, grad_scale);
   }
-  double forward_loss(const MicroBatch& mb) { return step(mb, StepKind::forward_only, 1.f); }
+  double forward_loss(const MicroBatch& mb) override { return step(mb, StepKind::forward_only, 1.f); }
+  // One optimizer step over this rank's micro-batches (StepEngine): every gradient first, then
+  // the clipped update (work.gradients_first), or the last micro-batch (layer-major: the pass)
+  // updating each group as its gradient lands; layer-major when options().group > 1.
+  StepOutcome train_step(const StepWork& work) override;
   // Layer-major (options.group = g > 1; engine.cpp top): up to g micro-batches in one pass, each
   // layer and lm_head chunk on the device once for all of them. Gradients as forward_backward on
   // each in turn, to the bit; returns each micro-batch's summed loss.
@@ -140,7 +118,7 @@ class Engine {
                                                     AdamWParams params, double weight_decay);
   double landed_update_norm();
   void zero_grads();   // waits for pending accumulation, then zeroes store.grad()
-  void synchronize();  // all queued device and host work finished
+  void synchronize() override;  // all queued device and host work finished
 
   // Data parallel (offload/reduce/comm_reduction.h): replaces the one-process NoGradReduction. Call
   // between steps, with nothing queued.
@@ -162,11 +140,11 @@ class Engine {
   // micro-batches, next in turn); forward-only passes draw none.
   void lora_dropout_begin_step(int64_t step, int64_t first = 0, int64_t stride = 1);
 
-  EngineStats stats() const;
-  size_t device_checkpoints() const { return device_ckpt_count_; }
-  size_t kept_activation_layers() const { return kept_layers_; }  // offload.recompute: layers not recomputed
-  size_t kept_logit_chunks() const { return kept_chunks_; }        // offload.recompute: lm_head chunks likewise
-  size_t pinned_bytes() const { return engine_pinned_bytes(table_); }  // staging, spilled checkpoints
+  EngineStats stats() const override;
+  size_t device_checkpoints() const override { return device_ckpt_count_; }
+  size_t kept_activation_layers() const override { return kept_layers_; }  // offload.recompute: layers not recomputed
+  size_t kept_logit_chunks() const override { return kept_chunks_; }        // offload.recompute: lm_head chunks likewise
+  size_t pinned_bytes() const override { return engine_pinned_bytes(table_); }  // staging, spilled checkpoints
   const EngineOptions& options() const { return opt_; }
 
  private:

@@ -328,4 +328,75 @@ EngineStats ZoEngine::stats() const {
   return s;
 }
 
+ZoStepOutcome zo_step_run(ZoEngine& engine, const ZoStepOptions& options, const std::vector<MicroBatch>& micro,
+                          int64_t counted, int64_t step, double lr, double weight_decay, const ZoParallel& par,
+                          Comm* comm) {
+  STRATA_ASSERT(counted > 0 && options.perturbations >= 1 && !micro.empty());
+  STRATA_ASSERT(par.sides == 1 || par.sides == 2);
+  const float eps = float(options.eps);
+  const double two_eps = 2.0 * double(eps);
+  const size_t q = size_t(options.perturbations), M = micro.size() * size_t(par.groups);
+  // losses[(j * M + i) * 2 + s]: side s (0: θ + εz, 1: θ − εz) of global micro-batch i under z_j
+  std::vector<double> losses(q * M * 2, 0.0);
+  std::vector<uint64_t> seeds(q);
+  for (size_t j = 0; j < q; ++j) {
+    seeds[j] = host_zo_seed(options.seed, uint64_t(step), uint32_t(j));
+    for (size_t k = 0; k < micro.size(); ++k) {
+      double* at = &losses[(j * M + k * size_t(par.groups) + size_t(par.group)) * 2];
+      if (par.sides == 1) {
+        const ZoLosses l = engine.dual_forward(micro[k], seeds[j], eps);
+        at[0] = l.plus;
+        at[1] = l.minus;
+      } else {
+        at[par.side] = engine.perturbed_forward(micro[k], seeds[j], eps, par.side == 0 ? 1 : -1);
+      }
+    }
+  }
+  ZoStepOutcome out;
+  if (comm && comm->size() > 1) {
+    comm->all_reduce_sum(losses.data(), losses.size()).wait();
+    out.comm_bytes = losses.size() * sizeof(double);
+  }
+  ZoSgdEstimate est;
+  for (size_t j = 0; j < q; ++j) {
+    double plus = 0, minus = 0;  // in the single-process order of the micro-batches
+    for (size_t i = 0; i < M; ++i) {
+      plus += losses[(j * M + i) * 2];
+      minus += losses[(j * M + i) * 2 + 1];
+    }
+    plus /= double(counted);
+    minus /= double(counted);
+    STRATA_CHECK(std::isfinite(plus) && std::isfinite(minus), "step ", step, ": the perturbed losses are not finite (",
+                 plus, ", ", minus, "); lower optim.learning_rate or optim.zo_eps, or check the data");
+    const double g = (plus - minus) / two_eps;
+    out.projected.push_back(g);
+    out.loss_plus += plus / double(q);
+    out.loss_minus += minus / double(q);
+    out.projected_grad += g / double(q);
+    est.seeds.push_back(seeds[j]);
+    est.coefs.push_back(float(g / double(q)));
+  }
+  engine.queue_update(est, lr, weight_decay);
+  return out;
+}
+
+void ZoEngine::set_step(const ZoStepOptions& options, const ZoParallel& par, Comm* comm) {
+  step_options_ = options;
+  par_ = par;
+  comm_ = comm;
+}
+
+StepOutcome ZoEngine::train_step(const StepWork& work) {
+  STRATA_ASSERT(work.micro, "a step has micro-batches");
+  const ZoStepOutcome z = zo_step_run(*this, step_options_, *work.micro, work.counted, work.step, work.hyper.lr,
+                                      work.weight_decay, par_, comm_);
+  StepOutcome out;
+  out.losses = {z.loss() * double(work.counted)};  // already the whole step's, on every rank
+  out.global = true;
+  out.grad_norm = std::abs(z.projected_grad);
+  out.extra = {{"zo_projected_grad", z.projected_grad}, {"loss_plus", z.loss_plus}, {"loss_minus", z.loss_minus}};
+  out.comm_bytes = z.comm_bytes;
+  return out;
+}
+
 }  // namespace strata

@@ -31,6 +31,8 @@
 #include "models/decoder_layer.h"
 #include "models/micro_batch.h"
 #include "offload/engine/engine.h"
+#include "offload/engine/step_engine.h"
+#include "src/comm/comm.h"
 #include "offload/stream/engine_buffers.h"
 #include "offload/stream/host_queue.h"
 #include "offload/state/host_store.h"
@@ -67,7 +69,47 @@ std::vector<EngineBuffer> zo_buffer_table(const EngineShape& shape, ZoBuffers* i
 // The shape the ZO engine runs with: always streamed (its weights change every step).
 EngineShape zo_engine_shape(const ModelSpec& spec, EngineOptions options);
 
-class ZoEngine {
+// One zeroth-order step's settings (optim.*; train.seed).
+struct ZoStepOptions {
+  uint64_t seed = 0;      // train.seed
+  double eps = 1e-3;      // optim.zo_eps
+  int perturbations = 1;  // optim.zo_perturbations (q)
+};
+
+struct ZoStepOutcome {
+  double loss_plus = 0, loss_minus = 0;  // token-mean L(θ ± εz), averaged over the q perturbations
+  double projected_grad = 0;             // mean over j of g_j
+  std::vector<double> projected;         // g_j
+  size_t comm_bytes = 0;                 // the loss scalars this rank all-reduced (0 on one rank)
+  double loss() const { return 0.5 * (loss_plus + loss_minus); }  // L(θ) to O(ε²)
+};
+
+// The ε the passes perturb with (an f32 value, as the device sees it).
+inline double zo_eps_used(double eps) { return double(float(eps)); }
+
+// The ranks as sides x data groups (distributed.zo: src/train/zo_step.h lays them out).
+struct ZoParallel {
+  int sides = 1;   // 1: both passes on each rank; 2: one side per rank of a pair
+  int side = 0;    // with sides = 2: 0 runs θ + εz, 1 runs θ − εz
+  int groups = 1;  // data groups
+  int group = 0;   // this rank's
+};
+
+class ZoEngine;
+// The step's dual forwards and its queued update; `step` is 1-based. Throws (bad input) when a
+// loss is not finite. `micro` is this rank's share of the step (all of it on one rank); `counted`
+// the labelled tokens of the whole step. With several ranks (comm given, layout `par`) each rank
+// computes its side's summed loss of each of its micro-batches, one all-reduce of those scalars
+// (q x micro-batches x 2 doubles, each filled by one rank, zeros elsewhere: the sum is exact)
+// gives every rank all of them, and each sums them in the single-process order: the losses, the
+// projected gradients and hence the update are bit-identical to one process running the whole
+// step.
+ZoStepOutcome zo_step_run(ZoEngine& engine, const ZoStepOptions& options, const std::vector<MicroBatch>& micro,
+                          int64_t counted, int64_t step, double lr, double weight_decay, const ZoParallel& par = {},
+                          Comm* comm = nullptr);
+
+
+class ZoEngine final : public StepEngine {
  public:
   // The device bytes ZoEngine allocates for this model and micro-batch capacity (for budgets
   // and the memory comparison in README.md).
@@ -85,14 +127,20 @@ class ZoEngine {
   // of dual_forward. ZO perturbation parallel runs one side on each rank of a pair.
   double perturbed_forward(const MicroBatch& mb, uint64_t seed, float eps, int sign);
   // The clean pass (eval; zo-probe's reference loss): summed loss.
-  double forward_loss(const MicroBatch& mb);
+  double forward_loss(const MicroBatch& mb) override;
+
+  // The training step (StepEngine): zo_step_run with the settings set here (before the first
+  // step; the defaults are one process, train.seed 0, eps 1e-3, one perturbation).
+  void set_step(const ZoStepOptions& options, const ZoParallel& par = {}, Comm* comm = nullptr);
+  StepOutcome train_step(const StepWork& work) override;
 
   // Queues the ZO-SGD update of every group (in group order) on the host queue; the next pass
   // waits for each group just before uploading it. Non-blocking.
   void queue_update(const ZoSgdEstimate& estimate, double lr, double weight_decay);
 
-  void synchronize();  // every queued device and host task finished
-  EngineStats stats() const;
+  void synchronize() override;  // every queued device and host task finished
+  EngineStats stats() const override;
+  size_t pinned_bytes() const override { return engine_pinned_bytes(table_); }
   // Bytes one dual forward uploads as weights: every layer, the final norm, the lm_head (the
   // tied embedding table when tied); the embedding is gathered on the host and never crosses.
   size_t weight_link_bytes() const;
@@ -129,6 +177,9 @@ class ZoEngine {
   std::vector<uint64_t> update_ticket_;  // per group: its pending ZO-SGD update
   std::unique_ptr<HostZoSgd> optimizer_;
   double optimizer_exposed_s_ = 0;
+  ZoStepOptions step_options_;
+  ZoParallel par_;
+  Comm* comm_ = nullptr;
 };
 
 }  // namespace strata

@@ -419,11 +419,8 @@ void Generator::head(const std::vector<int64_t>& last_index, int64_t B) {
 
 // ---- the batch loop and token choice -------------------------------------------------------------
 
-std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<int32_t>>& prompts,
-                                                const SamplingOptions& options, uint64_t first_request,
-                                                const std::function<void(size_t, int32_t)>& on_token) {
-  const int64_t B = int64_t(prompts.size());
-  STRATA_ASSERT(B >= 1 && B <= shape_.max_batch, "generate: ", B, " prompts, buffers for ", shape_.max_batch);
+// The longest prompt's tokens; an empty prompt or a token outside the vocabulary is bad input.
+int64_t Generator::longest_prompt(const std::vector<std::vector<int32_t>>& prompts, uint64_t first_request) const {
   int64_t Tp = 0;
   for (size_t r = 0; r < prompts.size(); ++r) {
     STRATA_CHECK(!prompts[r].empty(), "request ", first_request + r, ": the prompt is empty (no tokens)");
@@ -433,6 +430,15 @@ std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<in
     Tp = std::max<int64_t>(Tp, int64_t(prompts[r].size()));
   }
   STRATA_ASSERT(Tp <= shape_.max_prompt);
+  return Tp;
+}
+
+std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                const SamplingOptions& options, uint64_t first_request,
+                                                const std::function<void(size_t, int32_t)>& on_token) {
+  const int64_t B = int64_t(prompts.size());
+  STRATA_ASSERT(B >= 1 && B <= shape_.max_batch, "generate: ", B, " prompts, buffers for ", shape_.max_batch);
+  const int64_t Tp = longest_prompt(prompts, first_request);
   const int64_t max_new = std::min<int64_t>(options.max_new_tokens, shape_.max_context - Tp);
   std::vector<GenerateResult> results(prompts.size());
   if (options.max_new_tokens <= 0) return results;

@@ -102,6 +102,7 @@ class Generator {
   const GenerateStats& stats() const { return stats_; }
 
  private:
+  int64_t longest_prompt(const std::vector<std::vector<int32_t>>& prompts, uint64_t first_request) const;
   struct Buffers;
   void allocate(const GeneratorPlacement& placement);
   void release();

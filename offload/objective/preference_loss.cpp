@@ -29,15 +29,6 @@ double log1m_exp(double x) {
 
 }  // namespace
 
-PreferenceObjective preference_objective_parse(const std::string& name) {
-  if (name == "dpo") return PreferenceObjective::dpo;
-  if (name == "ipo") return PreferenceObjective::ipo;
-  if (name == "simpo") return PreferenceObjective::simpo;
-  if (name == "orpo") return PreferenceObjective::orpo;
-  STRATA_CHECK(false, "unknown preference objective '", name, "': use dpo, ipo, simpo or orpo");
-  return PreferenceObjective::dpo;
-}
-
 const char* preference_objective_name(PreferenceObjective objective) {
   switch (objective) {
     case PreferenceObjective::dpo: return "dpo";

@@ -25,7 +25,6 @@ namespace strata {
 enum class PreferenceObjective { dpo, ipo, simpo, orpo };
 
 // "dpo" | "ipo" | "simpo" | "orpo"; anything else throws Error(input) naming the choices.
-PreferenceObjective preference_objective_parse(const std::string& name);
 const char* preference_objective_name(PreferenceObjective objective);
 // The objective needs reference log-probs (one forward pass of the starting weights).
 bool preference_needs_reference(PreferenceObjective objective);

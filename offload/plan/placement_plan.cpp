@@ -59,25 +59,29 @@ void check_inputs(const PlanInputs& in, const PlanBudgets& b) {
   STRATA_CHECK(in.checkpoints != CheckpointMode::nvme || !b.nvme_dir.empty(), "offload.checkpoints", nvme_dir);
 }
 
-// The engine's options for plan inputs whose weights are resolved, at group g.
-EngineOptions engine_options_for(const PlanInputs& in, int64_t group) {
-  EngineOptions eo;
-  eo.weights = in.weights;
-  eo.checkpoints = in.checkpoints;
-  eo.recompute = in.recompute;
-  eo.max_batch = in.micro_batch;
-  eo.max_tokens = in.sequence_len;
-  eo.head_chunk_rows = in.head_chunk_rows;
-  eo.lora = in.lora;
-  eo.group = group;
-  return eo;
+// The decisions the inputs make at group g (weights resolved), before the tiers are chosen.
+RunPlan plan_decisions(const PlanInputs& in, int64_t group, const PlanBudgets& budgets) {
+  RunPlan p;
+  p.budgets = budgets;
+  p.optimizer_kind = in.optimizer_kind;
+  p.lora = in.lora;
+  // the zeroth-order engine always streams (its weights change every step)
+  p.weights = in.optimizer_kind == OptimizerKind::zo_sgd ? WeightsMode::stream : in.weights;
+  p.checkpoints = in.checkpoints;
+  p.recompute = in.recompute;
+  p.moments = in.moments;
+  p.micro_batch = in.micro_batch;
+  p.sequence_len = in.sequence_len;
+  p.group = group;
+  p.head_chunk_rows = in.head_chunk_rows;
+  return p;
 }
 
 }  // namespace
 
 EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in,
                                    int64_t group) {
-  EngineOptions eo = engine_options_for(in, group);
+  EngineOptions eo = run_plan_engine_options(plan_decisions(in, group, PlanBudgets{}));
   if (eo.checkpoints == CheckpointMode::nvme) eo.checkpoints = CheckpointMode::host;  // spilled rows, then moved by the plan
   // zo-sgd runs its own engine (offload/engine/engine_zo.h): forward passes only, no checkpoints
   return in.optimizer_kind == OptimizerKind::zo_sgd ? zo_engine_shape(spec, eo) : EngineShape::of(spec, layout, eo);
@@ -85,25 +89,30 @@ EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout&
 
 namespace {
 
-// The plan for one choice of what goes to NVMe; `problems` filled, `changes` not.
-RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets, Choice choice) {
-  RunPlan p;
-  p.budgets = budgets;
-  p.optimizer_on_nvme = choice.optimizer_nvme;
-  auto add = [&](std::string kind, Tier tier, size_t bytes) { p.states.push_back({std::move(kind), tier, bytes}); };
+// What every part of one plan reads: the store's tables and the engine's buffer table (the
+// same functions the allocation runs), and the plan being filled.
+struct PlanParts {
+  const ModelSpec& spec;
+  const PlanInputs& in;
+  RunPlan& p;
+  HostStoreLayout layout;
+  OptimizerStateNeeds needs;
+  bool zo = false;  // its own engine: forward passes only, no checkpoints
+  EngineShape shape;
+  std::vector<EngineBuffer> table, ckpt;  // the engine's rows; the layer checkpoints' rows
+  size_t L = 0, act = 0;
+  void add(std::string kind, Tier tier, size_t bytes) { p.states.push_back({std::move(kind), tier, bytes}); }
+};
 
-  // The store's tables and the engine's buffer table: the same functions the allocation runs.
-  const HostStoreLayout layout = HostStore::layout(spec);
-  const OptimizerStateNeeds needs = optimizer_state_needs(in.optimizer_kind);
-  const bool zo = in.optimizer_kind == OptimizerKind::zo_sgd;  // its own engine: forward passes only, no checkpoints
-  const EngineShape shape = placement_engine_shape(spec, layout, in, group);
-  const std::vector<EngineBuffer> table = zo ? zo_buffer_table(shape, nullptr) : engine_buffer_table(shape, nullptr);
-  const size_t L = shape.layers, act = shape.activation_bytes();
-  p.layers = L;
-
-  // -- device: the engine's rows, then the checkpoints the engine keeps there
+// -- device: the engine's rows, then the checkpoints the engine keeps there, then kept activations
+// and logits from what the budget leaves. Fills x.ckpt.
+void plan_device(PlanParts& x, const PlanBudgets& budgets) {
+  RunPlan& p = x.p;
+  const EngineShape& shape = x.shape;
+  const size_t L = x.L, act = x.act;
+  const bool zo = x.zo;
   std::vector<std::pair<std::string, size_t>> device_rows;
-  for (const EngineBuffer& b : table) {
+  for (const EngineBuffer& b : x.table) {
     if (b.memory != Memory::device) continue;
     const std::string kind = device_kind(b.name);
     auto it = std::find_if(device_rows.begin(), device_rows.end(), [&](auto& r) { return r.first == kind; });
@@ -112,9 +121,9 @@ RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, con
   }
   // A CUDA device takes its own workspaces at the first GEMM and loss; the engine leaves them
   // free (Engine::device_bytes_left), so the plan counts them before the checkpoints and kept rows.
-  const size_t backend_ws = in.device_is_cuda ? cuda_backend_workspace_bytes(shape.C, shape.head_rows) : 0;
+  const size_t backend_ws = x.in.device_is_cuda ? cuda_backend_workspace_bytes(shape.C, shape.head_rows) : 0;
   if (backend_ws) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
-  const size_t device_fixed = engine_device_bytes(table) + backend_ws;
+  const size_t device_fixed = engine_device_bytes(x.table) + backend_ws;
   if (zo) {
     // no layer checkpoints: nothing goes back
   } else if (shape.checkpoints == CheckpointMode::device) {
@@ -124,65 +133,75 @@ RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, con
     const size_t left = budgets.device_bytes == 0 ? SIZE_MAX : budgets.device_bytes > used ? budgets.device_bytes - used : 0;
     p.device_checkpoints = std::min<size_t>(L, left / (shape.group * Arena::footprint(act)));  // a layer's g inputs
   }
-  const std::vector<EngineBuffer> ckpt = zo ? std::vector<EngineBuffer>{}
-                                            : engine_checkpoint_table(shape, p.device_checkpoints, nullptr);
-  for (auto& [kind, bytes] : device_rows) add(kind, Tier::device, bytes);
-  if (p.device_checkpoints) add("layer checkpoints (device)", Tier::device, engine_device_bytes(ckpt));
+  x.ckpt = zo ? std::vector<EngineBuffer>{} : engine_checkpoint_table(shape, p.device_checkpoints, nullptr);
+  const std::vector<EngineBuffer>& ckpt = x.ckpt;
+  for (auto& [kind, bytes] : device_rows) x.add(kind, Tier::device, bytes);
+  if (p.device_checkpoints) x.add("layer checkpoints (device)", Tier::device, engine_device_bytes(ckpt));
   if (!zo) {  // offload.recompute: activations kept from what the budget leaves after the checkpoints
     const size_t used = device_fixed + engine_device_bytes(ckpt) + kDeviceMargin;
     const size_t left = budgets.device_bytes == 0 ? SIZE_MAX : budgets.device_bytes > used ? budgets.device_bytes - used : 0;
     p.kept_activation_layers = engine_kept_activation_layers(shape, left);
     const size_t kept = engine_device_bytes(engine_kept_activation_table(shape, p.kept_activation_layers, nullptr));
-    if (kept) add("kept layer activations (device, no recompute)", Tier::device, kept);
+    if (kept) x.add("kept layer activations (device, no recompute)", Tier::device, kept);
     p.kept_logit_chunks = engine_kept_logit_chunks(shape, left > kept ? left - kept : 0);
     if (p.kept_logit_chunks) {
       const size_t first = shape.head_chunks - p.kept_logit_chunks;
       p.kept_logit_rows = size_t(shape.V) - first * size_t(shape.head_rows);
-      add("kept lm_head logits (device, no recompute)", Tier::device,
+      x.add("kept lm_head logits (device, no recompute)", Tier::device,
           engine_device_bytes(engine_kept_logits_table(shape, p.kept_logit_chunks, nullptr)));
     }
   }
+
+}
+
+// -- host: the process, the data, the store's arrays, the engine's pinned buffers, NVMe's own.
+void plan_host(PlanParts& x, Choice choice) {
+  RunPlan& p = x.p;
+  const ModelSpec& spec = x.spec;
+  const PlanInputs& in = x.in;
+  const EngineShape& shape = x.shape;
+  const OptimizerStateNeeds& needs = x.needs;
+  const HostStoreLayout& layout = x.layout;
+  const size_t L = x.L, act = x.act;
   size_t device_total = 0;
   for (const PlanState& s : p.states) device_total += s.bytes;
-
-  // -- host: the process, the data, the store's arrays, the engine's pinned buffers
-  add("process baseline (code, libraries, tokenizer)", Tier::host, in.baseline_bytes);
-  add("tokenized data rows and order", Tier::host, in.data_bytes);
+  x.add("process baseline (code, libraries, tokenizer)", Tier::host, in.baseline_bytes);
+  x.add("tokenized data rows and order", Tier::host, in.data_bytes);
   if (in.device_in_host_ram) {
-    add("device arena (CPU backend: process memory)", Tier::host, device_total);
+    x.add("device arena (CPU backend: process memory)", Tier::host, device_total);
     const LayerDims& d = shape.layer_capacity;
     const size_t scratch = cpu_backend_scratch_bytes({d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt});
-    if (scratch) add("CPU kernel scratch (attention inputs, dS, loss tiles, GEMM tiles)", Tier::host, scratch);
+    if (scratch) x.add("CPU kernel scratch (attention inputs, dS, loss tiles, GEMM tiles)", Tier::host, scratch);
   }
   const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
   const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
-  add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
+  x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
   const bool frozen = in.lora.enabled();
   const Tier state_tier = choice.optimizer_nvme ? Tier::nvme : Tier::host;
   const size_t moments_bytes = needs.moments && !frozen ? 2 * (f32_bytes / 4) * dtype_size(in.moments) : 0;
   if (frozen) {  // LoRA: nothing for the base beyond its working copy
     const LoraHostBytes lb = LoraStore::host_bytes(LoraLayout::of(spec, in.lora));
-    add("LoRA adapters: fp32 master, AdamW m and v", Tier::host, lb.state);
-    add("LoRA adapters: gradient and device image", Tier::host_pinned, lb.pinned);
+    x.add("LoRA adapters: fp32 master, AdamW m and v", Tier::host, lb.state);
+    x.add("LoRA adapters: gradient and device image", Tier::host_pinned, lb.pinned);
   } else {
-    if (needs.grads) add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
+    if (needs.grads) x.add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
     if (spec.matrix_dtype == DType::f32 && in.f32_master_shared)
-      add("fp32 master weights (the f32 working copy)", state_tier, 0);
+      x.add("fp32 master weights (the f32 working copy)", state_tier, 0);
     else
-      add("fp32 master weights", state_tier, f32_bytes);
-    if (needs.moments) add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
+      x.add("fp32 master weights", state_tier, f32_bytes);
+    if (needs.moments) x.add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
   }
-  add(zo ? "pinned staging (embedding outputs)" : "pinned staging (activations, gradients)", Tier::host_pinned,
-      engine_pinned_bytes(table));
-  const size_t spilled = engine_pinned_bytes(ckpt);
+  x.add(x.zo ? "pinned staging (embedding outputs)" : "pinned staging (activations, gradients)", Tier::host_pinned,
+      engine_pinned_bytes(x.table));
+  const size_t spilled = engine_pinned_bytes(x.ckpt);
   const bool ckpt_nvme = in.checkpoints == CheckpointMode::nvme || choice.checkpoints_nvme;
   if (spilled) {
     (ckpt_nvme ? p.nvme_checkpoints : p.host_checkpoints) = L - p.device_checkpoints;
-    add(ckpt_nvme ? "layer checkpoints (NVMe)" : "layer checkpoints (pinned host)", ckpt_nvme ? Tier::nvme : Tier::host_pinned,
+    x.add(ckpt_nvme ? "layer checkpoints (NVMe)" : "layer checkpoints (pinned host)", ckpt_nvme ? Tier::nvme : Tier::host_pinned,
         spilled);
     if (ckpt_nvme) {  // the engine's ring of pinned buffers and the spill's file-engine staging
-      add(str_cat("NVMe checkpoint staging (", kSpillRing, " x activations)"), Tier::host_pinned, kSpillRing * act);
-      add("NVMe checkpoint file staging", Tier::host, CheckpointSpill::host_bytes());
+      x.add(str_cat("NVMe checkpoint staging (", kSpillRing, " x activations)"), Tier::host_pinned, kSpillRing * act);
+      x.add("NVMe checkpoint file staging", Tier::host, CheckpointSpill::host_bytes());
     }
   }
   if (choice.optimizer_nvme) {  // the placement's own sizes (offload/state/nvme_state.h): files, window, staging
@@ -190,12 +209,18 @@ RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, con
     so.state_on_nvme = true;
     so.moments = in.moments;
     const NvmeStateSizes ns = nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared));
-    add("NVMe optimizer pipeline (window of master, m, v ranges; file staging)", Tier::host, ns.host_bytes);
+    x.add("NVMe optimizer pipeline (window of master, m, v ranges; file staging)", Tier::host, ns.host_bytes);
     const size_t listed = (spec.matrix_dtype == DType::f32 && in.f32_master_shared ? 0 : f32_bytes) + moments_bytes;
-    if (ns.file_bytes > listed) add("NVMe files: each group rounded to whole blocks", Tier::nvme, ns.file_bytes - listed);
+    if (ns.file_bytes > listed) x.add("NVMe files: each group rounded to whole blocks", Tier::nvme, ns.file_bytes - listed);
   }
 
-  // -- transients: one phase at a time, so the tier holds the largest
+}
+
+// -- transients: one phase at a time, so the tier holds the largest.
+void plan_transients(PlanParts& x) {
+  RunPlan& p = x.p;
+  const ModelSpec& spec = x.spec;
+  const PlanInputs& in = x.in;
   size_t max_numel = 0;
   for (const TensorSpec& r : spec.params.rows()) max_numel = std::max(max_numel, size_t(r.numel()));
   const size_t tensor_f32 = max_numel * 4;
@@ -218,12 +243,13 @@ RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, con
                           std::max(export_bytes, kManifestReadBytes)});
   const auto largest = std::max_element(p.transients.begin(), p.transients.end(),
                                         [](const PlanState& a, const PlanState& b) { return a.bytes < b.bytes; });
-  add(str_cat("transient buffers (largest: ", largest->kind.substr(0, largest->kind.find(" (")), ")"), Tier::host,
+  x.add(str_cat("transient buffers (largest: ", largest->kind.substr(0, largest->kind.find(" (")), ")"), Tier::host,
       largest->bytes);
 
-  for (const PlanState& s : p.states) p.tiers[int(s.tier)] += s.bytes;
+}
 
-  // -- what does not fit
+// -- what does not fit.
+void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
   const auto& b = budgets;
   if (b.device_bytes && p.tier(Tier::device) > b.device_bytes)
     p.problems.push_back(str_cat("the device budget of ", format_bytes(b.device_bytes), " (", b.device_origin,
@@ -236,6 +262,25 @@ RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, con
   if (b.nvme_bytes && p.tier(Tier::nvme) > b.nvme_bytes)
     p.problems.push_back(str_cat("NVMe needs ", format_bytes(p.tier(Tier::nvme)), ", more than offload.nvme_memory (",
                                  format_bytes(b.nvme_bytes), ")"));
+}
+
+
+// The plan for one choice of what goes to NVMe; `problems` filled, `changes` not.
+RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets, Choice choice) {
+  RunPlan p = plan_decisions(in, group, budgets);
+  p.optimizer_on_nvme = choice.optimizer_nvme;
+  PlanParts x{spec, in, p, HostStore::layout(spec), optimizer_state_needs(in.optimizer_kind)};
+  x.zo = in.optimizer_kind == OptimizerKind::zo_sgd;
+  x.shape = placement_engine_shape(spec, x.layout, in, group);
+  x.table = x.zo ? zo_buffer_table(x.shape, nullptr) : engine_buffer_table(x.shape, nullptr);
+  x.L = x.shape.layers;
+  x.act = x.shape.activation_bytes();
+  p.layers = x.L;
+  plan_device(x, budgets);
+  plan_host(x, choice);
+  plan_transients(x);
+  for (const PlanState& s : p.states) p.tiers[int(s.tier)] += s.bytes;
+  plan_problems(p, budgets);
   return p;
 }
 
@@ -260,18 +305,42 @@ RunPlan decide(const ModelSpec& spec, const PlanInputs& in, int64_t group, const
     try_move(&Choice::optimizer_nvme);
   if (host_short(p) && nvme && in.checkpoints == CheckpointMode::automatic && p.host_checkpoints)
     try_move(&Choice::checkpoints_nvme);
-  // the decisions, resolved
-  p.optimizer_kind = in.optimizer_kind;
-  p.lora = in.lora;
-  p.weights = in.weights;
-  p.checkpoints = p.nvme_checkpoints > 0 ? CheckpointMode::nvme : in.checkpoints;
-  p.recompute = in.recompute;
-  p.moments = in.moments;
-  p.micro_batch = in.micro_batch;
-  p.sequence_len = in.sequence_len;
-  p.group = group;
-  p.head_chunk_rows = in.head_chunk_rows;
+  if (p.nvme_checkpoints > 0) p.checkpoints = CheckpointMode::nvme;  // what the plan spilled there
   return p;
+}
+
+// The changes that cost no plan: fewer CPU kernel threads, and the budgets the plan needs.
+void append_budget_changes(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
+                           const RunPlan& p, std::vector<PlanChange>& out) {
+  const bool device_over = budgets.device_bytes && p.tier(Tier::device) > budgets.device_bytes;
+  const bool host_over = budgets.host_bytes && p.host_total() > budgets.host_bytes;
+  const bool nvme_over = budgets.nvme_bytes && p.tier(Tier::nvme) > budgets.nvme_bytes;
+  // The CPU backend's GEMM scratch is per kernel thread: more threads than cores only cost memory
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (host_over && in.device_in_host_ram && cpu_threads_count() > cores) {
+    const EngineShape shape = placement_engine_shape(spec, HostStore::layout(spec), in, group);
+    const LayerDims& d = shape.layer_capacity;
+    const CpuScratchShape sh{d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt};
+    const size_t now = cpu_backend_scratch_bytes(sh), fewer = cpu_backend_scratch_bytes(sh, cores);
+    if (now > fewer)
+      out.push_back({str_cat("lower device.cpu_threads to ", cores, " (this machine's cores; it is ", cpu_threads_count(),
+                             ", and each kernel thread keeps its own GEMM scratch)"), now - fewer});
+  }
+  if (device_over)
+    out.push_back({str_cat("raise device.memory to at least ", format_bytes(p.tier(Tier::device) + kDeviceMargin),
+                           " (a GPU with more memory)"), 0});
+  if (host_over) {
+    // the process baseline (resident set at start) varies by a MiB or so from run to run: the
+    // advice leaves 2% (at least 4 MiB) above this run's total, so following it fits next time
+    const size_t mib = size_t(1) << 20;
+    const size_t advice = (p.host_total() + std::max(p.host_total() / 50, 4 * mib) + mib - 1) / mib * mib;
+    out.push_back({str_cat("raise offload.host_memory to at least ", format_bytes(advice),
+                           " if the machine has the RAM (the plan's host total is ", format_bytes(p.host_total()),
+                           ")"), 0});
+  }
+  if (nvme_over)
+    out.push_back({str_cat("raise offload.nvme_memory to at least ", format_bytes(p.tier(Tier::nvme)),
+                           ", or point offload.nvme_path at a larger drive"), 0});
 }
 
 // What to change when the plan does not fit: each variant planned again, with what it saves on
@@ -338,32 +407,7 @@ std::vector<PlanChange> changes_for(const ModelSpec& spec, const PlanInputs& in,
     try_variant("set offload.checkpoints = \"auto\" (checkpoints the device cannot hold spill to pinned host memory)", v,
                 budgets);
   }
-  // The CPU backend's GEMM scratch is per kernel thread: more threads than cores only cost memory
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (host_over && in.device_in_host_ram && cpu_threads_count() > cores) {
-    const EngineShape shape = placement_engine_shape(spec, HostStore::layout(spec), in, group);
-    const LayerDims& d = shape.layer_capacity;
-    const CpuScratchShape sh{d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt};
-    const size_t now = cpu_backend_scratch_bytes(sh), fewer = cpu_backend_scratch_bytes(sh, cores);
-    if (now > fewer)
-      out.push_back({str_cat("lower device.cpu_threads to ", cores, " (this machine's cores; it is ", cpu_threads_count(),
-                             ", and each kernel thread keeps its own GEMM scratch)"), now - fewer});
-  }
-  if (device_over)
-    out.push_back({str_cat("raise device.memory to at least ", format_bytes(p.tier(Tier::device) + kDeviceMargin),
-                           " (a GPU with more memory)"), 0});
-  if (host_over) {
-    // the process baseline (resident set at start) varies by a MiB or so from run to run: the
-    // advice leaves 2% (at least 4 MiB) above this run's total, so following it fits next time
-    const size_t mib = size_t(1) << 20;
-    const size_t advice = (p.host_total() + std::max(p.host_total() / 50, 4 * mib) + mib - 1) / mib * mib;
-    out.push_back({str_cat("raise offload.host_memory to at least ", format_bytes(advice),
-                           " if the machine has the RAM (the plan's host total is ", format_bytes(p.host_total()),
-                           ")"), 0});
-  }
-  if (nvme_over)
-    out.push_back({str_cat("raise offload.nvme_memory to at least ", format_bytes(p.tier(Tier::nvme)),
-                           ", or point offload.nvme_path at a larger drive"), 0});
+  append_budget_changes(spec, in, group, budgets, p, out);
   return out;
 }
 

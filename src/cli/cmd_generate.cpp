@@ -127,7 +127,7 @@ LoadedModel load_model(const ModelSource& src, const ModelConfig& cfg) {
   std::unique_ptr<LoraAdapter> adapter;
   if (!src.adapter_dir.empty()) adapter = std::make_unique<LoraAdapter>(lora_adapter_read(src.adapter_dir, spec));
   DeviceOptions dopt;
-  dopt.backend = src.backend;
+  dopt.backend = device_backend_parse(src.backend);
   dopt.memory_bytes = parse_bytes(src.memory, "--device-memory");
   LoadedModel m;
   m.dev = device_create(dopt);

@@ -26,6 +26,7 @@ int cmd_train(const std::vector<std::string>& args) {
   if (!parse_args(app, args, &rc)) return rc;
   STRATA_CHECK(!(topt.overwrite && !topt.resume.empty()), "--overwrite starts over and --resume continues: "
                "give one of them");
+  if (topt.resume == "auto") topt.resume_latest = true, topt.resume.clear();
   train_install_signal_handlers();  // before anything slow: a signal during set-up exits at once
   Recipe recipe = recipe_load(recipe_path, overrides);
   topt.overrides = overrides;

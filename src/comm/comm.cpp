@@ -91,21 +91,20 @@ std::unique_ptr<Comm> comm_create_mpi(double) {
 #endif
 
 std::unique_ptr<Comm> comm_create(const CommOptions& options) {
-  const std::string& b = options.backend;
-  STRATA_CHECK(b == "auto" || b == "nccl" || b == "mpi" || b == "single",
-               "distributed.backend = '", b, "': use auto, nccl, mpi or single");
+  const CommBackend b = options.backend;
   STRATA_CHECK(options.timeout_s > 0, "distributed.timeout must be positive (got ",
                options.timeout_s, " s)");
   const CommLaunch launch = comm_launch_from_env();
-  if (!launch.launched || b == "single") {
+  if (!launch.launched || b == CommBackend::single) {
     STRATA_CHECK(!launch.launched || launch.size == 1, "distributed.backend = 'single' but the "
                  "launcher started ", launch.size, " ranks; use auto, mpi or nccl");
     return comm_create_single();
   }
-  const bool nccl = b == "nccl" || (b == "auto" && options.device_backend == "cuda");
+  const bool cuda = options.device_backend == DeviceBackend::cuda;
+  const bool nccl = b == CommBackend::nccl || (b == CommBackend::automatic && cuda);
   if (!nccl) return comm_create_mpi(options.timeout_s);
 
-  STRATA_CHECK(options.device_backend == "cuda" && options.device,
+  STRATA_CHECK(cuda && options.device,
                "distributed.backend = 'nccl' needs the cuda device backend (device.backend = "
                "\"cuda\"); use mpi with the cpu backend");
   // NCCL's unique id travels over MPI; the MPI comm stays as the NCCL comm's bootstrap.

@@ -29,6 +29,7 @@
 //           topology, NCCL version and NCCL_ALGO/NCCL_PROTO), equal to the serial sum for 2 ranks
 //           (a + b = b + a), not in general for more.
 #pragma once
+#include <cstdint>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -46,9 +47,12 @@ struct CommLaunch {
 };
 CommLaunch comm_launch_from_env();
 
+// distributed.backend (parsed from the recipe by src/recipe/recipe_modes.h).
+enum class CommBackend : uint8_t { automatic, nccl, mpi, single };
+
 struct CommOptions {
-  std::string backend = "auto";        // "auto" | "nccl" | "mpi" | "single"
-  std::string device_backend = "cpu";  // the run's device backend; auto = nccl for "cuda", else mpi
+  CommBackend backend = CommBackend::automatic;
+  DeviceBackend device_backend = DeviceBackend::cpu;  // the run's; automatic = nccl for cuda, else mpi
   double timeout_s = 300;              // a collective not done after this long is an error
   Device* device = nullptr;            // nccl: the CUDA device whose streams carry the collectives
 };

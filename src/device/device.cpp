@@ -119,14 +119,14 @@ const char* op_kind_name(OpKind k) {
 }
 
 std::unique_ptr<Device> device_create(const DeviceOptions& options) {
-  if (options.backend == "cpu" || options.backend == "auto") return device_create_cpu(options);
+  if (options.backend != DeviceBackend::cuda) return device_create_cpu(options);  // cpu, and auto
 #ifdef STRATA_HAVE_CUDA
-  if (options.backend == "cuda") return device_create_cuda(options);
-#endif
-  STRATA_CHECK(options.backend != "cuda",
-               "device backend 'cuda' is not built into this strata (configure with "
+  return device_create_cuda(options);
+#else
+  STRATA_CHECK(false, "device backend 'cuda' is not built into this strata (configure with "
                "-DSTRATA_CUDA=ON on a machine with the CUDA Toolkit); use [device] backend = \"cpu\"");
-  STRATA_CHECK(false, "unknown device backend '", options.backend, "': use \"cpu\", \"cuda\" or \"auto\"");
+  return nullptr;
+#endif
 }
 
 size_t cuda_backend_workspace_bytes(int64_t c, int64_t vc) {

@@ -27,8 +27,11 @@ class Event {
   virtual ~Event() = default;
 };
 
+// device.backend (parsed from the recipe by src/recipe/recipe_modes.h); automatic: the CPU.
+enum class DeviceBackend : uint8_t { cpu, cuda, automatic };
+
 struct DeviceOptions {
-  std::string backend = "cpu";       // "cpu" | "cuda"
+  DeviceBackend backend = DeviceBackend::cpu;
   size_t memory_bytes = 512ull << 20;  // the device arena budget
   double link_bytes_per_s = 0;        // CPU backend: throttle host<->device copies (0 = off)
 };

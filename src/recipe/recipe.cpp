@@ -354,6 +354,25 @@ void check_offload_device(Recipe& rc, const Reader& r) {
         parse_bandwidth(rc.device_link_bandwidth, r.where("device.link_bandwidth") + ": device.link_bandwidth");
 }
 
+// Every mode key of a checked recipe, typed (src/recipe/recipe_modes.h).
+RecipeModes recipe_modes_parse(const Recipe& rc) {
+  RecipeModes m;
+  m.optimizer = optimizer_kind_parse(rc.optim_type);
+  if (rc.objective != "sft") m.preference = preference_objective_parse(rc.objective);
+  m.weights = weights_mode_parse(rc.offload_weights);
+  m.checkpoints = checkpoint_mode_parse(rc.offload_checkpoints);
+  m.recompute = recompute_mode_parse(rc.offload_recompute);
+  m.optimizer_tier = state_tier_parse(rc.offload_optimizer);
+  m.accumulation = accumulation_mode_parse(rc.offload_accumulation);
+  m.device = device_backend_parse(rc.device_backend);
+  m.distributed = comm_backend_parse(rc.distributed_backend);
+  m.shared_host_store = toggle_parse(rc.distributed_shared_host_store);
+  m.zo = zo_parallel_mode_parse(rc.distributed_zo);
+  m.lr_schedule = lr_schedule_parse(rc.lr_scheduler_type);
+  m.drop_overlong = rc.overlong == "drop";
+  return m;
+}
+
 }  // namespace
 
 Recipe recipe_parse(const std::string& text, const std::string& origin,
@@ -369,6 +388,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   check_distributed(rc, r);
   check_train_optim(rc, r);
   check_offload_device(rc, r);
+  rc.modes = recipe_modes_parse(rc);  // the mode keys, typed, once
   return rc;
 }
 

@@ -9,10 +9,13 @@
 #include <variant>
 #include <vector>
 
+#include "src/recipe/recipe_modes.h"
+
 namespace strata {
 
 struct Recipe {
   std::string source_path;  // the recipe file
+  RecipeModes modes;        // every mode key below, parsed once (src/recipe/recipe_modes.h)
   // [model]
   std::string model_path;     // HF dir with weights (and tokenizer)
   std::string model_config;   // config.json for a freshly initialised model

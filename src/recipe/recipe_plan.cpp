@@ -2,6 +2,7 @@
 
 #include "src/core/dtype.h"
 #include "src/core/error.h"
+#include "src/device/device.h"
 #include "src/recipe/recipe_modes.h"
 
 namespace strata {
@@ -20,25 +21,25 @@ LoraOptions recipe_lora_options(const Recipe& rc) {
 PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   PlanInputs in;
   in.lora = recipe_lora_options(rc);
-  in.weights = weights_mode_parse(rc.offload_weights);
-  in.checkpoints = checkpoint_mode_parse(rc.offload_checkpoints);
-  in.recompute = recompute_mode_parse(rc.offload_recompute);
-  in.optimizer_kind = optimizer_kind_parse(rc.optim_type);  // which host arrays and which engine's device rows
-  in.optimizer = state_tier_parse(rc.offload_optimizer);
+  in.weights = rc.modes.weights;
+  in.checkpoints = rc.modes.checkpoints;
+  in.recompute = rc.modes.recompute;
+  in.optimizer_kind = rc.modes.optimizer;  // which host arrays and which engine's device rows
+  in.optimizer = rc.modes.optimizer_tier;
   // zeroth order keeps the master in RAM and has no moments: "auto" is RAM for it
   if (in.optimizer_kind == OptimizerKind::zo_sgd && in.optimizer == StateTier::automatic) in.optimizer = StateTier::host;
   in.moments = dtype_parse(rc.moments_dtype);
   // a preference objective's micro-batch holds pairs: 2 rows each (chosen, rejected)
-  in.micro_batch = rc.micro_batch_size * (rc.objective != "sft" ? 2 : 1);
+  in.micro_batch = rc.micro_batch_size * (rc.modes.preference ? 2 : 1);
   in.sequence_len = rc.sequence_len;
-  in.accumulation = accumulation_mode_parse(rc.offload_accumulation);
+  in.accumulation = rc.modes.accumulation;
   in.accumulation_steps = rc.gradient_accumulation_steps;
   in.ranks = ranks;
   in.save_dtype = dtype_parse(rc.save_dtype);
   in.load_from_dir = !rc.model_path.empty();
   in.f32_master_shared = true;  // HostStore: in f32 compute mode the master is the working copy
-  in.device_in_host_ram = rc.device_backend == "cpu";
-  in.device_is_cuda = rc.device_backend == "cuda";
+  in.device_in_host_ram = rc.modes.device == DeviceBackend::cpu;
+  in.device_is_cuda = rc.modes.device == DeviceBackend::cuda;
   return in;
 }
 

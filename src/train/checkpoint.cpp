@@ -254,6 +254,52 @@ void lora_export(const LoraStore& lora, HostStore& store, const std::string& dir
   export_hf_atomic(store, (fs::path(dir) / "merged").string(), dtype, files);
 }
 
+namespace {
+
+// The optimizer state's tensors for the checkpoint's state file: LoRA's adapters (master, m, v),
+// or every parameter's master and, when the optimizer keeps them, moments in the run's dtype;
+// each read from the state placement a piece at a time while the file is written.
+std::vector<TensorToWrite> optimizer_state_tensors(const HostStore& store, const LoraStore* lora) {
+  const ModelSpec& spec = store.spec();
+  std::vector<TensorToWrite> tensors;
+  if (lora) {  // LoRA: the adapters' state alone (the base is model.path, unchanged)
+    const TensorTable& t = lora->layout().table;
+    const LoraStore& ls = *lora;
+    for (size_t i = 0; i < t.size(); ++i)
+      for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
+        const float* base = a == StateArray::master ? ls.master() : a == StateArray::m ? ls.m() : ls.v();
+        tensors.emplace_back(std::string(state_array_name(a)) + "/" + t[i].name, DType::f32, t[i].shape,
+                             static_cast<const void*>(base + t[i].offset / 4));
+      }
+  }
+  for (size_t i = 0; !lora && i < spec.params.size(); ++i) {
+    const TensorSpec& r = spec.params[i];
+    for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
+      if (!store.holds(a)) continue;  // zo-sgd: the master alone
+      // the moments in the run's dtype (bf16 moments: as stored, so a resume is bit-exact)
+      const DType dt = a == StateArray::master ? DType::f32 : store.moments_dtype();
+      tensors.emplace_back(std::string(state_array_name(a)) + "/" + r.name, dt, r.shape,
+                           [&store, a, i, dt](uint64_t offset, void* dst, size_t bytes) {
+                             const size_t es = dtype_size(dt), n = bytes / es;
+                             if (dt == DType::f32) {
+                               store.read_state(a, i, int64_t(offset / es), int64_t(n), static_cast<float*>(dst));
+                               return;
+                             }
+                             // bf16 values: widened, then narrowed back exactly, 64 KiB of f32 at a time
+                             std::vector<float> wide(std::min<size_t>(n, size_t(1) << 14));
+                             for (size_t k = 0; k < n; k += wide.size()) {
+                               const size_t len = std::min(wide.size(), n - k);
+                               store.read_state(a, i, int64_t(offset / es + k), int64_t(len), wide.data());
+                               dtype_convert(static_cast<char*>(dst) + k * es, dt, wide.data(), DType::f32, len);
+                             }
+                           });
+    }
+  }
+  return tensors;
+}
+
+}  // namespace
+
 std::string checkpoint_save(const std::string& output_dir, const HostStore& store, const TrainState& state,
                             const std::string& recipe_toml, DType save_dtype, const CheckpointFiles& files,
                             int64_t keep_last, const LoraStore* lora) {
@@ -267,41 +313,7 @@ std::string checkpoint_save(const std::string& output_dir, const HostStore& stor
     STRATA_CHECK_IO(!ec, "cannot create ", tmp.string(), ": ", ec.message());
 
     // optimizer state: streamed from wherever it lives (RAM or NVMe) a piece at a time
-    const ModelSpec& spec = store.spec();
-    std::vector<TensorToWrite> tensors;
-    if (lora) {  // LoRA: the adapters' state alone (the base is model.path, unchanged)
-      const TensorTable& t = lora->layout().table;
-      const LoraStore& ls = *lora;
-      for (size_t i = 0; i < t.size(); ++i)
-        for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
-          const float* base = a == StateArray::master ? ls.master() : a == StateArray::m ? ls.m() : ls.v();
-          tensors.emplace_back(std::string(state_array_name(a)) + "/" + t[i].name, DType::f32, t[i].shape,
-                               static_cast<const void*>(base + t[i].offset / 4));
-        }
-    }
-    for (size_t i = 0; !lora && i < spec.params.size(); ++i) {
-      const TensorSpec& r = spec.params[i];
-      for (StateArray a : {StateArray::master, StateArray::m, StateArray::v}) {
-        if (!store.holds(a)) continue;  // zo-sgd: the master alone
-        // the moments in the run's dtype (bf16 moments: as stored, so a resume is bit-exact)
-        const DType dt = a == StateArray::master ? DType::f32 : store.moments_dtype();
-        tensors.emplace_back(std::string(state_array_name(a)) + "/" + r.name, dt, r.shape,
-                             [&store, a, i, dt](uint64_t offset, void* dst, size_t bytes) {
-                               const size_t es = dtype_size(dt), n = bytes / es;
-                               if (dt == DType::f32) {
-                                 store.read_state(a, i, int64_t(offset / es), int64_t(n), static_cast<float*>(dst));
-                                 return;
-                               }
-                               // bf16 values: widened, then narrowed back exactly, 64 KiB of f32 at a time
-                               std::vector<float> wide(std::min<size_t>(n, size_t(1) << 14));
-                               for (size_t k = 0; k < n; k += wide.size()) {
-                                 const size_t len = std::min(wide.size(), n - k);
-                                 store.read_state(a, i, int64_t(offset / es + k), int64_t(len), wide.data());
-                                 dtype_convert(static_cast<char*>(dst) + k * es, dt, wide.data(), DType::f32, len);
-                               }
-                             });
-      }
-    }
+    const std::vector<TensorToWrite> tensors = optimizer_state_tensors(store, lora);
     safetensors_write_file((tmp / kStateFile).string(), tensors, {{"step", std::to_string(state.step)}});
 
     json st = {{"step", state.step},           {"max_steps", state.max_steps}, {"rows", state.rows},

@@ -57,14 +57,16 @@ Distributed::Distributed(const Recipe& rc) {
   }
   rank_ = launch.rank;
   size_ = launch.size;
-  if (rc.device_backend == "cuda" || rc.device_backend == "auto") select_gpu(launch);
-  STRATA_CHECK(rc.distributed_backend != "nccl" || rc.device_backend != "cpu", "distributed.backend = \"nccl\" "
+  const DeviceBackend device = rc.modes.device;
+  const CommBackend backend = rc.modes.distributed;
+  if (device == DeviceBackend::cuda || device == DeviceBackend::automatic) select_gpu(launch);
+  STRATA_CHECK(backend != CommBackend::nccl || device != DeviceBackend::cpu, "distributed.backend = \"nccl\" "
                "reduces gradients on GPUs: it needs device.backend = \"cuda\"; use \"mpi\" (or \"auto\") with the "
                "cpu backend");
-  STRATA_CHECK(rc.distributed_backend != "nccl" || comm_have_nccl(), "distributed.backend = \"nccl\" but this "
+  STRATA_CHECK(backend != CommBackend::nccl || comm_have_nccl(), "distributed.backend = \"nccl\" but this "
                "strata was built without NCCL (it needs the CUDA backend and NCCL under /usr/local/cuda): rebuild "
                "with NCCL, or use \"mpi\" (gradients reduced in host memory)");
-  backend_ = rc.distributed_backend;
+  backend_ = backend;
   timeout_s_ = rc.distributed_timeout_s;
   comm_ = comm_create_mpi(rc.distributed_timeout_s);
   STRATA_CHECK(comm_->rank() == rank_ && comm_->size() == size_, "MPI says rank ", comm_->rank(), " of ",
@@ -76,13 +78,13 @@ Distributed::Distributed(const Recipe& rc) {
 Distributed::~Distributed() = default;
 
 bool Distributed::choose_shared_store(const Recipe& rc, bool optimizer_on_nvme) {
-  if (size_ == 1 || rc.distributed_shared_host_store == "false") return false;
+  if (size_ == 1 || rc.modes.shared_host_store == Toggle::off) return false;
   std::string why_not;
-  if (rc.optim_type == "zo-sgd")
+  if (rc.modes.optimizer == OptimizerKind::zo_sgd)
     why_not = "zo-sgd ranks each keep their own store (working weights + fp32 master; each applies the same update)";
   else if (rc.lora_enabled)
     why_not = "LoRA keeps a store per rank";
-  else if (rc.moments_dtype != "f32")
+  else if (dtype_parse(rc.moments_dtype) != DType::f32)
     why_not = "a shared store keeps f32 moments (optim.moments_dtype = \"bf16\" keeps a store per rank)";
   else if (optimizer_on_nvme)
     why_not = "the optimizer state is on NVMe (offload.optimizer = \"nvme\", or the placement plan's choice for "
@@ -91,7 +93,7 @@ bool Distributed::choose_shared_store(const Recipe& rc, bool optimizer_on_nvme) 
   double votes[2] = {why_not.empty() ? 0.0 : 1.0, node_->size() > 1 ? 1.0 : 0.0};
   comm_->all_reduce_sum(votes, 2).wait();
   const bool supported = votes[0] == 0, crowded = votes[1] > 0;
-  if (rc.distributed_shared_host_store == "true") {
+  if (rc.modes.shared_host_store == Toggle::on) {
     STRATA_CHECK(supported, "distributed.shared_host_store = true: ",
                  why_not.empty() ? std::string("another rank's run cannot share a store") : why_not,
                  "; set distributed.shared_host_store = \"auto\" (shared where it can be) or false");
@@ -113,7 +115,7 @@ bool Distributed::choose_shared_store(const Recipe& rc, bool optimizer_on_nvme) 
 std::unique_ptr<Comm> Distributed::device_comm(Device& dev) {
   if (size_ == 1) return nullptr;
   const bool cuda = dev.native_stream(Stream::compute) != nullptr;
-  if (backend_ == "mpi" || !cuda || (backend_ == "auto" && !comm_have_nccl())) return nullptr;
+  if (backend_ == CommBackend::mpi || !cuda || (backend_ == CommBackend::automatic && !comm_have_nccl())) return nullptr;
   return comm_create_nccl_over(*comm_, dev, timeout_s_);
 }
 

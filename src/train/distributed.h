@@ -80,7 +80,7 @@ class Distributed {
 
  private:
   int rank_ = 0, size_ = 1;
-  std::string backend_ = "auto";
+  CommBackend backend_ = CommBackend::automatic;
   double timeout_s_ = 300;
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<Comm> node_;  // after comm_: freed first (it shares comm_'s MPI worker)

@@ -42,11 +42,11 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
-bool preference_objective_enabled(const Recipe& rc) { return rc.objective != "sft"; }
+bool preference_objective_enabled(const Recipe& rc) { return rc.modes.preference.has_value(); }
 
 PreferenceParams preference_params(const Recipe& rc) {
   PreferenceParams p;
-  p.objective = preference_objective_parse(rc.objective);
+  p.objective = *rc.modes.preference;
   p.beta = rc.preference_beta;
   p.gamma = rc.preference_gamma;
   return p;

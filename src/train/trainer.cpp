@@ -21,10 +21,12 @@
 #include "offload/reduce/device_reduction.h"
 #include "offload/engine/engine.h"
 #include "offload/engine/engine_zo.h"
+#include "offload/engine/step_engine.h"
 #include "offload/state/lora.h"
 #include "offload/state/model_io.h"
 #include "offload/plan/step_estimate.h"
 #include "offload/plan/placement_plan.h"
+#include "offload/plan/run_engines.h"
 #include "offload/state/nvme_dir.h"
 #include "src/core/error.h"
 #include "src/core/fault.h"
@@ -100,8 +102,8 @@ std::vector<RunInput> run_inputs(const Recipe& rc, const TrainOptions& topt) {
   std::vector<RunInput> in = {{"model.path", rc.model_path},     {"model.config", rc.model_config},
                               {"data.path", rc.data_path},       {"data.eval_path", rc.eval_path},
                               {"data.prepared_dir", rc.prepared_dir}, {"lora.adapter", rc.lora_adapter}};
-  if (rc.data_tokenizer != "auto" && rc.data_tokenizer != "bytes") in.push_back({"data.tokenizer", rc.data_tokenizer});
-  if (!topt.resume.empty() && topt.resume != "auto") in.push_back({"--resume", topt.resume});
+  if (TextEncoder::setting_is_dir(rc.data_tokenizer)) in.push_back({"data.tokenizer", rc.data_tokenizer});
+  if (!topt.resume.empty()) in.push_back({"--resume", topt.resume});
   return in;
 }
 
@@ -125,10 +127,8 @@ void check_loaded_weights(HostStore& store, const std::string& model_path) {
 // template of its own), for the export; "" otherwise.
 std::string fallback_chat_template(const Recipe& rc, const std::string& tokenizer_dir) {
   if (tokenizer_dir.empty()) return "";
-  const std::string format = rc.data_format != "auto" ? rc.data_format
-                             : rc.prepared_dir.empty() ? dataset_detect_format(rc.data_path, rc.skip_bad_lines)
-                                                       : std::string();
-  if (format != "alpaca" && format != "sharegpt" && format != "messages" && format != "preference") return "";
+  if (!dataset_format_renders_chat(rc.data_format, rc.prepared_dir.empty() ? rc.data_path : "", rc.skip_bad_lines))
+    return "";
   std::error_code ec;
   if (fs::exists(fs::path(tokenizer_dir) / "chat_template.jinja", ec)) return "";
   const fs::path cfg = fs::path(tokenizer_dir) / "tokenizer_config.json";
@@ -170,7 +170,6 @@ class TrainRun {
   bool done() const { return state_.step >= max_steps_; }
   StepBatch next_batch();
   StepResult step(const StepBatch& batch);
-  std::vector<double> first_order_step(const StepBatch& batch, float scale, const AdamWParams& ap, double* grad_norm);
   void evaluate_if_due(int64_t step, bool stopping);
   bool save_due(int64_t step, bool stopping) const;
   double save();
@@ -193,8 +192,8 @@ class TrainRun {
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
   double step_mfu(const StepResult& r);
   // the engine of the run's optimizer: first order (engine_) or zeroth order (zo_engine_)
-  void engine_synchronize() { engine_ ? engine_->synchronize() : zo_engine_->synchronize(); }
-  EngineStats engine_stats() const { return engine_ ? engine_->stats() : zo_engine_->stats(); }
+  void engine_synchronize() { engine_->synchronize(); }
+  EngineStats engine_stats() const { return engine_->stats(); }
   int64_t tokens_per_step() const {  // a preference micro-batch is micro_batch_size pairs: twice the rows
     return rc_.micro_batch_size * rc_.gradient_accumulation_steps * zo_par_.groups * rc_.sequence_len *
            (preference_ ? 2 : 1);
@@ -217,13 +216,13 @@ class TrainRun {
   std::unique_ptr<Comm> device_comm_;  // data parallel over NCCL (Distributed::device_comm), freed before dev_
   std::unique_ptr<HostStore> store_;
   std::unique_ptr<LoraStore> lora_;  // [lora]: the adapters (the store is frozen)
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<StepEngine> engine_;  // the one the plan built (offload/engine/step_engine.h)
+  Engine* first_order_ = nullptr;  // engine_ when it is the first-order one: its set-up hooks (reduction, LoRA, preference)
   DataParallelReduction* reduction_ = nullptr;  // data parallel: the engine's gradient reduction
   // How the step's micro-batches are dealt over the ranks: first order, one data group per rank;
   // zo-sgd, distributed.zo's layout (src/train/zo_step.h)
   ZoParallel zo_par_;
   std::unique_ptr<PreferenceTrainer> preference_;  // train.objective dpo | ipo | simpo | orpo
-  std::unique_ptr<ZoEngine> zo_engine_;  // optim.type = "zo-sgd" (src/train/zo_step.h)
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
@@ -249,11 +248,11 @@ std::string lora_target_list(const std::vector<std::string>& names) {
   return out;
 }
 
-double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio) {
+double lr_schedule(LrSchedule type, int64_t s, int64_t total, int64_t warmup, double min_ratio) {
   if (s < warmup) return double(s) / double(warmup);  // as HF: the first warmup step has lr 0
-  if (type == "constant") return 1.0;
+  if (type == LrSchedule::constant) return 1.0;
   double progress = double(s - warmup) / double(std::max<int64_t>(1, total - warmup));
-  double decay = type == "linear" ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
+  double decay = type == LrSchedule::linear ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
   return min_ratio + (1.0 - min_ratio) * std::max(0.0, decay);
 }
 
@@ -285,13 +284,13 @@ void TrainRun::set_up() {
   train_signal_phase_setup(true);
   std::fprintf(stderr, "strata train: effective recipe (%s)\n%s\n", rc_.source_path.c_str(), rc_.to_toml().c_str());
   check_inputs(rc_);
-  zo_par_ = rc_.optim_type == "zo-sgd" ? zo_parallel_layout(rc_.distributed_zo, dist_.rank(), dist_.size())
-                                       : ZoParallel{1, 0, dist_.size(), dist_.rank()};
-  if (rc_.optim_type == "zo-sgd" && dist_.data_parallel())
+  const bool zo = rc_.modes.optimizer == OptimizerKind::zo_sgd;
+  zo_par_ = zo ? zo_parallel_layout(rc_.modes.zo, dist_.rank(), dist_.size()) : ZoParallel{1, 0, dist_.size(), dist_.rank()};
+  if (zo && dist_.data_parallel())
     std::fprintf(stderr, "strata train: zo-sgd over %d ranks: %d side(s) x %d data group(s) (distributed.zo = \"%s\"); "
                  "only the loss scalars cross between ranks\n", dist_.size(), zo_par_.sides, zo_par_.groups,
                  rc_.distributed_zo.c_str());
-  STRATA_CHECK(rc_.optim_type != "zo-sgd" || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
+  STRATA_CHECK(!zo || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
                "train.objective = \"sft\" only; set optim.type = \"adamw\" for train.objective = \"", rc_.objective, "\"");
   STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1, "train.objective = \"", rc_.objective,
                "\" runs on one rank only (data parallel covers train.objective = \"sft\"): launch without "
@@ -305,11 +304,11 @@ void TrainRun::set_up() {
     // the lock first: nothing in the dir is touched while another process holds it
     run_dir_create(rc_.output_dir);
     lock_ = std::make_unique<RunLock>(rc_.output_dir);
-    run_dir_prepare(rc_.output_dir, !topt_.resume.empty(), topt_.overwrite, run_inputs(rc_, topt_));
+    run_dir_prepare(rc_.output_dir, topt_.resuming(), topt_.overwrite, run_inputs(rc_, topt_));
   }
   dist_.barrier();
-  if (!topt_.resume.empty()) {
-    resume_dir_ = topt_.resume == "auto" ? checkpoint_find_latest(rc_.output_dir) : topt_.resume;
+  if (topt_.resuming()) {
+    resume_dir_ = topt_.resume_latest ? checkpoint_find_latest(rc_.output_dir) : topt_.resume;
     if (resume_dir_.empty())
       std::fprintf(stderr, "strata train: --resume auto: no complete checkpoint in %s; starting from step 0\n",
                    rc_.output_dir.c_str());
@@ -328,15 +327,15 @@ void TrainRun::set_up() {
   if (preference_objective_enabled(rc_)) {  // the reference pass sees the starting weights
     preference_ = std::make_unique<PreferenceTrainer>(
         rc_, PreferencePairs{std::move(data_.train_chosen), std::move(data_.train_rejected)},
-        PreferencePairs{std::move(data_.eval_chosen), std::move(data_.eval_rejected)}, *dev_, *engine_);
+        PreferencePairs{std::move(data_.eval_chosen), std::move(data_.eval_rejected)}, *dev_, *first_order_);
     preference_->prepare_reference(progress_);
   }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
   flops_per_token_ = model_flops_per_token(store_->spec(), rc_.sequence_len);  // offload/plan/step_estimate.h
-  if (zo_engine_) flops_per_token_ *= zo_flops_ratio(rc_);  // forward passes only
+  if (plan_.optimizer_kind == OptimizerKind::zo_sgd) flops_per_token_ *= zo_flops_ratio(rc_);  // forward passes only
   std::fprintf(stderr, "strata train: MFU is relative to %.3g TFLOP/s (%s)\n", peak_.flops_per_s / 1e12,
                peak_.source.c_str());
-  if (dev_->name() == "cpu")
+  if (plan_in_.device_in_host_ram)
     std::fprintf(stderr, "strata train: CPU attention kernel %s (STRATA_ATTENTION_ISA chooses another)\n",
                  cpu_backend_attention_kernel());
   recipe_toml_ = rc_.to_toml();
@@ -358,7 +357,7 @@ void TrainRun::set_up() {
 void TrainRun::set_up_model() {
   const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
   DeviceOptions dopt;
-  dopt.backend = rc_.device_backend;
+  dopt.backend = rc_.modes.device;
   dopt.memory_bytes = rc_.device_memory_bytes;
   dopt.link_bytes_per_s = rc_.device_link_bytes_per_s;
   cpu_threads_set(int(rc_.device_cpu_threads));
@@ -379,25 +378,28 @@ void TrainRun::set_up_model() {
   }
   placement_plan_check(plan_);
   say_accumulation();
-  const HostStoreOptions sopt = run_plan_store_options(plan_);
-  shared_store_ = dist_.choose_shared_store(rc_, sopt.state_on_nvme);
+  shared_store_ = dist_.choose_shared_store(rc_, plan_.optimizer_on_nvme);
 
   dev_ = device_create(dopt);
   if (shared_store_) {  // one store for the node's ranks (src/train/shared_store.h), page-locked for copies
     shared_memory_ = std::make_unique<SharedHostMemory>(dist_.node(), HostStore::shared_bytes(spec), dev_.get());
     store_ = std::make_unique<HostStore>(*dev_, spec, shared_memory_->data());
   } else {
-    store_ = std::make_unique<HostStore>(*dev_, spec, sopt);
+    store_ = run_plan_host_store(*dev_, spec, plan_);
   }
   if (plan_.lora.enabled()) lora_ = std::make_unique<LoraStore>(*dev_, spec, plan_.lora);
   if (plan_.optimizer_kind == OptimizerKind::zo_sgd) {
-    zo_engine_ = std::make_unique<ZoEngine>(*dev_, *store_, run_plan_engine_options(plan_));
+    std::unique_ptr<ZoEngine> zo = run_plan_zo_engine(*dev_, *store_, plan_);
+    zo->set_step({uint64_t(rc_.seed), rc_.zo_eps, int(rc_.zo_perturbations)}, zo_par_, &dist_.comm());
+    engine_ = std::move(zo);
     zo_step_notes(rc_);
   } else {
-    engine_ = std::make_unique<Engine>(*dev_, *store_, run_plan_engine_options(plan_), lora_.get());
+    std::unique_ptr<Engine> first = run_plan_engine(*dev_, *store_, plan_, lora_.get());
+    first_order_ = first.get();
+    engine_ = std::move(first);
   }
   built_group_ = plan_.group;
-  if (dist_.data_parallel() && engine_) {  // zo-sgd reduces loss scalars only (zo_step.h)
+  if (dist_.data_parallel() && first_order_) {  // zo-sgd reduces loss scalars only (zo_step.h)
     device_comm_ = dist_.device_comm(*dev_);
     Comm* node = shared_store_ ? &dist_.node() : nullptr;  // the ranks sharing this rank's store
     std::unique_ptr<DataParallelReduction> reduction;
@@ -408,7 +410,7 @@ void TrainRun::set_up_model() {
       reduction = std::make_unique<CommGradReduction>(dist_.comm(), spec.lm_head == kAbsent, *dev_, node);
     }
     reduction_ = reduction.get();
-    engine_->set_grad_reduction(std::move(reduction));
+    first_order_->set_grad_reduction(std::move(reduction));
   }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes() + (lora_ ? lora_->host_bytes() + lora_->pinned_bytes() : 0);
   check_allocations_against_plan();
@@ -426,8 +428,8 @@ void TrainRun::say_accumulation() const {
 // is loaded into them.
 void TrainRun::release_model() {
   reduction_ = nullptr;
+  first_order_ = nullptr;
   engine_.reset();
-  zo_engine_.reset();
   lora_.reset();
   store_.reset();
   device_comm_.reset();
@@ -453,9 +455,9 @@ void TrainRun::check_allocations_against_plan() {
   // optim.type = "zo-sgd": the plan reads that engine's table); the CUDA backend's also holds its
   // own error word, which the plan does not count, and, from the first step, the cuBLAS and
   // lm_head_ce workspaces, which it does (cuda_backend_workspace_bytes).
-  const size_t device_checkpoints = engine_ ? engine_->device_checkpoints() : 0;
-  const size_t kept_layers = engine_ ? engine_->kept_activation_layers() : 0;
-  const size_t kept_chunks = engine_ ? engine_->kept_logit_chunks() : 0;
+  const size_t device_checkpoints = engine_->device_checkpoints();
+  const size_t kept_layers = engine_->kept_activation_layers();
+  const size_t kept_chunks = engine_->kept_logit_chunks();
   if (plan_in_.device_in_host_ram)
     STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) && device_checkpoints == plan_.device_checkpoints &&
                       kept_layers == plan_.kept_activation_layers && kept_chunks == plan_.kept_logit_chunks,
@@ -509,7 +511,7 @@ void TrainRun::load_weights() {
     if (lora_) {  // the adapters: continued from a PEFT dir, or PEFT's initialisation from the seed
       if (rc_.lora_adapter.empty()) lora_->init(uint64_t(rc_.seed));
       else lora_->load_peft(rc_.lora_adapter);
-      engine_->lora_upload();
+      first_order_->lora_upload();
       std::fprintf(stderr, "strata train: LoRA r %ld, alpha %g on %s: %.3fM adapter parameters%s%s\n", long(rc_.lora_r),
                    rc_.lora_alpha, lora_target_list(rc_.lora_target_modules).c_str(),
                    double(lora_->layout().parameter_count()) / 1e6, rc_.lora_adapter.empty() ? "" : " from ",
@@ -525,8 +527,8 @@ void TrainRun::load_weights() {
                "checkpoints on the device, %zu layers' activations and %zu lm_head chunks' logits kept (no recompute); device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
                plan_.weights == WeightsMode::device ? "resident" : "stream",
-               engine_ ? engine_->device_checkpoints() : 0, ms.layers.size(),
-               engine_ ? engine_->kept_activation_layers() : 0, engine_ ? engine_->kept_logit_chunks() : 0, format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
+               engine_->device_checkpoints(), ms.layers.size(),
+               engine_->kept_activation_layers(), engine_->kept_logit_chunks(), format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
 }
 
@@ -551,7 +553,7 @@ void TrainRun::resume() {
     progress_.phase("verifying and loading " + resume_dir_);
     TrainState saved =
         shared_store_ && !dist_.node_leader() ? TrainState{} : checkpoint_load(resume_dir_, *store_, lora_.get());
-    if (lora_) engine_->lora_upload();
+    if (lora_) first_order_->lora_upload();
     if (shared_store_) distributed_share_state(dist_, saved);  // the node leaders loaded the shared stores
     STRATA_CHECK(saved.rows == state_.rows && saved.data_hash == state_.data_hash, "cannot resume from ",
                  resume_dir_, ": its training data (", saved.rows, " rows) differs from this run's (", state_.rows,
@@ -650,36 +652,40 @@ StepResult TrainRun::step(const StepBatch& batch) {
   r.c0 = dev_->counters();
   r.e0 = engine_stats();
   AdamWParams ap;
-  ap.lr = rc_.learning_rate * lr_schedule(rc_.lr_scheduler_type, r.step - 1, max_steps_, warmup_, rc_.min_lr_ratio);
+  ap.lr = rc_.learning_rate * lr_schedule(rc_.modes.lr_schedule, r.step - 1, max_steps_, warmup_, rc_.min_lr_ratio);
   ap.beta1 = rc_.adam_beta1;
   ap.beta2 = rc_.adam_beta2;
   ap.eps = rc_.adam_epsilon;
   ap.step = r.step;
-  const float scale = float(1.0 / double(std::max<int64_t>(batch.counted, 1)));
   const bool diagnose = reduction_ && rc_.distributed_diagnostics_steps > 0 &&
                         r.step % rc_.distributed_diagnostics_steps == 0;
   if (reduction_) r.g0 = reduction_->stats();
   if (diagnose) reduction_->diagnostics_begin();
   std::vector<double> losses;  // this rank's micro-batches, summed below in the global order
-  if (lora_) engine_->lora_dropout_begin_step(r.step, zo_par_.group, zo_par_.groups);  // its masks' keys
-  if (zo_engine_) {  // zeroth order: the perturbed passes (this rank's share), the update queued on the host
-    const ZoStepOutcome z = zo_step_run(*zo_engine_, {uint64_t(rc_.seed), rc_.zo_eps, int(rc_.zo_perturbations)},
-                                        batch.micro, batch.counted, r.step, ap.lr, rc_.weight_decay, zo_par_,
-                                        &dist_.comm());
-    losses.push_back(z.loss() * double(batch.counted));
-    r.grad_norm = std::abs(z.projected_grad);
-    r.extra = {{"zo_projected_grad", z.projected_grad}, {"loss_plus", z.loss_plus}, {"loss_minus", z.loss_minus}};
-    if (dist_.data_parallel()) r.extra.update({{"ranks", dist_.size()}, {"comm_bytes", z.comm_bytes}});  // scalars alone
-  } else if (preference_) {  // the head normalises by the step's pairs: the sum is the step's loss
+  if (lora_) first_order_->lora_dropout_begin_step(r.step, zo_par_.group, zo_par_.groups);  // its masks' keys
+  bool global = false;  // zo-sgd's loss is already the whole step's on every rank (it exchanged the scalars)
+  if (preference_) {  // the head normalises by the step's pairs: the sum is the step's loss
     const PreferenceStepOutcome o = preference_->step(batch.pairs, ap, rc_.max_grad_norm, rc_.weight_decay, &r.grad_norm);
     losses.push_back(o.loss);
     r.counted = o.chosen_tokens + o.rejected_tokens;
     r.preference = preference_metrics_json(o.metrics, "");
-  } else {
-    losses = first_order_step(batch, scale, ap, &r.grad_norm);
+  } else {  // the engine's step: first order (one at a time, or layer-major), or the perturbed passes
+    StepWork w;
+    w.micro = &batch.micro;
+    w.counted = batch.counted;
+    w.step = r.step;
+    w.hyper = ap;
+    w.max_grad_norm = rc_.max_grad_norm;
+    w.weight_decay = rc_.weight_decay;
+    w.gradients_first = rc_.max_grad_norm > 0 || shared_store_;  // clipping (or a shared store) needs every gradient first
+    StepOutcome o = engine_->train_step(w);
+    losses = std::move(o.losses);
+    global = o.global;
+    r.grad_norm = o.grad_norm;
+    if (!o.extra.empty()) r.extra = std::move(o.extra);
+    if (global && dist_.data_parallel()) r.extra.update({{"ranks", dist_.size()}, {"comm_bytes", o.comm_bytes}});  // scalars alone
   }
-  // zo-sgd's loss is already the whole step's on every rank (zo_step_run exchanged the scalars)
-  const double loss_sum = zo_engine_ ? losses.front() : dist_.sum_in_global_order(losses);
+  const double loss_sum = global ? losses.front() : dist_.sum_in_global_order(losses);
   if (reduction_) r.g1 = reduction_->stats();
   if (diagnose) {
     int64_t mine = 0;
@@ -697,30 +703,6 @@ StepResult TrainRun::step(const StepBatch& batch) {
   state_.step = r.step;
   state_.tokens_seen += double(tokens_per_step());
   return r;
-}
-
-// First order: the step's micro-batches (one at a time, or layer-major in one pass:
-// offload.accumulation), then the optimizer. Returns each micro-batch's summed loss.
-std::vector<double> TrainRun::first_order_step(const StepBatch& batch, float scale, const AdamWParams& ap,
-                                               double* grad_norm) {
-  std::vector<double> losses;
-  const bool layer_major = plan_.group > 1;
-  if (rc_.max_grad_norm > 0 || shared_store_) {  // clipping (or a shared store) needs every gradient first
-    if (layer_major) losses = engine_->forward_backward_group(batch.micro, scale);
-    else
-      for (auto& mb : batch.micro) losses.push_back(engine_->forward_backward(mb, scale));
-    *grad_norm = engine_->optimizer_step(ap, rc_.max_grad_norm, rc_.weight_decay);
-    return losses;
-  }
-  // no clipping: the last micro-batch (layer-major: the whole pass) updates each group as its gradient lands
-  if (layer_major) {
-    losses = engine_->forward_backward_group_update(batch.micro, scale, ap, rc_.weight_decay);
-  } else {
-    for (size_t a = 0; a + 1 < batch.micro.size(); ++a) losses.push_back(engine_->forward_backward(batch.micro[a], scale));
-    losses.push_back(engine_->forward_backward_update(batch.micro.back(), scale, ap, rc_.weight_decay));
-  }
-  *grad_norm = engine_->landed_update_norm();
-  return losses;
 }
 
 void TrainRun::evaluate_if_due(int64_t step, bool stopping) {
@@ -756,7 +738,7 @@ void TrainRun::evaluate(int64_t step) {
     MicroBatch mb = take_rows(data_.eval, seq, first, n);
     counted += mb.counted();
     losses.push_back(int64_t(losses.size()) % dist_.size() == dist_.rank()
-                         ? (engine_ ? engine_->forward_loss(mb) : zo_engine_->forward_loss(mb))
+                         ? engine_->forward_loss(mb)
                          : 0.0);
   }
   dist_.all_reduce_sum(losses);  // each entry has one rank's value: x + 0 is exact
@@ -843,7 +825,7 @@ void TrainRun::record(const StepResult& r) {
       {"nvme_read_bytes", e1.nvme_read_bytes - e0.nvme_read_bytes},
       {"nvme_write_bytes", e1.nvme_write_bytes - e0.nvme_write_bytes}, {"nvme_wait_s", e1.nvme_wait_s - e0.nvme_wait_s},
       {"nvme_busy_s", e1.nvme_busy_s - e0.nvme_busy_s},
-      {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes() + (engine_ ? engine_->pinned_bytes() : 0)},
+      {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes() + (first_order_ ? first_order_->pinned_bytes() : 0)},
       {"host_bytes", host_bytes_}, {"host_rss_peak_bytes", process_rss_peak_bytes()},
       {"link_bytes", e1.link_bytes - e0.link_bytes}};
   rec["op_s"] = op_seconds(r.c0, r.c1);

@@ -27,7 +27,9 @@ struct TrainSummary {
 };
 
 struct TrainOptions {
-  std::string resume;  // "": start at step 0; "auto": newest complete checkpoint in output_dir; or a checkpoint dir
+  bool resume_latest = false;  // --resume auto: the newest complete checkpoint in output_dir (step 0 when none)
+  std::string resume;          // --resume DIR: that checkpoint dir ("" and not resume_latest: start at step 0)
+  bool resuming() const { return resume_latest || !resume.empty(); }
   bool overwrite = false;  // a fresh run may replace the run already in output_dir
   std::vector<std::string> overrides;  // the command line's key=value, repeated in the "resume with:" hint
   int64_t stop_at_step = 0;  // > 0: behave as if a signal arrived during this step (tests)
@@ -36,6 +38,6 @@ struct TrainOptions {
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options = {});
 
 // HF-style learning-rate multiplier for 0-based step `s` of `total`.
-double lr_schedule(const std::string& type, int64_t s, int64_t total, int64_t warmup, double min_ratio);
+double lr_schedule(LrSchedule type, int64_t s, int64_t total, int64_t warmup, double min_ratio);
 
 }  // namespace strata

@@ -17,7 +17,7 @@ SamplesOptions samples_options(const Recipe& rc) {
   o.dataset.train_on = train_on_parse(rc.train_on);
   o.dataset.sequence_len = rc.sequence_len;
   o.dataset.packing = rc.packing;
-  o.dataset.drop_overlong = rc.overlong == "drop";
+  o.dataset.drop_overlong = rc.modes.drop_overlong;
   o.dataset.skip_bad_lines = rc.skip_bad_lines;
   return o;
 }
@@ -59,7 +59,7 @@ TrainingData training_data_load(const Recipe& rc, int64_t vocab_size) {
   }
   TrainingData out;
   out.tokenizer_dir = enc.dir();
-  if (rc.objective != "sft") {  // preference pairs, one sequence per row: nothing is packed
+  if (rc.modes.preference) {  // preference pairs, one sequence per row: nothing is packed
     STRATA_CHECK(!s.train.rejected.empty() && s.train.rejected.size() == s.train.samples.size(), "train.objective = \"",
                  rc.objective, "\" needs preference data ({prompt, chosen, rejected} records, data.format = "
                  "\"preference\"), but ", rc.data_path, " was read as ", s.train.format, "; use preference data or "

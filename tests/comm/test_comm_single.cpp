@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/comm/comm.h"
+#include "src/recipe/recipe_modes.h"
 #include "src/core/error.h"
 
 using namespace strata;
@@ -70,13 +71,12 @@ TEST_CASE("comm_create: single without a launcher, the launcher's environment is
   CHECK_FALSE(comm_launch_from_env().launched);
   for (const char* backend : {"auto", "mpi", "nccl", "single"}) {
     CommOptions o;
-    o.backend = backend;
+    o.backend = comm_backend_parse(backend);
     CHECK(comm_create(o)->name() == "single");
   }
   CommOptions bad;
-  bad.backend = "gloo";
-  CHECK_THROWS_WITH(comm_create(bad), Catch::Contains("use auto, nccl, mpi or single"));
-  bad.backend = "auto";
+  CHECK_THROWS_WITH(comm_backend_parse("gloo"), Catch::Contains("use \"auto\", \"nccl\", \"mpi\" or \"single\""));
+  bad.backend = CommBackend::automatic;
   bad.timeout_s = 0;
   CHECK_THROWS_WITH(comm_create(bad), Catch::Contains("distributed.timeout"));
 
@@ -89,9 +89,9 @@ TEST_CASE("comm_create: single without a launcher, the launcher's environment is
     CHECK(launch.size == 4);
     CHECK(launch.local_rank == 1);
     CommOptions o;
-    o.backend = "single";
+    o.backend = CommBackend::single;
     CHECK_THROWS_WITH(comm_create(o), Catch::Contains("launcher started 4 ranks"));
-    o.backend = "nccl";  // nccl with the cpu backend is refused before MPI is touched
+    o.backend = CommBackend::nccl;  // nccl with the cpu backend is refused before MPI is touched
     CHECK_THROWS_WITH(comm_create(o), Catch::Contains("needs the cuda device backend"));
   }
   {

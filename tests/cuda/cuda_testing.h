@@ -31,7 +31,7 @@ constexpr int kSkipExitCode = 77;
 // ends here with kSkipExitCode after saying why; callers keep their `if (!dev) return;` guard.
 inline std::unique_ptr<Device> test_device(size_t memory_bytes = size_t(96) << 20) {
   DeviceOptions o;
-  o.backend = "cuda";
+  o.backend = DeviceBackend::cuda;
   o.memory_bytes = memory_bytes;
 #if defined(STRATA_CUEMU)
   return device_create_cuda(o);

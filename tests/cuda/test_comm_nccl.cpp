@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "src/comm/comm_nccl.h"
-#include "tests/comm/comm_inputs.h"
+#include "tools/comm/comm_inputs.h"
 #include "tests/cuda/cuda_testing.h"
 
 using namespace strata;

@@ -26,7 +26,7 @@ struct ScopedEnv {
 
 TEST_CASE("cuda device: no GPU and an old driver are clear errors that point to the cpu backend", "[cuda-emu]") {
   DeviceOptions o;
-  o.backend = "cuda";
+  o.backend = DeviceBackend::cuda;
   o.memory_bytes = 1 << 20;
   {
     ScopedEnv none("CUEMU_DEVICES", "0");
@@ -47,7 +47,7 @@ TEST_CASE("cuda device: no GPU and an old driver are clear errors that point to 
 
 TEST_CASE("cuda device: a budget larger than the GPU is a memory error", "[cuda-emu]") {
   DeviceOptions o;
-  o.backend = "cuda";
+  o.backend = DeviceBackend::cuda;
   o.memory_bytes = size_t(1) << 40;  // 1 TiB: more than the emulated 80 GiB GPU
   try {
     device_create_cuda(o);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/core/error.h"
+#include "src/recipe/recipe_modes.h"
 #include "src/core/fault.h"
 #include "src/core/threads.h"
 #include "src/device/device.h"
@@ -127,11 +128,12 @@ TEST_CASE("a kernel error is sticky and surfaces at synchronize", "[device]") {
 TEST_CASE("unknown and unavailable backends are clear input errors", "[device]") {
   DeviceOptions o;
 #ifndef STRATA_HAVE_CUDA
-  o.backend = "cuda";  // not built in: says how to build it (a CUDA build is tested in tests/cuda)
+  o.backend = DeviceBackend::cuda;  // not built in: says how to build it (a CUDA build is tested in tests/cuda)
   CHECK_THROWS_WITH(device_create(o), Catch::Contains("not built into this strata"));
 #endif
-  o.backend = "tpu";
-  CHECK_THROWS_AS(device_create(o), Error);
+  // an unknown backend is refused where the recipe's strings are parsed, once
+  CHECK_THROWS_AS(device_backend_parse("tpu"), Error);
+  CHECK_THROWS_WITH(device_backend_parse("tpu"), Catch::Contains("use \"cpu\", \"cuda\" or \"auto\""));
 }
 
 // STRATA_FAULT set in this process for one scope (the count starts again from the set).

@@ -314,7 +314,7 @@ TEST_CASE("ZO: one perturbed side alone gives that side of the dual forward, bit
 
 TEST_CASE("ZO parallel layouts: sides x data groups per distributed.zo", "[zo][train]") {
   auto at = [](const char* mode, int rank, int size) {
-    const ZoParallel p = zo_parallel_layout(mode, rank, size);
+    const ZoParallel p = zo_parallel_layout(zo_parallel_mode_parse(mode), rank, size);
     return std::vector<int>{p.sides, p.side, p.groups, p.group};
   };
   CHECK(at("data", 0, 1) == std::vector<int>{1, 0, 1, 0});
@@ -323,9 +323,9 @@ TEST_CASE("ZO parallel layouts: sides x data groups per distributed.zo", "[zo][t
   CHECK(at("perturbation", 1, 2) == std::vector<int>{2, 1, 1, 0});
   CHECK(at("2d", 3, 4) == std::vector<int>{2, 1, 2, 1});
   CHECK(at("2d", 4, 6) == std::vector<int>{2, 0, 3, 2});
-  CHECK_THROWS_WITH(zo_parallel_layout("perturbation", 0, 4), Catch::Contains("distributed.zo = \"2d\""));
-  CHECK_THROWS_WITH(zo_parallel_layout("2d", 0, 3), Catch::Contains("even number of ranks"));
-  CHECK_THROWS_WITH(zo_parallel_layout("model", 0, 2), Catch::Contains("\"data\", \"perturbation\" or \"2d\""));
+  CHECK_THROWS_WITH(zo_parallel_layout(ZoParallelMode::perturbation, 0, 4), Catch::Contains("distributed.zo = \"2d\""));
+  CHECK_THROWS_WITH(zo_parallel_layout(ZoParallelMode::pairs_by_data, 0, 3), Catch::Contains("even number of ranks"));
+  CHECK_THROWS_WITH(zo_parallel_mode_parse("model"), Catch::Contains("\"data\", \"perturbation\" or \"2d\""));
 }
 
 }  // namespace strata

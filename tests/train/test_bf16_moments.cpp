@@ -65,7 +65,7 @@ DType moment_dtype_of(const std::string& checkpoint) {
 std::pair<TrainSummary, TrainSummary> stop_and_resume(const Recipe& first, const Recipe& then, int64_t stop_at) {
   TrainOptions stop, resume;
   stop.stop_at_step = stop_at;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   TrainSummary a = train_run(first, stop);
   REQUIRE(a.interrupted);
   return {std::move(a), train_run(then, resume)};

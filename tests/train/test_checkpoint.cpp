@@ -86,7 +86,7 @@ TEST_CASE("a run stopped at step K and resumed equals the straight run bit for b
   CHECK_FALSE(fs::exists(b + "/final"));
 
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   TrainSummary rest = train_run(small(b, {"train.max_steps=6", "checkpoint.save_steps=3"}), resume);
   REQUIRE(rest.losses.size() == 4);
   for (size_t i = 0; i < 4; ++i) CHECK(rest.losses[i] == straight.losses[2 + i]);
@@ -217,7 +217,7 @@ TEST_CASE("a second signal stops at once, leaving earlier checkpoints intact", "
   std::string latest = checkpoint_find_latest(b);
   REQUIRE(!latest.empty());
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   TrainSummary rest = train_run(small(b, {"train.max_steps=8"}), resume);
   CHECK(!rest.losses.empty());
 }

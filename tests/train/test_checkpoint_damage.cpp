@@ -77,7 +77,7 @@ void reseal(const std::string& ckpt, const std::string& rel) {
 // Resuming `out` must fail with exit 2 before step 1, naming `file`; returns the message.
 std::string refused(const std::string& out, const std::string& file) {
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   Recipe rc = recipe_for(out);
   rc.max_steps = 9;
   try {

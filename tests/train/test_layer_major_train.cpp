@@ -140,7 +140,7 @@ TEST_CASE("a layer-major DPO run stopped at step K and resumed equals the straig
   stop.stop_at_step = 2;
   const TrainSummary first = train_run(untied_dpo_tiny(b, keys), stop);
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   const TrainSummary rest = train_run(untied_dpo_tiny(b, keys), resume);
   REQUIRE(first.losses.size() == 2);
   REQUIRE(rest.losses.size() == 2);

@@ -212,7 +212,7 @@ TEST_CASE("a LoRA run stopped and resumed equals the straight run bit for bit", 
   const TrainSummary first = train_run(lora_recipe(b, common), stop);
   REQUIRE(first.interrupted);
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   const TrainSummary rest = train_run(lora_recipe(b, common), resume);
   REQUIRE(straight.losses.size() == 5);
   REQUIRE(rest.losses.size() == 2);

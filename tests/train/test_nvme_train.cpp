@@ -115,7 +115,7 @@ TEST_CASE("training with state and checkpoints on NVMe equals RAM, and resumes a
       const TrainSummary first = train_run(recipe(out, dtype, from_nvme), stop);
       REQUIRE(first.interrupted);
       TrainOptions resume;
-      resume.resume = "auto";
+      resume.resume_latest = true;
       const TrainSummary rest = train_run(recipe(out, dtype, !from_nvme), resume);
       REQUIRE(rest.losses.size() == 2);
       CHECK(first.losses[0] == a.losses[0]);

@@ -99,7 +99,7 @@ TEST_CASE("the reference pass equals the first step's own sums, its cache is reu
   // the same run again (overwrite keeps the cache? no: a fresh dir) — reuse within one output dir
   const auto t_before = fs::last_write_time(cache);
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   train_run(dpo_tiny(out, {"train.max_steps=2", "checkpoint.save_steps=0"}), resume);
   CHECK(fs::last_write_time(cache) == t_before);  // reused, not rewritten
 
@@ -131,7 +131,7 @@ TEST_CASE("a DPO run stopped at step K and resumed equals the straight run bit f
   TrainSummary first = train_run(dpo_tiny(b, keys), stop);
   REQUIRE(first.losses.size() == 2);
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   TrainSummary rest = train_run(dpo_tiny(b, keys), resume);
   REQUIRE(rest.losses.size() == 4);
   CHECK(first.losses[0] == straight.losses[0]);

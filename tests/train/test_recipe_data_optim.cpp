@@ -124,13 +124,13 @@ TEST_CASE("CPU AdamW matches the fp64 reference element-wise at odd sizes", "[op
 }
 
 TEST_CASE("learning-rate schedules follow the Hugging Face shapes", "[optim]") {
-  CHECK(lr_schedule("cosine", 0, 100, 10, 0.0) == 0.0);
-  CHECK(lr_schedule("cosine", 5, 100, 10, 0.0) == Approx(0.5));
-  CHECK(lr_schedule("cosine", 10, 100, 10, 0.0) == Approx(1.0));
-  CHECK(lr_schedule("cosine", 55, 100, 10, 0.0) == Approx(0.5));
-  CHECK(lr_schedule("cosine", 100, 100, 10, 0.1) == Approx(0.1));
-  CHECK(lr_schedule("linear", 55, 100, 10, 0.0) == Approx(0.5));
-  CHECK(lr_schedule("constant", 90, 100, 10, 0.0) == 1.0);
+  CHECK(lr_schedule(LrSchedule::cosine, 0, 100, 10, 0.0) == 0.0);
+  CHECK(lr_schedule(LrSchedule::cosine, 5, 100, 10, 0.0) == Approx(0.5));
+  CHECK(lr_schedule(LrSchedule::cosine, 10, 100, 10, 0.0) == Approx(1.0));
+  CHECK(lr_schedule(LrSchedule::cosine, 55, 100, 10, 0.0) == Approx(0.5));
+  CHECK(lr_schedule(LrSchedule::cosine, 100, 100, 10, 0.1) == Approx(0.1));
+  CHECK(lr_schedule(LrSchedule::linear, 55, 100, 10, 0.0) == Approx(0.5));
+  CHECK(lr_schedule(LrSchedule::constant, 90, 100, 10, 0.0) == 1.0);
 }
 
 }  // namespace strata

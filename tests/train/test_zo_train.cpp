@@ -95,7 +95,7 @@ TEST_CASE("a zo-sgd run stopped at step K and resumed equals the straight run bi
   CHECK(first.interrupted);
   REQUIRE(first.losses.size() == 2);
   TrainOptions resume;
-  resume.resume = "auto";
+  resume.resume_latest = true;
   const TrainSummary rest = train_run(zo_recipe(b, o), resume);
   REQUIRE(rest.losses.size() == 4);
   CHECK(first.losses[0] == straight.losses[0]);

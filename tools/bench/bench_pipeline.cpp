@@ -120,7 +120,7 @@ PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, con
                          double bandwidth, int64_t B, int64_t T, int steps, const std::string& memory,
                          int accum = 1, bool layer_major = false) {
   DeviceOptions dopt;
-  dopt.backend = backend;
+  dopt.backend = device_backend_parse(backend);
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
   dopt.link_bytes_per_s = bandwidth;
   auto dev = device_create(dopt);
@@ -200,7 +200,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   double gemm_flops = 0;
   if (cuda) {
     DeviceOptions dopt;
-    dopt.backend = backend;
+    dopt.backend = device_backend_parse(backend);
     dopt.memory_bytes = parse_bytes(memory, "--device-memory");
     auto dev = device_create(dopt);
     bandwidth = measure_link_bytes_per_s(*dev);
