@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "io/json.h"
 #include "src/core/error.h"
 
 namespace strata::jinja {

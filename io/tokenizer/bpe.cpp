@@ -7,6 +7,7 @@
 #include <iterator>
 #include <functional>
 
+#include "io/json.h"
 #include "io/tokenizer/text.h"
 #include "src/core/error.h"
 

@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "io/json.h"
 #include "io/tokenizer/flat_map.h"
 
 namespace strata::tok {

@@ -3,10 +3,9 @@
 // new list; the final text is their concatenation.
 #pragma once
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include "io/json.h"
 
 namespace strata::tok {
 

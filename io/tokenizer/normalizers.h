@@ -3,9 +3,9 @@
 // byte's alignment to the original text the way Hugging Face's NormalizedString does.
 #pragma once
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
-#include "io/json.h"
 #include "io/tokenizer/text.h"
 
 namespace strata::tok {

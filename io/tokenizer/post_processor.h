@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "io/json.h"
 #include "io/tokenizer/text.h"
 
 namespace strata::tok {

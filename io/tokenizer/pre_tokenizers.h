@@ -5,11 +5,11 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "io/json.h"
 #include "io/tokenizer/text.h"
 
 namespace strata::tok {
