@@ -1,4 +1,4 @@
-// Attention of new queries against a KV cache, for generation (offload/generator.h): the decode
+// Attention of new queries against a KV cache, for generation (offload/engine/generator.h): the decode
 // step's one query per row, or any block of queries that continues a row. Causal by position:
 // query i of row b sits at position start[b] + i and sees cache positions [0, start[b] + i]
 // (the caller has written its own key and value there first). Head h reads kv head h / (H/Hk).
