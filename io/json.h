@@ -16,26 +16,18 @@
 // What the library instantiates: json parsed from a std::string, a const char* buffer or a
 // std::istream, and ordered_json (key order kept, for chat templates and safetensors headers)
 // from a std::string; both dumped. A parse from another input type compiles its own parser.
-#define STRATA_JSON_INSTANCES(EXTERN)                                                              \
-  EXTERN template class nlohmann::detail::serializer<nlohmann::json>;                             \
-  EXTERN template class nlohmann::detail::json_sax_dom_parser<nlohmann::json>;                    \
-  EXTERN template class nlohmann::detail::json_sax_dom_callback_parser<nlohmann::json>;           \
-  EXTERN template class nlohmann::detail::lexer<                                                  \
-      nlohmann::json, nlohmann::detail::iterator_input_adapter<std::string::const_iterator>>;     \
-  EXTERN template class nlohmann::detail::parser<                                                 \
-      nlohmann::json, nlohmann::detail::iterator_input_adapter<std::string::const_iterator>>;     \
-  EXTERN template class nlohmann::detail::lexer<                                                  \
-      nlohmann::json, nlohmann::detail::iterator_input_adapter<const char*>>;                     \
-  EXTERN template class nlohmann::detail::parser<                                                 \
-      nlohmann::json, nlohmann::detail::iterator_input_adapter<const char*>>;                     \
-  EXTERN template class nlohmann::detail::lexer<nlohmann::json, nlohmann::detail::input_stream_adapter>; \
-  EXTERN template class nlohmann::detail::parser<nlohmann::json, nlohmann::detail::input_stream_adapter>; \
-  EXTERN template class nlohmann::detail::serializer<nlohmann::ordered_json>;                     \
-  EXTERN template class nlohmann::detail::json_sax_dom_parser<nlohmann::ordered_json>;            \
-  EXTERN template class nlohmann::detail::json_sax_dom_callback_parser<nlohmann::ordered_json>;   \
-  EXTERN template class nlohmann::detail::lexer<                                                  \
-      nlohmann::ordered_json, nlohmann::detail::iterator_input_adapter<std::string::const_iterator>>; \
-  EXTERN template class nlohmann::detail::parser<                                                 \
-      nlohmann::ordered_json, nlohmann::detail::iterator_input_adapter<std::string::const_iterator>>;
+#define STRATA_JSON_READER(EXTERN, JSON, ADAPTER)                       \
+  EXTERN template class nlohmann::detail::lexer<JSON, ADAPTER>;          \
+  EXTERN template class nlohmann::detail::parser<JSON, ADAPTER>;
+#define STRATA_JSON_DOCUMENT(EXTERN, JSON)                                          \
+  EXTERN template class nlohmann::detail::serializer<JSON>;                         \
+  EXTERN template class nlohmann::detail::json_sax_dom_parser<JSON>;                \
+  EXTERN template class nlohmann::detail::json_sax_dom_callback_parser<JSON>;       \
+  STRATA_JSON_READER(EXTERN, JSON, nlohmann::detail::iterator_input_adapter<std::string::const_iterator>)
+#define STRATA_JSON_INSTANCES(EXTERN)                                                          \
+  STRATA_JSON_DOCUMENT(EXTERN, nlohmann::json)                                                 \
+  STRATA_JSON_DOCUMENT(EXTERN, nlohmann::ordered_json)                                         \
+  STRATA_JSON_READER(EXTERN, nlohmann::json, nlohmann::detail::iterator_input_adapter<const char*>) \
+  STRATA_JSON_READER(EXTERN, nlohmann::json, nlohmann::detail::input_stream_adapter)
 
 STRATA_JSON_INSTANCES(extern)

@@ -22,54 +22,52 @@ enum class StateTier : uint8_t { automatic, host, nvme };
 // offload.accumulation: the schedule over a step's micro-batches.
 enum class AccumulationMode : uint8_t { automatic, micro_batch, layer_major };
 
-// A mode's spellings: one table per enum (here and in src/recipe/recipe_modes.h), read by the
-// recipe's parsing and by messages alike.
+// A mode's spellings: its recipe key and every value's name, in the order messages list them. One
+// table per enum, found by mode_table(E{}) (here, beside the enums elsewhere, and in
+// src/recipe/recipe_modes.cpp), read by the recipe's parsing and by messages alike.
 template <class E>
 struct ModeSpelling {
   E value;
   const char* name;  // as the recipe writes it
 };
 template <class E>
-struct ModeTable;  // ModeTable<E>::key (the recipe key) and ::values (every spelling)
+struct ModeTable {
+  const char* key;  // the recipe key
+  const ModeSpelling<E>* first;
+  size_t count;
+  const ModeSpelling<E>* begin() const { return first; }
+  const ModeSpelling<E>* end() const { return first + count; }
+};
+template <class E, size_t N>
+constexpr ModeTable<E> mode_table_of(const char* key, const ModeSpelling<E> (&spellings)[N]) {
+  return {key, spellings, N};
+}
 
-template <>
-struct ModeTable<WeightsMode> {
-  static constexpr const char* key = "offload.weights";
-  static constexpr ModeSpelling<WeightsMode> values[] = {
-      {WeightsMode::stream, "stream"}, {WeightsMode::device, "device"}, {WeightsMode::automatic, "auto"}};
-};
-template <>
-struct ModeTable<CheckpointMode> {
-  static constexpr const char* key = "offload.checkpoints";
-  static constexpr ModeSpelling<CheckpointMode> values[] = {{CheckpointMode::automatic, "auto"},
-                                                            {CheckpointMode::device, "device"},
-                                                            {CheckpointMode::host, "host"},
-                                                            {CheckpointMode::nvme, "nvme"}};
-};
-template <>
-struct ModeTable<RecomputeMode> {
-  static constexpr const char* key = "offload.recompute";
-  static constexpr ModeSpelling<RecomputeMode> values[] = {
-      {RecomputeMode::automatic, "auto"}, {RecomputeMode::always, "always"}, {RecomputeMode::never, "never"}};
-};
-template <>
-struct ModeTable<StateTier> {
-  static constexpr const char* key = "offload.optimizer";
-  static constexpr ModeSpelling<StateTier> values[] = {
-      {StateTier::automatic, "auto"}, {StateTier::host, "host"}, {StateTier::nvme, "nvme"}};
-};
-template <>
-struct ModeTable<AccumulationMode> {
-  static constexpr const char* key = "offload.accumulation";
-  static constexpr ModeSpelling<AccumulationMode> values[] = {{AccumulationMode::automatic, "auto"},
-                                                              {AccumulationMode::micro_batch, "micro_batch"},
-                                                              {AccumulationMode::layer_major, "layer_major"}};
-};
+inline constexpr ModeSpelling<WeightsMode> kWeightsModes[] = {
+    {WeightsMode::automatic, "auto"}, {WeightsMode::stream, "stream"}, {WeightsMode::device, "device"}};
+inline constexpr ModeSpelling<CheckpointMode> kCheckpointModes[] = {{CheckpointMode::automatic, "auto"},
+    {CheckpointMode::device, "device"}, {CheckpointMode::host, "host"}, {CheckpointMode::nvme, "nvme"}};
+inline constexpr ModeSpelling<RecomputeMode> kRecomputeModes[] = {
+    {RecomputeMode::automatic, "auto"}, {RecomputeMode::always, "always"}, {RecomputeMode::never, "never"}};
+inline constexpr ModeSpelling<StateTier> kStateTiers[] = {
+    {StateTier::automatic, "auto"}, {StateTier::host, "host"}, {StateTier::nvme, "nvme"}};
+inline constexpr ModeSpelling<AccumulationMode> kAccumulationModes[] = {{AccumulationMode::automatic, "auto"},
+    {AccumulationMode::layer_major, "layer_major"}, {AccumulationMode::micro_batch, "micro_batch"}};
+
+constexpr ModeTable<WeightsMode> mode_table(WeightsMode) { return mode_table_of("offload.weights", kWeightsModes); }
+constexpr ModeTable<CheckpointMode> mode_table(CheckpointMode) {
+  return mode_table_of("offload.checkpoints", kCheckpointModes);
+}
+constexpr ModeTable<RecomputeMode> mode_table(RecomputeMode) { return mode_table_of("offload.recompute", kRecomputeModes); }
+constexpr ModeTable<StateTier> mode_table(StateTier) { return mode_table_of("offload.optimizer", kStateTiers); }
+constexpr ModeTable<AccumulationMode> mode_table(AccumulationMode) {
+  return mode_table_of("offload.accumulation", kAccumulationModes);
+}
 
 // The recipe's spelling of a value ("stream", "auto", "layer_major", ...), for messages.
 template <class E>
 const char* mode_name(E value) {
-  for (const ModeSpelling<E>& s : ModeTable<E>::values)
+  for (const ModeSpelling<E>& s : mode_table(E{}))
     if (s.value == value) return s.name;
   return "?";
 }

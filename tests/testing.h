@@ -350,16 +350,18 @@ inline ProcessResult run_strata_signalled(const std::string& args,
   return r;
 }
 
-// A small Llama (4 heads, 2 kv heads) as hf_config reads it, for the engine and host-store tests.
+// A small Llama (4 heads, 2 kv heads unless given) as hf_config reads it, for the engine, plan and
+// host-store tests.
 struct TinyLlama {
   int64_t hidden, ffn, layers, vocab, max_positions;
   bool tied;
+  int64_t heads = 4, kv_heads = 2;
 };
 inline ModelConfig tiny_llama_config(const TinyLlama& t) {
   const nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                             {"hidden_size", t.hidden}, {"intermediate_size", t.ffn},
-                            {"num_hidden_layers", t.layers}, {"num_attention_heads", 4},
-                            {"num_key_value_heads", 2}, {"vocab_size", t.vocab},
+                            {"num_hidden_layers", t.layers}, {"num_attention_heads", t.heads},
+                            {"num_key_value_heads", t.kv_heads}, {"vocab_size", t.vocab},
                             {"max_position_embeddings", t.max_positions}, {"tie_word_embeddings", t.tied}};
   return hf_config_parse(j.dump(), "test config");
 }
@@ -410,6 +412,15 @@ struct Golden {
 };
 
 // What one engine step on a golden model gave.
+// f(name, golden) for each of the four golden models in turn, under INFO(name).
+template <class F>
+void for_each_golden(F&& f) {
+  for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
+    INFO(name);
+    f(name, Golden::load(name));
+  }
+}
+
 struct GoldenStep {
   double loss = 0;             // mean per counted token
   int64_t tokens = 0;          // counted tokens

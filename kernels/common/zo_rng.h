@@ -117,49 +117,22 @@ STRATA_ZO_FN uint64_t zo_seed(uint64_t base, uint64_t step, uint32_t perturbatio
 
 #if defined(STRATA_ZO_HAVE_TRANSFORM)
 // ---- single IEEE operations, never fused ----------------------------------------------------
-STRATA_ZO_FN float zo_mul(float a, float b) {
 #if defined(__CUDA_ARCH__) || defined(STRATA_CUEMU)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
+STRATA_ZO_FN float zo_mul(float a, float b) { return __fmul_rn(a, b); }
+STRATA_ZO_FN float zo_add(float a, float b) { return __fadd_rn(a, b); }
+STRATA_ZO_FN float zo_div(float a, float b) { return __fdiv_rn(a, b); }
+STRATA_ZO_FN float zo_sqrt(float a) { return __fsqrt_rn(a); }
+STRATA_ZO_FN uint32_t zo_float_bits(float x) { return __float_as_uint(x); }
+STRATA_ZO_FN float zo_bits_float(uint32_t u) { return __uint_as_float(u); }
+#else  // the host's IEEE operations (kernels/cpu/zo.cpp is compiled with -ffp-contract=off)
+STRATA_ZO_FN float zo_mul(float a, float b) { return a * b; }
+STRATA_ZO_FN float zo_add(float a, float b) { return a + b; }
+STRATA_ZO_FN float zo_div(float a, float b) { return a / b; }
+STRATA_ZO_FN float zo_sqrt(float a) { return std::sqrt(a); }
+STRATA_ZO_FN uint32_t zo_float_bits(float x) { return std::bit_cast<uint32_t>(x); }
+STRATA_ZO_FN float zo_bits_float(uint32_t u) { return std::bit_cast<float>(u); }
 #endif
-}
-STRATA_ZO_FN float zo_add(float a, float b) {
-#if defined(__CUDA_ARCH__) || defined(STRATA_CUEMU)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
 STRATA_ZO_FN float zo_sub(float a, float b) { return zo_add(a, -b); }
-STRATA_ZO_FN float zo_div(float a, float b) {
-#if defined(__CUDA_ARCH__) || defined(STRATA_CUEMU)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-STRATA_ZO_FN float zo_sqrt(float a) {
-#if defined(__CUDA_ARCH__) || defined(STRATA_CUEMU)
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
-STRATA_ZO_FN uint32_t zo_float_bits(float x) {
-#if defined(__CUDA_ARCH__) || defined(STRATA_CUEMU)
-  return __float_as_uint(x);
-#else
-  return std::bit_cast<uint32_t>(x);
-#endif
-}
-STRATA_ZO_FN float zo_bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__) || defined(STRATA_CUEMU)
-  return __uint_as_float(u);
-#else
-  return std::bit_cast<float>(u);
-#endif
-}
 
 // ---- ln u for u = k / 2^24, k in [1, 2^24] ---------------------------------------------------
 // k = 2^e m with m in [sqrt(1/2), sqrt(2)) (exponent and mantissa taken from k's exact float

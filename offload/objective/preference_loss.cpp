@@ -29,16 +29,6 @@ double log1m_exp(double x) {
 
 }  // namespace
 
-const char* preference_objective_name(PreferenceObjective objective) {
-  switch (objective) {
-    case PreferenceObjective::dpo: return "dpo";
-    case PreferenceObjective::ipo: return "ipo";
-    case PreferenceObjective::simpo: return "simpo";
-    case PreferenceObjective::orpo: return "orpo";
-  }
-  return "?";
-}
-
 bool preference_needs_reference(PreferenceObjective objective) {
   return objective == PreferenceObjective::dpo || objective == PreferenceObjective::ipo;
 }

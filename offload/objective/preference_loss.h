@@ -20,12 +20,19 @@
 #include <string>
 #include <vector>
 
+#include "offload/modes.h"
+
 namespace strata {
 
 enum class PreferenceObjective { dpo, ipo, simpo, orpo };
+inline constexpr ModeSpelling<PreferenceObjective> kPreferenceObjectives[] = {{PreferenceObjective::dpo, "dpo"},
+    {PreferenceObjective::ipo, "ipo"}, {PreferenceObjective::simpo, "simpo"}, {PreferenceObjective::orpo, "orpo"}};
+constexpr ModeTable<PreferenceObjective> mode_table(PreferenceObjective) {
+  return mode_table_of("train.objective", kPreferenceObjectives);
+}
 
-// "dpo" | "ipo" | "simpo" | "orpo"; anything else throws Error(input) naming the choices.
-const char* preference_objective_name(PreferenceObjective objective);
+// "dpo" | "ipo" | "simpo" | "orpo" (train.objective's spelling).
+inline const char* preference_objective_name(PreferenceObjective objective) { return mode_name(objective); }
 // The objective needs reference log-probs (one forward pass of the starting weights).
 bool preference_needs_reference(PreferenceObjective objective);
 

@@ -20,12 +20,8 @@ namespace strata {
 using adamw_detail::AdamWSpan;
 
 const char* adamw_isa_name(AdamWIsa isa) {
-  switch (isa) {
-    case AdamWIsa::scalar: return "scalar";
-    case AdamWIsa::avx2: return "avx2";
-    case AdamWIsa::avx512: return "avx512";
-  }
-  return "?";
+  constexpr const char* kNames[] = {"scalar", "avx2", "avx512"};  // AdamWIsa's order
+  return size_t(isa) < std::size(kNames) ? kNames[size_t(isa)] : "?";
 }
 
 bool adamw_isa_supported(AdamWIsa isa) {

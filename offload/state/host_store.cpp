@@ -219,40 +219,39 @@ void HostStore::release() {
 
 HostStore::~HostStore() { release(); }
 
-void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const {
+// The byte offset of elements [first, first + count) of row's f32 tensor in array a's state
+// (its own element size), after checking the store holds that array.
+size_t HostStore::state_at(StateArray a, size_t row, int64_t first, int64_t count) const {
   STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
   STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
   STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
-  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
-  if (es == 4) {
-    placement_->read(a, at, dst, size_t(count) * 4);
-    return;
-  }
-  // bf16 moments: read, then widen (exact), a bounded piece at a time (no transient the plan misses)
-  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
-  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
-    const size_t len = std::min(narrow.size(), size_t(count) - k);
-    placement_->read(a, at + k * es, narrow.data(), len * es);
-    dtype_convert(dst + k, DType::f32, narrow.data(), DType::bf16, len);
-  }
+  return (f32_[row].offset / 4 + size_t(first)) * state_elem_bytes(a);
+}
+
+// Calls f(scratch, k, len) over [0, count) in pieces of at most kStateConvertElements, with a bf16
+// scratch of that size (no transient the plan misses).
+template <class F>
+void in_bf16_pieces(size_t count, F&& f) {
+  std::vector<bf16> narrow(std::min<size_t>(count, kStateConvertElements));
+  for (size_t k = 0; k < count; k += narrow.size()) f(narrow.data(), k, std::min(narrow.size(), count - k));
+}
+
+void HostStore::read_state(StateArray a, size_t row, int64_t first, int64_t count, float* dst) const {
+  const size_t at = state_at(a, row, first, count), es = state_elem_bytes(a);
+  if (es == 4) return placement_->read(a, at, dst, size_t(count) * 4);
+  in_bf16_pieces(size_t(count), [&](bf16* narrow, size_t k, size_t len) {  // bf16 moments: read, widen (exact)
+    placement_->read(a, at + k * es, narrow, len * es);
+    dtype_convert(dst + k, DType::f32, narrow, DType::bf16, len);
+  });
 }
 
 void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t count, const float* src) {
-  STRATA_ASSERT(placement_, "a weights-only host store has no optimizer state");
-  STRATA_ASSERT(holds(a), "the store holds no ", state_array_name(a), " (the optimizer does not need it)");
-  STRATA_ASSERT(first >= 0 && count >= 0 && first + count <= f32_[row].numel());
-  const size_t es = state_elem_bytes(a), at = (f32_[row].offset / 4 + size_t(first)) * es;
-  if (es == 4) {
-    placement_->write(a, at, src, size_t(count) * 4);
-    return;
-  }
-  // bf16 moments: round to nearest even, then write, a bounded piece at a time
-  std::vector<bf16> narrow(std::min<size_t>(size_t(count), kStateConvertElements));
-  for (size_t k = 0; k < size_t(count); k += narrow.size()) {
-    const size_t len = std::min(narrow.size(), size_t(count) - k);
-    dtype_convert(narrow.data(), DType::bf16, src + k, DType::f32, len);
-    placement_->write(a, at + k * es, narrow.data(), len * es);
-  }
+  const size_t at = state_at(a, row, first, count), es = state_elem_bytes(a);
+  if (es == 4) return placement_->write(a, at, src, size_t(count) * 4);
+  in_bf16_pieces(size_t(count), [&](bf16* narrow, size_t k, size_t len) {  // round to nearest even, write
+    dtype_convert(narrow, DType::bf16, src + k, DType::f32, len);
+    placement_->write(a, at + k * es, narrow, len * es);
+  });
 }
 
 void HostStore::set_param(size_t row, const float* values) {
@@ -270,12 +269,8 @@ void HostStore::get_param(size_t row, float* values) const {
 }
 
 const char* state_array_name(StateArray a) {
-  switch (a) {
-    case StateArray::master: return "master";
-    case StateArray::m: return "exp_avg";
-    case StateArray::v: return "exp_avg_sq";
-  }
-  return "?";
+  constexpr const char* kNames[] = {"master", "exp_avg", "exp_avg_sq"};  // StateArray's order
+  return size_t(a) < std::size(kNames) ? kNames[size_t(a)] : "?";
 }
 
 char* RamStatePlacement::array(StateArray a) const {
@@ -306,10 +301,6 @@ void RamStatePlacement::read(StateArray a, size_t offset, void* dst, size_t byte
 
 void RamStatePlacement::write(StateArray a, size_t offset, const void* src, size_t bytes) {
   std::memcpy(array(a) + offset, src, bytes);
-}
-
-const char* optimizer_kind_name(OptimizerKind k) {
-  return k == OptimizerKind::adamw ? "adamw" : "zo-sgd";
 }
 
 }  // namespace strata

@@ -111,6 +111,7 @@ class HostStore {
 
  private:
   void release();
+  size_t state_at(StateArray a, size_t row, int64_t first, int64_t count) const;  // the byte offset, checked
 
   Device& dev_;
   ModelSpec spec_;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/modes.h"
 #include "src/core/dtype.h"
 #include "src/core/tensor.h"
 
@@ -34,7 +35,10 @@ struct OptimizerStateNeeds {
 
 // The host optimizer of a run (optim.type; LoRA's adapters use AdamW on their own store).
 enum class OptimizerKind : uint8_t { adamw, zo_sgd };
-const char* optimizer_kind_name(OptimizerKind k);  // "adamw", "zo-sgd" (the recipe's names)
+inline constexpr ModeSpelling<OptimizerKind> kOptimizerKinds[] = {{OptimizerKind::adamw, "adamw"},
+                                                                  {OptimizerKind::zo_sgd, "zo-sgd"}};
+constexpr ModeTable<OptimizerKind> mode_table(OptimizerKind) { return mode_table_of("optim.type", kOptimizerKinds); }
+inline const char* optimizer_kind_name(OptimizerKind k) { return mode_name(k); }  // "adamw", "zo-sgd"
 
 // AdamW: m, v and the fp32 gradient; ZO-SGD: the master alone (HostAdamW::kState,
 // HostZoSgd::kState in offload/state/optimizer.h and zo_sgd.h are these).

@@ -23,12 +23,7 @@ int cmd_chat_template(const std::vector<std::string>& args) {
   if (!parse_args(app, args, &rc)) return rc;
 
   ChatTemplate tmpl = ChatTemplate::load(dir);
-  std::string line;
-  size_t line_no = 0;
-  while (std::getline(std::cin, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+  cli_for_each_stdin_line([&](const std::string& line, size_t line_no) {
     nlohmann::ordered_json j;
     try {
       j = nlohmann::ordered_json::parse(line);
@@ -55,7 +50,7 @@ int cmd_chat_template(const std::vector<std::string>& args) {
     }
     nlohmann::ordered_json out = {{"text", text}};
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-  }
+  });
   std::cout.flush();
   STRATA_CHECK_IO(std::cout.good(), "writing to standard output failed");
   return 0;

@@ -250,12 +250,7 @@ bool generate_args_parse(const std::vector<std::string>& args, GenerateArgs& a, 
 // loaded; *max_prompt: the longest prompt (at least 1).
 std::vector<std::vector<int32_t>> read_requests(const TextEncoder& enc, const ModelConfig& cfg, int64_t* max_prompt) {
   std::vector<std::vector<int32_t>> prompts;
-  std::string line;
-  size_t line_no = 0;
-  while (std::getline(std::cin, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+  cli_for_each_stdin_line([&](const std::string& line, size_t line_no) {
     std::vector<int32_t> ids = request_ids(line, line_no, enc);
     STRATA_CHECK(!ids.empty(), "stdin line ", line_no, ": the prompt encodes to no tokens");
     for (int32_t id : ids)
@@ -264,7 +259,7 @@ std::vector<std::vector<int32_t>> read_requests(const TextEncoder& enc, const Mo
                    enc.is_bytes() ? " (the text was encoded as UTF-8 bytes: pass --tokenizer DIR)" : "");
     *max_prompt = std::max<int64_t>(*max_prompt, int64_t(ids.size()));
     prompts.push_back(std::move(ids));
-  }
+  });
   return prompts;
 }
 

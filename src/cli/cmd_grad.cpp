@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
@@ -300,6 +301,16 @@ nlohmann::json grad_result(double loss_sum, int64_t counted, const PreferenceHea
 }
 
 }  // namespace
+
+void cli_for_each_stdin_line(const std::function<void(const std::string& line, size_t line_no)>& f) {
+  std::string line;
+  size_t line_no = 0;
+  while (std::getline(std::cin, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) f(line, line_no);
+  }
+}
 
 MicroBatch cli_read_batch(const std::string& batch_path) {
   return token_batch(read_batch_json(batch_path), batch_path);

@@ -2,6 +2,8 @@
 // process exit code (0 done, 2 bad input, 3 memory budget, 4 I/O error, 130 interrupted).
 // Errors are thrown as strata::Error; main() prints them and maps them to exit codes.
 #pragma once
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,13 +34,18 @@ struct CliModel {
 };
 CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, const std::string& memory,
                         const PlanInputs& in);
-int cmd_train(const std::vector<std::string>& args);
-int cmd_estimate(const std::vector<std::string>& args);
-int cmd_prepare(const std::vector<std::string>& args);
+int cmd_train(const std::vector<std::string>& args);     // fine-tune or align from a recipe
+int cmd_estimate(const std::vector<std::string>& args);  // the placement plan and step time, nothing run
+int cmd_prepare(const std::vector<std::string>& args);   // tokenize a data set into shards once
+// tokenize / detokenize text, and render a chat template, one JSON line per stdin line
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_detokenize(const std::vector<std::string>& args);
 int cmd_chat_template(const std::vector<std::string>& args);
-int cmd_plot(const std::vector<std::string>& args);
-int cmd_generate(const std::vector<std::string>& args);
+int cmd_plot(const std::vector<std::string>& args);      // metrics.jsonl as SVG charts
+int cmd_generate(const std::vector<std::string>& args);  // sample from a model or checkpoint
+
+// f(line, line_no) for each non-blank line of standard input (a CRLF's CR dropped), numbered
+// from 1 as the messages name them.
+void cli_for_each_stdin_line(const std::function<void(const std::string& line, size_t line_no)>& f);
 
 }  // namespace strata

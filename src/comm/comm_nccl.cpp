@@ -27,17 +27,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-#define STRATA_NCCL_CUDA(call)                                                                  \
-  do {                                                                                          \
-    const cudaError_t e_ = (call);                                                              \
-    STRATA_CHECK_IO(e_ == cudaSuccess, __FILE__, ":", __LINE__, ": ", #call, " failed: ",       \
-                    cudaGetErrorString(e_));                                                    \
+// Error(io) naming the failed call and its place, with the library's message, unless ok.
+#define STRATA_NCCL_CALL_CHECK(ok, message, call) \
+  STRATA_CHECK_IO(ok, __FILE__, ":", __LINE__, ": ", call, " failed: ", message)
+#define STRATA_NCCL_CUDA(call)                                                         \
+  do {                                                                                 \
+    const cudaError_t e_ = (call);                                                     \
+    STRATA_NCCL_CALL_CHECK(e_ == cudaSuccess, cudaGetErrorString(e_), #call);          \
   } while (0)
-#define STRATA_NCCL(call)                                                                       \
-  do {                                                                                          \
-    const ncclResult_t r_ = (call);                                                             \
-    STRATA_CHECK_IO(r_ == ncclSuccess, __FILE__, ":", __LINE__, ": ", #call, " failed: ",       \
-                    ncclGetErrorString(r_));                                                    \
+#define STRATA_NCCL(call)                                                              \
+  do {                                                                                 \
+    const ncclResult_t r_ = (call);                                                    \
+    STRATA_NCCL_CALL_CHECK(r_ == ncclSuccess, ncclGetErrorString(r_), #call);          \
   } while (0)
 
 // What the comm and its outstanding tickets share.

@@ -466,14 +466,8 @@ class CudaDevice final : public ArenaDevice {
                                  DType wt, const double* stats, const int32_t* targets, int64_t n,
                                  int64_t c, int64_t v, int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
                                  Stream s) override {
-    const auto timed = time_op(s, OpKind::cross_entropy);
-    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
-    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
-    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
-    checks_pending_[int(s)] = true;
-    cuda::lm_head_ce_chunk_backward(dh, dw_chunk, h, w, wt == DType::bf16, stats, targets, nullptr, n, c,
-                                    v, v0, vc, grad_scale, kept_logits, ws, ce_workspace_bytes_, error_word_,
-                                    cublas(s), stream(s));
+    lm_head_ce_chunk_backward_weighted(dh, dw_chunk, h, w, wt, stats, targets, nullptr, n, c, v, v0, vc, grad_scale,
+                                       kept_logits, s);
   }
   void lm_head_ce_stats_seq_sums(double* seq_sums, const double* stats, const int32_t* targets,
                                  const int32_t* seq, int64_t n, int64_t v, int64_t num_seqs, Stream s) override {

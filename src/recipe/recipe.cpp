@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "io/files.h"
+#include "src/comm/comm.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -272,19 +273,14 @@ void check_lora(const Recipe& rc, const Reader& r) {
   STRATA_CHECK(rc.lora_dropout >= 0.0 && rc.lora_dropout < 1.0, r.where("lora.dropout"), ": lora.dropout = ",
                rc.lora_dropout, " must be in [0, 1) (PEFT's usual: 0.05 or 0.1)");
   STRATA_CHECK(!rc.model_path.empty(), r.origin, ": LoRA trains adapters on a pretrained base: set model.path");
-  STRATA_CHECK(rc.optim_type == "adamw", r.where("optim.type"), ": LoRA trains with optim.type = \"adamw\"");
-  STRATA_CHECK(rc.offload_optimizer != "nvme", r.where("offload.optimizer"), ": with LoRA the base has no optimizer "
+  STRATA_CHECK(rc.modes.optimizer == OptimizerKind::adamw, r.where("optim.type"), ": LoRA trains with optim.type = \"adamw\"");
+  STRATA_CHECK(rc.modes.optimizer_tier != StateTier::nvme, r.where("offload.optimizer"), ": with LoRA the base has no optimizer "
                "state (the adapters' is small and stays in RAM); set offload.optimizer = \"auto\"");
 }
 
 void check_distributed(const Recipe& rc, const Reader& r) {
-  STRATA_CHECK(rc.distributed_backend == "auto" || rc.distributed_backend == "nccl" || rc.distributed_backend == "mpi",
-               r.where("distributed.backend"), ": distributed.backend must be \"auto\", \"nccl\" or \"mpi\"");
-  STRATA_CHECK(rc.distributed_zo == "data" || rc.distributed_zo == "perturbation" || rc.distributed_zo == "2d",
-               r.where("distributed.zo"), ": distributed.zo must be \"data\", \"perturbation\" or \"2d\"");
-  STRATA_CHECK(rc.distributed_shared_host_store == "auto" || rc.distributed_shared_host_store == "true" ||
-               rc.distributed_shared_host_store == "false", r.where("distributed.shared_host_store"),
-               ": distributed.shared_host_store must be \"auto\", true or false");
+  STRATA_CHECK(rc.modes.distributed != CommBackend::single, r.where("distributed.backend"),
+               ": distributed.backend must be \"auto\", \"nccl\" or \"mpi\"");
   STRATA_CHECK(rc.distributed_ranks_per_node >= 0, r.where("distributed.ranks_per_node"),
                ": distributed.ranks_per_node must be >= 0 (0 = the machines' nodes)");
   STRATA_CHECK(rc.distributed_timeout_s > 0, r.where("distributed.timeout"), ": distributed.timeout must be positive (seconds)");
@@ -303,20 +299,15 @@ void check_train_optim(const Recipe& rc, const Reader& r) {
   STRATA_CHECK(rc.max_grad_norm >= 0, r.where("optim.max_grad_norm"), ": optim.max_grad_norm must be >= 0 (0 disables clipping)");
   STRATA_CHECK(rc.warmup_ratio >= 0 && rc.warmup_ratio <= 1, r.where("optim.warmup_ratio"), ": optim.warmup_ratio must be in [0, 1]");
   STRATA_CHECK(rc.warmup_steps >= 0, r.where("optim.warmup_steps"), ": optim.warmup_steps must be >= 0");
-  STRATA_CHECK(rc.lr_scheduler_type == "cosine" || rc.lr_scheduler_type == "linear" ||
-                   rc.lr_scheduler_type == "constant",
-               r.where("optim.lr_scheduler_type"), ": optim.lr_scheduler_type must be \"cosine\", \"linear\" or \"constant\"");
-  STRATA_CHECK(rc.optim_type == "adamw" || rc.optim_type == "zo-sgd", r.where("optim.type"),
-               ": optim.type must be \"adamw\" or \"zo-sgd\"");
   STRATA_CHECK(rc.moments_dtype == "f32" || rc.moments_dtype == "bf16", r.where("optim.moments_dtype"),
                ": optim.moments_dtype must be \"f32\" or \"bf16\"");
-  STRATA_CHECK(rc.moments_dtype == "f32" || rc.optim_type == "adamw", r.where("optim.moments_dtype"),
+  STRATA_CHECK(rc.moments_dtype == "f32" || rc.modes.optimizer == OptimizerKind::adamw, r.where("optim.moments_dtype"),
                ": optim.moments_dtype = \"bf16\" sets AdamW's moments, and optim.type = \"zo-sgd\" keeps none; remove "
                "optim.moments_dtype");
   STRATA_CHECK(rc.moments_dtype == "f32" || !rc.lora_enabled, r.where("optim.moments_dtype"),
                ": with LoRA only the adapters train and their AdamW moments stay f32 (they are small); remove "
                "optim.moments_dtype");
-  STRATA_CHECK(rc.moments_dtype == "f32" || rc.distributed_shared_host_store != "true", r.where("optim.moments_dtype"),
+  STRATA_CHECK(rc.moments_dtype == "f32" || rc.modes.shared_host_store != Toggle::on, r.where("optim.moments_dtype"),
                ": distributed.shared_host_store = true keeps f32 moments in this version; set optim.moments_dtype = "
                "\"f32\" or distributed.shared_host_store = false");
   STRATA_CHECK(rc.zo_eps > 0, r.where("optim.zo_eps"), ": optim.zo_eps must be positive (1e-3 is MeZO's)");
@@ -326,21 +317,10 @@ void check_train_optim(const Recipe& rc, const Reader& r) {
 
 // The offload and device keys, and the sizes parsed into bytes.
 void check_offload_device(Recipe& rc, const Reader& r) {
-  STRATA_CHECK(rc.offload_weights == "auto" || rc.offload_weights == "stream" || rc.offload_weights == "device",
-               r.where("offload.weights"), ": offload.weights must be \"auto\", \"stream\" or \"device\"");
-  STRATA_CHECK(rc.offload_checkpoints == "auto" || rc.offload_checkpoints == "device" ||
-                   rc.offload_checkpoints == "host" || rc.offload_checkpoints == "nvme",
-               r.where("offload.checkpoints"), ": offload.checkpoints must be \"auto\", \"device\", \"host\" or \"nvme\"");
-  STRATA_CHECK(rc.offload_recompute == "auto" || rc.offload_recompute == "always" || rc.offload_recompute == "never",
-               r.where("offload.recompute"), ": offload.recompute must be \"auto\", \"always\" or \"never\"");
-  STRATA_CHECK(rc.offload_optimizer == "auto" || rc.offload_optimizer == "host" || rc.offload_optimizer == "nvme",
-               r.where("offload.optimizer"), ": offload.optimizer must be \"auto\", \"host\" or \"nvme\"");
-  STRATA_CHECK(rc.offload_accumulation == "auto" || rc.offload_accumulation == "layer_major" ||
-                   rc.offload_accumulation == "micro_batch",
-               r.where("offload.accumulation"), ": offload.accumulation must be \"auto\", \"layer_major\" or \"micro_batch\"");
-  if (rc.offload_optimizer == "nvme" || rc.offload_checkpoints == "nvme")
-    STRATA_CHECK(!rc.nvme_path.empty(), r.where(rc.offload_optimizer == "nvme" ? "offload.optimizer" : "offload.checkpoints"),
-                 ": ", rc.offload_optimizer == "nvme" ? "offload.optimizer" : "offload.checkpoints",
+  const bool optimizer_nvme = rc.modes.optimizer_tier == StateTier::nvme;
+  if (optimizer_nvme || rc.modes.checkpoints == CheckpointMode::nvme)
+    STRATA_CHECK(!rc.nvme_path.empty(), r.where(optimizer_nvme ? "offload.optimizer" : "offload.checkpoints"), ": ",
+                 optimizer_nvme ? "offload.optimizer" : "offload.checkpoints",
                  " = \"nvme\" needs offload.nvme_path: set it to a directory on a fast local disk");
   if (!rc.nvme_memory.empty())
     rc.nvme_memory_bytes = parse_bytes(rc.nvme_memory, r.where("offload.nvme_memory") + ": offload.nvme_memory");
@@ -354,25 +334,6 @@ void check_offload_device(Recipe& rc, const Reader& r) {
         parse_bandwidth(rc.device_link_bandwidth, r.where("device.link_bandwidth") + ": device.link_bandwidth");
 }
 
-// Every mode key of a checked recipe, typed (src/recipe/recipe_modes.h).
-RecipeModes recipe_modes_parse(const Recipe& rc) {
-  RecipeModes m;
-  m.optimizer = optimizer_kind_parse(rc.optim_type);
-  if (rc.objective != "sft") m.preference = preference_objective_parse(rc.objective);
-  m.weights = weights_mode_parse(rc.offload_weights);
-  m.checkpoints = checkpoint_mode_parse(rc.offload_checkpoints);
-  m.recompute = recompute_mode_parse(rc.offload_recompute);
-  m.optimizer_tier = state_tier_parse(rc.offload_optimizer);
-  m.accumulation = accumulation_mode_parse(rc.offload_accumulation);
-  m.device = device_backend_parse(rc.device_backend);
-  m.distributed = comm_backend_parse(rc.distributed_backend);
-  m.shared_host_store = toggle_parse(rc.distributed_shared_host_store);
-  m.zo = zo_parallel_mode_parse(rc.distributed_zo);
-  m.lr_schedule = lr_schedule_parse(rc.lr_scheduler_type);
-  m.drop_overlong = rc.overlong == "drop";
-  return m;
-}
-
 }  // namespace
 
 Recipe recipe_parse(const std::string& text, const std::string& origin,
@@ -382,13 +343,14 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   rc.source_path = origin;
   read_keys(rc, r);
   read_dependent(rc, r);
+  rc.modes = recipe_modes_parse(rc, [&r](const char* key) { return r.where(key); });  // the mode keys, typed, once
+  rc.modes.drop_overlong = rc.overlong == "drop";
   make_paths_absolute(rc, r);
   check_model_data_train(rc, r);
   check_lora(rc, r);
   check_distributed(rc, r);
   check_train_optim(rc, r);
   check_offload_device(rc, r);
-  rc.modes = recipe_modes_parse(rc);  // the mode keys, typed, once
   return rc;
 }
 

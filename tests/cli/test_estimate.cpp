@@ -157,11 +157,7 @@ TEST_CASE("the GPU table's peaks are the datasheet table's, and names match loos
 }
 
 TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot cache included", "[estimate]") {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 1024}, {"intermediate_size", 4096}, {"num_hidden_layers", 4},
-                      {"num_attention_heads", 8}, {"num_key_value_heads", 8}, {"vocab_size", 32768},
-                      {"max_position_embeddings", 4096}, {"tie_word_embeddings", false}};
-  const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16);
+  const ModelSpec spec = model_spec_build(testing::tiny_llama_config({1024, 4096, 4, 32768, 4096, false, 8, 8}), DType::bf16);
   PlanInputs in;
   in.checkpoints = CheckpointMode::device;
   in.optimizer = StateTier::host;

@@ -92,9 +92,7 @@ double grad_dot_z(const std::string& grads_path, const SafetensorsFile& z) {
 }  // namespace
 
 TEST_CASE("zo-probe: L(θ ± εz) are the losses of the models θ ± εz written with its z and reloaded", "[zo][cli]") {
-  for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
-    INFO(name);
-    const Golden g = Golden::load(name);
+  testing::for_each_golden([](const char* name, const Golden& g) {
     testing::TempDir tmp(std::string("zo_probe_") + name);
     const std::string batch = g.dir + "/batch.json", z_path = (tmp.path / "z.safetensors").string();
     const uint64_t seed = 20260415;
@@ -123,13 +121,11 @@ TEST_CASE("zo-probe: L(θ ± εz) are the losses of the models θ ± εz written
     CHECK(std::abs(p.g - central) <= 1e-6 * std::abs(ref_plus) / p.eps);
     // z is not a zero or constant tensor: the perturbation moved the loss
     CHECK(p.plus != p.minus);
-  }
+  });
 }
 
 TEST_CASE("zo-probe: projected_grad approaches ∇L·z as ε shrinks, as a second-order difference", "[zo][cli]") {
-  for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
-    INFO(name);
-    const Golden g = Golden::load(name);
+  testing::for_each_golden([](const char* name, const Golden& g) {
     testing::TempDir tmp(std::string("zo_conv_") + name);
     const std::string batch = g.dir + "/batch.json", z_path = (tmp.path / "z.safetensors").string();
     const std::string grads = (tmp.path / "g.safetensors").string();
@@ -152,7 +148,7 @@ TEST_CASE("zo-probe: projected_grad approaches ∇L·z as ε shrinks, as a secon
       CHECK(slope > 1.6);
       CHECK(slope < 2.4);
     }
-  }
+  });
 }
 
 }  // namespace strata

@@ -75,7 +75,7 @@ TEST_CASE("comm_create: single without a launcher, the launcher's environment is
     CHECK(comm_create(o)->name() == "single");
   }
   CommOptions bad;
-  CHECK_THROWS_WITH(comm_backend_parse("gloo"), Catch::Contains("use \"auto\", \"nccl\", \"mpi\" or \"single\""));
+  CHECK_THROWS_WITH(comm_backend_parse("gloo"), Catch::Contains("distributed.backend must be \"auto\", \"nccl\", \"mpi\" or \"single\""));
   bad.backend = CommBackend::automatic;
   bad.timeout_s = 0;
   CHECK_THROWS_WITH(comm_create(bad), Catch::Contains("distributed.timeout"));

@@ -45,9 +45,7 @@ TEST_CASE("the streaming engine on the CUDA backend matches the fp64 goldens and
   auto cuda = cuda_testing::test_device();
   if (!cuda) return;
   auto cpu = device_create(DeviceOptions{});
-  for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) {
-    INFO(name);
-    const Golden g = Golden::load(name);
+  testing::for_each_golden([&](const char* name, const Golden& g) {
     const GoldenStep on_cuda = run_step(*cuda, g, DType::f32);
     const GoldenStep on_cpu = run_step(*cpu, g, DType::f32);
     // The golden test's tolerances (f32 vs fp64 torch): loss 2e-6 relative, gradients 2e-5.
@@ -58,7 +56,7 @@ TEST_CASE("the streaming engine on the CUDA backend matches the fp64 goldens and
     // And the two backends agree at least as closely as either does with fp64.
     CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 2e-6 * std::abs(on_cpu.loss));
     check_tensors(on_cuda, on_cpu.grads, 2e-5);
-  }
+  });
 }
 
 TEST_CASE("the streaming engine on the CUDA backend in bf16 and with packed documents tracks the CPU backend", "[cuda-emu]") {

@@ -133,7 +133,7 @@ TEST_CASE("unknown and unavailable backends are clear input errors", "[device]")
 #endif
   // an unknown backend is refused where the recipe's strings are parsed, once
   CHECK_THROWS_AS(device_backend_parse("tpu"), Error);
-  CHECK_THROWS_WITH(device_backend_parse("tpu"), Catch::Contains("use \"cpu\", \"cuda\" or \"auto\""));
+  CHECK_THROWS_WITH(device_backend_parse("tpu"), Catch::Contains("device.backend must be \"cpu\", \"cuda\" or \"auto\""));
 }
 
 // STRATA_FAULT set in this process for one scope (the count starts again from the set).

@@ -412,16 +412,24 @@ TEST_CASE("file engine: STRATA_IO_FAULT sets the fault from the environment", "[
   ::unsetenv("STRATA_IO_FAULT");
 }
 
+namespace {
+
+// A new file at path holding data, written through a checksummed engine of `block`-byte blocks
+// and closed (synced, its checksum sidecar written).
+void write_whole(const std::string& path, const std::vector<unsigned char>& data, size_t block) {
+  FileEngine io(options(block, 2, true));
+  const int f = io.open(path, FileOpen::create);
+  io.wait(io.write(f, 0, data.data(), data.size()));
+  io.close(f);
+}
+
+}  // namespace
+
 TEST_CASE("file engine: a flipped byte on disk is a checksum error naming file and offset", "[uring]") {
   testing::TempDir tmp("uring_corrupt");
   const std::string path = (tmp.path / "c.bin").string();
   const auto data = random_bytes(300000, 9);
-  {
-    FileEngine io(options(65536, 8, true));
-    const int f = io.open(path, FileOpen::create);
-    io.wait(io.write(f, 0, data.data(), data.size()));
-    io.close(f);
-  }
+  write_whole(path, data, 65536);
   {
     const int fd = ::open(path.c_str(), O_RDWR);
     unsigned char b;
@@ -456,11 +464,7 @@ TEST_CASE("file engine: reopening checks the sidecar", "[uring]") {
   testing::TempDir tmp("uring_sidecar");
   const std::string path = (tmp.path / "s.bin").string();
   const auto data = random_bytes(10000, 11);
-  {
-    FileEngine io(options(4096, 2, true));
-    const int f = io.open(path, FileOpen::create);
-    io.wait(io.write(f, 0, data.data(), data.size()));
-  }  // the destructor closes (syncs) the file
+  write_whole(path, data, 4096);
   REQUIRE(fs::file_size(path) == 10000);
   REQUIRE_THROWS_WITH(FileEngine(options(8192, 2, true)).open(path, FileOpen::existing),
                       Catch::Contains("block size of 4096 bytes"));

@@ -134,7 +134,7 @@ TEST_CASE("offload.recompute = \"never\" on a budget too small for the activatio
   }
   CHECK(dev->used_bytes() == 0);  // nothing it allocated stays
   // a mode the recipe does not know is refused where the recipe's strings are parsed, once
-  CHECK_THROWS_WITH(recompute_mode_parse("sometimes"), Catch::Contains("use \"auto\", \"always\" or \"never\""));
+  CHECK_THROWS_WITH(recompute_mode_parse("sometimes"), Catch::Contains("offload.recompute must be \"auto\", \"always\" or \"never\""));
 }
 
 }  // namespace strata

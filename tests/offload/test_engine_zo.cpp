@@ -21,11 +21,7 @@ namespace strata {
 namespace {
 
 ModelConfig tiny_config(int64_t layers, bool tied) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", layers},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 97},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
-  return hf_config_parse(j.dump(), "test config");
+  return testing::tiny_llama_config({64, 96, layers, 97, 256, tied});
 }
 
 MicroBatch tiny_batch(int64_t B, int64_t T) {

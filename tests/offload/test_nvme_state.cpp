@@ -36,11 +36,7 @@ size_t run_folders(const std::string& root) {
 }
 
 ModelSpec nvme_spec(DType dtype, bool tied, int64_t layers = 8) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", layers},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
-                      {"max_position_embeddings", 64}, {"tie_word_embeddings", tied}};
-  return model_spec_build(hf_config_parse(j.dump(), "test"), dtype);
+  return model_spec_build(testing::tiny_llama_config({32, 48, layers, 300, 64, tied}), dtype);
 }
 
 HostStoreOptions nvme_options(bool on_nvme) {

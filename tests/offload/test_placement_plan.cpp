@@ -30,6 +30,7 @@
 #include "src/recipe/recipe.h"
 #include "src/core/error.h"
 #include "tests/seeded_inputs.h"
+#include "tests/testing.h"
 
 namespace strata {
 namespace {
@@ -38,11 +39,7 @@ namespace {
 // F 128, V 256. Matrices 4096 (q, o), 2048 (k, v), 8192 (gate, up, down) elements; 256 x 64 for
 // embed and lm_head; norms 64 floats.
 ModelSpec budget_spec(bool tied) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
-  return model_spec_build(hf_config_parse(j.dump(), "test config"), DType::bf16);
+  return model_spec_build(testing::tiny_llama_config({64, 128, 3, 256, 256, tied}), DType::bf16);
 }
 
 EngineOptions budget_engine(const std::string& checkpoints) {
@@ -125,11 +122,7 @@ PlanInputs plan_inputs(const std::string& checkpoints, const std::string& recomp
 // A model large enough that NVMe's own buffers (32 MiB of I/O staging) are small beside its
 // optimizer state: 4 layers of C 1024, F 4096, V 32000 (~100M parameters). Nothing is allocated.
 ModelSpec big_spec() {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 1024}, {"intermediate_size", 4096}, {"num_hidden_layers", 4},
-                      {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"vocab_size", 32000},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
-  return model_spec_build(hf_config_parse(j.dump(), "test config"), DType::bf16);
+  return model_spec_build(testing::tiny_llama_config({1024, 4096, 4, 32000, 256, false, 8, 4}), DType::bf16);
 }
 
 }  // namespace
@@ -335,11 +328,7 @@ TEST_CASE("zo-sgd: the store holds working weights and master alone, as the plan
   for (DType dtype : {DType::bf16, DType::f32}) {
     for (bool tied : {false, true}) {
       INFO(dtype_name(dtype) << (tied ? " tied" : " untied"));
-      nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                          {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
-                          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
-                          {"max_position_embeddings", 256}, {"tie_word_embeddings", tied}};
-      const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), dtype);
+      const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 128, 3, 256, 256, tied}), dtype);
       const size_t layer_matrix = 2 * 4096 + 2 * 2048 + 3 * 8192, layer_norm = 2 * 64;
       const size_t matrix = 3 * layer_matrix + (tied ? 1 : 2) * 256 * 64, norm = 3 * layer_norm + 64;
       const size_t params = matrix + norm;
@@ -398,11 +387,7 @@ TEST_CASE("zo-sgd: the store holds working weights and master alone, as the plan
 }
 
 TEST_CASE("f32 compute mode counts one f32 copy: the master is the working copy", "[plan]") {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
-  const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), DType::f32);
+  const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 128, 3, 256, 256, false}), DType::f32);
   const size_t params = size_t(spec.parameter_count());
   PlanInputs in = plan_inputs("host");
   const RunPlan one = placement_plan(spec, in, PlanBudgets{});
@@ -423,11 +408,7 @@ TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA d
   const std::string row = "CPU kernel scratch (attention inputs, dS, loss tiles, GEMM tiles)";
   for (const DType dt : {DType::bf16, DType::f32}) {
     INFO(dtype_name(dt));
-    nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                        {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
-                        {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
-                        {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
-    const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), dt);
+    const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 128, 3, 256, 256, false}), dt);
     PlanInputs in = plan_inputs("host");
     in.device_in_host_ram = true;
     const RunPlan cpu = placement_plan(spec, in, PlanBudgets{});
@@ -447,11 +428,7 @@ TEST_CASE("the CPU backend's kernel scratch is host memory in the plan, a CUDA d
 TEST_CASE("more kernel threads than cores: a plan short of RAM names device.cpu_threads and what it saves",
           "[plan][scratch]") {
   // issue 43: device.cpu_threads = 100000 asked for GiBs of GEMM scratch and the advice never named it
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                      {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
-                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}};
-  const ModelSpec spec = model_spec_build(hf_config_parse(j.dump(), "test config"), DType::f32);
+  const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 128, 3, 256, 256, false}), DType::f32);
   PlanInputs in = plan_inputs("host");
   in.device_in_host_ram = true;
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -542,13 +519,9 @@ TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to
   const RunPlan p = placement_plan(spec, in, b);
   REQUIRE_FALSE(p.fits());
   CHECK_FALSE(p.optimizer_on_nvme);
-  try {
-    placement_plan_check(p);
-    FAIL("no error for a budget one byte short");
-  } catch (const Error& err) {
-    const std::string msg = err.what();
+  {  // exit 3 (a budget error) for a budget one byte short
+    const std::string msg = testing::error_of([&] { placement_plan_check(p); }, ErrorKind::budget);
     INFO(msg);
-    CHECK(err.exit_code() == 3);
     CHECK(msg.find("offload.host_memory = \"test\"") != std::string::npos);
     CHECK(msg.find(format_bytes(p.host_total())) != std::string::npos);
     for (const char* kind : {"working weights (bf16)", "fp32 master weights", "AdamW moments (f32 m and v)",

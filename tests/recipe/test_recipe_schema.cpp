@@ -59,79 +59,6 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
   return "(no error)";
 }
 
-// Every key set to a value other than its default (LoRA's keys and model.path in kLora).
-const char* kEveryKey = R"([model]
-config = "/abs/m/config.json"
-init_seed = 7
-init_std = 0.03
-dtype = "bf16"
-[data]
-path = "/abs/d.jsonl"
-format = "messages"
-tokenizer = "bytes"
-sequence_len = 96
-packing = false
-train_on = "last"
-overlong = "drop"
-skip_bad_lines = true
-eval_split = 0.125
-eval_path = "/abs/e.jsonl"
-prepared_dir = "/abs/p"
-[train]
-max_steps = 11
-num_train_epochs = 2.5
-micro_batch_size = 3
-gradient_accumulation_steps = 4
-seed = 5
-log_steps = 2
-eval_steps = 6
-objective = "dpo"
-[preference]
-beta = 0.25
-gamma = 0.75
-[optim]
-type = "adamw"
-moments_dtype = "bf16"
-learning_rate = 3e-4
-weight_decay = 0.01
-adam_beta1 = 0.8
-adam_beta2 = 0.95
-adam_epsilon = 1e-6
-max_grad_norm = 0.5
-lr_scheduler_type = "linear"
-warmup_steps = 3
-warmup_ratio = 0.1
-min_lr_ratio = 0.05
-zo_eps = 0.002
-zo_perturbations = 2
-[offload]
-weights = "stream"
-checkpoints = "nvme"
-recompute = "always"
-accumulation = "layer_major"
-host_memory = "12GiB"
-optimizer = "nvme"
-nvme_path = "/abs/nvme"
-nvme_memory = "100GB"
-[device]
-backend = "cuda"
-memory = "20GiB"
-cpu_threads = 6
-link_bandwidth = "16GB/s"
-[checkpoint]
-output_dir = "/abs/out"
-save_steps = 10
-save_dtype = "f32"
-keep_last = 2
-[distributed]
-backend = "mpi"
-shared_host_store = false
-ranks_per_node = 2
-timeout = 60.5
-diagnostics_steps = 4
-zo = "2d"
-)";
-
 const char* kLora = R"([model]
 path = "/abs/base"
 [data]
@@ -147,7 +74,7 @@ merge = true
 adapter = "/abs/adapter"
 )";
 
-// What strata wrote for kEveryKey and kLora before the schema's rows wrote it (floats as
+// What strata wrote for every_key_recipe() and kLora before the schema's rows wrote it (floats as
 // `ostream <<` writes them, [preference] under a preference objective, [lora] with LoRA on).
 const char* kEveryKeyToml = R"([model]
 config = "/abs/m/config.json"
@@ -228,6 +155,21 @@ timeout = 60.5
 diagnostics_steps = 4
 zo = "2d"
 )";
+
+// Every key set to a value other than its default (LoRA's keys and model.path in kLora), as a user
+// writes it: kEveryKeyToml's keys with two floats in exponent form and no blank lines.
+std::string every_key_recipe() {
+  std::string s = kEveryKeyToml;
+  auto replace = [&s](const std::string& from, const std::string& to) {
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    s.replace(at, from.size(), to);
+  };
+  replace("learning_rate = 0.0003", "learning_rate = 3e-4");
+  replace("adam_epsilon = 1e-06", "adam_epsilon = 1e-6");
+  for (size_t at; (at = s.find("\n\n")) != std::string::npos;) s.erase(at, 1);
+  return s;
+}
 
 const char* kLoraToml = R"([model]
 path = "/abs/base"
@@ -369,7 +311,7 @@ TEST_CASE("preference.beta's default follows train.objective unless the recipe s
 }
 
 TEST_CASE("to_toml writes the effective recipe byte for byte as checkpoints stored it, and reads back", "[recipe]") {
-  const std::string every = recipe_parse(kEveryKey, "/r/x.toml", {}).to_toml();
+  const std::string every = recipe_parse(every_key_recipe(), "/r/x.toml", {}).to_toml();
   const std::string lora = recipe_parse(kLora, "/r/x.toml", {}).to_toml();
   CHECK(every == kEveryKeyToml);
   CHECK(lora == kLoraToml);
@@ -393,7 +335,7 @@ TEST_CASE("to_toml writes the effective recipe byte for byte as checkpoints stor
 }
 
 TEST_CASE("every key lands in its own Recipe member", "[recipe]") {
-  const Recipe r = recipe_parse(kEveryKey, "/r/x.toml", {});
+  const Recipe r = recipe_parse(every_key_recipe(), "/r/x.toml", {});
   CHECK(r.model_config == "/abs/m/config.json");
   CHECK(r.model_init_seed == 7);
   CHECK(r.model_init_std == 0.03);

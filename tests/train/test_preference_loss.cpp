@@ -137,7 +137,7 @@ TEST_CASE("preference losses stay finite at extreme margins and reject a side wi
   std::vector<PreferencePair> empty_side = {{-1, -2, 3, 0, 0, 0}};
   CHECK_THROWS_WITH(preference_loss(dpo, empty_side, {1, 3}), Catch::Contains("without a trained token"));
   CHECK_THROWS_AS(preference_objective_parse("kto"), Error);
-  CHECK_THROWS_WITH(preference_objective_parse("kto"), Catch::Contains("use \"dpo\", \"ipo\", \"simpo\" or \"orpo\""));
+  CHECK_THROWS_WITH(preference_objective_parse("kto"), Catch::Contains("train.objective must be \"dpo\", \"ipo\", \"simpo\" or \"orpo\""));
   CHECK(preference_needs_reference(PreferenceObjective::dpo));
   CHECK_FALSE(preference_needs_reference(PreferenceObjective::orpo));
   CHECK(preference_default_beta(PreferenceObjective::simpo) == 2.0);

@@ -10,12 +10,12 @@
 
 namespace strata::bench {
 // One entry per subcommand, defined in tools/bench/bench_<name>.cpp.
-int bench_adamw(const std::vector<std::string>& args);
-int bench_pipeline(const std::vector<std::string>& args);
-int bench_zo(const std::vector<std::string>& args);
-int bench_nvme(const std::vector<std::string>& args);
-int bench_peer(const std::vector<std::string>& args);
-int bench_estimate(const std::vector<std::string>& args);
+int bench_adamw(const std::vector<std::string>& args);     // the host AdamW against STREAM and torch
+int bench_pipeline(const std::vector<std::string>& args);  // a streamed step against its compute and link
+int bench_zo(const std::vector<std::string>& args);        // z generation and the ZO-SGD update
+int bench_nvme(const std::vector<std::string>& args);      // the NVMe file engine against fio
+int bench_peer(const std::vector<std::string>& args);      // training steps against PyTorch's
+int bench_estimate(const std::vector<std::string>& args);  // strata estimate against strata train
 }  // namespace strata::bench
 
 namespace {
