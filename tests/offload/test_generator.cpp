@@ -246,12 +246,12 @@ TEST_CASE("greedy generation is the argmax of the full-sequence forward", "[gene
   const int64_t max_new = 12;
   const GeneratorShape shape{2, 5, 5 + max_new};
   DeviceOptions dopt;
-  if (streamed) dopt.memory_bytes = Generator::device_bytes(spec, shape, false) + (64 << 10);
+  if (streamed) dopt.memory_bytes = generator_device_bytes(spec, shape, GeneratorPlacement{false, spec.layers.size()}) + (64 << 10);
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
   model_load_weights(store, g.dir);
   // with two layers, two slots hold every layer: streamed only from three layers up (mistral)
-  const bool resident = !streamed || Generator::device_bytes(spec, shape, true) <= dopt.memory_bytes;
+  const bool resident = !streamed || generator_device_bytes(spec, shape, GeneratorPlacement{true, spec.layers.size()}) <= dopt.memory_bytes;
   CHECK((resident || spec.layers.size() > 2));
   check_greedy(*dev, store, prompts, max_new, resident);
 }
@@ -262,7 +262,7 @@ TEST_CASE("greedy generation streaming five layers through two slots", "[generat
   const std::vector<std::vector<int32_t>> prompts = {{3, 17, 99, 4, 56, 7, 81}, {12}, {44, 45, 46}};
   const int64_t max_new = 9;
   DeviceOptions dopt;
-  dopt.memory_bytes = Generator::device_bytes(spec, GeneratorShape{3, 7, 16}, false) + (64 << 10);
+  dopt.memory_bytes = generator_device_bytes(spec, GeneratorShape{3, 7, 16}, GeneratorPlacement{false, spec.layers.size()}) + (64 << 10);
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
   model_init_weights(store, 11, 0.3);  // large weights: logits far from ties
@@ -313,7 +313,7 @@ TEST_CASE("a KV cache spilled to host memory gives the same tokens", "[generate]
   for (const GeneratorPlacement& want : {spill_all, spill_three}) {
     INFO("weights " << (want.weights_resident ? "resident" : "streamed") << ", " << want.kv_device_layers
                     << " layers' cache on the device");
-    const Run spilled = run(Generator::device_bytes(spec, shape, want) + slack);
+    const Run spilled = run(generator_device_bytes(spec, shape, want) + slack);
     REQUIRE(spilled.placement.weights_resident == want.weights_resident);
     REQUIRE(spilled.placement.kv_device_layers == want.kv_device_layers);
     for (size_t r = 0; r < prompts.size(); ++r) {
@@ -333,6 +333,7 @@ TEST_CASE("a KV cache spilled to host memory gives the same tokens", "[generate]
   }
   WARN("the cache of one layer for this shape: " << 3 * 16 * KD * 4 << " bytes each of k and v");
 }
+
 
 TEST_CASE("generation stops at an EOS id", "[generate]") {
   GoldenModel m("qwen3");
