@@ -17,6 +17,7 @@
 #include "kernels/cpu/ref.h"
 #include "kernels/cpu/ref/attention_cached.h"
 #include "offload/engine/generator.h"
+#include "offload/plan/run_engines.h"
 #include "offload/state/model_io.h"
 #include "src/core/bf16.h"
 #include "tests/seeded_inputs.h"
@@ -334,6 +335,50 @@ TEST_CASE("a KV cache spilled to host memory gives the same tokens", "[generate]
   WARN("the cache of one layer for this shape: " << 3 * 16 * KD * 4 << " bytes each of k and v");
 }
 
+// The placement plan prices a generation run from the generator's rows of the buffer table: the
+// plan's device tier is what the generator it builds allocates, its placement the one the
+// generator picks on the same device by itself, and rows per pass are halved until they fit.
+TEST_CASE("the generation plan prices what the generator allocates", "[generate][plan]") {
+  const ModelConfig cfg = testing::tiny_llama_config({48, 72, 5, 113, 64, false});
+  const ModelSpec spec = model_spec_build(cfg, DType::f32);
+  const GeneratorShape shape{3, 7, 16};
+  const size_t budget = generator_device_bytes(spec, shape, GeneratorPlacement{true, 2}) + (1 << 10);
+  DeviceOptions dopt;
+  dopt.memory_bytes = budget;
+  auto dev = device_create(dopt);
+  GenerationInputs in;
+  in.shape = shape;
+  in.device_reserved_bytes = dev->used_bytes() + dev->pending_workspace_bytes(Stream::compute);
+  PlanBudgets budgets;
+  budgets.device_bytes = dev->budget_bytes();
+  const RunPlan plan = placement_generation_plan(spec, in, budgets);
+  REQUIRE(plan.fits());
+  REQUIRE(plan.generation.active);
+  CHECK(plan.generation.shape.max_batch == shape.max_batch);
+  const GeneratorPlacement own = Generator::placement_for(*dev, spec, shape);
+  CHECK(plan.generation.placement.weights_resident == own.weights_resident);
+  CHECK(plan.generation.placement.kv_device_layers == own.kv_device_layers);
+  CHECK(plan.generation.placement.kv_device_layers == 2);
+  std::unique_ptr<HostStore> store = run_plan_host_store(*dev, spec, plan);
+  CHECK(store->options().weights_only);
+  model_init_weights(*store, 11, 0.3);
+  const size_t before = dev->used_bytes();
+  std::unique_ptr<Generator> gen = run_plan_generator(*dev, *store, plan);
+  CHECK(dev->used_bytes() - before == plan.tier(Tier::device));
+  CHECK(gen->kv_host_bytes() <= plan.tier(Tier::host_pinned));
+  // 64 rows asked for where three fit with every layer resident: halved until the least
+  // placement fits, and no further
+  in.shape.max_batch = 64;
+  const RunPlan lowered = placement_generation_plan(spec, in, budgets);
+  REQUIRE(lowered.fits());
+  const int64_t rows = lowered.generation.shape.max_batch;
+  CHECK(rows < 64);
+  CHECK(generator_min_device_bytes(spec, GeneratorShape{2 * rows, 7, 16}) > budget);
+  CHECK(generator_device_bytes(spec, lowered.generation.shape, lowered.generation.placement) <= budget);
+  // nothing fits: a problem, not a placement
+  budgets.device_bytes = generator_min_device_bytes(spec, GeneratorShape{1, 7, 16}) / 2;
+  CHECK_FALSE(placement_generation_plan(spec, in, budgets).fits());
+}
 
 TEST_CASE("generation stops at an EOS id", "[generate]") {
   GoldenModel m("qwen3");
