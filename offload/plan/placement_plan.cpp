@@ -643,13 +643,14 @@ RunPlan placement_generation_plan(const ModelSpec& spec, const GenerationInputs&
     shape.max_batch /= 2;  // fewer rows per pass before giving up
   if (!generator_choose_placement(spec, shape, left, &p.generation.placement)) {
     p.generation.placement = GeneratorPlacement{false, 0};  // the least, priced below
-    p.problems.push_back(str_cat(
-        "generation needs ", format_bytes(generator_min_device_bytes(spec, shape) + in.device_reserved_bytes),
-        " of device memory (weights streamed through two slots, the KV cache of ", shape.max_batch, " rows x ",
-        shape.max_context, " positions spilled to host memory through two layer slots, ",
-        format_bytes(in.device_reserved_bytes), " held before), the budget (", budgets.device_origin, ") is ",
-        format_bytes(budgets.device_bytes),
-        ": raise --device-memory, or lower --max-new-tokens, --batch-size or the prompt length"));
+    const size_t least = generator_min_device_bytes(spec, shape) + in.device_reserved_bytes;
+    p.problems.push_back(str_cat("generation needs ", format_bytes(least), " of device memory (weights streamed "
+                                 "through two slots, the KV cache of ", shape.max_batch, " rows x ", shape.max_context,
+                                 " positions spilled to host memory through two layer slots, ",
+                                 format_bytes(in.device_reserved_bytes), " held before), the budget (",
+                                 budgets.device_origin, ") is ", format_bytes(budgets.device_bytes)));
+    p.changes.push_back({str_cat("raise ", budgets.device_origin, " to at least ", format_bytes(least),
+                                 ", or lower --max-new-tokens, --batch-size or the prompt length"), 0});
   }
   p.micro_batch = shape.max_batch;
   p.weights = p.generation.placement.weights_resident ? WeightsMode::device : WeightsMode::stream;
