@@ -17,8 +17,8 @@
 //
 // Events: each guards the reuse of one buffer across streams (or the host).
 //   event               recorded on (after)        waited by (before)           guards against
-//   layers_, head_      the weight slots' loaded[s] / released[s] pairs (weight_stream.h): the
-//                       layer weight slots, and the lm_head chunk slots when lm_head streams
+//   (layer pass)        the weight slots' loaded[s] / released[s] pairs (weight_stream.h, owned by
+//                       layer_pass.h): the layer weight slots, and the lm_head chunk slots
 //   pp_saved[b]         d2h (spill of x_pp[b])     compute (writing x_pp[b]);   overwriting a ping-pong checkpoint
 //                                                  h2d (fetching into x_pp[b])  before it reached the host
 //   ckpt_fetched[b]     h2d (fetch into x_pp[b])   compute (the recompute)      reading a checkpoint not yet back
@@ -36,12 +36,11 @@
 // as the ping-pong buffers do (x_pp[b] has a row per micro-batch); dx0_copied is recorded after
 // each micro-batch's d x0, the last record covering them all (one d2h stream, in order).
 // Host-side reuse is guarded by host-queue tickets: staging_ticket[b] / head_staging_ticket[b]
-// (a staging buffer's previous reader), optimizer_ticket[g] (group g's update, before its
+// (a staging buffer's previous reader), the layer pass's update ticket of group g (before its
 // weights are uploaded), and scatter_ticket (upload_tokens waits for the previous micro-batch's
 // scatter, which reads ids_host and dx0_host; not for the optimizer updates queued after it).
 #include "offload/engine/engine.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -52,15 +51,6 @@
 #include "src/device/host_ops.h"
 
 namespace strata {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
-
 // ---- set-up ------------------------------------------------------------------------------
 
 EngineHostBytes Engine::host_bytes(const ModelSpec& spec, const EngineOptions& options) {
@@ -102,8 +92,14 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
                       format_bytes(needed + (1 << 20)), ", or lower micro_batch_size / sequence_len",
                       stream ? "" : ", or set offload.weights = \"stream\"");
   allocate(table_);
-  const std::vector<float> inv = model_rope_inv_freq(spec.config);
-  dev_.copy_h2d(buf_.inv_freq, inv.data(), bytes_of<float>(int64_t(inv.size())), Stream::compute);
+  LayerPassSlots slots;
+  slots.layers = buf_.weight_slots;
+  slots.head.assign(buf_.head_slots, buf_.head_slots + (buf_.lm_resident ? 0 : shape_.head_slots));
+  slots.lm_resident = buf_.lm_resident;
+  slots.final_norm = buf_.norm;
+  slots.head_rows = shape_.head_rows;
+  layer_pass_ = std::make_unique<LayerPass>(dev_, store_, slots, /*updates=*/true);
+  layer_pass_->rope_upload(buf_.inv_freq);
   ws_ = layer_workspace_carve(shape_.layer_capacity, buf_.workspace);
   if (lora_) {
     STRATA_ASSERT(lora_->layout().bytes == shape_.lora_bytes);
@@ -130,7 +126,6 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
     }
   }
   create_events();
-  optimizer_ticket_.assign(store_.groups().size(), 0);
   objective_ = std::make_unique<TokenCrossEntropy>();
   if (!lora_) optimizer_ = std::make_unique<HostAdamW>(store_, store_.placement());  // LoRA: lora_optimizer_step
   reduction_ = std::make_unique<NoGradReduction>();
@@ -212,10 +207,6 @@ size_t Engine::device_checkpoint_count() const {
 }
 
 void Engine::create_events() {
-  layers_.emplace(dev_, buf_.weight_slots);
-  head_.emplace(dev_, std::vector<char*>(buf_.head_slots, buf_.head_slots + (buf_.lm_resident ? 0 : shape_.head_slots)));
-  norm_.emplace(dev_, reinterpret_cast<char*>(buf_.norm));
-  if (buf_.lm_resident) lm_resident_.emplace(dev_, buf_.lm_resident);
   for (size_t k = 0; k < 2 * shape_.group; ++k) {
     ev_.pp_saved.push_back(dev_.event_create());
     ev_.ckpt_fetched.push_back(dev_.event_create());
@@ -258,10 +249,8 @@ void lora_view(const LoraLayout& l, size_t layer, float* base, Linear (&out)[kLa
 
 }  // namespace
 
-// Layer `layer`'s weights in its slot, the compute stream waiting for them; an upload first
-// waits for the layer's pending update to land in the working copy.
-LayerWeights Engine::ensure_layer(size_t layer) {
-  const char* slot = layers_->acquire(layer, layer_host_block(store_, layer), [&] { wait_optimizer(1 + layer); });
+// Layer `layer`'s weights in `slot` (LayerPass::acquire_layer), with the LoRA adapters' views.
+LayerWeights Engine::layer_weights_at(size_t layer, const char* slot) const {
   LayerWeights w = layer_weights_in(store_, slot, layer);
   if (lora_) {
     lora_view(lora_->layout(), layer, buf_.lora_weights, w.lora);
@@ -282,11 +271,6 @@ LayerWeights Engine::for_micro_batch(const LayerWeights& w, size_t m) const {
   return x;
 }
 
-const float* Engine::ensure_final_norm() {
-  const HostBlock norm = tensor_host_block(store_, store_.spec().final_norm);
-  return reinterpret_cast<const float*>(norm_->acquire(norm, [&] { wait_optimizer(store_.groups().size() - 1); }));
-}
-
 // LoRA: no base gradient; the norms' gradients (the kernels always add them) go to scratch.
 LayerGrads Engine::frozen_grads_at(size_t layer) const {
   LayerGrads g;
@@ -295,28 +279,6 @@ LayerGrads Engine::frozen_grads_at(size_t layer) const {
   if (rows.q_norm != kAbsent) g.q_norm = g.k_norm = buf_.norm_grad;
   lora_view(lora_->layout(), layer, buf_.lora_mb_grads, g.lora);
   return g;
-}
-
-// The lm_head rows [chunk * R, ...) on the device, ready for the compute stream: read in place
-// from the resident copy, or streamed through the head's chunk slots.
-const void* Engine::ensure_head_chunk(size_t chunk) {
-  auto wait_update = [&] { wait_optimizer(lm_group()); };
-  if (lm_resident_) {
-    const char* lm = lm_resident_->acquire(tensor_host_block(store_, store_.spec().lm_head_row()), wait_update);
-    return lm + size_t(chunk) * size_t(shape_.head_rows) * shape_.lm_row_bytes;
-  }
-  return head_->acquire(chunk, lm_head_chunk_block(store_, chunk, shape_.head_rows), wait_update);
-}
-
-void Engine::release_head_chunk(size_t chunk) {
-  if (!lm_resident_) head_->release(chunk);
-}
-
-void Engine::mark_device_weights_stale() {
-  layers_->invalidate();
-  head_->invalidate();
-  norm_->invalidate();
-  if (lm_resident_) lm_resident_->invalidate();
 }
 
 // ---- one pass: tokens, forward ------------------------------------------------------------
@@ -362,8 +324,8 @@ void Engine::upload_tokens(const MicroBatch* mbs, size_t g) {
                          {buf_.ids + m * n, buf_.targets + m * n, buf_.pos + m * n, buf_.doc_start + m * n});
   // The previous pass's scatters still read pass_[m].ids and dx0_host: wait for them (and,
   // the queue being in order, every gradient task before them), but not for the optimizer
-  // updates queued after them, which the forward follows group by group (wait_optimizer).
-  if (scatter_ticket_) exposed_wait(&d2h_wait_s_, [&] { host_.wait(scatter_ticket_); });
+  // updates queued after them, which the forward follows group by group (LayerPass::wait_group).
+  if (scatter_ticket_) exposed_wait(&d2h_wait_s_, [&] { layer_pass_->host().wait(scatter_ticket_); });
   scatter_ticket_ = 0;
   pass_.resize(g);
   for (size_t m = 0; m < g; ++m) {
@@ -396,18 +358,10 @@ float* Engine::ckpt_device(size_t layer, size_t m) {
 // The embedding on the host: rows of the working table gathered into x0 (exact conversion to
 // f32), uploaded as layer 0's input, for each micro-batch of the pass.
 void Engine::embed_forward() {
-  const int64_t C = shape_.C;
-  wait_optimizer(0);
-  const TensorSpec& emb = store_.working_table()[size_t(store_.spec().embed)];
-  const char* table = store_.working() + emb.offset;
-  const size_t row_bytes = size_t(C) * dtype_size(emb.dtype);
   for (size_t m = 0; m < pass_.size(); ++m) {
-    const int64_t N = pass_[m].dims.N();
+    const int64_t N = pass_[m].dims.N(), C = shape_.C;
     float* x0 = act(buf_.x0_host, m);
-    const int32_t* ids = pass_[m].ids.data();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      dtype_convert(x0 + n * C, DType::f32, table + size_t(ids[n]) * row_bytes, emb.dtype, size_t(C));
+    layer_pass_->embed_gather(x0, pass_[m].ids.data(), N);
     dev_.stream_wait_event(Stream::compute, *pp_saved(0, m));
     dev_.copy_h2d(ckpt_device(0, m), x0, bytes_of<float>(N * C), Stream::compute);
   }
@@ -420,8 +374,8 @@ void Engine::forward() {
   const Stream s = Stream::compute;
   embed_forward();
   const size_t first_dev = L_ - device_ckpt_count_;
-  for (size_t i = 0; i < L_; ++i) {
-    const LayerWeights w = ensure_layer(i);
+  layer_pass_->for_each_layer(false, [&](size_t i, const char* slot) {
+    const LayerWeights w = layer_weights_at(i, slot);
     for (size_t r = 0; r < pass_.size(); ++r) {
       const size_t m = pass_.size() - 1 - r;
       float* out = i + 1 < L_ ? ckpt_device(i + 1, m) : act(buf_.x_final, m);
@@ -430,11 +384,10 @@ void Engine::forward() {
       layer_forward(dev_, out, ckpt_device(i, m), for_micro_batch(w, m), token_context(m), kept_ws_[i], pass_[m].dims, s);  // ws_, or the layer's kept activations
       if (out_spills) spill_checkpoint(i + 1, m, out);
     }
-    layers_->release(i);
-  }
+  });
   for (size_t m = 0; m < pass_.size(); ++m)
     dev_.rmsnorm_forward(act(buf_.hn, m), buf_.rstd_final + m * size_t(shape_.tokens), act(buf_.x_final, m),
-                         ensure_final_norm(), pass_[m].dims.N(), shape_.C, pass_[m].dims.eps, s);
+                         layer_pass_->acquire_final_norm(), pass_[m].dims.N(), shape_.C, pass_[m].dims.eps, s);
 }
 
 // The input of `layer` for micro-batch m, just computed into `out`, also goes to the host for
@@ -467,17 +420,14 @@ void Engine::spill_checkpoint(size_t layer, size_t m, const float* out) {
 // for every micro-batch of the pass), then the objective's loss per micro-batch.
 void Engine::head_forward() {
   const Stream s = Stream::compute;
-  const int64_t V = shape_.V, R = shape_.head_rows;
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
-  for (size_t k = 0; k < shape_.head_chunks; ++k) {
-    const void* w = ensure_head_chunk(k);
+  layer_pass_->for_each_head_chunk(false, [&](size_t k, int64_t v0, int64_t vc, const char* w) {
     for (size_t m = 0; m < pass_.size(); ++m) {
       const HeadTensors h = head_tensors(m);
-      dev_.lm_head_ce_chunk_stats(ce_stats(m), h.h, w, lm_type, h.targets, h.n, h.c, V, int64_t(k) * R,
-                                  std::min(R, V - int64_t(k) * R), k == 0, kept_logits(k, m), s);
+      dev_.lm_head_ce_chunk_stats(ce_stats(m), h.h, w, lm_type, h.targets, h.n, h.c, shape_.V, v0, vc, k == 0,
+                                  kept_logits(k, m), s);
     }
-    release_head_chunk(k);
-  }
+  });
   dev_.memset_zero(buf_.loss, pass_.size() * sizeof(double), s);
   for (size_t m = 0; m < pass_.size(); ++m) objective_->loss(buf_.loss + m, head_tensors(m), dev_, s);
 }
@@ -504,22 +454,18 @@ void Engine::grad_share_add(void* total, const void* computed_in, size_t bytes) 
 // embedding) gradient.
 void Engine::head_backward(float grad_scale) {
   const Stream s = Stream::compute;
-  const int64_t C = shape_.C, V = shape_.V, R = shape_.head_rows;
+  const int64_t C = shape_.C;
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
   dev_.memset_zero(buf_.dhn, pass_.size() * act_floats() * sizeof(float), s);
   float* lm_grad = lora_ ? nullptr : store_.grad_of(size_t(store_.spec().lm_head_row()));  // (V, C) host accumulation
-  for (size_t step = 0; step < shape_.head_chunks; ++step) {
-    const size_t k = shape_.head_chunks - 1 - step;
-    const size_t b = step % shape_.head_slots;
-    const int64_t v0 = int64_t(k) * R, vc = std::min(R, V - v0);
+  layer_pass_->for_each_head_chunk(true, [&](size_t k, int64_t v0, int64_t vc, const char* w) {
+    const size_t b = (shape_.head_chunks - 1 - k) % shape_.head_slots;  // the step-th chunk of the walk: slot step % 2
     const size_t chunk_bytes = bytes_of<float>(vc * C);
-    const void* w = ensure_head_chunk(k);
     if (lora_) {  // frozen lm_head: d(hidden) only, no weight-gradient matmul
       for (size_t m = 0; m < pass_.size(); ++m)
         objective_->chunk_backward(act(buf_.dhn, m), nullptr, head_tensors(m), w, lm_type, v0, vc, grad_scale,
                                    kept_logits(k, m), dev_, s);
-      release_head_chunk(k);
-      continue;
+      return;
     }
     dev_.stream_wait_event(s, *ev_.head_grad_copied[b]);  // the slot's previous chunk has left
     for (size_t m = 0; m < pass_.size(); ++m) {
@@ -528,7 +474,6 @@ void Engine::head_backward(float grad_scale) {
                                  grad_scale, kept_logits(k, m), dev_, s);
       grad_share_add(buf_.head_grad_slots[b], dw, chunk_bytes);
     }
-    release_head_chunk(k);
     float* staging = buf_.head_grad_staging[b];
     GradReduction* red = reduction_.get();
     head_staging_ticket_[b] = stage_to_host({GradLanding::head_chunk, v0, vc, C}, staging, buf_.head_grad_slots[b],
@@ -536,7 +481,7 @@ void Engine::head_backward(float grad_scale) {
                                             head_staging_ticket_[b], [red, lm_grad, staging, v0, vc, C] {
                                               red->add_head_rows(lm_grad, staging, v0, vc, C);
                                             });
-  }
+  });
 }
 
 // The final norm's backward; d(last layer output) of micro-batch m goes to dx[m], the norm's
@@ -607,19 +552,17 @@ void Engine::backward() {
   }
   if (spill_ && L_ >= 3)  // the first kSpillRing checkpoints the backward needs, read ahead
     for (size_t r = 0; r < kSpillRing && r < (L_ - 3) * pass_.size(); ++r) spill_read_ahead((L_ - 2) * pass_.size() - 1 - r);
-  for (size_t step = 0; step < L_; ++step) {
-    const size_t i = L_ - 1 - step;
-    const LayerWeights w = ensure_layer(i);
+  layer_pass_->for_each_layer(true, [&](size_t i, const char* slot) {
+    const LayerWeights w = layer_weights_at(i, slot);
     char* g = buf_.grad_slots[i % 2];
     if (!lora_ && i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(Stream::compute, *ev_.grad_copied[i + 2]);
     for (size_t m = 0; m < pass_.size(); ++m) layer_backward_one(i, m, w, g, dout[m], dx), std::swap(dout[m], dx);
-    layers_->release(i);
     if (!lora_) {  // LoRA: the adapters' gradients stay on the device until the optimizer step
       layer_grad_to_host(i, g);
       copied_this_step[i] = true;
       update_group_when_landed(1 + i);
     }
-  }
+  });
   if (lora_) lora_grads_land();
   else embed_backward(dout);  // LoRA: the embedding is frozen; d x0 is not needed
 }
@@ -716,26 +659,19 @@ std::vector<double> Engine::finish_step(StepKind kind) {
 uint64_t Engine::stage_to_host(const GradLanding& landing, void* staging, void* src, size_t bytes,
                                const std::shared_ptr<Event>& copied, uint64_t reuse, std::function<void()> task) {
   dev_.event_record(*ev_.compute_done, Stream::compute);
-  if (reuse) exposed_wait(&d2h_wait_s_, [&] { host_.wait(reuse); });
+  if (reuse) exposed_wait(&d2h_wait_s_, [&] { layer_pass_->host().wait(reuse); });
   dev_.stream_wait_event(Stream::d2h, *ev_.compute_done);
   CommTicket reduced = reduction_->on_device(landing, static_cast<float*>(src), bytes / sizeof(float), Stream::d2h);
   dev_.copy_d2h(staging, src, bytes, Stream::d2h);
   dev_.event_record(*copied, Stream::d2h);
   // the waits for the collective and the copy are the task's input, not host work (HostQueue::busy_s)
-  return host_.enqueue([this, copied, reduced]() mutable {
+  return layer_pass_->host().enqueue([this, copied, reduced]() mutable {
     reduced.wait();
     dev_.event_synchronize(*copied);
   }, std::move(task));
 }
 
 // ---- optimizer -------------------------------------------------------------------------------
-
-void Engine::wait_optimizer(size_t group) {
-  if (!optimizer_ticket_[group]) return;
-  const size_t ticket = optimizer_ticket_[group];
-  exposed_wait(&optimizer_exposed_s_, [&] { host_.wait(ticket); });
-  optimizer_ticket_[group] = 0;
-}
 
 void Engine::set_grad_reduction(std::unique_ptr<GradReduction> reduction) {
   STRATA_CHECK(shape_.group == 1, "offload.accumulation = \"layer_major\" runs on one rank in this version (data "
@@ -746,7 +682,7 @@ void Engine::set_grad_reduction(std::unique_ptr<GradReduction> reduction) {
 }
 
 void Engine::zero_grads() {
-  host_.drain();
+  layer_pass_->host().drain();
   if (lora_) {
     dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
     dev_.stream_synchronize(Stream::compute);
@@ -773,7 +709,7 @@ void Engine::lora_dropout_begin_step(int64_t step, int64_t first, int64_t stride
 void Engine::lora_collect_grads() {
   STRATA_ASSERT(lora_, "lora_collect_grads outside LoRA mode");
   if (lora_host_accumulation_) {  // the reduction's additions into lora.grad() have landed
-    exposed_wait(&d2h_wait_s_, [&] { host_.drain(); });
+    exposed_wait(&d2h_wait_s_, [&] { layer_pass_->host().drain(); });
   } else {
     dev_.copy_d2h(lora_->grad(), buf_.lora_grads, shape_.lora_bytes, Stream::compute);
     dev_.memset_zero(buf_.lora_grads, shape_.lora_bytes, Stream::compute);
@@ -786,25 +722,25 @@ void Engine::lora_collect_grads() {
 // and the new adapters (B scaled) go back; the compute stream orders it before the next forward.
 double Engine::lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
   double norm = 0;
-  exposed_wait(&optimizer_exposed_s_, [&] {
+  layer_pass_->optimizer_wait([&] {
     lora_collect_grads();
     norm = std::sqrt(sum_of_squares(lora_->grad(), int64_t(lora_->layout().floats())));
   });
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
-  exposed_wait(&optimizer_exposed_s_, [&] { lora_->adamw(params, weight_decay); });
+  layer_pass_->optimizer_wait([&] { lora_->adamw(params, weight_decay); });
   dev_.copy_h2d(buf_.lora_weights, lora_->image(), shape_.lora_bytes, Stream::compute);
   return norm;
 }
 
 double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
   if (lora_) return lora_optimizer_step(params, max_grad_norm, weight_decay);
-  exposed_wait(&d2h_wait_s_, [&] { host_.drain(); });  // every gradient has landed
+  exposed_wait(&d2h_wait_s_, [&] { layer_pass_->host().drain(); });  // every gradient has landed
   const bool shared = reduction_->shared_store();     // the ranks of a node share store_
   if (shared) reduction_->all_ranks_here();           // ... and every rank's gradient is in
   double norm = 0;
-  exposed_wait(&optimizer_exposed_s_,
+  layer_pass_->optimizer_wait(
                [&] { norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats()))); });
   if (shared) reduction_->all_ranks_here();           // no rank zeroes a gradient another still reads
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
@@ -813,11 +749,11 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
   begin_optimizer_pass(false);
   for (size_t gi = 0; gi < store_.groups().size(); ++gi)
     if (reduction_->updates_group(gi))
-      optimizer_ticket_[gi] = host_.enqueue([this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
-  mark_device_weights_stale();
+      layer_pass_->queue_update(gi, [this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
+  layer_pass_->mark_stale();
   if (shared) {  // every group updated (by its rank) before any rank uploads weights again
-    exposed_wait(&optimizer_exposed_s_, [&] { host_.drain(); });
-    for (auto& t : optimizer_ticket_) t = 0;
+    layer_pass_->optimizer_wait([&] { layer_pass_->host().drain(); });
+    layer_pass_->forget_updates();
     reduction_->all_ranks_here();
   }
   return norm;
@@ -828,14 +764,14 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
 void Engine::begin_optimizer_pass(bool landed) {
   std::vector<size_t> order(store_.groups().size());
   for (size_t g = 0; g < order.size(); ++g) order[g] = landed ? order.size() - 1 - g : g;
-  host_.enqueue([this, order] { store_.placement().begin_pass(order); });
+  layer_pass_->host().enqueue([this, order] { store_.placement().begin_pass(order); });
 }
 
 void Engine::update_group_when_landed(size_t gi) {
   if (!landed_.active) return;
   const AdamWParams params = landed_.params;
   const double wd = landed_.weight_decay;
-  optimizer_ticket_[gi] = host_.enqueue([this, gi, params, wd] {
+  layer_pass_->queue_update(gi, [this, gi, params, wd] {
     const ParamGroup& g = store_.groups()[gi];
     group_sq_[gi] = sum_of_squares(store_.grad() + count_of<float>(g.f32_offset), int64_t(count_of<float>(g.f32_bytes)));
     optimizer_->update(gi, params, wd);
@@ -871,13 +807,13 @@ std::vector<double> Engine::pass_update(const MicroBatch* mbs, size_t g, float g
     throw;
   }
   landed_.active = false;
-  mark_device_weights_stale();
+  layer_pass_->mark_stale();
   return losses;
 }
 
 double Engine::landed_update_norm() {
   if (lora_) return lora_landed_norm_;
-  host_.drain();
+  layer_pass_->host().drain();
   double sq = 0;
   for (double g : group_sq_) sq += g;
   const double norm = std::sqrt(sq);
@@ -913,31 +849,10 @@ StepOutcome Engine::train_step(const StepWork& work) {
 }
 
 void Engine::synchronize() {
-  std::exception_ptr first;
-  auto collect = [&](auto&& f) {
-    try {
-      f();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  };
-  for (int s = 0; s < kStreamCount; ++s) collect([&] { dev_.stream_synchronize(Stream(s)); });
-  collect([&] { host_.drain(); });
-  if (spill_) collect([&] { spill_->drain(); });
-  if (!lora_) collect([&] { store_.placement().flush(); });  // LoRA: the base has no optimizer state  // NVMe write-backs of the last pass have landed
-  for (auto& t : optimizer_ticket_) t = 0;
-  scatter_ticket_ = 0;
-  if (first) std::rethrow_exception(first);
-}
-
-double engine_exposed_wait(Device& dev, const std::function<void()>& wait) {
-  const auto t0 = Clock::now();
-  const DeviceCounters c0 = dev.counters();
-  wait();
-  const DeviceCounters c1 = dev.counters();
-  const double device_s = (c1.compute_busy_s - c0.compute_busy_s) +
-                          (c1.stream_wait_s[int(Stream::compute)] - c0.stream_wait_s[int(Stream::compute)]);
-  return std::max(0.0, seconds_since(t0) - device_s);
+  scatter_ticket_ = 0;  // the drain below runs it
+  layer_pass_->synchronize({[&] { if (spill_) spill_->drain(); },
+                            // NVMe write-backs of the last pass have landed (LoRA: the base has no optimizer state)
+                            [&] { if (!lora_) store_.placement().flush(); }});
 }
 
 template <class F>
@@ -946,14 +861,8 @@ void Engine::exposed_wait(double* exposed, F&& wait) {
 }
 
 EngineStats Engine::stats() const {
-  DeviceCounters c = dev_.counters();
-  EngineStats s;
-  s.compute_s = c.compute_busy_s;
-  s.h2d_wait_s = c.stream_wait_s[int(Stream::compute)];
+  EngineStats s = layer_pass_->stats();
   s.d2h_wait_s = d2h_wait_s_;
-  s.optimizer_s = host_.busy_s();
-  s.optimizer_exposed_s = optimizer_exposed_s_;
-  s.link_bytes = c.h2d_bytes + c.d2h_bytes;
   const StateIoCounters st = lora_ ? StateIoCounters{} : store_.placement().counters();
   s.nvme_read_bytes = st.read_bytes + (spill_ ? spill_->read_bytes() : 0);
   s.nvme_write_bytes = st.write_bytes + (spill_ ? spill_->write_bytes() : 0);

@@ -34,7 +34,9 @@
 //     next forward streams each layer right behind its update; the placement is told the order
 //     first, so NVMe reads ahead of the updates (offload/state/nvme_state.h).
 // Every buffer is a row of one table (offload/stream/engine_buffers.h); events guard every buffer
-// reuse (the table of events is in engine.cpp).
+// reuse (the table of events is in engine.cpp). The weights' slots, the embedding gather, the layer
+// and chunk loops and the optimizer's per-group tickets are the layer pass's (layer_pass.h); this
+// engine supplies the bodies: checkpoint + forward, recompute + backward, the loss head.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -47,6 +49,7 @@
 #include "offload/state/adamw.h"
 #include "offload/stream/checkpoint_spill.h"
 #include "offload/stream/engine_buffers.h"
+#include "offload/engine/layer_pass.h"
 #include "offload/engine/step_engine.h"
 #include "offload/reduce/grad_reduction.h"
 #include "offload/stream/host_queue.h"
@@ -157,16 +160,11 @@ class Engine final : public StepEngine {
   float* kept_logits(size_t chunk, size_t m) const;  // the chunk's kept logits of micro-batch m; null: none
   void create_events();
   // weights
-  LayerWeights ensure_layer(size_t layer);  // weights of `layer` in its slot (h2d when needed)
+  LayerWeights layer_weights_at(size_t layer, const char* slot) const;  // + the LoRA adapters' views
   LayerWeights for_micro_batch(const LayerWeights& w, size_t m) const;  // m's LoRA dropout masks
-  const float* ensure_final_norm();
-  const void* ensure_head_chunk(size_t chunk);  // lm_head rows of `chunk` on the device
-  void release_head_chunk(size_t chunk);        // the compute stream is done reading it
-  void mark_device_weights_stale();             // after an update: every device copy is old
   LayerGrads frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
   void lora_grads_land();                           // LoRA: the micro-batch's adapter gradients into G
   double lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
-  size_t lm_group() const { return shape_.tied ? 0 : store_.groups().size() - 1; }
   // one pass over the micro-batches pass_ (one, or g layer-major)
   std::vector<double> run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale);
   std::vector<double> pass_update(const MicroBatch* mbs, size_t g, float grad_scale, AdamWParams params,
@@ -203,7 +201,6 @@ class Engine final : public StepEngine {
   uint64_t stage_to_host(const GradLanding& landing, void* staging, void* src, size_t bytes,
                          const std::shared_ptr<Event>& copied, uint64_t reuse, std::function<void()> task);
   // optimizer
-  void wait_optimizer(size_t group);
   void begin_optimizer_pass(bool landed);
   void update_group_when_landed(size_t group);
 
@@ -236,10 +233,10 @@ class Engine final : public StepEngine {
   size_t kept_chunks_ = 0;         // lm_head chunks [K - count, K) keep their logits
   std::vector<LayerWorkspace> kept_ws_;  // (L) ws_, or ws_ with the layer's kept activations
 
-  // the weights on the device (weight_stream.h): every layer streamed through slots, lm_head in
-  // chunks through its own slots (or resident with weights = "device"), the final norm resident
-  std::optional<WeightStream> layers_, head_;
-  std::optional<ResidentBlock> norm_, lm_resident_;
+  // the weights on the device, the layer and chunk loops and the group updates' host queue
+  // (layer_pass.h): every layer streamed through slots, lm_head in chunks through its own slots
+  // (or resident with weights = "device"), the final norm resident
+  std::unique_ptr<LayerPass> layer_pass_;
 
   // events (engine.cpp has the table: who records, who waits, what reuse each guards)
   struct Events {
@@ -251,10 +248,8 @@ class Engine final : public StepEngine {
     std::unique_ptr<Event> loss_copied;
   } ev_;
 
-  // the host side
-  HostQueue host_;
+  // the host side (the host queue is layer_pass_->host(); it holds each group's update ticket)
   uint64_t staging_ticket_[2] = {}, head_staging_ticket_[2] = {};  // host tasks reading staging
-  std::vector<uint64_t> optimizer_ticket_;   // per group: its pending update
   uint64_t scatter_ticket_ = 0;              // the last embedding scatter (reads pass_[m].ids, dx0_host)
   uint64_t lora_staging_ticket_ = 0;         // data-parallel LoRA: the task reading lora_grad_staging
 
@@ -271,7 +266,7 @@ class Engine final : public StepEngine {
   std::vector<double> group_sq_;             // per group: sum of squared gradients it updated with
   template <class F>
   void exposed_wait(double* exposed, F&& wait);  // the trainer thread waits; adds what the device did not hide
-  double d2h_wait_s_ = 0, optimizer_exposed_s_ = 0;
+  double d2h_wait_s_ = 0;
   double nvme_exposed_s_ = 0;                // the trainer thread waited on checkpoint files
   std::unique_ptr<CheckpointSpill> spill_;   // checkpoints = "nvme"
   bool spill_pass_ = false;                  // this pass writes checkpoints (a backward follows)

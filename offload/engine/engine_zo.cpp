@@ -2,13 +2,13 @@
 // weights (clean slots, the perturbed slot), one run (tokens, embedding, layers, head), the
 // update.
 //
-// Events: the clean layer slots and the clean lm_head chunk slots stream as in the first-order
-// engine (offload/stream/weight_stream.h: loaded[s] on h2d, waited by the slot's passes; released[s]
-// on compute once both passes are queued, waited by the next upload into s). The perturbed
-// slots and the final norms are written and read on the compute stream only (stream order
-// guards them). Host-side: update_ticket[g] (group g's ZO-SGD update, before its upload); the pinned
-// x0 buffers and ids_host are rewritten only after the previous run synchronised the compute
-// stream (run() ends with the losses' copy).
+// Events: the clean layer slots and the clean lm_head chunk slots stream through the layer pass
+// as in the first-order engine (layer_pass.h, weight_stream.h: loaded[s] on h2d, waited by the
+// slot's passes; released[s] on compute once both passes are queued, waited by the next upload
+// into s). The perturbed slots and the final norms are written and read on the compute stream
+// only (stream order guards them). Host-side: the layer pass's update ticket of group g (its
+// ZO-SGD update, before its upload); the pinned x0 buffers and ids_host are rewritten only after
+// the previous run synchronised the compute stream (run() ends with the losses' copy).
 #include "offload/engine/engine_zo.h"
 
 #include <algorithm>
@@ -103,13 +103,14 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
                       ", or lower micro_batch_size / sequence_len");
   engine_buffers_allocate(dev_, table_, "zo: ");
   ws_ = layer_forward_workspace_carve(shape_.layer_capacity, buf_.workspace);
-  const std::vector<float> inv = model_rope_inv_freq(store_.spec().config);
-  dev_.copy_h2d(buf_.inv_freq, inv.data(), bytes_of<float>(int64_t(inv.size())), Stream::compute);
+  LayerPassSlots slots;
+  slots.layers = buf_.slots;
+  slots.head.assign(buf_.head_slots, buf_.head_slots + shape_.head_slots);
+  slots.final_norm = buf_.norm;
+  slots.head_rows = shape_.head_rows;
+  layer_pass_ = std::make_unique<LayerPass>(dev_, store_, slots, /*updates=*/true);
+  layer_pass_->rope_upload(buf_.inv_freq);
   dev_.stream_synchronize(Stream::compute);
-  layers_.emplace(dev_, buf_.slots);
-  head_.emplace(dev_, std::vector<char*>(buf_.head_slots, buf_.head_slots + shape_.head_slots));
-  norm_.emplace(dev_, reinterpret_cast<char*>(buf_.norm));
-  update_ticket_.assign(store_.groups().size(), 0);
   STRATA_CHECK(store_.placement().in_ram(StateArray::master), "zeroth-order training keeps the fp32 master weights "
                "in RAM (6 bytes per parameter in bf16): set offload.optimizer = \"host\"");
   optimizer_ = std::make_unique<HostZoSgd>(store_, store_.placement());
@@ -132,29 +133,6 @@ size_t ZoEngine::weight_link_bytes() const {
 }
 
 // ---- weights -------------------------------------------------------------------------------
-
-void ZoEngine::wait_group(size_t group) {
-  if (!update_ticket_[group]) return;
-  const uint64_t ticket = update_ticket_[group];
-  optimizer_exposed_s_ += engine_exposed_wait(dev_, [&] { host_.wait(ticket); });
-  update_ticket_[group] = 0;
-}
-
-// The clean weights of `layer` in their slot, the compute stream waiting for them; an upload
-// first waits for this step's update of the layer to land in the working copy.
-const char* ZoEngine::ensure_layer(size_t layer) {
-  return layers_->acquire(layer, layer_host_block(store_, layer), [&] { wait_group(1 + layer); });
-}
-
-const float* ZoEngine::ensure_final_norm() {
-  const HostBlock norm = tensor_host_block(store_, store_.spec().final_norm);
-  return reinterpret_cast<const float*>(norm_->acquire(norm, [&] { wait_group(store_.groups().size() - 1); }));
-}
-
-const char* ZoEngine::ensure_head_chunk(size_t chunk) {
-  const size_t lm_group = shape_.tied ? 0 : store_.groups().size() - 1;
-  return head_->acquire(chunk, lm_head_chunk_block(store_, chunk, shape_.head_rows), [&] { wait_group(lm_group); });
-}
 
 // Pass p's weights of `layer`: the clean slot, or the perturbed slot rebuilt from it with
 // p.sign · ε · z for every tensor of the layer.
@@ -199,24 +177,18 @@ void ZoEngine::upload_tokens(const MicroBatch& mb) {
 // rounded to bf16 once when the table is bf16: what the device's zo_perturb does to a tensor).
 void ZoEngine::embed_forward(const std::vector<Pass>& passes, uint64_t seed, float eps) {
   const int64_t N = dims_.N(), C = dims_.C;
-  wait_group(0);
   const size_t row = size_t(store_.spec().embed);
-  const TensorSpec& emb = store_.working_table()[row];
-  const char* table = store_.working() + emb.offset;
-  const size_t row_bytes = size_t(C) * dtype_size(emb.dtype);
+  const bool bf16_table = store_.working_table()[row].dtype == DType::bf16;
   for (size_t p = 0; p < passes.size(); ++p) {
     float* x0 = buf_.x0_host[p];
     const float scale = float(passes[p].sign) * eps;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
+    layer_pass_->embed_gather(x0, ids_host_.data(), N, [&](int64_t n, float* xr) {
+      if (passes[p].sign == 0) return;
       const int32_t id = ids_host_[size_t(n)];
-      float* xr = x0 + n * C;
-      dtype_convert(xr, DType::f32, table + size_t(id) * row_bytes, emb.dtype, size_t(C));
-      if (passes[p].sign == 0) continue;
       host_zo_perturb_f32(xr, seed, uint32_t(row), uint64_t(id) * uint64_t(C), scale, C);
-      if (emb.dtype == DType::bf16)
+      if (bf16_table)
         for (int64_t c = 0; c < C; ++c) xr[c] = bf16_to_f32(f32_to_bf16(xr[c]));
-    }
+    });
     dev_.copy_h2d(buf_.x[p][0], x0, bytes_of<float>(N * C), Stream::compute);
   }
 }
@@ -231,18 +203,16 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
   STRATA_ASSERT(P == 1 || P == 2);
   upload_tokens(mb);
   embed_forward(passes, seed, eps);
-  const int64_t N = dims_.N(), C = dims_.C, V = shape_.V, R = shape_.head_rows;
+  const int64_t N = dims_.N(), C = dims_.C, V = shape_.V;
   const TokenContext ctx{buf_.pos, has_docs_ ? buf_.doc_start : nullptr, buf_.inv_freq};
-  for (size_t i = 0; i < L_; ++i) {
-    const char* clean = ensure_layer(i);
+  layer_pass_->for_each_layer(false, [&](size_t i, const char* clean) {
     for (size_t p = 0; p < P; ++p) {
       const char* w = layer_weights_for(passes[p], clean, i, seed, eps);
       layer_forward(dev_, buf_.x[p][(i + 1) % 2], buf_.x[p][i % 2], layer_weights_in(store_, w, i), ctx, ws_, dims_, s);
     }
-    layers_->release(i);
-  }
+  });
   // final norm: hn of pass p into the ping-pong buffer the last layer read from
-  const float* clean_norm = ensure_final_norm();
+  const float* clean_norm = layer_pass_->acquire_final_norm();
   const uint32_t norm_row = uint32_t(store_.spec().final_norm);
   float* hn[2] = {};
   for (size_t p = 0; p < P; ++p) {
@@ -258,9 +228,7 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
   // head: each chunk serves both passes
   const uint32_t lm_row = uint32_t(store_.spec().lm_head_row());
   const DType lm_type = store_.working_table()[lm_row].dtype;
-  for (size_t k = 0; k < shape_.head_chunks; ++k) {
-    const char* clean = ensure_head_chunk(k);
-    const int64_t v0 = int64_t(k) * R, vc = std::min(R, V - v0);
+  layer_pass_->for_each_head_chunk(false, [&](size_t k, int64_t v0, int64_t vc, const char* clean) {
     for (size_t p = 0; p < P; ++p) {
       const void* w = clean;
       if (passes[p].sign != 0) {
@@ -271,8 +239,7 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
       }
       dev_.lm_head_ce_chunk_stats(buf_.ce_stats[p], hn[p], w, lm_type, buf_.targets, N, C, V, v0, vc, k == 0, nullptr, s);
     }
-    head_->release(k);
-  }
+  });
   dev_.memset_zero(buf_.loss, 2 * sizeof(double), s);
   for (size_t p = 0; p < P; ++p) dev_.lm_head_ce_stats_loss(buf_.loss + p, buf_.ce_stats[p], buf_.targets, N, V, s);
   dev_.copy_d2h(loss_host_, buf_.loss, P * sizeof(double), s);
@@ -288,45 +255,18 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
 
 void ZoEngine::queue_update(const ZoSgdEstimate& estimate, double lr, double weight_decay) {
   // the previous update has been waited for group by group by the passes since; make sure
-  for (size_t g = 0; g < update_ticket_.size(); ++g) wait_group(g);
+  for (size_t g = 0; g < store_.groups().size(); ++g) layer_pass_->wait_group(g);
   optimizer_->set_estimate(estimate);
   AdamWParams hyper;
   hyper.lr = lr;
   for (size_t g = 0; g < store_.groups().size(); ++g)
-    update_ticket_[g] = host_.enqueue([this, g, hyper, weight_decay] { optimizer_->update(g, hyper, weight_decay); });
-  layers_->invalidate();
-  head_->invalidate();
-  norm_->invalidate();
+    layer_pass_->queue_update(g, [this, g, hyper, weight_decay] { optimizer_->update(g, hyper, weight_decay); });
+  layer_pass_->mark_stale();
 }
 
-void ZoEngine::synchronize() {
-  std::exception_ptr first;
-  for (int s = 0; s < kStreamCount; ++s) {
-    try {
-      dev_.stream_synchronize(Stream(s));
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  try {
-    host_.drain();
-  } catch (...) {
-    if (!first) first = std::current_exception();
-  }
-  for (auto& t : update_ticket_) t = 0;
-  if (first) std::rethrow_exception(first);
-}
+void ZoEngine::synchronize() { layer_pass_->synchronize(); }
 
-EngineStats ZoEngine::stats() const {
-  const DeviceCounters c = dev_.counters();
-  EngineStats s;
-  s.compute_s = c.compute_busy_s;
-  s.h2d_wait_s = c.stream_wait_s[int(Stream::compute)];
-  s.optimizer_s = host_.busy_s();
-  s.optimizer_exposed_s = optimizer_exposed_s_;
-  s.link_bytes = c.h2d_bytes + c.d2h_bytes;
-  return s;
-}
+EngineStats ZoEngine::stats() const { return layer_pass_->stats(); }
 
 ZoStepOutcome zo_step_run(ZoEngine& engine, const ZoStepOptions& options, const std::vector<MicroBatch>& micro,
                           int64_t counted, int64_t step, double lr, double weight_decay, const ZoParallel& par,

@@ -20,6 +20,8 @@
 //   - update: the ZO-SGD step (offload/state/zo_sgd.h) runs on the host queue group by group after the
 //     losses are known; the next pass waits for a group's update only when it is about to upload
 //     that group, so the update of layer i overlaps the device computing layers < i.
+// The clean slots, the embedding gather, the loops and the update tickets are the layer pass's
+// (layer_pass.h); this engine supplies the perturbed bodies.
 // z(seed, tensor, element) is kernels/common/zo_rng.h's generator: tensor = the parameter's row
 // in the model's table (ModelSpec::params), element = the index in the full tensor.
 #pragma once
@@ -31,6 +33,7 @@
 #include "models/decoder_layer.h"
 #include "models/micro_batch.h"
 #include "offload/engine/engine.h"
+#include "offload/engine/layer_pass.h"
 #include "offload/engine/step_engine.h"
 #include "src/comm/comm.h"
 #include "offload/stream/engine_buffers.h"
@@ -153,12 +156,8 @@ class ZoEngine final : public StepEngine {
   double run(const MicroBatch& mb, const std::vector<Pass>& passes, uint64_t seed, float eps, ZoLosses* out);
   void upload_tokens(const MicroBatch& mb);
   void embed_forward(const std::vector<Pass>& passes, uint64_t seed, float eps);
-  const char* ensure_layer(size_t layer);
-  const float* ensure_final_norm();
-  const char* ensure_head_chunk(size_t chunk);
   // the weights a pass reads: the clean copy, or the perturbed slot rebuilt from it
   const char* layer_weights_for(const Pass& p, const char* clean, size_t layer, uint64_t seed, float eps);
-  void wait_group(size_t group);
 
   Device& dev_;
   HostStore& store_;
@@ -168,15 +167,12 @@ class ZoEngine final : public StepEngine {
   std::vector<EngineBuffer> table_;
   ZoBuffers buf_;
   LayerWorkspace ws_{};
-  std::optional<WeightStream> layers_, head_;  // the clean layer slots and lm_head chunk slots
-  std::optional<ResidentBlock> norm_;          // the clean final norm
+  // the clean layer slots, lm_head chunk slots and final norm, and the updates' host queue
+  std::unique_ptr<LayerPass> layer_pass_;
   bool has_docs_ = false;
   std::vector<int32_t> ids_host_;
   double loss_host_[2] = {};
-  HostQueue host_;
-  std::vector<uint64_t> update_ticket_;  // per group: its pending ZO-SGD update
   std::unique_ptr<HostZoSgd> optimizer_;
-  double optimizer_exposed_s_ = 0;
   ZoStepOptions step_options_;
   ZoParallel par_;
   Comm* comm_ = nullptr;

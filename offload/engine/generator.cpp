@@ -1,9 +1,9 @@
-// The generation engine (generator.h). Reading order: sizes and set-up, the weights (which slot
-// holds what), one pass (embedding, layers, head), the decode layer, then the batch loop and
-// token choice.
+// The generation engine (generator.h). Reading order: set-up (the buffer table's generator rows,
+// offload/stream/engine_buffers.h), one pass (embedding, layers, head) over the layer pass
+// (layer_pass.h), the decode layer, then the batch loop and token choice.
 //
-// Events: the layer weight slots and the lm_head chunk slots stream as in training
-// (offload/stream/weight_stream.h: each slot's loaded / released pair). Everything else runs on the
+// Events: the layer weight slots and the lm_head chunk slots stream as in training (the layer
+// pass's weight_stream.h slots: each slot's loaded / released pair). Everything else runs on the
 // compute stream, in order; each pass ends with a compute-stream synchronize (the host needs
 // the logits).
 #include "offload/engine/generator.h"
@@ -12,13 +12,9 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <random>
 
-#include "offload/stream/engine_buffers.h"
-#include "offload/stream/weight_stream.h"
 #include "src/core/error.h"
-#include "src/device/arena.h"
 
 namespace strata {
 namespace {
@@ -26,263 +22,70 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int64_t head_rows_of(const ModelSpec& spec) { return std::min<int64_t>(kHeadChunkRows, spec.config.vocab_size); }
-
-LayerDims dims_of(const ModelSpec& spec, int64_t B, int64_t T) {
-  const ModelConfig& c = spec.config;
-  LayerDims d;
-  d.B = B, d.T = T, d.C = c.hidden_size, d.H = c.num_attention_heads, d.Hk = c.num_key_value_heads;
-  d.D = c.head_dim, d.F = c.intermediate_size, d.eps = float(c.rms_norm_eps), d.wt = spec.matrix_dtype;
-  return d;
-}
-
-// The device allocations of one generator, as (bytes, name) rows in allocation order.
-struct DeviceRow {
-  size_t bytes;
-  const char* name;
-};
-
-size_t kv_layer_bytes(const ModelSpec& spec, const GeneratorShape& shape) {  // one of k, v: (B, Tcap, Hk, D) f32
-  const ModelConfig& c = spec.config;
-  return size_t(shape.max_batch * shape.max_context * c.num_key_value_heads * c.head_dim) * 4;
-}
-
-std::vector<DeviceRow> device_rows(const ModelSpec& spec, const GeneratorShape& shape, size_t layer_bytes,
-                                   const GeneratorPlacement& placement) {
-  const bool resident = placement.weights_resident;
-  const LayerDims d = dims_of(spec, shape.max_batch, shape.max_prompt);
-  const int64_t N = d.N(), C = d.C, B = shape.max_batch, R = head_rows_of(spec);
-  const int64_t V = spec.config.vocab_size, chunks = (V + R - 1) / R;
-  const size_t L = size_t(spec.config.num_hidden_layers);
-  const size_t row_bytes = size_t(C) * dtype_size(spec.matrix_dtype);
-  const size_t kv_bytes = kv_layer_bytes(spec, shape);
-  std::vector<DeviceRow> rows = {
-      {layer_forward_workspace_bytes(d), "gen.workspace"},
-      {size_t(N * C) * 4, "gen.x_a"},
-      {size_t(N * C) * 4, "gen.x_b"},
-      {size_t(N) * 4, "gen.pos"},
-      {size_t(B) * 4, "gen.start"},
-      {size_t(d.D / 2) * 4, "gen.inv_freq"},
-      {size_t(C) * 4, "gen.final_norm"},
-      {size_t(B * C) * 4, "gen.last"},
-      {size_t(B * C) * 4, "gen.hn"},
-      {size_t(B) * 4, "gen.rstd"},
-      {size_t(B * C) * 2, "gen.hn_bf16"},
-      {size_t(B * R) * 4, "gen.logits"},
-  };
-  const size_t kv_device = std::min(placement.kv_device_layers, L), kv_slots = std::min<size_t>(2, L - kv_device);
-  for (size_t l = 0; l < kv_device; ++l) rows.push_back({kv_bytes, "gen.k_cache"}), rows.push_back({kv_bytes, "gen.v_cache"});
-  for (size_t s = 0; s < kv_slots; ++s) rows.push_back({kv_bytes, "gen.k_slot"}), rows.push_back({kv_bytes, "gen.v_slot"});
-  const size_t weight_slots = resident ? L : std::min<size_t>(2, L);
-  for (size_t s = 0; s < weight_slots; ++s) rows.push_back({layer_bytes, "gen.weight_slot"});
-  const size_t head_slots = resident ? size_t(chunks) : std::min<size_t>(2, size_t(chunks));
-  for (size_t s = 0; s < head_slots; ++s) rows.push_back({size_t(R) * row_bytes, "gen.head_slot"});
-  return rows;
-}
-
-size_t rows_footprint(const std::vector<DeviceRow>& rows) {
-  size_t total = 0;
-  for (const DeviceRow& r : rows) total += Arena::footprint(r.bytes);
-  return total;
-}
-
 }  // namespace
 
-struct Generator::Buffers {
-  std::vector<void*> owned;  // every device allocation, freed in reverse
-  void* workspace = nullptr;
-  LayerWorkspace ws{};
-  float *x_a = nullptr, *x_b = nullptr, *inv_freq = nullptr, *final_norm = nullptr;
-  int32_t *pos = nullptr, *start = nullptr;
-  float *last = nullptr, *hn = nullptr, *rstd = nullptr, *logits = nullptr;
-  bf16* hn_bf16 = nullptr;
-  std::vector<float*> k_cache, v_cache;  // per device layer (B, Tcap, Hk, D)
-  std::vector<float*> k_slot, v_slot;    // the spilled layers' device cache slots, (B, Tcap, Hk, D) each
-  std::vector<float*> k_host, v_host;    // per spilled layer (B, Tcap, Hk, D), pinned host
-  std::vector<char*> weight_slots, head_slots;
-  std::optional<WeightStream> layers, head;  // streaming through them (resident: a slot per block)
-  std::vector<std::unique_ptr<Event>> kv_loaded, kv_free;  // the spilled layers' cache slots
-  std::vector<float> x_host;  // (N, C) the embedding gathered on the host
-};
+// ---- set-up ----------------------------------------------------------------------------------
 
-// ---- sizes and set-up --------------------------------------------------------------------------
-
-namespace {
-
-size_t max_layer_bytes(const ModelSpec& spec) {
-  const HostStoreLayout layout = HostStore::layout(spec);
-  size_t layer_bytes = 0;
-  for (size_t l = 0; l < spec.layers.size(); ++l) layer_bytes = std::max(layer_bytes, layout.groups[1 + l].working_bytes);
-  return layer_bytes;
-}
-
-// The placements worth considering: weights resident or streamed, times every layer's cache on
-// the device or n of them with the rest through two slots (n <= L - 3: otherwise the slots take
-// as much as the caches they replace).
-std::vector<GeneratorPlacement> placement_candidates(size_t L) {
-  std::vector<GeneratorPlacement> c;
-  for (const bool resident : {true, false}) {
-    c.push_back({resident, L});
-    for (size_t n = L >= 3 ? L - 3 + 1 : 0; n-- > 0;) c.push_back({resident, n});
-  }
-  return c;
-}
-
-}  // namespace
-
-size_t Generator::device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorPlacement& placement) {
-  return rows_footprint(device_rows(spec, shape, max_layer_bytes(spec), placement));
-}
-
-size_t Generator::device_bytes(const ModelSpec& spec, const GeneratorShape& shape, bool resident) {
-  return device_bytes(spec, shape, GeneratorPlacement{resident, spec.layers.size()});
-}
-
-size_t Generator::min_device_bytes(const ModelSpec& spec, const GeneratorShape& shape) {
-  size_t least = SIZE_MAX;
-  for (const GeneratorPlacement& p : placement_candidates(spec.layers.size()))
-    least = std::min(least, device_bytes(spec, shape, p));
-  return least;
-}
-
-bool Generator::choose_placement(const ModelSpec& spec, const GeneratorShape& shape, size_t budget_bytes,
-                                 GeneratorPlacement* placement) {
-  const size_t L = spec.layers.size(), layer_bytes = max_layer_bytes(spec);
-  const size_t kv_bytes = kv_layer_bytes(spec, shape);
-  bool found = false;
-  double best = 0;
-  for (const GeneratorPlacement& p : placement_candidates(L)) {
-    if (device_bytes(spec, shape, p) > budget_bytes) continue;
-    // link bytes per decoded token at full length: streamed weights, spilled caches in and out
-    const double moved = (p.weights_resident ? 0.0 : double(L) * double(layer_bytes)) +
-                         double(L - p.kv_device_layers) * 2.0 * double(kv_bytes);
-    if (!found || moved < best) found = true, best = moved, *placement = p;
-  }
-  return found;
-}
-
-Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape)
-    : dev_(dev), store_(store), shape_(shape) {
-  const ModelSpec& spec = store.spec();
-  STRATA_ASSERT(shape.max_batch >= 1 && shape.max_prompt >= 1 && shape.max_context > shape.max_prompt);
-  L_ = spec.layers.size();
-  V_ = spec.config.vocab_size;
-  head_rows_ = head_rows_of(spec);
-  head_chunks_ = size_t((V_ + head_rows_ - 1) / head_rows_);
-  dims_ = dims_of(spec, shape.max_batch, shape.max_prompt);
-  // what the backend takes at the first GEMM (the cuBLAS workspace) stays free: every op runs on
-  // the compute stream
+// The placement for a device as it is now: what the budget leaves after what is allocated and
+// what the backend takes at its first GEMM (the cuBLAS workspace: every op runs on the compute
+// stream).
+GeneratorPlacement Generator::placement_for(Device& dev, const ModelSpec& spec, const GeneratorShape& shape) {
   const size_t backend = dev.pending_workspace_bytes(Stream::compute);
   const size_t free_bytes = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
   const size_t left = free_bytes > backend ? free_bytes - backend : 0;
   GeneratorPlacement placement;
-  const bool fits = choose_placement(spec, shape, left, &placement);
-  STRATA_CHECK_BUDGET(fits, "generation needs ", format_bytes(min_device_bytes(spec, shape) + backend),
+  const bool fits = generator_choose_placement(spec, shape, left, &placement);
+  STRATA_CHECK_BUDGET(fits, "generation needs ", format_bytes(generator_min_device_bytes(spec, shape) + backend),
                       " of device memory (weights streamed through two slots, the KV cache of ", shape.max_batch,
                       " rows x ", shape.max_context, " positions spilled to host memory through two layer slots",
                       backend ? str_cat(", ", format_bytes(backend), " of cuBLAS workspace") : std::string(),
                       "), the budget leaves ", format_bytes(free_bytes),
                       ": raise --device-memory, or lower --max-new-tokens, --batch-size or the prompt length");
-  allocate(placement);
+  return placement;
 }
 
-void Generator::allocate(const GeneratorPlacement& placement) {
-  placement_ = placement;
-  buf_ = std::make_unique<Buffers>();
-  Buffers& b = *buf_;
-  const ModelSpec& spec = store_.spec();
-  const std::vector<DeviceRow> rows = device_rows(spec, shape_, max_layer_bytes(spec), placement);
-  try {
-    size_t i = 0;
-    auto next = [&]() -> void* {
-      void* p = dev_.alloc(rows[i].bytes, rows[i].name);
-      ++i;
-      b.owned.push_back(p);
-      return p;
-    };
-    b.workspace = next();
-    b.x_a = static_cast<float*>(next());
-    b.x_b = static_cast<float*>(next());
-    b.pos = static_cast<int32_t*>(next());
-    b.start = static_cast<int32_t*>(next());
-    b.inv_freq = static_cast<float*>(next());
-    b.final_norm = static_cast<float*>(next());
-    b.last = static_cast<float*>(next());
-    b.hn = static_cast<float*>(next());
-    b.rstd = static_cast<float*>(next());
-    b.hn_bf16 = static_cast<bf16*>(next());
-    b.logits = static_cast<float*>(next());
-    auto named = [&](const char* name) { return i < rows.size() && std::string(rows[i].name) == name; };
-    while (named("gen.k_cache")) {
-      b.k_cache.push_back(static_cast<float*>(next()));
-      b.v_cache.push_back(static_cast<float*>(next()));
-    }
-    while (named("gen.k_slot")) {
-      b.k_slot.push_back(static_cast<float*>(next()));
-      b.v_slot.push_back(static_cast<float*>(next()));
-    }
-    while (named("gen.weight_slot")) b.weight_slots.push_back(static_cast<char*>(next()));
-    while (i < rows.size()) b.head_slots.push_back(static_cast<char*>(next()));
-    const size_t kv_bytes = kv_layer_bytes(spec, shape_);
-    for (size_t l = placement.kv_device_layers; l < L_; ++l) {  // the spilled layers' caches, pinned host
-      b.k_host.push_back(static_cast<float*>(dev_.alloc_pinned(kv_bytes)));
-      b.v_host.push_back(static_cast<float*>(dev_.alloc_pinned(kv_bytes)));
-    }
-  } catch (...) {
-    release();
-    throw;
-  }
-  b.ws = layer_forward_workspace_carve(dims_, b.workspace);
-  const std::vector<float> inv = model_rope_inv_freq(spec.config);
-  dev_.copy_h2d(b.inv_freq, inv.data(), inv.size() * 4, Stream::compute);
-  const TensorSpec& norm = store_.working_table()[size_t(spec.final_norm)];
-  dev_.copy_h2d(b.final_norm, store_.working_of(size_t(spec.final_norm)), norm.bytes(), Stream::compute);
-  b.layers.emplace(dev_, b.weight_slots);
-  b.head.emplace(dev_, b.head_slots);
-  for (size_t s = 0; s < b.k_slot.size(); ++s)
-    b.kv_loaded.push_back(dev_.event_create()), b.kv_free.push_back(dev_.event_create());
-  b.x_host.resize(size_t(dims_.N() * dims_.C));
+Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape)
+    : Generator(dev, store, shape, placement_for(dev, store.spec(), shape)) {}
+
+Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorPlacement& placement)
+    : dev_(dev), store_(store), shape_(shape), placement_(placement) {
+  const ModelSpec& spec = store.spec();
+  STRATA_ASSERT(shape.max_batch >= 1 && shape.max_prompt >= 1 && shape.max_context > shape.max_prompt);
+  L_ = spec.layers.size();
+  V_ = spec.config.vocab_size;
+  dims_ = generator_layer_dims(spec, shape.max_batch, shape.max_prompt);
+  table_ = generator_buffer_table(spec, shape_, placement_, &buf_);
+  engine_buffers_allocate(dev_, table_, "generate: ");
+  ws_ = layer_forward_workspace_carve(dims_, buf_.workspace);
+  LayerPassSlots slots;
+  slots.layers = buf_.weight_slots;
+  slots.head = buf_.head_slots;
+  slots.final_norm = buf_.final_norm;
+  slots.head_rows = generator_head_rows(spec);
+  layer_pass_ = std::make_unique<LayerPass>(dev_, store_, slots, /*updates=*/false);
+  layer_pass_->rope_upload(buf_.inv_freq);
+  for (size_t s = 0; s < buf_.k_slot.size(); ++s)
+    kv_loaded_.push_back(dev_.event_create()), kv_free_.push_back(dev_.event_create());
   dev_.stream_synchronize(Stream::compute);
 }
 
-void Generator::release() {
-  if (!buf_) return;
-  for (auto it = buf_->owned.rbegin(); it != buf_->owned.rend(); ++it) dev_.free(*it);
-  buf_->owned.clear();
-  for (float* p : buf_->k_host) dev_.free_pinned(p);
-  for (float* p : buf_->v_host) dev_.free_pinned(p);
-  buf_->k_host.clear(), buf_->v_host.clear();
-}
-
 size_t Generator::kv_host_bytes() const {
-  return (L_ - std::min(L_, placement_.kv_device_layers)) * 2 * kv_layer_bytes(store_.spec(), shape_);
+  return (L_ - std::min(L_, placement_.kv_device_layers)) * 2 * generator_kv_layer_bytes(store_.spec(), shape_);
 }
 
 Generator::~Generator() {
   try {
-    dev_.synchronize();
+    layer_pass_->synchronize();
   } catch (...) {  // already reported on the caller's path; still free everything
   }
-  release();
-}
-
-// ---- weights -----------------------------------------------------------------------------------
-
-// Layer `layer`'s weights in its slot, the compute stream waiting for them (h2d only when the
-// slot holds something else).
-LayerWeights Generator::ensure_layer(size_t layer) {
-  return layer_weights_in(store_, buf_->layers->acquire(layer, layer_host_block(store_, layer)), layer);
-}
-
-const void* Generator::ensure_head_chunk(size_t chunk) {
-  return buf_->head->acquire(chunk, lm_head_chunk_block(store_, chunk, head_rows_));
+  engine_buffers_free(dev_, table_);
 }
 
 // ---- one pass ----------------------------------------------------------------------------------
 
 void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<int32_t>& start, int64_t B, int64_t T,
                              bool prefill) {
-  Buffers& b = *buf_;
+  GeneratorBuffers& b = buf_;
   const Stream s = Stream::compute;
   const int64_t N = B * T, C = dims_.C, KD = dims_.Hk * dims_.D;
   dims_.B = B, dims_.T = T;
@@ -293,37 +96,31 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   start_host_ = start;
   dev_.copy_h2d(b.pos, pos_host_.data(), size_t(N) * 4, s);
   dev_.copy_h2d(b.start, start_host_.data(), size_t(B) * 4, s);
-  const size_t emb_row = size_t(store_.spec().embed);
-  const DType emb_type = store_.working_table()[emb_row].dtype;
-  const char* table = static_cast<const char*>(store_.working_of(emb_row));
-  const size_t row_bytes = size_t(C) * dtype_size(emb_type);
-  for (int64_t n = 0; n < N; ++n)
-    dtype_convert(b.x_host.data() + n * C, DType::f32, table + size_t(ids[size_t(n)]) * row_bytes, emb_type, size_t(C));
-  dev_.copy_h2d(b.x_a, b.x_host.data(), size_t(N * C) * 4, s);
+  layer_pass_->embed_gather(b.x_host, ids.data(), N);
+  dev_.copy_h2d(b.x_a, b.x_host, size_t(N * C) * 4, s);
 
   float *x = b.x_a, *y = b.x_b;
   const TokenContext ctx{b.pos, nullptr, b.inv_freq};
-  for (size_t i = 0; i < L_; ++i) {
-    const LayerWeights w = ensure_layer(i);
+  layer_pass_->for_each_layer(false, [&](size_t i, const char* slot) {
+    const LayerWeights w = layer_weights_in(store_, slot, i);
     if (prefill) {
-      layer_forward(dev_, y, x, w, ctx, b.ws, dims_, s);
+      layer_forward(dev_, y, x, w, ctx, ws_, dims_, s);
       // keys (after norm and RoPE) and values into the cache: on the device, or the host's
       if (kv_spilled(i)) {
-        kv_write_back(i, b.ws.k, b.ws.v, start, B, T);
+        kv_write_back(i, ws_.k, ws_.v, start, B, T);
       } else {
         for (int64_t r = 0; r < B; ++r) {
           const size_t dst = size_t(r * shape_.max_context * KD), src = size_t(r * T * KD), bytes = size_t(T * KD) * 4;
-          dev_.copy_d2d(b.k_cache[i] + dst, b.ws.k + src, bytes, s);
-          dev_.copy_d2d(b.v_cache[i] + dst, b.ws.v + src, bytes, s);
+          dev_.copy_d2d(b.k_cache[i] + dst, ws_.k + src, bytes, s);
+          dev_.copy_d2d(b.v_cache[i] + dst, ws_.v + src, bytes, s);
         }
       }
     } else {
       if (kv_spilled(i)) kv_upload(i, start, B);
       decode_layer(i, y, x, w, B, start);
     }
-    b.layers->release(i);
     std::swap(x, y);
-  }
+  });
   if (x != b.x_a) std::swap(b.x_a, b.x_b);  // the pass's output is in x_a
 }
 
@@ -331,8 +128,8 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
 // attention over the cache (the new key and value written at the row's position first).
 void Generator::decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
                              const std::vector<int32_t>& start) {
-  Buffers& b = *buf_;
-  LayerWorkspace& ws = b.ws;
+  GeneratorBuffers& b = buf_;
+  LayerWorkspace& ws = ws_;
   const Stream s = Stream::compute;
   const int64_t KD = dims_.Hk * dims_.D;
   layer_forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, ws, dims_, s);
@@ -347,7 +144,7 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
                                 dims_.D, scale, dims_.wt, s);  // the prefill's dot type (bf16 with bf16 weights)
   if (kv_spilled(layer)) {  // the new position to the host; then the slot may take the next layer
     kv_write_back(layer, ws.k, ws.v, start, B, 1);
-    dev_.event_record(*b.kv_free[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);
+    dev_.event_record(*kv_free_[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);
   }
   layer_forward_from_attention(dev_, out, x, w, ws, dims_, s);
 }
@@ -355,7 +152,7 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
 // ---- the spilled KV cache ------------------------------------------------------------------------
 
 std::pair<float*, float*> Generator::kv_cache(size_t layer) {
-  Buffers& b = *buf_;
+  GeneratorBuffers& b = buf_;
   if (!kv_spilled(layer)) return {b.k_cache[layer], b.v_cache[layer]};
   const size_t s = (layer - placement_.kv_device_layers) % b.k_slot.size();
   return {b.k_slot[s], b.v_slot[s]};
@@ -364,10 +161,10 @@ std::pair<float*, float*> Generator::kv_cache(size_t layer) {
 // Rows' cached positions [0, start[r]) of a spilled layer into its slot, on the h2d stream once
 // the slot's previous layer is done with it; the compute stream waits for them.
 void Generator::kv_upload(size_t layer, const std::vector<int32_t>& start, int64_t B) {
-  Buffers& b = *buf_;
+  GeneratorBuffers& b = buf_;
   const size_t j = layer - placement_.kv_device_layers, s = j % b.k_slot.size();
   const int64_t KD = dims_.Hk * dims_.D;
-  dev_.stream_wait_event(Stream::h2d, *b.kv_free[s]);
+  dev_.stream_wait_event(Stream::h2d, *kv_free_[s]);
   for (int64_t r = 0; r < B; ++r) {
     const size_t at = size_t(r * shape_.max_context * KD), bytes = size_t(start[size_t(r)] * KD) * 4;
     if (bytes == 0) continue;
@@ -375,15 +172,15 @@ void Generator::kv_upload(size_t layer, const std::vector<int32_t>& start, int64
     dev_.copy_h2d(b.v_slot[s] + at, b.v_host[j] + at, bytes, Stream::h2d);
     stats_.kv_h2d_bytes += 2 * bytes;
   }
-  dev_.event_record(*b.kv_loaded[s], Stream::h2d);
-  dev_.stream_wait_event(Stream::compute, *b.kv_loaded[s]);
+  dev_.event_record(*kv_loaded_[s], Stream::h2d);
+  dev_.stream_wait_event(Stream::compute, *kv_loaded_[s]);
 }
 
 // k, v (B, T, Hk, D) on the device: row r's T positions go to the host cache at start[r], on the
 // compute stream (they follow the kernels that made them; the pass ends with a synchronize).
 void Generator::kv_write_back(size_t layer, const float* k, const float* v, const std::vector<int32_t>& start,
                               int64_t B, int64_t T) {
-  Buffers& b = *buf_;
+  GeneratorBuffers& b = buf_;
   const size_t j = layer - placement_.kv_device_layers;
   const int64_t KD = dims_.Hk * dims_.D;
   for (int64_t r = 0; r < B; ++r) {
@@ -396,24 +193,21 @@ void Generator::kv_write_back(size_t layer, const float* k, const float* v, cons
 
 // The final norm and lm_head on row r's position last_index[r] of x_a; logits_ (B, V) on the host.
 void Generator::head(const std::vector<int64_t>& last_index, int64_t B) {
-  Buffers& b = *buf_;
+  GeneratorBuffers& b = buf_;
   const Stream s = Stream::compute;
   const int64_t C = dims_.C;
   for (int64_t r = 0; r < B; ++r)
     dev_.copy_d2d(b.last + r * C, b.x_a + last_index[size_t(r)] * C, size_t(C) * 4, s);
-  dev_.rmsnorm_forward(b.hn, b.rstd, b.last, b.final_norm, B, C, dims_.eps, s);
+  dev_.rmsnorm_forward(b.hn, b.rstd, b.last, layer_pass_->acquire_final_norm(), B, C, dims_.eps, s);
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
   if (lm_type == DType::bf16) dev_.cast_f32_to_bf16(b.hn_bf16, b.hn, B * C, s);
   const void* a = lm_type == DType::bf16 ? static_cast<const void*>(b.hn_bf16) : b.hn;
   logits_.resize(size_t(B * V_));
-  for (size_t k = 0; k < head_chunks_; ++k) {
-    const int64_t v0 = int64_t(k) * head_rows_, vc = std::min(head_rows_, V_ - v0);
-    const void* w = ensure_head_chunk(k);
+  layer_pass_->for_each_head_chunk(false, [&](size_t, int64_t v0, int64_t vc, const char* w) {
     dev_.matmul(b.logits, a, w, lm_type, B, vc, C, false, true, 0.f, s);  // (B, vc)
-    b.head->release(k);
     for (int64_t r = 0; r < B; ++r)  // on the compute stream: the next chunk's matmul waits for it
       dev_.copy_d2h(logits_.data() + r * V_ + v0, b.logits + r * vc, size_t(vc) * 4, s);
-  }
+  });
   dev_.stream_synchronize(s);
 }
 

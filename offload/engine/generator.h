@@ -10,7 +10,11 @@
 //     position's key and value go back to the host after it. The attention reads the same
 //     numbers in the same layout either way, so the tokens are identical; the price is link
 //     traffic of 2 x rows x length x Hk x D x 4 bytes per spilled layer per decoded token.
-//     GeneratorPlacement says which; the constructor picks the fitting one that moves fewest bytes.
+//     GeneratorPlacement says which: the plan's (offload/plan/run_engines.h), or the fitting one
+//     that moves fewest bytes (generator_choose_placement).
+//   - buffers: rows of the shared buffer table (offload/stream/engine_buffers.h: generator_buffer_table),
+//     which the placement plan prices too; the weights' slots, the embedding gather and the layer
+//     and lm_head chunk loops are the layer pass's (layer_pass.h).
 //   - prefill: the prompts of a batch, right-padded to the longest, in one pass per layer through
 //     layer_forward (the training forward); each layer's keys and values (after the k norm and
 //     RoPE) are copied into its cache rows. A padded position writes cache entries that are never
@@ -31,7 +35,9 @@
 #include <vector>
 
 #include "models/decoder_layer.h"
+#include "offload/engine/layer_pass.h"
 #include "offload/state/host_store.h"
+#include "offload/stream/engine_buffers.h"
 
 namespace strata {
 
@@ -42,13 +48,6 @@ struct SamplingOptions {
   double top_p = 1;        // 1: all
   uint64_t seed = 0;
   std::vector<int32_t> eos_ids;  // generation stops after any of them (not part of the result)
-};
-
-// What the generator's buffers are sized for.
-struct GeneratorShape {
-  int64_t max_batch = 1;     // rows per pass
-  int64_t max_prompt = 1;    // longest prompt (tokens)
-  int64_t max_context = 2;   // cache positions per row: max_prompt + max_new_tokens
 };
 
 struct GenerateResult {
@@ -62,28 +61,14 @@ struct GenerateStats {
   double prefill_s = 0, decode_s = 0;
 };
 
-// Where the weights and the KV cache live on the device.
-struct GeneratorPlacement {
-  bool weights_resident = true;  // false: two weight slots
-  size_t kv_device_layers = 0;   // layers [0, n) keep their cache on the device; the rest spill
-                                 // to pinned host memory through min(2, L - n) device cache slots
-};
-
 class Generator {
  public:
-  // Device bytes the generator allocates for `shape` with `placement`.
-  static size_t device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorPlacement& placement);
-  // Every layer's cache on the device; weights resident or in two slots.
-  static size_t device_bytes(const ModelSpec& spec, const GeneratorShape& shape, bool resident);
-  // The least any placement needs (weights streamed, the KV cache spilled as far as that saves).
-  static size_t min_device_bytes(const ModelSpec& spec, const GeneratorShape& shape);
-  // Of the placements that fit in `budget_bytes`, the one moving fewest bytes over the link per
-  // decoded token (ties: more cache on the device); false when none fits.
-  static bool choose_placement(const ModelSpec& spec, const GeneratorShape& shape, size_t budget_bytes,
-                               GeneratorPlacement* placement);
+  // The placement that fits what dev's budget leaves (generator_choose_placement); throws a
+  // budget error (exit 3) when even streamed weights and a spilled cache do not fit.
+  static GeneratorPlacement placement_for(Device& dev, const ModelSpec& spec, const GeneratorShape& shape);
 
-  // Allocates from dev's budget: resident weights when they fit, else streamed; throws a budget
-  // error (exit 3) when even streamed weights and the cache do not fit.
+  // `placement`: the plan's (run_plan_generator); without it, placement_for(dev, ...).
+  Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorPlacement& placement);
   Generator(Device& dev, HostStore& store, const GeneratorShape& shape);
   ~Generator();
   Generator(const Generator&) = delete;
@@ -103,11 +88,6 @@ class Generator {
 
  private:
   int64_t longest_prompt(const std::vector<std::vector<int32_t>>& prompts, uint64_t first_request) const;
-  struct Buffers;
-  void allocate(const GeneratorPlacement& placement);
-  void release();
-  LayerWeights ensure_layer(size_t layer);
-  const void* ensure_head_chunk(size_t chunk);
   // One pass: rows' tokens (B rows x T each, row-major) at positions start[b] + t.
   void forward_pass(const std::vector<int32_t>& ids, const std::vector<int32_t>& start, int64_t B, int64_t T,
                     bool prefill);
@@ -127,12 +107,15 @@ class Generator {
   Device& dev_;
   HostStore& store_;
   GeneratorShape shape_;
+  GeneratorPlacement placement_;
   LayerDims dims_;     // B, T set per pass
   size_t L_ = 0;
-  int64_t V_ = 0, head_rows_ = 0;
-  size_t head_chunks_ = 0;
-  GeneratorPlacement placement_;
-  std::unique_ptr<Buffers> buf_;
+  int64_t V_ = 0;
+  std::vector<EngineBuffer> table_;   // the buffer table's generator rows
+  GeneratorBuffers buf_;
+  LayerWorkspace ws_{};
+  std::unique_ptr<LayerPass> layer_pass_;  // weight slots, final norm, embedding gather, the loops
+  std::vector<std::unique_ptr<Event>> kv_loaded_, kv_free_;  // the spilled layers' cache slots
   std::vector<float> logits_;         // (B, V) host
   std::vector<int32_t> pos_host_, start_host_;
   GenerateStats stats_;

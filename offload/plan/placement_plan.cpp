@@ -35,6 +35,7 @@ const char* device_kind(const std::string& row) {
   if (starts("lm_head") || starts("final norm weight")) return "device head weights (final norm, lm_head)";
   if (starts("layer workspace")) return "device layer workspace";
   if (starts("LoRA")) return "device LoRA adapters and their gradients";
+  if (starts("KV cache")) return "device KV cache (layers and cache slots)";
   return "device activations and token buffers";
 }
 
@@ -485,6 +486,10 @@ void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const Plan
 
 HostStoreOptions run_plan_store_options(const RunPlan& plan) {
   HostStoreOptions so;
+  if (plan.generation.active) {  // nothing trains: the working copy alone
+    so.weights_only = true;
+    return so;
+  }
   so.needs = optimizer_state_needs(plan.optimizer_kind);  // zo-sgd: no moments, no gradients
   so.moments = plan.moments;
   so.weights_only = plan.lora.enabled();  // LoRA: the base keeps its working copy alone
@@ -586,6 +591,71 @@ int64_t placement_max_sequence_len(const ModelSpec& spec, PlanInputs in, const P
     in.sequence_len = t;
     return placement_plan(spec, in, budgets).fits();
   });
+}
+
+// ---- a generation run ----------------------------------------------------------------------
+
+namespace {
+
+// The generator's rows as the plan's states: device rows by kind, the CPU backend's arena in
+// process memory, the working weights and the pinned rows (spilled KV cache, embedding output).
+void generation_states(RunPlan& p, const ModelSpec& spec, const GenerationInputs& in) {
+  const std::vector<EngineBuffer> table =
+      generator_buffer_table(spec, p.generation.shape, p.generation.placement, nullptr);
+  std::vector<std::pair<std::string, size_t>> device_rows;
+  for (const EngineBuffer& b : table) {
+    if (b.memory != Memory::device) continue;
+    const std::string kind = device_kind(b.name);
+    auto it = std::find_if(device_rows.begin(), device_rows.end(), [&](auto& r) { return r.first == kind; });
+    if (it == device_rows.end()) device_rows.emplace_back(kind, 0), it = device_rows.end() - 1;
+    it->second += Arena::footprint(b.bytes);
+  }
+  for (auto& [kind, bytes] : device_rows) p.states.push_back({kind, Tier::device, bytes});
+  if (in.device_reserved_bytes)
+    p.states.push_back({"device: held before generation, backend workspaces", Tier::device, in.device_reserved_bytes});
+  if (in.device_in_host_ram)
+    p.states.push_back({"device arena (CPU backend: process memory)", Tier::host, engine_device_bytes(table)});
+  const HostStoreLayout layout = HostStore::layout(spec);
+  p.states.push_back({str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned,
+                      layout.working.tier_bytes(Tier::host_pinned)});
+  p.states.push_back({"generator pinned buffers (spilled KV cache, embedding output)", Tier::host_pinned,
+                      engine_pinned_bytes(table)});
+  for (const PlanState& st : p.states) p.tiers[int(st.tier)] += st.bytes;
+}
+
+}  // namespace
+
+RunPlan placement_generation_plan(const ModelSpec& spec, const GenerationInputs& in, const PlanBudgets& budgets) {
+  const GeneratorShape& asked = in.shape;
+  STRATA_CHECK(asked.max_batch >= 1 && asked.max_prompt >= 1 && asked.max_context > asked.max_prompt,
+               "generation needs at least one row, a prompt token and a position to generate");
+  RunPlan p;
+  p.budgets = budgets;
+  p.layers = spec.layers.size();
+  p.micro_batch = asked.max_batch;
+  p.sequence_len = asked.max_prompt;
+  p.generation.active = true;
+  p.generation.shape = asked;
+  GeneratorShape& shape = p.generation.shape;
+  const size_t budget = budgets.device_bytes ? budgets.device_bytes : SIZE_MAX;
+  const size_t left = budget > in.device_reserved_bytes ? budget - in.device_reserved_bytes : 0;
+  while (shape.max_batch > 1 && generator_min_device_bytes(spec, shape) > left)
+    shape.max_batch /= 2;  // fewer rows per pass before giving up
+  if (!generator_choose_placement(spec, shape, left, &p.generation.placement)) {
+    p.generation.placement = GeneratorPlacement{false, 0};  // the least, priced below
+    const size_t least = generator_min_device_bytes(spec, shape) + in.device_reserved_bytes;
+    p.problems.push_back(str_cat("generation needs ", format_bytes(least), " of device memory (weights streamed "
+                                 "through two slots, the KV cache of ", shape.max_batch, " rows x ", shape.max_context,
+                                 " positions spilled to host memory through two layer slots, ",
+                                 format_bytes(in.device_reserved_bytes), " held before), the budget (",
+                                 budgets.device_origin, ") is ", format_bytes(budgets.device_bytes)));
+    p.changes.push_back({str_cat("raise ", budgets.device_origin, " to at least ", format_bytes(least),
+                                 ", or lower --max-new-tokens, --batch-size or the prompt length"), 0});
+  }
+  p.micro_batch = shape.max_batch;
+  p.weights = p.generation.placement.weights_resident ? WeightsMode::device : WeightsMode::stream;
+  generation_states(p, spec, in);
+  return p;
 }
 
 }  // namespace strata

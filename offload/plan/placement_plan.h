@@ -106,6 +106,15 @@ struct PlanChange {
 // The checkpoint manifest reads files back through a buffer this large (io/checksum.cpp).
 inline constexpr size_t kManifestReadBytes = size_t(4) << 20;
 
+// A generation run (`strata generate`, offload/engine/generator.h): the generator's buffer rows
+// (offload/stream/engine_buffers.h: generator_buffer_table) and where the weights and the KV
+// cache go.
+struct GenerationPlan {
+  bool active = false;            // this plan is a generation run's (no training state)
+  GeneratorShape shape;           // rows per pass (lowered to fit), longest prompt, context
+  GeneratorPlacement placement;   // weights resident or streamed; layers whose KV cache stays on the device
+};
+
 // The resolved plan: every decision of the run, typed, and what each kind of state costs where.
 // The host store (run_plan_store_options) and the engines (run_plan_engine_options,
 // offload/plan/run_engines.h) are built from it alone.
@@ -121,6 +130,7 @@ struct RunPlan {
   int64_t micro_batch = 1, sequence_len = 1;  // the engine's capacity (rows, tokens per row)
   int64_t group = 1;                  // micro-batches per engine pass: k layer-major, 1 micro_batch
   int64_t head_chunk_rows = 0;        // 0: the engine's default
+  GenerationPlan generation;          // a generation run's decisions (generation.active)
   // -- what each kind of state costs, and where
   std::vector<PlanState> states;      // every kind of state, transient buffers as one row per tier
   std::vector<PlanState> transients;  // each transient phase (loading, resuming, saving, exporting)
@@ -167,9 +177,25 @@ void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const Plan
 std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInputs& in);
 
 // The host store's and the engine's options for a plan (the store: the optimizer's arrays, their
-// tier and NVMe directory; the engine: modes, capacity, schedule, LoRA).
+// tier and NVMe directory, or the weights alone for a generation plan; the engine: modes,
+// capacity, schedule, LoRA).
 HostStoreOptions run_plan_store_options(const RunPlan& plan);
 EngineOptions run_plan_engine_options(const RunPlan& plan);
+
+// What a generation run is planned for: the requests' shape (max_batch: the rows asked for per
+// pass) and what the device holds before the generator (allocations, and the backend's
+// workspace taken at its first GEMM: Device::pending_workspace_bytes).
+struct GenerationInputs {
+  GeneratorShape shape;
+  size_t device_reserved_bytes = 0;
+  bool device_in_host_ram = false;   // the CPU backend: the device arena is process memory
+};
+
+// The plan of a generation run: rows per pass halved until the least placement fits what the
+// device budget leaves (not below 1), then the placement that moves fewest bytes per decoded
+// token (generator_choose_placement); the weights-only host store and the generator's rows as
+// states. No placement fitting is a problem (placement_plan_check).
+RunPlan placement_generation_plan(const ModelSpec& spec, const GenerationInputs& in, const PlanBudgets& budgets);
 
 // Throws Error(budget) (exit 3) when the plan does not fit: what does not fit, the plan's table
 // and what to change, each with the bytes it saves.

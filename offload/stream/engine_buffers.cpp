@@ -1,3 +1,4 @@
+// The step engines' and the generator's buffer tables (engine_buffers.h).
 #include "offload/stream/engine_buffers.h"
 
 #include <algorithm>
@@ -258,6 +259,138 @@ size_t engine_pinned_bytes(const std::vector<EngineBuffer>& table) {
   for (const EngineBuffer& b : table)
     if (b.memory == Memory::pinned) sum += b.bytes;
   return sum;
+}
+
+// ---- the generator's rows ------------------------------------------------------------------
+
+LayerDims generator_layer_dims(const ModelSpec& spec, int64_t B, int64_t T) {
+  const ModelConfig& c = spec.config;
+  LayerDims d;
+  d.B = B, d.T = T, d.C = c.hidden_size, d.H = c.num_attention_heads, d.Hk = c.num_key_value_heads;
+  d.D = c.head_dim, d.F = c.intermediate_size, d.eps = float(c.rms_norm_eps), d.wt = spec.matrix_dtype;
+  return d;
+}
+
+int64_t generator_head_rows(const ModelSpec& spec) { return std::min<int64_t>(kHeadChunkRows, spec.config.vocab_size); }
+
+size_t generator_kv_layer_bytes(const ModelSpec& spec, const GeneratorShape& shape) {
+  const ModelConfig& c = spec.config;
+  return size_t(shape.max_batch * shape.max_context * c.num_key_value_heads * c.head_dim) * 4;
+}
+
+namespace {
+
+size_t max_layer_working_bytes(const ModelSpec& spec) {
+  const HostStoreLayout layout = HostStore::layout(spec);
+  size_t bytes = 0;
+  for (size_t l = 0; l < spec.layers.size(); ++l) bytes = std::max(bytes, layout.groups[1 + l].working_bytes);
+  return bytes;
+}
+
+// The placements worth considering: weights resident or streamed, times every layer's cache on
+// the device or n of them with the rest through two slots (n <= L - 3: otherwise the slots take
+// as much as the caches they replace).
+std::vector<GeneratorPlacement> generator_placement_candidates(size_t L) {
+  std::vector<GeneratorPlacement> c;
+  for (const bool resident : {true, false}) {
+    c.push_back({resident, L});
+    for (size_t n = L >= 3 ? L - 3 + 1 : 0; n-- > 0;) c.push_back({resident, n});
+  }
+  return c;
+}
+
+// The per-layer rows: each device layer's k and v caches, the cache slots, the weight slots.
+void generator_layer_rows(std::vector<EngineBuffer>& t, const ModelSpec& spec, const GeneratorShape& shape,
+                          const GeneratorPlacement& placement, GeneratorBuffers* into) {
+  const size_t L = spec.layers.size(), kv = generator_kv_layer_bytes(spec, shape);
+  auto dev = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
+    t.push_back({std::move(name), bytes, Memory::device, std::move(bind)});
+  };
+  const size_t kv_device = std::min(placement.kv_device_layers, L), kv_slots = std::min<size_t>(2, L - kv_device);
+  auto pairs = [&](const char* what, size_t n, std::vector<float*>* k, std::vector<float*>* v) {
+    if (into) k->assign(n, nullptr), v->assign(n, nullptr);
+    for (size_t l = 0; l < n; ++l) {
+      dev(str_cat("KV cache ", what, " ", l, " keys"), kv, bind_at(into ? &(*k)[l] : nullptr));
+      dev(str_cat("KV cache ", what, " ", l, " values"), kv, bind_at(into ? &(*v)[l] : nullptr));
+    }
+  };
+  pairs("layer", kv_device, into ? &into->k_cache : nullptr, into ? &into->v_cache : nullptr);
+  pairs("slot", kv_slots, into ? &into->k_slot : nullptr, into ? &into->v_slot : nullptr);
+  const size_t weight_slots = placement.weights_resident ? L : std::min<size_t>(2, L);
+  const size_t slot_bytes = max_layer_working_bytes(spec);
+  if (into) into->weight_slots.assign(weight_slots, nullptr);
+  for (size_t s = 0; s < weight_slots; ++s)
+    dev(str_cat("layer weight slot ", s), slot_bytes, bind_at(into ? &into->weight_slots[s] : nullptr));
+}
+
+}  // namespace
+
+std::vector<EngineBuffer> generator_buffer_table(const ModelSpec& spec, const GeneratorShape& shape,
+                                                 const GeneratorPlacement& placement, GeneratorBuffers* into) {
+  const LayerDims d = generator_layer_dims(spec, shape.max_batch, shape.max_prompt);
+  const int64_t N = d.N(), C = d.C, B = shape.max_batch, R = generator_head_rows(spec);
+  const size_t K = size_t((spec.config.vocab_size + R - 1) / R);
+  std::vector<EngineBuffer> t;
+  auto dev = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
+    t.push_back({std::move(name), bytes, Memory::device, std::move(bind)});
+  };
+  dev("layer forward workspace", layer_forward_workspace_bytes(d), bind_at(into ? &into->workspace : nullptr));
+  dev("hidden states a", bytes_of<float>(N * C), bind_at(into ? &into->x_a : nullptr));
+  dev("hidden states b", bytes_of<float>(N * C), bind_at(into ? &into->x_b : nullptr));
+  dev("positions", bytes_of<int32_t>(N), bind_at(into ? &into->pos : nullptr));
+  dev("row starts", bytes_of<int32_t>(B), bind_at(into ? &into->start : nullptr));
+  dev("rope inv_freq", bytes_of<float>(d.D / 2), bind_at(into ? &into->inv_freq : nullptr));
+  dev("final norm weight", bytes_of<float>(C), bind_at(into ? &into->final_norm : nullptr));
+  dev("last positions", bytes_of<float>(B * C), bind_at(into ? &into->last : nullptr));
+  dev("final norm output", bytes_of<float>(B * C), bind_at(into ? &into->hn : nullptr));
+  dev("final norm rstd", bytes_of<float>(B), bind_at(into ? &into->rstd : nullptr));
+  dev("final norm output (bf16)", size_t(B * C) * 2, bind_at(into ? &into->hn_bf16 : nullptr));
+  dev("logits of one lm_head chunk", bytes_of<float>(B * R), bind_at(into ? &into->logits : nullptr));
+  generator_layer_rows(t, spec, shape, placement, into);
+  const size_t head_slots = placement.weights_resident ? K : std::min<size_t>(2, K);
+  if (into) into->head_slots.assign(head_slots, nullptr);
+  for (size_t s = 0; s < head_slots; ++s)
+    dev(str_cat("lm_head chunk slot ", s, " (", R, " vocab rows)"), size_t(R * C) * dtype_size(spec.matrix_dtype),
+        bind_at(into ? &into->head_slots[s] : nullptr));
+  // pinned host: the spilled layers' caches, the embedding gathered
+  const size_t L = spec.layers.size(), spilled = L - std::min(placement.kv_device_layers, L);
+  const size_t kv = generator_kv_layer_bytes(spec, shape);
+  if (into) into->k_host.assign(spilled, nullptr), into->v_host.assign(spilled, nullptr);
+  for (size_t j = 0; j < spilled; ++j) {
+    t.push_back({str_cat("KV cache of spilled layer ", j, " keys (host)"), kv, Memory::pinned,
+                 bind_at(into ? &into->k_host[j] : nullptr)});
+    t.push_back({str_cat("KV cache of spilled layer ", j, " values (host)"), kv, Memory::pinned,
+                 bind_at(into ? &into->v_host[j] : nullptr)});
+  }
+  t.push_back({"embedding output (host)", bytes_of<float>(N * C), Memory::pinned, bind_at(into ? &into->x_host : nullptr)});
+  return t;
+}
+
+size_t generator_device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorPlacement& placement) {
+  return engine_device_bytes(generator_buffer_table(spec, shape, placement, nullptr));
+}
+
+size_t generator_min_device_bytes(const ModelSpec& spec, const GeneratorShape& shape) {
+  size_t least = SIZE_MAX;
+  for (const GeneratorPlacement& p : generator_placement_candidates(spec.layers.size()))
+    least = std::min(least, generator_device_bytes(spec, shape, p));
+  return least;
+}
+
+bool generator_choose_placement(const ModelSpec& spec, const GeneratorShape& shape, size_t budget_bytes,
+                                GeneratorPlacement* placement) {
+  const size_t L = spec.layers.size(), layer_bytes = max_layer_working_bytes(spec);
+  const size_t kv_bytes = generator_kv_layer_bytes(spec, shape);
+  bool found = false;
+  double best = 0;
+  for (const GeneratorPlacement& p : generator_placement_candidates(L)) {
+    if (generator_device_bytes(spec, shape, p) > budget_bytes) continue;
+    // link bytes per decoded token at full length: streamed weights, spilled caches in and out
+    const double moved = (p.weights_resident ? 0.0 : double(L) * double(layer_bytes)) +
+                         double(L - p.kv_device_layers) * 2.0 * double(kv_bytes);
+    if (!found || moved < best) found = true, best = moved, *placement = p;
+  }
+  return found;
 }
 
 }  // namespace strata

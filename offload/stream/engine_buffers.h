@@ -176,4 +176,58 @@ void engine_tokens_upload(Device& dev, const EngineShape& shape, const MicroBatc
 size_t engine_device_bytes(const std::vector<EngineBuffer>& table);
 size_t engine_pinned_bytes(const std::vector<EngineBuffer>& table);
 
+// ---- the generator's rows (offload/engine/generator.h) --------------------------------------
+// Legend: B rows, Tp longest prompt, Tcap cache positions per row, Hk kv heads, D head dim,
+// N = B x Tp, R lm_head rows per chunk (kHeadChunkRows or V), K chunks.
+
+// What the generator's buffers are sized for.
+struct GeneratorShape {
+  int64_t max_batch = 1;     // rows per pass
+  int64_t max_prompt = 1;    // longest prompt (tokens)
+  int64_t max_context = 2;   // cache positions per row: max_prompt + max_new_tokens
+};
+
+// Where the weights and the KV cache live on the device.
+struct GeneratorPlacement {
+  bool weights_resident = true;  // false: two weight slots
+  size_t kv_device_layers = 0;   // layers [0, n) keep their cache on the device; the rest spill
+                                 // to pinned host memory through min(2, L - n) device cache slots
+};
+
+// Where the generator keeps its buffers; device pointers unless marked.
+struct GeneratorBuffers {
+  void* workspace = nullptr;             // one layer's forward activations (B, Tp)
+  float *x_a = nullptr, *x_b = nullptr;  // (N, C) each: a pass's input and output, ping-pong
+  int32_t* pos = nullptr;                // (N) positions
+  int32_t* start = nullptr;              // (B) each row's first position of the pass
+  float* inv_freq = nullptr;             // (D/2) rope
+  float* final_norm = nullptr;           // (C)
+  float *last = nullptr, *hn = nullptr;  // (B, C) each row's last position, its final norm
+  float* rstd = nullptr;                 // (B)
+  bf16* hn_bf16 = nullptr;               // (B, C) hn as the lm_head matmul reads it with bf16 weights
+  float* logits = nullptr;               // (B, R) one chunk's logits
+  std::vector<float*> k_cache, v_cache;  // per device layer (B, Tcap, Hk, D)
+  std::vector<float*> k_slot, v_slot;    // the spilled layers' device cache slots, (B, Tcap, Hk, D) each
+  std::vector<char*> weight_slots;       // two streamed layer slots (one when L = 1), or one per layer
+  std::vector<char*> head_slots;         // (R, C) lm_head chunks: two streamed (one when K = 1), or K
+  // pinned host
+  std::vector<float*> k_host, v_host;    // per spilled layer (B, Tcap, Hk, D)
+  float* x_host = nullptr;               // (N, C) the embedding gathered on the host
+};
+
+LayerDims generator_layer_dims(const ModelSpec& spec, int64_t B, int64_t T);
+int64_t generator_head_rows(const ModelSpec& spec);  // R: kHeadChunkRows, or V when smaller
+size_t generator_kv_layer_bytes(const ModelSpec& spec, const GeneratorShape& shape);  // one of k, v: f32
+// Every device row, then the pinned rows; rows bind into `into` (may be null for sizes).
+std::vector<EngineBuffer> generator_buffer_table(const ModelSpec& spec, const GeneratorShape& shape,
+                                                 const GeneratorPlacement& placement, GeneratorBuffers* into);
+// The device bytes of the table for `placement`; the least any placement needs (weights
+// streamed, the KV cache spilled as far as that saves).
+size_t generator_device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorPlacement& placement);
+size_t generator_min_device_bytes(const ModelSpec& spec, const GeneratorShape& shape);
+// Of the placements whose rows fit in `budget_bytes`, the one moving fewest bytes over the link
+// per decoded token (ties: more cache on the device); false when none fits.
+bool generator_choose_placement(const ModelSpec& spec, const GeneratorShape& shape, size_t budget_bytes,
+                                GeneratorPlacement* placement);
+
 }  // namespace strata

@@ -24,7 +24,7 @@
 #include "io/files.h"
 #include "io/text_encoder.h"
 #include "io/tokenizer/tokenizer.h"
-#include "offload/engine/generator.h"
+#include "offload/plan/run_engines.h"
 #include "offload/state/model_io.h"
 #include "src/core/cli_args.h"
 #include "src/cli/commands.h"
@@ -112,7 +112,9 @@ std::vector<int32_t> request_ids(const std::string& line, size_t line_no, const 
 
 struct LoadedModel {
   std::unique_ptr<Device> dev;
+  RunPlan plan;  // the generation run's (offload/plan/placement_plan.h: placement_generation_plan)
   std::unique_ptr<HostStore> store;
+  std::unique_ptr<Generator> gen;
 };
 
 struct ModelSource {
@@ -120,9 +122,11 @@ struct ModelSource {
   std::string backend = "cpu", memory = "4GiB", dtype_name = "bf16";
 };
 
-// The device and a weights-only host store (no master, moments or gradients: nothing trains),
-// the adapter, when given, merged into the weights as they are read.
-LoadedModel load_model(const ModelSource& src, const ModelConfig& cfg) {
+// The device, the plan of the generation run for `shape` (rows per pass lowered to fit the
+// device budget), the weights-only host store it counts (no master, moments or gradients:
+// nothing trains) with the adapter, when given, merged into the weights as they are read, and
+// the generator the plan placed.
+LoadedModel load_model(const ModelSource& src, const ModelConfig& cfg, const GeneratorShape& shape) {
   const ModelSpec spec = model_spec_build(cfg, dtype_parse(src.dtype_name));
   std::unique_ptr<LoraAdapter> adapter;
   if (!src.adapter_dir.empty()) adapter = std::make_unique<LoraAdapter>(lora_adapter_read(src.adapter_dir, spec));
@@ -131,13 +135,21 @@ LoadedModel load_model(const ModelSource& src, const ModelConfig& cfg) {
   dopt.memory_bytes = parse_bytes(src.memory, "--device-memory");
   LoadedModel m;
   m.dev = device_create(dopt);
-  HostStoreOptions hopt;
-  hopt.weights_only = true;
-  m.store = std::make_unique<HostStore>(*m.dev, spec, hopt);
+  GenerationInputs in;
+  in.shape = shape;
+  in.device_reserved_bytes = m.dev->used_bytes() + m.dev->pending_workspace_bytes(Stream::compute);  // + cuBLAS's, on CUDA
+  in.device_in_host_ram = dopt.backend == DeviceBackend::cpu;
+  PlanBudgets budgets;
+  budgets.device_bytes = m.dev->budget_bytes();
+  budgets.device_origin = "--device-memory";
+  m.plan = placement_generation_plan(spec, in, budgets);
+  placement_plan_check(m.plan);
+  m.store = run_plan_host_store(*m.dev, spec, m.plan);
   model_load_weights(*m.store, src.model_dir, adapter.get());
   if (adapter)
     std::fprintf(stderr, "strata generate: merged LoRA adapter %s (%zu modules, r %lld, lora_alpha %g)\n",
                  src.adapter_dir.c_str(), adapter->pairs.size(), (long long)adapter->r, adapter->lora_alpha);
+  m.gen = run_plan_generator(*m.dev, *m.store, m.plan);
   return m;
 }
 
@@ -149,8 +161,8 @@ int generate_chat(const ModelSource& src, const ModelConfig& cfg, const TextEnco
                   int64_t max_context) {
   STRATA_CHECK(max_context > so.max_new_tokens, "--max-context (", max_context, ") must exceed --max-new-tokens (",
                so.max_new_tokens, ")");
-  LoadedModel m = load_model(src, cfg);
-  Generator gen(*m.dev, *m.store, GeneratorShape{1, max_context - so.max_new_tokens, max_context});
+  LoadedModel m = load_model(src, cfg, GeneratorShape{1, max_context - so.max_new_tokens, max_context});
+  Generator& gen = *m.gen;
   const bool tty = isatty(STDIN_FILENO);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   std::string line;
@@ -285,17 +297,14 @@ void print_generate_stats(const Generator& gen, const HostStore& store, size_t r
 // line each on standard output, in order.
 void generate_requests(const ModelSource& src, const ModelConfig& cfg, const TextEncoder& enc, const SamplingOptions& so,
                        const std::vector<std::vector<int32_t>>& prompts, int64_t max_prompt, int64_t batch_size) {
-  LoadedModel m = load_model(src, cfg);
-  Device* dev = m.dev.get();
+  GeneratorShape asked;
+  asked.max_batch = std::min<int64_t>(batch_size, int64_t(prompts.size()));
+  asked.max_prompt = max_prompt;
+  asked.max_context = max_prompt + so.max_new_tokens;
+  LoadedModel m = load_model(src, cfg, asked);  // the plan lowers the rows per pass to fit the device budget
   HostStore& store = *m.store;
-  GeneratorShape shape;
-  shape.max_batch = std::min<int64_t>(batch_size, int64_t(prompts.size()));
-  shape.max_prompt = max_prompt;
-  shape.max_context = max_prompt + so.max_new_tokens;
-  const size_t fixed = dev->used_bytes() + dev->pending_workspace_bytes(Stream::compute);  // + cuBLAS's, on CUDA
-  while (shape.max_batch > 1 && Generator::min_device_bytes(store.spec(), shape) + fixed > dev->budget_bytes())
-    shape.max_batch /= 2;  // fewer rows per pass before giving up (the constructor says what does not fit)
-  Generator gen(*dev, store, shape);
+  Generator& gen = *m.gen;
+  const GeneratorShape& shape = m.plan.generation.shape;
 
   for (size_t first = 0; first < prompts.size(); first += size_t(shape.max_batch)) {
     const size_t end = std::min(prompts.size(), first + size_t(shape.max_batch));

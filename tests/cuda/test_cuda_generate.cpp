@@ -121,7 +121,7 @@ TEST_CASE("cuda generation with the KV cache spilled to host memory gives the sa
   };
   GeneratorPlacement all, spilled;
   const auto want = run(size_t(96) << 20, &all);
-  const auto got = run(Generator::device_bytes(spec, shape, GeneratorPlacement{false, 0}) + 1024, &spilled);
+  const auto got = run(generator_device_bytes(spec, shape, GeneratorPlacement{false, 0}) + 1024, &spilled);
   CHECK(all.kv_device_layers == spec.layers.size());
   CHECK(spilled.kv_device_layers == 0);
   CHECK_FALSE(spilled.weights_resident);

@@ -17,6 +17,7 @@
 #include "kernels/cpu/ref.h"
 #include "kernels/cpu/ref/attention_cached.h"
 #include "offload/engine/generator.h"
+#include "offload/plan/run_engines.h"
 #include "offload/state/model_io.h"
 #include "src/core/bf16.h"
 #include "tests/seeded_inputs.h"
@@ -246,12 +247,12 @@ TEST_CASE("greedy generation is the argmax of the full-sequence forward", "[gene
   const int64_t max_new = 12;
   const GeneratorShape shape{2, 5, 5 + max_new};
   DeviceOptions dopt;
-  if (streamed) dopt.memory_bytes = Generator::device_bytes(spec, shape, false) + (64 << 10);
+  if (streamed) dopt.memory_bytes = generator_device_bytes(spec, shape, GeneratorPlacement{false, spec.layers.size()}) + (64 << 10);
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
   model_load_weights(store, g.dir);
   // with two layers, two slots hold every layer: streamed only from three layers up (mistral)
-  const bool resident = !streamed || Generator::device_bytes(spec, shape, true) <= dopt.memory_bytes;
+  const bool resident = !streamed || generator_device_bytes(spec, shape, GeneratorPlacement{true, spec.layers.size()}) <= dopt.memory_bytes;
   CHECK((resident || spec.layers.size() > 2));
   check_greedy(*dev, store, prompts, max_new, resident);
 }
@@ -262,7 +263,7 @@ TEST_CASE("greedy generation streaming five layers through two slots", "[generat
   const std::vector<std::vector<int32_t>> prompts = {{3, 17, 99, 4, 56, 7, 81}, {12}, {44, 45, 46}};
   const int64_t max_new = 9;
   DeviceOptions dopt;
-  dopt.memory_bytes = Generator::device_bytes(spec, GeneratorShape{3, 7, 16}, false) + (64 << 10);
+  dopt.memory_bytes = generator_device_bytes(spec, GeneratorShape{3, 7, 16}, GeneratorPlacement{false, spec.layers.size()}) + (64 << 10);
   auto dev = device_create(dopt);
   HostStore store(*dev, spec);
   model_init_weights(store, 11, 0.3);  // large weights: logits far from ties
@@ -313,7 +314,7 @@ TEST_CASE("a KV cache spilled to host memory gives the same tokens", "[generate]
   for (const GeneratorPlacement& want : {spill_all, spill_three}) {
     INFO("weights " << (want.weights_resident ? "resident" : "streamed") << ", " << want.kv_device_layers
                     << " layers' cache on the device");
-    const Run spilled = run(Generator::device_bytes(spec, shape, want) + slack);
+    const Run spilled = run(generator_device_bytes(spec, shape, want) + slack);
     REQUIRE(spilled.placement.weights_resident == want.weights_resident);
     REQUIRE(spilled.placement.kv_device_layers == want.kv_device_layers);
     for (size_t r = 0; r < prompts.size(); ++r) {
@@ -332,6 +333,51 @@ TEST_CASE("a KV cache spilled to host memory gives the same tokens", "[generate]
     CHECK(spilled.stats.kv_d2h_bytes == out * per_position);
   }
   WARN("the cache of one layer for this shape: " << 3 * 16 * KD * 4 << " bytes each of k and v");
+}
+
+// The placement plan prices a generation run from the generator's rows of the buffer table: the
+// plan's device tier is what the generator it builds allocates, its placement the one the
+// generator picks on the same device by itself, and rows per pass are halved until they fit.
+TEST_CASE("the generation plan prices what the generator allocates", "[generate][plan]") {
+  const ModelConfig cfg = testing::tiny_llama_config({48, 72, 5, 113, 64, false});
+  const ModelSpec spec = model_spec_build(cfg, DType::f32);
+  const GeneratorShape shape{3, 7, 16};
+  const size_t budget = generator_device_bytes(spec, shape, GeneratorPlacement{true, 2}) + (1 << 10);
+  DeviceOptions dopt;
+  dopt.memory_bytes = budget;
+  auto dev = device_create(dopt);
+  GenerationInputs in;
+  in.shape = shape;
+  in.device_reserved_bytes = dev->used_bytes() + dev->pending_workspace_bytes(Stream::compute);
+  PlanBudgets budgets;
+  budgets.device_bytes = dev->budget_bytes();
+  const RunPlan plan = placement_generation_plan(spec, in, budgets);
+  REQUIRE(plan.fits());
+  REQUIRE(plan.generation.active);
+  CHECK(plan.generation.shape.max_batch == shape.max_batch);
+  const GeneratorPlacement own = Generator::placement_for(*dev, spec, shape);
+  CHECK(plan.generation.placement.weights_resident == own.weights_resident);
+  CHECK(plan.generation.placement.kv_device_layers == own.kv_device_layers);
+  CHECK(plan.generation.placement.kv_device_layers == 2);
+  std::unique_ptr<HostStore> store = run_plan_host_store(*dev, spec, plan);
+  CHECK(store->options().weights_only);
+  model_init_weights(*store, 11, 0.3);
+  const size_t before = dev->used_bytes();
+  std::unique_ptr<Generator> gen = run_plan_generator(*dev, *store, plan);
+  CHECK(dev->used_bytes() - before == plan.tier(Tier::device));
+  CHECK(gen->kv_host_bytes() <= plan.tier(Tier::host_pinned));
+  // 64 rows asked for where three fit with every layer resident: halved until the least
+  // placement fits, and no further
+  in.shape.max_batch = 64;
+  const RunPlan lowered = placement_generation_plan(spec, in, budgets);
+  REQUIRE(lowered.fits());
+  const int64_t rows = lowered.generation.shape.max_batch;
+  CHECK(rows < 64);
+  CHECK(generator_min_device_bytes(spec, GeneratorShape{2 * rows, 7, 16}) > budget);
+  CHECK(generator_device_bytes(spec, lowered.generation.shape, lowered.generation.placement) <= budget);
+  // nothing fits: a problem, not a placement
+  budgets.device_bytes = generator_min_device_bytes(spec, GeneratorShape{1, 7, 16}) / 2;
+  CHECK_FALSE(placement_generation_plan(spec, in, budgets).fits());
 }
 
 TEST_CASE("generation stops at an EOS id", "[generate]") {

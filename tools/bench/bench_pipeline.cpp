@@ -17,7 +17,7 @@
 
 #include "io/token_rows.h"
 #include "src/recipe/recipe_modes.h"
-#include "offload/engine/engine.h"
+#include "offload/plan/run_engines.h"
 #include "offload/state/model_io.h"
 #include "src/core/cli_args.h"
 #include "src/core/error.h"
@@ -124,15 +124,20 @@ PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, con
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
   dopt.link_bytes_per_s = bandwidth;
   auto dev = device_create(dopt);
-  HostStore store(*dev, model_spec_build(cfg, DType::bf16));
+  const ModelSpec spec = model_spec_build(cfg, DType::bf16);
+  PlanInputs in;  // the engine through the plan, as the trainer builds it (offload/plan/run_engines.h)
+  in.weights = weights_mode_parse(weights);
+  in.checkpoints = CheckpointMode::host;
+  in.micro_batch = B;
+  in.sequence_len = T;
+  in.accumulation = layer_major ? AccumulationMode::layer_major : AccumulationMode::micro_batch;
+  in.accumulation_steps = accum;
+  const RunPlan plan = placement_plan(spec, in, PlanBudgets{});
+  std::unique_ptr<HostStore> store_owned = run_plan_host_store(*dev, spec, plan);
+  HostStore& store = *store_owned;
   model_init_weights(store, 1, 0.02);
-  EngineOptions eo;
-  eo.weights = weights_mode_parse(weights);
-  eo.checkpoints = CheckpointMode::host;
-  eo.max_batch = B;
-  eo.max_tokens = T;
-  eo.group = layer_major ? accum : 1;
-  Engine engine(*dev, store, eo);
+  std::unique_ptr<Engine> engine_owned = run_plan_engine(*dev, store, plan);
+  Engine& engine = *engine_owned;
   std::vector<MicroBatch> mbs;
   int64_t counted = 0;
   for (int a = 0; a < accum; ++a) mbs.push_back(bench_batch(B, T, cfg.vocab_size, 7 + uint64_t(a))), counted += mbs.back().counted();
