@@ -42,7 +42,7 @@
 #include <optional>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "models/micro_batch.h"
 #include "offload/state/adamw.h"
 #include "offload/stream/checkpoint_spill.h"
@@ -157,13 +157,13 @@ class Engine final : public StepEngine {
   float* kept_logits(size_t chunk, size_t m) const;  // the chunk's kept logits of micro-batch m; null: none
   void create_events();
   // weights
-  LayerWeights ensure_layer(size_t layer);  // weights of `layer` in its slot (h2d when needed)
-  LayerWeights for_micro_batch(const LayerWeights& w, size_t m) const;  // m's LoRA dropout masks
+  LayerTensors ensure_layer(size_t layer);  // weights of `layer` in its slot (h2d when needed)
+  LayerTensors for_micro_batch(const LayerTensors& w, size_t m) const;  // m's LoRA dropout masks
   const float* ensure_final_norm();
   const void* ensure_head_chunk(size_t chunk);  // lm_head rows of `chunk` on the device
   void release_head_chunk(size_t chunk);        // the compute stream is done reading it
   void mark_device_weights_stale();             // after an update: every device copy is old
-  LayerGrads frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
+  LayerGradTensors frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
   void lora_grads_land();                           // LoRA: the micro-batch's adapter gradients into G
   double lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
   size_t lm_group() const { return shape_.tied ? 0 : store_.groups().size() - 1; }
@@ -180,7 +180,7 @@ class Engine final : public StepEngine {
   void head_backward(float grad_scale);
   void final_norm_backward();
   void backward();
-  void layer_backward_one(size_t layer, size_t m, const LayerWeights& w, char* grad_slot, const float* dout, float* dx);
+  void layer_backward_one(size_t layer, size_t m, const LayerTensors& w, char* grad_slot, const float* dout, float* dx);
   void* grad_share(size_t m, void* total, void* share, size_t bytes);
   void grad_share_add(void* total, const void* computed_in, size_t bytes);
   void fetch_checkpoint(size_t layer, size_t m);
@@ -230,11 +230,11 @@ class Engine final : public StepEngine {
   // buffers: the table's rows, and where they are (engine_buffers.h)
   std::vector<EngineBuffer> table_;
   EngineBuffers buf_;
-  LayerWorkspace ws_{};
+  LayerScratch ws_{};
   size_t device_ckpt_count_ = 0;   // layers [L - count, L) keep their input on the device
   size_t kept_layers_ = 0;         // layers [L - count, L) keep their forward activations
   size_t kept_chunks_ = 0;         // lm_head chunks [K - count, K) keep their logits
-  std::vector<LayerWorkspace> kept_ws_;  // (L) ws_, or ws_ with the layer's kept activations
+  std::vector<LayerScratch> kept_ws_;  // (L) ws_, or ws_ with the layer's kept activations
 
   // the weights on the device (weight_stream.h): every layer streamed through slots, lm_head in
   // chunks through its own slots (or resident with weights = "device"), the final norm resident

@@ -28,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "models/micro_batch.h"
 #include "offload/engine/engine.h"
 #include "offload/engine/step_engine.h"
@@ -167,7 +167,7 @@ class ZoEngine final : public StepEngine {
   size_t L_ = 0;
   std::vector<EngineBuffer> table_;
   ZoBuffers buf_;
-  LayerWorkspace ws_{};
+  LayerScratch ws_{};
   std::optional<WeightStream> layers_, head_;  // the clean layer slots and lm_head chunk slots
   std::optional<ResidentBlock> norm_;          // the clean final norm
   bool has_docs_ = false;

@@ -57,7 +57,7 @@ std::vector<DeviceRow> device_rows(const ModelSpec& spec, const GeneratorShape& 
   const size_t row_bytes = size_t(C) * dtype_size(spec.matrix_dtype);
   const size_t kv_bytes = kv_layer_bytes(spec, shape);
   std::vector<DeviceRow> rows = {
-      {layer_forward_workspace_bytes(d), "gen.workspace"},
+      {spec.layer_bytes(LayerBuffer::forward_workspace, d), "gen.workspace"},
       {size_t(N * C) * 4, "gen.x_a"},
       {size_t(N * C) * 4, "gen.x_b"},
       {size_t(N) * 4, "gen.pos"},
@@ -91,7 +91,7 @@ size_t rows_footprint(const std::vector<DeviceRow>& rows) {
 struct Generator::Buffers {
   std::vector<void*> owned;  // every device allocation, freed in reverse
   void* workspace = nullptr;
-  LayerWorkspace ws{};
+  LayerScratch ws{};
   float *x_a = nullptr, *x_b = nullptr, *inv_freq = nullptr, *final_norm = nullptr;
   int32_t *pos = nullptr, *start = nullptr;
   float *last = nullptr, *hn = nullptr, *rstd = nullptr, *logits = nullptr;
@@ -232,7 +232,7 @@ void Generator::allocate(const GeneratorPlacement& placement) {
     release();
     throw;
   }
-  b.ws = layer_forward_workspace_carve(dims_, b.workspace);
+  b.ws = LayerScratch{static_cast<char*>(b.workspace), nullptr, dims_, false};
   const std::vector<float> inv = model_rope_inv_freq(spec.config);
   dev_.copy_h2d(b.inv_freq, inv.data(), inv.size() * 4, Stream::compute);
   const TensorSpec& norm = store_.working_table()[size_t(spec.final_norm)];
@@ -270,7 +270,7 @@ Generator::~Generator() {
 
 // Layer `layer`'s weights in its slot, the compute stream waiting for them (h2d only when the
 // slot holds something else).
-LayerWeights Generator::ensure_layer(size_t layer) {
+LayerTensors Generator::ensure_layer(size_t layer) {
   return layer_weights_in(store_, buf_->layers->acquire(layer, layer_host_block(store_, layer)), layer);
 }
 
@@ -304,17 +304,18 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   float *x = b.x_a, *y = b.x_b;
   const TokenContext ctx{b.pos, nullptr, b.inv_freq};
   for (size_t i = 0; i < L_; ++i) {
-    const LayerWeights w = ensure_layer(i);
+    const LayerTensors w = ensure_layer(i);
     if (prefill) {
-      layer_forward(dev_, y, x, w, ctx, b.ws, dims_, s);
+      layer_kind(store_, i).forward(dev_, y, x, w, ctx, b.ws, dims_, s);
+      const LayerAttention kv = layer_kind(store_, i).attention(b.ws);
       // keys (after norm and RoPE) and values into the cache: on the device, or the host's
       if (kv_spilled(i)) {
-        kv_write_back(i, b.ws.k, b.ws.v, start, B, T);
+        kv_write_back(i, kv.k, kv.v, start, B, T);
       } else {
         for (int64_t r = 0; r < B; ++r) {
           const size_t dst = size_t(r * shape_.max_context * KD), src = size_t(r * T * KD), bytes = size_t(T * KD) * 4;
-          dev_.copy_d2d(b.k_cache[i] + dst, b.ws.k + src, bytes, s);
-          dev_.copy_d2d(b.v_cache[i] + dst, b.ws.v + src, bytes, s);
+          dev_.copy_d2d(b.k_cache[i] + dst, kv.k + src, bytes, s);
+          dev_.copy_d2d(b.v_cache[i] + dst, kv.v + src, bytes, s);
         }
       }
     } else {
@@ -329,13 +330,14 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
 
 // The decode step of one layer: N = B rows of one token each, the layer_forward math with the
 // attention over the cache (the new key and value written at the row's position first).
-void Generator::decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
+void Generator::decode_layer(size_t layer, float* out, const float* x, const LayerTensors& w, int64_t B,
                              const std::vector<int32_t>& start) {
   Buffers& b = *buf_;
-  LayerWorkspace& ws = b.ws;
+  const LayerKind& kind = layer_kind(store_, layer);
+  const LayerAttention ws = kind.attention(b.ws);
   const Stream s = Stream::compute;
   const int64_t KD = dims_.Hk * dims_.D;
-  layer_forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, ws, dims_, s);
+  kind.forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, b.ws, dims_, s);
   const auto [k_cache, v_cache] = kv_cache(layer);
   for (int64_t r = 0; r < B; ++r) {
     const size_t dst = size_t((r * shape_.max_context + start[size_t(r)]) * KD);
@@ -343,13 +345,13 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
     dev_.copy_d2d(v_cache + dst, ws.v + r * KD, size_t(KD) * 4, s);
   }
   const float scale = 1.0f / std::sqrt(float(dims_.D));
-  dev_.attention_cached_forward(ws.attn, ws.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
+  dev_.attention_cached_forward(ws.out, ws.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
                                 dims_.D, scale, dims_.wt, s);  // the prefill's dot type (bf16 with bf16 weights)
   if (kv_spilled(layer)) {  // the new position to the host; then the slot may take the next layer
     kv_write_back(layer, ws.k, ws.v, start, B, 1);
     dev_.event_record(*b.kv_free[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);
   }
-  layer_forward_from_attention(dev_, out, x, w, ws, dims_, s);
+  kind.forward_from_attention(dev_, out, x, w, b.ws, dims_, s);
 }
 
 // ---- the spilled KV cache ------------------------------------------------------------------------

@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "offload/state/host_store.h"
 
 namespace strata {
@@ -106,12 +106,12 @@ class Generator {
   struct Buffers;
   void allocate(const GeneratorPlacement& placement);
   void release();
-  LayerWeights ensure_layer(size_t layer);
+  LayerTensors ensure_layer(size_t layer);
   const void* ensure_head_chunk(size_t chunk);
   // One pass: rows' tokens (B rows x T each, row-major) at positions start[b] + t.
   void forward_pass(const std::vector<int32_t>& ids, const std::vector<int32_t>& start, int64_t B, int64_t T,
                     bool prefill);
-  void decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
+  void decode_layer(size_t layer, float* out, const float* x, const LayerTensors& w, int64_t B,
                     const std::vector<int32_t>& start);
   // The KV cache of a layer: on the device, or a spilled layer's (uploaded into its cache slot
   // for a decode pass: positions [0, start[r]) of each row).
