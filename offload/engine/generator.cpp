@@ -328,27 +328,27 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   if (x != b.x_a) std::swap(b.x_a, b.x_b);  // the pass's output is in x_a
 }
 
-// The decode step of one layer: N = B rows of one token each, the layer_forward math with the
+// The decode step of one layer: N = B rows of one token each, the layer's forward with the
 // attention over the cache (the new key and value written at the row's position first).
 void Generator::decode_layer(size_t layer, float* out, const float* x, const LayerTensors& w, int64_t B,
                              const std::vector<int32_t>& start) {
   Buffers& b = *buf_;
   const LayerKind& kind = layer_kind(store_, layer);
-  const LayerAttention ws = kind.attention(b.ws);
+  const LayerAttention att = kind.attention(b.ws);  // q, k, v after forward_qkv; out before forward_from_attention
   const Stream s = Stream::compute;
   const int64_t KD = dims_.Hk * dims_.D;
   kind.forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, b.ws, dims_, s);
   const auto [k_cache, v_cache] = kv_cache(layer);
   for (int64_t r = 0; r < B; ++r) {
     const size_t dst = size_t((r * shape_.max_context + start[size_t(r)]) * KD);
-    dev_.copy_d2d(k_cache + dst, ws.k + r * KD, size_t(KD) * 4, s);
-    dev_.copy_d2d(v_cache + dst, ws.v + r * KD, size_t(KD) * 4, s);
+    dev_.copy_d2d(k_cache + dst, att.k + r * KD, size_t(KD) * 4, s);
+    dev_.copy_d2d(v_cache + dst, att.v + r * KD, size_t(KD) * 4, s);
   }
   const float scale = 1.0f / std::sqrt(float(dims_.D));
-  dev_.attention_cached_forward(ws.out, ws.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
+  dev_.attention_cached_forward(att.out, att.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
                                 dims_.D, scale, dims_.wt, s);  // the prefill's dot type (bf16 with bf16 weights)
   if (kv_spilled(layer)) {  // the new position to the host; then the slot may take the next layer
-    kv_write_back(layer, ws.k, ws.v, start, B, 1);
+    kv_write_back(layer, att.k, att.v, start, B, 1);
     dev_.event_record(*b.kv_free[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);
   }
   kind.forward_from_attention(dev_, out, x, w, b.ws, dims_, s);

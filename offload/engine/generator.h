@@ -12,8 +12,8 @@
 //     traffic of 2 x rows x length x Hk x D x 4 bytes per spilled layer per decoded token.
 //     GeneratorPlacement says which; the constructor picks the fitting one that moves fewest bytes.
 //   - prefill: the prompts of a batch, right-padded to the longest, in one pass per layer through
-//     layer_forward (the training forward); each layer's keys and values (after the k norm and
-//     RoPE) are copied into its cache rows. A padded position writes cache entries that are never
+//     its kind's forward (the training forward); each layer's keys and values (after the k norm and
+//     RoPE, LayerKind::attention) are copied into its cache rows. A padded position writes cache entries that are never
 //     read: the row's first generated token overwrites them before any query can reach them.
 //   - decode: one token per row per pass; each layer writes the new key and value at the row's
 //     position and attends over the cache with attention_cached_forward (the device op).
