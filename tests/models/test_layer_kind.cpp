@@ -144,6 +144,15 @@ ModelSpec mixed_spec() {
   return model_spec_build(cfg, DType::f32, {&dense_layer_kind(), &kPostNormMlp, &dense_layer_kind()});
 }
 
+// The mixed model's host store with its initial weights, on a CPU device, and one micro-batch.
+struct MixedModel {
+  ModelSpec spec = mixed_spec();
+  std::unique_ptr<Device> dev = device_create(DeviceOptions{});
+  HostStore store{*dev, spec};
+  MicroBatch mb = testing::strided_batch(kB, kT, kV, 3);
+  MixedModel() { model_init_weights(store, 7, 0.2); }
+};
+
 EngineOptions engine_options(const std::string& weights, const std::string& recompute) {
   EngineOptions eo;
   eo.weights = weights_mode_parse(weights), eo.recompute = recompute_mode_parse(recompute);
@@ -159,12 +168,11 @@ struct KindRun {
 };
 
 KindRun run_mixed(const std::string& weights, const std::string& recompute) {
-  const ModelSpec spec = mixed_spec();
-  auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, spec);
-  model_init_weights(store, 7, 0.2);
-  Engine engine(*dev, store, engine_options(weights, recompute));
-  const MicroBatch mb = testing::strided_batch(kB, kT, kV, 3);
+  MixedModel m;
+  const ModelSpec& spec = m.spec;
+  HostStore& store = m.store;
+  const MicroBatch& mb = m.mb;
+  Engine engine(*m.dev, store, engine_options(weights, recompute));
   AdamWParams ap;
   ap.lr = 1e-2f;
   const float scale = 1.f / float(mb.counted());
@@ -202,11 +210,11 @@ TEST_CASE("a layer kind defined in a test runs through the streaming engine, str
 // direction, against the central difference of the engine's forward loss along that direction:
 // d/dh L(w + h g/|g|) = |g|. f32 activations, h = 1e-2: agreement to 0.1% of |g| (seen: at most 6e-5).
 TEST_CASE("a test layer kind's gradients match finite differences of the engine's loss", "[engine][layer_kind]") {
-  const ModelSpec spec = mixed_spec();
-  auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, spec);
-  model_init_weights(store, 7, 0.2);
-  const MicroBatch mb = testing::strided_batch(kB, kT, kV, 3);
+  MixedModel m;
+  const ModelSpec& spec = m.spec;
+  HostStore& store = m.store;
+  Device* dev = m.dev.get();
+  const MicroBatch& mb = m.mb;
   const EngineOptions eo = engine_options("stream", "always");
   const double counted = double(mb.counted());
   {
@@ -248,11 +256,10 @@ TEST_CASE("a test layer kind's gradients match finite differences of the engine'
 // The zeroth-order engine carves the kind's forward-only workspace and runs its forward: the
 // clean loss streamed == resident bit for bit, and the training engine's within f32 rounding.
 TEST_CASE("the zeroth-order engine runs a test layer kind's forward", "[zo][layer_kind]") {
-  const ModelSpec spec = mixed_spec();
-  auto dev = device_create(DeviceOptions{});
-  HostStore store(*dev, spec);
-  model_init_weights(store, 7, 0.2);
-  const MicroBatch mb = testing::strided_batch(kB, kT, kV, 3);
+  MixedModel m;
+  HostStore& store = m.store;
+  Device* dev = m.dev.get();
+  const MicroBatch& mb = m.mb;
   const double first_order = Engine(*dev, store, engine_options("stream", "always")).forward_loss(mb);
   double zo[2];
   ZoLosses dual;
