@@ -1,6 +1,8 @@
 // One Llama-family decoder layer on a Device: forward, and the hand-written backward that
 // recomputes from the layer input or reads the activations its forward kept (no autograd). Shared by llama, mistral, qwen2 (q/k/v bias)
-// and qwen3 (per-head q_norm/k_norm, head_dim independent of hidden/heads).
+// and qwen3 (per-head q_norm/k_norm, head_dim independent of hidden/heads). The math of the
+// dense layer kind (models/dense_layer.h); code outside models/ reaches it through the
+// LayerKind seam (models/layer_kind.h), not through these structs.
 //
 // Legend: B batch, T tokens per row, N = B*T, C hidden, H heads, Hk kv heads, D head dim,
 // F ffn. All buffers are device pointers, row-major.
@@ -20,34 +22,9 @@
 #pragma once
 #include <cstdint>
 
-#include "src/device/device.h"
+#include "models/layer_kind.h"
 
 namespace strata {
-
-struct LayerDims {
-  int64_t B = 0, T = 0, C = 0, H = 0, Hk = 0, D = 0, F = 0;
-  float eps = 1e-6f;
-  DType wt = DType::f32;  // 2-D weights: f32 or bf16 (then matmul inputs and attention dots bf16)
-  int64_t lora_r = 0;     // LoRA rank (0: no adapters); sizes the workspace's adapter scratch
-  bool lora_dropout = false;  // LoRA dropout possible: the workspace holds the dropped input (lora_x)
-  int64_t N() const { return B * T; }
-};
-
-// The linear layers of a decoder layer, in this order (PEFT: q_proj .. down_proj).
-constexpr int kLayerLinears = 7;
-struct LoraLinear {
-  const float* a = nullptr;  // (r, I); null: no adapter on this linear
-  const float* b = nullptr;  // (O, r), holding (alpha / r) B
-  // LoRA dropout on this adapter's input: probability (0: none, as in eval) and the mask's key
-  // (kernels/common/dropout_mask.h; offload/state/lora.h: lora_dropout_seed, lora_dropout_tensor).
-  double dropout = 0.0;
-  uint64_t dropout_seed = 0;
-  uint32_t dropout_tensor = 0;
-};
-struct LoraLinearGrads {
-  float* a = nullptr;  // (r, I) accumulated
-  float* b = nullptr;  // (O, r): the gradient of the scaled B', accumulated
-};
 
 // Weights of one layer on the device. Matrices are `wt`; vectors f32; absent ones null.
 struct LayerWeights {
@@ -65,13 +42,6 @@ struct LayerGrads {
   float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr, *o_bias = nullptr;
   LoraLinearGrads lora[kLayerLinears];
-};
-
-// Per-token context shared by every layer of a micro-batch.
-struct TokenContext {
-  const int32_t* pos = nullptr;        // (N) position of each token (restarts per document)
-  const int32_t* doc_start = nullptr;  // (N) or null: first token of each token's document
-  const float* inv_freq = nullptr;     // (D/2)
 };
 
 // The activation workspace of one layer: saved by forward, read by backward, reused by every

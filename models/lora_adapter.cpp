@@ -35,8 +35,9 @@ std::map<std::string, ModelModule> linear_modules(const ModelSpec& spec) {
     m[name.substr(0, name.size() - 7)] = ModelModule{size_t(row), layer};
   };
   for (size_t l = 0; l < spec.layers.size(); ++l) {
-    const LayerParamRows& r = spec.layers[l];
-    for (int64_t row : {r.q, r.k, r.v, r.o, r.gate, r.up, r.down}) add(row, int64_t(l));
+    const ModelLayer& layer = spec.layers[l];
+    for (size_t p = 0; p < layer.params.size(); ++p)
+      if (layer.params[p].lora_target >= 0) add(layer.rows[p], int64_t(l));
   }
   add(spec.lm_head, -1);  // kAbsent when tied to the embedding
   return m;

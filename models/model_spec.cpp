@@ -1,5 +1,6 @@
 #include "models/model_spec.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "src/core/error.h"
@@ -12,41 +13,40 @@ static int64_t add_param(ModelSpec& spec, const std::string& name, Shape shape) 
 }
 
 ModelSpec model_spec_build(const ModelConfig& cfg, DType matrix_dtype) {
+  return model_spec_build(cfg, matrix_dtype, std::vector<const LayerKind*>(size_t(cfg.num_hidden_layers), &dense_layer_kind()));
+}
+
+ModelSpec model_spec_build(const ModelConfig& cfg, DType matrix_dtype, const std::vector<const LayerKind*>& kinds) {
   ModelSpec spec;
   spec.config = cfg;
   spec.matrix_dtype = matrix_dtype;
-  const int64_t C = cfg.hidden_size, H = cfg.num_attention_heads, Hk = cfg.num_key_value_heads;
-  const int64_t D = cfg.head_dim, F = cfg.intermediate_size, V = cfg.vocab_size;
-  STRATA_CHECK(!cfg.mlp_bias, "config.json sets mlp_bias = true, which strata does not support yet");
+  const int64_t C = cfg.hidden_size, V = cfg.vocab_size;
+  STRATA_ASSERT(int64_t(kinds.size()) == cfg.num_hidden_layers, "one layer kind per layer");
 
   spec.embed = add_param(spec, "model.embed_tokens.weight", {V, C});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LayerParamRows r;
-    r.input_norm = add_param(spec, p + "input_layernorm.weight", {C});
-    r.q = add_param(spec, p + "self_attn.q_proj.weight", {H * D, C});
-    r.k = add_param(spec, p + "self_attn.k_proj.weight", {Hk * D, C});
-    r.v = add_param(spec, p + "self_attn.v_proj.weight", {Hk * D, C});
-    r.o = add_param(spec, p + "self_attn.o_proj.weight", {C, H * D});
-    if (cfg.qkv_bias) {
-      r.q_bias = add_param(spec, p + "self_attn.q_proj.bias", {H * D});
-      r.k_bias = add_param(spec, p + "self_attn.k_proj.bias", {Hk * D});
-      r.v_bias = add_param(spec, p + "self_attn.v_proj.bias", {Hk * D});
-    }
-    if (cfg.o_bias) r.o_bias = add_param(spec, p + "self_attn.o_proj.bias", {C});
-    if (cfg.qk_norm) {
-      r.q_norm = add_param(spec, p + "self_attn.q_norm.weight", {D});
-      r.k_norm = add_param(spec, p + "self_attn.k_norm.weight", {D});
-    }
-    r.post_norm = add_param(spec, p + "post_attention_layernorm.weight", {C});
-    r.gate = add_param(spec, p + "mlp.gate_proj.weight", {F, C});
-    r.up = add_param(spec, p + "mlp.up_proj.weight", {F, C});
-    r.down = add_param(spec, p + "mlp.down_proj.weight", {C, F});
-    spec.layers.push_back(r);
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    ModelLayer layer{kinds[size_t(i)], kinds[size_t(i)]->params(cfg), {}};
+    for (const LayerParam& p : layer.params)
+      layer.rows.push_back(p.shape.empty() ? kAbsent : add_param(spec, prefix + p.suffix, p.shape));
+    spec.layers.push_back(std::move(layer));
   }
   spec.final_norm = add_param(spec, "model.norm.weight", {C});
   if (!cfg.tie_word_embeddings) spec.lm_head = add_param(spec, "lm_head.weight", {V, C});
   return spec;
+}
+
+int64_t ModelLayer::linear_row(int target) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].lora_target == target) return rows[i];
+  return kAbsent;
+}
+
+std::vector<const LayerKind*> ModelSpec::layer_kinds() const {
+  std::vector<const LayerKind*> kinds;
+  for (const ModelLayer& l : layers)
+    if (std::find(kinds.begin(), kinds.end(), l.kind) == kinds.end()) kinds.push_back(l.kind);
+  return kinds;
 }
 
 int64_t ModelSpec::parameter_count() const {

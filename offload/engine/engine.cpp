@@ -100,7 +100,7 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
   slots.head_rows = shape_.head_rows;
   layer_pass_ = std::make_unique<LayerPass>(dev_, store_, slots, /*updates=*/true);
   layer_pass_->rope_upload(buf_.inv_freq);
-  ws_ = layer_workspace_carve(shape_.layer_capacity, buf_.workspace);
+  ws_ = LayerScratch{static_cast<char*>(buf_.workspace), nullptr, shape_.layer_capacity, true};
   if (lora_) {
     STRATA_ASSERT(lora_->layout().bytes == shape_.lora_bytes);
     dev_.copy_h2d(buf_.lora_weights, lora_->image(), shape_.lora_bytes, Stream::compute);
@@ -165,10 +165,8 @@ void Engine::keep_activations() {
   for (EngineBuffer& b : rows) table_.push_back(std::move(b));
   kept_layers_ = kept;
   kept_ws_.assign(L_, ws_);
-  const size_t per_layer = layer_activation_bytes(shape_.layer_capacity);
-  for (size_t k = 0; k < kept; ++k)
-    kept_ws_[L_ - kept + k] = layer_workspace_with_activations(ws_, shape_.layer_capacity,
-                                                                buf_.kept_activations + k * per_layer);
+  const size_t per_layer = layer_kinds_bytes(shape_.layer_kinds, LayerBuffer::activations, shape_.layer_capacity);
+  for (size_t k = 0; k < kept; ++k) kept_ws_[L_ - kept + k].activations = buf_.kept_activations + k * per_layer;
 }
 
 // offload.recompute, the head: the last kept_chunks_ lm_head chunks keep their logits from the
@@ -250,8 +248,8 @@ void lora_view(const LoraLayout& l, size_t layer, float* base, Linear (&out)[kLa
 }  // namespace
 
 // Layer `layer`'s weights in `slot` (LayerPass::acquire_layer), with the LoRA adapters' views.
-LayerWeights Engine::layer_weights_at(size_t layer, const char* slot) const {
-  LayerWeights w = layer_weights_in(store_, slot, layer);
+LayerTensors Engine::layer_weights_at(size_t layer, const char* slot) const {
+  LayerTensors w = layer_weights_in(store_, slot, layer);
   if (lora_) {
     lora_view(lora_->layout(), layer, buf_.lora_weights, w.lora);
     for (int t = 0; t < kLayerLinears; ++t)  // the masks' keys; each micro-batch's seed: for_micro_batch
@@ -263,8 +261,8 @@ LayerWeights Engine::layer_weights_at(size_t layer, const char* slot) const {
 
 // A layer's weights as micro-batch m of the pass sees them: LoRA dropout draws its masks from
 // m's seed (a layer-major pass runs several micro-batches, each with its own masks).
-LayerWeights Engine::for_micro_batch(const LayerWeights& w, size_t m) const {
-  LayerWeights x = w;
+LayerTensors Engine::for_micro_batch(const LayerTensors& w, size_t m) const {
+  LayerTensors x = w;
   if (lora_dropout_.p > 0)
     for (LoraLinear& l : x.lora)
       if (l.a) l.dropout_seed = lora_dropout_.seeds[m];
@@ -272,11 +270,11 @@ LayerWeights Engine::for_micro_batch(const LayerWeights& w, size_t m) const {
 }
 
 // LoRA: no base gradient; the norms' gradients (the kernels always add them) go to scratch.
-LayerGrads Engine::frozen_grads_at(size_t layer) const {
-  LayerGrads g;
-  g.input_norm = g.post_norm = buf_.norm_grad;
-  const LayerParamRows& rows = store_.spec().layers[layer];
-  if (rows.q_norm != kAbsent) g.q_norm = g.k_norm = buf_.norm_grad;
+LayerGradTensors Engine::frozen_grads_at(size_t layer) const {
+  const ModelLayer& l = store_.spec().layers[layer];
+  LayerGradTensors g;
+  for (size_t p = 0; p < l.params.size(); ++p)
+    g.param.push_back(l.params[p].always_grad && l.rows[p] != kAbsent ? buf_.norm_grad : nullptr);
   lora_view(lora_->layout(), layer, buf_.lora_mb_grads, g.lora);
   return g;
 }
@@ -375,13 +373,13 @@ void Engine::forward() {
   embed_forward();
   const size_t first_dev = L_ - device_ckpt_count_;
   layer_pass_->for_each_layer(false, [&](size_t i, const char* slot) {
-    const LayerWeights w = layer_weights_at(i, slot);
+    const LayerTensors w = layer_weights_at(i, slot);
     for (size_t r = 0; r < pass_.size(); ++r) {
       const size_t m = pass_.size() - 1 - r;
       float* out = i + 1 < L_ ? ckpt_device(i + 1, m) : act(buf_.x_final, m);
       const bool out_spills = i + 1 < L_ && i + 1 < first_dev;
       if (out_spills) dev_.stream_wait_event(s, *pp_saved(i + 1, m));  // its last d2h is done
-      layer_forward(dev_, out, ckpt_device(i, m), for_micro_batch(w, m), token_context(m), kept_ws_[i], pass_[m].dims, s);  // ws_, or the layer's kept activations
+      layer_kind(store_, i).forward(dev_, out, ckpt_device(i, m), for_micro_batch(w, m), token_context(m), kept_ws_[i], pass_[m].dims, s);  // ws_, or the layer's kept activations
       if (out_spills) spill_checkpoint(i + 1, m, out);
     }
   });
@@ -553,7 +551,7 @@ void Engine::backward() {
   if (spill_ && L_ >= 3)  // the first kSpillRing checkpoints the backward needs, read ahead
     for (size_t r = 0; r < kSpillRing && r < (L_ - 3) * pass_.size(); ++r) spill_read_ahead((L_ - 2) * pass_.size() - 1 - r);
   layer_pass_->for_each_layer(true, [&](size_t i, const char* slot) {
-    const LayerWeights w = layer_weights_at(i, slot);
+    const LayerTensors w = layer_weights_at(i, slot);
     char* g = buf_.grad_slots[i % 2];
     if (!lora_ && i + 2 < L_ && copied_this_step[i + 2]) dev_.stream_wait_event(Stream::compute, *ev_.grad_copied[i + 2]);
     for (size_t m = 0; m < pass_.size(); ++m) layer_backward_one(i, m, w, g, dout[m], dx), std::swap(dout[m], dx);
@@ -587,19 +585,19 @@ void Engine::lora_grads_land() {
 
 // Layer i's backward for micro-batch m: its share of dW into the layer's gradient slot `g`
 // (grad_share), d(layer input) into dx.
-void Engine::layer_backward_one(size_t i, size_t m, const LayerWeights& layer_w, char* g, const float* dout, float* dx) {
+void Engine::layer_backward_one(size_t i, size_t m, const LayerTensors& layer_w, char* g, const float* dout, float* dx) {
   fetch_checkpoint(i, m);
-  const LayerWeights w = for_micro_batch(layer_w, m);
-  LayerGrads lg;
+  const LayerTensors w = for_micro_batch(layer_w, m);
+  LayerGradTensors lg;
   void* dw = nullptr;
   const size_t bytes = lora_ ? 0 : store_.layer_group(i).f32_bytes;
   if (lora_) lg = frozen_grads_at(i);
   else lg = layer_grads_in(store_, static_cast<char*>(dw = grad_share(m, g, buf_.grad_scratch, bytes)), i);
   if (i + kept_layers_ >= L_)  // its forward's activations were kept: no recompute
-    layer_backward_saved(dev_, dx, lg, dout, ckpt_device(i, m), w, token_context(m), kept_ws_[i], pass_[m].dims,
-                         Stream::compute);
+    layer_kind(store_, i).backward_saved(dev_, dx, lg, dout, ckpt_device(i, m), w, token_context(m), kept_ws_[i],
+                                         pass_[m].dims, Stream::compute);
   else
-    layer_backward(dev_, dx, lg, dout, ckpt_device(i, m), w, token_context(m), ws_, pass_[m].dims, Stream::compute);
+    layer_kind(store_, i).backward(dev_, dx, lg, dout, ckpt_device(i, m), w, token_context(m), ws_, pass_[m].dims, Stream::compute);
   dev_.event_record(*stage_free(i, m), Stream::compute);
   if (!lora_) grad_share_add(g, dw, bytes);
 }

@@ -44,7 +44,7 @@
 #include <optional>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "models/micro_batch.h"
 #include "offload/state/adamw.h"
 #include "offload/stream/checkpoint_spill.h"
@@ -160,9 +160,9 @@ class Engine final : public StepEngine {
   float* kept_logits(size_t chunk, size_t m) const;  // the chunk's kept logits of micro-batch m; null: none
   void create_events();
   // weights
-  LayerWeights layer_weights_at(size_t layer, const char* slot) const;  // + the LoRA adapters' views
-  LayerWeights for_micro_batch(const LayerWeights& w, size_t m) const;  // m's LoRA dropout masks
-  LayerGrads frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
+  LayerTensors layer_weights_at(size_t layer, const char* slot) const;  // + the LoRA adapters' views
+  LayerTensors for_micro_batch(const LayerTensors& w, size_t m) const;  // m's LoRA dropout masks
+  LayerGradTensors frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
   void lora_grads_land();                           // LoRA: the micro-batch's adapter gradients into G
   double lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
   // one pass over the micro-batches pass_ (one, or g layer-major)
@@ -178,7 +178,7 @@ class Engine final : public StepEngine {
   void head_backward(float grad_scale);
   void final_norm_backward();
   void backward();
-  void layer_backward_one(size_t layer, size_t m, const LayerWeights& w, char* grad_slot, const float* dout, float* dx);
+  void layer_backward_one(size_t layer, size_t m, const LayerTensors& w, char* grad_slot, const float* dout, float* dx);
   void* grad_share(size_t m, void* total, void* share, size_t bytes);
   void grad_share_add(void* total, const void* computed_in, size_t bytes);
   void fetch_checkpoint(size_t layer, size_t m);
@@ -227,11 +227,11 @@ class Engine final : public StepEngine {
   // buffers: the table's rows, and where they are (engine_buffers.h)
   std::vector<EngineBuffer> table_;
   EngineBuffers buf_;
-  LayerWorkspace ws_{};
+  LayerScratch ws_{};
   size_t device_ckpt_count_ = 0;   // layers [L - count, L) keep their input on the device
   size_t kept_layers_ = 0;         // layers [L - count, L) keep their forward activations
   size_t kept_chunks_ = 0;         // lm_head chunks [K - count, K) keep their logits
-  std::vector<LayerWorkspace> kept_ws_;  // (L) ws_, or ws_ with the layer's kept activations
+  std::vector<LayerScratch> kept_ws_;  // (L) ws_, or ws_ with the layer's kept activations
 
   // the weights on the device, the layer and chunk loops and the group updates' host queue
   // (layer_pass.h): every layer streamed through slots, lm_head in chunks through its own slots

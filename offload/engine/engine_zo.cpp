@@ -64,7 +64,7 @@ std::vector<EngineBuffer> zo_buffer_table(const EngineShape& s, ZoBuffers* into)
   dev("document starts", tokens_i32, bind_at(into ? &into->doc_start : nullptr));
   dev("losses", 2 * sizeof(double), bind_at(into ? &into->loss : nullptr));
   dev("rope inv_freq", bytes_of<float>(int64_t(s.rope_floats)), bind_at(into ? &into->inv_freq : nullptr));
-  dev("layer forward workspace", layer_forward_workspace_bytes(s.layer_capacity), bind_at(into ? &into->workspace : nullptr));
+  dev("layer forward workspace", layer_kinds_bytes(s.layer_kinds, LayerBuffer::forward_workspace, s.layer_capacity), bind_at(into ? &into->workspace : nullptr));
   for (size_t p = 0; p < 2; ++p)
     t.push_back({str_cat("embedding output, pass ", p, " (host)"), act, Memory::pinned,
                  bind_at(into ? &into->x0_host[p] : nullptr)});
@@ -102,7 +102,7 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
                       "[device] memory to at least ", format_bytes(needed + (1 << 20)),
                       ", or lower micro_batch_size / sequence_len");
   engine_buffers_allocate(dev_, table_, "zo: ");
-  ws_ = layer_forward_workspace_carve(shape_.layer_capacity, buf_.workspace);
+  ws_ = LayerScratch{static_cast<char*>(buf_.workspace), nullptr, shape_.layer_capacity, false};
   LayerPassSlots slots;
   slots.layers = buf_.slots;
   slots.head.assign(buf_.head_slots, buf_.head_slots + shape_.head_slots);
@@ -208,7 +208,7 @@ double ZoEngine::run(const MicroBatch& mb, const std::vector<Pass>& passes, uint
   layer_pass_->for_each_layer(false, [&](size_t i, const char* clean) {
     for (size_t p = 0; p < P; ++p) {
       const char* w = layer_weights_for(passes[p], clean, i, seed, eps);
-      layer_forward(dev_, buf_.x[p][(i + 1) % 2], buf_.x[p][i % 2], layer_weights_in(store_, w, i), ctx, ws_, dims_, s);
+      layer_kind(store_, i).forward(dev_, buf_.x[p][(i + 1) % 2], buf_.x[p][i % 2], layer_weights_in(store_, w, i), ctx, ws_, dims_, s);
     }
   });
   // final norm: hn of pass p into the ping-pong buffer the last layer read from

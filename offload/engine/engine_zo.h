@@ -30,7 +30,7 @@
 #include <optional>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "models/micro_batch.h"
 #include "offload/engine/engine.h"
 #include "offload/engine/layer_pass.h"
@@ -166,7 +166,7 @@ class ZoEngine final : public StepEngine {
   size_t L_ = 0;
   std::vector<EngineBuffer> table_;
   ZoBuffers buf_;
-  LayerWorkspace ws_{};
+  LayerScratch ws_{};
   // the clean layer slots, lm_head chunk slots and final norm, and the updates' host queue
   std::unique_ptr<LayerPass> layer_pass_;
   bool has_docs_ = false;

@@ -56,7 +56,7 @@ Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape,
   dims_ = generator_layer_dims(spec, shape.max_batch, shape.max_prompt);
   table_ = generator_buffer_table(spec, shape_, placement_, &buf_);
   engine_buffers_allocate(dev_, table_, "generate: ");
-  ws_ = layer_forward_workspace_carve(dims_, buf_.workspace);
+  ws_ = LayerScratch{static_cast<char*>(buf_.workspace), nullptr, dims_, false};
   LayerPassSlots slots;
   slots.layers = buf_.weight_slots;
   slots.head = buf_.head_slots;
@@ -102,17 +102,18 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   float *x = b.x_a, *y = b.x_b;
   const TokenContext ctx{b.pos, nullptr, b.inv_freq};
   layer_pass_->for_each_layer(false, [&](size_t i, const char* slot) {
-    const LayerWeights w = layer_weights_in(store_, slot, i);
+    const LayerTensors w = layer_weights_in(store_, slot, i);
     if (prefill) {
-      layer_forward(dev_, y, x, w, ctx, ws_, dims_, s);
+      layer_kind(store_, i).forward(dev_, y, x, w, ctx, ws_, dims_, s);
+      const LayerAttention kv = layer_kind(store_, i).attention(ws_);
       // keys (after norm and RoPE) and values into the cache: on the device, or the host's
       if (kv_spilled(i)) {
-        kv_write_back(i, ws_.k, ws_.v, start, B, T);
+        kv_write_back(i, kv.k, kv.v, start, B, T);
       } else {
         for (int64_t r = 0; r < B; ++r) {
           const size_t dst = size_t(r * shape_.max_context * KD), src = size_t(r * T * KD), bytes = size_t(T * KD) * 4;
-          dev_.copy_d2d(b.k_cache[i] + dst, ws_.k + src, bytes, s);
-          dev_.copy_d2d(b.v_cache[i] + dst, ws_.v + src, bytes, s);
+          dev_.copy_d2d(b.k_cache[i] + dst, kv.k + src, bytes, s);
+          dev_.copy_d2d(b.v_cache[i] + dst, kv.v + src, bytes, s);
         }
       }
     } else {
@@ -124,29 +125,30 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   if (x != b.x_a) std::swap(b.x_a, b.x_b);  // the pass's output is in x_a
 }
 
-// The decode step of one layer: N = B rows of one token each, the layer_forward math with the
+// The decode step of one layer: N = B rows of one token each, the layer's forward with the
 // attention over the cache (the new key and value written at the row's position first).
-void Generator::decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
+void Generator::decode_layer(size_t layer, float* out, const float* x, const LayerTensors& w, int64_t B,
                              const std::vector<int32_t>& start) {
   GeneratorBuffers& b = buf_;
-  LayerWorkspace& ws = ws_;
+  const LayerKind& kind = layer_kind(store_, layer);
+  const LayerAttention att = kind.attention(ws_);  // q, k, v after forward_qkv; out before forward_from_attention
   const Stream s = Stream::compute;
   const int64_t KD = dims_.Hk * dims_.D;
-  layer_forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, ws, dims_, s);
+  kind.forward_qkv(dev_, x, w, TokenContext{b.pos, nullptr, b.inv_freq}, ws_, dims_, s);
   const auto [k_cache, v_cache] = kv_cache(layer);
   for (int64_t r = 0; r < B; ++r) {
     const size_t dst = size_t((r * shape_.max_context + start[size_t(r)]) * KD);
-    dev_.copy_d2d(k_cache + dst, ws.k + r * KD, size_t(KD) * 4, s);
-    dev_.copy_d2d(v_cache + dst, ws.v + r * KD, size_t(KD) * 4, s);
+    dev_.copy_d2d(k_cache + dst, att.k + r * KD, size_t(KD) * 4, s);
+    dev_.copy_d2d(v_cache + dst, att.v + r * KD, size_t(KD) * 4, s);
   }
   const float scale = 1.0f / std::sqrt(float(dims_.D));
-  dev_.attention_cached_forward(ws.attn, ws.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
+  dev_.attention_cached_forward(att.out, att.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
                                 dims_.D, scale, dims_.wt, s);  // the prefill's dot type (bf16 with bf16 weights)
   if (kv_spilled(layer)) {  // the new position to the host; then the slot may take the next layer
-    kv_write_back(layer, ws.k, ws.v, start, B, 1);
+    kv_write_back(layer, att.k, att.v, start, B, 1);
     dev_.event_record(*kv_free_[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);
   }
-  layer_forward_from_attention(dev_, out, x, w, ws, dims_, s);
+  kind.forward_from_attention(dev_, out, x, w, ws_, dims_, s);
 }
 
 // ---- the spilled KV cache ------------------------------------------------------------------------

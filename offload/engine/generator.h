@@ -16,8 +16,8 @@
 //     which the placement plan prices too; the weights' slots, the embedding gather and the layer
 //     and lm_head chunk loops are the layer pass's (layer_pass.h).
 //   - prefill: the prompts of a batch, right-padded to the longest, in one pass per layer through
-//     layer_forward (the training forward); each layer's keys and values (after the k norm and
-//     RoPE) are copied into its cache rows. A padded position writes cache entries that are never
+//     its kind's forward (the training forward); each layer's keys and values (after the k norm and
+//     RoPE, LayerKind::attention) are copied into its cache rows. A padded position writes cache entries that are never
 //     read: the row's first generated token overwrites them before any query can reach them.
 //   - decode: one token per row per pass; each layer writes the new key and value at the row's
 //     position and attends over the cache with attention_cached_forward (the device op).
@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "offload/engine/layer_pass.h"
 #include "offload/state/host_store.h"
 #include "offload/stream/engine_buffers.h"
@@ -91,7 +91,7 @@ class Generator {
   // One pass: rows' tokens (B rows x T each, row-major) at positions start[b] + t.
   void forward_pass(const std::vector<int32_t>& ids, const std::vector<int32_t>& start, int64_t B, int64_t T,
                     bool prefill);
-  void decode_layer(size_t layer, float* out, const float* x, const LayerWeights& w, int64_t B,
+  void decode_layer(size_t layer, float* out, const float* x, const LayerTensors& w, int64_t B,
                     const std::vector<int32_t>& start);
   // The KV cache of a layer: on the device, or a spilled layer's (uploaded into its cache slot
   // for a decode pass: positions [0, start[r]) of each row).
@@ -113,7 +113,7 @@ class Generator {
   int64_t V_ = 0;
   std::vector<EngineBuffer> table_;   // the buffer table's generator rows
   GeneratorBuffers buf_;
-  LayerWorkspace ws_{};
+  LayerScratch ws_{};
   std::unique_ptr<LayerPass> layer_pass_;  // weight slots, final norm, embedding gather, the loops
   std::vector<std::unique_ptr<Event>> kv_loaded_, kv_free_;  // the spilled layers' cache slots
   std::vector<float> logits_;         // (B, V) host

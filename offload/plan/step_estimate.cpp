@@ -64,26 +64,12 @@ DeviceWork DeviceWork::operator*(double s) const {
   return {matmul_flops * s, attention_flops * s, elementwise_bytes * s, head_flops * s};
 }
 
-DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T) {
-  const auto& c = spec.config;
-  const double N = double(B) * double(T), C = double(c.hidden_size), F = double(c.intermediate_size);
-  const double H = double(c.num_attention_heads), Hk = double(c.num_key_value_heads), D = double(c.head_dim);
-  double matrix = 0;
-  for (const TensorSpec& r : spec.params.rows())
-    if (r.shape.size() == 2 && r.name.rfind("model.layers.0.", 0) == 0) matrix += double(r.numel());
-  // causal 64 x 64 tiles (kernels/cpu/attention.cpp): query tile [q0, q1) meets keys [0, q1)
-  double tile_pairs = 0;
-  for (int64_t q0 = 0; q0 < T; q0 += 64) {
-    const int64_t q1 = std::min<int64_t>(T, q0 + 64);
-    tile_pairs += double(q1 - q0) * double(q1);
-  }
+DeviceWork layer_work(const ModelSpec& spec, size_t layer, int64_t B, int64_t T) {
+  const LayerCost c = spec.layers[layer].kind->cost(spec.config, spec.matrix_dtype, B, T);
   DeviceWork w;
-  w.matmul_flops = 8 * N * matrix;
-  w.attention_flops = 9 * 2 * double(B) * H * tile_pairs * D;
-  const bool qk_norm = spec.layers.empty() ? false : spec.layers[0].q_norm != kAbsent;
-  const double f32_elems = 10 * N * C + (qk_norm ? 4 : 2) * N * (H + Hk) * D + 3 * N * F;  // norms, adds, RoPE, SwiGLU
-  const double cast_elems = spec.matrix_dtype == DType::bf16 ? 2 * N * C + N * H * D + N * F : 0;  // matmul inputs
-  w.elementwise_bytes = 4 * (4 * f32_elems + 6 * cast_elems);
+  w.matmul_flops = c.matmul_flops;
+  w.attention_flops = c.attention_flops;
+  w.elementwise_bytes = c.elementwise_bytes;
   return w;
 }
 
@@ -93,10 +79,40 @@ DeviceWork layer_forward_work(const DeviceWork& layer) {
   return {layer.matmul_flops / 4, layer.attention_flops * 2 / 9, layer.elementwise_bytes / 4, 0};
 }
 
+namespace {
+
+// Each kind's layer work once, with how many layers are of it, and how many of those are among
+// the last `kept_layers` (whose activations stay on the device).
+struct KindWork {
+  DeviceWork layer;
+  double layers = 0, kept = 0;
+};
+
+std::vector<KindWork> kinds_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers) {
+  std::vector<const LayerKind*> kinds = spec.layer_kinds();
+  std::vector<KindWork> out(kinds.size());
+  const size_t L = spec.layers.size();
+  for (size_t l = 0; l < L; ++l) {
+    const size_t k = size_t(std::find(kinds.begin(), kinds.end(), spec.layers[l].kind) - kinds.begin());
+    if (out[k].layers == 0) out[k].layer = layer_work(spec, l, B, T);
+    out[k].layers += 1;
+    out[k].kept += l + kept_layers >= L ? 1 : 0;
+  }
+  return out;
+}
+
+}  // namespace
+
 DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers) {
-  const DeviceWork layer = layer_work(spec, B, T);
-  DeviceWork all = layer * double(spec.layers.size());
-  all += layer_forward_work(layer) * -double(kept_layers);
+  DeviceWork all;
+  for (const KindWork& k : kinds_work(spec, B, T, kept_layers)) all += k.layer * k.layers;
+  for (const KindWork& k : kinds_work(spec, B, T, kept_layers)) all += layer_forward_work(k.layer) * -k.kept;
+  return all;
+}
+
+DeviceWork layers_forward_work(const ModelSpec& spec, int64_t B, int64_t T) {
+  DeviceWork all;
+  for (const KindWork& k : kinds_work(spec, B, T, 0)) all += layer_forward_work(k.layer) * k.layers;
   return all;
 }
 
@@ -211,7 +227,6 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
                "and the link's bandwidth (--gpu NAME, or the recipe's device)");
   if (in.optimizer_kind == OptimizerKind::zo_sgd) return zo_step_estimate(spec, in, grad_accum, zo_perturbations, rates);
   const double tokens = double(in.micro_batch) * double(in.sequence_len), k = double(grad_accum);
-  const double L = double(spec.layers.size());
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
   e.bytes = step_bytes(spec, in, plan, grad_accum);
@@ -220,7 +235,6 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   // backward is one more forward of every layer whose activations were not kept, and one more
   // logits matmul of every lm_head chunk whose logits were not (offload.recompute,
   // plan.kept_activation_layers and kept_logit_rows)
-  const DeviceWork layer_forward = layer_forward_work(layer_work(spec, in.micro_batch, in.sequence_len));
   DeviceWork layers = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers);
   const DeviceWork head = head_work(spec, in.micro_batch * in.sequence_len, spec.config.vocab_size,
                                     int64_t(plan.kept_logit_rows));
@@ -236,7 +250,7 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   double compute = 0, forward = 0;
   for (const auto& [name, sec] : e.compute_parts) compute += sec;
   // one micro-batch's forward: every layer's forward, the head's statistics (a quarter)
-  DeviceWork one_forward = layer_forward * L;
+  DeviceWork one_forward = layers_forward_work(spec, in.micro_batch, in.sequence_len);
   one_forward += head * 0.25;
   for (const auto& [name, sec] : seconds(one_forward)) forward += sec;
   const double link = std::max(e.bytes.h2d, e.bytes.d2h) / rates.link_bytes_per_s;

@@ -71,13 +71,16 @@ struct DeviceWork {
   DeviceWork& operator+=(const DeviceWork& o);
   DeviceWork operator*(double s) const;
 };
-// One decoder layer (every layer has the same shapes) on a micro-batch of B rows of T tokens.
-DeviceWork layer_work(const ModelSpec& spec, int64_t B, int64_t T);
+// Decoder layer `layer` on a micro-batch of B rows of T tokens, as its kind prices it
+// (LayerKind::cost, models/layer_kind.h).
+DeviceWork layer_work(const ModelSpec& spec, size_t layer, int64_t B, int64_t T);
 // The forward's share of a layer's work (what a layer whose activations are kept does not recompute).
 DeviceWork layer_forward_work(const DeviceWork& layer);
 // Every layer's work, less the recompute of the `kept_layers` whose activations stay on the device
 // (offload.recompute, RunPlan::kept_activation_layers).
 DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers);
+// Every layer's forward alone (one forward pass of the stack).
+DeviceWork layers_forward_work(const ModelSpec& spec, int64_t B, int64_t T);
 // The lm_head over `rows` vocab rows at N tokens.
 // kept_rows of the rows keep their logits from the statistics pass (offload.recompute,
 // RunPlan::kept_logit_rows): 6 FLOPs per parameter per token instead of 8.

@@ -18,14 +18,6 @@
 namespace strata {
 namespace {
 
-constexpr const char* kTargetNames[kLoraTargets] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                    "gate_proj", "up_proj", "down_proj"};
-
-int64_t base_row(const LayerParamRows& r, int t) {
-  const int64_t rows[kLoraTargets] = {r.q, r.k, r.v, r.o, r.gate, r.up, r.down};
-  return rows[t];
-}
-
 // "model.layers.0.self_attn.q_proj.weight" -> "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 std::string peft_name(const std::string& base, const char* which) {
   const std::string stem = base.substr(0, base.size() - std::string(".weight").size());
@@ -42,7 +34,7 @@ float* alloc_floats(size_t n, const char* what) {
 
 }  // namespace
 
-const char* lora_target_name(LoraTarget t) { return kTargetNames[int(t)]; }
+const char* lora_target_name(LoraTarget t) { return layer_linear_name(int(t)); }
 
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin) {
   STRATA_CHECK(!names.empty(), origin, ": lora.target_modules is empty; name at least one of q_proj, k_proj, "
@@ -51,7 +43,7 @@ uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::st
   for (const std::string& n : names) {
     int found = -1;
     for (int t = 0; t < kLoraTargets; ++t)
-      if (n == kTargetNames[t]) found = t;
+      if (n == layer_linear_name(t)) found = t;
     STRATA_CHECK(found >= 0, origin, ": lora.target_modules names \"", n, "\"; use PEFT's names: q_proj, k_proj, "
                  "v_proj, o_proj, gate_proj, up_proj, down_proj");
     mask |= 1u << found;
@@ -62,7 +54,7 @@ uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::st
 std::vector<std::string> lora_target_names(uint32_t mask) {
   std::vector<std::string> out;
   for (int t = 0; t < kLoraTargets; ++t)
-    if (mask & (1u << t)) out.push_back(kTargetNames[t]);
+    if (mask & (1u << t)) out.push_back(layer_linear_name(t));
   return out;
 }
 
@@ -71,11 +63,11 @@ LoraLayout LoraLayout::of(const ModelSpec& spec, const LoraOptions& o) {
   LoraLayout l;
   l.r = o.r;
   l.scale = o.scale();
-  for (const LayerParamRows& rows : spec.layers) {
+  for (const ModelLayer& layer : spec.layers) {
     std::array<int64_t, kLoraTargets> a{};
     for (int t = 0; t < kLoraTargets; ++t) {
       a[size_t(t)] = kAbsent;
-      const int64_t br = base_row(rows, t);
+      const int64_t br = layer.linear_row(t);
       if (!(o.targets & (1u << t)) || br == kAbsent) continue;
       const TensorSpec& w = spec.params[size_t(br)];
       a[size_t(t)] = int64_t(l.table.add(TensorSpec{peft_name(w.name, "lora_A"), {o.r, w.shape[1]}, DType::f32, Tier::host}));
@@ -177,7 +169,7 @@ void lora_merge_into(HostStore& store, const LoraStore& lora) {
     for (int t = 0; t < kLoraTargets; ++t) {
       const int64_t a_row = l.a_row[layer][size_t(t)];
       if (a_row == kAbsent) continue;
-      const size_t row = size_t(base_row(spec.layers[layer], t));
+      const size_t row = size_t(spec.layers[layer].linear_row(t));
       const TensorSpec& a = l.table[size_t(a_row)];
       const int64_t out = spec.params[row].shape[0], in = spec.params[row].shape[1], r = l.r;
       const float* A = lora.master() + a.offset / 4;                       // (r, in)

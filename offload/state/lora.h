@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "models/model_spec.h"
 #include "offload/state/adamw.h"
 #include "src/device/device.h"
@@ -34,7 +34,7 @@ enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down };
 constexpr int kLoraTargets = 7;
 const char* lora_target_name(LoraTarget t);  // "q_proj", ..., "down_proj"
 constexpr uint32_t kLoraAllTargets = (1u << kLoraTargets) - 1;
-static_assert(kLoraTargets == kLayerLinears, "LoraTarget follows the decoder layer's linears (models/decoder_layer.h)");
+static_assert(kLoraTargets == kLayerLinears, "LoraTarget follows the layer kinds' linears (models/layer_kind.h)");
 // PEFT module names ("q_proj", ...) -> a mask over LoraTarget; bad names: Error(input).
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin);
 std::vector<std::string> lora_target_names(uint32_t mask);

@@ -53,6 +53,7 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   d.F = cfg.intermediate_size;
   d.eps = float(cfg.rms_norm_eps);
   d.wt = spec.matrix_dtype;
+  s.layer_kinds = spec.layer_kinds();
   if (options.lora.enabled()) {
     d.lora_r = options.lora.r;
     d.lora_dropout = options.lora.dropout > 0;
@@ -135,7 +136,7 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   dev("document starts", tokens_i32, bind_to(into, &B::doc_start));
   dev("loss", g * sizeof(double), bind_to(into, &B::loss));
   dev("rope inv_freq", bytes_of<float>(int64_t(s.rope_floats)), bind_to(into, &B::inv_freq));
-  dev("layer workspace", layer_workspace_bytes(s.layer_capacity), bind_to(into, &B::workspace));
+  dev("layer workspace", layer_kinds_bytes(s.layer_kinds, LayerBuffer::workspace, s.layer_capacity), bind_to(into, &B::workspace));
 
   pinned("embedding output (host)", g * act, bind_to(into, &B::x0_host));
   if (s.frozen()) {  // LoRA: no base gradient comes back; the adapters' do under data parallel
@@ -177,13 +178,13 @@ size_t engine_kept_activation_layers(const EngineShape& s, size_t device_bytes_l
     case RecomputeMode::never: return s.layers;
     case RecomputeMode::automatic: break;
   }
-  return std::min(s.layers, device_bytes_left / Arena::footprint(layer_activation_bytes(s.layer_capacity)));
+  return std::min(s.layers, device_bytes_left / Arena::footprint(layer_kinds_bytes(s.layer_kinds, LayerBuffer::activations, s.layer_capacity)));
 }
 
 std::vector<EngineBuffer> engine_kept_activation_table(const EngineShape& s, size_t count, EngineBuffers* into) {
   if (count == 0) return {};
   return {{str_cat("kept activations of ", count, " layers (no recompute)"),
-           count * layer_activation_bytes(s.layer_capacity), Memory::device, bind_to(into, &EngineBuffers::kept_activations)}};
+           count * layer_kinds_bytes(s.layer_kinds, LayerBuffer::activations, s.layer_capacity), Memory::device, bind_to(into, &EngineBuffers::kept_activations)}};
 }
 
 size_t engine_kept_logit_floats(const EngineShape& s) {
@@ -334,7 +335,7 @@ std::vector<EngineBuffer> generator_buffer_table(const ModelSpec& spec, const Ge
   auto dev = [&](std::string name, size_t bytes, std::function<void(void*)> bind) {
     t.push_back({std::move(name), bytes, Memory::device, std::move(bind)});
   };
-  dev("layer forward workspace", layer_forward_workspace_bytes(d), bind_at(into ? &into->workspace : nullptr));
+  dev("layer forward workspace", spec.layer_bytes(LayerBuffer::forward_workspace, d), bind_at(into ? &into->workspace : nullptr));
   dev("hidden states a", bytes_of<float>(N * C), bind_at(into ? &into->x_a : nullptr));
   dev("hidden states b", bytes_of<float>(N * C), bind_at(into ? &into->x_b : nullptr));
   dev("positions", bytes_of<int32_t>(N), bind_at(into ? &into->pos : nullptr));

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "models/micro_batch.h"
 #include "offload/modes.h"
 #include "offload/state/host_store.h"
@@ -60,6 +60,7 @@ struct EngineShape {
   int64_t C = 0, V = 0;
   int64_t tokens = 0;                // N capacity
   LayerDims layer_capacity;          // B, T = max_batch, max_tokens: sizes the layer workspace
+  std::vector<const LayerKind*> layer_kinds;  // the model's, each once: the workspace fits the largest
   std::vector<size_t> slot_bytes;    // per layer weight slot: 2 (1 when L = 1) streamed, or L
   size_t layer_grad_bytes = 0;       // the largest layer's f32 gradients
   int64_t head_rows = 0;             // R
@@ -106,10 +107,10 @@ struct EngineBuffers {
   int32_t *ids = nullptr, *targets = nullptr, *pos = nullptr, *doc_start = nullptr;  // g x (N) each
   double* loss = nullptr;            // g x (1) summed loss
   float* inv_freq = nullptr;         // (D/2) rope
-  void* workspace = nullptr;         // one layer's activations (models/decoder_layer.h)
+  void* workspace = nullptr;         // one layer's activations (models/layer_kind.h: the largest kind's)
   float* ckpt_dev = nullptr;         // (device checkpoints, g, N, C) layer inputs kept on the device
-  char* kept_activations = nullptr;  // (kept layers, layer_activation_bytes) forward activations kept
-                                     // for the backward (offload.recompute; models/decoder_layer.h)
+  char* kept_activations = nullptr;  // (kept layers, the largest kind's activation bytes) forward activations kept
+                                     // for the backward (offload.recompute; models/layer_kind.h)
   float* kept_logits = nullptr;      // (kept chunks, g, engine_kept_logit_floats) lm_head logits the
                                      // stats pass keeps for the backward (offload.recompute)
   // pinned host

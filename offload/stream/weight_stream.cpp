@@ -3,7 +3,6 @@
 #include "offload/stream/layer_views.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "src/core/error.h"
 
@@ -46,44 +45,33 @@ char* ResidentBlock::acquire(HostBlock from, const std::function<void()>& before
 
 namespace {
 
-// A layer's tensors inside one contiguous block: `at` maps a parameter row to its address (null
-// where the family has no such tensor).
-template <class View, class At>
-View layer_view(const LayerParamRows& r, At at) {
-  View v;
-  auto set = [&](auto& field, int64_t row) { field = static_cast<std::remove_reference_t<decltype(field)>>(at(row)); };
-  set(v.q, r.q), set(v.k, r.k), set(v.v, r.v), set(v.o, r.o);
-  set(v.gate, r.gate), set(v.up, r.up), set(v.down, r.down);
-  set(v.input_norm, r.input_norm), set(v.post_norm, r.post_norm), set(v.q_norm, r.q_norm), set(v.k_norm, r.k_norm);
-  set(v.q_bias, r.q_bias), set(v.k_bias, r.k_bias), set(v.v_bias, r.v_bias), set(v.o_bias, r.o_bias);
-  return v;
-}
-
-// The same inside a block laid out as a parameter group: rows of `table` from offset `first` on.
+// A layer's tensors inside a block laid out as its parameter group: rows of `table` from offset
+// `first` on, in its kind's parameter order (null where the configuration has none).
 template <class View, class Byte>
-View group_view(const LayerParamRows& rows, const TensorTable& table, size_t first, Byte* base) {
-  using Ptr = std::conditional_t<std::is_const_v<Byte>, const void*, void*>;
-  return layer_view<View>(rows, [&](int64_t row) -> Ptr {
-    return row == kAbsent ? nullptr : base + (table[size_t(row)].offset - first);
-  });
+View group_view(const ModelLayer& layer, const TensorTable& table, size_t first, Byte* base) {
+  View v;
+  using Ptr = typename decltype(v.param)::value_type;
+  for (int64_t row : layer.rows)
+    v.param.push_back(row == kAbsent ? nullptr : reinterpret_cast<Ptr>(base + (table[size_t(row)].offset - first)));
+  return v;
 }
 
 }  // namespace
 
-LayerWeights layer_weights_in(const ModelSpec& spec, const HostStoreLayout& layout, const char* base, size_t layer) {
-  return group_view<LayerWeights>(spec.layers[layer], layout.working, layout.groups[1 + layer].working_offset, base);
+LayerTensors layer_weights_in(const ModelSpec& spec, const HostStoreLayout& layout, const char* base, size_t layer) {
+  return group_view<LayerTensors>(spec.layers[layer], layout.working, layout.groups[1 + layer].working_offset, base);
 }
 
-LayerGrads layer_grads_in(const ModelSpec& spec, const HostStoreLayout& layout, char* base, size_t layer) {
-  return group_view<LayerGrads>(spec.layers[layer], layout.f32, layout.groups[1 + layer].f32_offset, base);
+LayerGradTensors layer_grads_in(const ModelSpec& spec, const HostStoreLayout& layout, char* base, size_t layer) {
+  return group_view<LayerGradTensors>(spec.layers[layer], layout.f32, layout.groups[1 + layer].f32_offset, base);
 }
 
-LayerWeights layer_weights_in(const HostStore& store, const char* base, size_t layer) {
-  return group_view<LayerWeights>(store.spec().layers[layer], store.working_table(), store.layer_group(layer).working_offset, base);
+LayerTensors layer_weights_in(const HostStore& store, const char* base, size_t layer) {
+  return group_view<LayerTensors>(store.spec().layers[layer], store.working_table(), store.layer_group(layer).working_offset, base);
 }
 
-LayerGrads layer_grads_in(const HostStore& store, char* base, size_t layer) {
-  return group_view<LayerGrads>(store.spec().layers[layer], store.f32_table(), store.layer_group(layer).f32_offset, base);
+LayerGradTensors layer_grads_in(const HostStore& store, char* base, size_t layer) {
+  return group_view<LayerGradTensors>(store.spec().layers[layer], store.f32_table(), store.layer_group(layer).f32_offset, base);
 }
 
 HostBlock layer_host_block(HostStore& store, size_t layer) {

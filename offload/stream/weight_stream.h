@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "offload/state/host_store.h"
 
 namespace strata {
@@ -69,10 +69,12 @@ class ResidentBlock {
   bool stale_ = true;
 };
 
-// A layer's tensors inside a device block laid out as its parameter group: weights in the
-// working dtype (a weight slot), or f32 gradients (a gradient slot). Absent tensors are null.
-LayerWeights layer_weights_in(const HostStore& store, const char* base, size_t layer);
-LayerGrads layer_grads_in(const HostStore& store, char* base, size_t layer);
+// A layer's tensors inside a device block laid out as its parameter group, in its kind's
+// parameter order (models/layer_kind.h): weights in the working dtype (a weight slot), or f32
+// gradients (a gradient slot). Absent tensors are null.
+inline const LayerKind& layer_kind(const HostStore& store, size_t layer) { return *store.spec().layers[layer].kind; }
+LayerTensors layer_weights_in(const HostStore& store, const char* base, size_t layer);
+LayerGradTensors layer_grads_in(const HostStore& store, char* base, size_t layer);
 
 // Blocks of the store's working copy: one layer's group, one tensor, or the lm_head rows of
 // chunk `chunk` (`rows` vocab rows per chunk, the last one shorter).

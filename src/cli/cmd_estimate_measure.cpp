@@ -13,7 +13,7 @@
 
 #include "io/checksum.h"
 #include "io/uring_file.h"
-#include "models/decoder_layer.h"
+#include "models/layer_kind.h"
 #include "offload/state/adamw.h"
 #include "offload/state/host_store.h"
 #include "offload/stream/engine_buffers.h"
@@ -144,7 +144,7 @@ class LayerProbe {
   }
 
   void rates(const ModelSpec& spec, MeasuredRates& r) const {
-    const DeviceWork layer = layer_work(spec, d_.B, d_.T), head = head_work(spec, N_, R_, 0);
+    const DeviceWork layer = layer_work(spec, 0, d_.B, d_.T), head = head_work(spec, N_, R_, 0);
     r.matmul_flops_per_s = layer.matmul_flops / median_of(mm_s_);
     r.attention_flops_per_s = layer.attention_flops / median_of(attn_s_);
     r.elementwise_bytes_per_s = layer.elementwise_bytes / median_of(rest_s_);
@@ -156,7 +156,7 @@ class LayerProbe {
   enum Buffer : size_t {
     kWeights,    // the layer's working weights (one layer group)
     kGrads,      // its f32 gradient slot
-    kWorkspace,  // layer_workspace_bytes
+    kWorkspace,  // the layer kind's workspace (LayerBuffer::workspace)
     kX,          // (N, C) the layer's input
     kDy,         // (N, C) the gradient into its output
     kY,          // (N, C) its output
@@ -171,14 +171,14 @@ class LayerProbe {
     kBuffers
   };
 
-  LayerProbe(const ModelSpec& spec, const PlanInputs& in) : layout_(HostStore::layout(spec)) {
+  LayerProbe(const ModelSpec& spec, const PlanInputs& in) : layout_(HostStore::layout(spec)), kind_(spec.layers[0].kind) {
     const EngineShape shape = placement_engine_shape(spec, layout_, in, 1);
     d_ = shape.layer_capacity;
     N_ = d_.N(), C_ = d_.C, V_ = shape.V, R_ = shape.head_rows;
     lm_type_ = layout_.working[size_t(spec.lm_head_row())].dtype;
     const ParamGroup& g = layout_.groups[1];
     const size_t act = bytes_of<float>(N_ * C_), chunk = size_t(R_ * C_) * dtype_size(lm_type_);
-    sizes_ = {g.working_bytes, g.f32_bytes, layer_workspace_bytes(d_), act, act, act, act, act,
+    sizes_ = {g.working_bytes, g.f32_bytes, kind_->bytes(LayerBuffer::workspace, d_), act, act, act, act, act,
               chunk, bytes_of<float>(R_ * C_), size_t(N_) * 3 * sizeof(double),
               size_t(N_) * sizeof(int32_t) * 2, bytes_of<float>(d_.D), sizeof(double)};
     for (size_t b : sizes_) total_bytes_ += (b + 4095) / 4096 * 4096 + 4096;
@@ -192,7 +192,7 @@ class LayerProbe {
     fill(spec);
     w_ = layer_weights_in(spec, layout_, buf_[kWeights], 0);
     lg_ = layer_grads_in(spec, layout_, buf_[kGrads], 0);
-    ws_ = layer_workspace_carve(d_, buf_[kWorkspace]);
+    ws_ = LayerScratch{buf_[kWorkspace], nullptr, d_, true};
   }
 
   // weights 0.02 (a bf16 pattern reads as ~0.02 in the f32 norms too), activations and gradients
@@ -226,9 +226,9 @@ class LayerProbe {
   void layer() {
     const Stream s = Stream::compute;
     const TokenContext ctx{ids(), nullptr, reinterpret_cast<const float*>(buf_[kInvFreq])};
-    layer_forward(*dev_, f(kY), f(kX), w_, ctx, ws_, d_, s);
+    kind_->forward(*dev_, f(kY), f(kX), w_, ctx, ws_, d_, s);
     dev_->memset_zero(buf_[kGrads], sizes_[kGrads], s);
-    layer_backward(*dev_, f(kDx), lg_, f(kDy), f(kX), w_, ctx, ws_, d_, s);
+    kind_->backward(*dev_, f(kDx), lg_, f(kDy), f(kX), w_, ctx, ws_, d_, s);
     dev_->stream_synchronize(s);
   }
 
@@ -245,6 +245,7 @@ class LayerProbe {
   }
 
   HostStoreLayout layout_;
+  const LayerKind* kind_;  // layer 0's: the one probed
   LayerDims d_;
   int64_t N_ = 0, C_ = 0, V_ = 0, R_ = 0;
   DType lm_type_ = DType::f32;
@@ -252,9 +253,9 @@ class LayerProbe {
   size_t total_bytes_ = 0;
   std::unique_ptr<Device> dev_;
   std::vector<char*> buf_;
-  LayerWeights w_{};
-  LayerGrads lg_{};
-  LayerWorkspace ws_{};
+  LayerTensors w_{};
+  LayerGradTensors lg_{};
+  LayerScratch ws_{};
   std::vector<double> mm_s_, attn_s_, rest_s_, head_s_;
 };
 

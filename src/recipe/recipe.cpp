@@ -334,6 +334,26 @@ void check_offload_device(Recipe& rc, const Reader& r) {
         parse_bandwidth(rc.device_link_bandwidth, r.where("device.link_bandwidth") + ": device.link_bandwidth");
 }
 
+// Every mode key of a read recipe, typed (src/recipe/recipe_modes.h), once; bad text is
+// Error(input) at the key's place: `key must be "a", "b" or "c" (not "x")`.
+RecipeModes recipe_modes_parse(const Recipe& t, const Reader& r) {
+  auto where = [&r](const char* key) { return r.where(key); };
+  RecipeModes m;
+  m.optimizer = mode_parse<OptimizerKind>(t.optim_type, where("optim.type"));
+  if (t.objective != "sft") m.preference = mode_parse<PreferenceObjective>(t.objective, where("train.objective"));
+  m.weights = mode_parse<WeightsMode>(t.offload_weights, where("offload.weights"));
+  m.checkpoints = mode_parse<CheckpointMode>(t.offload_checkpoints, where("offload.checkpoints"));
+  m.recompute = mode_parse<RecomputeMode>(t.offload_recompute, where("offload.recompute"));
+  m.optimizer_tier = mode_parse<StateTier>(t.offload_optimizer, where("offload.optimizer"));
+  m.accumulation = mode_parse<AccumulationMode>(t.offload_accumulation, where("offload.accumulation"));
+  m.device = mode_parse<DeviceBackend>(t.device_backend, where("device.backend"));
+  m.distributed = mode_parse<CommBackend>(t.distributed_backend, where("distributed.backend"));
+  m.shared_host_store = mode_parse<Toggle>(t.distributed_shared_host_store, where("distributed.shared_host_store"));
+  m.zo = mode_parse<ZoParallelMode>(t.distributed_zo, where("distributed.zo"));
+  m.lr_schedule = mode_parse<LrSchedule>(t.lr_scheduler_type, where("optim.lr_scheduler_type"));
+  return m;
+}
+
 }  // namespace
 
 Recipe recipe_parse(const std::string& text, const std::string& origin,
@@ -343,7 +363,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   rc.source_path = origin;
   read_keys(rc, r);
   read_dependent(rc, r);
-  rc.modes = recipe_modes_parse(rc, [&r](const char* key) { return r.where(key); });  // the mode keys, typed, once
+  rc.modes = recipe_modes_parse(rc, r);  // the mode keys, typed, once
   rc.modes.drop_overlong = rc.overlong == "drop";
   make_paths_absolute(rc, r);
   check_model_data_train(rc, r);

@@ -2,21 +2,18 @@
 // is Error(input) naming the key and its valid values. The only place a mode string is compared.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "offload/modes.h"
+#include "offload/objective/preference_loss.h"
+#include "offload/state/store_layout.h"
 #include "src/comm/comm.h"
 #include "src/core/error.h"
 #include "src/device/device.h"
-#include "offload/objective/preference_loss.h"
-#include "offload/state/store_layout.h"
 
 namespace strata {
-
-struct Recipe;  // src/recipe/recipe.h
 
 // The recipe's keys that are not the plan's but still name a mode.
 enum class LrSchedule : uint8_t { cosine, linear, constant };   // optim.lr_scheduler_type
@@ -41,9 +38,6 @@ struct RecipeModes {
   bool drop_overlong = false;                            // data.overlong = "drop"
 };
 
-// Every mode key of a recipe parsed (not drop_overlong: recipe_parse sets it); bad text is
-// Error(input) at where(key): `key must be "a", "b" or "c" (not "x")`.
-RecipeModes recipe_modes_parse(const Recipe& rc, const std::function<std::string(const char*)>& where);
 
 // The spellings of the recipe's modes that offload/ does not hold (distributed.backend = "single"
 // is refused by the recipe's checks: it is the launcher's).

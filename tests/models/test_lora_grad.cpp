@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "models/dense_layer.h"
 #include "offload/state/lora.h"
 #include "tests/testing.h"
 
@@ -172,7 +173,7 @@ TEST_CASE("the merged export is base + (alpha / r) B A to bf16 rounding", "[lora
   const LoraLayout& l = lora.layout();
   size_t off_by_one = 0, total = 0, changed = 0;
   for (size_t layer = 0; layer < spec.layers.size(); ++layer) {
-    const LayerParamRows& rows = spec.layers[layer];
+    const LayerParamRows rows = dense_layer_rows(spec.layers[layer]);
     const int64_t base_rows[kLoraTargets] = {rows.q, rows.k, rows.v, rows.o, rows.gate, rows.up, rows.down};
     for (int t = 0; t < kLoraTargets; ++t) {
       const size_t row = size_t(base_rows[t]), a_row = size_t(l.a_row[layer][size_t(t)]);

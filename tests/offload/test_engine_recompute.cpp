@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
+#include "models/decoder_layer.h"
 #include "offload/engine/engine.h"
 #include "src/recipe/recipe_modes.h"
 #include "offload/state/model_io.h"

@@ -16,6 +16,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
 #include "kernels/cpu/ref/attention_cached.h"
+#include "models/dense_layer.h"
 #include "offload/engine/generator.h"
 #include "offload/plan/run_engines.h"
 #include "offload/state/model_io.h"
@@ -149,7 +150,7 @@ Argmax full_forward_argmax(Device& dev, HostStore& store, const std::vector<int3
     const ParamGroup& g = store.layer_group(l);
     char* slot = static_cast<char*>(alloc(g.working_bytes));
     dev.copy_h2d(slot, store.working_of(g.first_row), g.working_bytes, s);
-    const LayerParamRows& r = spec.layers[l];
+    const LayerParamRows r = dense_layer_rows(spec.layers[l]);
     auto at = [&](int64_t row) -> const void* { return row == kAbsent ? nullptr : slot + (wt[size_t(row)].offset - g.working_offset); };
     auto atf = [&](int64_t row) { return static_cast<const float*>(at(row)); };
     LayerWeights w;

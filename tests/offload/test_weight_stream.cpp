@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "models/dense_layer.h"
 #include "offload/state/model_io.h"
 #include "offload/stream/weight_stream.h"
 #include "tests/testing.h"
@@ -113,13 +114,13 @@ TEST_CASE("layer views and lm_head chunks land on the store's tensors", "[engine
     const HostBlock block = layer_host_block(store, l);
     CHECK(block.src == store.working() + g.working_offset);
     CHECK(block.bytes == g.working_bytes);
-    const LayerWeights w = layer_weights_in(store, block.src, l);
-    const LayerParamRows& r = spec.layers[l];
+    const LayerWeights w = dense_layer_weights(layer_weights_in(store, block.src, l));
+    const LayerParamRows r = dense_layer_rows(spec.layers[l]);
     CHECK(w.q == store.working_of(size_t(r.q)));
     CHECK(w.down == store.working_of(size_t(r.down)));
     CHECK(w.input_norm == store.working_of(size_t(r.input_norm)));
     CHECK(w.q_bias == nullptr);  // llama has none
-    LayerGrads gr = layer_grads_in(store, reinterpret_cast<char*>(store.grad()) + g.f32_offset, l);
+    LayerGrads gr = dense_layer_grads(layer_grads_in(store, reinterpret_cast<char*>(store.grad()) + g.f32_offset, l));
     CHECK(gr.k == store.grad_of(size_t(r.k)));
     CHECK(gr.post_norm == store.grad_of(size_t(r.post_norm)));
   }

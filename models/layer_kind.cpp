@@ -1,0 +1,38 @@
+// The seam's shared parts: the LoRA targets' names, the decode hook's refusals, the sizes over kinds.
+#include "models/layer_kind.h"
+
+#include <algorithm>
+
+#include "src/core/error.h"
+
+namespace strata {
+
+const char* layer_linear_name(int target) {
+  static const char* const names[kLayerLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                   "gate_proj", "up_proj", "down_proj"};
+  STRATA_ASSERT(target >= 0 && target < kLayerLinears);
+  return names[target];
+}
+
+LayerAttention LayerKind::attention(const LayerScratch&) const {
+  STRATA_CHECK(false, "a layer of kind ", name(), " has no attention to split a forward around (generation needs one)");
+  return {};
+}
+
+void LayerKind::forward_qkv(Device&, const float*, const LayerTensors&, const TokenContext&, const LayerScratch& ws,
+                            const LayerDims&, Stream) const {
+  attention(ws);
+}
+
+void LayerKind::forward_from_attention(Device&, float*, const float*, const LayerTensors&, const LayerScratch& ws,
+                                       const LayerDims&, Stream) const {
+  attention(ws);
+}
+
+size_t layer_kinds_bytes(const std::vector<const LayerKind*>& kinds, LayerBuffer what, const LayerDims& d) {
+  size_t most = 0;
+  for (const LayerKind* k : kinds) most = std::max(most, k->bytes(what, d));
+  return most;
+}
+
+}  // namespace strata
