@@ -93,6 +93,9 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
   dims_ = shape_.layer_capacity;
   STRATA_ASSERT(store_.working_table()[size_t(store_.spec().final_norm)].dtype == DType::f32,
                 "the final norm's working copy must be f32");
+  // checked before anything is allocated, so that refusing leaves no device buffer behind
+  STRATA_CHECK(store_.placement().in_ram(StateArray::master), "zeroth-order training keeps the fp32 master weights "
+               "in RAM (6 bytes per parameter in bf16): set offload.optimizer = \"host\"");
   table_ = zo_buffer_table(shape_, &buf_);
   const size_t needed = engine_device_bytes(table_);
   STRATA_CHECK_BUDGET(needed + dev_.used_bytes() <= dev_.budget_bytes(), "the device budget of ",
@@ -111,8 +114,6 @@ ZoEngine::ZoEngine(Device& dev, HostStore& store, const EngineOptions& options)
   layer_pass_ = std::make_unique<LayerPass>(dev_, store_, slots, /*updates=*/true);
   layer_pass_->rope_upload(buf_.inv_freq);
   dev_.stream_synchronize(Stream::compute);
-  STRATA_CHECK(store_.placement().in_ram(StateArray::master), "zeroth-order training keeps the fp32 master weights "
-               "in RAM (6 bytes per parameter in bf16): set offload.optimizer = \"host\"");
   optimizer_ = std::make_unique<HostZoSgd>(store_, store_.placement());
 }
 
