@@ -53,18 +53,10 @@ TokenizeArgs tokenize_parse_args(const std::vector<std::string>& args, const cha
   return a;
 }
 
-bool line_is_blank(const std::string& line) {
-  return line.find_first_not_of(" \t\r") == std::string::npos;
-}
-
 // Runs fn(json) for every non-blank stdin line; errors get the line number in front.
 template <class Fn>
 void tokenize_for_each_line(const char* cmd, Fn&& fn) {
-  std::string line;
-  size_t lineno = 0;
-  while (std::getline(std::cin, line)) {
-    ++lineno;
-    if (line_is_blank(line)) continue;
+  cli_for_each_stdin_line([&](const std::string& line, size_t lineno) {
     try {
       nlohmann::json j;
       try {
@@ -76,7 +68,7 @@ void tokenize_for_each_line(const char* cmd, Fn&& fn) {
     } catch (const Error& e) {
       throw Error(e.kind(), str_cat("stdin line ", lineno, ": ", e.what()));
     }
-  }
+  });
 }
 
 }  // namespace

@@ -455,4 +455,24 @@ TEST_CASE("a key written under another section suggests itself", "[recipe]") {
   }
 }
 
+TEST_CASE("a mode key's bad value names its place, every valid spelling and what was written", "[recipe]") {
+  // one table per mode (offload/modes.h, src/recipe/recipe_modes.h) writes the message; the file's
+  // place for a key in the recipe, "command line" for an override
+  CHECK(error_of(std::string(kMinimal) + "[offload]\nweights = \"resident\"\n", {}) ==
+        "/r/x.toml: offload.weights must be \"auto\", \"stream\" or \"device\" (not \"resident\")");
+  CHECK(error_of(kMinimal, {"offload.accumulation=by_layer"}) ==
+        "command line: offload.accumulation must be \"auto\", \"layer_major\" or \"micro_batch\" (not \"by_layer\")");
+  // TOML booleans are written unquoted
+  CHECK(error_of(kMinimal, {"distributed.shared_host_store=maybe"}) ==
+        "command line: distributed.shared_host_store must be \"auto\", true or false (not \"maybe\")");
+  // "single" is the launcher's backend, not a recipe value
+  CHECK(error_of(kMinimal, {"distributed.backend=single"}) ==
+        "command line: distributed.backend must be \"auto\", \"nccl\" or \"mpi\"");
+  // and a good value arrives typed
+  const Recipe r = recipe_parse(kMinimal, "/r/x.toml", {"offload.accumulation=layer_major", "optim.type=zo-sgd"});
+  CHECK(r.modes.accumulation == AccumulationMode::layer_major);
+  CHECK(r.modes.optimizer == OptimizerKind::zo_sgd);
+  CHECK(mode_name(r.modes.accumulation) == std::string("layer_major"));
+}
+
 }  // namespace strata
