@@ -494,6 +494,7 @@ HostStoreOptions run_plan_store_options(const RunPlan& plan) {
   so.moments = plan.moments;
   so.weights_only = plan.lora.enabled();  // LoRA: the base keeps its working copy alone
   so.state_on_nvme = plan.optimizer_on_nvme;
+  so.nvme_first_group = plan.optimizer_nvme_first_group;
   so.nvme_path = plan.budgets.nvme_dir;
   so.nvme_budget_bytes = plan.budgets.nvme_bytes;
   return so;

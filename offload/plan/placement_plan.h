@@ -61,6 +61,10 @@ struct PlanInputs {
   AccumulationMode accumulation = AccumulationMode::micro_batch;
   int64_t accumulation_steps = 1;
   int ranks = 1;                     // data-parallel ranks (layer-major: one rank only)
+  // optim.max_grad_norm > 0: the update waits for every gradient of the step (the global norm);
+  // false: each group's update starts as its gradient lands in the last backward (trainer.cpp).
+  bool clip_grad = true;
+  int64_t zo_perturbations = 1;      // optim.zo_perturbations (zo-sgd: dual forwards per micro-batch)
   int64_t head_chunk_rows = 0;       // 0: the engine's default (EngineOptions::head_chunk_rows)
   DType save_dtype = DType::bf16;    // checkpoint.save_dtype: the HF export's dtype
   bool load_from_dir = false;        // weights are read from safetensors (else initialised)
@@ -141,6 +145,9 @@ struct RunPlan {
   size_t kept_logit_chunks = 0;       // lm_head chunks whose logits stay on the device likewise
   size_t kept_logit_rows = 0;         // the vocab rows of those chunks
   bool optimizer_on_nvme = false;     // master + moments on NVMe (nvme_dir below)
+  // With optimizer_on_nvme: the first parameter group (offload/state/store_layout.h) whose state
+  // is on NVMe; groups before it keep theirs in RAM (0: every group on NVMe).
+  size_t optimizer_nvme_first_group = 0;
   PlanBudgets budgets;                // and with them the NVMe directory and its budget
   std::vector<std::string> problems;  // what does not fit (empty: it fits)
   std::vector<PlanChange> changes;    // what to change, each with the bytes it saves

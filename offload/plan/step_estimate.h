@@ -96,6 +96,7 @@ struct StepRates {
   double adamw_params_per_s = 1.0e9;    // CPU AdamW over f32 master, m, v (and the working copy)
   double host_bytes_per_s = 50e9;       // host memory bandwidth (accumulation, memcpy)
   double checksum_bytes_per_s = 8e9;    // crc32c on one core: every NVMe block is summed when written, checked when read
+  int checksum_threads = 1;             // the file engine's threads that compute them (io/uring_file.h)
   double mfu_peak_flops_per_s = 0;      // MFU's denominator; 0: device_flops_per_s
   // The CPU backend's own rates, measured at the model's shapes (strata estimate --measure runs a
   // layer's forward and backward and an lm_head chunk on a CPU device): device_flops_per_s is then

@@ -56,6 +56,10 @@ struct HostStoreOptions {
   // The optimizer tier is NVMe: m, v (and master, unless it is the working copy) live in files
   // under a run folder of nvme_path (offload/state/nvme_state.h), read and written group by group.
   bool state_on_nvme = false;
+  // With state_on_nvme: groups [nvme_first_group, groups) keep their state on NVMe, the groups
+  // before it in RAM arrays covering only their prefix of the f32 arena (0: every group on NVMe).
+  // The groups updated first (the lm_head, the last layers) are the ones on NVMe.
+  size_t nvme_first_group = 0;
   std::string nvme_path;          // offload.nvme_path
   size_t nvme_budget_bytes = 0;   // offload.nvme_memory; 0: the free space of nvme_path minus 10%
   size_t nvme_block_bytes = 0;    // 0: 1 MiB (the I/O and checksum unit; tests use 4 KiB)

@@ -35,6 +35,8 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.accumulation = rc.modes.accumulation;
   in.accumulation_steps = rc.gradient_accumulation_steps;
   in.ranks = ranks;
+  in.clip_grad = rc.max_grad_norm > 0;
+  in.zo_perturbations = rc.zo_perturbations;
   in.save_dtype = dtype_parse(rc.save_dtype);
   in.load_from_dir = !rc.model_path.empty();
   in.f32_master_shared = true;  // HostStore: in f32 compute mode the master is the working copy
