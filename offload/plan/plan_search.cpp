@@ -128,17 +128,26 @@ struct Search {
       if (v.accumulation == AccumulationMode::layer_major) passes = {k};
       else if (obstacle.empty()) passes.push_back(k);
     }
-    std::vector<bool> ckpt_nvme = {v.checkpoints == CheckpointMode::nvme};
-    if (v.checkpoints == CheckpointMode::automatic && !budgets.nvme_dir.empty() &&
-        v.optimizer_kind != OptimizerKind::zo_sgd)
-      ckpt_nvme.push_back(true);
+    // the checkpoints: the device's share first (the rest in pinned host, or on NVMe), or all in
+    // pinned host (the device's room then goes to kept activations: no recompute)
+    struct Ckpt {
+      CheckpointMode mode;
+      bool nvme;
+    };
+    std::vector<Ckpt> ckpts = {{v.checkpoints, false}};
+    if (v.checkpoints == CheckpointMode::automatic && v.optimizer_kind != OptimizerKind::zo_sgd) {
+      ckpts.push_back({CheckpointMode::host, false});
+      if (!budgets.nvme_dir.empty()) ckpts.push_back({CheckpointMode::automatic, true});
+    }
     for (WeightsMode w : weights)
       for (int64_t g : passes)
-        for (bool nv : ckpt_nvme) {
+        for (const Ckpt& c : ckpts) {
           v.weights = w;
-          RunPlan p = with_optimizer(v, g, nv);
-          if (nv && v.checkpoints != CheckpointMode::nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled
-          consider(v, std::move(p));
+          PlanInputs cv = v;
+          cv.checkpoints = c.mode;
+          RunPlan p = with_optimizer(cv, g, c.nvme);
+          if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
+          consider(cv, std::move(p));
         }
   }
 };
