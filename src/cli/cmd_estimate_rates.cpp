@@ -115,8 +115,9 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
     r.device_text = str_cat("the CPU backend (", format_bytes(budgets.device_bytes), " arena in process memory, ",
                             r.rates.device_flops_per_s / 1e9, " GFLOP/s measured here)");
   } else {
-    STRATA_CHECK(!a.gpu_memory.empty() && a.gpu_flops > 0 && a.link_gbps > 0, "for a GPU not in the table give "
-                 "--gpu-memory, --gpu-flops and --link-gbps (or --gpu NAME)");
+    // whether it fits needs the memory alone; the step time needs the speeds too (estimate_missing_speeds)
+    STRATA_CHECK(!a.gpu_memory.empty(), "for a GPU not in the table give --gpu-memory (and for a step time "
+                 "--gpu-flops and --link-gbps), or --gpu NAME");
     in.device_in_host_ram = false;
     in.device_is_cuda = true;
     r.device_text = "a GPU given by its figures";
@@ -127,13 +128,20 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
   }
   // where each rate comes from: the GPU table, measured here, given, or an assumption (the
   // StepRates defaults), printed beside the step time
-  r.source = {{"device", a.gpu.empty() ? "measured here (CPU GEMM)" : "datasheet"},
-              {"link", "datasheet"}, {"nvme_read", "assumed"},
+  const bool table = !a.gpu.empty();
+  r.source = {{"device", table ? "datasheet" : cpu_backend ? "measured here (CPU GEMM)" : "not given"},
+              {"link", table ? "datasheet" : "not given"}, {"nvme_read", "assumed"},
               {"nvme_write", "assumed"}, {"adamw", "assumed"}, {"host", "assumed"},
               {"checksum", "assumed"}};
   if (cpu_backend)
     r.source["link"] = recipe.device_link_bytes_per_s > 0 ? "device.link_bandwidth (throttle)" : "memcpy (host bandwidth)";
   return r;
+}
+
+std::string estimate_missing_speeds(const EstimateRates& r) {
+  const bool device = r.rates.device_flops_per_s > 0, link = r.rates.link_bytes_per_s > 0;
+  if (device && link) return "";
+  return str_cat(device ? "" : "--gpu-flops F", !device && !link ? " and " : "", link ? "" : "--link-gbps G");
 }
 
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,

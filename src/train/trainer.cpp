@@ -91,6 +91,8 @@ void check_inputs(const Recipe& rc) {
   if (!rc.model_config.empty())
     STRATA_CHECK(fs::exists(rc.model_config, ec), "model.config ", rc.model_config, " does not exist: give the "
                  "config.json of the model to initialise");
+  STRATA_CHECK(!rc.lora_enabled || !rc.model_path.empty(), rc.source_path, ": LoRA trains adapters on a pretrained "
+               "base: set model.path (model.config alone prices the run with strata estimate, but has no weights to adapt)");
   if (!rc.nvme_path.empty()) nvme_path_check(rc.nvme_path);
   if (!rc.eval_path.empty())
     STRATA_CHECK(fs::exists(rc.eval_path, ec), "data.eval_path ", rc.eval_path, " does not exist: give the "

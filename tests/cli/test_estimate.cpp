@@ -4,6 +4,7 @@
 // tests/train/test_plan_rss.cpp.)
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "offload/plan/step_estimate.h"
@@ -79,7 +80,8 @@ TEST_CASE("strata estimate answers for 8B, 32B and 405B configs with the JSON co
 TEST_CASE("strata estimate for zo-sgd: working weights and master alone, the ZO engine's device, its step", "[estimate][zo]") {
   const std::string model = testing::source_path("recipes/configs/llama-3.1-8b/config.json");
   const size_t params = 8030261248ull;
-  const std::string common = " model.dtype=bf16 data.sequence_len=1024 --gpu 'H100 SXM' --host-memory 2TiB";
+  const std::string common = " model.dtype=bf16 data.sequence_len=1024 train.gradient_accumulation_steps=1 --gpu 'H100 SXM' "
+                             "--host-memory 2TiB";  // one micro-batch a step, not --model's ~64k tokens
   const nlohmann::json zo = estimate_json("--model " + model + " optim.type=zo-sgd" + common, 0);
   const nlohmann::json adamw = estimate_json("--model " + model + common, 0);
   size_t store = 0;
@@ -127,6 +129,132 @@ TEST_CASE("strata estimate: bad input exits 2", "[estimate]") {
   r = run_strata("estimate --model " + model + " --gpu H200 --rates-from /nonexistent/run");
   CHECK(r.code == 2);
   CHECK(r.out.find("CPU backend") != std::string::npos);
+}
+
+TEST_CASE("strata estimate --model prices the config's dtype at sequence 2048 and ~64k tokens a step", "[estimate]") {
+  const std::string llama = testing::source_path("recipes/configs/llama-3.1-8b/config.json");  // torch_dtype bfloat16
+  const nlohmann::json d = estimate_json("--model " + llama + " --gpu H200 --host-memory 2TiB", 0);
+  CHECK(d["model_defaults"] == nlohmann::json{{"model.dtype", "bf16"}, {"data.sequence_len", 2048},
+                                              {"train.gradient_accumulation_steps", 32}});
+  bool bf16 = false;
+  for (const auto& s : d["states"]) bf16 = bf16 || s["kind"] == "working weights (bf16)";
+  CHECK(bf16);
+  CHECK(d["step"]["tokens_per_s"].get<double>() * d["step"]["seconds"].get<double>() == Approx(32 * 2048));
+  // float32 and float16 configs: f32 and bf16 compute (strata has no f16)
+  const nlohmann::json f32 = estimate_json("--model " + testing::source_path("tests/golden/qwen3/config.json") + " --gpu H200", 0);
+  CHECK(f32["model_defaults"]["model.dtype"] == "f32");
+  const nlohmann::json f16 = estimate_json("--model " + testing::source_path("tests/golden/qwen2/config.json") + " --gpu H200", 0);
+  CHECK(f16["model_defaults"]["model.dtype"] == "bf16");
+  // what the user sets stays, and the accumulation keeps ~64k tokens around it
+  const nlohmann::json given = estimate_json("--model " + llama + " model.dtype=f32 train.micro_batch_size=4 --gpu H200 "
+                                             "--host-memory 2TiB", 0);
+  CHECK(given["model_defaults"] == nlohmann::json{{"data.sequence_len", 2048}, {"train.gradient_accumulation_steps", 8}});
+  for (const auto& s : given["states"]) CHECK(s["kind"] != "working weights (bf16)");
+  const nlohmann::json seq = estimate_json("--model " + llama + " data.sequence_len=4096 --gpu H200 --host-memory 2TiB", 0);
+  CHECK(seq["model_defaults"] == nlohmann::json{{"model.dtype", "bf16"}, {"train.gradient_accumulation_steps", 16}});
+  const nlohmann::json accum = estimate_json("--model " + llama + " train.gradient_accumulation_steps=3 --gpu H200 "
+                                             "--host-memory 2TiB", 0);
+  CHECK(accum["model_defaults"] == nlohmann::json{{"model.dtype", "bf16"}, {"data.sequence_len", 2048}});
+  CHECK(accum["step"]["tokens_per_s"].get<double>() * accum["step"]["seconds"].get<double>() == Approx(3 * 2048));
+  // the text says so on its first line
+  const testing::ProcessResult r = run_strata("estimate --model " + llama + " --gpu H200 --host-memory 2TiB");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.rfind("priced at sequence 2048, 32 x 2048 tokens per step (micro_batch_size 1 x gradient accumulation 32), "
+                    "bf16 (config.json's torch_dtype) (defaults for --model; override with data.sequence_len=", 0) == 0);
+}
+
+TEST_CASE("strata estimate answers whether it fits without speeds: --gpu-memory alone", "[estimate]") {
+  const std::string model = "--model " + testing::source_path("recipes/configs/llama-3.1-8b/config.json");
+  // 8B bf16 with AdamW in 64 GiB of RAM does not fit: exit 3, the plan and what to change, no step
+  testing::ProcessResult r = run_strata("estimate " + model + " --gpu-memory 24GiB --host-memory 64GiB");
+  INFO(r.out);
+  CHECK(r.code == 3);
+  CHECK(r.out.find("fits: NO") != std::string::npos);
+  CHECK(r.out.find("what to change:") != std::string::npos);
+  CHECK(r.out.find("totals: device") != std::string::npos);
+  CHECK(r.out.find("step: not estimated (whether it fits needs no speeds): give --gpu-flops F and --link-gbps G") !=
+        std::string::npos);
+  const nlohmann::json no = estimate_json(model + " --gpu-memory 24GiB --host-memory 64GiB", 3);
+  CHECK(no["fits"] == false);
+  CHECK(no["step"].is_null());
+  const nlohmann::json yes = estimate_json(model + " --gpu-memory 24GiB --host-memory 2TiB", 0);
+  CHECK(yes["fits"] == true);
+  CHECK(yes["step"].is_null());
+  // one speed given: the other is named
+  r = run_strata("estimate " + model + " --gpu-memory 24GiB --host-memory 2TiB --gpu-flops 165e12");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("give --link-gbps G, or --gpu NAME") != std::string::npos);
+  const nlohmann::json both = estimate_json(model + " --gpu-memory 24GiB --host-memory 2TiB --gpu-flops 165e12 --link-gbps 25", 0);
+  CHECK(both["step"]["seconds"].get<double>() > 0);
+  CHECK(both["step"]["rates"]["device"]["source"] == "given");
+  // the device's memory is still needed
+  r = run_strata("estimate " + model + " device.backend=cuda --host-memory 2TiB");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--gpu-memory") != std::string::npos);
+}
+
+TEST_CASE("strata estimate reports the largest micro-batch at the recipe's global batch", "[estimate]") {
+  const std::string model = "--model " + testing::source_path("recipes/configs/llama-3.1-8b/config.json");
+  const std::string budgets = " --gpu-memory 24GiB --host-memory 2TiB";
+  const nlohmann::json j = estimate_json(model + budgets, 0);
+  const nlohmann::json& split = j["max_micro_batch_at_global_batch"];
+  const int64_t micro = split["micro_batch_size"], accumulation = split["gradient_accumulation_steps"];
+  INFO(split.dump());
+  CHECK(split["global_batch"] == 32);
+  REQUIRE(micro >= 1);
+  CHECK(micro * accumulation == 32);
+  // with accumulation held at 32 a larger micro-batch fits than the split's (the steps differ)
+  CHECK(j["max_micro_batch_size"].get<int64_t>() > micro);
+  // that split fits; the next one (twice the micro-batch, half the accumulation) does not
+  auto shape = [&](int64_t m) {
+    return str_cat(model, budgets, " train.micro_batch_size=", m, " train.gradient_accumulation_steps=", 32 / m);
+  };
+  CHECK(estimate_json(shape(micro), 0)["fits"] == true);
+  REQUIRE(micro < 32);
+  CHECK(estimate_json(shape(2 * micro), 3)["fits"] == false);
+  // a split fixed by the user is reported at its own global batch
+  CHECK(estimate_json(model + budgets + " train.micro_batch_size=2 train.gradient_accumulation_steps=3", 0)
+            ["max_micro_batch_at_global_batch"]["global_batch"] == 6);
+}
+
+TEST_CASE("strata estimate sees --nvme-path and --optimizer before the recipe's checks; LoRA needs no weights", "[estimate]") {
+  testing::TempDir dir("estimate_recipe_checks");
+  const std::string config = testing::source_path("recipes/configs/llama-3.1-8b/config.json");
+  const std::string recipe = (dir.path / "nvme.toml").string();
+  std::ofstream(recipe) << "[model]\nconfig = \"" << config << "\"\ndtype = \"bf16\"\n[data]\npath = \"x.txt\"\n"
+                        << "[offload]\noptimizer = \"nvme\"\n";
+  // offload.optimizer = "nvme" without offload.nvme_path: refused, unless --nvme-path gives it
+  testing::ProcessResult r = run_strata("estimate " + recipe + " --gpu H200");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("needs offload.nvme_path") != std::string::npos);
+  const nlohmann::json n = estimate_json(recipe + " --gpu H200 --host-memory 1TiB --nvme-path " + dir.path.string(), 0);
+  CHECK(n["tiers"]["nvme"].get<size_t>() >= size_t(12) * 8030261248ull);  // master and moments
+  // --optimizer nvme with --nvme-path on a recipe that says neither
+  const std::string plain = (dir.path / "plain.toml").string();
+  std::ofstream(plain) << "[model]\nconfig = \"" << config << "\"\ndtype = \"bf16\"\n[data]\npath = \"x.txt\"\n";
+  CHECK(estimate_json(plain + " --gpu H200 --host-memory 1TiB", 0)["tiers"]["nvme"] == 0);
+  const nlohmann::json o = estimate_json(plain + " --gpu H200 --host-memory 1TiB --optimizer nvme --nvme-path " +
+                                         dir.path.string(), 0);
+  CHECK(o["tiers"]["nvme"].get<size_t>() >= size_t(12) * 8030261248ull);
+  r = run_strata("estimate " + plain + " --gpu H200 --optimizer disk --nvme-path " + dir.path.string());
+  CHECK(r.code == 2);
+  CHECK(r.out.find("offload.optimizer") != std::string::npos);
+  // LoRA on a config alone: priced (adapters' state, a frozen base), but `strata train` wants weights
+  const std::string lora = (dir.path / "lora.toml").string();
+  std::ofstream(lora) << "[model]\nconfig = \"" << config << "\"\ndtype = \"bf16\"\n[data]\npath = \"x.txt\"\n"
+                      << "[lora]\nr = 16\n[checkpoint]\noutput_dir = \"" << (dir.path / "run").string() << "\"\n";
+  const nlohmann::json l = estimate_json(lora + " --gpu 'RTX 4090' --host-memory 64GiB", 0);
+  bool adapters = false;
+  for (const auto& s : l["states"]) {
+    const std::string kind = s["kind"];
+    adapters = adapters || kind.rfind("LoRA adapters", 0) == 0;
+    CHECK(kind.find("AdamW moments (f32") == std::string::npos);  // none for the frozen base
+  }
+  CHECK(adapters);
+  r = run_strata("train " + lora);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("LoRA trains adapters on a pretrained base: set model.path") != std::string::npos);
 }
 
 TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_uring engine, leaving nothing", "[estimate]") {
