@@ -20,15 +20,31 @@ namespace fs = std::filesystem;
 
 std::string gb_per_s(double bytes_per_s) { return str_cat(bytes_per_s / 1e9, " GB/s"); }
 
-// --rates-from: the CPU backend's rates as a run of the same recipe measured them, per step: each
-// step of its metrics.jsonl after the first gives a rate per kind of work, its op_s (the device's
-// time per op family) over the work DeviceWork counts for the step (matmul: the layers' GEMMs;
-// attention; norm + rope + elementwise: the memory-bound ops; cross_entropy: the lm_head's fused
-// chunks). One step's rates together, not each kind's median apart: on a shared machine a step
-// is slow in all its ops at once. Sorted by the step's device time (op_s summed). NVMe likewise:
-// the step's bytes read and written over its disk-busy time (metrics.jsonl's nvme_busy_s), the
-// throughput the disk gave the run's own mix of reads and writes, for both directions.
-RunStepRates run_step_rates(const nlohmann::json& j, const DeviceWork& work, double head) {
+// What a step of the run did, as the step model counts it: the device's work by kind, and the
+// host's gradient accumulation (bytes) and AdamW (parameters) per optimizer step.
+struct RunStepWork {
+  DeviceWork device;
+  double head = 0;
+  double accumulation_bytes = 0, params = 0;
+  bool optimizer_on_nvme = false;
+  bool device_in_host_ram = false;  // the CPU backend
+};
+
+// --rates-from: the rates as a run of the same recipe measured them, per step: each step of its
+// metrics.jsonl after the first gives a rate per kind of work, its op_s (the device's time per op
+// family) over the work DeviceWork counts for the step (matmul: the layers' GEMMs; attention;
+// norm + rope + elementwise: the memory-bound ops; cross_entropy: the lm_head's fused chunks).
+// One step's rates together, not each kind's median apart: on a shared machine a step is slow in
+// all its ops at once. Sorted by the step's device time (op_s summed). The rest from the same step:
+//  - NVMe: bytes read and written over its disk-busy time (nvme_busy_s), the throughput the disk
+//    gave the run's own mix of reads and writes, for both directions;
+//  - the link: its bytes over the copy streams' busy time (link_busy_s: a throttled link's sleeps
+//    included); unthrottled, that time is memcpy on the host's cores, so it also gives the host's
+//    memory bandwidth (each byte read and written: twice the copy's rate);
+//  - AdamW: the host worker's busy time (optimizer_s: the gradient accumulation and the update),
+//    less the accumulation at the host's bandwidth and, with the state on NVMe, the update's
+//    waits for the disk (nvme_wait_s), over the parameters updated.
+RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w, double host_bytes_per_s, bool throttled) {
   const nlohmann::json& o = j["op_s"];
   auto sec = [&](std::initializer_list<const char*> kinds) {
     double t = 0;
@@ -38,33 +54,58 @@ RunStepRates run_step_rates(const nlohmann::json& j, const DeviceWork& work, dou
   RunStepRates r;
   r.step = j["step"].get<int64_t>();
   for (const auto& [kind, t] : o.items()) r.device_s += t.get<double>();
-  r.rates.matmul_flops_per_s = work.matmul_flops / sec({"matmul"});
-  r.rates.attention_flops_per_s = work.attention_flops / sec({"attention"});
-  r.rates.elementwise_bytes_per_s = work.elementwise_bytes / sec({"norm", "rope", "elementwise"});
-  r.rates.head_flops_per_s = head / sec({"cross_entropy"});
+  r.rates.matmul_flops_per_s = w.device.matmul_flops / sec({"matmul"});
+  r.rates.attention_flops_per_s = w.device.attention_flops / sec({"attention"});
+  r.rates.elementwise_bytes_per_s = w.device.elementwise_bytes / sec({"norm", "rope", "elementwise"});
+  r.rates.head_flops_per_s = w.head / sec({"cross_entropy"});
   const double nvme_bytes = j.value("nvme_read_bytes", 0.0) + j.value("nvme_write_bytes", 0.0);
   const double nvme_busy = j.value("nvme_busy_s", 0.0);
   if (nvme_bytes > 0 && nvme_busy > 0) r.rates.nvme_bytes_per_s = nvme_bytes / nvme_busy;
+  const double link_bytes = j.value("link_bytes", 0.0), link_busy = j.value("link_busy_s", 0.0);
+  if (link_bytes > 0 && link_busy > 0) {
+    r.rates.link_bytes_per_s = link_bytes / link_busy;
+    if (!throttled) host_bytes_per_s = r.rates.host_bytes_per_s = 2 * r.rates.link_bytes_per_s;
+  }
+  if (w.device_in_host_ram) {
+    // the CPU backend: the op times above were measured while the host worker shared the cores, so
+    // they already carry its share of them; what the update adds to the step is the time the
+    // device waited for it (optimizer_exposed_s), less its waits for the disk (the NVMe term's)
+    double exposed = j.value("optimizer_exposed_s", 0.0);
+    if (w.optimizer_on_nvme) exposed -= j.value("nvme_wait_s", 0.0);
+    if (exposed > 0.05 * j.value("optimizer_exposed_s", 0.0)) r.rates.adamw_params_per_s = w.params / exposed;
+    return r;
+  }
+  double optimizer_s = j.value("optimizer_s", 0.0) - w.accumulation_bytes / host_bytes_per_s;
+  if (w.optimizer_on_nvme) optimizer_s -= j.value("nvme_wait_s", 0.0);
+  // a step whose update hid entirely in its accumulation's estimate says nothing about AdamW
+  if (optimizer_s > 0.05 * j.value("optimizer_s", 0.0)) r.rates.adamw_params_per_s = w.params / optimizer_s;
   return r;
 }
 
 std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpec& spec, const PlanInputs& in,
-                                         const RunPlan& plan, int64_t grad_accum) {
+                                         const RunPlan& plan, int64_t grad_accum, double host_bytes_per_s,
+                                         bool throttled) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "metrics.jsonl" : fs::path(path);
   std::ifstream f(file);
   STRATA_CHECK(f.good(), "--rates-from ", path, ": cannot read ", file.string(), " (give a run's output dir or its metrics.jsonl)");
   const int64_t N = in.micro_batch * in.sequence_len;
-  const DeviceWork work = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
-  const double head = head_work(spec, N, spec.config.vocab_size, int64_t(plan.kept_logit_rows)).head_flops *
-                      double(grad_accum);
+  RunStepWork work;
+  work.device = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
+  work.head = head_work(spec, N, spec.config.vocab_size, int64_t(plan.kept_logit_rows)).head_flops * double(grad_accum);
+  // as step_estimate counts them: every parameter updated; each f32 gradient staged, read and added
+  // (12 bytes per parameter and pass of plan.group micro-batches) and zeroed once per step (4)
+  work.params = double(spec.parameter_count());
+  work.accumulation_bytes = (double(grad_accum) / double(std::max<int64_t>(1, plan.group)) * 12 + 4) * work.params;
+  work.optimizer_on_nvme = plan.optimizer_on_nvme;
+  work.device_in_host_ram = in.device_in_host_ram;
   std::vector<RunStepRates> steps;
   for (std::string line; std::getline(f, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("op_s") || !j.contains("step") || j["step"].get<int64_t>() < 2) continue;
     STRATA_CHECK(j["tokens"].get<int64_t>() == N * grad_accum, "--rates-from ", file.string(), ": its steps ran ",
                  j["tokens"].get<int64_t>(), " tokens, this recipe's run ", N * grad_accum, " (estimate the recipe that run used)");
-    steps.push_back(run_step_rates(j, work, head));
+    steps.push_back(run_step_rates(j, work, host_bytes_per_s, throttled));
   }
   STRATA_CHECK(!steps.empty(), "--rates-from ", file.string(), ": no step after the first with op_s (run at least 2 steps)");
   std::sort(steps.begin(), steps.end(), [](const RunStepRates& x, const RunStepRates& y) { return x.device_s < y.device_s; });
@@ -147,14 +188,20 @@ std::string estimate_missing_speeds(const EstimateRates& r) {
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r) {
   STRATA_CHECK(r.source["device"].rfind("measured here", 0) == 0, "--rates-from prices the CPU backend: not with --gpu or --gpu-memory");
-  r.run_steps = rates_from_run(path, spec, in, plan, recipe.gradient_accumulation_steps);
+  const bool throttled = recipe.device_link_bytes_per_s > 0;
+  r.run_steps = rates_from_run(path, spec, in, plan, recipe.gradient_accumulation_steps, r.rates.host_bytes_per_s, throttled);
   const RunStepRates& median = r.run_steps[(r.run_steps.size() - 1) / 2];
   use_run_rates(r.rates, median.rates);
+  const std::string from = str_cat("from ", path, " (step ", median.step);
   r.source["device"] = r.source["attention"] = r.source["elementwise"] = r.source["head"] =
-      str_cat("from ", path, " (step ", median.step, ": the median device time of its steps after the first)");
-  if (median.rates.nvme_bytes_per_s > 0)
-    r.source["nvme_read"] = r.source["nvme_write"] =
-        str_cat("from ", path, " (step ", median.step, ": NVMe bytes read + written over its disk-busy time)");
+      from + ": the median device time of its steps after the first)";
+  const MeasuredRates& m = median.rates;
+  if (m.nvme_bytes_per_s > 0)
+    r.source["nvme_read"] = r.source["nvme_write"] = from + ": NVMe bytes read + written over its disk-busy time)";
+  if (m.link_bytes_per_s > 0) r.source["link"] = from + ": link bytes over the copy streams' busy time)";
+  if (m.host_bytes_per_s > 0) r.source["host"] = from + ": twice the unthrottled link's memcpy rate)";
+  if (m.adamw_params_per_s > 0)
+    r.source["adamw"] = from + ": parameters over the host worker's time less the accumulation and NVMe waits)";
 }
 
 void estimate_given_rates(const EstimateArgs& a, EstimateRates& r) {
@@ -175,6 +222,9 @@ void use_run_rates(StepRates& rates, const MeasuredRates& m) {
   rates.elementwise_bytes_per_s = m.elementwise_bytes_per_s;
   rates.head_flops_per_s = m.head_flops_per_s;
   if (m.nvme_bytes_per_s > 0) rates.nvme_read_bytes_per_s = rates.nvme_write_bytes_per_s = m.nvme_bytes_per_s;
+  if (m.link_bytes_per_s > 0) rates.link_bytes_per_s = m.link_bytes_per_s;
+  if (m.host_bytes_per_s > 0) rates.host_bytes_per_s = m.host_bytes_per_s;
+  if (m.adamw_params_per_s > 0) rates.adamw_params_per_s = m.adamw_params_per_s;
 }
 
 }  // namespace strata

@@ -53,6 +53,7 @@ struct MeasuredRates {
   double adamw_params_per_s = 0, host_bytes_per_s = 0, checksum_bytes_per_s = 0;
   double matmul_flops_per_s = 0, attention_flops_per_s = 0, elementwise_bytes_per_s = 0, head_flops_per_s = 0;
   double nvme_bytes_per_s = 0;  // --rates-from: bytes read + written over the run's disk-busy time (0: none)
+  double link_bytes_per_s = 0;  // --rates-from: link bytes over the copy streams' busy time (0: not recorded)
 };
 
 // One step of a run's metrics.jsonl (--rates-from): its device time and its rates.
@@ -85,13 +86,16 @@ void estimate_measure(const Recipe& recipe, const ModelSpec& spec, const PlanInp
 // What the step time still needs, as options to give ("--gpu-flops F and --link-gbps G"; "" when
 // nothing): a GPU given by --gpu-memory alone answers whether the run fits, without a step time.
 std::string estimate_missing_speeds(const EstimateRates& r);
-// --rates-from: the device's (and NVMe's) rates of the run's median step by device time.
+// --rates-from: every rate of the run's median step by device time: the device's by kind of work
+// (op_s), the link's (link_busy_s), the host's memory bandwidth (the unthrottled link's memcpy),
+// AdamW's (optimizer_s less the accumulation and the optimizer's NVMe waits), NVMe's (nvme_busy_s).
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r);
 // --gpu-flops, --link-gbps, --nvme-read-gbps, --nvme-write-gbps, --adamw-params-per-s: given
 // rates win over every other source.
 void estimate_given_rates(const EstimateArgs& a, EstimateRates& r);
-// The device's rates of a run's step in place of StepRates' (the square-GEMM peak stays MFU's).
+// A run's step's rates in place of StepRates' (the square-GEMM peak stays MFU's); a rate the run
+// did not measure (0) leaves StepRates' as it was.
 void use_run_rates(StepRates& rates, const MeasuredRates& m);
 
 // ---- the report (cmd_estimate_report.cpp)

@@ -829,7 +829,8 @@ void TrainRun::record(const StepResult& r) {
       {"nvme_busy_s", e1.nvme_busy_s - e0.nvme_busy_s},
       {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes() + (first_order_ ? first_order_->pinned_bytes() : 0)},
       {"host_bytes", host_bytes_}, {"host_rss_peak_bytes", process_rss_peak_bytes()},
-      {"link_bytes", e1.link_bytes - e0.link_bytes}};
+      {"link_bytes", e1.link_bytes - e0.link_bytes},
+      {"link_busy_s", (r.c1.h2d_busy_s - r.c0.h2d_busy_s) + (r.c1.d2h_busy_s - r.c0.d2h_busy_s)}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
   if (!r.preference.is_null()) rec.update(r.preference);
   rec.update(r.extra);
