@@ -3,8 +3,12 @@
 // roofline's arithmetic and transfer count on a hand-worked case. (Its bytes against real runs:
 // tests/train/test_plan_rss.cpp.)
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "offload/plan/step_estimate.h"
@@ -255,6 +259,126 @@ TEST_CASE("strata estimate sees --nvme-path and --optimizer before the recipe's 
   r = run_strata("train " + lora);
   CHECK(r.code == 2);
   CHECK(r.out.find("LoRA trains adapters on a pretrained base: set model.path") != std::string::npos);
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny Llama (4 layers of C 384, 9M parameters, tied) and Qwen3 (q/k norms, head_dim 96) and a
+// recipe of 8 steps of 2 x 128 tokens on the CPU backend, in `dir`.
+void write_small_run(const fs::path& dir) {
+  std::ofstream(dir / "llama.json") << nlohmann::json{
+      {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 384},
+      {"intermediate_size", 1024}, {"num_hidden_layers", 4}, {"num_attention_heads", 6},
+      {"num_key_value_heads", 2}, {"vocab_size", 8192}, {"max_position_embeddings", 256},
+      {"tie_word_embeddings", true}, {"rms_norm_eps", 1e-5}}.dump();
+  std::ofstream(dir / "qwen3.json") << nlohmann::json{
+      {"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", 320},
+      {"intermediate_size", 896}, {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"head_dim", 96},
+      {"num_key_value_heads", 2}, {"vocab_size", 8192}, {"max_position_embeddings", 256},
+      {"tie_word_embeddings", false}, {"rms_norm_eps", 1e-6}}.dump();
+  std::ofstream(dir / "recipe.toml") << "[model]\nconfig = \"llama.json\"\ninit_seed = 3\n[data]\npath = \""
+                                     << testing::source_path("recipes/quickstart/corpus.txt")
+                                     << "\"\nsequence_len = 128\npacking = true\ntokenizer = \"bytes\"\n[train]\nmax_steps = 8\n"
+                                        "micro_batch_size = 2\nseed = 1\nlog_steps = 1000\n[optim]\nlearning_rate = 1e-4\n"
+                                        "[device]\nbackend = \"cpu\"\nmemory = \"512MiB\"\n[checkpoint]\nsave_steps = 100000\n";
+}
+
+// metrics.jsonl's step records, by step.
+std::map<int64_t, nlohmann::json> run_steps(const fs::path& run) {
+  std::map<int64_t, nlohmann::json> steps;
+  std::ifstream m(run / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("step_s")) steps[j["step"].get<int64_t>()] = j;
+  }
+  return steps;
+}
+
+}  // namespace
+
+TEST_CASE("a training run logs the step model against its measured phases at its third step", "[estimate][train]") {
+  testing::TempDir dir("estimate_calibration");
+  write_small_run(dir.path);
+  const fs::path run = dir.path / "run";
+  const testing::ProcessResult r = run_strata("train " + (dir.path / "recipe.toml").string() + " checkpoint.output_dir=" +
+                                              run.string() + " model.dtype=bf16 device.link_bandwidth=2GB/s");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("strata train: step model at step 3: measured ") != std::string::npos);
+  const std::map<int64_t, nlohmann::json> steps = run_steps(run);
+  REQUIRE(steps.size() == 8);
+  for (const auto& [step, j] : steps) CHECK(j.contains("step_model") == (step == 3));  // and the 10th: none here
+  const nlohmann::json& s3 = steps.at(3), &c = s3["step_model"];
+  INFO(c.dump());
+  CHECK(c["step"] == 3);
+  CHECK(c["measured_s"].get<double>() == Approx(s3["step_s"].get<double>() - s3["save_s"].get<double>()).epsilon(1e-12));
+  CHECK(c["ratio"].get<double>() == Approx(c["measured_s"].get<double>() / c["estimated_s"].get<double>()).epsilon(1e-12));
+  CHECK(c["phases"]["compute"]["measured"] == s3["compute_s"]);
+  CHECK(c["phases"]["optimizer+host"]["measured"] == s3["optimizer_s"]);
+  CHECK(c["phases"]["link"]["measured"].get<double>() <= s3["link_busy_s"].get<double>());
+  CHECK(c["phases"]["link"]["measured"].get<double>() > 0);
+  CHECK(c["phases"]["nvme"]["measured"] == 0);
+  for (const char* p : {"compute", "link", "optimizer+host"}) CHECK(c["phases"][p]["estimated"].get<double>() > 0);
+  // the run's own rates: its link throttle, its MFU peak, the stated defaults
+  CHECK(c["rates"]["link_bytes_per_s"] == 2e9);
+  CHECK(c["rates"]["device_flops_per_s"].get<double>() > 0);
+  CHECK(c["rates"]["adamw_params_per_s"] == StepRates{}.adamw_params_per_s);
+  // the link's estimate is its bytes at that throttle: the slower direction's
+  CHECK(c["phases"]["link"]["estimated"].get<double>() < s3["link_bytes"].get<double>() / 2e9);
+  CHECK(c["phases"]["link"]["estimated"].get<double>() > 0.4 * s3["link_bytes"].get<double>() / 2e9);
+}
+
+// The one timed assertion of this file: an estimate from a run's own metrics against that run's
+// median step (two figures of the same run).
+TEST_CASE("strata estimate --rates-from a run predicts that run's step within 15%", "[estimate][rates-from]") {
+  testing::TempDir dir("estimate_rates_from");
+  write_small_run(dir.path);
+  const fs::path nvme = dir.path / "nvme";
+  fs::create_directories(nvme);
+  struct Case {
+    const char* name;
+    std::string overrides;
+  };
+  const std::string qwen3 = " model.config=" + (dir.path / "qwen3.json").string();
+  for (const Case& c : {Case{"f32, checkpoints on the device", " model.dtype=f32 offload.checkpoints=device"},
+                        Case{"bf16, checkpoints and optimizer on NVMe, link 2 GB/s",
+                             " model.dtype=bf16 offload.checkpoints=nvme offload.optimizer=nvme offload.nvme_path=" +
+                                 nvme.string() + " device.link_bandwidth=2GB/s"},
+                        Case{"qwen3 bf16, accumulation 3, link 1 GB/s",
+                             qwen3 + " model.dtype=bf16 offload.checkpoints=host train.gradient_accumulation_steps=3 "
+                                     "device.link_bandwidth=1GB/s"}}) {
+    INFO(c.name);
+    const fs::path run = dir.path / "run";
+    fs::remove_all(run);
+    const std::string args = (dir.path / "recipe.toml").string() + " checkpoint.output_dir=" + run.string() + c.overrides;
+    const testing::ProcessResult r = run_strata("train " + args);
+    INFO(r.out.substr(r.out.size() > 3000 ? r.out.size() - 3000 : 0));
+    REQUIRE(r.code == 0);
+    std::vector<double> step_s;  // after the first, saves excluded
+    for (const auto& [step, j] : run_steps(run))
+      if (step >= 2) step_s.push_back(j["step_s"].get<double>() - j["save_s"].get<double>());
+    REQUIRE(step_s.size() == 7);
+    std::sort(step_s.begin(), step_s.end());
+    const double measured = step_s[3];
+    const nlohmann::json e = estimate_json(args + " --rates-from " + run.string(), 0);
+    const nlohmann::json& rates = e["step"]["rates"];
+    INFO(e["step"].dump());
+    const double estimated = e["step"]["seconds"].get<double>();
+    std::printf("rates-from | %-52s | measured %.4f s | estimated %.4f s | %+.1f%%\n", c.name, measured, estimated,
+                100 * (estimated / measured - 1));
+    CHECK(std::fabs(estimated / measured - 1) <= 0.15);
+    // every rate the run measured is the run's
+    for (const char* name : {"device", "attention", "elementwise", "head", "link"})
+      CHECK(rates[name]["source"].get<std::string>().rfind("from " + run.string(), 0) == 0);
+    const bool nvme_run = c.overrides.find("nvme") != std::string::npos;
+    CHECK((rates["nvme_read"]["source"].get<std::string>().rfind("from ", 0) == 0) == nvme_run);
+    // unthrottled, the link's memcpy is the host's memory bandwidth
+    const bool throttled = c.overrides.find("link_bandwidth") != std::string::npos;
+    CHECK((rates["host"]["source"].get<std::string>().rfind("from ", 0) == 0) == !throttled);
+    if (throttled) CHECK(rates["link"]["value"].get<double>() <= 2e9);  // the throttle, less the copies' overheads
+  }
 }
 
 TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_uring engine, leaving nothing", "[estimate]") {
