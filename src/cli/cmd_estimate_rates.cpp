@@ -39,12 +39,13 @@ struct RunStepWork {
 //  - NVMe: bytes read and written over its disk-busy time (nvme_busy_s), the throughput the disk
 //    gave the run's own mix of reads and writes, for both directions;
 //  - the link: its bytes over the copy streams' busy time (link_busy_s: a throttled link's sleeps
-//    included); unthrottled, that time is memcpy on the host's cores, so it also gives the host's
-//    memory bandwidth (each byte read and written: twice the copy's rate);
+//    included). Not the host's memory bandwidth: an unthrottled CPU-backend copy's memcpy runs on
+//    cores the compute shares (3-5 GB/s here, against 50+ for a lone memcpy), and its cost is in
+//    the op times already; the host's rate stays --measure's or the assumed one;
 //  - AdamW: the host worker's busy time (optimizer_s: the gradient accumulation and the update),
 //    less the accumulation at the host's bandwidth and, with the state on NVMe, the update's
 //    waits for the disk (nvme_wait_s), over the parameters updated.
-RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w, double host_bytes_per_s, bool throttled) {
+RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w, double host_bytes_per_s) {
   const nlohmann::json& o = j["op_s"];
   auto sec = [&](std::initializer_list<const char*> kinds) {
     double t = 0;
@@ -62,10 +63,7 @@ RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w, doubl
   const double nvme_busy = j.value("nvme_busy_s", 0.0);
   if (nvme_bytes > 0 && nvme_busy > 0) r.rates.nvme_bytes_per_s = nvme_bytes / nvme_busy;
   const double link_bytes = j.value("link_bytes", 0.0), link_busy = j.value("link_busy_s", 0.0);
-  if (link_bytes > 0 && link_busy > 0) {
-    r.rates.link_bytes_per_s = link_bytes / link_busy;
-    if (!throttled) host_bytes_per_s = r.rates.host_bytes_per_s = 2 * r.rates.link_bytes_per_s;
-  }
+  if (link_bytes > 0 && link_busy > 0) r.rates.link_bytes_per_s = link_bytes / link_busy;
   if (w.device_in_host_ram) {
     // the CPU backend: the op times above were measured while the host worker shared the cores, so
     // they already carry its share of them; what the update adds to the step is the time the
@@ -83,8 +81,7 @@ RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w, doubl
 }
 
 std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpec& spec, const PlanInputs& in,
-                                         const RunPlan& plan, int64_t grad_accum, double host_bytes_per_s,
-                                         bool throttled) {
+                                         const RunPlan& plan, int64_t grad_accum, double host_bytes_per_s) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "metrics.jsonl" : fs::path(path);
   std::ifstream f(file);
@@ -105,7 +102,7 @@ std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpe
     if (j.is_discarded() || !j.contains("op_s") || !j.contains("step") || j["step"].get<int64_t>() < 2) continue;
     STRATA_CHECK(j["tokens"].get<int64_t>() == N * grad_accum, "--rates-from ", file.string(), ": its steps ran ",
                  j["tokens"].get<int64_t>(), " tokens, this recipe's run ", N * grad_accum, " (estimate the recipe that run used)");
-    steps.push_back(run_step_rates(j, work, host_bytes_per_s, throttled));
+    steps.push_back(run_step_rates(j, work, host_bytes_per_s));
   }
   STRATA_CHECK(!steps.empty(), "--rates-from ", file.string(), ": no step after the first with op_s (run at least 2 steps)");
   std::sort(steps.begin(), steps.end(), [](const RunStepRates& x, const RunStepRates& y) { return x.device_s < y.device_s; });
@@ -188,8 +185,7 @@ std::string estimate_missing_speeds(const EstimateRates& r) {
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r) {
   STRATA_CHECK(r.source["device"].rfind("measured here", 0) == 0, "--rates-from prices the CPU backend: not with --gpu or --gpu-memory");
-  const bool throttled = recipe.device_link_bytes_per_s > 0;
-  r.run_steps = rates_from_run(path, spec, in, plan, recipe.gradient_accumulation_steps, r.rates.host_bytes_per_s, throttled);
+  r.run_steps = rates_from_run(path, spec, in, plan, recipe.gradient_accumulation_steps, r.rates.host_bytes_per_s);
   const RunStepRates& median = r.run_steps[(r.run_steps.size() - 1) / 2];
   use_run_rates(r.rates, median.rates);
   const std::string from = str_cat("from ", path, " (step ", median.step);
@@ -199,9 +195,10 @@ void estimate_rates_from(const std::string& path, const Recipe& recipe, const Mo
   if (m.nvme_bytes_per_s > 0)
     r.source["nvme_read"] = r.source["nvme_write"] = from + ": NVMe bytes read + written over its disk-busy time)";
   if (m.link_bytes_per_s > 0) r.source["link"] = from + ": link bytes over the copy streams' busy time)";
-  if (m.host_bytes_per_s > 0) r.source["host"] = from + ": twice the unthrottled link's memcpy rate)";
   if (m.adamw_params_per_s > 0)
-    r.source["adamw"] = from + ": parameters over the host worker's time less the accumulation and NVMe waits)";
+    r.source["adamw"] = from + (in.device_in_host_ram ? ": parameters over the update's exposed time less its NVMe waits)"
+                                                      : ": parameters over the host worker's time less the accumulation and "
+                                                        "NVMe waits)");
 }
 
 void estimate_given_rates(const EstimateArgs& a, EstimateRates& r) {
@@ -223,7 +220,6 @@ void use_run_rates(StepRates& rates, const MeasuredRates& m) {
   rates.head_flops_per_s = m.head_flops_per_s;
   if (m.nvme_bytes_per_s > 0) rates.nvme_read_bytes_per_s = rates.nvme_write_bytes_per_s = m.nvme_bytes_per_s;
   if (m.link_bytes_per_s > 0) rates.link_bytes_per_s = m.link_bytes_per_s;
-  if (m.host_bytes_per_s > 0) rates.host_bytes_per_s = m.host_bytes_per_s;
   if (m.adamw_params_per_s > 0) rates.adamw_params_per_s = m.adamw_params_per_s;
 }
 

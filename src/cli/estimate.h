@@ -86,9 +86,10 @@ void estimate_measure(const Recipe& recipe, const ModelSpec& spec, const PlanInp
 // What the step time still needs, as options to give ("--gpu-flops F and --link-gbps G"; "" when
 // nothing): a GPU given by --gpu-memory alone answers whether the run fits, without a step time.
 std::string estimate_missing_speeds(const EstimateRates& r);
-// --rates-from: every rate of the run's median step by device time: the device's by kind of work
-// (op_s), the link's (link_busy_s), the host's memory bandwidth (the unthrottled link's memcpy),
-// AdamW's (optimizer_s less the accumulation and the optimizer's NVMe waits), NVMe's (nvme_busy_s).
+// --rates-from: the rates a run measures, from its median step by device time: the device's by
+// kind of work (op_s), the link's (link_busy_s), AdamW's (CPU backend: the update's exposed time;
+// GPU: optimizer_s less the accumulation; both less the optimizer's NVMe waits), NVMe's
+// (nvme_busy_s). The host's memory bandwidth and crc32c rate are not a run's (--measure's).
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r);
 // --gpu-flops, --link-gbps, --nvme-read-gbps, --nvme-write-gbps, --adamw-params-per-s: given
