@@ -343,8 +343,9 @@ TEST_CASE("strata estimate --rates-from a run predicts that run's step within 15
     std::string overrides;
     // The optimizer state on NVMe with clipping (optim.max_grad_norm's default): the state pass
     // runs after the last backward, while the step model hides it behind that backward (it prices
-    // every run as updating each group as its gradient lands); off by -20% to -27% here, so the
-    // 15% is not asserted for it (the step model's to fix: offload/plan/step_estimate.cpp).
+    // every run as updating each group as its gradient lands), and the disk is shared: within 7%
+    // on a quiet machine, -27% to +24% under load, so the 15% is not asserted for it (the step
+    // model's to fix: offload/plan/step_estimate.cpp).
     bool within_15_percent = true;
   };
   const std::string qwen3 = " model.config=" + (dir.path / "qwen3.json").string();
