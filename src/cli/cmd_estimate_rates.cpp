@@ -21,13 +21,11 @@ namespace fs = std::filesystem;
 std::string gb_per_s(double bytes_per_s) { return str_cat(bytes_per_s / 1e9, " GB/s"); }
 
 // What a step of the run did, as the step model counts it: the device's work by kind, and the
-// host's gradient accumulation (bytes) and AdamW (parameters) per optimizer step.
+// parameters AdamW updates.
 struct RunStepWork {
   DeviceWork device;
-  double head = 0;
-  double accumulation_bytes = 0, params = 0;
+  double head = 0, params = 0;
   bool optimizer_on_nvme = false;
-  bool device_in_host_ram = false;  // the CPU backend
 };
 
 // --rates-from: the rates as a run of the same recipe measured them, per step: each step of its
@@ -42,10 +40,12 @@ struct RunStepWork {
 //    included). Not the host's memory bandwidth: an unthrottled CPU-backend copy's memcpy runs on
 //    cores the compute shares (3-5 GB/s here, against 50+ for a lone memcpy), and its cost is in
 //    the op times already; the host's rate stays --measure's or the assumed one;
-//  - AdamW: the host worker's busy time (optimizer_s: the gradient accumulation and the update),
-//    less the accumulation at the host's bandwidth and, with the state on NVMe, the update's
-//    waits for the disk (nvme_wait_s), over the parameters updated.
-RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w, double host_bytes_per_s) {
+//  - AdamW: the parameters over the time the device waited for the update (optimizer_exposed_s)
+//    less, with the state on NVMe, the update's waits for the disk (nvme_wait_s: the NVMe term's).
+//    Not the host worker's whole busy time (optimizer_s): the op times above were measured while
+//    it shared the cores, so they already carry its share of them, and the step model adds the
+//    update to the compute on the CPU backend.
+RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w) {
   const nlohmann::json& o = j["op_s"];
   RunStepRates r;
   r.step = j["step"].get<int64_t>();
@@ -67,24 +67,15 @@ RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w, doubl
   if (nvme_bytes > 0 && nvme_busy > 0) r.rates.nvme_bytes_per_s = nvme_bytes / nvme_busy;
   const double link_bytes = j.value("link_bytes", 0.0), link_busy = j.value("link_busy_s", 0.0);
   if (link_bytes > 0 && link_busy > 0) r.rates.link_bytes_per_s = link_bytes / link_busy;
-  if (w.device_in_host_ram) {
-    // the CPU backend: the op times above were measured while the host worker shared the cores, so
-    // they already carry its share of them; what the update adds to the step is the time the
-    // device waited for it (optimizer_exposed_s), less its waits for the disk (the NVMe term's)
-    double exposed = j.value("optimizer_exposed_s", 0.0);
-    if (w.optimizer_on_nvme) exposed -= j.value("nvme_wait_s", 0.0);
-    if (exposed > 0.05 * j.value("optimizer_exposed_s", 0.0)) r.rates.adamw_params_per_s = w.params / exposed;
-    return r;
-  }
-  double optimizer_s = j.value("optimizer_s", 0.0) - w.accumulation_bytes / host_bytes_per_s;
-  if (w.optimizer_on_nvme) optimizer_s -= j.value("nvme_wait_s", 0.0);
-  // a step whose update hid entirely in its accumulation's estimate says nothing about AdamW
-  if (optimizer_s > 0.05 * j.value("optimizer_s", 0.0)) r.rates.adamw_params_per_s = w.params / optimizer_s;
+  double exposed = j.value("optimizer_exposed_s", 0.0);
+  if (w.optimizer_on_nvme) exposed -= j.value("nvme_wait_s", 0.0);
+  // an update hidden behind the disk's waits says nothing about AdamW: its rate stays as it was
+  if (exposed > 0.05 * j.value("optimizer_exposed_s", 0.0)) r.rates.adamw_params_per_s = w.params / exposed;
   return r;
 }
 
 std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpec& spec, const PlanInputs& in,
-                                         const RunPlan& plan, int64_t grad_accum, double host_bytes_per_s) {
+                                         const RunPlan& plan, int64_t grad_accum) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "metrics.jsonl" : fs::path(path);
   std::ifstream f(file);
@@ -93,19 +84,15 @@ std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpe
   RunStepWork work;
   work.device = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
   work.head = head_work(spec, N, spec.config.vocab_size, int64_t(plan.kept_logit_rows)).head_flops * double(grad_accum);
-  // as step_estimate counts them: every parameter updated; each f32 gradient staged, read and added
-  // (12 bytes per parameter and pass of plan.group micro-batches) and zeroed once per step (4)
-  work.params = double(spec.parameter_count());
-  work.accumulation_bytes = (double(grad_accum) / double(std::max<int64_t>(1, plan.group)) * 12 + 4) * work.params;
+  work.params = double(spec.parameter_count());  // as step_estimate prices AdamW
   work.optimizer_on_nvme = plan.optimizer_on_nvme;
-  work.device_in_host_ram = in.device_in_host_ram;
   std::vector<RunStepRates> steps;
   for (std::string line; std::getline(f, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("op_s") || !j.contains("step") || j["step"].get<int64_t>() < 2) continue;
     STRATA_CHECK(j["tokens"].get<int64_t>() == N * grad_accum, "--rates-from ", file.string(), ": its steps ran ",
                  j["tokens"].get<int64_t>(), " tokens, this recipe's run ", N * grad_accum, " (estimate the recipe that run used)");
-    steps.push_back(run_step_rates(j, work, host_bytes_per_s));
+    steps.push_back(run_step_rates(j, work));
   }
   STRATA_CHECK(!steps.empty(), "--rates-from ", file.string(), ": no step after the first with op_s (run at least 2 steps)");
   std::sort(steps.begin(), steps.end(), [](const RunStepRates& x, const RunStepRates& y) { return x.device_s < y.device_s; });
@@ -188,7 +175,7 @@ std::string estimate_missing_speeds(const EstimateRates& r) {
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r) {
   STRATA_CHECK(r.source["device"].rfind("measured here", 0) == 0, "--rates-from prices the CPU backend: not with --gpu or --gpu-memory");
-  r.run_steps = rates_from_run(path, spec, in, plan, recipe.gradient_accumulation_steps, r.rates.host_bytes_per_s);
+  r.run_steps = rates_from_run(path, spec, in, plan, recipe.gradient_accumulation_steps);
   const RunStepRates& median = r.run_steps[(r.run_steps.size() - 1) / 2];
   use_run_rates(r.rates, median.rates);
   const std::string from = str_cat("from ", path, " (step ", median.step);
@@ -199,9 +186,7 @@ void estimate_rates_from(const std::string& path, const Recipe& recipe, const Mo
     r.source["nvme_read"] = r.source["nvme_write"] = from + ": NVMe bytes read + written over its disk-busy time)";
   if (m.link_bytes_per_s > 0) r.source["link"] = from + ": link bytes over the copy streams' busy time)";
   if (m.adamw_params_per_s > 0)
-    r.source["adamw"] = from + (in.device_in_host_ram ? ": parameters over the update's exposed time less its NVMe waits)"
-                                                      : ": parameters over the host worker's time less the accumulation and "
-                                                        "NVMe waits)");
+    r.source["adamw"] = from + ": parameters over the update's exposed time less its NVMe waits)";
 }
 
 void estimate_given_rates(const EstimateArgs& a, EstimateRates& r) {

@@ -87,9 +87,9 @@ void estimate_measure(const Recipe& recipe, const ModelSpec& spec, const PlanInp
 // nothing): a GPU given by --gpu-memory alone answers whether the run fits, without a step time.
 std::string estimate_missing_speeds(const EstimateRates& r);
 // --rates-from: the rates a run measures, from its median step by device time: the device's by
-// kind of work (op_s), the link's (link_busy_s), AdamW's (CPU backend: the update's exposed time;
-// GPU: optimizer_s less the accumulation; both less the optimizer's NVMe waits), NVMe's
-// (nvme_busy_s). The host's memory bandwidth and crc32c rate are not a run's (--measure's).
+// kind of work (op_s), the link's (link_busy_s), AdamW's (the update's exposed time less its NVMe
+// waits), NVMe's (nvme_busy_s). The host's memory bandwidth and crc32c rate are not a run's
+// (--measure's). The CPU backend only (its device rates are its op times').
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r);
 // --gpu-flops, --link-gbps, --nvme-read-gbps, --nvme-write-gbps, --adamw-params-per-s: given
