@@ -4,17 +4,36 @@
 // recipe-to-plan glue, recipe_plan_inputs); the step time is the roofline of
 // offload/plan/step_estimate.h. Nothing large is allocated: a 405B config answers in a moment.
 // Exit 0 when it fits, 3 when it does not, 2 on bad input. Its parts: estimate.h.
+#include <algorithm>
+#include <optional>
+
 #include "src/cli/commands.h"
 #include "offload/plan/plan_search.h"
 #include "src/cli/estimate.h"
 
 namespace strata {
 
+BatchSplit estimate_max_micro_batch_at_global_batch(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
+                                                    int64_t micro_batch_size, int64_t accumulation) {
+  // a preference objective's micro-batch is micro_batch_size pairs: rows_per sequences of the engine's
+  const int64_t rows_per = in.micro_batch / micro_batch_size, global = micro_batch_size * accumulation;
+  // Not monotone in the micro-batch: a larger one holds bigger activations, but fewer micro-batches
+  // per step hold fewer layer-major checkpoints; so every divisor is tried, largest first.
+  for (int64_t micro = global; micro >= 1; --micro) {
+    if (global % micro) continue;
+    in.micro_batch = micro * rows_per;
+    in.accumulation_steps = global / micro;
+    if (placement_fits(spec, in, budgets)) return {micro, global / micro, global};
+  }
+  return {0, 0, global};
+}
+
 int cmd_estimate(const std::vector<std::string>& args) {
   EstimateArgs a;
   int rc = 0;
   if (!estimate_args_parse(args, a, &rc)) return rc;
-  const Recipe recipe = estimate_recipe(a);
+  const EstimateRecipe priced = estimate_recipe(a);
+  const Recipe& recipe = priced.recipe;
   const ModelConfig cfg = hf_config_load(recipe.model_path.empty() ? recipe.model_config : recipe.model_path);
   const DType dtype = dtype_parse(recipe.model_dtype);
   const ModelSpec spec = model_spec_build(cfg, dtype);
@@ -38,8 +57,22 @@ int cmd_estimate(const std::vector<std::string>& args) {
   const PlanInputs used = plan_resolved_inputs(in, plan);  // its split, weights and schedule
   const int64_t max_batch = placement_max_micro_batch(spec, used, budgets, 1 << 14);
   const int64_t max_seq = placement_max_sequence_len(spec, used, budgets, 1 << 20);
-  const StepEstimate step = step_estimate(spec, used, plan, plan.accumulation_steps, rates.rates, recipe.zo_perturbations);
-  const EstimateReport report{spec, dtype, recipe, used, plan, rates, step, max_batch, max_seq};
+  const BatchSplit split = estimate_max_micro_batch_at_global_batch(
+      spec, used, budgets, plan.micro_batch / std::max<int64_t>(1, in.pair_rows), plan.accumulation_steps);
+  // a fit question needs no speeds: without the device's FLOP/s or the link's bandwidth the
+  // report answers it and says what a step time would need (the plan was chosen at the search's
+  // stated defaults; no step time is printed, nor the opt-ins that only make it faster)
+  const std::string missing = estimate_missing_speeds(rates);
+  std::optional<StepEstimate> step;
+  if (missing.empty()) {
+    step = step_estimate(spec, used, plan, plan.accumulation_steps, rates.rates, recipe.zo_perturbations);
+  } else {
+    if (plan.fits()) plan.changes.clear();
+    for (PlanChange& c : plan.changes) c.step_seconds = 0;
+    plan.step_seconds = 0;
+  }
+  const EstimateReport report{spec,     dtype,   recipe, used,  plan,    rates, step ? &*step : nullptr, max_batch,
+                              max_seq, split, priced.model_defaults, missing};
   if (a.json) estimate_print_json(report);
   else estimate_print_text(report);
   return plan.fits() ? 0 : 3;

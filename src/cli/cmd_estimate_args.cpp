@@ -1,17 +1,23 @@
 // `strata estimate`'s command line: its options, the recipe it prices (a file with overrides, or
 // --model's config with the defaults) and the plan's inputs and budgets with the options that
 // replace the recipe's (estimate.h).
+#include <algorithm>
 #include <filesystem>
 
 #include "src/cli/estimate.h"
 #include "src/core/cli_args.h"
 #include "src/core/error.h"
 #include "src/core/process_memory.h"
+#include "io/hf_config.h"
 #include "src/recipe/recipe_modes.h"
 #include "src/recipe/recipe_plan.h"
 
 namespace strata {
 namespace {
+
+// --model's default shape: a realistic fine-tuning step, not the recipe defaults' 1 x 256 tokens.
+constexpr int64_t kModelSequenceLen = 2048;
+constexpr int64_t kModelTokensPerStep = 65536;
 
 void estimate_add_device_options(CLI::App& app, EstimateArgs& a) {
   app.add_option("--gpu", a.gpu, "a GPU by name: RTX 3090, RTX 4090, L40S, A100 40GB, A100 80GB, H100 PCIe, "
@@ -41,6 +47,81 @@ void estimate_add_rate_options(CLI::App& app, EstimateArgs& a) {
                                        "bandwidth (a 512 MiB file, removed after) instead of the assumed defaults");
 }
 
+
+// Whether one of the "section.key=value" overrides sets `key`.
+bool overrides_set(const std::vector<std::string>& overrides, const std::string& key) {
+  for (const std::string& o : overrides)
+    if (o.compare(0, key.size() + 1, key + "=") == 0) return true;
+  return false;
+}
+
+// A value as a TOML string, for an override: a path is not always a bare word ("2024", "true").
+std::string toml_quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + '"';
+}
+
+// --nvme-path and --optimizer as overrides after the user's (they win), so that the recipe's own
+// checks see them: offload.optimizer = "nvme" needs offload.nvme_path.
+std::vector<std::string> with_command_line_placement(const EstimateArgs& a, std::vector<std::string> overrides) {
+  if (!a.nvme_path.empty()) overrides.push_back("offload.nvme_path=" + toml_quoted(a.nvme_path));
+  if (!a.optimizer.empty()) overrides.push_back("offload.optimizer=" + toml_quoted(a.optimizer));
+  return overrides;
+}
+
+// config.json's torch_dtype as strata's compute dtype: bfloat16 and float16 weights train in bf16
+// (strata computes in bf16 or f32, not f16), float32 in f32; "" when it says neither.
+std::string config_compute_dtype(const ModelConfig& cfg) {
+  if (cfg.torch_dtype == "bfloat16" || cfg.torch_dtype == "float16") return "bf16";
+  if (cfg.torch_dtype == "float32") return "f32";
+  return "";
+}
+
+// --model: the config (or the weights' dir) with the recipe defaults, and for what the user left
+// unset a run worth pricing rather than the recipe defaults' 1 x 256 tokens: the config's own
+// dtype, sequence_len 2048, and about 64k tokens per optimizer step (gradient accumulation over
+// micro_batch_size x sequence_len). Each default chosen is listed, for the report's first line.
+EstimateRecipe model_recipe(const EstimateArgs& a) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path m = fs::absolute(a.model);
+  const bool dir = fs::is_directory(m, ec);
+  STRATA_CHECK(dir || fs::is_regular_file(m, ec), "--model ", a.model, " is neither a model directory nor a config.json");
+  const bool weights = dir && (fs::exists(m / "model.safetensors.index.json", ec) || fs::exists(m / "model.safetensors", ec));
+  const fs::path config = dir ? m / "config.json" : m;
+  const std::string model_key = weights ? str_cat("path = ", toml_quoted(m.string()))
+                                        : str_cat("config = ", toml_quoted(config.string()));
+  // data.path is not read by the estimate; the recipe needs one
+  const std::string text = str_cat("[model]\n", model_key, "\n[data]\npath = \"(not read by strata estimate)\"\n");
+  EstimateRecipe out{Recipe{}, nlohmann::json::object()};
+  std::vector<std::string> defaults;  // before the user's overrides
+  const std::string dtype = config_compute_dtype(hf_config_load(config.string()));
+  if (!dtype.empty() && !overrides_set(a.overrides, "model.dtype")) {
+    defaults.push_back("model.dtype=" + dtype);
+    out.model_defaults["model.dtype"] = dtype;
+  }
+  if (!overrides_set(a.overrides, "data.sequence_len")) {
+    defaults.push_back(str_cat("data.sequence_len=", kModelSequenceLen));
+    out.model_defaults["data.sequence_len"] = kModelSequenceLen;
+  }
+  auto parse = [&] {
+    std::vector<std::string> all = defaults;
+    all.insert(all.end(), a.overrides.begin(), a.overrides.end());
+    return recipe_parse(text, "strata estimate --model", with_command_line_placement(a, all));
+  };
+  out.recipe = parse();
+  if (!overrides_set(a.overrides, "train.gradient_accumulation_steps") && !overrides_set(a.overrides, "train.global_batch_size")) {
+    const int64_t k = std::max<int64_t>(1, kModelTokensPerStep / (out.recipe.micro_batch_size * out.recipe.sequence_len));
+    defaults.push_back(str_cat("train.gradient_accumulation_steps=", k));
+    out.model_defaults["train.gradient_accumulation_steps"] = k;
+    out.recipe = parse();
+  }
+  return out;
+}
 }  // namespace
 
 bool estimate_args_parse(const std::vector<std::string>& args, EstimateArgs& a, int* exit_code) {
@@ -60,24 +141,14 @@ bool estimate_args_parse(const std::vector<std::string>& args, EstimateArgs& a, 
   return true;
 }
 
-Recipe estimate_recipe(const EstimateArgs& a) {
-  namespace fs = std::filesystem;
-  if (!a.recipe_path.empty()) return recipe_load(a.recipe_path, a.overrides);
-  std::error_code ec;
-  const fs::path m = fs::absolute(a.model);
-  const bool dir = fs::is_directory(m, ec);
-  STRATA_CHECK(dir || fs::is_regular_file(m, ec), "--model ", a.model, " is neither a model directory nor a config.json");
-  const bool weights = dir && (fs::exists(m / "model.safetensors.index.json", ec) || fs::exists(m / "model.safetensors", ec));
-  const std::string model_key = weights ? str_cat("path = \"", m.string(), "\"")
-                                        : str_cat("config = \"", (dir ? m / "config.json" : m).string(), "\"");
-  // data.path is not read by the estimate; the recipe needs one
-  return recipe_parse(str_cat("[model]\n", model_key, "\n[data]\npath = \"(not read by strata estimate)\"\n"),
-                      "strata estimate --model", a.overrides);
+EstimateRecipe estimate_recipe(const EstimateArgs& a) {
+  if (!a.recipe_path.empty())
+    return {recipe_load(a.recipe_path, with_command_line_placement(a, a.overrides)), nlohmann::json::object()};
+  return model_recipe(a);
 }
 
 void estimate_plan_setup(const EstimateArgs& a, const Recipe& recipe, PlanInputs& in, PlanBudgets& budgets) {
   in = recipe_plan_inputs(recipe);
-  if (!a.optimizer.empty()) in.optimizer = state_tier_parse(a.optimizer);  // else the recipe's offload.optimizer
   in.resume = a.resume;
   in.baseline_bytes = process_rss_bytes();  // the same binary and libraries as `strata train`
   budgets = recipe_plan_budgets(recipe);
@@ -85,7 +156,6 @@ void estimate_plan_setup(const EstimateArgs& a, const Recipe& recipe, PlanInputs
     budgets.host_bytes = parse_bytes(a.host_memory, "--host-memory");
     budgets.host_origin = "--host-memory " + a.host_memory;
   }
-  if (!a.nvme_path.empty()) budgets.nvme_dir = a.nvme_path;  // else the recipe's offload.nvme_path
   if (!a.nvme_memory.empty()) budgets.nvme_bytes = parse_bytes(a.nvme_memory, "--nvme-memory");
 }
 

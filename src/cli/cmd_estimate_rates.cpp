@@ -20,31 +20,57 @@ namespace fs = std::filesystem;
 
 std::string gb_per_s(double bytes_per_s) { return str_cat(bytes_per_s / 1e9, " GB/s"); }
 
-// --rates-from: the CPU backend's rates as a run of the same recipe measured them, per step: each
-// step of its metrics.jsonl after the first gives a rate per kind of work, its op_s (the device's
-// time per op family) over the work DeviceWork counts for the step (matmul: the layers' GEMMs;
-// attention; norm + rope + elementwise: the memory-bound ops; cross_entropy: the lm_head's fused
-// chunks). One step's rates together, not each kind's median apart: on a shared machine a step
-// is slow in all its ops at once. Sorted by the step's device time (op_s summed). NVMe likewise:
-// the step's bytes read and written over its disk-busy time (metrics.jsonl's nvme_busy_s), the
-// throughput the disk gave the run's own mix of reads and writes, for both directions.
-RunStepRates run_step_rates(const nlohmann::json& j, const DeviceWork& work, double head) {
+// What a step of the run did, as the step model counts it: the device's work by kind, and the
+// parameters AdamW updates.
+struct RunStepWork {
+  DeviceWork device;
+  double head = 0, params = 0;
+  bool optimizer_on_nvme = false;
+};
+
+// --rates-from: the rates as a run of the same recipe measured them, per step: each step of its
+// metrics.jsonl after the first gives a rate per kind of work, its op_s (the device's time per op
+// family) over the work DeviceWork counts for the step (matmul: the layers' GEMMs; attention;
+// norm + rope + elementwise: the memory-bound ops; cross_entropy: the lm_head's fused chunks).
+// One step's rates together, not each kind's median apart: on a shared machine a step is slow in
+// all its ops at once. Sorted by the step's device time (op_s summed). The rest from the same step:
+//  - NVMe: bytes read and written over its disk-busy time (nvme_busy_s), the throughput the disk
+//    gave the run's own mix of reads and writes, for both directions;
+//  - the link: its bytes over the copy streams' busy time (link_busy_s: a throttled link's sleeps
+//    included). Not the host's memory bandwidth: an unthrottled CPU-backend copy's memcpy runs on
+//    cores the compute shares (3-5 GB/s here, against 50+ for a lone memcpy), and its cost is in
+//    the op times already; the host's rate stays --measure's or the assumed one;
+//  - AdamW: the parameters over the time the device waited for the update (optimizer_exposed_s)
+//    less, with the state on NVMe, the update's waits for the disk (nvme_wait_s: the NVMe term's).
+//    Not the host worker's whole busy time (optimizer_s): the op times above were measured while
+//    it shared the cores, so they already carry its share of them, and the step model adds the
+//    update to the compute on the CPU backend.
+RunStepRates run_step_rates(const nlohmann::json& j, const RunStepWork& w) {
   const nlohmann::json& o = j["op_s"];
-  auto sec = [&](std::initializer_list<const char*> kinds) {
-    double t = 0;
-    for (const char* k : kinds) t += o.value(k, 0.0);
-    return std::max(t, 1e-9);
-  };
   RunStepRates r;
   r.step = j["step"].get<int64_t>();
   for (const auto& [kind, t] : o.items()) r.device_s += t.get<double>();
-  r.rates.matmul_flops_per_s = work.matmul_flops / sec({"matmul"});
-  r.rates.attention_flops_per_s = work.attention_flops / sec({"attention"});
-  r.rates.elementwise_bytes_per_s = work.elementwise_bytes / sec({"norm", "rope", "elementwise"});
-  r.rates.head_flops_per_s = head / sec({"cross_entropy"});
+  // The compute stream's time beyond its ops (memsets, the copies issued on it, each task's
+  // dispatch: 3-6% here) is device time the step pays too: spread over the kinds by their op time.
+  const double stream = r.device_s > 0 ? std::max(1.0, j.value("compute_s", 0.0) / r.device_s) : 1.0;
+  auto sec = [&](std::initializer_list<const char*> kinds) {
+    double t = 0;
+    for (const char* k : kinds) t += o.value(k, 0.0);
+    return std::max(t * stream, 1e-9);
+  };
+  r.rates.matmul_flops_per_s = w.device.matmul_flops / sec({"matmul"});
+  r.rates.attention_flops_per_s = w.device.attention_flops / sec({"attention"});
+  r.rates.elementwise_bytes_per_s = w.device.elementwise_bytes / sec({"norm", "rope", "elementwise"});
+  r.rates.head_flops_per_s = w.head / sec({"cross_entropy"});
   const double nvme_bytes = j.value("nvme_read_bytes", 0.0) + j.value("nvme_write_bytes", 0.0);
   const double nvme_busy = j.value("nvme_busy_s", 0.0);
   if (nvme_bytes > 0 && nvme_busy > 0) r.rates.nvme_bytes_per_s = nvme_bytes / nvme_busy;
+  const double link_bytes = j.value("link_bytes", 0.0), link_busy = j.value("link_busy_s", 0.0);
+  if (link_bytes > 0 && link_busy > 0) r.rates.link_bytes_per_s = link_bytes / link_busy;
+  double exposed = j.value("optimizer_exposed_s", 0.0);
+  if (w.optimizer_on_nvme) exposed -= j.value("nvme_wait_s", 0.0);
+  // an update hidden behind the disk's waits says nothing about AdamW: its rate stays as it was
+  if (exposed > 0.05 * j.value("optimizer_exposed_s", 0.0)) r.rates.adamw_params_per_s = w.params / exposed;
   return r;
 }
 
@@ -55,16 +81,18 @@ std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpe
   std::ifstream f(file);
   STRATA_CHECK(f.good(), "--rates-from ", path, ": cannot read ", file.string(), " (give a run's output dir or its metrics.jsonl)");
   const int64_t N = in.micro_batch * in.sequence_len;
-  const DeviceWork work = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
-  const double head = head_work(spec, N, spec.config.vocab_size, int64_t(plan.kept_logit_rows)).head_flops *
-                      double(grad_accum);
+  RunStepWork work;
+  work.device = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
+  work.head = head_work(spec, N, spec.config.vocab_size, int64_t(plan.kept_logit_rows)).head_flops * double(grad_accum);
+  work.params = double(spec.parameter_count());  // as step_estimate prices AdamW
+  work.optimizer_on_nvme = plan.optimizer_on_nvme;
   std::vector<RunStepRates> steps;
   for (std::string line; std::getline(f, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("op_s") || !j.contains("step") || j["step"].get<int64_t>() < 2) continue;
     STRATA_CHECK(j["tokens"].get<int64_t>() == N * grad_accum, "--rates-from ", file.string(), ": its steps ran ",
                  j["tokens"].get<int64_t>(), " tokens, this recipe's run ", N * grad_accum, " (estimate the recipe that run used)");
-    steps.push_back(run_step_rates(j, work, head));
+    steps.push_back(run_step_rates(j, work));
   }
   STRATA_CHECK(!steps.empty(), "--rates-from ", file.string(), ": no step after the first with op_s (run at least 2 steps)");
   std::sort(steps.begin(), steps.end(), [](const RunStepRates& x, const RunStepRates& y) { return x.device_s < y.device_s; });
@@ -115,8 +143,9 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
     r.device_text = str_cat("the CPU backend (", format_bytes(budgets.device_bytes), " arena in process memory, ",
                             r.rates.device_flops_per_s / 1e9, " GFLOP/s measured here)");
   } else {
-    STRATA_CHECK(!a.gpu_memory.empty() && a.gpu_flops > 0 && a.link_gbps > 0, "for a GPU not in the table give "
-                 "--gpu-memory, --gpu-flops and --link-gbps (or --gpu NAME)");
+    // whether it fits needs the memory alone; the step time needs the speeds too (estimate_missing_speeds)
+    STRATA_CHECK(!a.gpu_memory.empty(), "for a GPU not in the table give --gpu-memory (and for a step time "
+                 "--gpu-flops and --link-gbps), or --gpu NAME");
     in.device_in_host_ram = false;
     in.device_is_cuda = true;
     r.device_text = "a GPU given by its figures";
@@ -127,13 +156,20 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
   }
   // where each rate comes from: the GPU table, measured here, given, or an assumption (the
   // StepRates defaults), printed beside the step time
-  r.source = {{"device", a.gpu.empty() ? "measured here (CPU GEMM)" : "datasheet"},
-              {"link", "datasheet"}, {"nvme_read", "assumed"},
+  const bool table = !a.gpu.empty();
+  r.source = {{"device", table ? "datasheet" : cpu_backend ? "measured here (CPU GEMM)" : "not given"},
+              {"link", table ? "datasheet" : "not given"}, {"nvme_read", "assumed"},
               {"nvme_write", "assumed"}, {"adamw", "assumed"}, {"host", "assumed"},
               {"checksum", "assumed"}};
   if (cpu_backend)
     r.source["link"] = recipe.device_link_bytes_per_s > 0 ? "device.link_bandwidth (throttle)" : "memcpy (host bandwidth)";
   return r;
+}
+
+std::string estimate_missing_speeds(const EstimateRates& r) {
+  const bool device = r.rates.device_flops_per_s > 0, link = r.rates.link_bytes_per_s > 0;
+  if (device && link) return "";
+  return str_cat(device ? "" : "--gpu-flops F", !device && !link ? " and " : "", link ? "" : "--link-gbps G");
 }
 
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
@@ -142,11 +178,15 @@ void estimate_rates_from(const std::string& path, const Recipe& recipe, const Mo
   r.run_steps = rates_from_run(path, spec, in, plan, plan.accumulation_steps);
   const RunStepRates& median = r.run_steps[(r.run_steps.size() - 1) / 2];
   use_run_rates(r.rates, median.rates);
+  const std::string from = str_cat("from ", path, " (step ", median.step);
   r.source["device"] = r.source["attention"] = r.source["elementwise"] = r.source["head"] =
-      str_cat("from ", path, " (step ", median.step, ": the median device time of its steps after the first)");
-  if (median.rates.nvme_bytes_per_s > 0)
-    r.source["nvme_read"] = r.source["nvme_write"] =
-        str_cat("from ", path, " (step ", median.step, ": NVMe bytes read + written over its disk-busy time)");
+      from + ": the median device time of its steps after the first)";
+  const MeasuredRates& m = median.rates;
+  if (m.nvme_bytes_per_s > 0)
+    r.source["nvme_read"] = r.source["nvme_write"] = from + ": NVMe bytes read + written over its disk-busy time)";
+  if (m.link_bytes_per_s > 0) r.source["link"] = from + ": link bytes over the copy streams' busy time)";
+  if (m.adamw_params_per_s > 0)
+    r.source["adamw"] = from + ": parameters over the update's exposed time less its NVMe waits)";
 }
 
 void estimate_given_rates(const EstimateArgs& a, EstimateRates& r) {
@@ -167,6 +207,8 @@ void use_run_rates(StepRates& rates, const MeasuredRates& m) {
   rates.elementwise_bytes_per_s = m.elementwise_bytes_per_s;
   rates.head_flops_per_s = m.head_flops_per_s;
   if (m.nvme_bytes_per_s > 0) rates.nvme_read_bytes_per_s = rates.nvme_write_bytes_per_s = m.nvme_bytes_per_s;
+  if (m.link_bytes_per_s > 0) rates.link_bytes_per_s = m.link_bytes_per_s;
+  if (m.adamw_params_per_s > 0) rates.adamw_params_per_s = m.adamw_params_per_s;
 }
 
 }  // namespace strata

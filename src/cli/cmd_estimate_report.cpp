@@ -32,7 +32,12 @@ void json_run_steps(const EstimateReport& r, nlohmann::json& step) {
 
 // The step's time, where it goes, what it moves and the rates it was priced at.
 void print_step(const EstimateReport& r) {
-  const StepEstimate& step = r.step;
+  if (!r.step) {
+    std::printf("step: not estimated (whether it fits needs no speeds): give %s, or --gpu NAME, for a step time\n",
+                r.missing_speeds.c_str());
+    return;
+  }
+  const StepEstimate& step = *r.step;
   std::printf("step: %.4g s, %.4g tokens/s, MFU %.1f%%, bottleneck %s\n", step.seconds, step.tokens_per_s,
               100 * step.mfu, step.bottleneck.c_str());
   for (const auto& [name, s] : step.components) std::printf("  %-10s %.4g s\n", name.c_str(), s);
@@ -58,28 +63,68 @@ void print_step(const EstimateReport& r) {
   if (assumed) std::printf("  (assumed rates are typical figures, not this machine's: --measure measures them here)\n");
 }
 
+
+// --model's defaults, the report's first line: the shape and dtype priced when the user set none.
+std::string model_defaults_line(const EstimateReport& r) {
+  const Recipe& rc = r.recipe;
+  std::string dtype;
+  if (r.model_defaults.contains("model.dtype"))
+    dtype = str_cat(", ", rc.model_dtype, " (config.json's torch_dtype)");
+  return str_cat("priced at sequence ", rc.sequence_len, ", ", rc.micro_batch_size * rc.gradient_accumulation_steps, " x ",
+                 rc.sequence_len, " tokens per step (micro_batch_size ", rc.micro_batch_size, " x gradient accumulation ",
+                 rc.gradient_accumulation_steps, ")", dtype, " (defaults for --model; override with data.sequence_len=..., "
+                 "train.micro_batch_size=..., train.gradient_accumulation_steps=..., model.dtype=...)");
+}
+
+// The shape priced, --model's defaults and the largest micro-batch at the recipe's global batch.
+void json_shape(const EstimateReport& r, nlohmann::json& out) {
+  out["model_defaults"] = r.model_defaults;
+  out["max_micro_batch_at_global_batch"] = {{"micro_batch_size", r.split.micro_batch_size},
+                                            {"gradient_accumulation_steps", r.split.accumulation},
+                                            {"global_batch", r.split.global_batch}};
+}
+
+// The largest sizes that fit: micro_batch_size with the accumulation held, micro_batch_size with
+// the global batch held (the accumulation shrinking to match), sequence_len.
+void print_largest(const EstimateReport& r) {
+  const BatchSplit& s = r.split;
+  std::printf("largest micro_batch_size that fits (sequence_len %ld, gradient accumulation %ld held): %ld\n",
+              long(r.in.sequence_len), long(r.plan.accumulation_steps), long(r.max_batch));
+  std::printf("largest micro_batch_size at the global batch of %ld sequences (micro_batch_size x gradient accumulation "
+              "= %ld): %s\n",
+              long(s.global_batch), long(s.global_batch),
+              s.micro_batch_size ? str_cat(s.micro_batch_size, " (x ", s.accumulation, ")").c_str() : "none fits");
+  std::printf("largest sequence_len that fits (micro_batch_size %ld): %ld\n", long(r.in.micro_batch), long(r.max_seq));
+}
 }  // namespace
 
 void estimate_print_json(const EstimateReport& r) {
   const RunPlan& plan = r.plan;
-  const StepEstimate& step = r.step;
   nlohmann::json j = placement_plan_json(plan);
   nlohmann::json out = {{"fits", plan.fits()}, {"tiers", j["tiers"]}, {"states", j["states"]},
                         {"accumulation", plan.group > 1 ? "layer_major" : "micro_batch"},
                         {"max_micro_batch_size", r.max_batch}, {"max_sequence_len", r.max_seq}};
+  json_shape(r, out);
+  out["micro_batch_size"] = plan.micro_batch / std::max<int64_t>(1, r.in.pair_rows);
+  out["gradient_accumulation_steps"] = plan.accumulation_steps;
+  out["changes"] = nlohmann::json::array();
+  for (const PlanChange& c : plan.changes)  // the step each gives: null without the speeds to price it
+    out["changes"].push_back({{"set", c.set}, {"tier", c.tier == Tier::host_pinned ? "host" : tier_name(c.tier)},
+                              {"saves_bytes", c.saves_bytes}, {"fits", c.fits},
+                              {"step_seconds", c.step_seconds > 0 ? nlohmann::json(c.step_seconds) : nlohmann::json()},
+                              {"what", c.what}});
+  if (!r.step) {  // a GPU given by its memory alone: whether it fits, no step time
+    out["step"] = nullptr;
+    std::printf("%s\n", out.dump().c_str());
+    return;
+  }
+  const StepEstimate& step = *r.step;
   out["step"] = {{"seconds", step.seconds}, {"tokens_per_s", step.tokens_per_s}, {"mfu", step.mfu},
                  {"bottleneck", step.bottleneck}, {"components", step.components}, {"compute_parts", step.compute_parts},
                  {"bytes", {{"h2d", step.bytes.h2d}, {"d2h", step.bytes.d2h}, {"link", step.bytes.link()},
                             {"nvme_read", step.bytes.nvme_read()}, {"nvme_write", step.bytes.nvme_write()}}}};
   for (const auto& [name, v] : r.rates.values())
     out["step"]["rates"][name] = {{"value", v}, {"source", source_of(r.rates, name)}};
-  out["micro_batch_size"] = plan.micro_batch / std::max<int64_t>(1, r.in.pair_rows);
-  out["gradient_accumulation_steps"] = plan.accumulation_steps;
-  out["changes"] = nlohmann::json::array();
-  for (const PlanChange& c : plan.changes)
-    out["changes"].push_back({{"set", c.set}, {"tier", c.tier == Tier::host_pinned ? "host" : tier_name(c.tier)},
-                              {"saves_bytes", c.saves_bytes}, {"fits", c.fits}, {"step_seconds", c.step_seconds},
-                              {"what", c.what}});
   if (!r.rates.run_steps.empty()) json_run_steps(r, out["step"]);
   std::printf("%s\n", out.dump().c_str());
 }
@@ -87,6 +132,7 @@ void estimate_print_json(const EstimateReport& r) {
 void estimate_print_text(const EstimateReport& r) {
   const RunPlan& plan = r.plan;
   const PlanInputs& in = r.in;
+  if (!r.model_defaults.empty()) std::printf("%s\n", model_defaults_line(r).c_str());
   const bool resident = plan.weights == WeightsMode::device;
   std::printf("strata estimate: %s, %.3gB parameters (%s); micro_batch_size %ld x sequence_len %ld, gradient "
               "accumulation %ld (%s); weights %s\ndevice: %s\nfits: %s\n",
@@ -103,9 +149,7 @@ void estimate_print_text(const EstimateReport& r) {
     std::printf(plan.fits() ? "faster, if you opt in (the step is %.3g s now):\n" : "what to change:\n", plan.step_seconds);
     for (const PlanChange& c : plan.changes) std::printf("  - %s\n", placement_change_text(c).c_str());
   }
-  std::printf("largest micro_batch_size that fits (sequence_len %ld): %ld\nlargest sequence_len that fits "
-              "(micro_batch_size %ld): %ld\n",
-              long(in.sequence_len), long(r.max_batch), long(in.micro_batch), long(r.max_seq));
+  print_largest(r);
   print_step(r);
 }
 

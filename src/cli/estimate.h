@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/model_spec.h"
 #include "offload/plan/placement_plan.h"
 #include "offload/plan/step_estimate.h"
@@ -28,10 +30,20 @@ struct EstimateArgs {
 // The arguments into `a`; false when the command is not to run (*exit_code: 0 after --help, 2 on
 // bad usage). A recipe or --model, one of them (an error otherwise).
 bool estimate_args_parse(const std::vector<std::string>& args, EstimateArgs& a, int* exit_code);
-// The recipe to price: the file with its overrides, or --model's config with the defaults.
-Recipe estimate_recipe(const EstimateArgs& a);
-// The recipe's plan inputs and budgets, with --optimizer, --resume, --host-memory, --nvme-path and
-// --nvme-memory in place of the recipe's; the process baseline measured now (VmRSS).
+// The recipe to price, and the defaults --model chose for what the user left unset.
+struct EstimateRecipe {
+  Recipe recipe;
+  // --model: {"model.dtype": config.json's torch_dtype as bf16 or f32, "data.sequence_len": 2048,
+  // "train.gradient_accumulation_steps": about 64k tokens per step}, each only where the user set
+  // none; said on the report's first line. Empty for a recipe file.
+  nlohmann::json model_defaults;
+};
+// The recipe file with its overrides, or --model's config with the recipe defaults and the
+// model_defaults above; --nvme-path and --optimizer as overrides after the user's, so the
+// recipe's checks see them (offload.optimizer = "nvme" needs offload.nvme_path).
+EstimateRecipe estimate_recipe(const EstimateArgs& a);
+// The recipe's plan inputs and budgets, with --resume, --host-memory and --nvme-memory in place
+// of the recipe's; the process baseline measured now (VmRSS).
 void estimate_plan_setup(const EstimateArgs& a, const Recipe& recipe, PlanInputs& in, PlanBudgets& budgets);
 
 // ---- the rates (cmd_estimate_rates.cpp, --measure: cmd_estimate_measure.cpp)
@@ -41,6 +53,7 @@ struct MeasuredRates {
   double adamw_params_per_s = 0, host_bytes_per_s = 0, checksum_bytes_per_s = 0;
   double matmul_flops_per_s = 0, attention_flops_per_s = 0, elementwise_bytes_per_s = 0, head_flops_per_s = 0;
   double nvme_bytes_per_s = 0;  // --rates-from: bytes read + written over the run's disk-busy time (0: none)
+  double link_bytes_per_s = 0;  // --rates-from: link bytes over the copy streams' busy time (0: not recorded)
 };
 
 // One step of a run's metrics.jsonl (--rates-from): its device time and its rates.
@@ -70,16 +83,34 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
 // NVMe directory its read and write bandwidth.
 void estimate_measure(const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets,
                       EstimateRates& r);
-// --rates-from: the device's (and NVMe's) rates of the run's median step by device time.
+// What the step time still needs, as options to give ("--gpu-flops F and --link-gbps G"; "" when
+// nothing): a GPU given by --gpu-memory alone answers whether the run fits, without a step time.
+std::string estimate_missing_speeds(const EstimateRates& r);
+// --rates-from: the rates a run measures, from its median step by device time: the device's by
+// kind of work (op_s), the link's (link_busy_s), AdamW's (the update's exposed time less its NVMe
+// waits), NVMe's (nvme_busy_s). The host's memory bandwidth and crc32c rate are not a run's
+// (--measure's). The CPU backend only (its device rates are its op times').
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r);
 // --gpu-flops, --link-gbps, --nvme-read-gbps, --nvme-write-gbps, --adamw-params-per-s: given
 // rates win over every other source.
 void estimate_given_rates(const EstimateArgs& a, EstimateRates& r);
-// The device's rates of a run's step in place of StepRates' (the square-GEMM peak stays MFU's).
+// A run's step's rates in place of StepRates' (the square-GEMM peak stays MFU's); a rate the run
+// did not measure (0) leaves StepRates' as it was.
 void use_run_rates(StepRates& rates, const MeasuredRates& m);
 
 // ---- the report (cmd_estimate_report.cpp)
+
+// A split of the global batch (micro_batch_size x gradient_accumulation_steps, in sequences).
+struct BatchSplit {
+  int64_t micro_batch_size = 0, accumulation = 0;  // 0: no split fits
+  int64_t global_batch = 0;
+};
+
+// The largest micro_batch_size whose plan fits when micro_batch_size x gradient_accumulation_steps
+// stays the recipe's global batch (the micro-batch divides it; accumulation = global / micro).
+BatchSplit estimate_max_micro_batch_at_global_batch(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
+                                                    int64_t micro_batch_size, int64_t accumulation);
 
 struct EstimateReport {
   const ModelSpec& spec;
@@ -88,11 +119,15 @@ struct EstimateReport {
   const PlanInputs& in;
   const RunPlan& plan;
   const EstimateRates& rates;
-  const StepEstimate& step;
-  int64_t max_batch = 0, max_seq = 0;  // the largest micro_batch_size and sequence_len that fit
+  const StepEstimate* step;  // null: no speeds given (missing_speeds says which)
+  int64_t max_batch = 0, max_seq = 0;  // the largest micro_batch_size (accumulation held) and sequence_len that fit
+  BatchSplit split;                    // the largest micro_batch_size at the recipe's global batch
+  const nlohmann::json& model_defaults;
+  std::string missing_speeds;
 };
 
-// One JSON object (--json): fits, tiers, states, accumulation, the largest sizes and the step.
+// One JSON object (--json): fits, tiers, states, accumulation, the largest sizes, --model's
+// defaults and the step (null without speeds).
 void estimate_print_json(const EstimateReport& r);
 // The table: the model, the device, whether it fits (and what to change), the plan, the step.
 void estimate_print_text(const EstimateReport& r);

@@ -262,7 +262,8 @@ void check_model_data_train(const Recipe& rc, const Reader& r) {
   STRATA_CHECK(rc.keep_last >= 0, r.where("checkpoint.keep_last"), ": checkpoint.keep_last must be >= 0 (0 keeps all)");
 }
 
-// [lora] (only when LoRA is on).
+// [lora] (only when LoRA is on). A pretrained base (model.path) is the trainer's to require
+// (src/train/trainer.cpp): `strata estimate` prices LoRA on a model.config alone.
 void check_lora(const Recipe& rc, const Reader& r) {
   if (!rc.lora_enabled) return;
   STRATA_CHECK(rc.lora_r >= 1, r.where("lora.r"), ": lora.r must be at least 1 (16 is PEFT's usual)");
@@ -274,7 +275,6 @@ void check_lora(const Recipe& rc, const Reader& r) {
                  "\"; use PEFT's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
   STRATA_CHECK(rc.lora_dropout >= 0.0 && rc.lora_dropout < 1.0, r.where("lora.dropout"), ": lora.dropout = ",
                rc.lora_dropout, " must be in [0, 1) (PEFT's usual: 0.05 or 0.1)");
-  STRATA_CHECK(!rc.model_path.empty(), r.origin, ": LoRA trains adapters on a pretrained base: set model.path");
   STRATA_CHECK(rc.modes.optimizer == OptimizerKind::adamw, r.where("optim.type"), ": LoRA trains with optim.type = \"adamw\"");
   STRATA_CHECK(rc.modes.optimizer_tier != StateTier::nvme, r.where("offload.optimizer"), ": with LoRA the base has no optimizer "
                "state (the adapters' is small and stays in RAM); set offload.optimizer = \"auto\"");

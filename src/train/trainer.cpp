@@ -40,6 +40,7 @@
 #include "src/train/progress.h"
 #include "src/train/run_dir.h"
 #include "src/train/shared_store.h"
+#include "src/train/step_calibration.h"
 #include "src/train/training_data.h"
 #include "src/train/zo_step.h"
 
@@ -92,6 +93,8 @@ void check_inputs(const Recipe& rc) {
   if (!rc.model_config.empty())
     STRATA_CHECK(fs::exists(rc.model_config, ec), "model.config ", rc.model_config, " does not exist: give the "
                  "config.json of the model to initialise");
+  STRATA_CHECK(!rc.lora_enabled || !rc.model_path.empty(), rc.source_path, ": LoRA trains adapters on a pretrained "
+               "base: set model.path (model.config alone prices the run with strata estimate, but has no weights to adapt)");
   if (!rc.nvme_path.empty()) nvme_path_check(rc.nvme_path);
   if (!rc.eval_path.empty())
     STRATA_CHECK(fs::exists(rc.eval_path, ec), "data.eval_path ", rc.eval_path, " does not exist: give the "
@@ -195,6 +198,7 @@ class TrainRun {
   void evaluate(int64_t step);
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
   double step_mfu(const StepResult& r);
+  void check_step_model(const StepResult& r, nlohmann::json& rec);
   // the engine of the run's optimizer: first order (engine_) or zeroth order (zo_engine_)
   void engine_synchronize() { engine_->synchronize(); }
   EngineStats engine_stats() const { return engine_->stats(); }
@@ -871,7 +875,8 @@ void TrainRun::record(const StepResult& r) {
       {"nvme_busy_s", e1.nvme_busy_s - e0.nvme_busy_s},
       {"device_peak_bytes", dev_->peak_bytes()}, {"host_pinned_bytes", store_->pinned_bytes() + (first_order_ ? first_order_->pinned_bytes() : 0)},
       {"host_bytes", host_bytes_}, {"host_rss_peak_bytes", process_rss_peak_bytes()},
-      {"link_bytes", e1.link_bytes - e0.link_bytes}};
+      {"link_bytes", e1.link_bytes - e0.link_bytes},
+      {"link_busy_s", (r.c1.h2d_busy_s - r.c0.h2d_busy_s) + (r.c1.d2h_busy_s - r.c0.d2h_busy_s)}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
   if (!r.preference.is_null()) rec.update(r.preference);
   rec.update(r.extra);
@@ -882,7 +887,28 @@ void TrainRun::record(const StepResult& r) {
     rec["comm_hidden_s"] = r.g1.hidden_s - r.g0.hidden_s;
   }
   if (!r.workers.is_null()) rec["workers"] = r.workers;
+  check_step_model(r, rec);
   if (metrics_) metrics_->write(rec);
+}
+
+// The step model against this run (src/train/step_calibration.h), on rank 0 at the run's third step
+// (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
+void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
+  if (!metrics_ || (r.step != first_step_ + 2 && r.step != first_step_ + 9)) return;
+  const StepRates rates = step_calibration_rates(peak_, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);
+  PlanInputs in = plan_in_;
+  in.weights = plan_.weights;  // as the plan resolved offload.weights = "auto"
+  const StepEstimate e = step_estimate(store_->spec(), in, plan_, rc_.gradient_accumulation_steps, rates,
+                                       rc_.zo_perturbations);
+  StepPhases m;
+  m.step = r.step;
+  m.step_s = r.run_s;
+  m.compute_s = r.e1.compute_s - r.e0.compute_s;
+  m.link_s = std::max(r.c1.h2d_busy_s - r.c0.h2d_busy_s, r.c1.d2h_busy_s - r.c0.d2h_busy_s);
+  m.nvme_s = r.e1.nvme_busy_s - r.e0.nvme_busy_s;
+  m.optimizer_s = r.e1.optimizer_s - r.e0.optimizer_s;
+  rec["step_model"] = step_calibration(e, rates, m);
+  progress_.message("strata train: " + step_calibration_line(rec["step_model"]));
 }
 
 TrainSummary TrainRun::interrupted(int64_t step) {
