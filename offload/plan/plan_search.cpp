@@ -176,7 +176,11 @@ std::vector<std::pair<int64_t, int64_t>> batch_splits(const PlanInputs& in) {
 }
 
 RunPlan search(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets, const StepRates& rates) {
-  Search s{spec, in, budgets, rates.device_flops_per_s > 0 ? rates : plan_default_rates(in)};
+  StepRates priced = rates;  // a rate not known is the search's stated default (only the order matters)
+  const StepRates fallback = plan_default_rates(in);
+  if (priced.device_flops_per_s <= 0) priced.device_flops_per_s = fallback.device_flops_per_s;
+  if (priced.link_bytes_per_s <= 0) priced.link_bytes_per_s = fallback.link_bytes_per_s;
+  Search s{spec, in, budgets, priced};
   s.groups = spec.layers.size() + 2;
   for (const auto& [micro, accum] : batch_splits(in)) {
     PlanInputs v = in;

@@ -23,7 +23,7 @@
 
 namespace strata {
 
-// The rates a search prices with when its caller has none (StepRates::device_flops_per_s = 0):
+// The rates a search prices with where its caller has none (a device FLOP/s or a link rate of 0):
 // a GPU of 400 TFLOP/s on a 25 GB/s link, or the CPU backend at 200 GFLOP/s with the link at
 // host memory speed. Only the order of the candidates depends on them.
 StepRates plan_default_rates(const PlanInputs& in);

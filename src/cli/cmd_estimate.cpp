@@ -55,10 +55,14 @@ int cmd_estimate(const std::vector<std::string>& args) {
     plan = placement_plan(spec, in, budgets, rates.rates);
   }
   const PlanInputs used = plan_resolved_inputs(in, plan);  // its split, weights and schedule
-  const int64_t max_batch = placement_max_micro_batch(spec, used, budgets, 1 << 14);
-  const int64_t max_seq = placement_max_sequence_len(spec, used, budgets, 1 << 20);
+  PlanInputs sized = in;  // the largest shapes: the plan's split, every "auto" still open
+  sized.micro_batch = plan.micro_batch;
+  sized.accumulation_steps = plan.accumulation_steps;
+  sized.global_batch = 0;
+  const int64_t max_batch = placement_max_micro_batch(spec, sized, budgets, 1 << 14);
+  const int64_t max_seq = placement_max_sequence_len(spec, sized, budgets, 1 << 20);
   const BatchSplit split = estimate_max_micro_batch_at_global_batch(
-      spec, used, budgets, plan.micro_batch / std::max<int64_t>(1, in.pair_rows), plan.accumulation_steps);
+      spec, sized, budgets, plan.micro_batch / std::max<int64_t>(1, in.pair_rows), plan.accumulation_steps);
   // a fit question needs no speeds: without the device's FLOP/s or the link's bandwidth the
   // report answers it and says what a step time would need (the plan was chosen at the search's
   // stated defaults; no step time is printed, nor the opt-ins that only make it faster)
