@@ -28,6 +28,7 @@
 
 namespace strata {
 
+// The NVMe groups' alone: [options.nvme_first_group, groups) (every group when it is 0).
 struct NvmeStateSizes {
   size_t file_bytes = 0;   // all files on NVMe
   size_t host_bytes = 0;   // window buffers + file engine staging
@@ -40,7 +41,8 @@ NvmeStateSizes nvme_state_sizes(const HostStoreLayout& layout, const HostStoreOp
 class NvmeStatePlacement final : public StatePlacement {
  public:
   // `ram_master`: the fp32 master when it stays in RAM (f32 compute mode: it is the store's
-  // working copy); null puts it on NVMe with the moments.
+  // working copy); null puts it on NVMe with the moments. Holds groups [options.nvme_first_group,
+  // n) alone (offload/state/split_state.h keeps the groups before in RAM).
   NvmeStatePlacement(HostStoreLayout layout, const HostStoreOptions& options, float* ram_master);
   ~NvmeStatePlacement() override;
 
@@ -77,13 +79,14 @@ class NvmeStatePlacement final : public StatePlacement {
   void wait_slot(Slot& s);                  // timed: the pass waits on NVMe
 
   HostStoreLayout layout_;
+  size_t first_group_;                     // groups [first_group_, n) are on NVMe (options.nvme_first_group)
   DType moments_;
   float* ram_master_;
   NvmeStateSizes sizes_;
   std::shared_ptr<NvmeRunDir> run_dir_;
   std::unique_ptr<FileEngine> io_;
   int file_[3] = {-1, -1, -1};
-  std::vector<uint64_t> file_base_[3];     // per array, per group
+  std::vector<uint64_t> file_base_[3];     // per array, per NVMe group (index: group - first_group_)
   std::vector<Slot> slots_;
   std::vector<Item> pass_;                 // the current pass's ranges, in order
   size_t next_ = 0, issued_ = 0;           // next range to acquire; ranges whose read was issued
