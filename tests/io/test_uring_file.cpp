@@ -675,9 +675,9 @@ TEST_CASE("file engine: destroyed with requests in flight on its checksum worker
       io.write(f, 0, data.data(), data.size());  // never waited: the destructor finishes it
       io.read(f, 0, back.data(), back.size());
     }
+    std::vector<unsigned char> again(data.size());  // declared first: it outlives the engine's reads
     FileEngine io(options(4096, 32, uring, nullptr, 3));
     const int f = io.open(path, FileOpen::existing);  // it was synced, its sidecar written
-    std::vector<unsigned char> again(data.size());
     io.wait(io.read(f, 0, again.data(), again.size()));
     CHECK(again == data);
     // and an error in flight with the workers, not waited for either
