@@ -3,10 +3,11 @@
 // per array under the run's NVMe folder, read and written through the io_uring file engine
 // (io/uring_file.h: O_DIRECT, a crc32c per block verified on every read).
 //
-// File layout: each array's file holds the groups one after another, each starting on a block
-// boundary (group g at file_base[a][g]; element e of the f32 arena inside group g is at
-// file_base[a][g] + (e - g's first element) x the array's element size: 4, or 2 for bf16
-// moments), so whole blocks move between disk and the aligned window buffers without a copy.
+// File layout: each array's file holds the groups on NVMe (all of them, or with a split
+// [nvme_first_group, n): offload/state/split_state.h) one after another, each starting on a block
+// boundary (group g at base = file_base[a][g - nvme_first_group]; element e of the f32 arena
+// inside group g is at base + (e - g's first element) x the array's element size: 4, or 2 for
+// bf16 moments), so whole blocks move between disk and the aligned window buffers without a copy.
 // With bf16 moments a range is a multiple of two blocks of f32, so its moments are whole blocks. The files are created at full size and their space reserved
 // (fallocate) before step 1: a disk too small fails then, not mid-run.
 //
