@@ -4,6 +4,7 @@
 #include "io/uring_file.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -118,6 +119,12 @@ struct FileEngine::Piece {
   bool in_user = false;               // caller's memory (a whole, 4096-aligned block: no copy)
   int stalls = 0;  // resubmissions in a row that moved nothing new
   bool in_kernel = false;  // counted by the disk-busy clock (disk_busy_begin .. _end)
+  // The checksum work (check_piece), on a worker or the I/O thread. In: user_lo, want, eof.
+  // Out: crc (a write's, or an RMW's patched block's), got (a read block's).
+  unsigned char* user_lo = nullptr;  // the caller's byte at the block's offset lo
+  uint32_t want = 0, got = 0, crc = 0;
+  bool eof = false;     // the read ended early inside the block (said in a mismatch)
+  bool sealed = false;  // a write whose checksum is done, waiting for the pieces started before it
 };
 
 // ---- the disk-busy clock (file_engines_busy_seconds) -------------------------------------------
@@ -156,6 +163,60 @@ double file_engines_busy_seconds() {
   return d.busy_s + (d.in_flight > 0 ? std::chrono::duration<double>(std::chrono::steady_clock::now() - d.since).count() : 0.0);
 }
 
+// ---- checksum threads --------------------------------------------------------------------------
+
+int file_engine_checksum_threads() {
+  cpu_set_t set;
+  int cores = 0;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+  if (cores <= 0) cores = int(std::thread::hardware_concurrency());
+  return std::clamp(cores, 1, 4);
+}
+
+// A piece's checksum work: touches only the piece, its block's memory and the caller's bytes,
+// so it runs on a worker while the I/O thread goes on.
+//   write: the caller's bytes into the zeroed staging block (unless the block is the caller's
+//          own memory); crc = the block's crc32c.
+//   read:  got = the block's crc32c (bytes past the transfer counted as zeros), copying the
+//          caller's bytes out as it goes; an RMW read that verifies then gets the caller's
+//          bytes patched in, and crc = the patched block's.
+void FileEngine::check_piece(Piece& p) const {
+  const size_t B = opt_.block_bytes;
+  if (p.stage == Piece::write) {
+    if (p.in_user) {
+      p.crc = crc32c(p.base, B);
+      return;
+    }
+    std::memset(p.base, 0, p.lo);
+    std::memset(p.base + p.hi, 0, B - p.hi);
+    p.crc = io_block_copy_crc(p.base, B, p.lo, p.hi, p.user_lo, true);
+    return;
+  }
+  if (p.in_user) {  // a read into the caller's memory covers the whole block
+    p.got = crc32c(p.base, B);
+    return;
+  }
+  std::memset(p.base + p.valid, 0, B - p.valid);
+  // (a read copies out as it verifies: on a mismatch the caller's bytes are unspecified)
+  p.got = io_block_copy_crc(p.base, B, p.lo, p.stage == Piece::read ? p.hi : p.lo, p.user_lo, false);
+  if (p.stage == Piece::rmw_read && p.got == p.want) p.crc = io_block_copy_crc(p.base, B, p.lo, p.hi, p.user_lo, true);
+}
+
+void FileEngine::check_thread_main() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    check_cv_.wait(lk, [&] { return check_stop_ || !check_jobs_.empty(); });
+    if (check_jobs_.empty()) return;  // stopping, and nothing is left
+    const int buf = check_jobs_.front();
+    check_jobs_.pop_front();
+    lk.unlock();
+    check_piece(*pieces_[size_t(buf)]);
+    lk.lock();
+    checked_.push_back(buf);
+    work_cv_.notify_one();  // the I/O thread, when the workers hold every piece
+  }
+}
+
 // ---- buffers --------------------------------------------------------------------------------------
 
 void IoBufferFree::operator()(unsigned char* p) const { std::free(p); }
@@ -179,6 +240,9 @@ FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
                opt_.block_bytes, ")");
   STRATA_CHECK(opt_.queue_depth >= 1 && opt_.queue_depth <= 4096,
                "the NVMe queue depth must be between 1 and 4096 (got ", opt_.queue_depth, ")");
+  STRATA_CHECK(opt_.checksum_threads >= 0 && opt_.checksum_threads <= 256,
+               "the NVMe checksum threads must be between 0 (the default) and 256 (got ", opt_.checksum_threads, ")");
+  if (opt_.checksum_threads == 0) opt_.checksum_threads = file_engine_checksum_threads();
   if (!opt_.warn)
     opt_.warn = [](const std::string& m) { std::fprintf(stderr, "strata: warning: %s\n", m.c_str()); };
   if (const char* env = std::getenv("STRATA_IO_FAULT"); env && *env) {
@@ -211,7 +275,24 @@ FileEngine::FileEngine(FileEngineOptions opt) : opt_(std::move(opt)) {
     }
   }
   if (!backend_) backend_ = file_backend_pread();
-  thread_ = std::thread([this] { io_thread_main(); });
+  try {
+    for (int i = 0; opt_.checksum_threads > 1 && i < opt_.checksum_threads; ++i)
+      checkers_.emplace_back([this] { check_thread_main(); });
+    thread_ = std::thread([this] { io_thread_main(); });
+  } catch (...) {  // no thread to spare: stop those started
+    stop_checkers();
+    throw;
+  }
+}
+
+void FileEngine::stop_checkers() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    check_stop_ = true;
+  }
+  check_cv_.notify_all();
+  for (std::thread& t : checkers_) t.join();
+  checkers_.clear();
 }
 
 FileEngine::~FileEngine() {
@@ -229,6 +310,7 @@ FileEngine::~FileEngine() {
   }
   work_cv_.notify_all();
   thread_.join();
+  stop_checkers();  // after the I/O thread: it leaves no piece with them
   backend_.reset();  // unregisters the buffers before staging_ goes
 }
 
@@ -444,16 +526,89 @@ void FileEngine::io_thread_main() {
       STRATA_ASSERT(active_.empty(), "the NVMe engine stalled with ", active_.size(), " requests");
       continue;
     }
-    // Finish what is ready; else wait for the kernel (briefly while buffers are free, so that a
-    // new request does not wait behind a long transfer).
-    if (!ready_.empty()) {
-      std::deque<std::pair<int, int64_t>> ready;
-      ready.swap(ready_);
-      for (auto [buf, res] : ready) io_complete(buf, res, false);
-    } else {
-      backend_->wait(free_bufs_.empty(), [this](int buf, int64_t res) { io_complete(buf, res, true); });
-    }
+    io_wait();
   }
+}
+
+// Finishes what is ready: pieces the checksum workers are done with, completions without the
+// ring. Else waits: for the kernel (briefly while buffers are free, so that a new request does
+// not wait behind a long transfer; briefly too while the workers hold pieces, as their finishing
+// does not wake the ring), or, when the workers hold every piece, for them.
+void FileEngine::io_wait() {
+  std::deque<int> checked;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (checked_.empty() && ready_.empty() && kernel_in_flight_ == 0) {
+      STRATA_ASSERT(checks_out_ > 0, "the NVMe engine has ", in_flight_, " pieces in flight and none to wait for");
+      work_cv_.wait(lk, [&] { return !checked_.empty(); });
+    }
+    checked.swap(checked_);
+  }
+  checks_out_ -= int(checked.size());
+  for (int buf : checked) io_checked(*pieces_[size_t(buf)]);
+  if (!ready_.empty()) {
+    std::deque<std::pair<int, int64_t>> ready;
+    ready.swap(ready_);
+    for (auto [buf, res] : ready) io_complete(buf, res, false);
+  } else if (checked.empty()) {
+    const long timeout_us = checks_out_ > 0 ? 100 : free_bufs_.empty() ? -1 : 1000;
+    backend_->wait(timeout_us, [this](int buf, int64_t res) { io_complete(buf, res, true); });
+  }
+}
+
+// Hands a piece's checksum work to the workers, or does it here (one checksum thread).
+void FileEngine::io_check_start(Piece& p) {
+  if (p.stage == Piece::write) sealing_.push_back(p.buf);
+  if (checkers_.empty()) {
+    check_piece(p);
+    return io_checked(p);
+  }
+  ++checks_out_;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    check_jobs_.push_back(p.buf);
+  }
+  check_cv_.notify_one();
+}
+
+// The I/O thread's side of a piece whose checksum work is done. A write's checksum is recorded
+// and the write goes to the kernel, in the order the pieces started (so the N-th kernel request
+// is what it was with one thread: fault injection counts them). A read is verified; an RMW read
+// that verifies is written back, patched.
+void FileEngine::io_checked(Piece& p) {
+  File& f = *p.req->file;
+  auto set_crc = [&](int64_t block, uint32_t crc) {
+    if (f.crc.size() <= size_t(block)) f.crc.resize(size_t(block) + 1, zero_block_crc_);
+    f.crc[size_t(block)] = crc;
+  };
+  if (p.stage == Piece::write) {
+    set_crc(p.block, p.crc);
+    p.sealed = true;
+    while (!sealing_.empty() && pieces_[size_t(sealing_.front())]->sealed) {
+      Piece& q = *pieces_[size_t(sealing_.front())];
+      sealing_.pop_front();
+      q.sealed = false;
+      io_kernel_request(q);
+    }
+    return;
+  }
+  if (p.got != p.want) {
+    const uint64_t block_off = uint64_t(p.block) * opt_.block_bytes;
+    char hex[64];
+    std::snprintf(hex, sizeof hex, "stored crc32c %08x, read %08x", p.want, p.got);
+    return io_piece_done(p, str_cat("checksum mismatch in ", f.path, " at offset ", block_off, " (the block of ",
+                                    opt_.block_bytes, " bytes there; ", hex, "): the bytes on disk changed after strata "
+                                    "wrote them (silent corruption, or another program wrote the file)",
+                                    p.eof ? str_cat("; the file ends at byte ", block_off + p.done, " (truncated?)") : ""));
+  }
+  if (p.stage == Piece::read) return io_piece_done(p, "");
+  // read-modify-write: the caller's bytes are patched in; write the block back
+  p.valid = std::max(p.valid, p.hi);
+  set_crc(p.block, p.crc);
+  p.stage = Piece::write;
+  p.io_len = f.direct ? align_up(p.valid) : p.valid;
+  p.done = 0;
+  io_kernel_request(p);
 }
 
 // Starts pieces in submission order until a request cannot go on (no free staging buffer, or its
@@ -522,6 +677,7 @@ bool FileEngine::io_start_piece(Request& r) {
   ++in_flight_;
   unsigned char* buf = staging_.get() + size_t(p.buf) * B;
   unsigned char* user_block = r.user + (block_off - r.offset);  // valid where lo == 0
+  p.user_lo = r.user + (block_off + p.lo - r.offset);
   p.base = buf;
   p.in_user = p.lo == 0 && p.hi == B && reinterpret_cast<uintptr_t>(user_block) % kDirectAlign == 0;
   p.fixed = p.buf;
@@ -543,20 +699,13 @@ bool FileEngine::io_start_piece(Request& r) {
     p.stage = Piece::rmw_read;  // keep the block's other bytes
     p.valid = old_valid;
   } else {
-    // the block holds nothing else: zeros around the caller's bytes
+    // the block holds nothing else: zeros around the caller's bytes, summed before it goes
     p.stage = Piece::write;
     p.valid = p.hi;
-    if (f.crc.size() <= size_t(b)) f.crc.resize(size_t(b) + 1, zero_block_crc_);
-    if (p.in_user) {
-      f.crc[size_t(b)] = crc32c(user_block, B);
-    } else {
-      std::memset(buf, 0, p.lo);
-      std::memset(buf + p.hi, 0, B - p.hi);
-      f.crc[size_t(b)] = io_block_copy_crc(buf, B, p.lo, p.hi, r.user + (block_off + p.lo - r.offset), true);
-    }
   }
   p.io_len = f.direct ? align_up(p.valid) : p.valid;
-  io_kernel_request(p);
+  if (p.stage == Piece::write) io_check_start(p);
+  else io_kernel_request(p);
   return true;
 }
 
@@ -642,39 +791,10 @@ void FileEngine::io_complete(int buf, int64_t res, bool from_kernel) {
     }
     return io_kernel_request(p);
   }
-  unsigned char* data = p.base;
-  if (!writing) {
-    // verify: the block's bytes past the file's end count as zeros (a read into the caller's
-    // memory covers the whole block)
-    const uint32_t want = size_t(p.block) < f.crc.size() ? f.crc[size_t(p.block)] : zero_block_crc_;
-    uint32_t got;
-    if (p.in_user) {
-      got = crc32c(data, B);
-    } else {
-      std::memset(data + p.valid, 0, B - p.valid);
-      // (a read copies out as it verifies: on a mismatch the caller's bytes are unspecified)
-      got = io_block_copy_crc(data, B, p.lo, p.stage == Piece::read ? p.hi : p.lo,
-                              r.user + (block_off + p.lo - r.offset), false);
-    }
-    if (got != want) {
-      char hex[64];
-      std::snprintf(hex, sizeof hex, "stored crc32c %08x, read %08x", want, got);
-      return io_piece_done(p, str_cat("checksum mismatch in ", f.path, " at offset ", block_off, " (the block of ",
-                                      B, " bytes there; ", hex, "): the bytes on disk changed after strata "
-                                      "wrote them (silent corruption, or another program wrote the file)",
-                                      eof ? str_cat("; the file ends at byte ", block_off + p.done, " (truncated?)") : ""));
-    }
-    if (p.stage == Piece::read) {
-      return io_piece_done(p, "");
-    }
-    // read-modify-write: patch the caller's bytes in, then write the block back
-    p.valid = std::max(p.valid, p.hi);
-    if (f.crc.size() <= size_t(p.block)) f.crc.resize(size_t(p.block) + 1, zero_block_crc_);
-    f.crc[size_t(p.block)] = io_block_copy_crc(data, B, p.lo, p.hi, r.user + (block_off + p.lo - r.offset), true);
-    p.stage = Piece::write;
-    p.io_len = f.direct ? align_up(p.valid) : p.valid;
-    p.done = 0;
-    return io_kernel_request(p);
+  if (!writing) {  // verified, the bytes past the file's end counted as zeros
+    p.want = size_t(p.block) < f.crc.size() ? f.crc[size_t(p.block)] : zero_block_crc_;
+    p.eof = eof;
+    return io_check_start(p);
   }
   io_piece_done(p, "");
 }

@@ -100,13 +100,13 @@ struct UringBackend final : FileEngine::Backend {
       STRATA_ASSERT(n == -EINTR || n == -EAGAIN || n == -EBUSY, "io_uring_submit: ", std::strerror(-n));
     }
   }
-  void wait(bool block, const std::function<void(int, int64_t)>& on) override {
+  void wait(long timeout_us, const std::function<void(int, int64_t)>& on) override {
     io_uring_cqe* cqe = nullptr;
     int rc;
-    if (block) {
+    if (timeout_us < 0) {
       do rc = io_uring_wait_cqe(&ring, &cqe); while (rc == -EINTR);
     } else {
-      __kernel_timespec ts{0, 1000000};
+      __kernel_timespec ts{timeout_us / 1000000, (timeout_us % 1000000) * 1000};
       rc = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
       if (rc == -ETIME || rc == -EINTR) return;
     }

@@ -32,8 +32,9 @@ struct FileEngine::Backend {
   // Registers these buffers (staging first, then the caller's) in place of the previous ones.
   virtual bool register_buffers(const std::vector<iovec>& iov) { return false; }
   virtual void submit() {}
-  // Waits for completions (up to ~1 ms when !block) and reports each as (buffer, result).
-  virtual void wait(bool block, const std::function<void(int, int64_t)>& on) {}
+  // Waits for completions (at most timeout_us; < 0: until one comes) and reports each as
+  // (buffer, result).
+  virtual void wait(long timeout_us, const std::function<void(int, int64_t)>& on) {}
 };
 
 std::unique_ptr<FileEngine::Backend> file_backend_pread();

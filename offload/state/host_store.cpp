@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "offload/state/nvme_state.h"
+#include "offload/state/split_state.h"
 #include "src/core/bf16.h"
 #include "src/core/error.h"
 
@@ -105,8 +106,9 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
   HostMemoryEstimate e;
   e.working = l.working.tier_bytes(Tier::host_pinned);
   if (options.weights_only) return e;
-  e.master = aliased || options.state_on_nvme ? 0 : f32_bytes;
-  e.moments = options.state_on_nvme || !options.needs.moments ? 0 : 2 * f32_bytes / 4 * dtype_size(options.moments);
+  const size_t ram_f32 = state_ram_f32_bytes(l, options);  // all, or the prefix before the NVMe groups
+  e.master = aliased ? 0 : ram_f32;
+  e.moments = options.needs.moments ? 2 * ram_f32 / 4 * dtype_size(options.moments) : 0;
   e.grads = options.needs.grads ? f32_bytes : 0;
   if (options.state_on_nvme) {
     const NvmeStateSizes n = nvme_state_sizes(l, options, !aliased);
@@ -124,6 +126,9 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
                "moments on NVMe, and this optimizer keeps none (its fp32 master stays in RAM): set offload.optimizer "
                "= \"host\"");
   HostStoreLayout l = layout(spec_);
+  STRATA_CHECK(options_.weights_only || !options_.state_on_nvme || options_.nvme_first_group < l.groups.size(),
+               "the optimizer state's NVMe part starts at parameter group ", options_.nvme_first_group,
+               ", but the model has ", l.groups.size(), " groups (embed, the layers, head)");
   master_is_working_ = working_is_f32(l);
   working_ = std::move(l.working);
   f32_ = std::move(l.f32);
@@ -145,26 +150,42 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
       account(grad_, n * 4);
       std::memset(grad_, 0, n * 4);
     }
-    if (options_.state_on_nvme) {
-      placement_ = std::make_unique<NvmeStatePlacement>(HostStoreLayout{working_, f32_, groups_}, options_,
-                                                         master_is_working_ ? master_ : nullptr);
-      host_bytes_ += placement_->host_bytes();
+    // master, m and v in RAM for all groups, or for those before the split; the rest on NVMe
+    const HostStoreLayout placed{working_, f32_, groups_};
+    alloc_state_arrays(state_ram_f32_bytes(placed, options_) / 4);
+    if (!options_.state_on_nvme) {
+      placement_ = std::make_unique<RamStatePlacement>(*this);
       return;
     }
-    if (!master_is_working_) {
-      master_ = static_cast<float*>(alloc_host_bytes(n * 4, "master weights"));
-      host_bytes_ += n * 4;
+    auto nvme = std::make_unique<NvmeStatePlacement>(placed, options_, master_is_working_ ? master_ : nullptr);
+    host_bytes_ += nvme->host_bytes();
+    const size_t first = options_.nvme_first_group;
+    if (first == 0) {  // every group on NVMe
+      placement_ = std::move(nvme);
+      return;
     }
-    if (options_.needs.moments) {
-      const size_t moment_bytes = n * dtype_size(options_.moments);
-      m_ = alloc_host_bytes(moment_bytes, "AdamW first moments");
-      v_ = alloc_host_bytes(moment_bytes, "AdamW second moments");
-      host_bytes_ += 2 * moment_bytes;
-    }
-    placement_ = std::make_unique<RamStatePlacement>(*this);
+    placement_ = std::make_unique<SplitStatePlacement>(std::make_unique<RamStatePlacement>(*this), std::move(nvme),
+                                                       first, f32_prefix_bytes(placed, first),
+                                                       state_elem_bytes(StateArray::m));
   } catch (...) {
     release();
     throw;
+  }
+}
+
+// Master (unless it is the f32 working copy), m and v in RAM for the f32 arena's first `floats`
+// elements: all of it, the prefix before a split's NVMe groups, or none.
+void HostStore::alloc_state_arrays(size_t floats) {
+  if (floats == 0) return;
+  if (!master_is_working_) {
+    master_ = static_cast<float*>(alloc_host_bytes(floats * 4, "master weights"));
+    host_bytes_ += floats * 4;
+  }
+  if (options_.needs.moments) {
+    const size_t moment_bytes = floats * dtype_size(options_.moments);
+    m_ = alloc_host_bytes(moment_bytes, "AdamW first moments");
+    v_ = alloc_host_bytes(moment_bytes, "AdamW second moments");
+    host_bytes_ += 2 * moment_bytes;
   }
 }
 

@@ -9,7 +9,8 @@
 // arrays, ZO-SGD the master alone (working + master: 6 B/param in bf16, 4 B in f32).
 // Master and moments sit behind a StatePlacement (offload/state/state_placement.h) the store owns:
 // RAM arrays, or files on NVMe (offload.optimizer = "nvme"; then they take no RAM but the
-// placement's few buffers). In f32 compute mode the master IS the working copy: no second f32
+// placement's few buffers), or split by group: the first groups in RAM, the rest on NVMe
+// (HostStoreOptions::nvme_first_group, offload/state/split_state.h). In f32 compute mode the master IS the working copy: no second f32
 // array (the two tables then have the same offsets).
 // Sizes are accounted per tier (a pinned allocation that fell back to pageable memory counts
 // as host, not pinned); on a machine with several NUMA nodes the arrays are interleaved across
@@ -69,7 +70,9 @@ class HostStore {
 
   char* working() { return working_data_; }
   // The RAM arrays; null when the placement keeps them elsewhere (NVMe) or the optimizer does
-  // not need them (options().needs). In f32 compute mode master() is the working copy.
+  // not need them (options().needs). In f32 compute mode master() is the working copy. With the
+  // state split (options().nvme_first_group > 0) they cover the groups before the split alone:
+  // state_ram_f32_bytes(layout, options) / 4 elements; reach state through read_state/placement().
   float* master() { return master_; }
   // m and v hold moments_dtype() elements (f32 or bf16), row r from element f32_table()[r].offset / 4.
   void* m() { return m_; }
@@ -111,6 +114,7 @@ class HostStore {
 
  private:
   void release();
+  void alloc_state_arrays(size_t floats);
   size_t state_at(StateArray a, size_t row, int64_t first, int64_t count) const;  // the byte offset, checked
 
   Device& dev_;

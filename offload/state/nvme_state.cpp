@@ -34,8 +34,13 @@ NvmeStateSizes nvme_state_sizes(const HostStoreLayout& layout, const HostStoreOp
   const size_t mb = dtype_size(options.moments);  // moments' element size: 4 or 2
   // a range's f32 bytes: whole blocks of every array (bf16 moments: two blocks of f32 per block)
   const size_t unit = s.block_bytes * (4 / mb);
-  size_t master_file = 0, moment_file = 0, largest = 0;
-  for (const ParamGroup& g : layout.groups) {
+  const size_t first = options.nvme_first_group;
+  STRATA_CHECK(first < layout.groups.size(), "the optimizer state's NVMe part starts at parameter group ", first,
+               ", but the model has ", layout.groups.size(), " groups (embed, the layers, head): at most ",
+               layout.groups.size() - 1, " (the head alone on NVMe)");
+  size_t master_file = 0, moment_file = 0, largest = 0;  // the NVMe groups' alone
+  for (size_t i = first; i < layout.groups.size(); ++i) {
+    const ParamGroup& g = layout.groups[i];
     master_file += round_up(g.f32_bytes, s.block_bytes);
     moment_file += round_up(g.f32_bytes / 4 * mb, s.block_bytes);
     largest = std::max(largest, round_up(g.f32_bytes, unit));
@@ -50,16 +55,17 @@ NvmeStateSizes nvme_state_sizes(const HostStoreLayout& layout, const HostStoreOp
 }
 
 NvmeStatePlacement::NvmeStatePlacement(HostStoreLayout layout, const HostStoreOptions& options, float* ram_master)
-    : layout_(std::move(layout)), moments_(options.moments), ram_master_(ram_master) {
+    : layout_(std::move(layout)), first_group_(options.nvme_first_group), moments_(options.moments), ram_master_(ram_master) {
   const bool master_on_nvme = !ram_master_;
   sizes_ = nvme_state_sizes(layout_, options, master_on_nvme);
   run_dir_ = NvmeRunDir::acquire(options.nvme_path);
   run_dir_->reserve(sizes_.file_bytes, nvme_budget_bytes(options.nvme_budget_bytes, options.nvme_path),
                     master_on_nvme ? "the optimizer state (fp32 master weights, AdamW m and v)"
                                     : "the optimizer state (AdamW m and v)");
-  size_t file_bytes[3] = {};  // per array
+  size_t file_bytes[3] = {};  // per array: the NVMe groups one after another
   for (StateArray a : kArrays) {
-    for (const ParamGroup& g : layout_.groups) {
+    for (size_t i = first_group_; i < layout_.groups.size(); ++i) {
+      const ParamGroup& g = layout_.groups[i];
       file_base_[int(a)].push_back(file_bytes[int(a)]);
       file_bytes[int(a)] += round_up(g.f32_bytes / 4 * elem_bytes(a), sizes_.block_bytes);
     }
@@ -103,9 +109,11 @@ NvmeStatePlacement::NvmeStatePlacement(HostStoreLayout layout, const HostStoreOp
     io_.reset();
     throw;
   }
-  std::fprintf(stderr, "strata: optimizer state on NVMe: %s in %s (%s, %s window)\n",
+  const std::string which = first_group_ == 0 ? "" : str_cat(" for groups ", layout_.groups[first_group_].name, " .. ",
+                                                             layout_.groups.back().name, " (the groups before in RAM)");
+  std::fprintf(stderr, "strata: optimizer state on NVMe: %s in %s (%s, %s window)%s\n",
                format_bytes(sizes_.file_bytes).c_str(), run_dir_->path().c_str(), io_->backend(),
-               format_bytes(slots_.size() * slot_bytes).c_str());
+               format_bytes(slots_.size() * slot_bytes).c_str(), which.c_str());
 }
 
 NvmeStatePlacement::~NvmeStatePlacement() {
@@ -130,17 +138,21 @@ size_t NvmeStatePlacement::group_of(size_t element) const {
   auto it = std::upper_bound(groups.begin(), groups.end(), element,
                              [](size_t e, const ParamGroup& g) { return e < g.f32_offset / 4; });
   STRATA_ASSERT(it != groups.begin());
-  return size_t(it - groups.begin()) - 1;
+  const size_t g = size_t(it - groups.begin()) - 1;
+  STRATA_ASSERT(g >= first_group_, "NVMe state: element ", element, " is in group ", g, ", which is kept in RAM");
+  return g;
 }
 
 uint64_t NvmeStatePlacement::file_offset(StateArray a, size_t group, size_t offset) const {
   const ParamGroup& g = layout_.groups[group];
   const size_t es = elem_bytes(a), begin = g.f32_offset / 4 * es;
-  STRATA_ASSERT(offset >= begin && offset <= begin + g.f32_bytes / 4 * es);
-  return file_base_[int(a)][group] + (offset - begin);
+  STRATA_ASSERT(group >= first_group_ && offset >= begin && offset <= begin + g.f32_bytes / 4 * es);
+  return file_base_[int(a)][group - first_group_] + (offset - begin);
 }
 
 std::vector<StateRange> NvmeStatePlacement::ranges(size_t group) const {
+  STRATA_ASSERT(group >= first_group_ && group < layout_.groups.size(), "NVMe state: group ", group,
+                " is not on NVMe (groups ", first_group_, " .. ", layout_.groups.size() - 1, " are)");
   const ParamGroup& g = layout_.groups[group];
   std::vector<StateRange> out;
   for (size_t b = 0; b < g.f32_bytes; b += sizes_.chunk_bytes)

@@ -3,10 +3,11 @@
 // per array under the run's NVMe folder, read and written through the io_uring file engine
 // (io/uring_file.h: O_DIRECT, a crc32c per block verified on every read).
 //
-// File layout: each array's file holds the groups one after another, each starting on a block
-// boundary (group g at file_base[a][g]; element e of the f32 arena inside group g is at
-// file_base[a][g] + (e - g's first element) x the array's element size: 4, or 2 for bf16
-// moments), so whole blocks move between disk and the aligned window buffers without a copy.
+// File layout: each array's file holds the groups on NVMe (all of them, or with a split
+// [nvme_first_group, n): offload/state/split_state.h) one after another, each starting on a block
+// boundary (group g at base = file_base[a][g - nvme_first_group]; element e of the f32 arena
+// inside group g is at base + (e - g's first element) x the array's element size: 4, or 2 for
+// bf16 moments), so whole blocks move between disk and the aligned window buffers without a copy.
 // With bf16 moments a range is a multiple of two blocks of f32, so its moments are whole blocks. The files are created at full size and their space reserved
 // (fallocate) before step 1: a disk too small fails then, not mid-run.
 //
@@ -28,6 +29,7 @@
 
 namespace strata {
 
+// The NVMe groups' alone: [options.nvme_first_group, groups) (every group when it is 0).
 struct NvmeStateSizes {
   size_t file_bytes = 0;   // all files on NVMe
   size_t host_bytes = 0;   // window buffers + file engine staging
@@ -40,7 +42,8 @@ NvmeStateSizes nvme_state_sizes(const HostStoreLayout& layout, const HostStoreOp
 class NvmeStatePlacement final : public StatePlacement {
  public:
   // `ram_master`: the fp32 master when it stays in RAM (f32 compute mode: it is the store's
-  // working copy); null puts it on NVMe with the moments.
+  // working copy); null puts it on NVMe with the moments. Holds groups [options.nvme_first_group,
+  // n) alone (offload/state/split_state.h keeps the groups before in RAM).
   NvmeStatePlacement(HostStoreLayout layout, const HostStoreOptions& options, float* ram_master);
   ~NvmeStatePlacement() override;
 
@@ -77,13 +80,14 @@ class NvmeStatePlacement final : public StatePlacement {
   void wait_slot(Slot& s);                  // timed: the pass waits on NVMe
 
   HostStoreLayout layout_;
+  size_t first_group_;                     // groups [first_group_, n) are on NVMe (options.nvme_first_group)
   DType moments_;
   float* ram_master_;
   NvmeStateSizes sizes_;
   std::shared_ptr<NvmeRunDir> run_dir_;
   std::unique_ptr<FileEngine> io_;
   int file_[3] = {-1, -1, -1};
-  std::vector<uint64_t> file_base_[3];     // per array, per group
+  std::vector<uint64_t> file_base_[3];     // per array, per NVMe group (index: group - first_group_)
   std::vector<Slot> slots_;
   std::vector<Item> pass_;                 // the current pass's ranges, in order
   size_t next_ = 0, issued_ = 0;           // next range to acquire; ranges whose read was issued

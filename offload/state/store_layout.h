@@ -67,4 +67,18 @@ struct HostStoreOptions {
   int nvme_window = 3;            // buffers: one read ahead, one updated, one written back
 };
 
+// The f32 arena's bytes before group `first_group`, [0, groups[first_group].f32_offset): what the
+// RAM arrays of a split optimizer state cover (0 for the first group; the whole arena past the
+// last).
+inline size_t f32_prefix_bytes(const HostStoreLayout& l, size_t first_group) {
+  return first_group < l.groups.size() ? l.groups[first_group].f32_offset : l.f32.tier_bytes(Tier::host);
+}
+
+// The f32 arena's bytes whose master (unless it is the working copy) and moments the store keeps
+// in RAM arrays: all of it, or with state_on_nvme the prefix before nvme_first_group. The NVMe
+// part is nvme_state_sizes (offload/state/nvme_state.h).
+inline size_t state_ram_f32_bytes(const HostStoreLayout& l, const HostStoreOptions& o) {
+  return o.state_on_nvme ? f32_prefix_bytes(l, o.nvme_first_group) : l.f32.tier_bytes(Tier::host);
+}
+
 }  // namespace strata

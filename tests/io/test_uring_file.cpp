@@ -93,11 +93,14 @@ const std::vector<Op> kWrites = {{0, 1},          {1, 4095},         {4095, 4097
 const std::vector<Op> kReads = {{0, 1},       {1, 4095},     {4095, 4097}, {17, kMiB + 17},
                                 {65535, 2},   {2 * kMiB, 4097}, {3 * kMiB + 4101, 1}, {0, 3 * kMiB + 4102}};
 
-FileEngineOptions options(size_t block, int qd, bool uring, std::vector<std::string>* warnings = nullptr) {
+// checksum_threads 0: the engine's default (file_engine_checksum_threads(): 2 on a 2-core machine).
+FileEngineOptions options(size_t block, int qd, bool uring, std::vector<std::string>* warnings = nullptr,
+                          int checksum_threads = 0) {
   FileEngineOptions o;
   o.block_bytes = block;
   o.queue_depth = qd;
   o.use_uring = uring;
+  o.checksum_threads = checksum_threads;
   if (warnings) o.warn = [warnings](const std::string& m) { warnings->push_back(m); };
   return o;
 }
@@ -223,35 +226,38 @@ TEST_CASE("crc32c matches the standard check vectors and a bitwise twin", "[urin
 
 TEST_CASE("file engine: writes and reads equal plain pwrite/pread at awkward sizes", "[uring]") {
   testing::TempDir tmp("uring_twin");
-  for (bool uring : {true, false})
-    for (int qd : {1, 64})
-      for (size_t block : {size_t(4096), size_t(65536)}) {
-        std::vector<std::string> warnings;
-        const auto opt = options(block, qd, uring, &warnings);
-        {
-          FileEngine probe(opt);
-          INFO("backend " << probe.backend() << ", queue depth " << qd << ", block " << block);
-          if (uring) {
-            CHECK(std::string(probe.backend()) == "io_uring");
-            CHECK(probe.fixed_buffers());
+  for (int threads : {1, 3})
+    for (bool uring : {true, false})
+      for (int qd : {1, 64})
+        for (size_t block : {size_t(4096), size_t(65536)}) {
+          std::vector<std::string> warnings;
+          const auto opt = options(block, qd, uring, &warnings, threads);
+          INFO("checksum threads " << threads);
+          {
+            FileEngine probe(opt);
+            INFO("backend " << probe.backend() << ", queue depth " << qd << ", block " << block);
+            if (uring) {
+              CHECK(std::string(probe.backend()) == "io_uring");
+              CHECK(probe.fixed_buffers());
+            } else {
+              CHECK(std::string(probe.backend()) == "pread");
+            }
+          }
+          INFO("io_uring " << uring << ", queue depth " << qd << ", block " << block);
+          const FileEngineStats st = twin_round_trip(tmp.path.string(), opt);
+          CHECK(warnings.empty());  // ext4 takes O_DIRECT
+          CHECK(st.write_bytes > 0);
+          CHECK(st.resubmits == 0);
+          // many in flight: the 1 MiB + 17 write alone spans 257 blocks of 4 KiB and 17 of 64 KiB,
+          // started together as staging buffers allow (with checksum workers, a block reaches the
+          // kernel when its worker is done: how many meet there is up to the scheduler)
+          if (uring && qd > 1) {
+            if (threads == 1) CHECK(st.max_in_flight >= (block == 4096 ? 64 : 17));
+            CHECK(st.max_in_flight <= qd);
           } else {
-            CHECK(std::string(probe.backend()) == "pread");
+            CHECK(st.max_in_flight == 1);
           }
         }
-        INFO("io_uring " << uring << ", queue depth " << qd << ", block " << block);
-        const FileEngineStats st = twin_round_trip(tmp.path.string(), opt);
-        CHECK(warnings.empty());  // ext4 takes O_DIRECT
-        CHECK(st.write_bytes > 0);
-        CHECK(st.resubmits == 0);
-        // many in flight: the 1 MiB + 17 write alone spans 257 blocks of 4 KiB and 17 of 64 KiB,
-        // started together as staging buffers allow
-        if (uring && qd > 1) {
-          CHECK(st.max_in_flight >= (block == 4096 ? 64 : 17));
-          CHECK(st.max_in_flight <= qd);
-        } else {
-          CHECK(st.max_in_flight == 1);
-        }
-      }
 }
 
 TEST_CASE("file engine: the disk-busy clock counts the time transfers are in flight, once across engines", "[uring]") {
@@ -367,33 +373,35 @@ TEST_CASE("file engine: EIO, ENOSPC, EFBIG, EINVAL at the N-th request name file
   const auto data = random_bytes(kMiB, 5);
   const std::pair<IoFault, const char*> kinds[] = {
       {IoFault::eio, "EIO"}, {IoFault::enospc, "ENOSPC"}, {IoFault::efbig, "EFBIG"}, {IoFault::einval, "EINVAL"}};
-  for (bool uring : {true, false})
-    for (auto [fault, name] : kinds) {
-      INFO("io_uring " << uring << ", " << name);
-      FileEngine io(options(65536, 4, uring));
-      const int f = io.open(path, FileOpen::create);
-      io.wait(io.write(f, 0, data.data(), 65536));  // saved before the fault
-      // the 3rd kernel request of the next write is its 3rd block: offset 196608 of the file
-      io.inject_fault(fault, 3);
-      try {
-        io.wait(io.write(f, 65536, data.data(), kMiB - 65536));
-        FAIL("no error");
-      } catch (const Error& e) {
-        CHECK(e.exit_code() == 4);
-        const std::string m = e.what();
-        CHECK_THAT(m, Catch::Contains("cannot write " + path) && Catch::Contains("at offset 196608, 65536 bytes") &&
-                          Catch::Contains(std::string("(") + name + ")") &&
-                          Catch::Contains("request: offset 65536, 983040 bytes"));
+  for (int threads : {1, 4})
+    for (bool uring : {true, false})
+      for (auto [fault, name] : kinds) {
+        INFO("io_uring " << uring << ", " << name << ", checksum threads " << threads);
+        FileEngine io(options(65536, 4, uring, nullptr, threads));
+        const int f = io.open(path, FileOpen::create);
+        io.wait(io.write(f, 0, data.data(), 65536));  // saved before the fault
+        // the 3rd kernel request of the next write is its 3rd block: offset 196608 of the file
+        // (with checksum workers too: summed blocks go to the kernel in the order they started)
+        io.inject_fault(fault, 3);
+        try {
+          io.wait(io.write(f, 65536, data.data(), kMiB - 65536));
+          FAIL("no error");
+        } catch (const Error& e) {
+          CHECK(e.exit_code() == 4);
+          const std::string m = e.what();
+          CHECK_THAT(m, Catch::Contains("cannot write " + path) && Catch::Contains("at offset 196608, 65536 bytes") &&
+                            Catch::Contains(std::string("(") + name + ")") &&
+                            Catch::Contains("request: offset 65536, 983040 bytes"));
+        }
+        // a read fails the same way, and the engine goes on working afterwards
+        std::vector<unsigned char> back(65536);
+        io.inject_fault(fault, 1);
+        REQUIRE_THROWS_WITH(io.wait(io.read(f, 0, back.data(), 100)),
+                            Catch::Contains("cannot read " + path) && Catch::Contains("at offset 0, 65536 bytes") &&
+                                Catch::Contains(name));
+        io.wait(io.read(f, 0, back.data(), 65536));
+        CHECK(std::equal(back.begin(), back.end(), data.begin()));  // nothing saved earlier is lost
       }
-      // a read fails the same way, and the engine goes on working afterwards
-      std::vector<unsigned char> back(65536);
-      io.inject_fault(fault, 1);
-      REQUIRE_THROWS_WITH(io.wait(io.read(f, 0, back.data(), 100)),
-                          Catch::Contains("cannot read " + path) && Catch::Contains("at offset 0, 65536 bytes") &&
-                              Catch::Contains(name));
-      io.wait(io.read(f, 0, back.data(), 65536));
-      CHECK(std::equal(back.begin(), back.end(), data.begin()));  // nothing saved earlier is lost
-    }
 }
 
 TEST_CASE("file engine: STRATA_IO_FAULT sets the fault from the environment", "[uring]") {
@@ -559,4 +567,123 @@ TEST_CASE("file engine: a full disk (a 1 MiB tmpfs) is ENOSPC naming the file", 
     return;
   }
   CHECK(out == "ENOSPC");
+}
+
+// ---- checksum threads (FileEngineOptions::checksum_threads) ----------------------------------------
+
+TEST_CASE("file engine: many blocks in flight with several checksum threads equal the one-thread engine", "[uring]") {
+  testing::TempDir tmp("uring_threads");
+  const int cores = file_engine_checksum_threads();
+  CHECK(cores >= 1);
+  CHECK(cores <= 4);
+  const size_t B = 4096, n = 8 * kMiB + 4097;
+  const auto data = random_bytes(n, 77);
+  // aligned memory too: whole blocks summed straight from the caller's buffer
+  std::unique_ptr<unsigned char, decltype(&std::free)> aligned(static_cast<unsigned char*>(std::aligned_alloc(4096, 2 * kMiB)),
+                                                               &std::free);
+  std::memcpy(aligned.get(), data.data(), 2 * kMiB);
+  for (bool uring : {true, false}) {
+    std::string sidecar;  // the one-thread engine's: every count of threads writes the same bytes
+    for (int threads : {1, 2, 4, 7}) {
+      INFO("io_uring " << uring << ", checksum threads " << threads);
+      const std::string path = (tmp.path / (std::to_string(threads) + "threads.bin")).string();
+      Twin twin((tmp.path / "twin.bin").string());
+      FileEngine io(options(B, 64, uring, nullptr, threads));
+      const int f = io.open(path, FileOpen::create);
+      // pieces of 64 KiB + 3 at odd offsets, all in flight, then overwrites of parts of them
+      // (read-modify-write of the blocks they share) and the aligned buffer, none waited yet
+      std::vector<FileTicket> t;
+      for (size_t off = 0; off < n; off += 65539) {
+        const size_t len = std::min<size_t>(65539, n - off);
+        t.push_back(io.write(f, off + 11, data.data() + off, len));
+        twin.write(off + 11, data.data() + off, len);
+      }
+      for (size_t off = 5000; off < n; off += 1000003) {
+        t.push_back(io.write(f, off, data.data() + 7, 9000));
+        twin.write(off, data.data() + 7, 9000);
+      }
+      t.push_back(io.write(f, 3 * kMiB, aligned.get(), 2 * kMiB));
+      twin.write(3 * kMiB, aligned.get(), 2 * kMiB);
+      std::vector<unsigned char> early(3 * kMiB + 5);  // read behind the writes: sees them
+      t.push_back(io.read(f, 2 * kMiB - 1, early.data(), early.size()));
+      for (FileTicket k : t) io.wait(k);
+      CHECK(bytes_equal(early, twin.read(2 * kMiB - 1, early.size())));
+      std::vector<unsigned char> back(n + 11);
+      io.wait(io.read(f, 0, back.data(), back.size()));
+      CHECK(bytes_equal(back, twin.read(0, back.size())));
+      io.close(f);
+      CHECK(bytes_equal(file_bytes(path), file_bytes(twin.path)));
+      const std::vector<unsigned char> side = file_bytes(path + ".crc32c");
+      if (threads == 1) sidecar.assign(side.begin(), side.end());
+      else CHECK(std::string(side.begin(), side.end()) == sidecar);
+      // reopened: every block verifies through the workers
+      const int g = io.open(path, FileOpen::existing);
+      std::vector<unsigned char> again(n + 11);
+      io.wait(io.read(g, 0, again.data(), again.size()));
+      CHECK(again == back);
+      io.close(g);
+    }
+  }
+}
+
+TEST_CASE("file engine: corrupted blocks are caught by the checksum workers, naming file and offset", "[uring]") {
+  testing::TempDir tmp("uring_threads_corrupt");
+  const std::string path = (tmp.path / "c.bin").string();
+  const size_t B = 65536;
+  const auto data = random_bytes(40 * B, 13);
+  write_whole(path, data, B);
+  const int fd = ::open(path.c_str(), O_RDWR);
+  unsigned char x = 0;
+  REQUIRE(::pread(fd, &x, 1, 17 * B + 5) == 1);
+  x ^= 0x01;
+  REQUIRE(::pwrite(fd, &x, 1, 17 * B + 5) == 1);
+  ::close(fd);
+  for (bool uring : {true, false})
+    for (int threads : {2, 4}) {
+      INFO("io_uring " << uring << ", checksum threads " << threads);
+      FileEngine io(options(B, 16, uring, nullptr, threads));
+      const int f = io.open(path, FileOpen::existing);
+      std::vector<unsigned char> back(data.size());
+      try {
+        io.wait(io.read(f, 0, back.data(), back.size()));
+        FAIL("the flipped bit went unnoticed");
+      } catch (const Error& e) {
+        CHECK(e.exit_code() == 4);
+        CHECK_THAT(std::string(e.what()), Catch::Contains("checksum mismatch in " + path + " at offset " +
+                                                          std::to_string(17 * B)));
+      }
+      // other requests in flight with it complete, the blocks around it read back
+      const FileTicket a = io.read(f, 0, back.data(), 17 * B), b = io.read(f, 18 * B, back.data() + 18 * B, 22 * B);
+      REQUIRE_THROWS_WITH(io.wait(io.write(f, 17 * B + 100, data.data(), 10)), Catch::Contains("checksum mismatch"));
+      io.wait(a);
+      io.wait(b);
+      CHECK(std::equal(back.begin(), back.begin() + 17 * B, data.begin()));
+      CHECK(std::equal(back.begin() + 18 * B, back.end(), data.begin() + 18 * B));
+    }
+}
+
+TEST_CASE("file engine: destroyed with requests in flight on its checksum workers, nothing hangs", "[uring]") {
+  testing::TempDir tmp("uring_threads_destroy");
+  const auto data = random_bytes(4 * kMiB, 17);
+  std::vector<unsigned char> back(data.size());
+  for (bool uring : {true, false}) {
+    INFO("io_uring " << uring);
+    const std::string path = (tmp.path / "d.bin").string();
+    {
+      FileEngine io(options(4096, 32, uring, nullptr, 4));
+      const int f = io.open(path, FileOpen::create);
+      io.write(f, 0, data.data(), data.size());  // never waited: the destructor finishes it
+      io.read(f, 0, back.data(), back.size());
+    }
+    std::vector<unsigned char> again(data.size());  // declared first: it outlives the engine's reads
+    FileEngine io(options(4096, 32, uring, nullptr, 3));
+    const int f = io.open(path, FileOpen::existing);  // it was synced, its sidecar written
+    io.wait(io.read(f, 0, again.data(), again.size()));
+    CHECK(again == data);
+    // and an error in flight with the workers, not waited for either
+    io.inject_fault(IoFault::eio, 5);
+    io.read(f, 0, again.data(), again.size());
+  }
+  REQUIRE_THROWS_WITH(FileEngine(options(4096, 4, true, nullptr, -1)), Catch::Contains("checksum threads"));
+  REQUIRE_THROWS_WITH(FileEngine(options(4096, 4, true, nullptr, 1000)), Catch::Contains("checksum threads"));
 }

@@ -14,6 +14,7 @@ int bench_adamw(const std::vector<std::string>& args);     // the host AdamW aga
 int bench_pipeline(const std::vector<std::string>& args);  // a streamed step against its compute and link
 int bench_zo(const std::vector<std::string>& args);        // z generation and the ZO-SGD update
 int bench_nvme(const std::vector<std::string>& args);      // the NVMe file engine against fio
+int bench_nvme_checksum(const std::vector<std::string>& args);  // the file engine's checksums, 1 vs N threads
 int bench_peer(const std::vector<std::string>& args);      // training steps against PyTorch's
 int bench_estimate(const std::vector<std::string>& args);  // strata estimate against strata train
 int bench_plan_choice(const std::vector<std::string>& args);  // auto's plan against every forced one
@@ -33,6 +34,7 @@ const BenchCommand kBenchCommands[] = {
     {"pipeline", strata::bench::bench_pipeline, "the streaming engine on the CPU backend with a throttled link"},
     {"zo", strata::bench::bench_zo, "the ZO host side: z generation and the ZO-SGD update against a plain pass"},
     {"nvme", strata::bench::bench_nvme, "sequential write and read through strata's NVMe file engine against fio"},
+    {"nvme-checksum", strata::bench::bench_nvme_checksum, "the NVMe file engine with its checksums on 1 thread against N"},
     {"peer", strata::bench::bench_peer, "strata against PyTorch training the same model on the same batches"},
     {"estimate", strata::bench::bench_estimate, "strata estimate --measure's step time against strata train's on this host"},
     {"plan", strata::bench::bench_plan_choice, "auto's plan against every forced alternative, measured interleaved"},
@@ -41,7 +43,7 @@ const BenchCommand kBenchCommands[] = {
 void bench_print_usage(FILE* f) {
   std::fprintf(f, "strata-bench: benchmarks with ratios to ceilings measured in the same run\n\n"
                   "usage: strata-bench <benchmark> [options]\n\nbenchmarks:\n");
-  for (const auto& c : kBenchCommands) std::fprintf(f, "  %-10s %s\n", c.name, c.help);
+  for (const auto& c : kBenchCommands) std::fprintf(f, "  %-14s %s\n", c.name, c.help);
   std::fprintf(f, "\n'strata-bench <benchmark> --help' describes its options. Each ends with one JSON line.\n");
 }
 
