@@ -278,9 +278,6 @@ void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
 
 }  // namespace
 
-size_t f32_prefix_bytes(const HostStoreLayout& layout, size_t first_group) {
-  return first_group >= layout.groups.size() ? layout.f32.tier_bytes(Tier::host) : layout.groups[first_group].f32_offset;
-}
 
 RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
                           const PlanChoice& choice) {

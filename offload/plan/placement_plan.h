@@ -197,9 +197,6 @@ struct PlanChoice {
 RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
                           const PlanChoice& choice);
 
-// The bytes of the f32 arena's groups before `first_group` (what stays in RAM of a split).
-size_t f32_prefix_bytes(const HostStoreLayout& layout, size_t first_group);
-
 // The reserve of PlanInputs::device_reserve_bytes for a GPU priced at its nominal memory: a
 // CUDA 12/13 context on a Hopper card takes ~0.5 GiB, NCCL and the allocator's rounding more.
 inline constexpr size_t kGpuContextReserve = size_t(1) << 30;
