@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "offload/stream/engine_buffers.h"
 #include "offload/state/host_store.h"
@@ -268,11 +269,10 @@ FirstOrderTransfers first_order_transfers(const ModelSpec& spec, const PlanInput
 // passes' embedding output (gathered and perturbed on the host), every layer and lm_head chunk
 // the slot cache does not hold, the final norm once per step (stale after the update), the two
 // losses back.
-StepBytes zo_step_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, int64_t dual_forwards) {
+StepBytes zo_step_bytes(const ModelSpec& spec, const PlanInputs& in, int64_t dual_forwards) {
   const HostStoreLayout layout = HostStore::layout(spec);
   const EngineShape shape = placement_engine_shape(spec, layout, in, 1);
   const double N = double(in.micro_batch * in.sequence_len), act = double(shape.activation_bytes());
-  (void)plan;
   TransferWalk w(spec, layout, shape);
   for (int64_t d = 0; d < dual_forwards; ++d) {
     w.b.h2d += 4 * 4 * N + 2 * act;
@@ -288,7 +288,7 @@ StepBytes zo_step_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPl
 
 StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, int64_t grad_accum) {
   if (in.optimizer_kind == OptimizerKind::zo_sgd)
-    return zo_step_bytes(spec, in, plan, grad_accum * std::max<int64_t>(1, in.zo_perturbations));
+    return zo_step_bytes(spec, in, grad_accum * std::max<int64_t>(1, in.zo_perturbations));
   return first_order_transfers(spec, in, plan, grad_accum).bytes;
 }
 
@@ -344,13 +344,13 @@ double total_seconds(const DeviceWork& w, const StepRates& rates) {
 // the weights once over the link; then the ZO-SGD update on the host (step_zo_bytes_per_param),
 // queued group by group, which the next step's first dual forward follows group by group: what
 // of it exceeds one dual forward shows (on the CPU backend it shares the cores: all of it).
-StepEstimate zo_step_estimate(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, int64_t grad_accum,
-                              int64_t q, const StepRates& rates) {
+StepEstimate zo_step_estimate(const ModelSpec& spec, const PlanInputs& in, int64_t grad_accum, int64_t q,
+                              const StepRates& rates) {
   const double tokens = double(in.micro_batch) * double(in.sequence_len);
   const double passes = double(grad_accum) * double(q);
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
-  e.bytes = zo_step_bytes(spec, in, plan, grad_accum * q);
+  e.bytes = zo_step_bytes(spec, in, grad_accum * q);
   DeviceWork dual = layers_forward_work(spec, in.micro_batch, in.sequence_len);
   dual.head_flops = 2 * tokens * double(spec.config.vocab_size) * double(spec.config.hidden_size);
   dual = dual * 2.0;
@@ -427,6 +427,28 @@ PassWork first_order_work(const ModelSpec& spec, const PlanInputs& in, const Run
   return {layers * g, forward * g};
 }
 
+// The share of the NVMe state's writes the update waits for. The file engine serves requests in
+// order on one thread (io/uring_file.h), and each range's write-back is queued before the read
+// that refills its buffer (offload/state/nvme_state.cpp release): past the first window of
+// buffers every read waits behind the writes queued before it, so the last range's update comes
+// after every read and the writes of all ranges but the last window - 1, which drain behind the
+// rest of the step. ~1 for a large model (a 32B one has ~2000 ranges of 64 MiB), less for few.
+double nvme_state_write_share(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan,
+                              const HostStoreLayout& layout) {
+  HostStoreLayout on_nvme = layout;
+  on_nvme.groups.assign(layout.groups.begin() + long(std::min(plan.optimizer_nvme_first_group, layout.groups.size())),
+                        layout.groups.end());
+  if (on_nvme.groups.empty()) return 0;
+  HostStoreOptions so;
+  so.state_on_nvme = true;
+  so.moments = in.moments;
+  const size_t chunk = nvme_state_sizes(on_nvme, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared)).chunk_bytes;
+  double ranges = 0;
+  for (const ParamGroup& g : on_nvme.groups) ranges += std::ceil(double(g.f32_bytes) / double(chunk));
+  const double ahead = double(std::max(so.nvme_window, 3) - 1);  // reads issued before the first write
+  return ranges > 0 ? std::max(0.0, ranges - ahead) / ranges : 0;
+}
+
 // The optimizer's host work per step (engine.cpp optimizer_step / update_group_when_landed /
 // lora_optimizer_step), split as its schedule needs it.
 struct UpdateCost {
@@ -434,8 +456,9 @@ struct UpdateCost {
   double norm = 0;          // clipping: the global norm's pass over every f32 gradient (4 bytes each), alone
   double ram = 0, nvme = 0;  // the update of the groups whose state is in RAM, on NVMe
   double group0 = 0;        // of which the embedding group's (the last to land without clipping)
-  double state_io = 0;      // the NVMe groups' state read and written
-  double state_crc = 0;     // and its checksums
+  double state_disk = 0;    // the NVMe groups' state read and written: the disk's time
+  double state_io = 0;      // of which on the update's path (nvme_state_path_share)
+  double state_crc = 0;     // the state's checksums
   double update() const { return ram + nvme; }
   // the update with its NVMe state streaming through it: the RAM groups, then the NVMe groups at
   // the pace of the slowest of their update, the disk and the checksums
@@ -465,7 +488,9 @@ UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPla
     if (gi == 0) u.group0 = n * per_param;
   }
   if (in.clip_grad) u.norm = 4 * u.params / rates.host_bytes_per_s;
-  u.state_io = bytes.state / rates.nvme_read_bytes_per_s + bytes.state / rates.nvme_write_bytes_per_s;
+  const double read = bytes.state / rates.nvme_read_bytes_per_s, write = bytes.state / rates.nvme_write_bytes_per_s;
+  u.state_disk = read + write;
+  u.state_io = read + write * nvme_state_write_share(spec, in, plan, layout);
   u.state_crc = 2 * bytes.state / (rates.checksum_bytes_per_s * std::max(1, rates.checksum_threads));
   return u;
 }
@@ -526,8 +551,7 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   STRATA_CHECK(rates.device_flops_per_s > 0 && rates.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
                "and the link's bandwidth (--gpu NAME, or the recipe's device)");
   if (in.optimizer_kind == OptimizerKind::zo_sgd)
-    return zo_step_estimate(spec, in, plan, grad_accum, std::max<int64_t>({1, zo_perturbations, in.zo_perturbations}),
-                            rates);
+    return zo_step_estimate(spec, in, grad_accum, std::max<int64_t>({1, zo_perturbations, in.zo_perturbations}), rates);
   const LoraOptions& lora = plan.lora.enabled() ? plan.lora : in.lora;
   const double tokens = double(in.micro_batch) * double(in.sequence_len), k = double(grad_accum);
   const double passes = k / double(std::max<int64_t>(1, plan.group));
@@ -548,7 +572,7 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   const double crc_bytes_per_s = rates.checksum_bytes_per_s * std::max(1, rates.checksum_threads);
   p.checkpoint_crc = (e.bytes.checkpoint_read + e.bytes.checkpoint_write) / crc_bytes_per_s;
   const UpdateCost u = update_cost(spec, in, plan, e.bytes, lora, rates);
-  p.nvme = p.checkpoint_disk + u.state_io;
+  p.nvme = p.checkpoint_disk + u.state_disk;
   // the host's accumulation: every f32 gradient staged, read and added (12 bytes per parameter
   // and pass), zeroed (4) once per step; LoRA on one process: none (the adapters' gradients
   // accumulate on the device); on the CPU backend the link's copies are memcpy on the same cores

@@ -39,7 +39,8 @@
 //   - LoRA: the adapters' gradients come back, their norm and AdamW run, the adapters go up
 //     again, all while the device waits (they are small);
 //   - the NVMe state (groups >= plan.optimizer_nvme_first_group) streams through its update:
-//     those groups take max(their update, their reads + writes, their checksums).
+//     those groups take max(their update, their checksums, their reads and the writes queued
+//     before the last of them: all but the last window's, the file engine serving in order).
 // On a GPU the device, the link, NVMe, the checksum threads and the host queue run side by side:
 // step = max(k x compute, link, nvme, checksum, host) + what of the update shows, and at least
 // the host queue's own work (accumulation + update) and the disk's. On the CPU backend the device
@@ -178,9 +179,10 @@ double step_zo_bytes_per_param(DType matrix_dtype, const PlanInputs& in);
 // Model FLOPs of one token's forward + backward at context T (as the trainer's MFU counts them).
 double model_flops_per_token(const ModelSpec& spec, int64_t T);
 
-// in.optimizer_kind = zo_sgd: the zeroth-order step instead (zo_perturbations = optim.zo_perturbations):
-// q x grad_accum dual forwards, each max(two forward passes, the weights once over the link),
-// plus the host ZO-SGD update beyond what one dual forward hides.
+// in.optimizer_kind = zo_sgd: the zeroth-order step instead (q perturbations: the larger of
+// zo_perturbations and in.zo_perturbations, both optim.zo_perturbations): q x grad_accum dual
+// forwards, each max(two forward passes, its transfers), plus the host ZO-SGD update beyond what
+// one dual forward hides (on the CPU backend all of it).
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan,
                            int64_t grad_accum, const StepRates& rates, int64_t zo_perturbations = 1);
 

@@ -229,6 +229,19 @@ TEST_CASE("step model: NVMe checksums on the file engine's threads, the state of
   rates.checksum_threads = 2;
   const StepEstimate cpu_two = step_estimate(spec, in, plan, 1, rates);
   CHECK(cpu_one.seconds - cpu_two.seconds == Approx(state / 1e8).epsilon(1e-9));
+  // the disk at 1 GB/s each way: the update waits for every read and for the writes the file
+  // engine queued before the last read (all but the last 2 of its 64 MiB ranges: 2 buffers are
+  // read ahead); the rest drain behind the step. Clipping: what exceeds the next forward shows.
+  in.device_in_host_ram = false;
+  rates.checksum_bytes_per_s = 1e18;
+  rates.nvme_read_bytes_per_s = rates.nvme_write_bytes_per_s = 1e9;
+  double ranges = 0;
+  for (const ParamGroup& g : layout.groups) ranges += std::ceil(double(g.f32_bytes) / (64 << 20));
+  REQUIRE(ranges == 13);  // the embedding 2, each layer 2 (a few KiB over 64 MiB), the head 3 (the final norm too)
+  const StepEstimate disk = step_estimate(spec, in, plan, 1, rates);
+  const double fwd = forward_seconds(spec, in), norm = 4 * double(spec.parameter_count()) / 1e18;
+  CHECK(disk.components.at("nvme") == Approx(2 * state / 1e9).epsilon(1e-12));
+  CHECK(disk.optimizer_exposed_s == Approx(norm + state / 1e9 * (1 + 11.0 / 13) - fwd).epsilon(1e-9));
   // groups 3.. (layers 2 and 3, the head) on NVMe, 0..2 in RAM: only their state moves
   plan.optimizer_nvme_first_group = 3;
   double tail = 0;
