@@ -4,7 +4,7 @@
 #include "offload/state/nvme_state.h"
 
 #include <algorithm>
-#include <thread>
+#include <cstdio>
 
 #include "offload/stream/engine_buffers.h"
 #include "offload/engine/engine_zo.h"
@@ -39,11 +39,6 @@ const char* device_kind(const std::string& row) {
   return "device activations and token buffers";
 }
 
-struct Choice {
-  bool optimizer_nvme = false;
-  bool checkpoints_nvme = false;  // the inputs that do not stay on the device go to NVMe
-};
-
 void check_inputs(const PlanInputs& in, const PlanBudgets& b) {
   STRATA_CHECK(in.micro_batch >= 1 && in.sequence_len >= 1, "micro_batch_size (", in.micro_batch,
                ") and sequence_len (", in.sequence_len, ") must be at least 1");
@@ -73,6 +68,7 @@ RunPlan plan_decisions(const PlanInputs& in, int64_t group, const PlanBudgets& b
   p.moments = in.moments;
   p.micro_batch = in.micro_batch;
   p.sequence_len = in.sequence_len;
+  p.accumulation_steps = in.accumulation_steps;
   p.group = group;
   p.head_chunk_rows = in.head_chunk_rows;
   return p;
@@ -124,7 +120,9 @@ void plan_device(PlanParts& x, const PlanBudgets& budgets) {
   // free (Engine::device_bytes_left), so the plan counts them before the checkpoints and kept rows.
   const size_t backend_ws = x.in.device_is_cuda ? cuda_backend_workspace_bytes(shape.C, shape.head_rows) : 0;
   if (backend_ws) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
-  const size_t device_fixed = engine_device_bytes(x.table) + backend_ws;
+  if (x.in.device_reserve_bytes)
+    device_rows.emplace_back("GPU context reserve (CUDA context, driver and library buffers)", x.in.device_reserve_bytes);
+  const size_t device_fixed = engine_device_bytes(x.table) + backend_ws + x.in.device_reserve_bytes;
   if (zo) {
     // no layer checkpoints: nothing goes back
   } else if (shape.checkpoints == CheckpointMode::device) {
@@ -156,7 +154,7 @@ void plan_device(PlanParts& x, const PlanBudgets& budgets) {
 }
 
 // -- host: the process, the data, the store's arrays, the engine's pinned buffers, NVMe's own.
-void plan_host(PlanParts& x, Choice choice) {
+void plan_host(PlanParts& x, const PlanChoice& choice) {
   RunPlan& p = x.p;
   const ModelSpec& spec = x.spec;
   const PlanInputs& in = x.in;
@@ -178,19 +176,30 @@ void plan_host(PlanParts& x, Choice choice) {
   const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
   x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
   const bool frozen = in.lora.enabled();
-  const Tier state_tier = choice.optimizer_nvme ? Tier::nvme : Tier::host;
-  const size_t moments_bytes = needs.moments && !frozen ? 2 * (f32_bytes / 4) * dtype_size(in.moments) : 0;
+  const bool aliased = spec.matrix_dtype == DType::f32 && in.f32_master_shared;
+  // a split: the groups before the first on NVMe keep their state in RAM (all of them without NVMe)
+  const size_t first = choice.optimizer_nvme ? choice.optimizer_first_group : layout.groups.size();
+  const size_t ram_f32 = f32_prefix_bytes(layout, first), nvme_f32 = f32_bytes - ram_f32;
+  auto moments_of = [&](size_t f32) { return needs.moments && !frozen ? 2 * (f32 / 4) * dtype_size(in.moments) : 0; };
+  const std::string moments_kind = str_cat("AdamW moments (", dtype_name(in.moments), " m and v)");
+  const std::string on_nvme =
+      first == 0 || !choice.optimizer_nvme ? "" : str_cat(" (groups ", layout.groups[first].name, " to head)");
   if (frozen) {  // LoRA: nothing for the base beyond its working copy
     const LoraHostBytes lb = LoraStore::host_bytes(LoraLayout::of(spec, in.lora));
     x.add("LoRA adapters: fp32 master, AdamW m and v", Tier::host, lb.state);
     x.add("LoRA adapters: gradient and device image", Tier::host_pinned, lb.pinned);
   } else {
     if (needs.grads) x.add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
-    if (spec.matrix_dtype == DType::f32 && in.f32_master_shared)
-      x.add("fp32 master weights (the f32 working copy)", state_tier, 0);
-    else
-      x.add("fp32 master weights", state_tier, f32_bytes);
-    if (needs.moments) x.add(str_cat("AdamW moments (", dtype_name(in.moments), " m and v)"), state_tier, moments_bytes);
+    if (aliased) {
+      x.add("fp32 master weights (the f32 working copy)", first == 0 ? Tier::nvme : Tier::host, 0);
+    } else {
+      if (first > 0) x.add("fp32 master weights", Tier::host, ram_f32);
+      if (choice.optimizer_nvme) x.add("fp32 master weights" + on_nvme, Tier::nvme, nvme_f32);
+    }
+    if (needs.moments) {
+      if (first > 0) x.add(moments_kind, Tier::host, moments_of(ram_f32));
+      if (choice.optimizer_nvme) x.add(moments_kind + on_nvme, Tier::nvme, moments_of(nvme_f32));
+    }
   }
   x.add(x.zo ? "pinned staging (embedding outputs)" : "pinned staging (activations, gradients)", Tier::host_pinned,
       engine_pinned_bytes(x.table));
@@ -208,10 +217,11 @@ void plan_host(PlanParts& x, Choice choice) {
   if (choice.optimizer_nvme) {  // the placement's own sizes (offload/state/nvme_state.h): files, window, staging
     HostStoreOptions so;
     so.state_on_nvme = true;
+    so.nvme_first_group = first;
     so.moments = in.moments;
-    const NvmeStateSizes ns = nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared));
+    const NvmeStateSizes ns = nvme_state_sizes(layout, so, !aliased);
     x.add("NVMe optimizer pipeline (window of master, m, v ranges; file staging)", Tier::host, ns.host_bytes);
-    const size_t listed = (spec.matrix_dtype == DType::f32 && in.f32_master_shared ? 0 : f32_bytes) + moments_bytes;
+    const size_t listed = (aliased ? 0 : nvme_f32) + moments_of(nvme_f32);
     if (ns.file_bytes > listed) x.add("NVMe files: each group rounded to whole blocks", Tier::nvme, ns.file_bytes - listed);
   }
 
@@ -266,10 +276,19 @@ void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
 }
 
 
-// The plan for one choice of what goes to NVMe; `problems` filled, `changes` not.
-RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets, Choice choice) {
+}  // namespace
+
+size_t f32_prefix_bytes(const HostStoreLayout& layout, size_t first_group) {
+  return first_group >= layout.groups.size() ? layout.f32.tier_bytes(Tier::host) : layout.groups[first_group].f32_offset;
+}
+
+RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
+                          const PlanChoice& choice) {
+  check_inputs(in, budgets);
+  STRATA_ASSERT(in.weights != WeightsMode::automatic, "placement_plan_at needs the weights decided");
   RunPlan p = plan_decisions(in, group, budgets);
   p.optimizer_on_nvme = choice.optimizer_nvme;
+  p.optimizer_nvme_first_group = choice.optimizer_nvme ? choice.optimizer_first_group : 0;
   PlanParts x{spec, in, p, HostStore::layout(spec), optimizer_state_needs(in.optimizer_kind)};
   x.zo = in.optimizer_kind == OptimizerKind::zo_sgd;
   x.shape = placement_engine_shape(spec, x.layout, in, group);
@@ -282,135 +301,11 @@ RunPlan plan_for(const ModelSpec& spec, const PlanInputs& in, int64_t group, con
   plan_transients(x);
   for (const PlanState& s : p.states) p.tiers[int(s.tier)] += s.bytes;
   plan_problems(p, budgets);
-  return p;
-}
-
-// The decision: everything in RAM (checkpoints on the device first) unless RAM is short and
-// an NVMe directory is given; then master and moments go first, spilled checkpoints next.
-RunPlan decide(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets) {
-  check_inputs(in, budgets);
-  Choice c;
-  c.optimizer_nvme = in.optimizer == StateTier::nvme;
-  RunPlan p = plan_for(spec, in, group, budgets, c);
-  const bool nvme = !budgets.nvme_dir.empty();
-  auto host_short = [&](const RunPlan& q) { return budgets.host_bytes && q.host_total() > budgets.host_bytes; };
-  // a move is kept only when it lowers the host total (NVMe's own buffers can outweigh a small model's state)
-  auto try_move = [&](bool Choice::*what) {
-    Choice moved = c;
-    moved.*what = true;
-    RunPlan q = plan_for(spec, in, group, budgets, moved);
-    if (q.host_total() < p.host_total()) c = moved, p = std::move(q);
-  };
-  if (host_short(p) && nvme && in.optimizer == StateTier::automatic &&
-      optimizer_state_needs(in.optimizer_kind).moments && !in.lora.enabled())
-    try_move(&Choice::optimizer_nvme);
-  if (host_short(p) && nvme && in.checkpoints == CheckpointMode::automatic && p.host_checkpoints)
-    try_move(&Choice::checkpoints_nvme);
   if (p.nvme_checkpoints > 0) p.checkpoints = CheckpointMode::nvme;  // what the plan spilled there
   return p;
 }
 
-// The changes that cost no plan: fewer CPU kernel threads, and the budgets the plan needs.
-void append_budget_changes(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
-                           const RunPlan& p, std::vector<PlanChange>& out) {
-  const bool device_over = budgets.device_bytes && p.tier(Tier::device) > budgets.device_bytes;
-  const bool host_over = budgets.host_bytes && p.host_total() > budgets.host_bytes;
-  const bool nvme_over = budgets.nvme_bytes && p.tier(Tier::nvme) > budgets.nvme_bytes;
-  // The CPU backend's GEMM scratch is per kernel thread: more threads than cores only cost memory
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (host_over && in.device_in_host_ram && cpu_threads_count() > cores) {
-    const EngineShape shape = placement_engine_shape(spec, HostStore::layout(spec), in, group);
-    const LayerDims& d = shape.layer_capacity;
-    const CpuScratchShape sh{d.B, d.T, d.H, d.Hk, d.D, shape.C, shape.head_rows, d.F, d.wt};
-    const size_t now = cpu_backend_scratch_bytes(sh), fewer = cpu_backend_scratch_bytes(sh, cores);
-    if (now > fewer)
-      out.push_back({str_cat("lower device.cpu_threads to ", cores, " (this machine's cores; it is ", cpu_threads_count(),
-                             ", and each kernel thread keeps its own GEMM scratch)"), now - fewer});
-  }
-  if (device_over)
-    out.push_back({str_cat("raise device.memory to at least ", format_bytes(p.tier(Tier::device) + kDeviceMargin),
-                           " (a GPU with more memory)"), 0});
-  if (host_over) {
-    // the process baseline (resident set at start) varies by a MiB or so from run to run: the
-    // advice leaves 2% (at least 4 MiB) above this run's total, so following it fits next time
-    const size_t mib = size_t(1) << 20;
-    const size_t advice = (p.host_total() + std::max(p.host_total() / 50, 4 * mib) + mib - 1) / mib * mib;
-    out.push_back({str_cat("raise offload.host_memory to at least ", format_bytes(advice),
-                           " if the machine has the RAM (the plan's host total is ", format_bytes(p.host_total()),
-                           ")"), 0});
-  }
-  if (nvme_over)
-    out.push_back({str_cat("raise offload.nvme_memory to at least ", format_bytes(p.tier(Tier::nvme)),
-                           ", or point offload.nvme_path at a larger drive"), 0});
-}
-
-// What to change when the plan does not fit: each variant planned again, with what it saves on
-// the tiers that are over.
-std::vector<PlanChange> changes_for(const ModelSpec& spec, const PlanInputs& in, int64_t group,
-                                    const PlanBudgets& budgets, const RunPlan& p) {
-  const bool device_over = budgets.device_bytes && p.tier(Tier::device) > budgets.device_bytes;
-  const bool host_over = budgets.host_bytes && p.host_total() > budgets.host_bytes;
-  const bool nvme_over = budgets.nvme_bytes && p.tier(Tier::nvme) > budgets.nvme_bytes;
-  std::vector<PlanChange> out;
-  auto saving = [&](const RunPlan& q) -> size_t {
-    size_t s = 0;
-    if (device_over && q.tier(Tier::device) < p.tier(Tier::device)) s += p.tier(Tier::device) - q.tier(Tier::device);
-    if (host_over && q.host_total() < p.host_total()) s += p.host_total() - q.host_total();
-    return s;
-  };
-  auto try_variant = [&](std::string what, PlanInputs v, PlanBudgets vb) {
-    const RunPlan q = decide(spec, v, group, vb);
-    if (const size_t s = saving(q)) out.push_back({std::move(what), s});
-  };
-  const std::string nvme_dir_hint = budgets.nvme_dir.empty() ? " with offload.nvme_path = a directory on an NVMe drive" : "";
-  PlanBudgets with_nvme = budgets;
-  if (with_nvme.nvme_dir.empty()) with_nvme.nvme_dir = "(offload.nvme_path)";
-  if (host_over && !p.optimizer_on_nvme && optimizer_state_needs(in.optimizer_kind).moments) {
-    PlanInputs v = in;
-    v.optimizer = StateTier::nvme;
-    try_variant(str_cat("set offload.optimizer = \"nvme\"", nvme_dir_hint, " (fp32 master weights and AdamW moments ",
-                        "move to NVMe)"), v, with_nvme);
-  }
-  if ((host_over || nvme_over) && in.moments == DType::f32 && optimizer_state_needs(in.optimizer_kind).moments &&
-      !in.lora.enabled()) {
-    PlanInputs v = in;
-    v.moments = DType::bf16;
-    const RunPlan q = decide(spec, v, group, budgets);
-    const size_t s = saving(q) + (nvme_over && q.tier(Tier::nvme) < p.tier(Tier::nvme) ? p.tier(Tier::nvme) - q.tier(Tier::nvme) : 0);
-    if (s) out.push_back({"set optim.moments_dtype = \"bf16\" (AdamW m and v stored in bf16: 4 bytes per parameter "
-                          "instead of 8)", s});
-  }
-  if (host_over && p.host_checkpoints) {
-    PlanInputs v = in;
-    v.checkpoints = CheckpointMode::nvme;
-    try_variant(str_cat("set offload.checkpoints = \"nvme\"", nvme_dir_hint, " (spilled layer checkpoints move to NVMe)"),
-                v, with_nvme);
-  }
-  if ((device_over || host_over) && in.micro_batch > 1) {
-    PlanInputs v = in;
-    v.micro_batch = std::max<int64_t>(1, in.micro_batch / 2);
-    try_variant(str_cat("lower train.micro_batch_size to ", v.micro_batch, " (raise gradient_accumulation_steps to keep "
-                        "the batch)"), v, budgets);
-  }
-  if ((device_over || host_over) && in.sequence_len > 1) {
-    PlanInputs v = in;
-    v.sequence_len = std::max<int64_t>(1, in.sequence_len / 2);
-    try_variant(str_cat("lower data.sequence_len to ", v.sequence_len), v, budgets);
-  }
-  if (device_over && in.weights == WeightsMode::device) {
-    PlanInputs v = in;
-    v.weights = WeightsMode::stream;
-    try_variant("set offload.weights = \"stream\" (two layer slots on the device instead of every layer)", v, budgets);
-  }
-  if (device_over && in.checkpoints == CheckpointMode::device) {
-    PlanInputs v = in;
-    v.checkpoints = CheckpointMode::automatic;
-    try_variant("set offload.checkpoints = \"auto\" (checkpoints the device cannot hold spill to pinned host memory)", v,
-                budgets);
-  }
-  append_budget_changes(spec, in, group, budgets, p, out);
-  return out;
-}
+namespace {
 
 std::string padded(std::string s, size_t width) {
   if (s.size() < width) s.resize(width, ' ');
@@ -436,52 +331,6 @@ std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInpu
     return "offload.recompute = \"never\" keeps one micro-batch's activations per layer, and a layer-major pass "
            "runs several through each layer";
   return "";
-}
-
-namespace {
-
-// The micro-batches one engine pass runs (offload.accumulation): k for layer_major (an obstacle
-// is Error(input) naming it), 1 for micro_batch; automatic: k when there is no obstacle and the
-// plan at k fits, else 1.
-int64_t choose_group(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets) {
-  const int64_t k = in.accumulation_steps;
-  if (in.accumulation == AccumulationMode::micro_batch || k <= 1) return 1;
-  const std::string obstacle = placement_layer_major_obstacle(spec, in);
-  if (in.accumulation == AccumulationMode::layer_major) {
-    STRATA_CHECK(obstacle.empty(), "offload.accumulation = \"layer_major\" does not apply here: ", obstacle,
-                 "; set offload.accumulation = \"micro_batch\" or \"auto\"");
-    return k;
-  }
-  return obstacle.empty() && decide(spec, in, k, budgets).fits() ? k : 1;
-}
-
-}  // namespace
-
-RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets) {
-  if (in.weights == WeightsMode::automatic) {
-    PlanInputs resolved = in;
-    placement_resolve_weights(spec, resolved, budgets);
-    return placement_plan(spec, resolved, budgets);
-  }
-  const int64_t group = choose_group(spec, in, budgets);
-  RunPlan p = decide(spec, in, group, budgets);
-  if (!p.fits()) p.changes = changes_for(spec, in, group, budgets, p);
-  return p;
-}
-
-void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const PlanBudgets& budgets) {
-  if (in.weights != WeightsMode::automatic) return;
-  in.weights = WeightsMode::stream;
-  if (in.optimizer_kind == OptimizerKind::zo_sgd) return;  // its engine has no resident mode
-  PlanInputs resident = in;
-  resident.weights = WeightsMode::device;
-  // at one micro-batch per pass: the schedule is chosen after, for the weights chosen here
-  const RunPlan s = decide(spec, in, 1, budgets), d = decide(spec, resident, 1, budgets);
-  const bool no_worse = d.device_checkpoints >= s.device_checkpoints && d.host_checkpoints <= s.host_checkpoints &&
-                        d.nvme_checkpoints <= s.nvme_checkpoints &&
-                        d.kept_activation_layers >= s.kept_activation_layers &&
-                        d.kept_logit_chunks >= s.kept_logit_chunks;
-  if (d.fits() && (no_worse || !s.fits())) in.weights = WeightsMode::device;
 }
 
 HostStoreOptions run_plan_store_options(const RunPlan& plan) {
@@ -534,13 +383,29 @@ std::string placement_plan_table(const RunPlan& p) {
   return out;
 }
 
+namespace {
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", s);
+  return buf;
+}
+}  // namespace
+
+std::string placement_change_text(const PlanChange& c) {
+  std::string t = c.what;
+  const char* of = c.tier == Tier::device ? " of device memory" : c.tier == Tier::nvme ? " of NVMe" : " of host memory";
+  if (c.saves_bytes) t += str_cat(": saves ", format_bytes(c.saves_bytes), of);
+  if (c.step_seconds > 0) t += str_cat(c.saves_bytes ? ", " : ": ", "a step of ", seconds_text(c.step_seconds));
+  if (!c.fits) t += " (not enough alone)";
+  return t;
+}
+
 void placement_plan_check(const RunPlan& p) {
   if (p.fits()) return;
   std::string msg = "the run does not fit:";
   for (const std::string& problem : p.problems) msg += "\n  " + problem;
   msg += "\nThe plan:\n" + placement_plan_table(p) + "What to change:";
-  for (const PlanChange& c : p.changes)
-    msg += str_cat("\n  - ", c.what, c.saves_bytes ? str_cat(": saves ", format_bytes(c.saves_bytes)) : std::string());
+  for (const PlanChange& c : p.changes) msg += "\n  - " + placement_change_text(c);
   STRATA_CHECK_BUDGET(false, msg);
 }
 
@@ -560,38 +425,6 @@ void placement_host_budget(PlanBudgets& b, size_t host_memory_bytes, const std::
     b.host_bytes = host_memory_available();
     b.host_origin = "the machine's available memory (MemAvailable in /proc/meminfo; offload.host_memory is unset)";
   }
-}
-
-namespace {
-
-// The largest value in [1, limit] for which fits(value) holds, fits being monotone; 0 if none.
-template <class F>
-int64_t largest_fitting(int64_t limit, F&& fits) {
-  if (!fits(1)) return 0;
-  int64_t lo = 1, hi = 2;
-  while (hi <= limit && fits(hi)) lo = hi, hi *= 2;
-  hi = std::min(hi, limit + 1);  // fits(lo), !fits(hi) (or hi beyond the limit)
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
-}  // namespace
-
-int64_t placement_max_micro_batch(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets, int64_t limit) {
-  return largest_fitting(limit, [&](int64_t b) {
-    in.micro_batch = b;
-    return placement_plan(spec, in, budgets).fits();
-  });
-}
-
-int64_t placement_max_sequence_len(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets, int64_t limit) {
-  return largest_fitting(limit, [&](int64_t t) {
-    in.sequence_len = t;
-    return placement_plan(spec, in, budgets).fits();
-  });
 }
 
 // ---- a generation run ----------------------------------------------------------------------

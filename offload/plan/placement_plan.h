@@ -76,6 +76,18 @@ struct PlanInputs {
                                      // the MFU peak is measured with GEMMs in process memory
   bool device_is_cuda = false;       // a CUDA device: its own cuBLAS and lm_head_ce workspaces
                                      // come out of the budget too (cuda_backend_workspace_bytes)
+  // What the device budget loses before strata allocates: a real GPU's CUDA context, the
+  // driver's and libraries' own buffers and fragmentation (kGpuContextReserve where the budget
+  // is a card's nominal memory). 0 where the budget is what strata's arena may take.
+  size_t device_reserve_bytes = 0;
+  // train.global_batch_size: rows per optimizer step across all ranks, in micro_batch's unit
+  // before pair_rows (sequences; preference pairs). 0: the split is the recipe's. When set, a
+  // micro_batch / accumulation_steps the recipe did not give (micro_batch_fixed,
+  // accumulation_fixed) is the plan's to choose: micro_batch x accumulation_steps x ranks =
+  // global_batch.
+  int64_t global_batch = 0;
+  bool micro_batch_fixed = true, accumulation_fixed = true;
+  int64_t pair_rows = 1;             // engine rows per unit of micro_batch's recipe value (preference: 2)
   size_t baseline_bytes = 0;         // the process before the plan's allocations (VmRSS)
   size_t data_bytes = 0;             // tokenized rows and the data order, held all run
   size_t data_rows = 0;              // rows in the data order (resume reads them back)
@@ -98,9 +110,14 @@ struct PlanState {
   size_t bytes = 0;
 };
 
+// A change to the recipe, planned again with it applied alone (offload/plan/plan_search.h).
 struct PlanChange {
-  std::string what;      // "set offload.optimizer = \"nvme\" ...": a recipe change
-  size_t saves_bytes = 0;  // what it takes off the tier that is over its budget
+  std::string what;          // "set offload.optimizer = \"nvme\" ...": for a person
+  nlohmann::json set = nlohmann::json::object();  // the recipe overrides: {"section.key": value}
+  Tier tier = Tier::host;    // the tier it lowers (host: host + host_pinned together)
+  size_t saves_bytes = 0;    // what it takes off that tier (0: it only makes the step faster)
+  bool fits = false;         // the run fits with it
+  double step_seconds = 0;   // the step with it (0: not priced)
 };
 
 // The NVMe tier's RAM comes from the NVMe code's own sizes: nvme_state_sizes (offload/state/nvme_state.h:
@@ -132,6 +149,7 @@ struct RunPlan {
   RecomputeMode recompute = RecomputeMode::automatic;
   DType moments = DType::f32;
   int64_t micro_batch = 1, sequence_len = 1;  // the engine's capacity (rows, tokens per row)
+  int64_t accumulation_steps = 1;     // micro-batches per optimizer step (the split the plan ran at)
   int64_t group = 1;                  // micro-batches per engine pass: k layer-major, 1 micro_batch
   int64_t head_chunk_rows = 0;        // 0: the engine's default
   GenerationPlan generation;          // a generation run's decisions (generation.active)
@@ -151,6 +169,7 @@ struct RunPlan {
   PlanBudgets budgets;                // and with them the NVMe directory and its budget
   std::vector<std::string> problems;  // what does not fit (empty: it fits)
   std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
+  double step_seconds = 0;            // the step estimate the search chose it by (0: not priced)
 
   bool fits() const { return problems.empty(); }
   size_t tier(Tier t) const { return tiers[int(t)]; }
@@ -164,18 +183,26 @@ struct RunPlan {
 EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in,
                                    int64_t group);
 
-// The plan. Bad plan inputs (an unknown mode, NVMe asked for without a directory) are
-// Error(input); a plan that does not fit is returned with `problems` and `changes` filled.
-// weights = automatic is resolved as placement_resolve_weights does, then the accumulation
-// schedule (automatic: layer-major when it applies and its plan fits, else micro_batch).
-RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets);
+// Where the optimizer state and the spilled checkpoints go: the plan's choices beyond the inputs.
+struct PlanChoice {
+  bool optimizer_nvme = false;        // master + moments of groups >= optimizer_first_group on NVMe
+  size_t optimizer_first_group = 0;   // (offload/state/store_layout.h: HostStoreOptions::nvme_first_group)
+  bool checkpoints_nvme = false;      // the layer inputs that do not stay on the device go to NVMe
+};
 
-// offload.weights = automatic: device (every layer resident, so only the optimizer's updates
-// cross the link, once per step) when that plan fits and keeps as much on the device as the
-// streamed plan does (the same layer checkpoints, kept activations and kept logits: residency
-// then costs no recompute and no spilling); else "stream". zo-sgd streams (its engine has no
-// resident mode). Other values are left as they are.
-void placement_resolve_weights(const ModelSpec& spec, PlanInputs& in, const PlanBudgets& budgets);
+// The plan of one candidate: the inputs with every choice made (weights device or stream, not
+// automatic), `group` micro-batches per engine pass and `choice`'s tiers; `problems` filled,
+// `changes` not. Bad plan inputs (an unknown mode, NVMe asked for without a directory) are
+// Error(input). The search over candidates, and `placement_plan` itself: offload/plan/plan_search.h.
+RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
+                          const PlanChoice& choice);
+
+// The bytes of the f32 arena's groups before `first_group` (what stays in RAM of a split).
+size_t f32_prefix_bytes(const HostStoreLayout& layout, size_t first_group);
+
+// The reserve of PlanInputs::device_reserve_bytes for a GPU priced at its nominal memory: a
+// CUDA 12/13 context on a Hopper card takes ~0.5 GiB, NCCL and the allocator's rounding more.
+inline constexpr size_t kGpuContextReserve = size_t(1) << 30;
 
 // Why a layer-major schedule does not apply to these inputs ("" when it does): zo-sgd, several
 // ranks, recompute = never, or a tied lm_head outside LoRA mode (its gradient shares the
@@ -204,6 +231,10 @@ struct GenerationInputs {
 // states. No placement fitting is a problem (placement_plan_check).
 RunPlan placement_generation_plan(const ModelSpec& spec, const GenerationInputs& in, const PlanBudgets& budgets);
 
+// One line of "what to change": the change, what it saves on its tier, the step it gives, and
+// whether the run fits with it.
+std::string placement_change_text(const PlanChange& change);
+
 // Throws Error(budget) (exit 3) when the plan does not fit: what does not fit, the plan's table
 // and what to change, each with the bytes it saves.
 void placement_plan_check(const RunPlan& plan);
@@ -217,12 +248,5 @@ nlohmann::json placement_plan_json(const RunPlan& plan);
 // The host budget: offload.host_memory when set (bytes > 0), else the machine's MemAvailable.
 // Sets budgets.host_bytes and host_origin.
 void placement_host_budget(PlanBudgets& budgets, size_t host_memory_bytes, const std::string& host_memory);
-
-// The largest micro_batch_size (at in.sequence_len) and sequence_len (at in.micro_batch) whose
-// plan fits; 0 when even 1 does not. Searched up to `limit`.
-int64_t placement_max_micro_batch(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
-                                  int64_t limit = 1 << 16);
-int64_t placement_max_sequence_len(const ModelSpec& spec, PlanInputs in, const PlanBudgets& budgets,
-                                   int64_t limit = 1 << 22);
 
 }  // namespace strata

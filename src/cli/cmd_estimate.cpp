@@ -5,6 +5,7 @@
 // offload/plan/step_estimate.h. Nothing large is allocated: a 405B config answers in a moment.
 // Exit 0 when it fits, 3 when it does not, 2 on bad input. Its parts: estimate.h.
 #include "src/cli/commands.h"
+#include "offload/plan/plan_search.h"
 #include "src/cli/estimate.h"
 
 namespace strata {
@@ -21,19 +22,24 @@ int cmd_estimate(const std::vector<std::string>& args) {
   PlanBudgets budgets;
   estimate_plan_setup(a, recipe, in, budgets);
 
-  // the device: a GPU of the table, or the recipe's (the CPU backend is measured here)
+  // the device: a GPU of the table, or the recipe's (the CPU backend is measured here); a GPU's
+  // nominal memory loses its context's share first
   EstimateRates rates = estimate_device(a, recipe, dtype, in, budgets);
-  placement_resolve_weights(spec, in, budgets);  // offload.weights = WeightsMode::automatic, as the trainer resolves it
+  if (in.device_is_cuda) in.device_reserve_bytes = kGpuContextReserve;
   if (a.measure) estimate_measure(recipe, spec, in, budgets, rates);
-  const RunPlan plan = placement_plan(spec, in, budgets);  // and with it offload.accumulation's schedule
-  if (!a.rates_from.empty()) estimate_rates_from(a.rates_from, recipe, spec, in, plan, rates);
   estimate_given_rates(a, rates);
-
-  const int64_t max_batch = placement_max_micro_batch(spec, in, budgets, 1 << 14);
-  const int64_t max_seq = placement_max_sequence_len(spec, in, budgets, 1 << 20);
-  const StepEstimate step = step_estimate(spec, in, plan, recipe.gradient_accumulation_steps, rates.rates,
-                                          recipe.zo_perturbations);
-  const EstimateReport report{spec, dtype, recipe, in, plan, rates, step, max_batch, max_seq};
+  // the fastest plan that fits at these rates (offload/plan/plan_search.h), as the trainer plans
+  RunPlan plan = placement_plan(spec, in, budgets, rates.rates);
+  if (!a.rates_from.empty()) {  // the run's own rates, then the plan again at them
+    estimate_rates_from(a.rates_from, recipe, spec, plan_resolved_inputs(in, plan), plan, rates);
+    estimate_given_rates(a, rates);
+    plan = placement_plan(spec, in, budgets, rates.rates);
+  }
+  const PlanInputs used = plan_resolved_inputs(in, plan);  // its split, weights and schedule
+  const int64_t max_batch = placement_max_micro_batch(spec, used, budgets, 1 << 14);
+  const int64_t max_seq = placement_max_sequence_len(spec, used, budgets, 1 << 20);
+  const StepEstimate step = step_estimate(spec, used, plan, plan.accumulation_steps, rates.rates, recipe.zo_perturbations);
+  const EstimateReport report{spec, dtype, recipe, used, plan, rates, step, max_batch, max_seq};
   if (a.json) estimate_print_json(report);
   else estimate_print_text(report);
   return plan.fits() ? 0 : 3;

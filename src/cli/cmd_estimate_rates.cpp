@@ -152,7 +152,7 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
 void estimate_rates_from(const std::string& path, const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in,
                          const RunPlan& plan, EstimateRates& r) {
   STRATA_CHECK(r.source["device"].rfind("measured here", 0) == 0, "--rates-from prices the CPU backend: not with --gpu or --gpu-memory");
-  r.run_steps = rates_from_run(path, spec, in, plan, recipe.gradient_accumulation_steps);
+  r.run_steps = rates_from_run(path, spec, in, plan, plan.accumulation_steps);
   const RunStepRates& median = r.run_steps[(r.run_steps.size() - 1) / 2];
   use_run_rates(r.rates, median.rates);
   r.source["device"] = r.source["attention"] = r.source["elementwise"] = r.source["head"] =

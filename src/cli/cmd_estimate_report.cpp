@@ -1,5 +1,6 @@
 // `strata estimate`'s output (estimate.h): one JSON object with --json, else the table a person
 // reads: the model and device, whether it fits and what to change, the plan, the step and its rates.
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -24,7 +25,7 @@ void json_run_steps(const EstimateReport& r, nlohmann::json& step) {
     StepRates own = r.rates.rates;
     use_run_rates(own, s.rates);
     const StepEstimate e =
-        step_estimate(r.spec, r.in, r.plan, r.recipe.gradient_accumulation_steps, own, r.recipe.zo_perturbations);
+        step_estimate(r.spec, r.in, r.plan, r.plan.accumulation_steps, own, r.recipe.zo_perturbations);
     step["rates_from_steps"].push_back({{"step", s.step}, {"seconds", e.seconds}});
   }
 }
@@ -74,6 +75,13 @@ void estimate_print_json(const EstimateReport& r) {
                             {"nvme_read", step.bytes.nvme_read()}, {"nvme_write", step.bytes.nvme_write()}}}};
   for (const auto& [name, v] : r.rates.values())
     out["step"]["rates"][name] = {{"value", v}, {"source", source_of(r.rates, name)}};
+  out["micro_batch_size"] = plan.micro_batch / std::max<int64_t>(1, r.in.pair_rows);
+  out["gradient_accumulation_steps"] = plan.accumulation_steps;
+  out["changes"] = nlohmann::json::array();
+  for (const PlanChange& c : plan.changes)
+    out["changes"].push_back({{"set", c.set}, {"tier", c.tier == Tier::host_pinned ? "host" : tier_name(c.tier)},
+                              {"saves_bytes", c.saves_bytes}, {"fits", c.fits}, {"step_seconds", c.step_seconds},
+                              {"what", c.what}});
   if (!r.rates.run_steps.empty()) json_run_steps(r, out["step"]);
   std::printf("%s\n", out.dump().c_str());
 }
@@ -85,7 +93,7 @@ void estimate_print_text(const EstimateReport& r) {
   std::printf("strata estimate: %s, %.3gB parameters (%s); micro_batch_size %ld x sequence_len %ld, gradient "
               "accumulation %ld (%s); weights %s\ndevice: %s\nfits: %s\n",
               r.spec.config.family.c_str(), double(r.spec.parameter_count()) / 1e9, dtype_name(r.dtype),
-              long(in.micro_batch), long(in.sequence_len), long(r.recipe.gradient_accumulation_steps),
+              long(in.micro_batch), long(in.sequence_len), long(plan.accumulation_steps),
               plan.group > 1 ? (resident ? "layer-major" : "layer-major: weights cross twice per step")
                              : "one micro-batch at a time",
               resident ? "resident (they cross once per step, after the update)" : "streamed",
@@ -93,10 +101,9 @@ void estimate_print_text(const EstimateReport& r) {
   for (const std::string& p : plan.problems) std::printf("  %s\n", p.c_str());
   std::printf("%s", placement_plan_table(plan).c_str());
   std::printf("  (tokenized data rows are not read here: 16 bytes per token of the dataset come on top)\n");
-  if (!plan.fits()) {
-    std::printf("what to change:\n");
-    for (const PlanChange& c : plan.changes)
-      std::printf("  - %s%s\n", c.what.c_str(), c.saves_bytes ? str_cat(": saves ", format_bytes(c.saves_bytes)).c_str() : "");
+  if (!plan.changes.empty()) {
+    std::printf(plan.fits() ? "faster, if you opt in (the step is %.3g s now):\n" : "what to change:\n", plan.step_seconds);
+    for (const PlanChange& c : plan.changes) std::printf("  - %s\n", placement_change_text(c).c_str());
   }
   std::printf("largest micro_batch_size that fits (sequence_len %ld): %ld\nlargest sequence_len that fits "
               "(micro_batch_size %ld): %ld\n",

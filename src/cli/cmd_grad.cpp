@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include "offload/plan/plan_search.h"
 #include "io/files.h"
 #include "io/safetensors.h"
 #include "offload/state/lora.h"

@@ -208,6 +208,8 @@ void read_dependent(Recipe& rc, const Reader& r) {
   if (!r.get("preference.beta")) rc.preference_beta = rc.objective == "simpo" ? 2.0 : 0.1;  // TRL's defaults
   STRATA_CHECK(rc.preference_beta > 0, r.where("preference.beta"), ": preference.beta must be positive");
   rc.max_grad_norm_set = r.get("optim.max_grad_norm") != nullptr;
+  rc.micro_batch_size_set = r.get("train.micro_batch_size") != nullptr;
+  rc.gradient_accumulation_steps_set = r.get("train.gradient_accumulation_steps") != nullptr;
   rc.lora_enabled = r.lora_table;
   for (const auto& [name, node] : r.values)
     if (name.rfind("lora.", 0) == 0) rc.lora_enabled = true;  // a lora.* override turns it on too
@@ -291,6 +293,13 @@ void check_distributed(const Recipe& rc, const Reader& r) {
 void check_train_optim(const Recipe& rc, const Reader& r) {
   STRATA_CHECK(rc.micro_batch_size >= 1, r.where("train.micro_batch_size"), ": train.micro_batch_size must be at least 1");
   STRATA_CHECK(rc.gradient_accumulation_steps >= 1, r.where("train.gradient_accumulation_steps"), ": train.gradient_accumulation_steps must be at least 1");
+  STRATA_CHECK(rc.global_batch_size >= 0, r.where("train.global_batch_size"),
+               ": train.global_batch_size must be >= 0 (0: micro_batch_size x gradient_accumulation_steps x ranks)");
+  STRATA_CHECK(rc.global_batch_size == 0 || !rc.micro_batch_size_set || !rc.gradient_accumulation_steps_set ||
+                   rc.global_batch_size % (rc.micro_batch_size * rc.gradient_accumulation_steps) == 0,
+               r.where("train.global_batch_size"), ": train.global_batch_size (", rc.global_batch_size,
+               ") is not micro_batch_size x gradient_accumulation_steps (", rc.micro_batch_size, " x ",
+               rc.gradient_accumulation_steps, ") x ranks: leave one of them out for the plan to choose");
   STRATA_CHECK(rc.log_steps >= 1, r.where("train.log_steps"), ": train.log_steps must be at least 1");
   STRATA_CHECK(rc.learning_rate >= 0, r.where("optim.learning_rate"), ": optim.learning_rate must not be negative");
   STRATA_CHECK(rc.adam_beta1 >= 0 && rc.adam_beta1 < 1 && rc.adam_beta2 >= 0 && rc.adam_beta2 < 1,

@@ -32,6 +32,8 @@ struct Recipe {
   double eval_split = 0.0;
   // [train]
   int64_t max_steps = 0, micro_batch_size = 1, gradient_accumulation_steps = 1, seed = 0;
+  int64_t global_batch_size = 0;  // 0: micro_batch_size x gradient_accumulation_steps x ranks
+  bool micro_batch_size_set = false, gradient_accumulation_steps_set = false;  // given in the recipe
   double num_train_epochs = 1.0;
   int64_t log_steps = 1, eval_steps = 0;
   std::string objective = "sft";  // "sft", or a preference objective: "dpo", "ipo", "simpo", "orpo"

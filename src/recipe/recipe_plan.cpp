@@ -34,6 +34,10 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.sequence_len = rc.sequence_len;
   in.accumulation = rc.modes.accumulation;
   in.accumulation_steps = rc.gradient_accumulation_steps;
+  in.pair_rows = rc.modes.preference ? 2 : 1;
+  in.global_batch = rc.global_batch_size;
+  in.micro_batch_fixed = rc.global_batch_size == 0 || rc.micro_batch_size_set;
+  in.accumulation_fixed = rc.global_batch_size == 0 || rc.gradient_accumulation_steps_set;
   in.ranks = ranks;
   in.clip_grad = rc.max_grad_norm > 0;
   in.zo_perturbations = rc.zo_perturbations;

@@ -55,6 +55,10 @@ constexpr RecipeKey kRecipeKeys[] = {
      "rows per micro-batch"},
     {"train.gradient_accumulation_steps", "int", "1", &Recipe::gradient_accumulation_steps,
      "micro-batches per optimizer step"},
+    {"train.global_batch_size", "int", "0", &Recipe::global_batch_size,
+     "rows (preference: pairs) per optimizer step across all ranks; when set, micro_batch_size and "
+     "gradient_accumulation_steps not given are chosen by the plan (the fastest split that fits), and a resumed run "
+     "keeps the split it started with (0 = micro_batch_size x gradient_accumulation_steps x ranks)"},
     {"train.seed", "int", "0", &Recipe::seed,
      "seed of the data order"},
     {"train.log_steps", "int", "1", &Recipe::log_steps,

@@ -418,6 +418,24 @@ void lora_state_load(SafetensorsFile& f, const std::string& dir, LoraStore& lora
 
 }  // namespace
 
+TrainState checkpoint_batch_split(const std::string& dir) {
+  TrainState st;
+  std::error_code ec;
+  const fs::path file = fs::path(dir) / "trainer_state.json";
+  if (!fs::is_regular_file(file, ec)) return st;
+  const json j = json::parse(read_file(file), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return st;  // checkpoint_load names the damage
+  try {
+    st.ranks = j.value("ranks", int64_t(0));
+    st.global_batch = j.value("global_batch", int64_t(0));
+    st.micro_batch = j.value("micro_batch_size", int64_t(0));
+    st.accumulation = j.value("gradient_accumulation_steps", int64_t(0));
+  } catch (const json::exception&) {
+    return TrainState{};  // likewise
+  }
+  return st;
+}
+
 TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* lora) {
   const fs::path d(dir);
   std::error_code ec;

@@ -81,6 +81,11 @@ std::string checkpoint_find_latest(const std::string& output_dir);
 // inside it): a damaged checkpoint is an Error (exit 2) naming the file and the older
 // checkpoints to resume from instead.
 // LoRA: the adapters' state goes into `lora` (the base store is left as loaded from model.path).
+// The batch split of a checkpoint's run (TrainState's ranks, global_batch, micro_batch and
+// accumulation; zeros when its trainer_state.json does not say), read before the model is set
+// up so that a resumed run keeps it. Nothing is verified here: checkpoint_load does that.
+TrainState checkpoint_batch_split(const std::string& dir);
+
 TrainState checkpoint_load(const std::string& dir, HostStore& store, LoraStore* lora = nullptr);
 
 // An HF model dir: config.json, safetensors in `dtype`, tokenizer files copied. Atomic the same

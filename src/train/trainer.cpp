@@ -26,6 +26,7 @@
 #include "offload/state/model_io.h"
 #include "offload/plan/step_estimate.h"
 #include "offload/plan/placement_plan.h"
+#include "offload/plan/plan_search.h"
 #include "offload/plan/run_engines.h"
 #include "offload/state/nvme_dir.h"
 #include "src/core/error.h"
@@ -182,6 +183,9 @@ class TrainRun {
 
  private:
   void set_up_model();
+  StepRates plan_rates() const;
+  void keep_resumed_split();
+  void adopt_plan_split();
   void say_accumulation() const;
   void release_model();
   void check_allocations_against_plan();
@@ -199,7 +203,7 @@ class TrainRun {
            (preference_ ? 2 : 1);
   }
 
-  const Recipe& rc_;
+  Recipe rc_;  // a copy: train.global_batch_size's split is written into it
   const TrainOptions& topt_;
   Distributed& dist_;
   Progress progress_;
@@ -317,6 +321,7 @@ void TrainRun::set_up() {
   plan_in_ = recipe_plan_inputs(rc_, dist_.size());  // plan_with_data adds the tokenized rows
   plan_in_.resume = !resume_dir_.empty();
   plan_in_.baseline_bytes = process_rss_bytes();  // before the device, the store and the data
+  keep_resumed_split();
   set_up_model();
   if (!data_loaded_) load_data();
   plan_with_data();
@@ -365,8 +370,9 @@ void TrainRun::set_up_model() {
   cpu_threads_start();  // before anything opens a parallel region (the tokenizer too): exit 3 if they cannot exist
 
   budgets_ = recipe_plan_budgets(rc_);
-  // every "auto" resolved: weights resident when it costs nothing, the schedule, the tiers
-  plan_ = placement_plan(spec, plan_in_, budgets_);
+  // every "auto" resolved: the fastest plan that fits (offload/plan/plan_search.h)
+  const StepRates rates = plan_rates();
+  plan_ = placement_plan(spec, plan_in_, budgets_, rates);
   const bool device_over = budgets_.device_bytes && plan_.tier(Tier::device) > budgets_.device_bytes;
   if (!plan_.fits() && !data_loaded_ && !device_over) {
     // Short of host memory: before it says what to change, the plan counts the tokenized data
@@ -374,9 +380,10 @@ void TrainRun::set_up_model() {
     // with the data added. (A device that is too small is said at once: the data changes nothing
     // there.)
     load_data();
-    plan_ = placement_plan(spec, plan_in_, budgets_);
+    plan_ = placement_plan(spec, plan_in_, budgets_, rates);
   }
   placement_plan_check(plan_);
+  adopt_plan_split();
   say_accumulation();
   shared_store_ = dist_.choose_shared_store(rc_, plan_.optimizer_on_nvme);
 
@@ -414,6 +421,43 @@ void TrainRun::set_up_model() {
   }
   host_bytes_ = store_->host_bytes() + store_->pinned_bytes() + (lora_ ? lora_->host_bytes() + lora_->pinned_bytes() : 0);
   check_allocations_against_plan();
+}
+
+// What the search prices plans with: on the CPU backend its measured GEMM peak (the MFU
+// denominator, measured once per process) and the link's throttle or memcpy; on a GPU the
+// search's stated defaults (the device is not open yet: only the order of the plans matters).
+StepRates TrainRun::plan_rates() const {
+  StepRates r = plan_default_rates(plan_in_);
+  if (plan_in_.device_in_host_ram) r.device_flops_per_s = cpu_measured_peak(dtype_parse(rc_.model_dtype)).flops_per_s;
+  if (rc_.device_link_bytes_per_s > 0) r.link_bytes_per_s = rc_.device_link_bytes_per_s;
+  return r;
+}
+
+// train.global_batch_size on resume: the split the checkpoint's run chose is kept (the same
+// micro-batches in the same order: bit-exact), when the global batch and the ranks are the same.
+void TrainRun::keep_resumed_split() {
+  if (rc_.global_batch_size <= 0 || resume_dir_.empty()) return;
+  const TrainState saved = checkpoint_batch_split(resume_dir_);
+  if (saved.global_batch != rc_.global_batch_size || saved.ranks != dist_.size() || saved.micro_batch <= 0) return;
+  plan_in_.micro_batch = saved.micro_batch * plan_in_.pair_rows;
+  plan_in_.accumulation_steps = saved.accumulation;
+  plan_in_.micro_batch_fixed = plan_in_.accumulation_fixed = true;
+}
+
+// train.global_batch_size: the split the plan chose becomes the run's (its micro-batches, the
+// checkpoint's record); later plans (with the data counted) keep it.
+void TrainRun::adopt_plan_split() {
+  if (rc_.global_batch_size <= 0) return;
+  rc_.micro_batch_size = plan_.micro_batch / plan_in_.pair_rows;
+  rc_.gradient_accumulation_steps = plan_.accumulation_steps;
+  plan_in_.micro_batch = plan_.micro_batch;
+  plan_in_.accumulation_steps = plan_.accumulation_steps;
+  plan_in_.micro_batch_fixed = plan_in_.accumulation_fixed = true;
+  if (dist_.primary())
+    std::fprintf(stderr, "strata train: train.global_batch_size = %ld: micro_batch_size %ld x gradient_accumulation_steps "
+                 "%ld x %d rank%s (%s)\n", long(rc_.global_batch_size), long(rc_.micro_batch_size),
+                 long(rc_.gradient_accumulation_steps), dist_.size(), dist_.size() == 1 ? "" : "s",
+                 resume_dir_.empty() ? "the fastest split that fits" : "the split this run started with, or the fastest");
 }
 
 // The schedule over a step's micro-batches the plan chose (offload.accumulation), said at start.
@@ -484,7 +528,7 @@ void TrainRun::load_data() {
 // The plan with the tokenized rows and their order added, checked again, printed and stored
 // as output_dir/plan.json.
 void TrainRun::plan_with_data() {
-  plan_ = placement_plan(store_->spec(), plan_in_, budgets_);
+  plan_ = placement_plan(store_->spec(), plan_in_, budgets_, plan_rates());
   if (plan_.group != built_group_) {
     // "auto" chose layer-major before the rows were counted, and they leave no room for its k
     // checkpoints per layer: nothing is loaded yet, so the model is set up again, the choice

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "offload/plan/plan_search.h"
 #include "kernels/cpu/ops.h"
 #include "src/recipe/recipe_modes.h"
 #include "offload/engine/engine.h"

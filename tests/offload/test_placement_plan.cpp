@@ -1,6 +1,6 @@
 // The placement plan (offload/plan/placement_plan.h): every kind of state's bytes against hand-worked
 // figures and against what the store, the engine and the device really allocate; the tier
-// decisions (a tight host budget with an NVMe dir moves master and moments to NVMe; without
+// decisions (a tight host budget with an NVMe dir moves the overflow of master and moments to NVMe; without
 // one it is an exit-3 error whose changes each say what they save); f32 mode counting one f32
 // copy; the host budget's origin; and the fallback to pageable memory when pinning fails (one
 // warning stating the cost, the bytes counted as host, results unchanged).
@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "offload/plan/plan_search.h"
 #include "kernels/cpu/ops.h"
 #include "src/recipe/recipe_modes.h"
 #include "src/core/threads.h"
@@ -228,47 +229,42 @@ TEST_CASE("checkpoints on the device: the plan keeps as many as the engine does,
   CHECK(saves == 3 * act);
 }
 
-TEST_CASE("offload.weights = auto: resident when that costs the device nothing, else streamed", "[plan]") {
+TEST_CASE("offload.weights = auto: resident or streamed, whichever step is faster", "[plan]") {
   const ModelSpec spec = budget_spec(false);
   PlanInputs in = plan_inputs("auto", "auto");
   in.weights = WeightsMode::automatic;
-  auto resolved = [&](const PlanInputs& from, const PlanBudgets& b) {
-    PlanInputs r = from;
-    placement_resolve_weights(spec, r, b);
-    return r.weights;
-  };
+  const StepRates rates = plan_default_rates(in);
   auto with = [&](const std::string& weights) {
     PlanInputs r = in;
     r.weights = weights_mode_parse(weights);
     return r;
   };
-  // no device budget: everything fits either way, so every layer stays on the device
-  CHECK(resolved(in, PlanBudgets{}) == WeightsMode::device);
+  auto step = [&](const PlanInputs& v, const RunPlan& p) {
+    return step_estimate(spec, plan_resolved_inputs(v, p), p, p.accumulation_steps, rates).seconds;
+  };
+  // no device budget: everything fits either way, and only the updates cross the link resident
+  CHECK(placement_plan(spec, in, PlanBudgets{}).weights == WeightsMode::device);
   const RunPlan stream = placement_plan(spec, with("stream"), PlanBudgets{});
   const RunPlan resident = placement_plan(spec, with("device"), PlanBudgets{});
-  CHECK(placement_plan(spec, in, PlanBudgets{}).tier(Tier::device) == resident.tier(Tier::device));
   REQUIRE(resident.tier(Tier::device) > stream.tier(Tier::device));  // a third layer slot
-  // a budget that holds the streamed plan with everything kept, but not the resident one: residency
-  // would cost kept activations (recompute), so the layers stream
-  PlanBudgets tight;
-  tight.device_bytes = stream.tier(Tier::device) + (size_t(1) << 20);  // the engine's margin
-  const RunPlan s = placement_plan(spec, with("stream"), tight), d = placement_plan(spec, with("device"), tight);
-  REQUIRE(s.fits());
-  REQUIRE(s.device_checkpoints == 3);
-  REQUIRE(s.kept_activation_layers == 3);
-  REQUIRE(d.device_checkpoints + d.kept_activation_layers + d.kept_logit_chunks <
-          s.device_checkpoints + s.kept_activation_layers + s.kept_logit_chunks);
-  CHECK(resolved(in, tight) == WeightsMode::stream);
-  CHECK(placement_plan(spec, in, tight).tier(Tier::device) == s.tier(Tier::device));
-  // with room for the third slot as well, resident again
-  PlanBudgets roomy;
-  roomy.device_bytes = resident.tier(Tier::device) + (size_t(1) << 20);
-  CHECK(resolved(in, roomy) == WeightsMode::device);
+  // budgets where residency costs kept activations, or does not fit at all: the faster of the two
+  for (size_t extra : {size_t(1) << 20, resident.tier(Tier::device) - stream.tier(Tier::device) + (size_t(1) << 20)}) {
+    PlanBudgets b;
+    b.device_bytes = stream.tier(Tier::device) + extra;
+    const RunPlan s = placement_plan(spec, with("stream"), b), d = placement_plan(spec, with("device"), b);
+    const RunPlan p = placement_plan(spec, in, b);
+    REQUIRE(s.fits());
+    // the fastest of the two; of two equally fast, the one that moves fewer bytes (resident)
+    CHECK(p.step_seconds <= step(with("stream"), s) * (1 + 1e-9));
+    if (d.fits()) CHECK(p.step_seconds <= step(with("device"), d) * (1 + 1e-9));
+    if (d.fits() && step(with("device"), d) <= step(with("stream"), s)) CHECK(p.weights == WeightsMode::device);
+  }
   // explicit modes are left alone; zo-sgd streams (its engine has no resident mode)
-  CHECK(resolved(with("stream"), PlanBudgets{}) == WeightsMode::stream);
+  CHECK(placement_plan(spec, with("stream"), PlanBudgets{}).weights == WeightsMode::stream);
   PlanInputs zo = in;
   zo.optimizer_kind = OptimizerKind::zo_sgd;
-  CHECK(resolved(zo, PlanBudgets{}) == WeightsMode::stream);
+  zo.optimizer = StateTier::host;
+  CHECK(placement_plan(spec, zo, PlanBudgets{}).weights == WeightsMode::stream);
 }
 
 TEST_CASE("kept activations and logits: the plan keeps as many as the engine does, after the checkpoints", "[plan][recompute]") {
@@ -451,9 +447,10 @@ TEST_CASE("more kernel threads than cores: a plan short of RAM names device.cpu_
   for (const PlanChange& c : q.changes) CHECK(c.what.find("device.cpu_threads") == std::string::npos);
 }
 
-TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe", "[plan]") {
+TEST_CASE("a tight host budget with an NVMe dir moves the overflow of master and moments to NVMe", "[plan]") {
   const ModelSpec spec = big_spec();
   const size_t params = size_t(spec.parameter_count());
+  const HostStoreLayout layout = HostStore::layout(spec);
   PlanInputs in = plan_inputs("auto");
   in.optimizer = StateTier::automatic;
   PlanBudgets b;
@@ -464,32 +461,46 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   b.nvme_dir = "/nvme/strata";
   const RunPlan p = placement_plan(spec, in, b);
   INFO(placement_plan_table(p));
-  // the NVMe placement's own sizes (files: fp32 master + m + v, each group block-rounded; RAM: its window)
+  CHECK(p.fits());
+  REQUIRE(p.optimizer_on_nvme);
+  // one byte short: only the last groups (updated first) move, as few as cover the NVMe window
+  CHECK(p.optimizer_nvme_first_group > 0);
+  PlanChoice fewer;
+  fewer.optimizer_nvme = true;
+  fewer.optimizer_first_group = p.optimizer_nvme_first_group + 1;
+  CHECK_FALSE(placement_plan_at(spec, plan_resolved_inputs(in, p), p.group, b, fewer).fits());
+  // the NVMe placement's own sizes for that split (files: fp32 master + m + v of those groups,
+  // block-rounded; RAM: its window)
   HostStoreOptions so;
   so.state_on_nvme = true;
-  const NvmeStateSizes ns = nvme_state_sizes(HostStore::layout(spec), so, /*master_on_nvme=*/true);
-  CHECK(ns.file_bytes >= params * 12);
-  CHECK(p.fits());
-  CHECK(p.optimizer_on_nvme);
+  so.nvme_first_group = p.optimizer_nvme_first_group;
+  const NvmeStateSizes ns = nvme_state_sizes(layout, so, /*master_on_nvme=*/true);
+  const size_t moved = layout.f32.tier_bytes(Tier::host) - f32_prefix_bytes(layout, p.optimizer_nvme_first_group);
+  CHECK(ns.file_bytes >= moved * 3);
   CHECK(p.tier(Tier::nvme) == ns.file_bytes);
   CHECK(p.bytes_of("NVMe optimizer pipeline (window of master, m, v ranges; file staging)") == ns.host_bytes);
-  CHECK(p.host_total() == ram.host_total() - params * 12 + ns.host_bytes);
+  CHECK(p.host_total() == ram.host_total() - moved * 3 + ns.host_bytes);
   // the working weights and gradients stay in pinned RAM
   CHECK(p.tier(Tier::host_pinned) == ram.tier(Tier::host_pinned));
+  // offload.optimizer = "nvme" moves it all
+  so.nvme_first_group = 0;
+  const NvmeStateSizes all = nvme_state_sizes(layout, so, /*master_on_nvme=*/true);
+  CHECK(all.file_bytes >= params * 12);
   // "host" keeps them in RAM whatever the budget: then it does not fit
   in.optimizer = StateTier::host;
   CHECK_FALSE(placement_plan(spec, in, b).fits());
   // an NVMe budget too small for them is a problem naming offload.nvme_memory
-  in.optimizer = StateTier::automatic;
-  b.nvme_bytes = ns.file_bytes - 1;
+  in.optimizer = StateTier::nvme;
+  b.nvme_bytes = all.file_bytes - 1;
   const RunPlan small = placement_plan(spec, in, b);
   REQUIRE(small.problems.size() == 1);
   CHECK(small.problems[0].find("offload.nvme_memory") != std::string::npos);
+  in.optimizer = StateTier::automatic;
   // still short after the move: spilled checkpoints follow (a device budget with no room for them)
   b.nvme_bytes = 0;
   in.micro_batch = 64;
   in.sequence_len = 256;  // 4 layers x 64 MiB of checkpoints
-  const size_t act = size_t(64) * 256 * 1024 * 4, pipeline = ns.host_bytes;
+  const size_t act = size_t(64) * 256 * 1024 * 4, pipeline = all.host_bytes;
   PlanInputs host_ckpt = in;
   host_ckpt.checkpoints = CheckpointMode::host;
   b.device_bytes = placement_plan(spec, host_ckpt, PlanBudgets{}).tier(Tier::device) + (1 << 20);
@@ -505,7 +516,8 @@ TEST_CASE("a tight host budget with an NVMe dir moves master and moments to NVMe
   CHECK(both.optimizer_on_nvme);
   CHECK(both.nvme_checkpoints == 4);
   CHECK(both.host_total() == b.host_bytes);
-  CHECK(both.tier(Tier::nvme) == ns.file_bytes + 4 * act);
+  CHECK(both.optimizer_nvme_first_group == 0);
+  CHECK(both.tier(Tier::nvme) == all.file_bytes + 4 * act);
 }
 
 TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to change and what it saves", "[plan]") {
@@ -543,6 +555,7 @@ TEST_CASE("without an NVMe dir a plan that does not fit is exit 3 naming what to
   for (const PlanChange& c : p.changes)
     if (c.what.rfind("lower train.micro_batch_size to 4", 0) == 0) {
       found = true;
+      CHECK(c.tier == Tier::host);  // the tier over its budget, though the device's total drops too
       CHECK(c.saves_bytes == p.host_total() - placement_plan(spec, half, PlanBudgets{}).host_total());
     }
   CHECK(found);

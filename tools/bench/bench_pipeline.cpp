@@ -15,6 +15,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 
+#include "offload/plan/plan_search.h"
 #include "io/token_rows.h"
 #include "src/recipe/recipe_modes.h"
 #include "offload/plan/run_engines.h"

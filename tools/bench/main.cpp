@@ -16,6 +16,7 @@ int bench_zo(const std::vector<std::string>& args);        // z generation and t
 int bench_nvme(const std::vector<std::string>& args);      // the NVMe file engine against fio
 int bench_peer(const std::vector<std::string>& args);      // training steps against PyTorch's
 int bench_estimate(const std::vector<std::string>& args);  // strata estimate against strata train
+int bench_plan_choice(const std::vector<std::string>& args);  // auto's plan against every forced one
 }  // namespace strata::bench
 
 namespace {
@@ -34,6 +35,7 @@ const BenchCommand kBenchCommands[] = {
     {"nvme", strata::bench::bench_nvme, "sequential write and read through strata's NVMe file engine against fio"},
     {"peer", strata::bench::bench_peer, "strata against PyTorch training the same model on the same batches"},
     {"estimate", strata::bench::bench_estimate, "strata estimate --measure's step time against strata train's on this host"},
+    {"plan", strata::bench::bench_plan_choice, "auto's plan against every forced alternative, measured interleaved"},
 };
 
 void bench_print_usage(FILE* f) {

@@ -1,0 +1,233 @@
+// The planner's search (offload/plan/plan_search.h): the plan `auto` gets is the fastest of the
+// plans every explicit override can force, under the same step model; the optimizer state's
+// split puts only the overflow on NVMe; train.global_batch_size's split is searched and a fixed
+// part stays fixed; "what to change" entries each say what they do when applied alone.
+#include <catch2/catch.hpp>
+
+#include "offload/plan/plan_search.h"
+#include "offload/state/host_store.h"
+#include "src/core/error.h"
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+// ~100M parameters (4 layers of C 1024, F 4096, V 32000): nothing is allocated.
+ModelSpec search_spec() {
+  return model_spec_build(testing::tiny_llama_config({1024, 4096, 4, 32000, 256, false, 8, 4}), DType::bf16);
+}
+
+PlanInputs auto_inputs() {
+  PlanInputs in;
+  in.weights = WeightsMode::automatic;
+  in.checkpoints = CheckpointMode::automatic;
+  in.recompute = RecomputeMode::automatic;
+  in.optimizer = StateTier::automatic;
+  in.accumulation = AccumulationMode::automatic;
+  in.micro_batch = 4;
+  in.sequence_len = 256;
+  in.accumulation_steps = 4;
+  in.device_is_cuda = true;
+  return in;
+}
+
+// A GPU-like machine whose link and NVMe make the choices matter.
+StepRates gpu_rates() {
+  StepRates r;
+  r.device_flops_per_s = 50e12;
+  r.link_bytes_per_s = 4e9;
+  r.nvme_read_bytes_per_s = 1e9;
+  r.nvme_write_bytes_per_s = 1e9;
+  return r;
+}
+
+double step_of(const ModelSpec& spec, const PlanInputs& in, const RunPlan& p, const StepRates& r) {
+  return step_estimate(spec, plan_resolved_inputs(in, p), p, p.accumulation_steps, r, in.zo_perturbations).seconds;
+}
+
+// Every combination of explicit overrides of the automatic keys.
+template <class F>
+void for_each_forced(const PlanInputs& in, F&& f) {
+  for (WeightsMode w : {WeightsMode::device, WeightsMode::stream})
+    for (AccumulationMode a : {AccumulationMode::micro_batch, AccumulationMode::layer_major})
+      for (CheckpointMode c : {CheckpointMode::automatic, CheckpointMode::host, CheckpointMode::nvme})
+        for (StateTier o : {StateTier::host, StateTier::nvme}) {
+          PlanInputs v = in;
+          v.weights = w, v.accumulation = a, v.checkpoints = c, v.optimizer = o;
+          f(v);
+        }
+}
+
+}  // namespace
+
+TEST_CASE("auto's plan is the fastest that fits of every combination of explicit overrides", "[plan][search]") {
+  const ModelSpec spec = search_spec();
+  const StepRates rates = gpu_rates();
+  const PlanInputs in = auto_inputs();
+  const RunPlan unlimited = placement_plan(spec, in, PlanBudgets{}, rates);
+  for (double host_share : {1.0, 0.8, 0.6}) {
+    for (size_t device_mib : {size_t(0), size_t(600), size_t(1200)}) {
+      PlanBudgets b;
+      b.nvme_dir = "/nvme/strata";
+      b.device_bytes = device_mib << 20;
+      b.host_bytes = size_t(double(unlimited.host_total()) * host_share);
+      INFO("host " << b.host_bytes << ", device " << b.device_bytes);
+      const RunPlan p = placement_plan(spec, in, b, rates);
+      const double chosen = step_of(spec, in, p, rates);
+      CHECK(p.step_seconds == Approx(chosen).epsilon(1e-9));
+      size_t fitting = 0;
+      for_each_forced(in, [&](const PlanInputs& v) {
+        RunPlan q;
+        try {
+          q = placement_plan(spec, v, b, rates);
+        } catch (const Error&) {
+          return;  // layer-major where it does not apply
+        }
+        if (!q.fits()) return;
+        ++fitting;
+        INFO(placement_plan_table(q));
+        CHECK(chosen <= step_of(spec, v, q, rates) * (1 + 1e-9));
+      });
+      CHECK(p.fits() == (fitting > 0));
+    }
+  }
+}
+
+TEST_CASE("the optimizer state's overflow alone goes to NVMe: the fewest groups that make the host fit",
+          "[plan][search][nvme]") {
+  const ModelSpec spec = search_spec();
+  const HostStoreLayout layout = HostStore::layout(spec);
+  const size_t G = layout.groups.size();
+  PlanInputs in = auto_inputs();
+  in.weights = WeightsMode::stream;
+  in.accumulation = AccumulationMode::micro_batch;
+  in.checkpoints = CheckpointMode::host;
+  const RunPlan ram = placement_plan(spec, in, PlanBudgets{});
+  PlanBudgets b;
+  b.nvme_dir = "/nvme/strata";
+  // short by half of one layer's state (12 bytes a parameter): the last layer and the head move
+  const size_t layer_state = layout.groups[1].f32_bytes * 3;
+  b.host_bytes = ram.host_total() - layer_state / 2;
+  const RunPlan p = placement_plan(spec, in, b);
+  INFO(placement_plan_table(p));
+  REQUIRE(p.fits());
+  REQUIRE(p.optimizer_on_nvme);
+  CHECK(p.optimizer_nvme_first_group > 0);
+  CHECK(p.optimizer_nvme_first_group < G);
+  // the RAM rows hold the groups before the split, the NVMe rows the rest
+  const size_t prefix = f32_prefix_bytes(layout, p.optimizer_nvme_first_group);
+  CHECK(p.bytes_of("fp32 master weights") == prefix);
+  CHECK(p.bytes_of("AdamW moments (f32 m and v)") == 2 * prefix);
+  const size_t f32 = layout.f32.tier_bytes(Tier::host);
+  const std::string tail = str_cat(" (groups ", layout.groups[p.optimizer_nvme_first_group].name, " to head)");
+  CHECK(p.bytes_of("fp32 master weights" + tail) == f32 - prefix);
+  CHECK(p.bytes_of("AdamW moments (f32 m and v)" + tail) == 2 * (f32 - prefix));
+  // fewest: one more group in RAM does not fit
+  PlanChoice more;
+  more.optimizer_nvme = true;
+  more.optimizer_first_group = p.optimizer_nvme_first_group + 1;
+  PlanInputs resolved = plan_resolved_inputs(in, p);
+  if (more.optimizer_first_group < G) CHECK_FALSE(placement_plan_at(spec, resolved, 1, b, more).fits());
+  // "host" keeps it all in RAM, "nvme" moves it all
+  in.optimizer = StateTier::host;
+  CHECK_FALSE(placement_plan(spec, in, b).fits());
+  in.optimizer = StateTier::nvme;
+  const RunPlan all = placement_plan(spec, in, b);
+  CHECK(all.optimizer_on_nvme);
+  CHECK(all.optimizer_nvme_first_group == 0);
+  CHECK(all.bytes_of("fp32 master weights") == f32);
+  CHECK(all.tier(Tier::nvme) > p.tier(Tier::nvme));
+  // the store options carry the split
+  CHECK(run_plan_store_options(p).nvme_first_group == p.optimizer_nvme_first_group);
+}
+
+TEST_CASE("train.global_batch_size: the split is searched, a part the recipe gives stays, and it is exact",
+          "[plan][search]") {
+  const ModelSpec spec = search_spec();
+  const StepRates rates = gpu_rates();
+  PlanInputs in = auto_inputs();
+  in.global_batch = 16;
+  in.micro_batch_fixed = in.accumulation_fixed = false;
+  PlanBudgets b;
+  b.device_bytes = size_t(1200) << 20;
+  const RunPlan p = placement_plan(spec, in, b, rates);
+  REQUIRE(p.fits());
+  CHECK(p.micro_batch * p.accumulation_steps == 16);
+  // no split of 16 is faster
+  for (int64_t m : {1, 2, 4, 8, 16}) {
+    PlanInputs v = in;
+    v.global_batch = 0;
+    v.micro_batch = m, v.accumulation_steps = 16 / m;
+    const RunPlan q = placement_plan(spec, v, b, rates);
+    if (q.fits()) CHECK(p.step_seconds <= q.step_seconds * (1 + 1e-9));
+  }
+  // a micro-batch the recipe gives stays; the accumulation follows
+  in.micro_batch = 2;
+  in.micro_batch_fixed = true;
+  const RunPlan fixed = placement_plan(spec, in, b, rates);
+  CHECK(fixed.micro_batch == 2);
+  CHECK(fixed.accumulation_steps == 8);
+  // two ranks share it; a preference micro-batch counts pairs (2 rows each)
+  in.micro_batch_fixed = false;
+  in.ranks = 2;
+  const RunPlan two = placement_plan(spec, in, b, rates);
+  CHECK(two.micro_batch * two.accumulation_steps == 8);
+  in.ranks = 1;
+  in.pair_rows = 2;
+  in.micro_batch = 2;
+  const RunPlan pairs = placement_plan(spec, in, b, rates);
+  CHECK(pairs.micro_batch % 2 == 0);
+  CHECK(pairs.micro_batch / 2 * pairs.accumulation_steps == 16);
+  // a global batch the fixed parts cannot make is bad input naming both
+  in.pair_rows = 1;
+  in.micro_batch = 3;
+  in.micro_batch_fixed = true;
+  const std::string msg = testing::error_of([&] { placement_plan(spec, in, b, rates); }, ErrorKind::input);
+  CHECK(msg.find("train.global_batch_size = 16") != std::string::npos);
+  CHECK(msg.find("train.micro_batch_size = 3") != std::string::npos);
+}
+
+TEST_CASE("what to change: each entry applied alone saves what it says, and only entries that close a gap",
+          "[plan][search]") {
+  const ModelSpec spec = search_spec();
+  const StepRates rates = gpu_rates();
+  PlanInputs in = auto_inputs();
+  in.optimizer = StateTier::host;  // the state must stay in RAM: the plan cannot fit by itself
+  const RunPlan ram = placement_plan(spec, in, PlanBudgets{}, rates);
+  PlanBudgets b;
+  b.host_bytes = ram.host_total() - (size_t(64) << 20);
+  const RunPlan p = placement_plan(spec, in, b, rates);
+  REQUIRE_FALSE(p.fits());
+  bool bf16 = false, budget = false;
+  for (const PlanChange& c : p.changes) {
+    INFO(placement_change_text(c));
+    CHECK(!c.set.empty());
+    if (c.set.contains("optim.moments_dtype")) {
+      bf16 = true;
+      PlanInputs v = in;
+      v.moments = DType::bf16;
+      const RunPlan q = placement_plan(spec, v, b, rates);
+      CHECK(c.tier == Tier::host);
+      CHECK(c.saves_bytes == p.host_total() - q.host_total());
+      CHECK(c.fits == q.fits());
+      CHECK(c.step_seconds == Approx(q.step_seconds));
+    }
+    if (c.set.contains("offload.host_memory")) {
+      budget = true;
+      CHECK(c.saves_bytes == 0);
+      CHECK(c.fits);
+    }
+    // every listed memory change closes the gap of the tier it lowers
+    if (c.saves_bytes) CHECK(p.host_total() - c.saves_bytes <= b.host_bytes);
+  }
+  CHECK(bf16);
+  CHECK(budget);
+  // a plan that fits lists faster opt-ins only, each with a faster step
+  const RunPlan fits = placement_plan(spec, in, PlanBudgets{}, rates);
+  for (const PlanChange& c : fits.changes) {
+    CHECK(c.fits);
+    CHECK(c.step_seconds < fits.step_seconds);
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,191 @@
+// strata-bench plan: does `auto` pick the fastest plan? On this host's CPU backend, for
+// configurations where the choices matter (a host budget that forces spilling, a throttled link,
+// an NVMe path, gradient accumulation), `strata train` runs with every "auto" left to the planner
+// and with each combination of explicit offload.* overrides that fits, interleaved round by round
+// so that the machine's drift hits them alike; the median step after the first of each is
+// compared: auto against the fastest forced one. Beside it, what `strata estimate --measure`
+// predicted for auto's plan, and the plan's host total against the run's peak RSS. Wall time on a
+// shared machine is noise, so this is a benchmark, never a test.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "src/core/cli_args.h"
+#include "src/core/error.h"
+
+namespace strata::bench {
+
+std::string bench_run_capture(const std::string& cmd, int* status);  // bench_nvme.cpp
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Scenario {
+  std::string name;
+  std::vector<std::string> overrides;           // the scenario's own keys
+  std::vector<std::vector<std::string>> forced;  // the alternatives, each a set of overrides
+  double host_share = 0;                        // > 0: offload.host_memory = this x auto's unlimited host total
+};
+
+// Every combination of the values given per key.
+std::vector<std::vector<std::string>> combinations(const std::vector<std::vector<std::string>>& keys) {
+  std::vector<std::vector<std::string>> out = {{}};
+  for (const std::vector<std::string>& values : keys) {
+    std::vector<std::vector<std::string>> next;
+    for (const std::vector<std::string>& o : out)
+      for (const std::string& v : values) {
+        next.push_back(o);
+        next.back().push_back(v);
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
+std::vector<Scenario> scenarios(const std::string& nvme) {
+  const std::string on_nvme = "offload.nvme_path=" + nvme;
+  const std::vector<std::string> weights = {"offload.weights=device", "offload.weights=stream"};
+  const std::vector<std::string> schedule = {"offload.accumulation=layer_major", "offload.accumulation=micro_batch"};
+  return {
+      {"host budget forces spilling (NVMe path)", {on_nvme, "model.dtype=bf16"},
+       combinations({{"offload.optimizer=host", "offload.optimizer=nvme"},
+                     {"offload.checkpoints=host", "offload.checkpoints=nvme"}}), 0.8},
+      {"link throttled to 1 GB/s, accumulation 4", {"device.link_bandwidth=1GB/s", "train.gradient_accumulation_steps=4",
+                                                   "model.dtype=bf16"},
+       combinations({weights, schedule})},
+      {"NVMe path, accumulation 4, link 2 GB/s", {on_nvme, "train.gradient_accumulation_steps=4",
+                                                  "device.link_bandwidth=2GB/s", "model.dtype=f32"},
+       combinations({weights, schedule, {"offload.checkpoints=auto", "offload.checkpoints=nvme"}})},
+      {"accumulation 4, a device that holds few checkpoints", {"train.gradient_accumulation_steps=4", "device.memory=160MiB",
+                                                              "model.dtype=bf16"},
+       combinations({weights, schedule})},
+  };
+}
+
+nlohmann::json bench_model() {  // 8 layers of C 512, F 1408, V 32000 untied (layer-major applies): 61M parameters
+  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 512},
+          {"intermediate_size", 1408}, {"num_hidden_layers", 8}, {"num_attention_heads", 8},
+          {"num_key_value_heads", 4}, {"vocab_size", 32000}, {"max_position_embeddings", 1024},
+          {"tie_word_embeddings", false}, {"rms_norm_eps", 1e-5}};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
+std::string quoted(const std::vector<std::string>& overrides) {
+  std::string s;
+  for (const std::string& o : overrides) s += " '" + o + "'";
+  return s;
+}
+
+struct Arm {
+  std::string name;
+  std::vector<std::string> overrides;
+  std::vector<double> steps;  // step_s after the first, every round
+  double peak_rss = 0;
+};
+
+}  // namespace
+
+int bench_plan_choice(const std::vector<std::string>& args) {
+  CLI::App app{"auto's plan against every forced alternative, measured interleaved (CPU backend)", "strata-bench plan"};
+  int steps = 4, rounds = 2;
+  std::string only, nvme = (fs::temp_directory_path() / "strata_bench_plan_nvme").string();
+  app.add_option("--steps", steps, "training steps per run (the first is not timed)")->check(CLI::Range(2, 100));
+  app.add_option("--rounds", rounds, "runs of each arm, interleaved")->check(CLI::Range(1, 20));
+  app.add_option("--scenario", only, "run only the scenarios whose name contains this");
+  app.add_option("--nvme-path", nvme, "a directory on the NVMe drive");
+  int rc = 0;
+  if (!parse_args(app, args, &rc)) return rc;
+  std::error_code ec;
+  const fs::path strata = fs::read_symlink("/proc/self/exe", ec).parent_path() / "strata";
+  STRATA_CHECK(fs::exists(strata, ec), strata.string(), " is missing: build the strata target first");
+  const fs::path root = fs::temp_directory_path() / "strata_bench_plan";
+  fs::remove_all(root, ec);
+  fs::create_directories(root);
+  fs::create_directories(nvme);
+  std::ofstream(root / "model.json") << bench_model().dump(1);
+  std::ofstream(root / "recipe.toml")
+      << "[model]\nconfig = \"model.json\"\ninit_seed = 3\n[data]\npath = \""
+      << (fs::path(STRATA_SOURCE_DIR) / "recipes/quickstart/corpus.txt").string()
+      << "\"\nsequence_len = 128\npacking = true\ntokenizer = \"bytes\"\n[train]\nmax_steps = " << steps
+      << "\nmicro_batch_size = 2\nseed = 1\nlog_steps = 1000\n[optim]\nlearning_rate = 1e-4\n[device]\nbackend = \"cpu\"\n"
+         "memory = \"2GiB\"\n[checkpoint]\nsave_steps = 100000\n";
+  const std::string recipe = " '" + (root / "recipe.toml").string() + "'";
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("%-52s %9s %9s %9s %9s %9s %9s  %s\n", "scenario", "auto s", "best s", "auto/best", "est. s", "est/auto",
+              "host/rss", "best forced");
+  for (const Scenario& sc : scenarios(nvme)) {
+    if (!only.empty() && sc.name.find(only) == std::string::npos) continue;
+    std::vector<std::string> base = sc.overrides;
+    auto estimate = [&](const std::vector<std::string>& o, int* status) {
+      const std::string text = bench_run_capture(strata.string() + " estimate" + recipe + quoted(o) + " --json --measure", status);
+      return nlohmann::json::parse(text, nullptr, false);
+    };
+    int status = 0;
+    if (sc.host_share > 0) {  // the budget: a share of what auto needs with no budget
+      const nlohmann::json j = estimate(base, &status);
+      const double host = j["tiers"]["host"].get<double>() + j["tiers"]["host_pinned"].get<double>();
+      base.push_back("offload.host_memory=" + std::to_string(size_t(host * sc.host_share) >> 20) + "MiB");
+    }
+    std::vector<Arm> arms = {{"auto", base}};
+    for (const std::vector<std::string>& f : sc.forced) {
+      std::vector<std::string> o = base;
+      o.insert(o.end(), f.begin(), f.end());
+      estimate(o, &status);
+      if (status != 0) continue;  // does not fit, or does not apply
+      std::string name;
+      for (const std::string& k : f) name += (name.empty() ? "" : ", ") + k.substr(k.find('.') + 1);
+      arms.push_back({name, o});
+    }
+    const nlohmann::json predicted = estimate(base, &status);
+    for (int r = 0; r < rounds; ++r)
+      for (Arm& a : arms) {
+        const fs::path out = root / "run";
+        fs::remove_all(out, ec);
+        bench_run_capture(strata.string() + " train" + recipe + quoted(a.overrides) + " 'checkpoint.output_dir=" +
+                              out.string() + "' >/dev/null 2>&1", &status);
+        STRATA_CHECK(status == 0, "strata train failed: ", a.name, " in ", sc.name);
+        std::ifstream m(out / "metrics.jsonl");
+        for (std::string line; std::getline(m, line);) {
+          const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+          if (j.is_discarded()) continue;
+          if (j.contains("host_rss_peak_bytes")) a.peak_rss = std::max(a.peak_rss, j["host_rss_peak_bytes"].get<double>());
+          if (!j.contains("step_s") || j["step"].get<int64_t>() < 2) continue;
+          a.steps.push_back(j["step_s"].get<double>() - j.value("save_s", 0.0));
+        }
+      }
+    const double automatic = median(arms[0].steps);
+    const Arm* best = nullptr;
+    for (size_t i = 1; i < arms.size(); ++i)
+      if (!best || median(arms[i].steps) < median(best->steps)) best = &arms[i];
+    const double best_s = best ? median(best->steps) : NAN, est = predicted["step"]["seconds"].get<double>();
+    const double host = predicted["tiers"]["host"].get<double>() + predicted["tiers"]["host_pinned"].get<double>();
+    std::printf("%-52s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f  %s\n", sc.name.c_str(), automatic, best_s, automatic / best_s,
+                est, est / automatic, arms[0].peak_rss > 0 ? host / arms[0].peak_rss : NAN,
+                best ? best->name.c_str() : "(none fits)");
+    nlohmann::json forced = nlohmann::json::array();
+    for (size_t i = 1; i < arms.size(); ++i) forced.push_back({{"arm", arms[i].name}, {"median_s", median(arms[i].steps)}});
+    rows.push_back({{"scenario", sc.name}, {"auto_s", automatic}, {"best_forced_s", best_s}, {"auto_over_best", automatic / best_s},
+                    {"estimated_s", est}, {"estimated_over_auto", est / automatic}, {"forced", forced},
+                    {"plan_host_bytes", host}, {"peak_rss_bytes", arms[0].peak_rss}});
+    std::fflush(stdout);
+  }
+  fs::remove_all(nvme, ec);
+  fs::remove_all(root, ec);
+  std::printf("%s\n", nlohmann::json{{"plan", rows}}.dump().c_str());
+  return 0;
+}
+
+}  // namespace strata::bench
