@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/hf_config.h"
+#include "offload/plan/plan_search.h"
 #include "offload/plan/step_estimate.h"
 #include "offload/state/host_store.h"
 #include "offload/state/lora.h"
