@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "io/uring_file.h"
 #include "offload/state/host_store.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
@@ -16,6 +17,7 @@ namespace strata {
 
 StepRates plan_default_rates(const PlanInputs& in) {
   StepRates r;
+  r.checksum_threads = file_engine_checksum_threads();  // the file engine's own count here
   if (in.device_in_host_ram) {
     r.device_flops_per_s = 2e11;
     r.link_bytes_per_s = r.host_bytes_per_s;

@@ -35,7 +35,7 @@ void estimate_add_device_options(CLI::App& app, EstimateArgs& a) {
 void estimate_add_rate_options(CLI::App& app, EstimateArgs& a) {
   app.add_option("--nvme-read-gbps", a.nvme_read_gbps, "NVMe sequential read GB/s (default 1.5)");
   app.add_option("--nvme-write-gbps", a.nvme_write_gbps, "NVMe sequential write GB/s (default 2)");
-  app.add_option("--adamw-params-per-s", a.adamw_params_per_s, "CPU AdamW parameters per second (default 1e9)");
+  app.add_option("--adamw-params-per-s", a.adamw_params_per_s, "CPU AdamW parameters per second (default: the host's memory bandwidth over the bytes one update touches)");
   app.add_option("--rates-from", a.rates_from, "on the CPU backend: its GEMM, attention, memory-bound and lm_head rates "
                                              "as a run of this recipe measured them (its output dir or metrics.jsonl: "
                                              "op_s, the median over the steps after the first)");

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/uring_file.h"
 #include "src/cli/estimate.h"
 #include "src/core/error.h"
 #include "src/device/peak_flops.h"
@@ -99,7 +100,8 @@ std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpe
   return steps;
 }
 
-// --gpu NAME: the table's memory, link and datasheet dense peak for the model's dtype.
+// --gpu NAME: the table's memory, link and datasheet dense peak for the model's dtype; the step's
+// GEMMs at the table's efficiency of that peak, MFU against the peak itself.
 void table_gpu(const std::string& name, DType dtype, PlanInputs& in, PlanBudgets& budgets, EstimateRates& r) {
   const std::optional<GpuSpec> g = gpu_spec_find(name);
   std::string names;
@@ -111,10 +113,18 @@ void table_gpu(const std::string& name, DType dtype, PlanInputs& in, PlanBudgets
   budgets.device_origin = "--gpu " + g->name;
   const std::optional<DevicePeak> peak = gpu_datasheet_peak(g->datasheet_name, dtype);
   STRATA_ASSERT(peak, "no datasheet peak for ", g->datasheet_name);
-  r.rates.device_flops_per_s = peak->flops_per_s;
+  r.rates.mfu_peak_flops_per_s = peak->flops_per_s;
+  r.rates.device_flops_per_s = peak->flops_per_s * g->gemm_efficiency;
   r.rates.link_bytes_per_s = g->link_bytes_per_s;
   r.device_text = str_cat(g->name, " (", format_bytes(g->memory_bytes), ", ", g->link, " ", gb_per_s(g->link_bytes_per_s),
-                          ", ", peak->flops_per_s / 1e12, " TFLOP/s ", dtype_name(dtype), " dense)");
+                          ", ", peak->flops_per_s / 1e12, " TFLOP/s ", dtype_name(dtype), " dense, GEMMs at ",
+                          g->gemm_efficiency, " of it)");
+}
+
+// The device's source: the GPU table's peak and efficiency, or the CPU backend's measured GEMMs.
+std::string device_source(const EstimateArgs& a) {
+  if (a.gpu.empty()) return "measured here (CPU GEMM)";
+  return str_cat("datasheet peak x ", gpu_spec_find(a.gpu)->gemm_efficiency, " (the GPU table's large-GEMM efficiency)");
 }
 
 }  // namespace
@@ -157,12 +167,21 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
   // where each rate comes from: the GPU table, measured here, given, or an assumption (the
   // StepRates defaults), printed beside the step time
   const bool table = !a.gpu.empty();
-  r.source = {{"device", table ? "datasheet" : cpu_backend ? "measured here (CPU GEMM)" : "not given"},
+  r.source = {{"device", table || cpu_backend ? device_source(a) : "not given"},
               {"link", table ? "datasheet" : "not given"}, {"nvme_read", "assumed"},
-              {"nvme_write", "assumed"}, {"adamw", "assumed"}, {"host", "assumed"},
+              {"nvme_write", "assumed"}, {"host", "assumed"},
               {"checksum", "assumed"}};
+  // AdamW streams its arrays once: the assumed memory bandwidth over the bytes one update touches
+  r.rates.adamw_params_per_s = step_adamw_params_per_s(dtype, in, r.rates);
+  r.source["adamw"] = str_cat("assumed (", r.rates.host_bytes_per_s / 1e9, " GB/s memory / ",
+                              step_adamw_bytes_per_param(dtype, in), " bytes per parameter)");
   if (cpu_backend)
     r.source["link"] = recipe.device_link_bytes_per_s > 0 ? "device.link_bandwidth (throttle)" : "memcpy (host bandwidth)";
+  // the file engine sums NVMe blocks on min(4, cores) threads: this machine's for the CPU backend,
+  // a GPU workstation's 4 otherwise
+  r.rates.checksum_threads = cpu_backend ? file_engine_checksum_threads() : 4;
+  r.source["checksum"] = str_cat("assumed (", r.rates.checksum_bytes_per_s / 1e9, " GB/s a thread, on ",
+                                 r.rates.checksum_threads, " threads)");
   return r;
 }
 

@@ -49,16 +49,16 @@ void print_step(const EstimateReport& r) {
               format_bytes(size_t(step.bytes.d2h)).c_str(), format_bytes(size_t(step.bytes.nvme_read())).c_str(),
               format_bytes(size_t(step.bytes.nvme_write())).c_str());
   const char* unit[] = {"device FLOP/s", "link B/s", "NVMe read B/s", "NVMe write B/s", "AdamW params/s", "host B/s",
-                        "attention FLOP/s", "memory-bound B/s", "lm_head FLOP/s"};
-  const char* key[] = {"device", "link", "nvme_read", "nvme_write", "adamw", "host", "attention", "elementwise", "head"};
+                        "crc32c B/s/thread", "attention FLOP/s", "memory-bound B/s", "lm_head FLOP/s"};
+  const char* key[] = {"device", "link", "nvme_read", "nvme_write", "adamw", "host", "checksum", "attention", "elementwise", "head"};
   const std::map<std::string, double> rate_value = r.rates.values();
   std::printf("rates:\n");
   bool assumed = false;
-  for (int i = 0; i < 9; ++i) {
+  for (int i = 0; i < 10; ++i) {
     if (!rate_value.count(key[i])) continue;
     const std::string source = source_of(r.rates, key[i]);
     std::printf("  %-16s %.4g  %s\n", unit[i], rate_value.at(key[i]), source.c_str());
-    assumed = assumed || source == "assumed";
+    assumed = assumed || source.rfind("assumed", 0) == 0;
   }
   if (assumed) std::printf("  (assumed rates are typical figures, not this machine's: --measure measures them here)\n");
 }
@@ -121,6 +121,8 @@ void estimate_print_json(const EstimateReport& r) {
   const StepEstimate& step = *r.step;
   out["step"] = {{"seconds", step.seconds}, {"tokens_per_s", step.tokens_per_s}, {"mfu", step.mfu},
                  {"bottleneck", step.bottleneck}, {"components", step.components}, {"compute_parts", step.compute_parts},
+                 {"optimizer_exposed_s", step.optimizer_exposed_s}, {"optimizer_params", step.optimizer_params},
+                 {"optimizer_params_per_s", step.optimizer_params_per_s},
                  {"bytes", {{"h2d", step.bytes.h2d}, {"d2h", step.bytes.d2h}, {"link", step.bytes.link()},
                             {"nvme_read", step.bytes.nvme_read()}, {"nvme_write", step.bytes.nvme_write()}}}};
   for (const auto& [name, v] : r.rates.values())
