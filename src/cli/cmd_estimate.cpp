@@ -45,7 +45,11 @@ int cmd_estimate(const std::vector<std::string>& args) {
   // nominal memory loses its context's share first
   EstimateRates rates = estimate_device(a, recipe, dtype, in, budgets);
   if (in.device_is_cuda) in.device_reserve_bytes = kGpuContextReserve;
-  if (a.measure) estimate_measure(recipe, spec, in, budgets, rates);
+  if (a.measure) {  // a layer and an lm_head chunk at the model's shapes: streamed or not, the same work
+    PlanInputs probe = in;
+    if (probe.weights == WeightsMode::automatic) probe.weights = WeightsMode::stream;
+    estimate_measure(recipe, spec, probe, budgets, rates);
+  }
   estimate_given_rates(a, rates);
   // the fastest plan that fits at these rates (offload/plan/plan_search.h), as the trainer plans
   RunPlan plan = placement_plan(spec, in, budgets, rates.rates);
