@@ -96,6 +96,29 @@ struct Arm {
   double peak_rss = 0;
 };
 
+// Each arm's training run, `rounds` times round-robin: its steps after the first (saves
+// excluded) and its peak resident set.
+void run_arms(const std::string& strata, const std::string& recipe, const fs::path& out, int rounds,
+              const std::string& scenario, std::vector<Arm>& arms) {
+  std::error_code ec;
+  int status = 0;
+  for (int r = 0; r < rounds; ++r)
+    for (Arm& a : arms) {
+      fs::remove_all(out, ec);
+      bench_run_capture(strata + " train" + recipe + quoted(a.overrides) + " 'checkpoint.output_dir=" + out.string() +
+                            "' >/dev/null 2>&1", &status);
+      STRATA_CHECK(status == 0, "strata train failed: ", a.name, " in ", scenario);
+      std::ifstream m(out / "metrics.jsonl");
+      for (std::string line; std::getline(m, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded()) continue;
+        if (j.contains("host_rss_peak_bytes")) a.peak_rss = std::max(a.peak_rss, j["host_rss_peak_bytes"].get<double>());
+        if (!j.contains("step_s") || j["step"].get<int64_t>() < 2) continue;
+        a.steps.push_back(j["step_s"].get<double>() - j.value("save_s", 0.0));
+      }
+    }
+}
+
 }  // namespace
 
 int bench_plan_choice(const std::vector<std::string>& args) {
@@ -150,22 +173,7 @@ int bench_plan_choice(const std::vector<std::string>& args) {
       arms.push_back({name, o});
     }
     const nlohmann::json predicted = estimate(base, &status);
-    for (int r = 0; r < rounds; ++r)
-      for (Arm& a : arms) {
-        const fs::path out = root / "run";
-        fs::remove_all(out, ec);
-        bench_run_capture(strata.string() + " train" + recipe + quoted(a.overrides) + " 'checkpoint.output_dir=" +
-                              out.string() + "' >/dev/null 2>&1", &status);
-        STRATA_CHECK(status == 0, "strata train failed: ", a.name, " in ", sc.name);
-        std::ifstream m(out / "metrics.jsonl");
-        for (std::string line; std::getline(m, line);) {
-          const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-          if (j.is_discarded()) continue;
-          if (j.contains("host_rss_peak_bytes")) a.peak_rss = std::max(a.peak_rss, j["host_rss_peak_bytes"].get<double>());
-          if (!j.contains("step_s") || j["step"].get<int64_t>() < 2) continue;
-          a.steps.push_back(j["step_s"].get<double>() - j.value("save_s", 0.0));
-        }
-      }
+    run_arms(strata.string(), recipe, root / "run", rounds, sc.name, arms);
     const double automatic = median(arms[0].steps);
     const Arm* best = nullptr;
     for (size_t i = 1; i < arms.size(); ++i)
