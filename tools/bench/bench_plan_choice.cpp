@@ -33,7 +33,7 @@ struct Scenario {
   std::string name;
   std::vector<std::string> overrides;           // the scenario's own keys
   std::vector<std::vector<std::string>> forced;  // the alternatives, each a set of overrides
-  double host_share = 0;                        // > 0: offload.host_memory = this x auto's unlimited host total
+  double host_share = 0;  // > 0: offload.host_memory = this x auto's unlimited host total (+ 8 MiB: the RSS's jitter)
 };
 
 // Every combination of the values given per key.
@@ -56,9 +56,11 @@ std::vector<Scenario> scenarios(const std::string& nvme) {
   const std::vector<std::string> weights = {"offload.weights=device", "offload.weights=stream"};
   const std::vector<std::string> schedule = {"offload.accumulation=layer_major", "offload.accumulation=micro_batch"};
   return {
-      {"host budget forces spilling (NVMe path)", {on_nvme, "model.dtype=bf16"},
+      // the host budget at exactly what auto needs with no budget (a small model's state is smaller
+      // than the NVMe pipeline's own window, so on this machine a tighter budget fits nothing)
+      {"host budget at the plan's total, NVMe path", {on_nvme, "model.dtype=bf16"},
        combinations({{"offload.optimizer=host", "offload.optimizer=nvme"},
-                     {"offload.checkpoints=host", "offload.checkpoints=nvme"}}), 0.8},
+                     {"offload.checkpoints=host", "offload.checkpoints=nvme"}}), 1.0},
       {"link throttled to 1 GB/s, accumulation 4", {"device.link_bandwidth=1GB/s", "train.gradient_accumulation_steps=4",
                                                    "model.dtype=bf16"},
        combinations({weights, schedule})},
@@ -160,7 +162,7 @@ int bench_plan_choice(const std::vector<std::string>& args) {
     if (sc.host_share > 0) {  // the budget: a share of what auto needs with no budget
       const nlohmann::json j = estimate(base, &status);
       const double host = j["tiers"]["host"].get<double>() + j["tiers"]["host_pinned"].get<double>();
-      base.push_back("offload.host_memory=" + std::to_string(size_t(host * sc.host_share) >> 20) + "MiB");
+      base.push_back("offload.host_memory=" + std::to_string((size_t(host * sc.host_share) >> 20) + 8) + "MiB");
     }
     std::vector<Arm> arms = {{"auto", base}};
     for (const std::vector<std::string>& f : sc.forced) {
