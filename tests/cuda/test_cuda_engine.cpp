@@ -102,8 +102,9 @@ namespace {
 // Two optimizer steps of a 6-layer model (layers 1..3 spill their checkpoints) on `dev`: the
 // losses, then the master weights after them. Each step accumulates `accum` micro-batches, one
 // at a time or (layer_major) in one layer-major pass (offload/engine/engine.h).
+// nvme_first_group > 0: only the state of groups from it on is on NVMe (the plan's split).
 std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme, int accum = 1,
-                                                            bool layer_major = false) {
+                                                            bool layer_major = false, size_t nvme_first_group = 0) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                       {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 6},
                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
@@ -112,6 +113,7 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   std::filesystem::create_directories(dir);
   HostStoreOptions so;
   so.state_on_nvme = on_nvme;
+  so.nvme_first_group = nvme_first_group;
   so.nvme_path = dir;
   so.nvme_block_bytes = 4096;
   so.nvme_chunk_bytes = 8192;
@@ -160,6 +162,11 @@ TEST_CASE("the CUDA backend with optimizer state and checkpoints on NVMe equals 
   CHECK(nvme.first == ram.first);
   REQUIRE(nvme.second.size() == ram.second.size());
   CHECK(std::memcmp(nvme.second.data(), ram.second.data(), ram.second.size() * 4) == 0);
+  // the state split between RAM (embed, layers 0..2) and NVMe (layers 3..5, the head): the same bits
+  const auto split = nvme_run(*cuda, true, 1, false, 4);
+  CHECK(split.first == ram.first);
+  REQUIRE(split.second.size() == ram.second.size());
+  CHECK(std::memcmp(split.second.data(), ram.second.data(), ram.second.size() * 4) == 0);
 }
 
 TEST_CASE("the CUDA backend: layer-major accumulation equals the micro-batch schedule bit for bit", "[cuda-emu]") {
