@@ -23,10 +23,9 @@
 
 #include "src/core/cli_args.h"
 #include "src/core/error.h"
+#include "tools/bench/bench_util.h"
 
 namespace strata::bench {
-
-std::string bench_run_capture(const std::string& cmd, int* status);  // bench_nvme.cpp
 
 namespace {
 
@@ -67,11 +66,6 @@ std::vector<EstimateConfig> bench_configs(const std::string& nvme) {
       {"qwen3 resident bf16 optim=nvme", "qwen3",
        {"model.dtype=bf16", "offload.weights=device", "offload.optimizer=nvme", on_nvme}},
   };
-}
-
-double bench_median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? NAN : v[v.size() / 2];
 }
 
 }  // namespace

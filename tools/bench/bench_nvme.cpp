@@ -3,48 +3,24 @@
 // on the same file, block size and queue depth, in the same run: rounds of fio write, strata
 // write, then both reads (order alternating), all O_DIRECT, writes ending with fsync. Reports
 // the median bandwidth of each and strata's ratio to fio (target >= 0.95 each way).
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "io/uring_file.h"
 #include "src/core/error.h"
-#include "src/recipe/recipe.h"
+#include "tools/bench/bench_util.h"
 
 namespace strata::bench {
 
-// Runs a shell command; returns its standard output (standard error goes to ours). Shared by the
-// benchmarks that run a program (fio here, strata in bench_estimate.cpp).
-std::string bench_run_capture(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  STRATA_CHECK_IO(p, "cannot run ", cmd);
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  *status = pclose(p);
-  return out;
-}
-
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct NvmeArgs {
-  std::string dir = ".";
-  size_t size = size_t(2) << 30;
-  size_t block = size_t(1) << 20;
-  int queue_depth = 32;
-  int rounds = 3;
+struct NvmeArgs : NvmePassArgs {
   std::string fio = "fio";
 };
 
@@ -77,86 +53,25 @@ double bench_fio(const NvmeArgs& a, const std::string& path, bool write) {
   return job.at("bw_bytes").get<double>();
 }
 
-// strata's engine, used as the NVMe tier uses it: chunks of queue_depth blocks, three tickets in
-// flight, the caller's buffer from io_buffer_alloc and registered with the ring. Setup (staging, ring, open) is outside the
-// timing; the write's time ends after sync and close.
-double bench_cpu_s() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);  // this process's threads (fio runs in a child: not counted)
-  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-}
-
+// strata's engine (bench_engine_pass), its CPU seconds added up and its note kept.
 double bench_strata(const NvmeArgs& a, const std::string& path, bool write, unsigned char* user, size_t user_bytes,
                     std::string* note, double* cpu_s) {
-  FileEngineOptions opt;
-  opt.block_bytes = a.block;
-  opt.queue_depth = a.queue_depth;
-  FileEngine io(opt);
-  const bool registered = io.register_memory(user, user_bytes);
-  const size_t chunk = user_bytes / 3;
-  const int f = io.open(path, write ? FileOpen::create : FileOpen::existing);
-  const auto t0 = Clock::now();  // like fio's runtime: from the first transfer
-  const double c0 = bench_cpu_s();
-  std::vector<FileTicket> slot(3, 0);
-  std::vector<bool> busy(3, false);
-  size_t k = 0;
-  for (uint64_t off = 0; off < a.size; off += chunk, ++k) {
-    const size_t s = k % 3;
-    if (busy[s]) io.wait(slot[s]);
-    const size_t n = size_t(std::min<uint64_t>(chunk, a.size - off));
-    slot[s] = write ? io.write(f, off, user + s * chunk, n) : io.read(f, off, user + s * chunk, n);
-    busy[s] = true;
-  }
-  for (size_t s = 0; s < 3; ++s)
-    if (busy[s]) io.wait(slot[s]);
-  if (note->empty())
-    *note = str_cat(io.backend(), registered ? ", the caller's buffers registered (fixed)" : "",
-                    io.direct(f) ? ", O_DIRECT" : ", buffered (O_DIRECT refused: not a disk measurement)");
-  io.close(f);
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  *cpu_s += bench_cpu_s() - c0;
-  io.unregister_memory(user);
-  return double(a.size) / s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  const EnginePass p = bench_engine_pass(a, 0, path, write, user, user_bytes);
+  if (note->empty()) *note = p.note;
+  *cpu_s += p.cpu_s;
+  return p.bytes_per_s;
 }
 
 }  // namespace
 
 int bench_nvme(const std::vector<std::string>& args) {
   NvmeArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& o = args[i];
-    const bool has = i + 1 < args.size();
-    if (o == "--help" || o == "-h") {
-      bench_nvme_usage(stdout);
-      return 0;
-    } else if (o == "--path" && has) {
-      a.dir = args[++i];
-    } else if (o == "--size" && has) {
-      a.size = parse_bytes(args[++i], "--size");
-    } else if (o == "--block-size" && has) {
-      a.block = parse_bytes(args[++i], "--block-size");
-    } else if (o == "--queue-depth" && has) {
-      a.queue_depth = std::atoi(args[++i].c_str());
-    } else if (o == "--rounds" && has) {
-      a.rounds = std::atoi(args[++i].c_str());
-    } else if (o == "--fio" && has) {
-      a.fio = args[++i];
-    } else {
-      bench_nvme_usage(stderr);
-      STRATA_CHECK(false, "unknown or incomplete option '", o, "'");
-    }
-  }
-  STRATA_CHECK(a.block >= 4096 && a.block % 4096 == 0, "--block-size must be a multiple of 4096 bytes");
-  STRATA_CHECK(a.size >= a.block && a.size % a.block == 0, "--size must be a multiple of --block-size");
-  STRATA_CHECK(a.queue_depth >= 1 && a.queue_depth <= 4096, "--queue-depth must be between 1 and 4096");
-  STRATA_CHECK(a.rounds >= 1, "--rounds must be at least 1");
-  STRATA_CHECK(std::filesystem::is_directory(a.dir), "--path ", a.dir, " is not a directory");
+  if (!bench_pass_args(args, a, bench_nvme_usage, [&](const std::string& o, const std::string& v) {
+        if (o != "--fio") return false;
+        a.fio = v;
+        return true;
+      }))
+    return 0;
   int status = 0;
   const std::string version = bench_run_capture(a.fio + " --version 2>/dev/null", &status);
   STRATA_CHECK(status == 0 && !version.empty(), "cannot run '", a.fio,
@@ -169,14 +84,8 @@ int bench_nvme(const std::vector<std::string>& args) {
     std::filesystem::remove(path + ".crc32c", ec);
   };
   // the caller's buffer: three chunks of queue_depth blocks, filled with noise
-  const size_t chunk = std::min<size_t>(a.size, a.block * size_t(a.queue_depth));
-  // (from io_buffer_alloc, as the NVMe tier's buffers are: whole blocks move without a copy)
-  IoBuffer user = io_buffer_alloc(3 * chunk);
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < 3 * chunk; i += 8) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    std::memcpy(user.get() + i, &x, 8);
-  }
+  size_t user_bytes = 0;
+  IoBuffer user = bench_noise_buffer(a, &user_bytes);
 
   std::printf("strata-bench nvme: %s, %.2f GiB, block %zu KiB, queue depth %d, %d rounds, %s",
               path.c_str(), double(a.size) / double(size_t(1) << 30), a.block / 1024, a.queue_depth, a.rounds,
@@ -190,12 +99,12 @@ int bench_nvme(const std::vector<std::string>& args) {
       remove_files();
       fw.push_back(bench_fio(a, path, true));
       remove_files();
-      sw.push_back(bench_strata(a, path, true, user.get(), 3 * chunk, &note, &cpu_write));
+      sw.push_back(bench_strata(a, path, true, user.get(), user_bytes, &note, &cpu_write));
       if (r % 2 == 0) {
         fr.push_back(bench_fio(a, path, false));
-        sr.push_back(bench_strata(a, path, false, user.get(), 3 * chunk, &note, &cpu_read));
+        sr.push_back(bench_strata(a, path, false, user.get(), user_bytes, &note, &cpu_read));
       } else {
-        sr.push_back(bench_strata(a, path, false, user.get(), 3 * chunk, &note, &cpu_read));
+        sr.push_back(bench_strata(a, path, false, user.get(), user_bytes, &note, &cpu_read));
         fr.push_back(bench_fio(a, path, false));
       }
       std::printf("  %-6d %10.3f GB/s %9.3f GB/s %9.3f GB/s %9.3f GB/s\n", r + 1, fw.back() / 1e9, sw.back() / 1e9,
@@ -206,7 +115,7 @@ int bench_nvme(const std::vector<std::string>& args) {
     throw;
   }
   remove_files();
-  const double write_ratio = median(sw) / median(fw), read_ratio = median(sr) / median(fr);
+  const double write_ratio = bench_median(sw) / bench_median(fw), read_ratio = bench_median(sr) / bench_median(fr);
   const double gb = double(a.size) * a.rounds / 1e9;
   std::printf("  strata's engine: %s; crc32c of every block written and verified; CPU %.3f s/GB writing, "
               "%.3f s/GB reading\n", note.c_str(), cpu_write / gb, cpu_read / gb);
@@ -217,17 +126,17 @@ int bench_nvme(const std::vector<std::string>& args) {
     return std::string(b);
   };
   std::printf("  %-30s %9.3f GB/s vs fio %.3f GB/s: ratio %.3f (target >= 0.95); ranges %s vs %s GB/s\n",
-              "write (median, with fsync)", median(sw) / 1e9, median(fw) / 1e9, write_ratio, span(sw).c_str(),
+              "write (median, with fsync)", bench_median(sw) / 1e9, bench_median(fw) / 1e9, write_ratio, span(sw).c_str(),
               span(fw).c_str());
   std::printf("  %-30s %9.3f GB/s vs fio %.3f GB/s: ratio %.3f (target >= 0.95); ranges %s vs %s GB/s\n",
-              "read (median)", median(sr) / 1e9, median(fr) / 1e9, read_ratio, span(sr).c_str(), span(fr).c_str());
+              "read (median)", bench_median(sr) / 1e9, bench_median(fr) / 1e9, read_ratio, span(sr).c_str(), span(fr).c_str());
   nlohmann::json j = {{"nvme",
                        {{"read_ratio", read_ratio},
                         {"write_ratio", write_ratio},
-                        {"read_bytes_per_s", median(sr)},
-                        {"write_bytes_per_s", median(sw)},
-                        {"fio_read_bytes_per_s", median(fr)},
-                        {"fio_write_bytes_per_s", median(fw)},
+                        {"read_bytes_per_s", bench_median(sr)},
+                        {"write_bytes_per_s", bench_median(sw)},
+                        {"fio_read_bytes_per_s", bench_median(fr)},
+                        {"fio_write_bytes_per_s", bench_median(fw)},
                         {"block_bytes", a.block},
                         {"queue_depth", a.queue_depth},
                         {"file_bytes", a.size}}}};

@@ -22,6 +22,7 @@
 #include "offload/state/model_io.h"
 #include "src/core/cli_args.h"
 #include "src/core/error.h"
+#include "tools/bench/bench_util.h"
 #include "src/recipe/recipe.h"
 
 namespace strata::bench {
@@ -58,11 +59,6 @@ struct PipelineRun {
   size_t device_peak = 0;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Pinned host -> device bytes/s over the real link: the median of several 256 MiB copies.
 double measure_link_bytes_per_s(Device& dev) {
   const size_t bytes = 256ull << 20;
@@ -78,7 +74,7 @@ double measure_link_bytes_per_s(Device& dev) {
   }
   dev.free(devbuf);
   dev.free_pinned(host);
-  return median(rates);
+  return bench_median(rates);
 }
 
 // The device's bf16 GEMM rate (f32 accumulate) on a square product large enough to saturate it.
@@ -100,7 +96,7 @@ double measure_gemm_flops(Device& dev, int64_t n) {
   dev.free(c);
   dev.free(b);
   dev.free(a);
-  return median(rates);
+  return bench_median(rates);
 }
 
 // Model FLOPs of one training step: 6 per parameter per token for the matmuls (forward, and

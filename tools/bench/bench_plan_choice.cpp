@@ -20,10 +20,9 @@
 
 #include "src/core/cli_args.h"
 #include "src/core/error.h"
+#include "tools/bench/bench_util.h"
 
 namespace strata::bench {
-
-std::string bench_run_capture(const std::string& cmd, int* status);  // bench_nvme.cpp
 
 namespace {
 
@@ -78,11 +77,6 @@ nlohmann::json bench_model() {  // 8 layers of C 512, F 1408, V 32000 untied (la
           {"intermediate_size", 1408}, {"num_hidden_layers", 8}, {"num_attention_heads", 8},
           {"num_key_value_heads", 4}, {"vocab_size", 32000}, {"max_position_embeddings", 1024},
           {"tie_word_embeddings", false}, {"rms_norm_eps", 1e-5}};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? NAN : v[v.size() / 2];
 }
 
 std::string quoted(const std::vector<std::string>& overrides) {
@@ -176,17 +170,17 @@ int bench_plan_choice(const std::vector<std::string>& args) {
     }
     const nlohmann::json predicted = estimate(base, &status);
     run_arms(strata.string(), recipe, root / "run", rounds, sc.name, arms);
-    const double automatic = median(arms[0].steps);
+    const double automatic = bench_median(arms[0].steps);
     const Arm* best = nullptr;
     for (size_t i = 1; i < arms.size(); ++i)
-      if (!best || median(arms[i].steps) < median(best->steps)) best = &arms[i];
-    const double best_s = best ? median(best->steps) : NAN, est = predicted["step"]["seconds"].get<double>();
+      if (!best || bench_median(arms[i].steps) < bench_median(best->steps)) best = &arms[i];
+    const double best_s = best ? bench_median(best->steps) : NAN, est = predicted["step"]["seconds"].get<double>();
     const double host = predicted["tiers"]["host"].get<double>() + predicted["tiers"]["host_pinned"].get<double>();
     std::printf("%-52s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f  %s\n", sc.name.c_str(), automatic, best_s, automatic / best_s,
                 est, est / automatic, arms[0].peak_rss > 0 ? host / arms[0].peak_rss : NAN,
                 best ? best->name.c_str() : "(none fits)");
     nlohmann::json forced = nlohmann::json::array();
-    for (size_t i = 1; i < arms.size(); ++i) forced.push_back({{"arm", arms[i].name}, {"median_s", median(arms[i].steps)}});
+    for (size_t i = 1; i < arms.size(); ++i) forced.push_back({{"arm", arms[i].name}, {"median_s", bench_median(arms[i].steps)}});
     rows.push_back({{"scenario", sc.name}, {"auto_s", automatic}, {"best_forced_s", best_s}, {"auto_over_best", automatic / best_s},
                     {"estimated_s", est}, {"estimated_over_auto", est / automatic}, {"forced", forced},
                     {"plan_host_bytes", host}, {"peak_rss_bytes", arms[0].peak_rss}});
