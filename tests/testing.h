@@ -314,6 +314,15 @@ inline ProcessResult run_strata(const std::string& args, bool stdout_only = fals
   return run_shell(strata_binary() + " " + args, stdout_only);
 }
 
+// `strata estimate ARGS --json` (standard output only): its one JSON object, the exit code
+// required to be `want_code` (0 fits, 3 does not).
+inline nlohmann::json estimate_json(const std::string& args, int want_code = 0) {
+  const ProcessResult r = run_strata("estimate " + args + " --json", true);
+  INFO(args << "\n" << r.out);
+  REQUIRE(r.code == want_code);
+  return nlohmann::json::parse(r.out);
+}
+
 // `strata ARGS`, sending signal triggers[i].second as soon as its output contains
 // triggers[i].first, one trigger after the other. *fired counts the signals sent.
 inline ProcessResult run_strata_signalled(const std::string& args,

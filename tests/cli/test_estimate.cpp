@@ -19,14 +19,8 @@
 namespace strata {
 namespace {
 
+using testing::estimate_json;
 using testing::run_strata;
-
-nlohmann::json estimate_json(const std::string& args, int want_code) {
-  const testing::ProcessResult r = run_strata("estimate " + args + " --json", true);
-  INFO(args << "\n" << r.out);
-  REQUIRE(r.code == want_code);
-  return nlohmann::json::parse(r.out);
-}
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include "src/core/error.h"
 #include "src/train/checkpoint.h"
 #include "tests/seeded_inputs.h"
+#include "tests/offload/store_testing.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -59,18 +60,6 @@ struct Result {
   std::vector<char> working;
 };
 
-std::vector<float> whole(const HostStore& store, StateArray a) {
-  std::vector<float> out;
-  for (size_t r = 0; r < store.spec().params.size(); ++r) {
-    std::vector<float> row(size_t(store.f32_table()[r].numel()));
-    store.read_state(a, r, 0, int64_t(row.size()), row.data());
-    out.insert(out.end(), row.begin(), row.end());
-  }
-  return out;
-}
-
-MicroBatch batch(int step, int a, int64_t T) { return testing::strided_batch(2, T, 300, 37, step * 11 + a * 5); }
-
 // Optimizer steps [from, to] on `store` (two accumulation micro-batches each, the second shorter),
 // with a fresh engine, as a resumed run sets one up.
 void train_steps(Device& dev, HostStore& store, int from, int to, bool clip, Result* r) {
@@ -79,7 +68,7 @@ void train_steps(Device& dev, HostStore& store, int from, int to, bool clip, Res
   eo.max_tokens = 17;
   Engine engine(dev, store, eo);
   for (int step = from; step <= to; ++step) {
-    const MicroBatch mb0 = batch(step, 0, 17), mb1 = batch(step, 1, 13);
+    const MicroBatch mb0 = testing::state_test_batch(step, 0, 17), mb1 = testing::state_test_batch(step, 1, 13);
     AdamWParams ap;
     ap.lr = 2e-3;
     ap.step = step;
@@ -94,14 +83,14 @@ void train_steps(Device& dev, HostStore& store, int from, int to, bool clip, Res
     engine.synchronize();
     r->losses.push_back(loss);
   }
-  r->losses.push_back(engine.forward_loss(batch(9, 0, 17)));  // the last update, seen by a forward
+  r->losses.push_back(engine.forward_loss(testing::state_test_batch(9, 0, 17)));  // the last update, seen by a forward
   engine.synchronize();
 }
 
 void read_back(HostStore& store, Result* r) {
-  r->master = whole(store, StateArray::master);
-  r->m = whole(store, StateArray::m);
-  r->v = whole(store, StateArray::v);
+  r->master = testing::state_array(store, StateArray::master);
+  r->m = testing::state_array(store, StateArray::m);
+  r->v = testing::state_array(store, StateArray::v);
   const size_t wb = store.working_table().tier_bytes(Tier::host_pinned);
   r->working.assign(store.working(), store.working() + wb);
 }
@@ -136,6 +125,16 @@ std::string bytes_of(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A checkpoint of `store` at step 2 (two rows in the order 1, 0) under `dir`: its optimizer state's bytes.
+std::string save_step2(const HostStore& store, const std::string& dir) {
+  TrainState st;
+  st.step = 2;
+  st.rows = 2;
+  st.order = {1, 0};
+  checkpoint_save(dir, store, st, "", DType::f32, CheckpointFiles{}, 0);
+  return bytes_of(dir + "/checkpoint-2/optimizer_state.safetensors");
 }
 
 }  // namespace
@@ -260,12 +259,7 @@ TEST_CASE("a checkpoint of a split store has the RAM store's bytes and resumes i
     HostStore store(*dev, spec, split_options(kRam));
     model_init_weights(store, 11);
     train_steps(*dev, store, 1, 2, true, &want);
-    TrainState st;
-    st.step = 2;
-    st.rows = 2;
-    st.order = {1, 0};
-    checkpoint_save((tmp.path / "ram").string(), store, st, "", DType::f32, CheckpointFiles{}, 0);
-    ram_state = bytes_of((tmp.path / "ram/checkpoint-2/optimizer_state.safetensors").string());
+    ram_state = save_step2(store, (tmp.path / "ram").string());
     want.losses.clear();
     train_steps(*dev, store, 1, 0, true, &want);  // no step: the forward after step 2
     train_steps(*dev, store, 3, 3, true, &want);
@@ -279,12 +273,7 @@ TEST_CASE("a checkpoint of a split store has the RAM store's bytes and resumes i
       HostStore store(*dev, spec, split_options(save_first));
       model_init_weights(store, 11);
       train_steps(*dev, store, 1, 2, true, &got);
-      TrainState st;
-      st.step = 2;
-      st.rows = 2;
-      st.order = {1, 0};
-      checkpoint_save(out, store, st, "", DType::f32, CheckpointFiles{}, 0);
-      CHECK(bytes_of(out + "/checkpoint-2/optimizer_state.safetensors") == ram_state);
+      CHECK(save_step2(store, out) == ram_state);
     }
     got.losses.clear();
     HostStore store(*dev, spec, split_options(load_first));
@@ -307,7 +296,7 @@ TEST_CASE("an I/O error on a split's NVMe part is an I/O error naming the file, 
       eo.max_batch = 2;
       eo.max_tokens = 17;
       Engine engine(*dev, store, eo);
-      const MicroBatch mb = batch(1, 0, 17);
+      const MicroBatch mb = testing::state_test_batch(1, 0, 17);
       engine.forward_backward(mb, 1.f / float(mb.counted()));
       engine.synchronize();
       state_placement_nvme(store.placement())->io().inject_fault(fault, 7);

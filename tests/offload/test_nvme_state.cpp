@@ -17,6 +17,7 @@
 #include "offload/state/nvme_state.h"
 #include "src/core/error.h"
 #include "tests/seeded_inputs.h"
+#include "tests/offload/store_testing.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -64,18 +65,6 @@ struct Result {
   std::vector<EngineStats> stats;  // after each step
 };
 
-std::vector<float> whole(HostStore& store, StateArray a) {
-  std::vector<float> out;
-  for (size_t r = 0; r < store.spec().params.size(); ++r) {
-    std::vector<float> row(size_t(store.f32_table()[r].numel()));
-    store.read_state(a, r, 0, int64_t(row.size()), row.data());
-    out.insert(out.end(), row.begin(), row.end());
-  }
-  return out;
-}
-
-MicroBatch batch(int step, int a, int64_t T) { return testing::strided_batch(2, T, 300, 37, step * 11 + a * 5); }
-
 Result run(const Setup& s) {
   auto dev = device_create(DeviceOptions{});
   HostStore store(*dev, nvme_spec(s.dtype, s.tied), nvme_options(s.state_nvme));
@@ -90,7 +79,7 @@ Result run(const Setup& s) {
   Result r;
   for (int step = 1; step <= 3; ++step) {
     // two accumulation micro-batches, the second shorter than the capacity
-    const MicroBatch mb0 = batch(step, 0, 17), mb1 = batch(step, 1, 13);
+    const MicroBatch mb0 = testing::state_test_batch(step, 0, 17), mb1 = testing::state_test_batch(step, 1, 13);
     AdamWParams ap;
     ap.lr = 2e-3;
     ap.step = step;
@@ -107,11 +96,11 @@ Result run(const Setup& s) {
     engine.synchronize();
     r.stats.push_back(engine.stats());
   }
-  r.losses.push_back(engine.forward_loss(batch(9, 0, 17)));  // the last update, seen by a forward
+  r.losses.push_back(engine.forward_loss(testing::state_test_batch(9, 0, 17)));  // the last update, seen by a forward
   engine.synchronize();
-  r.master = whole(store, StateArray::master);
-  r.m = whole(store, StateArray::m);
-  r.v = whole(store, StateArray::v);
+  r.master = testing::state_array(store, StateArray::master);
+  r.m = testing::state_array(store, StateArray::m);
+  r.v = testing::state_array(store, StateArray::v);
   const size_t wb = store.working_table().tier_bytes(Tier::host_pinned);
   r.working.assign(store.working(), store.working() + wb);
   return r;
@@ -245,7 +234,7 @@ TEST_CASE("an I/O error in the NVMe optimizer pass is an I/O error naming the fi
       eo.max_batch = 2;
       eo.max_tokens = 17;
       Engine engine(*dev, store, eo);
-      const MicroBatch mb = batch(1, 0, 17);
+      const MicroBatch mb = testing::state_test_batch(1, 0, 17);
       engine.forward_backward(mb, 1.f / float(mb.counted()));
       engine.synchronize();
       dynamic_cast<NvmeStatePlacement&>(store.placement()).io().inject_fault(fault, 7);

@@ -59,13 +59,6 @@ double forward_seconds(const ModelSpec& spec, const PlanInputs& in) {
 
 double embedding_params(const ModelSpec& spec) { return double(spec.params[size_t(spec.embed)].numel()); }
 
-nlohmann::json estimate_json(const std::string& args) {
-  const testing::ProcessResult r = testing::run_strata("estimate " + args + " --json", true);
-  INFO(args << "\n" << r.out);
-  REQUIRE(r.code == 0);
-  return nlohmann::json::parse(r.out);
-}
-
 }  // namespace
 
 TEST_CASE("step model: the update overlaps the next forward with clipping, the last backward without", "[estimate][step-model]") {
@@ -272,10 +265,10 @@ TEST_CASE("step model: AdamW's default rate is the memory bandwidth over the byt
   // the CLI states it as assumed, with its derivation; a given rate is "given"
   const std::string model = "--model " + testing::source_path("recipes/configs/llama-3.1-8b/config.json") +
                             " model.dtype=bf16 --gpu 'H100 SXM' --host-memory 2TiB";
-  const nlohmann::json j = estimate_json(model);
+  const nlohmann::json j = testing::estimate_json(model);
   CHECK(j["step"]["rates"]["adamw"]["value"].get<double>() == Approx(50e9 / 30).epsilon(1e-12));
   CHECK(j["step"]["rates"]["adamw"]["source"] == "assumed (50 GB/s memory / 30 bytes per parameter)");
-  const nlohmann::json g = estimate_json(model + " --adamw-params-per-s 2e9");
+  const nlohmann::json g = testing::estimate_json(model + " --adamw-params-per-s 2e9");
   CHECK(g["step"]["rates"]["adamw"]["value"].get<double>() == 2e9);
   CHECK(g["step"]["rates"]["adamw"]["source"] == "given");
 }
@@ -288,12 +281,12 @@ TEST_CASE("step model: a GPU's GEMMs at the table's efficiency, MFU against the 
   REQUIRE(h100);
   CHECK(h100->gemm_efficiency == 0.75);
   for (const GpuSpec& g : gpu_specs()) CHECK((g.gemm_efficiency >= 0.5 && g.gemm_efficiency <= 0.95));
-  const nlohmann::json table = estimate_json(model);
+  const nlohmann::json table = testing::estimate_json(model);
   CHECK(table["step"]["rates"]["device"]["value"].get<double>() == Approx(0.75 * 989e12).epsilon(1e-12));
   CHECK(table["step"]["mfu"].get<double>() ==
         Approx(table["step"]["tokens_per_s"].get<double>() * per_token / 989e12).epsilon(1e-9));
   // --gpu-flops: the rate the GEMMs run at; MFU still against the datasheet's 989 TFLOP/s
-  const nlohmann::json given = estimate_json(model + " --gpu-flops 700e12");
+  const nlohmann::json given = testing::estimate_json(model + " --gpu-flops 700e12");
   CHECK(given["step"]["rates"]["device"]["value"].get<double>() == 700e12);
   CHECK(given["step"]["rates"]["device"]["source"] == "given");
   CHECK(given["step"]["mfu"].get<double>() ==

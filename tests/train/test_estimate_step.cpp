@@ -46,13 +46,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-nlohmann::json estimate(const std::string& args) {
-  const testing::ProcessResult r = testing::run_strata("estimate" + args + " --json", true);
-  INFO(args << "\n" << r.out);
-  REQUIRE(r.code == 0);
-  return nlohmann::json::parse(r.out);
-}
-
 }  // namespace
 
 TEST_CASE("strata estimate's step time against real runs on the CPU backend", "[.][estimate-validation][step-time]") {
@@ -91,11 +84,11 @@ TEST_CASE("strata estimate's step time against real runs on the CPU backend", "[
     fs::remove_all(out);
     std::string args = " '" + (root / "recipe.toml").string() + "' 'checkpoint.output_dir=" + out.string() + "'";
     for (const std::string& o : c.overrides) args += " '" + o + "'";
-    const nlohmann::json independent = estimate(args + " --measure");
+    const nlohmann::json independent = testing::estimate_json(args + " --measure");
     const testing::ProcessResult run = testing::run_strata("train" + args);
     INFO(c.name << "\n" << run.out.substr(run.out.size() > 4000 ? run.out.size() - 4000 : 0));
     REQUIRE(run.code == 0);
-    const nlohmann::json calibrated = estimate(args + " --measure --rates-from '" + out.string() + "'");
+    const nlohmann::json calibrated = testing::estimate_json(args + " --measure --rates-from '" + out.string() + "'");
     std::map<int64_t, double> step_s;  // the run's steps after the first, save time excluded
     double nvme_bytes = 0;
     std::ifstream m(out / "metrics.jsonl");
