@@ -185,6 +185,11 @@ TEST_CASE("train.global_batch_size: the split is searched, a part the recipe giv
   const std::string msg = testing::error_of([&] { placement_plan(spec, in, b, rates); }, ErrorKind::input);
   CHECK(msg.find("train.global_batch_size = 16") != std::string::npos);
   CHECK(msg.find("train.micro_batch_size = 3") != std::string::npos);
+  // one that the ranks cannot share evenly likewise
+  in.micro_batch_fixed = false;
+  in.ranks = 3;
+  const std::string ranks = testing::error_of([&] { placement_plan(spec, in, b, rates); }, ErrorKind::input);
+  CHECK(ranks.find("must divide evenly among the 3 ranks") != std::string::npos);
 }
 
 TEST_CASE("what to change: each entry applied alone saves what it says, and only entries that close a gap",
