@@ -220,7 +220,7 @@ TEST_CASE("strata estimate reports the largest micro-batch at the recipe's globa
             ["max_micro_batch_at_global_batch"]["global_batch"] == 6);
 }
 
-TEST_CASE("strata estimate sees --nvme-path and --optimizer before the recipe's checks; LoRA needs no weights", "[estimate]") {
+TEST_CASE("strata estimate sees --nvme-path and --optimizer before the recipe's checks and LoRA needs no weights", "[estimate]") {
   testing::TempDir dir("estimate_recipe_checks");
   const std::string config = testing::source_path("recipes/configs/llama-3.1-8b/config.json");
   const std::string recipe = (dir.path / "nvme.toml").string();
