@@ -291,7 +291,8 @@ std::vector<double> Engine::forward_backward_group(const std::vector<MicroBatch>
 
 // One pass over `g` micro-batches, layer-major (top of this file): each layer (and lm_head chunk) runs
 // every micro-batch while its weights are on the device. g = 1 is the micro_batch schedule.
-std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale) {
+std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale,
+                                     const LandedUpdate* landed) {
   STRATA_CHECK(g >= 1 && g <= shape_.group, "a pass of ", g, " micro-batches on an engine built for ", shape_.group,
                " (offload.accumulation = \"layer_major\" sizes it for gradient_accumulation_steps)");
   lora_dropout_.p = 0;
@@ -300,6 +301,13 @@ std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind k
     lora_dropout_.p = opt_.lora.dropout;
     for (size_t m = 0; m < g; ++m, lora_dropout_.next += lora_dropout_.stride)
       lora_dropout_.seeds.push_back(lora_dropout_seed(opt_.lora.seed, lora_dropout_.step, lora_dropout_.next));
+  }
+  if (kind == StepKind::forward_backward) {  // the gradients change: a gathered norm is stale
+    group_sq_gathered_ = false;
+    if (landed) {
+      landed_ = *landed;
+      group_sq_.assign(store_.groups().size(), 0.0);
+    }
   }
   upload_tokens(mbs, g);
   spill_pass_ = spill_ && kind == StepKind::forward_backward;
@@ -688,6 +696,7 @@ void Engine::zero_grads() {
     return;
   }
   std::memset(store_.grad(), 0, bytes_of<float>(int64_t(store_.f32_floats())));
+  group_sq_gathered_ = false;
 }
 
 void Engine::lora_upload() {
@@ -734,15 +743,17 @@ double Engine::lora_optimizer_step(AdamWParams params, double max_grad_norm, dou
 
 double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay) {
   if (lora_) return lora_optimizer_step(params, max_grad_norm, weight_decay);
-  exposed_wait(&d2h_wait_s_, [&] { layer_pass_->host().drain(); });  // every gradient has landed
+  exposed_wait(&d2h_wait_s_, [&] { layer_pass_->host().drain(); });  // every gradient has landed (and its square)
   const bool shared = reduction_->shared_store();     // the ranks of a node share store_
   if (shared) reduction_->all_ranks_here();           // ... and every rank's gradient is in
-  double norm = 0;
-  layer_pass_->optimizer_wait(
-               [&] { norm = std::sqrt(sum_of_squares(store_.grad(), int64_t(store_.f32_floats()))); });
+  if (!group_sq_gathered_ || shared)                  // (a rank's own pass saw only its share)
+    layer_pass_->optimizer_wait([&] {
+      group_sq_.assign(store_.groups().size(), 0.0);
+      for (size_t gi = 0; gi < group_sq_.size(); ++gi) group_sq_[gi] = group_sum_of_squares(gi);
+    });
+  group_sq_gathered_ = false;
   if (shared) reduction_->all_ranks_here();           // no rank zeroes a gradient another still reads
-  STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
-               "); lower optim.learning_rate or check the data");
+  const double norm = global_norm();
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
   begin_optimizer_pass(false);
   for (size_t gi = 0; gi < store_.groups().size(); ++gi)
@@ -765,13 +776,22 @@ void Engine::begin_optimizer_pass(bool landed) {
   layer_pass_->host().enqueue([this, order] { store_.placement().begin_pass(order); });
 }
 
+double Engine::group_sum_of_squares(size_t gi) const {
+  const ParamGroup& g = store_.groups()[gi];
+  return sum_of_squares(store_.grad() + count_of<float>(g.f32_offset), int64_t(count_of<float>(g.f32_bytes)));
+}
+
+// Queued on the host right behind the last addition into group gi's gradient of the pass.
 void Engine::update_group_when_landed(size_t gi) {
   if (!landed_.active) return;
+  if (!landed_.update) {  // a *_last pass: the square only; optimizer_step updates
+    layer_pass_->host().enqueue([this, gi] { group_sq_[gi] = group_sum_of_squares(gi); });
+    return;
+  }
   const AdamWParams params = landed_.params;
   const double wd = landed_.weight_decay;
   layer_pass_->queue_update(gi, [this, gi, params, wd] {
-    const ParamGroup& g = store_.groups()[gi];
-    group_sq_[gi] = sum_of_squares(store_.grad() + count_of<float>(g.f32_offset), int64_t(count_of<float>(g.f32_bytes)));
+    group_sq_[gi] = group_sum_of_squares(gi);
     optimizer_->update(gi, params, wd);
   });
 }
@@ -795,29 +815,49 @@ std::vector<double> Engine::pass_update(const MicroBatch* mbs, size_t g, float g
   }
   params.clip_scale = 1.0;
   begin_optimizer_pass(true);
-  landed_ = {true, params, weight_decay};
-  group_sq_.assign(store_.groups().size(), 0.0);
+  std::vector<double> losses = landed_pass(mbs, g, grad_scale, {true, true, params, weight_decay});
+  layer_pass_->mark_stale();
+  return losses;
+}
+
+double Engine::forward_backward_last(const MicroBatch& mb, float grad_scale) {
+  return forward_backward_group_last({mb}, grad_scale).front();
+}
+
+std::vector<double> Engine::forward_backward_group_last(const std::vector<MicroBatch>& mbs, float grad_scale) {
+  if (lora_ || reduction_->shared_store())  // LoRA: the adapters' norm is lora_optimizer_step's
+    return run_pass(mbs.data(), mbs.size(), StepKind::forward_backward, grad_scale);
+  std::vector<double> losses = landed_pass(mbs.data(), mbs.size(), grad_scale, {true, false, {}, 0});
+  group_sq_gathered_ = true;
+  return losses;
+}
+
+// One forward_backward pass with landed_ = mode for its landings (then inactive again, also on a throw).
+std::vector<double> Engine::landed_pass(const MicroBatch* mbs, size_t g, float grad_scale, const LandedUpdate& mode) {
   std::vector<double> losses;
   try {
-    losses = run_pass(mbs, g, StepKind::forward_backward, grad_scale);
+    losses = run_pass(mbs, g, StepKind::forward_backward, grad_scale, &mode);
   } catch (...) {
     landed_.active = false;
     throw;
   }
   landed_.active = false;
-  layer_pass_->mark_stale();
   return losses;
 }
 
-double Engine::landed_update_norm() {
-  if (lora_) return lora_landed_norm_;
-  layer_pass_->host().drain();
+double Engine::global_norm() {
   double sq = 0;
   for (double g : group_sq_) sq += g;
   const double norm = std::sqrt(sq);
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
   return norm;
+}
+
+double Engine::landed_update_norm() {
+  if (lora_) return lora_landed_norm_;
+  layer_pass_->host().drain();
+  return global_norm();
 }
 
 // Every stream and the host queue are drained even when one of them failed, so nothing is
@@ -828,10 +868,12 @@ StepOutcome Engine::train_step(const StepWork& work) {
   const float scale = float(1.0 / double(std::max<int64_t>(work.counted, 1)));
   const bool layer_major = opt_.group > 1;
   StepOutcome out;
-  if (work.gradients_first) {
-    if (layer_major) out.losses = forward_backward_group(micro, scale);
-    else
-      for (const MicroBatch& mb : micro) out.losses.push_back(forward_backward(mb, scale));
+  if (work.gradients_first) {  // the last pass gathers the norm's squares as the gradients land
+    if (layer_major) out.losses = forward_backward_group_last(micro, scale);
+    else {
+      for (size_t a = 0; a + 1 < micro.size(); ++a) out.losses.push_back(forward_backward(micro[a], scale));
+      out.losses.push_back(forward_backward_last(micro.back(), scale));
+    }
     out.grad_norm = optimizer_step(work.hyper, work.max_grad_norm, work.weight_decay);
     return out;
   }

@@ -103,9 +103,17 @@ class Engine final : public StepEngine {
   // each in turn, to the bit; returns each micro-batch's summed loss.
   std::vector<double> forward_backward_group(const std::vector<MicroBatch>& mbs, float grad_scale);
 
-  // The optimizer step over the accumulated gradients: exact global norm, clip, the group
-  // optimizer per group on the host queue (grads are zeroed as they are consumed). Returns the
-  // norm before clipping. Non-blocking: later forwards wait layer by layer.
+  // The step's last pass (a micro-batch, or the layer-major pass): forward_backward(_group), and
+  // each group's sum of squared gradients computed on the host queue right behind the last
+  // addition into its gradient, inside backward; optimizer_step then finds the global norm
+  // gathered instead of reading the whole gradient after backward. Bit-identical either way.
+  double forward_backward_last(const MicroBatch& mb, float grad_scale);
+  std::vector<double> forward_backward_group_last(const std::vector<MicroBatch>& mbs, float grad_scale);
+
+  // The optimizer step over the accumulated gradients: exact global norm (the per-group sums of
+  // squares, added in group order: gathered by a *_last pass, else computed here), clip, the
+  // group optimizer per group on the host queue in forward order (grads are zeroed as they are
+  // consumed). Returns the norm before clipping. Non-blocking: later forwards wait layer by layer.
   double optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
 
   // With clipping off, the last micro-batch of a step can update as it goes: forward_backward,
@@ -165,8 +173,10 @@ class Engine final : public StepEngine {
   LayerGradTensors frozen_grads_at(size_t layer) const;   // LoRA: adapters' gradients, norms' to scratch
   void lora_grads_land();                           // LoRA: the micro-batch's adapter gradients into G
   double lora_optimizer_step(AdamWParams params, double max_grad_norm, double weight_decay);
-  // one pass over the micro-batches pass_ (one, or g layer-major)
-  std::vector<double> run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale);
+  // one pass over the micro-batches pass_ (one, or g layer-major); landed: the pass's landed_ mode
+  struct LandedUpdate;
+  std::vector<double> run_pass(const MicroBatch* mbs, size_t g, StepKind kind, float grad_scale,
+                               const LandedUpdate* landed = nullptr);
   std::vector<double> pass_update(const MicroBatch* mbs, size_t g, float grad_scale, AdamWParams params,
                                   double weight_decay);
   void upload_tokens(const MicroBatch* mbs, size_t g);
@@ -260,10 +270,15 @@ class Engine final : public StepEngine {
 
   struct LandedUpdate {
     bool active = false;
+    bool update = true;                      // false: each landed group's sum of squares only (*_last)
     AdamWParams params;
     double weight_decay = 0;
   } landed_;                                 // forward_backward_update's pending updates
-  std::vector<double> group_sq_;             // per group: sum of squared gradients it updated with
+  std::vector<double> group_sq_;             // per group: sum of squared gradients (it updated with)
+  bool group_sq_gathered_ = false;           // a *_last pass gathered group_sq_ for the gradients now held
+  std::vector<double> landed_pass(const MicroBatch* mbs, size_t g, float grad_scale, const LandedUpdate& mode);
+  double global_norm();                      // sqrt of group_sq_ summed in group order; finite or exit
+  double group_sum_of_squares(size_t group) const;  // of its gradient in store_.grad()
   template <class F>
   void exposed_wait(double* exposed, F&& wait);  // the trainer thread waits; adds what the device did not hide
   double d2h_wait_s_ = 0;

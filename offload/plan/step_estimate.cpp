@@ -453,7 +453,9 @@ double nvme_state_write_share(const ModelSpec& spec, const PlanInputs& in, const
 // lora_optimizer_step), split as its schedule needs it.
 struct UpdateCost {
   double params = 0, rate = 0;
-  double norm = 0;          // clipping: the global norm's pass over every f32 gradient (4 bytes each), alone
+  double norm = 0;          // clipping: the global norm's squares over every f32 gradient (4 bytes each),
+                            // each group's behind its last landing of the step (engine.cpp *_last)
+  double norm_group0 = 0;   // of which the embedding group's (the last to land)
   double ram = 0, nvme = 0;  // the update of the groups whose state is in RAM, on NVMe
   double group0 = 0;        // of which the embedding group's (the last to land without clipping)
   double state_disk = 0;    // the NVMe groups' state read and written: the disk's time
@@ -487,7 +489,10 @@ UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPla
     (gi >= first_nvme ? u.nvme : u.ram) += n * per_param;
     if (gi == 0) u.group0 = n * per_param;
   }
-  if (in.clip_grad) u.norm = 4 * u.params / rates.host_bytes_per_s;
+  if (in.clip_grad) {
+    u.norm = 4 * u.params / rates.host_bytes_per_s;
+    u.norm_group0 = double(layout.groups[0].f32_bytes) / rates.host_bytes_per_s;
+  }
   const double read = bytes.state / rates.nvme_read_bytes_per_s, write = bytes.state / rates.nvme_write_bytes_per_s;
   u.state_disk = read + write;
   u.state_io = read + write * nvme_state_write_share(spec, in, plan, layout);
@@ -518,8 +523,11 @@ double gpu_step_seconds(const StepParts& p, const UpdateCost& u, const FirstOrde
                                     t.last_backward_d2h / p.link_bytes_per_s});
   if (lora)  // synchronous: the adapters' gradients down, their norm and AdamW, the adapters up
     *exposed = u.norm + u.update() + 2 * 4 * u.params / p.link_bytes_per_s;
-  else if (clip)  // after the norm, every group's update behind the next step's first forward
-    *exposed = u.norm + std::max(0.0, u.pipeline() - forward);
+  else if (clip)  // each group's squares as it lands in the last backward (behind that pass's
+                  // accumulation), the embedding's after it; then every group's update behind the
+                  // next step's first forward
+    *exposed = std::max(0.0, p.accumulation_pass + u.norm - u.norm_group0 - backward) + u.norm_group0 +
+               std::max(0.0, u.pipeline() - forward);
   else  // each group as it lands in the last backward (the host queue also adds that pass's
         // gradients); the embedding's last, after it, and the next forward waits for it
     *exposed = std::max(0.0, p.accumulation_pass + u.pipeline() - u.group0 - backward) + u.group0;

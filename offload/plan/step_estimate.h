@@ -28,7 +28,9 @@
 //              update), and with clipping (in.clip_grad) the global norm's pass over the gradients
 //   host       the host's gradient accumulation (and, on the CPU backend, the link's memcpy)
 // How the update overlaps is the engine's schedule (offload/engine/engine.cpp, train_step):
-//   - clipping: every gradient lands, the norm is summed (nothing else runs), then the groups
+//   - clipping: in the step's last pass each group's squares are summed on the host queue as its
+//     gradient lands (behind that pass's accumulation; the embedding's last, after the backward,
+//     shows), the norm is their sum, then the groups
 //     update in order 0..G-1 on the host queue while the next step's first pass runs its forward
 //     (one micro-batch, or the whole layer-major pass of g), each layer waiting for its group:
 //     what of the update exceeds that forward shows;

@@ -103,8 +103,11 @@ namespace {
 // losses, then the master weights after them. Each step accumulates `accum` micro-batches, one
 // at a time or (layer_major) in one layer-major pass (offload/engine/engine.h).
 // nvme_first_group > 0: only the state of groups from it on is on NVMe (the plan's split).
+// gathered: the step's last pass gathers the clipped step's norm as gradients land (train_step's
+// forward_backward_last / forward_backward_group_last); clip: optim.max_grad_norm.
 std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme, int accum = 1,
-                                                            bool layer_major = false, size_t nvme_first_group = 0) {
+                                                            bool layer_major = false, size_t nvme_first_group = 0,
+                                                            bool gathered = false, double clip = 1.0) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                       {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 6},
                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
@@ -132,15 +135,19 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   for (int a = 0; a < accum; ++a) mbs.push_back(testing::strided_batch(2, 16 - a, 300, 37 + a, 5 * a)), counted += mbs.back().counted();
   std::vector<double> losses;
   for (int step = 1; step <= 2; ++step) {
+    const float scale = 1.f / float(counted);
     if (layer_major) {
-      for (double l : engine.forward_backward_group(mbs, 1.f / float(counted))) losses.push_back(l);
+      for (double l : gathered ? engine.forward_backward_group_last(mbs, scale) : engine.forward_backward_group(mbs, scale))
+        losses.push_back(l);
     } else {
-      for (const MicroBatch& m : mbs) losses.push_back(engine.forward_backward(m, 1.f / float(counted)));
+      for (size_t a = 0; a < mbs.size(); ++a)
+        losses.push_back(gathered && a + 1 == mbs.size() ? engine.forward_backward_last(mbs[a], scale)
+                                                         : engine.forward_backward(mbs[a], scale));
     }
     AdamWParams ap;
     ap.lr = 1e-3;
     ap.step = step;
-    engine.optimizer_step(ap, 1.0, 0.0);
+    losses.push_back(engine.optimizer_step(ap, clip, 0.0));  // the norm
   }
   losses.push_back(engine.forward_loss(mb));
   engine.synchronize();
@@ -167,6 +174,23 @@ TEST_CASE("the CUDA backend with optimizer state and checkpoints on NVMe equals 
   CHECK(split.first == ram.first);
   REQUIRE(split.second.size() == ram.second.size());
   CHECK(std::memcmp(split.second.data(), ram.second.data(), ram.second.size() * 4) == 0);
+}
+
+TEST_CASE("the CUDA backend: the clipped step's norm gathered as gradients land equals the serial norm bit for bit", "[cuda-emu]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  for (double clip : {1e-3, 1e6})  // clipping every step, and never
+    for (bool on_nvme : {false, true})
+      for (bool layer_major : {false, true}) {
+        INFO("clip " << clip << (on_nvme ? " NVMe" : " RAM") << (layer_major ? " layer-major" : " micro-batch"));
+        const auto after = nvme_run(*cuda, on_nvme, 2, layer_major, 0, false, clip);
+        const auto gathered = nvme_run(*cuda, on_nvme, 2, layer_major, 0, true, clip);
+        CHECK(gathered.first == after.first);  // losses and norms
+        REQUIRE(gathered.second.size() == after.second.size());
+        CHECK(std::memcmp(gathered.second.data(), after.second.data(), after.second.size() * 4) == 0);
+      }
+  // the clip mattered: clipping every step moved the weights less than never clipping
+  CHECK(nvme_run(*cuda, false, 2, false, 0, true, 1e-3).second != nvme_run(*cuda, false, 2, false, 0, true, 1e6).second);
 }
 
 TEST_CASE("the CUDA backend: layer-major accumulation equals the micro-batch schedule bit for bit", "[cuda-emu]") {

@@ -115,7 +115,7 @@ double step_model_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
 // layer-major pass (offload.accumulation); the figures are per optimizer step.
 PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, const std::string& weights,
                          double bandwidth, int64_t B, int64_t T, int steps, const std::string& memory,
-                         int accum = 1, bool layer_major = false) {
+                         double clip, int accum = 1, bool layer_major = false) {
   DeviceOptions dopt;
   dopt.backend = device_backend_parse(backend);
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");
@@ -140,11 +140,14 @@ PipelineRun run_pipeline(const std::string& backend, const ModelConfig& cfg, con
   for (int a = 0; a < accum; ++a) mbs.push_back(bench_batch(B, T, cfg.vocab_size, 7 + uint64_t(a))), counted += mbs.back().counted();
   AdamWParams ap;
   ap.lr = 1e-4f;
-  auto one_step = [&] {  // forward + backward over the step's micro-batches, then the optimizer (overlapped)
-    if (layer_major) engine.forward_backward_group(mbs, 1.f / float(counted));
-    else
-      for (const MicroBatch& mb : mbs) engine.forward_backward(mb, 1.f / float(counted));
-    engine.optimizer_step(ap, 1.0, 0.0);
+  StepWork work;  // forward + backward over the step's micro-batches, then the optimizer (overlapped)
+  work.micro = &mbs;
+  work.counted = counted;
+  work.max_grad_norm = clip;
+  work.gradients_first = clip > 0;
+  auto one_step = [&] {
+    work.hyper = ap;
+    engine.train_step(work);
   };
   one_step();  // warm-up
   engine.synchronize();
@@ -175,6 +178,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   int64_t layers = 32, hidden = 256, batch = 1, tokens = 256;
   int steps = 3;
   int64_t accum = 4;
+  double clip = 1.0;
   std::string memory = "1GiB", backend = "cpu";
   app.add_option("--backend", backend, "cpu (throttled link) or cuda (the real link)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -185,17 +189,19 @@ int bench_pipeline(const std::vector<std::string>& args) {
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--accum", accum, "micro-batches per optimizer step of the accumulation case (k)");
   app.add_option("--device-memory", memory, "device arena budget");
+  app.add_option("--clip", clip, "the steps' global-norm clip (optim.max_grad_norm; 0: off, each group updates as its gradient lands)");
   int rc = 0;
   if (!parse_args(app, args, &rc)) return rc;  // 0 after --help, 2 on bad usage
   STRATA_CHECK(hidden % 64 == 0 && hidden >= 64, "--hidden must be a positive multiple of 64");
   STRATA_CHECK(layers >= 4, "--layers must be at least 4");
   STRATA_CHECK(accum >= 1, "--accum must be at least 1");
+  STRATA_CHECK(clip >= 0 && std::isfinite(clip), "--clip must be 0 (off) or positive");
 
   const bool cuda = backend == "cuda";
   const ModelConfig deep = bench_config(layers, hidden);
   // 1. resident and unthrottled: the compute time per step, and the bytes streaming will move
-  PipelineRun resident = run_pipeline(backend, deep, "device", 0, batch, tokens, steps, memory);
-  PipelineRun probe = run_pipeline(backend, deep, "stream", 0, batch, tokens, 1, memory);
+  PipelineRun resident = run_pipeline(backend, deep, "device", 0, batch, tokens, steps, memory, clip);
+  PipelineRun probe = run_pipeline(backend, deep, "stream", 0, batch, tokens, 1, memory, clip);
   // 2. the link: on the CPU backend throttled so that moving the streamed bytes takes as long as
   //    the compute; on CUDA the real one, measured in this run
   double bandwidth = probe.link_bytes / std::max(resident.compute_s, 1e-6);
@@ -208,19 +214,19 @@ int bench_pipeline(const std::vector<std::string>& args) {
     bandwidth = measure_link_bytes_per_s(*dev);
     gemm_flops = measure_gemm_flops(*dev, 8192);
   }
-  PipelineRun streamed = run_pipeline(backend, deep, "stream", cuda ? 0 : bandwidth, batch, tokens, steps, memory);
+  PipelineRun streamed = run_pipeline(backend, deep, "stream", cuda ? 0 : bandwidth, batch, tokens, steps, memory, clip);
   const double transfer_s = streamed.link_bytes / bandwidth;
   const double bound = std::max(streamed.compute_s, transfer_s);
   const double ratio = streamed.step_s / bound;
   const double model_flops = step_model_flops(deep, batch, tokens);
   // 3. the device high-water mark does not grow with depth
-  PipelineRun shallow = run_pipeline(backend, bench_config(4, hidden), "stream", 0, batch, tokens, 1, memory);
+  PipelineRun shallow = run_pipeline(backend, bench_config(4, hidden), "stream", 0, batch, tokens, 1, memory, clip);
   // 4. gradient accumulation over k micro-batches on a link k times slower than the balanced one
   //    (CPU backend; CUDA: the real link): one micro-batch at a time moves k x the weights per
   //    step and is link-bound, layer-major moves them once and hides them behind k x the compute
   const double slow = cuda ? 0 : bandwidth / accum;
-  PipelineRun per_mb = run_pipeline(backend, deep, "stream", slow, batch, tokens, steps, memory, int(accum), false);
-  PipelineRun lm = run_pipeline(backend, deep, "stream", slow, batch, tokens, steps, memory, int(accum), true);
+  PipelineRun per_mb = run_pipeline(backend, deep, "stream", slow, batch, tokens, steps, memory, clip, int(accum), false);
+  PipelineRun lm = run_pipeline(backend, deep, "stream", slow, batch, tokens, steps, memory, clip, int(accum), true);
 
   std::printf("strata-bench pipeline (%s): llama, hidden %ld, %ld layers, %ldx%ld tokens, bf16 weights, "
               "checkpoints on the host\n", backend.c_str(), long(hidden), long(layers), long(batch), long(tokens));
@@ -242,8 +248,10 @@ int bench_pipeline(const std::vector<std::string>& args) {
               double(shallow.device_peak) / 1048576, double(streamed.device_peak) / 1048576, long(layers));
   std::printf("  gradient accumulation k = %ld, link %.3f GB/s%s:\n", long(accum), (cuda ? bandwidth : slow) / 1e9,
               cuda ? " (measured)" : " (throttled to 1/k)");
-  std::printf("  %-40s %10.4f s, %.2f MB over the link\n", "  micro_batch step", per_mb.step_s, per_mb.link_bytes / 1e6);
-  std::printf("  %-40s %10.4f s, %.2f MB over the link\n", "  layer_major step", lm.step_s, lm.link_bytes / 1e6);
+  std::printf("  %-40s %10.4f s, %.2f MB over the link, optimizer exposed %.4f s (%.1f%%)\n", "  micro_batch step",
+              per_mb.step_s, per_mb.link_bytes / 1e6, per_mb.optimizer_exposed_s, 100 * per_mb.optimizer_exposed_s / per_mb.step_s);
+  std::printf("  %-40s %10.4f s, %.2f MB over the link, optimizer exposed %.4f s (%.1f%%)\n", "  layer_major step",
+              lm.step_s, lm.link_bytes / 1e6, lm.optimizer_exposed_s, 100 * lm.optimizer_exposed_s / lm.step_s);
   std::printf("  %-40s %10.3f (link bytes %.3f)\n", "  layer_major / micro_batch step", lm.step_s / per_mb.step_s,
               lm.link_bytes / per_mb.link_bytes);
   nlohmann::json j = {{"pipeline", {{"backend", backend}, {"step_s", streamed.step_s},
@@ -254,10 +262,13 @@ int bench_pipeline(const std::vector<std::string>& args) {
                                     {"gemm_flops_per_s", gemm_flops},
                                     {"device_peak_bytes", streamed.device_peak},
                                     {"device_peak_bytes_4_layers", shallow.device_peak},
-                                    {"link_bytes_per_s", bandwidth},
+                                    {"link_bytes_per_s", bandwidth}, {"clip", clip},
+                                    {"optimizer_exposed_s", streamed.optimizer_exposed_s},
                                     {"accumulation", {{"k", accum}, {"link_bytes_per_s", cuda ? bandwidth : slow},
                                                       {"micro_batch_step_s", per_mb.step_s},
                                                       {"layer_major_step_s", lm.step_s},
+                                                      {"micro_batch_optimizer_exposed_s", per_mb.optimizer_exposed_s},
+                                                      {"layer_major_optimizer_exposed_s", lm.optimizer_exposed_s},
                                                       {"micro_batch_link_bytes", per_mb.link_bytes},
                                                       {"layer_major_link_bytes", lm.link_bytes}}}}}};
   std::printf("%s\n", j.dump().c_str());
