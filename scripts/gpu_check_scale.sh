@@ -86,7 +86,7 @@ if [ "$build_it" = 1 ]; then
   phase build "$budget" 150 bash -c "cmake ${cmake_args[*]@Q} && cmake --build '$build' -j\$(nproc) --target strata strata-bench"
 fi
 strata="$build/strata"
-train_args=(data.path="$work/tokens.json" model.config="$PWD/$config" data.sequence_len="$seq"
+train_args=(data.path="$work/tokens.json" model.config="$(realpath "$config")" data.sequence_len="$seq"
             train.global_batch_size="$rows" train.max_steps=$((steps + 1)) device.backend="$backend"
             device.memory="$memory" checkpoint.output_dir="$work/run")
 step tokens "$py" scripts/gpu_scale.py tokens --config "$config" --rows $((rows * (steps + 1))) --seq "$seq" \
