@@ -25,7 +25,7 @@ if [ "$backend" = cuda ]; then
   budget="${STRATA_SCALE_BUDGET_S:-345}"
   config=recipes/gpu-scale/config.json seq=4096 rows=16 memory=120GiB
   attn=(--tokens 4096,8192 --heads 32 --kv-heads 8 --head-dim 128 --gemm 8192)
-  gpu_args=(--gpu H200)
+  gpu_args=(--gpu H200 --gpu-memory "$memory")  # the run's device.memory: the same plan
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 else
   budget="${STRATA_SCALE_BUDGET_S:-1800}"
@@ -69,15 +69,17 @@ scale_train() {
   local t0=$SECONDS metrics="$work/run/metrics.jsonl"
   STRATA_PROGRESS=plain "$build/strata" train recipes/gpu-scale/recipe.toml "$@" </dev/null &
   local pid=$!
+  local done_steps=0
   while kill -0 "$pid" 2>/dev/null; do
-    if [ "$(grep -c '"loss"' "$metrics" 2>/dev/null)" -ge "$steps" ] || [ $((SECONDS - t0)) -ge "$limit" ]; then
+    done_steps=$(grep -c '"loss"' "$metrics" 2>/dev/null); done_steps=${done_steps:-0}
+    if [ "$done_steps" -ge "$steps" ] || [ $((SECONDS - t0)) -ge "$limit" ]; then
       kill -9 "$pid"; wait "$pid" 2>/dev/null
-      echo "gpu_check: strata train stopped after $(grep -c '"loss"' "$metrics" 2>/dev/null) recorded steps" \
-           "in $((SECONDS - t0)) s (SIGKILL, before the end-of-run save)"
-      grep -q '"loss"' "$metrics" 2>/dev/null
+      echo "gpu_check: strata train stopped after $done_steps recorded steps in $((SECONDS - t0)) s" \
+           "(SIGKILL, before the end-of-run save)"
+      [ "$done_steps" -ge 2 ]  # a warm-up and one timed step at least
       return
     fi
-    sleep 1
+    sleep 0.2
   done
   wait "$pid"
 }
@@ -94,12 +96,11 @@ step tokens "$py" scripts/gpu_scale.py tokens --config "$config" --rows $((rows 
 phase attention 60 140 "$build/strata-bench" attention --backend "$backend" "${attn[@]}"
 phase sdpa 60 130 "$py" scripts/gpu_scale.py sdpa --device "$backend" "${attn[@]:0:8}"
 phase estimate 30 120 "$strata" estimate recipes/gpu-scale/recipe.toml "${gpu_args[@]}" --json "${train_args[@]}"
-cp "$out/estimate.log" "$out/estimate.json" 2>/dev/null
 gemm=$(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     if l.startswith("{"): print(json.loads(l)["attention"]["gemm_flops_per_s"])' "$out/attention.log" 2>/dev/null)
 if [ -n "$gemm" ] && [ "$backend" = cuda ]; then
-  phase estimate-measured 30 120 "$strata" estimate recipes/gpu-scale/recipe.toml --gpu H200 --gpu-flops "$gemm" \
+  phase estimate-measured 30 120 "$strata" estimate recipes/gpu-scale/recipe.toml "${gpu_args[@]}" --gpu-flops "$gemm" \
     --measure --json "${train_args[@]}"
 fi
 left=$((deadline - SECONDS - 100))  # the streamed run: all but what the transformers run needs
@@ -120,7 +121,7 @@ phase transformers 200 5 "$py" scripts/gpu_scale.py train --device "$backend" --
 cp "$config" "$out/config.json"
 rm -rf "$work"
 
-python3 scripts/gpu_scale.py summary "$out" --config "$out/config.json" --seq "$seq" --global-batch "$rows" \
+python3 scripts/gpu_scale.py summary "$out" --config "$out/config.json" --seq "$seq" --global-batch "$rows" --steps "$steps" \
   --backend "$backend" --budget "$budget" --elapsed "$SECONDS" --failed "${failed[*]}" | tee "$out/scale.json"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_check: failed: ${failed[*]}"

@@ -341,13 +341,17 @@ def cmd_summary(a):
     # (b) the streamed run: the steps after the first (its warm-up)
     recs = []
     try:
-        recs = [json.loads(l) for l in open(os.path.join(out, "train_metrics.jsonl")) if '"loss"' in l]
+        recs = [json.loads(l) for l in open(os.path.join(out, "train_metrics.jsonl")) if '"loss"' in l][:a.steps]
     except OSError:
         pass
     timed = [r for r in recs if r["step"] > 1] or recs
-    peak, peak_source = None, None
+    peak, peak_source, split, placement = None, None, None, None
     try:
         for line in open(os.path.join(out, "train.log"), errors="replace"):
+            if "train.global_batch_size =" in line:  # the planner's split of the step's rows
+                split = line.split("train.global_batch_size =", 1)[1].split(":", 1)[-1].strip()
+            if "parameters (" in line and "weights" in line and line.startswith("strata train: "):
+                placement = line[len("strata train: "):].strip()  # weights, checkpoints, kept activations
             if "MFU is relative to" in line:  # strata train: MFU is relative to 989 TFLOP/s (datasheet: ...)
                 rest = line.split("MFU is relative to", 1)[1].strip()
                 peak = float(rest.split()[0]) * 1e12
@@ -373,18 +377,13 @@ def cmd_summary(a):
                  "trainer_mfu": median_of(timed, "mfu"), "phases_s": phase_s, "op_s": ops,
                  "link_bytes": median_of(timed, "link_bytes"), "device_peak_bytes": timed[-1].get("device_peak_bytes"),
                  "host_rss_peak_bytes": timed[-1].get("host_rss_peak_bytes"), "step_model": model_ref}
-    plan = None
-    try:
-        plan = json.load(open(os.path.join(out, "train_plan.json")))
-    except (OSError, ValueError):
-        pass
-    if train is not None and isinstance(plan, dict):
-        train["plan"] = {k: plan.get(k) for k in ("micro_batch", "accumulation_steps", "weights", "checkpoints",
-                                                  "recompute", "accumulation", "optimizer") if k in plan}
+    if train is not None:
+        train["split"], train["placement"] = split, placement
+        train["startup_s"] = (phases["train"]["wall_s"] - sum(train["steps_s"])) if "train" in phases else None
     res["strata"] = train
 
     # strata estimate's step for the same recipe: the datasheet's rates and the measured GEMM rate
-    for name, key in (("estimate.json", "estimate"), ("estimate-measured.log", "estimate_measured_gemm")):
+    for name, key in (("estimate.log", "estimate"), ("estimate-measured.log", "estimate_measured_gemm")):
         e = last_json(os.path.join(out, name), "step")
         if not e or not e.get("step"):
             res[key] = None
@@ -454,6 +453,7 @@ def main():
     m.add_argument("--config", required=True)
     m.add_argument("--seq", type=int, required=True)
     m.add_argument("--global-batch", type=int, required=True)
+    m.add_argument("--steps", type=int, default=4, help="the streamed run's recorded steps (the first is not timed)")
     m.add_argument("--backend", default="cuda")
     m.add_argument("--budget", type=int, default=0)
     m.add_argument("--elapsed", type=int, default=0)
