@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154,SC2317,SC2054  # sourced by gpu_check.sh (its variables); commas are sizes
 # The GPU scale check: `bash scripts/gpu_check.sh OUT_DIR --scale [--deps-prefix DIR]
 # [--backend cuda|cpu] [--no-build]` sources this after its option parsing and `machine` step
 # (it uses step, out, build, backend, build_it, cmake_args, failed). One device call of at most

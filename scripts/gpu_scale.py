@@ -180,14 +180,14 @@ def cmd_train(a):
         with torch.autocast(device_type=dev, dtype=torch.bfloat16):
             loss = model(input_ids=x, labels=x).loss
         (loss * scale).backward()
-        return float(loss.detach())
+        return loss.detach()
 
-    def step(micro, accum):
+    def step(micro, accum):  # one host sync a step, for the loss at its end
         losses = [forward_backward(micro, 1.0 / accum) for _ in range(accum)]
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return sum(losses) / len(losses)
+        return float(torch.stack(losses).mean())
 
     def release():
         opt.zero_grad(set_to_none=True)
@@ -200,36 +200,34 @@ def cmd_train(a):
     t_search = time.perf_counter()
     checkpointing = False
     tried = []
-    try:
-        step(1, 1)
-        tried.append({"micro_batch": 1, "fits": True})
-    except RuntimeError as e:
-        if not is_oom(e):
-            raise
+
+    def fits(fn):  # the exception (and the tensors its frames hold) is gone before release()
+        try:
+            fn()
+            sync(dev)
+            return True
+        except RuntimeError as e:
+            if not is_oom(e):
+                raise
         release()
+        return False
+
+    if not fits(lambda: step(1, 1)):
         tried.append({"micro_batch": 1, "fits": False})
         model.gradient_checkpointing_enable()
         checkpointing = True
         step(1, 1)
-        tried.append({"micro_batch": 1, "checkpointing": True, "fits": True})
+    tried.append({"micro_batch": 1, "checkpointing": checkpointing, "fits": True})
     micro = 1
     b = 2
     while b <= min(a.global_batch, a.max_micro_batch):
-        if a.global_batch % b:
-            b *= 2
-            continue
-        try:
-            forward_backward(b, 1.0)
-            sync(dev)
+        if a.global_batch % b == 0:
+            ok = fits(lambda: forward_backward(b, 1.0))
             release()
-            tried.append({"micro_batch": b, "fits": True})
+            tried.append({"micro_batch": b, "fits": ok})
+            if not ok:
+                break
             micro = b
-        except RuntimeError as e:
-            if not is_oom(e):
-                raise
-            release()
-            tried.append({"micro_batch": b, "fits": False})
-            break
         b *= 2
     search_s = time.perf_counter() - t_search
     accum = a.global_batch // micro
@@ -238,19 +236,17 @@ def cmd_train(a):
 
     while True:  # warm-up at the chosen split; a micro-batch that fit alone but not in a step: halve it
         t0 = time.perf_counter()
-        try:
-            loss = step(micro, accum)
-            sync(dev)
+        if fits(lambda: step(micro, accum)):
             break
-        except RuntimeError as e:
-            if not is_oom(e) or micro == 1:
-                raise
-            release()
-            tried.append({"micro_batch": micro, "fits_in_a_step": False})
-            micro //= 2
-            accum = a.global_batch // micro
-            log(f"micro-batch {micro * 2} ran out of memory in a whole step: {micro} x {accum} instead")
+        if micro == 1:
+            raise RuntimeError("one row per micro-batch ran out of memory in a whole step")
+        tried.append({"micro_batch": micro, "fits_in_a_step": False})
+        micro //= 2
+        accum = a.global_batch // micro
+        log(f"micro-batch {micro * 2} ran out of memory in a whole step: {micro} x {accum} instead")
     warm_s = time.perf_counter() - t0
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
     deadline = time.perf_counter() + a.time_budget
     for i in range(a.steps):
@@ -271,7 +267,7 @@ def cmd_train(a):
            "params": n, "params_from_config": param_count(cfg), "seq": a.seq, "global_batch": a.global_batch,
            "tokens_per_step": tokens, "micro_batch": micro, "accumulation": accum,
            "gradient_checkpointing": checkpointing, "tried": tried, "build_s": build_s, "search_s": search_s,
-           "warmup_step_s": warm_s, "step_s": step_s, "steps_s": times, "losses": losses, "warmup_loss": loss,
+           "warmup_step_s": warm_s, "step_s": step_s, "steps_s": times, "losses": losses,
            "tokens_per_s": tokens / step_s, "six_n_flops_per_s": 6.0 * n * tokens / step_s,
            "device_peak_bytes": peak}
     log(f"transformers: {tokens / step_s:,.0f} tokens/s, step {step_s:.3f} s, "
