@@ -19,7 +19,11 @@
 # its figures mean nothing): a 4-layer model, T 256 and 512, 8 x 256 tokens a step.
 # STRATA_PYTHON: the python with torch and transformers (default python3).
 
-py="${STRATA_PYTHON:-python3}"
+# Python runs with the loader path it had before --deps-prefix's libraries were put first
+# (Debian 12's libraries are older than the ones torch's wheels were built against).
+py_env=(env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}")
+[ -n "$deps" ] && py_env=(env LD_LIBRARY_PATH="${LD_LIBRARY_PATH#"$deps/usr/lib/x86_64-linux-gnu:"}")
+py=("${py_env[@]}" "${STRATA_PYTHON:-python3}")
 work="$(mktemp -d)"
 steps=4  # optimizer steps of the streamed run that are recorded; the first is its warm-up
 if [ "$backend" = cuda ]; then
@@ -92,12 +96,12 @@ strata="$build/strata"
 train_args=(data.path="$work/tokens.json" model.config="$(realpath "$config")" data.sequence_len="$seq"
             train.global_batch_size="$rows" train.max_steps=$((steps + 1)) device.backend="$backend"
             device.memory="$memory" checkpoint.output_dir="$work/run")
-step tokens "$py" scripts/gpu_scale.py tokens --config "$config" --rows $((rows * (steps + 1))) --seq "$seq" \
+step tokens "${py[@]}" scripts/gpu_scale.py tokens --config "$config" --rows $((rows * (steps + 1))) --seq "$seq" \
   --out "$work/tokens.json"
 phase attention 60 140 "$build/strata-bench" attention --backend "$backend" "${attn[@]}"
-phase sdpa 60 130 "$py" scripts/gpu_scale.py sdpa --device "$backend" "${attn[@]:0:8}"
+phase sdpa 60 130 "${py[@]}" scripts/gpu_scale.py sdpa --device "$backend" "${attn[@]:0:8}"
 phase estimate 30 120 "$strata" estimate recipes/gpu-scale/recipe.toml "${gpu_args[@]}" --json "${train_args[@]}"
-gemm=$(python3 -c 'import json,sys
+gemm=$("${py_env[@]}" python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     if l.startswith("{"): print(json.loads(l)["attention"]["gemm_flops_per_s"])' "$out/attention.log" 2>/dev/null)
 if [ -n "$gemm" ] && [ "$backend" = cuda ]; then
@@ -117,12 +121,12 @@ fi
 cp "$work/run/metrics.jsonl" "$out/train_metrics.jsonl" 2>/dev/null
 cp "$work/run/plan.json" "$out/train_plan.json" 2>/dev/null
 left=$((deadline - SECONDS - 5))
-phase transformers 200 5 "$py" scripts/gpu_scale.py train --device "$backend" --config "$config" \
+phase transformers 200 5 "${py[@]}" scripts/gpu_scale.py train --device "$backend" --config "$config" \
   --data "$work/tokens.json" --seq "$seq" --global-batch "$rows" --steps 3 --time-budget $((left * 2 / 5))
 cp "$config" "$out/config.json"
 rm -rf "$work"
 
-python3 scripts/gpu_scale.py summary "$out" --config "$out/config.json" --seq "$seq" --global-batch "$rows" --steps "$steps" \
+"${py_env[@]}" python3 scripts/gpu_scale.py summary "$out" --config "$out/config.json" --seq "$seq" --global-batch "$rows" --steps "$steps" \
   --backend "$backend" --budget "$budget" --elapsed "$SECONDS" --failed "${failed[*]}" | tee "$out/scale.json"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_check: failed: ${failed[*]}"
