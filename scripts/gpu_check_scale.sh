@@ -1,9 +1,9 @@
 # shellcheck shell=bash disable=SC2154,SC2317,SC2054  # sourced by gpu_check.sh (its variables); commas are sizes
 # The GPU scale check: `bash scripts/gpu_check.sh OUT_DIR --scale [--deps-prefix DIR]
 # [--backend cuda|cpu] [--no-build]` sources this after its option parsing and `machine` step
-# (it uses step, out, build, backend, build_it, cmake_args, failed). One device call of at most
-# 6 minutes including the build (sm_90 only, no tests), each phase under a timeout drawn from
-# what is left of STRATA_SCALE_BUDGET_S (345 s on cuda):
+# (it uses their step, out, work, build, backend, deps, build_it, cmake_args and failed). One
+# device call of at most 6 minutes including the build (sm_90 only, no tests), each phase under
+# a timeout drawn from what is left of STRATA_SCALE_BUDGET_S (345 s on cuda):
 #   build        strata and strata-bench
 #   attention    (a) strata-bench attention, T 4096 and 8192, 32 query / 8 KV heads, D 128, bf16,
 #                and the device's bf16 GEMM rate (8192^3, random operands)
@@ -24,7 +24,7 @@
 py_env=(env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}")
 [ -n "$deps" ] && py_env=(env LD_LIBRARY_PATH="${LD_LIBRARY_PATH#"$deps/usr/lib/x86_64-linux-gnu:"}")
 py=("${py_env[@]}" "${STRATA_PYTHON:-python3}")
-work="$(mktemp -d)"
+# work: the parent's temporary folder (tokens, the tiny config, the run dir), removed at the end
 steps=4  # optimizer steps of the streamed run that are recorded; the first is its warm-up
 if [ "$backend" = cuda ]; then
   budget="${STRATA_SCALE_BUDGET_S:-345}"
@@ -43,7 +43,7 @@ else
   attn=(--tokens 256,512 --heads 4 --kv-heads 2 --head-dim 64 --gemm 512)
   gpu_args=()
 fi
-deadline=$((SECONDS + budget))
+deadline=$budget  # SECONDS counts from the start of gpu_check.sh
 : > "$out/phases.tsv"
 
 # phase NAME CAP RESERVE COMMAND...: step NAME under a timeout of CAP seconds, or less so that
