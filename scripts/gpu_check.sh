@@ -7,6 +7,7 @@
 # step's output goes to OUT_DIR (one log per step); a failed step is reported and the rest run.
 #
 #   bash scripts/gpu_check.sh OUT_DIR [--deps-prefix DIR] [--backend cuda|cpu] [--no-build] [--stop-after N]
+#   bash scripts/gpu_check.sh OUT_DIR --scale [--deps-prefix DIR] [--backend cuda|cpu] [--no-build]
 #
 # --deps-prefix DIR: the build's libraries (oneDNN, toml++, liburing, ...) are unpacked under
 #   DIR/usr instead of installed (e.g. `dpkg -x` of Debian 12's .deb files on a machine without
@@ -16,14 +17,19 @@
 # --stop-after N: for leases of limited GPU time, the emulated suite (the `cuda-emu` label, run
 #   last: the same sources run under the emulator on every CI machine) is stopped once the whole
 #   check has run N seconds (it reports the tests that did not finish as failed).
+# --scale: the scale check instead (scripts/gpu_check_scale.sh: one device call of at most 6
+#   minutes, build included): attention forward + backward against torch's SDPA, a streamed
+#   full fine-tuning run of a 3B Llama-shaped model at 64k tokens a step against `strata
+#   estimate` and against transformers + PyTorch training it in GPU memory; one JSON line.
 # The build makes only what the check runs: strata, strata-bench and the CUDA test binaries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: bash scripts/gpu_check.sh OUT_DIR [--deps-prefix DIR] [--backend cuda|cpu] [--no-build]}"
 shift
-deps="" backend=cuda build_it=1 stop_after=0
+deps="" backend=cuda build_it=1 stop_after=0 scale=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --scale) scale=1; shift ;;
     --no-build) build_it=0; shift ;;
     --deps-prefix) deps="$2"; shift 2 ;;
     --backend) backend="$2"; shift 2 ;;
@@ -42,7 +48,11 @@ step() {  # step NAME COMMAND...: runs COMMAND with its output in OUT_DIR/NAME.l
 }
 
 cmake_args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_FUZZ=OFF -DSTRATA_CUDA_EMU_TSAN=OFF)
-if [ "$backend" = cuda ]; then
+if [ "$scale" = 1 ]; then  # the scale check's build: the two programs, Hopper only, no tests
+  cmake_args+=(-DSTRATA_TESTS=OFF)
+  [ "$backend" = cuda ] && cmake_args+=(-DSTRATA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+  [ "$backend" = cuda ] || cmake_args+=(-DSTRATA_CUDA=OFF)
+elif [ "$backend" = cuda ]; then
   cmake_args+=(-DSTRATA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native)
 else
   cmake_args+=(-DSTRATA_CUDA=OFF)
@@ -61,6 +71,9 @@ machine() {
   nproc; uname -r
 }
 step machine machine
+if [ "$scale" = 1 ]; then
+  . scripts/gpu_check_scale.sh  # runs the scale check and exits
+fi
 targets=(strata strata-bench strata_cuemu_tests strata_cuda_emu_tests)
 [ "$backend" = cuda ] && targets+=(strata_cuda_tests)
 [ "$build_it" = 1 ] && step build bash -c "cmake ${cmake_args[*]@Q} && cmake --build '$build' -j\$(nproc) --target ${targets[*]} -- -k 0"

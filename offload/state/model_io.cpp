@@ -1,13 +1,20 @@
 #include "offload/state/model_io.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
 #include <vector>
 #include <random>
 
 #include "io/safetensors.h"
 #include "src/core/error.h"
+#include "src/core/threads.h"
 
 namespace strata {
 
@@ -28,23 +35,119 @@ void model_load_weights(HostStore& store, const std::string& dir, const LoraAdap
   }
 }
 
-void model_init_weights(HostStore& store, uint64_t seed, double std) {
-  const ModelSpec& spec = store.spec();
-  std::vector<float> buf;
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    const TensorSpec& r = spec.params[i];
-    buf.assign(size_t(r.numel()), 0.f);
-    const bool is_norm = r.name.find("norm") != std::string::npos;
-    if (r.shape.size() == 2) {
-      // one generator per tensor, seeded by (seed, row): adding a tensor never shifts others
-      std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + i);
-      std::normal_distribution<double> dist(0.0, std);
-      for (auto& x : buf) x = float(dist(rng));
-    } else if (is_norm) {
-      for (auto& x : buf) x = 1.f;
-    }
-    store.set_param(i, buf.data());
+namespace {
+
+// Tensor i's initial values: matrices N(0, std) from one generator per tensor, seeded by (seed, i)
+// (adding a tensor never shifts the others, and any order of generation gives the same bits),
+// norms 1, the rest (biases) 0.
+void init_tensor_values(const TensorSpec& r, size_t i, uint64_t seed, double std, std::vector<float>& buf) {
+  buf.assign(size_t(r.numel()), 0.f);
+  const bool is_norm = r.name.find("norm") != std::string::npos;
+  if (r.shape.size() == 2) {
+    std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + i);
+    std::normal_distribution<double> dist(0.0, std);
+    for (auto& x : buf) x = float(dist(rng));
+  } else if (is_norm) {
+    for (auto& x : buf) x = 1.f;
   }
+}
+
+}  // namespace
+
+void model_init_weights(HostStore& store, uint64_t seed, double std) {
+  // A generator runs sequentially within its tensor (~15-25 ns a value: a minute for 3B values on
+  // one thread), so tensors are generated side by side on cpu_threads_count() - 1 threads, as long
+  // as the values in flight fit in the largest tensor's (the host memory the placement plan
+  // counts for this phase: "weight initialisation (one tensor)"), and this thread hands each
+  // finished tensor to the store, as the sequential loop did.
+  const ModelSpec& spec = store.spec();
+  const size_t count = spec.params.size();
+  const int threads = cpu_threads_count();
+  std::vector<float> buf;
+  if (threads <= 1 || count <= 1) {
+    for (size_t i = 0; i < count; ++i) {
+      init_tensor_values(spec.params[i], i, seed, std, buf);
+      store.set_param(i, buf.data());
+    }
+    return;
+  }
+  size_t budget = 0;
+  for (size_t i = 0; i < count; ++i) budget = std::max(budget, size_t(spec.params[i].numel()));
+  std::mutex mu;
+  std::condition_variable changed;
+  size_t next = 0, in_flight = 0;  // the next tensor to generate; values generated or generating
+  std::vector<std::pair<size_t, std::vector<float>>> ready;  // generated, not yet in the store
+  std::exception_ptr failure;
+  bool stop = false;
+  auto generate = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      changed.wait(lock, [&] {
+        return stop || next == count || in_flight == 0 || in_flight + size_t(spec.params[next].numel()) <= budget;
+      });
+      if (stop || next == count) return;
+      const size_t i = next++;
+      in_flight += size_t(spec.params[i].numel());
+      lock.unlock();
+      std::vector<float> values;
+      std::exception_ptr error;
+      try {
+        init_tensor_values(spec.params[i], i, seed, std, values);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      if (error && !failure) failure = error;
+      ready.emplace_back(i, std::move(values));
+      changed.notify_all();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads && size_t(t) <= count; ++t) {
+    try {
+      pool.emplace_back(generate);
+    } catch (const std::system_error&) {  // no more threads: the ones made do the work
+      break;
+    }
+  }
+  auto join = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    changed.notify_all();
+    for (auto& t : pool) t.join();
+  };
+  try {
+    for (size_t done = 0; done < count; ++done) {
+      std::pair<size_t, std::vector<float>> item;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (pool.empty()) {  // no generator thread could start: generate here
+          item.first = next++;
+          in_flight += size_t(spec.params[item.first].numel());
+          init_tensor_values(spec.params[item.first], item.first, seed, std, item.second);
+        } else {
+          changed.wait(lock, [&] { return !ready.empty() || failure; });
+          if (failure) std::rethrow_exception(failure);
+          item = std::move(ready.back());
+          ready.pop_back();
+        }
+      }
+      store.set_param(item.first, item.second.data());
+      const size_t n = item.second.size();
+      item.second = std::vector<float>();  // its values leave the budget with it
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        in_flight -= n;
+      }
+      changed.notify_all();
+    }
+  } catch (...) {
+    join();
+    throw;
+  }
+  join();
 }
 
 void model_save_hf(const HostStore& store, const std::string& dir, DType dtype,

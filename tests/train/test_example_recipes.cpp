@@ -38,4 +38,10 @@ TEST_CASE("the example shapes are Llama-3.1-8B and Qwen3-8B", "[recipe]") {
   CHECK(qwen.layers.size() == 36);
 }
 
+TEST_CASE("the GPU scale check's model has the 3.02B parameters its docs state", "[recipe]") {
+  ModelSpec scale = model_spec_build(hf_config_load(testing::source_path("recipes/gpu-scale")), DType::bf16);
+  CHECK(scale.parameter_count() == 3015355392);  // docs/benchmarks.md, scripts/gpu_scale.py param_count
+  CHECK(scale.layers.size() == 28);
+}
+
 }  // namespace strata

@@ -77,28 +77,6 @@ double measure_link_bytes_per_s(Device& dev) {
   return bench_median(rates);
 }
 
-// The device's bf16 GEMM rate (f32 accumulate) on a square product large enough to saturate it.
-double measure_gemm_flops(Device& dev, int64_t n) {
-  const size_t ab_bytes = size_t(n * n) * sizeof(bf16);
-  void* a = dev.alloc(ab_bytes, "bench gemm a");
-  void* b = dev.alloc(ab_bytes, "bench gemm b");
-  auto* c = static_cast<float*>(dev.alloc(size_t(n * n) * sizeof(float), "bench gemm c"));
-  dev.memset_zero(a, ab_bytes, Stream::compute);
-  dev.memset_zero(b, ab_bytes, Stream::compute);
-  std::vector<double> rates;
-  for (int i = 0; i < 6; ++i) {
-    dev.stream_synchronize(Stream::compute);
-    auto t0 = Clock::now();
-    for (int r = 0; r < 4; ++r) dev.matmul(c, a, b, DType::bf16, n, n, n, false, true, 0.f, Stream::compute);
-    dev.stream_synchronize(Stream::compute);
-    if (i > 0) rates.push_back(4 * 2.0 * double(n) * n * n / std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  dev.free(c);
-  dev.free(b);
-  dev.free(a);
-  return bench_median(rates);
-}
-
 // Model FLOPs of one training step: 6 per parameter per token for the matmuls (forward, and
 // backward's two products) plus causal attention (QK^T and PV, forward 2, backward 4 products).
 double step_model_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
@@ -212,7 +190,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
     dopt.memory_bytes = parse_bytes(memory, "--device-memory");
     auto dev = device_create(dopt);
     bandwidth = measure_link_bytes_per_s(*dev);
-    gemm_flops = measure_gemm_flops(*dev, 8192);
+    gemm_flops = bench_gemm_flops(*dev, 8192);
   }
   PipelineRun streamed = run_pipeline(backend, deep, "stream", cuda ? 0 : bandwidth, batch, tokens, steps, memory, clip);
   const double transfer_s = streamed.link_bytes / bandwidth;

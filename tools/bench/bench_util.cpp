@@ -31,6 +31,43 @@ double bench_median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+std::vector<float> bench_noise_floats(size_t n, uint64_t seed, float amp) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (float& f : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    f = amp * (float(x >> 40) / float(1 << 23) - 1.f);  // 24 bits: [-amp, amp)
+  }
+  return v;
+}
+
+double bench_gemm_flops(Device& dev, int64_t n) {
+  const size_t count = size_t(n * n), ab_bytes = count * sizeof(bf16);
+  std::vector<bf16> host(count);
+  void* a = dev.alloc(ab_bytes, "bench gemm a");  // (n, n) bf16
+  void* b = dev.alloc(ab_bytes, "bench gemm b");  // (n, n) bf16
+  auto* c = static_cast<float*>(dev.alloc(count * sizeof(float), "bench gemm c"));  // (n, n)
+  for (void* dst : {a, b}) {
+    const std::vector<float> noise = bench_noise_floats(count, dst == a ? 1 : 2);
+    for (size_t i = 0; i < count; ++i) host[i] = f32_to_bf16(noise[i]);
+    dev.copy_h2d(dst, host.data(), ab_bytes, Stream::compute);
+    dev.stream_synchronize(Stream::compute);
+  }
+  std::vector<double> rates;
+  for (int i = 0; i < 6; ++i) {
+    dev.stream_synchronize(Stream::compute);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < 4; ++r) dev.matmul(c, a, b, DType::bf16, n, n, n, false, true, 0.f, Stream::compute);
+    dev.stream_synchronize(Stream::compute);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i > 0) rates.push_back(4 * 2.0 * double(n) * double(n) * double(n) / s);  // the first is the warm-up
+  }
+  dev.free(c);
+  dev.free(b);
+  dev.free(a);
+  return bench_median(rates);
+}
+
 bool bench_pass_args(const std::vector<std::string>& args, NvmePassArgs& a, void (*usage)(FILE*),
                      const std::function<bool(const std::string&, const std::string&)>& own) {
   for (size_t i = 0; i < args.size(); ++i) {

@@ -1,6 +1,7 @@
 // What the strata-bench subcommands share: running a command and reading its output, the median
-// of timed rounds, and the NVMe file engine's sequential pass with its command-line options
-// (bench_nvme.cpp against fio, bench_nvme_checksum.cpp with 1 against N checksum threads).
+// of timed rounds, a device's bf16 GEMM rate (pipeline, attention), and the NVMe file engine's
+// sequential pass with its command-line options (bench_nvme.cpp against fio,
+// bench_nvme_checksum.cpp with 1 against N checksum threads).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "io/uring_file.h"
+#include "src/device/device.h"
 
 namespace strata::bench {
 
@@ -17,6 +19,13 @@ std::string bench_run_capture(const std::string& cmd, int* status);
 
 // The middle value (the mean of the two middle ones for an even count); NaN for none.
 double bench_median(std::vector<double> v);
+
+// Uniform noise in [-amp, amp) from `seed` (a bench's inputs: never zeros, METHOD of measuring).
+std::vector<float> bench_noise_floats(size_t n, uint64_t seed, float amp = 1.f);
+
+// The device's bf16 GEMM rate (f32 accumulate) on an n x n x n product of random operands (the
+// median of 5 rounds of 4 products after a warm-up), for MFU against the rate measured in a run.
+double bench_gemm_flops(Device& dev, int64_t n);
 
 // A sequential pass over one file: its path's directory, size, block, queue depth, rounds.
 struct NvmePassArgs {

@@ -11,6 +11,7 @@
 namespace strata::bench {
 // One entry per subcommand, defined in tools/bench/bench_<name>.cpp.
 int bench_adamw(const std::vector<std::string>& args);     // the host AdamW against STREAM and torch
+int bench_attention(const std::vector<std::string>& args);  // the device's attention forward + backward
 int bench_pipeline(const std::vector<std::string>& args);  // a streamed step against its compute and link
 int bench_zo(const std::vector<std::string>& args);        // z generation and the ZO-SGD update
 int bench_nvme(const std::vector<std::string>& args);      // the NVMe file engine against fio
@@ -31,6 +32,7 @@ struct BenchCommand {
 // What each measures; `strata-bench <name> --help` gives its options.
 const BenchCommand kBenchCommands[] = {
     {"adamw", strata::bench::bench_adamw, "CPU AdamW params/s against a STREAM-triad bound and torch.optim.AdamW"},
+    {"attention", strata::bench::bench_attention, "the device's causal GQA attention forward + backward, TFLOP/s"},
     {"pipeline", strata::bench::bench_pipeline, "the streaming engine on the CPU backend with a throttled link"},
     {"zo", strata::bench::bench_zo, "the ZO host side: z generation and the ZO-SGD update against a plain pass"},
     {"nvme", strata::bench::bench_nvme, "sequential write and read through strata's NVMe file engine against fio"},
