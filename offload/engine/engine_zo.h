@@ -109,14 +109,14 @@ struct ZoParallel {
 class ZoEngine;
 // The step's perturbed passes and its queued update; `step` is 1-based. Throws (bad input) when a
 // loss is not finite. `micro` is this rank's share of the step (all of it on one rank); `counted`
-// the labelled tokens of the whole step. The q x micro-batches pairs (perturbation-major) run g at
-// a time (the engine's group: 1, one dual forward per run; q x k, the whole step in one run).
-// With several ranks (comm given, layout `par`) each rank
-// computes its side's summed loss of each of its micro-batches, one all-reduce of those scalars
-// (q x micro-batches x 2 doubles, each filled by one rank, zeros elsewhere: the sum is exact)
-// gives every rank all of them, and each sums them in the single-process order: the losses, the
-// projected gradients and hence the update are bit-identical to one process running the whole
-// step.
+// the labelled tokens of the whole step. Its q x micro-batches (perturbation, micro-batch) pairs,
+// perturbation-major, run g at a time (the engine's group: 1, one dual forward per run; q x k,
+// the whole step in one run): the same bits either way. With several ranks (comm given, layout
+// `par`) each rank computes its side's summed loss of each of its micro-batches, one all-reduce
+// of those scalars (q x micro-batches x 2 doubles, each filled by one rank, zeros elsewhere: the
+// sum is exact) gives every rank all of them, and each sums them in the single-process order:
+// the losses, the projected gradients and hence the update are bit-identical to one process
+// running the whole step.
 ZoStepOutcome zo_step_run(ZoEngine& engine, const ZoStepOptions& options, const std::vector<MicroBatch>& micro,
                           int64_t counted, int64_t step, double lr, double weight_decay, const ZoParallel& par = {},
                           Comm* comm = nullptr);
