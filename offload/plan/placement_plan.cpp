@@ -319,8 +319,6 @@ size_t RunPlan::bytes_of(const std::string& kind) const {
 
 std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInputs& in) {
   if (in.optimizer_kind == OptimizerKind::zo_sgd) return "";  // no gradients: only the branches' hidden states
-  if (in.optimizer_kind != OptimizerKind::adamw)
-    return str_cat("optim.type = \"", optimizer_kind_name(in.optimizer_kind), "\" has no backward to accumulate");
   if (in.ranks > 1) return "data parallel runs all-reduce each micro-batch's gradient (one rank only in this version)";
   if (spec.lm_head == kAbsent && !in.lora.enabled())
     return "a tied lm_head's gradient shares the embedding's rows with every micro-batch's scatter-add, so a sum "
