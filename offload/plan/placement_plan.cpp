@@ -318,8 +318,7 @@ size_t RunPlan::bytes_of(const std::string& kind) const {
 }
 
 std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInputs& in) {
-  if (in.optimizer_kind != OptimizerKind::adamw)
-    return str_cat("optim.type = \"", optimizer_kind_name(in.optimizer_kind), "\" has no backward to accumulate");
+  if (in.optimizer_kind == OptimizerKind::zo_sgd) return "";  // no gradients: only the branches' hidden states
   if (in.ranks > 1) return "data parallel runs all-reduce each micro-batch's gradient (one rank only in this version)";
   if (spec.lm_head == kAbsent && !in.lora.enabled())
     return "a tied lm_head's gradient shares the embedding's rows with every micro-batch's scatter-add, so a sum "
@@ -328,6 +327,11 @@ std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInpu
     return "offload.recompute = \"never\" keeps one micro-batch's activations per layer, and a layer-major pass "
            "runs several through each layer";
   return "";
+}
+
+int64_t placement_layer_major_group(const PlanInputs& in) {
+  if (in.optimizer_kind == OptimizerKind::zo_sgd) return in.accumulation_steps * std::max<int64_t>(1, in.zo_perturbations);
+  return in.accumulation_steps;
 }
 
 HostStoreOptions run_plan_store_options(const RunPlan& plan) {

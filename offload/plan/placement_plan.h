@@ -56,15 +56,16 @@ struct PlanInputs {
   int64_t micro_batch = 1, sequence_len = 1;
   // offload.accumulation over gradient_accumulation_steps micro-batches per step: layer_major runs
   // them through each layer together (the engine holds g = steps of every per-micro-batch buffer
-  // and g checkpoints per layer: EngineOptions::group); micro_batch one at a time; automatic:
-  // layer_major where it applies (placement_layer_major_obstacle) and fits.
+  // and g checkpoints per layer: EngineOptions::group; zo-sgd: g = zo_perturbations x steps, two
+  // branches' hidden states each); micro_batch one at a time; automatic: layer_major where it
+  // applies (placement_layer_major_obstacle) and fits.
   AccumulationMode accumulation = AccumulationMode::micro_batch;
   int64_t accumulation_steps = 1;
   int ranks = 1;                     // data-parallel ranks (layer-major: one rank only)
   // optim.max_grad_norm > 0: the update waits for every gradient of the step (the global norm);
   // false: each group's update starts as its gradient lands in the last backward (trainer.cpp).
   bool clip_grad = true;
-  int64_t zo_perturbations = 1;      // optim.zo_perturbations (zo-sgd: dual forwards per micro-batch)
+  int64_t zo_perturbations = 1;      // optim.zo_perturbations (zo-sgd: perturbations per step)
   int64_t head_chunk_rows = 0;       // 0: the engine's default (EngineOptions::head_chunk_rows)
   DType save_dtype = DType::bf16;    // checkpoint.save_dtype: the HF export's dtype
   bool load_from_dir = false;        // weights are read from safetensors (else initialised)
@@ -151,6 +152,7 @@ struct RunPlan {
   int64_t micro_batch = 1, sequence_len = 1;  // the engine's capacity (rows, tokens per row)
   int64_t accumulation_steps = 1;     // micro-batches per optimizer step (the split the plan ran at)
   int64_t group = 1;                  // micro-batches per engine pass: k layer-major, 1 micro_batch
+                                      // (zo-sgd: (perturbation, micro-batch) pairs: q x k, or 1)
   int64_t head_chunk_rows = 0;        // 0: the engine's default
   GenerationPlan generation;          // a generation run's decisions (generation.active)
   // -- what each kind of state costs, and where
@@ -201,11 +203,14 @@ RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t g
 // CUDA 12/13 context on a Hopper card takes ~0.5 GiB, NCCL and the allocator's rounding more.
 inline constexpr size_t kGpuContextReserve = size_t(1) << 30;
 
-// Why a layer-major schedule does not apply to these inputs ("" when it does): zo-sgd, several
-// ranks, recompute = never, or a tied lm_head outside LoRA mode (its gradient shares the
+// Why a layer-major schedule does not apply to these inputs ("" when it does): first order with
+// several ranks, recompute = never, or a tied lm_head outside LoRA mode (its gradient shares the
 // embedding's rows with each micro-batch's scatter, so summing it on the device would change the
-// sums' order).
+// sums' order). zo-sgd: always applies (no gradients; ranks exchange loss scalars only).
 std::string placement_layer_major_obstacle(const ModelSpec& spec, const PlanInputs& in);
+// What one layer-major pass runs together (RunPlan::group): first order, the step's k micro-
+// batches; zo-sgd, its q perturbations x k micro-batches (every perturbed pass of the step).
+int64_t placement_layer_major_group(const PlanInputs& in);
 
 // The host store's and the engine's options for a plan (the store: the optimizer's arrays, their
 // tier and NVMe directory, or the weights alone for a generation plan; the engine: modes,

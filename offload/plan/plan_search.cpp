@@ -121,7 +121,7 @@ struct Search {
     if (v.weights == WeightsMode::automatic)
       weights = v.optimizer_kind == OptimizerKind::zo_sgd ? std::vector<WeightsMode>{WeightsMode::stream}
                                                           : std::vector<WeightsMode>{WeightsMode::device, WeightsMode::stream};
-    const int64_t k = v.accumulation_steps;
+    const int64_t k = placement_layer_major_group(v);  // zo-sgd: its q x k perturbed pairs
     std::vector<int64_t> passes = {1};
     if (k > 1 && v.accumulation != AccumulationMode::micro_batch) {
       const std::string obstacle = placement_layer_major_obstacle(spec, v);
@@ -463,7 +463,7 @@ bool placement_fits(const ModelSpec& spec, const PlanInputs& in, const PlanBudge
   PlanInputs lean = in;
   if (lean.weights == WeightsMode::automatic) lean.weights = WeightsMode::stream;
   if (lean.accumulation == AccumulationMode::automatic) lean.accumulation = AccumulationMode::micro_batch;
-  const int64_t group = lean.accumulation == AccumulationMode::layer_major ? lean.accumulation_steps : 1;
+  const int64_t group = lean.accumulation == AccumulationMode::layer_major ? placement_layer_major_group(lean) : 1;
   PlanChoice c;
   if (placement_plan_at(spec, lean, group, budgets, c).fits()) return true;
   const bool nvme = !budgets.nvme_dir.empty();

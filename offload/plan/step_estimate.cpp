@@ -265,21 +265,24 @@ FirstOrderTransfers first_order_transfers(const ModelSpec& spec, const PlanInput
   return t;
 }
 
-// optim.type = "zo-sgd" (offload/engine/engine_zo.cpp run): per dual forward the tokens, both
-// passes' embedding output (gathered and perturbed on the host), every layer and lm_head chunk
-// the slot cache does not hold, the final norm once per step (stale after the update), the two
-// losses back.
-StepBytes zo_step_bytes(const ModelSpec& spec, const PlanInputs& in, int64_t dual_forwards) {
+// optim.type = "zo-sgd" (offload/engine/engine_zo.cpp run): q x k (perturbation, micro-batch)
+// pairs, perturbation-major, run g = `group` at a time (1, or all of them layer-major); per run
+// every layer and lm_head chunk the slot cache does not hold and the tokens of each of its
+// micro-batches (min(run, k) of them), the final norm once per step (stale after the update); per
+// pair both passes' embedding output (gathered and perturbed on the host) and the two losses back.
+StepBytes zo_step_bytes(const ModelSpec& spec, const PlanInputs& in, int64_t k, int64_t q, int64_t group) {
   const HostStoreLayout layout = HostStore::layout(spec);
-  const EngineShape shape = placement_engine_shape(spec, layout, in, 1);
+  const EngineShape shape = placement_engine_shape(spec, layout, in, group);
   const double N = double(in.micro_batch * in.sequence_len), act = double(shape.activation_bytes());
+  const int64_t pairs = k * q;
   TransferWalk w(spec, layout, shape);
-  for (int64_t d = 0; d < dual_forwards; ++d) {
-    w.b.h2d += 4 * 4 * N + 2 * act;
+  for (int64_t first = 0; first < pairs; first += group) {
+    const int64_t run = std::min(group, pairs - first);
+    w.b.h2d += double(std::min(run, k)) * 4 * 4 * N + double(run) * 2 * act;
     for (size_t i = 0; i < shape.layers; ++i) w.layer(i);
     w.norm_and_resident_head();
-    for (size_t k = 0; k < shape.head_chunks; ++k) w.head(k);
-    w.b.d2h += 2 * sizeof(double);
+    for (size_t c = 0; c < shape.head_chunks; ++c) w.head(c);
+    w.b.d2h += double(run) * 2 * sizeof(double);
   }
   return w.b;
 }
@@ -288,7 +291,8 @@ StepBytes zo_step_bytes(const ModelSpec& spec, const PlanInputs& in, int64_t dua
 
 StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, int64_t grad_accum) {
   if (in.optimizer_kind == OptimizerKind::zo_sgd)
-    return zo_step_bytes(spec, in, grad_accum * std::max<int64_t>(1, in.zo_perturbations));
+    return zo_step_bytes(spec, in, grad_accum, std::max<int64_t>(1, in.zo_perturbations),
+                         std::clamp<int64_t>(plan.group, 1, grad_accum * std::max<int64_t>(1, in.zo_perturbations)));
   return first_order_transfers(spec, in, plan, grad_accum).bytes;
 }
 
@@ -340,17 +344,21 @@ double total_seconds(const DeviceWork& w, const StepRates& rates) {
 }
 
 // The zeroth-order step (offload/engine/engine_zo.h): q x grad_accum dual forwards, each two
-// forward passes of one micro-batch (the layers' forward and the head's statistics, twice) and
-// the weights once over the link; then the ZO-SGD update on the host (step_zo_bytes_per_param),
-// queued group by group, which the next step's first dual forward follows group by group: what
-// of it exceeds one dual forward shows (on the CPU backend it shares the cores: all of it).
+// forward passes of one micro-batch (the layers' forward and the head's statistics, twice), run
+// `group` at a time (plan.group: 1, or all of them layer-major) with the weights once over the
+// link per run; then the ZO-SGD update on the host (step_zo_bytes_per_param), queued group by
+// group, which the next step's first run follows group by group: what of it exceeds one run
+// shows (on the CPU backend it shares the cores: all of it).
 StepEstimate zo_step_estimate(const ModelSpec& spec, const PlanInputs& in, int64_t grad_accum, int64_t q,
-                              const StepRates& rates) {
+                              int64_t group, const StepRates& rates) {
   const double tokens = double(in.micro_batch) * double(in.sequence_len);
   const double passes = double(grad_accum) * double(q);
+  const int64_t pairs = grad_accum * q;
+  group = std::clamp<int64_t>(group, 1, pairs);
+  const double runs = double((pairs + group - 1) / group);
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
-  e.bytes = zo_step_bytes(spec, in, grad_accum * q);
+  e.bytes = zo_step_bytes(spec, in, grad_accum, q, group);
   DeviceWork dual = layers_forward_work(spec, in.micro_batch, in.sequence_len);
   dual.head_flops = 2 * tokens * double(spec.config.vocab_size) * double(spec.config.hidden_size);
   dual = dual * 2.0;
@@ -369,9 +377,9 @@ StepEstimate zo_step_estimate(const ModelSpec& spec, const PlanInputs& in, int64
     e.optimizer_exposed_s = update;
     e.seconds = std::max(compute + host + update, link);
   } else {
-    const double dual_s = std::max(compute, link) / passes;
-    e.optimizer_exposed_s = std::max(0.0, update - dual_s);
-    e.seconds = passes * dual_s + e.optimizer_exposed_s;
+    const double run_s = std::max(compute, link) / runs;
+    e.optimizer_exposed_s = std::max(0.0, update - run_s);
+    e.seconds = runs * run_s + e.optimizer_exposed_s;
   }
   e.components = {{"compute", compute}, {"link", link}, {"nvme", 0}, {"checksum", 0}, {"optimizer", update}, {"host", host}};
   name_bottleneck(e);
@@ -559,7 +567,8 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   STRATA_CHECK(rates.device_flops_per_s > 0 && rates.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
                "and the link's bandwidth (--gpu NAME, or the recipe's device)");
   if (in.optimizer_kind == OptimizerKind::zo_sgd)
-    return zo_step_estimate(spec, in, grad_accum, std::max<int64_t>({1, zo_perturbations, in.zo_perturbations}), rates);
+    return zo_step_estimate(spec, in, grad_accum, std::max<int64_t>({1, zo_perturbations, in.zo_perturbations}),
+                            plan.group, rates);
   const LoraOptions& lora = plan.lora.enabled() ? plan.lora : in.lora;
   const double tokens = double(in.micro_batch) * double(in.sequence_len), k = double(grad_accum);
   const double passes = k / double(std::max<int64_t>(1, plan.group));

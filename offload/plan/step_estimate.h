@@ -14,8 +14,9 @@
 // its device copies are never stale, so resident weights cross once per run and streamed ones
 // keep the slot cache from one step to the next; the adapters' gradients come back and the
 // adapters go up once per step (each micro-batch's gradients with several ranks). ZO-SGD: per
-// dual forward the tokens, both passes' embedding output and every weight the slot cache does not
-// hold (the final norm once per step), the two losses back; nothing on NVMe.
+// dual forward the tokens, both passes' embedding output and the two losses back; every weight
+// the slot cache does not hold once per run of plan.group dual forwards (1; or the step's q x k,
+// layer-major: the weights once per step), the final norm once per step; nothing on NVMe.
 //
 // Time per optimizer step (k micro-batches, passes of g = plan.group: 1, or k layer-major):
 //   compute    the device's work per micro-batch (DeviceWork: the GEMMs with the backward's
@@ -183,8 +184,8 @@ double model_flops_per_token(const ModelSpec& spec, int64_t T);
 
 // in.optimizer_kind = zo_sgd: the zeroth-order step instead (q perturbations: the larger of
 // zo_perturbations and in.zo_perturbations, both optim.zo_perturbations): q x grad_accum dual
-// forwards, each max(two forward passes, its transfers), plus the host ZO-SGD update beyond what
-// one dual forward hides (on the CPU backend all of it).
+// forwards in runs of plan.group, each run max(its forward passes, its transfers), plus the host
+// ZO-SGD update beyond what one run hides (on the CPU backend all of it).
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan,
                            int64_t grad_accum, const StepRates& rates, int64_t zo_perturbations = 1);
 

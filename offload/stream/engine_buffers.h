@@ -45,7 +45,8 @@ struct EngineOptions {
   LoraOptions lora;                   // r > 0: LoRA mode (frozen base, adapters resident; offload/state/lora.h)
   // Micro-batches one pass runs together, layer-major (offload.accumulation = "layer_major": the
   // step's k; 1 = the micro_batch schedule). Every per-micro-batch buffer has this many rows, and
-  // each layer keeps this many checkpoints (engine.cpp, "Layer-major passes").
+  // each layer keeps this many checkpoints (engine.cpp, "Layer-major passes"). The zeroth-order
+  // engine: (micro-batch, perturbation) pairs per run, q x k layer-major (engine_zo.h).
   int64_t group = 1;
 };
 

@@ -189,7 +189,7 @@ class TrainRun {
   StepRates plan_rates() const;
   void keep_resumed_split();
   void adopt_plan_split();
-  void say_accumulation() const;
+  void say_accumulation(const ModelSpec& spec) const;
   void release_model();
   void check_allocations_against_plan();
   void load_data();
@@ -388,7 +388,7 @@ void TrainRun::set_up_model() {
   }
   placement_plan_check(plan_);
   adopt_plan_split();
-  say_accumulation();
+  say_accumulation(spec);
   shared_store_ = dist_.choose_shared_store(rc_, plan_.optimizer_on_nvme);
 
   dev_ = device_create(dopt);
@@ -465,11 +465,34 @@ void TrainRun::adopt_plan_split() {
 }
 
 // The schedule over a step's micro-batches the plan chose (offload.accumulation), said at start.
-void TrainRun::say_accumulation() const {
+// zo-sgd: over its q x k dual forwards; where "auto" kept them one at a time because the
+// layer-major schedule does not fit, what does not fit.
+void TrainRun::say_accumulation(const ModelSpec& spec) const {
+  const char* asked = rc_.offload_accumulation.c_str();
   if (rc_.gradient_accumulation_steps > 1 && plan_.optimizer_kind == OptimizerKind::adamw)
-    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s\n", rc_.offload_accumulation.c_str(),
+    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s\n", asked,
                  plan_.group > 1 ? "layer-major, each layer's weights cross twice per optimizer step"
                                  : "one micro-batch at a time, each layer's weights cross twice per micro-batch");
+  const int64_t pairs = rc_.gradient_accumulation_steps * rc_.zo_perturbations;
+  if (plan_.optimizer_kind != OptimizerKind::zo_sgd || pairs <= 1 || !dist_.primary()) return;
+  if (plan_.group > 1) {
+    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": layer-major, the step's %ld dual forwards "
+                 "(%ld perturbation(s) x %ld micro-batch(es)) run through each layer while it is on the device: the "
+                 "weights cross once per step\n", asked, long(pairs), long(rc_.zo_perturbations),
+                 long(rc_.gradient_accumulation_steps));
+    return;
+  }
+  std::string why;
+  if (rc_.modes.accumulation == AccumulationMode::automatic) {
+    PlanInputs layer_major = plan_resolved_inputs(plan_in_, plan_);
+    layer_major.accumulation = AccumulationMode::layer_major;
+    const RunPlan p = placement_plan_at(spec, layer_major, pairs, budgets_, PlanChoice{});
+    why = p.fits() ? " (\"auto\": the layer-major schedule is not faster here)"
+                   : str_cat(" (\"auto\": the layer-major schedule's ", 2 * pairs, " branches' hidden states do not fit: ",
+                             p.problems.front(), ")");
+  }
+  std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": one dual forward at a time, the weights cross "
+               "once per dual forward (%ld per step)%s\n", asked, long(pairs), why.c_str());
 }
 
 // Frees the engine, the store and the device (reverse order of set_up_model), before any weight
@@ -538,8 +561,8 @@ void TrainRun::plan_with_data() {
     // checkpoints per layer: nothing is loaded yet, so the model is set up again, the choice
     // made with the rows counted (micro_batch where it fits, else exit 3 naming what to change)
     std::fprintf(stderr, "strata train: the tokenized data (%s) leaves no room for the layer-major schedule's %ld "
-                 "micro-batches per layer within the budgets; setting up again\n",
-                 format_bytes(plan_in_.data_bytes).c_str(), long(built_group_));
+                 "%s per layer within the budgets; setting up again\n", format_bytes(plan_in_.data_bytes).c_str(),
+                 long(built_group_), plan_.optimizer_kind == OptimizerKind::zo_sgd ? "dual forwards" : "micro-batches");
     release_model();
     set_up_model();
   }

@@ -1,6 +1,7 @@
 // One zeroth-order training step (optim.type = "zo-sgd", DESIGN §8b): for each of the q
 // perturbations j of step t (seed_j = zo_seed(train.seed, t, j), kernels/common/zo_rng.h), the
-// dual forward of every micro-batch of the step (offload/engine/engine_zo.h), then
+// dual forward of every micro-batch of the step (offload/engine/engine_zo.h; with
+// offload.accumulation layer-major all q x k of them in one run, the weights crossing once), then
 //   g_j = (ΣL+ − ΣL−) / counted / (2ε)
 // the projected gradient of the step's token-mean loss (gradient accumulation = more batches in
 // one estimate), and the ZO-SGD update of every group queued on the host with coefficients g_j / q

@@ -2,7 +2,8 @@
 // four golden families against the CPU backend, and the device's perturbation of the streamed
 // layers, norm and lm_head chunks against the same model perturbed on the host by the plain-loop
 // twin (kernels/cpu/ref/zo.h) and run clean on the same device: bit for bit, so the CUDA
-// perturbation is exactly the z the host regenerates for the update.
+// perturbation is exactly the z the host regenerates for the update. And a step's q x k dual
+// forwards run layer-major (one run, the weights once) give the bits one at a time gives.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "kernels/cpu/ref/zo.h"
 #include "offload/engine/engine_zo.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/offload/zo_schedule_testing.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -70,6 +72,28 @@ TEST_CASE("the ZO dual forward on the CUDA backend matches the CPU backend and t
       // on one backend, perturbing on the device equals perturbing on the host: the same bits
       CHECK(on_cuda.plus == host_perturbed_loss(*cuda, g, dtype, seed, eps));
       CHECK(on_cuda.minus == host_perturbed_loss(*cuda, g, dtype, seed, -eps));
+    }
+  }
+}
+
+TEST_CASE("ZO layer-major on the CUDA backend equals one dual forward at a time bit for bit, the weights crossing once", "[cuda-emu][zo][layer_major]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    // 4 layers and 4 lm_head chunks (25 of 97 vocab rows) through 2 slots each: none stays
+    const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 96, 4, 97, 256, dtype == DType::bf16}), dtype);
+    for (const auto& [k, q] : {std::pair<size_t, int>{2, 2}, {3, 1}, {3, 2}}) {
+      INFO(dtype_name(dtype) << ", k " << k << ", q " << q);
+      const std::vector<MicroBatch> micro = testing::zo_uneven_batches(k, 97);
+      const int64_t pairs = int64_t(k) * q;
+      const testing::ZoScheduleRun one = testing::zo_schedule_run(*cuda, spec, 4, micro, q, 1, 2, 25);
+      const testing::ZoScheduleRun major = testing::zo_schedule_run(*cuda, spec, 4, micro, q, pairs, 2, 25);
+      CHECK(testing::zo_schedule_runs_equal(one, major));
+      CHECK(major.steps[0].projected != major.steps[1].projected);  // the steps moved: the check can fail
+      for (size_t s = 0; s < 2; ++s) {
+        CHECK(major.weight_h2d[s] == major.W);
+        CHECK(one.weight_h2d[s] > major.W);
+      }
     }
   }
 }

@@ -1,8 +1,9 @@
 // The zeroth-order engine (offload/engine/engine_zo.h): its device footprint (flat in depth, below a
 // first-order forward-only pass), its link traffic (the weights once per dual forward, nothing
 // back but two losses), its update (ZO-SGD on the host master against the plain-loop twin), its
-// perturbation of the device copy (the same losses as a host store holding θ ± εz), and the
-// trainer's ZO step (src/train/zo_step.h: q perturbations, accumulated micro-batches).
+// perturbation of the device copy (the same losses as a host store holding θ ± εz), the
+// trainer's ZO step (src/train/zo_step.h: q perturbations, accumulated micro-batches), and the
+// layer-major run of a step's q x k dual forwards (the same bits as one at a time, the weights once).
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "src/core/align.h"
 #include "src/device/arena.h"
 #include "src/train/zo_step.h"
+#include "tests/offload/zo_schedule_testing.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -322,6 +324,81 @@ TEST_CASE("ZO parallel layouts: sides x data groups per distributed.zo", "[zo][t
   CHECK_THROWS_WITH(zo_parallel_layout(ZoParallelMode::perturbation, 0, 4), Catch::Contains("distributed.zo = \"2d\""));
   CHECK_THROWS_WITH(zo_parallel_layout(ZoParallelMode::pairs_by_data, 0, 3), Catch::Contains("even number of ranks"));
   CHECK_THROWS_WITH(zo_parallel_mode_parse("model"), Catch::Contains("\"data\", \"perturbation\" or \"2d\""));
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("ZO layer-major: a step's dual forwards in one run equal one at a time bit for bit, the weights crossing once", "[zo][engine][layer_major]") {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool tied : {false, true}) {
+      // 4 layers and 4 lm_head chunks (25 vocab rows) through 2 slots each: none is still in its
+      // slot when the next dual forward comes to it
+      const ModelSpec spec = model_spec_build(tiny_config(4, tied), dtype);
+      for (size_t k : {2, 3}) {
+        for (int q : {1, 2}) {
+          INFO(dtype_name(dtype) << (tied ? " tied" : " untied") << ", k " << k << ", q " << q);
+          auto dev = device_create(DeviceOptions{});
+          const std::vector<MicroBatch> micro = testing::zo_uneven_batches(k, 97);
+          const int64_t pairs = int64_t(k) * q;
+          const testing::ZoScheduleRun one = testing::zo_schedule_run(*dev, spec, 3, micro, q, 1, 2, 25);
+          const testing::ZoScheduleRun major = testing::zo_schedule_run(*dev, spec, 3, micro, q, pairs, 2, 25);
+          CHECK(testing::zo_schedule_runs_equal(one, major));
+          CHECK(major.steps[0].projected != major.steps[1].projected);  // the steps moved: the check can fail
+          REQUIRE(major.W == one.W);
+          for (size_t s = 0; s < 2; ++s) {
+            CHECK(major.weight_h2d[s] == major.W);  // once per step, whatever k and q
+            // one at a time: every layer and chunk per dual forward, the final norm (C f32) once per step
+            CHECK(one.weight_h2d[s] == size_t(pairs) * major.W - size_t(pairs - 1) * size_t(spec.config.hidden_size) * 4);
+          }
+          // the device holds 2 x pairs branches' hidden states and statistics: the table's rows
+          EngineOptions eo = capacity(2, 17);
+          eo.group = pairs;
+          eo.head_chunk_rows = 25;
+          CHECK(major.device_bytes == ZoEngine::device_bytes(spec, eo));
+          CHECK(major.device_bytes > one.device_bytes);
+          std::printf("zo %s %s k %zu q %d: weight bytes per step one at a time %.3f W, layer-major %.3f W; device "
+                      "%zu B against %zu B\n", dtype_name(dtype), tied ? "tied" : "untied", k, q,
+                      double(one.weight_h2d[1]) / double(one.W), double(major.weight_h2d[1]) / double(major.W),
+                      major.device_bytes, one.device_bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ZO layer-major: runs of fewer pairs than the step, and one side alone, give the same bits", "[zo][engine][layer_major]") {
+  const ModelSpec spec = model_spec_build(tiny_config(4, false), DType::bf16);
+  auto dev = device_create(DeviceOptions{});
+  const std::vector<MicroBatch> micro = testing::zo_uneven_batches(3, 97);
+  // 3 x 2 pairs two at a time: runs that split the micro-batches of one perturbation and join two
+  const testing::ZoScheduleRun one = testing::zo_schedule_run(*dev, spec, 8, micro, 2, 1, 2, 25);
+  const testing::ZoScheduleRun two = testing::zo_schedule_run(*dev, spec, 8, micro, 2, 2, 2, 25);
+  CHECK(testing::zo_schedule_runs_equal(one, two));
+  CHECK(two.weight_h2d[0] < one.weight_h2d[0]);
+  // perturbation parallel runs one side per rank: each side of a layer-major run alone
+  HostStoreOptions so;
+  so.needs = HostZoSgd::kState;
+  HostStore store(*dev, spec, so);
+  model_init_weights(store, 8);
+  EngineOptions eo = capacity(2, 17);
+  eo.group = 4;
+  ZoEngine engine(*dev, store, eo);
+  const std::vector<ZoPair> pairs = {{&micro[0], 5}, {&micro[1], 5}, {&micro[2], 6}, {&micro[0], 6}};
+  const std::vector<double> both = engine.perturbed_forwards(pairs, 1e-3f, {+1, -1});
+  const std::vector<double> plus = engine.perturbed_forwards(pairs, 1e-3f, {+1});
+  const std::vector<double> minus = engine.perturbed_forwards(pairs, 1e-3f, {-1});
+  REQUIRE(both.size() == 8);
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    INFO("pair " << i);
+    CHECK(plus[i] == both[2 * i]);
+    CHECK(minus[i] == both[2 * i + 1]);
+    const ZoLosses alone = engine.dual_forward(*pairs[i].micro, pairs[i].seed, 1e-3f);
+    CHECK(alone.plus == both[2 * i]);
+    CHECK(alone.minus == both[2 * i + 1]);
+  }
+  CHECK(both[0] != both[6]);  // micro-batch 0 under seeds 5 and 6: the check can fail
 }
 
 }  // namespace strata

@@ -4,7 +4,11 @@
 // part stays fixed; "what to change" entries each say what they do when applied alone.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
+#include "offload/engine/engine_zo.h"
 #include "offload/plan/plan_search.h"
+#include "offload/plan/step_estimate.h"
 #include "offload/state/host_store.h"
 #include "src/core/error.h"
 #include "tests/testing.h"
@@ -233,6 +237,74 @@ TEST_CASE("what to change: each entry applied alone saves what it says, and only
     CHECK(c.fits);
     CHECK(c.step_seconds < fits.step_seconds);
   }
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("zo-sgd: auto runs a step's q x k dual forwards layer-major where their hidden states fit, else one at a time", "[plan][search][zo]") {
+  const ModelSpec spec = search_spec();
+  const StepRates rates = gpu_rates();
+  PlanInputs in = auto_inputs();
+  in.optimizer_kind = OptimizerKind::zo_sgd;
+  in.optimizer = StateTier::host;
+  in.checkpoints = CheckpointMode::host;
+  in.device_is_cuda = false;
+  in.micro_batch = 1;
+  in.accumulation_steps = 2;
+  in.zo_perturbations = 2;
+  for (int ranks : {1, 2}) {  // data parallel too: the ranks exchange loss scalars only
+    INFO("ranks " << ranks);
+    in.ranks = ranks;
+    const RunPlan major = placement_plan(spec, in, PlanBudgets{}, rates);
+    PlanInputs one_in = in;
+    one_in.accumulation = AccumulationMode::micro_batch;
+    const RunPlan one = placement_plan(spec, one_in, PlanBudgets{}, rates);
+    CHECK(major.group == 4);
+    CHECK(one.group == 1);
+    // the device rows: the engine's table with 2 x 4 branches' hidden states
+    EngineOptions eo = run_plan_engine_options(major);
+    CHECK(major.tier(Tier::device) == ZoEngine::device_bytes(spec, eo));
+    CHECK(major.tier(Tier::device) > one.tier(Tier::device));
+    // the bytes: W once per step against once per dual forward (4 layers and 8 lm_head chunks
+    // through 2 slots: none stays); the final norm once per step either way
+    const HostStoreLayout layout = HostStore::layout(spec);
+    double W = double(layout.working[size_t(spec.final_norm)].bytes() + layout.working[size_t(spec.lm_head_row())].bytes());
+    for (size_t i = 0; i < spec.layers.size(); ++i) W += double(layout.groups[1 + i].working_bytes);
+    const double norm = double(layout.working[size_t(spec.final_norm)].bytes());
+    // each pass's embedding output; the tokens of each micro-batch once per run
+    const double N = 256, x0 = 2 * N * 1024 * 4, tokens = 4 * 4 * N;
+    const StepBytes b_major = step_bytes(spec, plan_resolved_inputs(in, major), major, 2);
+    const StepBytes b_one = step_bytes(spec, plan_resolved_inputs(one_in, one), one, 2);
+    CHECK(b_major.h2d == W + 2 * tokens + 4 * x0);
+    CHECK(b_one.h2d == 4 * (W - norm) + norm + 4 * tokens + 4 * x0);
+    CHECK(b_major.d2h == b_one.d2h);  // the losses
+    CHECK(major.step_seconds < one.step_seconds);  // a slow link: fewer bytes, a faster step
+    // a device budget that holds one dual forward's rows but not the step's: one at a time, and
+    // an explicit layer_major does not fit and names the way back
+    PlanBudgets tight;
+    tight.device_bytes = one.tier(Tier::device);
+    const RunPlan fallback = placement_plan(spec, in, tight, rates);
+    CHECK(fallback.fits());
+    CHECK(fallback.group == 1);
+    PlanInputs forced = in;
+    forced.accumulation = AccumulationMode::layer_major;
+    const RunPlan refused = placement_plan(spec, forced, tight, rates);
+    CHECK_FALSE(refused.fits());
+    CHECK(std::any_of(refused.changes.begin(), refused.changes.end(), [](const PlanChange& c) {
+      return c.set.contains("offload.accumulation") && c.set["offload.accumulation"] == "micro_batch" && c.fits;
+    }));
+    CHECK(placement_fits(spec, one_in, tight));
+    CHECK_FALSE(placement_fits(spec, forced, tight));
+  }
+  // one micro-batch, one perturbation: nothing to run together
+  in.ranks = 1;
+  in.accumulation_steps = 1;
+  in.zo_perturbations = 1;
+  CHECK(placement_plan(spec, in, PlanBudgets{}, rates).group == 1);
+  in.zo_perturbations = 3;  // three perturbations of one micro-batch: layer-major too
+  CHECK(placement_plan(spec, in, PlanBudgets{}, rates).group == 3);
 }
 
 }  // namespace strata

@@ -27,7 +27,9 @@
 #               master weights and the final weights bit-identical to one process with the same
 #               global batch: "perturbation" (2 ranks, θ + εz and θ − εz) = 1 process x A; "data"
 #               (2 ranks x 1) = 1 process x 2; "2d" (4 ranks: 2 pairs x 2 groups, x 1) = 1 process
-#               x 2; only scalars cross (comm_bytes); and the check can fail (1 process x 1 differs)
+#               x 2 (the one process layer-major, "data" one dual forward at a time:
+#               offload.accumulation); only scalars cross (comm_bytes); and the check can fail (1
+#               process x 1 differs)
 #   zo-resume   zeroth order saved by 2 ranks (perturbation), resumed by 1; saved by 1, resumed
 #               by 2 (data): bit-identical to the straight run
 #   lora        LoRA adapters with dropout: 2 ranks x 1 = 1 process x 2 (clip on and off, evals),
@@ -303,8 +305,10 @@ zo-equal|zo-resume)
     zo_same "$work/s2" "$work/p2" "perturbation parallel, 2 ranks x 2 micro-batches = 1 process x 2"
     # only scalars cross: 2 sides x 2 perturbations x 2 micro-batches x 8 bytes per step; rank 0 alone writes
     [ "$(grep -c '"comm_bytes":64[,}]' "$work/p2/metrics.jsonl")" = 4 ] || fail "expected comm_bytes 64 in 4 records"
-    train 2 "$work/d2" train.gradient_accumulation_steps=1 distributed.zo=data
-    zo_same "$work/s2" "$work/d2" "data parallel, 2 ranks x 1 = 1 process x 2"
+    # one process runs its step layer-major ("auto"); these ranks one dual forward at a time
+    grep -q 'offload.accumulation = "auto": layer-major' "$work/s2.log" || { cat "$work/s2.log"; fail "1 process not layer-major"; }
+    train 2 "$work/d2" train.gradient_accumulation_steps=1 distributed.zo=data offload.accumulation=micro_batch
+    zo_same "$work/s2" "$work/d2" "data parallel one at a time, 2 ranks x 1 = 1 process x 2 layer-major"
     train 4 "$work/t4" train.gradient_accumulation_steps=1 distributed.zo=2d
     zo_same "$work/s2" "$work/t4" "2d, 2 pairs x 2 data groups x 1 = 1 process x 2"
     # the comparison can fail: 2 data ranks differ from one process with half the micro-batches

@@ -1,7 +1,8 @@
 // Zeroth-order training end to end (optim.type = "zo-sgd", recipes/zo-tiny.toml): the loss of
 // the tiny chat model falls, metrics.jsonl carries the ZO fields, a run stopped and resumed
 // equals the straight run bit for bit (losses, weights, checkpoint state), the CLI warns that
-// clipping does not apply, and the run plots and exports.
+// clipping does not apply, and the run plots and exports; offload.accumulation = "layer_major"
+// trains bit for bit like "micro_batch" with the weights crossing once per step.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,25 @@ Recipe zo_recipe(const std::string& out, std::vector<std::string> extra) {
                                 "device.cpu_threads=2"};
   o.insert(o.end(), extra.begin(), extra.end());
   return recipe_load(testing::source_path("recipes/zo-tiny.toml"), o);
+}
+
+// The tiny chat model with 4 layers, initialised from the seed: with its 2, both layers would
+// still be in their slots at the next dual forward, and one at a time would move W per step too.
+std::vector<std::string> deep_tiny(const std::string& dtype) {
+  const std::string tiny = testing::source_path("recipes/sft-tiny/models/tiny");
+  const std::string dir = testing::fresh_path("strata_zo", "deep_config");
+  fs::create_directories(dir);
+  std::ifstream in(tiny + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["num_hidden_layers"] = 4;
+  std::ofstream(dir + "/config.json") << j.dump();
+  return {"model.path=", "model.config=" + dir + "/config.json", "data.tokenizer=" + tiny, "model.dtype=" + dtype};
+}
+
+std::vector<double> metric(const std::string& out, const std::string& key) {
+  std::vector<double> v;
+  for (const nlohmann::json& j : testing::metrics_records(out, key)) v.push_back(j[key].get<double>());
+  return v;
 }
 
 
@@ -156,6 +176,75 @@ TEST_CASE("strata train with zo-sgd warns that clipping does not apply, and the 
                                        " optim.type=zo-adam checkpoint.output_dir=" + out + "_bad");
   CHECK(bad.code == 2);
   CHECK(bad.out.find("optim.type must be \"adamw\" or \"zo-sgd\"") != std::string::npos);
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("zo-sgd: offload.accumulation = layer_major trains bit for bit like micro_batch, a step moving the weights once", "[zo][train][layer_major]") {
+  // (dtype, k micro-batches, q perturbations): k = 2 and 3, q = 1 and 2, f32 and bf16
+  struct Case {
+    const char* dtype;
+    int64_t k, q;
+  };
+  for (const Case& c : {Case{"f32", 2, 2}, Case{"f32", 3, 1}, Case{"bf16", 3, 2}, Case{"bf16", 2, 1}}) {
+    INFO(c.dtype << ", k " << c.k << ", q " << c.q);
+    std::vector<std::string> o = deep_tiny(c.dtype);
+    o.insert(o.end(), {"train.max_steps=4", "checkpoint.save_steps=2", "train.eval_steps=0", "optim.weight_decay=0.1",
+                       "optim.learning_rate=1e-3", str_cat("train.gradient_accumulation_steps=", c.k),
+                       str_cat("optim.zo_perturbations=", c.q)});
+    auto with = [&](const char* schedule) {
+      std::vector<std::string> v = o;
+      v.push_back(std::string("offload.accumulation=") + schedule);
+      return v;
+    };
+    const std::string one = fresh("one_at_a_time"), major = fresh("layer_major"), au = fresh("auto");
+    const TrainSummary s_one = train_run(zo_recipe(one, with("micro_batch")));
+    const TrainSummary s_major = train_run(zo_recipe(major, with("layer_major")));
+    const TrainSummary s_auto = train_run(zo_recipe(au, with("auto")));
+    REQUIRE(s_one.losses.size() == 4);
+    CHECK(s_major.losses == s_one.losses);
+    CHECK(s_auto.losses == s_one.losses);
+    CHECK(s_one.losses[0] != s_one.losses[3]);  // the weights moved: the checks can fail
+    CHECK(metric(major, "zo_projected_grad") == metric(one, "zo_projected_grad"));
+    require_same_tensors(one + "/final", major + "/final");
+    for (const char* ckpt : {"/checkpoint-2", "/checkpoint-4"})
+      CHECK(testing::read_file(one + ckpt + "/optimizer_state.safetensors") ==
+            testing::read_file(major + ckpt + "/optimizer_state.safetensors"));
+    // link bytes per step: W once (layer-major) against the layers once per dual forward (the
+    // final norm and the one lm_head chunk, the tied embedding, stay on the device within a step);
+    // both send each pass's embedding output and get the losses back, layer-major each
+    // micro-batch's tokens (4 int32 arrays of the packed rows) once a step, one at a time once a
+    // dual forward
+    const ModelSpec spec = model_spec_build(
+        hf_config_load(o[1].substr(std::string("model.config=").size())), dtype_parse(c.dtype));
+    const HostStoreLayout l = HostStore::layout(spec);
+    double layers = 0;
+    for (size_t i = 0; i < spec.layers.size(); ++i) layers += double(l.groups[1 + i].working_bytes);
+    const double head = double(l.working[size_t(spec.final_norm)].bytes() + l.working[size_t(spec.lm_head_row())].bytes());
+    const double N = 4 * 128, pairs = double(c.k * c.q), tokens = 4 * 4 * N, x0 = N * 64 * 4, losses = 2 * 8;
+    const double W = layers + head;
+    for (double b : metric(major, "link_bytes")) CHECK(b == W + double(c.k) * tokens + pairs * (2 * x0 + losses));
+    for (double b : metric(one, "link_bytes")) CHECK(b == pairs * layers + head + pairs * (tokens + 2 * x0 + losses));
+    CHECK(metric(au, "link_bytes") == metric(major, "link_bytes"));  // "auto" took layer-major
+    const double ratio = metric(one, "link_bytes").back() / metric(major, "link_bytes").back();
+    std::printf("zo-sgd %s k %ld q %ld: link bytes per step one at a time / layer-major %.3f; weights %.3f W / 1 W\n",
+                c.dtype, long(c.k), long(c.q), ratio, (pairs * layers + head) / W);
+    CHECK(ratio > 1);
+    // resumed across schedules: stopped one at a time at step 2, continued layer-major
+    const std::string mixed = fresh("mixed");
+    TrainOptions stop;
+    stop.stop_at_step = 2;
+    train_run(zo_recipe(mixed, with("micro_batch")), stop);
+    TrainOptions resume;
+    resume.resume_latest = true;
+    const TrainSummary rest = train_run(zo_recipe(mixed, with("layer_major")), resume);
+    REQUIRE(rest.losses.size() == 2);
+    CHECK(rest.losses[0] == s_one.losses[2]);
+    CHECK(rest.losses[1] == s_one.losses[3]);
+    require_same_tensors(one + "/final", mixed + "/final");
+  }
 }
 
 }  // namespace strata
