@@ -86,6 +86,22 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                         int64_t d, float scale, bool bf16_dots, int* error_word, cudaStream_t stream);
 
+// The same op on tensor cores for bf16 dots (kernels/cuda/attention_tc.cu, WMMA): q, k, v and
+// dout f32 in memory, rounded to bf16 as they are loaded; products summed in f32; P rounded to
+// bf16 where it weights V in the forward too (FlashAttention-2), P and dS in the backward as
+// above. Head dim d <= kAttentionTcMaxHeadDim. window > 0: query t also stops seeing keys s
+// with t - s >= window (sliding-window layers); window <= 0: no window. Deterministic.
+constexpr int64_t kAttentionTcMaxHeadDim = 256;
+void attention_tc_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                          const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                          int64_t d, float scale, int64_t window, int* error_word,
+                          cudaStream_t stream);
+void attention_tc_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                           const float* k, const float* v, const float* out, const float* lse,
+                           const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                           int64_t d, float scale, int64_t window, int* error_word,
+                           cudaStream_t stream);
+
 // ---- lm_head + cross-entropy with lm_head in vocab chunks (kernels/cpu/ops.h: lm_head_ce_chunk_*;
 // the whole vocabulary is the one-chunk case v0 = 0, vc = V)
 // w_chunk (vc,C) holds vocab rows [v0, v0 + vc); stats (N,3) double = {running max, running sum
