@@ -61,13 +61,13 @@ struct SmemCarver {
 // Row strides: bf16 token rows padded by 8 (16 bytes: ldm stays a multiple of 8 elements and
 // 16-row tiles start 32-byte aligned, as load_matrix_sync requires), f32 score rows by 4.
 template <int kD>
-constexpr int tc_ldx() { return kD + 8; }
+constexpr int kTcLdx = kD + 8;
 
 // Forward: 64 queries x 64 keys (32 keys and 8 warps at kD 256).
 template <int kD>
 struct FwdTiles {
   static constexpr int kWarps = kD <= 128 ? 4 : 8, kRows = 64, kKeys = kD <= 128 ? 64 : 32;
-  static constexpr int kLdx = tc_ldx<kD>(), kLds = kKeys + 4, kLdp = kKeys + 8;
+  static constexpr int kLdx = kTcLdx<kD>, kLds = kKeys + 4, kLdp = kKeys + 8;
   bf16 *q, *k, *v, *p;  // (64, D), (keys, D) x 2, (64, keys)
   float *s, *m, *l, *alpha, *row_of, *stage;  // (64, keys), (64) x 3, (16, 16), warps x (16, 16)
   int64_t* first;                             // (64) first visible key of each query
@@ -92,7 +92,7 @@ struct FwdTiles {
 template <int kD>
 struct BwdKvTiles {
   static constexpr int kWarps = 4, kKeys = 4096 / kD / kTc * kTc, kRows = kD <= 128 ? 64 : 32;
-  static constexpr int kLdx = tc_ldx<kD>(), kLds = kKeys + 4, kLdp = kKeys + 8;
+  static constexpr int kLdx = kTcLdx<kD>, kLds = kKeys + 4, kLdp = kKeys + 8;
   bf16 *k, *v, *q, *dout, *p, *ds;  // (keys, D) x 2, (rows, D) x 2, (rows, keys) x 2
   float *s, *dp, *lse, *di, *stage;  // (rows, keys) x 2, (rows) x 2, warps x (16, 16)
   int64_t* first;
@@ -118,7 +118,7 @@ struct BwdKvTiles {
 template <int kD>
 struct BwdQTiles {
   static constexpr int kWarps = 4, kRows = kD <= 128 ? 64 : 32, kKeys = kD <= 80 ? 64 : 32;
-  static constexpr int kLdx = tc_ldx<kD>(), kLds = kKeys + 4, kLdp = kKeys + 8;
+  static constexpr int kLdx = kTcLdx<kD>, kLds = kKeys + 4, kLdp = kKeys + 8;
   bf16 *q, *dout, *k, *v, *ds;
   float *s, *dp, *lse, *di, *stage;
   int64_t* first;
@@ -180,7 +180,7 @@ template <int kD, int kThreads>
 __device__ __forceinline__ void tc_load_tile(bf16* rows, int n_rows, const float* x, int64_t bi,
                                              int64_t t, int64_t t0, int64_t head, int64_t nh,
                                              int64_t d) {
-  constexpr int kLdx = tc_ldx<kD>(), kQuads = kD / 4;
+  constexpr int kLdx = kTcLdx<kD>, kQuads = kD / 4;
   const bool vec = d % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   for (int e = int(threadIdx.x); e < n_rows * kQuads; e += kThreads) {
     const int r = e / kQuads, col = e % kQuads * 4;
@@ -208,7 +208,7 @@ __device__ __forceinline__ void tc_load_tile(bf16* rows, int n_rows, const float
 // c (16,16) f32 at ldc = a (16, kD) · b (16, kD)^T, both bf16 rows at stride kLdx.
 template <int kD>
 __device__ __forceinline__ void tc_tile_abt(float* c, int ldc, const bf16* a, const bf16* b) {
-  constexpr int kLdx = tc_ldx<kD>();
+  constexpr int kLdx = kTcLdx<kD>;
   FragC acc;
   wmma::fill_fragment(acc, 0.f);
 #pragma unroll 4
@@ -392,7 +392,7 @@ __device__ __forceinline__ void tc_probs_step(bf16* s_p, bf16* s_ds, float* s_s,
                                               const float* s_lse, const float* s_di,
                                               const int64_t* s_first, int64_t t0, int nq,
                                               int64_t s0, int nk, float scale) {
-  constexpr int kLdx = tc_ldx<kD>(), kLds = kKeys + 4, kLdp = kKeys + 8;
+  constexpr int kLdx = kTcLdx<kD>, kLds = kKeys + 4, kLdp = kKeys + 8;
   constexpr int kThreads = kWarps * kWarp, kTiles = kRows / kTc * (kKeys / kTc);
   const int warp = int(threadIdx.x) / kWarp;
   for (int job = warp; job < 2 * kTiles; job += kWarps) {

@@ -426,8 +426,14 @@ class CudaDevice final : public ArenaDevice {
                          Stream s) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
-    cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, attention_bf16_dots(dot_type),
-                            error_word_, stream(s));
+    // bf16 dots (the model's bf16 mode; q, k, v stay f32 in memory): the tensor-core kernel;
+    // f32 dots: the f32 CUDA-core kernel.
+    if (attention_bf16_dots(dot_type))
+      cuda::attention_tc_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, 0, error_word_,
+                                 stream(s));
+    else
+      cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, false, error_word_,
+                              stream(s));
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
@@ -436,8 +442,12 @@ class CudaDevice final : public ArenaDevice {
                           Stream s) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
-    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
-                             attention_bf16_dots(dot_type), error_word_, stream(s));
+    if (attention_bf16_dots(dot_type))
+      cuda::attention_tc_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
+                                  0, error_word_, stream(s));
+    else
+      cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
+                               false, error_word_, stream(s));
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,

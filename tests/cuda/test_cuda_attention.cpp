@@ -3,7 +3,8 @@
 // and 128 (the three kernel variants and their padded columns), T = 1, 17, 40, 70 (partial
 // 16-, 8- and 32-token tiles), with and without packed documents, f32 and bf16 dots (against the
 // twin on bf16-rounded q, k, v, dout with bf16-rounded backward weights: the op's definition,
-// kernels/cpu/ops.h); determinism; bad doc_start.
+// kernels/cpu/ops.h; bf16 dots go to the tensor-core kernel through the device op); determinism;
+// bad doc_start.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -66,9 +67,12 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
     // twin rounds the backward's weights P and dS to bf16 too, in fp64 where the kernel rounds
     // f32 values: a weight within f32 rounding of a bf16 tie may round the other way, one bf16
     // step (2^-8) of one term (kernels/cpu tests: <= 4e-3 stated, as here).
-    const double tol_grad = dot_type == DType::bf16 ? 4e-3 : 1e-5;
-    CHECK(max_rel_error(gout.download(), out) <= 5e-6);
-    CHECK(max_rel_error(glse.download(), lse) <= 1e-6);
+    // bf16 dots run on the tensor-core kernel (attention_tc.cu), which also rounds the forward's
+    // P to bf16 before P V: its stated tolerances (tests/cuda/test_cuda_attention_tc.cpp).
+    const bool bf16 = dot_type == DType::bf16;
+    const double tol_grad = bf16 ? 4e-2 : 1e-5;
+    CHECK(max_rel_error(gout.download(), out) <= (bf16 ? 1e-2 : 5e-6));
+    CHECK(max_rel_error(glse.download(), lse) <= (bf16 ? 1e-5 : 1e-6));
     const std::vector<float> dq1 = gdq.download(), dk1 = gdk.download(), dv1 = gdv.download();
     CHECK(max_rel_error(dq1, dq) <= tol_grad);
     CHECK(max_rel_error(dk1, dk) <= tol_grad);
