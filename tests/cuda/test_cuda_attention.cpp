@@ -87,6 +87,48 @@ TEST_CASE("cuda attention forward and backward match the fp64 reference", "[cuda
   }
 }
 
+TEST_CASE("cuda attention with a sliding window matches the fp64 twin on both kernels", "[cuda-emu]") {
+  auto dev = cuda_testing::test_device();
+  if (!dev) return;
+  // Windows shorter than a document, longer than T, and of one token; GQA 2; odd T.
+  const int64_t b = 1, t = 45, h = 4, hk = 2, d = 64;
+  const std::vector<int32_t> docs = make_doc_start(b, t, 20, 91);
+  for (const DType dot_type : {DType::f32, DType::bf16})
+  for (const int64_t window : {int64_t(7), int64_t(100), int64_t(1)}) {
+    INFO("window " << window << " dots " << dtype_name(dot_type));
+    const size_t nq = size_t(b * t * h * d), nk = size_t(b * t * hk * d);
+    const bool bf16 = dot_type == DType::bf16;
+    auto in = [&](std::vector<float> x) { return bf16 ? testing::round_bf16(x) : x; };
+    const auto q = in(random_floats(nq, 92, -2.f, 2.f)), k = in(random_floats(nk, 93, -2.f, 2.f));
+    const auto v = in(random_floats(nk, 94)), dout = in(random_floats(nq, 95));
+    const double scale = 0.125;
+    std::vector<double> out(nq), lse(size_t(b * t * h)), dq(nq), dk(nk), dv(nk);
+    const auto qd = convert<double>(q), kd = convert<double>(k), vd = convert<double>(v), dod = convert<double>(dout);
+    ref::attention_forward<double>(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), docs.data(), b, t,
+                                   h, hk, d, scale, window);
+    ref::attention_backward<double>(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(),
+                                    vd.data(), out.data(), lse.data(), docs.data(), b, t, h, hk, d, scale,
+                                    bf16, window);
+    Buffer<float> gq(*dev, q), gk(*dev, k), gv(*dev, v), gdo(*dev, dout);
+    Buffer<float> gout(*dev, nq), glse(*dev, lse.size()), gdq(*dev, nq), gdk(*dev, nk), gdv(*dev, nk);
+    Buffer<int32_t> gds(*dev, docs);
+    dev->attention_forward(gout, glse, gq, gk, gv, gds, b, t, h, hk, d, float(scale), dot_type,
+                           Stream::compute, window);
+    dev->attention_backward(gdq, gdk, gdv, gdo, gq, gk, gv, gout, glse, gds, b, t, h, hk, d,
+                            float(scale), dot_type, Stream::compute, window);
+    // The tolerances of the cases above (f32: CUDA cores; bf16: tensor cores).
+    CHECK(max_rel_error(gout.download(), out) <= (bf16 ? 1e-2 : 5e-6));
+    CHECK(max_rel_error(glse.download(), lse) <= (bf16 ? 1e-5 : 1e-6));
+    CHECK(max_rel_error(gdq.download(), dq) <= (bf16 ? 4e-2 : 1e-5));
+    CHECK(max_rel_error(gdk.download(), dk) <= (bf16 ? 4e-2 : 1e-5));
+    CHECK(max_rel_error(gdv.download(), dv) <= (bf16 ? 4e-2 : 1e-5));
+    if (window == 1) {  // each query sees itself only: out is v's row of its kv head
+      const std::vector<float> o = gout.download();
+      CHECK(std::abs(o[size_t(5 * h * d + 3 * d + 7)] - v[size_t(5 * hk * d + 1 * d + 7)]) <= 1e-6);
+    }
+  }
+}
+
 TEST_CASE("cuda attention reports a doc_start outside [0, t] at synchronize", "[cuda-emu]") {
   auto dev = cuda_testing::test_device();
   if (!dev) return;
