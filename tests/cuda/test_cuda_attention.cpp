@@ -119,12 +119,17 @@ TEST_CASE("cuda attention with a sliding window matches the fp64 twin on both ke
     // The tolerances of the cases above (f32: CUDA cores; bf16: tensor cores).
     CHECK(max_rel_error(gout.download(), out) <= (bf16 ? 1e-2 : 5e-6));
     CHECK(max_rel_error(glse.download(), lse) <= (bf16 ? 1e-5 : 1e-6));
-    CHECK(max_rel_error(gdq.download(), dq) <= (bf16 ? 4e-2 : 1e-5));
-    CHECK(max_rel_error(gdk.download(), dk) <= (bf16 ? 4e-2 : 1e-5));
     CHECK(max_rel_error(gdv.download(), dv) <= (bf16 ? 4e-2 : 1e-5));
-    if (window == 1) {  // each query sees itself only: out is v's row of its kv head
+    if (window == 1) {
+      // Each query sees itself only: out is v's row of its kv head, and dq, dk are 0 (P = 1,
+      // dS = dP - D_i = 0) up to f32 rounding, which a relative measure would magnify.
       const std::vector<float> o = gout.download();
       CHECK(std::abs(o[size_t(5 * h * d + 3 * d + 7)] - v[size_t(5 * hk * d + 1 * d + 7)]) <= 1e-6);
+      CHECK(max_rel_error(gdq.download(), dq, 1.0) <= 1e-5);
+      CHECK(max_rel_error(gdk.download(), dk, 1.0) <= 1e-5);
+    } else {
+      CHECK(max_rel_error(gdq.download(), dq) <= (bf16 ? 4e-2 : 1e-5));
+      CHECK(max_rel_error(gdk.download(), dk) <= (bf16 ? 4e-2 : 1e-5));
     }
   }
 }
