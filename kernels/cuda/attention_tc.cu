@@ -45,11 +45,14 @@ using FragB = wmma::fragment<wmma::matrix_b, kTc, kTc, kTc, bf16, wmma::row_majo
 using FragBt = wmma::fragment<wmma::matrix_b, kTc, kTc, kTc, bf16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, kTc, kTc, kTc, float>;
 
-// Carves a block's dynamic shared memory into arrays, each 128-byte aligned; with base null it
-// only measures (the launcher's byte count comes from the same code as the kernel's pointers).
+// Carves a block's dynamic shared memory into arrays, each 128-byte aligned (load_matrix_sync
+// wants 32); with base null it only measures, and the measure includes the up to 112 bytes the
+// first array may skip to align a 16-byte aligned base, so the launcher's byte count comes from
+// the same code as the kernel's pointers.
 struct SmemCarver {
-  uintptr_t at;
-  __host__ __device__ explicit SmemCarver(void* base) : at(reinterpret_cast<uintptr_t>(base)) {}
+  uintptr_t base, at;
+  __host__ __device__ explicit SmemCarver(void* p)
+      : base(reinterpret_cast<uintptr_t>(p)), at(p ? (base + 127) / 128 * 128 : 112) {}
   template <class T>
   __host__ __device__ T* take(size_t n) {
     T* r = reinterpret_cast<T*>(at);
@@ -84,7 +87,7 @@ struct FwdTiles {
     row_of = c.take<float>(kTc * kTc);
     stage = c.take<float>(kWarps * kTc * kTc);
     first = c.take<int64_t>(kRows);
-    return c.at - reinterpret_cast<uintptr_t>(base);
+    return c.at - c.base;
   }
 };
 
@@ -110,7 +113,7 @@ struct BwdKvTiles {
     di = c.take<float>(kRows);
     stage = c.take<float>(kWarps * kTc * kTc);
     first = c.take<int64_t>(kRows);
-    return c.at - reinterpret_cast<uintptr_t>(base);
+    return c.at - c.base;
   }
 };
 
@@ -135,7 +138,7 @@ struct BwdQTiles {
     di = c.take<float>(kRows);
     stage = c.take<float>(kWarps * kTc * kTc);
     first = c.take<int64_t>(kRows);
-    return c.at - reinterpret_cast<uintptr_t>(base);
+    return c.at - c.base;
   }
 };
 
