@@ -27,6 +27,10 @@
 //   backward: pass 1, block per (key tile, kv head, batch row): dK, dV over the heads of the
 //             group and the query tiles that can see the keys; pass 2, block per (query tile,
 //             head, batch row): dQ. D_i = rowsum(dO * O) is recomputed per query tile.
+// Not yet done, and not yet timed on a GPU: loads are synchronous (no cp.async / bulk-copy
+// double buffering), scores take a round trip through shared memory, and sm_90 runs the same
+// m16n16k16 HMMA path as sm_80 (wgmma needs sm_90a and a fragment layout WMMA does not expose).
+// Longer than a leaf (three kernels, their tile tables and launchers), as attention.cu is.
 #include <cuda_bf16.h>
 #include <mma.h>
 
