@@ -36,26 +36,33 @@ constexpr int kFwdRowsPerWarp = kFwdRows / kAttnWarps;
 constexpr int kBwdRows = 8;                           // queries per backward step / block
 constexpr int kBwdRowsPerWarp = kBwdRows / kAttnWarps;
 
-// The first key query tq may see, clamped into [0, tq]; a bad doc_start raises the error bit.
+// The first key query tq may see: its document start clamped into [0, tq] (a bad doc_start
+// raises the error bit), or the window's first key tq - window + 1 when that is later.
 __device__ __forceinline__ int64_t attention_first_key(const int32_t* doc_start, int64_t bi,
-                                                       int64_t t, int64_t tq, int* error_word) {
-  if (!doc_start) return 0;
-  const int64_t ds = doc_start[bi * t + tq];
-  if (ds < 0 || ds > tq) {
-    kernel_error_raise(error_word, kErrorDocStart);
-    return ds < 0 ? 0 : tq;
+                                                       int64_t t, int64_t tq, int64_t window,
+                                                       int* error_word) {
+  int64_t ds = 0;
+  if (doc_start) {
+    ds = doc_start[bi * t + tq];
+    if (ds < 0 || ds > tq) {
+      kernel_error_raise(error_word, kErrorDocStart);
+      ds = ds < 0 ? 0 : tq;
+    }
   }
-  return ds;
+  return window > 0 && tq - window + 1 > ds ? tq - window + 1 : ds;
 }
 
 // Smallest first key over queries t0 .. t0+nq-1 (every thread computes it; nq <= 16 reads).
 __device__ __forceinline__ int64_t attention_tile_first_key(const int32_t* doc_start, int64_t bi,
-                                                            int64_t t, int64_t t0, int nq) {
-  if (!doc_start) return 0;
+                                                            int64_t t, int64_t t0, int nq,
+                                                            int64_t window) {
+  const int64_t window_first = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0;
+  if (!doc_start) return window_first;  // the first query's first key is the smallest
   int64_t first = t0 + nq - 1;
   for (int r = 0; r < nq; ++r) {
     int64_t ds = doc_start[bi * t + t0 + r];
     ds = ds < 0 ? 0 : (ds > t0 + r ? t0 + r : ds);
+    if (window > 0 && t0 + r - window + 1 > ds) ds = t0 + r - window + 1;
     first = ds < first ? ds : first;
   }
   return first;
@@ -100,7 +107,7 @@ template <int kDPL>
 __global__ void attention_forward_kernel(float* out, float* lse, const float* q, const float* k,
                                          const float* v, const int32_t* doc_start, int64_t t,
                                          int64_t h, int64_t hk, int64_t d, float scale,
-                                         bool bf16_dots, int* error_word) {
+                                         bool bf16_dots, int64_t window, int* error_word) {
   constexpr int kD = kWarp * kDPL;
   __shared__ float sq[kFwdRows][kD + 1];  // (16, D) queries of this tile
   __shared__ float sk[kKeys][kD + 1];     // (32, D) keys of the current tile
@@ -119,12 +126,12 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* q,
     const int r = warp * kFwdRowsPerWarp + i;
     m[i] = -INFINITY;
     l[i] = 0.f;
-    first[i] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, error_word) : 0;
+    first[i] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, window, error_word) : 0;
 #pragma unroll
     for (int u = 0; u < kDPL; ++u) o[i][u] = 0.f;
   }
 
-  const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq);
+  const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq, window);
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     __syncthreads();  // the previous tile is consumed (and sq is loaded)
     attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d, bf16_dots);
@@ -177,7 +184,7 @@ __global__ void attention_backward_kv_kernel(float* dk, float* dv, const float* 
                                              const float* out, const float* lse,
                                              const int32_t* doc_start, int64_t t, int64_t h,
                                              int64_t hk, int64_t d, float scale, bool bf16_dots,
-                                             int* error_word) {
+                                             int64_t window, int* error_word) {
   constexpr int kD = kWarp * kDPL;
   constexpr int kCols = kD / kAttnWarps;  // columns per thread
   __shared__ float sk[kKeys][kD + 1];     // (32, D)
@@ -202,7 +209,7 @@ __global__ void attention_backward_kv_kernel(float* dk, float* dv, const float* 
   for (int64_t hi = g * rep; hi < (g + 1) * rep; ++hi) {
     for (int64_t t0 = s0 / kBwdRows * kBwdRows; t0 < t; t0 += kBwdRows) {
       const int nq = int(t - t0 < kBwdRows ? t - t0 : kBwdRows);
-      if (attention_tile_first_key(doc_start, bi, t, t0, nq) > s0 + nk - 1) continue;  // uniform
+      if (attention_tile_first_key(doc_start, bi, t, t0, nq, window) > s0 + nk - 1) continue;  // uniform
       __syncthreads();  // the previous step's shared tiles are consumed
       attention_load_tile<kD>(sq, kBwdRows, q, bi, t, t0, hi, h, d, bf16_dots);
       attention_load_tile<kD>(sdo, kBwdRows, dout, bi, t, t0, hi, h, d, bf16_dots);
@@ -215,7 +222,7 @@ __global__ void attention_backward_kv_kernel(float* dk, float* dv, const float* 
         if (lane == 0) {
           sdi[r] = di;
           slse[r] = lse[row];
-          sfirst[r] = attention_first_key(doc_start, bi, t, t0 + r, error_word);
+          sfirst[r] = attention_first_key(doc_start, bi, t, t0 + r, window, error_word);
         }
       }
       __syncthreads();
@@ -263,7 +270,7 @@ __global__ void attention_backward_q_kernel(float* dq, const float* dout, const 
                                             const float* k, const float* v, const float* out,
                                             const float* lse, const int32_t* doc_start,
                                             int64_t t, int64_t h, int64_t hk, int64_t d,
-                                            float scale, bool bf16_dots, int* error_word) {
+                                            float scale, bool bf16_dots, int64_t window, int* error_word) {
   constexpr int kD = kWarp * kDPL;
   __shared__ float sq[kBwdRows][kD + 1];   // (8, D)
   __shared__ float sdo[kBwdRows][kD + 1];  // (8, D)
@@ -285,12 +292,12 @@ __global__ void attention_backward_q_kernel(float* dq, const float* dout, const 
     const int64_t row = (bi * t + t0 + r) * h + hi;
     row_lse[i] = r < nq ? lse[row] : 0.f;
     row_di[i] = r < nq ? attention_row_di(dout, out, row, d, lane, bf16_dots) : 0.f;
-    first[i] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, error_word) : 0;
+    first[i] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, window, error_word) : 0;
 #pragma unroll
     for (int u = 0; u < kDPL; ++u) dq_acc[i][u] = 0.f;
   }
 
-  const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq);
+  const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq, window);
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     __syncthreads();
     attention_load_tile<kD>(sk, kKeys, k, bi, t, s0, g, hk, d, bf16_dots);
@@ -347,11 +354,11 @@ template <int kDPL>
 void attention_forward_launch(float* out, float* lse, const float* q, const float* k,
                               const float* v, const int32_t* doc_start, int64_t b, int64_t t,
                               int64_t h, int64_t hk, int64_t d, float scale, bool bf16_dots,
-                              int* error_word, cudaStream_t stream) {
+                              int64_t window, int* error_word, cudaStream_t stream) {
   auto* kernel = attention_forward_kernel<kDPL>;
   const dim3 grid(unsigned((t + kFwdRows - 1) / kFwdRows), unsigned(h), unsigned(b));
   STRATA_LAUNCH(kernel, grid, kAttnThreads, 0, stream, out, lse, q, k, v, doc_start, t, h, hk, d,
-                scale, bf16_dots, error_word);
+                scale, bf16_dots, window, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_forward");
 }
 
@@ -360,16 +367,16 @@ void attention_backward_launch(float* dq, float* dk, float* dv, const float* dou
                                const float* k, const float* v, const float* out, const float* lse,
                                const int32_t* doc_start, int64_t b, int64_t t, int64_t h,
                                int64_t hk, int64_t d, float scale, bool bf16_dots,
-                               int* error_word, cudaStream_t stream) {
+                               int64_t window, int* error_word, cudaStream_t stream) {
   auto* kv_kernel = attention_backward_kv_kernel<kDPL>;
   const dim3 kv_grid(unsigned((t + kKeys - 1) / kKeys), unsigned(hk), unsigned(b));
   STRATA_LAUNCH(kv_kernel, kv_grid, kAttnThreads, 0, stream, dk, dv, dout, q, k, v, out, lse,
-                doc_start, t, h, hk, d, scale, bf16_dots, error_word);
+                doc_start, t, h, hk, d, scale, bf16_dots, window, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_backward dk dv");
   auto* q_kernel = attention_backward_q_kernel<kDPL>;
   const dim3 q_grid(unsigned((t + kBwdRows - 1) / kBwdRows), unsigned(h), unsigned(b));
   STRATA_LAUNCH(q_kernel, q_grid, kAttnThreads, 0, stream, dq, dout, q, k, v, out, lse, doc_start,
-                t, h, hk, d, scale, bf16_dots, error_word);
+                t, h, hk, d, scale, bf16_dots, window, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_backward dq");
 }
 
@@ -377,26 +384,28 @@ void attention_backward_launch(float* dq, float* dk, float* dv, const float* dou
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, float scale, bool bf16_dots, int* error_word, cudaStream_t stream) {
+                       int64_t d, float scale, bool bf16_dots, int64_t window, int* error_word,
+                       cudaStream_t stream) {
   attention_check(b, t, h, hk, d);
   if (b == 0 || t == 0) return;
   switch (attention_cols_per_lane(d)) {
-    case 1: attention_forward_launch<1>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
-    case 2: attention_forward_launch<2>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
-    default: attention_forward_launch<4>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
+    case 1: attention_forward_launch<1>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, window, error_word, stream); break;
+    case 2: attention_forward_launch<2>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, window, error_word, stream); break;
+    default: attention_forward_launch<4>(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, bf16_dots, window, error_word, stream); break;
   }
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                        int64_t d, float scale, bool bf16_dots, int* error_word, cudaStream_t stream) {
+                        int64_t d, float scale, bool bf16_dots, int64_t window, int* error_word,
+                        cudaStream_t stream) {
   attention_check(b, t, h, hk, d);
   if (b == 0 || t == 0) return;
   switch (attention_cols_per_lane(d)) {
-    case 1: attention_backward_launch<1>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
-    case 2: attention_backward_launch<2>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
-    default: attention_backward_launch<4>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, error_word, stream); break;
+    case 1: attention_backward_launch<1>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, window, error_word, stream); break;
+    case 2: attention_backward_launch<2>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, window, error_word, stream); break;
+    default: attention_backward_launch<4>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, bf16_dots, window, error_word, stream); break;
   }
 }
 

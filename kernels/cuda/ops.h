@@ -76,15 +76,33 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 
 // ---- causal GQA attention, flash-style, document-masked --------------------------------------
 // Head dim d <= kAttentionMaxHeadDim. bf16_dots: q, k, v and dout rounded to bf16 on load, as the
-// CPU kernel's dot_type bf16 (kernels/cpu/ops.h).
+// CPU kernel's dot_type bf16 (kernels/cpu/ops.h). window > 0: query t also stops seeing keys s
+// with t - s >= window (sliding-window layers); window <= 0: no window.
 constexpr int64_t kAttentionMaxHeadDim = 128;
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, float scale, bool bf16_dots, int* error_word, cudaStream_t stream);
+                       int64_t d, float scale, bool bf16_dots, int64_t window, int* error_word,
+                       cudaStream_t stream);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                        int64_t d, float scale, bool bf16_dots, int* error_word, cudaStream_t stream);
+                        int64_t d, float scale, bool bf16_dots, int64_t window, int* error_word,
+                        cudaStream_t stream);
+
+// The same op on tensor cores for bf16 dots (kernels/cuda/attention_tc.cu, WMMA): q, k, v and
+// dout f32 in memory, rounded to bf16 as they are loaded; products summed in f32; P rounded to
+// bf16 where it weights V in the forward too (FlashAttention-2), P and dS in the backward as
+// above. Head dim d <= kAttentionTcMaxHeadDim; window as above. Deterministic.
+constexpr int64_t kAttentionTcMaxHeadDim = 256;
+void attention_tc_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                          const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                          int64_t d, float scale, int64_t window, int* error_word,
+                          cudaStream_t stream);
+void attention_tc_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                           const float* k, const float* v, const float* out, const float* lse,
+                           const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
+                           int64_t d, float scale, int64_t window, int* error_word,
+                           cudaStream_t stream);
 
 // ---- lm_head + cross-entropy with lm_head in vocab chunks (kernels/cpu/ops.h: lm_head_ce_chunk_*;
 // the whole vocabulary is the one-chunk case v0 = 0, vc = V)

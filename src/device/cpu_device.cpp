@@ -35,6 +35,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The CPU attention kernels (kernels/cpu/attention*.cpp) have no sliding window yet; its fp64
+// twin does (kernels/cpu/ref/attention.h), and the CUDA backend runs it.
+void cpu_attention_check_window(int64_t window) {
+  STRATA_CHECK(window <= 0, "attention: a sliding window (", window,
+               " tokens) runs on the CUDA backend only; the CPU backend's kernels have none yet");
+}
+
 // An event's state, shared by the Event and the tasks that record or wait on it: an Event may be
 // destroyed with such tasks still queued (as cudaEventDestroy allows), and they still run.
 struct CpuEventState {
@@ -289,14 +296,16 @@ class CpuDevice final : public ArenaDevice {
   void attention_forward(float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
                          int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
-                         Stream s) override {
+                         Stream s, int64_t window) override {
+    cpu_attention_check_window(window);
     enqueue_op(s, OpKind::attention, [=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, dot_type); });
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
                           int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
-                          Stream s) override {
+                          Stream s, int64_t window) override {
+    cpu_attention_check_window(window);
     enqueue_op(s, OpKind::attention, [=] {
       cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
                               dot_type);

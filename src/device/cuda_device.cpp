@@ -423,21 +423,31 @@ class CudaDevice final : public ArenaDevice {
   void attention_forward(float* out, float* lse, const float* q, const float* k,
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
                          int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
-                         Stream s) override {
+                         Stream s, int64_t window) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
-    cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, attention_bf16_dots(dot_type),
-                            error_word_, stream(s));
+    // bf16 dots (the model's bf16 mode; q, k, v stay f32 in memory): the tensor-core kernel;
+    // f32 dots: the f32 CUDA-core kernel.
+    if (attention_bf16_dots(dot_type))
+      cuda::attention_tc_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, window, error_word_,
+                                 stream(s));
+    else
+      cuda::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, false, window, error_word_,
+                              stream(s));
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
                           int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
-                          Stream s) override {
+                          Stream s, int64_t window) override {
     const auto timed = time_op(s, OpKind::attention);
     if (doc_start) checks_pending_[int(s)] = true;
-    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
-                             attention_bf16_dots(dot_type), error_word_, stream(s));
+    if (attention_bf16_dots(dot_type))
+      cuda::attention_tc_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
+                                  window, error_word_, stream(s));
+    else
+      cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
+                               false, window, error_word_, stream(s));
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,

@@ -163,15 +163,20 @@ class Device {
                                  const int32_t* ids, int64_t n, int64_t c, Stream s) = 0;
   virtual void embedding_backward(float* dtable, const float* dout,
                                   const int32_t* ids, int64_t n, int64_t c, Stream s) = 0;
+  // Causal GQA attention (kernels/cpu/ops.h). window > 0: a sliding window, query t sees keys
+  // s > t - window only (the CUDA backend; the CPU backend rejects it); 0: no window. On CUDA,
+  // dot_type bf16 runs on tensor cores (kernels/cuda/attention_tc.cu), f32 on CUDA cores.
   virtual void attention_forward(float* out, float* lse, const float* q,
                                  const float* k, const float* v, const int32_t* doc_start,
                                  int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                 float scale, DType dot_type, Stream s) = 0;
+                                 float scale, DType dot_type, Stream s,
+                                 int64_t window = 0) = 0;
   virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* q, const float* k, const float* v,
                                   const float* out, const float* lse, const int32_t* doc_start,
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                                  float scale, DType dot_type, Stream s) = 0;
+                                  float scale, DType dot_type, Stream s,
+                                  int64_t window = 0) = 0;
   // Generation (offload/engine/generator.h): queries continuing each row against a KV cache,
   // kernels/cpu/attention_cached.h. q (B,Tq,H,D), caches (B,Tcap,Hk,D), start (B) device ints;
   // dot_type as attention_forward's (bf16: q, k, v rounded to bf16 as read).

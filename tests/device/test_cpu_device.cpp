@@ -284,3 +284,17 @@ TEST_CASE("the start-up thread check fails as exit 3 naming device.cpu_threads a
 }
 
 }  // namespace strata
+
+namespace strata {
+TEST_CASE("the cpu backend rejects a sliding attention window with a clear error", "[device]") {
+  auto dev = device_create(DeviceOptions{});
+  float* x = static_cast<float*>(dev->alloc(sizeof(float) * 64, "window test"));
+  CHECK_THROWS_WITH(dev->attention_forward(x, x, x, x, x, nullptr, 1, 2, 1, 1, 8, 1.f, DType::f32,
+                                           Stream::compute, 4),
+                    Catch::Contains("sliding window"));
+  CHECK_THROWS_WITH(dev->attention_backward(x, x, x, x, x, x, x, x, x, nullptr, 1, 2, 1, 1, 8, 1.f,
+                                            DType::f32, Stream::compute, 4),
+                    Catch::Contains("sliding window"));
+  dev->free(x);
+}
+}  // namespace strata

@@ -70,13 +70,17 @@ std::vector<cpu::AttentionIsa> supported_isas() {
 }  // namespace
 
 TEST_CASE("attention reference backward matches finite differences in fp64", "[kernels]") {
-  // GQA with document boundaries, and MHA without.
+  // GQA with document boundaries, and MHA without; then the first and last sizes with sliding
+  // windows of 2 and 4 tokens and no documents (cases 3 and 4; documents of <= 3 tokens would
+  // leave a window of 4 nothing to mask).
   const AttnCase cases[] = {{2, 7, 4, 2, 3}, {1, 6, 2, 2, 5}, {1, 9, 3, 1, 2}};
-  for (int ci = 0; ci < 3; ++ci) {
-    const AttnCase c = cases[ci];
+  const int64_t windows[] = {0, 0, 0, 2, 4};
+  for (int ci = 0; ci < 5; ++ci) {
+    const AttnCase c = cases[ci == 3 ? 0 : (ci == 4 ? 2 : ci)];
+    const int64_t window = windows[ci];
     const int64_t nq = c.b * c.t * c.h * c.d, nk = c.b * c.t * c.hk * c.d;
     std::vector<int32_t> docs = make_doc_start(c.b, c.t, 3, 11 + ci);
-    const int32_t* ds = ci == 1 ? nullptr : docs.data();
+    const int32_t* ds = ci == 1 || window > 0 ? nullptr : docs.data();  // windows: no documents
     const double scale = 0.7;
     // x = [q, k, v]; loss = sum(out * proj) with a fixed random projection.
     std::vector<double> x = convert<double>(random_floats(size_t(nq + 2 * nk), 100 + ci));
@@ -84,7 +88,7 @@ TEST_CASE("attention reference backward matches finite differences in fp64", "[k
     auto loss = [&](const std::vector<double>& xs) {
       std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(c.b * c.t * c.h));
       ref::attention_forward(out.data(), lse.data(), xs.data(), xs.data() + nq, xs.data() + nq + nk,
-                             ds, c.b, c.t, c.h, c.hk, c.d, scale);
+                             ds, c.b, c.t, c.h, c.hk, c.d, scale, window);
       double l = 0;
       for (int64_t i = 0; i < nq; ++i) l += out[i] * proj[i];
       return l;
@@ -92,10 +96,16 @@ TEST_CASE("attention reference backward matches finite differences in fp64", "[k
     std::vector<double> out(static_cast<size_t>(nq)), lse(size_t(c.b * c.t * c.h));
     std::vector<double> grad(x.size());
     ref::attention_forward(out.data(), lse.data(), x.data(), x.data() + nq, x.data() + nq + nk, ds,
-                           c.b, c.t, c.h, c.hk, c.d, scale);
+                           c.b, c.t, c.h, c.hk, c.d, scale, window);
     ref::attention_backward(grad.data(), grad.data() + nq, grad.data() + nq + nk, proj.data(),
                             x.data(), x.data() + nq, x.data() + nq + nk, out.data(), lse.data(), ds,
-                            c.b, c.t, c.h, c.hk, c.d, scale);
+                            c.b, c.t, c.h, c.hk, c.d, scale, false, window);
+    if (window > 0) {  // the window does mask: the output differs from the unwindowed one
+      std::vector<double> full(out.size()), full_lse(lse.size());
+      ref::attention_forward(full.data(), full_lse.data(), x.data(), x.data() + nq, x.data() + nq + nk,
+                             ds, c.b, c.t, c.h, c.hk, c.d, scale);
+      CHECK(max_rel_error(out, full) > 1e-3);
+    }
     const std::vector<double> fd = strata::testing::finite_difference(x, loss);
     INFO("case " << ci << " rel err " << max_rel_error(grad, fd));
     CHECK(max_rel_error(grad, fd) <= 1e-6);

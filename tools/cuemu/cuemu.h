@@ -289,3 +289,6 @@ inline unsigned max(int a, unsigned b) { return max(static_cast<unsigned>(a), b)
 inline unsigned max(unsigned a, int b) { return max(a, static_cast<unsigned>(b)); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
+
+// ---- tensor-core warp matrix ops (nvcuda::wmma) -------------------------------------------------
+#include "tools/cuemu/cuemu_wmma.h"

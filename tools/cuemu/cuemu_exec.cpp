@@ -244,6 +244,13 @@ uint64_t warp_exchange(unsigned mask, uint64_t bits, int src_lane) {
   return r.group->slot[r.parity][src_lane];
 }
 
+void warp_gather(unsigned mask, uint64_t bits, uint64_t* all) {
+  Rendezvous r = warp_rendezvous(mask, bits, "nvcuda::wmma::mma_sync");
+  std::lock_guard<std::mutex> lock(tl_block->warps[tl_linear / 32].m);
+  for (unsigned l = 0; l < 32; ++l)
+    all[l] = (r.group->voters[r.parity] >> l & 1u) ? r.group->slot[r.parity][l] : ~uint64_t{0};
+}
+
 unsigned warp_ballot(unsigned mask, int predicate) {
   Rendezvous r = warp_rendezvous(mask, predicate != 0, "__ballot_sync/__any_sync/__all_sync");
   std::lock_guard<std::mutex> lock(tl_block->warps[tl_linear / 32].m);

@@ -11,9 +11,12 @@
 
 namespace strata::ref {
 
-// First key query t of batch row bi may see (document start, 0 when doc_start is null).
-inline int64_t attention_first_key(const int32_t* doc_start, int64_t bi, int64_t t, int64_t ti) {
-  return doc_start ? int64_t(doc_start[bi * t + ti]) : 0;
+// First key query t of batch row bi may see: its document start (0 when doc_start is null),
+// or with a sliding window (window > 0) the window's first key ti - window + 1 if that is later.
+inline int64_t attention_first_key(const int32_t* doc_start, int64_t bi, int64_t t, int64_t ti,
+                                   int64_t window = 0) {
+  const int64_t doc = doc_start ? int64_t(doc_start[bi * t + ti]) : 0;
+  return window > 0 && ti - window + 1 > doc ? ti - window + 1 : doc;
 }
 
 // p (T, T): softmax probabilities of one (bi, hi); entries outside [first key, t] are 0.
@@ -21,11 +24,11 @@ inline int64_t attention_first_key(const int32_t* doc_start, int64_t bi, int64_t
 template <class T>
 void attention_probs(std::vector<T>& p, T* lse_row, int64_t lse_stride, const T* q, const T* k,
                      const int32_t* doc_start, int64_t bi, int64_t hi, int64_t t, int64_t h,
-                     int64_t hk, int64_t d, T scale) {
+                     int64_t hk, int64_t d, T scale, int64_t window = 0) {
   const int64_t g = hi / (h / hk);
   p.assign(size_t(t * t), T(0));
   for (int64_t i = 0; i < t; ++i) {
-    const int64_t lo = attention_first_key(doc_start, bi, t, i);
+    const int64_t lo = attention_first_key(doc_start, bi, t, i, window);
     const T* qi = q + ((bi * t + i) * h + hi) * d;
     T m = -std::numeric_limits<T>::infinity();
     for (int64_t j = lo; j <= i; ++j) {
@@ -44,14 +47,16 @@ void attention_probs(std::vector<T>& p, T* lse_row, int64_t lse_stride, const T*
 }
 
 // out (B,T,H,D), lse (B,T,H); q (B,T,H,D), k and v (B,T,Hk,D); doc_start (B,T) or null.
+// window > 0: query i sees keys j > i - window only (sliding-window layers); 0: no window.
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* doc_start,
-                       int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, T scale) {
+                       int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, T scale,
+                       int64_t window = 0) {
   std::vector<T> p;  // (T, T)
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t hi = 0; hi < h; ++hi) {
       const int64_t g = hi / (h / hk);
-      attention_probs(p, lse + bi * t * h + hi, h, q, k, doc_start, bi, hi, t, h, hk, d, scale);
+      attention_probs(p, lse + bi * t * h + hi, h, q, k, doc_start, bi, hi, t, h, hk, d, scale, window);
       for (int64_t i = 0; i < t; ++i) {
         T* oi = out + ((bi * t + i) * h + hi) * d;
         for (int64_t e = 0; e < d; ++e) oi[e] = 0;
@@ -71,7 +76,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                         const T* out, const T* lse, const int32_t* doc_start, int64_t b, int64_t t,
-                        int64_t h, int64_t hk, int64_t d, T scale, bool bf16_weights = false) {
+                        int64_t h, int64_t hk, int64_t d, T scale, bool bf16_weights = false,
+                        int64_t window = 0) {
   auto weight = [bf16_weights](T x) {
     return bf16_weights ? T(bf16_to_f32(f32_to_bf16(float(x)))) : x;
   };
@@ -89,7 +95,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         T di = 0;
         for (int64_t e = 0; e < d; ++e) di += doi[e] * oi[e];
         for (int64_t e = 0; e < d; ++e) dqi[e] = 0;
-        for (int64_t j = attention_first_key(doc_start, bi, t, i); j <= i; ++j) {
+        for (int64_t j = attention_first_key(doc_start, bi, t, i, window); j <= i; ++j) {
           const T* kj = k + ((bi * t + j) * hk + g) * d;
           const T* vj = v + ((bi * t + j) * hk + g) * d;
           T s = 0, dp = 0;
