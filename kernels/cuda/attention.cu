@@ -36,38 +36,6 @@ constexpr int kFwdRowsPerWarp = kFwdRows / kAttnWarps;
 constexpr int kBwdRows = 8;                           // queries per backward step / block
 constexpr int kBwdRowsPerWarp = kBwdRows / kAttnWarps;
 
-// The first key query tq may see: its document start clamped into [0, tq] (a bad doc_start
-// raises the error bit), or the window's first key tq - window + 1 when that is later.
-__device__ __forceinline__ int64_t attention_first_key(const int32_t* doc_start, int64_t bi,
-                                                       int64_t t, int64_t tq, int64_t window,
-                                                       int* error_word) {
-  int64_t ds = 0;
-  if (doc_start) {
-    ds = doc_start[bi * t + tq];
-    if (ds < 0 || ds > tq) {
-      kernel_error_raise(error_word, kErrorDocStart);
-      ds = ds < 0 ? 0 : tq;
-    }
-  }
-  return window > 0 && tq - window + 1 > ds ? tq - window + 1 : ds;
-}
-
-// Smallest first key over queries t0 .. t0+nq-1 (every thread computes it; nq <= 16 reads).
-__device__ __forceinline__ int64_t attention_tile_first_key(const int32_t* doc_start, int64_t bi,
-                                                            int64_t t, int64_t t0, int nq,
-                                                            int64_t window) {
-  const int64_t window_first = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0;
-  if (!doc_start) return window_first;  // the first query's first key is the smallest
-  int64_t first = t0 + nq - 1;
-  for (int r = 0; r < nq; ++r) {
-    int64_t ds = doc_start[bi * t + t0 + r];
-    ds = ds < 0 ? 0 : (ds > t0 + r ? t0 + r : ds);
-    if (window > 0 && t0 + r - window + 1 > ds) ds = t0 + r - window + 1;
-    first = ds < first ? ds : first;
-  }
-  return first;
-}
-
 // rows (n_rows, kD+1 padded) of head `head` of x (B,T,nh,D) from token t0; zero past d / rows;
 // rounded to bf16 (nearest even) with bf16 dots.
 template <int kD>

@@ -146,41 +146,6 @@ struct BwdQTiles {
   }
 };
 
-// The first key query tq may see: its document start (clamped into [0, tq]; a bad one raises
-// the error bit) or the window's first key, whichever is later.
-__device__ __forceinline__ int64_t tc_first_key(const int32_t* doc_start, int64_t bi, int64_t t,
-                                                int64_t tq, int64_t window, int* error_word) {
-  int64_t first = 0;
-  if (doc_start) {
-    first = doc_start[bi * t + tq];
-    if (first < 0 || first > tq) {
-      kernel_error_raise(error_word, kErrorDocStart);
-      first = first < 0 ? 0 : tq;
-    }
-  }
-  if (window > 0 && tq - window + 1 > first) first = tq - window + 1;
-  return first;
-}
-
-// Smallest first key over queries t0 .. t0+nq-1 (every thread computes it: block-uniform).
-__device__ __forceinline__ int64_t tc_tile_first_key(const int32_t* doc_start, int64_t bi,
-                                                     int64_t t, int64_t t0, int nq,
-                                                     int64_t window) {
-  int64_t first = t0 + nq - 1;
-  for (int r = 0; r < nq; ++r) {
-    const int64_t tq = t0 + r;
-    int64_t ds = 0;
-    if (doc_start) {
-      ds = doc_start[bi * t + tq];
-      ds = ds < 0 ? 0 : (ds > tq ? tq : ds);
-    }
-    if (window > 0 && tq - window + 1 > ds) ds = tq - window + 1;
-    first = ds < first ? ds : first;
-    if (!doc_start) break;  // without documents the first query's first key is the smallest
-  }
-  return first;
-}
-
 // rows (n_rows, kD) bf16 at row stride kLdx <- head `head` of x (B,T,nh,d) from token t0; zero
 // past t and past d. Four columns a thread (one 16-byte load where d and x allow).
 template <int kD, int kThreads>
@@ -229,6 +194,22 @@ __device__ __forceinline__ void tc_tile_abt(float* c, int ldc, const bf16* a, co
   wmma::store_matrix_sync(c, acc, unsigned(ldc), wmma::mem_row_major);
 }
 
+// acc += a (16, key tiles x 16) · b (key tiles x 16, 16): a's row tile of the (rows, keys)
+// weights (P or dS, bf16 at lda), b's column tile of the key block's rows (V or K, bf16 at ldb),
+// key tiles 0.. until the first one wholly past the tile's last query (causal; warp-uniform):
+// key tile kb starts at key first_key + 16 kb, the tile's last query is last_query.
+__device__ __forceinline__ void tc_accumulate_keys(FragC& acc, const bf16* a, int lda, const bf16* b, int ldb,
+                                                   int key_tiles, int64_t first_key, int64_t last_query) {
+  for (int kb = 0; kb < key_tiles; ++kb) {
+    if (first_key + kb * kTc > last_query) break;
+    FragA fa;
+    FragB fb;
+    wmma::load_matrix_sync(fa, a + kb * kTc, unsigned(lda));
+    wmma::load_matrix_sync(fb, b + kb * kTc * ldb, unsigned(ldb));
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+}
+
 // The warp's (16,16) tile acc, times `scale`, into rows [row0, row0 + n_rows) and columns
 // [col0, col0 + 16) of x (tokens, nh, d) head `head` (columns past d dropped), via stage.
 __device__ __forceinline__ void tc_store_tile(float* x, const FragC& acc, float* stage,
@@ -269,7 +250,7 @@ attention_tc_forward_kernel(float* out, float* lse, const float* q, const float*
   for (int r = tid; r < kRows; r += kThreads) {
     sh.m[r] = -INFINITY;
     sh.l[r] = 0.f;
-    sh.first[r] = r < nq ? tc_first_key(doc_start, bi, t, t0 + r, window, error_word) : 0;
+    sh.first[r] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, window, error_word) : 0;
   }
   for (int e = tid; e < kTc * kTc; e += kThreads) sh.row_of[e] = float(e / kTc);
   __syncthreads();
@@ -279,7 +260,7 @@ attention_tc_forward_kernel(float* out, float* lse, const float* q, const float*
 #pragma unroll
   for (int j = 0; j < kOPerWarp; ++j) wmma::fill_fragment(o[j], 0.f);
 
-  const int64_t first_key = tc_tile_first_key(doc_start, bi, t, t0, nq, window);
+  const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq, window);
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     __syncthreads();  // the previous tile's K, V and P are consumed
     tc_load_tile<kD, kThreads>(sh.k, kKeys, k, bi, t, s0, g, hk, d);
@@ -334,14 +315,8 @@ attention_tc_forward_kernel(float* out, float* lse, const float* q, const float*
 #pragma unroll
       for (int e = 0; e < FragC::num_elements; ++e)
         o[j].x[e] *= sh.alpha[rb * kTc + int(row_of.x[e])];
-      for (int kb = 0; kb < kKeys / kTc; ++kb) {
-        if (s0 + kb * kTc > t0 + rb * kTc + kTc - 1) break;  // warp-uniform
-        FragA fp;
-        FragB fv;
-        wmma::load_matrix_sync(fp, sh.p + rb * kTc * kLdp + kb * kTc, kLdp);
-        wmma::load_matrix_sync(fv, sh.v + kb * kTc * kLdx + cb * kTc, kLdx);
-        wmma::mma_sync(o[j], fp, fv, o[j]);
-      }
+      tc_accumulate_keys(o[j], sh.p + rb * kTc * kLdp, kLdp, sh.v + cb * kTc, kLdx, kKeys / kTc, s0,
+                         t0 + rb * kTc + kTc - 1);
     }
   }
 
@@ -384,7 +359,7 @@ __device__ __forceinline__ void tc_row_stats(float* s_lse, float* s_di, int64_t*
     if (lane == 0) {
       s_di[r] = di;
       s_lse[r] = r < nq ? lse[(bi * t + t0 + r) * h + hi] : 0.f;
-      s_first[r] = r < nq ? tc_first_key(doc_start, bi, t, t0 + r, window, error_word) : t;
+      s_first[r] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, window, error_word) : t;
     }
   }
 }
@@ -458,7 +433,7 @@ attention_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const f
   for (int64_t hi = g * rep; hi < (g + 1) * rep; ++hi) {
     for (int64_t t0 = s0 / kRows * kRows; t0 < t_end; t0 += kRows) {
       const int nq = int(t - t0 < kRows ? t - t0 : kRows);
-      if (tc_tile_first_key(doc_start, bi, t, t0, nq, window) > last_key) continue;  // uniform
+      if (attention_tile_first_key(doc_start, bi, t, t0, nq, window) > last_key) continue;  // uniform
       __syncthreads();  // the previous step's tiles are consumed
       tc_load_tile<kD, kThreads>(sh.q, kRows, q, bi, t, t0, hi, h, d);
       tc_load_tile<kD, kThreads>(sh.dout, kRows, dout, bi, t, t0, hi, h, d);
@@ -534,7 +509,7 @@ attention_tc_backward_q_kernel(float* dq, const float* dout, const float* q, con
 #pragma unroll
   for (int j = 0; j < kPerWarp; ++j) wmma::fill_fragment(acc[j], 0.f);
 
-  const int64_t first_key = tc_tile_first_key(doc_start, bi, t, t0, nq, window);
+  const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq, window);
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     const int nk = int(t - s0 < kKeys ? t - s0 : kKeys);
     __syncthreads();  // the previous step's K, V and dS are consumed (and the stats written)
@@ -549,14 +524,8 @@ attention_tc_backward_q_kernel(float* dq, const float* dout, const float* q, con
       const int job = warp + kWarps * j;
       if (job >= kTiles) break;  // warp-uniform
       const int rb = job / kColTiles, cb = job % kColTiles;
-      for (int kb = 0; kb < kKeys / kTc; ++kb) {
-        if (s0 + kb * kTc > t0 + rb * kTc + kTc - 1) break;
-        FragA fds;
-        FragB fk;
-        wmma::load_matrix_sync(fds, sh.ds + rb * kTc * kLdp + kb * kTc, kLdp);
-        wmma::load_matrix_sync(fk, sh.k + kb * kTc * kLdx + cb * kTc, kLdx);
-        wmma::mma_sync(acc[j], fds, fk, acc[j]);
-      }
+      tc_accumulate_keys(acc[j], sh.ds + rb * kTc * kLdp, kLdp, sh.k + cb * kTc, kLdx, kKeys / kTc, s0,
+                         t0 + rb * kTc + kTc - 1);
     }
   }
 

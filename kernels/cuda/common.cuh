@@ -96,6 +96,39 @@ __device__ __forceinline__ void kernel_error_raise(int* error_word, int bit) {
   if (error_word) atomicOr(error_word, bit);
 }
 
+// The first key query tq may see: its document start clamped into [0, tq] (a bad doc_start
+// raises the error bit), or the window's first key tq - window + 1 when that is later.
+__device__ __forceinline__ int64_t attention_first_key(const int32_t* doc_start, int64_t bi,
+                                                       int64_t t, int64_t tq, int64_t window,
+                                                       int* error_word) {
+  int64_t ds = 0;
+  if (doc_start) {
+    ds = doc_start[bi * t + tq];
+    if (ds < 0 || ds > tq) {
+      kernel_error_raise(error_word, kErrorDocStart);
+      ds = ds < 0 ? 0 : tq;
+    }
+  }
+  return window > 0 && tq - window + 1 > ds ? tq - window + 1 : ds;
+}
+
+// Smallest first key over queries t0 .. t0+nq-1 (every thread computes it: block-uniform; with
+// documents, nq reads).
+__device__ __forceinline__ int64_t attention_tile_first_key(const int32_t* doc_start, int64_t bi,
+                                                            int64_t t, int64_t t0, int nq,
+                                                            int64_t window) {
+  const int64_t window_first = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0;
+  if (!doc_start) return window_first;  // the first query's first key is the smallest
+  int64_t first = t0 + nq - 1;
+  for (int r = 0; r < nq; ++r) {
+    int64_t ds = doc_start[bi * t + t0 + r];
+    ds = ds < 0 ? 0 : (ds > t0 + r ? t0 + r : ds);
+    if (window > 0 && t0 + r - window + 1 > ds) ds = t0 + r - window + 1;
+    first = ds < first ? ds : first;
+  }
+  return first;
+}
+
 __device__ __forceinline__ float bf16_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ __nv_bfloat16 bf16_from(float x) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ float bf16_load_rounded(float x) { return __bfloat162float(bf16_from(x)); }
