@@ -21,6 +21,11 @@ enum class RecomputeMode : uint8_t { automatic, always, never };
 enum class StateTier : uint8_t { automatic, host, nvme };
 // offload.accumulation: the schedule over a step's micro-batches.
 enum class AccumulationMode : uint8_t { automatic, micro_batch, layer_major };
+// offload.speculative_update: with clipping, start a group's AdamW as its gradient lands in the
+// last backward, before the global norm is known, keeping its master and moments to redo the
+// update exactly when the norm clips (engine.cpp); auto: where the plan finds it faster and the
+// backup fits; on: as many groups as the host budget holds; off: never.
+enum class SpeculateMode : uint8_t { automatic, on, off };
 
 // A mode's spellings: its recipe key and every value's name, in the order messages list them. One
 // table per enum, found by mode_table(E{}) (here, beside the enums elsewhere, and in
@@ -53,6 +58,8 @@ inline constexpr ModeSpelling<StateTier> kStateTiers[] = {
     {StateTier::automatic, "auto"}, {StateTier::host, "host"}, {StateTier::nvme, "nvme"}};
 inline constexpr ModeSpelling<AccumulationMode> kAccumulationModes[] = {{AccumulationMode::automatic, "auto"},
     {AccumulationMode::layer_major, "layer_major"}, {AccumulationMode::micro_batch, "micro_batch"}};
+inline constexpr ModeSpelling<SpeculateMode> kSpeculateModes[] = {
+    {SpeculateMode::automatic, "auto"}, {SpeculateMode::on, "on"}, {SpeculateMode::off, "off"}};
 
 constexpr ModeTable<WeightsMode> mode_table(WeightsMode) { return mode_table_of("offload.weights", kWeightsModes); }
 constexpr ModeTable<CheckpointMode> mode_table(CheckpointMode) {
@@ -62,6 +69,9 @@ constexpr ModeTable<RecomputeMode> mode_table(RecomputeMode) { return mode_table
 constexpr ModeTable<StateTier> mode_table(StateTier) { return mode_table_of("offload.optimizer", kStateTiers); }
 constexpr ModeTable<AccumulationMode> mode_table(AccumulationMode) {
   return mode_table_of("offload.accumulation", kAccumulationModes);
+}
+constexpr ModeTable<SpeculateMode> mode_table(SpeculateMode) {
+  return mode_table_of("offload.speculative_update", kSpeculateModes);
 }
 
 // The recipe's spelling of a value ("stream", "auto", "layer_major", ...), for messages.

@@ -41,6 +41,7 @@
 // scatter, which reads ids_host and dx0_host; not for the optimizer updates queued after it).
 #include "offload/engine/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -127,8 +128,13 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
   }
   create_events();
   objective_ = std::make_unique<TokenCrossEntropy>();
-  if (!lora_) optimizer_ = std::make_unique<HostAdamW>(store_, store_.placement());  // LoRA: lora_optimizer_step
+  if (!lora_) {  // LoRA: lora_optimizer_step
+    auto adamw = std::make_unique<HostAdamW>(store_, store_.placement());
+    adamw_ = adamw.get();
+    optimizer_ = std::move(adamw);
+  }
   reduction_ = std::make_unique<NoGradReduction>();
+  set_speculated_groups(opt_.speculate_first_group, opt_.speculate_end_group);
 }
 
 void Engine::set_loss_objective(std::unique_ptr<LossObjective> objective) {
@@ -303,6 +309,7 @@ std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind k
       lora_dropout_.seeds.push_back(lora_dropout_seed(opt_.lora.seed, lora_dropout_.step, lora_dropout_.next));
   }
   if (kind == StepKind::forward_backward) {  // the gradients change: a gathered norm is stale
+    STRATA_ASSERT(!speculation_pending(), "a pass ran between a speculated step's last pass and its optimizer_step");
     group_sq_gathered_ = false;
     if (landed) {
       landed_ = *landed;
@@ -685,6 +692,7 @@ void Engine::set_grad_reduction(std::unique_ptr<GradReduction> reduction) {
   synchronize();
   reduction_ = std::move(reduction);
   lora_host_accumulation_ = lora_ != nullptr;  // data parallel: the adapters' G on the host
+  spec_.allowed = false;  // a rank's landing is not the all-reduced gradient's
 }
 
 void Engine::zero_grads() {
@@ -695,6 +703,7 @@ void Engine::zero_grads() {
     std::memset(lora_->grad(), 0, shape_.lora_bytes);
     return;
   }
+  STRATA_ASSERT(!speculation_pending(), "gradients zeroed between a speculated step's last pass and its optimizer_step");
   std::memset(store_.grad(), 0, bytes_of<float>(int64_t(store_.f32_floats())));
   group_sq_gathered_ = false;
 }
@@ -756,9 +765,11 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
   const double norm = global_norm();
   params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
   begin_optimizer_pass(false);
-  for (size_t gi = 0; gi < store_.groups().size(); ++gi)
-    if (reduction_->updates_group(gi))
-      layer_pass_->queue_update(gi, [this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
+  for (size_t gi = 0; gi < store_.groups().size(); ++gi) {
+    if (!reduction_->updates_group(gi)) continue;
+    if (spec_.pending.size() > gi && spec_.pending[gi]) optimizer_queue_speculated(gi, params, weight_decay);
+    else layer_pass_->queue_update(gi, [this, gi, params, weight_decay] { optimizer_->update(gi, params, weight_decay); });
+  }
   layer_pass_->mark_stale();
   if (shared) {  // every group updated (by its rank) before any rank uploads weights again
     layer_pass_->optimizer_wait([&] { layer_pass_->host().drain(); });
@@ -784,6 +795,18 @@ double Engine::group_sum_of_squares(size_t gi) const {
 // Queued on the host right behind the last addition into group gi's gradient of the pass.
 void Engine::update_group_when_landed(size_t gi) {
   if (!landed_.active) return;
+  if (!landed_.update && landed_.speculate && spec_.offset[gi] != SIZE_MAX) {  // the square, and the update ahead
+    const AdamWParams params = landed_.params;
+    const double wd = landed_.weight_decay;
+    char* backup = spec_.backup.get() + spec_.offset[gi];
+    spec_.pending[gi] = 1;
+    ++spec_.updates;
+    layer_pass_->queue_update(gi, [this, gi, params, wd, backup] {
+      group_sq_[gi] = group_sum_of_squares(gi);
+      adamw_->speculate(gi, params, wd, backup);
+    });
+    return;
+  }
   if (!landed_.update) {  // a *_last pass: the square only; optimizer_step updates
     layer_pass_->host().enqueue([this, gi] { group_sq_[gi] = group_sum_of_squares(gi); });
     return;
@@ -820,14 +843,25 @@ std::vector<double> Engine::pass_update(const MicroBatch* mbs, size_t g, float g
   return losses;
 }
 
-double Engine::forward_backward_last(const MicroBatch& mb, float grad_scale) {
-  return forward_backward_group_last({mb}, grad_scale).front();
+double Engine::forward_backward_last(const MicroBatch& mb, float grad_scale, const AdamWParams* speculate,
+                                     double weight_decay) {
+  return forward_backward_group_last({mb}, grad_scale, speculate, weight_decay).front();
 }
 
-std::vector<double> Engine::forward_backward_group_last(const std::vector<MicroBatch>& mbs, float grad_scale) {
+std::vector<double> Engine::forward_backward_group_last(const std::vector<MicroBatch>& mbs, float grad_scale,
+                                                        const AdamWParams* speculate, double weight_decay) {
   if (lora_ || reduction_->shared_store())  // LoRA: the adapters' norm is lora_optimizer_step's
     return run_pass(mbs.data(), mbs.size(), StepKind::forward_backward, grad_scale);
-  std::vector<double> losses = landed_pass(mbs.data(), mbs.size(), grad_scale, {true, false, {}, 0});
+  LandedUpdate mode{true, false, {}, 0, false};
+  if (speculate && spec_.bytes > 0 && spec_.allowed) {
+    mode.speculate = true;
+    mode.params = *speculate;
+    mode.params.clip_scale = 1.0;
+    mode.weight_decay = weight_decay;
+    spec_.params = mode.params;
+    spec_.weight_decay = weight_decay;
+  }
+  std::vector<double> losses = landed_pass(mbs.data(), mbs.size(), grad_scale, mode);
   group_sq_gathered_ = true;
   return losses;
 }
@@ -869,10 +903,10 @@ StepOutcome Engine::train_step(const StepWork& work) {
   const bool layer_major = opt_.group > 1;
   StepOutcome out;
   if (work.gradients_first) {  // the last pass gathers the norm's squares as the gradients land
-    if (layer_major) out.losses = forward_backward_group_last(micro, scale);
+    if (layer_major) out.losses = forward_backward_group_last(micro, scale, &work.hyper, work.weight_decay);
     else {
       for (size_t a = 0; a + 1 < micro.size(); ++a) out.losses.push_back(forward_backward(micro[a], scale));
-      out.losses.push_back(forward_backward_last(micro.back(), scale));
+      out.losses.push_back(forward_backward_last(micro.back(), scale, &work.hyper, work.weight_decay));
     }
     out.grad_norm = optimizer_step(work.hyper, work.max_grad_norm, work.weight_decay);
     return out;
@@ -908,6 +942,8 @@ EngineStats Engine::stats() const {
   s.nvme_write_bytes = st.write_bytes + (spill_ ? spill_->write_bytes() : 0);
   s.nvme_wait_s = st.wait_s + nvme_exposed_s_;
   s.nvme_busy_s = file_engines_busy_seconds();
+  s.speculated_updates = spec_.updates;
+  s.speculation_redos = spec_.redos;
   return s;
 }
 

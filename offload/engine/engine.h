@@ -107,8 +107,21 @@ class Engine final : public StepEngine {
   // each group's sum of squared gradients computed on the host queue right behind the last
   // addition into its gradient, inside backward; optimizer_step then finds the global norm
   // gathered instead of reading the whole gradient after backward. Bit-identical either way.
-  double forward_backward_last(const MicroBatch& mb, float grad_scale);
-  std::vector<double> forward_backward_group_last(const std::vector<MicroBatch>& mbs, float grad_scale);
+  // With `speculate` (the step's hyperparameters, as optimizer_step will get them) and the
+  // options' speculated groups, each of those groups' AdamW also starts as it lands (clip scale
+  // 1, master and moments backed up); optimizer_step commits or redoes it (engine.cpp
+  // "Speculation"). Bit-identical either way.
+  double forward_backward_last(const MicroBatch& mb, float grad_scale, const AdamWParams* speculate = nullptr,
+                               double weight_decay = 0);
+  std::vector<double> forward_backward_group_last(const std::vector<MicroBatch>& mbs, float grad_scale,
+                                                  const AdamWParams* speculate = nullptr, double weight_decay = 0);
+  // The speculated groups [first, end) from now on (first >= end: none), their backup allocated
+  // again: between steps only (the trainer's plan with the data counted may leave room for fewer).
+  void set_speculated_groups(size_t first, size_t end);
+  // Speculation so far: groups updated ahead of the norm, and of those redone because it clipped.
+  size_t speculated_updates() const { return spec_.updates; }
+  size_t speculation_redos() const { return spec_.redos; }
+  size_t speculation_backup_bytes() const { return spec_.bytes; }
 
   // The optimizer step over the accumulated gradients: exact global norm (the per-group sums of
   // squares, added in group order: gathered by a *_last pass, else computed here), clip, the
@@ -273,7 +286,24 @@ class Engine final : public StepEngine {
     bool update = true;                      // false: each landed group's sum of squares only (*_last)
     AdamWParams params;
     double weight_decay = 0;
+    bool speculate = false;                  // *_last: the speculated groups' updates start too
   } landed_;                                 // forward_backward_update's pending updates
+  // Speculation (engine.cpp): the backup of the speculated groups' master, m and v (offset[g],
+  // SIZE_MAX: g not speculated), which groups hold an update waiting for the norm, and the
+  // hyperparameters it ran with.
+  struct Speculation {
+    std::unique_ptr<char[]> backup;
+    size_t bytes = 0;
+    std::vector<size_t> offset;
+    std::vector<uint8_t> pending;
+    AdamWParams params;
+    double weight_decay = 0;
+    bool allowed = true;                     // false once data parallel reduces the gradients
+    size_t updates = 0, redos = 0;
+  } spec_;
+  HostAdamW* adamw_ = nullptr;               // optimizer_, typed (null in LoRA mode)
+  bool speculation_pending() const;
+  void optimizer_queue_speculated(size_t group, const AdamWParams& params, double weight_decay);
   std::vector<double> group_sq_;             // per group: sum of squared gradients (it updated with)
   bool group_sq_gathered_ = false;           // a *_last pass gathered group_sq_ for the gradients now held
   std::vector<double> landed_pass(const MicroBatch* mbs, size_t g, float grad_scale, const LandedUpdate& mode);

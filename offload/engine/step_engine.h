@@ -38,6 +38,8 @@ struct EngineStats {
   double nvme_wait_s = 0;         // the optimizer's pass blocked on NVMe reads or write-backs, plus
                                   // the trainer thread blocked on checkpoint files
   double nvme_busy_s = 0;         // disk time: some NVMe transfer in flight (file_engines_busy_seconds)
+  uint64_t speculated_updates = 0;  // groups updated ahead of the global norm (offload.speculative_update)
+  uint64_t speculation_redos = 0;   // ... of which redone because the norm clipped
 };
 
 // The trainer thread blocks in `wait`; returns the part of that time the compute stream was

@@ -214,6 +214,9 @@ void plan_host(PlanParts& x, const PlanChoice& choice) {
       x.add("NVMe checkpoint file staging", Tier::host, CheckpointSpill::host_bytes());
     }
   }
+  if (choice.speculate_end_group > choice.speculate_first_group)
+    x.add(kSpeculationBackupKind, Tier::host,
+          speculation_backup_bytes(layout, in.moments, choice.speculate_first_group, choice.speculate_end_group));
   if (choice.optimizer_nvme) {  // the placement's own sizes (offload/state/nvme_state.h): files, window, staging
     HostStoreOptions so;
     so.state_on_nvme = true;
@@ -279,6 +282,13 @@ void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
 }  // namespace
 
 
+size_t speculation_backup_bytes(const HostStoreLayout& layout, DType moments, size_t first, size_t end) {
+  size_t bytes = 0;
+  for (size_t g = first; g < end && g < layout.groups.size(); ++g)
+    bytes += layout.groups[g].f32_bytes / 4 * (4 + 2 * dtype_size(moments));
+  return bytes;
+}
+
 RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
                           const PlanChoice& choice) {
   check_inputs(in, budgets);
@@ -286,6 +296,13 @@ RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t g
   RunPlan p = plan_decisions(in, group, budgets);
   p.optimizer_on_nvme = choice.optimizer_nvme;
   p.optimizer_nvme_first_group = choice.optimizer_nvme ? choice.optimizer_first_group : 0;
+  if (choice.speculate_end_group > choice.speculate_first_group) {
+    STRATA_ASSERT(choice.speculate_first_group >= 1 && in.optimizer_kind == OptimizerKind::adamw && !in.lora.enabled() &&
+                      (!choice.optimizer_nvme || choice.speculate_end_group <= choice.optimizer_first_group),
+                  "speculation covers RAM groups after the embedding, AdamW, not LoRA");
+    p.speculate_first_group = choice.speculate_first_group;
+    p.speculate_end_group = choice.speculate_end_group;
+  }
   PlanParts x{spec, in, p, HostStore::layout(spec), optimizer_state_needs(in.optimizer_kind)};
   x.zo = in.optimizer_kind == OptimizerKind::zo_sgd;
   x.shape = placement_engine_shape(spec, x.layout, in, group);
@@ -362,6 +379,8 @@ EngineOptions run_plan_engine_options(const RunPlan& plan) {
   eo.head_chunk_rows = plan.head_chunk_rows;
   eo.lora = plan.lora;
   eo.group = plan.group;
+  eo.speculate_first_group = plan.speculate_first_group;
+  eo.speculate_end_group = plan.speculate_end_group;
   return eo;
 }
 

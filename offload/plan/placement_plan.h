@@ -61,6 +61,10 @@ struct PlanInputs {
   // applies (placement_layer_major_obstacle) and fits.
   AccumulationMode accumulation = AccumulationMode::micro_batch;
   int64_t accumulation_steps = 1;
+  // offload.speculative_update: with clipping, the last groups' AdamW starts as their gradients
+  // land, their master and moments backed up in host RAM (RunPlan::speculate_*); automatic: where
+  // the step model finds it faster and the backup fits the host budget.
+  SpeculateMode speculate = SpeculateMode::automatic;
   int ranks = 1;                     // data-parallel ranks (layer-major: one rank only)
   // optim.max_grad_norm > 0: the update waits for every gradient of the step (the global norm);
   // false: each group's update starts as its gradient lands in the last backward (trainer.cpp).
@@ -168,6 +172,9 @@ struct RunPlan {
   // With optimizer_on_nvme: the first parameter group (offload/state/store_layout.h) whose state
   // is on NVMe; groups before it keep theirs in RAM (0: every group on NVMe).
   size_t optimizer_nvme_first_group = 0;
+  // offload.speculative_update: groups [first, end) update ahead of the global norm (empty: none;
+  // EngineOptions::speculate_*), their backup the "speculative update backup" host row.
+  size_t speculate_first_group = 0, speculate_end_group = 0;
   PlanBudgets budgets;                // and with them the NVMe directory and its budget
   std::vector<std::string> problems;  // what does not fit (empty: it fits)
   std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
@@ -190,7 +197,16 @@ struct PlanChoice {
   bool optimizer_nvme = false;        // master + moments of groups >= optimizer_first_group on NVMe
   size_t optimizer_first_group = 0;   // (offload/state/store_layout.h: HostStoreOptions::nvme_first_group)
   bool checkpoints_nvme = false;      // the layer inputs that do not stay on the device go to NVMe
+  // speculated groups [first, end) (offload.speculative_update; empty: none): their master and
+  // moments' backup in host RAM (speculation_backup_bytes)
+  size_t speculate_first_group = 0, speculate_end_group = 0;
 };
+
+// The host bytes of the speculation backup of groups [first, end): master, m and v of each
+// (HostAdamW::speculation_backup_bytes).
+size_t speculation_backup_bytes(const HostStoreLayout& layout, DType moments, size_t first, size_t end);
+// The state-row kind of that backup (RunPlan::bytes_of).
+inline constexpr const char* kSpeculationBackupKind = "speculative update backup";
 
 // The plan of one candidate: the inputs with every choice made (weights device or stream, not
 // automatic), `group` micro-batches per engine pass and `choice`'s tiers; `problems` filled,

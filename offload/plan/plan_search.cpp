@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <optional>
 
@@ -77,6 +78,7 @@ struct Search {
   const PlanBudgets& budgets;
   StepRates rates;
   size_t groups = 0;  // parameter groups of the store (embed, layers, head)
+  HostStoreLayout layout;  // the store's groups (HostStore::layout)
   bool have_best = false;
   Priced best;
 
@@ -116,6 +118,37 @@ struct Search {
     return lo == 0 ? all : placement_plan_at(spec, v, group, budgets, c);
   }
 
+  // The candidate with its updates speculated (offload.speculative_update): the most groups, from
+  // the head down to the first after the embedding, whose backup fits what the host budget
+  // leaves; none where speculation does not apply (no clipping, LoRA, ZO, several ranks), where
+  // the state of the last group is on NVMe, or, for "auto", on the CPU backend (the update and
+  // the backward share the same cores: nothing to hide it behind).
+  std::optional<RunPlan> with_speculation(const PlanInputs& v, int64_t group, bool ckpt_nvme, const RunPlan& p) {
+    if (v.speculate == SpeculateMode::off || !v.clip_grad || v.optimizer_kind != OptimizerKind::adamw ||
+        v.lora.enabled() || v.ranks != 1 || !p.fits())
+      return std::nullopt;
+    if (v.speculate == SpeculateMode::automatic && v.device_in_host_ram) return std::nullopt;
+    const size_t end = p.optimizer_on_nvme ? p.optimizer_nvme_first_group : groups;
+    const size_t room = !budgets.host_bytes ? SIZE_MAX : budgets.host_bytes - std::min(budgets.host_bytes, p.host_total());
+    size_t first = end, bytes = 0;
+    while (first > 1) {
+      const size_t b = speculation_backup_bytes(layout, v.moments, first - 1, first);
+      if (b > room - bytes) break;
+      bytes += b;
+      --first;
+    }
+    if (first >= end) return std::nullopt;
+    PlanChoice c;
+    c.checkpoints_nvme = ckpt_nvme;
+    c.optimizer_nvme = p.optimizer_on_nvme;
+    c.optimizer_first_group = p.optimizer_nvme_first_group;
+    c.speculate_first_group = first;
+    c.speculate_end_group = end;
+    RunPlan s = placement_plan_at(spec, v, group, budgets, c);
+    if (!s.fits()) return std::nullopt;
+    return s;
+  }
+
   void split(PlanInputs v) {
     std::vector<WeightsMode> weights = {v.weights};
     if (v.weights == WeightsMode::automatic)
@@ -149,7 +182,9 @@ struct Search {
           cv.checkpoints = c.mode;
           RunPlan p = with_optimizer(cv, g, c.nvme);
           if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
-          consider(cv, std::move(p));
+          std::optional<RunPlan> ahead = with_speculation(cv, g, c.nvme, p);
+          if (!ahead || cv.speculate != SpeculateMode::on) consider(cv, std::move(p));
+          if (ahead) consider(cv, std::move(*ahead));
         }
   }
 };
@@ -184,6 +219,7 @@ RunPlan search(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& b
   if (priced.link_bytes_per_s <= 0) priced.link_bytes_per_s = fallback.link_bytes_per_s;
   Search s{spec, in, budgets, priced};
   s.groups = spec.layers.size() + 2;
+  s.layout = HostStore::layout(spec);
   for (const auto& [micro, accum] : batch_splits(in)) {
     PlanInputs v = in;
     v.micro_batch = micro;

@@ -469,6 +469,11 @@ struct UpdateCost {
   double state_disk = 0;    // the NVMe groups' state read and written: the disk's time
   double state_io = 0;      // of which on the update's path (nvme_state_path_share)
   double state_crc = 0;     // the state's checksums
+  // speculation (RunPlan::speculate_*): the speculated groups' update (part of ram) runs inside
+  // the last backward, after copying their master and moments to the backup; once the norm is
+  // known each is committed (its gradient zeroed). Priced for a step whose norm does not clip
+  // (a clipping step redoes them after the norm: the serial schedule plus the copies back).
+  double ahead = 0, ahead_copy = 0, commit = 0;
   double update() const { return ram + nvme; }
   // the update with its NVMe state streaming through it: the RAM groups, then the NVMe groups at
   // the pace of the slowest of their update, the disk and the checksums
@@ -496,6 +501,11 @@ UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPla
     u.params += n;
     (gi >= first_nvme ? u.nvme : u.ram) += n * per_param;
     if (gi == 0) u.group0 = n * per_param;
+    if (gi >= plan.speculate_first_group && gi < plan.speculate_end_group) {
+      u.ahead += n * per_param;
+      u.ahead_copy += double(speculation_backup_bytes(layout, in.moments, gi, gi + 1)) / rates.host_bytes_per_s;
+      u.commit += 4 * n / rates.host_bytes_per_s;
+    }
   }
   if (in.clip_grad) {
     u.norm = 4 * u.params / rates.host_bytes_per_s;
@@ -533,15 +543,15 @@ double gpu_step_seconds(const StepParts& p, const UpdateCost& u, const FirstOrde
     *exposed = u.norm + u.update() + 2 * 4 * u.params / p.link_bytes_per_s;
   else if (clip)  // each group's squares as it lands in the last backward (behind that pass's
                   // accumulation), the embedding's after it; then every group's update behind the
-                  // next step's first forward
-    *exposed = std::max(0.0, p.accumulation_pass + u.norm - u.norm_group0 - backward) + u.norm_group0 +
-               std::max(0.0, u.pipeline() - forward);
+                  // next step's first forward (the speculated groups': in the backward, committed after)
+    *exposed = std::max(0.0, p.accumulation_pass + u.norm - u.norm_group0 + u.ahead + u.ahead_copy - backward) +
+               u.norm_group0 + std::max(0.0, u.pipeline() - u.ahead + u.commit - forward);
   else  // each group as it lands in the last backward (the host queue also adds that pass's
         // gradients); the embedding's last, after it, and the next forward waits for it
     *exposed = std::max(0.0, p.accumulation_pass + u.pipeline() - u.group0 - backward) + u.group0;
   // the host queue runs the accumulation and the updates one after the other; the disk carries
   // the checkpoints and the state both
-  return std::max({main + *exposed, p.host + u.norm + u.pipeline(), p.nvme});
+  return std::max({main + *exposed, p.host + u.norm + u.pipeline() + u.ahead_copy + u.commit, p.nvme});
 }
 
 // On the CPU backend the device is the host's cores: compute, accumulation, the update, the
@@ -550,13 +560,13 @@ double gpu_step_seconds(const StepParts& p, const UpdateCost& u, const FirstOrde
 // checkpoint reads share the disk) run on the cores; what of it they do not cover shows.
 double cpu_step_seconds(const StepParts& p, const UpdateCost& u, double checkpoint_read_s_last_pass, bool clip,
                         bool lora, double* exposed) {
-  const double serial = p.compute + p.host + p.checkpoint_crc + u.norm + u.update() + u.state_crc;
+  const double serial = p.compute + p.host + p.checkpoint_crc + u.norm + u.update() + u.state_crc + u.ahead_copy + u.commit;
   double shown = 0;
   if (!lora && u.state_io > 0) {
     const double beside = u.update() + (clip ? p.forward : p.backward);
     shown = std::max(0.0, u.state_io + (clip ? 0 : checkpoint_read_s_last_pass) - beside);
   }
-  *exposed = u.norm + u.update() + u.state_crc + shown;
+  *exposed = u.norm + u.update() + u.state_crc + u.ahead_copy + u.commit + shown;
   return std::max({serial + shown, p.link, p.nvme});
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "src/core/error.h"
 
@@ -13,7 +14,11 @@ constexpr uint64_t kMomentRoundSeed = 0x5354524154414d31ull;
 }  // namespace
 
 void HostAdamW::update(size_t group, const AdamWParams& hyper, double weight_decay) {
-  const ParamGroup& g = store_.groups()[group];
+  step_rows(group, hyper, weight_decay);
+  commit(group);
+}
+
+void HostAdamW::step_rows(size_t group, const AdamWParams& hyper, double weight_decay) {
   const TensorTable& wt = store_.working_table();
   const bool in_place = store_.master_is_working();
   const DType moments = store_.moments_dtype();
@@ -30,7 +35,47 @@ void HostAdamW::update(size_t group, const AdamWParams& hyper, double weight_dec
     adamw_update_isa(adamw_isa_active(), pc.state.master, pc.state.m, pc.state.v, moments, store_.grad_of(r) + pc.first,
                      working, wt[r].dtype, pc.n, p);
   });
+}
+
+// ---- speculation ----------------------------------------------------------------------------
+
+// Sized by the group's f32 span (its rows and the alignment between them), as the plan counts it.
+size_t HostAdamW::speculation_backup_bytes(const HostStore& store, size_t group) {
+  const size_t n = count_of<float>(store.groups()[group].f32_bytes);
+  return n * (sizeof(float) + 2 * store.state_elem_bytes(StateArray::m));  // master, m, v
+}
+
+void HostAdamW::copy_state(size_t group, char* backup, bool save) {
+  const size_t mb = store_.state_elem_bytes(StateArray::m);
+  char* at = backup;
+  for_each_row_piece(store_, placement_, group, [&](const RowPiece& pc) {
+    const std::pair<void*, size_t> arrays[] = {{pc.state.master, sizeof(float)}, {pc.state.m, mb}, {pc.state.v, mb}};
+    for (const auto& [array, elem] : arrays) {
+      STRATA_ASSERT(array, "speculation needs master, m and v of every row (AdamW's state in RAM)");
+      const size_t bytes = size_t(pc.n) * elem;
+      if (save) std::memcpy(at, array, bytes);
+      else std::memcpy(array, at, bytes);
+      at += bytes;
+    }
+  });
+  STRATA_ASSERT(size_t(at - backup) <= speculation_backup_bytes(store_, group), "the speculation backup of group ",
+                group, " is smaller than its walk copies");
+}
+
+void HostAdamW::speculate(size_t group, const AdamWParams& hyper, double weight_decay, char* backup) {
+  STRATA_ASSERT(hyper.clip_scale == 1.0, "a speculative update runs before the norm: clip scale 1");
+  copy_state(group, backup, true);
+  step_rows(group, hyper, weight_decay);  // the gradient stays for a redo
+}
+
+void HostAdamW::commit(size_t group) {
+  const ParamGroup& g = store_.groups()[group];
   std::memset(store_.grad() + count_of<float>(g.f32_offset), 0, g.f32_bytes);  // consumed
+}
+
+void HostAdamW::redo(size_t group, const AdamWParams& hyper, double weight_decay, const char* backup) {
+  copy_state(group, const_cast<char*>(backup), false);
+  update(group, hyper, weight_decay);
 }
 
 }  // namespace strata

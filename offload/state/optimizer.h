@@ -69,7 +69,25 @@ class HostAdamW final : public GroupOptimizer {
   HostAdamW(HostStore& store, StatePlacement& placement) : store_(store), placement_(placement) {}
   void update(size_t group, const AdamWParams& hyper, double weight_decay) override;
 
+  // Speculation (engine.cpp, offload.speculative_update): a clipped step's update of a group
+  // started as its gradient lands, before the global norm is known. speculate() copies the
+  // group's master, m and v into `backup` (speculation_backup_bytes), then updates with `hyper`
+  // (clip scale 1) and keeps the gradient. Once the norm is known: commit() when it did not clip
+  // (consumes the gradient: the state is what update() with clip scale 1 leaves), or redo() when
+  // it did (master, m and v back from `backup`, then update() with the clip scale; the working
+  // copy is written again from the restored master). Either way bit-identical to a plain
+  // update() after the norm. Groups whose state is in RAM only (the backup and the restore are
+  // copies of the placement's ranges, which must stay put).
+  static size_t speculation_backup_bytes(const HostStore& store, size_t group);
+  void speculate(size_t group, const AdamWParams& hyper, double weight_decay, char* backup);
+  void commit(size_t group);
+  void redo(size_t group, const AdamWParams& hyper, double weight_decay, const char* backup);
+
  private:
+  void step_rows(size_t group, const AdamWParams& hyper, double weight_decay);  // AdamW, gradient kept
+  // Copies each row piece's master, m and v into `backup` (save) or back from it, in walk order.
+  void copy_state(size_t group, char* backup, bool save);
+
   HostStore& store_;
   StatePlacement& placement_;
 };

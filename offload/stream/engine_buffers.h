@@ -48,6 +48,12 @@ struct EngineOptions {
   // each layer keeps this many checkpoints (engine.cpp, "Layer-major passes"). The zeroth-order
   // engine: (micro-batch, perturbation) pairs per run, q x k layer-major (engine_zo.h).
   int64_t group = 1;
+  // offload.speculative_update (engine.cpp "Speculation"): a clipped step's AdamW of groups
+  // [speculate_first_group, speculate_end_group) starts as each group's gradient lands in the last
+  // backward, with their master and moments kept in a host backup to redo the update exactly when
+  // the norm clips. Empty (first >= end): none. Group 0 (the embedding, the last to land) never:
+  // its update could start no earlier than the norm. RAM groups only, one rank, not LoRA.
+  size_t speculate_first_group = 0, speculate_end_group = 0;
 };
 
 // The sizes every buffer is derived from: the model's, and the capacity of one micro-batch

@@ -30,6 +30,7 @@ struct RecipeModes {
   RecomputeMode recompute = RecomputeMode::automatic;
   StateTier optimizer_tier = StateTier::automatic;
   AccumulationMode accumulation = AccumulationMode::automatic;
+  SpeculateMode speculate = SpeculateMode::automatic;
   DeviceBackend device{};                                // device.backend (0: cpu)
   CommBackend distributed{};                             // distributed.backend (0: auto)
   Toggle shared_host_store = Toggle::automatic;

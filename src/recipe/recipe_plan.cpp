@@ -33,6 +33,7 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.micro_batch = rc.micro_batch_size * (rc.modes.preference ? 2 : 1);
   in.sequence_len = rc.sequence_len;
   in.accumulation = rc.modes.accumulation;
+  in.speculate = rc.modes.speculate;
   in.accumulation_steps = rc.gradient_accumulation_steps;
   in.pair_rows = rc.modes.preference ? 2 : 1;
   in.global_batch = rc.global_batch_size;

@@ -113,6 +113,8 @@ constexpr RecipeKey kRecipeKeys[] = {
      "recompute each layer's forward in its backward (\"always\"), keep every layer's activations on the device instead (\"never\"), or keep the last layers' while the device budget allows after the checkpoints (\"auto\"); bit-identical either way"},
     {"offload.accumulation", "string", "\"auto\"", &Recipe::offload_accumulation,
      "the schedule over a step's micro-batches: \"layer_major\" (every micro-batch through each layer while its weights are on the device: weights cross twice per step), \"micro_batch\" (one micro-batch at a time: twice per micro-batch) or \"auto\" (layer_major where it applies and fits); zo-sgd: the step's perturbations x micro-batches dual forwards, the weights once per step layer_major, once per dual forward micro_batch"},
+    {"offload.speculative_update", "string", "\"auto\"", &Recipe::offload_speculative_update,
+     "with optim.max_grad_norm > 0: \"on\" starts the AdamW of the last groups (head, last layers) as their gradients land in the last backward, before the global norm is known, their master and moments backed up in host RAM so a clipping norm redoes them exactly (bit-identical either way); as many groups as the host budget holds; \"auto\": where the step model finds it faster (never on the cpu backend); \"off\": never"},
     {"offload.host_memory", "size", "", &Recipe::host_memory,
      "host RAM budget for weights, optimizer state and staging (unset = the machine's available memory)"},
     {"offload.optimizer", "string", "\"auto\"", &Recipe::offload_optimizer,

@@ -218,7 +218,7 @@ PreferenceStepOutcome PreferenceTrainer::step(const std::vector<std::vector<int6
     const bool last = a + per_pass == micro.size();  // updates as gradients land (no clip), else gathers the norm
     const std::vector<double> losses = !last                ? engine_.forward_backward_group(pass, 1.f)
                                        : max_grad_norm <= 0 ? engine_.forward_backward_group_update(pass, 1.f, params, weight_decay)
-                                                            : engine_.forward_backward_group_last(pass, 1.f);
+                                                            : engine_.forward_backward_group_last(pass, 1.f, &params, weight_decay);
     for (size_t m = 0; m < per_pass; ++m) {  // in micro-batch order, as one at a time adds them
       out.loss += losses[m];
       out.metrics.add(head_->result(m).metrics);

@@ -192,6 +192,7 @@ class TrainRun {
   void say_accumulation(const ModelSpec& spec) const;
   void release_model();
   void check_allocations_against_plan();
+  void say_speculation() const;
   void load_data();
   void plan_with_data();
   void load_weights();
@@ -537,6 +538,25 @@ void TrainRun::check_allocations_against_plan() {
                   plan_.device_checkpoints, "), kept activations of ", kept_layers, " layers (plan ",
                   plan_.kept_activation_layers, "), kept logits of ", kept_chunks, " lm_head chunks (plan ",
                   plan_.kept_logit_chunks, ")");
+  if (first_order_)
+    STRATA_ASSERT(first_order_->speculation_backup_bytes() == plan_.bytes_of(kSpeculationBackupKind),
+                  "the placement plan and the engine disagree on the speculation backup: ",
+                  first_order_->speculation_backup_bytes(), " bytes, the plan ", plan_.bytes_of(kSpeculationBackupKind));
+}
+
+// offload.speculative_update, said at start when it was asked for or chosen.
+void TrainRun::say_speculation() const {
+  const char* asked = mode_name(plan_in_.speculate);
+  const size_t first = plan_.speculate_first_group, end = plan_.speculate_end_group;
+  if (end > first) {
+    std::fprintf(stderr, "strata train: offload.speculative_update = \"%s\": %zu of %zu parameter groups (from the head "
+                 "down) start AdamW as their gradients land, before the norm; backup %s\n", asked, end - first,
+                 store_->groups().size(), format_bytes(plan_.bytes_of(kSpeculationBackupKind)).c_str());
+  } else if (plan_in_.speculate == SpeculateMode::on) {
+    std::fprintf(stderr, "strata train: offload.speculative_update = \"on\": no group speculated (it needs "
+                 "optim.max_grad_norm > 0, AdamW without LoRA, one rank, the last group's state in RAM and host room "
+                 "for a group's master and moments)\n");
+  }
 }
 
 // The training and eval data, tokenized, and their bytes in the plan's inputs.
@@ -566,8 +586,14 @@ void TrainRun::plan_with_data() {
     release_model();
     set_up_model();
   }
+  if (first_order_) {  // the rows may leave room for fewer speculated groups than the engine was built with
+    first_order_->set_speculated_groups(plan_.speculate_first_group, plan_.speculate_end_group);
+    STRATA_ASSERT(first_order_->speculation_backup_bytes() == plan_.bytes_of(kSpeculationBackupKind),
+                  "the placement plan and the engine disagree on the speculation backup");
+  }
   placement_plan_check(plan_);
   if (!dist_.primary()) return;  // every rank plans the same; rank 0 says it and writes it
+  say_speculation();
   std::fprintf(stderr, "strata train: placement plan\n%s", placement_plan_table(plan_).c_str());
   file_write_atomic(rc_.output_dir + "/plan.json", placement_plan_json(plan_).dump(1) + "\n");
 }
@@ -901,6 +927,10 @@ void TrainRun::record(const StepResult& r) {
       {"link_bytes", e1.link_bytes - e0.link_bytes},
       {"link_busy_s", (r.c1.h2d_busy_s - r.c0.h2d_busy_s) + (r.c1.d2h_busy_s - r.c0.d2h_busy_s)}};
   rec["op_s"] = op_seconds(r.c0, r.c1);
+  if (plan_.speculate_end_group > plan_.speculate_first_group) {  // offload.speculative_update
+    rec["speculated_groups"] = e1.speculated_updates - e0.speculated_updates;
+    rec["speculation_redone"] = e1.speculation_redos - e0.speculation_redos;
+  }
   if (!r.preference.is_null()) rec.update(r.preference);
   rec.update(r.extra);
   if (reduction_) {  // recipes/README.md: comm_bytes, comm_s, comm_hidden_s
