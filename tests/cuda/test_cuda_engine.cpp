@@ -105,9 +105,12 @@ namespace {
 // nvme_first_group > 0: only the state of groups from it on is on NVMe (the plan's split).
 // gathered: the step's last pass gathers the clipped step's norm as gradients land (train_step's
 // forward_backward_last / forward_backward_group_last); clip: optim.max_grad_norm.
+// speculate_first > 0 (with gathered): groups from it to the RAM part's end update ahead of the
+// norm (offload.speculative_update), committed or redone once it is known.
 std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme, int accum = 1,
                                                             bool layer_major = false, size_t nvme_first_group = 0,
-                                                            bool gathered = false, double clip = 1.0) {
+                                                            bool gathered = false, double clip = 1.0,
+                                                            size_t speculate_first = 0) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                       {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 6},
                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
@@ -128,6 +131,10 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   eo.max_batch = 2;
   eo.max_tokens = 16;
   eo.group = layer_major ? accum : 1;
+  if (speculate_first > 0) {
+    eo.speculate_first_group = speculate_first;
+    eo.speculate_end_group = on_nvme ? nvme_first_group : store.groups().size();
+  }
   Engine engine(dev, store, eo);
   const MicroBatch mb = testing::strided_batch(2, 16, 300, 37);
   std::vector<MicroBatch> mbs;
@@ -136,17 +143,18 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   std::vector<double> losses;
   for (int step = 1; step <= 2; ++step) {
     const float scale = 1.f / float(counted);
-    if (layer_major) {
-      for (double l : gathered ? engine.forward_backward_group_last(mbs, scale) : engine.forward_backward_group(mbs, scale))
-        losses.push_back(l);
-    } else {
-      for (size_t a = 0; a < mbs.size(); ++a)
-        losses.push_back(gathered && a + 1 == mbs.size() ? engine.forward_backward_last(mbs[a], scale)
-                                                         : engine.forward_backward(mbs[a], scale));
-    }
     AdamWParams ap;
     ap.lr = 1e-3;
     ap.step = step;
+    const AdamWParams* ahead = speculate_first > 0 ? &ap : nullptr;
+    if (layer_major) {
+      for (double l : gathered ? engine.forward_backward_group_last(mbs, scale, ahead, 0.0) : engine.forward_backward_group(mbs, scale))
+        losses.push_back(l);
+    } else {
+      for (size_t a = 0; a < mbs.size(); ++a)
+        losses.push_back(gathered && a + 1 == mbs.size() ? engine.forward_backward_last(mbs[a], scale, ahead, 0.0)
+                                                         : engine.forward_backward(mbs[a], scale));
+    }
     losses.push_back(engine.optimizer_step(ap, clip, 0.0));  // the norm
   }
   losses.push_back(engine.forward_loss(mb));
@@ -191,6 +199,25 @@ TEST_CASE("the CUDA backend: the clipped step's norm gathered as gradients land 
       }
   // the clip mattered: clipping every step moved the weights less than never clipping
   CHECK(nvme_run(*cuda, false, 2, false, 0, true, 1e-3).second != nvme_run(*cuda, false, 2, false, 0, true, 1e6).second);
+}
+
+TEST_CASE("the CUDA backend: speculative updates equal the serial clipped step bit for bit", "[cuda-emu][speculation]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  // every speculated update redone (one at a time), and every one committed (layer-major)
+  for (const auto& [clip, layer_major] : {std::pair{1e-3, false}, std::pair{1e6, true}}) {
+    INFO("clip " << clip << (layer_major ? " layer-major" : " micro-batch"));
+    const auto serial = nvme_run(*cuda, false, 2, layer_major, 0, true, clip);
+    const auto ahead = nvme_run(*cuda, false, 2, layer_major, 0, true, clip, 1);
+    CHECK(ahead.first == serial.first);  // losses, norms, and a forward on the last weights
+    REQUIRE(ahead.second.size() == serial.second.size());
+    CHECK(std::memcmp(ahead.second.data(), serial.second.data(), serial.second.size() * 4) == 0);
+  }
+  // the state split: groups 3.. on NVMe, speculation over RAM groups 1, 2
+  const auto serial = nvme_run(*cuda, true, 2, false, 3, true, 1e-3);
+  const auto ahead = nvme_run(*cuda, true, 2, false, 3, true, 1e-3, 1);
+  CHECK(ahead.first == serial.first);
+  CHECK(std::memcmp(ahead.second.data(), serial.second.data(), serial.second.size() * 4) == 0);
 }
 
 TEST_CASE("the CUDA backend: layer-major accumulation equals the micro-batch schedule bit for bit", "[cuda-emu]") {
