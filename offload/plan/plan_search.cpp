@@ -118,11 +118,12 @@ struct Search {
     return lo == 0 ? all : placement_plan_at(spec, v, group, budgets, c);
   }
 
-  // The candidate with its updates speculated (offload.speculative_update): the most groups, from
-  // the head down to the first after the embedding, whose backup fits what the host budget
-  // leaves; none where speculation does not apply (no clipping, LoRA, ZO, several ranks), where
-  // the state of the last group is on NVMe, or, for "auto", on the CPU backend (the update and
-  // the backward share the same cores: nothing to hide it behind).
+  // The candidate with its updates speculated (offload.speculative_update): groups [first, end)
+  // from the head down, at most as many as the host budget leaves room to back up; "on" takes
+  // them all, "auto" the count the step model prices fastest (the updates that fill the last
+  // backward: more only add their copies to the host's work). None where speculation does not
+  // apply (no clipping, LoRA, ZO, several ranks), where the last group's state is on NVMe, or,
+  // for "auto", on the CPU backend (the update and the backward share the same cores).
   std::optional<RunPlan> with_speculation(const PlanInputs& v, int64_t group, bool ckpt_nvme, const RunPlan& p) {
     if (v.speculate == SpeculateMode::off || !v.clip_grad || v.optimizer_kind != OptimizerKind::adamw ||
         v.lora.enabled() || v.ranks != 1 || !p.fits())
@@ -138,6 +139,7 @@ struct Search {
       --first;
     }
     if (first >= end) return std::nullopt;
+    if (v.speculate == SpeculateMode::automatic) first = fastest_speculation(v, p, first, end);
     PlanChoice c;
     c.checkpoints_nvme = ckpt_nvme;
     c.optimizer_nvme = p.optimizer_on_nvme;
@@ -147,6 +149,29 @@ struct Search {
     RunPlan s = placement_plan_at(spec, v, group, budgets, c);
     if (!s.fits()) return std::nullopt;
     return s;
+  }
+
+  // The first speculated group in [lo, end) that the step model prices fastest (the step reads
+  // only the range from the plan): a scan at a stride, then every first around the best.
+  size_t fastest_speculation(const PlanInputs& v, const RunPlan& p, size_t lo, size_t end) {
+    RunPlan trial = p;
+    trial.speculate_end_group = end;
+    const PlanInputs resolved = plan_resolved_inputs(v, p);
+    auto seconds = [&](size_t first) {
+      trial.speculate_first_group = first;
+      return step_estimate(spec, resolved, trial, v.accumulation_steps, rates, in.zo_perturbations).seconds;
+    };
+    const size_t stride = std::max<size_t>(1, (end - lo) / 16);
+    size_t best = end - 1;
+    double best_s = seconds(best);
+    auto visit = [&](size_t first) {
+      const double t = seconds(first);
+      if (t < best_s * (1 - 1e-9)) best = first, best_s = t;
+    };
+    for (size_t f = lo; f + 1 < end; f += stride) visit(f);
+    const size_t from = best > lo + stride ? best - stride : lo, to = std::min(end - 1, best + stride);
+    for (size_t f = from; f < to; ++f) visit(f);
+    return best;
   }
 
   void split(PlanInputs v) {

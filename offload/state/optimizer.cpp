@@ -4,6 +4,8 @@
 #include <cstring>
 #include <utility>
 
+#include <omp.h>
+
 #include "src/core/error.h"
 
 namespace strata {
@@ -11,6 +13,22 @@ namespace strata {
 namespace {
 // The seed of bf16 moments' stochastic rounding (any constant: the keys also mix step and row).
 constexpr uint64_t kMomentRoundSeed = 0x5354524154414d31ull;
+
+// memcpy over the kernels' threads (the backup copies run at memory bandwidth, as AdamW does):
+// 1 MiB pieces, each copied whole by one thread.
+void copy_parallel(char* dst, const char* src, size_t bytes) {
+  constexpr size_t kPiece = size_t(1) << 20;
+  if (bytes <= kPiece || omp_get_max_threads() == 1) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const int64_t pieces = int64_t((bytes + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pieces; ++i) {
+    const size_t at = size_t(i) * kPiece;
+    std::memcpy(dst + at, src + at, std::min(kPiece, bytes - at));
+  }
+}
 }  // namespace
 
 void HostAdamW::update(size_t group, const AdamWParams& hyper, double weight_decay) {
@@ -53,8 +71,8 @@ void HostAdamW::copy_state(size_t group, char* backup, bool save) {
     for (const auto& [array, elem] : arrays) {
       STRATA_ASSERT(array, "speculation needs master, m and v of every row (AdamW's state in RAM)");
       const size_t bytes = size_t(pc.n) * elem;
-      if (save) std::memcpy(at, array, bytes);
-      else std::memcpy(array, at, bytes);
+      if (save) copy_parallel(at, static_cast<const char*>(array), bytes);
+      else copy_parallel(static_cast<char*>(array), at, bytes);
       at += bytes;
     }
   });
