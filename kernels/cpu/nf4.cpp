@@ -75,18 +75,22 @@ const Lut8& lut8() {
 }
 
 // The NF4 index of a normalised value: the count of midpoints strictly below it
-// (torch.bucketize, right=False), so a value on a midpoint takes the lower code.
+// (torch.bucketize, right=False), so a value on a midpoint takes the lower code. A branch-free
+// binary search over the 15 midpoints padded with +inf to 16.
 struct Nf4Bounds {
-  float mid[15];
+  float mid[16];
   Nf4Bounds() {
     for (int i = 0; i < 15; ++i) mid[i] = (kNf4[i] + kNf4[i + 1]) / 2.0f;
+    mid[15] = INFINITY;
   }
 };
 
 inline uint8_t nf4_index(const Nf4Bounds& b, float v) {
-  uint8_t q = 0;
-  for (int i = 0; i < 15; ++i) q = uint8_t(q + (b.mid[i] < v ? 1 : 0));
-  return q;
+  int q = b.mid[7] < v ? 8 : 0;
+  q += b.mid[q + 3] < v ? 4 : 0;
+  q += b.mid[q + 1] < v ? 2 : 0;
+  q += b.mid[q] < v ? 1 : 0;
+  return uint8_t(q);
 }
 
 inline float clamp_unit(float v) { return std::min(1.0f, std::max(-1.0f, v)); }
@@ -103,7 +107,6 @@ template <class T>
 void quantize_impl(uint8_t* codes, float* absmax, const T* x, int64_t n) {
   static const Nf4Bounds bounds;
   const int64_t blocks = nf4_blocks(n);
-  std::fill(codes, codes + nf4_code_bytes(n), uint8_t(0));
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
@@ -115,13 +118,15 @@ void quantize_impl(uint8_t* codes, float* absmax, const T* x, int64_t n) {
     const float clamped = std::max(m, 1e-38f);
     absmax[b] = full ? m : clamped;
     const float r = 1.0f / clamped;
-    for (int64_t i = begin; i < end; ++i) {
+    auto code_of = [&](int64_t i) {
       const float v = full ? load(x, i) * r : load(x, i) / clamped;
-      const uint8_t q = nf4_index(bounds, clamp_unit(v));
-      // Blocks are 64 elements (even), so a byte never straddles two blocks.
-      codes[i / 2] = uint8_t(codes[i / 2] | (i % 2 == 0 ? q << 4 : q));
-    }
+      return nf4_index(bounds, clamp_unit(v));
+    };
+    // Blocks are 64 elements (even), so a byte never straddles two blocks.
+    for (int64_t i = begin; i + 1 < end; i += 2) codes[i / 2] = uint8_t(code_of(i) << 4 | code_of(i + 1));
+    if ((end - begin) % 2) codes[(end - 1) / 2] = uint8_t(code_of(end - 1) << 4);
   }
+  // An odd count pads the last byte's low nibble with the code of 0.0 (bitsandbytes pads with 0).
   if (n % 2) codes[n / 2] = uint8_t(codes[n / 2] | nf4_index(bounds, 0.0f));
 }
 
