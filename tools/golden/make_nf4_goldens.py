@@ -8,7 +8,7 @@ the large case (over 32768 blocks, where torch's mean is summed in per-thread ch
 input as a formula and its long outputs as FNV-1a 64 hashes, for torch with 1 and 2 threads.
 
 Rerun from the repository root (about 5 s):
-    /work/venv-scale/bin/python tools/golden/make_nf4_goldens.py
+    python tools/golden/make_nf4_goldens.py   # in a venv with bitsandbytes, torch, numpy
 (bitsandbytes 0.50, torch 2.x, on a CPU; the script prints the versions it used.)"""
 import json
 import os
