@@ -24,14 +24,14 @@ TEST_CASE("cuda nf4 dequantization equals the CPU kernel's bits", "[cuda][nf4]")
     for (int64_t i = 0; i < std::min<int64_t>(n, 64); ++i) x[size_t(i)] = 0.f;  // a zero block
     if (n > 100) x[100] = 3.0e4f, x[size_t(n) - 1] = -1.0e3f;                    // outliers
     const int64_t blocks = cpu::nf4_blocks(n);
-    std::vector<uint8_t> codes(size_t(cpu::nf4_code_bytes(n))), qabsmax(size_t(blocks));
-    std::vector<float> absmax(size_t(blocks)), absmax2(size_t(cpu::nf4_nested_blocks(n)));
+    std::vector<uint8_t> codes(size_t(cpu::nf4_code_bytes(n))), qabsmax(static_cast<size_t>(blocks));
+    std::vector<float> absmax(static_cast<size_t>(blocks)), absmax2(size_t(cpu::nf4_nested_blocks(n)));
     float offset = 0;
     cpu::nf4_quantize(codes.data(), absmax.data(), x.data(), n);
     cpu::nf4_double_quantize(qabsmax.data(), absmax2.data(), &offset, absmax.data(), blocks, 1);
     for (bool nested : {false, true}) {
       INFO("n " << n << " double quantization " << nested);
-      std::vector<bf16> want(size_t(n));
+      std::vector<bf16> want(static_cast<size_t>(n));
       cpu::nf4_dequantize_bf16(want.data(), codes.data(), nested ? qabsmax.data() : nullptr,
                                nested ? absmax2.data() : absmax.data(), offset, n);
       cuda_testing::Buffer<uint8_t> d_codes(*dev, codes, "nf4 codes"), d_q(*dev, qabsmax, "nf4 qabsmax");
