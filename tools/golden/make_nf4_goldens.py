@@ -104,6 +104,8 @@ def main():
                             "one element: the pad nibble, a nested block of one (absmax - mean = 0)"))
     cases.append(small_case("matrix_33x65", (0.02 * torch.randn(33, 65, generator=g)).to(torch.bfloat16),
                             "odd last dimension, 2145 elements"))
+    cases.append(small_case("matrix_64x128", (0.05 * torch.randn(64, 128, generator=g)).to(torch.bfloat16),
+                            "whole blocks, rows a multiple of 16: bitsandbytes' vectorised dequantization"))
     z = torch.randn(200, generator=g)
     z[0:64] = 0
     z[192:200] = 0
@@ -149,9 +151,13 @@ def main():
         "large": big,
     }
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    # One line per case (a case is a few kB of hex), the rest indented.
+    text = "{\n" + ",\n".join(" %s: %s" % (json.dumps(k), json.dumps(v)) for k, v in doc.items()
+                              if k not in ("cases", "large"))
+    text += ',\n "cases": [\n' + ",\n".join(json.dumps(c) for c in doc["cases"]) + "\n ],\n"
+    text += ' "large": ' + json.dumps(doc["large"]) + "\n}\n"
     with open(OUT, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+        f.write(text)
     print("wrote", os.path.normpath(OUT), "bitsandbytes", bitsandbytes.__version__, "torch", torch.__version__)
 
 
