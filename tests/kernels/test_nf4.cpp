@@ -200,10 +200,8 @@ TEST_CASE("nf4 dequantization matches its plain-loop twin", "[nf4]") {
     cpu::nf4_absmax_dequantize(deq.data(), qabsmax.data(), absmax2.data(), offset, blocks);
 
     std::vector<double> want(static_cast<size_t>(n)), plain(static_cast<size_t>(n));
-    strata::ref::nf4_dequantize(want.data(), codes.data(), nullptr, deq.data(), 0.f, cpu::nf4_code(),
-                                cpu::nf4_dynamic_map(), n);
-    strata::ref::nf4_dequantize(plain.data(), codes.data(), nullptr, absmax.data(), 0.f, cpu::nf4_code(),
-                                cpu::nf4_dynamic_map(), n);
+    strata::ref::nf4_dequantize(want.data(), codes.data(), deq.data(), cpu::nf4_code(), n);
+    strata::ref::nf4_dequantize(plain.data(), codes.data(), absmax.data(), cpu::nf4_code(), n);
     std::vector<float> wf(static_cast<size_t>(n));
     std::vector<bf16> wb(static_cast<size_t>(n));
     cpu::nf4_dequantize_f32(wf.data(), codes.data(), qabsmax.data(), absmax2.data(), offset, n);
