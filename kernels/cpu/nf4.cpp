@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "src/core/error.h"
+
 namespace strata::cpu {
 namespace {
 
@@ -107,11 +109,18 @@ template <class T>
 void quantize_impl(uint8_t* codes, float* absmax, const T* x, int64_t n) {
   static const Nf4Bounds bounds;
   const int64_t blocks = nf4_blocks(n);
-#pragma omp parallel for schedule(static)
+  int64_t first_bad = n;  // the first block holding a NaN or an infinity (times 64), if any
+#pragma omp parallel for schedule(static) reduction(min : first_bad)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
     float m = 0.0f;
-    for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(load(x, i)));
+    bool finite = true;
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = load(x, i);
+      finite = finite && std::isfinite(v);
+      m = std::max(m, std::fabs(v));
+    }
+    if (!finite) first_bad = std::min(first_bad, begin);
     const bool full = end - begin == kNf4Block;
     // torch: full blocks scale by the reciprocal of max(absmax, 1e-38) and keep absmax as is;
     // the last partial block divides by max(absmax, 1e-38), which is also what it stores.
@@ -126,6 +135,9 @@ void quantize_impl(uint8_t* codes, float* absmax, const T* x, int64_t n) {
     for (int64_t i = begin; i + 1 < end; i += 2) codes[i / 2] = uint8_t(code_of(i) << 4 | code_of(i + 1));
     if ((end - begin) % 2) codes[(end - 1) / 2] = uint8_t(code_of(end - 1) << 4);
   }
+  STRATA_CHECK(first_bad == n, "NF4 quantization: the tensor holds a NaN or an infinity in elements [",
+               first_bad, ", ", std::min(n, first_bad + kNf4Block),
+               "); only finite weights can be quantized (check the checkpoint)");
   // An odd count pads the last byte's low nibble with the code of 0.0 (bitsandbytes pads with 0).
   if (n % 2) codes[n / 2] = uint8_t(codes[n / 2] | nf4_index(bounds, 0.0f));
 }

@@ -40,7 +40,8 @@ inline int64_t nf4_state_bytes(int64_t n, bool double_quant) {
                       : nf4_code_bytes(n) + 4 * nf4_blocks(n);
 }
 
-// codes (ceil(n/2)), absmax (nf4_blocks(n)) from x (n), f32 or bf16.
+// codes (ceil(n/2)), absmax (nf4_blocks(n)) from x (n), f32 or bf16. A NaN or an infinity in x
+// throws strata::Error naming its block (bitsandbytes would quietly give NaN scales).
 void nf4_quantize(uint8_t* codes, float* absmax, const float* x, int64_t n);
 void nf4_quantize(uint8_t* codes, float* absmax, const bf16* x, int64_t n);
 

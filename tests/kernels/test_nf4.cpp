@@ -245,3 +245,14 @@ TEST_CASE("nf4 state bytes per weight of Llama-shaped linears", "[nf4]") {
   CHECK(cpu::nf4_state_bytes(33 * 65, true) == 1073 + 34 + 4 + 4);
   CHECK(cpu::nf4_state_bytes(33 * 65, false) == 1073 + 34 * 4);
 }
+
+TEST_CASE("nf4 quantization refuses a NaN or an infinity, naming its block", "[nf4]") {
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    std::vector<float> x(200, 0.5f);
+    x[130] = bad;
+    std::vector<uint8_t> codes(size_t(cpu::nf4_code_bytes(200)));
+    std::vector<float> absmax(size_t(cpu::nf4_blocks(200)));
+    CHECK_THROWS_WITH(cpu::nf4_quantize(codes.data(), absmax.data(), x.data(), 200),
+                      Catch::Contains("elements [128, 192)"));
+  }
+}
