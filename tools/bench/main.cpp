@@ -19,6 +19,7 @@ int bench_nvme_checksum(const std::vector<std::string>& args);  // the file engi
 int bench_peer(const std::vector<std::string>& args);      // training steps against PyTorch's
 int bench_estimate(const std::vector<std::string>& args);  // strata estimate against strata train
 int bench_plan_choice(const std::vector<std::string>& args);  // auto's plan against every forced one
+int bench_nf4(const std::vector<std::string>& args);       // NF4 quantize / dequantize on the host
 }  // namespace strata::bench
 
 namespace {
@@ -40,6 +41,7 @@ const BenchCommand kBenchCommands[] = {
     {"peer", strata::bench::bench_peer, "strata against PyTorch training the same model on the same batches"},
     {"estimate", strata::bench::bench_estimate, "strata estimate --measure's step time against strata train's on this host"},
     {"plan", strata::bench::bench_plan_choice, "auto's plan against every forced alternative, measured interleaved"},
+    {"nf4", strata::bench::bench_nf4, "NF4 quantization and bf16 dequantization on the host against a plain pass"},
 };
 
 void bench_print_usage(FILE* f) {

@@ -1,0 +1,47 @@
+// NF4 dequantization on CUDA (twin: kernels/cpu/ref/nf4.h; bits: kernels/cpu/nf4.cpp): one thread
+// per packed byte (two weights), the block's absmax read (or dequantized from the double
+// quantization: map[q]·absmax2 + offset, each rounded on its own, __fmul_rn / __fadd_rn so nvcc
+// cannot fuse them) and each weight NF4[nibble]·absmax rounded to f32, then to bf16 (ties even).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/nf4.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// bitsandbytes' NF4 values (kernels/cpu/nf4.cpp's kNf4).
+__constant__ float kNf4Code[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+__global__ void nf4_dequantize_kernel(__nv_bfloat16* w, const uint8_t* codes, const uint8_t* qabsmax,
+                                      const float* absmax, float offset, const float* map, int64_t n) {
+  const int64_t bytes = (n + 1) / 2;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < bytes; j += stride) {
+    const int64_t i = 2 * j, b = i / 64;  // both weights of a byte share a block (64 is even)
+    float scale = absmax[qabsmax ? b / 256 : b];
+    if (qabsmax) scale = __fadd_rn(__fmul_rn(map[qabsmax[b]], scale), offset);
+    const uint8_t byte = codes[j];
+    w[i] = bf16_from(__fmul_rn(kNf4Code[byte >> 4], scale));
+    if (i + 1 < n) w[i + 1] = bf16_from(__fmul_rn(kNf4Code[byte & 0x0f], scale));
+  }
+}
+
+}  // namespace
+
+void nf4_dequantize_bf16(bf16* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
+                         float offset, const float* map, int64_t n, cudaStream_t stream) {
+  STRATA_CHECK(n >= 0, "nf4_dequantize_bf16: need n >= 0, got n=", n);
+  STRATA_CHECK(!qabsmax || map, "nf4_dequantize_bf16: a double-quantized absmax needs the dynamic map");
+  if (n == 0) return;
+  const int64_t bytes = (n + 1) / 2;
+  STRATA_LAUNCH(nf4_dequantize_kernel, grid_blocks(bytes, kThreads), kThreads, 0, stream,
+                reinterpret_cast<__nv_bfloat16*>(w), codes, qabsmax, absmax, offset, map, n);
+  STRATA_CUDA_CHECK_LAUNCH("nf4_dequantize_bf16");
+}
+
+}  // namespace strata::cuda
