@@ -48,6 +48,11 @@ struct EngineOptions {
   // each layer keeps this many checkpoints (engine.cpp, "Layer-major passes"). The zeroth-order
   // engine: (micro-batch, perturbation) pairs per run, q x k layer-major (engine_zo.h).
   int64_t group = 1;
+  // Mixture-of-experts models: add the load-balancing loss (models/moe_aux_loss.h, router_aux_loss_coef
+  // times transformers' load_balancing_loss_func) to each micro-batch's loss and its gradient to the
+  // routers (train.router_aux_loss): 1 yes, 0 no, -1 "auto" (the config's output_router_logits).
+  // Dense models have none.
+  int router_aux_loss = -1;
 };
 
 // The sizes every buffer is derived from: the model's, and the capacity of one micro-batch
