@@ -1,0 +1,75 @@
+// Mixture-of-experts models through `strata train`: a tiny random qwen3_moe (8 experts, top 2,
+// the load-balancing loss on through output_router_logits) learns the quickstart corpus, its
+// held-out loss falls; and LoRA on its attention projections trains on the frozen experts.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A byte-level qwen3_moe beside the quickstart's llama (vocab 256), written into dir.
+std::string tiny_moe_config(const std::string& dir) {
+  fs::create_directories(dir);
+  const nlohmann::json j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
+                            {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+                            {"vocab_size", 256}, {"max_position_embeddings", 512}, {"num_experts", 8},
+                            {"num_experts_per_tok", 2}, {"moe_intermediate_size", 40}, {"norm_topk_prob", true},
+                            {"output_router_logits", true}, {"router_aux_loss_coef", 0.01},
+                            {"tie_word_embeddings", true}, {"torch_dtype", "float32"}};
+  std::ofstream(dir + "/config.json") << j.dump(2);
+  return dir + "/config.json";
+}
+
+std::vector<double> metric(const std::string& out, const char* key) {
+  std::vector<double> v;
+  std::ifstream in(out + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) v.push_back(j[key].get<double>());
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("SFT on a tiny qwen3_moe lowers its held-out loss, and LoRA trains its attention", "[moe][train]") {
+  const std::string root = testing::fresh_path("strata_moe_train", "sft");
+  const std::string config = tiny_moe_config(root + "/model");
+  const std::string common = " model.config=" + config + " train.max_steps=40 train.micro_batch_size=4" +
+                             " data.sequence_len=128 data.eval_split=0.05 train.eval_steps=20 optim.warmup_steps=4" +
+                             " checkpoint.save_steps=0";
+  const testing::ProcessResult r = testing::run_strata("train " + testing::source_path("recipes/quickstart.toml") +
+                                                       common + " checkpoint.output_dir=" + root + "/out");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::vector<double> loss = metric(root + "/out", "loss"), eval = metric(root + "/out", "eval_loss");
+  REQUIRE(loss.size() == 40);
+  REQUIRE(eval.size() == 2);
+  CHECK(loss.front() > 5.0);                  // ~log(256) = 5.55 at init
+  CHECK(loss.back() < loss.front() - 1.0);    // a clear fall
+  CHECK(eval[1] < eval[0]);
+  CHECK(eval[1] < loss.front() - 1.0);
+
+  // LoRA on q_proj and v_proj of every layer of the trained model (its experts frozen with the base)
+  const testing::ProcessResult l = testing::run_strata(
+      "train " + testing::source_path("recipes/quickstart.toml") + " model.config= model.path=" + root +
+      "/out/final data.tokenizer=bytes train.max_steps=30 train.micro_batch_size=4 data.sequence_len=128" +
+      " optim.warmup_steps=4 checkpoint.save_steps=0 lora.r=8 lora.target_modules=q_proj,v_proj" +
+      " optim.learning_rate=1e-2 checkpoint.output_dir=" + root + "/lora");
+  INFO(l.out);
+  REQUIRE(l.code == 0);
+  const std::vector<double> lora_loss = metric(root + "/lora", "loss");
+  REQUIRE(lora_loss.size() == 30);
+  CHECK(lora_loss.back() < lora_loss.front() - 0.05);  // measured: 3.20 -> 3.08
+  CHECK(fs::exists(root + "/lora/final/adapter/adapter_model.safetensors"));
+}
+
+}  // namespace strata
