@@ -347,8 +347,11 @@ void Engine::upload_tokens(const MicroBatch* mbs, size_t g) {
     pass_[m].counted = mbs[m].counted();
     const ModelConfig& cfg = store_.spec().config;
     pass_[m].aux.reset();
+    // the load-balancing loss joins the token cross-entropy (SFT, pretraining); the preference
+    // objectives' per-sequence losses run without it
+    const bool token_ce = dynamic_cast<const TokenCrossEntropy*>(objective_.get()) != nullptr;
     const bool aux = opt_.router_aux_loss < 0 ? cfg.output_router_logits : opt_.router_aux_loss != 0;
-    if (aux && cfg.num_experts > 0) pass_[m].aux.emplace(cfg.num_experts, cfg.router_aux_loss_coef);
+    if (aux && token_ce && cfg.num_experts > 0) pass_[m].aux.emplace(cfg.num_experts, cfg.router_aux_loss_coef);
     reduction_->begin_micro_batch(pass_[m].ids.data(), int64_t(pass_[m].ids.size()));
   }
 }

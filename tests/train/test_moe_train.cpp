@@ -1,7 +1,9 @@
 // Mixture-of-experts models through `strata train`: a tiny random qwen3_moe (8 experts, top 2,
 // the load-balancing loss on through output_router_logits) learns the quickstart corpus, its
-// held-out loss falls; and LoRA on its attention projections trains on the frozen experts.
+// held-out loss falls; LoRA on its attention projections trains on the frozen experts; and a
+// qwen3_moe with the tiny chat tokenizer runs SFT, DPO and `strata generate` end to end.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,13 +15,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A byte-level qwen3_moe beside the quickstart's llama (vocab 256), written into dir.
-std::string tiny_moe_config(const std::string& dir) {
+// A qwen3_moe beside the quickstart's llama (vocab 256: bytes; 640: recipes/sft-tiny's tokenizer),
+// written into dir.
+std::string tiny_moe_config(const std::string& dir, int64_t vocab = 256) {
   fs::create_directories(dir);
   const nlohmann::json j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
                             {"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 2},
                             {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
-                            {"vocab_size", 256}, {"max_position_embeddings", 512}, {"num_experts", 8},
+                            {"vocab_size", vocab}, {"max_position_embeddings", 512}, {"num_experts", 8},
                             {"num_experts_per_tok", 2}, {"moe_intermediate_size", 40}, {"norm_topk_prob", true},
                             {"output_router_logits", true}, {"router_aux_loss_coef", 0.01},
                             {"tie_word_embeddings", true}, {"torch_dtype", "float32"}};
@@ -70,6 +73,40 @@ TEST_CASE("SFT on a tiny qwen3_moe lowers its held-out loss, and LoRA trains its
   REQUIRE(lora_loss.size() == 30);
   CHECK(lora_loss.back() < lora_loss.front() - 0.05);  // measured: 3.20 -> 3.08
   CHECK(fs::exists(root + "/lora/final/adapter/adapter_model.safetensors"));
+}
+
+TEST_CASE("a qwen3_moe runs SFT, DPO and generate end to end through the CLI", "[moe][train][preference][generate]") {
+  const std::string root = testing::fresh_path("strata_moe_train", "dpo");
+  const std::string config = tiny_moe_config(root + "/model", 640);
+  const std::string tiny = testing::source_path("recipes/sft-tiny/models/tiny");
+  const testing::ProcessResult sft = testing::run_strata(
+      "train " + testing::source_path("recipes/sft-tiny/recipe.toml") + " model.path= model.config=" + config +
+      " data.tokenizer=" + tiny + " train.max_steps=20 checkpoint.save_steps=0 checkpoint.output_dir=" + root + "/sft");
+  INFO(sft.out);
+  REQUIRE(sft.code == 0);
+  const std::vector<double> sft_loss = metric(root + "/sft", "loss");
+  REQUIRE(sft_loss.size() == 20);
+  CHECK(sft_loss.back() < sft_loss.front() - 0.5);  // measured: 6.51 -> 5.39
+
+  const testing::ProcessResult dpo = testing::run_strata(
+      "train " + testing::source_path("recipes/dpo-tiny/recipe.toml") + " model.path=" + root +
+      "/sft/final train.max_steps=10 train.eval_steps=10 checkpoint.save_steps=0 checkpoint.output_dir=" + root + "/dpo");
+  INFO(dpo.out);
+  REQUIRE(dpo.code == 0);
+  const std::vector<double> dpo_loss = metric(root + "/dpo", "loss");
+  REQUIRE(dpo_loss.size() == 10);
+  CHECK(std::abs(dpo_loss.front() - std::log(2.0)) < 1e-3);  // DPO starts at log 2 (policy = reference)
+  for (double l : dpo_loss) CHECK(std::isfinite(l));
+
+  const testing::ProcessResult gen = testing::run_shell(
+      "echo '{\"messages\": [{\"role\": \"user\", \"content\": \"Repeat the word tiger.\"}]}' | " +
+          testing::strata_binary() + " generate --model " + root + "/sft/final --max-new-tokens 8",
+      true);
+  INFO(gen.out);
+  REQUIRE(gen.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(gen.out.substr(0, gen.out.find('\n')));
+  CHECK(j["tokens"].get<int64_t>() == 8);
+  CHECK(j["ids"].size() == 8);
 }
 
 }  // namespace strata
