@@ -1,5 +1,6 @@
-// config.json parsing for llama / mistral / qwen2 / qwen3. Defaults are those of transformers'
-// LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (v4.5x), applied when a key is absent;
+// config.json parsing for llama / mistral / qwen2 / qwen3 / qwen3_moe / mixtral. Defaults are those
+// of transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (v4.5x), Qwen3MoeConfig
+// and MixtralConfig (v5.24), applied when a key is absent;
 // a key set to null falls back the way those classes do (e.g. num_key_value_heads -> heads).
 #include "io/hf_config.h"
 
@@ -28,7 +29,9 @@ struct Family {
 constexpr Family kFamilies[] = {{"llama", "LlamaForCausalLM"},
                                 {"mistral", "MistralForCausalLM"},
                                 {"qwen2", "Qwen2ForCausalLM"},
-                                {"qwen3", "Qwen3ForCausalLM"}};
+                                {"qwen3", "Qwen3ForCausalLM"},
+                                {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                {"mixtral", "MixtralForCausalLM"}};
 
 std::string supported_list() {
   std::string s;
@@ -138,6 +141,46 @@ RopeScaling rope_parse(const json& rs, const std::string& origin, const std::str
           str_cat("names RoPE scaling '", type, "', which strata does not support (supported: default, linear, llama3)"));
 }
 
+// The mixture-of-experts keys of qwen3_moe and mixtral, with their classes' defaults.
+void moe_parse(ModelConfig& c, const Reader& rd, bool mixtral) {
+  // Qwen3MoeConfig maps num_experts to num_local_experts (and saves the latter); the Hub's
+  // Qwen3-MoE configs say num_experts.
+  const char* experts_key = !mixtral && rd.has_key("num_experts") ? "num_experts" : "num_local_experts";
+  if (!mixtral && rd.has_key("num_experts") && rd.has_key("num_local_experts") &&
+      rd.opt_int("num_experts", 0) != rd.opt_int("num_local_experts", 0))
+    rd.fail("num_experts", "and num_local_experts differ: give one of them");
+  c.num_experts = rd.opt_int(experts_key, mixtral ? 8 : 128);
+  c.num_experts_per_tok = rd.opt_int("num_experts_per_tok", mixtral ? 2 : 8);
+  c.moe_intermediate_size = mixtral ? c.intermediate_size : rd.opt_int("moe_intermediate_size", 768);
+  c.norm_topk_prob = mixtral || rd.opt_bool("norm_topk_prob", false);  // MixtralTopKRouter always renormalises
+  c.decoder_sparse_step = mixtral ? 1 : rd.opt_int("decoder_sparse_step", 1);
+  c.output_router_logits = rd.opt_bool("output_router_logits", false);
+  c.router_aux_loss_coef = rd.opt_num("router_aux_loss_coef", 0.001);
+  rd.positive(experts_key, c.num_experts);
+  rd.positive("num_experts_per_tok", c.num_experts_per_tok);
+  rd.positive(mixtral ? "intermediate_size" : "moe_intermediate_size", c.moe_intermediate_size);
+  rd.positive("decoder_sparse_step", c.decoder_sparse_step);
+  if (c.num_experts_per_tok > c.num_experts)
+    rd.fail("num_experts_per_tok", str_cat("(", c.num_experts_per_tok, ") must not exceed the number of experts (",
+                                           c.num_experts, ")"));
+  if (!std::isfinite(c.router_aux_loss_coef) || c.router_aux_loss_coef < 0)
+    rd.fail("router_aux_loss_coef", str_cat("must be a finite number >= 0, got ", c.router_aux_loss_coef));
+  if (mixtral && rd.opt_num("router_jitter_noise", 0.0) != 0.0)
+    rd.fail("router_jitter_noise", "is not 0: strata does not add router noise in training; set it to 0");
+  if (!mixtral)
+    if (const json* m = rd.get("mlp_only_layers")) {
+      if (!m->is_array()) rd.fail("mlp_only_layers", str_cat("must be a list of layer indices, got ", m->dump()));
+      for (const json& v : *m) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_hidden_layers)
+          rd.fail("mlp_only_layers", str_cat("must hold layer indices in [0, ", c.num_hidden_layers, "), got ", v.dump()));
+        c.mlp_only_layers.push_back(v.get<int64_t>());
+      }
+    }
+  for (const char* key : {"shared_expert_intermediate_size", "n_shared_experts"})
+    if (rd.get(key) && rd.opt_int(key, 0) != 0)
+      rd.fail(key, "asks for shared experts, which qwen3_moe and mixtral do not have");
+}
+
 }  // namespace
 
 std::vector<std::string> hf_config_supported_architectures() {
@@ -182,8 +225,10 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
   const Family& fam = fam_t ? *fam_t : *fam_a;
   c.family = fam.model_type;
   c.architecture = fam.architecture;
-  const bool llama = c.family == "llama", mistral = c.family == "mistral";
-  const bool qwen = c.family == "qwen2" || c.family == "qwen3";
+  const bool llama = c.family == "llama", mixtral = c.family == "mixtral";
+  const bool mistral = c.family == "mistral" || mixtral;  // Mixtral's attention is Mistral's
+  const bool qwen3_moe = c.family == "qwen3_moe";
+  const bool qwen = c.family == "qwen2" || c.family == "qwen3" || qwen3_moe;
 
   // ---- sizes ----
   c.hidden_size = rd.req_int("hidden_size");
@@ -199,8 +244,8 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
     rd.positive(k, v);
 
   // num_key_value_heads: the class default when the key is absent (llama None, mistral 8,
-  // qwen2/qwen3 32); null means "same as num_attention_heads" in every class.
-  const int64_t kv_default = llama ? c.num_attention_heads : mistral ? 8 : 32;
+  // qwen2/qwen3 32, qwen3_moe 4); null means "same as num_attention_heads" in every class.
+  const int64_t kv_default = llama ? c.num_attention_heads : mistral ? 8 : qwen3_moe ? 4 : 32;
   c.num_key_value_heads = rd.has_key("num_key_value_heads")
                               ? rd.opt_int("num_key_value_heads", c.num_attention_heads)
                               : kv_default;
@@ -210,7 +255,7 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
                                            c.num_attention_heads, ")",
                                            rd.has_key("num_key_value_heads") ? "" : "; the key is absent and transformers' default applies: set it"));
 
-  // head_dim: qwen3's class default is 128; elsewhere (and for null) hidden_size / heads.
+  // head_dim: qwen3's class default is 128; elsewhere (qwen3_moe too, and for null) hidden_size / heads.
   const json* hd = rd.get("head_dim");
   if (hd) {
     c.head_dim = rd.integer("head_dim", hd);
@@ -230,12 +275,12 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
   rd.positive("max_position_embeddings", c.max_position_embeddings);
 
   // ---- numerics ----
-  c.rms_norm_eps = rd.opt_num("rms_norm_eps", 1e-6);
+  c.rms_norm_eps = rd.opt_num("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
   rd.positive("rms_norm_eps", c.rms_norm_eps);
   // Newer transformers write RoPE settings as "rope_parameters" {"rope_type", "rope_theta", ...}.
   const json* rp = rd.get("rope_parameters");
   if (rp && !rp->is_object()) rd.fail("rope_parameters", str_cat("must be an object, got ", rp->type_name()));
-  double theta_default = 10000.0;
+  double theta_default = mixtral ? 1e6 : 10000.0;
   if (rp && rp->contains("rope_theta")) theta_default = Reader{*rp, origin, "rope_parameters."}.req_num("rope_theta");
   c.rope_theta = rd.opt_num("rope_theta", theta_default);
   rd.positive("rope_theta", c.rope_theta);
@@ -259,22 +304,31 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
   } else {
     c.qkv_bias = c.o_bias = attention_bias;
   }
-  c.qk_norm = c.family == "qwen3";
+  c.qk_norm = c.family == "qwen3" || qwen3_moe;
   c.mlp_bias = llama && rd.opt_bool("mlp_bias", false);
 
-  if (mistral) {
-    c.sliding_window = rd.has_key("sliding_window") ? rd.opt_int("sliding_window", 0) : 4096;
+  if (mistral) {  // MixtralConfig's sliding_window defaults to None
+    c.sliding_window = rd.has_key("sliding_window") ? rd.opt_int("sliding_window", 0) : mixtral ? 0 : 4096;
     c.max_window_layers = 0;
   } else if (qwen && rd.opt_bool("use_sliding_window", false)) {
     c.sliding_window = rd.has_key("sliding_window") ? rd.opt_int("sliding_window", 0) : 4096;
-    c.max_window_layers = rd.opt_int("max_window_layers", 28);
+    c.max_window_layers = qwen3_moe ? 0 : rd.opt_int("max_window_layers", 28);  // Qwen3-MoE: every layer
     if (c.max_window_layers < 0) rd.fail("max_window_layers", str_cat("must be >= 0, got ", c.max_window_layers));
   }
   if (c.sliding_window < 0) rd.fail("sliding_window", str_cat("must be positive or null, got ", c.sliding_window));
 
+  if (qwen3_moe || mixtral) moe_parse(c, rd, mixtral);
+
   c.torch_dtype = rd.opt_str("torch_dtype");
   if (c.torch_dtype.empty()) c.torch_dtype = rd.opt_str("dtype");
   return c;
+}
+
+bool ModelConfig::moe_layer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  for (int64_t l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
 }
 
 ModelConfig hf_config_load(const std::string& path) {

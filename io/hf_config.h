@@ -1,4 +1,5 @@
-// Hugging Face config.json for the supported decoder families (llama, mistral, qwen2, qwen3):
+// Hugging Face config.json for the supported decoder families (llama, mistral, qwen2, qwen3, and
+// the mixture-of-experts qwen3_moe and mixtral):
 // parse with transformers' own class defaults, validate with messages that name the file and
 // the key, and write back unchanged.
 #pragma once
@@ -17,7 +18,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string family;        // "llama" | "mistral" | "qwen2" | "qwen3" (model_type, cross-checked with architectures[0])
+  std::string family;        // "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" (model_type, cross-checked with architectures[0])
   std::string architecture;  // e.g. "LlamaForCausalLM"
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
           num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
@@ -30,6 +31,19 @@ struct ModelConfig {
   bool mlp_bias = false;  // llama "mlp_bias" (default false)
   int64_t sliding_window = 0;     // 0 = none; mistral: "sliding_window"; qwen2/qwen3: only when "use_sliding_window"
   int64_t max_window_layers = 0;  // sliding window applies to layers >= this (qwen2/qwen3); 0 = all layers
+  // Mixture of experts (qwen3_moe, mixtral; num_experts 0: every layer dense). Qwen3-MoE's keys and
+  // defaults: num_experts (or num_local_experts) 128, num_experts_per_tok 8, moe_intermediate_size
+  // 768, norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers []; Mixtral's: num_local_experts
+  // 8, num_experts_per_tok 2, experts of intermediate_size, top-k always renormalised. Both:
+  // output_router_logits false, router_aux_loss_coef 0.001.
+  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0, decoder_sparse_step = 1;
+  bool norm_topk_prob = false;
+  std::vector<int64_t> mlp_only_layers;
+  bool output_router_logits = false;
+  double router_aux_loss_coef = 0.001;
+  // Layer `layer` has a sparse MoE block (transformers' rule: not in mlp_only_layers, and
+  // (layer + 1) % decoder_sparse_step == 0); false for every layer of a dense family.
+  bool moe_layer(int64_t layer) const;
   std::string torch_dtype;        // as written ("torch_dtype", or "dtype" from newer transformers); may be ""
   nlohmann::json raw;             // the parsed file, for writing it back unchanged
 };

@@ -119,14 +119,22 @@ void mlp_gate_up_backward(Device& dev, LayerGrads& g, const LayerWeights& w, Lay
 // From the attention output to the MLP activation: fills ws (h .. act). With act_b (bf16 mode,
 // the forward) SwiGLU also writes act's bf16 copy there, for the down projection; the backward's
 // recompute passes null (its down projection reads dy).
-void attention_out_to_act(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
-                          const LayerDims& d, Stream s, bf16* act_b = nullptr) {
-  const int64_t N = d.N(), C = d.C, H = d.H, D = d.D, F = d.F;
+// From the attention output to the MLP input: ws.h = x + attn Wo^T (+bo), ws.xn2 = rmsnorm(h), and
+// in bf16 mode xn2's bf16 copy in ws.cast_a (returned; null in f32 mode).
+const bf16* attention_out_to_xn2(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
+                                 const LayerDims& d, Stream s) {
+  const int64_t N = d.N(), C = d.C, H = d.H, D = d.D;
   const bf16* attn_b = cast_input(dev, ws.cast_a, ws.attn, N * H * D, d, s);
   linear_forward(dev, ws.h, ws.attn, attn_b, w.o, w.o_bias, w.lora[kO], ws.lora_u, ws.lora_x, N, C, H * D, d, s);
   dev.add_inplace(ws.h, x, N * C, s);  // residual
+  return norm_input(dev, ws.xn2, ws.cast_a, ws.rstd2, ws.h, w.post_norm, d, s);
+}
+
+void attention_out_to_act(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
+                          const LayerDims& d, Stream s, bf16* act_b = nullptr) {
+  const int64_t N = d.N(), C = d.C, F = d.F;
   // one bf16 copy of xn2 for gate and up
-  const bf16* xn2_b = norm_input(dev, ws.xn2, ws.cast_a, ws.rstd2, ws.h, w.post_norm, d, s);
+  const bf16* xn2_b = attention_out_to_xn2(dev, x, w, ws, d, s);
   linear_forward(dev, ws.gate, ws.xn2, xn2_b, w.gate, nullptr, w.lora[kGate], ws.lora_u, ws.lora_x, N, F, C, d, s);
   linear_forward(dev, ws.up, ws.xn2, xn2_b, w.up, nullptr, w.lora[kUp], ws.lora_u, ws.lora_x, N, F, C, d, s);
   if (act_b && d.wt == DType::bf16)
@@ -296,14 +304,33 @@ void layer_backward_saved(Device& dev, float* dx, LayerGrads& g, const float* do
                           const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
                           const LayerDims& d, Stream s) {
   STRATA_ASSERT(dx != dout && dx != x, "layer_backward: dx aliases an input");
-  const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D, F = d.F;
-  const bool qk_norm = w.q_norm != nullptr;
+  const int64_t N = d.N(), C = d.C, F = d.F;
 
   // MLP: out = h + act Wd^T
   const bf16* act_b = cast_input(dev, ws.cast_b, ws.act, N * F, d, s);
   linear_backward(dev, ws.dact, g.down, nullptr, g.lora[kDown], dout, ws.act, act_b, w.down, w.lora[kDown], ws, N, C,
                   F, false, d, s);
   mlp_gate_up_backward(dev, g, w, ws, d, s);
+  layer_attention_block_backward(dev, dx, g, dout, x, w, ctx, ws, d, s);
+}
+
+void layer_attention_block_forward(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
+                                   LayerWorkspace& ws, const LayerDims& d, Stream s) {
+  forward_to_attention(dev, x, w, ctx, ws, d, s);
+  attention_out_to_xn2(dev, x, w, ws, d, s);
+}
+
+void layer_attention_out_forward(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
+                                 const LayerDims& d, Stream s) {
+  attention_out_to_xn2(dev, x, w, ws, d, s);
+}
+
+void layer_attention_block_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
+                                    const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
+                                    const LayerDims& d, Stream s) {
+  STRATA_ASSERT(dx != dout && dx != x, "layer_backward: dx aliases an input");
+  const int64_t N = d.N(), C = d.C, H = d.H, Hk = d.Hk, D = d.D;
+  const bool qk_norm = w.q_norm != nullptr;
   dev.rmsnorm_backward(ws.dh, g.post_norm, ws.dxn, ws.h, w.post_norm, ws.rstd2, N, C, s);
   dev.add_inplace(ws.dh, dout, N * C, s);  // residual
 

@@ -96,6 +96,20 @@ void layer_backward_saved(Device& dev, float* dx, LayerGrads& g, const float* do
                           const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
                           const LayerDims& d, Stream s);
 
+// The attention half alone, for kinds that keep it and replace the MLP (models/moe_layer.h):
+// forward fills ws (xn1 .. xn2, rstd2): h = x + attention, xn2 = rmsnorm(h), and in bf16 mode
+// xn2's bf16 copy in ws.cast_a. The backward takes ws.dxn = d loss / d xn2 from the caller's MLP
+// and dout = d loss / d out (the residual path out = h + mlp(xn2)) and finishes dx (N,C) and the
+// attention's gradients; ws holds the forward's activations.
+void layer_attention_block_forward(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
+                                   LayerWorkspace& ws, const LayerDims& d, Stream s);
+// Its second half, from ws.attn (a decode step's own attention): ws.h, ws.xn2 (and cast_a).
+void layer_attention_out_forward(Device& dev, const float* x, const LayerWeights& w, LayerWorkspace& ws,
+                                 const LayerDims& d, Stream s);
+void layer_attention_block_backward(Device& dev, float* dx, LayerGrads& g, const float* dout, const float* x,
+                                    const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
+                                    const LayerDims& d, Stream s);
+
 // Keeping a layer's activations from its forward to its backward (offload.recompute): the bytes
 // of one layer's xn1 .. act, and a workspace whose activations live in `base` (that many bytes,
 // carved for the same dims) while its scratch (casts, adapter and backward buffers) stays ws's.

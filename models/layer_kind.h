@@ -52,11 +52,16 @@ struct LoraLinearGrads {
   float* b = nullptr;  // (O, r): the gradient of the scaled B', accumulated
 };
 
+struct MoeAuxLoss;  // models/moe_aux_loss.h
+
 // Per-token context shared by every layer of a micro-batch.
 struct TokenContext {
   const int32_t* pos = nullptr;        // (N) position of each token (restarts per document)
   const int32_t* doc_start = nullptr;  // (N) or null: first token of each token's document
   const float* inv_freq = nullptr;     // (D/2)
+  // The micro-batch's load-balancing loss of mixture-of-experts layers (host state: their forwards
+  // add to it, their backwards read its gradient); null: none (dense models, aux loss off).
+  MoeAuxLoss* moe_aux = nullptr;
 };
 
 // One parameter of a kind, in the kind's fixed order (the order of the layer's rows in the

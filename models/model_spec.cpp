@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/moe_layer.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -13,7 +14,7 @@ static int64_t add_param(ModelSpec& spec, const std::string& name, Shape shape) 
 }
 
 ModelSpec model_spec_build(const ModelConfig& cfg, DType matrix_dtype) {
-  return model_spec_build(cfg, matrix_dtype, std::vector<const LayerKind*>(size_t(cfg.num_hidden_layers), &dense_layer_kind()));
+  return model_spec_build(cfg, matrix_dtype, model_layer_kinds(cfg));
 }
 
 ModelSpec model_spec_build(const ModelConfig& cfg, DType matrix_dtype, const std::vector<const LayerKind*>& kinds) {

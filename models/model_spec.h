@@ -41,7 +41,8 @@ struct ModelSpec {
   size_t layer_bytes(LayerBuffer what, const LayerDims& d) const { return layer_kinds_bytes(layer_kinds(), what, d); }
 };
 
-// Every layer dense (models/dense_layer.h): the four families strata reads today.
+// Each layer of the kind its config says (models/moe_layer.h: model_layer_kinds): dense
+// (models/dense_layer.h), or mixture-of-experts where config.moe_layer(l).
 ModelSpec model_spec_build(const ModelConfig& config, DType matrix_dtype);
 // Layer l of kind kinds[l] (one per config.num_hidden_layers).
 ModelSpec model_spec_build(const ModelConfig& config, DType matrix_dtype, const std::vector<const LayerKind*>& kinds);

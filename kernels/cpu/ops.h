@@ -91,6 +91,15 @@ void embedding_forward_bf16(float* out, const bf16* table, const int32_t* ids, i
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t n,
                         int64_t c);
 
+// ---- mixture of experts: routed rows back to tokens (twin: kernels/cpu/ref/moe.h) ----------
+// out (N,C) += sum_j w[r] y[r] over token t's k rows r = token_row[t*k + j] (w null: 1), in j order;
+// moe_combine_backward writes dy (M,C) = w[r] dout[row_token[r]] and dw (M) = dout[row_token[r]] . y[r]
+// (dw null: skipped).
+void moe_combine_forward(float* out, const float* y, const float* w, const int32_t* token_row, int64_t n,
+                         int64_t k, int64_t c);
+void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const float* w,
+                          const int32_t* row_token, int64_t m, int64_t c);
+
 // ---- causal GQA attention, flash-style (memory O(tile), never O(T^2)) ---------------------
 // q (B,T,H,D), k and v (B,T,Hk,D), out (B,T,H,D), lse (B,T,H) log-sum-exp saved for backward.
 // Head h reads kv head h / (H/Hk). doc_start (B,T) or null: query t sees keys s with

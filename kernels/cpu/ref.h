@@ -12,3 +12,4 @@
 #include "kernels/cpu/ref/attention.h"
 #include "kernels/cpu/ref/cross_entropy.h"
 #include "kernels/cpu/ref/zo.h"
+#include "kernels/cpu/ref/moe.h"

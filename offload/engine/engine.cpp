@@ -317,6 +317,10 @@ std::vector<double> Engine::run_pass(const MicroBatch* mbs, size_t g, StepKind k
     }
   }
   upload_tokens(mbs, g);
+  // the aux loss enters the micro-batch's loss as counted x coef x aux (its mean per token is
+  // transformers' loss + coef x aux), so its gradient runs at grad_scale x counted
+  for (auto& p : pass_)
+    if (p.aux) p.aux->grad_scale = double(grad_scale) * double(p.counted);
   spill_pass_ = spill_ && kind == StepKind::forward_backward;
   backward_pass_ = kind == StepKind::forward_backward;
   forward();
@@ -347,13 +351,22 @@ void Engine::upload_tokens(const MicroBatch* mbs, size_t g) {
     pass_[m].dims.T = mbs[m].T;
     pass_[m].has_docs = !mbs[m].doc_start.empty();
     pass_[m].ids = mbs[m].ids;
+    pass_[m].counted = mbs[m].counted();
+    const ModelConfig& cfg = store_.spec().config;
+    pass_[m].aux.reset();
+    // the load-balancing loss joins the token cross-entropy (SFT, pretraining); the preference
+    // objectives' per-sequence losses run without it
+    const bool token_ce = dynamic_cast<const TokenCrossEntropy*>(objective_.get()) != nullptr;
+    const bool aux = opt_.router_aux_loss < 0 ? cfg.output_router_logits : opt_.router_aux_loss != 0;
+    if (aux && token_ce && cfg.num_experts > 0) pass_[m].aux.emplace(cfg.num_experts, cfg.router_aux_loss_coef);
     reduction_->begin_micro_batch(pass_[m].ids.data(), int64_t(pass_[m].ids.size()));
   }
 }
 
 TokenContext Engine::token_context(size_t m) const {
   const size_t n = size_t(shape_.tokens);
-  return {buf_.pos + m * n, pass_[m].has_docs ? buf_.doc_start + m * n : nullptr, buf_.inv_freq};
+  return {buf_.pos + m * n, pass_[m].has_docs ? buf_.doc_start + m * n : nullptr, buf_.inv_freq,
+          pass_[m].aux ? &*pass_[m].aux : nullptr};
 }
 
 HeadTensors Engine::head_tensors(size_t m) const {
@@ -649,8 +662,14 @@ void Engine::embed_backward(const std::vector<float*>& dx0) {
 std::vector<double> Engine::finish_step(StepKind kind) {
   std::vector<double> losses(pass_.size());
   dev_.copy_d2h(losses.data(), buf_.loss, losses.size() * sizeof(double), Stream::compute);
+  // the load-balancing loss, summed over the micro-batch's counted tokens like the cross-entropy
+  const auto add_aux = [&] {
+    for (size_t m = 0; m < pass_.size(); ++m)
+      if (pass_[m].aux) losses[m] += double(pass_[m].counted) * pass_[m].aux->loss();
+  };
   if (kind == StepKind::forward_only) {
     dev_.stream_synchronize(Stream::compute);
+    add_aux();
     return losses;
   }
   dev_.event_record(*ev_.loss_copied, Stream::compute);
@@ -659,6 +678,7 @@ std::vector<double> Engine::finish_step(StepKind kind) {
     dev_.stream_synchronize(Stream::compute);  // surfaces a kernel's error here
     if (!lora_) dev_.event_synchronize(*ev_.dx0_copied);
   });
+  add_aux();
   return losses;
 }
 

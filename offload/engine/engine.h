@@ -46,6 +46,7 @@
 
 #include "models/layer_kind.h"
 #include "models/micro_batch.h"
+#include "models/moe_aux_loss.h"
 #include "offload/state/adamw.h"
 #include "offload/stream/checkpoint_spill.h"
 #include "offload/stream/engine_buffers.h"
@@ -244,6 +245,10 @@ class Engine final : public StepEngine {
     LayerDims dims;               // its shape (B, T set by upload_tokens)
     bool has_docs = false;
     std::vector<int32_t> ids;     // the embedding gather and scatter read them
+    int64_t counted = 0;          // its counted tokens
+    // its load-balancing loss (EngineOptions::router_aux_loss on an MoE model; host state the MoE
+    // layers' forwards fill and their backwards read: TokenContext::moe_aux)
+    mutable std::optional<MoeAuxLoss> aux;
   };
   std::vector<PassMicroBatch> pass_;  // the current pass's micro-batches
 

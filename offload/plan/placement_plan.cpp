@@ -61,6 +61,7 @@ RunPlan plan_decisions(const PlanInputs& in, int64_t group, const PlanBudgets& b
   p.budgets = budgets;
   p.optimizer_kind = in.optimizer_kind;
   p.lora = in.lora;
+  p.router_aux_loss = in.router_aux_loss;
   // the zeroth-order engine always streams (its weights change every step)
   p.weights = in.optimizer_kind == OptimizerKind::zo_sgd ? WeightsMode::stream : in.weights;
   p.checkpoints = in.checkpoints;
@@ -378,6 +379,7 @@ EngineOptions run_plan_engine_options(const RunPlan& plan) {
   eo.max_tokens = plan.sequence_len;
   eo.head_chunk_rows = plan.head_chunk_rows;
   eo.lora = plan.lora;
+  eo.router_aux_loss = plan.router_aux_loss;
   eo.group = plan.group;
   eo.speculate_first_group = plan.speculate_first_group;
   eo.speculate_end_group = plan.speculate_end_group;

@@ -99,6 +99,7 @@ struct PlanInputs {
   // LoRA (offload/state/lora.h; r > 0): the base is frozen — its working copy alone on the host, no
   // gradient, master or moments — and the adapters' state is listed instead.
   LoraOptions lora;
+  int router_aux_loss = -1;  // EngineOptions::router_aux_loss (train.router_aux_loss: -1 auto, 0, 1)
 };
 
 struct PlanBudgets {
@@ -149,6 +150,7 @@ struct RunPlan {
   //    RecomputeMode, offload/modes.h)
   OptimizerKind optimizer_kind = OptimizerKind::adamw;  // AdamW (LoRA: on the adapters) or ZO-SGD
   LoraOptions lora;                   // r > 0: LoRA-AdamW, the base frozen
+  int router_aux_loss = -1;           // EngineOptions::router_aux_loss (train.router_aux_loss: -1 auto, 0, 1)
   WeightsMode weights = WeightsMode::stream;  // stream | device
   CheckpointMode checkpoints = CheckpointMode::automatic;  // nvme when the plan spilled them there
   RecomputeMode recompute = RecomputeMode::automatic;

@@ -55,10 +55,12 @@ std::optional<GpuSpec> gpu_spec_find(const std::string& name) {
 }
 
 double model_flops_per_token(const ModelSpec& spec, int64_t T) {
+  // the matrices a token goes through: each layer's as its kind prices one token (8 x: forward,
+  // recompute, backward) — every 2-D parameter of a dense layer, the router and k experts of a
+  // mixture-of-experts one (active, not total, parameters) — and lm_head
   double matmul_params = 0;
-  for (auto& r : spec.params.rows())
-    if (r.shape.size() == 2 && r.name != "model.embed_tokens.weight") matmul_params += double(r.numel());
-  if (spec.lm_head == kAbsent) matmul_params += double(spec.params[size_t(spec.embed)].numel());
+  for (const ModelLayer& l : spec.layers) matmul_params += l.kind->cost(spec.config, spec.matrix_dtype, 1, 1).matmul_flops / 8;
+  matmul_params += double(spec.params[size_t(spec.lm_head_row())].numel());
   const auto& c = spec.config;
   return 6.0 * matmul_params + 6.0 * double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * double(T);
 }

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "io/safetensors.h"
+#include "offload/state/moe_packed.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
 
@@ -21,15 +22,22 @@ namespace strata {
 void model_load_weights(HostStore& store, const std::string& dir, const LoraAdapter* adapter) {
   const ModelSpec& spec = store.spec();
   SafetensorsDir st = SafetensorsDir::open(dir);
-  safetensors_check_tensors(st, spec.expected_tensors(),
+  // MoE experts in the Hub's per-expert layout, or packed 3-D (offload/state/moe_packed.h)
+  const bool moe = spec.config.num_experts > 0;
+  safetensors_check_tensors(st, moe ? moe_packed_expected(st, spec.expected_tensors()) : spec.expected_tensors(),
                             str_cat("config.json describes a ", spec.config.family, " model with ",
                                     spec.config.num_hidden_layers, " layers"));
-  std::vector<float> buf;
+  std::vector<float> buf, packed;
+  std::string packed_name;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const TensorSpec& r = spec.params[i];
     buf.resize(size_t(r.numel()));
-    st.read(r.name, DType::f32, buf.data());
-    st.release(r.name);  // one tensor's file pages resident at a time (offload/plan/placement_plan.h counts it)
+    if (const auto slice = moe ? moe_packed_slice(st, r.name) : std::nullopt) {
+      moe_packed_read(st, *slice, packed, packed_name, buf.data());
+    } else {
+      st.read(r.name, DType::f32, buf.data());
+      st.release(r.name);  // one tensor's file pages resident at a time (offload/plan/placement_plan.h counts it)
+    }
     if (adapter) lora_adapter_merge_row(*adapter, i, buf.data());
     store.set_param(i, buf.data());
   }

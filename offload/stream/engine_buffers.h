@@ -54,6 +54,11 @@ struct EngineOptions {
   // the norm clips. Empty (first >= end): none. Group 0 (the embedding, the last to land) never:
   // its update could start no earlier than the norm. RAM groups only, one rank, not LoRA.
   size_t speculate_first_group = 0, speculate_end_group = 0;
+  // Mixture-of-experts models: add the load-balancing loss (models/moe_aux_loss.h, router_aux_loss_coef
+  // times transformers' load_balancing_loss_func) to each micro-batch's loss and its gradient to the
+  // routers (train.router_aux_loss): 1 yes, 0 no, -1 "auto" (the config's output_router_logits).
+  // Dense models have none.
+  int router_aux_loss = -1;
 };
 
 // The sizes every buffer is derived from: the model's, and the capacity of one micro-batch

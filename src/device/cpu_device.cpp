@@ -376,6 +376,14 @@ class CpuDevice final : public ArenaDevice {
   void add_inplace(float* y, const float* x, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::add_inplace(y, x, n); });
   }
+  void moe_combine_forward(float* out, const float* y, const float* w, const int32_t* token_row, int64_t n, int64_t k,
+                           int64_t c, Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::moe_combine_forward(out, y, w, token_row, n, k, c); });
+  }
+  void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const float* w,
+                            const int32_t* row_token, int64_t m, int64_t c, Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::moe_combine_backward(dy, dw, dout, y, w, row_token, m, c); });
+  }
   void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::cast_f32_to_bf16(out, in, n); });
   }

@@ -25,6 +25,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/attention_cached.h"
 #include "kernels/cuda/dropout.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
 #include "src/core/fault.h"
@@ -501,6 +502,16 @@ class CudaDevice final : public ArenaDevice {
   void add_inplace(float* y, const float* x, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::add_inplace(y, x, n, stream(s));
+  }
+  void moe_combine_forward(float* out, const float* y, const float* w, const int32_t* token_row, int64_t n, int64_t k,
+                           int64_t c, Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::moe_combine_forward(out, y, w, token_row, n, k, c, stream(s));
+  }
+  void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const float* w,
+                            const int32_t* row_token, int64_t m, int64_t c, Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::moe_combine_backward(dy, dw, dout, y, w, row_token, m, c, stream(s));
   }
   void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);

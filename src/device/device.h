@@ -215,6 +215,13 @@ class Device {
                                                   const int32_t* targets, const float* token_weight,
                                                   int64_t n, int64_t c, int64_t v, int64_t v0, int64_t vc,
                                                   float grad_scale, float* kept_logits, Stream s) = 0;
+  // Mixture of experts (kernels/cpu/ops.h, kernels/cpu/ref/moe.h): out (N,C) += sum over token
+  // t's k routed rows r = token_row[t*k + j] of w[r] y[r] (w null: 1), in j order; and its
+  // backward dy (M,C) = w[r] dout[row_token[r]], dw (M) = dout[row_token[r]] . y[r] (dw null: none).
+  virtual void moe_combine_forward(float* out, const float* y, const float* w, const int32_t* token_row, int64_t n,
+                                   int64_t k, int64_t c, Stream s) = 0;
+  virtual void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const float* w,
+                                    const int32_t* row_token, int64_t m, int64_t c, Stream s) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n, Stream s) = 0;
   virtual void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) = 0;
 

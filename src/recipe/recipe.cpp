@@ -182,10 +182,11 @@ Reader reader_from(const std::string& text, const std::string& origin, const std
     r.values[name] = std::move(node);
     r.from_command_line.insert(name);
   }
-  // distributed.shared_host_store takes true | false as TOML booleans too: read as the strings
-  if (auto* n = r.get("distributed.shared_host_store"); n && n->is_boolean())
-    r.values["distributed.shared_host_store"] =
-        std::make_unique<toml::value<std::string>>(n->as_boolean()->get() ? "true" : "false");
+  // distributed.shared_host_store and train.router_aux_loss take true | false as TOML booleans too:
+  // read as the strings
+  for (const char* key : {"distributed.shared_host_store", "train.router_aux_loss"})
+    if (auto* n = r.get(key); n && n->is_boolean())
+      r.values[key] = std::make_unique<toml::value<std::string>>(n->as_boolean()->get() ? "true" : "false");
   return r;
 }
 
@@ -244,6 +245,9 @@ void check_model_data_train(const Recipe& rc, const Reader& r) {
                ": set exactly one of model.path (load weights) or model.config (random init)");
   STRATA_CHECK(!rc.data_path.empty(), r.where("data.path"), ": data.path is required");
   STRATA_CHECK(rc.model_dtype == "f32" || rc.model_dtype == "bf16", r.where("model.dtype"), ": model.dtype must be \"f32\" or \"bf16\"");
+  STRATA_CHECK(rc.router_aux_loss == "auto" || rc.router_aux_loss == "true" || rc.router_aux_loss == "false",
+               r.where("train.router_aux_loss"), ": train.router_aux_loss must be \"auto\", true or false (not \"",
+               rc.router_aux_loss, "\")");
   STRATA_CHECK(rc.save_dtype == "f32" || rc.save_dtype == "bf16", r.where("checkpoint.save_dtype"), ": checkpoint.save_dtype must be \"f32\" or \"bf16\"");
   STRATA_CHECK(rc.sequence_len >= 2, r.where("data.sequence_len"), ": data.sequence_len must be at least 2");
   STRATA_CHECK(rc.max_steps >= 0, r.where("train.max_steps"), ": train.max_steps must be >= 0 (0 = from num_train_epochs)");
@@ -404,7 +408,8 @@ bool toml_leaves_out(const Recipe& rc, const RecipeKey& k) {
 
 // toml_write: a member's value as TOML (floats as `ostream <<` writes them: 6 significant digits).
 void toml_write(std::ostream& os, const RecipeKey& k, const std::string& v) {
-  if (is_key(k, "distributed.shared_host_store") && v != "auto") os << v;  // true | false, unquoted
+  if ((is_key(k, "distributed.shared_host_store") || is_key(k, "train.router_aux_loss")) && v != "auto")
+    os << v;  // true | false, unquoted
   else os << '"' << v << '"';
 }
 void toml_write(std::ostream& os, const RecipeKey&, int64_t v) { os << v; }

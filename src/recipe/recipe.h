@@ -37,6 +37,7 @@ struct Recipe {
   double num_train_epochs = 1.0;
   int64_t log_steps = 1, eval_steps = 0;
   std::string objective = "sft";  // "sft", or a preference objective: "dpo", "ipo", "simpo", "orpo"
+  std::string router_aux_loss = "auto";  // "auto" | "true" | "false": MoE load-balancing loss (models/moe_aux_loss.h)
   // [preference] (with a preference objective); beta's default depends on the objective
   // (dpo, ipo, orpo 0.1; simpo 2.0): it is filled in when the recipe loads
   double preference_beta = 0.1, preference_gamma = 0.5;

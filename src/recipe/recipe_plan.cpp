@@ -21,6 +21,7 @@ LoraOptions recipe_lora_options(const Recipe& rc) {
 PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   PlanInputs in;
   in.lora = recipe_lora_options(rc);
+  in.router_aux_loss = rc.router_aux_loss == "auto" ? -1 : rc.router_aux_loss == "true" ? 1 : 0;
   in.weights = rc.modes.weights;
   in.checkpoints = rc.modes.checkpoints;
   in.recompute = rc.modes.recompute;

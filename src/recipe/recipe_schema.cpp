@@ -68,6 +68,9 @@ constexpr RecipeKey kRecipeKeys[] = {
     {"train.objective", "string", "\"sft\"", &Recipe::objective,
      "\"sft\" (token cross-entropy), or a preference objective on preference data: \"dpo\", \"ipo\", \"simpo\" or \"orpo\""},
 
+    {"train.router_aux_loss", "string", "\"auto\"", &Recipe::router_aux_loss,
+     "mixture-of-experts models: add transformers' load-balancing loss times router_aux_loss_coef: \"auto\" (as config.json's output_router_logits), true or false"},
+
     // [preference]
     {"preference.beta", "float", "0.1 (simpo: 2.0)", &Recipe::preference_beta,
      "the preference objective's beta: dpo/ipo 0.1, simpo 2.0, orpo (its lambda) 0.1 when unset, as TRL's configs"},

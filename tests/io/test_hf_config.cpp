@@ -150,7 +150,8 @@ TEST_CASE("hf_config: Llama-3.1-8B, Mistral-7B-v0.1, Qwen2.5-7B, Qwen3-8B parse 
   CHECK(q3.sliding_window == 0);
 
   CHECK(hf_config_supported_architectures() ==
-        std::vector<std::string>{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"});
+        std::vector<std::string>{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                 "Qwen3MoeForCausalLM", "MixtralForCausalLM"});
 }
 
 TEST_CASE("hf_config: explicit head_dim different from hidden/heads, tied embeddings, biases", "[io]") {
@@ -284,7 +285,7 @@ TEST_CASE("hf_config: bad configs name the file and the key and say what is wron
   require_edit_error(kLlama31_8B, [](auto& j) { j["hidden_act"] = "gelu"; }, {"'hidden_act'", "silu"});
   // Unsupported architecture / model_type list the supported ones.
   const std::vector<std::string> all = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                        "Qwen3ForCausalLM"};
+                                        "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"};
   auto with = [](std::vector<std::string> v, const std::string& s) { v.push_back(s); return v; };
   require_edit_error(kLlama31_8B, [](auto& j) { j["architectures"] = {"GPT2LMHeadModel"}; j.erase("model_type"); },
                      with(all, "'GPT2LMHeadModel'"));

@@ -105,6 +105,7 @@ seed = 5
 log_steps = 2
 eval_steps = 6
 objective = "dpo"
+router_aux_loss = "auto"
 
 [preference]
 beta = 0.25
@@ -198,6 +199,7 @@ seed = 0
 log_steps = 1
 eval_steps = 0
 objective = "simpo"
+router_aux_loss = "auto"
 
 [preference]
 beta = 2

@@ -1,0 +1,36 @@
+// The mixture-of-experts layer kind (qwen3_moe, mixtral): the dense layer's attention half
+// (models/decoder_layer.h: RMSNorm, attention with Qwen3's q/k norms where the config has them,
+// the residual, RMSNorm) and a sparse MoE block in place of the MLP:
+//
+//   logits = xn2 Wr^T (N,E) ; routing on the host (models/moe_routing.h): top k of softmax(logits)
+//   xg = xn2[row_token] (M,C), rows expert by expert ; for each expert x with rows [o0, o1):
+//     act = silu(xg Wg_x^T) * (xg Wu_x^T) (rows, I) ; y = act Wd_x^T (rows, C)   (one GEMM each)
+//   out = h + sum_j w[t,j] y[token_row[t,j]]                        (device moe_combine_forward)
+//
+// The backward recomputes the forward from x (the routing again from the recomputed logits: the
+// same bits, so the same experts), then: dy, dw (moe_combine_backward), the experts' GEMMs
+// backward per expert, d xn2 = the rows scattered back to tokens, the router's gradient through
+// the renormalisation and the softmax on the host (plus the load-balancing loss's, when the
+// micro-batch carries one: models/moe_aux_loss.h), then the attention half's backward.
+//
+// Parameters, in the kind's order: the dense attention half's 12 (input norm, q, k, v, o, their
+// biases, q/k norms), post_attention_layernorm, the router, then per expert gate, up, down. HF
+// names: Qwen3-MoE "mlp.gate.weight", "mlp.experts.{x}.{gate,up,down}_proj.weight"; Mixtral
+// "block_sparse_moe.gate.weight", "block_sparse_moe.experts.{x}.{w1,w3,w2}.weight". Only the
+// attention projections are LoRA targets for now.
+//
+// Legend: N tokens, C hidden, E experts, k experts per token, M = N*k routed rows, I the
+// experts' intermediate size.
+#pragma once
+#include "models/layer_kind.h"
+
+namespace strata {
+
+// The MoE kind for this config's expert sizes (one object per distinct (E, k, I, norm_topk_prob,
+// naming), kept for the program's life). config.num_experts must be > 0.
+const LayerKind& moe_layer_kind(const ModelConfig& config);
+
+// The kind of each layer of config: MoE on config.moe_layer(l), dense elsewhere.
+std::vector<const LayerKind*> model_layer_kinds(const ModelConfig& config);
+
+}  // namespace strata
