@@ -50,10 +50,14 @@ if [ "$bench_venv" -eq 1 ]; then
   if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import torch, transformers, numpy" 2>/dev/null; then
     echo "setup: $venv has torch and transformers"
   else
-    echo "setup: making $venv (torch from https://download.pytorch.org/whl/cpu, transformers from PyPI)"
+    echo "setup: making $venv (torch from https://download.pytorch.org/whl/cpu or PyPI, transformers from PyPI)"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q torch --index-url https://download.pytorch.org/whl/cpu
+    if ! "$venv/bin/pip" install -q torch --index-url https://download.pytorch.org/whl/cpu; then
+      echo "setup: PyTorch's CPU index is not reachable: torch from PyPI instead (its CUDA build, a larger"
+      echo "setup: download; on a machine without a GPU it runs on the CPU the same)"
+      "$venv/bin/pip" install -q torch
+    fi
     "$venv/bin/pip" install -q transformers numpy
     "$venv/bin/python" -c "import torch, transformers; print('setup: torch', torch.__version__, 'transformers', transformers.__version__)"
   fi

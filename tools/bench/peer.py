@@ -47,12 +47,12 @@ CONFIGS = {
     # the bundled quickstart model (recipes/quickstart/config.json): 0.8M parameters, tied
     "quickstart": dict(dtype="f32", T=256, mb=8, hidden=128, inter=352, layers=4, heads=4, kv=2, head_dim=32,
                        vocab=256, tied=True),
-    # hidden 512, 8 layers, GQA 8/4, intermediate 1408, vocab 8192, T=512, micro-batch 4 (~42M parameters)
+    # hidden 512, 8 layers, GQA 8/4, intermediate 1408, vocab 8192, T=512, micro-batch 4 (~32M parameters)
     "mid": dict(LLAMA, dtype="f32", T=512, mb=4, hidden=512, inter=1408, layers=8, heads=8, kv=4, head_dim=64,
                 vocab=8192),
     "mid-bf16": dict(LLAMA, dtype="bf16", T=512, mb=4, hidden=512, inter=1408, layers=8, heads=8, kv=4,
                      head_dim=64, vocab=8192),
-    # hidden 1024, 16 layers, GQA 16/8, intermediate 2816, vocab 32000, T=1024, micro-batch 2 (~253M parameters)
+    # hidden 1024, 16 layers, GQA 16/8, intermediate 2816, vocab 32000, T=1024, micro-batch 2 (~254M parameters)
     "large": dict(LLAMA, dtype="f32", T=1024, mb=2, hidden=1024, inter=2816, layers=16, heads=16, kv=8,
                   head_dim=64, vocab=32000),
     "large-bf16": dict(LLAMA, dtype="bf16", T=1024, mb=2, hidden=1024, inter=2816, layers=16, heads=16, kv=8,
@@ -152,8 +152,8 @@ def available_forms(wanted):
     import torch
     forms = []
     for f in wanted:
-        if f == "compile" and not hasattr(torch, "compile"):
-            print("peer: this torch has no torch.compile (before 2.0): the compile form is left out", flush=True)
+        if f == "compile" and not hasattr(torch.nn.Module, "compile"):
+            print("peer: this torch has no Module.compile (before 2.2): the compile form is left out", flush=True)
         elif f == "transformers" and peer_torch.versions()["transformers"] is None:
             print("peer: transformers is not installed with this torch: its form is left out", flush=True)
         else:
