@@ -96,6 +96,20 @@ void layer_backward_saved(Device& dev, float* dx, LayerGrads& g, const float* do
                           const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
                           const LayerDims& d, Stream s);
 
+// The linears every kind with these projections shares (models/gemma_layer.cpp too).
+// y (N,O) = x (N,I) W^T (+ b) (+ the adapter's (x' A^T) B'^T, x' = x or its dropout into
+// lora_x); W (O,I) is d.wt, in bf16 mode the matmul reads xb (x's bf16 copy); lora_u (N,r).
+void linear_forward(Device& dev, float* y, const float* x, const bf16* xb, const void* w, const float* b,
+                    const LoraLinear& ad, float* lora_u, float* lora_x, int64_t n, int64_t o, int64_t i,
+                    const LayerDims& d, Stream s);
+// dx (N,I) = dy W (written, or added when accumulate); dW (O,I) += dy^T x unless dw is null; in
+// bf16 mode from xb and dy's bf16 copy (dyb, or cast here into ws.cast_a); db += sum dy; the
+// adapter's gradients through ws.lora_t, lora_u, lora_x.
+void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLinearGrads& gad, const float* dy,
+                     const float* x, const bf16* xb, const void* w, const LoraLinear& ad, LayerWorkspace& ws,
+                     int64_t n, int64_t o, int64_t i, bool accumulate, const LayerDims& d, Stream s,
+                     const bf16* dyb = nullptr);
+
 // Keeping a layer's activations from its forward to its backward (offload.recompute): the bytes
 // of one layer's xn1 .. act, and a workspace whose activations live in `base` (that many bytes,
 // carved for the same dims) while its scratch (casts, adapter and backward buffers) stays ws's.

@@ -56,8 +56,10 @@ std::optional<GpuSpec> gpu_spec_find(const std::string& name) {
 
 double model_flops_per_token(const ModelSpec& spec, int64_t T) {
   double matmul_params = 0;
-  for (auto& r : spec.params.rows())
-    if (r.shape.size() == 2 && r.name != "model.embed_tokens.weight") matmul_params += double(r.numel());
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const TensorSpec& r = spec.params[i];
+    if (r.shape.size() == 2 && int64_t(i) != spec.embed) matmul_params += double(r.numel());
+  }
   if (spec.lm_head == kAbsent) matmul_params += double(spec.params[size_t(spec.embed)].numel());
   const auto& c = spec.config;
   return 6.0 * matmul_params + 6.0 * double(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * double(T);
