@@ -28,14 +28,14 @@ TEST_CASE("cuda geglu and affine match the CPU kernels and the fp64 twin", "[cud
   if (!dev) return;
   for (const int64_t n : {1, 17, 4097}) {
     INFO("n=" << n);
-    const auto gate = random_floats(size_t(n), 40 + n, -4.f, 4.f), up = random_floats(size_t(n), 50 + n);
-    const auto dout = random_floats(size_t(n), 60 + n);
-    Buffer<float> gg(*dev, gate), gu(*dev, up), gd(*dev, dout), go(*dev, size_t(n)), gdg(*dev, size_t(n)),
-        gdu(*dev, size_t(n)), gy(*dev, size_t(n));
+    const auto gate = random_floats(static_cast<size_t>(n), 40 + n, -4.f, 4.f), up = random_floats(static_cast<size_t>(n), 50 + n);
+    const auto dout = random_floats(static_cast<size_t>(n), 60 + n);
+    Buffer<float> gg(*dev, gate), gu(*dev, up), gd(*dev, dout), go(*dev, static_cast<size_t>(n)), gdg(*dev, static_cast<size_t>(n)),
+        gdu(*dev, static_cast<size_t>(n)), gy(*dev, static_cast<size_t>(n));
     dev->geglu_forward(go, gg, gu, n, Stream::compute);
     dev->geglu_backward(gdg, gdu, gd, gg, gu, n, Stream::compute);
     dev->affine(gy, gg, 6.3245554f, 1.f, n, Stream::compute);
-    std::vector<double> ro(size_t(n)), rg(size_t(n)), ru(size_t(n)), ry(size_t(n));
+    std::vector<double> ro(static_cast<size_t>(n)), rg(static_cast<size_t>(n)), ru(static_cast<size_t>(n)), ry(static_cast<size_t>(n));
     const auto g64 = convert<double>(gate), u64 = convert<double>(up), d64 = convert<double>(dout);
     ref::geglu_forward(ro.data(), g64.data(), u64.data(), n);
     ref::geglu_backward(rg.data(), ru.data(), d64.data(), g64.data(), u64.data(), n);
@@ -61,7 +61,7 @@ TEST_CASE("cuda cached attention with a sliding window and head dim 256 matches 
                         {1, 1, 80, 2, 1, 256, 0, {79}}};
   for (const Case& c : cases) {
     INFO("d=" << c.d << " window=" << c.window);
-    const size_t nq = size_t(c.b * c.tq * c.h * c.d), nk = size_t(c.b * c.tcap * c.hk * c.d);
+    const size_t nq = static_cast<size_t>(c.b * c.tq * c.h * c.d), nk = static_cast<size_t>(c.b * c.tcap * c.hk * c.d);
     const auto q = random_floats(nq, 71, -2.f, 2.f), k = random_floats(nk, 72, -2.f, 2.f), v = random_floats(nk, 73);
     const double scale = 1.0 / std::sqrt(double(c.d));
     std::vector<double> want(nq);

@@ -55,21 +55,21 @@ TEST_CASE("attention with a sliding window matches the fp64 twin on every ISA", 
           const int64_t b = 2, h = 6, hk = 2, d = 24;
           const int64_t nq = b * t * h * d, nk = b * t * hk * d;
           auto in = [&](std::vector<float> x) { return bf16 ? round_bf16(x) : x; };
-          const auto q = in(random_floats(size_t(nq), 5000 + idx, -2.f, 2.f));
-          const auto k = in(random_floats(size_t(nk), 6000 + idx, -2.f, 2.f));
-          const auto v = in(random_floats(size_t(nk), 7000 + idx));
-          const auto dout = in(random_floats(size_t(nq), 8000 + idx));
+          const auto q = in(random_floats(static_cast<size_t>(nq), 5000 + idx, -2.f, 2.f));
+          const auto k = in(random_floats(static_cast<size_t>(nk), 6000 + idx, -2.f, 2.f));
+          const auto v = in(random_floats(static_cast<size_t>(nk), 7000 + idx));
+          const auto dout = in(random_floats(static_cast<size_t>(nq), 8000 + idx));
           // no documents, or documents of 40 tokens (longer and shorter than the windows)
           const std::vector<int32_t> docs = testing::make_doc_start(b, t, 40, idx);
           const int32_t* ds = idx % 2 ? docs.data() : nullptr;
           const float scale = 1.f / std::sqrt(float(d));
-          std::vector<float> out(size_t(nq)), lse(size_t(b * t * h)), dq(size_t(nq)), dk(size_t(nk)), dv(size_t(nk));
+          std::vector<float> out(static_cast<size_t>(nq)), lse(static_cast<size_t>(b * t * h)), dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
           cpu::attention_forward_isa(out.data(), lse.data(), q.data(), k.data(), v.data(), ds, b, t, h, hk, d, scale,
                                      dot_type, isa, window);
           cpu::attention_backward_isa(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                                       out.data(), lse.data(), ds, b, t, h, hk, d, scale, dot_type, isa,
                                       cpu::kAttentionStoredDsMaxBytes, window);
-          std::vector<double> ro(size_t(nq)), rl(lse.size()), rdq(size_t(nq)), rdk(size_t(nk)), rdv(size_t(nk));
+          std::vector<double> ro(static_cast<size_t>(nq)), rl(lse.size()), rdq(static_cast<size_t>(nq)), rdk(static_cast<size_t>(nk)), rdv(static_cast<size_t>(nk));
           const auto qd = convert<double>(q), kd = convert<double>(k), vd = convert<double>(v);
           const auto dod = convert<double>(dout);
           ref::attention_forward(ro.data(), rl.data(), qd.data(), kd.data(), vd.data(), ds, b, t, h, hk, d,
@@ -103,11 +103,11 @@ TEST_CASE("cached attention with a sliding window matches its twin and the windo
   for (const int64_t window : {1, 5, 64, 200}) {
     INFO("window " << window);
     // the whole sequence as queries against a cache holding it: the windowed causal attention
-    const auto q = random_floats(size_t(B * T * H * D), 11, -2.f, 2.f);
-    const auto k = random_floats(size_t(B * T * Hk * D), 12, -2.f, 2.f);
-    const auto v = random_floats(size_t(B * T * Hk * D), 13);
-    const std::vector<int32_t> start(size_t(B), 0);
-    std::vector<float> cached(q.size()), prefill(q.size()), lse(size_t(B * T * H));
+    const auto q = random_floats(static_cast<size_t>(B * T * H * D), 11, -2.f, 2.f);
+    const auto k = random_floats(static_cast<size_t>(B * T * Hk * D), 12, -2.f, 2.f);
+    const auto v = random_floats(static_cast<size_t>(B * T * Hk * D), 13);
+    const std::vector<int32_t> start(static_cast<size_t>(B), 0);
+    std::vector<float> cached(q.size()), prefill(q.size()), lse(static_cast<size_t>(B * T * H));
     cpu::attention_cached_forward(cached.data(), q.data(), k.data(), v.data(), start.data(), B, T, T, H, Hk, D, scale,
                                   DType::f32, window);
     cpu::attention_forward(prefill.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, B, T, H, Hk, D, scale,
@@ -116,7 +116,7 @@ TEST_CASE("cached attention with a sliding window matches its twin and the windo
     // decode steps from later starts against the fp64 twin
     const int64_t tq = 3, tcap = T;
     const std::vector<int32_t> later = {40, 77};
-    std::vector<float> out(size_t(B * tq * H * D));
+    std::vector<float> out(static_cast<size_t>(B * tq * H * D));
     const auto qs = random_floats(out.size(), 14, -2.f, 2.f);
     cpu::attention_cached_forward(out.data(), qs.data(), k.data(), v.data(), later.data(), B, tq, tcap, H, Hk, D,
                                   scale, DType::f32, window);

@@ -63,7 +63,7 @@ std::pair<double, double> eval_losses(const std::string& out) {
 TEST_CASE("SFT on a tiny Gemma 3 lowers the held-out loss", "[gemma][train]") {
   const std::string dir = tiny_dir("sft_model", gemma_config());
   const std::string out = testing::fresh_path("strata_gemma", "sft");
-  const TrainSummary s = train_run(recipe(dir, out, {"train.max_steps=16", "train.eval_steps=4",
+  const TrainSummary s = train_run(recipe(dir, out, {"train.max_steps=16", "train.eval_steps=2",
                                                      "data.eval_split=0.1"}));
   REQUIRE(s.losses.size() == 16);
   const auto [first, last] = eval_losses(out);
@@ -103,7 +103,7 @@ TEST_CASE("SFT on a tiny OLMo 2 lowers the held-out loss", "[gemma][train]") {
                               {"eos_token_id", 594}, {"pad_token_id", 592}};
   const std::string dir = tiny_dir("olmo2_model", cfg);
   const std::string out = testing::fresh_path("strata_gemma", "olmo2_sft");
-  const TrainSummary s = train_run(recipe(dir, out, {"train.max_steps=12", "train.eval_steps=4",
+  const TrainSummary s = train_run(recipe(dir, out, {"train.max_steps=12", "train.eval_steps=2",
                                                      "data.eval_split=0.1"}));
   const auto [first, last] = eval_losses(out);
   std::printf("olmo2 sft: train loss %.4f -> %.4f, held-out %.4f -> %.4f\n", s.losses.front(), s.losses.back(),
