@@ -96,10 +96,10 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   for (size_t k = 0; k < s.slot_bytes.size(); ++k)
     dev(str_cat("layer weight slot ", k), s.slot_bytes[k], bind_at(into ? &into->weight_slots[k] : nullptr));
   dev("final norm weight", bytes_of<float>(s.C), bind_to(into, &B::norm));
+  // the widest norm: C, a head's D, or OLMo 2's q norm over the whole projection (H*D)
+  const int64_t widest_norm = std::max({s.C, s.layer_capacity.D, s.layer_capacity.H * s.layer_capacity.D});
   if (s.frozen())
-    // the widest norm: C, a head's D, or OLMo 2's q norm over the whole projection (H*D)
-    const int64_t widest = std::max({s.C, s.layer_capacity.D, s.layer_capacity.H * s.layer_capacity.D});
-    dev("frozen norm gradients (discarded)", bytes_of<float>(widest), bind_to(into, &B::norm_grad));
+    dev("frozen norm gradients (discarded)", bytes_of<float>(widest_norm), bind_to(into, &B::norm_grad));
   else
     dev("final norm gradient", bytes_of<float>(s.C), bind_to(into, &B::norm_grad));
   if (stream) {
