@@ -116,7 +116,8 @@ TEST_CASE("the dense families' sliding layers follow transformers' rules", "[gem
   CHECK(parse(q).sliding_layers == std::vector<uint8_t>{1, 0, 0, 1});
   const ModelConfig m = parse({{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"},
                                {"hidden_size", 32}, {"intermediate_size", 44}, {"num_hidden_layers", 2},
-                               {"num_attention_heads", 4}, {"vocab_size", 83}, {"sliding_window", 7}});
+                               {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 83},
+                               {"sliding_window", 7}});
   CHECK(m.sliding_layers == std::vector<uint8_t>{1, 1});
 }
 
