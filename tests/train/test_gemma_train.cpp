@@ -19,6 +19,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// dir/recipe.toml: `model` (the [model] table's lines) trained on the bundled chat data.
+void write_recipe(const std::string& dir, const std::string& model) {
+  std::ofstream(dir + "/recipe.toml") << "[model]\n" << model << "\n[data]\npath = \""
+                                      << testing::source_path("recipes/sft-tiny/data/chat.jsonl")
+                                      << "\"\nsequence_len = 64\npacking = true\n[train]\nseed = 7\n";
+}
+
 // A model dir of config `cfg` holding the tiny chat model's tokenizer files (no weights: the
 // recipe there initialises from model.config and reads the tokenizer from data.tokenizer) and a
 // recipe.toml training on the bundled chat data.
@@ -28,9 +35,7 @@ std::string tiny_dir(const char* name, const nlohmann::json& cfg) {
   const std::string tiny = testing::source_path("recipes/sft-tiny/models/tiny");
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(tiny + "/" + f, dir + "/" + f);
   std::ofstream(dir + "/config.json") << cfg.dump(2);
-  std::ofstream(dir + "/recipe.toml") << "[model]\nconfig = \"config.json\"\ninit_seed = 3\n[data]\npath = \""
-                                      << testing::source_path("recipes/sft-tiny/data/chat.jsonl")
-                                      << "\"\nsequence_len = 64\npacking = true\n[train]\nseed = 7\n";
+  write_recipe(dir, "config = \"config.json\"\ninit_seed = 3");
   return dir;
 }
 
@@ -79,7 +84,11 @@ TEST_CASE("SFT on a tiny Gemma 3 lowers the held-out loss", "[gemma][train]") {
 }
 
 TEST_CASE("LoRA SFT and DPO on a tiny Gemma 3", "[gemma][train][lora]") {
+  // LoRA adapts a pretrained base: four SFT steps from the random initialisation make one
   const std::string dir = tiny_dir("lora_model", gemma_config());
+  const std::string base = testing::fresh_path("strata_gemma", "lora_base");
+  REQUIRE(train_run(recipe(dir, base, {"train.max_steps=4"})).losses.size() == 4);
+  write_recipe(dir, "path = \"" + base + "/final\"");
   const std::string out = testing::fresh_path("strata_gemma", "lora");
   const TrainSummary s = train_run(recipe(dir, out, {"train.max_steps=8", "lora.r=8", "lora.alpha=16"}));
   REQUIRE(s.losses.size() == 8);
