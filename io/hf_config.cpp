@@ -1,6 +1,7 @@
-// config.json parsing for llama / mistral / qwen2 / qwen3 / qwen3_moe / mixtral. Defaults are those
-// of transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (v4.5x), Qwen3MoeConfig
-// and MixtralConfig (v5.24), applied when a key is absent;
+// config.json parsing for llama / mistral / qwen2 / qwen3 / gemma3_text (and a gemma3
+// checkpoint's text_config) / olmo2 / qwen3_moe / mixtral. Defaults are those of transformers'
+// LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config (v4.5x), Gemma3TextConfig, Olmo2Config,
+// Qwen3MoeConfig and MixtralConfig (v5.24), applied when a key is absent;
 // a key set to null falls back the way those classes do (e.g. num_key_value_heads -> heads).
 #include "io/hf_config.h"
 
@@ -30,6 +31,8 @@ constexpr Family kFamilies[] = {{"llama", "LlamaForCausalLM"},
                                 {"mistral", "MistralForCausalLM"},
                                 {"qwen2", "Qwen2ForCausalLM"},
                                 {"qwen3", "Qwen3ForCausalLM"},
+                                {"gemma3_text", "Gemma3ForCausalLM"},
+                                {"olmo2", "Olmo2ForCausalLM"},
                                 {"qwen3_moe", "Qwen3MoeForCausalLM"},
                                 {"mixtral", "MixtralForCausalLM"}};
 
@@ -181,6 +184,8 @@ void moe_parse(ModelConfig& c, const Reader& rd, bool mixtral) {
       rd.fail(key, "asks for shared experts, which qwen3_moe and mixtral do not have");
 }
 
+ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::string& origin);
+
 }  // namespace
 
 std::vector<std::string> hf_config_supported_architectures() {
@@ -198,6 +203,81 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
   }
   STRATA_CHECK(c.raw.is_object(), "config ", origin, " must be a JSON object, got ", c.raw.type_name());
   const Reader rd{c.raw, origin, ""};
+  return hf_config_parse_object(c, rd, origin);
+}
+
+namespace {
+
+// Which layers slide (ModelConfig::sliding_layers): "layer_types" when the config gives it
+// (each "sliding_attention" or "full_attention"), else rule(i).
+template <class Rule>
+void sliding_layers_parse(ModelConfig& c, const Reader& rd, Rule rule) {
+  c.sliding_layers.assign(size_t(c.num_hidden_layers), 0);
+  const json* lt = rd.get("layer_types");
+  if (lt) {
+    if (!lt->is_array() || int64_t(lt->size()) != c.num_hidden_layers)
+      rd.fail("layer_types", str_cat("must list one type per layer (", c.num_hidden_layers, "), got ", lt->dump()));
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      if (!t.is_string() || (t != "sliding_attention" && t != "full_attention"))
+        rd.fail("layer_types", str_cat("entry ", i, " is ", t.dump(), "; strata knows \"sliding_attention\" and \"full_attention\""));
+      c.sliding_layers[i] = t == "sliding_attention" && c.sliding_window > 0;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.sliding_layers[size_t(i)] = c.sliding_window > 0 && rule(i);
+}
+
+// Gemma 3's RoPE: rope_parameters {"full_attention": {...}, "sliding_attention": {...}} in newer
+// configs; else rope_theta (global, default 1e6), rope_local_base_freq (default 1e4) and a
+// rope_scaling that applies to the global (full attention) layers only.
+void gemma3_rope_parse(ModelConfig& c, const Reader& rd, const std::string& origin) {
+  c.rope_theta = 1e6;
+  c.rope_local_theta = 1e4;
+  c.rope_scaling = RopeScaling{};
+  const json* rp = rd.get("rope_parameters");
+  if (rp && rp->is_object() && (rp->contains("full_attention") || rp->contains("sliding_attention"))) {
+    for (const char* kind : {"full_attention", "sliding_attention"}) {
+      const json* p = rp->contains(kind) && !(*rp)[kind].is_null() ? &(*rp)[kind] : nullptr;
+      if (!p) continue;
+      const std::string key = str_cat("rope_parameters.", kind);
+      const Reader pr{*p, origin, key + "."};
+      const bool full = std::string(kind) == "full_attention";
+      if (p->contains("rope_theta")) (full ? c.rope_theta : c.rope_local_theta) = pr.req_num("rope_theta");
+      const RopeScaling r = rope_parse(*p, origin, key);
+      if (full) c.rope_scaling = r;
+      else if (r.type != "default")
+        pr.fail("rope_type", "is not 'default': strata scales RoPE on Gemma 3's global layers only");
+    }
+  } else {
+    c.rope_theta = rd.opt_num("rope_theta", 1e6);
+    c.rope_local_theta = rd.opt_num("rope_local_base_freq", 1e4);
+    if (const json* rs = rd.get("rope_scaling")) c.rope_scaling = rope_parse(*rs, origin, "rope_scaling");
+  }
+  rd.positive("rope_theta", c.rope_theta);
+  rd.positive("rope_local_base_freq", c.rope_local_theta);
+}
+
+ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::string& origin) {
+  // A gemma3 checkpoint (Gemma3ForConditionalGeneration): its text model, text_config, with the
+  // decoder's tensors under language_model (the vision tower is not read).
+  if (rd.opt_str("model_type") == "gemma3" ||
+      (rd.get("architectures") && rd.j["architectures"].is_array() && !rd.j["architectures"].empty() &&
+       rd.j["architectures"][0] == "Gemma3ForConditionalGeneration")) {
+    const json* tc = rd.get("text_config");
+    if (!tc || !tc->is_object()) rd.fail("text_config", "is missing: a gemma3 config keeps its text model there");
+    json text = *tc;
+    text["model_type"] = "gemma3_text";
+    text.erase("architectures");
+    if (!text.contains("tie_word_embeddings") && rd.j.contains("tie_word_embeddings"))
+      text["tie_word_embeddings"] = rd.j["tie_word_embeddings"];
+    ModelConfig t;
+    t.raw = c.raw;
+    const Reader trd{text, origin, "text_config."};
+    t = hf_config_parse_object(t, trd, origin);
+    t.text_prefix = "language_model.model.";
+    return t;
+  }
 
   // ---- family: model_type, cross-checked with architectures[0] ----
   std::string model_type = rd.opt_str("model_type");
@@ -229,6 +309,7 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
   const bool mistral = c.family == "mistral" || mixtral;  // Mixtral's attention is Mistral's
   const bool qwen3_moe = c.family == "qwen3_moe";
   const bool qwen = c.family == "qwen2" || c.family == "qwen3" || qwen3_moe;
+  const bool gemma = c.family == "gemma3_text", olmo2 = c.family == "olmo2";
 
   // ---- sizes ----
   c.hidden_size = rd.req_int("hidden_size");
@@ -244,8 +325,9 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
     rd.positive(k, v);
 
   // num_key_value_heads: the class default when the key is absent (llama None, mistral 8,
-  // qwen2/qwen3 32, qwen3_moe 4); null means "same as num_attention_heads" in every class.
-  const int64_t kv_default = llama ? c.num_attention_heads : mistral ? 8 : qwen3_moe ? 4 : 32;
+  // qwen2/qwen3 32, qwen3_moe 4, gemma3_text 4, olmo2 None); null means "same as
+  // num_attention_heads" in every class.
+  const int64_t kv_default = llama || olmo2 ? c.num_attention_heads : mistral ? 8 : qwen3_moe || gemma ? 4 : 32;
   c.num_key_value_heads = rd.has_key("num_key_value_heads")
                               ? rd.opt_int("num_key_value_heads", c.num_attention_heads)
                               : kv_default;
@@ -262,6 +344,8 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
     rd.positive("head_dim", c.head_dim);
   } else if (c.family == "qwen3" && !rd.has_key("head_dim")) {
     c.head_dim = 128;
+  } else if (gemma && !rd.has_key("head_dim")) {
+    c.head_dim = 256;
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
       rd.fail("hidden_size", str_cat("(", c.hidden_size, ") is not divisible by num_attention_heads (",
@@ -271,30 +355,44 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
   if (c.head_dim % 2 != 0) rd.fail("head_dim", str_cat("must be even for rotary embeddings, got ", c.head_dim));
 
   c.max_position_embeddings =
-      rd.opt_int("max_position_embeddings", llama ? 2048 : mistral ? 4096 * 32 : 32768);
+      rd.opt_int("max_position_embeddings", llama || olmo2 ? 2048 : mistral ? 4096 * 32 : gemma ? 131072 : 32768);
   rd.positive("max_position_embeddings", c.max_position_embeddings);
 
   // ---- numerics ----
-  c.rms_norm_eps = rd.opt_num("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
+  c.rms_norm_eps = rd.opt_num("rms_norm_eps", mixtral || olmo2 ? 1e-5 : 1e-6);
   rd.positive("rms_norm_eps", c.rms_norm_eps);
   // Newer transformers write RoPE settings as "rope_parameters" {"rope_type", "rope_theta", ...}.
-  const json* rp = rd.get("rope_parameters");
+  const json* rp = gemma ? nullptr : rd.get("rope_parameters");  // gemma3: gemma3_rope_parse below
   if (rp && !rp->is_object()) rd.fail("rope_parameters", str_cat("must be an object, got ", rp->type_name()));
   double theta_default = mixtral ? 1e6 : 10000.0;
   if (rp && rp->contains("rope_theta")) theta_default = Reader{*rp, origin, "rope_parameters."}.req_num("rope_theta");
   c.rope_theta = rd.opt_num("rope_theta", theta_default);
   rd.positive("rope_theta", c.rope_theta);
-  if (const json* rs = rd.get("rope_scaling"))
+  if (gemma) {
+  } else if (const json* rs = rd.get("rope_scaling"))
     c.rope_scaling = rope_parse(*rs, origin, "rope_scaling");
   else if (rp)
     c.rope_scaling = rope_parse(*rp, origin, "rope_parameters");
 
-  const std::string act = rd.opt_str("hidden_act");
-  if (!act.empty() && act != "silu")
-    rd.fail("hidden_act", str_cat("is '", act, "'; strata's ", c.family, " implementation uses silu"));
+  if (gemma) {
+    gemma3_rope_parse(c, rd, origin);
+    const std::string act = rd.opt_str("hidden_activation");
+    if (!act.empty() && act != "gelu_pytorch_tanh")
+      rd.fail("hidden_activation", str_cat("is '", act, "'; strata's gemma3_text implementation uses gelu_pytorch_tanh"));
+    for (const char* cap : {"final_logit_softcapping", "attn_logit_softcapping"})
+      if (rd.get(cap)) rd.fail(cap, "is set; strata implements Gemma 3, whose configs leave it null");
+    if (rd.opt_bool("use_bidirectional_attention", false))
+      rd.fail("use_bidirectional_attention", "is true; strata trains causal language models only");
+    c.query_pre_attn_scalar = rd.opt_int("query_pre_attn_scalar", 256);
+    rd.positive("query_pre_attn_scalar", c.query_pre_attn_scalar);
+  } else {
+    const std::string act = rd.opt_str("hidden_act");
+    if (!act.empty() && act != "silu")
+      rd.fail("hidden_act", str_cat("is '", act, "'; strata's ", c.family, " implementation uses silu"));
+  }
 
   // ---- structure ----
-  c.tie_word_embeddings = rd.opt_bool("tie_word_embeddings", false);
+  c.tie_word_embeddings = rd.opt_bool("tie_word_embeddings", gemma);
   const bool attention_bias = rd.opt_bool("attention_bias", false);
   if (c.family == "qwen2") {
     c.qkv_bias = true;
@@ -304,7 +402,7 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
   } else {
     c.qkv_bias = c.o_bias = attention_bias;
   }
-  c.qk_norm = c.family == "qwen3" || qwen3_moe;
+  c.qk_norm = c.family == "qwen3" || qwen3_moe || gemma || olmo2;  // gemma3 per head, olmo2 over the whole projection
   c.mlp_bias = llama && rd.opt_bool("mlp_bias", false);
 
   if (mistral) {  // MixtralConfig's sliding_window defaults to None
@@ -315,14 +413,33 @@ ModelConfig hf_config_parse(const std::string& json_text, const std::string& ori
     c.max_window_layers = qwen3_moe ? 0 : rd.opt_int("max_window_layers", 28);  // Qwen3-MoE: every layer
     if (c.max_window_layers < 0) rd.fail("max_window_layers", str_cat("must be >= 0, got ", c.max_window_layers));
   }
+  if (gemma) c.sliding_window = rd.has_key("sliding_window") ? rd.opt_int("sliding_window", 0) : 4096;
   if (c.sliding_window < 0) rd.fail("sliding_window", str_cat("must be positive or null, got ", c.sliding_window));
+  if (gemma) {
+    const int64_t pattern = rd.opt_int("sliding_window_pattern", 6);
+    rd.positive("sliding_window_pattern", pattern);
+    sliding_layers_parse(c, rd, [&](int64_t i) { return (i + 1) % pattern != 0; });
+  } else if (mistral) {
+    c.sliding_layers.assign(size_t(c.num_hidden_layers), c.sliding_window > 0);
+  } else {
+    sliding_layers_parse(c, rd, [&](int64_t i) { return i >= c.max_window_layers; });
+  }
 
-  if (qwen3_moe || mixtral) moe_parse(c, rd, mixtral);
+  if (qwen3_moe || mixtral) {
+    moe_parse(c, rd, mixtral);
+    for (size_t l = 0; l < c.sliding_layers.size(); ++l)
+      if (c.sliding_layers[l] && c.moe_layer(int64_t(l)))
+        rd.fail("sliding_window", str_cat("slides layer ", l, "'s attention, and strata's mixture-of-experts layers "
+                                          "attend over the whole context; set sliding_window to null (or "
+                                          "use_sliding_window to false)"));
+  }
 
   c.torch_dtype = rd.opt_str("torch_dtype");
   if (c.torch_dtype.empty()) c.torch_dtype = rd.opt_str("dtype");
   return c;
 }
+
+}  // namespace
 
 bool ModelConfig::moe_layer(int64_t layer) const {
   if (num_experts <= 0) return false;

@@ -1,5 +1,6 @@
-// Hugging Face config.json for the supported decoder families (llama, mistral, qwen2, qwen3, and
-// the mixture-of-experts qwen3_moe and mixtral):
+// Hugging Face config.json for the supported decoder families (llama, mistral, qwen2, qwen3,
+// gemma3_text and a gemma3 checkpoint's text model, olmo2, and the mixture-of-experts qwen3_moe
+// and mixtral):
 // parse with transformers' own class defaults, validate with messages that name the file and
 // the key, and write back unchanged.
 #pragma once
@@ -18,7 +19,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string family;        // "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" (model_type, cross-checked with architectures[0])
+  std::string family;        // "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3_text" | "olmo2" | "qwen3_moe" | "mixtral" (model_type, cross-checked with architectures[0])
   std::string architecture;  // e.g. "LlamaForCausalLM"
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
           num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
@@ -44,6 +45,16 @@ struct ModelConfig {
   // Layer `layer` has a sparse MoE block (transformers' rule: not in mlp_only_layers, and
   // (layer + 1) % decoder_sparse_step == 0); false for every layer of a dense family.
   bool moe_layer(int64_t layer) const;
+  // Per layer: 1 where the layer's attention slides over the last sliding_window tokens
+  // (transformers' layer_types "sliding_attention"): every layer for mistral; qwen2/qwen3 the
+  // layers >= max_window_layers (or their layer_types); gemma3_text its layer_types or
+  // sliding_window_pattern. Empty or all 0 when sliding_window is 0.
+  std::vector<uint8_t> sliding_layers;
+  // Gemma 3 (gemma3_text, or a gemma3 checkpoint's text_config) and OLMo 2 (olmo2); defaults elsewhere.
+  int64_t query_pre_attn_scalar = 0;  // gemma3: scores scaled by query_pre_attn_scalar^-1/2 (0: head_dim^-1/2)
+  double rope_local_theta = 0;        // gemma3: RoPE base of the sliding layers (rope_local_base_freq)
+  std::string text_prefix = "model.";  // where the decoder's tensors live: "model." or a gemma3
+                                       // checkpoint's "model.language_model." / "language_model.model."
   std::string torch_dtype;        // as written ("torch_dtype", or "dtype" from newer transformers); may be ""
   nlohmann::json raw;             // the parsed file, for writing it back unchanged
 };

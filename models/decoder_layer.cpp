@@ -40,6 +40,8 @@ const bf16* norm_input(Device& dev, float* xn, bf16* cast, float* rstd, const fl
   return cast;
 }
 
+}  // namespace
+
 // y (N,O) = x (N,I) W^T (+ b) (+ (x' A^T) B'^T with an adapter, x' = x or its dropout). W (O,I)
 // is d.wt; in bf16 mode the matmul reads xb, x's bf16 copy (cast_input); the adapter path is f32.
 void linear_forward(Device& dev, float* y, const float* x, const bf16* xb, const void* w, const float* b,
@@ -66,7 +68,7 @@ void linear_forward(Device& dev, float* y, const float* x, const bf16* xb, const
 void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLinearGrads& gad, const float* dy,
                      const float* x, const bf16* xb, const void* w, const LoraLinear& ad, LayerWorkspace& ws,
                      int64_t n, int64_t o,
-                     int64_t i, bool accumulate, const LayerDims& d, Stream s, const bf16* dyb = nullptr) {
+                     int64_t i, bool accumulate, const LayerDims& d, Stream s, const bf16* dyb) {
   const float beta = accumulate ? 1.f : 0.f;
   STRATA_ASSERT(!dyb || (d.wt == DType::bf16 && !db && !ad.a), "linear_backward: a bf16 dy where dy itself is read");
   if (d.wt == DType::f32) {
@@ -95,6 +97,8 @@ void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLin
     }
   }
 }
+
+namespace {
 
 // From d act (ws.dact) through SwiGLU and the gate and up projections to d xn2 (ws.dxn). In bf16
 // mode without adapters on gate and up, SwiGLU's backward writes its gradients as the bf16
@@ -147,8 +151,9 @@ void attention_out_to_act(Device& dev, const float* x, const LayerWeights& w, La
 void forward_to_attention(Device& dev, const float* x, const LayerWeights& w, const TokenContext& ctx,
                           LayerWorkspace& ws, const LayerDims& d, Stream s) {
   layer_forward_qkv(dev, x, w, ctx, ws, d, s);
-  const float scale = 1.0f / std::sqrt(float(d.D));
-  dev.attention_forward(ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, d.H, d.Hk, d.D, scale, d.wt, s);
+  const float scale = d.attn_scale > 0 ? d.attn_scale : 1.0f / std::sqrt(float(d.D));
+  dev.attention_forward(ws.attn, ws.lse, ws.q, ws.k, ws.v, ctx.doc_start, d.B, d.T, d.H, d.Hk, d.D, scale, d.wt, s,
+                        d.window);
 }
 
 struct Carver {
@@ -338,9 +343,9 @@ void layer_attention_block_backward(Device& dev, float* dx, LayerGrads& g, const
   const bf16* attn_b = cast_input(dev, ws.cast_b, ws.attn, N * H * D, d, s);
   linear_backward(dev, ws.dattn, g.o, g.o_bias, g.lora[kO], ws.dh, ws.attn, attn_b, w.o, w.lora[kO], ws, N, C, H * D,
                   false, d, s);
-  const float scale = 1.0f / std::sqrt(float(D));
+  const float scale = d.attn_scale > 0 ? d.attn_scale : 1.0f / std::sqrt(float(D));
   dev.attention_backward(ws.dq, ws.dk, ws.dv, ws.dattn, ws.q, ws.k, ws.v, ws.attn, ws.lse,
-                         ctx.doc_start, d.B, d.T, H, Hk, D, scale, d.wt, s);
+                         ctx.doc_start, d.B, d.T, H, Hk, D, scale, d.wt, s, d.window);
   dev.rope_backward(ws.dq, ws.dq, ctx.pos, ctx.inv_freq, N, H, D, s);
   dev.rope_backward(ws.dk, ws.dk, ctx.pos, ctx.inv_freq, N, Hk, D, s);
   float* dq_lin = ws.dq;

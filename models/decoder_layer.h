@@ -96,6 +96,19 @@ void layer_backward_saved(Device& dev, float* dx, LayerGrads& g, const float* do
                           const LayerWeights& w, const TokenContext& ctx, LayerWorkspace& ws,
                           const LayerDims& d, Stream s);
 
+// The linears every kind with these projections shares (models/gemma_layer.cpp too).
+// y (N,O) = x (N,I) W^T (+ b) (+ the adapter's (x' A^T) B'^T, x' = x or its dropout into
+// lora_x); W (O,I) is d.wt, in bf16 mode the matmul reads xb (x's bf16 copy); lora_u (N,r).
+void linear_forward(Device& dev, float* y, const float* x, const bf16* xb, const void* w, const float* b,
+                    const LoraLinear& ad, float* lora_u, float* lora_x, int64_t n, int64_t o, int64_t i,
+                    const LayerDims& d, Stream s);
+// dx (N,I) = dy W (written, or added when accumulate); dW (O,I) += dy^T x unless dw is null; in
+// bf16 mode from xb and dy's bf16 copy (dyb, or cast here into ws.cast_a); db += sum dy; the
+// adapter's gradients through ws.lora_t, lora_u, lora_x.
+void linear_backward(Device& dev, float* dx, float* dw, float* db, const LoraLinearGrads& gad, const float* dy,
+                     const float* x, const bf16* xb, const void* w, const LoraLinear& ad, LayerWorkspace& ws,
+                     int64_t n, int64_t o, int64_t i, bool accumulate, const LayerDims& d, Stream s,
+                     const bf16* dyb = nullptr);
 // The attention half alone, for kinds that keep it and replace the MLP (models/moe_layer.h):
 // forward fills ws (xn1 .. xn2, rstd2): h = x + attention, xn2 = rmsnorm(h), and in bf16 mode
 // xn2's bf16 copy in ws.cast_a. The backward takes ws.dxn = d loss / d xn2 from the caller's MLP

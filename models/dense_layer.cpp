@@ -29,7 +29,9 @@ void backward_with(DenseBackward backward, Device& dev, float* dx, const LayerGr
 
 class DenseLayerKind final : public LayerKind {
  public:
-  const char* name() const override { return "dense"; }
+  explicit DenseLayerKind(bool sliding) : sliding_(sliding) {}
+  const char* name() const override { return sliding_ ? "dense_sliding" : "dense"; }
+  int64_t attention_window(const LayerDims& d) const override { return sliding_ ? d.window : 0; }
 
   std::vector<LayerParam> params(const ModelConfig& cfg) const override {
     STRATA_CHECK(!cfg.mlp_bias, "config.json sets mlp_bias = true, which strata does not support yet");
@@ -70,11 +72,14 @@ class DenseLayerKind final : public LayerKind {
     double matrix = 0;
     for (const LayerParam& p : params(cfg))
       if (p.shape.size() == 2) matrix += double(shape_numel(p.shape));
-    // causal 64 x 64 tiles (kernels/cpu/attention.cpp): query tile [q0, q1) meets keys [0, q1)
+    // causal 64 x 64 tiles (kernels/cpu/attention.cpp): query tile [q0, q1) meets keys [0, q1),
+    // or with a sliding window W from q0 - W + 1 on
+    const int64_t W = sliding_ ? cfg.sliding_window : 0;
     double tile_pairs = 0;
     for (int64_t q0 = 0; q0 < T; q0 += 64) {
       const int64_t q1 = std::min<int64_t>(T, q0 + 64);
-      tile_pairs += double(q1 - q0) * double(q1);
+      const int64_t k0 = W > 0 ? std::max<int64_t>(0, q0 - W + 1) / 64 * 64 : 0;
+      tile_pairs += double(q1 - q0) * double(q1 - k0);
     }
     LayerCost w;
     w.matmul_flops = 8 * N * matrix;
@@ -88,19 +93,19 @@ class DenseLayerKind final : public LayerKind {
   void forward(Device& dev, float* out, const float* x, const LayerTensors& w, const TokenContext& ctx,
                const LayerScratch& ws, const LayerDims& d, Stream s) const override {
     LayerWorkspace c = carve(ws);
-    layer_forward(dev, out, x, dense_layer_weights(w), ctx, c, d, s);
+    layer_forward(dev, out, x, dense_layer_weights(w), ctx, c, at(d), s);
   }
 
   void backward(Device& dev, float* dx, const LayerGradTensors& g, const float* dout, const float* x,
                 const LayerTensors& w, const TokenContext& ctx, const LayerScratch& ws, const LayerDims& d,
                 Stream s) const override {
-    backward_with(layer_backward, dev, dx, g, dout, x, w, ctx, ws, d, s);
+    backward_with(layer_backward, dev, dx, g, dout, x, w, ctx, ws, at(d), s);
   }
 
   void backward_saved(Device& dev, float* dx, const LayerGradTensors& g, const float* dout, const float* x,
                       const LayerTensors& w, const TokenContext& ctx, const LayerScratch& ws, const LayerDims& d,
                       Stream s) const override {
-    backward_with(layer_backward_saved, dev, dx, g, dout, x, w, ctx, ws, d, s);
+    backward_with(layer_backward_saved, dev, dx, g, dout, x, w, ctx, ws, at(d), s);
   }
 
   LayerAttention attention(const LayerScratch& ws) const override {
@@ -111,13 +116,22 @@ class DenseLayerKind final : public LayerKind {
   void forward_qkv(Device& dev, const float* x, const LayerTensors& w, const TokenContext& ctx,
                    const LayerScratch& ws, const LayerDims& d, Stream s) const override {
     LayerWorkspace c = carve(ws);
-    layer_forward_qkv(dev, x, dense_layer_weights(w), ctx, c, d, s);
+    layer_forward_qkv(dev, x, dense_layer_weights(w), ctx, c, at(d), s);
   }
 
   void forward_from_attention(Device& dev, float* out, const float* x, const LayerTensors& w,
                               const LayerScratch& ws, const LayerDims& d, Stream s) const override {
     LayerWorkspace c = carve(ws);
-    layer_forward_from_attention(dev, out, x, dense_layer_weights(w), c, d, s);
+    layer_forward_from_attention(dev, out, x, dense_layer_weights(w), c, at(d), s);
+  }
+
+ private:
+  bool sliding_;
+  // d as this kind's layers run: its window only where they slide (decoder_layer.h reads d.window).
+  LayerDims at(const LayerDims& d) const {
+    LayerDims e = d;
+    e.window = attention_window(d);
+    return e;
   }
 };
 
@@ -144,13 +158,14 @@ void backward_with(DenseBackward backward, Device& dev, float* dx, const LayerGr
 
 }  // namespace
 
-const LayerKind& dense_layer_kind() {
-  static const DenseLayerKind kind;
-  return kind;
+const LayerKind& dense_layer_kind(bool sliding) {
+  static const DenseLayerKind full(false), slides(true);
+  return sliding ? slides : full;
 }
 
 LayerParamRows dense_layer_rows(const ModelLayer& layer) {
-  STRATA_ASSERT(layer.kind == &dense_layer_kind(), "layer of kind ", layer.kind->name(), " is not dense");
+  STRATA_ASSERT(layer.kind == &dense_layer_kind() || layer.kind == &dense_layer_kind(true), "layer of kind ",
+                layer.kind->name(), " is not dense");
   return named_view<LayerParamRows>(layer.rows.size(), [&](int64_t& f, size_t i) { f = layer.rows[i]; });
 }
 

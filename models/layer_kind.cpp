@@ -2,6 +2,7 @@
 #include "models/layer_kind.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "src/core/error.h"
 
@@ -27,6 +28,10 @@ void LayerKind::forward_qkv(Device&, const float*, const LayerTensors&, const To
 void LayerKind::forward_from_attention(Device&, float*, const float*, const LayerTensors&, const LayerScratch& ws,
                                        const LayerDims&, Stream) const {
   attention(ws);
+}
+
+float LayerKind::attention_scale(const LayerDims& d) const {
+  return d.attn_scale > 0 ? d.attn_scale : 1.0f / std::sqrt(float(d.D));
 }
 
 size_t layer_kinds_bytes(const std::vector<const LayerKind*>& kinds, LayerBuffer what, const LayerDims& d) {

@@ -28,6 +28,9 @@ struct LayerDims {
   int64_t B = 0, T = 0, C = 0, H = 0, Hk = 0, D = 0, F = 0;
   float eps = 1e-6f;
   DType wt = DType::f32;  // 2-D weights: f32 or bf16 (then matmul inputs and attention dots bf16)
+  int64_t window = 0;     // the model's sliding window (config.sliding_window; 0: none); a layer whose
+                          // kind does not slide runs at dims with window 0 (LayerKind::attention_window)
+  float attn_scale = 0;   // the attention scores' scale (0: 1/sqrt(D); Gemma 3: query_pre_attn_scalar^-1/2)
   int64_t lora_r = 0;     // LoRA rank (0: no adapters); sizes the workspace's adapter scratch
   bool lora_dropout = false;  // LoRA dropout possible: the workspace holds the dropped input (lora_x)
   int64_t N() const { return B * T; }
@@ -147,13 +150,18 @@ class LayerKind {
                            const LayerScratch& ws, const LayerDims& d, Stream s) const;
   virtual void forward_from_attention(Device& dev, float* out, const float* x, const LayerTensors& w,
                                       const LayerScratch& ws, const LayerDims& d, Stream s) const;
+  // The attention's softmax scale and sliding window at dims d (a caller with its own attention
+  // uses them): d.attn_scale (or 1/sqrt(D)), and d.window where this kind's layers slide, else 0.
+  virtual float attention_scale(const LayerDims& d) const;
+  virtual int64_t attention_window(const LayerDims&) const { return 0; }
 };
 
 // The most any of `kinds` needs of `what` at dims d: one buffer serves every layer in turn.
 size_t layer_kinds_bytes(const std::vector<const LayerKind*>& kinds, LayerBuffer what, const LayerDims& d);
 
 // The kinds the library has (model_spec_build chooses among them): the dense Llama-family layer,
-// one object shared by every dense layer of every model (models/dense_layer.h).
-const LayerKind& dense_layer_kind();
+// one object shared by every dense layer of every model (models/dense_layer.h); `sliding`: the
+// one whose attention keeps to dims.window (mistral's, and qwen's layers >= max_window_layers).
+const LayerKind& dense_layer_kind(bool sliding = false);
 
 }  // namespace strata

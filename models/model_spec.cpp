@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/gemma_layer.h"
 #include "models/moe_layer.h"
 #include "src/core/error.h"
 
@@ -11,6 +12,22 @@ namespace strata {
 static int64_t add_param(ModelSpec& spec, const std::string& name, Shape shape) {
   DType dt = shape.size() == 2 ? spec.matrix_dtype : DType::f32;
   return int64_t(spec.params.add(TensorSpec{name, std::move(shape), dt, Tier::device}));
+}
+
+std::vector<const LayerKind*> model_layer_kinds(const ModelConfig& cfg) {
+  std::vector<const LayerKind*> kinds;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const bool sliding = size_t(i) < cfg.sliding_layers.size() && cfg.sliding_layers[size_t(i)];
+    if (cfg.moe_layer(i))
+      kinds.push_back(&moe_layer_kind(cfg));
+    else if (cfg.family == "gemma3_text")
+      kinds.push_back(&gemma_layer_kind(sliding, i == 0));
+    else if (cfg.family == "olmo2")
+      kinds.push_back(&olmo2_layer_kind());
+    else
+      kinds.push_back(&dense_layer_kind(sliding));
+  }
+  return kinds;
 }
 
 ModelSpec model_spec_build(const ModelConfig& cfg, DType matrix_dtype) {
@@ -24,15 +41,16 @@ ModelSpec model_spec_build(const ModelConfig& cfg, DType matrix_dtype, const std
   const int64_t C = cfg.hidden_size, V = cfg.vocab_size;
   STRATA_ASSERT(int64_t(kinds.size()) == cfg.num_hidden_layers, "one layer kind per layer");
 
-  spec.embed = add_param(spec, "model.embed_tokens.weight", {V, C});
+  const std::string& text = cfg.text_prefix;  // "model.", or a gemma3 checkpoint's language model
+  spec.embed = add_param(spec, text + "embed_tokens.weight", {V, C});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    const std::string prefix = text + "layers." + std::to_string(i) + ".";
     ModelLayer layer{kinds[size_t(i)], kinds[size_t(i)]->params(cfg), {}};
     for (const LayerParam& p : layer.params)
       layer.rows.push_back(p.shape.empty() ? kAbsent : add_param(spec, prefix + p.suffix, p.shape));
     spec.layers.push_back(std::move(layer));
   }
-  spec.final_norm = add_param(spec, "model.norm.weight", {C});
+  spec.final_norm = add_param(spec, text + "norm.weight", {C});
   if (!cfg.tie_word_embeddings) spec.lm_head = add_param(spec, "lm_head.weight", {V, C});
   return spec;
 }
@@ -85,7 +103,18 @@ std::vector<float> model_rope_inv_freq(const ModelConfig& cfg) {
       f = medium ? smoothed : scaled;
     }
   }
+  if (cfg.family == "gemma3_text") {  // the sliding layers' table after the global one: default RoPE
+    const float local = float(cfg.rope_local_theta);
+    for (int64_t j = 0; j < D / 2; ++j) inv.push_back(1.0f / std::pow(local, float(2 * j) / float(D)));
+  }
   return inv;
+}
+
+float model_attention_scale(const ModelConfig& cfg) {
+  // transformers: query_pre_attn_scalar**-0.5 in Python (f64), then f32; head_dim as the kernels
+  // always computed it
+  if (cfg.query_pre_attn_scalar > 0) return float(1.0 / std::sqrt(double(cfg.query_pre_attn_scalar)));
+  return 1.0f / std::sqrt(float(cfg.head_dim));
 }
 
 }  // namespace strata

@@ -41,14 +41,22 @@ struct ModelSpec {
   size_t layer_bytes(LayerBuffer what, const LayerDims& d) const { return layer_kinds_bytes(layer_kinds(), what, d); }
 };
 
-// Each layer of the kind its config says (models/moe_layer.h: model_layer_kinds): dense
-// (models/dense_layer.h), or mixture-of-experts where config.moe_layer(l).
+// Each layer of the kind its family and config say (model_layer_kinds).
 ModelSpec model_spec_build(const ModelConfig& config, DType matrix_dtype);
+// The kinds model_spec_build gives the layers: dense (sliding where config.sliding_layers says)
+// for llama, mistral, qwen2 and qwen3; Gemma 3's and OLMo 2's (models/gemma_layer.h); the
+// mixture-of-experts kind where config.moe_layer(l) (models/moe_layer.h), dense elsewhere.
+std::vector<const LayerKind*> model_layer_kinds(const ModelConfig& config);
 // Layer l of kind kinds[l] (one per config.num_hidden_layers).
 ModelSpec model_spec_build(const ModelConfig& config, DType matrix_dtype, const std::vector<const LayerKind*>& kinds);
 
 // RoPE inverse frequencies (head_dim/2) as transformers computes them in f32, including the
-// llama3 and linear rope_scaling rules.
+// llama3 and linear rope_scaling rules. Gemma 3: head_dim floats, the global layers' (scaled)
+// then the sliding layers' (base rope_local_theta): TokenContext::inv_freq holds both.
 std::vector<float> model_rope_inv_freq(const ModelConfig& config);
+// Its RMSNorms scale by (1 + w) (Gemma 3): the final norm too (offload/engine/layer_pass.cpp).
+inline bool model_norm_plus_one(const ModelConfig& config) { return config.family == "gemma3_text"; }
+// The attention scores' scale: query_pre_attn_scalar^-1/2 (Gemma 3), else head_dim^-1/2.
+float model_attention_scale(const ModelConfig& config);
 
 }  // namespace strata

@@ -86,10 +86,12 @@ void carve_moe_scratch(const MoeShape& m, const LayerDims& d, Carver& c, MoeWork
   w.cast_b = c.take<bf16>(std::max(M * std::max(C, I), N * m.E));
 }
 
-// The attention half runs at the layer's dims with no dense MLP (F = 0).
+// The attention half runs at the layer's dims with no dense MLP (F = 0), over the whole context
+// (no window: a config that slides a MoE layer is refused, io/hf_config.cpp).
 LayerDims attention_dims(const LayerDims& d) {
   LayerDims a = d;
   a.F = 0;
+  a.window = 0;
   return a;
 }
 
@@ -412,13 +414,6 @@ const LayerKind& moe_layer_kind(const ModelConfig& cfg) {
   for (const MoeLayerKind& k : kinds)
     if (k.shape() == want) return k;
   return kinds.emplace_back(want);
-}
-
-std::vector<const LayerKind*> model_layer_kinds(const ModelConfig& cfg) {
-  std::vector<const LayerKind*> kinds;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
-    kinds.push_back(cfg.moe_layer(l) ? &moe_layer_kind(cfg) : &dense_layer_kind());
-  return kinds;
 }
 
 }  // namespace strata

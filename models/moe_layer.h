@@ -30,7 +30,4 @@ namespace strata {
 // naming), kept for the program's life). config.num_experts must be > 0.
 const LayerKind& moe_layer_kind(const ModelConfig& config);
 
-// The kind of each layer of config: MoE on config.moe_layer(l), dense elsewhere.
-std::vector<const LayerKind*> model_layer_kinds(const ModelConfig& config);
-
 }  // namespace strata

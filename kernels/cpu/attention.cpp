@@ -29,13 +29,13 @@ void attention_check_inputs(const AttentionShape& s, const int32_t* doc_start) {
 
 std::vector<int32_t> attention_tile_first_keys(const AttentionShape& s, const int32_t* doc_start) {
   std::vector<int32_t> first(size_t(s.b * s.q_tiles), 0);
-  if (!doc_start) return first;
+  if (!doc_start && s.window <= 0) return first;
   for (int64_t bi = 0; bi < s.b; ++bi)
     for (int64_t qt = 0; qt < s.q_tiles; ++qt) {
       const int64_t t0 = qt * kTileQ, t1 = std::min(s.t, t0 + kTileQ);
-      int32_t m = doc_start[bi * s.t + t0];
-      for (int64_t ti = t0 + 1; ti < t1; ++ti) m = std::min(m, doc_start[bi * s.t + ti]);
-      first[bi * s.q_tiles + qt] = m;
+      int64_t m = attention_query_first_key(doc_start, bi, t0, s);
+      for (int64_t ti = t0 + 1; ti < t1; ++ti) m = std::min(m, attention_query_first_key(doc_start, bi, ti, s));
+      first[bi * s.q_tiles + qt] = int32_t(m);
     }
   return first;
 }
@@ -115,7 +115,7 @@ AttentionFloats attention_floats(const float* q, const float* k, const float* v,
 }
 
 AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                               DType dot_type, AttentionIsa isa) {
+                               DType dot_type, AttentionIsa isa, int64_t window) {
   STRATA_CHECK(dot_type == DType::f32 || dot_type == DType::bf16,
                "attention: dot products run in f32 or bf16 (got ", dtype_name(dot_type), ")");
   STRATA_CHECK(attention_isa_supported(isa), "attention: this CPU cannot run the ",
@@ -133,7 +133,8 @@ AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int6
                    bf16 && isa != AttentionIsa::portable,
                    bf16 && isa == AttentionIsa::amx_bf16,
                    (d + 1) / 2 * 2,
-                   bf16 && isa != AttentionIsa::portable ? (d + 15) / 16 * 16 : d};
+                   bf16 && isa != AttentionIsa::portable ? (d + 15) / 16 * 16 : d,
+                   window > 0 ? window : 0};
   return s;
 }
 
@@ -183,17 +184,17 @@ AttentionIsa attention_isa_active() {
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, float scale, DType dot_type) {
+                       int64_t d, float scale, DType dot_type, int64_t window) {
   attention_forward_isa(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, dot_type,
-                        attention_isa_active());
+                        attention_isa_active(), window);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                        int64_t d, float scale, DType dot_type) {
+                        int64_t d, float scale, DType dot_type, int64_t window) {
   attention_backward_isa(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
-                         dot_type, attention_isa_active());
+                         dot_type, attention_isa_active(), kAttentionStoredDsMaxBytes, window);
 }
 
 size_t attention_scratch_bytes(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d, DType dot_type,

@@ -24,15 +24,15 @@ inline float dot_input(float x) {
   return x;
 }
 
-// One (row, query, head): o (D) = softmax(scale * q K[0..last]^T) V[0..last]. K rows are
+// One (row, query, head): o (D) = softmax(scale * q K[first..last]^T) V[first..last]. K rows are
 // kv_stride floats apart. kBf16: k and v rounded as read (q arrives rounded).
 template <bool kBf16>
-void attend_one(float* o, const float* q, const float* k, const float* v, int64_t last, int64_t kv_stride,
-                int64_t d, float scale) {
+void attend_one(float* o, const float* q, const float* k, const float* v, int64_t first, int64_t last,
+                int64_t kv_stride, int64_t d, float scale) {
   float s[kTile];
   float m = -std::numeric_limits<float>::infinity(), l = 0.f;
   for (int64_t e = 0; e < d; ++e) o[e] = 0.f;
-  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+  for (int64_t j0 = first; j0 <= last; j0 += kTile) {
     const int64_t n = std::min(kTile, last + 1 - j0);
     float tile_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
@@ -64,7 +64,7 @@ void attend_one(float* o, const float* q, const float* k, const float* v, int64_
 
 void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                               const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
-                              int64_t d, float scale, DType dot_type) {
+                              int64_t d, float scale, DType dot_type, int64_t window) {
   STRATA_CHECK(dot_type == DType::f32 || dot_type == DType::bf16,
                "attention_cached: dot products run in f32 or bf16 (got ", dtype_name(dot_type), ")");
   const bool bf16_dots = dot_type == DType::bf16;
@@ -83,11 +83,12 @@ void attention_cached_forward(float* out, const float* q, const float* k_cache, 
       const float* kb = k_cache + bi * tcap * kv_stride + g * d;
       const float* vb = v_cache + bi * tcap * kv_stride + g * d;
       const int64_t last = int64_t(start[bi]) + i;
+      const int64_t first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
       if (bf16_dots) {
         for (int64_t e = 0; e < d; ++e) q_bf[size_t(e)] = dot_input<true>(q[task * d + e]);
-        attend_one<true>(out + task * d, q_bf.data(), kb, vb, last, kv_stride, d, scale);
+        attend_one<true>(out + task * d, q_bf.data(), kb, vb, first, last, kv_stride, d, scale);
       } else {
-        attend_one<false>(out + task * d, q + task * d, kb, vb, last, kv_stride, d, scale);
+        attend_one<false>(out + task * d, q + task * d, kb, vb, first, last, kv_stride, d, scale);
       }
     }
   }

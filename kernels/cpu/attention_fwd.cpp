@@ -118,8 +118,8 @@ void attention_forward_tile(float* out, float* lse, AttentionInput q, AttentionI
 
 void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                           int64_t d, float scale, DType dot_type, AttentionIsa isa) {
-  const AttentionShape s = attention_shape(b, t, h, hk, d, dot_type, isa);
+                           int64_t d, float scale, DType dot_type, AttentionIsa isa, int64_t window) {
+  const AttentionShape s = attention_shape(b, t, h, hk, d, dot_type, isa, window);
   attention_check_inputs(s, doc_start);
   const std::vector<int32_t> first_keys = attention_tile_first_keys(s, doc_start);  // (B, q_tiles)
   AttentionScratch& scratch = attention_scratch();

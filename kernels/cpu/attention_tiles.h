@@ -18,8 +18,9 @@
 // roundings) and the key and value columns from transposes, all made once per
 // call; its five products run through one register-blocked kernel (attention_gemm).
 //
-// Masking: query t sees keys s with doc_start[b,t] <= s <= t. Key tiles entirely outside
-// [min doc_start of the query tile, last query of the tile] are skipped, and in the backward,
+// Masking: query t sees keys s with doc_start[b,t] <= s <= t, and with a sliding window
+// (window > 0) s > t - window too: first(t) = max(doc_start[b,t], t - window + 1). Key tiles entirely outside
+// [min first of the query tile, last query of the tile] are skipped, and in the backward,
 // query tiles that cannot see a key tile are skipped.
 //
 // bf16 dots (dot_type bf16, ops.h): q, k, v and dout are rounded to bf16 as they are read, and
@@ -61,7 +62,15 @@ struct AttentionShape {
   int64_t dp;       // d rounded up to even: the bf16 row stride
   int64_t da;       // row stride of the (tile, D) accumulators: d, or d rounded up to 16 with
                     // dpbf16 (whole vectors, the padding stays zero)
+  int64_t window;   // sliding window (> 0: query t sees keys s > t - window); <= 0: none
 };
+
+// The first key query ti of row bi sees: its document's start, or the window's first key when
+// that is later (ti - window + 1).
+inline int64_t attention_query_first_key(const int32_t* doc_start, int64_t bi, int64_t ti, const AttentionShape& s) {
+  const int64_t ds = doc_start ? int64_t(doc_start[bi * s.t + ti]) : 0;
+  return s.window > 0 && ti - s.window + 1 > ds ? ti - s.window + 1 : ds;
+}
 
 // Per-thread tiles. The names say the layout: *_rows are (tile, D).
 struct AttentionWorkspace {
@@ -150,13 +159,13 @@ inline uint32_t attention_bf16_bits(float x) { return std::bit_cast<uint32_t>(x)
 inline float attention_round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 // Visible key range [first, last] of each query of the tile, relative to key s0; empty when
-// first > last. Queries t0.., doc start from doc_start (or 0).
+// first > last. Queries t0.., first keys from doc_start (or 0) and the window.
 inline void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_start, int64_t bi,
                                   int64_t t0, int64_t nq, int64_t s0, int64_t nk,
                                   const AttentionShape& s) {
   for (int64_t i = 0; i < nq; ++i) {
-    const int64_t ds = doc_start ? int64_t(doc_start[bi * s.t + t0 + i]) : 0;
-    ws.first[i] = std::max<int64_t>(ds - s0, 0);
+    const int64_t first = attention_query_first_key(doc_start, bi, t0 + i, s);
+    ws.first[i] = std::max<int64_t>(first - s0, 0);
     ws.last[i] = std::min<int64_t>(t0 + i - s0, nk - 1);
   }
 }
@@ -176,9 +185,9 @@ struct AttentionScratch {
 };
 
 AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
-                               DType dot_type, AttentionIsa isa);
+                               DType dot_type, AttentionIsa isa, int64_t window = 0);
 void attention_check_inputs(const AttentionShape& s, const int32_t* doc_start);
-// Smallest doc_start of each query tile: (B, q_tiles).
+// Smallest first key (attention_query_first_key) of each query tile: (B, q_tiles).
 std::vector<int32_t> attention_tile_first_keys(const AttentionShape& s, const int32_t* doc_start);
 // The calling thread's scratch.
 AttentionScratch& attention_scratch();

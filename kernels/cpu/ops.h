@@ -105,6 +105,9 @@ void moe_combine_backward(float* dy, float* dw, const float* dout, const float* 
 // Head h reads kv head h / (H/Hk). doc_start (B,T) or null: query t sees keys s with
 // doc_start[b,t] <= s <= t (packed rows: documents never attend across each other).
 // dk, dv (B,T,Hk,D) are written.
+// window > 0: a sliding window as well, query t sees keys s > t - window only (transformers'
+// sliding_window_overlay: kv_idx > q_idx - window); window <= 0: none. The fp64 twin
+// kernels/cpu/ref/attention.h takes the same window.
 // dot_type f32 or bf16: with bf16, q, k, v and dout are rounded to bf16 (nearest even) wherever
 // they are read, so the forward equals the f32 op on rounded inputs; products accumulate in f32
 // and softmax, lse, P and dS are formed in f32. The backward also rounds P and dS to bf16 where
@@ -113,11 +116,11 @@ void moe_combine_backward(float* dy, float* dw, const float* dout, const float* 
 // weights' rounding (2^-9 relative each). The CUDA kernel does the same.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                       int64_t d, float scale, DType dot_type);
+                       int64_t d, float scale, DType dot_type, int64_t window = 0);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                        int64_t d, float scale, DType dot_type);
+                        int64_t d, float scale, DType dot_type, int64_t window = 0);
 // The bf16 score products (Q K^T, dO V^T) and the backward's sums over tokens run on AMX tiles
 // where the CPU and OS offer AMX-BF16 (amx_bf16, kernels/cpu/amx.h), else on vdpbf16ps where the
 // CPU has AVX512-BF16 (avx512_bf16), else as f32 products of the rounded values (portable); the
@@ -137,7 +140,7 @@ AttentionIsa attention_isa_active();
 AttentionIsa attention_isa_choose(const char* want);
 void attention_forward_isa(float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
-                           int64_t d, float scale, DType dot_type, AttentionIsa isa);
+                           int64_t d, float scale, DType dot_type, AttentionIsa isa, int64_t window = 0);
 // On vdpbf16ps or AMX the backward's second pass (dQ) reads the bf16 dS its first pass (dK, dV) formed,
 // kept for every visible 64 x 64 tile pair (B·H·q_tiles(q_tiles + 1)/2 tiles of 8 KiB, a
 // transient of the call), instead of recomputing P and dS, when they fit in
@@ -157,7 +160,7 @@ void attention_backward_isa(float* dq, float* dk, float* dv, const float* dout, 
                             const float* k, const float* v, const float* out, const float* lse,
                             const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,
                             int64_t d, float scale, DType dot_type, AttentionIsa isa,
-                            size_t stored_ds_max_bytes = kAttentionStoredDsMaxBytes);
+                            size_t stored_ds_max_bytes = kAttentionStoredDsMaxBytes, int64_t window = 0);
 
 // ---- lm_head + cross-entropy over the whole vocabulary (never all N x V logits at once) ----
 // h (N,C) final hidden, w (V,C) lm_head, targets (N) with -100 ignored.
@@ -240,6 +243,13 @@ void lm_head_ce_chunk_backward_weighted_bf16(float* dh, float* dw_chunk, const f
 
 // ---- elementwise helpers ------------------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n);  // y += x
+// GeGLU (Gemma's MLP, twin kernels/cpu/ref/geglu.h): out (n) = gelu_tanh(gate) * up, PyTorch's
+// gelu(approximate="tanh"); the backward writes dgate = dout * up * gelu_tanh'(gate) and
+// dup = dout * gelu_tanh(gate).
+void geglu_forward(float* out, const float* gate, const float* up, int64_t n);
+void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
+// y (n) = a x + b (y may be x): Gemma's (1 + w) norm weights and its embedding scale.
+void affine(float* y, const float* x, float a, float b, int64_t n);
 void cast_f32_to_bf16(bf16* out, const float* in, int64_t n);
 void cast_bf16_to_f32(float* out, const bf16* in, int64_t n);
 

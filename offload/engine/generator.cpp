@@ -141,9 +141,9 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
     dev_.copy_d2d(k_cache + dst, att.k + r * KD, size_t(KD) * 4, s);
     dev_.copy_d2d(v_cache + dst, att.v + r * KD, size_t(KD) * 4, s);
   }
-  const float scale = 1.0f / std::sqrt(float(dims_.D));
+  // the prefill's scale, window and dot type (bf16 with bf16 weights)
   dev_.attention_cached_forward(att.out, att.q, k_cache, v_cache, b.start, B, 1, shape_.max_context, dims_.H, dims_.Hk,
-                                dims_.D, scale, dims_.wt, s);  // the prefill's dot type (bf16 with bf16 weights)
+                                dims_.D, kind.attention_scale(dims_), dims_.wt, s, kind.attention_window(dims_));
   if (kv_spilled(layer)) {  // the new position to the host; then the slot may take the next layer
     kv_write_back(layer, att.k, att.v, start, B, 1);
     dev_.event_record(*kv_free_[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);

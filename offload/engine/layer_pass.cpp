@@ -33,9 +33,18 @@ const char* LayerPass::acquire_layer(size_t layer) {
 
 void LayerPass::release_layer(size_t layer) { layers_->release(layer); }
 
+// Gemma 3's final norm scales by (1 + w) (models/gemma_layer.h): the device copy holds 1 + w,
+// made once per upload. d(1 + w)/dw = 1, so the norm's backward reads it and its gradient is w's.
 const float* LayerPass::acquire_final_norm() {
-  const HostBlock norm = tensor_host_block(store_, store_.spec().final_norm);
-  return reinterpret_cast<const float*>(norm_->acquire(norm, [&] { wait_group(store_.groups().size() - 1); }));
+  const ModelSpec& spec = store_.spec();
+  const HostBlock norm = tensor_host_block(store_, spec.final_norm);
+  bool uploaded = false;
+  float* w = reinterpret_cast<float*>(norm_->acquire(norm, [&] {
+    wait_group(store_.groups().size() - 1);
+    uploaded = true;
+  }));
+  if (uploaded && model_norm_plus_one(spec.config)) dev_.affine(w, w, 1.f, 1.f, spec.config.hidden_size, Stream::compute);
+  return w;
 }
 
 // The lm_head rows of `chunk`: read in place from the resident copy, or streamed through the

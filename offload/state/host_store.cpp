@@ -58,10 +58,12 @@ HostStoreLayout HostStore::layout(const ModelSpec& spec) {
   // groups: embed | layer 0 .. L-1 | head (final norm, lm_head) — the spec's row order
   HostStoreLayout l;
   const auto& rows = spec.params.rows();
+  const std::string layers = spec.config.text_prefix + "layers.";  // "model.layers.", or a gemma3 checkpoint's
   auto group_of = [&](size_t r) -> std::string {
     const std::string& n = rows[r].name;
-    if (n.rfind("model.layers.", 0) == 0) return "layer." + n.substr(13, n.find('.', 13) - 13);
-    if (n == "model.embed_tokens.weight") return "embed";
+    const size_t at = layers.size();
+    if (n.rfind(layers, 0) == 0) return "layer." + n.substr(at, n.find('.', at) - at);
+    if (int64_t(r) == spec.embed) return "embed";
     return "head";
   };
   for (size_t r = 0; r < rows.size(); ++r) {

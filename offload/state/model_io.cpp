@@ -47,10 +47,12 @@ namespace {
 
 // Tensor i's initial values: matrices N(0, std) from one generator per tensor, seeded by (seed, i)
 // (adding a tensor never shifts the others, and any order of generation gives the same bits),
-// norms 1, the rest (biases) 0.
-void init_tensor_values(const TensorSpec& r, size_t i, uint64_t seed, double std, std::vector<float>& buf) {
+// norms 1 (0 where the model's norms scale by 1 + w: Gemma 3, as transformers initialises them),
+// the rest (biases) 0.
+void init_tensor_values(const TensorSpec& r, size_t i, uint64_t seed, double std, bool norm_plus_one,
+                        std::vector<float>& buf) {
   buf.assign(size_t(r.numel()), 0.f);
-  const bool is_norm = r.name.find("norm") != std::string::npos;
+  const bool is_norm = r.name.find("norm") != std::string::npos && !norm_plus_one;
   if (r.shape.size() == 2) {
     std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + i);
     std::normal_distribution<double> dist(0.0, std);
@@ -74,7 +76,7 @@ void model_init_weights(HostStore& store, uint64_t seed, double std) {
   std::vector<float> buf;
   if (threads <= 1 || count <= 1) {
     for (size_t i = 0; i < count; ++i) {
-      init_tensor_values(spec.params[i], i, seed, std, buf);
+      init_tensor_values(spec.params[i], i, seed, std, model_norm_plus_one(spec.config), buf);
       store.set_param(i, buf.data());
     }
     return;
@@ -100,7 +102,7 @@ void model_init_weights(HostStore& store, uint64_t seed, double std) {
       std::vector<float> values;
       std::exception_ptr error;
       try {
-        init_tensor_values(spec.params[i], i, seed, std, values);
+        init_tensor_values(spec.params[i], i, seed, std, model_norm_plus_one(spec.config), values);
       } catch (...) {
         error = std::current_exception();
       }
@@ -134,7 +136,7 @@ void model_init_weights(HostStore& store, uint64_t seed, double std) {
         if (pool.empty()) {  // no generator thread could start: generate here
           item.first = next++;
           in_flight += size_t(spec.params[item.first].numel());
-          init_tensor_values(spec.params[item.first], item.first, seed, std, item.second);
+          init_tensor_values(spec.params[item.first], item.first, seed, std, model_norm_plus_one(spec.config), item.second);
         } else {
           changed.wait(lock, [&] { return !ready.empty() || failure; });
           if (failure) std::rethrow_exception(failure);

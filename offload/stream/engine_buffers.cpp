@@ -52,6 +52,8 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   d.D = cfg.head_dim;
   d.F = cfg.intermediate_size;
   d.eps = float(cfg.rms_norm_eps);
+  d.window = cfg.sliding_window;
+  d.attn_scale = model_attention_scale(cfg);
   d.wt = spec.matrix_dtype;
   s.layer_kinds = spec.layer_kinds();
   if (options.lora.enabled()) {
@@ -94,8 +96,10 @@ std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffer
   for (size_t k = 0; k < s.slot_bytes.size(); ++k)
     dev(str_cat("layer weight slot ", k), s.slot_bytes[k], bind_at(into ? &into->weight_slots[k] : nullptr));
   dev("final norm weight", bytes_of<float>(s.C), bind_to(into, &B::norm));
+  // the widest norm: C, a head's D, or OLMo 2's q norm over the whole projection (H*D)
+  const int64_t widest_norm = std::max({s.C, s.layer_capacity.D, s.layer_capacity.H * s.layer_capacity.D});
   if (s.frozen())
-    dev("frozen norm gradients (discarded)", bytes_of<float>(std::max(s.C, s.layer_capacity.D)), bind_to(into, &B::norm_grad));
+    dev("frozen norm gradients (discarded)", bytes_of<float>(widest_norm), bind_to(into, &B::norm_grad));
   else
     dev("final norm gradient", bytes_of<float>(s.C), bind_to(into, &B::norm_grad));
   if (stream) {
@@ -269,6 +273,7 @@ LayerDims generator_layer_dims(const ModelSpec& spec, int64_t B, int64_t T) {
   LayerDims d;
   d.B = B, d.T = T, d.C = c.hidden_size, d.H = c.num_attention_heads, d.Hk = c.num_key_value_heads;
   d.D = c.head_dim, d.F = c.intermediate_size, d.eps = float(c.rms_norm_eps), d.wt = spec.matrix_dtype;
+  d.window = c.sliding_window, d.attn_scale = model_attention_scale(c);
   return d;
 }
 
@@ -340,7 +345,7 @@ std::vector<EngineBuffer> generator_buffer_table(const ModelSpec& spec, const Ge
   dev("hidden states b", bytes_of<float>(N * C), bind_at(into ? &into->x_b : nullptr));
   dev("positions", bytes_of<int32_t>(N), bind_at(into ? &into->pos : nullptr));
   dev("row starts", bytes_of<int32_t>(B), bind_at(into ? &into->start : nullptr));
-  dev("rope inv_freq", bytes_of<float>(d.D / 2), bind_at(into ? &into->inv_freq : nullptr));
+  dev("rope inv_freq", bytes_of<float>(int64_t(model_rope_inv_freq(spec.config).size())), bind_at(into ? &into->inv_freq : nullptr));
   dev("final norm weight", bytes_of<float>(C), bind_at(into ? &into->final_norm : nullptr));
   dev("last positions", bytes_of<float>(B * C), bind_at(into ? &into->last : nullptr));
   dev("final norm output", bytes_of<float>(B * C), bind_at(into ? &into->hn : nullptr));

@@ -97,7 +97,7 @@ int64_t engine_head_chunk_rows(const ModelSpec& spec, const EngineOptions& optio
 struct EngineBuffers {
   std::vector<char*> weight_slots;   // (slot_bytes) a layer's working weights
   float* norm = nullptr;             // (C) final norm weight
-  float* norm_grad = nullptr;        // (C) its gradient; LoRA: (max(C, D)) scratch the frozen norms' gradients go to
+  float* norm_grad = nullptr;        // (C) its gradient; LoRA: (max(C, D, H*D)) scratch the frozen norms' gradients go to
   float* lora_weights = nullptr;     // LoRA: (adapter arena) every layer's A and scaled B
   float* lora_grads = nullptr;       // LoRA: (adapter arena) their gradients, accumulated over a step
   float* lora_mb_grads = nullptr;    // LoRA: (adapter arena) one micro-batch's gradients

@@ -35,12 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The CPU attention kernels (kernels/cpu/attention*.cpp) have no sliding window yet; its fp64
-// twin does (kernels/cpu/ref/attention.h), and the CUDA backend runs it.
-void cpu_attention_check_window(int64_t window) {
-  STRATA_CHECK(window <= 0, "attention: a sliding window (", window,
-               " tokens) runs on the CUDA backend only; the CPU backend's kernels have none yet");
-}
 
 // An event's state, shared by the Event and the tasks that record or wait on it: an Event may be
 // destroyed with such tasks still queued (as cudaEventDestroy allows), and they still run.
@@ -297,25 +291,24 @@ class CpuDevice final : public ArenaDevice {
                          const float* v, const int32_t* doc_start, int64_t b, int64_t t,
                          int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
                          Stream s, int64_t window) override {
-    cpu_attention_check_window(window);
-    enqueue_op(s, OpKind::attention, [=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, dot_type); });
+    enqueue_op(s, OpKind::attention,
+               [=] { cpu::attention_forward(out, lse, q, k, v, doc_start, b, t, h, hk, d, scale, dot_type, window); });
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                           const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const int32_t* doc_start, int64_t b, int64_t t,
                           int64_t h, int64_t hk, int64_t d, float scale, DType dot_type,
                           Stream s, int64_t window) override {
-    cpu_attention_check_window(window);
     enqueue_op(s, OpKind::attention, [=] {
       cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale,
-                              dot_type);
+                              dot_type, window);
     });
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
-                                int64_t d, float scale, DType dot_type, Stream s) override {
+                                int64_t d, float scale, DType dot_type, Stream s, int64_t window) override {
     enqueue_op(s, OpKind::attention, [=] {
-      cpu::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale, dot_type);
+      cpu::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale, dot_type, window);
     });
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
@@ -383,6 +376,16 @@ class CpuDevice final : public ArenaDevice {
   void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const float* w,
                             const int32_t* row_token, int64_t m, int64_t c, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::moe_combine_backward(dy, dw, dout, y, w, row_token, m, c); });
+  }
+  void geglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::geglu_forward(out, gate, up, n); });
+  }
+  void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
+                      Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::geglu_backward(dgate, dup, dout, gate, up, n); });
+  }
+  void affine(float* y, const float* x, float a, float b, int64_t n, Stream s) override {
+    enqueue_op(s, OpKind::elementwise, [=] { cpu::affine(y, x, a, b, n); });
   }
   void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::cast_f32_to_bf16(out, in, n); });

@@ -26,6 +26,7 @@
 #include "kernels/cuda/attention_cached.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/geglu.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
 #include "src/core/fault.h"
@@ -452,10 +453,10 @@ class CudaDevice final : public ArenaDevice {
   }
   void attention_cached_forward(float* out, const float* q, const float* k_cache, const float* v_cache,
                                 const int32_t* start, int64_t b, int64_t tq, int64_t tcap, int64_t h, int64_t hk,
-                                int64_t d, float scale, DType dot_type, Stream s) override {
+                                int64_t d, float scale, DType dot_type, Stream s, int64_t window) override {
     const auto timed = time_op(s, OpKind::attention);
     cuda::attention_cached_forward(out, q, k_cache, v_cache, start, b, tq, tcap, h, hk, d, scale,
-                                   attention_bf16_dots(dot_type), stream(s));
+                                   attention_bf16_dots(dot_type), window, stream(s));
   }
   void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w, DType wt,
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
@@ -512,6 +513,19 @@ class CudaDevice final : public ArenaDevice {
                             const int32_t* row_token, int64_t m, int64_t c, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::moe_combine_backward(dy, dw, dout, y, w, row_token, m, c, stream(s));
+  }
+  void geglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::geglu_forward(out, gate, up, n, stream(s));
+  }
+  void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
+                      Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::geglu_backward(dgate, dup, dout, gate, up, n, stream(s));
+  }
+  void affine(float* y, const float* x, float a, float b, int64_t n, Stream s) override {
+    const auto timed = time_op(s, OpKind::elementwise);
+    cuda::affine(y, x, a, b, n, stream(s));
   }
   void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);

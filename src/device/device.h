@@ -164,7 +164,7 @@ class Device {
   virtual void embedding_backward(float* dtable, const float* dout,
                                   const int32_t* ids, int64_t n, int64_t c, Stream s) = 0;
   // Causal GQA attention (kernels/cpu/ops.h). window > 0: a sliding window, query t sees keys
-  // s > t - window only (the CUDA backend; the CPU backend rejects it); 0: no window. On CUDA,
+  // s > t - window only; 0: no window. On CUDA,
   // dot_type bf16 runs on tensor cores (kernels/cuda/attention_tc.cu), f32 on CUDA cores.
   virtual void attention_forward(float* out, float* lse, const float* q,
                                  const float* k, const float* v, const int32_t* doc_start,
@@ -179,11 +179,11 @@ class Device {
                                   int64_t window = 0) = 0;
   // Generation (offload/engine/generator.h): queries continuing each row against a KV cache,
   // kernels/cpu/attention_cached.h. q (B,Tq,H,D), caches (B,Tcap,Hk,D), start (B) device ints;
-  // dot_type as attention_forward's (bf16: q, k, v rounded to bf16 as read).
+  // dot_type as attention_forward's (bf16: q, k, v rounded to bf16 as read); window as there.
   virtual void attention_cached_forward(float* out, const float* q, const float* k_cache,
                                         const float* v_cache, const int32_t* start, int64_t b,
                                         int64_t tq, int64_t tcap, int64_t h, int64_t hk, int64_t d,
-                                        float scale, DType dot_type, Stream s) = 0;
+                                        float scale, DType dot_type, Stream s, int64_t window = 0) = 0;
   // lm_head + cross-entropy with lm_head in vocab chunks (ops.h: lm_head_ce_chunk_*; the whole
   // vocabulary is the one-chunk case v0 = 0, vc = V):
   // w_chunk (vc,C) holds vocab rows [v0, v0 + vc) of the (V,C) lm_head, stats (N,3) double the
@@ -223,6 +223,12 @@ class Device {
   virtual void moe_combine_backward(float* dy, float* dw, const float* dout, const float* y, const float* w,
                                     const int32_t* row_token, int64_t m, int64_t c, Stream s) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n, Stream s) = 0;
+  // Gemma (models/gemma_layer.h): GeGLU out = gelu_tanh(gate) * up and its backward (ops.h), and
+  // y = a x + b elementwise (y may be x).
+  virtual void geglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) = 0;
+  virtual void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                              int64_t n, Stream s) = 0;
+  virtual void affine(float* y, const float* x, float a, float b, int64_t n, Stream s) = 0;
   virtual void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) = 0;
 
   // ---- zeroth-order perturbations (kernels/cpu/zo.h; the same bits on every backend) ----

@@ -151,7 +151,8 @@ TEST_CASE("hf_config: Llama-3.1-8B, Mistral-7B-v0.1, Qwen2.5-7B, Qwen3-8B parse 
 
   CHECK(hf_config_supported_architectures() ==
         std::vector<std::string>{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                 "Qwen3MoeForCausalLM", "MixtralForCausalLM"});
+                                 "Gemma3ForCausalLM", "Olmo2ForCausalLM", "Qwen3MoeForCausalLM",
+                                 "MixtralForCausalLM"});
 }
 
 TEST_CASE("hf_config: explicit head_dim different from hidden/heads, tied embeddings, biases", "[io]") {
