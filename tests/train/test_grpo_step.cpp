@@ -4,7 +4,8 @@
 // metrics and completions, a rerun bit-identical (completions, losses, weights), sampling seeded
 // per (step, prompt index, completion) so a prompt's completions do not depend on the prompts
 // beside it, num_iterations = 2 reusing the first pass's log-probs as the old policy's (clipping
-// then active), and the final norm's weight restored after the temperature's scaling.
+// then active), the final norm's weight restored after the temperature's scaling, and the
+// reward rising over a few steps.
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -83,4 +84,18 @@ TEST_CASE("GRPO with num_iterations = 2 clips against the first pass's log-probs
         Approx(o.metrics["clip_ratio/region_mean"].get<double>()));
 }
 
+// The loop learns: the reward (even token ids among 6) rises within a few steps at lr 3e-2
+// (measured here: 3.25 at step 1, 6.0 — every token even — from step 5 on; generation about
+// 60% of the step time on this tiny model).
+TEST_CASE("GRPO steps raise the reward of a task the tiny model can learn", "[grpo][grpo-step]") {
+  GrpoRig rig;
+  std::vector<double> reward;
+  for (int64_t s = 1; s <= 8; ++s) reward.push_back(rig.step({0, 1, 2}, s).metrics["reward"].get<double>());
+  const double last = (reward[5] + reward[6] + reward[7]) / 3;
+  INFO("step 1 reward " << reward[0] << ", steps 6-8 " << last);
+  CHECK(last >= reward[0] + 1.5);
+  CHECK(last >= 5.0);
+}
+
 }  // namespace strata
+
