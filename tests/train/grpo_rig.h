@@ -26,7 +26,7 @@ inline std::string decode_ids(const std::vector<int32_t>& ids) {
 }
 
 struct GrpoRig {
-  std::string dir = testing::source_path("tests/golden/llama");
+  std::string dir;
   std::unique_ptr<Device> dev;
   HostStore store;
   std::unique_ptr<Engine> engine;
@@ -34,8 +34,12 @@ struct GrpoRig {
   std::unique_ptr<GrpoStep> grpo;
   std::vector<GrpoPrompt> prompts;
 
-  explicit GrpoRig(int64_t num_iterations = 1, std::unique_ptr<Device> device = device_create(DeviceOptions{}))
-      : dev(std::move(device)), store(*dev, model_spec_build(hf_config_load(dir), DType::f32)) {
+  // group > 1: the engine's layer-major passes of that many micro-batches (an untied family:
+  // layer-major is not built for a tied lm_head outside LoRA)
+  explicit GrpoRig(int64_t num_iterations = 1, std::unique_ptr<Device> device = device_create(DeviceOptions{}),
+                   const std::string& family = "llama", int64_t group = 1)
+      : dir(testing::source_path("tests/golden/" + family)), dev(std::move(device)),
+        store(*dev, model_spec_build(hf_config_load(dir), DType::f32)) {
     model_load_weights(store, dir);
     GrpoConfig c;
     c.num_generations = 4;
@@ -57,6 +61,7 @@ struct GrpoRig {
     eo.checkpoints = CheckpointMode::device;
     eo.max_batch = c.micro_batch_rows;
     eo.max_tokens = 4 + 6 + 1;
+    eo.group = group;
     engine = std::make_unique<Engine>(*dev, store, eo);
     RewardOptions ro;
     ro.funcs = {};

@@ -97,5 +97,20 @@ TEST_CASE("GRPO steps raise the reward of a task the tiny model can learn", "[gr
   CHECK(last >= 5.0);
 }
 
+// Layer-major accumulation (EngineOptions::group): a step of two micro-batches in one pass
+// leaves the weights bit-identical to the micro_batch schedule's, as the engine promises.
+TEST_CASE("GRPO steps in layer-major passes equal the micro-batch schedule to the bit", "[grpo][grpo-step]") {
+  std::vector<char> weights[2];
+  std::vector<std::string> texts[2];
+  for (int64_t group : {1, 2}) {
+    GrpoRig rig(1, device_create(DeviceOptions{}), "mistral", group);
+    for (int64_t s = 1; s <= 2; ++s)
+      for (const GrpoCompletion& c : rig.step({0, 1}, s).completions) texts[group - 1].push_back(c.completion);
+    weights[group - 1] = rig.weights();
+  }
+  CHECK(texts[0] == texts[1]);
+  CHECK(weights[0] == weights[1]);
+}
+
 }  // namespace strata
 
