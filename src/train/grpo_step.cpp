@@ -52,7 +52,6 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
   engine_.synchronize();  // the last update has landed in the host weights
   STRATA_CHECK(gen_shape_.max_batch >= int64_t(G), "GRPO: the generator's batch (", gen_shape_.max_batch,
                ") holds fewer rows than num_generations (", G, ")");
-  Generator gen(dev_, store_, gen_shape_);  // freed before the training passes
   SamplingOptions so;
   so.max_new_tokens = c_.loss.max_completion_length;
   so.temperature = c_.loss.temperature;
@@ -61,16 +60,19 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
   so.seed = grpo_step_seed(c_.seed, step);
   so.eos_ids = c_.eos_ids;
   std::vector<GenerateResult> res(n);
-  for (size_t p = 0; p < P; ++p) {
-    const std::vector<std::vector<int32_t>> rows(G, prompts[p]->ids);
-    STRATA_CHECK(int64_t(prompts[p]->ids.size()) <= gen_shape_.max_prompt, "GRPO: prompt ", prompt_index[p], " has ",
-                 prompts[p]->ids.size(), " tokens, more than the generator's ", gen_shape_.max_prompt);
-    std::vector<GenerateResult> r = gen.generate(rows, so, uint64_t(prompt_index[p]) * G);
-    std::move(r.begin(), r.end(), res.begin() + long(p * G));
+  {
+    Generator gen(dev_, store_, gen_shape_);  // its device buffers are freed before the training passes
+    for (size_t p = 0; p < P; ++p) {
+      const std::vector<std::vector<int32_t>> rows(G, prompts[p]->ids);
+      STRATA_CHECK(int64_t(prompts[p]->ids.size()) <= gen_shape_.max_prompt, "GRPO: prompt ", prompt_index[p],
+                   " has ", prompts[p]->ids.size(), " tokens, more than the generator's ", gen_shape_.max_prompt);
+      std::vector<GenerateResult> r = gen.generate(rows, so, uint64_t(prompt_index[p]) * G);
+      std::move(r.begin(), r.end(), res.begin() + long(p * G));
+    }
   }
   const double gen_s = seconds_since(t_gen);
 
-  // ---- rewards and advantages
+  // ---- rewards and advantages (timed with the training: training_s is everything after sampling)
   const auto t_train = Clock::now();
   std::vector<RewardSample> samples(n);
   for (size_t i = 0; i < n; ++i) {
