@@ -2,7 +2,9 @@
 // porting a model. HF causal-LM convention: cross-entropy of logits[:, :-1] against
 // labels[:, 1:], mean over positions whose label is not -100. With --objective dpo|ipo|simpo|orpo
 // the batch holds preference pairs and the loss is the preference objective's
-// (offload/objective/preference_loss.h), printed with the pairs' log-prob sums.
+// (offload/objective/preference_loss.h), printed with the pairs' log-prob sums. With --objective
+// grpo the batch holds completions with advantages (src/train/grpo_batch.h) and the loss is
+// TRL's GRPO loss of the chosen loss_type (offload/objective/grpo_loss.h).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include "io/safetensors.h"
 #include "offload/state/lora.h"
 #include "offload/state/model_io.h"
+#include "offload/objective/grpo_head.h"
 #include "offload/objective/preference_head.h"
 #include "offload/plan/run_engines.h"
 #include "src/core/cli_args.h"
@@ -22,6 +25,7 @@
 #include "src/core/error.h"
 #include "src/recipe/recipe.h"
 #include "src/recipe/recipe_modes.h"
+#include "src/train/grpo_batch.h"
 
 namespace strata {
 namespace {
@@ -185,7 +189,12 @@ struct GradArgs {
   double beta = -1, gamma = 0.5;
   bool beta_given = false;
   LoraArgs lora;
-  bool preference() const { return objective_name != "sft"; }
+  // --objective grpo
+  double epsilon = 0.2, epsilon_high = -1, temperature = 1;
+  std::string loss_type = "dapo";
+  int64_t max_completion_length = 0;
+  bool grpo() const { return objective_name == "grpo"; }
+  bool preference() const { return objective_name != "sft" && !grpo(); }
 };
 
 // The options of the batch, the model and the preference objective; --beta's, to say if given.
@@ -197,9 +206,17 @@ CLI::Option* grad_add_options(CLI::App& app, GradArgs& a) {
   app.add_option("--device-memory", a.memory, "device arena budget");
   app.add_option("--objective", a.objective_name,
                  "sft (cross-entropy), or a preference objective over a preference batch: dpo, ipo, simpo, orpo")
-      ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo", "orpo"}));
-  CLI::Option* beta = app.add_option("--beta", a.beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for simpo)");
+      ->check(CLI::IsMember({"sft", "dpo", "ipo", "simpo", "orpo", "grpo"}));
+  CLI::Option* beta = app.add_option("--beta", a.beta, "preference beta (default: 0.1 for dpo, ipo, orpo; 2.0 for "
+                                     "simpo); grpo: the KL coefficient (default 0: no reference)");
   app.add_option("--gamma", a.gamma, "simpo's target margin gamma (default 0.5)");
+  app.add_option("--epsilon", a.epsilon, "grpo: lower clipping bound 1 - epsilon (default 0.2)");
+  app.add_option("--epsilon-high", a.epsilon_high, "grpo: upper clipping bound 1 + epsilon_high (default: epsilon)");
+  app.add_option("--loss-type", a.loss_type, "grpo: grpo, bnpo, dr_grpo or dapo (default dapo, as TRL)")
+      ->check(CLI::IsMember({"grpo", "bnpo", "dr_grpo", "dapo"}));
+  app.add_option("--temperature", a.temperature, "grpo: log-probabilities of logits / temperature (default 1)");
+  app.add_option("--max-completion-length", a.max_completion_length,
+                 "grpo: dr_grpo's denominator per row (required with --loss-type dr_grpo)");
   return beta;
 }
 
@@ -226,7 +243,17 @@ bool grad_args_parse(const std::vector<std::string>& args, GradArgs& a, int* exi
   grad_add_lora_options(app, a.lora);
   if (!parse_args(app, args, exit_code)) return false;
   a.beta_given = beta->count() > 0;
-  STRATA_CHECK(!a.beta_given || a.beta > 0, "--beta must be positive (got ", a.beta, ")");
+  if (a.grpo()) {
+    if (!a.beta_given) a.beta = 0;
+    STRATA_CHECK(a.beta >= 0, "--beta must be >= 0 for grpo (got ", a.beta, ")");
+    STRATA_CHECK(a.temperature > 0, "--temperature must be > 0 (got ", a.temperature, ")");
+    STRATA_CHECK(a.epsilon >= 0 && a.epsilon < 1, "--epsilon must be in [0, 1) (got ", a.epsilon, ")");
+    if (a.epsilon_high < 0) a.epsilon_high = a.epsilon;
+    STRATA_CHECK(a.loss_type != "dr_grpo" || a.max_completion_length > 0,
+                 "--loss-type dr_grpo needs --max-completion-length N (its per-row denominator)");
+  } else {
+    STRATA_CHECK(!a.beta_given || a.beta > 0, "--beta must be positive (got ", a.beta, ")");
+  }
   return true;
 }
 
@@ -278,6 +305,22 @@ PreferenceHead* grad_preference_head(const GradArgs& a, Device& dev, Engine& eng
   return head;
 }
 
+// --objective grpo: the GRPO head over the batch's layout, the engine's loss objective from now on.
+GrpoHead* grad_grpo_head(const GradArgs& a, Device& dev, Engine& engine, const GrpoBatch& b) {
+  GrpoParams p;
+  p.loss_type = grpo_loss_type_parse(a.loss_type);
+  p.beta = a.beta;
+  p.epsilon = a.epsilon;
+  p.epsilon_high = a.epsilon_high;
+  p.temperature = a.temperature;
+  p.max_completion_length = a.max_completion_length;
+  auto owned = std::make_unique<GrpoHead>(dev, p, b.mb.B * b.mb.T);
+  GrpoHead* head = owned.get();
+  head->set_layout(b.layout, b.mb);
+  engine.set_loss_objective(std::move(owned));
+  return head;
+}
+
 // --out: every parameter's gradient under its HF name, or with LoRA the adapters' alone.
 void grad_write(const std::string& out_path, Engine& engine, HostStore& store, LoraStore* lora) {
   std::vector<TensorToWrite> out;
@@ -299,6 +342,27 @@ nlohmann::json grad_result(double loss_sum, int64_t counted, const PreferenceHea
   std::vector<double> chosen, rejected;
   for (const PreferencePair& p : head->pairs()) chosen.push_back(p.chosen_logp), rejected.push_back(p.rejected_logp);
   return {{"loss", loss_sum}, {"pairs", head->pairs().size()}, {"chosen_logps", chosen}, {"rejected_logps", rejected}};
+}
+
+// strata grad --objective grpo: {"loss", "tokens", "clip_ratio"} (TRL's clip_ratio/region_mean).
+int grad_run_grpo(const GradArgs& a) {
+  const GrpoBatch batch = grpo_batch_from_json(read_batch_json(a.batch_path), a.batch_path, a.beta > 0);
+  GradModel m = grad_load_model(a, batch.mb);
+  Device& dev = *m.model.dev;
+  HostStore& store = *m.model.store;
+  const std::unique_ptr<Engine> engine = run_plan_engine(dev, store, m.model.plan, m.lora.get());
+  const GrpoHead* head = grad_grpo_head(a, dev, *engine, batch);
+  GrpoTemperature temperature(store, a.temperature);  // logits / T: the final norm's weight / T
+  const double loss = engine->forward_backward(batch.mb, 1.f);  // the head normalises
+  engine->synchronize();
+  temperature.finish();
+  grad_write(a.out_path, *engine, store, m.lora.get());
+  const GrpoMetricSums& ms = head->result().metrics;
+  nlohmann::json out = {{"loss", loss}, {"tokens", ms.tokens},
+                        {"clip_ratio", ms.clip_region / double(std::max<int64_t>(1, ms.tokens))}};
+  if (a.beta > 0) out["kl"] = ms.kl / double(std::max<int64_t>(1, ms.tokens));
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
 }
 
 }  // namespace
@@ -334,6 +398,7 @@ int cmd_grad(const std::vector<std::string>& args) {
   GradArgs a;
   int rc = 0;
   if (!grad_args_parse(args, a, &rc)) return rc;
+  if (a.grpo()) return grad_run_grpo(a);
   const PreferenceBatch batch = grad_read_batch(a);
   const MicroBatch& mb = batch.mb;
   const int64_t counted = mb.counted();

@@ -1,0 +1,181 @@
+// One GRPO step (grpo_step.h): generate, score, normalise, train num_iterations times.
+#include "src/train/grpo_step.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "src/core/error.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+uint64_t grpo_step_seed(uint64_t seed, int64_t step) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * uint64_t(step + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+GrpoStep::GrpoStep(const GrpoConfig& config, Device& dev, HostStore& store, Engine& engine,
+                   const GeneratorShape& gen_shape, Rewards& rewards,
+                   std::function<std::string(const std::vector<int32_t>&)> decode)
+    : c_(config), dev_(dev), store_(store), engine_(engine), gen_shape_(gen_shape), rewards_(rewards),
+      decode_(std::move(decode)) {
+  STRATA_CHECK(!engine.options().lora.enabled(), "GRPO in one process trains the full model for now: the generator has no "
+               "LoRA adapters in its layer pass; remove [lora]");
+  STRATA_CHECK(c_.num_generations >= 2, "grpo.num_generations must be >= 2 (a group needs a baseline), got ",
+               c_.num_generations);
+  STRATA_CHECK(c_.num_iterations >= 1, "grpo.num_iterations must be >= 1, got ", c_.num_iterations);
+  STRATA_CHECK(c_.loss.beta == 0, "grpo.beta > 0 (a KL term to the starting model) is not built in train yet; "
+               "set grpo.beta = 0 (TRL's default)");
+  const EngineOptions& eo = engine.options();
+  auto owned = std::make_unique<GrpoHead>(dev, c_.loss, eo.max_batch * eo.max_tokens, std::max<size_t>(1, eo.group));
+  head_ = owned.get();
+  engine.set_loss_objective(std::move(owned));
+}
+
+GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, const std::vector<int64_t>& prompt_index,
+                              int64_t step, const AdamWParams& params, double max_grad_norm, double weight_decay) {
+  STRATA_ASSERT(!prompts.empty() && prompts.size() == prompt_index.size(), "a GRPO step without prompts");
+  const size_t P = prompts.size(), G = size_t(c_.num_generations), n = P * G;
+  const EngineOptions& eo = engine_.options();
+  STRATA_CHECK(int64_t(n) % c_.micro_batch_rows == 0, "GRPO: ", n, " completions per step (", P, " prompts x ",
+               G, " generations) do not split into micro-batches of ", c_.micro_batch_rows, " rows");
+  // ---- generation: the current weights, each prompt's G completions as one seeded batch
+  const auto t_gen = Clock::now();
+  engine_.synchronize();  // the last update has landed in the host weights
+  STRATA_CHECK(gen_shape_.max_batch >= int64_t(G), "GRPO: the generator's batch (", gen_shape_.max_batch,
+               ") holds fewer rows than num_generations (", G, ")");
+  SamplingOptions so;
+  so.max_new_tokens = c_.loss.max_completion_length;
+  so.temperature = c_.loss.temperature;
+  so.top_k = c_.top_k;
+  so.top_p = c_.top_p;
+  so.seed = grpo_step_seed(c_.seed, step);
+  so.eos_ids = c_.eos_ids;
+  std::vector<GenerateResult> res(n);
+  {
+    Generator gen(dev_, store_, gen_shape_);  // its device buffers are freed before the training passes
+    for (size_t p = 0; p < P; ++p) {
+      const std::vector<std::vector<int32_t>> rows(G, prompts[p]->ids);
+      STRATA_CHECK(int64_t(prompts[p]->ids.size()) <= gen_shape_.max_prompt, "GRPO: prompt ", prompt_index[p],
+                   " has ", prompts[p]->ids.size(), " tokens, more than the generator's ", gen_shape_.max_prompt);
+      std::vector<GenerateResult> r = gen.generate(rows, so, uint64_t(prompt_index[p]) * G);
+      std::move(r.begin(), r.end(), res.begin() + long(p * G));
+    }
+  }
+  const double gen_s = seconds_since(t_gen);
+
+  // ---- rewards and advantages (timed with the training: training_s is everything after sampling)
+  const auto t_train = Clock::now();
+  std::vector<RewardSample> samples(n);
+  for (size_t i = 0; i < n; ++i) {
+    const GrpoPrompt& pr = *prompts[i / G];
+    samples[i].prompt = pr.text;
+    samples[i].completion = decode_(res[i].tokens);
+    samples[i].completion_tokens = int64_t(res[i].tokens.size()) + (res[i].stopped ? 1 : 0);
+    samples[i].fields = pr.fields;
+  }
+  std::vector<std::vector<double>> per;
+  const std::vector<double> total = rewards_.score(samples, &per);
+  const GrpoAdvantages adv = grpo_advantages(total, int64_t(G), c_.scale_rewards);
+
+  // ---- the micro-batches: prompt + completion (+ its EOS), mask on the completion
+  std::vector<std::vector<int32_t>> ids(n), mask(n);
+  for (size_t i = 0; i < n; ++i) {
+    ids[i] = prompts[i / G]->ids;
+    std::vector<int32_t> comp = res[i].tokens;
+    if (res[i].stopped && !c_.eos_ids.empty()) comp.push_back(c_.eos_ids[0]);
+    mask[i].assign(ids[i].size(), 0);
+    const int32_t m = c_.mask_truncated_completions && !res[i].stopped ? 0 : 1;
+    ids[i].insert(ids[i].end(), comp.begin(), comp.end());
+    mask[i].resize(ids[i].size(), m);
+  }
+  const size_t rows = size_t(c_.micro_batch_rows), k = n / rows;
+  std::vector<MicroBatch> mbs(k);
+  std::vector<GrpoLayout> layouts(k);
+  GrpoStepTotals totals{int64_t(k), 0};
+  for (size_t a = 0; a < k; ++a) {
+    const std::vector<std::vector<int32_t>> mi(ids.begin() + long(a * rows), ids.begin() + long((a + 1) * rows));
+    const std::vector<std::vector<int32_t>> mm(mask.begin() + long(a * rows), mask.begin() + long((a + 1) * rows));
+    mbs[a] = grpo_micro_batch(mi, mm);
+    STRATA_CHECK(mbs[a].T <= eo.max_tokens, "GRPO: a prompt with its completion is ", mbs[a].T,
+                 " tokens, longer than data.sequence_len (", eo.max_tokens, "); raise data.sequence_len to at least "
+                 "the longest prompt + grpo.max_completion_length + 1");
+    layouts[a].rows = mbs[a].B;
+    layouts[a].cols = mbs[a].T;
+    layouts[a].advantages.assign(adv.advantages.begin() + long(a * rows), adv.advantages.begin() + long((a + 1) * rows));
+    totals.tokens += mbs[a].counted();
+  }
+  for (GrpoLayout& l : layouts) l.totals = totals;
+
+  // ---- num_iterations updates over the micro-batches
+  GrpoStepOutcome out;
+  GrpoMetricSums ms;
+  const size_t per_pass = eo.group > 1 ? k : 1;
+  STRATA_CHECK(per_pass == 1 || size_t(eo.group) >= k, "GRPO: the engine's layer-major passes hold ", eo.group,
+               " micro-batches, the step has ", k);
+  for (int64_t it = 0; it < c_.num_iterations; ++it) {
+    out.loss = 0;
+    GrpoTemperature temperature(store_, c_.loss.temperature);  // g / T for the passes of this update
+    for (size_t a = 0; a < k; a += per_pass) {
+      std::vector<const MicroBatch*> ptrs;
+      std::vector<GrpoLayout> pass_layouts;
+      for (size_t m = a; m < a + per_pass; ++m) ptrs.push_back(&mbs[m]), pass_layouts.push_back(layouts[m]);
+      head_->set_layouts(std::move(pass_layouts), ptrs);
+      const std::vector<MicroBatch> pass(mbs.begin() + long(a), mbs.begin() + long(a + per_pass));
+      // plain passes: the norm's gradient is divided by T before the optimizer gathers any norm
+      const std::vector<double> losses = engine_.forward_backward_group(pass, 1.f);
+      for (size_t m = 0; m < per_pass; ++m) {
+        out.loss += losses[m];
+        if (it + 1 == c_.num_iterations) ms.add(head_->result(m).metrics);
+        if (it == 0 && c_.num_iterations > 1) layouts[a + m].old_logp = head_->token_logps(m);  // the old policy's
+      }
+    }
+    engine_.synchronize();
+    temperature.finish();
+    out.grad_norm = engine_.optimizer_step(params, max_grad_norm, weight_decay);
+  }
+  const double train_s = seconds_since(t_train);
+
+  // ---- metrics (TRL's names) and the completions
+  nlohmann::json& j = out.metrics;
+  double mean = 0;
+  for (double r : total) mean += r / double(n);
+  j["reward"] = mean;
+  j["reward_std"] = adv.reward_std;
+  j["frac_reward_zero_std"] = adv.frac_reward_zero_std;
+  for (size_t f = 0; f < per.size(); ++f) {
+    double m = 0;
+    for (double r : per[f]) m += r / double(n);
+    j["rewards/" + rewards_.names()[f] + "/mean"] = m;
+  }
+  double len_sum = 0, len_max = 0, len_min = 1e300, truncated = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double L = double(samples[i].completion_tokens);
+    len_sum += L, len_max = std::max(len_max, L), len_min = std::min(len_min, L);
+    truncated += res[i].stopped ? 0 : 1;
+    out.completions.push_back({prompt_index[i / G], samples[i].completion, total[i], adv.advantages[i],
+                               samples[i].completion_tokens, !res[i].stopped});
+  }
+  j["completions/mean_length"] = len_sum / double(n);
+  j["completions/max_length"] = len_max;
+  j["completions/min_length"] = len_min;
+  j["completions/clipped_ratio"] = truncated / double(n);
+  const double tok = double(std::max<int64_t>(1, ms.tokens));
+  j["clip_ratio/low_mean"] = ms.clip_low / tok;
+  j["clip_ratio/high_mean"] = ms.clip_high / tok;
+  j["clip_ratio/region_mean"] = ms.clip_region / tok;
+  if (c_.loss.beta != 0) j["kl"] = ms.kl / tok;
+  j["generation_s"] = gen_s;
+  j["training_s"] = train_s;
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,93 @@
+// One GRPO step in one process (issue 41): the streamed generator samples G completions per
+// prompt from the current weights, the rewards score them (src/train/rewards.h), the advantages
+// are normalised per group (src/train/grpo_advantages.h), and the engine trains on the sampled
+// tokens with the GRPO head (offload/objective/grpo_head.h) num_iterations times, each one
+// optimizer update over all of the step's micro-batches. The generator and the engine share the
+// host store (no copy); the generator is built for the step's generation and freed before the
+// training passes, so the two phases use the device memory at different times, and it always
+// reads the weights as the last update left them. Temperature: GrpoTemperature (grpo_head.h).
+//
+// A strata step is one generation batch and its num_iterations updates (TRL counts each update
+// as a step). Old log-probs: the first update's own (detached), which equal the generation-time
+// policy's; later updates use them (TRL's old_per_token_logps). Sampling is seeded by (seed,
+// step, prompt index in the data, completion index): a step does not depend on the batch it
+// shares, and a resumed run samples the same tokens.
+// Not built here: a reference model (beta > 0 needs the starting weights beside the trained
+// ones: refused) and LoRA in the generator (it samples from the base alone; use full
+// fine-tuning). Nor is it wired to `strata train` yet (no [grpo] recipe table).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "offload/engine/engine.h"
+#include "offload/engine/generator.h"
+#include "offload/objective/grpo_head.h"
+#include "src/train/grpo_advantages.h"
+#include "src/train/rewards.h"
+
+namespace strata {
+
+struct GrpoConfig {
+  GrpoParams loss;                 // loss_type, epsilon(s), temperature, max_completion_length
+  int64_t num_generations = 8;     // G
+  int64_t num_iterations = 1;      // μ
+  double top_p = 1;
+  int64_t top_k = 0;
+  GrpoScaleRewards scale_rewards = GrpoScaleRewards::group;
+  bool mask_truncated_completions = false;
+  uint64_t seed = 0;
+  std::vector<int32_t> eos_ids;    // a stopped completion ends with the first of them
+  int64_t micro_batch_rows = 1;    // completions per micro-batch (train.micro_batch_size)
+};
+
+// One prompt of the data: its rendered tokens and text, and the fields the rewards see.
+struct GrpoPrompt {
+  std::vector<int32_t> ids;
+  std::string text;
+  nlohmann::json fields = nlohmann::json::object();
+};
+
+struct GrpoCompletion {  // for completions.jsonl
+  int64_t prompt = 0;    // the prompt's index in the data
+  std::string completion;
+  double reward = 0, advantage = 0;
+  int64_t tokens = 0;
+  bool truncated = false;
+};
+
+struct GrpoStepOutcome {
+  double loss = 0;                 // the last update's loss
+  double grad_norm = 0;            // the last update's norm before clipping
+  nlohmann::json metrics;          // TRL's names: reward, reward_std, rewards/<f>/mean, ...
+  std::vector<GrpoCompletion> completions;
+};
+
+class GrpoStep {
+ public:
+  // decode(ids) -> text of a completion; gen_shape: the generator's rows (>= num_generations),
+  // longest prompt and context. Installs the GRPO head in `engine`.
+  GrpoStep(const GrpoConfig& config, Device& dev, HostStore& store, Engine& engine, const GeneratorShape& gen_shape,
+           Rewards& rewards, std::function<std::string(const std::vector<int32_t>&)> decode);
+  // prompts: this step's prompts with their data indices; step counts from 1.
+  GrpoStepOutcome run(const std::vector<const GrpoPrompt*>& prompts, const std::vector<int64_t>& prompt_index,
+                      int64_t step, const AdamWParams& params, double max_grad_norm, double weight_decay);
+
+ private:
+  GrpoConfig c_;
+  Device& dev_;
+  HostStore& store_;
+  Engine& engine_;
+  GeneratorShape gen_shape_;
+  Rewards& rewards_;
+  std::function<std::string(const std::vector<int32_t>&)> decode_;
+  GrpoHead* head_ = nullptr;  // owned by the engine
+};
+
+// The sampling seed of a step (a SplitMix64 mix of the run's seed and the step).
+uint64_t grpo_step_seed(uint64_t seed, int64_t step);
+
+}  // namespace strata

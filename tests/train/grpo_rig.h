@@ -1,0 +1,87 @@
+// A one-process GRPO rig for tests (tests/train/test_grpo_step.cpp, tests/cuda/test_cuda_grpo.cpp):
+// the tiny llama of tests/golden, 3 prompts, G = 4 completions of up to 6 tokens at temperature
+// 0.8, an external reward command, the engine with every weight resident, full fine-tuning.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/train/grpo_step.h"
+#include "tests/testing.h"
+
+namespace strata::testing {
+
+// reward = the number of even token ids in the completion (a sh read loop: one reply per line)
+constexpr const char* kEvenCount =
+    "while IFS= read -r line; do c=${line#*\\\"completion\\\":\\\"}; c=${c%%\\\"*}; e=0; "
+    "for t in $c; do [ $((t % 2)) -eq 0 ] && e=$((e + 1)); done; printf '{\"reward\": %d}\\n' $e; done";
+
+inline std::string decode_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
+  return s;
+}
+
+struct GrpoRig {
+  std::string dir;
+  std::unique_ptr<Device> dev;
+  HostStore store;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Rewards> rewards;
+  std::unique_ptr<GrpoStep> grpo;
+  std::vector<GrpoPrompt> prompts;
+
+  // group > 1: the engine's layer-major passes of that many micro-batches (an untied family:
+  // layer-major is not built for a tied lm_head outside LoRA)
+  explicit GrpoRig(int64_t num_iterations = 1, std::unique_ptr<Device> device = device_create(DeviceOptions{}),
+                   const std::string& family = "llama", int64_t group = 1)
+      : dir(testing::source_path("tests/golden/" + family)), dev(std::move(device)),
+        store(*dev, model_spec_build(hf_config_load(dir), DType::f32)) {
+    model_load_weights(store, dir);
+    GrpoConfig c;
+    c.num_generations = 4;
+    c.num_iterations = num_iterations;
+    c.loss.max_completion_length = 6;
+    c.loss.temperature = 0.8;
+    c.loss.loss_type = GrpoLossType::grpo;
+    c.micro_batch_rows = 4;
+    c.seed = 17;
+    c.eos_ids = {2};
+    for (int p = 0; p < 3; ++p) {
+      GrpoPrompt pr;
+      pr.ids = {1, 10 + p, 20 + 3 * p, 30 + p};
+      pr.text = decode_ids(pr.ids);
+      prompts.push_back(pr);
+    }
+    EngineOptions eo;
+    eo.weights = WeightsMode::device;
+    eo.checkpoints = CheckpointMode::device;
+    eo.max_batch = c.micro_batch_rows;
+    eo.max_tokens = 4 + 6 + 1;
+    eo.group = group;
+    engine = std::make_unique<Engine>(*dev, store, eo);
+    RewardOptions ro;
+    ro.funcs = {};
+    ro.command = kEvenCount;
+    rewards = std::make_unique<Rewards>(ro);
+    grpo = std::make_unique<GrpoStep>(c, *dev, store, *engine, GeneratorShape{4, 4, 4 + 6}, *rewards, decode_ids);
+  }
+  GrpoStepOutcome step(const std::vector<int64_t>& which, int64_t step) {
+    std::vector<const GrpoPrompt*> ps;
+    for (int64_t i : which) ps.push_back(&prompts[size_t(i)]);
+    AdamWParams ap;
+    ap.lr = 3e-2;
+    ap.step = step;
+    return grpo->run(ps, which, step, ap, 1.0, 0.0);
+  }
+  std::vector<char> weights() {
+    engine->synchronize();
+    const size_t bytes = HostStore::layout(store.spec()).working.tier_bytes(Tier::host_pinned);
+    return std::vector<char>(store.working(), store.working() + bytes);
+  }
+};
+
+}  // namespace strata::testing
