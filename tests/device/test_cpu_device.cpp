@@ -286,15 +286,23 @@ TEST_CASE("the start-up thread check fails as exit 3 naming device.cpu_threads a
 }  // namespace strata
 
 namespace strata {
-TEST_CASE("the cpu backend rejects a sliding attention window with a clear error", "[device]") {
+TEST_CASE("the cpu backend's attention takes a sliding window: 1 sees only itself, one as long as T changes nothing", "[device]") {
   auto dev = device_create(DeviceOptions{});
-  float* x = static_cast<float*>(dev->alloc(sizeof(float) * 64, "window test"));
-  CHECK_THROWS_WITH(dev->attention_forward(x, x, x, x, x, nullptr, 1, 2, 1, 1, 8, 1.f, DType::f32,
-                                           Stream::compute, 4),
-                    Catch::Contains("sliding window"));
-  CHECK_THROWS_WITH(dev->attention_backward(x, x, x, x, x, x, x, x, x, nullptr, 1, 2, 1, 1, 8, 1.f,
-                                            DType::f32, Stream::compute, 4),
-                    Catch::Contains("sliding window"));
-  dev->free(x);
+  const int64_t T = 5, D = 8, n = T * D;  // B 1, H = Hk = 1
+  auto buf = [&](const char* what) { return static_cast<float*>(dev->alloc(sizeof(float) * size_t(n), what)); };
+  float *q = buf("q"), *k = buf("k"), *v = buf("v"), *out = buf("out"), *wide = buf("wide"), *full = buf("full");
+  float* lse = static_cast<float*>(dev->alloc(sizeof(float) * size_t(T), "lse"));
+  for (int64_t i = 0; i < n; ++i) q[i] = 0.1f * float(i % 7) - 0.3f, k[i] = 0.05f * float(i % 11), v[i] = float(i) - 3.f;
+  const float scale = 1.f / std::sqrt(float(D));
+  dev->attention_forward(out, lse, q, k, v, nullptr, 1, T, 1, 1, D, scale, DType::f32, Stream::compute, 1);
+  dev->attention_forward(wide, lse, q, k, v, nullptr, 1, T, 1, 1, D, scale, DType::f32, Stream::compute, T);
+  dev->attention_forward(full, lse, q, k, v, nullptr, 1, T, 1, 1, D, scale, DType::f32, Stream::compute, 0);
+  dev->stream_synchronize(Stream::compute);
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(out[i] == Approx(v[i]).margin(1e-6));  // the softmax over one key is 1
+    CHECK(wide[i] == full[i]);                    // a window of T keys is the causal mask
+  }
+  CHECK(out[n - 1] != full[n - 1]);  // and a window of 1 did narrow the last query's keys
+  for (float* p : {q, k, v, out, wide, full, lse}) dev->free(p);
 }
 }  // namespace strata
