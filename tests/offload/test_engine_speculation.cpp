@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <string>
+#include <unistd.h>
 
 #include "offload/engine/engine.h"
 #include "offload/plan/placement_plan.h"
@@ -39,7 +41,7 @@ struct Result {
 
 Result run(const SpecRun& c) {
   auto dev = device_create(DeviceOptions{});
-  testing::TempDir dir("speculation");
+  testing::TempDir dir("speculation_" + std::to_string(::getpid()));  // ctest runs the cases side by side
   HostStoreOptions so;
   so.moments = c.moments;
   so.state_on_nvme = c.nvme_first > 0;
