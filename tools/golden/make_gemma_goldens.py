@@ -17,9 +17,9 @@ sliding_window_pattern 3 (layers 0, 1, 3 slide, 2 is global), linear rope_scalin
 layer, tied embeddings. The olmo2 case: post-norms on each sublayer's output before the residual
 add, q/k norms over the whole projection, no norm before the sublayers.
 
-The environment needs torch and transformers (the shared venv /work/venv-scale has both); the
-build and the tests never run this. From the repository root:
-    /work/venv-scale/bin/python tools/golden/make_gemma_goldens.py
+The environment needs torch and transformers 5.x (a venv with both from PyPI); the build and the
+tests never run this. From the repository root:
+    python tools/golden/make_gemma_goldens.py
 """
 
 import json

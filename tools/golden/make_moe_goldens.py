@@ -14,7 +14,7 @@ of every MoE layer, the gap between the k-th and (k+1)-th router logit; at every
 gap between the top two logits. A seed that fails is skipped for the next.
 
 Run from the repository root with a Python that has torch and transformers 5.x:
-    /work/venv-scale/bin/python tools/golden/make_moe_goldens.py
+    python tools/golden/make_moe_goldens.py
 """
 import json
 import os
