@@ -8,42 +8,22 @@
 #include "offload/plan/plan_search.h"
 #include "offload/plan/step_estimate.h"
 #include "offload/state/host_store.h"
+#include "tests/offload/step_model_fixtures.h"
 #include "tests/testing.h"
 
 namespace strata {
 namespace {
 
-// 4 layers of C 1024, F 4096, 8 heads of 128, V 32768 untied, bf16 (tests/offload/test_step_model.cpp).
-ModelSpec spec_134m() {
-  return model_spec_build(testing::tiny_llama_config({1024, 4096, 4, 32768, 4096, false, 8, 8}), DType::bf16);
-}
+ModelSpec spec_134m() { return step_model_fixtures::tiny_spec(); }
 
 PlanInputs inputs(SpeculateMode mode) {
-  PlanInputs in;
-  in.checkpoints = CheckpointMode::device;
-  in.optimizer = StateTier::host;
-  in.recompute = RecomputeMode::always;
-  in.micro_batch = 1;
-  in.sequence_len = 1024;
-  in.head_chunk_rows = 8192;
+  PlanInputs in = step_model_fixtures::tiny_inputs();
   in.speculate = mode;
   return in;
 }
 
-// Compute at 1 TFLOP/s; the link, the host's memory and NVMe free.
-StepRates compute_rates() {
-  StepRates r;
-  r.device_flops_per_s = 1e12;
-  r.link_bytes_per_s = 1e18;
-  r.host_bytes_per_s = 1e18;
-  r.nvme_read_bytes_per_s = r.nvme_write_bytes_per_s = 1e18;
-  return r;
-}
-
-double forward_seconds(const ModelSpec& spec, const PlanInputs& in) {
-  const DeviceWork f = layers_forward_work(spec, in.micro_batch, in.sequence_len);
-  return (f.matmul_flops + f.attention_flops + 2.0 * double(in.micro_batch * in.sequence_len) * 32768 * 1024) / 1e12;
-}
+using step_model_fixtures::compute_rates;
+using step_model_fixtures::forward_seconds;
 
 }  // namespace
 
