@@ -26,6 +26,10 @@ enum class AccumulationMode : uint8_t { automatic, micro_batch, layer_major };
 // update exactly when the norm clips (engine.cpp); auto: where the plan finds it faster and the
 // backup fits; on: as many groups as the host budget holds; off: never.
 enum class SpeculateMode : uint8_t { automatic, on, off };
+// offload.working_weights: the bf16 working copy of the decoder layers kept in RAM ("stored"), or
+// made from the fp32 master at each upload ("derived": 2 bytes a parameter less in RAM, the same
+// bits on the device, a host conversion per upload); auto: the plan's choice by the step model.
+enum class WorkingMode : uint8_t { automatic, stored, derived };
 
 // A mode's spellings: its recipe key and every value's name, in the order messages list them. One
 // table per enum, found by mode_table(E{}) (here, beside the enums elsewhere, and in
@@ -60,6 +64,8 @@ inline constexpr ModeSpelling<AccumulationMode> kAccumulationModes[] = {{Accumul
     {AccumulationMode::layer_major, "layer_major"}, {AccumulationMode::micro_batch, "micro_batch"}};
 inline constexpr ModeSpelling<SpeculateMode> kSpeculateModes[] = {
     {SpeculateMode::automatic, "auto"}, {SpeculateMode::on, "on"}, {SpeculateMode::off, "off"}};
+inline constexpr ModeSpelling<WorkingMode> kWorkingModes[] = {
+    {WorkingMode::automatic, "auto"}, {WorkingMode::stored, "stored"}, {WorkingMode::derived, "derived"}};
 
 constexpr ModeTable<WeightsMode> mode_table(WeightsMode) { return mode_table_of("offload.weights", kWeightsModes); }
 constexpr ModeTable<CheckpointMode> mode_table(CheckpointMode) {
@@ -73,6 +79,7 @@ constexpr ModeTable<AccumulationMode> mode_table(AccumulationMode) {
 constexpr ModeTable<SpeculateMode> mode_table(SpeculateMode) {
   return mode_table_of("offload.speculative_update", kSpeculateModes);
 }
+constexpr ModeTable<WorkingMode> mode_table(WorkingMode) { return mode_table_of("offload.working_weights", kWorkingModes); }
 
 // The recipe's spelling of a value ("stream", "auto", "layer_major", ...), for messages.
 template <class E>

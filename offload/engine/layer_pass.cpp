@@ -17,7 +17,7 @@ LayerPass::LayerPass(Device& dev, HostStore& store, const LayerPassSlots& slots,
   R_ = slots.head_rows;
   STRATA_ASSERT(R_ > 0 && slots.final_norm, "a pass needs its lm_head chunk rows and a final norm slot");
   K_ = size_t((V_ + R_ - 1) / R_);
-  layers_.emplace(dev_, slots.layers);
+  layers_.emplace(dev_, slots.layers, store.derived_staging_bytes());
   head_.emplace(dev_, slots.head);
   norm_.emplace(dev_, reinterpret_cast<char*>(slots.final_norm));
   if (slots.lm_resident) lm_resident_.emplace(dev_, slots.lm_resident);

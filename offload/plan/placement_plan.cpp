@@ -174,12 +174,21 @@ void plan_host(PlanParts& x, const PlanChoice& choice) {
     if (scratch) x.add("CPU kernel scratch (attention inputs, dS, loss tiles, GEMM tiles)", Tier::host, scratch);
   }
   const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
-  const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
-  x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
   const bool frozen = in.lora.enabled();
   const bool aliased = spec.matrix_dtype == DType::f32 && in.f32_master_shared;
   // a split: the groups before the first on NVMe keep their state in RAM (all of them without NVMe)
   const size_t first = choice.optimizer_nvme ? choice.optimizer_first_group : layout.groups.size();
+  HostStoreOptions derived;  // the store's own count of the layers it derives
+  derived.derived_working = choice.derive_working;
+  derived.state_on_nvme = choice.optimizer_nvme;
+  derived.nvme_first_group = first;
+  p.derived_working = choice.derive_working;
+  p.derived_working_layers = derived_working_layers(layout, derived);
+  const size_t working_bytes =
+      layout.working.tier_bytes(Tier::host_pinned) - derived_working_bytes(layout, p.derived_working_layers);
+  x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
+  if (p.derived_working_layers)
+    x.add(kDerivedStagingKind, Tier::host_pinned, derived_staging_bytes(layout, p.derived_working_layers));
   const size_t ram_f32 = f32_prefix_bytes(layout, first), nvme_f32 = f32_bytes - ram_f32;
   auto moments_of = [&](size_t f32) { return needs.moments && !frozen ? 2 * (f32 / 4) * dtype_size(in.moments) : 0; };
   const std::string moments_kind = str_cat("AdamW moments (", dtype_name(in.moments), " m and v)");
@@ -283,6 +292,14 @@ void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
 }  // namespace
 
 
+std::string placement_derived_working_obstacle(const ModelSpec& spec, const PlanInputs& in) {
+  if (in.lora.enabled()) return "LoRA keeps the frozen base's working copy alone (no master to make it from)";
+  if (in.optimizer_kind != OptimizerKind::adamw) return "zo-sgd perturbs and updates the working copy itself";
+  if (spec.matrix_dtype != DType::bf16) return "with f32 weights the master is the working copy already";
+  if (in.ranks > 1) return "several ranks share or reduce through the host store";
+  return "";
+}
+
 size_t speculation_backup_bytes(const HostStoreLayout& layout, DType moments, size_t first, size_t end) {
   size_t bytes = 0;
   for (size_t g = first; g < end && g < layout.groups.size(); ++g)
@@ -304,6 +321,8 @@ RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t g
     p.speculate_first_group = choice.speculate_first_group;
     p.speculate_end_group = choice.speculate_end_group;
   }
+  STRATA_ASSERT(!choice.derive_working || placement_derived_working_obstacle(spec, in).empty(),
+                "derived working weights where they do not apply: ", placement_derived_working_obstacle(spec, in));
   PlanParts x{spec, in, p, HostStore::layout(spec), optimizer_state_needs(in.optimizer_kind)};
   x.zo = in.optimizer_kind == OptimizerKind::zo_sgd;
   x.shape = placement_engine_shape(spec, x.layout, in, group);
@@ -365,6 +384,7 @@ HostStoreOptions run_plan_store_options(const RunPlan& plan) {
   so.nvme_first_group = plan.optimizer_nvme_first_group;
   so.nvme_path = plan.budgets.nvme_dir;
   so.nvme_budget_bytes = plan.budgets.nvme_bytes;
+  so.derived_working = plan.derived_working;
   return so;
 }
 

@@ -65,6 +65,10 @@ struct PlanInputs {
   // land, their master and moments backed up in host RAM (RunPlan::speculate_*); automatic: where
   // the step model finds it faster and the backup fits the host budget.
   SpeculateMode speculate = SpeculateMode::automatic;
+  // offload.working_weights: derived makes the decoder layers' bf16 working copy from the RAM
+  // master at each upload (HostStoreOptions::derived_working); AdamW full fine-tuning in bf16 on
+  // one rank only; automatic: where the step model finds it faster or it is what fits.
+  WorkingMode working = WorkingMode::automatic;
   int ranks = 1;                     // data-parallel ranks (layer-major: one rank only)
   // optim.max_grad_norm > 0: the update waits for every gradient of the step (the global norm);
   // false: each group's update starts as its gradient lands in the last backward (trainer.cpp).
@@ -177,6 +181,10 @@ struct RunPlan {
   // offload.speculative_update: groups [first, end) update ahead of the global norm (empty: none;
   // EngineOptions::speculate_*), their backup the "speculative update backup" host row.
   size_t speculate_first_group = 0, speculate_end_group = 0;
+  // offload.working_weights = "derived": layers [0, derived_working_layers) have no working copy
+  // in RAM (made from the master at upload; 0: all stored)
+  bool derived_working = false;
+  size_t derived_working_layers = 0;
   PlanBudgets budgets;                // and with them the NVMe directory and its budget
   std::vector<std::string> problems;  // what does not fit (empty: it fits)
   std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
@@ -202,7 +210,15 @@ struct PlanChoice {
   // speculated groups [first, end) (offload.speculative_update; empty: none): their master and
   // moments' backup in host RAM (speculation_backup_bytes)
   size_t speculate_first_group = 0, speculate_end_group = 0;
+  // the decoder layers with RAM master make their working copy at upload (HostStoreOptions::derived_working)
+  bool derive_working = false;
 };
+
+// Why derived working weights do not apply to these inputs ("" when they do): LoRA, ZO-SGD, f32
+// weights, several ranks.
+std::string placement_derived_working_obstacle(const ModelSpec& spec, const PlanInputs& in);
+// The state-row kinds of derived working weights: the staging their uploads convert into.
+inline constexpr const char* kDerivedStagingKind = "derived working weights: upload staging";
 
 // The host bytes of the speculation backup of groups [first, end): master, m and v of each
 // (HostAdamW::speculation_backup_bytes).

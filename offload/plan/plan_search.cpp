@@ -94,9 +94,10 @@ struct Search {
 
   // The optimizer state's tier for one candidate: RAM when it fits (or when NVMe cannot help),
   // else the fewest groups on NVMe that make the host fit (all of them when none does).
-  RunPlan with_optimizer(const PlanInputs& v, int64_t group, bool ckpt_nvme) {
+  RunPlan with_optimizer(const PlanInputs& v, int64_t group, bool ckpt_nvme, bool derive) {
     PlanChoice c;
     c.checkpoints_nvme = ckpt_nvme;
+    c.derive_working = derive;
     if (v.optimizer == StateTier::nvme) {
       c.optimizer_nvme = true;
       return placement_plan_at(spec, v, group, budgets, c);
@@ -144,6 +145,7 @@ struct Search {
     c.checkpoints_nvme = ckpt_nvme;
     c.optimizer_nvme = p.optimizer_on_nvme;
     c.optimizer_first_group = p.optimizer_nvme_first_group;
+    c.derive_working = p.derived_working;
     c.speculate_first_group = first;
     c.speculate_end_group = end;
     RunPlan s = placement_plan_at(spec, v, group, budgets, c);
@@ -194,6 +196,12 @@ struct Search {
       CheckpointMode mode;
       bool nvme;
     };
+    // the working copy: stored, or (where it applies) derived from the master at each upload
+    std::vector<bool> derive = {v.working == WorkingMode::derived};
+    const std::string derive_obstacle = placement_derived_working_obstacle(spec, v);
+    STRATA_CHECK(v.working != WorkingMode::derived || derive_obstacle.empty(), "offload.working_weights = \"derived\" "
+                 "does not apply here: ", derive_obstacle, "; set offload.working_weights = \"stored\" or \"auto\"");
+    if (v.working == WorkingMode::automatic && derive_obstacle.empty()) derive.push_back(true);
     std::vector<Ckpt> ckpts = {{v.checkpoints, false}};
     if (v.checkpoints == CheckpointMode::automatic && v.optimizer_kind != OptimizerKind::zo_sgd) {
       ckpts.push_back({CheckpointMode::host, false});
@@ -201,16 +209,18 @@ struct Search {
     }
     for (WeightsMode w : weights)
       for (int64_t g : passes)
-        for (const Ckpt& c : ckpts) {
-          v.weights = w;
-          PlanInputs cv = v;
-          cv.checkpoints = c.mode;
-          RunPlan p = with_optimizer(cv, g, c.nvme);
-          if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
-          std::optional<RunPlan> ahead = with_speculation(cv, g, c.nvme, p);
-          if (!ahead || cv.speculate != SpeculateMode::on) consider(cv, std::move(p));
-          if (ahead) consider(cv, std::move(*ahead));
-        }
+        for (const Ckpt& c : ckpts)
+          for (bool d : derive) {
+            v.weights = w;
+            PlanInputs cv = v;
+            cv.checkpoints = c.mode;
+            RunPlan p = with_optimizer(cv, g, c.nvme, d);
+            if (d && p.derived_working_layers == 0) continue;  // every layer's state on NVMe: the same as stored
+            if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
+            std::optional<RunPlan> ahead = with_speculation(cv, g, c.nvme, p);
+            if (!ahead || cv.speculate != SpeculateMode::on) consider(cv, std::move(p));
+            if (ahead) consider(cv, std::move(*ahead));
+          }
   }
 };
 
@@ -343,6 +353,10 @@ void memory_variants(Changes& x) {
   if ((host_over(p) || nvme_over(p)) && adamw_state && in.moments == DType::f32)
     x.add("set optim.moments_dtype = \"bf16\" (AdamW m and v stored in bf16: 4 bytes per parameter instead of 8)",
           {{"optim.moments_dtype", "bf16"}}, [](PlanInputs& v, PlanBudgets&) { v.moments = DType::bf16; });
+  if (host_over(p) && in.working == WorkingMode::stored && placement_derived_working_obstacle(x.spec, in).empty())
+    x.add("set offload.working_weights = \"derived\" (the layers' bf16 working copy made from the fp32 master at each "
+          "upload: 2 bytes per parameter less in RAM)", {{"offload.working_weights", "derived"}},
+          [](PlanInputs& v, PlanBudgets&) { v.working = WorkingMode::derived; });
   if (host_over(p) && p.host_checkpoints && in.optimizer_kind != OptimizerKind::zo_sgd)
     x.add(str_cat("set offload.checkpoints = \"nvme\"", nvme_hint, " (spilled layer checkpoints move to NVMe)"),
           {{"offload.checkpoints", "nvme"}}, [&](PlanInputs& v, PlanBudgets& b) { v.checkpoints = CheckpointMode::nvme, nvme_dir(b); });

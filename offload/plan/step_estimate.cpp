@@ -144,6 +144,7 @@ struct TransferWalk {
   double lm_bytes = 0, norm_bytes = 0;
   std::vector<int64_t> slot_layer, head_chunk;
   bool stale = true;  // the final norm and a resident lm_head: uploaded again after an update
+  size_t derived = 0;  // layers [0, derived) are made from the master before each upload
   StepBytes b;
 
   TransferWalk(const ModelSpec& spec, const HostStoreLayout& l, const EngineShape& s)
@@ -159,7 +160,9 @@ struct TransferWalk {
   }
   void layer(size_t i) {
     const size_t s = streamed() ? i % slot_layer.size() : i;
-    if (slot_layer[s] != int64_t(i)) b.h2d += double(layout.groups[1 + i].working_bytes), slot_layer[s] = int64_t(i);
+    if (slot_layer[s] == int64_t(i)) return;
+    b.h2d += double(layout.groups[1 + i].working_bytes), slot_layer[s] = int64_t(i);
+    if (i < derived) b.derived_h2d += double(layout.groups[1 + i].working_bytes);
   }
   void norm_and_resident_head() {
     if (stale) b.h2d += norm_bytes + (streamed() ? 0 : lm_bytes);
@@ -245,6 +248,7 @@ FirstOrderTransfers first_order_transfers(const ModelSpec& spec, const PlanInput
   const bool frozen = shape.frozen();
   const int64_t passes = grad_accum / int64_t(shape.group);
   TransferWalk w(spec, layout, shape);
+  w.derived = plan.derived_working_layers;
   FirstOrderTransfers t;
   // after an optimizer step every device copy is stale; LoRA's frozen base never is, so its
   // caches carry over from the step before: one step walked to fill them, the next one counted
@@ -530,6 +534,7 @@ struct StepParts {
   double link = 0, checkpoint_disk = 0, checkpoint_crc = 0, nvme = 0;
   double host = 0, accumulation_pass = 0;          // the host's accumulation: the step's, one pass's
   double link_bytes_per_s = 0;
+  double h2d_stretch = 1;  // derived working weights: h2d's time with their conversions, over the copies'
 };
 
 // On a GPU: the device, the link, the disk, the checksum threads and the host queue overlap; the
@@ -538,8 +543,8 @@ double gpu_step_seconds(const StepParts& p, const UpdateCost& u, const FirstOrde
                         double* exposed) {
   const double main = std::max({p.compute, p.link, p.checkpoint_disk, p.checkpoint_crc, p.host});
   // the passes the update runs beside last as long as their device work or their transfers
-  const double forward = std::max(p.forward, t.first_forward_h2d / p.link_bytes_per_s);
-  const double backward = std::max({p.backward, t.last_backward_h2d / p.link_bytes_per_s,
+  const double forward = std::max(p.forward, p.h2d_stretch * t.first_forward_h2d / p.link_bytes_per_s);
+  const double backward = std::max({p.backward, p.h2d_stretch * t.last_backward_h2d / p.link_bytes_per_s,
                                     t.last_backward_d2h / p.link_bytes_per_s});
   if (lora)  // synchronous: the adapters' gradients down, their norm and AdamW, the adapters up
     *exposed = u.norm + u.update() + 2 * 4 * u.params / p.link_bytes_per_s;
@@ -595,7 +600,12 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   p.compute = total_seconds(work.pass * passes, rates);
   p.forward = total_seconds(work.forward, rates);
   p.backward = p.compute / passes - p.forward;
-  p.link = std::max(e.bytes.h2d, e.bytes.d2h) / rates.link_bytes_per_s;
+  // derived working weights: each upload's conversion (4 bytes read, 2 written per bf16 weight)
+  // before its copy, on the host's memory bandwidth
+  const double derive_s = 3 * e.bytes.derived_h2d / rates.host_bytes_per_s;
+  const double h2d_s = e.bytes.h2d / rates.link_bytes_per_s;
+  if (h2d_s > 0) p.h2d_stretch = (h2d_s + derive_s) / h2d_s;
+  p.link = std::max(h2d_s + derive_s, e.bytes.d2h / rates.link_bytes_per_s);
   p.checkpoint_disk = e.bytes.checkpoint_read / rates.nvme_read_bytes_per_s +
                       e.bytes.checkpoint_write / rates.nvme_write_bytes_per_s;
   const double crc_bytes_per_s = rates.checksum_bytes_per_s * std::max(1, rates.checksum_threads);
@@ -609,6 +619,7 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   p.accumulation_pass = 12 * grad_params / rates.host_bytes_per_s;
   p.host = (passes * 12 + 4) * grad_params / rates.host_bytes_per_s;
   if (in.device_in_host_ram) p.host += 2 * e.bytes.link() / rates.host_bytes_per_s;
+  p.host += derive_s;
   e.optimizer_params = u.params;
   e.optimizer_params_per_s = u.rate;
   if (in.device_in_host_ram)

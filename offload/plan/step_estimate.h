@@ -27,7 +27,10 @@
 //   checksum   the crc32c of every NVMe block written or read, on rates.checksum_threads threads
 //   optimizer  the host's update: AdamW over every parameter (LoRA: the adapters; ZO-SGD: its own
 //              update), and with clipping (in.clip_grad) the global norm's pass over the gradients
-//   host       the host's gradient accumulation (and, on the CPU backend, the link's memcpy)
+//   host       the host's gradient accumulation (and, on the CPU backend, the link's memcpy);
+//              with derived working weights (plan.derived_working_layers) also each upload's
+//              conversion of the master (4 bytes read, 2 written per bf16 weight), which runs
+//              on the thread that queues the uploads, before each: it stretches h2d as well
 // How the update overlaps is the engine's schedule (offload/engine/engine.cpp, train_step):
 //   - clipping: in the step's last pass each group's squares are summed on the host queue as its
 //     gradient lands (behind that pass's accumulation; the embedding's last, after the backward,
@@ -144,6 +147,7 @@ struct StepBytes {
   double h2d = 0, d2h = 0;
   double checkpoint_write = 0, checkpoint_read = 0;  // activation checkpoints on NVMe
   double state = 0;                                  // master, m, v on NVMe: read once, written once
+  double derived_h2d = 0;  // of h2d: derived layers' weights (offload.working_weights), made from the master first
   double link() const { return h2d + d2h; }
   double nvme_read() const { return checkpoint_read + state; }
   double nvme_write() const { return checkpoint_write + state; }

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cerrno>
 #include <mutex>
+#include <sys/mman.h>
 #ifdef STRATA_HAVE_NUMA
 #include <numa.h>
 #endif
@@ -108,6 +110,7 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
   HostMemoryEstimate e;
   e.working = l.working.tier_bytes(Tier::host_pinned);
   if (options.weights_only) return e;
+  e.working -= derived_working_bytes(l, derived_working_layers(l, options));
   const size_t ram_f32 = state_ram_f32_bytes(l, options);  // all, or the prefix before the NVMe groups
   e.master = aliased ? 0 : ram_f32;
   e.moments = options.needs.moments ? 2 * ram_f32 / 4 * dtype_size(options.moments) : 0;
@@ -141,9 +144,19 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
   const size_t n = f32_floats();
   // pinned where the device can pin it; a fallback to pageable memory counts as host
   auto account = [&](const void* p, size_t bytes) { (dev_.host_is_pinned(p) ? pinned_bytes_ : host_bytes_) += bytes; };
-  working_data_ = static_cast<char*>(dev_.alloc_pinned(working_bytes));
-  account(working_data_, working_bytes);
-  std::memset(working_data_, 0, working_bytes);
+  if (!options_.weights_only) {
+    const HostStoreLayout placed{working_, f32_, groups_};
+    derived_layers_ = derived_working_layers(placed, options_);
+  }
+  STRATA_CHECK(derived_layers_ == 0 || (!master_is_working_ && options_.needs.moments),
+               "offload.working_weights = \"derived\" makes bf16 working weights from AdamW's fp32 master: it needs "
+               "model.dtype = \"bf16\" and optim.type = \"adamw\" (set offload.working_weights = \"stored\")");
+  if (derived_layers_ > 0) alloc_derived_working(working_bytes);
+  else {
+    working_data_ = static_cast<char*>(dev_.alloc_pinned(working_bytes));
+    account(working_data_, working_bytes);
+    std::memset(working_data_, 0, working_bytes);
+  }
   if (master_is_working_) master_ = reinterpret_cast<float*>(working_data_);
   if (options_.weights_only) return;
   try {
@@ -233,7 +246,15 @@ void HostStore::release() {
   if (!master_is_working_) std::free(master_);
   std::free(m_);
   std::free(v_);
-  dev_.free_pinned(working_data_);
+  if (working_reserved_ > 0) {
+    for (const auto& [p, registered] : working_kept_)
+      if (registered > 0) dev_.unregister_host(p);
+    if (working_data_) munmap(working_data_, working_reserved_);
+    working_kept_.clear();
+    working_reserved_ = 0;
+  } else {
+    dev_.free_pinned(working_data_);
+  }
   if (grad_) dev_.free_pinned(grad_);
   master_ = grad_ = nullptr;
   m_ = v_ = nullptr;
@@ -280,7 +301,65 @@ void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t cou
 void HostStore::set_param(size_t row, const float* values) {
   const int64_t n = f32_[row].numel();
   if (!master_is_working_ && !options_.weights_only) write_state(StateArray::master, row, 0, n, values);
-  dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, size_t(n));
+  if (!row_derived(row)) dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, size_t(n));
+}
+
+// ---- derived working weights (offload.working_weights = "derived") ----------------------------
+
+// The arena as reserved address space: only the kept ranges (the embedding before the derived
+// layers, the NVMe groups' layers and the head after them) are touched and pinned; the derived
+// layers' pages in between are never touched and take no memory. Accounted by the kept bytes.
+void HostStore::alloc_derived_working(size_t working_bytes) {
+  constexpr size_t kPage = 4096;
+  working_reserved_ = std::max<size_t>((working_bytes + kPage - 1) / kPage * kPage, kPage);
+  void* p = mmap(nullptr, working_reserved_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  STRATA_CHECK_BUDGET(p != MAP_FAILED, "cannot reserve ", format_bytes(working_bytes),
+                      " of address space for the working weights: ", std::strerror(errno));
+  working_data_ = static_cast<char*>(p);
+  const size_t lo = groups_[1].working_offset;
+  const size_t hi = groups_[derived_layers_].working_offset + groups_[derived_layers_].working_bytes;
+  // whole pages around each kept range (at most a page of a derived layer's range in each; one
+  // range when the derived layers span less than a page)
+  const size_t lo_end = std::min(working_reserved_, (lo + kPage - 1) / kPage * kPage);
+  const size_t hi_begin = std::max(lo_end, hi / kPage * kPage);
+  const std::pair<size_t, size_t> kept[] = {{0, lo_end}, {hi_begin, working_reserved_}};
+  bool pinned = true;
+  for (const auto& [begin, end] : kept) {
+    if (end <= begin) continue;
+    char* at = working_data_ + begin;
+    std::memset(at, 0, end - begin);  // touched now, before pinning
+    const bool registered = dev_.register_host(at, end - begin);
+    pinned = pinned && registered;
+    working_kept_.push_back({at, registered ? end - begin : 0});
+  }
+  // the kept bytes exactly as the plan counts them (the working copy less the derived layers')
+  (pinned ? pinned_bytes_ : host_bytes_) += working_bytes - (hi - lo);
+}
+
+void HostStore::derive_working(size_t layer, char* dst) const {
+  STRATA_ASSERT(layer_derived(layer) && master_, "layer ", layer, "'s working copy is not derived");
+  const ParamGroup& g = groups_[1 + layer];
+  for (size_t r = g.first_row; r < g.end_row; ++r) {
+    const TensorSpec& w = working_[r];
+    const float* src = master_ + f32_[r].offset / 4;
+    const int64_t n = w.numel();
+    if (w.dtype == DType::f32) {  // norms (and biases) are f32 in the working copy too: the master itself
+      std::memcpy(dst + (w.offset - g.working_offset), src, size_t(n) * 4);
+      continue;
+    }
+    STRATA_ASSERT(w.dtype == DType::bf16, "a derived working copy is bf16 or f32, not ", dtype_name(w.dtype));
+    bf16* out = reinterpret_cast<bf16*>(dst + (w.offset - g.working_offset));
+    constexpr int64_t kPiece = int64_t(1) << 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t at = 0; at < n; at += kPiece) {
+      const int64_t end = std::min(n, at + kPiece);
+      for (int64_t i = at; i < end; ++i) out[i] = f32_to_bf16(src[i]);  // AdamW's rounding, vectorised
+    }
+  }
+}
+
+size_t HostStore::derived_staging_bytes() const {
+  return strata::derived_staging_bytes(HostStoreLayout{working_, f32_, groups_}, derived_layers_);
 }
 
 void HostStore::get_param(size_t row, float* values) const {

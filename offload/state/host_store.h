@@ -12,6 +12,9 @@
 // placement's few buffers), or split by group: the first groups in RAM, the rest on NVMe
 // (HostStoreOptions::nvme_first_group, offload/state/split_state.h). In f32 compute mode the master IS the working copy: no second f32
 // array (the two tables then have the same offsets).
+// With options.derived_working the decoder layers whose master is in RAM have no working copy:
+// the working arena is reserved address space whose pages for those layers are never touched (no
+// memory), and derive_working() makes a layer's working bytes from its master for an upload.
 // Sizes are accounted per tier (a pinned allocation that fell back to pageable memory counts
 // as host, not pinned); on a machine with several NUMA nodes the arrays are interleaved across
 // them (one node: said once, and nothing else changes). estimate() gives the same tiers' bytes
@@ -20,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/model_spec.h"
@@ -97,7 +101,24 @@ class HostStore {
     STRATA_ASSERT(grad_, "the store holds no gradients (the optimizer does not need them)");
     return grad_ + f32_[row].offset / 4;
   }
-  void* working_of(size_t row) { return working_data_ + working_[row].offset; }
+  void* working_of(size_t row) {
+    STRATA_ASSERT(!row_derived(row), "parameter ", f32_[row].name, " has no working copy (offload.working_weights = "
+                  "\"derived\": it is made from the master at upload)");
+    return working_data_ + working_[row].offset;
+  }
+
+  // offload.working_weights = "derived": layers [0, derived_layers()) keep no working copy.
+  size_t derived_layers() const { return derived_layers_; }
+  bool layer_derived(size_t layer) const { return layer < derived_layers_; }
+  bool row_derived(size_t row) const {
+    return derived_layers_ > 0 && row >= groups_[1].first_row && row < groups_[derived_layers_].end_row;
+  }
+  // Layer `layer`'s working bytes (its group's layout, working_bytes of them) made from its
+  // master into dst: what the working copy would hold, bit for bit. On the calling thread's
+  // OpenMP team.
+  void derive_working(size_t layer, char* dst) const;
+  // The pinned staging the uploads of derived layers need (0: none derived).
+  size_t derived_staging_bytes() const;
 
   // Values of one parameter as f32 (set writes master and the working copy), wherever the
   // master lives.
@@ -114,6 +135,7 @@ class HostStore {
 
  private:
   void release();
+  void alloc_derived_working(size_t working_bytes);  // the reserved arena (derived_layers_ > 0)
   void alloc_state_arrays(size_t floats);
   size_t state_at(StateArray a, size_t row, int64_t first, int64_t count) const;  // the byte offset, checked
 
@@ -122,6 +144,9 @@ class HostStore {
   HostStoreOptions options_;
   bool master_is_working_ = false;
   bool shared_ = false;  // the arrays are the caller's memory
+  size_t derived_layers_ = 0;
+  size_t working_reserved_ = 0;  // derived: the mmap'd arena's bytes (0: alloc_pinned's)
+  std::vector<std::pair<char*, size_t>> working_kept_;  // derived: the arena's kept ranges (bytes registered, 0: pageable)
   std::unique_ptr<StatePlacement> placement_;
   TensorTable working_, f32_;
   std::vector<ParamGroup> groups_;

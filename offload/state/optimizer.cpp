@@ -44,7 +44,9 @@ void HostAdamW::step_rows(size_t group, const AdamWParams& hyper, double weight_
   p.stochastic_round = moments == DType::bf16;
   for_each_row_piece(store_, placement_, group, [&](const RowPiece& pc) {
     const size_t r = pc.row;
-    char* working = in_place ? nullptr : static_cast<char*>(store_.working_of(r)) + pc.first * dtype_size(wt[r].dtype);
+    // no working copy to write: the f32 master is it, or it is derived at upload (offload.working_weights)
+    char* working = in_place || store_.row_derived(r) ? nullptr
+                                                      : static_cast<char*>(store_.working_of(r)) + pc.first * dtype_size(wt[r].dtype);
     p.weight_decay = wt[r].shape.size() == 2 ? weight_decay : 0.0;  // no decay on norms, biases
     if (p.stochastic_round) {
       adamw_round_keys(kMomentRoundSeed, hyper.step, r, p.round_key_m, p.round_key_v);

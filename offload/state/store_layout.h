@@ -3,6 +3,7 @@
 // optimizers and the plan read of the store without the store itself (offload/state/host_store.h
 // builds on it).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,7 +66,37 @@ struct HostStoreOptions {
   size_t nvme_block_bytes = 0;    // 0: 1 MiB (the I/O and checksum unit; tests use 4 KiB)
   size_t nvme_chunk_bytes = 0;    // 0: 64 MiB per array and buffer (a multiple of the block)
   int nvme_window = 3;            // buffers: one read ahead, one updated, one written back
+  // offload.working_weights = "derived": the decoder layers whose fp32 master is in RAM keep no
+  // working copy; each upload converts the master to the working dtype (round to nearest even,
+  // what AdamW writes) into a pinned staging buffer first (offload/stream/weight_stream.h). The
+  // same bits cross; 2 bytes a parameter less in RAM for bf16 weights. AdamW only (ZO-SGD
+  // perturbs the working copy), one store per process, bf16 working weights.
+  bool derived_working = false;
 };
+
+// The decoder layers [0, n) whose working copy is derived from the master at upload
+// (HostStoreOptions::derived_working): every layer whose master is in RAM (before a split's NVMe
+// groups), none without the option.
+inline size_t derived_working_layers(const HostStoreLayout& l, const HostStoreOptions& o) {
+  if (!o.derived_working || o.weights_only) return 0;
+  const size_t layers = l.groups.size() - 2;
+  if (!o.state_on_nvme) return layers;
+  return o.nvme_first_group <= 1 ? 0 : std::min(layers, o.nvme_first_group - 1);
+}
+
+// The working bytes of layers [0, n): what a derived working copy leaves out of RAM.
+inline size_t derived_working_bytes(const HostStoreLayout& l, size_t n) {
+  return n == 0 ? 0 : l.groups[n].working_offset + l.groups[n].working_bytes - l.groups[1].working_offset;
+}
+
+// The pinned staging a derived working copy converts into before each upload: two buffers (one
+// filled while the other's copy is in flight), each as large as the largest derived layer.
+inline constexpr size_t kDerivedStagingBuffers = 2;
+inline size_t derived_staging_bytes(const HostStoreLayout& l, size_t n) {
+  size_t largest = 0;
+  for (size_t layer = 0; layer < n; ++layer) largest = std::max(largest, l.groups[1 + layer].working_bytes);
+  return kDerivedStagingBuffers * largest;
+}
 
 // The f32 arena's bytes before group `first_group`, [0, groups[first_group].f32_offset): what the
 // RAM arrays of a split optimizer state cover (0 for the first group; the whole arena past the

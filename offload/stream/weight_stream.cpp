@@ -8,11 +8,25 @@
 
 namespace strata {
 
-WeightStream::WeightStream(Device& dev, std::vector<char*> slots)
+WeightStream::WeightStream(Device& dev, std::vector<char*> slots, size_t staging_bytes)
     : dev_(dev), slots_(std::move(slots)), held_(slots_.size(), -1) {
   for (size_t s = 0; s < slots_.size(); ++s) {
     loaded_.push_back(dev_.event_create());
     released_.push_back(dev_.event_create());
+  }
+  if (staging_bytes == 0 || slots_.empty()) return;
+  staging_each_ = staging_bytes / kDerivedStagingBuffers;
+  for (size_t k = 0; k < kDerivedStagingBuffers; ++k) {
+    staging_.push_back(static_cast<char*>(dev_.alloc_pinned(staging_each_)));
+    staged_.push_back(dev_.event_create());
+    staging_used_.push_back(false);
+  }
+}
+
+WeightStream::~WeightStream() {
+  for (size_t k = 0; k < staging_.size(); ++k) {
+    if (staging_used_[k]) dev_.event_synchronize(*staged_[k]);  // no copy still reads it
+    dev_.free_pinned(staging_[k]);
   }
 }
 
@@ -21,9 +35,23 @@ char* WeightStream::acquire(size_t block, HostBlock from, const std::function<vo
   const size_t s = slot_of(block);
   if (held_[s] != int64_t(block)) {
     if (before_upload) before_upload();
+    const char* src = from.src;
+    size_t k = staging_.size();
+    if (from.fill) {
+      STRATA_ASSERT(!staging_.empty() && from.bytes <= staging_each_, "a derived block of ", from.bytes,
+                    " bytes without staging for it (", staging_each_, " bytes a buffer)");
+      k = next_staging_++ % staging_.size();
+      if (staging_used_[k]) dev_.event_synchronize(*staged_[k]);
+      from.fill(staging_[k]);
+      src = staging_[k];
+    }
     dev_.stream_wait_event(Stream::h2d, *released_[s]);
-    dev_.copy_h2d(slots_[s], from.src, from.bytes, Stream::h2d);
+    dev_.copy_h2d(slots_[s], src, from.bytes, Stream::h2d);
     dev_.event_record(*loaded_[s], Stream::h2d);
+    if (k < staging_.size()) {
+      dev_.event_record(*staged_[k], Stream::h2d);
+      staging_used_[k] = true;
+    }
     held_[s] = int64_t(block);
   }
   dev_.stream_wait_event(Stream::compute, *loaded_[s]);
@@ -35,6 +63,7 @@ void WeightStream::release(size_t block) { dev_.event_record(*released_[slot_of(
 void WeightStream::invalidate() { std::fill(held_.begin(), held_.end(), -1); }
 
 char* ResidentBlock::acquire(HostBlock from, const std::function<void()>& before_upload) {
+  STRATA_ASSERT(!from.fill, "a resident block is never derived");
   if (stale_) {
     if (before_upload) before_upload();
     dev_.copy_h2d(dst_, from.src, from.bytes, Stream::compute);
@@ -76,12 +105,14 @@ LayerGradTensors layer_grads_in(const HostStore& store, char* base, size_t layer
 
 HostBlock layer_host_block(HostStore& store, size_t layer) {
   const ParamGroup& g = store.layer_group(layer);
-  return {store.working() + g.working_offset, g.working_bytes};
+  if (store.layer_derived(layer))
+    return {nullptr, g.working_bytes, [&store, layer](char* dst) { store.derive_working(layer, dst); }};
+  return {store.working() + g.working_offset, g.working_bytes, {}};
 }
 
 HostBlock tensor_host_block(HostStore& store, int64_t row) {
   const TensorSpec& t = store.working_table()[size_t(row)];
-  return {store.working() + t.offset, t.bytes()};
+  return {store.working() + t.offset, t.bytes(), {}};
 }
 
 HostBlock lm_head_chunk_block(HostStore& store, size_t chunk, int64_t rows) {
@@ -90,7 +121,7 @@ HostBlock lm_head_chunk_block(HostStore& store, size_t chunk, int64_t rows) {
   const size_t row_bytes = size_t(store.spec().config.hidden_size) * dtype_size(lm.dtype);
   const int64_t v0 = int64_t(chunk) * rows, vc = std::min(rows, V - v0);
   STRATA_ASSERT(vc > 0, "lm_head chunk ", chunk, " is past the vocabulary");
-  return {store.working() + lm.offset + size_t(v0) * row_bytes, size_t(vc) * row_bytes};
+  return {store.working() + lm.offset + size_t(v0) * row_bytes, size_t(vc) * row_bytes, {}};
 }
 
 }  // namespace strata

@@ -12,7 +12,10 @@
 //   loaded[s]    h2d (the upload into s)     compute (reading slot s)      reading weights not yet uploaded
 //   released[s]  compute (its last read)     h2d (the next upload into s)  overwriting weights still read
 // Host side: acquire()'s before_upload runs only when a copy is needed, before it is queued
-// (the engines wait there for an optimizer update of the block's working copy).
+// (the engines wait there for an optimizer update of the block's working copy). A filled block
+// (HostBlock::fill: a derived working copy) is written into the next staging buffer on the
+// calling thread, after the copy that last read that buffer has landed (a host wait on its
+// event), then copied from there like any other.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -24,16 +27,24 @@
 
 namespace strata {
 
-// A block of host weights: `bytes` at `src` (pinned memory of the host store's working copy).
+// A block of host weights: `bytes` at `src` (pinned memory of the host store's working copy),
+// or, for a layer whose working copy is derived (offload.working_weights = "derived"), `fill`,
+// which writes the block's bytes into a staging buffer the stream uploads from.
 struct HostBlock {
   const char* src = nullptr;
   size_t bytes = 0;
+  std::function<void(char*)> fill;
 };
 
 class WeightStream {
  public:
   // slots: device buffers, each as large as the largest block (none when nothing streams).
-  WeightStream(Device& dev, std::vector<char*> slots);
+  // staging_bytes > 0: the pinned staging of filled blocks, kDerivedStagingBuffers buffers of
+  // staging_bytes / kDerivedStagingBuffers bytes (HostStore::derived_staging_bytes), allocated here.
+  WeightStream(Device& dev, std::vector<char*> slots, size_t staging_bytes = 0);
+  ~WeightStream();
+  WeightStream(const WeightStream&) = delete;
+  WeightStream& operator=(const WeightStream&) = delete;
 
   size_t slot_count() const { return slots_.size(); }
   size_t slot_of(size_t block) const { return block % slots_.size(); }
@@ -51,6 +62,11 @@ class WeightStream {
   std::vector<char*> slots_;
   std::vector<int64_t> held_;  // the block each slot holds (-1: none, or stale)
   std::vector<std::unique_ptr<Event>> loaded_, released_;
+  // filled blocks: staging buffer k is refilled only after the copy out of it (staged_[k]) landed
+  std::vector<char*> staging_;
+  size_t staging_each_ = 0, next_staging_ = 0;
+  std::vector<std::unique_ptr<Event>> staged_;
+  std::vector<bool> staging_used_;
 };
 
 // One host block kept whole on the device (the final norm; lm_head with weights = "device"):

@@ -360,6 +360,7 @@ RecipeModes recipe_modes_parse(const Recipe& t, const Reader& r) {
   m.optimizer_tier = mode_parse<StateTier>(t.offload_optimizer, where("offload.optimizer"));
   m.accumulation = mode_parse<AccumulationMode>(t.offload_accumulation, where("offload.accumulation"));
   m.speculate = mode_parse<SpeculateMode>(t.offload_speculative_update, where("offload.speculative_update"));
+  m.working = mode_parse<WorkingMode>(t.offload_working_weights, where("offload.working_weights"));
   m.device = mode_parse<DeviceBackend>(t.device_backend, where("device.backend"));
   m.distributed = mode_parse<CommBackend>(t.distributed_backend, where("distributed.backend"));
   m.shared_host_store = mode_parse<Toggle>(t.distributed_shared_host_store, where("distributed.shared_host_store"));

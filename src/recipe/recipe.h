@@ -57,6 +57,7 @@ struct Recipe {
   std::string host_memory;  // unset: the machine's available memory
   std::string offload_optimizer = "auto";  // "auto" | "host" | "nvme": where fp32 master and moments live
   std::string offload_accumulation = "auto";  // "auto" | "layer_major" | "micro_batch" (the schedule over a step's micro-batches)
+  std::string offload_working_weights = "auto";  // "auto" | "stored" | "derived" (bf16 working copy made at upload)
   std::string offload_speculative_update = "auto";  // "auto" | "on" | "off" (clipped updates started before the norm)
   std::string nvme_path;    // directory for NVMe-placed state (strata's own subfolder inside it)
   std::string nvme_memory;  // unset: the free space of nvme_path minus 10%

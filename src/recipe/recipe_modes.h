@@ -31,6 +31,7 @@ struct RecipeModes {
   StateTier optimizer_tier = StateTier::automatic;
   AccumulationMode accumulation = AccumulationMode::automatic;
   SpeculateMode speculate = SpeculateMode::automatic;
+  WorkingMode working = WorkingMode::automatic;
   DeviceBackend device{};                                // device.backend (0: cpu)
   CommBackend distributed{};                             // distributed.backend (0: auto)
   Toggle shared_host_store = Toggle::automatic;

@@ -35,6 +35,7 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.sequence_len = rc.sequence_len;
   in.accumulation = rc.modes.accumulation;
   in.speculate = rc.modes.speculate;
+  in.working = rc.modes.working;
   in.accumulation_steps = rc.gradient_accumulation_steps;
   in.pair_rows = rc.modes.preference ? 2 : 1;
   in.global_batch = rc.global_batch_size;

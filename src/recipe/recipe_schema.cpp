@@ -118,6 +118,8 @@ constexpr RecipeKey kRecipeKeys[] = {
      "the schedule over a step's micro-batches: \"layer_major\" (every micro-batch through each layer while its weights are on the device: weights cross twice per step), \"micro_batch\" (one micro-batch at a time: twice per micro-batch) or \"auto\" (layer_major where it applies and fits); zo-sgd: the step's perturbations x micro-batches dual forwards, the weights once per step layer_major, once per dual forward micro_batch"},
     {"offload.speculative_update", "string", "\"auto\"", &Recipe::offload_speculative_update,
      "with optim.max_grad_norm > 0: \"on\" starts the AdamW of the last groups (head, last layers) as their gradients land in the last backward, before the global norm is known, their master and moments backed up in host RAM so a clipping norm redoes them exactly (bit-identical either way); as many groups as the host budget holds; \"auto\": where the step model finds it faster (never on the cpu backend); \"off\": never"},
+    {"offload.working_weights", "string", "\"auto\"", &Recipe::offload_working_weights,
+     "full fine-tuning in bf16 with AdamW: keep the decoder layers' bf16 working copy in RAM (\"stored\"), or make it from the fp32 master at each upload into a small pinned staging buffer (\"derived\": 2 bytes a parameter less in RAM, the same bits on the device, a host conversion per upload; layers whose state is on NVMe keep theirs); \"auto\": the placement plan's choice by the step model"},
     {"offload.host_memory", "size", "", &Recipe::host_memory,
      "host RAM budget for weights, optimizer state and staging (unset = the machine's available memory)"},
     {"offload.optimizer", "string", "\"auto\"", &Recipe::offload_optimizer,

@@ -193,6 +193,7 @@ class TrainRun {
   void release_model();
   void check_allocations_against_plan();
   void say_speculation() const;
+  void say_derived_working() const;
   void load_data();
   void plan_with_data();
   void load_weights();
@@ -559,6 +560,16 @@ void TrainRun::say_speculation() const {
   }
 }
 
+// offload.working_weights, said at start when layers are derived.
+void TrainRun::say_derived_working() const {
+  if (plan_.derived_working_layers == 0) return;
+  const size_t saved = derived_working_bytes(HostStore::layout(store_->spec()), plan_.derived_working_layers);
+  std::fprintf(stderr, "strata train: offload.working_weights = \"%s\": the bf16 working copy of %zu of %zu layers is "
+               "made from the fp32 master at each upload (%s less pinned RAM, staging included)\n",
+               mode_name(plan_in_.working), plan_.derived_working_layers, plan_.layers,
+               format_bytes(saved - plan_.bytes_of(kDerivedStagingKind)).c_str());
+}
+
 // The training and eval data, tokenized, and their bytes in the plan's inputs.
 void TrainRun::load_data() {
   data_ = training_data_load(rc_, cfg_.vocab_size);
@@ -585,6 +596,13 @@ void TrainRun::plan_with_data() {
                  long(built_group_), plan_.optimizer_kind == OptimizerKind::zo_sgd ? "dual forwards" : "micro-batches");
     release_model();
     set_up_model();
+  } else if (store_ && plan_.derived_working_layers != store_->derived_layers()) {
+    // the rows changed whether the layers' working copy is derived (offload.working_weights)
+    std::fprintf(stderr, "strata train: with the tokenized data (%s) counted, the plan %s the layers' working weights; "
+                 "setting up again\n", format_bytes(plan_in_.data_bytes).c_str(),
+                 plan_.derived_working_layers ? "derives" : "stores");
+    release_model();
+    set_up_model();
   }
   if (first_order_) {  // the rows may leave room for fewer speculated groups than the engine was built with
     first_order_->set_speculated_groups(plan_.speculate_first_group, plan_.speculate_end_group);
@@ -594,6 +612,7 @@ void TrainRun::plan_with_data() {
   placement_plan_check(plan_);
   if (!dist_.primary()) return;  // every rank plans the same; rank 0 says it and writes it
   say_speculation();
+  say_derived_working();
   std::fprintf(stderr, "strata train: placement plan\n%s", placement_plan_table(plan_).c_str());
   file_write_atomic(rc_.output_dir + "/plan.json", placement_plan_json(plan_).dump(1) + "\n");
 }

@@ -107,10 +107,12 @@ namespace {
 // forward_backward_last / forward_backward_group_last); clip: optim.max_grad_norm.
 // speculate_first > 0 (with gathered): groups from it to the RAM part's end update ahead of the
 // norm (offload.speculative_update), committed or redone once it is known.
+// derived: the layers with RAM state make their bf16 working copy from the master at each upload
+// (offload.working_weights = "derived").
 std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme, int accum = 1,
                                                             bool layer_major = false, size_t nvme_first_group = 0,
                                                             bool gathered = false, double clip = 1.0,
-                                                            size_t speculate_first = 0) {
+                                                            size_t speculate_first = 0, bool derived = false) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                       {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 6},
                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
@@ -123,7 +125,9 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   so.nvme_path = dir;
   so.nvme_block_bytes = 4096;
   so.nvme_chunk_bytes = 8192;
+  so.derived_working = derived;
   HostStore store(dev, model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16), so);
+  REQUIRE(store.derived_layers() == (!derived ? 0 : !on_nvme ? 6 : nvme_first_group > 1 ? nvme_first_group - 1 : 0));
   model_init_weights(store, 4);
   EngineOptions eo;
   eo.checkpoints = on_nvme ? CheckpointMode::nvme : CheckpointMode::host;
@@ -350,3 +354,22 @@ TEST_CASE("LoRA on the CUDA backend: a layer-major pass equals the micro-batch s
 }
 
 }  // namespace strata
+
+TEST_CASE("the CUDA backend: derived working weights train bit for bit like a stored working copy", "[cuda-emu][derived]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  for (bool layer_major : {false, true})
+    for (double clip : {1e-3, 0.0}) {
+      INFO((layer_major ? "layer-major" : "micro-batch") << ", clip " << clip);
+      const auto stored = nvme_run(*cuda, false, 2, layer_major, 0, clip > 0, clip);
+      const auto derived = nvme_run(*cuda, false, 2, layer_major, 0, clip > 0, clip, 0, true);
+      CHECK(derived.first == stored.first);  // losses, norms, and a forward on the last weights
+      REQUIRE(derived.second.size() == stored.second.size());
+      CHECK(std::memcmp(derived.second.data(), stored.second.data(), stored.second.size() * 4) == 0);
+    }
+  // the state split (groups 4.. on NVMe): layers 0..2 derived, the rest stored
+  const auto stored = nvme_run(*cuda, true, 1, false, 4);
+  const auto derived = nvme_run(*cuda, true, 1, false, 4, false, 1.0, 0, true);
+  CHECK(derived.first == stored.first);
+  CHECK(std::memcmp(derived.second.data(), stored.second.data(), stored.second.size() * 4) == 0);
+}

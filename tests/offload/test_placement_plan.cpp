@@ -115,6 +115,9 @@ PlanInputs plan_inputs(const std::string& checkpoints, const std::string& recomp
   in.checkpoints = checkpoint_mode_parse(checkpoints);
   in.recompute = recompute_mode_parse(recompute);
   in.optimizer = StateTier::host;
+  // the working copy stays stored: these tests make the host short to see the other moves
+  // (derived working weights: tests/offload/test_derived_working.cpp)
+  in.working = WorkingMode::stored;
   in.micro_batch = 2;
   in.sequence_len = 16;
   return in;

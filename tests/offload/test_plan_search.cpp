@@ -202,6 +202,7 @@ TEST_CASE("what to change: each entry applied alone saves what it says, and only
   const StepRates rates = gpu_rates();
   PlanInputs in = auto_inputs();
   in.optimizer = StateTier::host;  // the state must stay in RAM: the plan cannot fit by itself
+  in.working = WorkingMode::stored;  // and so must the working copy (derived would close the gap)
   const RunPlan ram = placement_plan(spec, in, PlanBudgets{}, rates);
   PlanBudgets b;
   b.host_bytes = ram.host_total() - (size_t(64) << 20);

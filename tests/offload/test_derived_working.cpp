@@ -1,0 +1,244 @@
+// Derived working weights (offload.working_weights = "derived"; HostStoreOptions::derived_working):
+// the decoder layers whose master is in RAM keep no bf16 working copy; each upload converts the
+// master into a pinned staging buffer first. The device must see the same bits as from a stored
+// copy, so every run here must equal the stored run to the bit: losses, norms, master, m, v, and
+// the layers' working bytes the stored run holds against what derive_working makes. The store's
+// memory must be what the plan counts, and the derived layers' pages are never touched.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <unistd.h>
+
+#include "offload/engine/engine.h"
+#include "offload/plan/placement_plan.h"
+#include "offload/plan/plan_search.h"
+#include "offload/state/model_io.h"
+#include "src/recipe/recipe_modes.h"
+#include "tests/seeded_inputs.h"
+#include "tests/testing.h"
+
+namespace strata {
+namespace {
+
+constexpr int kLayers = 3;  // groups: embedding, 3 layers, final norm + lm_head
+
+struct DerivedRun {
+  bool derived = false;
+  double clip = 1.0;
+  bool layer_major = false;
+  size_t nvme_first = 0;  // > 0: groups from it on keep their state on NVMe (and their working copy)
+  const char* weights = "stream";
+  size_t speculate_first = 0, speculate_end = 0;
+};
+
+struct Result {
+  std::vector<double> losses, norms;
+  std::vector<float> master;
+  std::vector<char> m, v;
+  std::vector<std::vector<char>> layer_working;  // each layer's working bytes (stored, or derived now)
+  double final_loss = 0;
+  size_t derived_layers = 0, pinned = 0, estimate_working = 0;
+};
+
+ModelConfig config() { return testing::tiny_llama_config({32, 48, kLayers, 300, 64, false}); }
+
+Result run(const DerivedRun& c, const std::string& tag) {
+  auto dev = device_create(DeviceOptions{});
+  testing::TempDir dir("derived_" + tag + "_" + std::to_string(::getpid()));  // ctest runs cases side by side
+  HostStoreOptions so;
+  so.derived_working = c.derived;
+  so.state_on_nvme = c.nvme_first > 0;
+  so.nvme_first_group = c.nvme_first;
+  so.nvme_path = dir.path.string();
+  so.nvme_block_bytes = 4096;
+  so.nvme_chunk_bytes = 8192;
+  const ModelSpec spec = model_spec_build(config(), DType::bf16);
+  HostStore store(*dev, spec, so);
+  model_init_weights(store, 11);
+  EngineOptions eo;
+  eo.weights = weights_mode_parse(c.weights);
+  eo.max_batch = 2;
+  eo.max_tokens = 17;
+  eo.group = c.layer_major ? 2 : 1;
+  eo.speculate_first_group = c.speculate_first;
+  eo.speculate_end_group = c.speculate_end;
+  Engine engine(*dev, store, eo);
+  Result r;
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<MicroBatch> mbs;
+    for (int a = 0; a < 2; ++a) mbs.push_back(testing::strided_batch(2, 17, 300, 37, step * 11 + a * 5));
+    StepWork w;
+    w.micro = &mbs;
+    w.counted = mbs[0].counted() + mbs[1].counted();
+    w.step = step;
+    w.hyper.lr = 2e-3;
+    w.hyper.step = step;
+    w.max_grad_norm = c.clip;
+    w.weight_decay = 0.01;
+    w.gradients_first = true;
+    const StepOutcome o = engine.train_step(w);
+    r.losses.insert(r.losses.end(), o.losses.begin(), o.losses.end());
+    r.norms.push_back(o.grad_norm);
+  }
+  r.final_loss = engine.forward_loss(testing::strided_batch(2, 17, 300, 37, 99));
+  engine.synchronize();
+  for (size_t row = 0; row < store.spec().params.size(); ++row) {
+    std::vector<float> v(size_t(store.f32_table()[row].numel()));
+    store.get_param(row, v.data());
+    r.master.insert(r.master.end(), v.begin(), v.end());
+  }
+  const size_t ram_bytes =
+      c.nvme_first > 0 ? f32_prefix_bytes(HostStore::layout(store.spec()), c.nvme_first) : store.f32_floats() * 4;
+  r.m.assign(static_cast<const char*>(store.m()), static_cast<const char*>(store.m()) + ram_bytes);
+  r.v.assign(static_cast<const char*>(store.v()), static_cast<const char*>(store.v()) + ram_bytes);
+  for (size_t l = 0; l < size_t(kLayers); ++l) {
+    const ParamGroup& g = store.layer_group(l);
+    std::vector<char> bytes(g.working_bytes);
+    if (store.layer_derived(l)) store.derive_working(l, bytes.data());
+    else std::memcpy(bytes.data(), store.working() + g.working_offset, g.working_bytes);
+    r.layer_working.push_back(std::move(bytes));
+  }
+  r.derived_layers = store.derived_layers();
+  r.pinned = store.pinned_bytes();
+  r.estimate_working = HostStore::estimate(spec, so).working;
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("derived working weights train bit for bit like a stored working copy", "[engine][derived]") {
+  const size_t groups = kLayers + 2;
+  struct Case {
+    const char* what;
+    DerivedRun base;
+    size_t derived_layers;  // what the store derives
+  };
+  const Case cases[] = {
+      {"micro-batch, clipping", {}, kLayers},
+      {"micro-batch, no clipping (updates as gradients land)", {false, 0.0}, kLayers},
+      {"layer-major, clipping", {false, 1.0, true}, kLayers},
+      {"layer-major, no clipping", {false, 0.0, true}, kLayers},
+      {"resident weights (uploaded once per step)", {false, 1.0, false, 0, "device"}, kLayers},
+      {"NVMe state from layer 2 on (layers 0 and 1 derived)", {false, 1.0, false, 3}, 2},
+      {"speculated updates redone", {false, 1e-3, false, 0, "stream", 2, groups}, kLayers},
+  };
+  int n = 0;
+  for (const Case& k : cases) {
+    INFO(k.what);
+    DerivedRun stored = k.base, derived = k.base;
+    derived.derived = true;
+    const Result s = run(stored, "s" + std::to_string(n)), d = run(derived, "d" + std::to_string(n));
+    ++n;
+    CHECK(s.derived_layers == 0);
+    CHECK(d.derived_layers == k.derived_layers);
+    CHECK(d.losses == s.losses);
+    CHECK(d.norms == s.norms);
+    CHECK(same_bits(d.master, s.master));
+    CHECK(d.m == s.m);
+    CHECK(d.v == s.v);
+    CHECK(d.layer_working == s.layer_working);  // what derive_working makes is the stored copy's bytes
+    CHECK(d.final_loss == s.final_loss);
+    // the store holds what its estimate counts: less each derived layer's working bytes
+    const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
+    CHECK(d.estimate_working == s.estimate_working - derived_working_bytes(layout, k.derived_layers));
+    CHECK(s.pinned - d.pinned == derived_working_bytes(layout, k.derived_layers));
+  }
+}
+
+TEST_CASE("derived working weights refuse what they cannot derive from", "[engine][derived]") {
+  auto dev = device_create(DeviceOptions{});
+  HostStoreOptions so;
+  so.derived_working = true;
+  SECTION("f32 weights: the master is the working copy") {
+    CHECK_THROWS_WITH(HostStore(*dev, model_spec_build(config(), DType::f32), so),
+                      Catch::Contains("offload.working_weights = \"stored\""));
+  }
+  SECTION("zo-sgd: no moments, and the update writes the working copy") {
+    so.needs = optimizer_state_needs(OptimizerKind::zo_sgd);
+    CHECK_THROWS_WITH(HostStore(*dev, model_spec_build(config(), DType::bf16), so),
+                      Catch::Contains("optim.type = \"adamw\""));
+  }
+  SECTION("every layer's state on NVMe: nothing derived, all stored") {
+    testing::TempDir dir("derived_all_nvme_" + std::to_string(::getpid()));
+    so.state_on_nvme = true;
+    so.nvme_first_group = 0;
+    so.nvme_path = dir.path.string();
+    so.nvme_block_bytes = 4096;
+    so.nvme_chunk_bytes = 8192;
+    HostStore store(*dev, model_spec_build(config(), DType::bf16), so);
+    CHECK(store.derived_layers() == 0);
+    CHECK(store.derived_staging_bytes() == 0);
+  }
+}
+
+TEST_CASE("the plan counts derived working weights and the search takes them when they fit best", "[plan][derived]") {
+  const ModelSpec spec = model_spec_build(testing::tiny_llama_config({64, 96, 6, 512, 64, false}), DType::bf16);
+  const HostStoreLayout layout = HostStore::layout(spec);
+  PlanInputs in;
+  in.micro_batch = 2;
+  in.sequence_len = 32;
+  in.accumulation_steps = 2;
+  in.weights = WeightsMode::stream;
+  in.device_in_host_ram = true;
+  PlanBudgets unlimited;
+  PlanChoice stored, derived;
+  derived.derive_working = true;
+  const RunPlan s = placement_plan_at(spec, in, 1, unlimited, stored);
+  const RunPlan d = placement_plan_at(spec, in, 1, unlimited, derived);
+  const size_t L = spec.layers.size();
+  CHECK(d.derived_working_layers == L);
+  CHECK(d.bytes_of("working weights (bf16)") == s.bytes_of("working weights (bf16)") - derived_working_bytes(layout, L));
+  CHECK(d.bytes_of(kDerivedStagingKind) == derived_staging_bytes(layout, L));
+  CHECK(s.bytes_of(kDerivedStagingKind) == 0);
+  CHECK(s.host_total() - d.host_total() == derived_working_bytes(layout, L) - derived_staging_bytes(layout, L));
+  CHECK(run_plan_store_options(d).derived_working);
+  CHECK_FALSE(run_plan_store_options(s).derived_working);
+
+  StepRates rates = plan_default_rates(in);
+  SECTION("no budget: the conversion only costs, so auto keeps the stored copy") {
+    const RunPlan p = placement_plan(spec, in, unlimited, rates);
+    CHECK(p.derived_working_layers == 0);
+  }
+  SECTION("a host budget between the two: auto derives, \"stored\" does not fit and says what to change") {
+    PlanBudgets tight;
+    tight.host_bytes = (s.host_total() + d.host_total()) / 2;
+    const RunPlan p = placement_plan(spec, in, tight, rates);
+    CHECK(p.fits());
+    CHECK(p.derived_working_layers == L);
+    PlanInputs keep = in;
+    keep.working = WorkingMode::stored;
+    const RunPlan q = placement_plan(spec, keep, tight, rates);
+    CHECK_FALSE(q.fits());
+    bool suggested = false;
+    for (const PlanChange& c : q.changes)
+      suggested = suggested || (c.set.contains("offload.working_weights") && c.fits);
+    CHECK(suggested);
+  }
+  SECTION("derived where it cannot apply is bad input naming why") {
+    PlanInputs lora = in;
+    lora.working = WorkingMode::derived;
+    lora.lora.r = 4;
+    CHECK_THROWS_WITH(placement_plan(spec, lora, unlimited, rates), Catch::Contains("LoRA"));
+    PlanInputs ranks = in;
+    ranks.working = WorkingMode::derived;
+    ranks.ranks = 2;
+    CHECK_THROWS_WITH(placement_plan(spec, ranks, unlimited, rates), Catch::Contains("ranks"));
+  }
+  SECTION("the step model prices each upload's conversion") {
+    PlanInputs v = plan_resolved_inputs(in, s);
+    const StepEstimate es = step_estimate(spec, v, s, 2, rates);
+    const StepEstimate ed = step_estimate(spec, v, d, 2, rates);
+    CHECK(es.bytes.derived_h2d == 0);
+    CHECK(ed.bytes.derived_h2d > 0);
+    CHECK(ed.bytes.h2d == es.bytes.h2d);  // the same bytes cross
+    CHECK(ed.components.at("host") - es.components.at("host") ==
+          Approx(3 * ed.bytes.derived_h2d / rates.host_bytes_per_s).epsilon(1e-9));
+    CHECK(ed.seconds > es.seconds);
+  }
+}
+
+}  // namespace strata
