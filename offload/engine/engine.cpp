@@ -483,6 +483,10 @@ void Engine::head_backward(float grad_scale) {
   const int64_t C = shape_.C;
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
   dev_.memset_zero(buf_.dhn, pass_.size() * act_floats() * sizeof(float), s);
+  // gradients in flight share one slot: each group must be updated as it lands, before the next
+  STRATA_ASSERT(lora_ || !store_.options().grads_in_flight || (landed_.active && landed_.update && !landed_.speculate),
+                "a backward that lands gradients without updating each group as it lands, on a store whose "
+                "gradients are in flight (HostStoreOptions::grads_in_flight)");
   float* lm_grad = lora_ ? nullptr : store_.grad_of(size_t(store_.spec().lm_head_row()));  // (V, C) host accumulation
   layer_pass_->for_each_head_chunk(true, [&](size_t k, int64_t v0, int64_t vc, const char* w) {
     const size_t b = (shape_.head_chunks - 1 - k) % shape_.head_slots;  // the step-th chunk of the walk: slot step % 2
@@ -636,7 +640,7 @@ void Engine::layer_grad_to_host(size_t i, char* grad_slot) {
   const size_t b = i % 2;
   const ParamGroup& grp = store_.layer_group(i);
   float* staging = buf_.grad_staging[b];
-  float* dst = store_.grad() + count_of<float>(grp.f32_offset);
+  float* dst = store_.group_grad(1 + i);
   const size_t count = count_of<float>(grp.f32_bytes);
   staging_ticket_[b] = stage_to_host({}, staging, grad_slot, grp.f32_bytes, ev_.grad_copied[i], staging_ticket_[b],
                                      [red = reduction_.get(), dst, staging, count] { red->add_dense(dst, staging, count); });
@@ -724,7 +728,7 @@ void Engine::zero_grads() {
     return;
   }
   STRATA_ASSERT(!speculation_pending(), "gradients zeroed between a speculated step's last pass and its optimizer_step");
-  std::memset(store_.grad(), 0, bytes_of<float>(int64_t(store_.f32_floats())));
+  std::memset(store_.grad(), 0, bytes_of<float>(int64_t(store_.grad_floats())));
   group_sq_gathered_ = false;
 }
 
@@ -809,7 +813,7 @@ void Engine::begin_optimizer_pass(bool landed) {
 
 double Engine::group_sum_of_squares(size_t gi) const {
   const ParamGroup& g = store_.groups()[gi];
-  return sum_of_squares(store_.grad() + count_of<float>(g.f32_offset), int64_t(count_of<float>(g.f32_bytes)));
+  return sum_of_squares(store_.group_grad(gi), int64_t(count_of<float>(g.f32_bytes)));
 }
 
 // Queued on the host right behind the last addition into group gi's gradient of the pass.

@@ -199,7 +199,7 @@ void plan_host(PlanParts& x, const PlanChoice& choice) {
     x.add("LoRA adapters: fp32 master, AdamW m and v", Tier::host, lb.state);
     x.add("LoRA adapters: gradient and device image", Tier::host_pinned, lb.pinned);
   } else {
-    if (needs.grads) x.add("fp32 gradient accumulation", Tier::host_pinned, f32_bytes);
+    if (needs.grads) x.add("fp32 gradient accumulation", Tier::host_pinned, grad_buffer_bytes(layout, p.grads_in_flight));
     if (aliased) {
       x.add("fp32 master weights (the f32 working copy)", first == 0 ? Tier::nvme : Tier::host, 0);
     } else {
@@ -292,6 +292,11 @@ void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
 }  // namespace
 
 
+bool placement_grads_in_flight(const PlanInputs& in, int64_t group) {
+  return in.optimizer_kind == OptimizerKind::adamw && !in.lora.enabled() && !in.clip_grad && in.ranks == 1 &&
+         group == std::max<int64_t>(1, in.accumulation_steps);
+}
+
 std::string placement_derived_working_obstacle(const ModelSpec& spec, const PlanInputs& in) {
   if (in.lora.enabled()) return "LoRA keeps the frozen base's working copy alone (no master to make it from)";
   if (in.optimizer_kind != OptimizerKind::adamw) return "zo-sgd perturbs and updates the working copy itself";
@@ -323,6 +328,7 @@ RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t g
   }
   STRATA_ASSERT(!choice.derive_working || placement_derived_working_obstacle(spec, in).empty(),
                 "derived working weights where they do not apply: ", placement_derived_working_obstacle(spec, in));
+  p.grads_in_flight = placement_grads_in_flight(in, group);
   PlanParts x{spec, in, p, HostStore::layout(spec), optimizer_state_needs(in.optimizer_kind)};
   x.zo = in.optimizer_kind == OptimizerKind::zo_sgd;
   x.shape = placement_engine_shape(spec, x.layout, in, group);
@@ -385,6 +391,7 @@ HostStoreOptions run_plan_store_options(const RunPlan& plan) {
   so.nvme_path = plan.budgets.nvme_dir;
   so.nvme_budget_bytes = plan.budgets.nvme_bytes;
   so.derived_working = plan.derived_working;
+  so.grads_in_flight = plan.grads_in_flight;
   return so;
 }
 

@@ -185,6 +185,9 @@ struct RunPlan {
   // in RAM (made from the master at upload; 0: all stored)
   bool derived_working = false;
   size_t derived_working_layers = 0;
+  // each group's gradient consumed as it lands (placement_grads_in_flight): the fp32 gradient
+  // buffer holds the embedding's and one slot (HostStoreOptions::grads_in_flight)
+  bool grads_in_flight = false;
   PlanBudgets budgets;                // and with them the NVMe directory and its budget
   std::vector<std::string> problems;  // what does not fit (empty: it fits)
   std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
@@ -213,6 +216,12 @@ struct PlanChoice {
   // the decoder layers with RAM master make their working copy at upload (HostStoreOptions::derived_working)
   bool derive_working = false;
 };
+
+// Whether a step's gradients are consumed group by group as they land (HostStoreOptions::
+// grads_in_flight): AdamW without LoRA, no clipping (each group updates as its gradient lands),
+// one rank, and one pass per step (`group` = the step's micro-batches: layer-major, or one
+// micro-batch a step), so that no group's gradient is added to twice.
+bool placement_grads_in_flight(const PlanInputs& in, int64_t group);
 
 // Why derived working weights do not apply to these inputs ("" when they do): LoRA, ZO-SGD, f32
 // weights, several ranks.

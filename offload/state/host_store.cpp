@@ -114,7 +114,7 @@ HostMemoryEstimate HostStore::estimate(const ModelSpec& spec, const HostStoreOpt
   const size_t ram_f32 = state_ram_f32_bytes(l, options);  // all, or the prefix before the NVMe groups
   e.master = aliased ? 0 : ram_f32;
   e.moments = options.needs.moments ? 2 * ram_f32 / 4 * dtype_size(options.moments) : 0;
-  e.grads = options.needs.grads ? f32_bytes : 0;
+  e.grads = options.needs.grads ? grad_buffer_bytes(l, options.grads_in_flight) : 0;
   if (options.state_on_nvme) {
     const NvmeStateSizes n = nvme_state_sizes(l, options, !aliased);
     e.nvme_buffers = n.host_bytes;
@@ -148,6 +148,7 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
     const HostStoreLayout placed{working_, f32_, groups_};
     derived_layers_ = derived_working_layers(placed, options_);
   }
+  STRATA_CHECK(!options_.grads_in_flight || options_.needs.grads, "gradients in flight need an optimizer that keeps gradients");
   STRATA_CHECK(derived_layers_ == 0 || (!master_is_working_ && options_.needs.moments),
                "offload.working_weights = \"derived\" makes bf16 working weights from AdamW's fp32 master: it needs "
                "model.dtype = \"bf16\" and optim.type = \"adamw\" (set offload.working_weights = \"stored\")");
@@ -161,9 +162,16 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
   if (options_.weights_only) return;
   try {
     if (options_.needs.grads) {
-      grad_ = static_cast<float*>(dev_.alloc_pinned(n * 4));
-      account(grad_, n * 4);
-      std::memset(grad_, 0, n * 4);
+      const HostStoreLayout placed{working_, f32_, groups_};
+      const size_t bytes = grad_buffer_bytes(placed, options_.grads_in_flight);
+      grad_floats_ = bytes / 4;
+      grad_slot_floats_ = (groups_[0].f32_offset + groups_[0].f32_bytes) / 4;
+      row_group_.assign(f32_.size(), 0);
+      for (size_t g = 0; g < groups_.size(); ++g)
+        for (size_t r = groups_[g].first_row; r < groups_[g].end_row; ++r) row_group_[r] = uint32_t(g);
+      grad_ = static_cast<float*>(dev_.alloc_pinned(bytes));
+      account(grad_, bytes);
+      std::memset(grad_, 0, bytes);
     }
     // master, m and v in RAM for all groups, or for those before the split; the rest on NVMe
     const HostStoreLayout placed{working_, f32_, groups_};

@@ -85,7 +85,16 @@ class HostStore {
   // Bytes per element of array a: 4 for the master, the moments' dtype size for m and v. A
   // placement's byte offsets into array a are element index x this.
   size_t state_elem_bytes(StateArray a) const { return a == StateArray::master ? 4 : dtype_size(options_.moments); }
+  // The fp32 gradient buffer (grad_floats() floats). With options().grads_in_flight it holds the
+  // embedding's group at its f32 offset and one slot after it that every other group uses in turn
+  // (store_layout.h): reach a row or a group through grad_of / group_grad, never by offset.
   float* grad() { return grad_; }
+  size_t grad_floats() const { return grad_floats_; }
+  float* group_grad(size_t group) {
+    STRATA_ASSERT(grad_, "the store holds no gradients (the optimizer does not need them)");
+    if (options_.grads_in_flight && group > 0) return grad_ + grad_slot_floats_;
+    return grad_ + groups_[group].f32_offset / 4;
+  }
   size_t f32_floats() const { return f32_.tier_bytes(Tier::host) / 4; }
   bool master_is_working() const { return master_is_working_; }
   StatePlacement& placement() {
@@ -99,7 +108,9 @@ class HostStore {
 
   float* grad_of(size_t row) {
     STRATA_ASSERT(grad_, "the store holds no gradients (the optimizer does not need them)");
-    return grad_ + f32_[row].offset / 4;
+    if (!options_.grads_in_flight) return grad_ + f32_[row].offset / 4;
+    const size_t g = row_group_[row];
+    return group_grad(g) + (f32_[row].offset - groups_[g].f32_offset) / 4;
   }
   void* working_of(size_t row) {
     STRATA_ASSERT(!row_derived(row), "parameter ", f32_[row].name, " has no working copy (offload.working_weights = "
@@ -145,6 +156,8 @@ class HostStore {
   bool master_is_working_ = false;
   bool shared_ = false;  // the arrays are the caller's memory
   size_t derived_layers_ = 0;
+  size_t grad_floats_ = 0, grad_slot_floats_ = 0;  // the gradient buffer; grads_in_flight: where its slot starts
+  std::vector<uint32_t> row_group_;                // each row's parameter group
   size_t working_reserved_ = 0;  // derived: the mmap'd arena's bytes (0: alloc_pinned's)
   std::vector<std::pair<char*, size_t>> working_kept_;  // derived: the arena's kept ranges (bytes registered, 0: pageable)
   std::unique_ptr<StatePlacement> placement_;

@@ -90,7 +90,7 @@ void HostAdamW::speculate(size_t group, const AdamWParams& hyper, double weight_
 
 void HostAdamW::commit(size_t group) {
   const ParamGroup& g = store_.groups()[group];
-  std::memset(store_.grad() + count_of<float>(g.f32_offset), 0, g.f32_bytes);  // consumed
+  std::memset(store_.group_grad(group), 0, g.f32_bytes);  // consumed (with gradients in flight: the slot is free)
 }
 
 void HostAdamW::redo(size_t group, const AdamWParams& hyper, double weight_decay, const char* backup) {

@@ -72,7 +72,22 @@ struct HostStoreOptions {
   // same bits cross; 2 bytes a parameter less in RAM for bf16 weights. AdamW only (ZO-SGD
   // perturbs the working copy), one store per process, bf16 working weights.
   bool derived_working = false;
+  // Each step's gradients are consumed group by group as they land (no clipping, one pass per
+  // step, one rank: the update of a group is queued on the host right behind the last addition
+  // into its gradient, and runs before the next group's first): then the fp32 gradient needs the
+  // embedding's own rows (a tied lm_head adds into them all backward) and one slot that every
+  // other group uses in turn, not the whole f32 arena. 4 bytes a parameter less in RAM.
+  bool grads_in_flight = false;
 };
+
+// The fp32 gradient's bytes the store allocates: the whole f32 arena, or with grads_in_flight
+// the embedding group's and one slot as large as the largest other group.
+inline size_t grad_buffer_bytes(const HostStoreLayout& l, bool in_flight) {
+  if (!in_flight) return l.f32.tier_bytes(Tier::host);
+  size_t slot = 0;
+  for (size_t g = 1; g < l.groups.size(); ++g) slot = std::max(slot, l.groups[g].f32_bytes);
+  return l.groups[0].f32_offset + l.groups[0].f32_bytes + slot;
+}
 
 // The decoder layers [0, n) whose working copy is derived from the master at upload
 // (HostStoreOptions::derived_working): every layer whose master is in RAM (before a split's NVMe

@@ -193,7 +193,7 @@ class TrainRun {
   void release_model();
   void check_allocations_against_plan();
   void say_speculation() const;
-  void say_derived_working() const;
+  void say_lean_state() const;
   void load_data();
   void plan_with_data();
   void load_weights();
@@ -560,8 +560,12 @@ void TrainRun::say_speculation() const {
   }
 }
 
-// offload.working_weights, said at start when layers are derived.
-void TrainRun::say_derived_working() const {
+// The leaner host state, said at start: gradients consumed as they land, derived working weights.
+void TrainRun::say_lean_state() const {
+  if (plan_.grads_in_flight)
+    std::fprintf(stderr, "strata train: each group's gradient is consumed as it lands (no clipping, one pass a step): "
+                 "the fp32 gradient buffer holds the embedding's and one group's, %s\n",
+                 format_bytes(plan_.bytes_of("fp32 gradient accumulation")).c_str());
   if (plan_.derived_working_layers == 0) return;
   const size_t saved = derived_working_bytes(HostStore::layout(store_->spec()), plan_.derived_working_layers);
   std::fprintf(stderr, "strata train: offload.working_weights = \"%s\": the bf16 working copy of %zu of %zu layers is "
@@ -612,7 +616,7 @@ void TrainRun::plan_with_data() {
   placement_plan_check(plan_);
   if (!dist_.primary()) return;  // every rank plans the same; rank 0 says it and writes it
   say_speculation();
-  say_derived_working();
+  say_lean_state();
   std::fprintf(stderr, "strata train: placement plan\n%s", placement_plan_table(plan_).c_str());
   file_write_atomic(rc_.output_dir + "/plan.json", placement_plan_json(plan_).dump(1) + "\n");
 }

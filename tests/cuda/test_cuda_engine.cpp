@@ -108,11 +108,13 @@ namespace {
 // speculate_first > 0 (with gathered): groups from it to the RAM part's end update ahead of the
 // norm (offload.speculative_update), committed or redone once it is known.
 // derived: the layers with RAM state make their bf16 working copy from the master at each upload
-// (offload.working_weights = "derived").
+// (offload.working_weights = "derived"). landing (layer-major, no clipping): each group updates as
+// its gradient lands; in_flight: with the store's gradients in flight (one slot, taken in turn).
 std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on_nvme, int accum = 1,
                                                             bool layer_major = false, size_t nvme_first_group = 0,
                                                             bool gathered = false, double clip = 1.0,
-                                                            size_t speculate_first = 0, bool derived = false) {
+                                                            size_t speculate_first = 0, bool derived = false,
+                                                            bool landing = false, bool in_flight = false) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
                       {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 6},
                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 300},
@@ -126,6 +128,7 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
   so.nvme_block_bytes = 4096;
   so.nvme_chunk_bytes = 8192;
   so.derived_working = derived;
+  so.grads_in_flight = in_flight;
   HostStore store(dev, model_spec_build(hf_config_parse(j.dump(), "test"), DType::bf16), so);
   REQUIRE(store.derived_layers() == (!derived ? 0 : !on_nvme ? 6 : nvme_first_group > 1 ? nvme_first_group - 1 : 0));
   model_init_weights(store, 4);
@@ -151,6 +154,11 @@ std::pair<std::vector<double>, std::vector<float>> nvme_run(Device& dev, bool on
     ap.lr = 1e-3;
     ap.step = step;
     const AdamWParams* ahead = speculate_first > 0 ? &ap : nullptr;
+    if (landing) {
+      for (double l : engine.forward_backward_group_update(mbs, scale, ap, 0.0)) losses.push_back(l);
+      losses.push_back(engine.landed_update_norm());
+      continue;
+    }
     if (layer_major) {
       for (double l : gathered ? engine.forward_backward_group_last(mbs, scale, ahead, 0.0) : engine.forward_backward_group(mbs, scale))
         losses.push_back(l);
@@ -353,8 +361,6 @@ TEST_CASE("LoRA on the CUDA backend: a layer-major pass equals the micro-batch s
   }
 }
 
-}  // namespace strata
-
 TEST_CASE("the CUDA backend: derived working weights train bit for bit like a stored working copy", "[cuda-emu][derived]") {
   auto cuda = cuda_testing::test_device();
   if (!cuda) return;
@@ -373,3 +379,18 @@ TEST_CASE("the CUDA backend: derived working weights train bit for bit like a st
   CHECK(derived.first == stored.first);
   CHECK(std::memcmp(derived.second.data(), stored.second.data(), stored.second.size() * 4) == 0);
 }
+
+TEST_CASE("the CUDA backend: gradients in flight train bit for bit like the whole gradient buffer", "[cuda-emu][lean-grads]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  for (bool derived : {false, true}) {
+    INFO((derived ? "derived working weights" : "stored working weights"));
+    const auto full = nvme_run(*cuda, false, 2, true, 0, false, 0.0, 0, derived, true, false);
+    const auto lean = nvme_run(*cuda, false, 2, true, 0, false, 0.0, 0, derived, true, true);
+    CHECK(lean.first == full.first);  // losses, norms, and a forward on the last weights
+    REQUIRE(lean.second.size() == full.second.size());
+    CHECK(std::memcmp(lean.second.data(), full.second.data(), full.second.size() * 4) == 0);
+  }
+}
+
+}  // namespace strata

@@ -1,9 +1,12 @@
-// Derived working weights (offload.working_weights = "derived"; HostStoreOptions::derived_working):
-// the decoder layers whose master is in RAM keep no bf16 working copy; each upload converts the
-// master into a pinned staging buffer first. The device must see the same bits as from a stored
-// copy, so every run here must equal the stored run to the bit: losses, norms, master, m, v, and
-// the layers' working bytes the stored run holds against what derive_working makes. The store's
-// memory must be what the plan counts, and the derived layers' pages are never touched.
+// The leaner exact host state (offload/state/store_layout.h), each checked against the full one
+// to the bit (losses, norms, master, m, v) and its memory against what the plan counts:
+//  - derived working weights (offload.working_weights = "derived"; HostStoreOptions::
+//    derived_working): the decoder layers whose master is in RAM keep no bf16 working copy; each
+//    upload converts the master into a pinned staging buffer first; the layers' working bytes a
+//    stored run holds must equal what derive_working makes;
+//  - gradients in flight (HostStoreOptions::grads_in_flight, chosen by the plan without clipping
+//    at one pass a step): the embedding's gradient and one slot the other groups take in turn.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
@@ -29,6 +32,7 @@ struct DerivedRun {
   size_t nvme_first = 0;  // > 0: groups from it on keep their state on NVMe (and their working copy)
   const char* weights = "stream";
   size_t speculate_first = 0, speculate_end = 0;
+  bool grads_in_flight = false;
 };
 
 struct Result {
@@ -37,7 +41,7 @@ struct Result {
   std::vector<char> m, v;
   std::vector<std::vector<char>> layer_working;  // each layer's working bytes (stored, or derived now)
   double final_loss = 0;
-  size_t derived_layers = 0, pinned = 0, estimate_working = 0;
+  size_t derived_layers = 0, pinned = 0, estimate_working = 0, estimate_grads = 0, grad_floats = 0;
 };
 
 ModelConfig config() { return testing::tiny_llama_config({32, 48, kLayers, 300, 64, false}); }
@@ -47,6 +51,7 @@ Result run(const DerivedRun& c, const std::string& tag) {
   testing::TempDir dir("derived_" + tag + "_" + std::to_string(::getpid()));  // ctest runs cases side by side
   HostStoreOptions so;
   so.derived_working = c.derived;
+  so.grads_in_flight = c.grads_in_flight;
   so.state_on_nvme = c.nvme_first > 0;
   so.nvme_first_group = c.nvme_first;
   so.nvme_path = dir.path.string();
@@ -75,7 +80,7 @@ Result run(const DerivedRun& c, const std::string& tag) {
     w.hyper.step = step;
     w.max_grad_norm = c.clip;
     w.weight_decay = 0.01;
-    w.gradients_first = true;
+    w.gradients_first = c.clip > 0;  // as the trainer: without clipping each group updates as it lands
     const StepOutcome o = engine.train_step(w);
     r.losses.insert(r.losses.end(), o.losses.begin(), o.losses.end());
     r.norms.push_back(o.grad_norm);
@@ -101,6 +106,8 @@ Result run(const DerivedRun& c, const std::string& tag) {
   r.derived_layers = store.derived_layers();
   r.pinned = store.pinned_bytes();
   r.estimate_working = HostStore::estimate(spec, so).working;
+  r.estimate_grads = HostStore::estimate(spec, so).grads;
+  r.grad_floats = store.grad_floats();
   return r;
 }
 
@@ -146,6 +153,44 @@ TEST_CASE("derived working weights train bit for bit like a stored working copy"
     const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
     CHECK(d.estimate_working == s.estimate_working - derived_working_bytes(layout, k.derived_layers));
     CHECK(s.pinned - d.pinned == derived_working_bytes(layout, k.derived_layers));
+  }
+}
+
+TEST_CASE("gradients in flight train bit for bit like the whole gradient buffer", "[engine][lean-grads]") {
+  const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
+  size_t largest_other = 0;
+  for (size_t g = 1; g < layout.groups.size(); ++g) largest_other = std::max(largest_other, layout.groups[g].f32_bytes);
+  struct Case {
+    const char* what;
+    DerivedRun base;
+  };
+  // no clipping, one pass a step: micro-batch steps of one micro-batch are not what run() does
+  // (two a step), so the micro-batch case here is layer-major's sibling with the same pass count
+  const Case cases[] = {
+      {"layer-major", {false, 0.0, true}},
+      {"layer-major, resident weights", {false, 0.0, true, 0, "device"}},
+      {"layer-major, NVMe state from layer 2 on", {false, 0.0, true, 3}},
+      {"layer-major, derived working weights too", {true, 0.0, true}},
+  };
+  int n = 0;
+  for (const Case& k : cases) {
+    INFO(k.what);
+    DerivedRun full = k.base, lean = k.base;
+    full.derived = false;
+    lean.grads_in_flight = true;
+    const Result f = run(full, "gf" + std::to_string(n)), l = run(lean, "gl" + std::to_string(n));
+    ++n;
+    CHECK(l.losses == f.losses);
+    CHECK(l.norms == f.norms);
+    CHECK(same_bits(l.master, f.master));
+    CHECK(l.m == f.m);
+    CHECK(l.v == f.v);
+    CHECK(l.final_loss == f.final_loss);
+    const size_t lean_bytes = layout.groups[0].f32_bytes + largest_other;
+    CHECK(l.grad_floats * 4 == lean_bytes);
+    CHECK(l.estimate_grads == lean_bytes);
+    CHECK(f.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
+    CHECK(lean_bytes < layout.f32.tier_bytes(Tier::host) / 2);
   }
 }
 
@@ -227,6 +272,23 @@ TEST_CASE("the plan counts derived working weights and the search takes them whe
     ranks.working = WorkingMode::derived;
     ranks.ranks = 2;
     CHECK_THROWS_WITH(placement_plan(spec, ranks, unlimited, rates), Catch::Contains("ranks"));
+  }
+  SECTION("gradients in flight: planned without clipping at one pass a step, and counted as allocated") {
+    PlanInputs v = in;
+    v.clip_grad = false;
+    const RunPlan lm = placement_plan_at(spec, v, 2, unlimited, stored);  // layer-major: the step's 2 together
+    CHECK(lm.grads_in_flight);
+    CHECK(run_plan_store_options(lm).grads_in_flight);
+    CHECK(lm.bytes_of("fp32 gradient accumulation") == grad_buffer_bytes(layout, true));
+    CHECK(grad_buffer_bytes(layout, true) < layout.f32.tier_bytes(Tier::host) / 2);
+    CHECK_FALSE(placement_plan_at(spec, v, 1, unlimited, stored).grads_in_flight);  // 2 passes add into each group
+    CHECK_FALSE(placement_plan_at(spec, in, 2, unlimited, stored).grads_in_flight);  // clipping needs them all
+    PlanInputs ranks = v;
+    ranks.ranks = 2;
+    CHECK_FALSE(placement_grads_in_flight(ranks, 2));
+    PlanInputs lora = v;
+    lora.lora.r = 4;
+    CHECK_FALSE(placement_grads_in_flight(lora, 2));
   }
   SECTION("the step model prices each upload's conversion") {
     PlanInputs v = plan_resolved_inputs(in, s);
