@@ -47,7 +47,15 @@ std::vector<int32_t> model_eos_ids(const std::string& model_dir, const ModelConf
 }
 
 std::string decode_text(const TextEncoder& enc, const std::vector<int32_t>& ids) {
-  if (const Tokenizer* tok = enc.tokenizer()) return tok->decode(ids, /*skip_special_tokens=*/true);
+  if (const Tokenizer* tok = enc.tokenizer()) {
+    // ids past the tokenizer's (a model's vocab_size padded beyond it) have no text: dropped, as
+    // Hugging Face tokenizers' decode drops ids it has no token for
+    std::vector<int32_t> known;
+    known.reserve(ids.size());
+    for (int32_t id : ids)
+      if (id >= 0 && id < tok->vocab_size()) known.push_back(id);
+    return tok->decode(known, /*skip_special_tokens=*/true);
+  }
   std::string text;  // bytes: ids are the bytes (an id >= 256 cannot come from text; shown as U+FFFD)
   for (int32_t id : ids) text += id < 256 ? std::string(1, char(id)) : std::string("\xEF\xBF\xBD");
   return text;

@@ -16,7 +16,8 @@ namespace strata {
 // when neither file names one.
 std::vector<int32_t> model_eos_ids(const std::string& model_dir, const ModelConfig& cfg);
 
-// Bytes: an id >= 256 (which no text gives) is shown as U+FFFD.
+// Ids the tokenizer has no token for (a padded vocab_size) are dropped, as Hugging Face's decode
+// drops them. Bytes: an id >= 256 (which no text gives) is shown as U+FFFD.
 std::string decode_text(const TextEncoder& enc, const std::vector<int32_t>& ids);
 
 }  // namespace strata
