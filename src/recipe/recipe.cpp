@@ -370,6 +370,10 @@ void check_grpo(const Recipe& rc, const Reader& r) {
   need(rc.grpo_reward_timeout > 0, "grpo.reward_timeout", " must be positive (seconds per step's batch)");
   need(rc.grpo_length_buffer >= 0, "grpo.length_buffer", " must be >= 0 (0 = max_completion_length / 4)");
   need(rc.grpo_log_completions >= 0, "grpo.log_completions", " must be >= 0 (0 = none)");
+  need(rc.eval_path.empty() && rc.eval_split == 0, rc.eval_path.empty() ? "data.eval_split" : "data.eval_path",
+       ": GRPO runs no eval pass in this version (its reward is measured on each step's own samples); remove it");
+  need(rc.prepared_dir.empty(), "data.prepared_dir", ": GRPO reads its prompts from data.path (they are small and not "
+       "packed); remove data.prepared_dir");
   need(!rc.lora_enabled, "train.objective", " = \"grpo\" trains the full model in this version: the generator has no "
        "LoRA adapters in its layer pass yet; remove [lora]");
   need(rc.modes.optimizer == OptimizerKind::adamw, "optim.type", " must be \"adamw\" with train.objective = \"grpo\"");

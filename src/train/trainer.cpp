@@ -990,6 +990,7 @@ void TrainRun::record(const StepResult& r) {
 // (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
 void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   if (!metrics_ || (r.step != first_step_ + 2 && r.step != first_step_ + 9)) return;
+  if (grpo_) return;  // the step model prices training alone, not a GRPO step's generation
   const StepRates rates = step_calibration_rates(peak_, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);
   PlanInputs in = plan_in_;
   in.weights = plan_.weights;  // as the plan resolved offload.weights = "auto"
