@@ -12,7 +12,7 @@ namespace strata {
 namespace {
 
 std::string data_file(const char* name, const std::string& text) {
-  const std::string path = testing::fresh_path("strata_grpo_data", name) + ".jsonl";
+  const std::string path = testing::process_dir("strata_grpo_data") + "/" + name + ".jsonl";
   testing::write_file(path, text);
   return path;
 }
