@@ -6,11 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
-#include "io/files.h"
 #include "io/generation_text.h"
 #include "src/core/error.h"
+#include "src/train/run_dir.h"
 #include "src/train/training_data.h"
 
 namespace strata {
@@ -114,19 +113,7 @@ GrpoTrainerOutcome GrpoTrainer::step(const std::vector<int64_t>& prompt_index, i
 }
 
 void grpo_completions_truncate(const std::string& output_dir, int64_t last_step) {
-  const std::string path = output_dir + "/completions.jsonl";
-  std::ifstream in(path);
-  if (!in) return;
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("step") && j["step"].get<int64_t>() <= last_step) kept += line + "\n";
-    } catch (const nlohmann::json::exception&) {
-      // a torn last line of an interrupted run: dropped
-    }
-  }
-  file_write_atomic(path, kept.data(), kept.size());
+  run_dir_truncate_steps(output_dir + "/completions.jsonl", last_step);
 }
 
 }  // namespace strata
