@@ -175,6 +175,10 @@ TEST_CASE("bad [grpo] values are refused naming the key", "[grpo][recipe]") {
   CHECK(testing::contains(refused({"lora.r=8"}), "remove [lora]"));
   CHECK(testing::contains(refused({"data.eval_split=0.1"}), "data.eval_split: GRPO runs no eval pass"));
   CHECK(testing::contains(refused({"data.prepared_dir=/tmp/p"}), "data.prepared_dir: GRPO reads its prompts"));
+  // strata prepare has nothing to tokenize ahead for GRPO, and says so
+  const testing::ProcessResult prep =
+      testing::run_strata("prepare " + testing::source_path("recipes/grpo-tiny/recipe.toml"));
+  testing::check_run(prep, 2, {"there is nothing to prepare"});
   // epsilon_high follows epsilon unless given, as TRL's None
   CHECK(grpo_tiny(out, {"grpo.epsilon=0.3"}).grpo_epsilon_high == 0.3);
   CHECK(grpo_tiny(out, {"grpo.epsilon=0.3", "grpo.epsilon_high=0.28"}).grpo_epsilon_high == 0.28);
