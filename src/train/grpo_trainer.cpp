@@ -69,6 +69,15 @@ GrpoTrainer::GrpoTrainer(const Recipe& rc, GrpoPromptData data, const ModelConfi
   const GeneratorShape shape{G_, data_.longest, data_.longest + rc.grpo_max_completion_length};
   step_ = std::make_unique<GrpoStep>(grpo_config_from(rc, std::move(eos)), dev, store, engine, shape, *rewards_,
                                      std::move(decode));
+  // The generator is built for each step's sampling in what the engine leaves of the device (the
+  // placement plan does not price it yet): a budget too small even for streamed weights and a
+  // spilled KV cache is said now (exit 3), not at step 1.
+  try {
+    Generator::placement_for(dev, store.spec(), shape);
+  } catch (const Error& e) {
+    throw Error(e.kind(), str_cat("GRPO's sampling, beside the training engine: ", e.what(), " (the keys of strata "
+                                  "train: device.memory, grpo.max_completion_length, grpo.num_generations)"));
+  }
   std::fprintf(stderr, "strata train: grpo: %ld prompts a step x %ld generations of at most %ld tokens (temperature %g), "
                "%ld update%s per generation batch, loss_type %s, rewards %s\n", long(prompts_per_step_), long(G_),
                long(rc.grpo_max_completion_length), rc.grpo_temperature, long(rc.grpo_num_iterations),
