@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "src/core/error.h"
+#include "io/generation_text.h"
 #include "src/train/grpo_data.h"
 #include "tests/testing.h"
 
@@ -71,6 +72,24 @@ TEST_CASE("GRPO prompt data: overlong prompts cut or dropped, bad lines named or
                           ":1: not valid JSON"));
   CHECK(testing::contains(testing::error_of([&] { grpo_prompts_read({data_file("empty", "\n"), 16}, bytes); }),
                           "holds no prompts"));
+}
+
+}  // namespace strata
+
+namespace strata {
+
+// A model's vocab_size may pad past its tokenizer (the tiny model: 640 rows, 595 tokens), and a
+// sampled completion may hold such an id: decoding drops it, as Hugging Face's decode does.
+TEST_CASE("generated ids past the tokenizer's vocabulary decode to nothing", "[grpo][data]") {
+  const TextEncoder tiny = TextEncoder::from_dir(testing::source_path("recipes/sft-tiny/models/tiny"));
+  REQUIRE(tiny.vocab_size() == 595);
+  const std::vector<int32_t> ids = tiny.encode_text("7+1=8");
+  std::vector<int32_t> padded = {626};
+  padded.insert(padded.end(), ids.begin(), ids.end());
+  padded.push_back(639);
+  CHECK(decode_text(tiny, padded) == "7+1=8");
+  CHECK(decode_text(tiny, ids) == "7+1=8");
+  CHECK(decode_text(TextEncoder::bytes(), {'o', 'k', 300}) == "ok\xEF\xBF\xBD");  // bytes: U+FFFD
 }
 
 }  // namespace strata
