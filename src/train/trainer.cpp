@@ -934,9 +934,12 @@ void TrainRun::show(const StepResult& r) {
   if (!r.preference.is_null())
     report.extra = str_cat("margin ", r.preference["rewards/margins"].get<double>(), " acc ",
                            r.preference["rewards/accuracies"].get<double>());
-  if (grpo_)
-    report.extra = str_cat("reward ", r.extra["reward"].get<double>(), " gen ", r.extra["generation_s"].get<double>(),
-                           " s");
+  if (grpo_) {  // the step's mean reward and its time sampling
+    char text[64];
+    std::snprintf(text, sizeof text, "reward %.3f  gen %.2fs", r.extra["reward"].get<double>(),
+                  r.extra["generation_s"].get<double>());
+    report.extra = text;
+  }
   progress_.step(report);
 }
 
