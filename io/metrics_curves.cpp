@@ -29,6 +29,7 @@ MetricsCurves metrics_read_curves(const std::string& path) {
   std::map<int64_t, std::pair<double, double>> train;  // step -> (loss, lr); the last record wins
   std::map<int64_t, double> eval;
   std::map<int64_t, std::pair<double, double>> pref, eval_pref;  // step -> (margins, accuracies)
+  std::map<int64_t, double> reward;  // step -> GRPO's mean reward
   std::map<int64_t, std::array<double, 3>> workers;  // step -> (loss spread, grad-norm spread, cosine)
   MetricsCurves out;
   std::string line;
@@ -57,6 +58,7 @@ MetricsCurves metrics_read_curves(const std::string& path) {
     if (rec.contains("eval_loss")) eval[s] = metrics_number(rec, "eval_loss", where);
     if (rec.contains("loss"))
       pref[s] = {metrics_number(rec, "rewards/margins", where), metrics_number(rec, "rewards/accuracies", where)};
+    if (rec.contains("loss")) reward[s] = metrics_number(rec, "reward", where);
     if (rec.contains("loss")) workers.erase(s);  // the last record of a step wins
     if (rec.contains("loss") && rec.contains("workers")) {
       const nlohmann::json& w = rec["workers"];
@@ -79,6 +81,7 @@ MetricsCurves metrics_read_curves(const std::string& path) {
     out.eval_loss.push_back(v);
   }
   for (auto& [s, v] : pref) out.margins.push_back(v.first), out.accuracies.push_back(v.second);
+  for (auto& [s, v] : reward) out.reward.push_back(v);
   for (auto& [s, v] : eval_pref) out.eval_margins.push_back(v.first), out.eval_accuracies.push_back(v.second);
   for (auto& [s, v] : workers) {
     out.worker_steps.push_back(s);
@@ -87,6 +90,12 @@ MetricsCurves metrics_read_curves(const std::string& path) {
     out.worker_cosine.push_back(v[2]);
   }
   return out;
+}
+
+bool MetricsCurves::has_reward() const {
+  for (double x : reward)
+    if (std::isfinite(x)) return true;
+  return false;
 }
 
 bool MetricsCurves::has_preference() const {

@@ -17,6 +17,8 @@ struct MetricsCurves {
   std::vector<double> margins, accuracies;            // "rewards/margins", "rewards/accuracies"
   std::vector<double> eval_margins, eval_accuracies;  // "eval_rewards/margins", "eval_rewards/accuracies"
   bool has_preference() const;                        // any of the four is finite
+  std::vector<double> reward;                         // GRPO: "reward" (the mean total reward) per step
+  bool has_reward() const;                            // any finite
   // data parallel (distributed.diagnostics_steps): the "workers" record of the steps that have one
   std::vector<int64_t> worker_steps;                  // ascending, each once
   std::vector<double> worker_loss_spread, worker_grad_norm_spread, worker_cosine;  // per worker step

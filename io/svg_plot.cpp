@@ -270,6 +270,8 @@ std::string svg_plot_training(const MetricsCurves& c, const std::string& title) 
     extra.push_back({"accuracies", "reward accuracy", 0, 1, {{"accuracies", &c.steps, &c.accuracies, kMarginColor, false},
                                                              {"eval-accuracies", &c.eval_steps, &c.eval_accuracies, kEvalColor, true}}});
   }
+  if (c.has_reward())  // GRPO: the mean total reward of each step's completions
+    extra.push_back({"reward", "mean reward", 0, 0, {{"reward", &c.steps, &c.reward, kMarginColor, false}}});
   if (!plot_decimate(c.worker_cosine, SIZE_MAX).empty() || !plot_decimate(c.worker_loss_spread, SIZE_MAX).empty()) {
     extra.push_back({"worker-loss-spread", "loss spread (ranks)", 0, 0,
                      {{"worker-loss-spread", &c.worker_steps, &c.worker_loss_spread, kWorkerColor, false}}});

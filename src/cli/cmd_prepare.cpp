@@ -72,6 +72,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
   int rc_code = 0;
   if (!parse_args(app, args, &rc_code)) return rc_code;
   const Recipe rc = recipe_load(recipe_path, overrides);
+  STRATA_CHECK(rc.objective != "grpo", rc.source_path, ": train.objective = \"grpo\" reads its prompts from data.path "
+               "when the run starts (they are not packed into rows): there is nothing to prepare; run strata train");
   STRATA_CHECK(!rc.prepared_dir.empty(), rc.source_path, ": data.prepared_dir is not set: add prepared_dir = \"DIR\" "
                "under [data], or pass data.prepared_dir=DIR");
   const ModelConfig cfg = hf_config_load(rc.model_path.empty() ? rc.model_config : rc.model_path);

@@ -141,6 +141,38 @@ void value_store(const RecipeKey& k, const toml::node& n, const std::string& whe
   out = std::move(v);
 }
 
+// A list of numbers ("1.0, 0.5" as one string too): grpo.reward_weights.
+void value_store(const RecipeKey& k, const toml::node& n, const std::string& where, std::vector<double>& out) {
+  std::vector<double> v;
+  auto number = [&](const std::string& text) {
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    STRATA_CHECK(used > 0 && std::isfinite(x), where, ": ", k.name, " must be a list of finite numbers, e.g. [1.0, 0.5]"
+                 " (it holds \"", text, "\")");
+    v.push_back(x);
+  };
+  if (auto* str = n.as_string()) {
+    std::string item;
+    std::istringstream is(str->get());
+    while (std::getline(is, item, ','))
+      if (item.find_first_not_of(' ') != std::string::npos) number(item);
+  } else {
+    STRATA_CHECK(n.is_array(), where, ": ", k.name, " must be a list of numbers, e.g. [1.0, 0.5]");
+    for (const toml::node& e : *n.as_array()) {
+      STRATA_CHECK(e.is_number(), where, ": ", k.name, " must be a list of numbers", shown(e));
+      const double x = e.is_integer() ? double(e.as_integer()->get()) : e.as_floating_point()->get();
+      STRATA_CHECK(std::isfinite(x), where, ": ", k.name, " holds ", x, "; write finite numbers");
+      v.push_back(x);
+    }
+  }
+  out = std::move(v);
+}
+
 void collect(const toml::table& t, const std::string& prefix, Reader& r) {
   for (auto&& [k, v] : t) {
     std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
@@ -203,9 +235,11 @@ void read_keys(Recipe& rc, const Reader& r) {
 // What the rows cannot say: the objective decides preference.beta's default, a [lora] table or a
 // lora.* override turns LoRA on, and whether optim.max_grad_norm was given at all.
 void read_dependent(Recipe& rc, const Reader& r) {
-  const char* objectives[] = {"sft", "dpo", "ipo", "simpo", "orpo"};
+  const char* objectives[] = {"sft", "dpo", "ipo", "simpo", "orpo", "grpo"};
   STRATA_CHECK(std::find(std::begin(objectives), std::end(objectives), rc.objective) != std::end(objectives),
-               r.where("train.objective"), ": train.objective must be \"sft\", \"dpo\", \"ipo\", \"simpo\" or \"orpo\"");
+               r.where("train.objective"), ": train.objective must be \"sft\", \"dpo\", \"ipo\", \"simpo\", \"orpo\" "
+               "or \"grpo\"");
+  if (!r.get("grpo.epsilon_high")) rc.grpo_epsilon_high = rc.grpo_epsilon;  // TRL: None is epsilon
   if (!r.get("preference.beta")) rc.preference_beta = rc.objective == "simpo" ? 2.0 : 0.1;  // TRL's defaults
   STRATA_CHECK(rc.preference_beta > 0, r.where("preference.beta"), ": preference.beta must be positive");
   rc.max_grad_norm_set = r.get("optim.max_grad_norm") != nullptr;
@@ -254,10 +288,10 @@ void check_model_data_train(const Recipe& rc, const Reader& r) {
   STRATA_CHECK(rc.max_steps > 0 || rc.num_train_epochs > 0, r.origin,
                ": set train.max_steps or a positive train.num_train_epochs");
   STRATA_CHECK(rc.eval_steps >= 0, r.where("train.eval_steps"), ": train.eval_steps must be >= 0");
-  const char* formats[] = {"auto", "text", "jsonl", "alpaca", "sharegpt", "messages", "preference", "tokens"};
+  const char* formats[] = {"auto", "text", "jsonl", "alpaca", "sharegpt", "messages", "preference", "tokens", "prompt"};
   STRATA_CHECK(std::find(std::begin(formats), std::end(formats), rc.data_format) != std::end(formats), r.where("data.format"),
                ": data.format must be one of \"auto\", \"text\", \"jsonl\", \"alpaca\", \"sharegpt\", "
-               "\"messages\", \"preference\", \"tokens\"");
+               "\"messages\", \"preference\", \"tokens\", \"prompt\"");
   STRATA_CHECK(rc.train_on == "assistant" || rc.train_on == "last" || rc.train_on == "all", r.where("data.train_on"),
                ": data.train_on must be \"assistant\", \"last\" or \"all\"");
   STRATA_CHECK(rc.overlong == "truncate" || rc.overlong == "drop", r.where("data.overlong"),
@@ -282,6 +316,67 @@ void check_lora(const Recipe& rc, const Reader& r) {
   STRATA_CHECK(rc.modes.optimizer == OptimizerKind::adamw, r.where("optim.type"), ": LoRA trains with optim.type = \"adamw\"");
   STRATA_CHECK(rc.modes.optimizer_tier != StateTier::nvme, r.where("offload.optimizer"), ": with LoRA the base has no optimizer "
                "state (the adapters' is small and stays in RAM); set offload.optimizer = \"auto\"");
+}
+
+// [grpo] and data.format = "prompt" (they go together): every bad value names its key.
+void check_grpo(const Recipe& rc, const Reader& r) {
+  const bool grpo = rc.objective == "grpo";
+  STRATA_CHECK(grpo == (rc.data_format == "prompt") || (grpo && rc.data_format == "auto"), r.where("data.format"),
+               grpo ? ": train.objective = \"grpo\" samples completions for prompts: set data.format = \"prompt\" "
+                      "({\"prompt\"} or {\"messages\"} JSONL records)"
+                    : ": data.format = \"prompt\" holds prompts without answers, for train.objective = \"grpo\"; "
+                      "set train.objective = \"grpo\" or another data.format");
+  if (!grpo) return;
+  auto need = [&](bool ok, const char* key, const std::string& what) { STRATA_CHECK(ok, r.where(key), ": ", key, what); };
+  need(rc.grpo_num_generations >= 2, "grpo.num_generations", str_cat(" = ", rc.grpo_num_generations,
+       " must be at least 2: a group's mean is each completion's baseline"));
+  const int64_t rows = rc.global_batch_size > 0 ? rc.global_batch_size : rc.micro_batch_size * rc.gradient_accumulation_steps;
+  need(rows % rc.grpo_num_generations == 0, "grpo.num_generations",
+       str_cat(" (", rc.grpo_num_generations, ") must divide the completions per step, ", rc.global_batch_size > 0
+               ? std::string("train.global_batch_size") : str_cat("train.micro_batch_size x gradient_accumulation_steps = ",
+               rc.micro_batch_size, " x ", rc.gradient_accumulation_steps), " = ", rows,
+               " (as TRL requires): change one of them"));
+  need(rc.grpo_max_completion_length >= 1, "grpo.max_completion_length", " must be at least 1");
+  need(rc.grpo_max_completion_length + 2 <= rc.sequence_len, "grpo.max_completion_length",
+       str_cat(" (", rc.grpo_max_completion_length, ") leaves no room for a prompt in data.sequence_len (",
+               rc.sequence_len, "): raise data.sequence_len to the longest prompt + max_completion_length"));
+  need(rc.grpo_temperature > 0, "grpo.temperature", " must be positive (1.0 samples the model as it is)");
+  need(rc.grpo_top_p > 0 && rc.grpo_top_p <= 1, "grpo.top_p", " must be in (0, 1] (1.0 = off)");
+  need(rc.grpo_top_k >= 0, "grpo.top_k", " must be >= 0 (0 = off)");
+  need(rc.grpo_beta >= 0, "grpo.beta", " must be >= 0 (0 = no KL term, TRL's default)");
+  need(rc.grpo_beta == 0, "grpo.beta", " > 0 (a KL term to the starting model) is not built in strata train yet; set "
+       "grpo.beta = 0 (TRL's default)");
+  need(rc.grpo_epsilon >= 0 && rc.grpo_epsilon < 1, "grpo.epsilon", " must be in [0, 1) (TRL's default 0.2)");
+  need(rc.grpo_epsilon_high >= 0, "grpo.epsilon_high", " must be >= 0 (unset: epsilon's value)");
+  need(rc.grpo_num_iterations >= 1, "grpo.num_iterations", " must be at least 1");
+  const char* losses[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
+  need(std::find(std::begin(losses), std::end(losses), rc.grpo_loss_type) != std::end(losses), "grpo.loss_type",
+       str_cat(" must be \"grpo\", \"bnpo\", \"dr_grpo\" or \"dapo\" (not \"", rc.grpo_loss_type, "\")"));
+  need(rc.grpo_scale_rewards == "group" || rc.grpo_scale_rewards == "batch" || rc.grpo_scale_rewards == "none",
+       "grpo.scale_rewards", str_cat(" must be \"group\", \"batch\" or \"none\" (not \"", rc.grpo_scale_rewards, "\")"));
+  for (const std::string& f : rc.grpo_reward_funcs)
+    need(f == "accuracy" || f == "format" || f == "json" || f == "length" || f == "command", "grpo.reward_funcs",
+         str_cat(" names \"", f, "\"; the built-in rewards are accuracy, format, json and length (an external "
+                 "program: grpo.reward_command)"));
+  need(!rc.grpo_reward_funcs.empty() || !rc.grpo_reward_command.empty(), "grpo.reward_funcs",
+       " is empty and grpo.reward_command unset: GRPO needs a reward (e.g. reward_funcs = [\"accuracy\"])");
+  const bool format = std::find(rc.grpo_reward_funcs.begin(), rc.grpo_reward_funcs.end(), "format") != rc.grpo_reward_funcs.end();
+  need(!format || !rc.grpo_format_regex.empty(), "grpo.format_regex", " is needed by the reward function format");
+  const size_t funcs = rc.grpo_reward_funcs.size() + (rc.grpo_reward_command.empty() ||
+      std::find(rc.grpo_reward_funcs.begin(), rc.grpo_reward_funcs.end(), "command") != rc.grpo_reward_funcs.end() ? 0 : 1);
+  need(rc.grpo_reward_weights.empty() || rc.grpo_reward_weights.size() == funcs, "grpo.reward_weights",
+       str_cat(" has ", rc.grpo_reward_weights.size(), " entries for ", funcs, " reward functions (reward_funcs",
+               rc.grpo_reward_command.empty() ? "" : ", then the command", ")"));
+  need(rc.grpo_reward_timeout > 0, "grpo.reward_timeout", " must be positive (seconds per step's batch)");
+  need(rc.grpo_length_buffer >= 0, "grpo.length_buffer", " must be >= 0 (0 = max_completion_length / 4)");
+  need(rc.grpo_log_completions >= 0, "grpo.log_completions", " must be >= 0 (0 = none)");
+  need(rc.eval_path.empty() && rc.eval_split == 0, rc.eval_path.empty() ? "data.eval_split" : "data.eval_path",
+       ": GRPO runs no eval pass in this version (its reward is measured on each step's own samples); remove it");
+  need(rc.prepared_dir.empty(), "data.prepared_dir", ": GRPO reads its prompts from data.path (they are small and not "
+       "packed); remove data.prepared_dir");
+  need(!rc.lora_enabled, "train.objective", " = \"grpo\" trains the full model in this version: the generator has no "
+       "LoRA adapters in its layer pass yet; remove [lora]");
+  need(rc.modes.optimizer == OptimizerKind::adamw, "optim.type", " must be \"adamw\" with train.objective = \"grpo\"");
 }
 
 void check_distributed(const Recipe& rc, const Reader& r) {
@@ -353,7 +448,7 @@ RecipeModes recipe_modes_parse(const Recipe& t, const Reader& r) {
   auto where = [&r](const char* key) { return r.where(key); };
   RecipeModes m;
   m.optimizer = mode_parse<OptimizerKind>(t.optim_type, where("optim.type"));
-  if (t.objective != "sft") m.preference = mode_parse<PreferenceObjective>(t.objective, where("train.objective"));
+  if (t.objective != "sft" && t.objective != "grpo") m.preference = mode_parse<PreferenceObjective>(t.objective, where("train.objective"));
   m.weights = mode_parse<WeightsMode>(t.offload_weights, where("offload.weights"));
   m.checkpoints = mode_parse<CheckpointMode>(t.offload_checkpoints, where("offload.checkpoints"));
   m.recompute = mode_parse<RecomputeMode>(t.offload_recompute, where("offload.recompute"));
@@ -383,6 +478,7 @@ Recipe recipe_parse(const std::string& text, const std::string& origin,
   make_paths_absolute(rc, r);
   check_model_data_train(rc, r);
   check_lora(rc, r);
+  check_grpo(rc, r);
   check_distributed(rc, r);
   check_train_optim(rc, r);
   check_offload_device(rc, r);
@@ -400,7 +496,8 @@ namespace {
 // left out whole).
 bool toml_leaves_out(const Recipe& rc, const RecipeKey& k) {
   const std::string_view name = k.name;
-  if (name.rfind("preference.", 0) == 0) return rc.objective == "sft";
+  if (name.rfind("preference.", 0) == 0) return rc.objective == "sft" || rc.objective == "grpo";
+  if (name.rfind("grpo.", 0) == 0) return rc.objective != "grpo";
   if (name.rfind("lora.", 0) == 0 && !rc.lora_enabled) return true;
   if (name.rfind("model.init_", 0) == 0) return rc.model_config.empty();
   auto* text = std::get_if<std::string Recipe::*>(&k.field);
@@ -411,11 +508,20 @@ bool toml_leaves_out(const Recipe& rc, const RecipeKey& k) {
 void toml_write(std::ostream& os, const RecipeKey& k, const std::string& v) {
   if ((is_key(k, "distributed.shared_host_store") || is_key(k, "train.router_aux_loss")) && v != "auto")
     os << v;  // true | false, unquoted
-  else os << '"' << v << '"';
+  else {
+    os << '"';
+    for (char ch : v) os << (ch == '"' || ch == '\\' ? "\\" : "") << ch;  // TOML basic string escapes
+    os << '"';
+  }
 }
 void toml_write(std::ostream& os, const RecipeKey&, int64_t v) { os << v; }
 void toml_write(std::ostream& os, const RecipeKey&, double v) { os << v; }
 void toml_write(std::ostream& os, const RecipeKey&, bool v) { os << (v ? "true" : "false"); }
+void toml_write(std::ostream& os, const RecipeKey&, const std::vector<double>& v) {
+  os << '[';
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << ']';
+}
 void toml_write(std::ostream& os, const RecipeKey&, const std::vector<std::string>& v) {
   os << '[';
   for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << '"' << v[i] << '"';

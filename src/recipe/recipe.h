@@ -36,11 +36,24 @@ struct Recipe {
   bool micro_batch_size_set = false, gradient_accumulation_steps_set = false;  // given in the recipe
   double num_train_epochs = 1.0;
   int64_t log_steps = 1, eval_steps = 0;
-  std::string objective = "sft";  // "sft", or a preference objective: "dpo", "ipo", "simpo", "orpo"
+  std::string objective = "sft";  // "sft", a preference objective ("dpo", "ipo", "simpo", "orpo") or "grpo"
   std::string router_aux_loss = "auto";  // "auto" | "true" | "false": MoE load-balancing loss (models/moe_aux_loss.h)
   // [preference] (with a preference objective); beta's default depends on the objective
   // (dpo, ipo, orpo 0.1; simpo 2.0): it is filled in when the recipe loads
   double preference_beta = 0.1, preference_gamma = 0.5;
+  // [grpo] (train.objective = "grpo": src/train/grpo_trainer.h), TRL GRPOConfig's names and defaults;
+  // epsilon_high unset (< 0) is epsilon's value, filled in when the recipe loads
+  int64_t grpo_num_generations = 8, grpo_max_completion_length = 256, grpo_top_k = 0, grpo_num_iterations = 1;
+  double grpo_temperature = 1.0, grpo_top_p = 1.0, grpo_beta = 0.0, grpo_epsilon = 0.2, grpo_epsilon_high = -1;
+  std::string grpo_loss_type = "dapo", grpo_scale_rewards = "group";
+  bool grpo_mask_truncated_completions = false;
+  std::vector<std::string> grpo_reward_funcs;
+  std::vector<double> grpo_reward_weights;  // empty: 1 each
+  std::string grpo_reward_command;
+  double grpo_reward_timeout = 60;
+  std::string grpo_answer_field = "answer", grpo_answer_regex = "(-?[0-9]+(?:\\.[0-9]+)?)", grpo_format_regex;
+  std::vector<std::string> grpo_json_keys;
+  int64_t grpo_length_buffer = 0, grpo_log_completions = 1;
   // [optim]
   double learning_rate = 1e-5, weight_decay = 0.0, adam_beta1 = 0.9, adam_beta2 = 0.999;
   double adam_epsilon = 1e-8, max_grad_norm = 1.0, warmup_ratio = 0.0, min_lr_ratio = 0.0;
@@ -93,7 +106,7 @@ struct Recipe {
 
 // Where a key's value lands: the Recipe member of the key's type.
 using RecipeField = std::variant<std::string Recipe::*, int64_t Recipe::*, double Recipe::*, bool Recipe::*,
-                                 std::vector<std::string> Recipe::*>;
+                                 std::vector<std::string> Recipe::*, std::vector<double> Recipe::*>;
 
 // One row per key (src/recipe/recipe_schema.cpp), in the order to_toml writes them. Reading,
 // defaults, to_toml and the closest-key suggestion all loop over these rows, so a plain key is

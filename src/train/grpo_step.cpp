@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "src/core/error.h"
 
@@ -155,6 +156,9 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
     double m = 0;
     for (double r : per[f]) m += r / double(n);
     j["rewards/" + rewards_.names()[f] + "/mean"] = m;
+    double ss = 0;  // torch's std: unbiased
+    for (double r : per[f]) ss += (r - m) * (r - m);
+    j["rewards/" + rewards_.names()[f] + "/std"] = n > 1 ? std::sqrt(ss / double(n - 1)) : 0.0;
   }
   double len_sum = 0, len_max = 0, len_min = 1e300, truncated = 0;
   for (size_t i = 0; i < n; ++i) {

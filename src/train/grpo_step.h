@@ -14,7 +14,7 @@
 // shares, and a resumed run samples the same tokens.
 // Not built here: a reference model (beta > 0 needs the starting weights beside the trained
 // ones: refused) and LoRA in the generator (it samples from the base alone; use full
-// fine-tuning). Nor is it wired to `strata train` yet (no [grpo] recipe table).
+// fine-tuning). `strata train` runs it with train.objective = "grpo" (src/train/grpo_trainer.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -27,6 +27,7 @@
 #include "offload/engine/generator.h"
 #include "offload/objective/grpo_head.h"
 #include "src/train/grpo_advantages.h"
+#include "src/train/grpo_data.h"
 #include "src/train/rewards.h"
 
 namespace strata {
@@ -42,13 +43,6 @@ struct GrpoConfig {
   uint64_t seed = 0;
   std::vector<int32_t> eos_ids;    // a stopped completion ends with the first of them
   int64_t micro_batch_rows = 1;    // completions per micro-batch (train.micro_batch_size)
-};
-
-// One prompt of the data: its rendered tokens and text, and the fields the rewards see.
-struct GrpoPrompt {
-  std::vector<int32_t> ids;
-  std::string text;
-  nlohmann::json fields = nlohmann::json::object();
 };
 
 struct GrpoCompletion {  // for completions.jsonl

@@ -132,7 +132,10 @@ void run_dir_prepare(const std::string& output_dir, bool resuming, bool overwrit
 }
 
 void run_dir_truncate_metrics(const std::string& output_dir, int64_t last_step) {
-  const std::string path = output_dir + "/metrics.jsonl";
+  run_dir_truncate_steps(output_dir + "/metrics.jsonl", last_step);
+}
+
+void run_dir_truncate_steps(const std::string& path, int64_t last_step) {
   std::ifstream in(path);
   if (!in) return;
   std::string line, kept;

@@ -44,6 +44,9 @@ void run_dir_prepare(const std::string& output_dir, bool resuming, bool overwrit
 
 // Keeps the records of steps <= last_step in metrics.jsonl (a resumed run rewrites what came after).
 void run_dir_truncate_metrics(const std::string& output_dir, int64_t last_step);
+// The same for any JSON-lines file of {"step", ...} records (GRPO's completions.jsonl); a torn
+// last line is dropped, a missing file left alone.
+void run_dir_truncate_steps(const std::string& path, int64_t last_step);
 
 // Warnings for recipe keys that changed between a checkpoint's effective recipe and this run's
 // (keys that may change on resume — output, device, offload, lengths of the run — excepted).

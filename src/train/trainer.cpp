@@ -36,6 +36,7 @@
 #include "src/recipe/recipe_plan.h"
 #include "src/train/checkpoint.h"
 #include "src/train/distributed.h"
+#include "src/train/grpo_trainer.h"
 #include "src/train/preference_step.h"
 #include "src/train/progress.h"
 #include "src/train/run_dir.h"
@@ -148,6 +149,7 @@ struct StepBatch {
   std::vector<MicroBatch> micro;
   int64_t counted = 0;  // labelled tokens the loss is averaged over
   std::vector<std::vector<int64_t>> pairs;  // preference objectives: each micro-batch's pair indices
+  std::vector<int64_t> prompts;             // grpo: the step's prompts (src/train/grpo_trainer.h)
 };
 
 struct StepResult {
@@ -233,6 +235,8 @@ class TrainRun {
   // zo-sgd, distributed.zo's layout (src/train/zo_step.h)
   ZoParallel zo_par_;
   std::unique_ptr<PreferenceTrainer> preference_;  // train.objective dpo | ipo | simpo | orpo
+  std::unique_ptr<GrpoTrainer> grpo_;               // train.objective grpo
+  GrpoPromptData grpo_data_;                        // its prompts, until grpo_ holds them
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
   double flops_per_token_ = 0;
@@ -302,7 +306,8 @@ void TrainRun::set_up() {
                  rc_.distributed_zo.c_str());
   STRATA_CHECK(!zo || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
                "train.objective = \"sft\" only; set optim.type = \"adamw\" for train.objective = \"", rc_.objective, "\"");
-  STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1, "train.objective = \"", rc_.objective,
+  STRATA_CHECK((!preference_objective_enabled(rc_) && rc_.objective != "grpo") || dist_.size() == 1,
+               "train.objective = \"", rc_.objective,
                "\" runs on one rank only (data parallel covers train.objective = \"sft\"): launch without "
                "mpirun, or with -np 1");
   cfg_ = hf_config_load(rc_.model_path.empty() ? rc_.model_config : rc_.model_path);
@@ -340,6 +345,10 @@ void TrainRun::set_up() {
         rc_, PreferencePairs{std::move(data_.train_chosen), std::move(data_.train_rejected)},
         PreferencePairs{std::move(data_.eval_chosen), std::move(data_.eval_rejected)}, *dev_, *first_order_);
     preference_->prepare_reference(progress_);
+  }
+  if (rc_.objective == "grpo") {  // the generator and the rewards over the loaded weights
+    STRATA_CHECK(first_order_, "train.objective = \"grpo\" trains with optim.type = \"adamw\"");
+    grpo_ = std::make_unique<GrpoTrainer>(rc_, std::move(grpo_data_), cfg_, *dev_, *store_, *first_order_);
   }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
   flops_per_token_ = model_flops_per_token(store_->spec(), rc_.sequence_len);  // offload/plan/step_estimate.h
@@ -576,8 +585,18 @@ void TrainRun::say_lean_state() const {
 
 // The training and eval data, tokenized, and their bytes in the plan's inputs.
 void TrainRun::load_data() {
-  data_ = training_data_load(rc_, cfg_.vocab_size);
   data_loaded_ = true;
+  if (rc_.objective == "grpo") {  // prompts, not rows (src/train/grpo_data.h)
+    const TextEncoder enc = training_encoder(rc_, cfg_.vocab_size);
+    grpo_data_ = grpo_prompts_read({rc_.data_path, rc_.sequence_len - rc_.grpo_max_completion_length - 1,
+                                    rc_.modes.drop_overlong, rc_.skip_bad_lines}, enc);
+    std::fprintf(stderr, "strata data: %s\n", grpo_data_.report.c_str());
+    data_.tokenizer_dir = enc.dir();
+    plan_in_.data_rows = grpo_data_.prompts.size();
+    plan_in_.data_bytes = grpo_data_.bytes + plan_in_.data_rows * sizeof(int64_t);  // + the shuffled order
+    return;
+  }
+  data_ = training_data_load(rc_, cfg_.vocab_size);
   size_t bytes = 0;
   for (const TokenRows* rows : {&data_.train, &data_.eval})
     bytes += 4 * (rows->ids.size() + rows->targets.size() + rows->pos.size() + rows->doc_start.size());
@@ -656,19 +675,21 @@ void TrainRun::load_weights() {
 // every file of it was verified (checkpoint_load).
 void TrainRun::resume() {
   // the unit of the data order: a packed row, or (preference objectives) a pair
-  const int64_t units = preference_ ? preference_->train_pairs() : data_.train.rows();
+  const int64_t units = preference_ ? preference_->train_pairs() : grpo_ ? grpo_->train_prompts() : data_.train.rows();
   const int64_t rows_per_step = rc_.micro_batch_size * rc_.gradient_accumulation_steps * zo_par_.groups;
+  const int64_t units_per_step = grpo_ ? grpo_->prompts_per_step() : rows_per_step;
   max_steps_ = rc_.max_steps > 0 ? rc_.max_steps
-      : std::max<int64_t>(1, int64_t(std::ceil(rc_.num_train_epochs * double(units) / double(rows_per_step))));
+      : std::max<int64_t>(1, int64_t(std::ceil(rc_.num_train_epochs * double(units) / double(units_per_step))));
   warmup_ = rc_.warmup_steps > 0 ? rc_.warmup_steps : int64_t(std::ceil(rc_.warmup_ratio * double(max_steps_)));
   state_.rows = units;
-  state_.data_hash = preference_ ? preference_->data_hash() : rows_hash(data_.train);
+  state_.data_hash = preference_ ? preference_->data_hash() : grpo_ ? grpo_->data_hash() : rows_hash(data_.train);
   rng_.seed(uint64_t(rc_.seed));
   if (resume_dir_.empty()) {
     state_.order.resize(size_t(units));
     std::iota(state_.order.begin(), state_.order.end(), 0);
     std::shuffle(state_.order.begin(), state_.order.end(), rng_);
     if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, 0);
+    if (dist_.primary() && grpo_) grpo_completions_truncate(rc_.output_dir, 0);
   } else {
     progress_.phase("verifying and loading " + resume_dir_);
     TrainState saved =
@@ -700,6 +721,7 @@ void TrainRun::resume() {
                    "finishing it now (the model of step %ld is also in %s/%s)\n", long(max_steps_),
                    rc_.output_dir.c_str(), long(state_.step), resume_dir_.c_str(), lora_ ? "adapter" : "hf");
     if (dist_.primary()) run_dir_truncate_metrics(rc_.output_dir, state_.step);
+    if (dist_.primary() && grpo_) grpo_completions_truncate(rc_.output_dir, state_.step);
     std::fprintf(stderr, "strata train: resumed from %s at step %ld of %ld\n", resume_dir_.c_str(),
                  long(state_.step), long(max_steps_));
   }
@@ -744,6 +766,17 @@ void TrainRun::warn_batch_change(const TrainState& saved, int64_t rows_per_step)
 // group, group + G, ... and counts the labelled tokens of all of them.
 StepBatch TrainRun::next_batch() {
   StepBatch batch;
+  if (grpo_) {  // one rank (set_up refuses grpo with several): the step's prompts, in the shuffled order
+    for (int64_t p = 0; p < grpo_->prompts_per_step(); ++p) {
+      if (state_.cursor + 1 > state_.order.size()) {
+        std::shuffle(state_.order.begin(), state_.order.end(), rng_);
+        state_.cursor = 0;
+        ++state_.epoch;
+      }
+      batch.prompts.push_back(state_.order[state_.cursor++]);
+    }
+    return batch;
+  }
   for (int64_t a = 0; a < rc_.gradient_accumulation_steps * zo_par_.groups; ++a) {
     if (state_.cursor + uint64_t(rc_.micro_batch_size) > state_.order.size()) {
       std::shuffle(state_.order.begin(), state_.order.end(), rng_);
@@ -789,6 +822,12 @@ StepResult TrainRun::step(const StepBatch& batch) {
     losses.push_back(o.loss);
     r.counted = o.chosen_tokens + o.rejected_tokens;
     r.preference = preference_metrics_json(o.metrics, "");
+  } else if (grpo_) {  // generate, score, then num_iterations updates (src/train/grpo_trainer.h)
+    GrpoTrainerOutcome o = grpo_->step(batch.prompts, r.step, ap, rc_.max_grad_norm, rc_.weight_decay, dist_.primary());
+    losses.push_back(o.loss);
+    r.grad_norm = o.grad_norm;
+    r.counted = o.completion_tokens;
+    r.extra = std::move(o.metrics);
   } else {  // the engine's step: first order (one at a time, or layer-major), or the perturbed passes
     StepWork w;
     w.micro = &batch.micro;
@@ -817,8 +856,8 @@ StepResult TrainRun::step(const StepBatch& batch) {
   r.e1 = engine_stats();
   r.c1 = dev_->counters();
   r.run_s = seconds_since(t0);
-  r.loss = preference_ ? loss_sum : loss_sum / double(batch.counted);
-  if (!preference_) r.counted = batch.counted;
+  r.loss = preference_ || grpo_ ? loss_sum : loss_sum / double(batch.counted);
+  if (!preference_ && !grpo_) r.counted = batch.counted;
   r.lr = ap.lr;
   state_.step = r.step;
   state_.tokens_seen += double(tokens_per_step());
@@ -918,6 +957,12 @@ void TrainRun::show(const StepResult& r) {
   if (!r.preference.is_null())
     report.extra = str_cat("margin ", r.preference["rewards/margins"].get<double>(), " acc ",
                            r.preference["rewards/accuracies"].get<double>());
+  if (grpo_) {  // the step's mean reward and its time sampling
+    char text[64];
+    std::snprintf(text, sizeof text, "reward %.3f  gen %.2fs", r.extra["reward"].get<double>(),
+                  r.extra["generation_s"].get<double>());
+    report.extra = text;
+  }
   progress_.step(report);
 }
 
@@ -971,6 +1016,7 @@ void TrainRun::record(const StepResult& r) {
 // (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
 void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   if (!metrics_ || (r.step != first_step_ + 2 && r.step != first_step_ + 9)) return;
+  if (grpo_) return;  // the step model prices training alone, not a GRPO step's generation
   const StepRates rates = step_calibration_rates(peak_, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);
   PlanInputs in = plan_in_;
   in.weights = plan_.weights;  // as the plan resolved offload.weights = "auto"

@@ -161,6 +161,105 @@ zo = "2d"
 
 // Every key set to a value other than its default (LoRA's keys and model.path in kLora), as a user
 // writes it: kEveryKeyToml's keys with two floats in exponent form and no blank lines.
+// A GRPO recipe (train.objective = "grpo", data.format = "prompt") with every [grpo] key set, as
+// to_toml writes it: [grpo] is written under "grpo" only, so neither recipe above holds it.
+const char* kGrpoToml = R"toml([model]
+config = "/abs/m/config.json"
+init_seed = 0
+init_std = 0.02
+dtype = "f32"
+
+[data]
+path = "/abs/p.jsonl"
+format = "prompt"
+tokenizer = "auto"
+sequence_len = 48
+packing = true
+train_on = "assistant"
+overlong = "truncate"
+skip_bad_lines = false
+eval_split = 0
+
+[train]
+max_steps = 7
+num_train_epochs = 1
+micro_batch_size = 4
+gradient_accumulation_steps = 3
+global_batch_size = 0
+seed = 0
+log_steps = 1
+eval_steps = 0
+objective = "grpo"
+router_aux_loss = "auto"
+
+[grpo]
+num_generations = 6
+max_completion_length = 20
+temperature = 0.7
+top_p = 0.9
+top_k = 50
+beta = 0
+epsilon = 0.25
+epsilon_high = 0.28
+num_iterations = 2
+loss_type = "bnpo"
+scale_rewards = "batch"
+mask_truncated_completions = true
+reward_funcs = ["accuracy", "format", "json", "length"]
+reward_weights = [1, 0.5, 0.25, 2, 0.75]
+reward_command = "python3 \"my reward.py\" --x"
+reward_timeout = 12.5
+answer_field = "solution"
+answer_regex = "\\\\boxed\\{(\\d+)\\}"
+format_regex = "^<think>.*</think>"
+json_keys = ["name", "age"]
+length_buffer = 5
+log_completions = 3
+
+[optim]
+type = "adamw"
+moments_dtype = "f32"
+learning_rate = 1e-05
+weight_decay = 0
+adam_beta1 = 0.9
+adam_beta2 = 0.999
+adam_epsilon = 1e-08
+max_grad_norm = 1
+lr_scheduler_type = "cosine"
+warmup_steps = 0
+warmup_ratio = 0
+min_lr_ratio = 0
+zo_eps = 0.001
+zo_perturbations = 1
+
+[offload]
+weights = "auto"
+checkpoints = "auto"
+recompute = "auto"
+accumulation = "auto"
+speculative_update = "auto"
+optimizer = "auto"
+
+[device]
+backend = "cpu"
+memory = "2GiB"
+cpu_threads = 0
+
+[checkpoint]
+output_dir = "/abs/out"
+save_steps = 0
+save_dtype = "bf16"
+keep_last = 0
+
+[distributed]
+backend = "auto"
+shared_host_store = "auto"
+ranks_per_node = 0
+timeout = 300
+diagnostics_steps = 0
+zo = "data"
+)toml";
+
 std::string every_key_recipe() {
   std::string s = kEveryKeyToml;
   auto replace = [&s](const std::string& from, const std::string& to) {
@@ -293,7 +392,7 @@ TEST_CASE("every schema default is one TOML value of its key's type and is what 
       CHECK(type == (std::is_same_v<T, int64_t> ? "int" : std::is_same_v<T, double> ? "float"
                      : std::is_same_v<T, bool> ? "bool" : std::is_same_v<T, std::string> ? type : "list"));
       if (std::is_same_v<T, std::string>) CHECK((type == "string" || type == "path" || type == "size"));
-      if (std::string(k.name) == "preference.beta") return;  // decided by train.objective: the next test
+      if (std::string(k.name) == "preference.beta" || std::string(k.name) == "grpo.epsilon_high") return;  // decided by another key
       if (!*k.fallback) {  // unset: an empty string
         CHECK((std::is_same_v<T, std::string> && fresh.*member == T{}));
         return;
@@ -323,6 +422,9 @@ TEST_CASE("to_toml writes the effective recipe byte for byte as checkpoints stor
   CHECK(lora == kLoraToml);
   CHECK(recipe_parse(every, "/elsewhere/y.toml", {}).to_toml() == every);
   CHECK(recipe_parse(lora, "/elsewhere/y.toml", {}).to_toml() == lora);
+  const std::string grpo = recipe_parse(kGrpoToml, "/r/x.toml", {}).to_toml();
+  CHECK(grpo == kGrpoToml);
+  CHECK(recipe_parse(grpo, "/elsewhere/y.toml", {}).to_toml() == grpo);
   for (const RecipeKey& k : recipe_schema()) {  // the two recipes cover every key: a new one joins them
     INFO(k.name << " is set by neither test recipe");
     const std::string name = k.name, section = "[" + name.substr(0, name.find('.')) + "]\n";
@@ -331,7 +433,7 @@ TEST_CASE("to_toml writes the effective recipe byte for byte as checkpoints stor
       size_t at = toml.find(section), end = toml.find("\n[", at);
       return at != std::string::npos && toml.substr(at, end - at).find(line) != std::string::npos;
     };
-    CHECK((written(every) || written(lora)));
+    CHECK((written(every) || written(lora) || written(grpo)));
   }
   // sft leaves [preference] out; model.path without model.config leaves init_seed and init_std out
   const std::string plain = recipe_parse("[model]\npath = \"/m\"\n[data]\npath = \"/d.txt\"\n", "/r/x.toml", {}).to_toml();
@@ -424,6 +526,35 @@ TEST_CASE("every key lands in its own Recipe member", "[recipe]") {
   CHECK(l.device_link_bytes_per_s == 0);
 }
 
+TEST_CASE("every [grpo] key lands in its own Recipe member", "[recipe][grpo]") {
+  const Recipe r = recipe_parse(kGrpoToml, "/r/x.toml", {});
+  CHECK(r.objective == "grpo");
+  CHECK_FALSE(r.modes.preference.has_value());
+  CHECK(r.data_format == "prompt");
+  CHECK(r.grpo_num_generations == 6);
+  CHECK(r.grpo_max_completion_length == 20);
+  CHECK(r.grpo_temperature == 0.7);
+  CHECK(r.grpo_top_p == 0.9);
+  CHECK(r.grpo_top_k == 50);
+  CHECK(r.grpo_beta == 0);
+  CHECK(r.grpo_epsilon == 0.25);
+  CHECK(r.grpo_epsilon_high == 0.28);
+  CHECK(r.grpo_num_iterations == 2);
+  CHECK(r.grpo_loss_type == "bnpo");
+  CHECK(r.grpo_scale_rewards == "batch");
+  CHECK(r.grpo_mask_truncated_completions);
+  CHECK(r.grpo_reward_funcs == std::vector<std::string>{"accuracy", "format", "json", "length"});
+  CHECK(r.grpo_reward_weights == std::vector<double>{1, 0.5, 0.25, 2, 0.75});
+  CHECK(r.grpo_reward_command == "python3 \"my reward.py\" --x");
+  CHECK(r.grpo_reward_timeout == 12.5);
+  CHECK(r.grpo_answer_field == "solution");
+  CHECK(r.grpo_answer_regex == "\\\\boxed\\{(\\d+)\\}");
+  CHECK(r.grpo_format_regex == "^<think>.*</think>");
+  CHECK(r.grpo_json_keys == std::vector<std::string>{"name", "age"});
+  CHECK(r.grpo_length_buffer == 5);
+  CHECK(r.grpo_log_completions == 3);
+}
+
 TEST_CASE("every key refuses a value of another type, naming the key and its row's type", "[recipe]") {
   for (const RecipeKey& k : recipe_schema()) {
     INFO(k.name);
@@ -434,6 +565,8 @@ TEST_CASE("every key refuses a value of another type, naming the key and its row
                              : type == "int"   ? " must be an integer"
                              : type == "float" ? " must be a number"
                              : type == "bool"  ? " must be true or false"
+                             : std::holds_alternative<std::vector<double> Recipe::*>(k.field)
+                                               ? " must be a list of numbers"
                                                : " must be a list of strings";
     CHECK_THAT(error_of(kMinimal, {name + "=" + wrong}), Catch::StartsWith("command line: " + name + want));
   }
