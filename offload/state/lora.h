@@ -34,7 +34,8 @@ namespace strata {
 enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down, qkv, gate_up };
 constexpr int kLoraTargets = 9;
 const char* lora_target_name(LoraTarget t);  // "q_proj", ..., "down_proj", "qkv_proj", "gate_up_proj"
-constexpr uint32_t kLoraAllTargets = (1u << kLoraTargets) - 1;
+// The Llama family's seven (q_proj .. down_proj): the default, what an adapter naming them matches.
+constexpr uint32_t kLoraAllTargets = (1u << 7) - 1;
 static_assert(kLoraTargets == kLayerLinears, "LoraTarget follows the layer kinds' linears (models/layer_kind.h)");
 // PEFT module names ("q_proj", ...) -> a mask over LoraTarget; bad names: Error(input).
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin);
