@@ -1,7 +1,7 @@
 // config.json parsing for llama / mistral / qwen2 / qwen3 / gemma3_text (and a gemma3
 // checkpoint's text_config) / olmo2 / qwen3_moe / mixtral. Defaults are those of transformers'
 // LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config (v4.5x), Gemma3TextConfig, Olmo2Config,
-// Qwen3MoeConfig and MixtralConfig (v5.24), applied when a key is absent;
+// Phi3Config, Qwen3MoeConfig and MixtralConfig (v5.24), applied when a key is absent;
 // a key set to null falls back the way those classes do (e.g. num_key_value_heads -> heads).
 #include "io/hf_config.h"
 
@@ -33,6 +33,7 @@ constexpr Family kFamilies[] = {{"llama", "LlamaForCausalLM"},
                                 {"qwen3", "Qwen3ForCausalLM"},
                                 {"gemma3_text", "Gemma3ForCausalLM"},
                                 {"olmo2", "Olmo2ForCausalLM"},
+                                {"phi3", "Phi3ForCausalLM"},
                                 {"qwen3_moe", "Qwen3MoeForCausalLM"},
                                 {"mixtral", "MixtralForCausalLM"}};
 
@@ -110,7 +111,20 @@ struct Reader {
   }
 };
 
-RopeScaling rope_parse(const json& rs, const std::string& origin, const std::string& key) {
+std::vector<double> number_list(const Reader& rd, const std::string& key) {
+  const json* v = rd.get(key);
+  if (!v) rd.fail(key, "is missing (required for longrope)");
+  if (!v->is_array()) rd.fail(key, str_cat("must be a list of numbers, got ", v->dump()));
+  std::vector<double> out;
+  for (const json& x : *v) {
+    if (!x.is_number() || !(x.get<double>() > 0)) rd.fail(key, str_cat("must hold positive numbers, got ", x.dump()));
+    out.push_back(x.get<double>());
+  }
+  return out;
+}
+
+// longrope_ok: Phi-3, whose config reads "su", "yarn" and "longrope" as LongRoPE (Phi3Config).
+RopeScaling rope_parse(const json& rs, const std::string& origin, const std::string& key, bool longrope_ok = false) {
   RopeScaling r;
   if (rs.is_null()) return r;
   if (!rs.is_object())
@@ -120,8 +134,16 @@ RopeScaling rope_parse(const json& rs, const std::string& origin, const std::str
   std::string type = rd.opt_str("rope_type");
   if (type.empty()) type = rd.opt_str("type");
   if (type.empty()) rd.fail("rope_type", "is missing: say which RoPE scaling to use (default, linear, llama3)");
+  if (longrope_ok && (type == "su" || type == "yarn")) type = "longrope";
   r.type = type;
   if (type == "default") return r;
+  if (type == "longrope" && longrope_ok) {  // the rest once the config's sizes are known (phi3_rope_finish)
+    r.short_factor = number_list(rd, "short_factor");
+    r.long_factor = number_list(rd, "long_factor");
+    r.factor = rd.opt_num("factor", 0);                      // 0: max_position_embeddings / original
+    r.attention_factor = rd.opt_num("attention_factor", 0);  // 0: from the factor
+    return r;
+  }
   if (type == "linear") {
     r.factor = rd.req_num("factor");
     rd.positive("factor", r.factor);
@@ -141,7 +163,34 @@ RopeScaling rope_parse(const json& rs, const std::string& origin, const std::str
     return r;
   }
   rd.fail(type == rd.opt_str("rope_type") ? "rope_type" : "type",
-          str_cat("names RoPE scaling '", type, "', which strata does not support (supported: default, linear, llama3)"));
+          str_cat("names RoPE scaling '", type, "', which strata does not support (supported: default, linear, llama3",
+                  longrope_ok ? ", longrope" : "", ")"));
+}
+
+// Phi-3's RoPE once the sizes are known, as transformers 5.24's Phi3Config and
+// _compute_longrope_parameters do: original_max_position_embeddings is the config's top-level key
+// (Phi3Config's default 4096 wins over the rope dict's), factor max_position_embeddings / original
+// when not given, attention_factor sqrt(1 + ln(factor) / ln(original)) when not given (1 when
+// factor <= 1); the factor lists hold head_dim / 2 numbers. A partial rotary factor is refused.
+void phi3_rope_finish(ModelConfig& c, const Reader& rd, const json* rp) {
+  double partial = rd.opt_num("partial_rotary_factor", 1.0);
+  if (rp && rp->contains("partial_rotary_factor"))
+    partial = Reader{*rp, rd.origin, "rope_parameters."}.req_num("partial_rotary_factor");
+  if (partial != 1.0)
+    rd.fail("partial_rotary_factor", str_cat("is ", partial, "; strata's phi3 rotates the whole head (1.0) and does not "
+                                             "implement partial rotary embeddings yet"));
+  RopeScaling& r = c.rope_scaling;
+  if (r.type != "longrope") return;
+  r.original_max_position_embeddings = rd.opt_int("original_max_position_embeddings", 4096);
+  rd.positive("original_max_position_embeddings", r.original_max_position_embeddings);
+  const size_t half = size_t(c.head_dim / 2);
+  if (r.short_factor.size() != half || r.long_factor.size() != half)
+    rd.fail("rope_scaling", str_cat("'s short_factor and long_factor must hold head_dim / 2 = ", half,
+                                    " numbers each, got ", r.short_factor.size(), " and ", r.long_factor.size()));
+  const double orig = double(r.original_max_position_embeddings);
+  if (r.factor <= 0) r.factor = double(c.max_position_embeddings) / orig;
+  if (r.attention_factor <= 0)
+    r.attention_factor = r.factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(r.factor) / std::log(orig));
 }
 
 // The mixture-of-experts keys of qwen3_moe and mixtral, with their classes' defaults.
@@ -309,7 +358,7 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
   const bool mistral = c.family == "mistral" || mixtral;  // Mixtral's attention is Mistral's
   const bool qwen3_moe = c.family == "qwen3_moe";
   const bool qwen = c.family == "qwen2" || c.family == "qwen3" || qwen3_moe;
-  const bool gemma = c.family == "gemma3_text", olmo2 = c.family == "olmo2";
+  const bool gemma = c.family == "gemma3_text", olmo2 = c.family == "olmo2", phi3 = c.family == "phi3";
 
   // ---- sizes ----
   c.hidden_size = rd.req_int("hidden_size");
@@ -327,7 +376,7 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
   // num_key_value_heads: the class default when the key is absent (llama None, mistral 8,
   // qwen2/qwen3 32, qwen3_moe 4, gemma3_text 4, olmo2 None); null means "same as
   // num_attention_heads" in every class.
-  const int64_t kv_default = llama || olmo2 ? c.num_attention_heads : mistral ? 8 : qwen3_moe || gemma ? 4 : 32;
+  const int64_t kv_default = llama || olmo2 || phi3 ? c.num_attention_heads : mistral ? 8 : qwen3_moe || gemma ? 4 : 32;
   c.num_key_value_heads = rd.has_key("num_key_value_heads")
                               ? rd.opt_int("num_key_value_heads", c.num_attention_heads)
                               : kv_default;
@@ -355,11 +404,11 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
   if (c.head_dim % 2 != 0) rd.fail("head_dim", str_cat("must be even for rotary embeddings, got ", c.head_dim));
 
   c.max_position_embeddings =
-      rd.opt_int("max_position_embeddings", llama || olmo2 ? 2048 : mistral ? 4096 * 32 : gemma ? 131072 : 32768);
+      rd.opt_int("max_position_embeddings", llama || olmo2 ? 2048 : mistral ? 4096 * 32 : gemma ? 131072 : phi3 ? 4096 : 32768);
   rd.positive("max_position_embeddings", c.max_position_embeddings);
 
   // ---- numerics ----
-  c.rms_norm_eps = rd.opt_num("rms_norm_eps", mixtral || olmo2 ? 1e-5 : 1e-6);
+  c.rms_norm_eps = rd.opt_num("rms_norm_eps", mixtral || olmo2 || phi3 ? 1e-5 : 1e-6);
   rd.positive("rms_norm_eps", c.rms_norm_eps);
   // Newer transformers write RoPE settings as "rope_parameters" {"rope_type", "rope_theta", ...}.
   const json* rp = gemma ? nullptr : rd.get("rope_parameters");  // gemma3: gemma3_rope_parse below
@@ -370,9 +419,10 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
   rd.positive("rope_theta", c.rope_theta);
   if (gemma) {
   } else if (const json* rs = rd.get("rope_scaling"))
-    c.rope_scaling = rope_parse(*rs, origin, "rope_scaling");
+    c.rope_scaling = rope_parse(*rs, origin, "rope_scaling", phi3);
   else if (rp)
-    c.rope_scaling = rope_parse(*rp, origin, "rope_parameters");
+    c.rope_scaling = rope_parse(*rp, origin, "rope_parameters", phi3);
+  if (phi3) phi3_rope_finish(c, rd, rp);
 
   if (gemma) {
     gemma3_rope_parse(c, rd, origin);
@@ -397,8 +447,8 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
   if (c.family == "qwen2") {
     c.qkv_bias = true;
     c.o_bias = false;
-  } else if (mistral) {
-    c.qkv_bias = c.o_bias = false;  // MistralAttention builds its projections without bias
+  } else if (mistral || phi3) {
+    c.qkv_bias = c.o_bias = false;  // MistralAttention and Phi3Attention build their projections without bias
   } else {
     c.qkv_bias = c.o_bias = attention_bias;
   }
@@ -414,12 +464,13 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
     if (c.max_window_layers < 0) rd.fail("max_window_layers", str_cat("must be >= 0, got ", c.max_window_layers));
   }
   if (gemma) c.sliding_window = rd.has_key("sliding_window") ? rd.opt_int("sliding_window", 0) : 4096;
+  if (phi3) c.sliding_window = rd.opt_int("sliding_window", 0);  // Phi3Config: None; set, every layer slides
   if (c.sliding_window < 0) rd.fail("sliding_window", str_cat("must be positive or null, got ", c.sliding_window));
   if (gemma) {
     const int64_t pattern = rd.opt_int("sliding_window_pattern", 6);
     rd.positive("sliding_window_pattern", pattern);
     sliding_layers_parse(c, rd, [&](int64_t i) { return (i + 1) % pattern != 0; });
-  } else if (mistral) {
+  } else if (mistral || phi3) {
     c.sliding_layers.assign(size_t(c.num_hidden_layers), c.sliding_window > 0);
   } else {
     sliding_layers_parse(c, rd, [&](int64_t i) { return i >= c.max_window_layers; });
@@ -450,10 +501,20 @@ bool ModelConfig::moe_layer(int64_t layer) const {
 
 ModelConfig hf_config_load(const std::string& path) {
   std::error_code ec;
-  std::string file = std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "config.json").string()
-                                                             : path;
+  const bool dir = std::filesystem::is_directory(path, ec);
+  std::string file = dir ? (std::filesystem::path(path) / "config.json").string() : path;
   const std::string text = file_read(file, "config");
-  return hf_config_parse(text, file);
+  ModelConfig c = hf_config_parse(text, file);
+  // A gemma3 checkpoint saved by transformers 5 keeps its text model under model.language_model.
+  // (4.x: language_model.model.): the checkpoint beside the config says which
+  const std::string model_dir = std::filesystem::path(file).parent_path().string();
+  if (c.text_prefix == "language_model.model." &&
+      (std::filesystem::exists(model_dir + "/model.safetensors.index.json", ec) ||
+       std::filesystem::exists(model_dir + "/model.safetensors", ec))) {
+    const SafetensorsDir weights = SafetensorsDir::open(model_dir);
+    if (weights.find("model.language_model.embed_tokens.weight")) c.text_prefix = "model.language_model.";
+  }
+  return c;
 }
 
 void hf_config_save(const ModelConfig& cfg, const std::string& path) {

@@ -1,6 +1,6 @@
 // Hugging Face config.json for the supported decoder families (llama, mistral, qwen2, qwen3,
-// gemma3_text and a gemma3 checkpoint's text model, olmo2, and the mixture-of-experts qwen3_moe
-// and mixtral):
+// gemma3_text and a gemma3 checkpoint's text model, olmo2, phi3, and the mixture-of-experts
+// qwen3_moe and mixtral):
 // parse with transformers' own class defaults, validate with messages that name the file and
 // the key, and write back unchanged.
 #pragma once
@@ -13,13 +13,19 @@
 namespace strata {
 
 struct RopeScaling {
-  std::string type;  // "" = none (null/absent), "default", "linear", "llama3"
+  std::string type;  // "" = none (null/absent), "default", "linear", "llama3", "longrope" (phi3; "su" and
+                     // "yarn" read as it, as Phi3Config does)
   double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
   int64_t original_max_position_embeddings = 8192;
+  // longrope: per frequency (head_dim / 2) divisors, the short ones while max position + 1 <=
+  // original_max_position_embeddings, else the long ones; cos and sin scaled by attention_factor
+  // (given, or sqrt(1 + ln(factor) / ln(original)) with factor max_position_embeddings / original)
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1;
 };
 
 struct ModelConfig {
-  std::string family;        // "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3_text" | "olmo2" | "qwen3_moe" | "mixtral" (model_type, cross-checked with architectures[0])
+  std::string family;        // "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3_text" | "olmo2" | "phi3" | "qwen3_moe" | "mixtral" (model_type, cross-checked with architectures[0])
   std::string architecture;  // e.g. "LlamaForCausalLM"
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
           num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;

@@ -10,7 +10,8 @@ namespace strata {
 
 const char* layer_linear_name(int target) {
   static const char* const names[kLayerLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                   "gate_proj", "up_proj", "down_proj"};
+                                                   "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                                                   "gate_up_proj"};
   STRATA_ASSERT(target >= 0 && target < kLayerLinears);
   return names[target];
 }
@@ -32,6 +33,10 @@ void LayerKind::forward_from_attention(Device&, float*, const float*, const Laye
 
 float LayerKind::attention_scale(const LayerDims& d) const {
   return d.attn_scale > 0 ? d.attn_scale : 1.0f / std::sqrt(float(d.D));
+}
+
+int32_t layer_dims_max_pos(const std::vector<int32_t>& pos) {
+  return pos.empty() ? -1 : *std::max_element(pos.begin(), pos.end());
 }
 
 size_t layer_kinds_bytes(const std::vector<const LayerKind*>& kinds, LayerBuffer what, const LayerDims& d) {

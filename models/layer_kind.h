@@ -31,15 +31,20 @@ struct LayerDims {
   int64_t window = 0;     // the model's sliding window (config.sliding_window; 0: none); a layer whose
                           // kind does not slide runs at dims with window 0 (LayerKind::attention_window)
   float attn_scale = 0;   // the attention scores' scale (0: 1/sqrt(D); Gemma 3: query_pre_attn_scalar^-1/2)
+  int32_t max_pos = -1;   // the micro-batch's largest position (LongRoPE picks its short or long table by
+                          // it, as transformers does by max(position_ids) + 1); -1: not known
   int64_t lora_r = 0;     // LoRA rank (0: no adapters); sizes the workspace's adapter scratch
   bool lora_dropout = false;  // LoRA dropout possible: the workspace holds the dropped input (lora_x)
   int64_t N() const { return B * T; }
 };
 
 // The LoRA-targetable linears, by PEFT's module names: a kind's linear names one of these
-// (LayerParam::lora_target); adapters and their dropout masks are numbered by it.
-constexpr int kLayerLinears = 7;
-const char* layer_linear_name(int target);  // "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+// (LayerParam::lora_target); adapters and their dropout masks are numbered by it. The last two
+// are Phi-3's fused projections (models/phi3_layer.h): one adapter each, as PEFT puts it.
+constexpr int kLayerLinears = 9;
+constexpr int kLayerQkv = 7, kLayerGateUp = 8;
+const char* layer_linear_name(int target);  // "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            // "down_proj", "qkv_proj", "gate_up_proj"
 
 struct LoraLinear {
   const float* a = nullptr;  // (r, I); null: no adapter on this linear
@@ -155,6 +160,9 @@ class LayerKind {
   virtual float attention_scale(const LayerDims& d) const;
   virtual int64_t attention_window(const LayerDims&) const { return 0; }
 };
+
+// LayerDims::max_pos of a micro-batch's positions (-1 when there are none).
+int32_t layer_dims_max_pos(const std::vector<int32_t>& pos);
 
 // The most any of `kinds` needs of `what` at dims d: one buffer serves every layer in turn.
 size_t layer_kinds_bytes(const std::vector<const LayerKind*>& kinds, LayerBuffer what, const LayerDims& d);

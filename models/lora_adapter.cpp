@@ -175,7 +175,8 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 
 const std::vector<std::string>& lora_module_kinds() {
   static const std::vector<std::string> kinds = {"q_proj",    "k_proj", "v_proj",   "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj", "lm_head"};
+                                                 "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                                                 "gate_up_proj", "lm_head"};  // qkv_proj, gate_up_proj: Phi-3
   return kinds;
 }
 

@@ -5,6 +5,7 @@
 
 #include "models/gemma_layer.h"
 #include "models/moe_layer.h"
+#include "models/phi3_layer.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -24,6 +25,8 @@ std::vector<const LayerKind*> model_layer_kinds(const ModelConfig& cfg) {
       kinds.push_back(&gemma_layer_kind(sliding, i == 0));
     else if (cfg.family == "olmo2")
       kinds.push_back(&olmo2_layer_kind());
+    else if (cfg.family == "phi3")
+      kinds.push_back(&phi3_layer_kind(cfg, sliding));
     else
       kinds.push_back(&dense_layer_kind(sliding));
   }
@@ -87,6 +90,13 @@ std::vector<float> model_rope_inv_freq(const ModelConfig& cfg) {
   for (int64_t j = 0; j < D / 2; ++j)
     inv[size_t(j)] = 1.0f / std::pow(base, float(2 * j) / float(D));
   const RopeScaling& rs = cfg.rope_scaling;
+  if (rs.type == "longrope") {  // transformers: 1 / (f32(factor) * base^(2j / D)), the short table, then the long
+    std::vector<float> both;
+    for (const std::vector<double>* f : {&rs.short_factor, &rs.long_factor})
+      for (int64_t j = 0; j < D / 2; ++j)
+        both.push_back(1.0f / (float((*f)[size_t(j)]) * std::pow(base, float(2 * j) / float(D))));
+    return both;
+  }
   if (rs.type == "linear") {
     for (auto& f : inv) f = f / float(rs.factor);
   } else if (rs.type == "llama3") {
@@ -114,6 +124,11 @@ float model_attention_scale(const ModelConfig& cfg) {
   // transformers: query_pre_attn_scalar**-0.5 in Python (f64), then f32; head_dim as the kernels
   // always computed it
   if (cfg.query_pre_attn_scalar > 0) return float(1.0 / std::sqrt(double(cfg.query_pre_attn_scalar)));
+  // LongRoPE scales cos and sin, so q and k, by attention_factor: the scores by its square
+  if (cfg.rope_scaling.type == "longrope") {
+    const float af = float(cfg.rope_scaling.attention_factor);
+    return af * af / std::sqrt(float(cfg.head_dim));
+  }
   return 1.0f / std::sqrt(float(cfg.head_dim));
 }
 

@@ -52,11 +52,13 @@ ModelSpec model_spec_build(const ModelConfig& config, DType matrix_dtype, const 
 
 // RoPE inverse frequencies (head_dim/2) as transformers computes them in f32, including the
 // llama3 and linear rope_scaling rules. Gemma 3: head_dim floats, the global layers' (scaled)
-// then the sliding layers' (base rope_local_theta): TokenContext::inv_freq holds both.
+// then the sliding layers' (base rope_local_theta): TokenContext::inv_freq holds both. Phi-3's
+// LongRoPE: head_dim floats too, the short factors' table then the long ones' (models/phi3_layer.h).
 std::vector<float> model_rope_inv_freq(const ModelConfig& config);
 // Its RMSNorms scale by (1 + w) (Gemma 3): the final norm too (offload/engine/layer_pass.cpp).
 inline bool model_norm_plus_one(const ModelConfig& config) { return config.family == "gemma3_text"; }
-// The attention scores' scale: query_pre_attn_scalar^-1/2 (Gemma 3), else head_dim^-1/2.
+// The attention scores' scale: query_pre_attn_scalar^-1/2 (Gemma 3), else head_dim^-1/2, times
+// LongRoPE's attention_factor squared (Phi-3: it scales q and k).
 float model_attention_scale(const ModelConfig& config);
 
 }  // namespace strata

@@ -349,6 +349,7 @@ void Engine::upload_tokens(const MicroBatch* mbs, size_t g) {
     pass_[m].dims = shape_.layer_capacity;
     pass_[m].dims.B = mbs[m].B;
     pass_[m].dims.T = mbs[m].T;
+    pass_[m].dims.max_pos = layer_dims_max_pos(mbs[m].pos);
     pass_[m].has_docs = !mbs[m].doc_start.empty();
     pass_[m].ids = mbs[m].ids;
     pass_[m].counted = mbs[m].counted();

@@ -213,6 +213,7 @@ LayerDims ZoEngine::dims_of(const MicroBatch& mb) const {
   LayerDims d = dims_;
   d.B = mb.B;
   d.T = mb.T;
+  d.max_pos = layer_dims_max_pos(mb.pos);
   return d;
 }
 

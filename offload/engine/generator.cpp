@@ -94,6 +94,7 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   for (int64_t r = 0; r < B; ++r)
     for (int64_t t = 0; t < T; ++t) pos_host_[size_t(r * T + t)] = start[size_t(r)] + int32_t(t);
   start_host_ = start;
+  dims_.max_pos = layer_dims_max_pos(pos_host_);
   dev_.copy_h2d(b.pos, pos_host_.data(), size_t(N) * 4, s);
   dev_.copy_h2d(b.start, start_host_.data(), size_t(B) * 4, s);
   layer_pass_->embed_gather(b.x_host, ids.data(), N);

@@ -38,14 +38,14 @@ const char* lora_target_name(LoraTarget t) { return layer_linear_name(int(t)); }
 
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin) {
   STRATA_CHECK(!names.empty(), origin, ": lora.target_modules is empty; name at least one of q_proj, k_proj, "
-               "v_proj, o_proj, gate_proj, up_proj, down_proj");
+               "v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)");
   uint32_t mask = 0;
   for (const std::string& n : names) {
     int found = -1;
     for (int t = 0; t < kLoraTargets; ++t)
       if (n == layer_linear_name(t)) found = t;
     STRATA_CHECK(found >= 0, origin, ": lora.target_modules names \"", n, "\"; use PEFT's names: q_proj, k_proj, "
-                 "v_proj, o_proj, gate_proj, up_proj, down_proj");
+                 "v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)");
     mask |= 1u << found;
   }
   return mask;
@@ -75,6 +75,24 @@ LoraLayout LoraLayout::of(const ModelSpec& spec, const LoraOptions& o) {
     }
     l.a_row.push_back(a);
   }
+  // Phi-3 fuses q, k, v into qkv_proj and gate, up into gate_up_proj (PEFT's modules): naming the
+  // parts alone would leave them without adapters where the user asked for them
+  const uint32_t parts_qkv = (1u << int(LoraTarget::q)) | (1u << int(LoraTarget::k)) | (1u << int(LoraTarget::v));
+  const uint32_t parts_gate_up = (1u << int(LoraTarget::gate)) | (1u << int(LoraTarget::up));
+  for (const ModelLayer& layer : spec.layers) {
+    STRATA_CHECK(layer.linear_row(kLayerQkv) == kAbsent || !(o.targets & parts_qkv) ||
+                     (o.targets & (1u << kLayerQkv)),
+                 "lora.target_modules names q_proj, k_proj or v_proj, which this model (", spec.config.family,
+                 ") fuses into qkv_proj: name qkv_proj instead");
+    STRATA_CHECK(layer.linear_row(kLayerGateUp) == kAbsent || !(o.targets & parts_gate_up) ||
+                     (o.targets & (1u << kLayerGateUp)),
+                 "lora.target_modules names gate_proj or up_proj, which this model (", spec.config.family,
+                 ") fuses into gate_up_proj: name gate_up_proj instead");
+  }
+  std::string asked;
+  for (const std::string& n : lora_target_names(o.targets)) asked += (asked.empty() ? "" : ", ") + n;
+  STRATA_CHECK(l.table.size() > 0, "lora.target_modules (", asked,
+               ") names none of this model's linear layers (", spec.config.family, "); name PEFT modules it has");
   l.bytes = l.table.layout(Tier::host);
   return l;
 }

@@ -29,11 +29,13 @@
 
 namespace strata {
 
-// The seven linear layers of a decoder layer, in PEFT's names.
-enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down };
-constexpr int kLoraTargets = 7;
-const char* lora_target_name(LoraTarget t);  // "q_proj", ..., "down_proj"
-constexpr uint32_t kLoraAllTargets = (1u << kLoraTargets) - 1;
+// The linear layers of a decoder layer, in PEFT's names: the seven of the Llama family, and
+// Phi-3's fused qkv_proj and gate_up_proj (a model has one set or the other).
+enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down, qkv, gate_up };
+constexpr int kLoraTargets = 9;
+const char* lora_target_name(LoraTarget t);  // "q_proj", ..., "down_proj", "qkv_proj", "gate_up_proj"
+// The Llama family's seven (q_proj .. down_proj): the default, what an adapter naming them matches.
+constexpr uint32_t kLoraAllTargets = (1u << 7) - 1;
 static_assert(kLoraTargets == kLayerLinears, "LoraTarget follows the layer kinds' linears (models/layer_kind.h)");
 // PEFT module names ("q_proj", ...) -> a mask over LoraTarget; bad names: Error(input).
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin);
@@ -70,7 +72,12 @@ struct LoraLayout {
 // the masks one process with N·k draws); one tensor number per (layer, module). A resumed run and
 // the backward's recomputation draw the same masks; so does `strata grad` (step 1, micro-batch 0).
 uint64_t lora_dropout_seed(uint64_t run_seed, int64_t step, int64_t micro_batch);
-inline uint32_t lora_dropout_tensor(size_t layer, int target) { return uint32_t(layer) * kLoraTargets + uint32_t(target); }
+// The fused projections take the number of their first part (q, gate): a layer has one or the other,
+// and the Llama family's numbers stay those of seven targets per layer.
+inline uint32_t lora_dropout_tensor(size_t layer, int target) {
+  const int slot = target == int(LoraTarget::qkv) ? 0 : target == int(LoraTarget::gate_up) ? 4 : target;
+  return uint32_t(layer) * 7 + uint32_t(slot);
+}
 
 // Host bytes of the adapters' state (offload/plan/placement_plan.h lists them).
 struct LoraHostBytes {

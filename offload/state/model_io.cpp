@@ -24,7 +24,13 @@ void model_load_weights(HostStore& store, const std::string& dir, const LoraAdap
   SafetensorsDir st = SafetensorsDir::open(dir);
   // MoE experts in the Hub's per-expert layout, or packed 3-D (offload/state/moe_packed.h)
   const bool moe = spec.config.num_experts > 0;
-  safetensors_check_tensors(st, moe ? moe_packed_expected(st, spec.expected_tensors()) : spec.expected_tensors(),
+  std::vector<ExpectedTensor> expected = moe ? moe_packed_expected(st, spec.expected_tensors()) : spec.expected_tensors();
+  // a gemma3 checkpoint's vision tower and projector sit beside its text model: present, not read
+  const std::string& text = spec.config.text_prefix;
+  if (text != "model.")
+    for (const std::string& n : st.names())
+      if (n.rfind(text, 0) != 0 && n.rfind("lm_head.", 0) != 0) expected.push_back(ExpectedTensor{n, st.find(n)->shape});
+  safetensors_check_tensors(st, expected,
                             str_cat("config.json describes a ", spec.config.family, " model with ",
                                     spec.config.num_hidden_layers, " layers"));
   std::vector<float> buf, packed;

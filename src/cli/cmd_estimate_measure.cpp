@@ -174,6 +174,7 @@ class LayerProbe {
   LayerProbe(const ModelSpec& spec, const PlanInputs& in) : layout_(HostStore::layout(spec)), kind_(spec.layers[0].kind) {
     const EngineShape shape = placement_engine_shape(spec, layout_, in, 1);
     d_ = shape.layer_capacity;
+    d_.max_pos = int32_t(d_.T - 1);  // fill's positions: 0 .. T-1 per row
     N_ = d_.N(), C_ = d_.C, V_ = shape.V, R_ = shape.head_rows;
     lm_type_ = layout_.working[size_t(spec.lm_head_row())].dtype;
     const ParamGroup& g = layout_.groups[1];

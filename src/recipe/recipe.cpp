@@ -306,11 +306,13 @@ void check_lora(const Recipe& rc, const Reader& r) {
   if (!rc.lora_enabled) return;
   STRATA_CHECK(rc.lora_r >= 1, r.where("lora.r"), ": lora.r must be at least 1 (16 is PEFT's usual)");
   STRATA_CHECK(rc.lora_alpha > 0, r.where("lora.alpha"), ": lora.alpha must be positive");
-  const std::set<std::string> modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  const std::set<std::string> modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                         "qkv_proj", "gate_up_proj"};  // the last two: Phi-3's fused ones
   STRATA_CHECK(!rc.lora_target_modules.empty(), r.where("lora.target_modules"), ": lora.target_modules is empty");
   for (const std::string& m : rc.lora_target_modules)
     STRATA_CHECK(modules.count(m), r.where("lora.target_modules"), ": lora.target_modules names \"", m,
-                 "\"; use PEFT's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+                 "\"; use PEFT's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, "
+                 "o_proj, gate_up_proj, down_proj)");
   STRATA_CHECK(rc.lora_dropout >= 0.0 && rc.lora_dropout < 1.0, r.where("lora.dropout"), ": lora.dropout = ",
                rc.lora_dropout, " must be in [0, 1) (PEFT's usual: 0.05 or 0.1)");
   STRATA_CHECK(rc.modes.optimizer == OptimizerKind::adamw, r.where("optim.type"), ": LoRA trains with optim.type = \"adamw\"");

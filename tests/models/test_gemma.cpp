@@ -7,8 +7,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 
+#include "io/safetensors.h"
 #include "models/gemma_layer.h"
 #include "offload/engine/generator.h"
 #include "offload/state/model_io.h"
@@ -18,6 +21,8 @@
 
 namespace strata {
 namespace {
+
+namespace fs = std::filesystem;
 
 ModelConfig parse(const nlohmann::json& j) { return hf_config_parse(j.dump(), "test config.json"); }
 
@@ -97,6 +102,47 @@ TEST_CASE("gemma3_text, gemma3 and olmo2 configs parse as transformers reads the
   CHECK(os.params.find("model.layers.0.input_layernorm.weight") == nullptr);
 }
 
+TEST_CASE("a gemma3 checkpoint in transformers 5's layout (model.language_model.) loads, its vision tower skipped",
+          "[gemma][golden][models]") {
+  // the gemma3 golden's text model re-saved as Gemma3ForConditionalGeneration does in transformers
+  // 5 (tensors under model.language_model., a vision tower beside them): strata grad reads it and
+  // gives the golden's loss, and names the gradients as the checkpoint does
+  testing::TempDir tmp("gemma3_tf5_layout");
+  const testing::Golden g = testing::Golden::load("gemma3");
+  const SafetensorsDir golden = SafetensorsDir::open(g.dir);
+  const std::vector<std::string> names = golden.names();
+  std::vector<std::vector<float>> values;
+  std::vector<TensorToWrite> out;
+  values.reserve(names.size() + 1);
+  for (const std::string& n : names) {
+    const SafetensorsEntry* e = golden.find(n);
+    values.emplace_back(size_t(e->numel()));
+    golden.read(n, DType::f32, values.back().data());
+    REQUIRE(n.rfind("model.", 0) == 0);
+    out.push_back(TensorToWrite{"model.language_model." + n.substr(6), DType::f32, e->shape, values.back().data()});
+  }
+  values.emplace_back(12, 0.5f);
+  out.push_back(TensorToWrite{"model.vision_tower.vision_model.embeddings.patch_embedding.weight", DType::f32, {4, 3},
+                              values.back().data()});
+  const fs::path model = tmp.path / "model";
+  fs::create_directories(model);
+  safetensors_write_file((model / "model.safetensors").string(), out);
+  std::ifstream text_in(g.dir + "/config.json");
+  const nlohmann::json mm = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"model_type", "gemma3"},
+                             {"text_config", nlohmann::json::parse(text_in)}, {"vision_config", {{"hidden_size", 8}}}};
+  std::ofstream(model / "config.json") << mm.dump(2);
+  CHECK(hf_config_load(model.string()).text_prefix == "model.language_model.");
+  const std::string grads = (tmp.path / "g.safetensors").string();
+  const auto r = testing::run_strata(str_cat("grad --model ", model.string(), " --batch ", g.dir, "/batch.json --out ",
+                                             grads), true);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const double loss = nlohmann::json::parse(r.out)["loss"].get<double>();
+  std::printf("gemma3 in transformers 5's layout: loss %.9f, golden %.9f\n", loss, g.loss);
+  CHECK(std::abs(loss - g.loss) <= 1e-5 * std::abs(g.loss));
+  CHECK(SafetensorsFile::open(grads).find("model.language_model.layers.3.mlp.down_proj.weight"));
+}
+
 TEST_CASE("the dense families' sliding layers follow transformers' rules", "[gemma][hf_config][window]") {
   nlohmann::json q = {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"}, {"hidden_size", 32},
                       {"intermediate_size", 44}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
@@ -146,6 +192,31 @@ TEST_CASE("greedy generation equals transformers' on Gemma 3, OLMo 2 and windowe
   for (const char* name : {"gemma3", "olmo2", "qwen2_window"}) {
     INFO(name);
     gemma_testing::check_generation(*dev, name);
+  }
+}
+
+TEST_CASE("strata generate on the Gemma 3 golden prints transformers' greedy tokens", "[gemma][generate][cli]") {
+  // the CLI end to end (model dir, JSON-lines requests, bf16 files read as f32): each request's ids
+  // are generate.json's, which transformers' Gemma3ForCausalLM produced in float64
+  testing::TempDir tmp("gemma3_generate_cli");
+  const testing::Golden g = testing::Golden::load("gemma3");
+  std::ifstream in(g.dir + "/generate.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::string requests;
+  for (const auto& p : j["prompts"]) requests += nlohmann::json{{"input_ids", p}}.dump() + "\n";
+  const std::string input = tmp.file("in.jsonl", requests);
+  const auto r = testing::run_strata(str_cat("generate --model ", g.dir, " --dtype f32 --max-new-tokens ",
+                                             j["max_new_tokens"].get<int64_t>(), " < ", input), true);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(r.out);
+  for (std::string line; std::getline(out, line);)
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  REQUIRE(lines.size() == j["tokens"].size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    INFO("request " << i);
+    CHECK(lines[i]["ids"] == j["tokens"][i]);
   }
 }
 

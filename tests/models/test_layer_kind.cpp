@@ -312,8 +312,10 @@ TEST_CASE("the dense layer kind keeps the Hugging Face names and order of llama,
     for (const ModelLayer& layer : spec.layers) {
       CHECK(layer.kind == &dense_layer_kind());
       const LayerParamRows r = dense_layer_rows(layer);
-      const int64_t linears[kLayerLinears] = {r.q, r.k, r.v, r.o, r.gate, r.up, r.down};
-      for (int t = 0; t < kLayerLinears; ++t) {  // LoRA targets: PEFT's module name ends the row's name
+      const int64_t linears[7] = {r.q, r.k, r.v, r.o, r.gate, r.up, r.down};
+      CHECK(layer.linear_row(kLayerQkv) == kAbsent);  // Phi-3's fused linears: not a dense layer's
+      CHECK(layer.linear_row(kLayerGateUp) == kAbsent);
+      for (int t = 0; t < 7; ++t) {  // LoRA targets: PEFT's module name ends the row's name
         const std::string& name = spec.params[size_t(layer.linear_row(t))].name;
         CHECK(layer.linear_row(t) == linears[t]);
         CHECK(name.find(std::string(layer_linear_name(t)) + ".weight") != std::string::npos);

@@ -1,5 +1,6 @@
 // LoRA (offload/state/lora.h): `strata grad --lora` against fp64 torch goldens of PEFT's math written
-// by hand (tools/golden/make_lora_grad_goldens.py) for all four families, and the merged export
+// by hand (tools/golden/make_lora_grad_goldens.py) for all four families, against PEFT itself on
+// Phi-3's fused projections (tools/golden/make_phi3_lora_goldens.py), and the merged export
 // (lora_merge_into) against W + (alpha / r) B A computed here in fp64; with LoRA dropout too, the
 // masks rebuilt by the golden script.
 #include <catch2/catch.hpp>
@@ -102,6 +103,13 @@ TEST_CASE("strata grad --lora matches the fp64 torch LoRA goldens for every fami
   for (const char* name : {"llama", "mistral", "qwen2", "qwen3"}) check_lora_golden(tmp, name, false, "mistral");
 }
 
+TEST_CASE("strata grad --lora on Phi-3's fused projections matches PEFT's own float64 gradients", "[golden][lora][phi3]") {
+  // tools/golden/make_phi3_lora_goldens.py: peft.get_peft_model on Phi3ForCausalLM, one adapter per
+  // fused qkv_proj / gate_up_proj; a B split at the wrong rows or a dA missing a part is > 1e-2
+  testing::TempDir tmp("lora_grad_phi3");
+  check_lora_golden(tmp, "phi3", false, "");
+}
+
 TEST_CASE("strata grad --lora with dropout matches the fp64 torch goldens, the masks rebuilt in python",
           "[golden][lora][dropout]") {
   // make_lora_grad_goldens.py draws strata's counter-based masks (kernels/common/dropout_mask.h) in
@@ -174,8 +182,8 @@ TEST_CASE("the merged export is base + (alpha / r) B A to bf16 rounding", "[lora
   size_t off_by_one = 0, total = 0, changed = 0;
   for (size_t layer = 0; layer < spec.layers.size(); ++layer) {
     const LayerParamRows rows = dense_layer_rows(spec.layers[layer]);
-    const int64_t base_rows[kLoraTargets] = {rows.q, rows.k, rows.v, rows.o, rows.gate, rows.up, rows.down};
-    for (int t = 0; t < kLoraTargets; ++t) {
+    const int64_t base_rows[7] = {rows.q, rows.k, rows.v, rows.o, rows.gate, rows.up, rows.down};
+    for (int t = 0; t < 7; ++t) {  // the dense layer's seven (Phi-3's fused two are absent)
       const size_t row = size_t(base_rows[t]), a_row = size_t(l.a_row[layer][size_t(t)]);
       const int64_t out = spec.params[row].shape[0], in = spec.params[row].shape[1];
       const float* A = lora.master() + l.table[a_row].offset / 4;

@@ -94,6 +94,29 @@ TEST_CASE("qwen3_moe and mixtral configs parse with transformers' defaults", "[m
   CHECK_THAT(testing::error_of([&] { parse(j); }), Catch::Contains("mlp_only_layers"));
 }
 
+TEST_CASE("a MoE config that would slide a layer's attention is refused: exit 2, the key named", "[moe][config][cli]") {
+  // strata's MoE layers attend over the whole context (hf_config.cpp): qwen3_moe with
+  // use_sliding_window slides every layer, and mixtral with a sliding_window does
+  testing::TempDir tmp("moe_sliding_refused");
+  nlohmann::json q = qwen3_moe_json();
+  q["use_sliding_window"] = true;
+  q["sliding_window"] = 8;
+  nlohmann::json m = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"}, {"hidden_size", 16},
+                      {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"vocab_size", 50}, {"sliding_window", 5}};
+  for (const auto& [name, cfg] : {std::pair<const char*, nlohmann::json>{"qwen3_moe", q}, {"mixtral", m}}) {
+    INFO(name);
+    const std::string config = tmp.file(std::string(name) + ".json", cfg.dump());
+    testing::check_run(testing::run_strata("estimate --model " + config), 2,
+                       {"sliding_window", "slides layer 0", "mixture-of-experts", "set sliding_window to null"});
+  }
+  // without the window both load
+  q["use_sliding_window"] = false;
+  m["sliding_window"] = nullptr;
+  CHECK(parse(q).sliding_window == 0);
+  CHECK(parse(m).sliding_window == 0);
+}
+
 TEST_CASE("MoE routing picks the top k, renormalises, and lays rows out expert by expert", "[moe]") {
   // 3 tokens, 4 experts, k = 2
   const std::vector<float> logits = {0.f, 2.f, 1.f, -1.f,   // token 0: experts 1, 2
