@@ -175,7 +175,16 @@ void plan_host(PlanParts& x, const PlanChoice& choice) {
   }
   const size_t f32_bytes = layout.f32.tier_bytes(Tier::host);
   const size_t working_bytes = layout.working.tier_bytes(Tier::host_pinned);
-  x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
+  if (layout.packed) {  // an NF4 base (offload/state/nf4_layout.h): the decoder layers apart from the rest
+    size_t layers = 0;
+    for (size_t l = 0; l < L; ++l) layers += layout.groups[1 + l].working_bytes;
+    x.add(str_cat("working weights: decoder layers (NF4", spec.base_quant.double_quant ? ", double-quantized" : "",
+                  "; norms ", dtype_name(DType::f32), ")"), Tier::host_pinned, layers);
+    x.add(str_cat("working weights: embeddings, final norm, lm_head (", dtype_name(spec.matrix_dtype), ")"),
+          Tier::host_pinned, working_bytes - layers);
+  } else {
+    x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
+  }
   const bool frozen = in.lora.enabled();
   const bool aliased = spec.matrix_dtype == DType::f32 && in.f32_master_shared;
   // a split: the groups before the first on NVMe keep their state in RAM (all of them without NVMe)

@@ -14,6 +14,7 @@
 
 #include "io/safetensors.h"
 #include "offload/state/moe_packed.h"
+#include "offload/state/nf4_hf.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
 
@@ -21,6 +22,8 @@ namespace strata {
 
 void model_load_weights(HostStore& store, const std::string& dir, const LoraAdapter* adapter) {
   const ModelSpec& spec = store.spec();
+  // saved pre-quantized by bitsandbytes (offload/state/nf4_hf.h); another quantization: exit 2
+  if (const HfQuantization q = hf_quantization_of(spec.config, dir); q.nf4) return nf4_hf_load(store, dir, q, adapter);
   SafetensorsDir st = SafetensorsDir::open(dir);
   // MoE experts in the Hub's per-expert layout, or packed 3-D (offload/state/moe_packed.h)
   const bool moe = spec.config.num_experts > 0;
