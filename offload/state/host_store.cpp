@@ -222,7 +222,7 @@ size_t HostStore::shared_bytes(const ModelSpec& spec) {
 HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(dev), spec_(spec), shared_(true) {
   HostStoreLayout l = layout(spec_);
   STRATA_CHECK(!l.packed, "an NF4 base (lora.base_dtype = \"nf4\") is not shared between ranks yet: run one process "
-               "per node, or lora.base_dtype = \"bf16\"");
+               "per node (distributed.shared_host_store = false), or lora.base_dtype = \"auto\"");
   master_is_working_ = working_is_f32(l);
   working_ = std::move(l.working);
   f32_ = std::move(l.f32);

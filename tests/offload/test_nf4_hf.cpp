@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "io/json.h"
+#include "offload/state/lora.h"
 #include "offload/state/model_io.h"
 #include "offload/state/nf4_hf.h"
 #include "offload/state/nf4_layout.h"
@@ -83,6 +85,46 @@ TEST_CASE("a pre-quantized bitsandbytes dir loads as it is, or as bitsandbytes' 
       CHECK(got == ref);
     }
   }
+}
+
+TEST_CASE("strata generate --adapter on a pre-quantized base equals it on the dequantized bf16 base", "[qlora][nf4][cli]") {
+  // The adapter merged into bitsandbytes' dequantized weights (a plain bf16 store), as PEFT applies
+  // it to a 4-bit base: the same greedy tokens as the same adapter on a bf16 dir of those weights,
+  // and other tokens than the base alone.
+  testing::TempDir tmp("nf4_generate");
+  const std::string q4 = testing::source_path("tests/golden/bnb_nf4/q4");
+  auto dev = device_create(DeviceOptions{});
+  const ModelSpec spec = model_spec_build(hf_config_load(q4), DType::bf16);
+  HostStoreOptions so;
+  so.weights_only = true;
+  HostStore deq(*dev, spec, so);
+  model_load_weights(deq, q4);
+  const std::string deq_dir = (tmp.path / "dequantized").string();
+  model_save_hf(deq, deq_dir, DType::bf16);
+  LoraOptions lo;
+  lo.r = 2;
+  lo.alpha = 4;
+  LoraStore lora(*dev, spec, lo);
+  lora.init(3);
+  for (size_t b : lora.layout().b_rows) {  // B = 0 would change nothing
+    const TensorSpec& t = lora.layout().table[b];
+    const std::vector<float> v = random_floats(size_t(t.numel()), b + 1, -0.5f, 0.5f);
+    std::memcpy(lora.master() + t.offset / 4, v.data(), v.size() * 4);
+  }
+  const std::string adapter = (tmp.path / "adapter").string();
+  lora.save_peft(adapter, q4);
+  const std::string input = tmp.file("in.jsonl", "{\"input_ids\": [5, 17, 290, 3, 44]}\n");
+  auto ids = [&](const std::string& model, bool with_adapter) {
+    const auto r = testing::run_strata(str_cat("generate --model ", model, with_adapter ? " --adapter " + adapter : "",
+                                               " --max-new-tokens 12 --temperature 0 < ", input), true);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out.substr(0, r.out.find('\n')))["ids"].get<std::vector<int>>();
+  };
+  const std::vector<int> on_q4 = ids(q4, true);
+  CHECK(on_q4.size() == 12);
+  CHECK(on_q4 == ids(deq_dir, true));
+  CHECK(on_q4 != ids(q4, false));
 }
 
 TEST_CASE("other quantizations in config.json are refused by name", "[qlora][nf4]") {

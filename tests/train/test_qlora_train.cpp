@@ -3,9 +3,13 @@
 // them apart), a run stopped and resumed equals the straight run bit for bit (layer-major
 // accumulation too), and bad settings are refused naming the key.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "io/safetensors.h"
+#include "offload/state/model_io.h"
+#include "offload/state/nf4_layout.h"
 #include "src/recipe/recipe.h"
 #include "src/train/trainer.h"
 #include "tests/testing.h"
@@ -31,7 +35,8 @@ Recipe qlora_recipe(const std::string& out, std::vector<std::string> extra) {
 
 TEST_CASE("QLoRA SFT lowers the held-out loss with the decoder layers in NF4 on the host", "[qlora][train]") {
   const std::string out = fresh("sft");
-  const TrainSummary s = train_run(qlora_recipe(out, {"train.max_steps=12", "train.eval_steps=4", "data.eval_split=0.1"}));
+  const TrainSummary s = train_run(qlora_recipe(out, {"train.max_steps=12", "train.eval_steps=4", "data.eval_split=0.1",
+                                                      "lora.merge=true"}));
   REQUIRE(s.losses.size() == 12);
   const auto rec = testing::metrics_records(out, "eval_loss");
   REQUIRE(rec.size() >= 2);
@@ -51,6 +56,42 @@ TEST_CASE("QLoRA SFT lowers the held-out loss with the decoder layers in NF4 on 
   CHECK(layers > 0);
   CHECK(rest > 0);
   CHECK(fs::exists(out + "/final/adapter/adapter_model.safetensors"));
+
+  // the merged export: the dequantized bf16 base + (alpha / r) B A, rounded once to bf16 (an NF4
+  // store cannot hold merged weights: they are merged as they are written)
+  const std::string tiny = testing::source_path("recipes/sft-tiny/models/tiny");
+  ModelSpec spec = model_spec_build(hf_config_load(tiny), DType::bf16);
+  nf4_base_enable(spec, true);
+  auto dev = device_create(DeviceOptions{});
+  HostStoreOptions so;
+  so.weights_only = true;
+  HostStore store(*dev, spec, so);
+  model_load_weights(store, tiny);
+  SafetensorsDir merged = SafetensorsDir::open(out + "/final/merged");
+  SafetensorsFile adapter = SafetensorsFile::open(out + "/final/adapter/adapter_model.safetensors");
+  CHECK_FALSE(nlohmann::json::parse(testing::read_file(out + "/final/merged/config.json")).contains("quantization_config"));
+  for (const char* module : {"model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"}) {
+    INFO(module);
+    const size_t row = spec.params.index_of(std::string(module) + ".weight");
+    const int64_t o = spec.params[row].shape[0], in = spec.params[row].shape[1], r = 8;
+    std::vector<float> base(size_t(o * in)), got(size_t(o * in)), A(size_t(r * in)), B(size_t(o * r));
+    store.get_param(row, base.data());
+    merged.read(std::string(module) + ".weight", DType::f32, got.data());
+    adapter.read(*adapter.find(str_cat("base_model.model.", module, ".lora_A.weight")), DType::f32, A.data());
+    adapter.read(*adapter.find(str_cat("base_model.model.", module, ".lora_B.weight")), DType::f32, B.data());
+    size_t off = 0, changed = 0;
+    for (int64_t i = 0; i < o; ++i)
+      for (int64_t j = 0; j < in; ++j) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k) d += double(B[size_t(i * r + k)]) * double(A[size_t(k * in + j)]);
+        const float want = bf16_to_f32(f32_to_bf16(float(double(base[size_t(i * in + j)]) + 2.0 * d)));
+        const float g = got[size_t(i * in + j)];
+        changed += g != base[size_t(i * in + j)];
+        if (g != want) ++off, CHECK(std::abs(g - want) <= std::ldexp(std::abs(want), -7));  // one bf16 step
+      }
+    CHECK(changed > size_t(o * in) / 2);
+    CHECK(off * 100 <= size_t(o * in));
+  }
 }
 
 TEST_CASE("a QLoRA run stopped and resumed equals the straight run bit for bit", "[qlora][checkpoint]") {
