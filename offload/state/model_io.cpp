@@ -23,7 +23,8 @@ namespace strata {
 void model_load_weights(HostStore& store, const std::string& dir, const LoraAdapter* adapter) {
   const ModelSpec& spec = store.spec();
   // saved pre-quantized by bitsandbytes (offload/state/nf4_hf.h); another quantization: exit 2
-  if (const HfQuantization q = hf_quantization_of(spec.config, dir); q.nf4) return nf4_hf_load(store, dir, q, adapter);
+  if (std::filesystem::exists(dir + "/config.json"))  // the dir's own, not the spec's (quantizing at load reads a bf16 dir)
+    if (const HfQuantization q = hf_quantization_of(hf_config_load(dir), dir); q.nf4) return nf4_hf_load(store, dir, q, adapter);
   SafetensorsDir st = SafetensorsDir::open(dir);
   // MoE experts in the Hub's per-expert layout, or packed 3-D (offload/state/moe_packed.h)
   const bool moe = spec.config.num_experts > 0;

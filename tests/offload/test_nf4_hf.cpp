@@ -108,7 +108,7 @@ TEST_CASE("strata generate --adapter on a pre-quantized base equals it on the de
   lora.init(3);
   for (size_t b : lora.layout().b_rows) {  // B = 0 would change nothing
     const TensorSpec& t = lora.layout().table[b];
-    const std::vector<float> v = random_floats(size_t(t.numel()), b + 1, -0.5f, 0.5f);
+    const std::vector<float> v = testing::random_floats(size_t(t.numel()), b + 1, -0.5f, 0.5f);
     std::memcpy(lora.master() + t.offset / 4, v.data(), v.size() * 4);
   }
   const std::string adapter = (tmp.path / "adapter").string();
@@ -116,10 +116,12 @@ TEST_CASE("strata generate --adapter on a pre-quantized base equals it on the de
   const std::string input = tmp.file("in.jsonl", "{\"input_ids\": [5, 17, 290, 3, 44]}\n");
   auto ids = [&](const std::string& model, bool with_adapter) {
     const auto r = testing::run_strata(str_cat("generate --model ", model, with_adapter ? " --adapter " + adapter : "",
-                                               " --max-new-tokens 12 --temperature 0 < ", input), true);
+                                               " --max-new-tokens 12 --temperature 0 < ", input));
     INFO(r.out);
     REQUIRE(r.code == 0);
-    return nlohmann::json::parse(r.out.substr(0, r.out.find('\n')))["ids"].get<std::vector<int>>();
+    const size_t at = r.out.find("{\"text\"");
+    REQUIRE(at != std::string::npos);
+    return nlohmann::json::parse(r.out.substr(at, r.out.find('\n', at) - at))["ids"].get<std::vector<int>>();
   };
   const std::vector<int> on_q4 = ids(q4, true);
   CHECK(on_q4.size() == 12);
