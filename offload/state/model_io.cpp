@@ -198,6 +198,7 @@ void model_save_hf(const HostStore& store, const std::string& dir, DType dtype,
   safetensors_write_dir(dir, tensors, max_shard_bytes);
   ModelConfig cfg = spec.config;
   cfg.raw["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
+  cfg.raw.erase("quantization_config");  // a pre-quantized base's (nf4_hf.h): these weights are plain
   hf_config_save(cfg, dir + "/config.json");
 }
 
