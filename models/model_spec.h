@@ -26,12 +26,24 @@ struct ModelLayer {
   int64_t linear_row(int target) const;  // the row of LoRA target `target` (layer_linear_name); kAbsent
 };
 
+// How the frozen base's decoder-layer linear weights are stored on the host and over the link
+// (lora.base_dtype, offload/state/nf4_layout.h): as the working dtype (none), or as bitsandbytes'
+// NF4 codes + absmax (double-quantized with double_quant), dequantized to bf16 on the device.
+// torch_threads: the torch thread count whose float32 sum the double quantization's mean
+// reproduces (kernels/cpu/nf4.h: it matters above 32768 blocks).
+struct BaseQuant {
+  bool nf4 = false;
+  bool double_quant = true;
+  int torch_threads = 1;
+};
+
 struct ModelSpec {
   ModelConfig config;
   DType matrix_dtype = DType::f32;  // 2-D weights on the device; vectors are always f32
   TensorTable params;               // HF names; tier device (resident) by default
   std::vector<ModelLayer> layers;
   int64_t embed = kAbsent, final_norm = kAbsent, lm_head = kAbsent;  // lm_head kAbsent: tied
+  BaseQuant base_quant;             // set after model_spec_build by a QLoRA run
 
   int64_t lm_head_row() const { return lm_head == kAbsent ? embed : lm_head; }
   int64_t parameter_count() const;

@@ -278,7 +278,8 @@ void nf4_absmax_dequantize(float* absmax, const uint8_t* qabsmax, const float* a
 }
 
 namespace {
-template <class T>
+// T bf16: the weights rounded to bf16; float: unrounded (round_bf16 false) or the bf16 value widened.
+template <class T, bool round_bf16 = std::is_same_v<T, bf16>>
 void dequantize_impl(T* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
                      float offset, int64_t n) {
   const int64_t blocks = nf4_blocks(n);
@@ -296,6 +297,8 @@ void dequantize_impl(T* w, const uint8_t* codes, const uint8_t* qabsmax, const f
       const float v = kNf4[(i % 2 == 0) ? (byte >> 4) : (byte & 0x0f)] * scale;
       if constexpr (std::is_same_v<T, bf16>)
         w[i] = f32_to_bf16(v);
+      else if constexpr (round_bf16)
+        w[i] = bf16_to_f32(f32_to_bf16(v));
       else
         w[i] = v;
     }
@@ -311,6 +314,11 @@ void nf4_dequantize_bf16(bf16* w, const uint8_t* codes, const uint8_t* qabsmax,
 void nf4_dequantize_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax,
                         const float* absmax, float offset, int64_t n) {
   dequantize_impl(w, codes, qabsmax, absmax, offset, n);
+}
+
+void nf4_dequantize_bf16_as_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
+                                float offset, int64_t n) {
+  dequantize_impl<float, true>(w, codes, qabsmax, absmax, offset, n);
 }
 
 }  // namespace strata::cpu

@@ -66,6 +66,9 @@ void nf4_absmax_dequantize(float* absmax, const uint8_t* qabsmax, const float* a
 // absmax are first dequantized from (qabsmax, absmax2 = `absmax`, offset) as above.
 void nf4_dequantize_bf16(bf16* w, const uint8_t* codes, const uint8_t* qabsmax,
                          const float* absmax, float offset, int64_t n);
+// The bf16 weights widened to f32 (exact): an f32 base of the same weights (the device op's f32 slot).
+void nf4_dequantize_bf16_as_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax,
+                                const float* absmax, float offset, int64_t n);
 // The same into f32 (no bf16 rounding): what bitsandbytes gives for an f32 quant state.
 void nf4_dequantize_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax,
                         const float* absmax, float offset, int64_t n);

@@ -17,7 +17,12 @@ __constant__ float kNf4Code[16] = {
     0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
 
-__global__ void nf4_dequantize_kernel(__nv_bfloat16* w, const uint8_t* codes, const uint8_t* qabsmax,
+__device__ __forceinline__ void put(__nv_bfloat16* w, float v) { *w = bf16_from(v); }
+__device__ __forceinline__ void put(float* w, float v) { *w = bf16_load_rounded(v); }
+
+// T: __nv_bfloat16, or float holding the same bf16 value widened (an f32 base of the same weights).
+template <class T>
+__global__ void nf4_dequantize_kernel(T* w, const uint8_t* codes, const uint8_t* qabsmax,
                                       const float* absmax, float offset, const float* map, int64_t n) {
   const int64_t bytes = (n + 1) / 2;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -26,8 +31,8 @@ __global__ void nf4_dequantize_kernel(__nv_bfloat16* w, const uint8_t* codes, co
     float scale = absmax[qabsmax ? b / 256 : b];
     if (qabsmax) scale = __fadd_rn(__fmul_rn(map[qabsmax[b]], scale), offset);
     const uint8_t byte = codes[j];
-    w[i] = bf16_from(__fmul_rn(kNf4Code[byte >> 4], scale));
-    if (i + 1 < n) w[i + 1] = bf16_from(__fmul_rn(kNf4Code[byte & 0x0f], scale));
+    put(w + i, __fmul_rn(kNf4Code[byte >> 4], scale));
+    if (i + 1 < n) put(w + i + 1, __fmul_rn(kNf4Code[byte & 0x0f], scale));
   }
 }
 
@@ -39,9 +44,20 @@ void nf4_dequantize_bf16(bf16* w, const uint8_t* codes, const uint8_t* qabsmax, 
   STRATA_CHECK(!qabsmax || map, "nf4_dequantize_bf16: a double-quantized absmax needs the dynamic map");
   if (n == 0) return;
   const int64_t bytes = (n + 1) / 2;
-  STRATA_LAUNCH(nf4_dequantize_kernel, grid_blocks(bytes, kThreads), kThreads, 0, stream,
+  STRATA_LAUNCH(nf4_dequantize_kernel<__nv_bfloat16>, grid_blocks(bytes, kThreads), kThreads, 0, stream,
                 reinterpret_cast<__nv_bfloat16*>(w), codes, qabsmax, absmax, offset, map, n);
   STRATA_CUDA_CHECK_LAUNCH("nf4_dequantize_bf16");
+}
+
+void nf4_dequantize_bf16_as_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
+                                float offset, const float* map, int64_t n, cudaStream_t stream) {
+  STRATA_CHECK(n >= 0, "nf4_dequantize_bf16_as_f32: need n >= 0, got n=", n);
+  STRATA_CHECK(!qabsmax || map, "nf4_dequantize_bf16_as_f32: a double-quantized absmax needs the dynamic map");
+  if (n == 0) return;
+  const int64_t bytes = (n + 1) / 2;
+  STRATA_LAUNCH(nf4_dequantize_kernel<float>, grid_blocks(bytes, kThreads), kThreads, 0, stream, w, codes, qabsmax,
+                absmax, offset, map, n);
+  STRATA_CUDA_CHECK_LAUNCH("nf4_dequantize_bf16_as_f32");
 }
 
 }  // namespace strata::cuda

@@ -15,5 +15,8 @@ namespace strata::cuda {
 
 void nf4_dequantize_bf16(bf16* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
                          float offset, const float* map, int64_t n, cudaStream_t stream);
+// The same weights widened to f32 (exact): w (n) = float(bf16(NF4[code] · absmax)), for an f32 base.
+void nf4_dequantize_bf16_as_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
+                                float offset, const float* map, int64_t n, cudaStream_t stream);
 
 }  // namespace strata::cuda

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "offload/state/nf4_layout.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -17,7 +18,16 @@ LayerPass::LayerPass(Device& dev, HostStore& store, const LayerPassSlots& slots,
   R_ = slots.head_rows;
   STRATA_ASSERT(R_ > 0 && slots.final_norm, "a pass needs its lm_head chunk rows and a final norm slot");
   K_ = size_t((V_ + R_ - 1) / R_);
-  layers_.emplace(dev_, slots.layers, store.derived_staging_bytes());
+  // An NF4 base (offload/state/nf4_layout.h): the packed block lands past the slot's decoded
+  // part, and is dequantized into it once per upload.
+  std::vector<char*> upload_slots = slots.layers;
+  if (store.packed()) {
+    const size_t packed_at = layer_slot_bytes(HostStore::layout(spec), L_).decoded;
+    decoded_ = slots.layers;
+    for (char*& p : upload_slots) p += packed_at;
+    decoded_layer_.assign(decoded_.size(), -1);
+  }
+  layers_.emplace(dev_, upload_slots, store.derived_staging_bytes());
   head_.emplace(dev_, slots.head);
   norm_.emplace(dev_, reinterpret_cast<char*>(slots.final_norm));
   if (slots.lm_resident) lm_resident_.emplace(dev_, slots.lm_resident);
@@ -28,7 +38,18 @@ LayerPass::LayerPass(Device& dev, HostStore& store, const LayerPassSlots& slots,
 // ---- weights -------------------------------------------------------------------------------
 
 const char* LayerPass::acquire_layer(size_t layer) {
-  return layers_->acquire(layer, layer_host_block(store_, layer), [&] { wait_group(1 + layer); });
+  const HostBlock block = layer_host_block(store_, layer);
+  const char* w = layers_->acquire(layer, block, [&] {
+    wait_group(1 + layer);
+    layer_upload_bytes_ += block.bytes;
+  });
+  if (decoded_.empty()) return w;
+  const size_t s = layers_->slot_of(layer);
+  if (decoded_layer_[s] != int64_t(layer)) {  // the upload's bytes are new: decode them (compute stream order)
+    nf4_decode_layer(dev_, decoded_[s], w, store_, layer, Stream::compute);
+    decoded_layer_[s] = int64_t(layer);
+  }
+  return decoded_[s];
 }
 
 void LayerPass::release_layer(size_t layer) { layers_->release(layer); }
@@ -65,6 +86,7 @@ void LayerPass::release_head_chunk(size_t chunk) {
 
 void LayerPass::mark_stale() {
   layers_->invalidate();
+  std::fill(decoded_layer_.begin(), decoded_layer_.end(), -1);
   head_->invalidate();
   norm_->invalidate();
   if (lm_resident_) lm_resident_->invalidate();
@@ -151,6 +173,7 @@ EngineStats LayerPass::stats() const {
   s.optimizer_s = host_ ? host_->busy_s() : 0.0;
   s.optimizer_exposed_s = optimizer_exposed_s_;
   s.link_bytes = c.h2d_bytes + c.d2h_bytes;
+  s.layer_upload_bytes = layer_upload_bytes_;
   return s;
 }
 

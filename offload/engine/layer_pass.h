@@ -78,7 +78,7 @@ class LayerPass {
   // Every stream, the host queue, then each of `more`, all run even when one fails; the first
   // error is rethrown. Pending updates are forgotten either way.
   void synchronize(std::initializer_list<std::function<void()>> more = {});
-  // compute_s, h2d_wait_s, optimizer_s, optimizer_exposed_s, link_bytes
+  // compute_s, h2d_wait_s, optimizer_s, optimizer_exposed_s, link_bytes, layer_upload_bytes
   EngineStats stats() const;
 
  private:
@@ -87,11 +87,14 @@ class LayerPass {
   size_t L_ = 0, K_ = 0;
   int64_t R_ = 0, V_ = 0;
   std::optional<WeightStream> layers_, head_;
+  std::vector<char*> decoded_;           // an NF4 base: each layer slot's dequantized part (else empty)
+  std::vector<int64_t> decoded_layer_;   // the layer each decoded part holds (-1: none)
   std::optional<ResidentBlock> norm_, lm_resident_;
   std::unique_ptr<HostQueue> host_;
   std::vector<uint64_t> update_ticket_;  // per group: its pending update (0: none)
   std::vector<float> rope_host_;         // (D/2) the source of rope_upload's asynchronous copy
   double optimizer_exposed_s_ = 0;
+  size_t layer_upload_bytes_ = 0;        // the decoder layers' blocks uploaded so far
 };
 
 template <class RowDone>

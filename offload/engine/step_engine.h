@@ -33,6 +33,7 @@ struct EngineStats {
   double optimizer_exposed_s = 0;  // compute stream out of work while the trainer thread waited
                                    // for an optimizer update or computed the global norm
   size_t link_bytes = 0;        // h2d + d2h
+  size_t layer_upload_bytes = 0;  // of those, the decoder layers' weights uploaded (an NF4 base: its packed bytes)
   uint64_t nvme_read_bytes = 0;   // optimizer state and activation checkpoints read from NVMe
   uint64_t nvme_write_bytes = 0;  // ... and written
   double nvme_wait_s = 0;         // the optimizer's pass blocked on NVMe reads or write-backs, plus

@@ -186,7 +186,16 @@ void plan_host(PlanParts& x, const PlanChoice& choice) {
   p.derived_working_layers = derived_working_layers(layout, derived);
   const size_t working_bytes =
       layout.working.tier_bytes(Tier::host_pinned) - derived_working_bytes(layout, p.derived_working_layers);
-  x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
+  if (layout.packed) {  // an NF4 base (offload/state/nf4_layout.h): the decoder layers apart from the rest
+    size_t layers = 0;
+    for (size_t l = 0; l < L; ++l) layers += layout.groups[1 + l].working_bytes;
+    x.add(str_cat("working weights: decoder layers (NF4", spec.base_quant.double_quant ? ", double-quantized" : "",
+                  "; norms ", dtype_name(DType::f32), ")"), Tier::host_pinned, layers);
+    x.add(str_cat("working weights: embeddings, final norm, lm_head (", dtype_name(spec.matrix_dtype), ")"),
+          Tier::host_pinned, working_bytes - layers);
+  } else {
+    x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
+  }
   if (p.derived_working_layers)
     x.add(kDerivedStagingKind, Tier::host_pinned, derived_staging_bytes(layout, p.derived_working_layers));
   const size_t ram_f32 = f32_prefix_bytes(layout, first), nvme_f32 = f32_bytes - ram_f32;

@@ -6,6 +6,7 @@
 
 #include "offload/stream/engine_buffers.h"
 #include "offload/state/host_store.h"
+#include "offload/state/nf4_layout.h"
 #include "offload/state/nvme_state.h"
 #include "src/core/error.h"
 
@@ -81,6 +82,9 @@ DeviceWork layer_work(const ModelSpec& spec, size_t layer, int64_t B, int64_t T)
   w.matmul_flops = c.matmul_flops;
   w.attention_flops = c.attention_flops;
   w.elementwise_bytes = c.elementwise_bytes;
+  // an NF4 base: each upload of the layer is dequantized on the device (packed bytes read, the
+  // weights written), about twice a micro-batch (forward and backward; once a layer-major pass)
+  if (spec.base_quant.nf4) w.elementwise_bytes += 2.0 * double(nf4_decode_bytes(spec, layer));
   return w;
 }
 

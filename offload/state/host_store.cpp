@@ -13,6 +13,7 @@
 
 #include <vector>
 
+#include "offload/state/nf4_layout.h"
 #include "offload/state/nvme_state.h"
 #include "offload/state/split_state.h"
 #include "src/core/bf16.h"
@@ -80,7 +81,19 @@ HostStoreLayout HostStore::layout(const ModelSpec& spec) {
                 l.groups.back().name == "head", "unexpected parameter order");
   l.working.layout(Tier::host_pinned);
   l.f32.layout(Tier::host);
+  l.device = l.working;
+  if (spec.base_quant.nf4) {  // the packed rows: u8, their NF4 state's bytes (nf4_layout.h)
+    l.packed = true;
+    const std::vector<bool> packed = nf4_packed_rows(spec);
+    for (size_t r = 0; r < rows.size(); ++r)
+      if (packed[r])
+        l.working[r].shape = {int64_t(Nf4RowLayout::of(rows[r].numel(), spec.base_quant.double_quant).bytes)},
+        l.working[r].dtype = DType::u8;
+    l.working.layout(Tier::host_pinned);
+  }
   for (auto& g : l.groups) {
+    g.device_offset = l.device[g.first_row].offset;
+    g.device_bytes = l.device[g.end_row - 1].offset + l.device[g.end_row - 1].bytes() - g.device_offset;
     g.working_offset = l.working[g.first_row].offset;
     g.f32_offset = l.f32[g.first_row].offset;
     const TensorSpec& last_w = l.working[g.end_row - 1];
@@ -134,10 +147,14 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
   STRATA_CHECK(options_.weights_only || !options_.state_on_nvme || options_.nvme_first_group < l.groups.size(),
                "the optimizer state's NVMe part starts at parameter group ", options_.nvme_first_group,
                ", but the model has ", l.groups.size(), " groups (embed, the layers, head)");
+  STRATA_CHECK(!l.packed || options_.weights_only, "an NF4 base (lora.base_dtype = \"nf4\") is frozen: it trains "
+               "LoRA adapters only (set lora.r > 0)");
   master_is_working_ = working_is_f32(l);
   working_ = std::move(l.working);
   f32_ = std::move(l.f32);
   groups_ = std::move(l.groups);
+  device_ = std::move(l.device);
+  packed_ = l.packed;
   for (size_t r = 0; master_is_working_ && r < f32_.size(); ++r)
     STRATA_ASSERT(working_[r].offset == f32_[r].offset, "f32 working and master tables differ at ", f32_[r].name);
   const size_t working_bytes = working_.tier_bytes(Tier::host_pinned);
@@ -174,7 +191,7 @@ HostStore::HostStore(Device& dev, const ModelSpec& spec, const HostStoreOptions&
       std::memset(grad_, 0, bytes);
     }
     // master, m and v in RAM for all groups, or for those before the split; the rest on NVMe
-    const HostStoreLayout placed{working_, f32_, groups_};
+    const HostStoreLayout placed{working_, f32_, groups_, device_, packed_};
     alloc_state_arrays(state_ram_f32_bytes(placed, options_) / 4);
     if (!options_.state_on_nvme) {
       placement_ = std::make_unique<RamStatePlacement>(*this);
@@ -225,10 +242,13 @@ size_t HostStore::shared_bytes(const ModelSpec& spec) {
 
 HostStore::HostStore(Device& dev, const ModelSpec& spec, void* shared) : dev_(dev), spec_(spec), shared_(true) {
   HostStoreLayout l = layout(spec_);
+  STRATA_CHECK(!l.packed, "an NF4 base (lora.base_dtype = \"nf4\") is not shared between ranks yet: run one process "
+               "per node (distributed.shared_host_store = false), or lora.base_dtype = \"auto\"");
   master_is_working_ = working_is_f32(l);
   working_ = std::move(l.working);
   f32_ = std::move(l.f32);
   groups_ = std::move(l.groups);
+  device_ = std::move(l.device);
   char* p = static_cast<char*>(shared);
   working_data_ = p;
   p += page_round(working_.tier_bytes(Tier::host_pinned));
@@ -309,7 +329,9 @@ void HostStore::write_state(StateArray a, size_t row, int64_t first, int64_t cou
 void HostStore::set_param(size_t row, const float* values) {
   const int64_t n = f32_[row].numel();
   if (!master_is_working_ && !options_.weights_only) write_state(StateArray::master, row, 0, n, values);
-  if (!row_derived(row)) dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, size_t(n));
+  if (row_derived(row)) return;
+  if (working_[row].dtype == DType::u8) return nf4_pack_row(static_cast<char*>(working_of(row)), values, n, spec_.base_quant);
+  dtype_convert(working_of(row), working_[row].dtype, values, DType::f32, size_t(n));
 }
 
 // ---- derived working weights (offload.working_weights = "derived") ----------------------------
@@ -371,6 +393,8 @@ size_t HostStore::derived_staging_bytes() const {
 }
 
 void HostStore::get_param(size_t row, float* values) const {
+  if (working_[row].dtype == DType::u8)  // packed: its dequantized bf16 values
+    return nf4_unpack_row(values, working_data_ + working_[row].offset, f32_[row].numel(), spec_.base_quant.double_quant);
   if (options_.weights_only) {  // the working copy is all there is
     dtype_convert(values, DType::f32, working_data_ + working_[row].offset, working_[row].dtype, size_t(f32_[row].numel()));
     return;

@@ -65,7 +65,11 @@ class HostStore {
   HostStore& operator=(const HostStore&) = delete;
 
   const ModelSpec& spec() const { return spec_; }
-  const TensorTable& working_table() const { return working_; }  // device dtypes
+  // The working arena's rows: device dtypes, or u8 for the rows of a packed (NF4) base
+  // (offload/state/nf4_layout.h); device_table() is the layout of a layer's device slot.
+  const TensorTable& working_table() const { return working_; }
+  const TensorTable& device_table() const { return device_; }
+  bool packed() const { return packed_; }
   const TensorTable& f32_table() const { return f32_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const ParamGroup& layer_group(size_t layer) const { return groups_[1 + layer]; }
@@ -73,6 +77,7 @@ class HostStore {
   const ParamGroup& head_group() const { return groups_.back(); }
 
   char* working() { return working_data_; }
+  const char* working() const { return working_data_; }
   // The RAM arrays; null when the placement keeps them elsewhere (NVMe) or the optimizer does
   // not need them (options().needs). In f32 compute mode master() is the working copy. With the
   // state split (options().nvme_first_group > 0) they cover the groups before the split alone:
@@ -161,7 +166,8 @@ class HostStore {
   size_t working_reserved_ = 0;  // derived: the mmap'd arena's bytes (0: alloc_pinned's)
   std::vector<std::pair<char*, size_t>> working_kept_;  // derived: the arena's kept ranges (bytes registered, 0: pageable)
   std::unique_ptr<StatePlacement> placement_;
-  TensorTable working_, f32_;
+  TensorTable working_, f32_, device_;
+  bool packed_ = false;  // ModelSpec::base_quant.nf4: the layers' linears are NF4 in the working arena
   std::vector<ParamGroup> groups_;
   char* working_data_ = nullptr;
   float *master_ = nullptr, *grad_ = nullptr;

@@ -47,6 +47,10 @@ struct LoraOptions {
   double dropout = 0.0;   // lora_dropout, in [0, 1)
   uint64_t seed = 0;      // the run's seed: the dropout masks' key (lora_dropout_seed)
   uint32_t targets = kLoraAllTargets;
+  // lora.base_dtype = "nf4" (offload/state/nf4_layout.h): the base's decoder-layer linears held and
+  // streamed as NF4; lora.double_quant its absmax double-quantized
+  bool base_nf4 = false;
+  bool double_quant = true;
   bool enabled() const { return r > 0; }
   float scale() const { return float(alpha / double(r)); }
 };

@@ -14,6 +14,7 @@
 
 #include "io/safetensors.h"
 #include "offload/state/moe_packed.h"
+#include "offload/state/nf4_hf.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
 
@@ -21,6 +22,9 @@ namespace strata {
 
 void model_load_weights(HostStore& store, const std::string& dir, const LoraAdapter* adapter) {
   const ModelSpec& spec = store.spec();
+  // saved pre-quantized by bitsandbytes (offload/state/nf4_hf.h); another quantization: exit 2
+  if (std::filesystem::exists(dir + "/config.json"))  // the dir's own, not the spec's (quantizing at load reads a bf16 dir)
+    if (const HfQuantization q = hf_quantization_of(hf_config_load(dir), dir); q.nf4) return nf4_hf_load(store, dir, q, adapter);
   SafetensorsDir st = SafetensorsDir::open(dir);
   // MoE experts in the Hub's per-expert layout, or packed 3-D (offload/state/moe_packed.h)
   const bool moe = spec.config.num_experts > 0;
@@ -200,6 +204,7 @@ void model_save_hf(const HostStore& store, const std::string& dir, DType dtype,
   safetensors_write_dir(dir, tensors, max_shard_bytes);
   ModelConfig cfg = spec.config;
   cfg.raw["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
+  cfg.raw.erase("quantization_config");  // a pre-quantized base's (nf4_hf.h): these weights are plain
   hf_config_save(cfg, dir + "/config.json");
 }
 

@@ -16,7 +16,8 @@ inline constexpr size_t kExportChunkElements = size_t(1) << 20;
 // Reads every parameter from dir (any of F32/BF16/F16 on disk) into the store (master and
 // working copy). Missing, unexpected or misshapen tensors are one error listing them all.
 // With an adapter (models/lora_adapter.h), each adapted weight is merged in f32 as it is read
-// and rounded once to the store's dtypes.
+// and rounded once to the store's dtypes. A dir saved pre-quantized by bitsandbytes (4-bit NF4)
+// is read by nf4_hf_load; any other quantization_config is refused by name.
 void model_load_weights(HostStore& store, const std::string& dir, const LoraAdapter* adapter = nullptr);
 
 // Initialises weights from a seed the way HF does for a fresh model: matrices N(0, std),

@@ -19,12 +19,20 @@ struct ParamGroup {
   size_t first_row = 0, end_row = 0;  // rows [first, end) of the spec's parameter table
   size_t working_offset = 0, working_bytes = 0;  // bytes in the working arena
   size_t f32_offset = 0, f32_bytes = 0;          // bytes in the f32 arenas
+  // The group's bytes as the device computes on them (a layer slot's layout): the working
+  // arena's own, unless the layer is stored packed (ModelSpec::base_quant) and dequantized there.
+  size_t device_offset = 0, device_bytes = 0;
 };
 
 // The store's tables and groups, computed from the spec alone (nothing allocated).
+// With a packed base (ModelSpec::base_quant.nf4) the working table's quantized rows are u8 rows
+// of their packed bytes (offload/state/nf4_layout.h) and `device` is the table the device slots
+// use (every row in its working dtype); otherwise device is the working table.
 struct HostStoreLayout {
   TensorTable working, f32;
   std::vector<ParamGroup> groups;
+  TensorTable device;
+  bool packed = false;
 };
 
 // What the optimizer keeps per parameter beyond the working weights and the fp32 master: the

@@ -1,5 +1,6 @@
 // The step engines' and the generator's buffer tables (engine_buffers.h).
 #include "offload/stream/engine_buffers.h"
+#include "offload/state/nf4_layout.h"
 
 #include <algorithm>
 
@@ -61,15 +62,16 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
     d.lora_dropout = options.lora.dropout > 0;
     s.lora_bytes = LoraLayout::of(spec, options.lora).bytes;
   }
-  size_t max_w = 0;
-  for (size_t i = 0; i < s.layers; ++i) {
-    max_w = std::max(max_w, layout.groups[1 + i].working_bytes);
+  // a slot holds the layer as uploaded; an NF4 layer also its dequantized bf16 copy
+  // (offload/state/nf4_layout.h), every slot sized for the largest layer
+  const size_t max_w = layer_slot_bytes(layout, s.layers).total();
+  for (size_t i = 0; i < s.layers; ++i)
     if (!s.frozen()) s.layer_grad_bytes = std::max(s.layer_grad_bytes, layout.groups[1 + i].f32_bytes);
-  }
   if (s.weights == WeightsMode::stream) {
     s.slot_bytes.assign(std::min<size_t>(2, s.layers), max_w);
   } else {
-    for (size_t i = 0; i < s.layers; ++i) s.slot_bytes.push_back(layout.groups[1 + i].working_bytes);
+    for (size_t i = 0; i < s.layers; ++i)
+      s.slot_bytes.push_back(layout.packed ? max_w : layout.groups[1 + i].working_bytes);
   }
   s.head_rows = engine_head_chunk_rows(spec, options);
   s.head_chunks = size_t((s.V + s.head_rows - 1) / s.head_rows);
@@ -287,10 +289,7 @@ size_t generator_kv_layer_bytes(const ModelSpec& spec, const GeneratorShape& sha
 namespace {
 
 size_t max_layer_working_bytes(const ModelSpec& spec) {
-  const HostStoreLayout layout = HostStore::layout(spec);
-  size_t bytes = 0;
-  for (size_t l = 0; l < spec.layers.size(); ++l) bytes = std::max(bytes, layout.groups[1 + l].working_bytes);
-  return bytes;
+  return layer_slot_bytes(HostStore::layout(spec), spec.layers.size()).total();
 }
 
 // The placements worth considering: weights resident or streamed, times every layer's cache on

@@ -88,7 +88,7 @@ View group_view(const ModelLayer& layer, const TensorTable& table, size_t first,
 }  // namespace
 
 LayerTensors layer_weights_in(const ModelSpec& spec, const HostStoreLayout& layout, const char* base, size_t layer) {
-  return group_view<LayerTensors>(spec.layers[layer], layout.working, layout.groups[1 + layer].working_offset, base);
+  return group_view<LayerTensors>(spec.layers[layer], layout.device, layout.groups[1 + layer].device_offset, base);
 }
 
 LayerGradTensors layer_grads_in(const ModelSpec& spec, const HostStoreLayout& layout, char* base, size_t layer) {
@@ -96,7 +96,7 @@ LayerGradTensors layer_grads_in(const ModelSpec& spec, const HostStoreLayout& la
 }
 
 LayerTensors layer_weights_in(const HostStore& store, const char* base, size_t layer) {
-  return group_view<LayerTensors>(store.spec().layers[layer], store.working_table(), store.layer_group(layer).working_offset, base);
+  return group_view<LayerTensors>(store.spec().layers[layer], store.device_table(), store.layer_group(layer).device_offset, base);
 }
 
 LayerGradTensors layer_grads_in(const HostStore& store, char* base, size_t layer) {

@@ -86,7 +86,8 @@ class ResidentBlock {
 };
 
 // A layer's tensors inside a device block laid out as its parameter group, in its kind's
-// parameter order (models/layer_kind.h): weights in the working dtype (a weight slot), or f32
+// parameter order (models/layer_kind.h): weights in the working dtype as the device slot lays
+// them out (HostStore::device_table(); an NF4 layer is dequantized there), or f32
 // gradients (a gradient slot). Absent tensors are null.
 inline const LayerKind& layer_kind(const HostStore& store, size_t layer) { return *store.spec().layers[layer].kind; }
 LayerTensors layer_weights_in(const HostStore& store, const char* base, size_t layer);

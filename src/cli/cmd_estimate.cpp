@@ -9,6 +9,7 @@
 
 #include "src/cli/commands.h"
 #include "offload/plan/plan_search.h"
+#include "offload/state/nf4_layout.h"
 #include "src/cli/estimate.h"
 
 namespace strata {
@@ -36,10 +37,11 @@ int cmd_estimate(const std::vector<std::string>& args) {
   const Recipe& recipe = priced.recipe;
   const ModelConfig cfg = hf_config_load(recipe.model_path.empty() ? recipe.model_config : recipe.model_path);
   const DType dtype = dtype_parse(recipe.model_dtype);
-  const ModelSpec spec = model_spec_build(cfg, dtype);
+  ModelSpec spec = model_spec_build(cfg, dtype);
   PlanInputs in;
   PlanBudgets budgets;
   estimate_plan_setup(a, recipe, in, budgets);
+  if (in.lora.enabled() && in.lora.base_nf4) nf4_base_enable(spec, in.lora.double_quant);
 
   // the device: a GPU of the table, or the recipe's (the CPU backend is measured here); a GPU's
   // nominal memory loses its context's share first

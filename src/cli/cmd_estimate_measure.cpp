@@ -179,7 +179,7 @@ class LayerProbe {
     lm_type_ = layout_.working[size_t(spec.lm_head_row())].dtype;
     const ParamGroup& g = layout_.groups[1];
     const size_t act = bytes_of<float>(N_ * C_), chunk = size_t(R_ * C_) * dtype_size(lm_type_);
-    sizes_ = {g.working_bytes, g.f32_bytes, kind_->bytes(LayerBuffer::workspace, d_), act, act, act, act, act,
+    sizes_ = {g.device_bytes, g.f32_bytes, kind_->bytes(LayerBuffer::workspace, d_), act, act, act, act, act,
               chunk, bytes_of<float>(R_ * C_), size_t(N_) * 3 * sizeof(double),
               size_t(N_) * sizeof(int32_t) * 2, bytes_of<float>(d_.D), sizeof(double)};
     for (size_t b : sizes_) total_bytes_ += (b + 4095) / 4096 * 4096 + 4096;

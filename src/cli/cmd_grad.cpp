@@ -16,6 +16,7 @@
 #include "io/files.h"
 #include "io/safetensors.h"
 #include "offload/state/lora.h"
+#include "offload/state/nf4_layout.h"
 #include "offload/state/model_io.h"
 #include "offload/objective/grpo_head.h"
 #include "offload/objective/preference_head.h"
@@ -166,8 +167,16 @@ LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
       } else if (key == "adapter") {
         STRATA_CHECK(v.is_string(), a.config, ": lora.adapter must be a path");
         *adapter = (std::filesystem::path(a.config).parent_path() / v.as_string()->get()).string();
+      } else if (key == "base_dtype") {
+        const std::string d = v.is_string() ? v.as_string()->get() : "";
+        STRATA_CHECK(d == "auto" || d == "nf4", a.config, ": lora.base_dtype must be \"auto\" (the base in --dtype) or \"nf4\"");
+        o.base_nf4 = d == "nf4";
+      } else if (key == "double_quant") {
+        STRATA_CHECK(v.is_boolean(), a.config, ": lora.double_quant must be true or false");
+        o.double_quant = v.as_boolean()->get();
       } else {
-        STRATA_CHECK(key == "merge", a.config, ": unknown key lora.", key, " (r, alpha, dropout, target_modules, merge, adapter)");
+        STRATA_CHECK(key == "merge", a.config, ": unknown key lora.", key,
+                     " (r, alpha, dropout, target_modules, merge, adapter, base_dtype, double_quant)");
       }
     }
   }
@@ -385,6 +394,7 @@ CliModel cli_load_model(const std::string& dir, const std::string& dtype_name, c
                         const PlanInputs& in) {
   CliModel m;
   m.spec = model_spec_build(hf_config_load(dir), dtype_parse(dtype_name));
+  if (in.lora.enabled() && in.lora.base_nf4) nf4_base_enable(m.spec, in.lora.double_quant);
   m.plan = placement_plan(m.spec, in, PlanBudgets{});
   DeviceOptions dopt;
   dopt.memory_bytes = parse_bytes(memory, "--device-memory");

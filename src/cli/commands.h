@@ -43,6 +43,7 @@ int cmd_detokenize(const std::vector<std::string>& args);
 int cmd_chat_template(const std::vector<std::string>& args);
 int cmd_plot(const std::vector<std::string>& args);      // metrics.jsonl as SVG charts
 int cmd_generate(const std::vector<std::string>& args);  // sample from a model or checkpoint
+int cmd_quantize(const std::vector<std::string>& args);  // a model dir as bitsandbytes' NF4 (offload/state/nf4_hf.h)
 
 // f(line, line_no) for each non-blank line of standard input (a CRLF's CR dropped), numbered
 // from 1 as the messages name them.

@@ -46,6 +46,7 @@ const Command kCommands[] = {
     {"grad", strata::cmd_grad, "loss and gradients of one batch: strata grad --model DIR --batch FILE --out GRADS.safetensors"},
     {"zo-probe", strata::cmd_zo_probe, "one zeroth-order perturbation of one batch: strata zo-probe --model DIR --batch FILE --seed S [--eps E] --out Z.safetensors"},
     {"generate", strata::cmd_generate, "text from a model: {\"prompt\"} or {\"messages\"} JSON lines on stdin -> {\"text\", \"tokens\", \"finish_reason\"} lines: strata generate --model DIR [--max-new-tokens N] [--temperature T]"},
+    {"quantize", strata::cmd_quantize, "a model dir as transformers saves a bitsandbytes 4-bit NF4 model: strata quantize --model DIR --out DIR2 [--no-double-quant]"},
     {"tokenize", strata::cmd_tokenize, "{\"text\"} JSON lines on stdin -> {\"ids\"} lines: strata tokenize --tokenizer DIR [--add-special-tokens]"},
     {"detokenize", strata::cmd_detokenize, "{\"ids\"} JSON lines on stdin -> {\"text\"} lines: strata detokenize --tokenizer DIR"},
     {"chat-template", strata::cmd_chat_template, "render chat templates: {\"messages\", \"add_generation_prompt\", \"tools\"} lines -> {\"text\"} lines: strata chat-template --tokenizer DIR"},

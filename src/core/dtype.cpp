@@ -13,6 +13,7 @@ size_t dtype_size(DType t) {
     case DType::f16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::u8: return 1;
   }
   STRATA_ASSERT(false, "bad dtype");
 }
@@ -24,6 +25,7 @@ const char* dtype_name(DType t) {
     case DType::f16: return "f16";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::u8: return "u8";
   }
   STRATA_ASSERT(false, "bad dtype");
 }
@@ -35,6 +37,7 @@ const char* dtype_safetensors_name(DType t) {
     case DType::f16: return "F16";
     case DType::i32: return "I32";
     case DType::i64: return "I64";
+    case DType::u8: return "U8";
   }
   STRATA_ASSERT(false, "bad dtype");
 }
@@ -45,6 +48,7 @@ bool dtype_from_safetensors(std::string_view s, DType* out) {
   else if (s == "F16") *out = DType::f16;
   else if (s == "I32") *out = DType::i32;
   else if (s == "I64") *out = DType::i64;
+  else if (s == "U8") *out = DType::u8;
   else return false;
   return true;
 }

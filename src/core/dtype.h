@@ -1,4 +1,5 @@
-// Element types. f32 and bf16 are compute types; f16 exists only to read checkpoints.
+// Element types. f32 and bf16 are compute types; f16 exists only to read checkpoints; u8 holds
+// bytes that are not numbers of one type (NF4 codes and scales, bitsandbytes' packed weights).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,11 +10,11 @@
 
 namespace strata {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64 };
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);                  // "f32", "bf16", ...
-const char* dtype_safetensors_name(DType t);      // "F32", "BF16", "F16", "I32", "I64"
+const char* dtype_safetensors_name(DType t);      // "F32", "BF16", "F16", "I32", "I64", "U8"
 bool dtype_from_safetensors(std::string_view s, DType* out);  // false when unknown
 DType dtype_parse(std::string_view s);            // "f32" | "bf16" (user input; throws)
 

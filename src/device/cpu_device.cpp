@@ -20,6 +20,7 @@
 
 #include "kernels/cpu/attention_cached.h"
 #include "kernels/cpu/dropout.h"
+#include "kernels/cpu/nf4.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/zo.h"
 #include "src/core/error.h"
@@ -389,6 +390,14 @@ class CpuDevice final : public ArenaDevice {
   }
   void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::cast_f32_to_bf16(out, in, n); });
+  }
+  void nf4_dequantize(void* w, DType w_type, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
+                      float offset, int64_t n, Stream s) override {
+    STRATA_ASSERT(w_type == DType::bf16 || w_type == DType::f32, "NF4 dequantizes to bf16 or f32");
+    enqueue_op(s, OpKind::elementwise, [=] {
+      if (w_type == DType::bf16) cpu::nf4_dequantize_bf16(static_cast<bf16*>(w), codes, qabsmax, absmax, offset, n);
+      else cpu::nf4_dequantize_bf16_as_f32(static_cast<float*>(w), codes, qabsmax, absmax, offset, n);
+    });
   }
   void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n,
                    Stream s) override {

@@ -26,6 +26,8 @@
 #include "kernels/cuda/attention_cached.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/nf4.h"
+#include "kernels/cpu/nf4.h"
 #include "kernels/cuda/geglu.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/error.h"
@@ -531,6 +533,22 @@ class CudaDevice final : public ArenaDevice {
     const auto timed = time_op(s, OpKind::elementwise);
     cuda::cast_f32_to_bf16(out, in, n, stream(s));
   }
+  // The dynamic map the double quantization indexes (1 KiB of the arena, uploaded at the first call,
+  // on the stream the kernel then runs on; the host table is static).
+  void nf4_dequantize(void* w, DType w_type, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
+                      float offset, int64_t n, Stream s) override {
+    STRATA_ASSERT(w_type == DType::bf16 || w_type == DType::f32, "NF4 dequantizes to bf16 or f32");
+    if (qabsmax && !nf4_map_) {
+      nf4_map_ = static_cast<float*>(alloc(256 * sizeof(float), "NF4 dynamic map"));
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(nf4_map_, cpu::nf4_dynamic_map(), 256 * sizeof(float), cudaMemcpyHostToDevice,
+                                        stream(s)));
+    }
+    const auto timed = time_op(s, OpKind::elementwise);
+    if (w_type == DType::bf16)
+      cuda::nf4_dequantize_bf16(static_cast<bf16*>(w), codes, qabsmax, absmax, offset, nf4_map_, n, stream(s));
+    else
+      cuda::nf4_dequantize_bf16_as_f32(static_cast<float*>(w), codes, qabsmax, absmax, offset, nf4_map_, n, stream(s));
+  }
   void zo_generate(float* z, uint64_t seed, uint32_t tensor, uint64_t offset, int64_t n,
                    Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);
@@ -680,6 +698,7 @@ class CudaDevice final : public ArenaDevice {
   int* error_word_host_ = nullptr;  // pinned, read back at synchronize
   std::atomic<bool> checks_pending_[kStreamCount] = {};
   void* ce_workspace_ = nullptr;
+  float* nf4_map_ = nullptr;  // the NF4 double quantization's dynamic map (first use)
   size_t ce_workspace_bytes_ = 0;
   std::atomic<size_t> h2d_bytes_{0}, d2h_bytes_{0};
   mutable CudaSpanTimer timer_;  // busy, per-op and wait times

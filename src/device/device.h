@@ -230,6 +230,14 @@ class Device {
                               int64_t n, Stream s) = 0;
   virtual void affine(float* y, const float* x, float a, float b, int64_t n, Stream s) = 0;
   virtual void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, Stream s) = 0;
+  // NF4 dequantization (kernels/cpu/nf4.h; a frozen base of lora.base_dtype = "nf4", dequantized
+  // into its layer's slot): w (n) = bf16(NF4[code] · absmax[i/64]), codes (ceil(n/2)); with
+  // qabsmax non-null the absmax are first dequantized from the double quantization: qabsmax
+  // (ceil(n/64)), absmax the nested absmax (ceil(n/64/256)), offset their mean (a host scalar).
+  // w_type bf16, or f32 holding the same bf16 values widened (an f32 base: `strata grad --dtype
+  // f32`, the exact check against fp64 goldens). bitsandbytes' bits on every backend.
+  virtual void nf4_dequantize(void* w, DType w_type, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
+                              float offset, int64_t n, Stream s) = 0;
 
   // ---- zeroth-order perturbations (kernels/cpu/zo.h; the same bits on every backend) ----
   // z (n) = z(seed, tensor, offset + i), the Gaussian of kernels/common/zo_rng.h.

@@ -306,6 +306,10 @@ void check_lora(const Recipe& rc, const Reader& r) {
   if (!rc.lora_enabled) return;
   STRATA_CHECK(rc.lora_r >= 1, r.where("lora.r"), ": lora.r must be at least 1 (16 is PEFT's usual)");
   STRATA_CHECK(rc.lora_alpha > 0, r.where("lora.alpha"), ": lora.alpha must be positive");
+  STRATA_CHECK(rc.lora_base_dtype == "auto" || rc.lora_base_dtype == "nf4", r.where("lora.base_dtype"),
+               ": lora.base_dtype must be \"auto\" (the base in model.dtype) or \"nf4\" (fp4 and int8 are not built)");
+  STRATA_CHECK(rc.lora_base_dtype != "nf4" || rc.model_dtype == "bf16" || rc.model_dtype == "bfloat16", r.where("lora.base_dtype"),
+               ": lora.base_dtype = \"nf4\" computes in bf16: set model.dtype = \"bf16\"");
   const std::set<std::string> modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                                          "qkv_proj", "gate_up_proj"};  // the last two: Phi-3's fused ones
   STRATA_CHECK(!rc.lora_target_modules.empty(), r.where("lora.target_modules"), ": lora.target_modules is empty");

@@ -93,6 +93,8 @@ struct Recipe {
                                                   "gate_proj", "up_proj", "down_proj"};
   bool lora_merge = false;
   std::string lora_adapter;  // a PEFT adapter dir to continue from
+  std::string lora_base_dtype = "auto";  // "auto" (model.dtype) or "nf4" (offload/state/nf4_layout.h)
+  bool lora_double_quant = true;
   // [distributed] (read only under mpirun: src/train/distributed.h)
   std::string distributed_backend = "auto";
   std::string distributed_shared_host_store = "auto";  // "auto" | "true" | "false" (src/train/distributed.h)

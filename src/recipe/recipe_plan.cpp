@@ -15,6 +15,8 @@ LoraOptions recipe_lora_options(const Recipe& rc) {
   o.dropout = rc.lora_dropout;
   o.seed = uint64_t(rc.seed);
   o.targets = lora_targets_parse(rc.lora_target_modules, "lora.target_modules");
+  o.base_nf4 = rc.lora_base_dtype == "nf4";
+  o.double_quant = rc.lora_double_quant;
   return o;
 }
 
@@ -42,7 +44,8 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.micro_batch_fixed = rc.global_batch_size == 0 || rc.micro_batch_size_set;
   in.accumulation_fixed = rc.global_batch_size == 0 || rc.gradient_accumulation_steps_set;
   in.ranks = ranks;
-  in.clip_grad = rc.max_grad_norm > 0;
+  // GRPO's step lands every gradient before its optimizer_step (src/train/grpo_step.cpp), as clipping does
+  in.clip_grad = rc.max_grad_norm > 0 || rc.objective == "grpo";
   in.zo_perturbations = rc.zo_perturbations;
   in.save_dtype = dtype_parse(rc.save_dtype);
   in.load_from_dir = !rc.model_path.empty();

@@ -209,6 +209,10 @@ constexpr RecipeKey kRecipeKeys[] = {
      "at the end also export a merged Hugging Face model (W + alpha/r B A) to output_dir/merged"},
     {"lora.adapter", "path", "", &Recipe::lora_adapter,
      "a PEFT adapter dir (adapter_config.json + adapter_model.safetensors) to continue training from, with model.path its base"},
+    {"lora.base_dtype", "string", "\"auto\"", &Recipe::lora_base_dtype,
+     "how the frozen base is held on the host and streamed: \"auto\" (in model.dtype) or \"nf4\" (QLoRA: the decoder layers' linear weights as bitsandbytes' 4-bit NormalFloat codes + absmax, dequantized to bf16 on the device; needs model.dtype = \"bf16\")"},
+    {"lora.double_quant", "bool", "true", &Recipe::lora_double_quant,
+     "with lora.base_dtype = \"nf4\": quantize the absmax again to 8 bits (bitsandbytes' bnb_4bit_use_double_quant)"},
 
     // [distributed]
     {"distributed.backend", "string", "\"auto\"", &Recipe::distributed_backend,

@@ -15,6 +15,8 @@
 #include "io/checksum.h"
 #include "io/files.h"
 #include "io/safetensors.h"
+#include "models/lora_adapter.h"
+#include "offload/state/lora.h"
 #include "offload/state/model_io.h"
 #include "src/core/error.h"
 #include "src/core/fault.h"
@@ -54,8 +56,49 @@ void copy_into(const std::string& from_dir, const char* name, const fs::path& to
   write_text(to_dir / name, read_file(src));
 }
 
-void write_hf(const HostStore& store, const fs::path& dir, DType dtype, const CheckpointFiles& files) {
-  model_save_hf(store, dir.string(), dtype);
+// The merged model of an NF4 base (offload/state/nf4_layout.h), which cannot hold merged weights
+// (set_param would quantize them again): written tensor by tensor as model_save_hf writes, each
+// adapted weight its dequantized bf16 values + (alpha / r) B A in f32, rounded once to dtype.
+void save_hf_merged_nf4(const HostStore& store, const LoraStore& lora, const std::string& dir, DType dtype) {
+  const ModelSpec& spec = store.spec();
+  const LoraLayout& l = lora.layout();
+  std::vector<int64_t> a_row_of(spec.params.size(), kAbsent);  // parameter row -> its adapter's A row
+  for (size_t layer = 0; layer < spec.layers.size(); ++layer)
+    for (int t = 0; t < kLoraTargets; ++t)
+      if (l.a_row[layer][size_t(t)] != kAbsent) a_row_of[size_t(spec.layers[layer].linear_row(t))] = l.a_row[layer][size_t(t)];
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  STRATA_CHECK_IO(!ec, "cannot create output directory ", dir, ": ", ec.message());
+  std::vector<float> values;
+  std::vector<char> converted;
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const TensorSpec& r = spec.params[i];
+    TensorToWrite t(r.name, dtype, r.shape, static_cast<const void*>(nullptr));
+    t.stream = [&, i](const TensorSink& write) {
+      const TensorSpec& p = spec.params[i];
+      values.resize(size_t(p.numel()));
+      store.get_param(i, values.data());
+      if (const int64_t a = a_row_of[i]; a != kAbsent)
+        lora_merge_weight(values.data(), lora.master() + l.table[size_t(a)].offset / 4,
+                          lora.master() + l.table[size_t(a) + 1].offset / 4, p.shape[0], p.shape[1], l.r, l.scale);
+      converted.resize(values.size() * dtype_size(dtype));
+      dtype_convert(converted.data(), dtype, values.data(), DType::f32, values.size());
+      write(converted.data(), converted.size());
+    };
+    tensors.push_back(std::move(t));
+  }
+  safetensors_write_dir(dir, tensors, uint64_t(5) << 30);
+  ModelConfig cfg = spec.config;
+  cfg.raw["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
+  cfg.raw.erase("quantization_config");  // a pre-quantized base's: the merged model is not quantized
+  hf_config_save(cfg, dir + "/config.json");
+}
+
+void write_hf(const HostStore& store, const fs::path& dir, DType dtype, const CheckpointFiles& files,
+              const LoraStore* merge_nf4 = nullptr) {
+  if (merge_nf4) save_hf_merged_nf4(store, *merge_nf4, dir.string(), dtype);
+  else model_save_hf(store, dir.string(), dtype);
   for (const char* name : kTokenizerFiles) copy_into(files.tokenizer_dir, name, dir);
   copy_into(files.model_dir, "generation_config.json", dir);
   if (!files.chat_template.empty() && !files.tokenizer_dir.empty()) {
@@ -250,6 +293,19 @@ void lora_export(const LoraStore& lora, HostStore& store, const std::string& dir
     throw;
   }
   if (!merge) return;
+  if (store.packed()) {  // an NF4 base: merged as it is written (save_hf_merged_nf4)
+    const fs::path merged = (fs::path(dir) / "merged").lexically_normal();
+    const fs::path mtmp = merged.parent_path() / hidden_name("merged", ".tmp");
+    remove_quietly(mtmp);
+    try {
+      write_hf(store, mtmp, dtype, files, &lora);
+      commit_dir(mtmp, merged);
+    } catch (...) {
+      remove_quietly(mtmp);
+      throw;
+    }
+    return;
+  }
   lora_merge_into(store, lora);
   export_hf_atomic(store, (fs::path(dir) / "merged").string(), dtype, files);
 }

@@ -16,6 +16,7 @@
 #include "io/text_encoder.h"
 #include "io/safetensors.h"
 #include "io/token_rows.h"
+#include "offload/state/nf4_layout.h"
 #include "offload/state/adamw.h"
 #include "offload/reduce/comm_reduction.h"
 #include "offload/reduce/device_reduction.h"
@@ -375,7 +376,8 @@ void TrainRun::set_up() {
 // and the engine allocate, and what they allocated is checked against the plan. The tokenized
 // rows are not known yet: plan_with_data adds them.
 void TrainRun::set_up_model() {
-  const ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
+  ModelSpec spec = model_spec_build(cfg_, dtype_parse(rc_.model_dtype));
+  if (plan_in_.lora.enabled() && plan_in_.lora.base_nf4) nf4_base_enable(spec, plan_in_.lora.double_quant);
   DeviceOptions dopt;
   dopt.backend = rc_.modes.device;
   dopt.memory_bytes = rc_.device_memory_bytes;

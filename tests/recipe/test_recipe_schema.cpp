@@ -346,6 +346,8 @@ dropout = 0.05
 target_modules = ["q_proj", "v_proj"]
 merge = true
 adapter = "/abs/adapter"
+base_dtype = "auto"
+double_quant = true
 
 [distributed]
 backend = "auto"
