@@ -286,10 +286,13 @@ void dequantize_impl(T* w, const uint8_t* codes, const uint8_t* qabsmax, const f
   const float* map = nf4_dynamic_map();
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    float scale = absmax[b];
+    // double-quantized: absmax is the nested one (a float per kNf4NestedBlock blocks), never read at b
+    float scale;
     if (qabsmax) {
       const float scaled = map[qabsmax[b]] * absmax[b / kNf4NestedBlock];
       scale = scaled + offset;
+    } else {
+      scale = absmax[b];
     }
     const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
     for (int64_t i = begin; i < end; ++i) {

@@ -215,7 +215,8 @@ struct Search {
             PlanInputs cv = v;
             cv.checkpoints = c.mode;
             RunPlan p = with_optimizer(cv, g, c.nvme, d);
-            if (d && p.derived_working_layers == 0) continue;  // every layer's state on NVMe: the same as stored
+            // every layer's state on NVMe: nothing to derive, the same plan as stored (kept when forced)
+            if (d && p.derived_working_layers == 0 && derive.size() > 1) continue;
             if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
             std::optional<RunPlan> ahead = with_speculation(cv, g, c.nvme, p);
             if (!ahead || cv.speculate != SpeculateMode::on) consider(cv, std::move(p));
@@ -261,6 +262,7 @@ RunPlan search(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& b
     v.accumulation_steps = accum;
     s.split(v);
   }
+  STRATA_ASSERT(s.have_best, "the plan search considered no candidate");
   return std::move(s.best.plan);
 }
 

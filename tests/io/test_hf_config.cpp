@@ -151,7 +151,7 @@ TEST_CASE("hf_config: Llama-3.1-8B, Mistral-7B-v0.1, Qwen2.5-7B, Qwen3-8B parse 
 
   CHECK(hf_config_supported_architectures() ==
         std::vector<std::string>{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                 "Gemma3ForCausalLM", "Olmo2ForCausalLM", "Qwen3MoeForCausalLM",
+                                 "Gemma3ForCausalLM", "Olmo2ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
                                  "MixtralForCausalLM"});
 }
 

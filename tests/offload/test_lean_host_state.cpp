@@ -290,6 +290,18 @@ TEST_CASE("the plan counts derived working weights and the search takes them whe
     lora.lora.r = 4;
     CHECK_FALSE(placement_grads_in_flight(lora, 2));
   }
+  SECTION("derived asked for with every group's state on NVMe: the stored plan, nothing derived") {
+    PlanInputs v = in;
+    v.working = WorkingMode::derived;
+    v.optimizer = StateTier::nvme;
+    PlanBudgets b;
+    b.nvme_dir = "/nvme/strata";
+    const RunPlan p = placement_plan(spec, v, b, rates);
+    CHECK(p.optimizer_on_nvme);
+    CHECK(p.derived_working_layers == 0);
+    CHECK(p.bytes_of("working weights (bf16)") == s.bytes_of("working weights (bf16)"));
+    CHECK(p.step_seconds > 0);
+  }
   SECTION("the step model prices each upload's conversion") {
     PlanInputs v = plan_resolved_inputs(in, s);
     const StepEstimate es = step_estimate(spec, v, s, 2, rates);

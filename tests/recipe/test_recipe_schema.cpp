@@ -133,6 +133,7 @@ checkpoints = "nvme"
 recompute = "always"
 accumulation = "layer_major"
 speculative_update = "on"
+working_weights = "derived"
 host_memory = "12GiB"
 optimizer = "nvme"
 nvme_path = "/abs/nvme"
@@ -238,6 +239,7 @@ checkpoints = "auto"
 recompute = "auto"
 accumulation = "auto"
 speculative_update = "auto"
+working_weights = "auto"
 optimizer = "auto"
 
 [device]
@@ -326,6 +328,7 @@ checkpoints = "auto"
 recompute = "auto"
 accumulation = "auto"
 speculative_update = "auto"
+working_weights = "auto"
 optimizer = "auto"
 
 [device]
@@ -528,7 +531,7 @@ TEST_CASE("every key lands in its own Recipe member", "[recipe]") {
   CHECK(l.device_link_bytes_per_s == 0);
 }
 
-TEST_CASE("every [grpo] key lands in its own Recipe member", "[recipe][grpo]") {
+TEST_CASE("every key of the grpo table lands in its own Recipe member", "[recipe][grpo]") {
   const Recipe r = recipe_parse(kGrpoToml, "/r/x.toml", {});
   CHECK(r.objective == "grpo");
   CHECK_FALSE(r.modes.preference.has_value());

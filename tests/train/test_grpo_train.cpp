@@ -150,7 +150,7 @@ TEST_CASE("a GRPO run whose reward command dies exits 4 naming the line and resu
   CHECK(testing::metrics_records(out, "loss").back()["rewards/command/mean"].get<double>() == 0.5);
 }
 
-TEST_CASE("bad [grpo] values are refused naming the key", "[grpo][recipe]") {
+TEST_CASE("bad grpo table values are refused naming the key", "[grpo][recipe]") {
   const std::string out = fresh("refused");
   auto refused = [&](std::vector<std::string> extra) {
     return testing::error_of([&] { grpo_tiny(out, std::move(extra)); });
