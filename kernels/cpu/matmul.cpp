@@ -1,4 +1,5 @@
-// Matmul on the CPU through oneDNN, or strata's own AVX2 kernel (twin: kernels/cpu/ref/matmul.h).
+// Matmul on the CPU through oneDNN, or strata's own AVX2 kernel, or for bf16 on an AMX CPU strata's
+// AMX tile (kernels/cpu/gemm_amx.h) (twin: kernels/cpu/ref/matmul.h).
 // c (M,N) = op(a) · op(b) + beta * c, row-major; for oneDNN transposes are strides of the memory
 // descriptors (no copies); bf16 inputs accumulate in f32.
 //
@@ -44,6 +45,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_avx2.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/scratch.h"
@@ -355,8 +357,70 @@ void matmul_run_onednn(float* c, const void* a, const void* b, int64_t m, int64_
                       "needs, or device.cpu_threads");
 }
 
-// Which tiles: oneDNN's (its f32 or bf16 kernels, or bf16 widened for its f32 kernel), or strata's.
-enum class MatmulPath { onednn, onednn_widened, own };
+// bf16 tiles through strata's AMX kernel (gemm_amx.h): tiles of near-equal sizes in whole 32s up to
+// 256 x 256, fixed by the shape. A thread packs op(a)'s tile row once for its run of tiles along
+// that row and op(b)'s tile afresh for each tile, unless op(b)'s tile columns are no more than the
+// threads: then the team packs them all once into the calling thread's shared buffer. Measured on
+// 2 AMX vCPUs against oneDNN 2.6's tiles on the large peer config's layer shapes (bits equal):
+// x·W_upᵀ (2048, 2816, 1024) 1.41 against 0.62 TFLOP/s, a 2048³ product 1.16 against 0.93, the
+// other layer products about level (docs/benchmarks.md).
+void matmul_run_amx(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k, bool trans_a,
+                    bool trans_b, float beta) {
+  const int64_t call = matmul_next_call();
+  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  const auto tile_size = [](int64_t size) {
+    const int64_t count = (size + kTileM - 1) / kTileM, even = (size + count - 1) / count;
+    return std::min(kTileM, (even + 31) / 32 * 32);
+  };
+  const int64_t tile_m = tile_size(m), tile_n = tile_size(n);
+  const int64_t tiles_m = (m + tile_m - 1) / tile_m, tiles_n = (n + tile_n - 1) / tile_n, tiles = tiles_m * tiles_n;
+  const int64_t words = gemm_amx_packed_words(kTileM, k);  // one tile row of op(a) or column of op(b)
+  const int threads = omp_get_max_threads();
+  const bool shared_b = tiles > 1 && tiles_n <= threads;
+  uint32_t* shared = nullptr;
+  if (shared_b)
+    shared = reinterpret_cast<uint32_t*>(scratch_grow(matmul_scratch().shared, size_t(tiles_n * words)));
+  const int chunk = int(std::clamp<int64_t>(tiles / std::max(1, threads), 1, tiles_n));
+#pragma omp parallel if (tiles > 1)
+  {
+    if (shared_b) {
+#pragma omp for schedule(static)
+      for (int64_t tj = 0; tj < tiles_n; ++tj)
+        gemm_amx_pack_b(shared + tj * words, b, ldb, trans_b, tj * tile_n, std::min(tile_n, n - tj * tile_n), k);
+    }
+#pragma omp for schedule(dynamic, chunk)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t ti = t / tiles_n, tj = t % tiles_n, i0 = ti * tile_m, j0 = tj * tile_n;
+      const int64_t tm = std::min(tile_m, m - i0), tn = std::min(tile_n, n - j0);
+      MatmulScratch& ws = matmul_scratch();
+      auto* a_tile = reinterpret_cast<uint32_t*>(scratch_grow(ws.a, size_t(words)));
+      if (ws.a_call != call || ws.a_tile != ti) {
+        gemm_amx_pack_a(a_tile, a, lda, trans_a, i0, tm, k);
+        ws.a_call = call, ws.a_tile = ti;
+      }
+      const uint32_t* b_tile = shared_b ? shared + tj * words : nullptr;
+      if (!b_tile) {
+        auto* packed = reinterpret_cast<uint32_t*>(scratch_grow(ws.b, size_t(words)));
+        if (ws.b_call != call || ws.b_tile != tj) {
+          gemm_amx_pack_b(packed, b, ldb, trans_b, j0, tn, k);
+          ws.b_call = call, ws.b_tile = tj;
+        }
+        b_tile = packed;
+      }
+      if (beta == 0.f) {
+        gemm_amx_tile(c + i0 * n + j0, n, a_tile, b_tile, tm, tn, k);
+      } else {  // c + the finished sum
+        float* sum = scratch_grow(ws.c, size_t(kTileM * kTileN));
+        gemm_amx_tile(sum, tn, a_tile, b_tile, tm, tn, k);
+        matmul_add_tile(c, n, i0, j0, sum, tm, tn);
+      }
+    }
+  }
+}
+
+// Which tiles: oneDNN's (its f32 or bf16 kernels, or bf16 widened for its f32 kernel), or strata's
+// (AVX2 panels, or the AMX tile for bf16).
+enum class MatmulPath { onednn, onednn_widened, own, amx };
 
 void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                 float beta, dnnl::memory::data_type dtype, MatmulPath path) {
@@ -368,10 +432,21 @@ void matmul_run(float* c, const void* a, const void* b, int64_t m, int64_t n, in
     if (beta == 0.f) std::fill(c, c + m * n, 0.f);
     return;
   }
-  if (path == MatmulPath::own)
+  if (path == MatmulPath::amx)
+    matmul_run_amx(c, static_cast<const bf16*>(a), static_cast<const bf16*>(b), m, n, k, trans_a, trans_b, beta);
+  else if (path == MatmulPath::own)
     matmul_run_own(c, a, b, m, n, k, trans_a, trans_b, beta, dtype == dnnl::memory::data_type::bf16);
   else
     matmul_run_onednn(c, a, b, m, n, k, trans_a, trans_b, beta, dtype, path == MatmulPath::onednn_widened);
+}
+
+// bf16 on an AMX CPU through strata's AMX tile: products of at least 32 x 32 and K a multiple of 32
+// (a thinner one, such as a decode step's few rows, wastes most of a 32 x 32 block; another K takes
+// the scalar packers, measured at half oneDNN's rate). The choice follows the shape alone, so the
+// bits never follow the thread count.
+bool matmul_bf16_amx(int64_t m, int64_t n, int64_t k) {
+  static const bool available = gemm_amx_available();
+  return available && m >= 32 && n >= 32 && k >= 32 && k % 32 == 0;
 }
 
 // bf16 where oneDNN has no bf16 matmul: strata's kernel where it runs, else widened for oneDNN.
@@ -404,8 +479,9 @@ bool matmul_bf16_native() {
 void matmul_bf16(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k,
                  bool trans_a, bool trans_b, float beta) {
   matmul_run(c, a, b, m, n, k, trans_a, trans_b, beta, dnnl::memory::data_type::bf16,
-             matmul_bf16_native() ? MatmulPath::onednn
-             : matmul_bf16_own()  ? MatmulPath::own
+             matmul_bf16_amx(m, n, k) ? MatmulPath::amx
+             : matmul_bf16_native()   ? MatmulPath::onednn
+             : matmul_bf16_own()      ? MatmulPath::own
                                   : MatmulPath::onednn_widened);
 }
 
@@ -419,6 +495,9 @@ size_t matmul_scratch_bytes(int64_t k, DType dtype) {
   // strata's kernel: a tile row of op(a) and a tile column of op(b) in its panels, and a thread's
   // share of a call's shared packed operand (the calling thread holds up to one tile row or
   // column per thread of the team); oneDNN widening bf16: op(a) (256, K) and op(b) (256, K)
+  // strata's AMX tile: a tile row of op(a), a tile column of op(b), and a share of the shared b
+  if (dtype == DType::bf16 && gemm_amx_available())
+    return (size_t(3 * gemm_amx_packed_words(kTileM, k)) + size_t(kTileM * kTileN)) * sizeof(float);
   const bool own = dtype == DType::bf16 ? matmul_bf16_own() : matmul_own_f32();
   const bool widens = dtype == DType::bf16 && !matmul_bf16_native();
   const int64_t a_floats = gemm_packed_a_floats(kTileM, k), b_floats = gemm_packed_b_floats(kTileN, k);

@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <omp.h>
 
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_avx2.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ref.h"
@@ -34,8 +35,13 @@ struct MatmulShape {
 // (2 x 3) or one packed b (2 x 2) between the threads. (70, 40, 1100): three of the kernel's
 // 512-step blocks of K, the last with a tail that is not a multiple of 8; 70 and 40 are not
 // multiples of the kernel's 6 x 16.
+// On an AMX CPU strata's AMX tile (kernels/cpu/gemm_amx.h) takes the products with K a multiple of
+// 32: (128, 256, 96) and (544, 320, 64) pack with the vector packers (whole 32s), the latter in
+// 3 x 2 tiles of 192 / 160; (300, 200, 64)'s tiles of 160 / 140 rows and 200 columns take the
+// scalar packers for the ragged ones. The rest go to oneDNN.
 const MatmulShape kShapes[] = {{1, 1, 1},       {3, 17, 15},    {65, 33, 129},  {128, 256, 96},
-                               {300, 520, 70}, {300, 400, 70}, {70, 40, 1100}};
+                               {300, 520, 70}, {300, 400, 70}, {70, 40, 1100}, {544, 320, 64},
+                               {300, 200, 64}};
 
 // ---- matmul -------------------------------------------------------------------------------
 
@@ -194,8 +200,11 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
   const bool own = strata::cpu::gemm_avx2_available();
   CHECK(strata::cpu::gemm_packed_a_floats(256, 129) == 258 * 129);
   CHECK(strata::cpu::gemm_packed_b_floats(256, 129) == 256 * 129);
+  // AMX: a tile row of op(a) and a tile column of op(b) in 1 KiB tiles (256 x 160 values: K padded
+  // to 5 chunks of 32), a share of a shared b, and the product
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::bf16) ==
-        (strata::cpu::matmul_bf16_native() ? size_t(65536 * 4)
+        (strata::cpu::gemm_amx_available()  ? size_t((3 * 16 * 5 * 256 + 65536) * 4)
+         : strata::cpu::matmul_bf16_native() ? size_t(65536 * 4)
          : own                             ? size_t(((258 + 256 + 258) * 129 + 65536) * 4)
                                            : held.large));
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::f32) ==

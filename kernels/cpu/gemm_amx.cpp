@@ -1,0 +1,215 @@
+// strata's AMX bf16 GEMM tile (see gemm_amx.h). The tile intrinsics name their tiles by number:
+// 0-3 the accumulators of a 32 x 32 block of c (0: rows 0-15 x columns 0-15, 1: rows 0-15 x
+// 16-31, 2: rows 16-31 x 0-15, 3: rows 16-31 x 16-31), 4 and 5 the two a tiles of a chunk, 6 and 7
+// its two b tiles. Every tile is 16 rows of 64 bytes, configured once per call.
+#include "kernels/cpu/gemm_amx.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/amx.h"
+#include "src/core/error.h"
+
+namespace strata::cpu {
+namespace {
+
+constexpr int64_t kChunk = 32;       // bf16 values of K a tile covers: 16 words
+constexpr int64_t kBlock = 32;       // rows and columns of c a block covers
+constexpr int64_t kTileWords = 256;  // 16 rows of 16 words
+
+int64_t chunks_of(int64_t k) { return (k + kChunk - 1) / kChunk; }
+int64_t blocks16_of(int64_t count) { return (count + kBlock - 1) / kBlock * 2; }
+
+uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile"))) void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// One 32 x 32 block of c into out (row stride ldo floats) over `chunks` chunks.
+__attribute__((target("amx-tile,amx-bf16"))) void block_32x32(float* out, int64_t ldo, const uint32_t* a0,
+                                                              const uint32_t* a1, const uint32_t* b0,
+                                                              const uint32_t* b1, int64_t chunks) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t q = 0; q < chunks; ++q) {
+    const int64_t at = q * kTileWords;
+    _tile_loadd(4, a0 + at, 64);
+    _tile_loadd(6, b0 + at, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b1 + at, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a1 + at, 64);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  const int64_t s = ldo * 4;
+  _tile_stored(0, out, s);
+  _tile_stored(1, out + 16, s);
+  _tile_stored(2, out + 16 * ldo, s);
+  _tile_stored(3, out + 16 * ldo + 16, s);
+}
+
+__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
+
+}  // namespace
+
+bool gemm_amx_available() { return amx_bf16_available(); }
+
+int64_t gemm_amx_packed_words(int64_t count, int64_t k) { return blocks16_of(count) * chunks_of(k) * kTileWords; }
+
+namespace {
+
+// The scalar packers: any shape, any stride; zero past tm / tn and past K.
+void pack_a_scalar(uint32_t* dst, const uint16_t* v, int64_t lda, bool trans_a, int64_t i0, int64_t tm,
+                   int64_t k) {
+  const int64_t chunks = chunks_of(k), blocks = blocks16_of(tm);
+  for (int64_t rb = 0; rb < blocks; ++rb)
+    for (int64_t q = 0; q < chunks; ++q) {
+      uint32_t* tile = dst + (rb * chunks + q) * kTileWords;
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t row = rb * 16 + r;
+        for (int64_t w = 0; w < 16; ++w) {
+          const int64_t k0 = q * kChunk + 2 * w, i = i0 + row;
+          uint16_t lo = 0, hi = 0;
+          if (row < tm && k0 < k) lo = trans_a ? v[k0 * lda + i] : v[i * lda + k0];
+          if (row < tm && k0 + 1 < k) hi = trans_a ? v[(k0 + 1) * lda + i] : v[i * lda + k0 + 1];
+          tile[r * 16 + w] = pair(lo, hi);
+        }
+      }
+    }
+}
+
+void pack_b_scalar(uint32_t* dst, const uint16_t* v, int64_t ldb, bool trans_b, int64_t j0, int64_t tn,
+                   int64_t k) {
+  const int64_t chunks = chunks_of(k), panels = blocks16_of(tn);
+  for (int64_t pb = 0; pb < panels; ++pb)
+    for (int64_t q = 0; q < chunks; ++q) {
+      uint32_t* tile = dst + (pb * chunks + q) * kTileWords;
+      for (int64_t p = 0; p < 16; ++p) {
+        const int64_t k0 = q * kChunk + 2 * p;
+        for (int64_t jj = 0; jj < 16; ++jj) {
+          const int64_t col = pb * 16 + jj, j = j0 + col;
+          uint16_t lo = 0, hi = 0;
+          if (col < tn && k0 < k) lo = trans_b ? v[j * ldb + k0] : v[k0 * ldb + j];
+          if (col < tn && k0 + 1 < k) hi = trans_b ? v[j * ldb + k0 + 1] : v[(k0 + 1) * ldb + j];
+          tile[p * 16 + jj] = pair(lo, hi);
+        }
+      }
+    }
+}
+
+// 16 words: x0[j] (low half) and x1[j] (high half) for j = 0..15.
+__attribute__((target("avx512f"))) inline __m512i interleave16(const uint16_t* x0, const uint16_t* x1) {
+  const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0)));
+  const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1)));
+  return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xFFFF, hi, 16));
+}
+
+// The vector packers: whole 32-row (32-column) blocks and K a multiple of 32 only.
+__attribute__((target("avx512f"))) void pack_a_fast(uint32_t* dst, const uint16_t* v, int64_t lda, bool trans_a,
+                                                    int64_t i0, int64_t tm, int64_t k) {
+  const int64_t chunks = k / kChunk, blocks = tm / 16;
+  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(16));
+  for (int64_t rb = 0; rb < blocks; ++rb)
+    for (int64_t q = 0; q < chunks; ++q) {
+      uint32_t* tile = dst + (rb * chunks + q) * kTileWords;
+      const int64_t i = i0 + rb * 16, k0 = q * kChunk;
+      if (!trans_a) {  // rows of a are already pairs along K: 64 bytes a row
+        for (int64_t r = 0; r < 16; ++r) std::memcpy(tile + r * 16, v + (i + r) * lda + k0, 64);
+      } else {  // pair w of rows i..i+15 from a's rows k0 + 2w, k0 + 2w + 1: the tile's column w
+        for (int64_t w = 0; w < 16; ++w)
+          _mm512_i32scatter_epi32(tile + w, column,
+                                  interleave16(v + (k0 + 2 * w) * lda + i, v + (k0 + 2 * w + 1) * lda + i), 4);
+      }
+    }
+}
+
+__attribute__((target("avx512f"))) void pack_b_fast(uint32_t* dst, const uint16_t* v, int64_t ldb, bool trans_b,
+                                                    int64_t j0, int64_t tn, int64_t k) {
+  const int64_t chunks = k / kChunk, panels = tn / 16;
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(int32_t(ldb)));
+  for (int64_t pb = 0; pb < panels; ++pb)
+    for (int64_t q = 0; q < chunks; ++q) {
+      uint32_t* tile = dst + (pb * chunks + q) * kTileWords;
+      const int64_t j = j0 + pb * 16, k0 = q * kChunk;
+      for (int64_t p = 0; p < 16; ++p) {
+        const __m512i words =
+            trans_b ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xFFFF, rows, v + j * ldb + k0 + 2 * p, 2)  // b's rows j..j+15, pair p
+                    : interleave16(v + (k0 + 2 * p) * ldb + j, v + (k0 + 2 * p + 1) * ldb + j);
+        _mm512_storeu_si512(tile + p * 16, words);
+      }
+    }
+}
+
+}  // namespace
+
+void gemm_amx_pack_a(uint32_t* dst, const bf16* a, int64_t lda, bool trans_a, int64_t i0, int64_t tm,
+                     int64_t k) {
+  const auto* v = reinterpret_cast<const uint16_t*>(a);
+  static const bool vector = __builtin_cpu_supports("avx512f");
+  if (vector && k % kChunk == 0 && tm % kBlock == 0)
+    pack_a_fast(dst, v, lda, trans_a, i0, tm, k);
+  else
+    pack_a_scalar(dst, v, lda, trans_a, i0, tm, k);
+}
+
+void gemm_amx_pack_b(uint32_t* dst, const bf16* b, int64_t ldb, bool trans_b, int64_t j0, int64_t tn,
+                     int64_t k) {
+  const auto* v = reinterpret_cast<const uint16_t*>(b);
+  static const bool vector = __builtin_cpu_supports("avx512f");
+  // the gather's offsets (16 rows of b) must fit in 32 bits
+  if (vector && k % kChunk == 0 && tn % kBlock == 0 && (!trans_b || ldb * 16 < (int64_t(1) << 30)))
+    pack_b_fast(dst, v, ldb, trans_b, j0, tn, k);
+  else
+    pack_b_scalar(dst, v, ldb, trans_b, j0, tn, k);
+}
+
+void gemm_amx_tile(float* c, int64_t ldc, const uint32_t* a, const uint32_t* b, int64_t tm, int64_t tn,
+                   int64_t k) {
+  STRATA_ASSERT(gemm_amx_available(), "gemm_amx_tile: this CPU or OS offers no AMX-BF16");
+  if (tm <= 0 || tn <= 0) return;
+  const int64_t chunks = chunks_of(k);
+  if (chunks == 0) {
+    for (int64_t i = 0; i < tm; ++i) std::fill(c + i * ldc, c + i * ldc + tn, 0.f);
+    return;
+  }
+  const int64_t block_words = chunks * kTileWords;  // one 16-row block's (or 16-column panel's) tiles
+  configure_tiles();
+  alignas(64) float edge[kBlock * kBlock];
+  for (int64_t i = 0; i < tm; i += kBlock) {
+    const uint32_t* a0 = a + (i / 16) * block_words;
+    for (int64_t j = 0; j < tn; j += kBlock) {
+      const uint32_t* b0 = b + (j / 16) * block_words;
+      const int64_t rows = std::min(kBlock, tm - i), cols = std::min(kBlock, tn - j);
+      if (rows == kBlock && cols == kBlock) {
+        block_32x32(c + i * ldc + j, ldc, a0, a0 + block_words, b0, b0 + block_words, chunks);
+      } else {  // an edge block: the whole 32 x 32 into a buffer, its valid part copied
+        block_32x32(edge, kBlock, a0, a0 + block_words, b0, b0 + block_words, chunks);
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(c + (i + r) * ldc + j, edge + r * kBlock, size_t(cols) * 4);
+      }
+    }
+  }
+  release_tiles();
+}
+
+}  // namespace strata::cpu
