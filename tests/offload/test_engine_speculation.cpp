@@ -5,21 +5,16 @@
 // norms, master, m, v and the working copy, to the bit.
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <cstring>
 #include <string>
-#include <unistd.h>
 
-#include "offload/engine/engine.h"
 #include "offload/plan/placement_plan.h"
-#include "offload/state/model_io.h"
-#include "src/recipe/recipe_modes.h"
-#include "tests/seeded_inputs.h"
-#include "tests/testing.h"
+#include "tests/offload/engine_step_rig.h"
 
 namespace strata {
 namespace {
 
-constexpr int kLayers = 3;  // groups: embedding, 3 layers, final norm + lm_head
+using engine_step_rig::kLayers;
+using engine_step_rig::same_bits;
 
 struct SpecRun {
   size_t first = 0, end = 0;  // speculated groups (first >= end: none, the serial step)
@@ -31,72 +26,28 @@ struct SpecRun {
   const char* weights = "stream";
 };
 
-struct Result {
-  std::vector<double> losses, norms;
-  std::vector<float> master;
-  std::vector<char> m, v, working;
-  double final_loss = 0;  // a forward on the last step's weights (the working copy the device reads)
-  EngineStats stats;
+struct Result : engine_step_rig::Result {
+  std::vector<char> working;
 };
 
 Result run(const SpecRun& c) {
-  auto dev = device_create(DeviceOptions{});
-  testing::TempDir dir("speculation_" + std::to_string(::getpid()));  // ctest runs the cases side by side
-  HostStoreOptions so;
-  so.moments = c.moments;
-  so.state_on_nvme = c.nvme_first > 0;
-  so.nvme_first_group = c.nvme_first;
-  so.nvme_path = dir.path.string();
-  so.nvme_block_bytes = 4096;
-  so.nvme_chunk_bytes = 8192;
-  HostStore store(*dev, model_spec_build(testing::tiny_llama_config({32, 48, kLayers, 300, 64, false}), c.matrices), so);
-  model_init_weights(store, 11);
-  EngineOptions eo;
-  eo.weights = weights_mode_parse(c.weights);
-  eo.max_batch = 2;
-  eo.max_tokens = 17;
-  eo.group = c.layer_major ? 2 : 1;
-  eo.speculate_first_group = c.first;
-  eo.speculate_end_group = c.end;
-  Engine engine(*dev, store, eo);
+  engine_step_rig::Options o;
+  o.store.moments = c.moments;
+  o.store.state_on_nvme = c.nvme_first > 0;
+  o.store.nvme_first_group = c.nvme_first;
+  o.matrices = c.matrices;
+  o.weights = c.weights;
+  o.layer_major = c.layer_major;
+  o.speculate_first = c.first;
+  o.speculate_end = c.end;
+  o.clip = c.clip;
   Result r;
-  for (int step = 1; step <= 3; ++step) {
-    std::vector<MicroBatch> mbs;
-    for (int a = 0; a < 2; ++a) mbs.push_back(testing::strided_batch(2, 17, 300, 37, step * 11 + a * 5));
-    StepWork w;
-    w.micro = &mbs;
-    w.counted = mbs[0].counted() + mbs[1].counted();
-    w.step = step;
-    w.hyper.lr = 2e-3;
-    w.hyper.step = step;
-    w.max_grad_norm = c.clip;
-    w.weight_decay = 0.01;
-    w.gradients_first = true;
-    const StepOutcome o = engine.train_step(w);
-    r.losses.insert(r.losses.end(), o.losses.begin(), o.losses.end());
-    r.norms.push_back(o.grad_norm);
-  }
-  r.final_loss = engine.forward_loss(testing::strided_batch(2, 17, 300, 37, 99));
-  engine.synchronize();
-  r.stats = engine.stats();
-  for (size_t row = 0; row < store.spec().params.size(); ++row) {
-    std::vector<float> v(size_t(store.f32_table()[row].numel()));
-    store.get_param(row, v.data());
-    r.master.insert(r.master.end(), v.begin(), v.end());
-  }
-  const size_t ram_bytes = (c.nvme_first > 0 ? f32_prefix_bytes(HostStore::layout(store.spec()), c.nvme_first)
-                                             : store.f32_floats() * 4) / 4 * dtype_size(c.moments);
-  r.m.assign(static_cast<const char*>(store.m()), static_cast<const char*>(store.m()) + ram_bytes);
-  r.v.assign(static_cast<const char*>(store.v()), static_cast<const char*>(store.v()) + ram_bytes);
-  if (!store.master_is_working()) {  // f32 matrices: the master compared above is the working copy
+  static_cast<engine_step_rig::Result&>(r) = engine_step_rig::run(o, "speculation", [&](const HostStore& store) {
+    if (store.master_is_working()) return;  // f32 matrices: the master compared is the working copy
     const char* working = store.working();
     r.working.assign(working, working + store.working_table().tier_bytes(Tier::host_pinned));
-  }
+  });
   return r;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 void check_equal(const Result& spec, const Result& serial) {

@@ -10,20 +10,16 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
-#include <unistd.h>
 
-#include "offload/engine/engine.h"
 #include "offload/plan/placement_plan.h"
 #include "offload/plan/plan_search.h"
-#include "offload/state/model_io.h"
-#include "src/recipe/recipe_modes.h"
-#include "tests/seeded_inputs.h"
-#include "tests/testing.h"
+#include "tests/offload/engine_step_rig.h"
 
 namespace strata {
 namespace {
 
-constexpr int kLayers = 3;  // groups: embedding, 3 layers, final norm + lm_head
+using engine_step_rig::kLayers;
+using engine_step_rig::same_bits;
 
 struct DerivedRun {
   bool derived = false;
@@ -35,84 +31,41 @@ struct DerivedRun {
   bool grads_in_flight = false;
 };
 
-struct Result {
-  std::vector<double> losses, norms;
-  std::vector<float> master;
-  std::vector<char> m, v;
+struct Result : engine_step_rig::Result {
   std::vector<std::vector<char>> layer_working;  // each layer's working bytes (stored, or derived now)
-  double final_loss = 0;
   size_t derived_layers = 0, pinned = 0, estimate_working = 0, estimate_grads = 0, grad_floats = 0;
 };
 
 ModelConfig config() { return testing::tiny_llama_config({32, 48, kLayers, 300, 64, false}); }
 
 Result run(const DerivedRun& c, const std::string& tag) {
-  auto dev = device_create(DeviceOptions{});
-  testing::TempDir dir("derived_" + tag + "_" + std::to_string(::getpid()));  // ctest runs cases side by side
-  HostStoreOptions so;
-  so.derived_working = c.derived;
-  so.grads_in_flight = c.grads_in_flight;
-  so.state_on_nvme = c.nvme_first > 0;
-  so.nvme_first_group = c.nvme_first;
-  so.nvme_path = dir.path.string();
-  so.nvme_block_bytes = 4096;
-  so.nvme_chunk_bytes = 8192;
-  const ModelSpec spec = model_spec_build(config(), DType::bf16);
-  HostStore store(*dev, spec, so);
-  model_init_weights(store, 11);
-  EngineOptions eo;
-  eo.weights = weights_mode_parse(c.weights);
-  eo.max_batch = 2;
-  eo.max_tokens = 17;
-  eo.group = c.layer_major ? 2 : 1;
-  eo.speculate_first_group = c.speculate_first;
-  eo.speculate_end_group = c.speculate_end;
-  Engine engine(*dev, store, eo);
+  engine_step_rig::Options o;
+  o.store.derived_working = c.derived;
+  o.store.grads_in_flight = c.grads_in_flight;
+  o.store.state_on_nvme = c.nvme_first > 0;
+  o.store.nvme_first_group = c.nvme_first;
+  o.weights = c.weights;
+  o.layer_major = c.layer_major;
+  o.speculate_first = c.speculate_first;
+  o.speculate_end = c.speculate_end;
+  o.clip = c.clip;
+  o.gradients_first = c.clip > 0;  // as the trainer: without clipping each group updates as it lands
   Result r;
-  for (int step = 1; step <= 3; ++step) {
-    std::vector<MicroBatch> mbs;
-    for (int a = 0; a < 2; ++a) mbs.push_back(testing::strided_batch(2, 17, 300, 37, step * 11 + a * 5));
-    StepWork w;
-    w.micro = &mbs;
-    w.counted = mbs[0].counted() + mbs[1].counted();
-    w.step = step;
-    w.hyper.lr = 2e-3;
-    w.hyper.step = step;
-    w.max_grad_norm = c.clip;
-    w.weight_decay = 0.01;
-    w.gradients_first = c.clip > 0;  // as the trainer: without clipping each group updates as it lands
-    const StepOutcome o = engine.train_step(w);
-    r.losses.insert(r.losses.end(), o.losses.begin(), o.losses.end());
-    r.norms.push_back(o.grad_norm);
-  }
-  r.final_loss = engine.forward_loss(testing::strided_batch(2, 17, 300, 37, 99));
-  engine.synchronize();
-  for (size_t row = 0; row < store.spec().params.size(); ++row) {
-    std::vector<float> v(size_t(store.f32_table()[row].numel()));
-    store.get_param(row, v.data());
-    r.master.insert(r.master.end(), v.begin(), v.end());
-  }
-  const size_t ram_bytes =
-      c.nvme_first > 0 ? f32_prefix_bytes(HostStore::layout(store.spec()), c.nvme_first) : store.f32_floats() * 4;
-  r.m.assign(static_cast<const char*>(store.m()), static_cast<const char*>(store.m()) + ram_bytes);
-  r.v.assign(static_cast<const char*>(store.v()), static_cast<const char*>(store.v()) + ram_bytes);
-  for (size_t l = 0; l < size_t(kLayers); ++l) {
-    const ParamGroup& g = store.layer_group(l);
-    std::vector<char> bytes(g.working_bytes);
-    if (store.layer_derived(l)) store.derive_working(l, bytes.data());
-    else std::memcpy(bytes.data(), store.working() + g.working_offset, g.working_bytes);
-    r.layer_working.push_back(std::move(bytes));
-  }
-  r.derived_layers = store.derived_layers();
-  r.pinned = store.pinned_bytes();
-  r.estimate_working = HostStore::estimate(spec, so).working;
-  r.estimate_grads = HostStore::estimate(spec, so).grads;
-  r.grad_floats = store.grad_floats();
+  static_cast<engine_step_rig::Result&>(r) = engine_step_rig::run(o, "derived_" + tag, [&](const HostStore& store) {
+    for (size_t l = 0; l < size_t(kLayers); ++l) {
+      const ParamGroup& g = store.layer_group(l);
+      std::vector<char> bytes(g.working_bytes);
+      if (store.layer_derived(l)) store.derive_working(l, bytes.data());
+      else std::memcpy(bytes.data(), store.working() + g.working_offset, g.working_bytes);
+      r.layer_working.push_back(std::move(bytes));
+    }
+    r.derived_layers = store.derived_layers();
+    r.pinned = store.pinned_bytes();
+    r.estimate_working = HostStore::estimate(store.spec(), o.store).working;
+    r.estimate_grads = HostStore::estimate(store.spec(), o.store).grads;
+    r.grad_floats = store.grad_floats();
+  });
   return r;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 }  // namespace
