@@ -129,18 +129,24 @@ __attribute__((target("avx512f"))) void pack_a_fast(uint32_t* dst, const uint16_
   const int64_t chunks = k / kChunk, blocks = tm / 16;
   const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32(16));
-  for (int64_t rb = 0; rb < blocks; ++rb)
-    for (int64_t q = 0; q < chunks; ++q) {
-      uint32_t* tile = dst + (rb * chunks + q) * kTileWords;
-      const int64_t i = i0 + rb * 16, k0 = q * kChunk;
-      if (!trans_a) {  // rows of a are already pairs along K: 64 bytes a row
-        for (int64_t r = 0; r < 16; ++r) std::memcpy(tile + r * 16, v + (i + r) * lda + k0, 64);
-      } else {  // pair w of rows i..i+15 from a's rows k0 + 2w, k0 + 2w + 1: the tile's column w
-        for (int64_t w = 0; w < 16; ++w)
-          _mm512_i32scatter_epi32(tile + w, column,
-                                  interleave16(v + (k0 + 2 * w) * lda + i, v + (k0 + 2 * w + 1) * lda + i), 4);
+  for (int64_t rb = 0; rb < blocks; ++rb) {
+    const int64_t i = i0 + rb * 16;
+    if (!trans_a) {  // rows of a are already pairs along K: each row read straight along, 64 bytes a tile
+      for (int64_t r = 0; r < 16; ++r) {
+        const uint16_t* row = v + (i + r) * lda;
+        for (int64_t q = 0; q < chunks; ++q)
+          std::memcpy(dst + (rb * chunks + q) * kTileWords + r * 16, row + q * kChunk, 64);
       }
+      continue;
     }
+    for (int64_t q = 0; q < chunks; ++q) {  // pair w of rows i..i+15 from a's rows k0 + 2w, k0 + 2w + 1
+      uint32_t* tile = dst + (rb * chunks + q) * kTileWords;
+      const int64_t k0 = q * kChunk;
+      for (int64_t w = 0; w < 16; ++w)  // the tile's column w
+        _mm512_i32scatter_epi32(tile + w, column,
+                                interleave16(v + (k0 + 2 * w) * lda + i, v + (k0 + 2 * w + 1) * lda + i), 4);
+    }
+  }
 }
 
 __attribute__((target("avx512f"))) void pack_b_fast(uint32_t* dst, const uint16_t* v, int64_t ldb, bool trans_b,

@@ -358,12 +358,15 @@ void matmul_run_onednn(float* c, const void* a, const void* b, int64_t m, int64_
 }
 
 // bf16 tiles through strata's AMX kernel (gemm_amx.h): tiles of near-equal sizes in whole 32s up to
-// 256 x 256, fixed by the shape. A thread packs op(a)'s tile row once for its run of tiles along
-// that row and op(b)'s tile afresh for each tile, unless op(b)'s tile columns are no more than the
-// threads: then the team packs them all once into the calling thread's shared buffer. Measured on
-// 2 AMX vCPUs against oneDNN 2.6's tiles on the large peer config's layer shapes (bits equal):
-// x·W_upᵀ (2048, 2816, 1024) 1.41 against 0.62 TFLOP/s, a 2048³ product 1.16 against 0.93, the
-// other layer products about level (docs/benchmarks.md).
+// 256 x 256, fixed by the shape. op(b)'s tile columns go in bands of up to kAmxBandTiles per thread
+// of the team: the team packs a band's columns once into the calling thread's shared buffer, then
+// takes the band's tiles a row at a time, each thread packing op(a)'s tile row once for its run
+// (kept across bands while the thread stays on that row). Measured on 2 AMX vCPUs against oneDNN
+// 2.6's tiles on the large peer config's layer shapes (bits equal): x·W_upᵀ (2048, 2816, 1024) 1.41
+// against 0.62 TFLOP/s, a 2048³ product 1.16 against 0.93, the other layer products about level
+// (docs/benchmarks.md).
+constexpr int64_t kAmxBandTiles = 4;
+
 void matmul_run_amx(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n, int64_t k, bool trans_a,
                     bool trans_b, float beta) {
   const int64_t call = matmul_next_call();
@@ -373,47 +376,40 @@ void matmul_run_amx(float* c, const bf16* a, const bf16* b, int64_t m, int64_t n
     return std::min(kTileM, (even + 31) / 32 * 32);
   };
   const int64_t tile_m = tile_size(m), tile_n = tile_size(n);
-  const int64_t tiles_m = (m + tile_m - 1) / tile_m, tiles_n = (n + tile_n - 1) / tile_n, tiles = tiles_m * tiles_n;
+  const int64_t tiles_m = (m + tile_m - 1) / tile_m, tiles_n = (n + tile_n - 1) / tile_n;
   const int64_t words = gemm_amx_packed_words(kTileM, k);  // one tile row of op(a) or column of op(b)
   const int threads = omp_get_max_threads();
-  const bool shared_b = tiles > 1 && tiles_n <= threads;
-  uint32_t* shared = nullptr;
-  if (shared_b)
-    shared = reinterpret_cast<uint32_t*>(scratch_grow(matmul_scratch().shared, size_t(tiles_n * words)));
-  const int chunk = int(std::clamp<int64_t>(tiles / std::max(1, threads), 1, tiles_n));
-#pragma omp parallel if (tiles > 1)
+  const int64_t band = std::min(tiles_n, kAmxBandTiles * std::max(1, threads));
+  auto* shared = reinterpret_cast<uint32_t*>(scratch_grow(matmul_scratch().shared, size_t(band * words)));
+#pragma omp parallel if (tiles_m * tiles_n > 1)
   {
-    if (shared_b) {
+    for (int64_t b0 = 0; b0 < tiles_n; b0 += band) {  // every thread of the team takes every band
+      const int64_t bn = std::min(band, tiles_n - b0), tiles = tiles_m * bn;
 #pragma omp for schedule(static)
-      for (int64_t tj = 0; tj < tiles_n; ++tj)
-        gemm_amx_pack_b(shared + tj * words, b, ldb, trans_b, tj * tile_n, std::min(tile_n, n - tj * tile_n), k);
-    }
+      for (int64_t q = 0; q < bn; ++q) {
+        const int64_t j0 = (b0 + q) * tile_n;
+        gemm_amx_pack_b(shared + q * words, b, ldb, trans_b, j0, std::min(tile_n, n - j0), k);
+      }
+      const int chunk = int(std::clamp<int64_t>(tiles / std::max(1, threads), 1, bn));
 #pragma omp for schedule(dynamic, chunk)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t ti = t / tiles_n, tj = t % tiles_n, i0 = ti * tile_m, j0 = tj * tile_n;
-      const int64_t tm = std::min(tile_m, m - i0), tn = std::min(tile_n, n - j0);
-      MatmulScratch& ws = matmul_scratch();
-      auto* a_tile = reinterpret_cast<uint32_t*>(scratch_grow(ws.a, size_t(words)));
-      if (ws.a_call != call || ws.a_tile != ti) {
-        gemm_amx_pack_a(a_tile, a, lda, trans_a, i0, tm, k);
-        ws.a_call = call, ws.a_tile = ti;
-      }
-      const uint32_t* b_tile = shared_b ? shared + tj * words : nullptr;
-      if (!b_tile) {
-        auto* packed = reinterpret_cast<uint32_t*>(scratch_grow(ws.b, size_t(words)));
-        if (ws.b_call != call || ws.b_tile != tj) {
-          gemm_amx_pack_b(packed, b, ldb, trans_b, j0, tn, k);
-          ws.b_call = call, ws.b_tile = tj;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t ti = t / bn, tj = b0 + t % bn, i0 = ti * tile_m, j0 = tj * tile_n;
+        const int64_t tm = std::min(tile_m, m - i0), tn = std::min(tile_n, n - j0);
+        MatmulScratch& ws = matmul_scratch();
+        auto* a_tile = reinterpret_cast<uint32_t*>(scratch_grow(ws.a, size_t(words)));
+        if (ws.a_call != call || ws.a_tile != ti) {
+          gemm_amx_pack_a(a_tile, a, lda, trans_a, i0, tm, k);
+          ws.a_call = call, ws.a_tile = ti;
         }
-        b_tile = packed;
-      }
-      if (beta == 0.f) {
-        gemm_amx_tile(c + i0 * n + j0, n, a_tile, b_tile, tm, tn, k);
-      } else {  // c + the finished sum
-        float* sum = scratch_grow(ws.c, size_t(kTileM * kTileN));
-        gemm_amx_tile(sum, tn, a_tile, b_tile, tm, tn, k);
-        matmul_add_tile(c, n, i0, j0, sum, tm, tn);
-      }
+        const uint32_t* b_tile = shared + (tj - b0) * words;
+        if (beta == 0.f) {
+          gemm_amx_tile(c + i0 * n + j0, n, a_tile, b_tile, tm, tn, k);
+        } else {  // c + the finished sum
+          float* sum = scratch_grow(ws.c, size_t(kTileM * kTileN));
+          gemm_amx_tile(sum, tn, a_tile, b_tile, tm, tn, k);
+          matmul_add_tile(c, n, i0, j0, sum, tm, tn);
+        }
+      }  // the loop's barrier: the band's tiles are done before the next band is packed over them
     }
   }
 }
@@ -495,9 +491,10 @@ size_t matmul_scratch_bytes(int64_t k, DType dtype) {
   // strata's kernel: a tile row of op(a) and a tile column of op(b) in its panels, and a thread's
   // share of a call's shared packed operand (the calling thread holds up to one tile row or
   // column per thread of the team); oneDNN widening bf16: op(a) (256, K) and op(b) (256, K)
-  // strata's AMX tile: a tile row of op(a), a tile column of op(b), and a share of the shared b
+  // strata's AMX tile: a tile row of op(a), and a thread's share of a band of op(b)'s tile columns
+  // (kAmxBandTiles a thread, held by the calling thread for its team)
   if (dtype == DType::bf16 && gemm_amx_available())
-    return (size_t(3 * gemm_amx_packed_words(kTileM, k)) + size_t(kTileM * kTileN)) * sizeof(float);
+    return (size_t((1 + kAmxBandTiles) * gemm_amx_packed_words(kTileM, k)) + size_t(kTileM * kTileN)) * sizeof(float);
   const bool own = dtype == DType::bf16 ? matmul_bf16_own() : matmul_own_f32();
   const bool widens = dtype == DType::bf16 && !matmul_bf16_native();
   const int64_t a_floats = gemm_packed_a_floats(kTileM, k), b_floats = gemm_packed_b_floats(kTileN, k);

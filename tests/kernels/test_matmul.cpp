@@ -200,10 +200,10 @@ TEST_CASE("matmul keeps the scratch it says it keeps, sized by the longest sum",
   const bool own = strata::cpu::gemm_avx2_available();
   CHECK(strata::cpu::gemm_packed_a_floats(256, 129) == 258 * 129);
   CHECK(strata::cpu::gemm_packed_b_floats(256, 129) == 256 * 129);
-  // AMX: a tile row of op(a) and a tile column of op(b) in 1 KiB tiles (256 x 160 values: K padded
-  // to 5 chunks of 32), a share of a shared b, and the product
+  // AMX: a tile row of op(a) in 1 KiB tiles (256 x 160 values: K padded to 5 chunks of 32), a
+  // thread's share of a band of op(b)'s tile columns (4 of them), and the product
   CHECK(strata::cpu::matmul_scratch_bytes(129, strata::DType::bf16) ==
-        (strata::cpu::gemm_amx_available()  ? size_t((3 * 16 * 5 * 256 + 65536) * 4)
+        (strata::cpu::gemm_amx_available()  ? size_t((5 * 16 * 5 * 256 + 65536) * 4)
          : strata::cpu::matmul_bf16_native() ? size_t(65536 * 4)
          : own                             ? size_t(((258 + 256 + 258) * 129 + 65536) * 4)
                                            : held.large));
