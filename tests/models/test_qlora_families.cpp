@@ -51,7 +51,7 @@ double worst_rel_l2(const std::string& got_path, const std::string& want_path) {
 
 }  // namespace
 
-TEST_CASE("NF4 quantizes the rows that transformers and bitsandbytes quantize, fused and MoE families",
+TEST_CASE("NF4 quantizes the rows that transformers and bitsandbytes quantize in the fused and MoE families",
           "[qlora][nf4][phi3][moe]") {
   for (const char* name : kFamilies) {
     INFO(name);
