@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -105,36 +106,59 @@ float load(const T* x, int64_t i) {
     return x[i];
 }
 
+// Block b of x (64 elements, or the last partial block) quantized, as bitsandbytes does (the
+// header). Written for the vectoriser (-march=native): the absmax as the largest |x| bit pattern
+// (finite floats order as their sign-cleared bits, so this is max |x| exactly, and a pattern at or
+// above the infinity's says the block holds a NaN or an infinity), and each code as the count of
+// NF4 midpoints strictly below the clamped value (what the binary search finds: the midpoints
+// ascend). Every float operation is the one the scalar loop did, so the bits are bitsandbytes'.
+// Returns false when the block is not finite.
+template <class T>
+bool quantize_block(uint8_t* codes, float* absmax, const T* x, int64_t n, int64_t b) {
+  static const Nf4Bounds bounds;
+  const int64_t begin = b * kNf4Block, len = std::min(n - begin, kNf4Block);
+  float v[kNf4Block];
+  uint32_t most = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    v[i] = load(x, begin + i);
+    most = std::max(most, std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu);
+  }
+  if (most >= 0x7f800000u) return false;
+  const float m = std::bit_cast<float>(most);
+  const bool full = len == kNf4Block;
+  // torch: full blocks scale by the reciprocal of max(absmax, 1e-38) and keep absmax as is;
+  // the last partial block divides by max(absmax, 1e-38), which is also what it stores.
+  const float clamped = std::max(m, 1e-38f);
+  absmax[b] = full ? m : clamped;
+  if (full) {
+    const float r = 1.0f / clamped;
+    for (int64_t i = 0; i < kNf4Block; ++i) v[i] = v[i] * r;
+  } else {
+    for (int64_t i = 0; i < len; ++i) v[i] = v[i] / clamped;
+  }
+  int32_t k[kNf4Block];
+  for (int64_t i = 0; i < len; ++i) v[i] = clamp_unit(v[i]), k[i] = 0;
+  for (int j = 0; j < 15; ++j) {
+    const float mid = bounds.mid[j];
+    for (int64_t i = 0; i < len; ++i) k[i] += mid < v[i] ? 1 : 0;
+  }
+  uint8_t q[kNf4Block];
+  for (int64_t i = 0; i < len; ++i) q[i] = uint8_t(k[i]);
+  // Blocks are 64 elements (even), so a byte never straddles two blocks.
+  uint8_t* out = codes + begin / 2;
+  for (int64_t i = 0; i + 1 < len; i += 2) out[i / 2] = uint8_t(q[i] << 4 | q[i + 1]);
+  if (len % 2) out[(len - 1) / 2] = uint8_t(q[len - 1] << 4);
+  return true;
+}
+
 template <class T>
 void quantize_impl(uint8_t* codes, float* absmax, const T* x, int64_t n) {
   static const Nf4Bounds bounds;
   const int64_t blocks = nf4_blocks(n);
   int64_t first_bad = n;  // the first block holding a NaN or an infinity (times 64), if any
 #pragma omp parallel for schedule(static) reduction(min : first_bad)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
-    float m = 0.0f;
-    bool finite = true;
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = load(x, i);
-      finite = finite && std::isfinite(v);
-      m = std::max(m, std::fabs(v));
-    }
-    if (!finite) first_bad = std::min(first_bad, begin);
-    const bool full = end - begin == kNf4Block;
-    // torch: full blocks scale by the reciprocal of max(absmax, 1e-38) and keep absmax as is;
-    // the last partial block divides by max(absmax, 1e-38), which is also what it stores.
-    const float clamped = std::max(m, 1e-38f);
-    absmax[b] = full ? m : clamped;
-    const float r = 1.0f / clamped;
-    auto code_of = [&](int64_t i) {
-      const float v = full ? load(x, i) * r : load(x, i) / clamped;
-      return nf4_index(bounds, clamp_unit(v));
-    };
-    // Blocks are 64 elements (even), so a byte never straddles two blocks.
-    for (int64_t i = begin; i + 1 < end; i += 2) codes[i / 2] = uint8_t(code_of(i) << 4 | code_of(i + 1));
-    if ((end - begin) % 2) codes[(end - 1) / 2] = uint8_t(code_of(end - 1) << 4);
-  }
+  for (int64_t b = 0; b < blocks; ++b)
+    if (!quantize_block(codes, absmax, x, n, b)) first_bad = std::min(first_bad, b * kNf4Block);
   STRATA_CHECK(first_bad == n, "NF4 quantization: the tensor holds a NaN or an infinity in elements [",
                first_bad, ", ", std::min(n, first_bad + kNf4Block),
                "); only finite weights can be quantized (check the checkpoint)");
@@ -279,6 +303,8 @@ void nf4_absmax_dequantize(float* absmax, const uint8_t* qabsmax, const float* a
 
 namespace {
 // T bf16: the weights rounded to bf16; float: unrounded (round_bf16 false) or the bf16 value widened.
+// Per block, the 16 values NF4[k]·scale are made once (each the same product and rounding the
+// per-weight loop made) and the codes look them up: two table loads per byte.
 template <class T, bool round_bf16 = std::is_same_v<T, bf16>>
 void dequantize_impl(T* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
                      float offset, int64_t n) {
@@ -294,17 +320,25 @@ void dequantize_impl(T* w, const uint8_t* codes, const uint8_t* qabsmax, const f
     } else {
       scale = absmax[b];
     }
-    const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
-    for (int64_t i = begin; i < end; ++i) {
-      const uint8_t byte = codes[i / 2];
-      const float v = kNf4[(i % 2 == 0) ? (byte >> 4) : (byte & 0x0f)] * scale;
+    T table[16];
+    for (int k = 0; k < 16; ++k) {
+      const float v = kNf4[k] * scale;
       if constexpr (std::is_same_v<T, bf16>)
-        w[i] = f32_to_bf16(v);
+        table[k] = f32_to_bf16(v);
       else if constexpr (round_bf16)
-        w[i] = bf16_to_f32(f32_to_bf16(v));
+        table[k] = bf16_to_f32(f32_to_bf16(v));
       else
-        w[i] = v;
+        table[k] = v;
     }
+    const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
+    const uint8_t* c = codes + begin / 2;
+    T* out = w + begin;
+    const int64_t pairs = (end - begin) / 2;
+    for (int64_t j = 0; j < pairs; ++j) {
+      out[2 * j] = table[c[j] >> 4];
+      out[2 * j + 1] = table[c[j] & 0x0f];
+    }
+    if ((end - begin) % 2) out[2 * pairs] = table[c[pairs] >> 4];
   }
 }
 }  // namespace

@@ -8,6 +8,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/nf4.h"
+#include "offload/state/moe_packed.h"
 #include "offload/state/nf4_layout.h"
 #include "src/core/error.h"
 
@@ -69,13 +70,15 @@ HfRow hf_read_row(const SafetensorsDir& st, const TensorSpec& spec, bool double_
   return r;
 }
 
-// The expected tensors of a pre-quantized dir: the plain ones, and each quantized weight's parts.
-std::vector<ExpectedTensor> hf_expected(const ModelSpec& spec, const std::vector<bool>& packed, bool dq) {
-  std::vector<ExpectedTensor> out;
+// The expected tensors of a pre-quantized dir: the plain ones (a mixture of experts' in the Hub's
+// per-expert layout or packed 3-D, offload/state/moe_packed.h), and each quantized weight's parts.
+std::vector<ExpectedTensor> hf_expected(const SafetensorsDir& st, const ModelSpec& spec, const std::vector<bool>& packed,
+                                        bool dq) {
+  std::vector<ExpectedTensor> plain, out;
   for (size_t r = 0; r < spec.params.size(); ++r) {
     const TensorSpec& t = spec.params[r];
     if (!packed[r]) {
-      out.push_back({t.name, t.shape});
+      plain.push_back({t.name, t.shape});
       continue;
     }
     const int64_t n = t.numel();
@@ -87,6 +90,8 @@ std::vector<ExpectedTensor> hf_expected(const ModelSpec& spec, const std::vector
       out.push_back({t.name + ".nested_quant_map", {256}});
     }
   }
+  if (spec.config.num_experts > 0) plain = moe_packed_expected(st, plain);
+  out.insert(out.begin(), plain.begin(), plain.end());
   return out;
 }
 
@@ -112,12 +117,11 @@ HfQuantization hf_quantization_of(const ModelConfig& config, const std::string& 
 
 void nf4_hf_load(HostStore& store, const std::string& dir, const HfQuantization& q, const LoraAdapter* adapter) {
   const ModelSpec& spec = store.spec();
-  STRATA_CHECK(spec.config.num_experts == 0, dir, ": a bitsandbytes NF4 mixture of experts is not read yet");
   ModelSpec as_nf4 = spec;  // the rows bitsandbytes quantized: the decoder layers' linears
   as_nf4.base_quant.nf4 = true;
   const std::vector<bool> packed = nf4_packed_rows(as_nf4);
   const SafetensorsDir st = SafetensorsDir::open(dir);
-  std::vector<ExpectedTensor> expected = hf_expected(spec, packed, q.double_quant);
+  std::vector<ExpectedTensor> expected = hf_expected(st, spec, packed, q.double_quant);
   for (const std::string& name : st.names())  // the JSON states: their length varies
     if (name.size() > std::strlen(kQuantState) && name.compare(name.size() - std::strlen(kQuantState), std::string::npos, kQuantState) == 0)
       expected.push_back({name, st.find(name)->shape});
@@ -126,12 +130,17 @@ void nf4_hf_load(HostStore& store, const std::string& dir, const HfQuantization&
   STRATA_CHECK(!store.packed() || spec.base_quant.double_quant == q.double_quant, dir, ": the model is NF4 ",
                q.double_quant ? "with" : "without", " double quantization; set lora.double_quant = ",
                q.double_quant ? "true" : "false");
-  std::vector<float> values;
+  const bool moe = spec.config.num_experts > 0;  // experts and routers: bf16, per expert or packed 3-D
+  std::vector<float> values, moe_values;
+  std::string moe_name;
   for (size_t r = 0; r < spec.params.size(); ++r) {
     const TensorSpec& t = spec.params[r];
     values.resize(size_t(t.numel()));
     if (!packed[r]) {
-      st.read(t.name, DType::f32, values.data());
+      if (const auto slice = moe ? moe_packed_slice(st, t.name) : std::nullopt)
+        moe_packed_read(st, *slice, moe_values, moe_name, values.data());
+      else
+        st.read(t.name, DType::f32, values.data());
       if (adapter) lora_adapter_merge_row(*adapter, r, values.data());
       store.set_param(r, values.data());
       continue;

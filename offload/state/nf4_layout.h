@@ -2,7 +2,8 @@
 // the frozen decoder layers' linear weights live in the host store's working arena as
 // bitsandbytes' NF4 state (kernels/cpu/nf4.h), cross the link as those bytes and are dequantized
 // to bf16 on the device into the layer's slot, where the layer's forward and backward read them
-// as they read a bf16 base. Embeddings, norms, biases and lm_head stay in the working dtype.
+// as they read a bf16 base. Embeddings, norms, biases, lm_head
+// and mixture-of-experts layers' experts and routers stay in the working dtype (what bitsandbytes does).
 //
 // A packed row (u8 in the working table, HostStore::layout) holds, each part from a 4-byte
 // boundary:
@@ -31,13 +32,15 @@ class HostStore;
 
 // Turns a spec's base into NF4 (spec.base_quant): its matrices bf16 (what a recipe must ask for:
 // src/recipe/recipe.cpp checks model.dtype) or f32 (the same dequantized bf16 weights widened:
-// `strata grad --dtype f32`, the exact check against fp64 goldens), every layer a dense or
-// Gemma-style one (MoE experts are not quantized yet); a bad spec is an Error(input) naming the
-// key to change.
+// `strata grad --dtype f32`, the exact check against fp64 goldens); a bad spec is an Error(input)
+// naming the key to change. Every layer kind takes it: what is quantized is what bitsandbytes
+// quantizes (nf4_packed_rows).
 void nf4_base_enable(ModelSpec& spec, bool double_quant);
 
 // Per row of spec.params: stored packed (spec.base_quant.nf4 and the row is one of a decoder
-// layer's linears).
+// layer's nn.Linear modules in transformers: its kind's LoRA-targetable linears, Phi-3's fused ones
+// included; a mixture-of-experts layer's experts and router stay in the working dtype, as
+// transformers + bitsandbytes leave them).
 std::vector<bool> nf4_packed_rows(const ModelSpec& spec);
 
 // The bytes one decoding of decoder layer `layer` reads and writes on the device: each packed

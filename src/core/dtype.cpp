@@ -73,6 +73,24 @@ void dtype_convert(void* dst, DType dst_type, const void* src, DType src_type, s
     std::memcpy(dst, src, n * dtype_size(dst_type));
     return;
   }
+  // bf16 <-> f32, what loading a checkpoint does for every tensor (and an NF4 base twice): plain
+  // loops the compiler vectorises, split over the kernels' threads when large (elementwise, so the
+  // bits do not depend on the thread count; nested in a parallel region, OpenMP runs it on one).
+  constexpr size_t kParallelFrom = size_t(1) << 18;
+  if (src_type == DType::bf16 && dst_type == DType::f32) {
+    const auto* in = static_cast<const bf16*>(src);
+    auto* out = static_cast<float*>(dst);
+#pragma omp parallel for schedule(static) if (n >= kParallelFrom)
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
+    return;
+  }
+  if (src_type == DType::f32 && dst_type == DType::bf16) {
+    const auto* in = static_cast<const float*>(src);
+    auto* out = static_cast<bf16*>(dst);
+#pragma omp parallel for schedule(static) if (n >= kParallelFrom)
+    for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+    return;
+  }
   for (size_t i = 0; i < n; ++i) {
     float x = load_f32(src, src_type, i);
     switch (dst_type) {

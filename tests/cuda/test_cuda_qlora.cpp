@@ -2,6 +2,8 @@
 // the bf16 values widened to f32) against the CPU backend's, and the engine's NF4 base against the
 // fp64 PEFT + bitsandbytes goldens, the CPU backend and a plain base of the dequantized weights.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -80,6 +82,32 @@ TEST_CASE("QLoRA on the CUDA backend: adapter gradients match the goldens, the C
     CHECK(nf4.loss == deq.loss);
     REQUIRE(nf4.grads.size() == deq.grads.size());
     for (size_t i = 0; i < nf4.grads.size(); ++i) CHECK(nf4.grads[i].second == deq.grads[i].second);
+  }
+}
+
+TEST_CASE("QLoRA on the CUDA backend for the fused and MoE families: phi3 and qwen3_moe against PEFT and bitsandbytes",
+          "[cuda-emu][qlora][phi3][moe]") {
+  // tests/golden/qlora_grad/{phi3,qwen3_moe} (tools/golden/make_qlora_family_goldens.py): Phi-3's
+  // fused projections decoded from NF4 on the device; qwen3_moe's attention NF4, its experts bf16
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  auto cpu = device_create(DeviceOptions{});
+  using testing::QloraBase;
+  for (const char* name : {"phi3", "qwen3_moe"}) {
+    INFO(name);
+    const testing::QloraStep on_cuda = testing::qlora_step(*cuda, name, DType::f32, QloraBase::nf4);
+    const testing::QloraStep on_cpu = testing::qlora_step(*cpu, name, DType::f32, QloraBase::nf4);
+    const double err = testing::qlora_golden_error(on_cuda, name, "grads.safetensors");
+    double vs_cpu = 0;
+    for (size_t i = 0; i < on_cuda.grads.size(); ++i)
+      vs_cpu = std::max(vs_cpu, testing::qlora_rel_l2(on_cuda.grads[i].second, on_cpu.grads[i].second.data()));
+    const double want = nlohmann::json::parse(testing::read_file(testing::source_path("tests/golden/qlora_grad/") + name +
+                                                                 "/expected.json"))["loss"].get<double>();
+    std::printf("cuda-emu qlora %-9s loss %.9f (cpu %.9f, golden %.9f) worst adapter grad rel L2 %.2e vs fp64 golden, "
+                "%.2e vs cpu\n", name, on_cuda.loss, on_cpu.loss, want, err, vs_cpu);
+    CHECK(err <= 1e-4);
+    CHECK(vs_cpu <= 1e-4);
+    CHECK(std::abs(on_cuda.loss - want) <= 2e-6 * want);
   }
 }
 

@@ -1,5 +1,7 @@
 // The QLoRA rig (offload/state/nf4_layout.h) the CPU and emulated-CUDA tests share: golden
-// `name`'s model (tests/golden/<name>) with the adapters of tests/golden/lora_grad/<name>, its
+// `name`'s model (tests/golden/<name>) with the adapters of tests/golden/qlora_grad/<name>/adapter
+// (the newer families: tools/golden/make_qlora_family_goldens.py) or else
+// tests/golden/lora_grad/<name>, its
 // base held as NF4 (double-quantized or not) or, for comparison, as a plain store of the NF4
 // base's dequantized weights (the same values, unpacked); one forward_backward (or accum strided
 // micro-batches, one at a time or in one layer-major pass) through an engine with streamed
@@ -7,6 +9,7 @@
 // names, dB unscaled) and the engine's stats (layer_upload_bytes: the decoder layers' link bytes).
 #pragma once
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -35,7 +38,8 @@ struct QloraStep {
 inline QloraStep qlora_step(Device& dev, const std::string& name, DType dtype, QloraBase base, int accum = 0,
                             bool layer_major = false) {
   const Golden g = Golden::load(name);
-  const std::string dir = source_path("tests/golden/lora_grad/" + name);
+  const std::string own = source_path("tests/golden/qlora_grad/" + name);
+  const std::string dir = std::filesystem::exists(own + "/adapter") ? own : source_path("tests/golden/lora_grad/" + name);
   const nlohmann::json expected = nlohmann::json::parse(read_file(dir + "/expected.json"));
   ModelSpec spec = model_spec_build(hf_config_load(g.dir), dtype);
   ModelSpec nf4 = spec;

@@ -32,6 +32,8 @@
 #               process x 1 differs)
 #   zo-resume   zeroth order saved by 2 ranks (perturbation), resumed by 1; saved by 1, resumed
 #               by 2 (data): bit-identical to the straight run
+#   qlora       the same on an NF4 base (lora.base_dtype = "nf4"): 2 ranks x 1 = 1 process x 2
+#               (distributed.shared_host_store false and auto); 1 process x 1 differs
 #   lora        LoRA adapters with dropout: 2 ranks x 1 = 1 process x 2 (clip on and off, evals),
 #               2 x 2 = 1 x 4, saved by 2 ranks resumed by 1: losses, adapter state and the exported
 #               adapter bit-identical; rank 0 alone exports; 1 process x 1 differs
@@ -72,6 +74,15 @@ same() {
     fail "$4: master weights / moments differ"
   cmp "$1/final/model.safetensors" "$2/final/model.safetensors" || fail "$4: final weights differ"
   echo "bit-identical: $4 ($(losses "$1" | wc -l) steps)"
+}
+
+lora_same() {  # lora_same DIR_A DIR_B WHAT: losses, checkpoint-2's adapter state, the exported adapter
+  [ "$(losses "$1")" = "$(losses "$2")" ] || { paste <(losses "$1") <(losses "$2"); fail "$3: losses differ"; }
+  cmp "$1/checkpoint-2/optimizer_state.safetensors" "$2/checkpoint-2/optimizer_state.safetensors" ||
+    fail "$3: adapter master weights / moments differ"
+  cmp "$1/final/adapter/adapter_model.safetensors" "$2/final/adapter/adapter_model.safetensors" ||
+    fail "$3: exported adapters differ"
+  echo "bit-identical: $3 ($(losses "$1" | wc -l) steps)"
 }
 
 case "$scenario" in
@@ -333,14 +344,6 @@ lora)
   # through the host reduction (offload/engine/engine.cpp: lora_grads_land), every rank runs the same
   # AdamW, rank 0 exports; the dropout masks follow the global micro-batch index
   lo="model.dtype=bf16 lora.r=8 lora.alpha=16 lora.dropout=0.1 data.sequence_len=64 checkpoint.save_steps=2"
-  lora_same() {  # lora_same DIR_A DIR_B WHAT: losses, checkpoint-2's adapter state, the exported adapter
-    [ "$(losses "$1")" = "$(losses "$2")" ] || { paste <(losses "$1") <(losses "$2"); fail "$3: losses differ"; }
-    cmp "$1/checkpoint-2/optimizer_state.safetensors" "$2/checkpoint-2/optimizer_state.safetensors" ||
-      fail "$3: adapter master weights / moments differ"
-    cmp "$1/final/adapter/adapter_model.safetensors" "$2/final/adapter/adapter_model.safetensors" ||
-      fail "$3: exported adapters differ"
-    echo "bit-identical: $3 ($(losses "$1" | wc -l) steps)"
-  }
   for clip in 1.0 0; do
     ev="data.eval_split=0.2 train.eval_steps=2"
     train 1 "$work/s2_$clip" $lo train.max_steps=3 train.gradient_accumulation_steps=2 optim.max_grad_norm=$clip $ev
@@ -363,6 +366,23 @@ lora)
   train 1 "$work/s1" $lo train.max_steps=3 train.gradient_accumulation_steps=1
   ! cmp -s "$work/s1/final/adapter/adapter_model.safetensors" "$work/d2_1.0/final/adapter/adapter_model.safetensors" ||
     fail "LoRA: 2 ranks x 1 equals 1 process x 1: the data was not split"
+  ;;
+qlora)
+  # QLoRA (lora.base_dtype = "nf4", double-quantized, streamed; dropout 0.1): each rank quantizes
+  # the base into its own store at load (LoRA keeps a store per rank, "auto" included), and the
+  # adapters train as LoRA's do: 2 ranks x 1 = 1 process x 2 bit for bit
+  lo="model.dtype=bf16 lora.r=8 lora.alpha=16 lora.dropout=0.1 lora.base_dtype=nf4 offload.weights=stream"
+  lo="$lo data.sequence_len=64 checkpoint.save_steps=2 train.max_steps=3 optim.max_grad_norm=1.0"
+  train 1 "$work/q_s2" $lo train.gradient_accumulation_steps=2
+  for shared in false auto; do
+    train 2 "$work/q_d2_$shared" $lo train.gradient_accumulation_steps=1 distributed.shared_host_store=$shared
+    lora_same "$work/q_s2" "$work/q_d2_$shared" "QLoRA: 2 ranks x 1 = 1 process x 2, shared_host_store=$shared"
+  done
+  grep -q "NF4" "$work/q_s2.log" || { cat "$work/q_s2.log"; fail "the QLoRA run's plan does not show an NF4 base"; }
+  # the check can fail: one process x 1 trains other adapters
+  train 1 "$work/q_s1" $lo train.gradient_accumulation_steps=1
+  ! cmp -s "$work/q_s1/final/adapter/adapter_model.safetensors" "$work/q_d2_false/final/adapter/adapter_model.safetensors" ||
+    fail "QLoRA: 2 ranks x 1 equals 1 process x 1: the data was not split"
   ;;
 *) fail "unknown scenario $scenario" ;;
 esac

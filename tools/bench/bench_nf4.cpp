@@ -2,16 +2,21 @@
 // (codes + absmax, then the double quantization) and dequantizing it back to bf16 (the CPU
 // backend's device op), in ns per parameter at 1, 2, ... threads, against a ceiling measured in
 // the same run: a plain pass over the same bytes (read the packed codes, write bf16 weights),
-// which is what the dequantization would cost if the lookup and the scaling were free.
+// which is what the dequantization would cost if the lookup and the scaling were free; and a
+// memcpy of the dequantization's bytes (read the packed state, write bf16), the memory bandwidth
+// this host gives those bytes. Also what a load does per linear with lora.base_dtype = "nf4"
+// (offload/state/nf4_layout.h: nf4_pack_row from f32 values, the bf16 rounding included).
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/nf4.h"
+#include "offload/state/nf4_layout.h"
 #include "src/core/error.h"
 
 namespace strata::bench {
@@ -59,8 +64,16 @@ int bench_nf4(const std::vector<std::string>& args) {
   float offset = 0;
   const int max_threads = omp_get_max_threads();
   std::printf("strata-bench nf4: %lld parameters, best of %d rounds\n", (long long)params, rounds);
-  std::printf("%8s %14s %14s %14s %12s\n", "threads", "quantize ns/p", "dequant ns/p", "ceiling ns/p",
-              "dequant/ceil");
+  std::vector<float> xf(static_cast<size_t>(params));
+  for (int64_t i = 0; i < params; ++i) xf[size_t(i)] = bf16_to_f32(x[size_t(i)]);
+  BaseQuant bq;
+  bq.nf4 = true;
+  std::vector<char> row(Nf4RowLayout::of(params, true).bytes);
+  // the dequantization's traffic: the packed state read, the bf16 weights written
+  const double deq_bytes = double(cpu::nf4_state_bytes(params, true)) + 2.0 * double(params);
+  std::vector<char> src(size_t(deq_bytes / 2)), dst(size_t(deq_bytes / 2));
+  std::printf("%8s %14s %14s %14s %12s %12s %14s %12s\n", "threads", "quantize ns/p", "dequant ns/p", "ceiling ns/p",
+              "dequant/ceil", "dequant GB/s", "memcpy GB/s", "load ns/p");
   std::string json = "{\"bench\": \"nf4\", \"params\": " + std::to_string(params) + ", \"rows\": [";
   for (int t = 1;; t = std::min(t * 2, max_threads)) {
     omp_set_num_threads(t);
@@ -77,13 +90,25 @@ int bench_nf4(const std::vector<std::string>& args) {
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < params; ++i) out[i] = bf16{uint16_t(c[i / 2] + 0x3f00)};
     });
+    // memcpy of the same bytes in halves split over the threads (what the bandwidth allows)
+    const double copy = best_of(rounds, [&] {
+      const int64_t half = int64_t(src.size()), piece = (half + t - 1) / t;
+#pragma omp parallel for schedule(static)
+      for (int k = 0; k < t; ++k) {
+        const int64_t b = k * piece, e = std::min(half, b + piece);
+        if (b < e) std::memcpy(dst.data() + b, src.data() + b, size_t(e - b));
+      }
+    });
+    const double load = best_of(rounds, [&] { nf4_pack_row(row.data(), xf.data(), params, bq); });
     const double np = double(params);
-    std::printf("%8d %14.3f %14.3f %14.3f %12.2f\n", t, quant / np * 1e9, deq / np * 1e9, ceil / np * 1e9,
-                deq / ceil);
-    char row[256];
-    std::snprintf(row, sizeof row, "%s{\"threads\": %d, \"quantize_ns\": %.4f, \"dequant_ns\": %.4f, "
-                  "\"ceiling_ns\": %.4f}", t == 1 ? "" : ", ", t, quant / np * 1e9, deq / np * 1e9, ceil / np * 1e9);
-    json += row;
+    std::printf("%8d %14.3f %14.3f %14.3f %12.2f %12.2f %14.2f %12.3f\n", t, quant / np * 1e9, deq / np * 1e9,
+                ceil / np * 1e9, deq / ceil, deq_bytes / deq * 1e-9, deq_bytes / copy * 1e-9, load / np * 1e9);
+    char jrow[384];
+    std::snprintf(jrow, sizeof jrow, "%s{\"threads\": %d, \"quantize_ns\": %.4f, \"dequant_ns\": %.4f, "
+                  "\"ceiling_ns\": %.4f, \"dequant_gbs\": %.3f, \"memcpy_gbs\": %.3f, \"load_ns\": %.4f}",
+                  t == 1 ? "" : ", ", t, quant / np * 1e9, deq / np * 1e9, ceil / np * 1e9, deq_bytes / deq * 1e-9,
+                  deq_bytes / copy * 1e-9, load / np * 1e9);
+    json += jrow;
     if (t == max_threads) break;
   }
   omp_set_num_threads(max_threads);

@@ -13,12 +13,19 @@ in bf16; config.json with its quantization_config. q4_dequantized.safetensors (a
 bitsandbytes' dequantize_4bit of every quantized weight (bf16), flattened (its 2-D CPU path
 misreads the absmax of rows shorter than a block; make_qlora_grad_goldens.py says more).
 
+The newer families the same way (`families`): the committed tiny phi3 and qwen3_moe
+(tests/golden/phi3, tests/golden/qwen3_moe) loaded with double quantization and dtype=bfloat16 and
+saved as phi3_q4/ and qwen3_moe_q4/: Phi-3's fused qkv_proj and gate_up_proj quantized, qwen3_moe's
+attention quantized and its experts and routers left in bf16 (transformers 5 holds the experts as
+packed 3-D parameters, not nn.Linear modules, so bitsandbytes never sees them).
+
 Run from the repository root, with torch, transformers 5.x and bitsandbytes (CPU) installed:
-    python3 tools/golden/make_bnb_nf4_dirs.py
+    python3 tools/golden/make_bnb_nf4_dirs.py [llama | families]   (default both)
 """
 
 import os
 import shutil
+import sys
 
 import bitsandbytes.functional as F
 import torch
@@ -29,11 +36,40 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 OUT = os.path.join(REPO_ROOT, "tests", "golden", "bnb_nf4")
 
 
+FAMILIES = ("phi3", "qwen3_moe")
+
+
+def save_families():
+    for case in FAMILIES:
+        sub = os.path.join(OUT, case + "_q4")
+        if os.path.isdir(sub):
+            shutil.rmtree(sub)
+        bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                 bnb_4bit_compute_dtype=torch.bfloat16)
+        q = AutoModelForCausalLM.from_pretrained(os.path.join(REPO_ROOT, "tests", "golden", case), quantization_config=bnb,
+                                                 dtype=torch.bfloat16, device_map="cpu")
+        q.save_pretrained(sub)
+        p = os.path.join(sub, "generation_config.json")
+        if os.path.exists(p):
+            os.remove(p)
+        quantized = [n for n, m in q.named_modules() if getattr(getattr(m, "weight", None), "quant_state", None) is not None]
+        print("%s_q4: %d quantized weights, files %s" % (case, len(quantized), sorted(os.listdir(sub))))
+
+
 def main():
     torch.set_num_threads(1)
+    what = sys.argv[1] if len(sys.argv) > 1 else "both"
+    if what in ("families", "both"):
+        save_families()
+    if what == "families":
+        return
     torch.manual_seed(40)
-    if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
+    for sub in ("base", "q4", "q4_nodq", "q4_dequantized.safetensors", "q4_nodq_dequantized.safetensors"):
+        p = os.path.join(OUT, sub)
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        elif os.path.exists(p):
+            os.remove(p)
     cfg = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=64, tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)

@@ -17,6 +17,11 @@ Output per case: grads.safetensors (double quantization) and grads_nodq.safetens
 absmax), F32 of the float64 gradients under PEFT's names; expected.json (loss and loss_nodq, r,
 alpha, targets, and the NF4 round trip's largest error as a fraction of its block's absmax).
 
+A preference objective on the NF4 base (llama, double quantization): DPO (beta 0.3, TRL's sigmoid
+loss) over tests/golden/preference/llama/batch.json (its pairs and reference log-prob sums,
+make_preference_grad_goldens.py) with the same adapters, in float64: dpo_grads.safetensors and
+expected.json's dpo_loss and dpo_beta.
+
 Run from the repository root, with torch and bitsandbytes (CPU) installed:
     python3 tools/golden/make_qlora_grad_goldens.py
 """
@@ -61,6 +66,28 @@ def nf4_base(params, double_quant):
     return out, worst
 
 
+DPO_CASE, DPO_BETA = "llama", 0.3
+
+
+def dpo_loss(case, base, leaves, scale):
+    """TRL's sigmoid DPO loss of the LoRA model on the NF4 base over the committed preference batch."""
+    with open(os.path.join(mg.REPO_ROOT, "tests", "golden", "preference", case["name"], "batch.json")) as f:
+        b = json.load(f)
+    lora = {k: (a, bb, scale) for k, (a, bb) in leaves.items()}
+
+    def logps(ids, labels):  # (rows) summed log-probs of the shifted labels, -100 ignored
+        logits = mg.forward_logits(case, base, torch.tensor(ids), lora=lora)  # (B, T, V)
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        lab = torch.tensor(labels)[:, 1:]
+        mask = lab != mg.IGNORE_INDEX
+        return (torch.gather(logp, 2, lab.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask).sum(-1)
+    sc = logps(b["chosen_input_ids"], b["chosen_labels"])
+    sr = logps(b["rejected_input_ids"], b["rejected_labels"])
+    rc = torch.tensor(b["ref_chosen_logps"], dtype=torch.float64)
+    rr = torch.tensor(b["ref_rejected_logps"], dtype=torch.float64)
+    return (-torch.nn.functional.logsigmoid(DPO_BETA * ((sc - sr) - (rc - rr)))).mean()
+
+
 def write_case(case):
     name = case["name"]
     r, alpha, targets = lg.LORA[name]
@@ -93,6 +120,18 @@ def write_case(case):
         expected["base_max_rel_change" + suffix] = worst
         print("case %s double_quant %s: loss %.12g, tokens %d, NF4 round trip max |dW| / block absmax %.3f"
               % (name, double_quant, loss.item(), tokens, worst))
+        if name == DPO_CASE and double_quant:
+            leaves = {k: (a.clone().requires_grad_(True), b.clone().requires_grad_(True)) for k, (a, b) in adapters.items()}
+            loss = dpo_loss(case, base, leaves, scale)
+            loss.backward()
+            tensors = []
+            for k in sorted(leaves):
+                na, nb = lg.peft_names(k)
+                tensors += [(na, leaves[k][0].grad.detach()), (nb, leaves[k][1].grad.detach())]
+            mg.safetensors_write(os.path.join(out_dir, "dpo_grads.safetensors"), tensors, "F32")
+            expected["dpo_loss"] = loss.item()
+            expected["dpo_beta"] = DPO_BETA
+            print("case %s DPO (beta %g) on the double-quantized base: loss %.12g" % (name, DPO_BETA, loss.item()))
     with open(os.path.join(out_dir, "expected.json"), "w") as f:
         json.dump(expected, f, indent=2)
         f.write("\n")
