@@ -36,6 +36,18 @@ float* alloc_floats(size_t n, const char* what) {
 
 const char* lora_target_name(LoraTarget t) { return layer_linear_name(int(t)); }
 
+// The mixture-of-experts parts PEFT names but strata's adapters do not reach: the router ("gate";
+// transformers 5 keeps it a bare parameter, not a Linear) and the experts (packed 3-D parameters
+// in transformers 5, PEFT's target_parameters; Mixtral's w1, w2, w3 in older checkpoints).
+static bool lora_names_moe_part(const std::string& n) {
+  return n == "gate" || n == "router" || n == "w1" || n == "w2" || n == "w3" || n.find("experts") != std::string::npos;
+}
+constexpr const char* kMoeLoraRefusal =
+    "LoRA on a mixture-of-experts layer's router or experts is not supported: transformers 5 keeps the experts as "
+    "packed 3-D parameters and the router as a bare parameter, which PEFT adapts only through target_parameters "
+    "(one A and B per expert); strata adapts the attention projections of MoE layers (q_proj, k_proj, v_proj, "
+    "o_proj) and the MLPs of their dense layers: name those in target_modules";
+
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin) {
   STRATA_CHECK(!names.empty(), origin, ": lora.target_modules is empty; name at least one of q_proj, k_proj, "
                "v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)");
@@ -44,6 +56,8 @@ uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::st
     int found = -1;
     for (int t = 0; t < kLoraTargets; ++t)
       if (n == layer_linear_name(t)) found = t;
+    STRATA_CHECK(found >= 0 || !lora_names_moe_part(n), origin, ": lora.target_modules names \"", n, "\". ",
+                 kMoeLoraRefusal);
     STRATA_CHECK(found >= 0, origin, ": lora.target_modules names \"", n, "\"; use PEFT's names: q_proj, k_proj, "
                  "v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)");
     mask |= 1u << found;
@@ -252,6 +266,9 @@ void LoraStore::load_peft(const std::string& dir) {
     STRATA_CHECK(lora_targets_parse(names, cfg_path) == options_.targets, cfg_path, ": target_modules differ from "
                  "lora.target_modules; set lora.target_modules to the adapter's");
   }
+  if (j.contains("target_parameters") && !j["target_parameters"].is_null())
+    STRATA_CHECK(j["target_parameters"].empty(), cfg_path, ": target_parameters is ", j["target_parameters"].dump(),
+                 ". ", kMoeLoraRefusal);
   SafetensorsFile f = SafetensorsFile::open(dir + "/adapter_model.safetensors");
   std::string problems;
   for (const TensorSpec& t : layout_.table.rows()) {

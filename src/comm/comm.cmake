@@ -53,7 +53,7 @@ if(STRATA_TESTS AND MPI_CXX_FOUND)
   # data-parallel training (tests/train/run_train_mpi.sh): bit-identity with one process, resume
   # across rank counts, a killed and a hung rank
   set(strata_run_train_mpi bash ${CMAKE_SOURCE_DIR}/tests/train/run_train_mpi.sh $<TARGET_FILE:strata>)
-  foreach(scenario equal resume shared nodes killed hung injected lora qlora)
+  foreach(scenario equal resume shared nodes killed hung injected lora qlora families)
     add_test(NAME "train mpi: ${scenario}" COMMAND ${strata_run_train_mpi} ${scenario})
     set_tests_properties("train mpi: ${scenario}" PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 600 RUN_SERIAL ON)
   endforeach()

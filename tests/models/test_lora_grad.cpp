@@ -1,11 +1,13 @@
 // LoRA (offload/state/lora.h): `strata grad --lora` against fp64 torch goldens of PEFT's math written
 // by hand (tools/golden/make_lora_grad_goldens.py) for all four families, against PEFT itself on
-// Phi-3's fused projections (tools/golden/make_phi3_lora_goldens.py), and the merged export
+// Phi-3's fused projections (tools/golden/make_phi3_lora_goldens.py) and the MoE families' attention
+// (tools/golden/make_moe_lora_goldens.py; expert and router targets refused by name), the merged export
 // (lora_merge_into) against W + (alpha / r) B A computed here in fp64; with LoRA dropout too, the
 // masks rebuilt by the golden script.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "models/dense_layer.h"
 #include "offload/state/lora.h"
@@ -209,6 +211,40 @@ TEST_CASE("the merged export is base + (alpha / r) B A to bf16 rounding", "[lora
   std::printf("lora merge: %zu weights, %zu changed, %zu one bf16 step from the fp64 sum\n", total, changed, off_by_one);
   CHECK(changed > total / 2);
   CHECK(off_by_one * 100 <= total);
+}
+
+}  // namespace strata
+
+namespace strata {
+
+TEST_CASE("strata grad --lora on the MoE families' attention projections matches PEFT's own float64 gradients",
+          "[golden][lora][moe]") {
+  // tools/golden/make_moe_lora_goldens.py: peft.get_peft_model on Qwen3MoeForCausalLM (q, k, v, o;
+  // layer 1 dense) and MixtralForCausalLM (q, v, o), the adapters' gradients through the routed
+  // experts' backward into the attention half
+  testing::TempDir tmp("lora_grad_moe");
+  for (const char* name : {"qwen3_moe", "mixtral"}) check_lora_golden(tmp, name, false, "");
+}
+
+TEST_CASE("LoRA on a MoE router or experts is refused by name: exit 2", "[lora][moe]") {
+  // PEFT reaches transformers 5's packed experts and bare router only through target_parameters
+  testing::TempDir tmp("lora_moe_refused");
+  const std::string model = testing::source_path("tests/golden/qwen3_moe");
+  const std::string base = str_cat("grad --model ", model, " --batch ", model, "/batch.json --out ",
+                                   (tmp.path / "g.safetensors").string(), " --lora-r 2");
+  for (const char* target : {"gate", "experts", "w1"}) {
+    INFO(target);
+    testing::check_run(testing::run_strata(str_cat(base, " --lora-targets q_proj,", target)), 2,
+                       {"lora.target_modules names", target, "target_parameters", "q_proj, k_proj, v_proj"});
+  }
+  // an adapter PEFT made with target_parameters: its expert tensors would be skipped, so refused
+  const std::string adapter = (tmp.path / "adapter").string();
+  std::filesystem::create_directories(adapter);
+  tmp.file("adapter/adapter_config.json",
+           R"({"peft_type": "LORA", "r": 2, "lora_alpha": 16, "target_modules": ["q_proj"],)"
+           R"( "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]})");
+  testing::check_run(testing::run_strata(str_cat(base, " --lora-alpha 16 --lora-targets q_proj --lora-adapter ", adapter)),
+                     2, {"target_parameters is", "mlp.experts.gate_up_proj", "not supported"});
 }
 
 }  // namespace strata

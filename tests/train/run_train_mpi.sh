@@ -34,6 +34,10 @@
 #               by 2 (data): bit-identical to the straight run
 #   qlora       the same on an NF4 base (lora.base_dtype = "nf4"): 2 ranks x 1 = 1 process x 2
 #               (distributed.shared_host_store false and auto); 1 process x 1 differs
+#   families    the new model families: a tiny qwen3_moe (8 experts, top 2, the load-balancing
+#               loss on) and a tiny gemma3 (sliding and global layers), each 2 ranks x 1 = 1 process
+#               x 2 over 3 steps (losses, optimizer state, final weights bit for bit; separate stores
+#               and a shared one), and 1 process x 1 differs (the check can fail)
 #   lora        LoRA adapters with dropout: 2 ranks x 1 = 1 process x 2 (clip on and off, evals),
 #               2 x 2 = 1 x 4, saved by 2 ranks resumed by 1: losses, adapter state and the exported
 #               adapter bit-identical; rank 0 alone exports; 1 process x 1 differs
@@ -383,6 +387,52 @@ qlora)
   train 1 "$work/q_s1" $lo train.gradient_accumulation_steps=1
   ! cmp -s "$work/q_s1/final/adapter/adapter_model.safetensors" "$work/q_d2_false/final/adapter/adapter_model.safetensors" ||
     fail "QLoRA: 2 ranks x 1 equals 1 process x 1: the data was not split"
+  ;;
+families)
+  # the sft-tiny chats and tokenizer (vocab 640) under two configs of the new families, random init
+  tiny="$here/recipes/sft-tiny"
+  cat >"$work/moe.json" <<'JSON'
+{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 640,
+ "max_position_embeddings": 512, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 40,
+ "norm_topk_prob": true, "output_router_logits": true, "router_aux_loss_coef": 0.01, "tie_word_embeddings": true,
+ "eos_token_id": 594, "pad_token_id": 592}
+JSON
+  cat >"$work/gemma3.json" <<'JSON'
+{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 48, "intermediate_size": 96,
+ "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 640,
+ "sliding_window": 16, "sliding_window_pattern": 3, "query_pre_attn_scalar": 16, "max_position_embeddings": 512,
+ "eos_token_id": 594, "pad_token_id": 592, "tie_word_embeddings": true}
+JSON
+  for family in moe gemma3; do
+    cat >"$work/$family.toml" <<TOML
+[model]
+config = "$work/$family.json"
+init_seed = 3
+[data]
+path = "$tiny/data/chat.jsonl"
+tokenizer = "$tiny/models/tiny"
+sequence_len = 128
+packing = true
+[train]
+max_steps = 3
+micro_batch_size = 2
+seed = 7
+[optim]
+learning_rate = 3e-3
+[checkpoint]
+save_steps = 3
+TOML
+    recipe="$work/$family.toml"
+    train 1 "$work/${family}_s2" train.gradient_accumulation_steps=2
+    train 2 "$work/${family}_d2" train.gradient_accumulation_steps=1 distributed.shared_host_store=false
+    same "$work/${family}_s2" "$work/${family}_d2" 3 "$family: 2 ranks x 1 = 1 process x 2"
+    train 2 "$work/${family}_sh" train.gradient_accumulation_steps=1 distributed.shared_host_store=true
+    same "$work/${family}_s2" "$work/${family}_sh" 3 "$family, shared store: 2 ranks x 1 = 1 process x 2"
+    train 1 "$work/${family}_s1" train.gradient_accumulation_steps=1
+    ! cmp -s "$work/${family}_s1/final/model.safetensors" "$work/${family}_d2/final/model.safetensors" ||
+      fail "$family: 2 ranks x 1 equals 1 process x 1: the data was not split"
+  done
   ;;
 *) fail "unknown scenario $scenario" ;;
 esac
