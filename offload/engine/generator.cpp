@@ -15,12 +15,21 @@
 #include <random>
 
 #include "src/core/error.h"
+#include "src/device/arena.h"
 
 namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A layer's adapters inside the arena `base`: A, then B in the next row (offload/state/lora.h).
+void lora_layer_view(const LoraLayout& l, size_t layer, const float* base, LoraLinear (&out)[kLayerLinears]) {
+  for (int t = 0; t < kLayerLinears; ++t) {
+    const int64_t a = l.a_row[layer][size_t(t)];
+    if (a != kAbsent) out[t] = {base + l.table[size_t(a)].offset / 4, base + l.table[size_t(a) + 1].offset / 4};
+  }
+}
 
 }  // namespace
 
@@ -29,8 +38,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // The placement for a device as it is now: what the budget leaves after what is allocated and
 // what the backend takes at its first GEMM (the cuBLAS workspace: every op runs on the compute
 // stream).
-GeneratorPlacement Generator::placement_for(Device& dev, const ModelSpec& spec, const GeneratorShape& shape) {
-  const size_t backend = dev.pending_workspace_bytes(Stream::compute);
+GeneratorPlacement Generator::placement_for(Device& dev, const ModelSpec& spec, const GeneratorShape& shape,
+                                            const GeneratorLora& lora) {
+  const size_t backend = dev.pending_workspace_bytes(Stream::compute) + lora_device_bytes(spec, shape, lora);
   const size_t free_bytes = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
   const size_t left = free_bytes > backend ? free_bytes - backend : 0;
   GeneratorPlacement placement;
@@ -38,23 +48,50 @@ GeneratorPlacement Generator::placement_for(Device& dev, const ModelSpec& spec, 
   STRATA_CHECK_BUDGET(fits, "generation needs ", format_bytes(generator_min_device_bytes(spec, shape) + backend),
                       " of device memory (weights streamed through two slots, the KV cache of ", shape.max_batch,
                       " rows x ", shape.max_context, " positions spilled to host memory through two layer slots",
-                      backend ? str_cat(", ", format_bytes(backend), " of cuBLAS workspace") : std::string(),
+                      backend ? str_cat(", ", format_bytes(backend), " of cuBLAS workspace and LoRA adapters")
+                              : std::string(),
                       "), the budget leaves ", format_bytes(free_bytes),
                       ": raise --device-memory, or lower --max-new-tokens, --batch-size or the prompt length");
   return placement;
 }
 
-Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape)
-    : Generator(dev, store, shape, placement_for(dev, store.spec(), shape)) {}
+namespace {
 
-Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorPlacement& placement)
-    : dev_(dev), store_(store), shape_(shape), placement_(placement) {
+// The generator's dims for its buffers, with the adapters' rank (their scratch in the workspace).
+LayerDims generator_dims(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorLora& lora) {
+  LayerDims d = generator_layer_dims(spec, shape.max_batch, shape.max_prompt);
+  d.lora_r = lora.r;
+  return d;
+}
+
+}  // namespace
+
+size_t Generator::lora_device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorLora& lora) {
+  if (lora.r == 0) return 0;
+  const size_t with = spec.layer_bytes(LayerBuffer::forward_workspace, generator_dims(spec, shape, lora));
+  const size_t without = spec.layer_bytes(LayerBuffer::forward_workspace, generator_dims(spec, shape, {}));
+  return Arena::footprint(lora.bytes) + Arena::footprint(with) - Arena::footprint(without);
+}
+
+Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorLora& lora)
+    : Generator(dev, store, shape, placement_for(dev, store.spec(), shape, lora), lora) {}
+
+Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorPlacement& placement,
+                     const GeneratorLora& lora)
+    : dev_(dev), store_(store), shape_(shape), placement_(placement), lora_shape_(lora) {
   const ModelSpec& spec = store.spec();
   STRATA_ASSERT(shape.max_batch >= 1 && shape.max_prompt >= 1 && shape.max_context > shape.max_prompt);
+  STRATA_ASSERT((lora.r > 0) == (lora.bytes > 0), "generate: LoRA of rank ", lora.r, " in ", lora.bytes, " bytes");
   L_ = spec.layers.size();
   V_ = spec.config.vocab_size;
-  dims_ = generator_layer_dims(spec, shape.max_batch, shape.max_prompt);
+  dims_ = generator_dims(spec, shape, lora);
   table_ = generator_buffer_table(spec, shape_, placement_, &buf_);
+  if (lora.r > 0) {  // the workspace row (the table's first) grows by the adapters' scratch; their arena
+    STRATA_ASSERT(table_.front().name == "layer forward workspace", "the generator's table starts elsewhere");
+    table_.front().bytes = spec.layer_bytes(LayerBuffer::forward_workspace, dims_);
+    table_.push_back({"LoRA adapters (A, scaled B)", lora.bytes, Memory::device,
+                      [this](void* p) { lora_dev_ = static_cast<float*>(p); }});
+  }
   engine_buffers_allocate(dev_, table_, "generate: ");
   ws_ = LayerScratch{static_cast<char*>(buf_.workspace), nullptr, dims_, false};
   LayerPassSlots slots;
@@ -67,6 +104,15 @@ Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape,
   for (size_t s = 0; s < buf_.k_slot.size(); ++s)
     kv_loaded_.push_back(dev_.event_create()), kv_free_.push_back(dev_.event_create());
   dev_.stream_synchronize(Stream::compute);
+}
+
+void Generator::set_adapters(const LoraLayout& layout, const float* image) {
+  STRATA_ASSERT(lora_dev_ && lora_shape_.r == layout.r && lora_shape_.bytes == layout.bytes && layout.a_row.size() == L_,
+                "generate: adapters of rank ", layout.r, " (", layout.bytes, " bytes) on a generator built for rank ",
+                lora_shape_.r, " (", lora_shape_.bytes, " bytes)");
+  dev_.copy_h2d(lora_dev_, image, layout.bytes, Stream::compute);
+  dev_.stream_synchronize(Stream::compute);
+  lora_ = &layout;
 }
 
 size_t Generator::kv_host_bytes() const {
@@ -103,7 +149,8 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
   float *x = b.x_a, *y = b.x_b;
   const TokenContext ctx{b.pos, nullptr, b.inv_freq};
   layer_pass_->for_each_layer(false, [&](size_t i, const char* slot) {
-    const LayerTensors w = layer_weights_in(store_, slot, i);
+    LayerTensors w = layer_weights_in(store_, slot, i);
+    if (lora_) lora_layer_view(*lora_, i, lora_dev_, w.lora);
     if (prefill) {
       layer_kind(store_, i).forward(dev_, y, x, w, ctx, ws_, dims_, s);
       const LayerAttention kv = layer_kind(store_, i).attention(ws_);

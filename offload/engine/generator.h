@@ -21,6 +21,11 @@
 //     read: the row's first generated token overwrites them before any query can reach them.
 //   - decode: one token per row per pass; each layer writes the new key and value at the row's
 //     position and attends over the cache with attention_cached_forward (the device op).
+//   - LoRA (GRPO samples from the current policy, issue 41): built with a GeneratorLora and given
+//     the adapters by set_adapters, each targeted linear of every pass (prefill and decode) adds the adapter path,
+//     y = x W^T + (x A^T) (s B)^T, through the layer kinds' own LoRA forward (models/decoder_layer.h)
+//     with the adapters unmerged in a device arena of the generator's (LoraStore::image: B scaled);
+//     the base weights are read as stored, never merged.
 //   - head: the final norm and lm_head for each row's last position only; logits (B, V) come to
 //     the host, where the next token is chosen (greedy, or temperature / top-k / top-p sampling
 //     from a generator seeded per request, so a request's tokens do not depend on its batch).
@@ -61,15 +66,28 @@ struct GenerateStats {
   double prefill_s = 0, decode_s = 0;
 };
 
+// LoRA in the layer pass: the adapters' rank and their f32 arena (LoraLayout::r, bytes:
+// offload/state/lora.h); r = 0: none.
+struct GeneratorLora {
+  int64_t r = 0;
+  size_t bytes = 0;
+};
+
 class Generator {
  public:
-  // The placement that fits what dev's budget leaves (generator_choose_placement); throws a
-  // budget error (exit 3) when even streamed weights and a spilled cache do not fit.
-  static GeneratorPlacement placement_for(Device& dev, const ModelSpec& spec, const GeneratorShape& shape);
+  // The placement that fits what dev's budget leaves (generator_choose_placement) beside the
+  // adapters' device bytes (lora_device_bytes); throws a budget error (exit 3) when even streamed
+  // weights and a spilled cache do not fit.
+  static GeneratorPlacement placement_for(Device& dev, const ModelSpec& spec, const GeneratorShape& shape,
+                                          const GeneratorLora& lora = {});
+  // What LoRA adds to the buffer table's rows: the adapter arena and the workspace's (N, r)
+  // adapter scratch (x A^T), as the arena rounds them.
+  static size_t lora_device_bytes(const ModelSpec& spec, const GeneratorShape& shape, const GeneratorLora& lora);
 
   // `placement`: the plan's (run_plan_generator); without it, placement_for(dev, ...).
-  Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorPlacement& placement);
-  Generator(Device& dev, HostStore& store, const GeneratorShape& shape);
+  Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorPlacement& placement,
+            const GeneratorLora& lora = {});
+  Generator(Device& dev, HostStore& store, const GeneratorShape& shape, const GeneratorLora& lora = {});
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
@@ -80,6 +98,11 @@ class Generator {
   std::vector<GenerateResult> generate(const std::vector<std::vector<int32_t>>& prompts,
                                        const SamplingOptions& options, uint64_t first_request,
                                        const std::function<void(size_t, int32_t)>& on_token = {});
+
+  // LoRA: the adapters of `layout` from `image` (host, LoraStore::image(): every B times the
+  // scale) into the generator's arena; the passes after it add them. Needs a generator built
+  // with GeneratorLora{layout.r, layout.bytes}. Synchronous (the image may change after).
+  void set_adapters(const LoraLayout& layout, const float* image);
 
   bool weights_resident() const { return placement_.weights_resident; }
   const GeneratorPlacement& placement() const { return placement_; }
@@ -108,12 +131,15 @@ class Generator {
   HostStore& store_;
   GeneratorShape shape_;
   GeneratorPlacement placement_;
+  GeneratorLora lora_shape_;
+  float* lora_dev_ = nullptr;         // (adapter arena) every layer's A and scaled B; null: no LoRA
   LayerDims dims_;     // B, T set per pass
   size_t L_ = 0;
   int64_t V_ = 0;
   std::vector<EngineBuffer> table_;   // the buffer table's generator rows
   GeneratorBuffers buf_;
   LayerScratch ws_{};
+  const LoraLayout* lora_ = nullptr;  // set_adapters' layout; null: the base alone
   std::unique_ptr<LayerPass> layer_pass_;  // weight slots, final norm, embedding gather, the loops
   std::vector<std::unique_ptr<Event>> kv_loaded_, kv_free_;  // the spilled layers' cache slots
   std::vector<float> logits_;         // (B, V) host

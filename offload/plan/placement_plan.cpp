@@ -196,6 +196,9 @@ void plan_host(PlanParts& x, const PlanChoice& choice) {
   } else {
     x.add(str_cat("working weights (", dtype_name(spec.matrix_dtype), ")"), Tier::host_pinned, working_bytes);
   }
+  if (in.reference_copy)
+    x.add(str_cat("GRPO reference weights (frozen copy of the start, ", dtype_name(spec.matrix_dtype), ")"),
+          Tier::host_pinned, layout.working.tier_bytes(Tier::host_pinned));
   if (p.derived_working_layers)
     x.add(kDerivedStagingKind, Tier::host_pinned, derived_staging_bytes(layout, p.derived_working_layers));
   const size_t ram_f32 = f32_prefix_bytes(layout, first), nvme_f32 = f32_bytes - ram_f32;

@@ -103,6 +103,9 @@ struct PlanInputs {
   // LoRA (offload/state/lora.h; r > 0): the base is frozen — its working copy alone on the host, no
   // gradient, master or moments — and the adapters' state is listed instead.
   LoraOptions lora;
+  // GRPO with grpo.beta > 0 in full fine-tuning: the reference model is a frozen weights-only copy
+  // of the starting working weights (offload/engine/token_scorer.h: frozen_weights_copy), pinned host
+  bool reference_copy = false;
   int router_aux_loss = -1;  // EngineOptions::router_aux_loss (train.router_aux_loss: -1 auto, 0, 1)
 };
 

@@ -350,8 +350,6 @@ void check_grpo(const Recipe& rc, const Reader& r) {
   need(rc.grpo_top_p > 0 && rc.grpo_top_p <= 1, "grpo.top_p", " must be in (0, 1] (1.0 = off)");
   need(rc.grpo_top_k >= 0, "grpo.top_k", " must be >= 0 (0 = off)");
   need(rc.grpo_beta >= 0, "grpo.beta", " must be >= 0 (0 = no KL term, TRL's default)");
-  need(rc.grpo_beta == 0, "grpo.beta", " > 0 (a KL term to the starting model) is not built in strata train yet; set "
-       "grpo.beta = 0 (TRL's default)");
   need(rc.grpo_epsilon >= 0 && rc.grpo_epsilon < 1, "grpo.epsilon", " must be in [0, 1) (TRL's default 0.2)");
   need(rc.grpo_epsilon_high >= 0, "grpo.epsilon_high", " must be >= 0 (unset: epsilon's value)");
   need(rc.grpo_num_iterations >= 1, "grpo.num_iterations", " must be at least 1");
@@ -380,8 +378,6 @@ void check_grpo(const Recipe& rc, const Reader& r) {
        ": GRPO runs no eval pass in this version (its reward is measured on each step's own samples); remove it");
   need(rc.prepared_dir.empty(), "data.prepared_dir", ": GRPO reads its prompts from data.path (they are small and not "
        "packed); remove data.prepared_dir");
-  need(!rc.lora_enabled, "train.objective", " = \"grpo\" trains the full model in this version: the generator has no "
-       "LoRA adapters in its layer pass yet; remove [lora]");
   need(rc.modes.optimizer == OptimizerKind::adamw, "optim.type", " must be \"adamw\" with train.objective = \"grpo\"");
 }
 

@@ -46,6 +46,7 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.ranks = ranks;
   // GRPO's step lands every gradient before its optimizer_step (src/train/grpo_step.cpp), as clipping does
   in.clip_grad = rc.max_grad_norm > 0 || rc.objective == "grpo";
+  in.reference_copy = rc.objective == "grpo" && rc.grpo_beta > 0 && !in.lora.enabled();
   in.zo_perturbations = rc.zo_perturbations;
   in.save_dtype = dtype_parse(rc.save_dtype);
   in.load_from_dir = !rc.model_path.empty();

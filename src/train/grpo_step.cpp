@@ -25,16 +25,17 @@ uint64_t grpo_step_seed(uint64_t seed, int64_t step) {
 
 GrpoStep::GrpoStep(const GrpoConfig& config, Device& dev, HostStore& store, Engine& engine,
                    const GeneratorShape& gen_shape, Rewards& rewards,
-                   std::function<std::string(const std::vector<int32_t>&)> decode)
-    : c_(config), dev_(dev), store_(store), engine_(engine), gen_shape_(gen_shape), rewards_(rewards),
+                   std::function<std::string(const std::vector<int32_t>&)> decode, LoraStore* lora)
+    : c_(config), dev_(dev), store_(store), engine_(engine), gen_shape_(gen_shape), rewards_(rewards), lora_(lora),
       decode_(std::move(decode)) {
-  STRATA_CHECK(!engine.options().lora.enabled(), "GRPO in one process trains the full model for now: the generator has no "
-               "LoRA adapters in its layer pass; remove [lora]");
+  STRATA_ASSERT(engine.options().lora.enabled() == (lora != nullptr), "GRPO: a LoRA engine without its adapters");
+  if (lora_) gen_lora_ = {lora_->layout().r, lora_->layout().bytes};
   STRATA_CHECK(c_.num_generations >= 2, "grpo.num_generations must be >= 2 (a group needs a baseline), got ",
                c_.num_generations);
   STRATA_CHECK(c_.num_iterations >= 1, "grpo.num_iterations must be >= 1, got ", c_.num_iterations);
-  STRATA_CHECK(c_.loss.beta == 0, "grpo.beta > 0 (a KL term to the starting model) is not built in train yet; "
-               "set grpo.beta = 0 (TRL's default)");
+  STRATA_CHECK(c_.loss.beta >= 0 && std::isfinite(c_.loss.beta), "grpo.beta must be >= 0, got ", c_.loss.beta);
+  // full fine-tuning's reference: the weights as they are now, the starting model
+  if (c_.loss.beta != 0 && !lora_) ref_store_ = frozen_weights_copy(dev, store);
   const EngineOptions& eo = engine.options();
   auto owned = std::make_unique<GrpoHead>(dev, c_.loss, eo.max_batch * eo.max_tokens, std::max<size_t>(1, eo.group));
   head_ = owned.get();
@@ -62,7 +63,8 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
   so.eos_ids = c_.eos_ids;
   std::vector<GenerateResult> res(n);
   {
-    Generator gen(dev_, store_, gen_shape_);  // its device buffers are freed before the training passes
+    Generator gen(dev_, store_, gen_shape_, gen_lora_);  // its device buffers are freed before the training passes
+    if (lora_) gen.set_adapters(lora_->layout(), lora_->image());  // the policy as the last update left it
     for (size_t p = 0; p < P; ++p) {
       const std::vector<std::vector<int32_t>> rows(G, prompts[p]->ids);
       STRATA_CHECK(int64_t(prompts[p]->ids.size()) <= gen_shape_.max_prompt, "GRPO: prompt ", prompt_index[p],
@@ -116,6 +118,19 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
   }
   for (GrpoLayout& l : layouts) l.totals = totals;
 
+  // ---- beta > 0: the reference model's log-probs of the completions, one forward per micro-batch
+  double ref_s = 0;
+  if (c_.loss.beta != 0) {
+    const auto t_ref = Clock::now();
+    HostStore& ref = ref_store_ ? *ref_store_ : store_;  // LoRA: the frozen base, read without adapters
+    GrpoTemperature temperature(ref, c_.loss.temperature);  // logits / T, as in the training passes
+    int64_t B = 0, T = 0;
+    for (const MicroBatch& mb : mbs) B = std::max(B, mb.B), T = std::max(T, mb.T);
+    TokenScorer scorer(dev_, ref, B, T);  // its device buffers are freed before the training passes
+    for (size_t a = 0; a < k; ++a) layouts[a].ref_logp = scorer.token_logps(mbs[a]);
+    ref_s = seconds_since(t_ref);
+  }
+
   // ---- num_iterations updates over the micro-batches
   GrpoStepOutcome out;
   GrpoMetricSums ms;
@@ -144,6 +159,8 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
     out.grad_norm = engine_.optimizer_step(params, max_grad_norm, weight_decay);
   }
   const double train_s = seconds_since(t_train);
+  out.batches = std::move(mbs);
+  out.layouts = std::move(layouts);
 
   // ---- metrics (TRL's names) and the completions
   nlohmann::json& j = out.metrics;
@@ -177,6 +194,7 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
   j["clip_ratio/high_mean"] = ms.clip_high / tok;
   j["clip_ratio/region_mean"] = ms.clip_region / tok;
   if (c_.loss.beta != 0) j["kl"] = ms.kl / tok;
+  if (c_.loss.beta != 0) j["reference_s"] = ref_s;
   j["generation_s"] = gen_s;
   j["training_s"] = train_s;
   return out;

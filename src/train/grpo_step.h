@@ -12,9 +12,16 @@
 // policy's; later updates use them (TRL's old_per_token_logps). Sampling is seeded by (seed,
 // step, prompt index in the data, completion index): a step does not depend on the batch it
 // shares, and a resumed run samples the same tokens.
-// Not built here: a reference model (beta > 0 needs the starting weights beside the trained
-// ones: refused) and LoRA in the generator (it samples from the base alone; use full
-// fine-tuning). `strata train` runs it with train.objective = "grpo" (src/train/grpo_trainer.h).
+// LoRA (the engine in LoRA mode, `lora` given): the generator adds the current adapters unmerged
+// in its layer pass (offload/engine/generator.h), so each step samples from the policy being
+// trained; the base in the store is never merged or changed.
+// beta > 0 (TRL's KL term, offload/objective/grpo_loss.h): after sampling, the reference model's
+// per-token log-probs of the step's completions come from one streamed forward per micro-batch
+// (offload/engine/token_scorer.h), once per generation batch (all num_iterations updates use
+// them): under LoRA the frozen base read without the adapters (no extra memory), in full
+// fine-tuning a frozen weights-only copy of the starting weights taken when the step is built
+// (before a resume loads its checkpoint: the reference stays the starting model).
+// `strata train` runs it with train.objective = "grpo" (src/train/grpo_trainer.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -25,6 +32,7 @@
 
 #include "offload/engine/engine.h"
 #include "offload/engine/generator.h"
+#include "offload/engine/token_scorer.h"
 #include "offload/objective/grpo_head.h"
 #include "src/train/grpo_advantages.h"
 #include "src/train/grpo_data.h"
@@ -58,14 +66,25 @@ struct GrpoStepOutcome {
   double grad_norm = 0;            // the last update's norm before clipping
   nlohmann::json metrics;          // TRL's names: reward, reward_std, rewards/<f>/mean, ...
   std::vector<GrpoCompletion> completions;
+  // The step's micro-batches and their layouts as the updates saw them (advantages, the reference
+  // log-probs with beta > 0): what `strata grad --objective grpo` would be given for this batch.
+  std::vector<MicroBatch> batches;
+  std::vector<GrpoLayout> layouts;
 };
 
 class GrpoStep {
  public:
   // decode(ids) -> text of a completion; gen_shape: the generator's rows (>= num_generations),
-  // longest prompt and context. Installs the GRPO head in `engine`.
+  // longest prompt and context. Installs the GRPO head in `engine`. `lora`: the engine's adapters
+  // (LoRA mode), which the generator adds; null: full fine-tuning.
   GrpoStep(const GrpoConfig& config, Device& dev, HostStore& store, Engine& engine, const GeneratorShape& gen_shape,
-           Rewards& rewards, std::function<std::string(const std::vector<int32_t>&)> decode);
+           Rewards& rewards, std::function<std::string(const std::vector<int32_t>&)> decode,
+           LoraStore* lora = nullptr);
+  // The generator's shape and adapters (GRPO with LoRA), as each step builds it.
+  const GeneratorShape& generator_shape() const { return gen_shape_; }
+  const GeneratorLora& generator_lora() const { return gen_lora_; }
+  // beta > 0 in full fine-tuning: the frozen copy of the starting weights (else null).
+  const HostStore* reference_store() const { return ref_store_.get(); }
   // prompts: this step's prompts with their data indices; step counts from 1.
   GrpoStepOutcome run(const std::vector<const GrpoPrompt*>& prompts, const std::vector<int64_t>& prompt_index,
                       int64_t step, const AdamWParams& params, double max_grad_norm, double weight_decay);
@@ -76,7 +95,10 @@ class GrpoStep {
   HostStore& store_;
   Engine& engine_;
   GeneratorShape gen_shape_;
+  GeneratorLora gen_lora_;  // LoRA: the adapters' rank and arena; else none
   Rewards& rewards_;
+  LoraStore* lora_ = nullptr;
+  std::unique_ptr<HostStore> ref_store_;  // beta > 0, full fine-tuning: the starting weights
   std::function<std::string(const std::vector<int32_t>&)> decode_;
   GrpoHead* head_ = nullptr;  // owned by the engine
 };

@@ -35,7 +35,7 @@ GrpoConfig grpo_config_from(const Recipe& rc, std::vector<int32_t> eos_ids) {
 }
 
 GrpoTrainer::GrpoTrainer(const Recipe& rc, GrpoPromptData data, const ModelConfig& cfg, Device& dev, HostStore& store,
-                         Engine& engine)
+                         Engine& engine, LoraStore* lora)
     : data_(std::move(data)), log_prompts_(rc.grpo_log_completions), G_(rc.grpo_num_generations),
       completions_path_(rc.output_dir + "/completions.jsonl") {
   const int64_t completions = rc.micro_batch_size * rc.gradient_accumulation_steps;
@@ -68,15 +68,27 @@ GrpoTrainer::GrpoTrainer(const Recipe& rc, GrpoPromptData data, const ModelConfi
   // the generator: one prompt's G completions per call, its KV cache for the longest prompt
   const GeneratorShape shape{G_, data_.longest, data_.longest + rc.grpo_max_completion_length};
   step_ = std::make_unique<GrpoStep>(grpo_config_from(rc, std::move(eos)), dev, store, engine, shape, *rewards_,
-                                     std::move(decode));
+                                     std::move(decode), lora);
   // The generator is built for each step's sampling in what the engine leaves of the device (the
   // placement plan does not price it yet): a budget too small even for streamed weights and a
   // spilled KV cache is said now (exit 3), not at step 1.
   try {
-    Generator::placement_for(dev, store.spec(), shape);
+    Generator::placement_for(dev, store.spec(), step_->generator_shape(), step_->generator_lora());
   } catch (const Error& e) {
     throw Error(e.kind(), str_cat("GRPO's sampling, beside the training engine: ", e.what(), " (the keys of strata "
                                   "train: device.memory, grpo.max_completion_length, grpo.num_generations)"));
+  }
+  // beta > 0: the reference pass's buffers (one micro-batch at data.sequence_len) beside the engine
+  if (rc.grpo_beta != 0) {
+    const size_t need = token_scorer_device_bytes(store.spec(), rc.micro_batch_size, rc.sequence_len);
+    const size_t free_bytes = dev.budget_bytes() > dev.used_bytes() ? dev.budget_bytes() - dev.used_bytes() : 0;
+    STRATA_CHECK_BUDGET(need <= free_bytes, "GRPO's reference pass (grpo.beta > 0) needs ", format_bytes(need),
+                        " of device memory beside the training engine, the budget leaves ", format_bytes(free_bytes),
+                        ": raise device.memory, or lower train.micro_batch_size or data.sequence_len");
+    if (step_->reference_store())
+      std::fprintf(stderr, "strata train: grpo: the reference model is a frozen copy of the starting weights (%s of "
+                   "host memory)\n", format_bytes(step_->reference_store()->host_bytes() +
+                                                   step_->reference_store()->pinned_bytes()).c_str());
   }
   std::fprintf(stderr, "strata train: grpo: %ld prompts a step x %ld generations of at most %ld tokens (temperature %g), "
                "%ld update%s per generation batch, loss_type %s, rewards %s\n", long(prompts_per_step_), long(G_),

@@ -36,9 +36,10 @@ struct GrpoTrainerOutcome {
 class GrpoTrainer {
  public:
   // `rc`'s [grpo] table; the prompts as read; the model's config (its EOS ids). Installs the
-  // GRPO head in `engine`. Starts the reward command, when there is one.
+  // GRPO head in `engine`. Starts the reward command, when there is one. `lora`: the adapters of
+  // a LoRA run (the generator samples with them), else null.
   GrpoTrainer(const Recipe& rc, GrpoPromptData data, const ModelConfig& cfg, Device& dev, HostStore& store,
-              Engine& engine);
+              Engine& engine, LoraStore* lora = nullptr);
   ~GrpoTrainer();
   int64_t prompts_per_step() const { return prompts_per_step_; }
   int64_t train_prompts() const { return int64_t(data_.prompts.size()); }

@@ -349,7 +349,7 @@ void TrainRun::set_up() {
   }
   if (rc_.objective == "grpo") {  // the generator and the rewards over the loaded weights
     STRATA_CHECK(first_order_, "train.objective = \"grpo\" trains with optim.type = \"adamw\"");
-    grpo_ = std::make_unique<GrpoTrainer>(rc_, std::move(grpo_data_), cfg_, *dev_, *store_, *first_order_);
+    grpo_ = std::make_unique<GrpoTrainer>(rc_, std::move(grpo_data_), cfg_, *dev_, *store_, *first_order_, lora_.get());
   }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
   flops_per_token_ = model_flops_per_token(store_->spec(), rc_.sequence_len);  // offload/plan/step_estimate.h

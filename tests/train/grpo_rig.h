@@ -1,11 +1,15 @@
 // A one-process GRPO rig for tests (tests/train/test_grpo_step.cpp, tests/cuda/test_cuda_grpo.cpp):
 // the tiny llama of tests/golden, 3 prompts, G = 4 completions of up to 6 tokens at temperature
-// 0.8, an external reward command, the engine with every weight resident, full fine-tuning.
+// 0.8, an external reward command, the engine with every weight resident, full fine-tuning or
+// LoRA (lora_r > 0: the store frozen, adapters of rank lora_r on every linear; B drawn non-zero
+// when lora_random_b, so the adapters change what the generator samples from step 1); beta > 0:
+// TRL's KL term to the reference model (the starting weights, or the base under LoRA).
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "offload/state/lora.h"
 #include "src/train/grpo_step.h"
 #include "tests/testing.h"
 
@@ -29,24 +33,28 @@ struct GrpoRig {
   std::string dir;
   std::unique_ptr<Device> dev;
   HostStore store;
+  std::unique_ptr<LoraStore> lora;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Rewards> rewards;
   std::unique_ptr<GrpoStep> grpo;
   std::vector<GrpoPrompt> prompts;
+  GrpoConfig config;
 
   // group > 1: the engine's layer-major passes of that many micro-batches (an untied family:
   // layer-major is not built for a tied lm_head outside LoRA)
   explicit GrpoRig(int64_t num_iterations = 1, std::unique_ptr<Device> device = device_create(DeviceOptions{}),
-                   const std::string& family = "llama", int64_t group = 1)
+                   const std::string& family = "llama", int64_t group = 1, int64_t lora_r = 0,
+                   bool lora_random_b = false, double beta = 0)
       : dir(testing::source_path("tests/golden/" + family)), dev(std::move(device)),
-        store(*dev, model_spec_build(hf_config_load(dir), DType::f32)) {
+        store(*dev, model_spec_build(hf_config_load(dir), DType::f32), store_options(lora_r)) {
     model_load_weights(store, dir);
-    GrpoConfig c;
+    GrpoConfig& c = config;
     c.num_generations = 4;
     c.num_iterations = num_iterations;
     c.loss.max_completion_length = 6;
     c.loss.temperature = 0.8;
     c.loss.loss_type = GrpoLossType::grpo;
+    c.loss.beta = beta;
     c.micro_batch_rows = 4;
     c.seed = 17;
     c.eos_ids = {2};
@@ -62,20 +70,48 @@ struct GrpoRig {
     eo.max_batch = c.micro_batch_rows;
     eo.max_tokens = 4 + 6 + 1;
     eo.group = group;
-    engine = std::make_unique<Engine>(*dev, store, eo);
+    if (lora_r > 0) {
+      eo.lora.r = lora_r;
+      eo.lora.alpha = 16;
+      eo.lora.seed = 5;
+      lora = std::make_unique<LoraStore>(*dev, store.spec(), eo.lora);
+      lora->init(5);
+      if (lora_random_b) {  // B = U(-0.5, 0.5) instead of PEFT's zeros: the adapters matter at once
+        uint64_t z = 99;
+        for (size_t row : lora->layout().b_rows) {
+          const TensorSpec& b = lora->layout().table[row];
+          for (int64_t i = 0; i < b.numel(); ++i) {
+            z = z * 6364136223846793005ull + 1442695040888963407ull;
+            lora->master()[b.offset / 4 + size_t(i)] = float(double(z >> 11) * 0x1.0p-53 - 0.5);
+          }
+        }
+        lora->refresh_image();
+      }
+    }
+    engine = std::make_unique<Engine>(*dev, store, eo, lora.get());
+    if (lora) engine->lora_upload();
     RewardOptions ro;
     ro.funcs = {};
     ro.command = kEvenCount;
     rewards = std::make_unique<Rewards>(ro);
-    grpo = std::make_unique<GrpoStep>(c, *dev, store, *engine, GeneratorShape{4, 4, 4 + 6}, *rewards, decode_ids);
+    grpo = std::make_unique<GrpoStep>(c, *dev, store, *engine, GeneratorShape{4, 4, 4 + 6}, *rewards, decode_ids,
+                                      lora.get());
+  }
+  static HostStoreOptions store_options(int64_t lora_r) {
+    HostStoreOptions so;
+    so.weights_only = lora_r > 0;  // LoRA: the base is frozen
+    return so;
+  }
+  static AdamWParams adamw(int64_t step) {
+    AdamWParams ap;
+    ap.lr = 3e-2;
+    ap.step = step;
+    return ap;
   }
   GrpoStepOutcome step(const std::vector<int64_t>& which, int64_t step) {
     std::vector<const GrpoPrompt*> ps;
     for (int64_t i : which) ps.push_back(&prompts[size_t(i)]);
-    AdamWParams ap;
-    ap.lr = 3e-2;
-    ap.step = step;
-    return grpo->run(ps, which, step, ap, 1.0, 0.0);
+    return grpo->run(ps, which, step, adamw(step), 1.0, 0.0);
   }
   std::vector<char> weights() {
     engine->synchronize();
