@@ -7,6 +7,7 @@
 #include <limits>
 #include <span>
 
+#include "models/model_spec.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -59,7 +60,11 @@ GrpoTemperature::GrpoTemperature(HostStore& store, double temperature) : store_(
   weight_ = static_cast<float*>(store.working_of(row));
   saved_.assign(weight_, weight_ + spec.numel());
   inv_t_ = float(1.0 / temperature);
-  for (float& w : std::span<float>(weight_, saved_.size())) w *= inv_t_;
+  if (model_norm_plus_one(store.spec().config)) {  // Gemma: the norm scales by (1 + w): 1 + w' = (1 + w) / T
+    for (float& w : std::span<float>(weight_, saved_.size())) w = (1.f + w) * inv_t_ - 1.f;
+  } else {
+    for (float& w : std::span<float>(weight_, saved_.size())) w *= inv_t_;
+  }
 }
 
 void GrpoTemperature::restore() {

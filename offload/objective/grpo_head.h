@@ -8,7 +8,8 @@
 // Temperature (TRL: log-probs of logits / T): logits / T = (h / T) W^T and h = rmsnorm(x) · g, so
 // the passes run with the final norm's weight g / T (GrpoTemperature, below) — the same
 // function of every other parameter, no device op of its own — and d loss / d g is then the
-// gradient of g / T divided by T.
+// gradient of g / T divided by T. A norm that scales by (1 + g) (Gemma) runs with
+// g' = (1 + g) / T - 1, whose gradient is likewise d loss / d g times T.
 //
 // Layout: one completion per micro-batch row; position i = b T + t of row b predicts token t + 1
 // (HF shift), so the contract's per-token entry t + 1 (old, reference log-probs, completion mask)

@@ -9,7 +9,11 @@
 #include <cstdio>
 #include <fstream>
 
+#include "io/hf_config.h"
+#include "offload/objective/grpo_head.h"
 #include "offload/objective/grpo_loss.h"
+#include "offload/state/host_store.h"
+#include "offload/state/model_io.h"
 #include "tests/models/grpo_golden.h"
 #include "tests/testing.h"
 
@@ -121,6 +125,39 @@ TEST_CASE("strata grad --objective grpo prints the loss and writes the gradients
                                                         "/noref.json --out " + tmpd + "/g3.safetensors --objective grpo --loss-type dr_grpo");
   CHECK(r3.code == 2);
   CHECK(r3.out.find("--max-completion-length") != std::string::npos);
+}
+
+TEST_CASE("GRPO's temperature scales the final norm to logits / T, Gemma's (1 + w) norm included", "[grpo]") {
+  // logits / T = rmsnorm(x) · s / T W^T with s = g (Llama) or 1 + g (Gemma): the passes must see
+  // s / T, and after them the weight is back bit for bit and its gradient scaled by 1 / T
+  for (const char* family : {"llama", "gemma3"}) {
+    INFO(family);
+    auto dev = device_create(DeviceOptions{});
+    const ModelConfig config = hf_config_load(testing::source_path(std::string("tests/golden/") + family + "/config.json"));
+    HostStore store(*dev, model_spec_build(config, DType::f32));
+    model_init_weights(store, 3);
+    const size_t row = size_t(store.spec().final_norm);
+    const int64_t n = store.working_table()[row].numel();
+    float* w = static_cast<float*>(store.working_of(row));
+    for (int64_t i = 0; i < n; ++i) w[i] = 0.3f + 0.01f * float(i % 17);  // not all ones: the offset matters
+    const std::vector<float> before(w, w + n);
+    const bool plus_one = model_norm_plus_one(config);
+    CHECK(plus_one == (std::string(family) == "gemma3"));
+    const double T = 0.7;
+    {
+      GrpoTemperature t(store, T);
+      for (int64_t i = 0; i < n; ++i) {
+        const double s = plus_one ? 1.0 + before[size_t(i)] : before[size_t(i)];
+        const double scaled = plus_one ? 1.0 + w[i] : w[i];
+        CHECK(scaled == Approx(s / T).epsilon(1e-6));
+      }
+      float* g = store.grad_of(row);
+      for (int64_t i = 0; i < n; ++i) g[i] = 1.f;
+      t.finish();
+      for (int64_t i = 0; i < n; ++i) CHECK(g[i] == Approx(1 / T).epsilon(1e-6));
+    }
+    CHECK(std::equal(before.begin(), before.end(), w));
+  }
 }
 
 }  // namespace strata
