@@ -7,9 +7,14 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "src/core/error.h"
+
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 namespace strata::cpu {
 namespace {
@@ -302,6 +307,32 @@ void nf4_absmax_dequantize(float* absmax, const uint8_t* qabsmax, const float* a
 }
 
 namespace {
+#if defined(__AVX512BW__)
+// out (64) = table[code] for one full block's 32 code bytes c: the codes spread to 64 indices in
+// element order (a byte's high nibble first), then looked up by permutes within one register
+// (vpermw for bf16, vpermps for f32). The same values the scalar lookup stores.
+template <class T>
+inline void table_lookup_block(T* out, const T* table, const uint8_t* c) {
+  const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));  // (32) bytes
+  const __m512i idx = _mm512_or_si512(_mm512_srli_epi16(v, 4),                                    // hi, lo
+                                      _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(15)), 8));
+  if constexpr (std::is_same_v<T, bf16>) {
+    uint16_t bits[32] = {};
+    std::memcpy(bits, table, 16 * sizeof(uint16_t));
+    const __m512i t = _mm512_loadu_si512(bits);
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(idx)), t));
+    _mm512_storeu_si512(out + 32, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(idx, 1)), t));
+  } else {
+    alignas(64) uint8_t bytes[64];
+    _mm512_store_si512(bytes, idx);
+    const __m512 t = _mm512_loadu_ps(table);
+    for (int k = 0; k < 4; ++k)
+      _mm512_storeu_ps(out + 16 * k, _mm512_permutexvar_ps(
+                                         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * k))), t));
+  }
+}
+#endif
+
 // T bf16: the weights rounded to bf16; float: unrounded (round_bf16 false) or the bf16 value widened.
 // Per block, the 16 values NF4[k]·scale are made once (each the same product and rounding the
 // per-weight loop made) and the codes look them up: two table loads per byte.
@@ -333,6 +364,12 @@ void dequantize_impl(T* w, const uint8_t* codes, const uint8_t* qabsmax, const f
     const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
     const uint8_t* c = codes + begin / 2;
     T* out = w + begin;
+#if defined(__AVX512BW__)
+    if (end - begin == kNf4Block) {  // the 64 lookups as register permutes of the 16-entry table
+      table_lookup_block(out, table, c);
+      continue;
+    }
+#endif
     const int64_t pairs = (end - begin) / 2;
     for (int64_t j = 0; j < pairs; ++j) {
       out[2 * j] = table[c[j] >> 4];

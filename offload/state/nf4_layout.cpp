@@ -68,20 +68,25 @@ Nf4RowLayout Nf4RowLayout::of(int64_t n, bool double_quant) {
 
 void nf4_pack_row(char* dst, const float* values, int64_t n, const BaseQuant& q) {
   const Nf4RowLayout l = Nf4RowLayout::of(n, q.double_quant);
-  std::vector<bf16> w(static_cast<size_t>(n));
-  dtype_convert(w.data(), DType::bf16, values, DType::f32, size_t(n));  // threaded; the codes too (nf4_quantize)
   std::memset(dst, 0, l.bytes);
   auto* codes = reinterpret_cast<uint8_t*>(dst);
-  if (!q.double_quant) {
-    cpu::nf4_quantize(codes, reinterpret_cast<float*>(dst + l.absmax), w.data(), n);
-    return;
-  }
   const int64_t blocks = cpu::nf4_blocks(n);
-  std::vector<float> absmax(static_cast<size_t>(blocks));
-  cpu::nf4_quantize(codes, absmax.data(), w.data(), n);
+  std::vector<float> own_absmax(q.double_quant ? size_t(blocks) : 0);
+  float* absmax = q.double_quant ? own_absmax.data() : reinterpret_cast<float*>(dst + l.absmax);
+  // Rounded to bf16 and quantized a piece at a time (whole blocks, so the codes and absmax are the
+  // row's): a bf16 copy of the whole row would be a transient as large as the largest linear,
+  // page-faulted in at every row (most of a load's time in strata-bench nf4 before).
+  constexpr int64_t kPiece = int64_t(1) << 20;  // weights, a multiple of the block
+  std::vector<bf16> w(static_cast<size_t>(std::min(n, kPiece)));
+  for (int64_t at = 0; at < n; at += kPiece) {
+    const int64_t len = std::min(kPiece, n - at);
+    dtype_convert(w.data(), DType::bf16, values + at, DType::f32, size_t(len));  // threaded, as nf4_quantize
+    cpu::nf4_quantize(codes + at / 2, absmax + at / cpu::kNf4Block, w.data(), len);
+  }
+  if (!q.double_quant) return;
   float offset = 0;
   cpu::nf4_double_quantize(reinterpret_cast<uint8_t*>(dst + l.qabsmax), reinterpret_cast<float*>(dst + l.absmax),
-                           &offset, absmax.data(), blocks, q.torch_threads);
+                           &offset, absmax, blocks, q.torch_threads);
   std::memcpy(dst + l.offset, &offset, 4);
 }
 

@@ -28,7 +28,7 @@ std::vector<char> raw_tensor(const SafetensorsDir& dir, const std::string& name)
 
 }  // namespace
 
-TEST_CASE("strata quantize of phi3 writes what transformers and bitsandbytes save, fused projections quantized",
+TEST_CASE("strata quantize of phi3 writes what transformers and bitsandbytes save with the fused projections quantized",
           "[qlora][nf4][cli][phi3]") {
   testing::TempDir tmp("nf4_quantize_phi3");
   const std::string want_dir = testing::source_path("tests/golden/bnb_nf4/phi3_q4");
