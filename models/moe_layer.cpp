@@ -258,10 +258,16 @@ class MoeLayerKind final : public LayerKind {
   }
   void forward_from_attention(Device& dev, float* out, const float* x, const LayerTensors& w,
                               const LayerScratch& ws, const LayerDims& d, Stream s) const override {
+    forward_from_attention_routed(dev, out, x, w, ws, d, s, nullptr);
+  }
+  // fetch (may be null): told the routed experts before their weights are read
+  void forward_from_attention_routed(Device& dev, float* out, const float* x, const LayerTensors& w,
+                                     const LayerScratch& ws, const LayerDims& d, Stream s,
+                                     const MoeExpertFetch* fetch) const {
     STRATA_ASSERT(out != x, "MoE layer forward: out aliases x");
     Carved c = carve(m_, ws);
     layer_attention_out_forward(dev, x, attention_weights(w), c.att, attention_dims(d), s);
-    sparse_forward(dev, w, c, d, s, nullptr);
+    sparse_forward(dev, w, c, d, s, nullptr, fetch);
     combine(dev, out, c, d, s);
   }
 
@@ -284,7 +290,7 @@ class MoeLayerKind final : public LayerKind {
   // the workspace), the gather, and the grouped GEMMs. With aux, the forward adds the layer's
   // counts and probability sums to the micro-batch's load-balancing loss.
   MoeRouting sparse_forward(Device& dev, const LayerTensors& w, Carved& c, const LayerDims& d, Stream s,
-                            MoeAuxLoss* aux) const {
+                            MoeAuxLoss* aux, const MoeExpertFetch* fetch = nullptr) const {
     const int64_t N = d.N(), C = d.C, E = m_.E, I = m_.I, M = N * m_.K;
     MoeWorkspace& mw = c.moe;
     const bf16* xn2_b = d.wt == DType::bf16 ? c.att.cast_a : nullptr;  // left there by the attention half
@@ -303,6 +309,12 @@ class MoeLayerKind final : public LayerKind {
       for (int64_t t = 0; t < N; ++t)
         for (int64_t x = 0; x < E; ++x) aux->prob_sum[size_t(x)] += r.probs[size_t(t * E + x)];
       aux->rows += double(N);
+    }
+    if (fetch) {  // the routed decode: only these experts' weights are uploaded, now
+      std::vector<int32_t> used;
+      for (int64_t x = 0; x < E; ++x)
+        if (r.expert_rows(x) > 0) used.push_back(int32_t(x));
+      (*fetch)(used);
     }
 
     dev.embedding_forward(mw.xg, c.att.xn2, DType::f32, mw.row_token, M, C, s);  // xg (M,C) = xn2 rows
@@ -403,6 +415,21 @@ class MoeLayerKind final : public LayerKind {
 };
 
 }  // namespace
+
+bool moe_kind_expert_params(const LayerKind& kind, MoeExpertParams* out) {
+  const auto* moe = dynamic_cast<const MoeLayerKind*>(&kind);
+  if (!moe) return false;
+  *out = MoeExpertParams{kExperts, kPerExpert, moe->shape().E};
+  return true;
+}
+
+void moe_forward_from_attention_routed(const LayerKind& kind, Device& dev, float* out, const float* x,
+                                       const LayerTensors& w, const LayerScratch& ws, const LayerDims& d, Stream s,
+                                       const MoeExpertFetch& fetch) {
+  const auto* moe = dynamic_cast<const MoeLayerKind*>(&kind);
+  STRATA_ASSERT(moe, "a routed forward of a layer kind that is not mixture-of-experts (", kind.name(), ")");
+  moe->forward_from_attention_routed(dev, out, x, w, ws, d, s, &fetch);
+}
 
 const LayerKind& moe_layer_kind(const ModelConfig& cfg) {
   STRATA_CHECK(cfg.num_experts > 0, "config has no experts: not a mixture-of-experts model");

@@ -22,6 +22,9 @@
 // Legend: N tokens, C hidden, E experts, k experts per token, M = N*k routed rows, I the
 // experts' intermediate size.
 #pragma once
+#include <functional>
+#include <vector>
+
 #include "models/layer_kind.h"
 
 namespace strata {
@@ -29,5 +32,29 @@ namespace strata {
 // The MoE kind for this config's expert sizes (one object per distinct (E, k, I, norm_topk_prob,
 // naming), kept for the program's life). config.num_experts must be > 0.
 const LayerKind& moe_layer_kind(const ModelConfig& config);
+
+// ---- the generator's routed decode (offload/engine/routed_decode.h) -------------------------
+// A decode step reads only the experts its tokens were routed to, so it uploads only those.
+
+// Where a MoE kind's experts sit in its parameter order: expert x's parameters are
+// [first + x * per_expert, first + (x + 1) * per_expert) (gate, up, down); the ones before
+// `first` (the attention half, the norms, the router) are read by every step.
+struct MoeExpertParams {
+  size_t first = 0, per_expert = 0;
+  int64_t experts = 0;
+};
+// kind is a MoE kind: its experts' places (into *out). Not one: false.
+bool moe_kind_expert_params(const LayerKind& kind, MoeExpertParams* out);
+
+// The experts a step routed its tokens to, ascending; the callee makes their weights current
+// where `w` points at them (the compute stream waiting for them) before it returns.
+using MoeExpertFetch = std::function<void(const std::vector<int32_t>& experts)>;
+
+// LayerKind::forward_from_attention of a MoE kind, the router first, then fetch(the experts
+// that received rows), then the experts' GEMMs: the same ops in the same order, so the same bits,
+// as forward_from_attention. Experts no token chose are never read (their weights may be stale).
+void moe_forward_from_attention_routed(const LayerKind& kind, Device& dev, float* out, const float* x,
+                                       const LayerTensors& w, const LayerScratch& ws, const LayerDims& d, Stream s,
+                                       const MoeExpertFetch& fetch);
 
 }  // namespace strata

@@ -14,6 +14,8 @@
 #include <numeric>
 #include <random>
 
+#include "models/moe_layer.h"
+#include "offload/engine/routed_decode.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
 
@@ -101,6 +103,8 @@ Generator::Generator(Device& dev, HostStore& store, const GeneratorShape& shape,
   slots.head_rows = generator_head_rows(spec);
   layer_pass_ = std::make_unique<LayerPass>(dev_, store_, slots, /*updates=*/false);
   layer_pass_->rope_upload(buf_.inv_freq);
+  if (!placement_.weights_resident && routed_decode_applies(store_))
+    routed_ = std::make_unique<RoutedDecodeStream>(dev_, store_, buf_.weight_slots);
   for (size_t s = 0; s < buf_.k_slot.size(); ++s)
     kv_loaded_.push_back(dev_.event_create()), kv_free_.push_back(dev_.event_create());
   dev_.stream_synchronize(Stream::compute);
@@ -114,6 +118,8 @@ void Generator::set_adapters(const LoraLayout& layout, const float* image) {
   dev_.stream_synchronize(Stream::compute);
   lora_ = &layout;
 }
+
+bool Generator::routed_decode() const { return routed_ && routed_on_; }
 
 size_t Generator::kv_host_bytes() const {
   return (L_ - std::min(L_, placement_.kv_device_layers)) * 2 * generator_kv_layer_bytes(store_.spec(), shape_);
@@ -148,6 +154,11 @@ void Generator::forward_pass(const std::vector<int32_t>& ids, const std::vector<
 
   float *x = b.x_a, *y = b.x_b;
   const TokenContext ctx{b.pos, nullptr, b.inv_freq};
+  if (!prefill && routed_decode()) {
+    decode_layers_routed(x, y, start, B);
+    if (x != b.x_a) std::swap(b.x_a, b.x_b);
+    return;
+  }
   layer_pass_->for_each_layer(false, [&](size_t i, const char* slot) {
     LayerTensors w = layer_weights_in(store_, slot, i);
     if (lora_) lora_layer_view(*lora_, i, lora_dev_, w.lora);
@@ -196,7 +207,28 @@ void Generator::decode_layer(size_t layer, float* out, const float* x, const Lay
     kv_write_back(layer, att.k, att.v, start, B, 1);
     dev_.event_record(*kv_free_[(layer - placement_.kv_device_layers) % b.k_slot.size()], s);
   }
-  kind.forward_from_attention(dev_, out, x, w, ws_, dims_, s);
+  MoeExpertParams experts;
+  if (routed_decode() && moe_kind_expert_params(kind, &experts)) {
+    moe_forward_from_attention_routed(kind, dev_, out, x, w, ws_, dims_, s, [&](const std::vector<int32_t>& routed) {
+      routed_->fetch_experts(layer, routed);
+    });
+  } else {
+    kind.forward_from_attention(dev_, out, x, w, ws_, dims_, s);
+  }
+}
+
+// A decode pass's layers with routed uploads (routed_decode.h): the layer pass's loop with the
+// routed stream's acquire and release; x ends up holding the pass's output.
+void Generator::decode_layers_routed(float*& x, float*& y, const std::vector<int32_t>& start, int64_t B) {
+  slots_routed_ = true;
+  for (size_t i = 0; i < L_; ++i) {
+    LayerTensors w = layer_weights_in(store_, routed_->acquire(i), i);
+    if (lora_) lora_layer_view(*lora_, i, lora_dev_, w.lora);  // as the whole-layer pass: adapters unmerged
+    if (kv_spilled(i)) kv_upload(i, start, B);
+    decode_layer(i, y, x, w, B, start);
+    routed_->release(i);
+    std::swap(x, y);
+  }
 }
 
 // ---- the spilled KV cache ------------------------------------------------------------------------
@@ -309,8 +341,13 @@ std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<in
     stats_.prefill_tokens += int64_t(p.size());
   }
   auto t0 = Clock::now();
+  if (slots_routed_) {  // the routed stream wrote the layer slots: the layer pass's copies are stale
+    layer_pass_->mark_stale();
+    slots_routed_ = false;
+  }
   forward_pass(ids, std::vector<int32_t>(size_t(B), 0), B, Tp, /*prefill=*/true);
   head(last, B);
+  if (routed_) routed_->forget();  // the prefill wrote the slots (head synchronized the compute stream)
   stats_.prefill_s += seconds_since(t0);
 
   std::vector<bool> done(size_t(B), false);
@@ -344,7 +381,16 @@ std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<in
       }
     }
     t0 = Clock::now();
+    const uint64_t layer_bytes0 = layer_pass_->stats().layer_upload_bytes, routed_bytes0 = routed_ ? routed_->upload_bytes() : 0;
+    const int64_t routed0 = routed_ ? routed_->experts_routed() : 0, uploaded0 = routed_ ? routed_->experts_uploaded() : 0;
     forward_pass(next, start, B, 1, /*prefill=*/false);
+    stats_.decode_weight_bytes += layer_pass_->stats().layer_upload_bytes - layer_bytes0;
+    if (routed_) {
+      stats_.decode_weight_bytes += routed_->upload_bytes() - routed_bytes0;
+      stats_.decode_experts_routed += routed_->experts_routed() - routed0;
+      stats_.decode_experts_uploaded += routed_->experts_uploaded() - uploaded0;
+    }
+    ++stats_.decode_passes;
     std::vector<int64_t> rows(static_cast<size_t>(B));
     std::iota(rows.begin(), rows.end(), 0);
     head(rows, B);

@@ -20,7 +20,10 @@
 //     RoPE, LayerKind::attention) are copied into its cache rows. A padded position writes cache entries that are never
 //     read: the row's first generated token overwrites them before any query can reach them.
 //   - decode: one token per row per pass; each layer writes the new key and value at the row's
-//     position and attends over the cache with attention_cached_forward (the device op).
+//     position and attends over the cache with attention_cached_forward (the device op). With
+//     streamed weights and mixture-of-experts layers, a decode pass uploads a MoE layer's shared
+//     part and then only the experts its rows were routed to (offload/engine/routed_decode.h);
+//     the tokens are the same as with whole-layer uploads (set_routed_decode(false)).
 //   - LoRA (GRPO samples from the current policy, issue 41): built with a GeneratorLora and given
 //     the adapters by set_adapters, each targeted linear of every pass (prefill and decode) adds the adapter path,
 //     y = x W^T + (x A^T) (s B)^T, through the layer kinds' own LoRA forward (models/decoder_layer.h)
@@ -63,6 +66,11 @@ struct GenerateResult {
 struct GenerateStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;  // real (unpadded) tokens processed
   uint64_t kv_h2d_bytes = 0, kv_d2h_bytes = 0;     // spilled KV cache traffic
+  uint64_t decode_weight_bytes = 0;  // decoder-layer weights uploaded by the decode passes
+  int64_t decode_passes = 0;
+  // routed decode: the experts the passes' MoE layers ran (each layer's union over its rows,
+  // summed), and the ones uploaded (not already in the slot)
+  int64_t decode_experts_routed = 0, decode_experts_uploaded = 0;
   double prefill_s = 0, decode_s = 0;
 };
 
@@ -72,6 +80,7 @@ struct GeneratorLora {
   int64_t r = 0;
   size_t bytes = 0;
 };
+class RoutedDecodeStream;
 
 class Generator {
  public:
@@ -108,6 +117,10 @@ class Generator {
   const GeneratorPlacement& placement() const { return placement_; }
   size_t kv_host_bytes() const;  // pinned host memory of the spilled layers' caches
   const GenerateStats& stats() const { return stats_; }
+  // Decode MoE layers with routed uploads (the default where it applies: streamed weights, no NF4
+  // base, no derived layer; routed_decode_applies) or with whole-layer uploads (false).
+  void set_routed_decode(bool on) { routed_on_ = on; }
+  bool routed_decode() const;  // the next decode passes upload routed experts only
 
  private:
   int64_t longest_prompt(const std::vector<std::vector<int32_t>>& prompts, uint64_t first_request) const;
@@ -116,6 +129,7 @@ class Generator {
                     bool prefill);
   void decode_layer(size_t layer, float* out, const float* x, const LayerTensors& w, int64_t B,
                     const std::vector<int32_t>& start);
+  void decode_layers_routed(float*& x, float*& y, const std::vector<int32_t>& start, int64_t B);
   // The KV cache of a layer: on the device, or a spilled layer's (uploaded into its cache slot
   // for a decode pass: positions [0, start[r]) of each row).
   bool kv_spilled(size_t layer) const { return layer >= placement_.kv_device_layers; }
@@ -141,6 +155,9 @@ class Generator {
   LayerScratch ws_{};
   const LoraLayout* lora_ = nullptr;  // set_adapters' layout; null: the base alone
   std::unique_ptr<LayerPass> layer_pass_;  // weight slots, final norm, embedding gather, the loops
+  std::unique_ptr<RoutedDecodeStream> routed_;  // streamed weights with MoE layers: the decode's uploads
+  bool routed_on_ = true;
+  bool slots_routed_ = false;  // the routed stream wrote the layer slots since the last prefill
   std::vector<std::unique_ptr<Event>> kv_loaded_, kv_free_;  // the spilled layers' cache slots
   std::vector<float> logits_;         // (B, V) host
   std::vector<int32_t> pos_host_, start_host_;

@@ -245,10 +245,15 @@ void print_generate_stats(const Generator& gen, const HostStore& store, size_t r
                                                format_bytes(gen.kv_host_bytes()), " of host memory (",
                                                format_bytes(st.kv_h2d_bytes), " uploaded, ",
                                                format_bytes(st.kv_d2h_bytes), " written back)");
+  const std::string weights =
+      gen.weights_resident() ? std::string("resident")
+      : gen.routed_decode()  ? str_cat("streamed (decode: ", format_bytes(st.decode_weight_bytes),
+                                       " of layer weights, the MoE layers' routed experts only)")
+                             : str_cat("streamed (decode: ", format_bytes(st.decode_weight_bytes), " of layer weights)");
   std::fprintf(stderr,
                "strata generate: %zu requests, batch %lld, weights %s, KV cache %s; host store %s; prefill %lld "
                "tokens in %.3f s (%.1f tokens/s), decode %lld tokens in %.3f s (%.1f tokens/s)\n",
-               requests, (long long)batch, gen.weights_resident() ? "resident" : "streamed", kv.c_str(),
+               requests, (long long)batch, weights.c_str(), kv.c_str(),
                format_bytes(store.pinned_bytes() + store.host_bytes()).c_str(),
                (long long)st.prefill_tokens, st.prefill_s, st.prefill_s > 0 ? double(st.prefill_tokens) / st.prefill_s : 0.0,
                (long long)st.decode_tokens, st.decode_s, st.decode_s > 0 ? double(st.decode_tokens) / st.decode_s : 0.0);

@@ -20,6 +20,8 @@ int bench_peer(const std::vector<std::string>& args);      // training steps aga
 int bench_estimate(const std::vector<std::string>& args);  // strata estimate against strata train
 int bench_plan_choice(const std::vector<std::string>& args);  // auto's plan against every forced one
 int bench_nf4(const std::vector<std::string>& args);       // NF4 quantize / dequantize on the host
+int bench_moe_decode(const std::vector<std::string>& args);  // routed against whole-layer MoE decode
+int bench_gemma_head(const std::vector<std::string>& args);  // the chunked head at a 262k vocabulary
 }  // namespace strata::bench
 
 namespace {
@@ -42,6 +44,8 @@ const BenchCommand kBenchCommands[] = {
     {"estimate", strata::bench::bench_estimate, "strata estimate --measure's step time against strata train's on this host"},
     {"plan", strata::bench::bench_plan_choice, "auto's plan against every forced alternative, measured interleaved"},
     {"nf4", strata::bench::bench_nf4, "NF4 quantization and bf16 dequantization on the host against a plain pass"},
+    {"moe-decode", strata::bench::bench_moe_decode, "MoE decode with streamed weights: routed experts against whole layers"},
+    {"gemma-head", strata::bench::bench_gemma_head, "a training step's chunked loss head at Gemma 3's 262k vocabulary against 32k"},
 };
 
 void bench_print_usage(FILE* f) {
