@@ -77,40 +77,24 @@ int64_t gemm_amx_packed_words(int64_t count, int64_t k) { return blocks16_of(cou
 
 namespace {
 
-// The scalar packers: any shape, any stride; zero past tm / tn and past K.
-void pack_a_scalar(uint32_t* dst, const uint16_t* v, int64_t lda, bool trans_a, int64_t i0, int64_t tm,
-                   int64_t k) {
-  const int64_t chunks = chunks_of(k), blocks = blocks16_of(tm);
-  for (int64_t rb = 0; rb < blocks; ++rb)
+// The scalar packer: any shape, any stride; zero past `count` and past K. op(x)'s value at index i
+// (a row of op(a), a column of op(b)) and position kk of K: x stored index-major (kk contiguous)
+// or, when k_major, K-major. A packed a's tile holds an index per row (16 words of pairs); a
+// packed b's holds a pair per row (16 indices), so pairs_as_rows.
+void pack_scalar(uint32_t* dst, const uint16_t* v, int64_t ld, bool k_major, int64_t i0, int64_t count,
+                 int64_t k, bool pairs_as_rows) {
+  const int64_t chunks = chunks_of(k), blocks = blocks16_of(count);
+  const auto at = [&](int64_t i, int64_t kk) { return k_major ? v[kk * ld + i] : v[i * ld + kk]; };
+  for (int64_t blk = 0; blk < blocks; ++blk)
     for (int64_t q = 0; q < chunks; ++q) {
-      uint32_t* tile = dst + (rb * chunks + q) * kTileWords;
-      for (int64_t r = 0; r < 16; ++r) {
-        const int64_t row = rb * 16 + r;
-        for (int64_t w = 0; w < 16; ++w) {
-          const int64_t k0 = q * kChunk + 2 * w, i = i0 + row;
-          uint16_t lo = 0, hi = 0;
-          if (row < tm && k0 < k) lo = trans_a ? v[k0 * lda + i] : v[i * lda + k0];
-          if (row < tm && k0 + 1 < k) hi = trans_a ? v[(k0 + 1) * lda + i] : v[i * lda + k0 + 1];
-          tile[r * 16 + w] = pair(lo, hi);
-        }
-      }
-    }
-}
-
-void pack_b_scalar(uint32_t* dst, const uint16_t* v, int64_t ldb, bool trans_b, int64_t j0, int64_t tn,
-                   int64_t k) {
-  const int64_t chunks = chunks_of(k), panels = blocks16_of(tn);
-  for (int64_t pb = 0; pb < panels; ++pb)
-    for (int64_t q = 0; q < chunks; ++q) {
-      uint32_t* tile = dst + (pb * chunks + q) * kTileWords;
-      for (int64_t p = 0; p < 16; ++p) {
-        const int64_t k0 = q * kChunk + 2 * p;
-        for (int64_t jj = 0; jj < 16; ++jj) {
-          const int64_t col = pb * 16 + jj, j = j0 + col;
-          uint16_t lo = 0, hi = 0;
-          if (col < tn && k0 < k) lo = trans_b ? v[j * ldb + k0] : v[k0 * ldb + j];
-          if (col < tn && k0 + 1 < k) hi = trans_b ? v[j * ldb + k0 + 1] : v[(k0 + 1) * ldb + j];
-          tile[p * 16 + jj] = pair(lo, hi);
+      uint32_t* tile = dst + (blk * chunks + q) * kTileWords;
+      for (int64_t r = 0; r < 16; ++r) {  // the index within the block
+        const int64_t idx = blk * 16 + r;
+        for (int64_t w = 0; w < 16; ++w) {  // the pair within the chunk
+          const int64_t k0 = q * kChunk + 2 * w;
+          const uint16_t lo = idx < count && k0 < k ? at(i0 + idx, k0) : 0;
+          const uint16_t hi = idx < count && k0 + 1 < k ? at(i0 + idx, k0 + 1) : 0;
+          tile[pairs_as_rows ? w * 16 + r : r * 16 + w] = pair(lo, hi);
         }
       }
     }
@@ -176,7 +160,7 @@ void gemm_amx_pack_a(uint32_t* dst, const bf16* a, int64_t lda, bool trans_a, in
   if (vector && k % kChunk == 0 && tm % kBlock == 0)
     pack_a_fast(dst, v, lda, trans_a, i0, tm, k);
   else
-    pack_a_scalar(dst, v, lda, trans_a, i0, tm, k);
+    pack_scalar(dst, v, lda, trans_a, i0, tm, k, false);
 }
 
 void gemm_amx_pack_b(uint32_t* dst, const bf16* b, int64_t ldb, bool trans_b, int64_t j0, int64_t tn,
@@ -187,7 +171,7 @@ void gemm_amx_pack_b(uint32_t* dst, const bf16* b, int64_t ldb, bool trans_b, in
   if (vector && k % kChunk == 0 && tn % kBlock == 0 && (!trans_b || ldb * 16 < (int64_t(1) << 30)))
     pack_b_fast(dst, v, ldb, trans_b, j0, tn, k);
   else
-    pack_b_scalar(dst, v, ldb, trans_b, j0, tn, k);
+    pack_scalar(dst, v, ldb, !trans_b, j0, tn, k, true);
 }
 
 void gemm_amx_tile(float* c, int64_t ldc, const uint32_t* a, const uint32_t* b, int64_t tm, int64_t tn,

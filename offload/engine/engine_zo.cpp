@@ -17,20 +17,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "offload/stream/buffer_binding.h"
 #include "src/core/error.h"
 #include "src/device/arena.h"
 #include "src/device/host_ops.h"
 
 namespace strata {
-namespace {
-
-template <class T>
-std::function<void(void*)> bind_at(T** slot) {
-  if (!slot) return {};
-  return [slot](void* p) { *slot = static_cast<T*>(p); };
-}
-
-}  // namespace
 
 // ---- the buffer table ----------------------------------------------------------------------
 

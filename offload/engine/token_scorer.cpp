@@ -9,18 +9,10 @@
 #include <limits>
 
 #include "offload/state/nf4_layout.h"
+#include "offload/stream/buffer_binding.h"
 #include "src/core/error.h"
 
 namespace strata {
-namespace {
-
-template <class T>
-std::function<void(void*)> bind_at(T** slot) {
-  if (!slot) return {};
-  return [slot](void* p) { *slot = static_cast<T*>(p); };
-}
-
-}  // namespace
 
 // ---- set-up -----------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // The step engines' and the generator's buffer tables (engine_buffers.h).
 #include "offload/stream/engine_buffers.h"
 #include "offload/state/nf4_layout.h"
+#include "offload/stream/buffer_binding.h"
 
 #include <algorithm>
 
@@ -14,12 +15,6 @@ template <class T>
 std::function<void(void*)> bind_to(EngineBuffers* into, T* EngineBuffers::*field) {
   if (!into) return {};
   return [into, field](void* p) { into->*field = static_cast<T*>(p); };
-}
-
-template <class T>
-std::function<void(void*)> bind_at(T** slot) {
-  if (!slot) return {};
-  return [slot](void* p) { *slot = static_cast<T*>(p); };
 }
 
 }  // namespace
