@@ -27,10 +27,12 @@ TEST_CASE("cuda Device::nf4_dequantize equals the CPU backend's bits, bf16 and f
     float offset = 0;
     cpu::nf4_quantize(codes.data(), absmax.data(), x.data(), n);
     cpu::nf4_double_quantize(q.data(), absmax2.data(), &offset, absmax.data(), blocks, 1);
-    // shift 1: the output one weight past an aligned address (the kernel's one-weight stores)
+    // shift 1: the output one weight past an aligned address (the kernel's one-weight stores; not
+    // on the largest size, which the TSan suite runs with a thread per CUDA thread)
+    const std::vector<size_t> shifts = n > 4097 ? std::vector<size_t>{0} : std::vector<size_t>{0, 1};
     for (bool dq : {false, true})
       for (DType t : {DType::bf16, DType::f32})
-        for (size_t shift : {size_t(0), size_t(1)}) {
+        for (size_t shift : shifts) {
           INFO("n " << n << " double quantization " << dq << " " << dtype_name(t) << " shift " << shift);
           const std::vector<float>& scales = dq ? absmax2 : absmax;
           std::vector<std::vector<char>> out;
