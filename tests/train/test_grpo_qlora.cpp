@@ -109,7 +109,7 @@ TEST_CASE("the generator on an NF4 base adds the adapters and samples what the d
   }
 }
 
-TEST_CASE("GRPO steps on an NF4 base sample from the adapters, train them and never write the codes",
+TEST_CASE("GRPO steps on an NF4 base sample from the adapters and train them and never write the codes",
           "[grpo][grpo-step][qlora]") {
   std::vector<std::vector<std::string>> run_texts[2];
   std::vector<double> run_losses[2];
