@@ -1,7 +1,9 @@
-// NF4 quantization and dequantization on the host, bitsandbytes' arithmetic (kernels/cpu/nf4.h).
+// NF4 quantization on the host, bitsandbytes' arithmetic (kernels/cpu/nf4.h); the dequantization
+// entries take the active variant of kernels/cpu/nf4_dequantize.h.
 // Compiled with -ffp-contract=off (CMakeLists.txt): every product and sum is rounded on its own,
 // as bitsandbytes' kernels round them; a fused multiply-add would change bits.
 #include "kernels/cpu/nf4.h"
+#include "kernels/cpu/nf4_dequantize.h"
 
 #include <algorithm>
 #include <array>
@@ -12,9 +14,6 @@
 
 #include "src/core/error.h"
 
-#if defined(__AVX512BW__)
-#include <immintrin.h>
-#endif
 
 namespace strata::cpu {
 namespace {
@@ -306,93 +305,19 @@ void nf4_absmax_dequantize(float* absmax, const uint8_t* qabsmax, const float* a
   }
 }
 
-namespace {
-#if defined(__AVX512BW__)
-// out (64) = table[code] for one full block's 32 code bytes c: the codes spread to 64 indices in
-// element order (a byte's high nibble first), then looked up by permutes within one register
-// (vpermw for bf16, vpermps for f32). The same values the scalar lookup stores.
-template <class T>
-inline void table_lookup_block(T* out, const T* table, const uint8_t* c) {
-  const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));  // (32) bytes
-  const __m512i idx = _mm512_or_si512(_mm512_srli_epi16(v, 4),                                    // hi, lo
-                                      _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(15)), 8));
-  if constexpr (std::is_same_v<T, bf16>) {
-    uint16_t bits[32] = {};
-    std::memcpy(bits, table, 16 * sizeof(uint16_t));
-    const __m512i t = _mm512_loadu_si512(bits);
-    _mm512_storeu_si512(out, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(idx)), t));
-    _mm512_storeu_si512(out + 32, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(idx, 1)), t));
-  } else {
-    alignas(64) uint8_t bytes[64];
-    _mm512_store_si512(bytes, idx);
-    const __m512 t = _mm512_loadu_ps(table);
-    for (int k = 0; k < 4; ++k)
-      _mm512_storeu_ps(out + 16 * k, _mm512_permutexvar_ps(
-                                         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * k))), t));
-  }
-}
-#endif
-
-// T bf16: the weights rounded to bf16; float: unrounded (round_bf16 false) or the bf16 value widened.
-// Per block, the 16 values NF4[k]·scale are made once (each the same product and rounding the
-// per-weight loop made) and the codes look them up: two table loads per byte.
-template <class T, bool round_bf16 = std::is_same_v<T, bf16>>
-void dequantize_impl(T* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
-                     float offset, int64_t n) {
-  const int64_t blocks = nf4_blocks(n);
-  const float* map = nf4_dynamic_map();
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    // double-quantized: absmax is the nested one (a float per kNf4NestedBlock blocks), never read at b
-    float scale;
-    if (qabsmax) {
-      const float scaled = map[qabsmax[b]] * absmax[b / kNf4NestedBlock];
-      scale = scaled + offset;
-    } else {
-      scale = absmax[b];
-    }
-    T table[16];
-    for (int k = 0; k < 16; ++k) {
-      const float v = kNf4[k] * scale;
-      if constexpr (std::is_same_v<T, bf16>)
-        table[k] = f32_to_bf16(v);
-      else if constexpr (round_bf16)
-        table[k] = bf16_to_f32(f32_to_bf16(v));
-      else
-        table[k] = v;
-    }
-    const int64_t begin = b * kNf4Block, end = std::min(n, begin + kNf4Block);
-    const uint8_t* c = codes + begin / 2;
-    T* out = w + begin;
-#if defined(__AVX512BW__)
-    if (end - begin == kNf4Block) {  // the 64 lookups as register permutes of the 16-entry table
-      table_lookup_block(out, table, c);
-      continue;
-    }
-#endif
-    const int64_t pairs = (end - begin) / 2;
-    for (int64_t j = 0; j < pairs; ++j) {
-      out[2 * j] = table[c[j] >> 4];
-      out[2 * j + 1] = table[c[j] & 0x0f];
-    }
-    if ((end - begin) % 2) out[2 * pairs] = table[c[pairs] >> 4];
-  }
-}
-}  // namespace
-
 void nf4_dequantize_bf16(bf16* w, const uint8_t* codes, const uint8_t* qabsmax,
                          const float* absmax, float offset, int64_t n) {
-  dequantize_impl(w, codes, qabsmax, absmax, offset, n);
+  nf4_dequantize_isa(nf4_isa_active(), Nf4Out::bf16, w, codes, qabsmax, absmax, offset, n);
 }
 
 void nf4_dequantize_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax,
                         const float* absmax, float offset, int64_t n) {
-  dequantize_impl(w, codes, qabsmax, absmax, offset, n);
+  nf4_dequantize_isa(nf4_isa_active(), Nf4Out::f32, w, codes, qabsmax, absmax, offset, n);
 }
 
 void nf4_dequantize_bf16_as_f32(float* w, const uint8_t* codes, const uint8_t* qabsmax, const float* absmax,
                                 float offset, int64_t n) {
-  dequantize_impl<float, true>(w, codes, qabsmax, absmax, offset, n);
+  nf4_dequantize_isa(nf4_isa_active(), Nf4Out::bf16_as_f32, w, codes, qabsmax, absmax, offset, n);
 }
 
 }  // namespace strata::cpu

@@ -117,8 +117,8 @@ class Generator {
   const GeneratorPlacement& placement() const { return placement_; }
   size_t kv_host_bytes() const;  // pinned host memory of the spilled layers' caches
   const GenerateStats& stats() const { return stats_; }
-  // Decode MoE layers with routed uploads (the default where it applies: streamed weights, no NF4
-  // base, no derived layer; routed_decode_applies) or with whole-layer uploads (false).
+  // Decode MoE layers with routed uploads (the default where it applies: streamed weights, no
+  // derived layer, an NF4 base or not; routed_decode_applies) or with whole-layer uploads (false).
   void set_routed_decode(bool on) { routed_on_ = on; }
   bool routed_decode() const;  // the next decode passes upload routed experts only
 

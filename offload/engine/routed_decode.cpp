@@ -1,26 +1,56 @@
 // The routed decode's uploads (routed_decode.h): a layer's shared part, then its routed experts.
 #include "offload/engine/routed_decode.h"
 
+#include <cstring>
+
+#include "offload/state/nf4_layout.h"
 #include "src/core/error.h"
 
 namespace strata {
 namespace {
 
-// Bytes [begin, end) of a layer's block (offsets from the block's start; the slot's layout is the
-// working copy's when nothing is packed).
+// Bytes [begin, end) of a layer's host block (offsets from the block's start; the slot's layout is
+// the working copy's when nothing is packed).
 struct ByteRange {
   size_t begin = 0, end = 0;
 };
 
 // The shared part of layer `layer`: everything before its first expert (the whole block when it
-// is not MoE).
-ByteRange shared_range(const HostStore& store, size_t layer) {
+// is not MoE); *end_row: its rows end there.
+ByteRange shared_range(const HostStore& store, size_t layer, size_t* end_row = nullptr) {
   const ParamGroup& g = store.layer_group(layer);
   MoeExpertParams e;
+  if (end_row) *end_row = g.end_row;
   if (!moe_kind_expert_params(*store.spec().layers[layer].kind, &e)) return {0, g.working_bytes};
   const int64_t row = store.spec().layers[layer].rows[e.first];
   STRATA_ASSERT(row != kAbsent, "a MoE layer without its first expert's weights");
+  if (end_row) *end_row = size_t(row);
   return {0, store.working_table()[size_t(row)].offset - g.working_offset};
+}
+
+// An NF4 base: the rows [first_row, end_row) of `layer` decoded from the slot's packed copy into its
+// decoded part, as nf4_decode_layer decodes a whole layer (packed rows dequantized, the rest
+// copied), on stream s.
+void decode_rows(Device& dev, char* decoded, const char* packed, const HostStore& store, size_t layer, size_t end_row,
+                 Stream s) {
+  const ParamGroup& g = store.layer_group(layer);
+  const TensorTable &host = store.working_table(), &device = store.device_table();
+  const bool dq = store.spec().base_quant.double_quant;
+  for (size_t r = g.first_row; r < end_row; ++r) {
+    char* out = decoded + (device[r].offset - g.device_offset);
+    const size_t in = host[r].offset - g.working_offset;
+    if (host[r].dtype != DType::u8) {
+      dev.copy_d2d(out, packed + in, host[r].bytes(), s);
+      continue;
+    }
+    const int64_t n = device[r].numel();
+    const Nf4RowLayout l = Nf4RowLayout::of(n, dq);
+    float offset = 0;  // read from the host copy (a device read would wait for the upload)
+    if (dq) std::memcpy(&offset, store.working() + host[r].offset + l.offset, 4);
+    const auto* p = reinterpret_cast<const uint8_t*>(packed + in);
+    dev.nf4_dequantize(out, device[r].dtype, p, dq ? p + l.qabsmax : nullptr,
+                       reinterpret_cast<const float*>(p + l.absmax), offset, n, s);
+  }
 }
 
 // Expert x's parameters (per_expert consecutive rows) in layer `layer`'s block.
@@ -36,7 +66,7 @@ ByteRange expert_range(const HostStore& store, size_t layer, const MoeExpertPara
 }  // namespace
 
 bool routed_decode_applies(const HostStore& store) {
-  if (store.packed() || store.derived_layers() > 0) return false;
+  if (store.derived_layers() > 0) return false;
   MoeExpertParams e;
   for (const ModelLayer& l : store.spec().layers)
     if (moe_kind_expert_params(*l.kind, &e)) return true;
@@ -46,6 +76,10 @@ bool routed_decode_applies(const HostStore& store) {
 RoutedDecodeStream::RoutedDecodeStream(Device& dev, HostStore& store, std::vector<char*> slots)
     : dev_(dev), store_(store), slots_(std::move(slots)), held_(slots_.size()) {
   STRATA_ASSERT(!slots_.empty() && routed_decode_applies(store), "a routed decode without slots or experts");
+  if (store.packed()) {  // the slot layout of an NF4 base: [decoded | packed] (offload/state/nf4_layout.h)
+    const size_t packed_at = layer_slot_bytes(HostStore::layout(store.spec()), store.spec().layers.size()).decoded;
+    for (char* slot : slots_) packed_slots_.push_back(slot + packed_at);
+  }
   for (size_t s = 0; s < slots_.size(); ++s) {
     loaded_.push_back(dev_.event_create());
     released_.push_back(dev_.event_create());
@@ -62,19 +96,22 @@ void RoutedDecodeStream::forget() {
   }
 }
 
-void RoutedDecodeStream::upload(size_t s, size_t at, const char* src, size_t bytes) {
-  dev_.copy_h2d(slots_[s] + at, src, bytes, Stream::h2d);
+void RoutedDecodeStream::upload(char* dst, const char* src, size_t bytes) {
+  dev_.copy_h2d(dst, src, bytes, Stream::h2d);
   upload_bytes_ += bytes;
 }
 
 const char* RoutedDecodeStream::acquire(size_t layer) {
   const size_t s = slot_of(layer);
   Held& h = held_[s];
+  bool decode = false;
+  size_t end_row = 0;
   if (h.layer != int64_t(layer) || !h.shared) {
-    const ByteRange r = shared_range(store_, layer);
+    const ByteRange r = shared_range(store_, layer, &end_row);
     const char* block = store_.working() + store_.layer_group(layer).working_offset;
     dev_.stream_wait_event(Stream::h2d, *released_[s]);
-    upload(s, r.begin, block + r.begin, r.end - r.begin);
+    // an NF4 base: the shared part's host bytes into the slot's packed part, decoded below
+    upload((packed_slots_.empty() ? slots_[s] : packed_slots_[s]) + r.begin, block + r.begin, r.end - r.begin);
     dev_.event_record(*loaded_[s], Stream::h2d);
     if (h.layer != int64_t(layer)) {  // the slot's experts are another layer's
       h.layer = int64_t(layer);
@@ -82,8 +119,12 @@ const char* RoutedDecodeStream::acquire(size_t layer) {
       h.experts.assign(moe_kind_expert_params(*store_.spec().layers[layer].kind, &e) ? size_t(e.experts) : 0, false);
     }
     h.shared = true;
+    decode = !packed_slots_.empty();
   }
   dev_.stream_wait_event(Stream::compute, *loaded_[s]);
+  // in compute-stream order: after the upload, before the layer's reads (and, as the slot's next
+  // shared upload waits for released[s], before that upload overwrites the packed copy)
+  if (decode) decode_rows(dev_, slots_[s], packed_slots_[s], store_, layer, end_row, Stream::compute);
   return slots_[s];
 }
 
@@ -93,13 +134,26 @@ void RoutedDecodeStream::fetch_experts(size_t layer, const std::vector<int32_t>&
   STRATA_ASSERT(h.layer == int64_t(layer) && h.shared, "experts of layer ", layer, " fetched before its shared part");
   MoeExpertParams e;
   STRATA_ASSERT(moe_kind_expert_params(*store_.spec().layers[layer].kind, &e), "experts of a layer that has none");
-  const char* block = store_.working() + store_.layer_group(layer).working_offset;
+  const ParamGroup& g = store_.layer_group(layer);
+  const char* block = store_.working() + g.working_offset;
   bool uploaded = false;
   for (int32_t x : experts) {
     STRATA_ASSERT(x >= 0 && x < e.experts, "expert ", x, " of ", e.experts);
     if (h.experts[size_t(x)]) continue;
-    const ByteRange r = expert_range(store_, layer, e, x);
-    upload(s, r.begin, block + r.begin, r.end - r.begin);  // bytes no queued read of the slot touches
+    // bytes no queued read of the slot touches
+    if (packed_slots_.empty()) {  // the slot is the host block's layout: the expert's rows in one copy
+      const ByteRange r = expert_range(store_, layer, e, x);
+      upload(slots_[s] + r.begin, block + r.begin, r.end - r.begin);
+    } else {  // an NF4 base leaves the experts unpacked: each row straight to its decoded place
+      const std::vector<int64_t>& rows = store_.spec().layers[layer].rows;
+      for (size_t k = 0; k < e.per_expert; ++k) {
+        const size_t r = size_t(rows[e.first + size_t(x) * e.per_expert + k]);
+        const TensorSpec &host = store_.working_table()[r], &dev = store_.device_table()[r];
+        STRATA_ASSERT(host.dtype == dev.dtype && host.bytes() == dev.bytes(), "expert ", x, " of layer ", layer,
+                      ": a packed row");
+        upload(slots_[s] + (dev.offset - g.device_offset), block + (host.offset - g.working_offset), host.bytes());
+      }
+    }
     h.experts[size_t(x)] = true;
     ++experts_uploaded_;
     uploaded = true;

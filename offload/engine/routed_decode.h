@@ -23,9 +23,15 @@
 // before the next one (this stream wrote them); each pass ends with a compute-stream synchronize,
 // so no copy or read of the other phase is still queued.
 //
-// Not used (the generator keeps whole-layer uploads) when the weights are resident, with an NF4
-// base (the slot holds a packed block and its decoded copy), or when a layer's working copy is
-// derived at upload (offload.working_weights = "derived": it is made whole, into staging).
+// An NF4 base (offload/state/nf4_layout.h: a slot is [decoded | packed]): the shared part's host
+// bytes land in the slot's packed part and are decoded on the compute stream (its packed linears
+// dequantized, its norms and router copied) into the decoded part, where the layer reads them;
+// the experts, which bitsandbytes leaves unpacked (bf16), go row by row straight to their decoded
+// places. So a decode pass moves the packed shared part and the routed experts only.
+//
+// Not used (the generator keeps whole-layer uploads) when the weights are resident, or when a
+// layer's working copy is derived at upload (offload.working_weights = "derived": it is made
+// whole, into staging).
 // Legend: E experts, k experts per token, B decode rows.
 #pragma once
 #include <cstdint>
@@ -37,8 +43,7 @@
 
 namespace strata {
 
-// The store can be decoded with routed uploads: some layer is MoE, no base is packed, no layer
-// is derived.
+// The store can be decoded with routed uploads: some layer is MoE and no layer is derived.
 bool routed_decode_applies(const HostStore& store);
 
 class RoutedDecodeStream {
@@ -71,11 +76,13 @@ class RoutedDecodeStream {
     std::vector<bool> experts;  // (E) which of its experts
   };
   size_t slot_of(size_t layer) const { return layer % slots_.size(); }
-  void upload(size_t s, size_t at, const char* src, size_t bytes);  // h2d into slot s at byte `at`
+  void upload(char* dst, const char* src, size_t bytes);  // h2d into a slot, counted
+
 
   Device& dev_;
   HostStore& store_;
-  std::vector<char*> slots_;
+  std::vector<char*> slots_;         // what the layer reads (an NF4 base: the decoded part)
+  std::vector<char*> packed_slots_;  // an NF4 base: each slot's packed part; else empty
   std::vector<Held> held_;
   std::vector<std::unique_ptr<Event>> loaded_, released_;
   uint64_t upload_bytes_ = 0;

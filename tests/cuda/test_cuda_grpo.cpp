@@ -4,7 +4,7 @@
 // (tests/models/grpo_golden.h: 1e-5 relative loss, 1e-4 relative L2 per gradient tensor) and
 // against the CPU backend's run of the same case; and one-process GRPO steps (generate, score,
 // train) on the CUDA device against the same steps on the CPU backend, full fine-tuning and LoRA
-// (the generator adding the adapters unmerged).
+// (the generator adding the adapters unmerged), and LoRA on an NF4 base.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +86,34 @@ TEST_CASE("GRPO steps with LoRA and beta on the CUDA backend follow the CPU back
   CHECK(b.grad_norm > 0);
   CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm);
   CHECK(std::isfinite(on_cuda.step({1}, 2).grad_norm));
+}
+
+// QLoRA: the same with the base held as NF4 (double-quantized; f32 compute on the dequantized bf16
+// weights), so the CUDA backend's nf4_dequantize feeds the generator, the reference pass and the
+// training passes; the packed codes are never written.
+TEST_CASE("GRPO steps with LoRA and beta on an NF4 base on the CUDA backend follow the CPU backend's",
+          "[cuda-emu][grpo][qlora]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  testing::GrpoRig on_cuda(1, std::move(cuda), "llama", 1, 4, true, 0.5, /*nf4=*/true),
+      on_cpu(1, device_create(DeviceOptions{}), "llama", 1, 4, true, 0.5, /*nf4=*/true);
+  REQUIRE(on_cuda.store.packed());
+  const std::vector<char> codes = on_cuda.weights();
+  const GrpoStepOutcome a = on_cuda.step({0, 2}, 1), b = on_cpu.step({0, 2}, 1);
+  REQUIRE(a.completions.size() == b.completions.size());
+  for (size_t i = 0; i < a.completions.size(); ++i) {
+    CHECK(a.completions[i].completion == b.completions[i].completion);
+    CHECK(a.completions[i].reward == b.completions[i].reward);
+  }
+  const double kl_cuda = a.metrics["kl"].get<double>(), kl_cpu = b.metrics["kl"].get<double>();
+  std::printf("cuda-emu grpo qlora beta step grad norm %.9f (cpu %.9f) kl %.9g (cpu %.9g)\n", a.grad_norm, b.grad_norm,
+              kl_cuda, kl_cpu);
+  CHECK(kl_cpu > 1e-6);
+  CHECK(std::abs(kl_cuda - kl_cpu) <= 1e-3 * kl_cpu);
+  CHECK(b.grad_norm > 0);
+  CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm);
+  CHECK(std::isfinite(on_cuda.step({1}, 2).grad_norm));
+  CHECK(on_cuda.weights() == codes);
 }
 
 }  // namespace strata

@@ -1,8 +1,11 @@
 // NF4 (issue 40): strata's quantization against bitsandbytes 0.50's, bit for bit
 // (tests/golden/nf4/nf4_cases.json from tools/golden/make_nf4_goldens.py): codes, absmax, the
 // double quantization (mean, 8-bit codes, nested absmax, dequantized absmax) and the dequantized
-// weights in bf16 and f32; the fast dequantization against its plain-loop twin in fp64.
+// weights in bf16 and f32, by every instruction-set variant this CPU runs; the fast dequantization
+// against its plain-loop twin in fp64 and against a plain loop of its own arithmetic bit for bit.
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -13,6 +16,7 @@
 
 #include "io/json.h"
 #include "kernels/cpu/nf4.h"
+#include "kernels/cpu/nf4_dequantize.h"
 #include "kernels/cpu/ref/nf4.h"
 #include "tests/testing.h"
 
@@ -84,6 +88,13 @@ std::vector<bf16> hash_input(int64_t n) {
   return x;
 }
 
+std::vector<cpu::Nf4Isa> supported_isas() {
+  std::vector<cpu::Nf4Isa> out;
+  for (cpu::Nf4Isa isa : {cpu::Nf4Isa::scalar, cpu::Nf4Isa::avx2, cpu::Nf4Isa::avx512})
+    if (cpu::nf4_isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
 struct Quantized {
   std::vector<uint8_t> codes;
   std::vector<float> absmax;
@@ -134,6 +145,15 @@ TEST_CASE("nf4 quantization equals bitsandbytes bit for bit", "[nf4]") {
     cpu::nf4_dequantize_f32(wf.data(), q.codes.data(), nullptr, q.absmax.data(), 0.f, n);
     CHECK(bits_of(w) == widen(bf16_bits(c["dequant_bf16"].get<std::string>())));
     CHECK(bits_of(wf) == f32_bits(c["dequant_f32"]));
+    for (cpu::Nf4Isa isa : supported_isas()) {  // every variant this CPU runs, not only the active one
+      INFO("variant " << cpu::nf4_isa_name(isa));
+      std::fill(w.begin(), w.end(), bf16{0x5a5a});
+      std::fill(wf.begin(), wf.end(), 0.5f);
+      cpu::nf4_dequantize_isa(isa, cpu::Nf4Out::bf16, w.data(), q.codes.data(), nullptr, q.absmax.data(), 0.f, n);
+      cpu::nf4_dequantize_isa(isa, cpu::Nf4Out::f32, wf.data(), q.codes.data(), nullptr, q.absmax.data(), 0.f, n);
+      CHECK(bits_of(w) == widen(bf16_bits(c["dequant_bf16"].get<std::string>())));
+      CHECK(bits_of(wf) == f32_bits(c["dequant_f32"]));
+    }
 
     // Double quantization.
     const auto& nested = c["nested"];
@@ -149,6 +169,12 @@ TEST_CASE("nf4 quantization equals bitsandbytes bit for bit", "[nf4]") {
     CHECK(bits_of(absmax) == f32_bits(nested["absmax"]));
     cpu::nf4_dequantize_bf16(w.data(), q.codes.data(), qabsmax.data(), absmax2.data(), offset, n);
     CHECK(bits_of(w) == widen(bf16_bits(nested["dequant_bf16"].get<std::string>())));
+    for (cpu::Nf4Isa isa : supported_isas()) {
+      INFO("variant " << cpu::nf4_isa_name(isa));
+      std::fill(w.begin(), w.end(), bf16{0x5a5a});
+      cpu::nf4_dequantize_isa(isa, cpu::Nf4Out::bf16, w.data(), q.codes.data(), qabsmax.data(), absmax2.data(), offset, n);
+      CHECK(bits_of(w) == widen(bf16_bits(nested["dequant_bf16"].get<std::string>())));
+    }
   }
 }
 
@@ -220,6 +246,63 @@ TEST_CASE("nf4 dequantization matches its plain-loop twin", "[nf4]") {
     CHECK(worst_b <= 0.00391);
     CHECK(worst_q <= 0.151904);
   }
+}
+
+// The vector variants (kernels/cpu/nf4_dequantize.h) against a plain per-weight loop of the same
+// arithmetic, bf16(NF4[code] * scale) with the scale made as nf4_absmax_dequantize makes it, bit
+// for bit: lengths around the 64-weight block and the vectors' widths (a last partial block, an
+// odd count), past kNf4SerialBelow (the threaded split, with a partial chunk), blocks of zeros
+// and an outlier, plain and double-quantized, into bf16, widened bf16 and f32.
+TEST_CASE("nf4 dequantization gives the plain loop's bits on every instruction set", "[nf4]") {
+  const int64_t threaded = cpu::kNf4SerialBelow + 64 * 300 + 37;
+  for (int64_t n : {int64_t(1), int64_t(2), int64_t(15), int64_t(17), int64_t(63), int64_t(64), int64_t(65),
+                    int64_t(127), int64_t(128), int64_t(129), int64_t(4097), int64_t(70001), threaded}) {
+    auto x = strata::testing::random_floats(n, uint64_t(n) + 11, -2.f, 2.f);
+    if (n > 300) {
+      std::fill(x.begin() + 64, x.begin() + 128, 0.f);  // a block of zeros: absmax 0, every weight 0
+      x[200] = 3e4f;                                     // an outlier: its block's other codes near 0
+    }
+    const int64_t blocks = cpu::nf4_blocks(n);
+    std::vector<uint8_t> codes(size_t(cpu::nf4_code_bytes(n))), qabsmax(static_cast<size_t>(blocks));
+    std::vector<float> absmax(static_cast<size_t>(blocks)), absmax2(size_t(cpu::nf4_nested_blocks(n))),
+        deq(static_cast<size_t>(blocks));
+    float offset = 0;
+    cpu::nf4_quantize(codes.data(), absmax.data(), x.data(), n);
+    cpu::nf4_double_quantize(qabsmax.data(), absmax2.data(), &offset, absmax.data(), blocks, 1);
+    cpu::nf4_absmax_dequantize(deq.data(), qabsmax.data(), absmax2.data(), offset, blocks);
+    for (const bool dq : {false, true}) {
+      const float* scale = dq ? deq.data() : absmax.data();
+      std::vector<uint32_t> want[3];  // Nf4Out's order: bf16, bf16 widened, f32
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t byte = codes[size_t(i / 2)];
+        const float v = cpu::nf4_code()[i % 2 ? byte & 0x0f : byte >> 4] * scale[i / 64];
+        const bf16 h = strata::f32_to_bf16(v);
+        want[0].push_back(h.bits);
+        want[1].push_back(uint32_t(h.bits) << 16);
+        want[2].push_back(std::bit_cast<uint32_t>(v));
+      }
+      for (cpu::Nf4Isa isa : supported_isas()) {
+        INFO("n=" << n << " double quant " << dq << " variant " << cpu::nf4_isa_name(isa));
+        std::vector<bf16> wb(size_t(n) + 1, bf16{0x5a5a});
+        std::vector<float> wf(size_t(n) + 1, 0.5f), ww(size_t(n) + 1, 0.5f);
+        const uint8_t* q = dq ? qabsmax.data() : nullptr;
+        const float* a = dq ? absmax2.data() : absmax.data();
+        cpu::nf4_dequantize_isa(isa, cpu::Nf4Out::bf16, wb.data(), codes.data(), q, a, offset, n);
+        cpu::nf4_dequantize_isa(isa, cpu::Nf4Out::bf16_as_f32, ww.data(), codes.data(), q, a, offset, n);
+        cpu::nf4_dequantize_isa(isa, cpu::Nf4Out::f32, wf.data(), codes.data(), q, a, offset, n);
+        CHECK(wb.back().bits == 0x5a5a);  // nothing written past n
+        CHECK(wf.back() == 0.5f);
+        wb.pop_back(), wf.pop_back(), ww.pop_back();
+        CHECK(bits_of(wb) == want[0]);
+        CHECK(bits_of(ww) == want[1]);
+        CHECK(bits_of(wf) == want[2]);
+      }
+    }
+  }
+  // the entries the device op calls take the active variant: STRATA_NF4_ISA's, else the widest
+  const std::vector<cpu::Nf4Isa> isas = supported_isas();
+  if (!std::getenv("STRATA_NF4_ISA")) CHECK(cpu::nf4_isa_active() == isas.back());
+  CHECK(cpu::nf4_isa_supported(cpu::Nf4Isa::scalar));
 }
 
 TEST_CASE("nf4 state bytes per weight of Llama-shaped linears", "[nf4]") {

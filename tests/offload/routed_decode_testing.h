@@ -5,13 +5,15 @@
 //   - the bytes: on a 4-layer qwen3_moe with E = 64, k = 8 (four layers through two slots: every
 //     layer is uploaded by every decode pass), whole-layer decode moves every layer's block per
 //     pass, routed decode the shared part and expert_bytes per routed expert, counted by the
-//     device's own link counter (Device::counters().h2d_bytes) as well as the generator's stats.
+//     device's own link counter (Device::counters().h2d_bytes) as well as the generator's stats;
+//     the same with an NF4 base (its experts bf16), routed and whole-layer giving the same tokens.
 #pragma once
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "offload/engine/generator.h"
 #include "offload/state/model_io.h"
+#include "offload/state/nf4_layout.h"
 #include "tests/testing.h"
 
 namespace strata::routed_testing {
@@ -84,14 +86,23 @@ inline ModelConfig routed_config() {
   return hf_config_parse(j.dump(), "routed decode test config");
 }
 
-// The bytes of B rows' decode, routed against whole-layer, on routed_config().
-inline void routed_bytes_check(Device& dev, int64_t B) {
-  INFO("rows " << B);
+// The bytes of B rows' decode, routed against whole-layer, on routed_config(): f32, or (nf4) a
+// QLoRA base in bf16 whose attention linears are NF4 and whose experts and router stay bf16, as
+// bitsandbytes leaves them (the whole-layer decode uploads the packed blocks; the routed one the
+// packed shared parts, decoded on the device, and the routed experts).
+inline void routed_bytes_check(Device& dev, int64_t B, bool nf4 = false) {
+  INFO("rows " << B << (nf4 ? " NF4 base" : ""));
   const ModelConfig cfg = routed_config();
-  HostStore store(dev, model_spec_build(cfg, DType::f32));
+  ModelSpec spec = model_spec_build(cfg, nf4 ? DType::bf16 : DType::f32);
+  if (nf4) nf4_base_enable(spec, /*double_quant=*/true);
+  HostStoreOptions so;
+  so.weights_only = nf4;  // an NF4 base is frozen: weights only
+  HostStore store(dev, spec, so);
+  REQUIRE(store.packed() == nf4);
   model_init_weights(store, 7, 0.5);  // a wide spread: the routing differs token by token
   const int64_t L = 4, E = 64, k = 8, max_new = 6;
-  const size_t expert_bytes = size_t(3 * cfg.moe_intermediate_size * cfg.hidden_size) * 4;  // gate, up, down f32
+  // gate, up, down in f32 or bf16
+  const size_t expert_bytes = size_t(3 * cfg.moe_intermediate_size * cfg.hidden_size) * (nf4 ? 2 : 4);
   size_t blocks = 0;
   for (int64_t l = 0; l < L; ++l) blocks += store.layer_group(size_t(l)).working_bytes;
   const size_t shared = blocks - size_t(L * E) * expert_bytes;
@@ -117,8 +128,9 @@ inline void routed_bytes_check(Device& dev, int64_t B) {
   if (B == 1) CHECK(routed_experts == P * L * k);
   // the link counter sees the same difference: nothing else crossed differently
   CHECK(whole.h2d_bytes - routed.h2d_bytes == whole.stats.decode_weight_bytes - routed.stats.decode_weight_bytes);
-  std::printf("routed decode (%s, E=%lld k=%lld, %lld rows): %.0f vs %.0f weight bytes per decode pass (%.3f)\n",
-              dev.name().c_str(), (long long)E, (long long)k, (long long)B,
+  CHECK(routed.stats.decode_weight_bytes < whole.stats.decode_weight_bytes);
+  std::printf("routed decode (%s%s, E=%lld k=%lld, %lld rows): %.0f vs %.0f weight bytes per decode pass (%.3f)\n",
+              dev.name().c_str(), nf4 ? ", NF4 base" : "", (long long)E, (long long)k, (long long)B,
               double(routed.stats.decode_weight_bytes) / double(P), double(whole.stats.decode_weight_bytes) / double(P),
               double(routed.stats.decode_weight_bytes) / double(whole.stats.decode_weight_bytes));
 }

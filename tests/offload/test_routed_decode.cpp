@@ -17,4 +17,10 @@ TEST_CASE("routed decode uploads the shared part and the routed experts only", "
   for (int64_t B : {1, 3}) routed_testing::routed_bytes_check(*dev, B);
 }
 
+TEST_CASE("routed decode on an NF4 base uploads its packed shared part and the routed experts only",
+          "[moe][generate][routed][qlora]") {
+  auto dev = device_create(DeviceOptions{});
+  for (int64_t B : {1, 3}) routed_testing::routed_bytes_check(*dev, B, /*nf4=*/true);
+}
+
 }  // namespace strata

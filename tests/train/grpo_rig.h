@@ -3,13 +3,17 @@
 // 0.8, an external reward command, the engine with every weight resident, full fine-tuning or
 // LoRA (lora_r > 0: the store frozen, adapters of rank lora_r on every linear; B drawn non-zero
 // when lora_random_b, so the adapters change what the generator samples from step 1); beta > 0:
-// TRL's KL term to the reference model (the starting weights, or the base under LoRA).
+// TRL's KL term to the reference model (the starting weights, or the base under LoRA). A QLoRA
+// rig (nf4, with LoRA) holds the base as NF4 (double-quantized) with the matrices computed in
+// `dtype` (bf16 as recipes run it, or f32: the same dequantized bf16 weights widened) and
+// streams its weights, as QLoRA runs do.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "offload/state/lora.h"
+#include "offload/state/nf4_layout.h"
 #include "src/train/grpo_step.h"
 #include "tests/testing.h"
 
@@ -44,9 +48,9 @@ struct GrpoRig {
   // layer-major is not built for a tied lm_head outside LoRA)
   explicit GrpoRig(int64_t num_iterations = 1, std::unique_ptr<Device> device = device_create(DeviceOptions{}),
                    const std::string& family = "llama", int64_t group = 1, int64_t lora_r = 0,
-                   bool lora_random_b = false, double beta = 0)
+                   bool lora_random_b = false, double beta = 0, bool nf4 = false, DType dtype = DType::f32)
       : dir(testing::source_path("tests/golden/" + family)), dev(std::move(device)),
-        store(*dev, model_spec_build(hf_config_load(dir), DType::f32), store_options(lora_r)) {
+        store(*dev, spec_of(dir, nf4, dtype), store_options(lora_r)) {
     model_load_weights(store, dir);
     GrpoConfig& c = config;
     c.num_generations = 4;
@@ -65,8 +69,8 @@ struct GrpoRig {
       prompts.push_back(pr);
     }
     EngineOptions eo;
-    eo.weights = WeightsMode::device;
-    eo.checkpoints = CheckpointMode::device;
+    eo.weights = nf4 ? WeightsMode::stream : WeightsMode::device;
+    eo.checkpoints = nf4 ? CheckpointMode::host : CheckpointMode::device;
     eo.max_batch = c.micro_batch_rows;
     eo.max_tokens = 4 + 6 + 1;
     eo.group = group;
@@ -97,6 +101,11 @@ struct GrpoRig {
     grpo = std::make_unique<GrpoStep>(c, *dev, store, *engine, GeneratorShape{4, 4, 4 + 6}, *rewards, decode_ids,
                                       lora.get());
   }
+  static ModelSpec spec_of(const std::string& dir, bool nf4, DType dtype) {
+    ModelSpec spec = model_spec_build(hf_config_load(dir), dtype);
+    if (nf4) nf4_base_enable(spec, /*double_quant=*/true);
+    return spec;
+  }
   static HostStoreOptions store_options(int64_t lora_r) {
     HostStoreOptions so;
     so.weights_only = lora_r > 0;  // LoRA: the base is frozen
@@ -112,6 +121,23 @@ struct GrpoRig {
     std::vector<const GrpoPrompt*> ps;
     for (int64_t i : which) ps.push_back(&prompts[size_t(i)]);
     return grpo->run(ps, which, step, adamw(step), 1.0, 0.0);
+  }
+  // `strata grad --objective grpo`'s path at the current weights: a GRPO head with the rig's
+  // parameters and the given layouts (advantages, reference log-probs; old: the policy's own),
+  // forward and backward per micro-batch at the temperature, then the AdamW update of `step`.
+  // Returns the gradient norm.
+  double update_as_grad_does(const std::vector<MicroBatch>& batches, std::vector<GrpoLayout> layouts, int64_t step) {
+    auto owned = std::make_unique<GrpoHead>(*dev, config.loss, engine->options().max_batch * engine->options().max_tokens);
+    GrpoHead* head = owned.get();
+    engine->set_loss_objective(std::move(owned));
+    GrpoTemperature temperature(store, config.loss.temperature);
+    for (size_t a = 0; a < batches.size(); ++a) {
+      head->set_layout(std::move(layouts[a]), batches[a]);
+      engine->forward_backward(batches[a], 1.f);
+    }
+    engine->synchronize();
+    temperature.finish();
+    return engine->optimizer_step(adamw(step), 1.0, 0.0);
   }
   std::vector<char> weights() {
     engine->synchronize();

@@ -51,26 +51,6 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
   return worst;
 }
 
-// `strata grad --objective grpo`'s path on `rig` at its current weights: a GRPO head with beta,
-// the given layouts (advantages, reference log-probs; old: the policy's own), forward and
-// backward per micro-batch at the temperature, then the rig's AdamW update of `step`. Returns
-// the gradient norm.
-double update_as_grad_does(GrpoRig& rig, const std::vector<MicroBatch>& batches, std::vector<GrpoLayout> layouts,
-                           int64_t step) {
-  auto owned = std::make_unique<GrpoHead>(*rig.dev, rig.config.loss,
-                                          rig.engine->options().max_batch * rig.engine->options().max_tokens);
-  GrpoHead* head = owned.get();
-  rig.engine->set_loss_objective(std::move(owned));
-  GrpoTemperature temperature(rig.store, rig.config.loss.temperature);
-  for (size_t a = 0; a < batches.size(); ++a) {
-    head->set_layout(std::move(layouts[a]), batches[a]);
-    rig.engine->forward_backward(batches[a], 1.f);
-  }
-  rig.engine->synchronize();
-  temperature.finish();
-  return rig.engine->optimizer_step(GrpoRig::adamw(step), 1.0, 0.0);
-}
-
 }  // namespace
 
 TEST_CASE("GRPO with beta trains full fine-tuning as the gradient with the reference log-probs given",
@@ -98,7 +78,7 @@ TEST_CASE("GRPO with beta trains full fine-tuning as the gradient with the refer
   // engine's reference log-probs: the same update
   std::vector<GrpoLayout> given = a2.layouts;
   for (size_t m = 0; m < given.size(); ++m) given[m].ref_logp = ref[m];
-  const double norm = update_as_grad_does(b, a2.batches, given, 2);
+  const double norm = b.update_as_grad_does(a2.batches, given, 2);
   INFO("grad norm " << a2.grad_norm << " vs " << norm);
   CHECK(std::abs(norm - a2.grad_norm) <= 1e-6 * a2.grad_norm);
   const std::vector<char> wa = a.weights(), wb = b.weights();
@@ -127,7 +107,7 @@ TEST_CASE("GRPO with beta and LoRA takes the base with the adapters off as its r
   CHECK(worst <= 1e-6);
   std::vector<GrpoLayout> given = a1.layouts;
   for (size_t m = 0; m < given.size(); ++m) given[m].ref_logp = ref[m];
-  const double norm = update_as_grad_does(b, a1.batches, given, 1);
+  const double norm = b.update_as_grad_does(a1.batches, given, 1);
   INFO("grad norm " << a1.grad_norm << " vs " << norm);
   CHECK(std::abs(norm - a1.grad_norm) <= 1e-6 * a1.grad_norm);
   const size_t n = a.lora->layout().floats();
