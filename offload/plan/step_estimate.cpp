@@ -504,15 +504,23 @@ UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPla
     u.norm = 4 * u.params / rates.host_bytes_per_s;  // always: lora_optimizer_step sums it
     return u;
   }
+  // A derived working row (plan.derived_working_layers) writes no working copy: with the rate
+  // derived from the memory bandwidth (none measured or given) it is priced at its own bytes,
+  // 28 per parameter for bf16 weights with f32 moments instead of 30.
+  const double derived_per_param =
+      rates.adamw_params_per_s > 0 ? per_param
+                                   : per_param - double(dtype_size(spec.matrix_dtype)) / rates.host_bytes_per_s;
   const HostStoreLayout layout = HostStore::layout(spec);
   const size_t first_nvme = plan.optimizer_on_nvme ? plan.optimizer_nvme_first_group : layout.groups.size();
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
     const double n = double(layout.groups[gi].f32_bytes) / 4;
+    const bool derived = gi >= 1 && gi - 1 < size_t(plan.derived_working_layers);
+    const double per = derived ? derived_per_param : per_param;
     u.params += n;
-    (gi >= first_nvme ? u.nvme : u.ram) += n * per_param;
-    if (gi == 0) u.group0 = n * per_param;
+    (gi >= first_nvme ? u.nvme : u.ram) += n * per;
+    if (gi == 0) u.group0 = n * per;
     if (gi >= plan.speculate_first_group && gi < plan.speculate_end_group) {
-      u.ahead += n * per_param;
+      u.ahead += n * per;
       u.ahead_copy += double(speculation_backup_bytes(layout, in.moments, gi, gi + 1)) / rates.host_bytes_per_s;
       u.commit += 4 * n / rates.host_bytes_per_s;
     }

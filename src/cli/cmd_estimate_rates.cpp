@@ -133,7 +133,8 @@ std::map<std::string, double> EstimateRates::values() const {
   std::map<std::string, double> v = {
       {"device", rates.device_flops_per_s},          {"link", rates.link_bytes_per_s},
       {"nvme_read", rates.nvme_read_bytes_per_s},     {"nvme_write", rates.nvme_write_bytes_per_s},
-      {"adamw", rates.adamw_params_per_s},            {"host", rates.host_bytes_per_s},
+      {"adamw", rates.adamw_params_per_s > 0 ? rates.adamw_params_per_s : rates.host_bytes_per_s / adamw_bytes_per_param},
+      {"host", rates.host_bytes_per_s},
       {"checksum", rates.checksum_bytes_per_s}};
   if (rates.elementwise_bytes_per_s > 0)  // the CPU backend's own, measured
     v.insert({{"attention", rates.attention_flops_per_s}, {"elementwise", rates.elementwise_bytes_per_s},
@@ -171,10 +172,13 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
               {"link", table ? "datasheet" : "not given"}, {"nvme_read", "assumed"},
               {"nvme_write", "assumed"}, {"host", "assumed"},
               {"checksum", "assumed"}};
-  // AdamW streams its arrays once: the assumed memory bandwidth over the bytes one update touches
-  r.rates.adamw_params_per_s = step_adamw_params_per_s(dtype, in, r.rates);
+  // AdamW streams its arrays once: the assumed memory bandwidth over the bytes one update touches.
+  // Left unset in the rates (0), so that every candidate the plan weighs — and every "what to
+  // change" entry (bf16 moments) — is priced at its own bytes per parameter; reported for the
+  // recipe's own state.
+  r.adamw_bytes_per_param = step_adamw_bytes_per_param(dtype, in);
   r.source["adamw"] = str_cat("assumed (", r.rates.host_bytes_per_s / 1e9, " GB/s memory / ",
-                              step_adamw_bytes_per_param(dtype, in), " bytes per parameter)");
+                              step_adamw_bytes_per_param(dtype, in), " bytes per parameter; each candidate plan at its own bytes)");
   if (cpu_backend)
     r.source["link"] = recipe.device_link_bytes_per_s > 0 ? "device.link_bandwidth (throttle)" : "memcpy (host bandwidth)";
   // the file engine sums NVMe blocks on min(4, cores) threads: this machine's for the CPU backend,

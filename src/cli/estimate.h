@@ -70,6 +70,10 @@ struct EstimateRates {
   std::map<std::string, std::string> source;  // rate name ("device", "link", ...) -> where from
   std::string device_text;                    // the report's "device:" line
   std::vector<RunStepRates> run_steps;        // --rates-from: the run's steps, by device time
+  // AdamW's bytes per parameter for the recipe's own state: with no AdamW rate measured or given
+  // (rates.adamw_params_per_s 0) the report shows host_bytes_per_s over it, while the step model
+  // derives each candidate plan's own (bf16 moments, derived working rows).
+  double adamw_bytes_per_param = 30;
   // Each rate by name, as reported; attention, elementwise and head only when the CPU backend's
   // own were measured.
   std::map<std::string, double> values() const;

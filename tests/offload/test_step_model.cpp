@@ -239,10 +239,38 @@ TEST_CASE("step model: AdamW's default rate is the memory bandwidth over the byt
                             " model.dtype=bf16 --gpu 'H100 SXM' --host-memory 2TiB";
   const nlohmann::json j = testing::estimate_json(model);
   CHECK(j["step"]["rates"]["adamw"]["value"].get<double>() == Approx(50e9 / 30).epsilon(1e-12));
-  CHECK(j["step"]["rates"]["adamw"]["source"] == "assumed (50 GB/s memory / 30 bytes per parameter)");
+  CHECK(j["step"]["rates"]["adamw"]["source"] ==
+        "assumed (50 GB/s memory / 30 bytes per parameter; each candidate plan at its own bytes)");
   const nlohmann::json g = testing::estimate_json(model + " --adamw-params-per-s 2e9");
   CHECK(g["step"]["rates"]["adamw"]["value"].get<double>() == 2e9);
   CHECK(g["step"]["rates"]["adamw"]["source"] == "given");
+}
+
+// The derived default is each candidate's own: a layer whose working copy is derived
+// (offload.working_weights) writes none, 28 bytes a parameter, not 30; a measured or given rate
+// is the same for every row. Before, the CLI fixed the recipe's rate for every candidate, so the
+// bf16-moments entry of "what to change" was priced at f32 moments' rate.
+TEST_CASE("step model: derived working rows are priced at their own AdamW bytes when the rate is derived", "[estimate][step-model]") {
+  const ModelSpec spec = tiny_spec();
+  PlanInputs in = tiny_inputs();
+  in.clip_grad = true;  // the update priced alone, no norm summed into it
+  StepRates rates = compute_rates();
+  rates.host_bytes_per_s = 50e9;
+  REQUIRE(rates.adamw_params_per_s == 0);
+  const RunPlan stored = placement_plan(spec, in, PlanBudgets{});
+  RunPlan derived = stored;
+  derived.derived_working_layers = size_t(spec.config.num_hidden_layers);
+  const HostStoreLayout layout = HostStore::layout(spec);
+  double layer_params = 0;
+  for (size_t g = 1; g <= size_t(spec.config.num_hidden_layers); ++g) layer_params += double(layout.groups[g].f32_bytes) / 4;
+  const double saved = layer_params * double(dtype_size(spec.matrix_dtype)) / 50e9;
+  REQUIRE(saved > 0);
+  const double opt_stored = step_estimate(spec, in, stored, 1, rates).components.at("optimizer");
+  const double opt_derived = step_estimate(spec, in, derived, 1, rates).components.at("optimizer");
+  CHECK(opt_stored - opt_derived == Approx(saved).epsilon(1e-9));
+  rates.adamw_params_per_s = 2e9;  // measured or given: one rate for every row
+  CHECK(step_estimate(spec, in, stored, 1, rates).components.at("optimizer") ==
+        Approx(step_estimate(spec, in, derived, 1, rates).components.at("optimizer")).epsilon(1e-12));
 }
 
 TEST_CASE("step model: a GPU's GEMMs at the table's efficiency, MFU against the datasheet peak", "[estimate][step-model]") {
