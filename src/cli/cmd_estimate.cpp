@@ -11,6 +11,7 @@
 #include "offload/plan/plan_search.h"
 #include "offload/state/nf4_layout.h"
 #include "src/cli/estimate.h"
+#include "src/recipe/recipe_plan.h"
 
 namespace strata {
 
@@ -81,8 +82,16 @@ int cmd_estimate(const std::vector<std::string>& args) {
     for (PlanChange& c : plan.changes) c.step_seconds = 0;
     plan.step_seconds = 0;
   }
+  // GRPO: its sampling (the generator in what the training plan leaves of the device) and reference pass
+  std::optional<GrpoPhaseEstimate> grpo;
+  if (recipe.objective == "grpo" && step) {
+    const size_t used_device = plan.tier(Tier::device);
+    const size_t left = budgets.device_bytes == 0 ? SIZE_MAX / 4
+                        : budgets.device_bytes > used_device ? budgets.device_bytes - used_device : 0;
+    grpo = grpo_phase_estimate(spec, recipe_grpo_phase_shape(recipe, in.device_in_host_ram), left, rates.rates);
+  }
   const EstimateReport report{spec,     dtype,   recipe, used,  plan,    rates, step ? &*step : nullptr, max_batch,
-                              max_seq, split, priced.model_defaults, missing};
+                              max_seq, split, priced.model_defaults, missing, grpo ? &*grpo : nullptr};
   if (a.json) estimate_print_json(report);
   else estimate_print_text(report);
   return plan.fits() ? 0 : 3;
