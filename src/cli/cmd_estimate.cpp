@@ -3,7 +3,7 @@
 // it. The bytes are the trainer's own placement plan (offload/plan/placement_plan.h, with the same
 // recipe-to-plan glue, recipe_plan_inputs); the step time is the roofline of
 // offload/plan/step_estimate.h. Nothing large is allocated: a 405B config answers in a moment.
-// Exit 0 when it fits, 3 when it does not, 2 on bad input. Its parts: estimate.h.
+// Exit 0 when it fits (GRPO: the generator too, beside the engine), 3 when it does not, 2 on bad input. Its parts: estimate.h.
 #include <algorithm>
 #include <optional>
 
@@ -94,7 +94,8 @@ int cmd_estimate(const std::vector<std::string>& args) {
                               max_seq, split, priced.model_defaults, missing, grpo ? &*grpo : nullptr};
   if (a.json) estimate_print_json(report);
   else estimate_print_text(report);
-  return plan.fits() ? 0 : 3;
+  // GRPO: the generator must fit what the training engine leaves, even streamed with its cache spilled
+  return plan.fits() && (!grpo || grpo->placement_fits) ? 0 : 3;
 }
 
 }  // namespace strata

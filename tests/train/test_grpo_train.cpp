@@ -92,6 +92,12 @@ TEST_CASE("strata train with train.objective grpo writes its metrics and complet
     reward_sum += r["reward"].get<double>();
   }
   CHECK(reward_sum > 0);
+  // step 3 holds the GRPO step model: sampling measured against offload/plan/grpo_estimate.h's price
+  REQUIRE(steps[2].contains("step_model"));
+  INFO(steps[2]["step_model"].dump());
+  CHECK(steps[2]["step_model"]["sampling"]["estimated_s"].get<double>() > 0);
+  CHECK(steps[2]["step_model"]["sampling"]["measured_s"].get<double>() == steps[2]["generation_s"].get<double>());
+  CHECK_FALSE(steps[2]["step_model"].contains("reference"));  // beta = 0
   // completions.jsonl: each step's first 2 prompts x 4 generations, rewards as the metrics say
   const auto lines = jsonl(a + "/completions.jsonl");
   REQUIRE(lines.size() == 4 * 8);
