@@ -124,6 +124,21 @@ double ce_row_exp_sum(const float* x, float* e, int64_t n, float m) {
   return sum;
 }
 
+// Σ in double of e[j] (x[j] - m) (e: ce_row_exp_sum's exps of x - m), 8 lanes combined in lane
+// order, then the tail: the entropy accumulator of a row's chunk (ops.h
+// lm_head_ce_chunk_stats_entropy).
+double ce_row_exp_dot(const float* x, const float* e, int64_t n, float m) {
+  constexpr int64_t kLanes = 8;
+  double lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += double(e[j + l]) * (double(x[j + l]) - double(m));
+  double sum = 0.0;
+  for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
+  for (; j < n; ++j) sum += double(e[j]) * (double(x[j]) - double(m));
+  return sum;
+}
+
 // Checks sizes and targets; returns the indices of counted rows in order.
 std::vector<int64_t> ce_counted_rows(const int32_t* targets, int64_t n, int64_t c, int64_t v) {
   STRATA_CHECK(n >= 0 && c > 0 && v > 0, "lm_head_ce: sizes must be positive (got n=", n, " c=", c,
@@ -185,13 +200,16 @@ void ce_for_each_tile(const float* h, const W* w, const std::vector<int64_t>& ro
 
 // Stats pass over one vocab chunk: stats (N,3) = {max, sum of exp(z - max), target logit}.
 // keep (N, vc) not null: the logits stay there for the backward (lm_head_ce_chunk_backward's
-// kept_logits).
+// kept_logits). ent (N) not null: also Σ exp(z - max) (z - max); when the max moves from m0 to
+// mx each of the two parts is rescaled by exp(m - mx) and shifted by (m - mx) times its sum:
+// Σ e^(z - mx) (z - mx) = e^(m - mx) (Σ e^(z - m) (z - m) + (m - mx) Σ e^(z - m)).
 template <class W>
-void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* targets, int64_t n,
+void ce_chunk_stats(double* stats, double* ent, const float* h, const W* w, const int32_t* targets, int64_t n,
                     int64_t c, int64_t v, int64_t v0, int64_t vc, bool first, float* keep) {
   const std::vector<int64_t> rows = ce_counted_rows(targets, n, c, v);
   ce_check_chunk(v, v0, vc);
   if (first) std::fill(stats, stats + 3 * n, 0.0);
+  if (first && ent) std::fill(ent, ent + n, 0.0);
   const CeLogits mode = keep ? CeLogits::compute_into_kept : CeLogits::compute;
   ce_for_each_tile(h, w, rows, c, vc, mode, keep, [&](int64_t r0, int64_t nr, const W*, float* logits) {
 #pragma omp parallel
@@ -206,11 +224,16 @@ void ce_chunk_stats(double* stats, const float* h, const W* w, const int32_t* ta
         const float m = ce_row_max(x, vc);
         const double sum = ce_row_exp_sum(x, exps.data(), vc, m);
         double* st = stats + 3 * i;
+        const double dot = ent ? ce_row_exp_dot(x, exps.data(), vc, m) : 0.0;  // (z - m)-weighted sum
         if (first) {
           st[0] = double(m);
           st[1] = sum;
+          if (ent) ent[i] = dot;
         } else {
           const double mx = std::max(st[0], double(m));
+          if (ent)
+            ent[i] = std::exp(st[0] - mx) * (ent[i] + (st[0] - mx) * st[1]) +
+                     std::exp(double(m) - mx) * (dot + (double(m) - mx) * sum);
           st[1] = st[1] * std::exp(st[0] - mx) + sum * std::exp(double(m) - mx);
           st[0] = mx;
         }
@@ -286,13 +309,25 @@ size_t lm_head_ce_scratch_held_bytes() { return ce_scratch_held<float>() + ce_sc
 void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                             int64_t vc, bool first, float* keep_logits) {
-  ce_chunk_stats<float>(stats, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
+  ce_chunk_stats<float>(stats, nullptr, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
 }
 
 void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_chunk,
                                  const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                  int64_t v0, int64_t vc, bool first, float* keep_logits) {
-  ce_chunk_stats<bf16>(stats, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
+  ce_chunk_stats<bf16>(stats, nullptr, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
+}
+
+void lm_head_ce_chunk_stats_entropy(double* stats, double* ent, const float* h, const float* w_chunk,
+                                    const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                    int64_t vc, bool first, float* keep_logits) {
+  ce_chunk_stats<float>(stats, ent, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
+}
+
+void lm_head_ce_chunk_stats_entropy_bf16(double* stats, double* ent, const float* h, const bf16* w_chunk,
+                                         const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                         int64_t vc, bool first, float* keep_logits) {
+  ce_chunk_stats<bf16>(stats, ent, h, w_chunk, targets, n, c, v, v0, vc, first, keep_logits);
 }
 
 double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
@@ -365,7 +400,7 @@ template <class W>
 double ce_one_chunk(float* dh, float* dw, int64_t* count, const float* h, const W* w,
                     const int32_t* targets, int64_t n, int64_t c, int64_t v, float grad_scale) {
   std::vector<double> stats(size_t(3 * std::max<int64_t>(n, 0)));  // (N, 3)
-  ce_chunk_stats<W>(stats.data(), h, w, targets, n, c, v, 0, v, true, nullptr);
+  ce_chunk_stats<W>(stats.data(), nullptr, h, w, targets, n, c, v, 0, v, true, nullptr);
   const double loss = lm_head_ce_stats_loss(count, stats.data(), targets, n, v);
   if (dh) {
     std::fill(dh, dh + n * c, 0.f);  // written: ignored rows keep zero

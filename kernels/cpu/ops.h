@@ -205,6 +205,15 @@ void lm_head_ce_chunk_stats(double* stats, const float* h, const float* w_chunk,
 void lm_head_ce_chunk_stats_bf16(double* stats, const float* h, const bf16* w_chunk,
                                  const int32_t* targets, int64_t n, int64_t c, int64_t v,
                                  int64_t v0, int64_t vc, bool first, float* keep_logits);
+// The same stats pass (the same bits in stats) and ent (N) = Σ exp(z - max) (z - max), rescaled
+// as the max moves, for each counted row (first: set): row i's softmax entropy is log(sum) -
+// ent / sum (GRPO's entropy metric; twin kernels/cpu/ref/cross_entropy.h ce_ref_entropy).
+void lm_head_ce_chunk_stats_entropy(double* stats, double* ent, const float* h, const float* w_chunk,
+                                    const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                    int64_t vc, bool first, float* keep_logits);
+void lm_head_ce_chunk_stats_entropy_bf16(double* stats, double* ent, const float* h, const bf16* w_chunk,
+                                         const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                         int64_t vc, bool first, float* keep_logits);
 double lm_head_ce_stats_loss(int64_t* count, const double* stats, const int32_t* targets,
                              int64_t n, int64_t v);
 // What a thread keeps from one call to the next (its row tiles: h, logits, the bf16 copy of

@@ -50,8 +50,9 @@ __global__ void ce_cast_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
 }
 
 // Stats pass, grid (rows of the tile), block kCeThreads. x: the tile's logits (rows, vc);
-// stats and targets start at the tile's first row.
-__global__ void ce_chunk_stats_kernel(double* stats, const float* x, const int32_t* targets,
+// stats, ent and targets start at the tile's first row. ent (null: none): the entropy
+// accumulator Σ exp(z - max) (z - max), rescaled as the max moves (ops.h).
+__global__ void ce_chunk_stats_kernel(double* stats, double* ent, const float* x, const int32_t* targets,
                                       int64_t v, int64_t v0, int64_t vc, int first,
                                       int* error_word) {
   __shared__ float fscratch[kWarp];
@@ -64,6 +65,7 @@ __global__ void ce_chunk_stats_kernel(double* stats, const float* x, const int32
   if (bad && threadIdx.x == 0) kernel_error_raise(error_word, kErrorTarget);
   if (target == kCeIgnoreIndex || bad) {  // uniform over the block
     if (first && threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0;
+    if (first && ent && threadIdx.x == 0) ent[r] = 0.0;
     return;
   }
   float m = -INFINITY;
@@ -72,13 +74,22 @@ __global__ void ce_chunk_stats_kernel(double* stats, const float* x, const int32
   double sum = 0.0;
   for (int64_t j = threadIdx.x; j < vc; j += kCeThreads) sum += double(expf(xr[j] - m));
   sum = block_sum(sum, dscratch);
+  double dot = 0.0;  // Σ exp(z - m) (z - m), the entropy accumulator's share of this chunk
+  if (ent) {
+    for (int64_t j = threadIdx.x; j < vc; j += kCeThreads)
+      dot += double(expf(xr[j] - m)) * (double(xr[j]) - double(m));
+    dot = block_sum(dot, dscratch);
+  }
   if (threadIdx.x != 0) return;
   if (first) {
     st[0] = double(m);
     st[1] = sum;
     st[2] = 0.0;
+    if (ent) ent[r] = dot;
   } else {
     const double mx = fmax(st[0], double(m));
+    if (ent)
+      ent[r] = exp(st[0] - mx) * (ent[r] + (st[0] - mx) * st[1]) + exp(double(m) - mx) * (dot + (double(m) - mx) * sum);
     st[1] = st[1] * exp(st[0] - mx) + sum * exp(double(m) - mx);
     st[0] = mx;
   }
@@ -185,6 +196,15 @@ void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, 
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                             int64_t vc, bool first, float* keep_logits, void* workspace, size_t workspace_bytes,
                             int* error_word, cublasHandle_t handle, cudaStream_t stream) {
+  lm_head_ce_chunk_stats_entropy(stats, nullptr, h, w_chunk, w_bf16, targets, n, c, v, v0, vc, first, keep_logits,
+                                 workspace, workspace_bytes, error_word, handle, stream);
+}
+
+void lm_head_ce_chunk_stats_entropy(double* stats, double* ent, const float* h, const void* w_chunk, bool w_bf16,
+                                    const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                    int64_t vc, bool first, float* keep_logits, void* workspace,
+                                    size_t workspace_bytes, int* error_word, cublasHandle_t handle,
+                                    cudaStream_t stream) {
   ce_chunk_check(n, c, v, v0, vc, workspace_bytes);
   const CeWorkspace ws = ce_carve(workspace, c, vc);
   for (int64_t r0 = 0; r0 < n; r0 += kCeTileRows) {
@@ -192,7 +212,7 @@ void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, 
     float* logits = keep_logits ? keep_logits + r0 * vc : ws.logits;  // the stats kernel only reads them
     ce_tile_logits(logits, ws, h, w_chunk, w_bf16, r0, nr, c, vc, true, handle, stream);
     STRATA_LAUNCH(ce_chunk_stats_kernel, unsigned(nr), kCeThreads, 0, stream, stats + 3 * r0,
-                  logits, targets + r0, v, v0, vc, first ? 1 : 0, error_word);
+                  ent ? ent + r0 : nullptr, logits, targets + r0, v, v0, vc, first ? 1 : 0, error_word);
     STRATA_CUDA_CHECK_LAUNCH("lm_head_ce chunk stats");
   }
 }

@@ -119,6 +119,13 @@ void lm_head_ce_chunk_stats(double* stats, const float* h, const void* w_chunk, 
                             const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                             int64_t vc, bool first, float* keep_logits, void* workspace, size_t workspace_bytes,
                             int* error_word, cublasHandle_t handle, cudaStream_t stream);
+// ent (N, or null: none) = Σ exp(z - max) (z - max) per counted row, rescaled as the max moves
+// (kernels/cpu/ops.h lm_head_ce_chunk_stats_entropy); stats the same bits as without it.
+void lm_head_ce_chunk_stats_entropy(double* stats, double* ent, const float* h, const void* w_chunk, bool w_bf16,
+                                    const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                    int64_t vc, bool first, float* keep_logits, void* workspace,
+                                    size_t workspace_bytes, int* error_word, cublasHandle_t handle,
+                                    cudaStream_t stream);
 void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
                            int64_t n, int64_t v, cudaStream_t stream);
 // token_weight (N, or null: all 1) scales row i's dlogits by token_weight[i] on top of

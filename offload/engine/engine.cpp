@@ -451,8 +451,7 @@ void Engine::head_forward() {
   layer_pass_->for_each_head_chunk(false, [&](size_t k, int64_t v0, int64_t vc, const char* w) {
     for (size_t m = 0; m < pass_.size(); ++m) {
       const HeadTensors h = head_tensors(m);
-      dev_.lm_head_ce_chunk_stats(ce_stats(m), h.h, w, lm_type, h.targets, h.n, h.c, shape_.V, v0, vc, k == 0,
-                                  kept_logits(k, m), s);
+      objective_->chunk_stats(ce_stats(m), h, w, lm_type, v0, vc, k == 0, kept_logits(k, m), dev_, s);
     }
   });
   dev_.memset_zero(buf_.loss, pass_.size() * sizeof(double), s);

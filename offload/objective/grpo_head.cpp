@@ -85,6 +85,7 @@ GrpoHead::GrpoHead(Device& dev, const GrpoParams& params, int64_t max_tokens, si
   STRATA_ASSERT(max_tokens > 0 && max_group > 0, "GRPO head without tokens");
   STRATA_CHECK(params.temperature > 0, "GRPO temperature must be > 0 (got ", params.temperature, ")");
   weight_dev_ = static_cast<float*>(dev_.alloc(bytes_of<float>(max_tokens * int64_t(max_group)), "grpo.token_weight"));
+  ent_dev_ = static_cast<double*>(dev_.alloc(bytes_of<double>(max_tokens * int64_t(max_group)), "grpo.entropy"));
 }
 
 GrpoHead::~GrpoHead() {
@@ -93,6 +94,7 @@ GrpoHead::~GrpoHead() {
   } catch (...) {  // reported on the caller's path
   }
   dev_.free(weight_dev_);
+  dev_.free(ent_dev_);
 }
 
 void GrpoHead::set_layouts(std::vector<GrpoLayout> layouts, const std::vector<const MicroBatch*>& mbs) {
@@ -110,7 +112,7 @@ void GrpoHead::set_layouts(std::vector<GrpoLayout> layouts, const std::vector<co
     STRATA_ASSERT(l.ref_logp.empty() || l.ref_logp.size() == N, "reference log-probs of the wrong size");
     STRATA_CHECK(params_.beta == 0 || !l.ref_logp.empty(), "GRPO with beta > 0 needs reference log-probs "
                  "(ref_per_token_logps)");
-    passes_.push_back({std::move(l), mb.targets, {}, {}});
+    passes_.push_back({std::move(l), mb.targets, {}, {}, {}});
   }
 }
 
@@ -118,6 +120,13 @@ void GrpoHead::set_layout(GrpoLayout layout, const MicroBatch& mb) {
   std::vector<GrpoLayout> one;
   one.push_back(std::move(layout));
   set_layouts(std::move(one), {&mb});
+}
+
+void GrpoHead::chunk_stats(double* stats, const HeadTensors& head, const void* w_chunk, DType w_type, int64_t v0,
+                           int64_t vc, bool first, float* keep_logits, Device& dev, Stream s) {
+  STRATA_ASSERT(head.m < max_group_ && head.n <= capacity_, "a GRPO stats pass beyond the head's buffers");
+  dev.lm_head_ce_chunk_stats_entropy(stats, ent_dev_ + head.m * size_t(capacity_), head.h, w_chunk, w_type,
+                                     head.targets, head.n, head.c, head.v, v0, vc, first, keep_logits, s);
 }
 
 // Between the stats pass and the backward: the statistics to the host (a synchronisation of the
@@ -131,10 +140,14 @@ void GrpoHead::loss(double* loss_sum, const HeadTensors& head, Device& dev, Stre
   STRATA_ASSERT(mb.targets.size() == N && int64_t(N) <= capacity_, "layout of ", mb.targets.size(),
                 " tokens for a micro-batch of ", N);
   stats_host_.resize(3 * N);
+  ent_host_.resize(N);
   dev.copy_d2h(stats_host_.data(), head.stats, bytes_of<double>(int64_t(3 * N)), s);
+  dev.copy_d2h(ent_host_.data(), ent_dev_ + head.m * size_t(capacity_), bytes_of<double>(int64_t(N)), s);
   dev.stream_synchronize(s);
 
   mb.logp.assign(N, std::numeric_limits<double>::quiet_NaN());
+  mb.entropy.assign(N, std::numeric_limits<double>::quiet_NaN());
+  double entropy_sum = 0;  // counted tokens in row order
   std::vector<GrpoRow> rows(size_t(l.rows));
   for (int64_t b = 0; b < l.rows; ++b) {
     GrpoRow& r = rows[size_t(b)];
@@ -145,6 +158,8 @@ void GrpoHead::loss(double* loss_sum, const HeadTensors& head, Device& dev, Stre
       const double* st = &stats_host_[3 * i];  // {max, Σ exp(z - max), z_target}
       const double lp = st[2] - st[0] - std::log(st[1]);
       mb.logp[i] = lp;
+      mb.entropy[i] = std::log(st[1]) - ent_host_[i] / st[1];  // log Z - E_p[z], both relative to the max
+      entropy_sum += mb.entropy[i];
       r.logp.push_back(lp);
       if (!l.old_logp.empty()) {
         STRATA_CHECK(std::isfinite(l.old_logp[i]), "old_per_token_logps row ", b, " entry ", t + 1,
@@ -159,6 +174,7 @@ void GrpoHead::loss(double* loss_sum, const HeadTensors& head, Device& dev, Stre
     }
   }
   mb.result = grpo_loss(params_, rows, l.totals);
+  mb.result.metrics.entropy = entropy_sum;
 
   // w_i = -d loss / d logp_i (d logp / d z = onehot - softmax)
   weight_host_.assign(N, 0.f);

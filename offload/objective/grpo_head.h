@@ -4,6 +4,10 @@
 // logits). offload/objective/grpo_loss turns the rows' log-probs into the loss and d loss / d logp,
 // and the head's backward runs with each token's weight -d loss / d logp
 // (Device::lm_head_ce_chunk_backward_weighted), as the preference head does.
+// Entropy (TRL's `entropy` metric): the head's stats pass is the variant that also keeps each
+// token's Σ exp(z - max) (z - max) (Device::lm_head_ce_chunk_stats_entropy, N more doubles to
+// the host), so a counted token's entropy H = log Σ exp(z - max) - that / Σ exp(z - max) comes
+// with its log-prob; only this head pays for it.
 //
 // Temperature (TRL: log-probs of logits / T): logits / T = (h / T) W^T and h = rmsnorm(x) · g, so
 // the passes run with the final norm's weight g / T (GrpoTemperature, below) — the same
@@ -80,6 +84,11 @@ class GrpoHead final : public LossObjective {
   const GrpoLoss& result(size_t m = 0) const { return passes_.at(m).result; }
   const GrpoParams& params() const { return params_; }
 
+  // After a pass: micro-batch m's per-position entropies (N; NaN where not counted).
+  const std::vector<double>& token_entropies(size_t m = 0) const { return passes_.at(m).entropy; }
+
+  void chunk_stats(double* stats, const HeadTensors& head, const void* w_chunk, DType w_type, int64_t v0, int64_t vc,
+                   bool first, float* keep_logits, Device& dev, Stream s) override;
   void loss(double* loss_sum, const HeadTensors& head, Device& dev, Stream s) override;
   void chunk_backward(float* dh, float* dw_chunk, const HeadTensors& head, const void* w_chunk, DType w_type,
                       int64_t v0, int64_t vc, float grad_scale, float* kept_logits, Device& dev,
@@ -90,6 +99,7 @@ class GrpoHead final : public LossObjective {
     GrpoLayout layout;
     std::vector<int32_t> targets;  // (N) host copy
     std::vector<double> logp;      // (N)
+    std::vector<double> entropy;   // (N)
     GrpoLoss result;
   };
   Device& dev_;
@@ -97,8 +107,10 @@ class GrpoHead final : public LossObjective {
   int64_t capacity_ = 0;
   size_t max_group_ = 1;
   float* weight_dev_ = nullptr;  // (max_group, N)
+  double* ent_dev_ = nullptr;    // (max_group, N) the entropy accumulators
   std::vector<MicroBatchHead> passes_;
   std::vector<double> stats_host_;  // (N, 3)
+  std::vector<double> ent_host_;    // (N)
   std::vector<float> weight_host_;  // (N), alive until the next loss() synchronises
   double loss_host_ = 0;
 };

@@ -51,8 +51,10 @@ struct GrpoMetricSums {
   int64_t tokens = 0;
   double clip_low = 0, clip_high = 0, clip_region = 0;  // counted tokens clipped
   double kl = 0;                                         // Σ per-token KL (beta > 0)
+  double entropy = 0;  // Σ per-token entropy of softmax(logits / T) (the GRPO head's, grpo_head.h)
   void add(const GrpoMetricSums& o) {
     tokens += o.tokens, clip_low += o.clip_low, clip_high += o.clip_high, clip_region += o.clip_region, kl += o.kl;
+    entropy += o.entropy;
   }
 };
 

@@ -25,6 +25,13 @@ struct HeadTensors {
 class LossObjective {
  public:
   virtual ~LossObjective() = default;
+  // One vocab chunk of the stats pass into stats (N, 3) (first: chunk 0 sets them): the plain
+  // statistics; an objective that keeps more per token (GRPO's entropy) runs its variant here.
+  virtual void chunk_stats(double* stats, const HeadTensors& head, const void* w_chunk, DType w_type, int64_t v0,
+                           int64_t vc, bool first, float* keep_logits, Device& dev, Stream s) {
+    dev.lm_head_ce_chunk_stats(stats, head.h, w_chunk, w_type, head.targets, head.n, head.c, head.v, v0, vc, first,
+                               keep_logits, s);
+  }
   // After the stats pass over every chunk: *loss_sum (device, zeroed) += the summed loss.
   virtual void loss(double* loss_sum, const HeadTensors& head, Device& dev, Stream s) = 0;
   // One vocab chunk's backward: dh (N, C) += and dw_chunk (vc, C) += the gradient of

@@ -353,6 +353,12 @@ double total_seconds(const DeviceWork& w, const StepRates& rates) {
   return s;
 }
 
+}  // namespace
+
+double step_work_seconds(const DeviceWork& w, const StepRates& rates) { return total_seconds(w, rates); }
+
+namespace {
+
 // The zeroth-order step (offload/engine/engine_zo.h): q x grad_accum dual forwards, each two
 // forward passes of one micro-batch (the layers' forward and the head's statistics, twice), run
 // `group` at a time (plan.group: 1, or all of them layer-major) with the weights once over the

@@ -116,6 +116,11 @@ DeviceWork layers_forward_work(const ModelSpec& spec, int64_t B, int64_t T);
 // RunPlan::kept_logit_rows): 6 FLOPs per parameter per token instead of 8.
 DeviceWork head_work(const ModelSpec& spec, int64_t N, int64_t rows, int64_t kept_rows);
 
+struct StepRates;
+// Seconds of device work, each kind at its rate (attention and the head at the GEMM rate, memory-
+// bound ops unpriced, when the device's own rates are not known): the step's compute.
+double step_work_seconds(const DeviceWork& w, const StepRates& rates);
+
 // The defaults are assumptions (a PCIe 4 NVMe drive, one CPU socket's memory bandwidth);
 // `strata estimate --measure` replaces them with this host's figures.
 struct StepRates {

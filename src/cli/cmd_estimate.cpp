@@ -3,7 +3,7 @@
 // it. The bytes are the trainer's own placement plan (offload/plan/placement_plan.h, with the same
 // recipe-to-plan glue, recipe_plan_inputs); the step time is the roofline of
 // offload/plan/step_estimate.h. Nothing large is allocated: a 405B config answers in a moment.
-// Exit 0 when it fits, 3 when it does not, 2 on bad input. Its parts: estimate.h.
+// Exit 0 when it fits (GRPO: the generator too, beside the engine), 3 when it does not, 2 on bad input. Its parts: estimate.h.
 #include <algorithm>
 #include <optional>
 
@@ -11,6 +11,7 @@
 #include "offload/plan/plan_search.h"
 #include "offload/state/nf4_layout.h"
 #include "src/cli/estimate.h"
+#include "src/recipe/recipe_plan.h"
 
 namespace strata {
 
@@ -81,11 +82,20 @@ int cmd_estimate(const std::vector<std::string>& args) {
     for (PlanChange& c : plan.changes) c.step_seconds = 0;
     plan.step_seconds = 0;
   }
+  // GRPO: its sampling (the generator in what the training plan leaves of the device) and reference pass
+  std::optional<GrpoPhaseEstimate> grpo;
+  if (recipe.objective == "grpo" && step) {
+    const size_t used_device = plan.tier(Tier::device);
+    const size_t left = budgets.device_bytes == 0 ? SIZE_MAX / 4
+                        : budgets.device_bytes > used_device ? budgets.device_bytes - used_device : 0;
+    grpo = grpo_phase_estimate(spec, recipe_grpo_phase_shape(recipe, in.device_in_host_ram), left, rates.rates);
+  }
   const EstimateReport report{spec,     dtype,   recipe, used,  plan,    rates, step ? &*step : nullptr, max_batch,
-                              max_seq, split, priced.model_defaults, missing};
+                              max_seq, split, priced.model_defaults, missing, grpo ? &*grpo : nullptr};
   if (a.json) estimate_print_json(report);
   else estimate_print_text(report);
-  return plan.fits() ? 0 : 3;
+  // GRPO: the generator must fit what the training engine leaves, even streamed with its cache spilled
+  return plan.fits() && (!grpo || grpo->placement_fits) ? 0 : 3;
 }
 
 }  // namespace strata

@@ -44,6 +44,22 @@ void print_step(const EstimateReport& r) {
   std::printf("  compute by kind:");
   for (const auto& [name, s] : step.compute_parts) std::printf(" %s %.4g s", name.c_str(), s);
   std::printf("\n");
+  if (r.grpo) {  // the phases beside the training step (offload/plan/grpo_estimate.h)
+    const GrpoPhaseEstimate& g = *r.grpo;
+    std::printf("grpo step: %.4g s = training %.4g s + sampling %.4g s + reference %.4g s\n",
+                step.seconds + g.sampling_s + g.reference_s, step.seconds, g.sampling_s, g.reference_s);
+    std::printf("  sampling   %.4g s: %.0f passes (a prefill and %ld decodes per prompt, %ld rows each), compute %.4g s, "
+                "link %.4g s (%s; weights %s)\n", g.sampling_s, g.passes, long(g.generator.max_context -
+                g.generator.max_prompt - 1), long(g.generator.max_batch), g.sampling_compute_s, g.sampling_link_s,
+                format_bytes(size_t(g.sampling_link_bytes)).c_str(), g.placement.weights_resident ? "resident" : "streamed");
+    if (g.reference_s > 0)
+      std::printf("  reference  %.4g s: a forward per micro-batch, compute %.4g s, link %.4g s (%s)\n", g.reference_s,
+                  g.reference_compute_s, g.reference_link_s, format_bytes(size_t(g.reference_link_bytes)).c_str());
+    std::printf("  generator device memory %s beside the training engine's (KV cache for %ld rows x %ld positions, %zu "
+                "of %zu layers on the device)%s\n", format_bytes(g.generator_device_bytes).c_str(),
+                long(g.generator.max_batch), long(g.generator.max_context), g.placement.kv_device_layers,
+                r.spec.layers.size(), g.placement_fits ? "" : ": does NOT fit what the training plan leaves");
+  }
   std::printf("moved per step: link %s (h2d %s, d2h %s), NVMe read %s, write %s\n",
               format_bytes(size_t(step.bytes.link())).c_str(), format_bytes(size_t(step.bytes.h2d)).c_str(),
               format_bytes(size_t(step.bytes.d2h)).c_str(), format_bytes(size_t(step.bytes.nvme_read())).c_str(),
@@ -127,6 +143,19 @@ void estimate_print_json(const EstimateReport& r) {
                             {"nvme_read", step.bytes.nvme_read()}, {"nvme_write", step.bytes.nvme_write()}}}};
   for (const auto& [name, v] : r.rates.values())
     out["step"]["rates"][name] = {{"value", v}, {"source", source_of(r.rates, name)}};
+  if (r.grpo) {
+    const GrpoPhaseEstimate& g = *r.grpo;
+    out["step"]["grpo"] = {{"seconds", step.seconds + g.sampling_s + g.reference_s}, {"training_s", step.seconds},
+                           {"sampling_s", g.sampling_s}, {"sampling_compute_s", g.sampling_compute_s},
+                           {"sampling_link_s", g.sampling_link_s}, {"sampling_link_bytes", g.sampling_link_bytes},
+                           {"sampling_passes", g.passes}, {"reference_s", g.reference_s},
+                           {"reference_compute_s", g.reference_compute_s}, {"reference_link_s", g.reference_link_s},
+                           {"reference_link_bytes", g.reference_link_bytes},
+                           {"generator_device_bytes", g.generator_device_bytes},
+                           {"generator_weights_resident", g.placement.weights_resident},
+                           {"generator_kv_device_layers", g.placement.kv_device_layers},
+                           {"generator_fits", g.placement_fits}};
+  }
   if (!r.rates.run_steps.empty()) json_run_steps(r, out["step"]);
   std::printf("%s\n", out.dump().c_str());
 }

@@ -353,7 +353,8 @@ nlohmann::json grad_result(double loss_sum, int64_t counted, const PreferenceHea
   return {{"loss", loss_sum}, {"pairs", head->pairs().size()}, {"chosen_logps", chosen}, {"rejected_logps", rejected}};
 }
 
-// strata grad --objective grpo: {"loss", "tokens", "clip_ratio"} (TRL's clip_ratio/region_mean).
+// strata grad --objective grpo: {"loss", "tokens", "clip_ratio", "entropy"} (TRL's clip_ratio/
+// region_mean, and the masked mean of the completion tokens' entropies of softmax(logits / T)).
 int grad_run_grpo(const GradArgs& a) {
   const GrpoBatch batch = grpo_batch_from_json(read_batch_json(a.batch_path), a.batch_path, a.beta > 0);
   GradModel m = grad_load_model(a, batch.mb);
@@ -368,7 +369,8 @@ int grad_run_grpo(const GradArgs& a) {
   grad_write(a.out_path, *engine, store, m.lora.get());
   const GrpoMetricSums& ms = head->result().metrics;
   nlohmann::json out = {{"loss", loss}, {"tokens", ms.tokens},
-                        {"clip_ratio", ms.clip_region / double(std::max<int64_t>(1, ms.tokens))}};
+                        {"clip_ratio", ms.clip_region / double(std::max<int64_t>(1, ms.tokens))},
+                        {"entropy", ms.entropy / double(std::max<int64_t>(1, ms.tokens))}};
   if (a.beta > 0) out["kl"] = ms.kl / double(std::max<int64_t>(1, ms.tokens));
   std::printf("%s\n", out.dump().c_str());
   return 0;

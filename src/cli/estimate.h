@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/model_spec.h"
+#include "offload/plan/grpo_estimate.h"
 #include "offload/plan/placement_plan.h"
 #include "offload/plan/step_estimate.h"
 #include "src/recipe/recipe.h"
@@ -128,6 +129,7 @@ struct EstimateReport {
   BatchSplit split;                    // the largest micro_batch_size at the recipe's global batch
   const nlohmann::json& model_defaults;
   std::string missing_speeds;
+  const GrpoPhaseEstimate* grpo = nullptr;  // train.objective = "grpo": sampling and the reference pass
 };
 
 // One JSON object (--json): fits, tiers, states, accumulation, the largest sizes, --model's

@@ -50,10 +50,10 @@ if(STRATA_TESTS AND MPI_CXX_FOUND)
   set_tests_properties("comm mpi: np2 collectives" "comm mpi: np3 collectives"
     "comm mpi: np2 hung rank" "comm mpi: np3 rank exits early"
     PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 200 RUN_SERIAL ON)
-  # data-parallel training (tests/train/run_train_mpi.sh): bit-identity with one process, resume
-  # across rank counts, a killed and a hung rank
+  # data-parallel training (tests/train/run_train_mpi.sh): bit-identity with one process (SFT, LoRA,
+  # the new families, GRPO), resume across rank counts, a killed and a hung rank
   set(strata_run_train_mpi bash ${CMAKE_SOURCE_DIR}/tests/train/run_train_mpi.sh $<TARGET_FILE:strata>)
-  foreach(scenario equal resume shared nodes killed hung injected lora qlora families)
+  foreach(scenario equal resume shared nodes killed hung injected lora qlora families grpo)
     add_test(NAME "train mpi: ${scenario}" COMMAND ${strata_run_train_mpi} ${scenario})
     set_tests_properties("train mpi: ${scenario}" PROPERTIES LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 600 RUN_SERIAL ON)
   endforeach()

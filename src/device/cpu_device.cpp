@@ -325,6 +325,19 @@ class CpuDevice final : public ArenaDevice {
                                          keep_logits);
     });
   }
+  void lm_head_ce_chunk_stats_entropy(double* stats, double* ent, const float* h, const void* w, DType wt,
+                                      const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                      int64_t vc, bool first, float* keep_logits, Stream s) override {
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    enqueue_op(s, OpKind::cross_entropy, [=] {
+      if (wt == DType::f32)
+        cpu::lm_head_ce_chunk_stats_entropy(stats, ent, h, static_cast<const float*>(w), targets, n, c, v, v0, vc,
+                                            first, keep_logits);
+      else
+        cpu::lm_head_ce_chunk_stats_entropy_bf16(stats, ent, h, static_cast<const bf16*>(w), targets, n, c, v, v0,
+                                                 vc, first, keep_logits);
+    });
+  }
   void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
                              int64_t n, int64_t v, Stream s) override {
     enqueue_op(s, OpKind::cross_entropy, [=] {

@@ -471,6 +471,17 @@ class CudaDevice final : public ArenaDevice {
     cuda::lm_head_ce_chunk_stats(stats, h, w, wt == DType::bf16, targets, n, c, v, v0, vc, first,
                                  keep_logits, ws, ce_workspace_bytes_, error_word_, cublas(s), stream(s));
   }
+  void lm_head_ce_chunk_stats_entropy(double* stats, double* ent, const float* h, const void* w, DType wt,
+                                      const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
+                                      int64_t vc, bool first, float* keep_logits, Stream s) override {
+    const auto timed = time_op(s, OpKind::cross_entropy);
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
+    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
+    checks_pending_[int(s)] = true;
+    cuda::lm_head_ce_chunk_stats_entropy(stats, ent, h, w, wt == DType::bf16, targets, n, c, v, v0, vc, first,
+                                         keep_logits, ws, ce_workspace_bytes_, error_word_, cublas(s), stream(s));
+  }
   void lm_head_ce_stats_loss(double* loss_sum, const double* stats, const int32_t* targets,
                              int64_t n, int64_t v, Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);

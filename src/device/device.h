@@ -196,6 +196,14 @@ class Device {
                                       DType w_type, const int32_t* targets, int64_t n, int64_t c,
                                       int64_t v, int64_t v0, int64_t vc, bool first, float* keep_logits,
                                       Stream s) = 0;
+  // The stats pass with each row's softmax entropy as well (GRPO's `entropy` metric; ops.h:
+  // lm_head_ce_chunk_stats_entropy): stats as lm_head_ce_chunk_stats (the same bits), and ent (N)
+  // = Σ exp(z - max) (z - max) over the chunks so far, rescaled as the max moves (first: set);
+  // row i's entropy is then H = log(sum) - ent / sum (sum = stats[3 i + 1]). Ignored rows: 0.
+  virtual void lm_head_ce_chunk_stats_entropy(double* stats, double* ent, const float* h, const void* w_chunk,
+                                              DType w_type, const int32_t* targets, int64_t n, int64_t c,
+                                              int64_t v, int64_t v0, int64_t vc, bool first, float* keep_logits,
+                                              Stream s) = 0;
   virtual void lm_head_ce_stats_loss(double* loss_sum, const double* stats,
                                      const int32_t* targets, int64_t n, int64_t v, Stream s) = 0;
   virtual void lm_head_ce_chunk_backward(float* dh, float* dw_chunk, const float* h,

@@ -341,7 +341,7 @@ void check_grpo(const Recipe& rc, const Reader& r) {
        str_cat(" (", rc.grpo_num_generations, ") must divide the completions per step, ", rc.global_batch_size > 0
                ? std::string("train.global_batch_size") : str_cat("train.micro_batch_size x gradient_accumulation_steps = ",
                rc.micro_batch_size, " x ", rc.gradient_accumulation_steps), " = ", rows,
-               " (as TRL requires): change one of them"));
+               " (as TRL requires; with several ranks each rank's, so that it keeps whole groups): change one of them"));
   need(rc.grpo_max_completion_length >= 1, "grpo.max_completion_length", " must be at least 1");
   need(rc.grpo_max_completion_length + 2 <= rc.sequence_len, "grpo.max_completion_length",
        str_cat(" (", rc.grpo_max_completion_length, ") leaves no room for a prompt in data.sequence_len (",

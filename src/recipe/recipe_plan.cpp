@@ -1,5 +1,7 @@
 #include "src/recipe/recipe_plan.h"
 
+#include <algorithm>
+
 #include "src/core/dtype.h"
 #include "src/core/error.h"
 #include "src/device/device.h"
@@ -64,6 +66,23 @@ PlanBudgets recipe_plan_budgets(const Recipe& rc) {
   b.nvme_dir = rc.nvme_path;
   b.nvme_bytes = rc.nvme_memory_bytes;
   return b;
+}
+
+GrpoPhaseShape recipe_grpo_phase_shape(const Recipe& recipe, bool device_in_host_ram, int64_t longest_prompt,
+                                       int64_t reference_tokens) {
+  GrpoPhaseShape s;
+  const int64_t completions = recipe.micro_batch_size * recipe.gradient_accumulation_steps;  // one rank's
+  s.generations = std::max<int64_t>(1, recipe.grpo_num_generations);
+  s.prompts = completions / s.generations;
+  s.completion_tokens = std::max<int64_t>(1, recipe.grpo_max_completion_length);
+  s.prompt_tokens = longest_prompt > 0 ? longest_prompt
+                                       : std::max<int64_t>(1, recipe.sequence_len - recipe.grpo_max_completion_length - 1);
+  s.reference = recipe.grpo_beta != 0;
+  s.micro_batches = recipe.gradient_accumulation_steps;
+  s.micro_batch_rows = recipe.micro_batch_size;
+  s.micro_batch_tokens = reference_tokens > 0 ? reference_tokens : recipe.sequence_len;
+  s.device_in_host_ram = device_in_host_ram;
+  return s;
 }
 
 }  // namespace strata

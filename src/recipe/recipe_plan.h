@@ -4,6 +4,7 @@
 // and what `strata estimate` prices. The process baseline, the data's bytes and whether the run
 // resumes are the caller's to fill.
 #pragma once
+#include "offload/plan/grpo_estimate.h"
 #include "offload/plan/placement_plan.h"
 #include "src/recipe/recipe.h"
 
@@ -13,5 +14,10 @@ namespace strata {
 PlanInputs recipe_plan_inputs(const Recipe& recipe, int ranks = 1);
 PlanBudgets recipe_plan_budgets(const Recipe& recipe);
 LoraOptions recipe_lora_options(const Recipe& recipe);  // r = 0 (off) without a [lora] table
+// train.objective = "grpo": one rank's phases as offload/plan/grpo_estimate.h prices them. longest_prompt:
+// the data's (0: data.sequence_len - max_completion_length - 1, the longest the data keeps);
+// reference_tokens: one reference forward's tokens per row (0: data.sequence_len, the most).
+GrpoPhaseShape recipe_grpo_phase_shape(const Recipe& recipe, bool device_in_host_ram, int64_t longest_prompt = 0,
+                                       int64_t reference_tokens = 0);
 
 }  // namespace strata

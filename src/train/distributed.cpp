@@ -80,7 +80,9 @@ Distributed::~Distributed() = default;
 bool Distributed::choose_shared_store(const Recipe& rc, bool optimizer_on_nvme) {
   if (size_ == 1 || rc.modes.shared_host_store == Toggle::off) return false;
   std::string why_not;
-  if (rc.modes.optimizer == OptimizerKind::zo_sgd)
+  if (rc.objective == "grpo")
+    why_not = "GRPO keeps a store per rank (each pass scales the final norm's weight in its store by 1 / temperature)";
+  else if (rc.modes.optimizer == OptimizerKind::zo_sgd)
     why_not = "zo-sgd ranks each keep their own store (working weights + fp32 master; each applies the same update)";
   else if (rc.lora_enabled)
     why_not = "LoRA keeps a store per rank";

@@ -56,7 +56,7 @@ class Distributed {
 
   // distributed.shared_host_store for this run, the same answer on every rank (collective): "false"
   // never; "true" where the run supports a shared store, else an error saying why not; "auto" where
-  // it supports one and some node runs more than one rank. Supported: first order (not zo-sgd),
+  // it supports one and some node runs more than one rank. Supported: first order (not zo-sgd), not GRPO,
   // without LoRA, with the optimizer state in RAM (not on NVMe). Says the choice on rank 0.
   bool choose_shared_store(const Recipe& rc, bool optimizer_on_nvme);
   // The comm the gradients are reduced over on the device, once `dev` exists: NCCL (its unique id

@@ -31,19 +31,22 @@ GrpoConfig grpo_config_from(const Recipe& rc, std::vector<int32_t> eos_ids) {
   c.seed = uint64_t(rc.seed);
   c.eos_ids = std::move(eos_ids);
   c.micro_batch_rows = rc.micro_batch_size;
+  c.log_prompts = rc.grpo_log_completions;
   return c;
 }
 
 GrpoTrainer::GrpoTrainer(const Recipe& rc, GrpoPromptData data, const ModelConfig& cfg, Device& dev, HostStore& store,
-                         Engine& engine, LoraStore* lora)
+                         Engine& engine, LoraStore* lora, GrpoRanks ranks)
     : data_(std::move(data)), log_prompts_(rc.grpo_log_completions), G_(rc.grpo_num_generations),
       completions_path_(rc.output_dir + "/completions.jsonl") {
-  const int64_t completions = rc.micro_batch_size * rc.gradient_accumulation_steps;
-  STRATA_CHECK(completions % G_ == 0, "grpo.num_generations (", G_, ") must divide train.micro_batch_size x "
-               "gradient_accumulation_steps (", completions, ")");
-  prompts_per_step_ = completions / G_;
+  const int64_t per_rank = rc.micro_batch_size * rc.gradient_accumulation_steps;
+  STRATA_CHECK(per_rank % G_ == 0, "grpo.num_generations (", G_, ") must divide train.micro_batch_size x "
+               "gradient_accumulation_steps (", per_rank, ")",
+               ranks.size > 1 ? ": each rank keeps whole groups of a prompt's completions" : "");
+  prompts_per_step_ = per_rank * ranks.size / G_;
   STRATA_CHECK(train_prompts() >= prompts_per_step_, rc.data_path, " holds ", train_prompts(), " prompts, fewer than "
-               "a step's ", prompts_per_step_, " (micro_batch_size x gradient_accumulation_steps / num_generations)");
+               "a step's ", prompts_per_step_, " (micro_batch_size x gradient_accumulation_steps x ranks / "
+               "num_generations)");
   // the model's EOS ids: generation_config.json or config.json beside the weights (model.config's dir)
   const std::string model_dir = !rc.model_path.empty() ? rc.model_path
                                 : std::filesystem::path(rc.model_config).parent_path().string();
@@ -69,6 +72,7 @@ GrpoTrainer::GrpoTrainer(const Recipe& rc, GrpoPromptData data, const ModelConfi
   const GeneratorShape shape{G_, data_.longest, data_.longest + rc.grpo_max_completion_length};
   step_ = std::make_unique<GrpoStep>(grpo_config_from(rc, std::move(eos)), dev, store, engine, shape, *rewards_,
                                      std::move(decode), lora);
+  step_->set_ranks(std::move(ranks));
   // The generator is built for each step's sampling in what the engine leaves of the device (the
   // placement plan does not price it yet): a budget too small even for streamed weights and a
   // spilled KV cache is said now (exit 3), not at step 1.
@@ -110,6 +114,7 @@ GrpoTrainerOutcome GrpoTrainer::step(const std::vector<int64_t>& prompt_index, i
   GrpoStepOutcome o = step_->run(ps, prompt_index, step, ap, max_grad_norm, weight_decay);
   GrpoTrainerOutcome out;
   out.loss = o.loss;
+  out.losses = std::move(o.losses);
   out.grad_norm = o.grad_norm;
   for (const GrpoCompletion& c : o.completions) out.completion_tokens += c.tokens;
   out.metrics = std::move(o.metrics);

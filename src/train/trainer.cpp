@@ -204,6 +204,7 @@ class TrainRun {
   nlohmann::json op_seconds(const DeviceCounters& c0, const DeviceCounters& c1) const;
   double step_mfu(const StepResult& r);
   void check_step_model(const StepResult& r, nlohmann::json& rec);
+  void check_grpo_phases(const StepResult& r, const StepRates& rates, nlohmann::json& rec);
   // the engine of the run's optimizer: first order (engine_) or zeroth order (zo_engine_)
   void engine_synchronize() { engine_->synchronize(); }
   EngineStats engine_stats() const { return engine_->stats(); }
@@ -307,10 +308,10 @@ void TrainRun::set_up() {
                  rc_.distributed_zo.c_str());
   STRATA_CHECK(!zo || !preference_objective_enabled(rc_), "optim.type = \"zo-sgd\" trains "
                "train.objective = \"sft\" only; set optim.type = \"adamw\" for train.objective = \"", rc_.objective, "\"");
-  STRATA_CHECK((!preference_objective_enabled(rc_) && rc_.objective != "grpo") || dist_.size() == 1,
+  STRATA_CHECK(!preference_objective_enabled(rc_) || dist_.size() == 1,
                "train.objective = \"", rc_.objective,
-               "\" runs on one rank only (data parallel covers train.objective = \"sft\"): launch without "
-               "mpirun, or with -np 1");
+               "\" runs on one rank only (data parallel covers train.objective = \"sft\" and \"grpo\"): launch "
+               "without mpirun, or with -np 1");
   cfg_ = hf_config_load(rc_.model_path.empty() ? rc_.model_config : rc_.model_path);
   if (cfg_.max_position_embeddings > 0 && cfg_.max_position_embeddings < rc_.sequence_len)
     std::fprintf(stderr, "strata train: warning: data.sequence_len (%ld) is longer than the model's "
@@ -349,7 +350,9 @@ void TrainRun::set_up() {
   }
   if (rc_.objective == "grpo") {  // the generator and the rewards over the loaded weights
     STRATA_CHECK(first_order_, "train.objective = \"grpo\" trains with optim.type = \"adamw\"");
-    grpo_ = std::make_unique<GrpoTrainer>(rc_, std::move(grpo_data_), cfg_, *dev_, *store_, *first_order_, lora_.get());
+    GrpoRanks ranks{dist_.rank(), dist_.size(), [this](std::vector<double>& v) { dist_.all_reduce_sum(v); }};
+    grpo_ = std::make_unique<GrpoTrainer>(rc_, std::move(grpo_data_), cfg_, *dev_, *store_, *first_order_, lora_.get(),
+                                          std::move(ranks));
   }
   peak_ = dev_->peak_flops(dtype_parse(rc_.model_dtype));
   flops_per_token_ = model_flops_per_token(store_->spec(), rc_.sequence_len);  // offload/plan/step_estimate.h
@@ -768,7 +771,7 @@ void TrainRun::warn_batch_change(const TrainState& saved, int64_t rows_per_step)
 // group, group + G, ... and counts the labelled tokens of all of them.
 StepBatch TrainRun::next_batch() {
   StepBatch batch;
-  if (grpo_) {  // one rank (set_up refuses grpo with several): the step's prompts, in the shuffled order
+  if (grpo_) {  // the step's prompts, in the shuffled order: the same on every rank, which runs its share
     for (int64_t p = 0; p < grpo_->prompts_per_step(); ++p) {
       if (state_.cursor + 1 > state_.order.size()) {
         std::shuffle(state_.order.begin(), state_.order.end(), rng_);
@@ -826,7 +829,7 @@ StepResult TrainRun::step(const StepBatch& batch) {
     r.preference = preference_metrics_json(o.metrics, "");
   } else if (grpo_) {  // generate, score, then num_iterations updates (src/train/grpo_trainer.h)
     GrpoTrainerOutcome o = grpo_->step(batch.prompts, r.step, ap, rc_.max_grad_norm, rc_.weight_decay, dist_.primary());
-    losses.push_back(o.loss);
+    losses = std::move(o.losses);  // this rank's micro-batches: summed below in the global order
     r.grad_norm = o.grad_norm;
     r.counted = o.completion_tokens;
     r.extra = std::move(o.metrics);
@@ -1018,8 +1021,11 @@ void TrainRun::record(const StepResult& r) {
 // (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
 void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   if (!metrics_ || (r.step != first_step_ + 2 && r.step != first_step_ + 9)) return;
-  if (grpo_) return;  // the step model prices training alone, not a GRPO step's generation
   const StepRates rates = step_calibration_rates(peak_, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);
+  if (grpo_) {
+    check_grpo_phases(r, rates, rec);
+    return;
+  }
   PlanInputs in = plan_in_;
   in.weights = plan_.weights;  // as the plan resolved offload.weights = "auto"
   const StepEstimate e = step_estimate(store_->spec(), in, plan_, rc_.gradient_accumulation_steps, rates,
@@ -1033,6 +1039,37 @@ void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   m.optimizer_s = r.e1.optimizer_s - r.e0.optimizer_s;
   rec["step_model"] = step_calibration(e, rates, m);
   progress_.message("strata train: " + step_calibration_line(rec["step_model"]));
+}
+
+// GRPO: the step's sampling and reference pass against offload/plan/grpo_estimate.h's model, at this
+// run's rates, its longest prompt and the device memory the engine leaves (where the generator is
+// built). The model's sampling is every completion running to max_completion_length, so a run whose
+// completions stop early measures less. The training passes are not compared: the device's copy
+// counters mix the generator's and the reference pass's transfers with the engine's, and
+// training_s holds the rewards and num_iterations updates.
+void TrainRun::check_grpo_phases(const StepResult& r, const StepRates& rates, nlohmann::json& rec) {
+  const int64_t longest = grpo_->longest_prompt();
+  const int64_t ref_tokens = std::min(rc_.sequence_len, longest + rc_.grpo_max_completion_length + 1);
+  const size_t left = dev_->budget_bytes() > dev_->used_bytes() ? dev_->budget_bytes() - dev_->used_bytes() : 0;
+  const GrpoPhaseEstimate g = grpo_phase_estimate(
+      store_->spec(), recipe_grpo_phase_shape(rc_, plan_in_.device_in_host_ram, longest, ref_tokens), left, rates);
+  const double gen = r.extra.value("generation_s", 0.0), ref = r.extra.value("reference_s", 0.0);
+  nlohmann::json sm = {{"step", r.step},
+                       {"sampling", {{"measured_s", gen}, {"estimated_s", g.sampling_s},
+                                     {"ratio", g.sampling_s > 0 ? gen / g.sampling_s : 0.0},
+                                     {"mean_length", r.extra.value("completions/mean_length", 0.0)},
+                                     {"max_completion_length", rc_.grpo_max_completion_length}}}};
+  std::string line = str_cat("strata train: GRPO step model at step ", r.step, ": sampling measured ", gen,
+                             " s, estimated ", g.sampling_s, " s for completions of max_completion_length (x",
+                             g.sampling_s > 0 ? gen / g.sampling_s : 0.0, "; mean length ",
+                             r.extra.value("completions/mean_length", 0.0), " of ", rc_.grpo_max_completion_length, ")");
+  if (rc_.grpo_beta != 0) {
+    sm["reference"] = {{"measured_s", ref}, {"estimated_s", g.reference_s},
+                       {"ratio", g.reference_s > 0 ? ref / g.reference_s : 0.0}};
+    line += str_cat("; reference pass measured ", ref, " s, estimated ", g.reference_s, " s");
+  }
+  rec["step_model"] = sm;
+  progress_.message(line);
 }
 
 TrainSummary TrainRun::interrupted(int64_t step) {

@@ -2,7 +2,7 @@
 // preference head's CUDA kernel; the temperature is the final norm's weight / T, no op of its
 // own) through the streaming engine on the CUDA device against TRL's float64 goldens
 // (tests/models/grpo_golden.h: 1e-5 relative loss, 1e-4 relative L2 per gradient tensor) and
-// against the CPU backend's run of the same case; and one-process GRPO steps (generate, score,
+// against the CPU backend's run of the same case (the entropy metric too); and one-process GRPO steps (generate, score,
 // train) on the CUDA device against the same steps on the CPU backend, full fine-tuning and LoRA
 // (the generator adding the adapters unmerged), and LoRA on an NF4 base.
 #include <catch2/catch.hpp>
@@ -32,6 +32,9 @@ TEST_CASE("GRPO on the CUDA backend matches TRL's goldens and the CPU backend", 
       // to zero per group), so its relative error runs above the terms' own (1.4e-6 measured)
       CHECK(std::abs(on_cuda.loss - on_cpu.loss) <= 1e-5 * std::abs(on_cpu.loss));
       CHECK(testing::max_rel_error(on_cuda.grads, on_cpu.grads) <= 1e-4);
+      // the entropy metric's sum (the CUDA stats kernel's accumulator against the CPU one's)
+      CHECK(on_cpu.metrics.entropy > 1);
+      CHECK(std::abs(on_cuda.metrics.entropy - on_cpu.metrics.entropy) <= 1e-5 * on_cpu.metrics.entropy);
     }
 }
 

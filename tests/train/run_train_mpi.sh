@@ -41,6 +41,14 @@
 #   lora        LoRA adapters with dropout: 2 ranks x 1 = 1 process x 2 (clip on and off, evals),
 #               2 x 2 = 1 x 4, saved by 2 ranks resumed by 1: losses, adapter state and the exported
 #               adapter bit-identical; rank 0 alone exports; 1 process x 1 differs
+#   grpo        GRPO (train.objective = "grpo", src/train/grpo_step.h) from the random tiny model, each
+#               rank sampling, scoring and training on whole groups (micro_batch_size = num_generations
+#               = 4): 2 ranks x 1 = 1 process x 2 over 3 steps (losses, TRL's metrics but the times,
+#               completions.jsonl with rank 1's prompt written by rank 0, optimizer state, final
+#               weights, bit for bit), with dapo + scale_rewards = "batch" + 2 updates per generation
+#               batch and with bnpo + beta (the reference pass); 1 process x 1 differs; micro-batches
+#               smaller than a group (each rank a block of prompts) run and sample step 1 as one
+#               process; groups that cannot stay whole on a rank are exit 2 naming num_generations
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason when mpirun cannot start processes here.
 set -u
 strata="$1"; scenario="$2"
@@ -433,6 +441,51 @@ TOML
     ! cmp -s "$work/${family}_s1/final/model.safetensors" "$work/${family}_d2/final/model.safetensors" ||
       fail "$family: 2 ranks x 1 equals 1 process x 1: the data was not split"
   done
+  ;;
+grpo)
+  recipe="$here/recipes/grpo-tiny/recipe.toml"
+  g=("model.path=$here/recipes/sft-tiny/models/tiny" train.max_steps=3 train.micro_batch_size=4
+     grpo.num_generations=4 grpo.max_completion_length=6 grpo.reward_funcs=accuracy,format
+     'grpo.format_regex=[aeiou]' grpo.log_completions=2 checkpoint.save_steps=3 optim.learning_rate=1e-2)
+  grpo_metrics() {  # the step records' values that do not measure time
+    grep -o '"\(loss\|grad_norm\|loss_tokens\|reward\|reward_std\|frac_reward_zero_std\|rewards/[a-z]*/[a-z]*\|entropy\|kl\|clip_ratio[a-z/_]*\|completions/[a-z_]*\)":[-0-9][^,}]*' "$1/metrics.jsonl"
+  }
+  grpo_same() {  # grpo_same DIR_A DIR_B WHAT
+    [ "$(grpo_metrics "$1" | grep -c '"entropy"')" = 3 ] || fail "$3: expected 3 steps with an entropy in $1/metrics.jsonl"
+    [ "$(grpo_metrics "$1")" = "$(grpo_metrics "$2")" ] || { paste <(grpo_metrics "$1") <(grpo_metrics "$2"); fail "$3: metrics differ"; }
+    cmp "$1/completions.jsonl" "$2/completions.jsonl" || fail "$3: completions.jsonl differ"
+    cmp "$1/checkpoint-3/optimizer_state.safetensors" "$2/checkpoint-3/optimizer_state.safetensors" ||
+      fail "$3: master weights / moments differ"
+    cmp "$1/final/model.safetensors" "$2/final/model.safetensors" || fail "$3: final weights differ"
+    echo "bit-identical: $3 ($(grpo_metrics "$1" | wc -l) values)"
+  }
+  v=0
+  for variant in "grpo.loss_type=dapo grpo.scale_rewards=batch grpo.num_iterations=2" "grpo.loss_type=bnpo grpo.beta=0.04"; do
+    v=$((v + 1))
+    train 1 "$work/g_s2_$v" "${g[@]}" $variant train.gradient_accumulation_steps=2
+    train 2 "$work/g_d2_$v" "${g[@]}" $variant train.gradient_accumulation_steps=1
+    grpo_same "$work/g_s2_$v" "$work/g_d2_$v" "GRPO $variant: 2 ranks x 1 = 1 process x 2"
+  done
+  grep -q '"kl":' "$work/g_d2_2/metrics.jsonl" || fail "GRPO with beta logged no kl"
+  grep -q "one host store per rank (.*GRPO keeps a store per rank" "$work/g_d2_1.log" || { cat "$work/g_d2_1.log"; fail "GRPO did not say it keeps a store per rank"; }
+  # rank 0 wrote both prompts' 4 completions each step, rank 1's included
+  [ "$(grep -c '"step":1,' "$work/g_d2_1/completions.jsonl")" = 8 ] || fail "completions.jsonl lacks rank 1's prompt"
+  # the check can fail: one process with half the completions trains other weights
+  train 1 "$work/g_s1" "${g[@]}" grpo.loss_type=dapo grpo.scale_rewards=batch grpo.num_iterations=2 train.gradient_accumulation_steps=1
+  ! cmp -s "$work/g_s1/final/model.safetensors" "$work/g_d2_1/final/model.safetensors" ||
+    fail "GRPO: 2 ranks x 1 equals 1 process x 1: the prompts were not split"
+  # micro-batches of 2 < num_generations: each rank a block of whole prompts; step 1 samples as one
+  # process does (the same prompts, seeds and starting weights); later steps agree to rounding only
+  train 2 "$work/g_blk" "${g[@]}" grpo.loss_type=dapo grpo.scale_rewards=batch grpo.num_iterations=2 \
+    train.micro_batch_size=2 train.gradient_accumulation_steps=2
+  [ "$(grpo_metrics "$work/g_blk" | grep '"reward"' | head -1)" = "$(grpo_metrics "$work/g_s2_1" | grep '"reward"' | head -1)" ] ||
+    fail "GRPO with micro-batches smaller than a group: step 1's reward differs from one process's"
+  # a group that cannot stay on one rank: exit 2 naming the key
+  out=$(timeout 120 mpirun -np 2 "$strata" train "$recipe" $common checkpoint.output_dir="$work/g_bad" "${g[@]}" \
+    train.micro_batch_size=2 train.gradient_accumulation_steps=1 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && echo "$out" | grep -q "grpo.num_generations (4) must divide .*each rank's, so that it keeps whole groups" ||
+    { echo "$out"; fail "GRPO with groups split over ranks: expected an error naming num_generations (rc $rc)"; }
   ;;
 *) fail "unknown scenario $scenario" ;;
 esac

@@ -76,19 +76,28 @@ TEST_CASE("strata train with train.objective grpo writes its metrics and complet
     CHECK(std::isfinite(r["loss"].get<double>()));
     for (const char* key : {"reward", "reward_std", "rewards/accuracy/mean", "rewards/format/mean", "rewards/format/std",
                             "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
-                            "clip_ratio", "clip_ratio/low_mean", "clip_ratio/high_mean", "generation_s", "training_s"})
+                            "clip_ratio", "clip_ratio/low_mean", "clip_ratio/high_mean", "entropy", "generation_s", "training_s"})
       CHECK(r.contains(key));
     CHECK_FALSE(r.contains("kl"));  // beta = 0
     // the total is the sum of the two functions (weights 1)
     CHECK(std::abs(r["reward"].get<double>() - r["rewards/accuracy/mean"].get<double>() -
                    r["rewards/format/mean"].get<double>()) <= 1e-12);
     CHECK(r["completions/max_length"].get<double>() <= 7);  // 6 sampled + the EOS
+    // the random tiny model's distributions are spread: entropy between 0 and log V (V = 640)
+    CHECK(r["entropy"].get<double>() > 0.5);
+    CHECK(r["entropy"].get<double>() <= std::log(640.0) + 1e-9);
     CHECK(r["generation_s"].get<double>() > 0);
     CHECK(r["training_s"].get<double>() > 0);
     CHECK(r["loss_tokens"].get<int64_t>() >= 8);  // the step's 8 completions, each at least one token
     reward_sum += r["reward"].get<double>();
   }
   CHECK(reward_sum > 0);
+  // step 3 holds the GRPO step model: sampling measured against offload/plan/grpo_estimate.h's price
+  REQUIRE(steps[2].contains("step_model"));
+  INFO(steps[2]["step_model"].dump());
+  CHECK(steps[2]["step_model"]["sampling"]["estimated_s"].get<double>() > 0);
+  CHECK(steps[2]["step_model"]["sampling"]["measured_s"].get<double>() == steps[2]["generation_s"].get<double>());
+  CHECK_FALSE(steps[2]["step_model"].contains("reference"));  // beta = 0
   // completions.jsonl: each step's first 2 prompts x 4 generations, rewards as the metrics say
   const auto lines = jsonl(a + "/completions.jsonl");
   REQUIRE(lines.size() == 4 * 8);

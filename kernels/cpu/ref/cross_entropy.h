@@ -106,6 +106,28 @@ void lm_head_ce_chunk_stats(T* stats, const T* h, const T* w_chunk, const int32_
   }
 }
 
+// Each counted row's softmax entropy H = -Σ_j p_j log p_j over all V logits of h[i] · w^T,
+// log p_j = z_j - logsumexp(z) (GRPO's entropy metric; the fast paths keep an online accumulator,
+// ops.h lm_head_ce_chunk_stats_entropy). ent (N); ignored rows get NaN.
+template <class T>
+void ce_ref_entropy(T* ent, const T* h, const T* w, const int32_t* targets, int64_t n, int64_t c, int64_t v) {
+  std::vector<T> logits;  // (V)
+  for (int64_t i = 0; i < n; ++i) {
+    ce_check_target(targets, i, v);
+    if (targets[i] == kCeIgnoreIndex) {
+      ent[i] = T(NAN);
+      continue;
+    }
+    const T lse = ce_row_logits(logits, h, w, i, c, v);
+    T H = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      const T logp = logits[size_t(j)] - lse;
+      H -= std::exp(logp) * logp;
+    }
+    ent[i] = H;
+  }
+}
+
 // Sum over counted rows of max + log(sum) - target logit.
 template <class T>
 double lm_head_ce_stats_loss(int64_t* count, const T* stats, const int32_t* targets, int64_t n,
