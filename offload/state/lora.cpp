@@ -1,5 +1,6 @@
 #include "offload/state/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the golden fixtures of Phi-3 (tests/golden/phi3/, tests/golden/phi3_long/) from
+"""Writes the golden fixtures of Phi-3 (tests/golden/phi3/, phi3_long/, phi3_partial/) from
 transformers' own Phi3ForCausalLM run in float64.
 
 Each case is a tiny random model with odd sizes, written as a Hugging Face directory in shards
@@ -263,6 +263,7 @@ def write_case(case):
         if case["config"].get("partial_rotary_factor", 1.0) != 1.0:  # the rotated part matters: half of it
             half = dict(case["config"]["rope_scaling"])
             half["short_factor"], half["long_factor"] = half["short_factor"][:4], half["long_factor"][:4]
+            half["partial_rotary_factor"] = 0.5  # transformers 5 validates the lists against the rope dict's
             _, hp = build(case, partial_rotary_factor=0.5, rope_scaling=half)
             assert hp.model.rotary_emb.inv_freq.numel() == 4
             assert model.model.rotary_emb.inv_freq.numel() == 6, "transformers rotates another part than 12 dims"
