@@ -173,10 +173,18 @@ RopeScaling rope_parse(const json& rs, const std::string& origin, const std::str
 // when not given, attention_factor sqrt(1 + ln(factor) / ln(original)) when not given (1 when
 // factor <= 1); the factor lists hold rotary_dim / 2 numbers. partial_rotary_factor (top level or in
 // rope_parameters; Phi-4-mini's 0.75): RoPE turns the first int(head_dim * factor) dims of each head.
+// partial_rotary_factor: the rope dict's (rope_parameters, or rope_scaling as transformers 5 saves it
+// back) where it has one, else the top-level key, else 1.
+double partial_rotary_factor(const Reader& rd, const json* rp) {
+  const json* rs = rd.get("rope_scaling");
+  for (const auto& [dict, prefix] : {std::pair{rp, "rope_parameters."}, std::pair{rs, "rope_scaling."}})
+    if (dict && dict->is_object() && dict->contains("partial_rotary_factor"))
+      return Reader{*dict, rd.origin, prefix}.req_num("partial_rotary_factor");
+  return rd.opt_num("partial_rotary_factor", 1.0);
+}
+
 void phi3_rope_finish(ModelConfig& c, const Reader& rd, const json* rp) {
-  double partial = rd.opt_num("partial_rotary_factor", 1.0);
-  if (rp && rp->contains("partial_rotary_factor"))
-    partial = Reader{*rp, rd.origin, "rope_parameters."}.req_num("partial_rotary_factor");
+  const double partial = partial_rotary_factor(rd, rp);
   if (!(partial > 0.0 && partial <= 1.0))
     rd.fail("partial_rotary_factor", str_cat("is ", partial, "; it must be in (0, 1]"));
   c.rotary_dim = int64_t(double(c.head_dim) * partial);  // Python's int(): toward zero, as transformers
@@ -431,9 +439,7 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
   if (phi3) {
     phi3_rope_finish(c, rd, rp);
   } else {  // transformers' other supported families rotate whole heads (their attention has no pass-through part)
-    const bool in_rp = rp && rp->contains("partial_rotary_factor");
-    const double partial = in_rp ? Reader{*rp, origin, "rope_parameters."}.req_num("partial_rotary_factor")
-                                 : rd.opt_num("partial_rotary_factor", 1.0);
+    const double partial = gemma ? 1.0 : partial_rotary_factor(rd, rp);
     if (partial != 1.0)
       rd.fail("partial_rotary_factor", str_cat("is ", partial, "; only phi3 configs rotate part of each head in "
                                                "transformers' modeling code (", c.family, " rotates all of it): remove "

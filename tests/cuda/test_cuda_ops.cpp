@@ -156,7 +156,7 @@ TEST_CASE("cuda rope with a partial rotary dim matches the CPU kernel, out of pl
   for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t((i * 37) % 500);
   std::vector<float> inv(size_t(rot / 2));
   for (int64_t j = 0; j < rot / 2; ++j) inv[size_t(j)] = 1.f / std::pow(10000.f, float(2 * j) / float(rot));
-  std::vector<float> want(size_t(size)), back(size_t(size));
+  std::vector<float> want(static_cast<size_t>(size)), back(static_cast<size_t>(size));
   cpu::rope_forward(want.data(), x.data(), pos.data(), inv.data(), n, nh, d, rot);
   cpu::rope_backward(back.data(), x.data(), pos.data(), inv.data(), n, nh, d, rot);
   Buffer<float> gx(*dev, x), gout(*dev, std::vector<float>(size_t(size), -9.f)), gin(*dev, x);

@@ -151,7 +151,7 @@ TEST_CASE("rope with a partial rotary dim turns the leading dims and passes the 
         strata::ref::rope_backward(ref_din.data(), xd.data(), pos.data(), invd.data(), n, nh, d, rot);
         CHECK(std::max(max_rel_error(out, ref_out), max_rel_error(din, ref_din)) <= 1e-5);
         // the twin: each head's first rot dims as a whole-head rope of dim rot, the rest x itself
-        std::vector<double> head(size_t(rot)), turned(size_t(rot));
+        std::vector<double> head(static_cast<size_t>(rot)), turned(static_cast<size_t>(rot));
         for (int64_t i = 0; i < n; ++i)
           for (int64_t h = 0; h < nh; ++h) {
             const double* xh = xd.data() + (i * nh + h) * d;
