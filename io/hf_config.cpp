@@ -204,6 +204,16 @@ void phi3_rope_finish(ModelConfig& c, const Reader& rd, const json* rp) {
   if (r.factor <= 0) r.factor = double(c.max_position_embeddings) / orig;
   if (r.attention_factor <= 0)
     r.attention_factor = r.factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(r.factor) / std::log(orig));
+  // transformers scales cos and sin, so only the rotated dims of q and k, by attention_factor;
+  // strata folds it into the scores' scale (model_attention_scale), which is that only when every
+  // dim turns. Scaling the rotated part alone needs a factor in the RoPE op: not built yet.
+  if (c.rotary_dim != c.head_dim && r.attention_factor != 1.0)
+    rd.fail("partial_rotary_factor", str_cat("is ", partial, " with LongRoPE's attention_factor ", r.attention_factor,
+                                             " (max_position_embeddings ", c.max_position_embeddings,
+                                             " / original_max_position_embeddings ", r.original_max_position_embeddings,
+                                             "): strata rotates part of each head only where that factor is 1 "
+                                             "(LongRoPE with max_position_embeddings <= original, or no rope_scaling); "
+                                             "scaling the rotated dims alone is not built yet"));
 }
 
 // The mixture-of-experts keys of qwen3_moe and mixtral, with their classes' defaults.

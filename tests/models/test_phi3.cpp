@@ -86,6 +86,10 @@ TEST_CASE("phi3 configs parse as transformers' Phi3Config reads them", "[phi3][h
   partial["partial_rotary_factor"] = 0.4;  // head_dim 10 -> 4 dims
   partial["rope_scaling"]["short_factor"] = {1.0, 1.1};
   partial["rope_scaling"]["long_factor"] = {2.0, 3.0};
+  // LongRoPE's attention_factor (here sqrt(1 + ln 4 / ln 64)) scales only the rotated dims in
+  // transformers: not built for a partial rotary, refused naming it; with factor 1 it is read
+  CHECK_THROWS_WITH(parse(partial), Catch::Contains("attention_factor"));
+  partial["max_position_embeddings"] = 64;
   CHECK(parse(partial).rotary_dim == 4);
   CHECK(model_rope_inv_freq(parse(partial)).size() == 2 * 2);  // the short table, then the long
   partial["partial_rotary_factor"] = 0.5;                       // 5 dims: odd

@@ -19,7 +19,9 @@ frequency, the attention factor from max_position_embeddings / original_max_posi
              long factors in training, and in generation (prompts of 9..11 tokens)
   phi3_partial  F32 in two shards, partial_rotary_factor 0.75 (Phi-4-mini's): RoPE turns the first
              int(16 * 0.75) = 12 dims of each 16-dim head, the last 4 pass; the LongRoPE factor lists
-             hold 12 / 2 = 6 numbers (the short ones: original 64 > T)
+             hold 12 / 2 = 6 numbers (the short ones: original 64 > T); max_position_embeddings =
+             original, so attention_factor is 1 (transformers scales only the rotated dims by it,
+             which strata does not build yet: a factor != 1 with a partial rotary is refused)
 pad_token_id is null: transformers' embedding would keep a zero gradient on the padding row,
 which strata (like the Llama family's goldens) does not model.
 
@@ -145,7 +147,7 @@ CASES = [
             "hidden_act": "silu",
             "hidden_size": 48,
             "intermediate_size": 58,
-            "max_position_embeddings": 256,
+            "max_position_embeddings": 64,
             "num_attention_heads": 3,
             "num_hidden_layers": 2,
             "num_key_value_heads": 1,
