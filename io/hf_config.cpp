@@ -171,26 +171,49 @@ RopeScaling rope_parse(const json& rs, const std::string& origin, const std::str
 // _compute_longrope_parameters do: original_max_position_embeddings is the config's top-level key
 // (Phi3Config's default 4096 wins over the rope dict's), factor max_position_embeddings / original
 // when not given, attention_factor sqrt(1 + ln(factor) / ln(original)) when not given (1 when
-// factor <= 1); the factor lists hold head_dim / 2 numbers. A partial rotary factor is refused.
+// factor <= 1); the factor lists hold rotary_dim / 2 numbers. partial_rotary_factor (top level or in
+// rope_parameters; Phi-4-mini's 0.75): RoPE turns the first int(head_dim * factor) dims of each head.
+// partial_rotary_factor: the rope dict's (rope_parameters, or rope_scaling as transformers 5 saves it
+// back) where it has one, else the top-level key, else 1.
+double partial_rotary_factor(const Reader& rd, const json* rp) {
+  const json* rs = rd.get("rope_scaling");
+  for (const auto& [dict, prefix] : {std::pair{rp, "rope_parameters."}, std::pair{rs, "rope_scaling."}})
+    if (dict && dict->is_object() && dict->contains("partial_rotary_factor"))
+      return Reader{*dict, rd.origin, prefix}.req_num("partial_rotary_factor");
+  return rd.opt_num("partial_rotary_factor", 1.0);
+}
+
 void phi3_rope_finish(ModelConfig& c, const Reader& rd, const json* rp) {
-  double partial = rd.opt_num("partial_rotary_factor", 1.0);
-  if (rp && rp->contains("partial_rotary_factor"))
-    partial = Reader{*rp, rd.origin, "rope_parameters."}.req_num("partial_rotary_factor");
-  if (partial != 1.0)
-    rd.fail("partial_rotary_factor", str_cat("is ", partial, "; strata's phi3 rotates the whole head (1.0) and does not "
-                                             "implement partial rotary embeddings yet"));
+  const double partial = partial_rotary_factor(rd, rp);
+  if (!(partial > 0.0 && partial <= 1.0))
+    rd.fail("partial_rotary_factor", str_cat("is ", partial, "; it must be in (0, 1]"));
+  c.rotary_dim = int64_t(double(c.head_dim) * partial);  // Python's int(): toward zero, as transformers
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+    rd.fail("partial_rotary_factor", str_cat("is ", partial, ": head_dim * factor = ", c.rotary_dim,
+                                             " rotated dims, which must be even and at least 2"));
   RopeScaling& r = c.rope_scaling;
   if (r.type != "longrope") return;
   r.original_max_position_embeddings = rd.opt_int("original_max_position_embeddings", 4096);
   rd.positive("original_max_position_embeddings", r.original_max_position_embeddings);
-  const size_t half = size_t(c.head_dim / 2);
+  const size_t half = size_t(c.rotary_dim / 2);
   if (r.short_factor.size() != half || r.long_factor.size() != half)
-    rd.fail("rope_scaling", str_cat("'s short_factor and long_factor must hold head_dim / 2 = ", half,
-                                    " numbers each, got ", r.short_factor.size(), " and ", r.long_factor.size()));
+    rd.fail("rope_scaling", str_cat("'s short_factor and long_factor must hold rotary_dim / 2 = ", half,
+                                    " numbers each (head_dim * partial_rotary_factor / 2), got ",
+                                    r.short_factor.size(), " and ", r.long_factor.size()));
   const double orig = double(r.original_max_position_embeddings);
   if (r.factor <= 0) r.factor = double(c.max_position_embeddings) / orig;
   if (r.attention_factor <= 0)
     r.attention_factor = r.factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(r.factor) / std::log(orig));
+  // transformers scales cos and sin, so only the rotated dims of q and k, by attention_factor;
+  // strata folds it into the scores' scale (model_attention_scale), which is that only when every
+  // dim turns. Scaling the rotated part alone needs a factor in the RoPE op: not built yet.
+  if (c.rotary_dim != c.head_dim && r.attention_factor != 1.0)
+    rd.fail("partial_rotary_factor", str_cat("is ", partial, " with LongRoPE's attention_factor ", r.attention_factor,
+                                             " (max_position_embeddings ", c.max_position_embeddings,
+                                             " / original_max_position_embeddings ", r.original_max_position_embeddings,
+                                             "): strata rotates part of each head only where that factor is 1 "
+                                             "(LongRoPE with max_position_embeddings <= original, or no rope_scaling); "
+                                             "scaling the rotated dims alone is not built yet"));
 }
 
 // The mixture-of-experts keys of qwen3_moe and mixtral, with their classes' defaults.
@@ -422,7 +445,16 @@ ModelConfig hf_config_parse_object(ModelConfig c, const Reader& rd, const std::s
     c.rope_scaling = rope_parse(*rs, origin, "rope_scaling", phi3);
   else if (rp)
     c.rope_scaling = rope_parse(*rp, origin, "rope_parameters", phi3);
-  if (phi3) phi3_rope_finish(c, rd, rp);
+  c.rotary_dim = c.head_dim;
+  if (phi3) {
+    phi3_rope_finish(c, rd, rp);
+  } else {  // transformers' other supported families rotate whole heads (their attention has no pass-through part)
+    const double partial = gemma ? 1.0 : partial_rotary_factor(rd, rp);
+    if (partial != 1.0)
+      rd.fail("partial_rotary_factor", str_cat("is ", partial, "; only phi3 configs rotate part of each head in "
+                                               "transformers' modeling code (", c.family, " rotates all of it): remove "
+                                               "the key or set it to 1.0"));
+  }
 
   if (gemma) {
     gemma3_rope_parse(c, rd, origin);

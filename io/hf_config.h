@@ -31,6 +31,9 @@ struct ModelConfig {
           num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
   double rms_norm_eps = 1e-6, rope_theta = 10000;
   RopeScaling rope_scaling;
+  // The leading dims of each head RoPE turns: int(head_dim * partial_rotary_factor) as transformers
+  // takes it (phi3: Phi-4-mini's 0.75), the rest pass unrotated; head_dim elsewhere.
+  int64_t rotary_dim = 0;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // qwen2: always true; llama/qwen3: "attention_bias"; mistral: false (transformers ignores the key)
   bool o_bias = false;    // llama/qwen3: "attention_bias"; qwen2/mistral: false

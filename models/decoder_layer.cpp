@@ -275,8 +275,8 @@ void layer_forward_qkv(Device& dev, const float* x, const LayerWeights& w, const
     dev.rmsnorm_forward(ws.q, ws.rstd_q, ws.q_raw, w.q_norm, N * H, D, d.eps, s);
     dev.rmsnorm_forward(ws.k, ws.rstd_k, ws.k_raw, w.k_norm, N * Hk, D, d.eps, s);
   }
-  dev.rope_forward(ws.q, ws.q, ctx.pos, ctx.inv_freq, N, H, D, s);
-  dev.rope_forward(ws.k, ws.k, ctx.pos, ctx.inv_freq, N, Hk, D, s);
+  dev.rope_forward(ws.q, ws.q, ctx.pos, ctx.inv_freq, N, H, D, d.rotary(), s);
+  dev.rope_forward(ws.k, ws.k, ctx.pos, ctx.inv_freq, N, Hk, D, d.rotary(), s);
 }
 
 void layer_forward(Device& dev, float* out, const float* x, const LayerWeights& w,
@@ -346,8 +346,8 @@ void layer_attention_block_backward(Device& dev, float* dx, LayerGrads& g, const
   const float scale = d.attn_scale > 0 ? d.attn_scale : 1.0f / std::sqrt(float(D));
   dev.attention_backward(ws.dq, ws.dk, ws.dv, ws.dattn, ws.q, ws.k, ws.v, ws.attn, ws.lse,
                          ctx.doc_start, d.B, d.T, H, Hk, D, scale, d.wt, s, d.window);
-  dev.rope_backward(ws.dq, ws.dq, ctx.pos, ctx.inv_freq, N, H, D, s);
-  dev.rope_backward(ws.dk, ws.dk, ctx.pos, ctx.inv_freq, N, Hk, D, s);
+  dev.rope_backward(ws.dq, ws.dq, ctx.pos, ctx.inv_freq, N, H, D, d.rotary(), s);
+  dev.rope_backward(ws.dk, ws.dk, ctx.pos, ctx.inv_freq, N, Hk, D, d.rotary(), s);
   float* dq_lin = ws.dq;
   float* dk_lin = ws.dk;
   if (qk_norm) {  // dattn is free here: it holds the pre-norm q gradient

@@ -278,8 +278,8 @@ class SandwichLayerKind final : public LayerKind {
     linear_forward(dev, c.v, a, ab, mat(w, kV), nullptr, w.lora[kLv], c.lora_u, c.lora_x, N, Hk * D, C, d, s);
     dev.rmsnorm_forward(c.q, c.rstd_q, c.q_raw, n.q, qk_rows(N, H), qk_cols(H, D), d.eps, s);
     dev.rmsnorm_forward(c.k, c.rstd_k, c.k_raw, n.k, qk_rows(N, Hk), qk_cols(Hk, D), d.eps, s);
-    dev.rope_forward(c.q, c.q, ctx.pos, inv_freq(ctx, d), N, H, D, s);
-    dev.rope_forward(c.k, c.k, ctx.pos, inv_freq(ctx, d), N, Hk, D, s);
+    dev.rope_forward(c.q, c.q, ctx.pos, inv_freq(ctx, d), N, H, D, D, s);
+    dev.rope_forward(c.k, c.k, ctx.pos, inv_freq(ctx, d), N, Hk, D, D, s);
   }
 
   void attend(Device& dev, const TokenContext& ctx, Workspace& c, const LayerDims& d, Stream s) const {
@@ -343,8 +343,8 @@ class SandwichLayerKind final : public LayerKind {
                     H * D, false, d, s);
     dev.attention_backward(c.dq, c.dk, c.dv, c.dattn, c.q, c.k, c.v, c.attn, c.lse, ctx.doc_start, d.B, d.T, H, Hk, D,
                            attention_scale(d), d.wt, s, attention_window(d));
-    dev.rope_backward(c.dq, c.dq, ctx.pos, inv_freq(ctx, d), N, H, D, s);
-    dev.rope_backward(c.dk, c.dk, ctx.pos, inv_freq(ctx, d), N, Hk, D, s);
+    dev.rope_backward(c.dq, c.dq, ctx.pos, inv_freq(ctx, d), N, H, D, D, s);
+    dev.rope_backward(c.dk, c.dk, ctx.pos, inv_freq(ctx, d), N, Hk, D, D, s);
     dev.rmsnorm_backward(c.dq_raw, g(kQNorm), c.dq, c.q_raw, n.q, c.rstd_q, qk_rows(N, H), qk_cols(H, D), s);
     dev.rmsnorm_backward(c.dk_raw, g(kKNorm), c.dk, c.k_raw, n.k, c.rstd_k, qk_rows(N, Hk), qk_cols(Hk, D), s);
     const float* a = attn_in(x, c);

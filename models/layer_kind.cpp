@@ -9,9 +9,12 @@
 namespace strata {
 
 const char* layer_linear_name(int target) {
-  static const char* const names[kLayerLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                   "gate_proj", "up_proj", "down_proj", "qkv_proj",
-                                                   "gate_up_proj"};
+  static const char* const names[kLayerLinears] = {"q_proj",          "k_proj",
+                                                   "v_proj",          "o_proj",
+                                                   "gate_proj",       "up_proj",
+                                                   "down_proj",       "qkv_proj",
+                                                   "gate_up_proj",    "mlp.gate.weight",
+                                                   "mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
   STRATA_ASSERT(target >= 0 && target < kLayerLinears);
   return names[target];
 }

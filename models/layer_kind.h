@@ -33,22 +33,35 @@ struct LayerDims {
   float attn_scale = 0;   // the attention scores' scale (0: 1/sqrt(D); Gemma 3: query_pre_attn_scalar^-1/2)
   int32_t max_pos = -1;   // the micro-batch's largest position (LongRoPE picks its short or long table by
                           // it, as transformers does by max(position_ids) + 1); -1: not known
+  int64_t rope_dim = 0;   // the leading dims of each head RoPE rotates (partial_rotary_factor x D, even); 0: all D
   int64_t lora_r = 0;     // LoRA rank (0: no adapters); sizes the workspace's adapter scratch
   bool lora_dropout = false;  // LoRA dropout possible: the workspace holds the dropped input (lora_x)
   int64_t N() const { return B * T; }
+  int64_t rotary() const { return rope_dim > 0 ? rope_dim : D; }
 };
 
 // The LoRA-targetable linears, by PEFT's module names: a kind's linear names one of these
-// (LayerParam::lora_target); adapters and their dropout masks are numbered by it. The last two
-// are Phi-3's fused projections (models/phi3_layer.h): one adapter each, as PEFT puts it.
-constexpr int kLayerLinears = 9;
+// (LayerParam::lora_target); adapters and their dropout masks are numbered by it. 7 and 8 are
+// Phi-3's fused projections (models/phi3_layer.h): one adapter each, as PEFT puts it. The last
+// three are a mixture-of-experts layer's (models/moe_layer.h), which PEFT reaches through
+// target_parameters (transformers 5 keeps them as parameters, not nn.Linear modules): the router
+// (E, C), one adapter; the experts' packed gate_up_proj (E, 2I, C) and down_proj (E, C, I), one
+// A and B per expert, the experts' adapters side by side in one A (E*r, in) and one B
+// (E*out, r) (expert e's A_e (r, in) at rows e*r, its B_e (out, r) at rows e*out: PEFT's B is
+// (out, E*r) with B_e's column k at k*E + e, reordered at the PEFT boundary, offload/state/lora.h).
+// No layer kind lists them in LayerParam::lora_target: the MoE kind finds its router and experts
+// itself (moe_kind_expert_params).
+constexpr int kLayerLinears = 12;
 constexpr int kLayerQkv = 7, kLayerGateUp = 8;
+constexpr int kLayerRouter = 9, kLayerExpertsGateUp = 10, kLayerExpertsDown = 11;
 const char* layer_linear_name(int target);  // "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                            // "down_proj", "qkv_proj", "gate_up_proj"
+                                            // "down_proj", "qkv_proj", "gate_up_proj", and PEFT's
+                                            // target_parameters "mlp.gate.weight",
+                                            // "mlp.experts.gate_up_proj", "mlp.experts.down_proj"
 
 struct LoraLinear {
-  const float* a = nullptr;  // (r, I); null: no adapter on this linear
-  const float* b = nullptr;  // (O, r), holding (alpha / r) B
+  const float* a = nullptr;  // (r, I); null: no adapter on this linear (the experts': (E*r, I))
+  const float* b = nullptr;  // (O, r), holding (alpha / r) B (the experts': (E*O, r))
   // LoRA dropout on this adapter's input: probability (0: none, as in eval) and the mask's key
   // (kernels/common/dropout_mask.h; offload/state/lora.h: lora_dropout_seed, lora_dropout_tensor).
   double dropout = 0.0;

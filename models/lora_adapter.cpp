@@ -12,6 +12,7 @@
 
 #include "io/files.h"
 #include "io/safetensors.h"
+#include "models/moe_layer.h"
 #include "src/core/error.h"
 
 namespace strata {
@@ -22,12 +23,22 @@ namespace fs = std::filesystem;
 const std::string kPrefix = "base_model.model.";
 
 // The linear modules an adapter may name: module name -> (parameter row, decoder layer or -1).
+// A mixture-of-experts layer's router and experts (PEFT's target_parameters) too: the router
+// "mlp.gate" a plain linear on its row; the experts' packed gate_up_proj or down_proj (`packed`
+// 1 or 2) on "mlp.experts" or, when both are targeted, gate_up_proj's on "mlp.experts.base_layer"
+// (PEFT nests the first of the experts' parameters inside), whose A (E*r, in) and B (out, E*r)
+// become one pair per expert's row (models/layer_kind.h, offload/state/lora.h).
+enum Packed { kLinear = 0, kGateUp = 1, kDown = 2, kRouter = 3 };
 struct ModelModule {
   size_t row;
   int64_t layer;
+  int packed = kLinear;
+  std::string key;  // target_parameters' "<module>.<parameter>" (kLinear: empty)
 };
 
-std::map<std::string, ModelModule> linear_modules(const ModelSpec& spec) {
+// gate_up, down: whether the adapter targets the experts' gate_up_proj and down_proj (their module
+// names depend on both).
+std::map<std::string, ModelModule> linear_modules(const ModelSpec& spec, bool gate_up = false, bool down = false) {
   std::map<std::string, ModelModule> m;
   auto add = [&](int64_t row, int64_t layer) {
     if (row == kAbsent) return;
@@ -38,6 +49,15 @@ std::map<std::string, ModelModule> linear_modules(const ModelSpec& spec) {
     const ModelLayer& layer = spec.layers[l];
     for (size_t p = 0; p < layer.params.size(); ++p)
       if (layer.params[p].lora_target >= 0) add(layer.rows[p], int64_t(l));
+    MoeExpertParams mp;
+    if (!moe_kind_expert_params(*layer.kind, &mp)) continue;
+    const std::string stem = spec.config.text_prefix + "layers." + std::to_string(l) + ".mlp.";
+    m[stem + "gate"] = ModelModule{size_t(layer.rows[mp.router]), int64_t(l), kRouter, stem + "gate.weight"};
+    if (gate_up)
+      m[stem + (down ? "experts.base_layer" : "experts")] =
+          ModelModule{size_t(layer.rows[mp.first]), int64_t(l), kGateUp, stem + "experts.gate_up_proj"};
+    if (down)
+      m[stem + "experts"] = ModelModule{size_t(layer.rows[mp.first]), int64_t(l), kDown, stem + "experts.down_proj"};
   }
   add(spec.lm_head, -1);  // kAbsent when tied to the embedding
   return m;
@@ -67,9 +87,17 @@ struct AdapterConfig {
   std::set<int64_t> layers;                  // layers_to_transform; empty: every layer
   std::map<std::string, int64_t> rank_pattern;
   std::map<std::string, double> alpha_pattern;
+  std::vector<std::string> target_parameters;  // PEFT's: "<module>.<parameter>" keys or dotted suffixes
 
-  bool targets(const std::string& module, int64_t layer) const {
+  bool targets_parameter(const std::string& name) const {
+    for (const std::string& t : target_parameters)
+      if (name_matches(name, t)) return true;
+    return false;
+  }
+  bool targets(const std::string& module, const ModelModule& m) const {
+    const int64_t layer = m.layer;
     if (!layers.empty() && layer >= 0 && !layers.count(layer)) return false;
+    if (m.packed != kLinear) return targets_parameter(m.key);  // not nn.Linear modules: target_parameters only
     if (all_linear) return kind_of(module) != "lm_head";
     if (!target_list.empty()) {
       for (const std::string& t : target_list)
@@ -117,10 +145,18 @@ AdapterConfig read_config(const std::string& path) {
     if (t == "all-linear") c.all_linear = true;
     else c.target_regex = t.get<std::string>();
   } else {
-    STRATA_CHECK(t.is_array() && !t.empty(), bad("\"target_modules\" must be a list of module names or a regex string"));
+    STRATA_CHECK(t.is_array() && (!t.empty() || j.contains("target_parameters")),
+                 bad("\"target_modules\" must be a list of module names or a regex string"));
     for (const auto& v : t) {
       STRATA_CHECK(v.is_string(), bad("\"target_modules\" must hold strings, found " + v.dump()));
       c.target_list.push_back(v.get<std::string>());
+    }
+  }
+  if (j.contains("target_parameters") && !j["target_parameters"].is_null()) {
+    STRATA_CHECK(j["target_parameters"].is_array(), bad("\"target_parameters\" must be a list of parameter names"));
+    for (const auto& v : j["target_parameters"]) {
+      STRATA_CHECK(v.is_string(), bad("\"target_parameters\" must hold strings, found " + v.dump()));
+      c.target_parameters.push_back(v.get<std::string>());
     }
   }
   if (j.contains("layers_to_transform") && !j["layers_to_transform"].is_null()) {
@@ -200,7 +236,12 @@ LoraAdapter lora_adapter_read(const std::string& dir, const ModelSpec& spec) {
                    ? " (only adapter_model.bin, a pickle: save it again with safe_serialization=True)"
                    : "");
   const SafetensorsFile file = SafetensorsFile::open(st_path);
-  const std::map<std::string, ModelModule> modules = linear_modules(spec);
+  bool gate_up = false, down = false;  // the experts' parameters the adapter targets (their module names follow)
+  for (const std::string& t : cfg.target_parameters) {
+    gate_up = gate_up || name_matches("experts.gate_up_proj", t) || name_matches(t, "experts.gate_up_proj");
+    down = down || name_matches("experts.down_proj", t) || name_matches(t, "experts.down_proj");
+  }
+  const std::map<std::string, ModelModule> modules = linear_modules(spec, gate_up, down);
 
   // every tensor is a LoRA matrix of a module the model has and the config targets
   std::vector<std::string> problems;
@@ -219,7 +260,7 @@ LoraAdapter lora_adapter_read(const std::string& dir, const ModelSpec& spec) {
       problems.push_back(str_cat("tensor '", e.name, "': the model has no linear module ", module));
       continue;
     }
-    if (!cfg.targets(module, it->second.layer))
+    if (!cfg.targets(module, it->second))
       problems.push_back(str_cat("tensor '", e.name, "': ", module, " is not among adapter_config.json's target_modules"));
     found[module][which] = &e;
   }
@@ -235,7 +276,7 @@ LoraAdapter lora_adapter_read(const std::string& dir, const ModelSpec& spec) {
                                  " model (it has ", join(kinds, ", "), ")"));
   }
   for (const auto& [name, m] : modules)
-    if (cfg.targets(name, m.layer) && !found.count(name))
+    if (cfg.targets(name, m) && !found.count(name))
       problems.push_back(str_cat("target module ", name, " has no ", lora_tensor_name(name, 'A'), " / lora_B"));
 
   LoraAdapter a;
@@ -243,13 +284,23 @@ LoraAdapter lora_adapter_read(const std::string& dir, const ModelSpec& spec) {
   for (const auto& [module, mats] : found) {
     const ModelModule& m = modules.at(module);
     const TensorSpec& w = spec.params[m.row];
+    const bool packed = m.packed == kGateUp || m.packed == kDown;
+    MoeExpertParams mp;
+    const bool moe = packed && moe_kind_expert_params(*spec.layers[size_t(m.layer)].kind, &mp);
+    STRATA_ASSERT(moe || !packed, "packed experts on a layer that is not mixture-of-experts");
+    const int64_t E = packed ? mp.experts : 1;
+    const Shape& down =  // expert 0's down_proj (C, I)
+        packed ? spec.params[size_t(spec.layers[size_t(m.layer)].rows[mp.first + 2])].shape : w.shape;
     LoraPair p;
     p.module = module, p.param_row = m.row, p.out = w.shape[0], p.in = w.shape[1], p.r = cfg.r;
+    if (m.packed == kGateUp) p.out = 2 * down[1], p.in = down[0];  // per expert: gate_up (2I, C)
+    if (m.packed == kDown) p.out = down[0], p.in = down[1];        // down (C, I)
+    const std::string& pattern_name = m.packed == kLinear ? module : m.key;
     double alpha = cfg.alpha;
     for (const auto& [k, v] : cfg.rank_pattern)
-      if (pattern_matches(k, module)) { p.r = v; break; }
+      if (pattern_matches(k, pattern_name)) { p.r = v; break; }
     for (const auto& [k, v] : cfg.alpha_pattern)
-      if (pattern_matches(k, module)) { alpha = v; break; }
+      if (pattern_matches(k, pattern_name)) { alpha = v; break; }
     p.scale = float(cfg.use_rslora ? alpha / std::sqrt(double(p.r)) : alpha / double(p.r));
     for (const char which : {'A', 'B'}) {
       const auto it = mats.find(which);
@@ -258,7 +309,8 @@ LoraAdapter lora_adapter_read(const std::string& dir, const ModelSpec& spec) {
                                    lora_tensor_name(module, which)));
         continue;
       }
-      const std::vector<int64_t> want = which == 'A' ? std::vector<int64_t>{p.r, p.in} : std::vector<int64_t>{p.out, p.r};
+      const std::vector<int64_t> want =
+          which == 'A' ? std::vector<int64_t>{E * p.r, p.in} : std::vector<int64_t>{p.out, E * p.r};
       if (it->second->shape != want) {
         problems.push_back(str_cat(it->second->name, " is ", safetensors_format_shape(it->second->shape), ", expected ",
                                    safetensors_format_shape(want), " (r = ", p.r, ", ", w.name, " is ",
@@ -269,7 +321,37 @@ LoraAdapter lora_adapter_read(const std::string& dir, const ModelSpec& spec) {
       dst.resize(size_t(it->second->numel()));
       file.read(*it->second, DType::f32, dst.data());
     }
-    if (p.A.size() == size_t(p.r * p.in) && p.B.size() == size_t(p.out * p.r)) a.pairs.push_back(std::move(p));
+    if (p.A.size() != size_t(E * p.r * p.in) || p.B.size() != size_t(p.out * E * p.r)) continue;
+    if (!packed) {
+      a.pairs.push_back(std::move(p));
+      continue;
+    }
+    // one pair per expert's row: A_e the rows e*r.., B_e the columns k*E + e of PEFT's B (an expert's
+    // gate_up B_e split into gate's first and up's last I rows, as its merged weight is split)
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r = p.r, C = down[0], I = down[1];
+      std::vector<float> Ae(p.A.begin() + e * r * p.in, p.A.begin() + (e + 1) * r * p.in);
+      auto b_rows = [&](int64_t from, int64_t rows) {  // rows [from, from + rows) of B_e (out, r)
+        std::vector<float> b(size_t(rows * r));
+        for (int64_t o = 0; o < rows; ++o)
+          for (int64_t k = 0; k < r; ++k) b[size_t(o * r + k)] = p.B[size_t((from + o) * E * r + k * E + e)];
+        return b;
+      };
+      const size_t first = mp.first + size_t(e) * mp.per_expert;  // gate, up, down
+      const ModelLayer& layer = spec.layers[size_t(m.layer)];
+      auto pair = [&](size_t which, int64_t out, int64_t in, std::vector<float> b) {
+        LoraPair q;
+        q.module = str_cat(module, "[expert ", e, "]"), q.param_row = size_t(layer.rows[first + which]);
+        q.r = r, q.out = out, q.in = in, q.scale = p.scale, q.A = Ae, q.B = std::move(b);
+        a.pairs.push_back(std::move(q));
+      };
+      if (m.packed == kGateUp) {
+        pair(0, I, C, b_rows(0, I));
+        pair(1, I, C, b_rows(I, I));
+      } else {
+        pair(2, C, I, b_rows(0, C));
+      }
+    }
   }
   if (!problems.empty()) {
     if (problems.size() > 12) problems.resize(12), problems.push_back("...");

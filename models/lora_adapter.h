@@ -8,6 +8,12 @@
 //   adapter_model.safetensors  base_model.model.<module>.lora_A.weight (r, in) and
 //                              base_model.model.<module>.lora_B.weight (out, r), for each adapted
 //                              module, e.g. <module> = model.layers.0.self_attn.q_proj
+// A mixture-of-experts layer's router and experts come through adapter_config.json's
+// target_parameters (PEFT's ParamWrapper): the router <module> = model.layers.0.mlp.gate, a plain
+// pair; the experts' packed gate_up_proj and down_proj on model.layers.0.mlp.experts (gate_up_proj's
+// on mlp.experts.base_layer when both are targeted), A (E*r, in) and B (out, E*r) with expert e's
+// A_e the rows e*r .. e*r+r-1 and B_e the columns k*E + e: read as one LoraPair per expert's row
+// (an expert's gate_proj and up_proj share A_e and take the first and last I rows of B_e).
 // Every problem is bad input (exit 2) naming the file, the tensor and what was expected: a
 // missing file, a tensor the model has no module for, a lone A or B, a shape that disagrees with
 // the model or with r, a target module the model does not have, features the merge does not

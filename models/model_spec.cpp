@@ -84,7 +84,7 @@ std::vector<ExpectedTensor> ModelSpec::expected_tensors() const {
 }
 
 std::vector<float> model_rope_inv_freq(const ModelConfig& cfg) {
-  const int64_t D = cfg.head_dim;
+  const int64_t D = cfg.rotary_dim > 0 ? cfg.rotary_dim : cfg.head_dim;  // the dims RoPE turns (partial rotary)
   std::vector<float> inv(size_t(D / 2));
   const float base = float(cfg.rope_theta);
   for (int64_t j = 0; j < D / 2; ++j)

@@ -66,6 +66,7 @@ ModelSpec model_spec_build(const ModelConfig& config, DType matrix_dtype, const 
 // llama3 and linear rope_scaling rules. Gemma 3: head_dim floats, the global layers' (scaled)
 // then the sliding layers' (base rope_local_theta): TokenContext::inv_freq holds both. Phi-3's
 // LongRoPE: head_dim floats too, the short factors' table then the long ones' (models/phi3_layer.h).
+// With a partial rotary factor (phi3) the tables are rotary_dim / 2 long, not head_dim / 2.
 std::vector<float> model_rope_inv_freq(const ModelConfig& config);
 // Its RMSNorms scale by (1 + w) (Gemma 3): the final norm too (offload/engine/layer_pass.cpp).
 inline bool model_norm_plus_one(const ModelConfig& config) { return config.family == "gemma3_text"; }

@@ -46,6 +46,7 @@ struct MoeWorkspace {
   float* dw;            // (M)
   float* dlogits;       // (N, E)
   bf16* cast_b;         // (M, max(C, I, E)) bf16 copies of gradients (bf16 mode)
+  float *lora_u, *lora_t;  // (M, r) x A^T and dy B' of the router's and experts' adapters (lora_r > 0)
 };
 
 struct Carver {
@@ -75,7 +76,9 @@ void carve_moe_activations(const MoeShape& m, const LayerDims& d, Carver& c, Moe
 void carve_moe_scratch(const MoeShape& m, const LayerDims& d, Carver& c, MoeWorkspace& w, bool backward) {
   const int64_t N = d.N(), M = N * m.K, C = d.C, I = m.I;
   w.cast = c.take<bf16>(M * std::max(C, I));
+  w.lora_u = d.lora_r > 0 ? c.take<float>(M * d.lora_r) : nullptr;
   if (!backward) return;
+  w.lora_t = d.lora_r > 0 ? c.take<float>(M * d.lora_r) : nullptr;
   w.dy = c.take<float>(M * C);
   w.dxg = c.take<float>(M * C);
   w.dact = c.take<float>(M * I);
@@ -286,6 +289,27 @@ class MoeLayerKind final : public LayerKind {
     else dev.matmul(c, ab, w, DType::bf16, rows, n, k, false, true, 0.f, s);
   }
 
+  // y (n, o) += (x A^T) B'^T for an adapter (none: nothing) whose A (r, i) and B' (o, r) sit at
+  // float offsets a_at and b_at of ad's (an expert's, in the packed experts' A and B); f32, u (n, r).
+  static void adapter_forward(Device& dev, float* y, const float* x, const LoraLinear& ad, int64_t a_at, int64_t b_at,
+                              float* u, int64_t n, int64_t o, int64_t i, int64_t r, Stream s) {
+    if (!ad.a) return;
+    dev.matmul(u, x, ad.a + a_at, DType::f32, n, r, i, false, true, 0.f, s);      // u (n,r) = x A^T
+    dev.matmul(y, u, ad.b + b_at, DType::f32, n, o, r, false, true, 1.f, s);      // y += u B'^T
+  }
+  // Its backward from dy (n, o), the same adapter and x: dx (n, i) += (dy B') A ; dA += (dy B')^T x ;
+  // dB' += dy^T (x A^T); t, u (n, r) scratch.
+  static void adapter_backward(Device& dev, float* dx, const LoraLinearGrads& g, const float* dy, const float* x,
+                               const LoraLinear& ad, int64_t a_at, int64_t b_at, float* t, float* u, int64_t n,
+                               int64_t o, int64_t i, int64_t r, Stream s) {
+    if (!ad.a) return;
+    dev.matmul(t, dy, ad.b + b_at, DType::f32, n, r, o, false, false, 0.f, s);    // t (n,r) = dy B'
+    dev.matmul(dx, t, ad.a + a_at, DType::f32, n, i, r, false, false, 1.f, s);    // dx += t A
+    dev.matmul(g.a + a_at, t, x, DType::f32, r, i, n, true, false, 1.f, s);       // dA += t^T x
+    dev.matmul(u, x, ad.a + a_at, DType::f32, n, r, i, false, true, 0.f, s);      // u = x A^T
+    dev.matmul(g.b + b_at, dy, u, DType::f32, o, r, n, true, false, 1.f, s);      // dB' += dy^T u
+  }
+
   // From xn2 (in c.att) to the experts' outputs y (M, C): the router, the routing (uploaded into
   // the workspace), the gather, and the grouped GEMMs. With aux, the forward adds the layer's
   // counts and probability sums to the micro-batch's load-balancing loss.
@@ -295,6 +319,7 @@ class MoeLayerKind final : public LayerKind {
     MoeWorkspace& mw = c.moe;
     const bf16* xn2_b = d.wt == DType::bf16 ? c.att.cast_a : nullptr;  // left there by the attention half
     linear(dev, mw.logits, c.att.xn2, xn2_b, w.param[kRouter], N, E, C, d, s);
+    adapter_forward(dev, mw.logits, c.att.xn2, w.lora[kLayerRouter], 0, 0, mw.lora_u, N, E, C, d.lora_r, s);
     MoeRouting r = route_on_host(dev, m_, mw.logits, N, s);
     HostStaging& st = staging();
     st.ints.assign(r.row_token.begin(), r.row_token.end());
@@ -324,6 +349,15 @@ class MoeLayerKind final : public LayerKind {
       if (rows == 0) continue;
       linear(dev, mw.gate + o * I, mw.xg + o * C, mw.cast + o * C, expert(w, x, 0), rows, I, C, d, s);
       linear(dev, mw.up + o * I, mw.xg + o * C, mw.cast + o * C, expert(w, x, 1), rows, I, C, d, s);
+      if (const LoraLinear& gu = w.lora[kLayerExpertsGateUp]; gu.a) {  // u = xg A_x^T ; gate += u Bg^T ; up += u Bu^T
+        const int64_t r = d.lora_r;
+        const float* a = gu.a + x * r * C;
+        const float* b = gu.b + x * 2 * I * r;  // (2I, r): gate's rows, then up's
+        float* u = mw.lora_u + o * r;
+        dev.matmul(u, mw.xg + o * C, a, DType::f32, rows, r, C, false, true, 0.f, s);
+        dev.matmul(mw.gate + o * I, u, b, DType::f32, rows, I, r, false, true, 1.f, s);
+        dev.matmul(mw.up + o * I, u, b + I * r, DType::f32, rows, I, r, false, true, 1.f, s);
+      }
     }
     if (d.wt == DType::bf16) dev.swiglu_forward_bf16(mw.act, mw.cast, mw.gate, mw.up, M * I, s);
     else dev.swiglu_forward(mw.act, mw.gate, mw.up, M * I, s);
@@ -331,6 +365,8 @@ class MoeLayerKind final : public LayerKind {
       const int64_t o = r.offsets[size_t(x)], rows = r.expert_rows(x);
       if (rows == 0) continue;
       linear(dev, mw.y + o * C, mw.act + o * I, mw.cast + o * I, expert(w, x, 2), rows, C, I, d, s);
+      adapter_forward(dev, mw.y + o * C, mw.act + o * I, w.lora[kLayerExpertsDown], x * d.lora_r * I,
+                      x * C * d.lora_r, mw.lora_u + o * d.lora_r, rows, C, I, d.lora_r, s);
     }
     return r;
   }
@@ -366,6 +402,10 @@ class MoeLayerKind final : public LayerKind {
       const void* act = bf ? static_cast<const void*>(mw.cast + o * I) : mw.act + o * I;
       dev.matmul(mw.dact + o * I, dy, expert(w, e, 2), wt, rows, I, C, false, false, 0.f, s);
       if (float* gd = expert_grad(g, e, 2)) dev.matmul(gd, dy, act, wt, C, I, rows, true, false, 1.f, s);
+      const int64_t rank = d.lora_r;  // the adapter reads the f32 dy and act
+      adapter_backward(dev, mw.dact + o * I, g.lora[kLayerExpertsDown], mw.dy + o * C, mw.act + o * I,
+                       w.lora[kLayerExpertsDown], e * rank * I, e * C * rank, mw.lora_t + o * rank,
+                       mw.lora_u + o * rank, rows, C, I, rank, s);
     }
     dev.swiglu_backward(mw.dgate, mw.dup, mw.dact, mw.gate, mw.up, M * I, s);
     // gate and up: dxg = dgate Wg + dup Wu ; dWg += dgate^T xg ; dWu += dup^T xg
@@ -381,6 +421,30 @@ class MoeLayerKind final : public LayerKind {
         dev.matmul(mw.dxg + o * C, dze, expert(w, e, which), wt, rows, C, I, false, false, which == 0 ? 0.f : 1.f,
                    s);
         if (float* gw = expert_grad(g, e, which)) dev.matmul(gw, dze, xg, wt, I, C, rows, true, false, 1.f, s);
+      }
+    }
+    // the experts' fused gate_up adapters: t = dgate Bg' + dup Bu' ; dxg += t A ; dA += t^T xg ;
+    // u = xg A^T ; dBg' += dgate^T u ; dBu' += dup^T u (f32, per expert)
+    if (const LoraLinear& gu = w.lora[kLayerExpertsGateUp]; gu.a) {
+      const LoraLinearGrads& gg = g.lora[kLayerExpertsGateUp];
+      const int64_t rank = d.lora_r;
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t o = r.offsets[size_t(e)], rows = r.expert_rows(e);
+        if (rows == 0) continue;
+        const float* a = gu.a + e * rank * C;            // A_e (r, C)
+        const float* bg = gu.b + e * 2 * I * rank;       // B_e's gate rows (I, r), then its up rows
+        const float* bu = bg + I * rank;
+        float* t = mw.lora_t + o * rank;                 // (rows, r)
+        float* u = mw.lora_u + o * rank;                 // (rows, r)
+        const float* xg = mw.xg + o * C;
+        dev.matmul(t, mw.dgate + o * I, bg, DType::f32, rows, rank, I, false, false, 0.f, s);   // t = dgate Bg'
+        dev.matmul(t, mw.dup + o * I, bu, DType::f32, rows, rank, I, false, false, 1.f, s);     // t += dup Bu'
+        dev.matmul(mw.dxg + o * C, t, a, DType::f32, rows, C, rank, false, false, 1.f, s);      // dxg += t A
+        dev.matmul(gg.a + e * rank * C, t, xg, DType::f32, rank, C, rows, true, false, 1.f, s); // dA += t^T xg
+        dev.matmul(u, xg, a, DType::f32, rows, rank, C, false, true, 0.f, s);                  // u = xg A^T
+        float* gbg = gg.b + e * 2 * I * rank;
+        dev.matmul(gbg, mw.dgate + o * I, u, DType::f32, I, rank, rows, true, false, 1.f, s);  // dBg' += dgate^T u
+        dev.matmul(gbg + I * rank, mw.dup + o * I, u, DType::f32, I, rank, rows, true, false, 1.f, s);
       }
     }
     // d xn2 (N,C): the rows scattered back to their tokens (unweighted: the weights are in dy)
@@ -406,6 +470,8 @@ class MoeLayerKind final : public LayerKind {
     }
     dev.matmul(c.att.dxn, dl, w.param[kRouter], wt, N, C, E, false, false, 1.f, s);            // dxn2 += dl Wr
     if (float* gr = g.param[kRouter]) dev.matmul(gr, dl, xn2, wt, E, C, N, true, false, 1.f, s);  // dWr += dl^T xn2
+    adapter_backward(dev, c.att.dxn, g.lora[kLayerRouter], mw.dlogits, c.att.xn2, w.lora[kLayerRouter], 0, 0,
+                     mw.lora_t, mw.lora_u, N, E, C, d.lora_r, s);  // the router's adapter (f32)
 
     LayerGrads ag = attention_grads(g);
     layer_attention_block_backward(dev, dx, ag, dout, x, attention_weights(w), ctx, c.att, attention_dims(d), s);
@@ -419,7 +485,7 @@ class MoeLayerKind final : public LayerKind {
 bool moe_kind_expert_params(const LayerKind& kind, MoeExpertParams* out) {
   const auto* moe = dynamic_cast<const MoeLayerKind*>(&kind);
   if (!moe) return false;
-  *out = MoeExpertParams{kExperts, kPerExpert, moe->shape().E};
+  *out = MoeExpertParams{kExperts, kPerExpert, moe->shape().E, kRouter};
   return true;
 }
 

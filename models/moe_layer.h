@@ -16,8 +16,12 @@
 // Parameters, in the kind's order: the dense attention half's 12 (input norm, q, k, v, o, their
 // biases, q/k norms), post_attention_layernorm, the router, then per expert gate, up, down. HF
 // names: Qwen3-MoE "mlp.gate.weight", "mlp.experts.{x}.{gate,up,down}_proj.weight"; Mixtral
-// "block_sparse_moe.gate.weight", "block_sparse_moe.experts.{x}.{w1,w3,w2}.weight". Only the
-// attention projections are LoRA targets for now.
+// "block_sparse_moe.gate.weight", "block_sparse_moe.experts.{x}.{w1,w3,w2}.weight". LoRA: the
+// attention projections (LayerTensors::lora's q, k, v, o), and PEFT's target_parameters, the router
+// (logits += (xn2 A^T) B'^T, so the routing follows the adapted logits and the gradient reaches A
+// and B through the softmax as the router's does) and the experts (expert x's gate and up rows add
+// (xg A_x^T) B_x'^T with its fused gate_up B_x's first and last I rows, its down rows
+// (act A_x^T) B_x'^T; the adapters of the experts a token skipped see none of its gradient).
 //
 // Legend: N tokens, C hidden, E experts, k experts per token, M = N*k routed rows, I the
 // experts' intermediate size.
@@ -42,6 +46,7 @@ const LayerKind& moe_layer_kind(const ModelConfig& config);
 struct MoeExpertParams {
   size_t first = 0, per_expert = 0;
   int64_t experts = 0;
+  size_t router = 0;  // the router's place (E, C)
 };
 // kind is a MoE kind: its experts' places (into *out). Not one: false.
 bool moe_kind_expert_params(const LayerKind& kind, MoeExpertParams* out);

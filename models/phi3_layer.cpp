@@ -133,7 +133,7 @@ class Phi3LayerKind final : public LayerKind {
     if (longrope_original_ == 0) return ctx;
     STRATA_ASSERT(d.max_pos >= 0, "a LongRoPE layer needs the micro-batch's largest position (LayerDims::max_pos)");
     TokenContext c = ctx;
-    if (int64_t(d.max_pos) + 1 > longrope_original_) c.inv_freq += d.D / 2;
+    if (int64_t(d.max_pos) + 1 > longrope_original_) c.inv_freq += d.rotary() / 2;
     return c;
   }
 

@@ -60,13 +60,15 @@ void rmsnorm_backward(float* din, float* dweight, const float* dout, const float
                       const float* weight, const float* rstd, int64_t n, int64_t c);
 
 // ---- RoPE, Hugging Face rotate-half layout ------------------------------------------------
-// x (N, nh, D); pos (N) position of each token; inv_freq (D/2). angle = float(pos) * inv_freq[j]
-// in f32, cos/sin in f32 (as HF computes them). out[j] = x[j] cos - x[j+D/2] sin,
-// out[j+D/2] = x[j+D/2] cos + x[j] sin. In-place allowed (out == in, din == dout).
+// x (N, nh, D); pos (N) position of each token; the first R = rot dims of each head turn (R even,
+// <= D; 0: R = D), the other D - R pass unchanged (partial_rotary_factor < 1: Phi-4-mini's 0.75);
+// inv_freq (R/2). angle = float(pos) * inv_freq[j] in f32, cos/sin in f32 (as HF computes them).
+// out[j] = x[j] cos - x[j+R/2] sin, out[j+R/2] = x[j+R/2] cos + x[j] sin for j < R/2.
+// In-place allowed (out == in, din == dout).
 void rope_forward(float* out, const float* in, const int32_t* pos, const float* inv_freq,
-                  int64_t n, int64_t nh, int64_t d);
+                  int64_t n, int64_t nh, int64_t d, int64_t rot = 0);
 void rope_backward(float* din, const float* dout, const int32_t* pos, const float* inv_freq,
-                   int64_t n, int64_t nh, int64_t d);
+                   int64_t n, int64_t nh, int64_t d, int64_t rot = 0);
 
 // ---- SwiGLU: out = silu(gate) * up, elementwise over n = N*F ------------------------------
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);

@@ -49,10 +49,11 @@ void rmsnorm_backward(float* din, float* dweight, const float* dout, const float
                       cudaStream_t stream);
 
 // ---- RoPE, HF rotate-half; in-place allowed -------------------------------------------------
+// rot: the leading dims of each head that turn (kernels/cpu/ops.h; 0: all d)
 void rope_forward(float* out, const float* in, const int32_t* pos, const float* inv_freq,
-                  int64_t n, int64_t nh, int64_t d, cudaStream_t stream);
+                  int64_t n, int64_t nh, int64_t d, int64_t rot, cudaStream_t stream);
 void rope_backward(float* din, const float* dout, const int32_t* pos, const float* inv_freq,
-                   int64_t n, int64_t nh, int64_t d, cudaStream_t stream);
+                   int64_t n, int64_t nh, int64_t d, int64_t rot, cudaStream_t stream);
 
 // ---- SwiGLU, bias ----------------------------------------------------------------------------
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n,

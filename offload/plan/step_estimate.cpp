@@ -406,8 +406,10 @@ StepEstimate zo_step_estimate(const ModelSpec& spec, const PlanInputs& in, int64
 }
 
 // LoRA's adapters: their parameters in every layer, and in the last `kept_layers` (whose
-// activations are kept: no recompute).
-std::pair<double, double> lora_adapter_params(const ModelSpec& spec, const LoraOptions& lora, size_t kept_layers) {
+// activations are kept: no recompute). active: a MoE layer's packed expert adapters counted by the
+// share of them a token runs through (k of E), as the FLOPs see them.
+std::pair<double, double> lora_adapter_params(const ModelSpec& spec, const LoraOptions& lora, size_t kept_layers,
+                                              bool active = false) {
   const LoraLayout l = LoraLayout::of(spec, lora);
   const size_t L = spec.layers.size();
   double all = 0, kept = 0;
@@ -415,7 +417,10 @@ std::pair<double, double> lora_adapter_params(const ModelSpec& spec, const LoraO
     for (int t = 0; t < kLoraTargets; ++t) {
       const int64_t a = l.a_row[i][size_t(t)];
       if (a == kAbsent) continue;
-      const double n = double(l.table[size_t(a)].numel() + l.table[size_t(a) + 1].numel());  // A, then B
+      const bool experts = t == kLayerExpertsGateUp || t == kLayerExpertsDown;
+      const double share = active && experts ? double(spec.config.num_experts_per_tok) / double(spec.config.num_experts)
+                                             : 1.0;
+      const double n = share * double(l.table[size_t(a)].numel() + l.table[size_t(a) + 1].numel());  // A, then B
       all += n;
       kept += i + kept_layers >= L ? n : 0;
     }
@@ -442,7 +447,7 @@ PassWork first_order_work(const ModelSpec& spec, const PlanInputs& in, const Run
   if (lora.enabled()) {
     layers.matmul_flops -= forward.matmul_flops;
     head.head_flops -= head_forward;
-    const auto [all, kept] = lora_adapter_params(spec, lora, plan.kept_activation_layers);
+    const auto [all, kept] = lora_adapter_params(spec, lora, plan.kept_activation_layers, true);
     layers.matmul_flops += N * (8 * all - 2 * kept);
     forward.matmul_flops += N * 2 * all;
   }

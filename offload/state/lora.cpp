@@ -1,5 +1,6 @@
 #include "offload/state/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "io/files.h"
 #include "io/safetensors.h"
 #include "models/lora_adapter.h"
+#include "models/moe_layer.h"
 #include "offload/state/host_store.h"
 #include "src/core/error.h"
 #include "src/device/host_ops.h"
@@ -36,17 +38,24 @@ float* alloc_floats(size_t n, const char* what) {
 
 const char* lora_target_name(LoraTarget t) { return layer_linear_name(int(t)); }
 
-// The mixture-of-experts parts PEFT names but strata's adapters do not reach: the router ("gate";
-// transformers 5 keeps it a bare parameter, not a Linear) and the experts (packed 3-D parameters
-// in transformers 5, PEFT's target_parameters; Mixtral's w1, w2, w3 in older checkpoints).
+// The mixture-of-experts parts named as modules, which PEFT reaches only as target_parameters: the
+// router ("gate"; transformers 5 keeps it a bare parameter, not a Linear) and the experts (packed
+// 3-D parameters in transformers 5; Mixtral's w1, w2, w3 in older checkpoints).
 static bool lora_names_moe_part(const std::string& n) {
   return n == "gate" || n == "router" || n == "w1" || n == "w2" || n == "w3" || n.find("experts") != std::string::npos;
 }
-constexpr const char* kMoeLoraRefusal =
-    "LoRA on a mixture-of-experts layer's router or experts is not supported: transformers 5 keeps the experts as "
-    "packed 3-D parameters and the router as a bare parameter, which PEFT adapts only through target_parameters "
-    "(one A and B per expert); strata adapts the attention projections of MoE layers (q_proj, k_proj, v_proj, "
-    "o_proj) and the MLPs of their dense layers: name those in target_modules";
+constexpr const char* kMoeLoraNames =
+    "a mixture-of-experts layer's router and experts are PEFT's target_parameters (transformers 5 keeps them as "
+    "parameters, not nn.Linear modules): name them mlp.gate.weight, mlp.experts.gate_up_proj, mlp.experts.down_proj "
+    "(lora.target_parameters; on the command line among --lora-targets)";
+
+// A target_parameters entry names target t when it is t's name or a dotted suffix of it (PEFT matches
+// "<module>.<parameter>" keys ending in "." + the entry), at least "<module>.<parameter>".
+static bool names_parameter_target(const std::string& n, int t) {
+  const std::string full = layer_linear_name(t);
+  return n == full || (n.find('.') != std::string::npos && full.size() > n.size() &&
+                       full.compare(full.size() - n.size(), n.size(), n) == 0 && full[full.size() - n.size() - 1] == '.');
+}
 
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin) {
   STRATA_CHECK(!names.empty(), origin, ": lora.target_modules is empty; name at least one of q_proj, k_proj, "
@@ -55,11 +64,12 @@ uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::st
   for (const std::string& n : names) {
     int found = -1;
     for (int t = 0; t < kLoraTargets; ++t)
-      if (n == layer_linear_name(t)) found = t;
-    STRATA_CHECK(found >= 0 || !lora_names_moe_part(n), origin, ": lora.target_modules names \"", n, "\". ",
-                 kMoeLoraRefusal);
+      if (t < kLayerRouter ? n == layer_linear_name(t) : names_parameter_target(n, t)) found = t;
+    STRATA_CHECK(found >= 0 || !lora_names_moe_part(n), origin, ": lora.target_modules names \"", n, "\"; ",
+                 kMoeLoraNames);
     STRATA_CHECK(found >= 0, origin, ": lora.target_modules names \"", n, "\"; use PEFT's names: q_proj, k_proj, "
-                 "v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)");
+                 "v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj; ",
+                 kMoeLoraNames, ")");
     mask |= 1u << found;
   }
   return mask;
@@ -67,28 +77,95 @@ uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::st
 
 std::vector<std::string> lora_target_names(uint32_t mask) {
   std::vector<std::string> out;
-  for (int t = 0; t < kLoraTargets; ++t)
+  for (int t = 0; t < kLayerRouter; ++t)
     if (mask & (1u << t)) out.push_back(layer_linear_name(t));
   return out;
 }
 
+std::vector<std::string> lora_target_parameter_names(uint32_t mask) {
+  std::vector<std::string> out;
+  for (int t = kLayerRouter; t < kLoraTargets; ++t)
+    if (mask & (1u << t)) out.push_back(layer_linear_name(t));
+  return out;
+}
+
+namespace {
+
+// A mixture-of-experts layer's adapted parameter for target t (router, experts' gate_up, down): the
+// PEFT module that holds it ("model.layers.3.mlp.gate", "...mlp.experts" or, for gate_up_proj's
+// wrapper when down_proj is targeted too, "...mlp.experts.base_layer": PEFT nests the wrappers in
+// the experts' parameter order, gate_up_proj innermost), its experts (0: the router, a plain
+// linear) and its per-expert (out, in). False when the layer has no such part.
+struct MoePart {
+  std::string module;
+  int64_t experts = 0, out = 0, in = 0;
+};
+bool moe_part(const ModelSpec& spec, size_t layer, int t, uint32_t targets, MoePart* p) {
+  const ModelLayer& l = spec.layers[layer];
+  MoeExpertParams mp;
+  if (!moe_kind_expert_params(*l.kind, &mp)) return false;
+  const std::string stem = spec.config.text_prefix + "layers." + std::to_string(layer) + ".mlp.";
+  const Shape& router = spec.params[size_t(l.rows[mp.router])].shape;            // (E, C)
+  const Shape& down = spec.params[size_t(l.rows[mp.first + 2])].shape;           // expert 0's (C, I)
+  if (t == kLayerRouter) {
+    *p = MoePart{stem + "gate", 0, router[0], router[1]};
+  } else if (t == kLayerExpertsGateUp) {
+    const bool nested = targets & (1u << kLayerExpertsDown);
+    *p = MoePart{stem + (nested ? "experts.base_layer" : "experts"), mp.experts, 2 * down[1], down[0]};
+  } else {
+    *p = MoePart{stem + "experts", mp.experts, down[0], down[1]};
+  }
+  return true;
+}
+
+std::string peft_module_name(const std::string& module, const char* which) {
+  return "base_model.model." + module + "." + which + ".weight";
+}
+
+}  // namespace
+
 LoraLayout LoraLayout::of(const ModelSpec& spec, const LoraOptions& o) {
   STRATA_ASSERT(o.r > 0);
+  STRATA_CHECK(o.dropout == 0 || !(o.targets & kLoraParameterTargets), "lora.dropout is ", o.dropout, " with ",
+               "target_parameters (", lora_target_parameter_names(o.targets & kLoraParameterTargets).front(),
+               "): PEFT's ParamWrapper, which adapts a mixture-of-experts layer's router and experts, refuses "
+               "dropout (it cannot factor x out of the merged weight); set lora.dropout = 0");
   LoraLayout l;
   l.r = o.r;
   l.scale = o.scale();
-  for (const ModelLayer& layer : spec.layers) {
+  auto add = [&](const std::string& name, Shape shape, int64_t experts) {
+    const size_t row = l.table.add(TensorSpec{name, std::move(shape), DType::f32, Tier::host});
+    l.experts.resize(row + 1, 0);
+    l.experts[row] = experts;
+    return row;
+  };
+  bool any_moe_part = false;
+  for (size_t li = 0; li < spec.layers.size(); ++li) {
+    const ModelLayer& layer = spec.layers[li];
     std::array<int64_t, kLoraTargets> a{};
     for (int t = 0; t < kLoraTargets; ++t) {
       a[size_t(t)] = kAbsent;
+      if (!(o.targets & (1u << t))) continue;
+      if (t >= kLayerRouter) {
+        MoePart p;
+        if (!moe_part(spec, li, t, o.targets, &p)) continue;
+        any_moe_part = true;
+        const int64_t E = std::max<int64_t>(p.experts, 1);
+        a[size_t(t)] = int64_t(add(peft_module_name(p.module, "lora_A"), {E * o.r, p.in}, p.experts));
+        l.b_rows.push_back(add(peft_module_name(p.module, "lora_B"), {E * p.out, o.r}, p.experts));
+        continue;
+      }
       const int64_t br = layer.linear_row(t);
-      if (!(o.targets & (1u << t)) || br == kAbsent) continue;
+      if (br == kAbsent) continue;
       const TensorSpec& w = spec.params[size_t(br)];
-      a[size_t(t)] = int64_t(l.table.add(TensorSpec{peft_name(w.name, "lora_A"), {o.r, w.shape[1]}, DType::f32, Tier::host}));
-      l.b_rows.push_back(l.table.add(TensorSpec{peft_name(w.name, "lora_B"), {w.shape[0], o.r}, DType::f32, Tier::host}));
+      a[size_t(t)] = int64_t(add(peft_name(w.name, "lora_A"), {o.r, w.shape[1]}, 0));
+      l.b_rows.push_back(add(peft_name(w.name, "lora_B"), {w.shape[0], o.r}, 0));
     }
     l.a_row.push_back(a);
   }
+  STRATA_CHECK(any_moe_part || !(o.targets & kLoraParameterTargets), "lora target_parameters (",
+               lora_target_parameter_names(o.targets & kLoraParameterTargets).front(), ") name a mixture-of-experts "
+               "layer's router or experts, and this model (", spec.config.family, ") has none");
   // Phi-3 fuses q, k, v into qkv_proj and gate, up into gate_up_proj (PEFT's modules): naming the
   // parts alone would leave them without adapters where the user asked for them
   const uint32_t parts_qkv = (1u << int(LoraTarget::q)) | (1u << int(LoraTarget::k)) | (1u << int(LoraTarget::v));
@@ -193,24 +270,90 @@ void LoraStore::adamw(const AdamWParams& params, double weight_decay) {
   refresh_image();
 }
 
+Shape lora_peft_shape(const LoraLayout& l, size_t row) {
+  const TensorSpec& t = l.table[row];
+  const int64_t E = l.experts[row];
+  const bool packed_b = E > 0 && t.shape[1] == l.r && t.name.find(".lora_B.") != std::string::npos;
+  return packed_b ? Shape{t.shape[0] / E, E * l.r} : t.shape;
+}
+
+// strata's packed expert B (E, out, r) <-> PEFT's (out, r*E), whose column k*E + e is expert e's k.
+void lora_peft_tensor(const LoraLayout& l, size_t row, const float* in, float* out) {
+  const TensorSpec& t = l.table[row];
+  const Shape peft = lora_peft_shape(l, row);
+  if (peft == t.shape) {
+    std::memcpy(out, in, size_t(t.numel()) * 4);
+    return;
+  }
+  const int64_t E = l.experts[row], r = l.r, O = peft[0];
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t k = 0; k < r; ++k) out[o * r * E + k * E + e] = in[(e * O + o) * r + k];
+}
+
+void lora_from_peft_tensor(const LoraLayout& l, size_t row, const float* in, float* out) {
+  const TensorSpec& t = l.table[row];
+  const Shape peft = lora_peft_shape(l, row);
+  if (peft == t.shape) {
+    std::memcpy(out, in, size_t(t.numel()) * 4);
+    return;
+  }
+  const int64_t E = l.experts[row], r = l.r, O = peft[0];
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t k = 0; k < r; ++k) out[(e * O + o) * r + k] = in[o * r * E + k * E + e];
+}
+
+std::vector<LoraMergeTerm> lora_merge_terms(const ModelSpec& spec, const LoraLayout& l) {
+  std::vector<LoraMergeTerm> terms;
+  const int64_t r = l.r;
+  for (size_t layer = 0; layer < spec.layers.size(); ++layer) {
+    const ModelLayer& ml = spec.layers[layer];
+    for (int t = 0; t < kLoraTargets; ++t) {
+      const int64_t a_row = l.a_row[layer][size_t(t)];
+      if (a_row == kAbsent) continue;
+      const size_t a = l.table[size_t(a_row)].offset / 4, b = l.table[size_t(a_row) + 1].offset / 4;
+      if (t < kLayerRouter) {
+        const size_t row = size_t(ml.linear_row(t));
+        terms.push_back({row, a, b, spec.params[row].shape[0], spec.params[row].shape[1]});
+        continue;
+      }
+      MoeExpertParams mp;
+      const bool moe = moe_kind_expert_params(*ml.kind, &mp);
+      STRATA_ASSERT(moe, "a router or expert adapter on a layer that is not mixture-of-experts");
+      if (t == kLayerRouter) {
+        const size_t row = size_t(ml.rows[mp.router]);
+        terms.push_back({row, a, b, spec.params[row].shape[0], spec.params[row].shape[1]});
+        continue;
+      }
+      for (int64_t e = 0; e < mp.experts; ++e) {
+        const size_t first = mp.first + size_t(e) * mp.per_expert;  // gate, up, down
+        const Shape& down = spec.params[size_t(ml.rows[first + 2])].shape;  // (C, I)
+        const int64_t C = down[0], I = down[1];
+        if (t == kLayerExpertsGateUp) {  // A_e (r, C); B_e (2I, r): gate's rows, then up's
+          const size_t ae = a + size_t(e * r * C), be = b + size_t(e * 2 * I * r);
+          terms.push_back({size_t(ml.rows[first]), ae, be, I, C});
+          terms.push_back({size_t(ml.rows[first + 1]), ae, be + size_t(I * r), I, C});
+        } else {  // A_e (r, I); B_e (C, r)
+          terms.push_back({size_t(ml.rows[first + 2]), a + size_t(e * r * I), b + size_t(e * C * r), C, I});
+        }
+      }
+    }
+  }
+  return terms;
+}
+
 void lora_merge_into(HostStore& store, const LoraStore& lora) {
   const ModelSpec& spec = store.spec();
   const LoraLayout& l = lora.layout();
   std::vector<float> w;
-  for (size_t layer = 0; layer < spec.layers.size(); ++layer)
-    for (int t = 0; t < kLoraTargets; ++t) {
-      const int64_t a_row = l.a_row[layer][size_t(t)];
-      if (a_row == kAbsent) continue;
-      const size_t row = size_t(spec.layers[layer].linear_row(t));
-      const TensorSpec& a = l.table[size_t(a_row)];
-      const int64_t out = spec.params[row].shape[0], in = spec.params[row].shape[1], r = l.r;
-      const float* A = lora.master() + a.offset / 4;                       // (r, in)
-      const float* B = lora.master() + l.table[size_t(a_row) + 1].offset / 4;  // (out, r)
-      w.resize(size_t(out * in));
-      store.get_param(row, w.data());
-      lora_merge_weight(w.data(), A, B, out, in, r, l.scale);  // the merge `strata generate --adapter` runs
-      store.set_param(row, w.data());
-    }
+  for (const LoraMergeTerm& m : lora_merge_terms(spec, l)) {
+    w.resize(size_t(m.out * m.in));
+    store.get_param(m.param_row, w.data());
+    // the merge `strata generate --adapter` runs: A (r, in), B (out, r)
+    lora_merge_weight(w.data(), lora.master() + m.a, lora.master() + m.b, m.out, m.in, l.r, l.scale);
+    store.set_param(m.param_row, w.data());
+  }
 }
 
 uint64_t lora_dropout_seed(uint64_t run_seed, int64_t step, int64_t micro_batch) {
@@ -224,6 +367,9 @@ std::string lora_adapter_config_json(const LoraOptions& o, const std::string& ba
                       {"lora_alpha", o.alpha},
                       {"lora_dropout", o.dropout},
                       {"target_modules", lora_target_names(o.targets)},
+                      {"target_parameters", o.targets & kLoraParameterTargets
+                                                ? nlohmann::json(lora_target_parameter_names(o.targets))
+                                                : nlohmann::json(nullptr)},
                       {"base_model_name_or_path", base_model},
                       {"bias", "none"},
                       {"fan_in_fan_out", false},
@@ -240,8 +386,18 @@ void LoraStore::save_peft(const std::string& dir, const std::string& base_model)
   std::filesystem::create_directories(dir, ec);
   STRATA_CHECK_IO(!ec, "cannot create the adapter directory ", dir, ": ", ec.message());
   std::vector<TensorToWrite> out;
-  for (const TensorSpec& t : layout_.table.rows())
-    out.push_back(TensorToWrite{t.name, DType::f32, t.shape, static_cast<const void*>(master_ + t.offset / 4)});
+  std::vector<std::vector<float>> reordered;  // PEFT's layout of the packed expert B rows
+  reordered.reserve(layout_.table.size());
+  for (size_t i = 0; i < layout_.table.size(); ++i) {
+    const TensorSpec& t = layout_.table[i];
+    const float* p = master_ + t.offset / 4;
+    if (lora_peft_shape(layout_, i) != t.shape) {
+      reordered.emplace_back(size_t(t.numel()));
+      lora_peft_tensor(layout_, i, p, reordered.back().data());
+      p = reordered.back().data();
+    }
+    out.push_back(TensorToWrite{t.name, DType::f32, lora_peft_shape(layout_, i), static_cast<const void*>(p)});
+  }
   safetensors_write_file(dir + "/adapter_model.safetensors", out);
   file_write_atomic(dir + "/adapter_config.json", lora_adapter_config_json(options_, base_model));
 }
@@ -259,31 +415,39 @@ void LoraStore::load_peft(const std::string& dir) {
   if (j.contains("lora_alpha") && j["lora_alpha"].is_number())
     STRATA_CHECK(std::abs(j["lora_alpha"].get<double>() - options_.alpha) < 1e-9, cfg_path, ": lora_alpha is ",
                  j["lora_alpha"].get<double>(), " but lora.alpha is ", options_.alpha, "; set lora.alpha to match");
-  if (j.contains("target_modules") && j["target_modules"].is_array()) {
-    std::vector<std::string> names;
-    for (const auto& n : j["target_modules"])
-      if (n.is_string()) names.push_back(n.get<std::string>());
-    STRATA_CHECK(lora_targets_parse(names, cfg_path) == options_.targets, cfg_path, ": target_modules differ from "
-                 "lora.target_modules; set lora.target_modules to the adapter's");
-  }
-  if (j.contains("target_parameters") && !j["target_parameters"].is_null())
-    STRATA_CHECK(j["target_parameters"].empty(), cfg_path, ": target_parameters is ", j["target_parameters"].dump(),
-                 ". ", kMoeLoraRefusal);
+  // target_modules and target_parameters (PEFT's list for the MoE router and experts) together
+  // name the targets lora.target_modules (and lora.target_parameters) asked for
+  std::vector<std::string> names;
+  for (const char* key : {"target_modules", "target_parameters"})
+    if (j.contains(key) && j[key].is_array())
+      for (const auto& n : j[key])
+        if (n.is_string()) names.push_back(n.get<std::string>());
+  if (!names.empty())
+    STRATA_CHECK(lora_targets_parse(names, cfg_path) == options_.targets, cfg_path, ": target_modules and "
+                 "target_parameters (", (nlohmann::json(names)).dump(), ") differ from lora.target_modules and "
+                 "lora.target_parameters (", nlohmann::json(lora_target_names(options_.targets)).dump(), ", ",
+                 nlohmann::json(lora_target_parameter_names(options_.targets)).dump(), "); set them to the adapter's");
   SafetensorsFile f = SafetensorsFile::open(dir + "/adapter_model.safetensors");
   std::string problems;
-  for (const TensorSpec& t : layout_.table.rows()) {
+  std::vector<float> peft;
+  for (size_t i = 0; i < layout_.table.size(); ++i) {
+    const TensorSpec& t = layout_.table[i];
+    const Shape want = lora_peft_shape(layout_, i);
     const SafetensorsEntry* e = f.find(t.name);
     if (!e) {
       problems += "\n  missing " + t.name;
       continue;
     }
-    if (e->shape != t.shape) {
-      problems += str_cat("\n  ", t.name, " has another shape than (", t.shape[0], ", ", t.shape[1], ")");
+    if (e->shape != want) {
+      problems += str_cat("\n  ", t.name, " is ", safetensors_format_shape(e->shape), ", expected ",
+                          safetensors_format_shape(want));
       continue;
     }
     STRATA_CHECK(e->dtype == DType::f32 || e->dtype == DType::bf16 || e->dtype == DType::f16, f.path(), ": ", t.name,
                  " is neither F32, BF16 nor F16");
-    dtype_convert(master_ + t.offset / 4, DType::f32, f.data(*e), e->dtype, size_t(t.numel()));
+    peft.resize(size_t(t.numel()));
+    dtype_convert(peft.data(), DType::f32, f.data(*e), e->dtype, peft.size());
+    lora_from_peft_tensor(layout_, i, peft.data(), master_ + t.offset / 4);
   }
   STRATA_CHECK(problems.empty(), f.path(), " does not hold this model's adapters (r = ", options_.r, ", ",
                layout_.table.size(), " tensors):", problems);

@@ -15,7 +15,15 @@
 //           (no scaling op); the download multiplies dB back (LoraStore::unscale_b).
 //   host    fp32 master, AdamW m and v (RAM), the gradient and the device image (pinned): the
 //           optimizer step runs AdamW (offload/state/adamw.h) over them row by row.
-// Names are PEFT's: base_model.model.<HF module>.lora_A.weight / lora_B.weight.
+// Names are PEFT's: base_model.model.<HF module>.lora_A.weight / lora_B.weight. A mixture-of-experts
+// layer's router and experts are PEFT's target_parameters (models/layer_kind.h): the router
+// "mlp.gate.lora_A.weight" (r, C) and lora_B (E, r); the experts' gate_up_proj and down_proj one
+// pair each on "mlp.experts" (PEFT nests its wrappers: with both targeted gate_up_proj's pair is
+// "mlp.experts.base_layer.lora_A/B", down_proj's "mlp.experts.lora_A/B"; alone, either is
+// "mlp.experts.lora_A/B"), A (E*r, in) and B (out, E*r) with expert e's column k at k*E + e. On
+// the device and in every host array strata keeps such a B expert-major, (E*out, r) (one plain
+// (out, r) block per expert for the grouped GEMMs), and reorders it where PEFT tensors are read or
+// written (lora_peft_tensor, lora_from_peft_tensor).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -30,16 +38,22 @@
 namespace strata {
 
 // The linear layers of a decoder layer, in PEFT's names: the seven of the Llama family, and
-// Phi-3's fused qkv_proj and gate_up_proj (a model has one set or the other).
-enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down, qkv, gate_up };
-constexpr int kLoraTargets = 9;
-const char* lora_target_name(LoraTarget t);  // "q_proj", ..., "down_proj", "qkv_proj", "gate_up_proj"
+// Phi-3's fused qkv_proj and gate_up_proj (a model has one set or the other); then a
+// mixture-of-experts layer's router and packed experts, PEFT's target_parameters.
+enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down, qkv, gate_up, router, experts_gate_up, experts_down };
+constexpr int kLoraTargets = 12;
+const char* lora_target_name(LoraTarget t);  // "q_proj", ..., "gate_up_proj", "mlp.gate.weight", "mlp.experts.gate_up_proj", ...
 // The Llama family's seven (q_proj .. down_proj): the default, what an adapter naming them matches.
 constexpr uint32_t kLoraAllTargets = (1u << 7) - 1;
+// The targets PEFT reaches through target_parameters (router, experts' gate_up_proj, down_proj).
+constexpr uint32_t kLoraParameterTargets = (1u << kLayerRouter) | (1u << kLayerExpertsGateUp) | (1u << kLayerExpertsDown);
 static_assert(kLoraTargets == kLayerLinears, "LoraTarget follows the layer kinds' linears (models/layer_kind.h)");
-// PEFT module names ("q_proj", ...) -> a mask over LoraTarget; bad names: Error(input).
+// PEFT module names ("q_proj", ...) and target_parameters names ("mlp.experts.gate_up_proj", or a
+// dotted suffix of one such as "experts.down_proj" or "gate.weight") -> a mask over LoraTarget;
+// bad names: Error(input).
 uint32_t lora_targets_parse(const std::vector<std::string>& names, const std::string& origin);
-std::vector<std::string> lora_target_names(uint32_t mask);
+std::vector<std::string> lora_target_names(uint32_t mask);            // the target_modules among mask
+std::vector<std::string> lora_target_parameter_names(uint32_t mask);  // the target_parameters among mask
 
 struct LoraOptions {
   int64_t r = 0;          // rank; 0: LoRA off
@@ -64,6 +78,8 @@ struct LoraLayout {
   int64_t r = 0;
   float scale = 1.f;
   std::vector<size_t> b_rows;                          // every B row (scaled on the device)
+  std::vector<int64_t> experts;                        // per table row: E for a MoE layer's packed expert
+                                                       // A or B (B kept (E*out, r)), 0 for the others
 
   static LoraLayout of(const ModelSpec& spec, const LoraOptions& options);
   size_t floats() const { return bytes / 4; }
@@ -134,6 +150,23 @@ class LoraStore {
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grad_ = nullptr, *image_ = nullptr;
   size_t host_bytes_ = 0, pinned_bytes_ = 0;
 };
+
+// A table row of `layout` as PEFT stores it: its shape, and its values from strata's (`in`, the
+// row's floats) into `out` (a packed expert B reordered from (E*out, r) to (out, E*r); the others
+// as they are); lora_from_peft_tensor the inverse.
+Shape lora_peft_shape(const LoraLayout& layout, size_t row);
+void lora_peft_tensor(const LoraLayout& layout, size_t row, const float* in, float* out);
+void lora_from_peft_tensor(const LoraLayout& layout, size_t row, const float* in, float* out);
+
+// Every base weight an adapter changes, for the merge: W (out, in) at parameter row `param_row` +=
+// scale · B · A with A (r, in) at float offset a and B (out, r) at float offset b of the adapter
+// arena (an expert's gate_proj and up_proj take the rows of its fused gate_up B).
+struct LoraMergeTerm {
+  size_t param_row = 0;
+  size_t a = 0, b = 0;
+  int64_t out = 0, in = 0;
+};
+std::vector<LoraMergeTerm> lora_merge_terms(const ModelSpec& spec, const LoraLayout& layout);
 
 // W += (alpha / r) B A for every adapted linear, in f32, written back through set_param (a frozen
 // bf16 store rounds each merged weight to bf16 once): what `lora.merge` exports.

@@ -46,6 +46,7 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   d.H = cfg.num_attention_heads;
   d.Hk = cfg.num_key_value_heads;
   d.D = cfg.head_dim;
+  d.rope_dim = cfg.rotary_dim;
   d.F = cfg.intermediate_size;
   d.eps = float(cfg.rms_norm_eps);
   d.window = cfg.sliding_window;
@@ -270,7 +271,7 @@ LayerDims generator_layer_dims(const ModelSpec& spec, int64_t B, int64_t T) {
   LayerDims d;
   d.B = B, d.T = T, d.C = c.hidden_size, d.H = c.num_attention_heads, d.Hk = c.num_key_value_heads;
   d.D = c.head_dim, d.F = c.intermediate_size, d.eps = float(c.rms_norm_eps), d.wt = spec.matrix_dtype;
-  d.window = c.sliding_window, d.attn_scale = model_attention_scale(c);
+  d.window = c.sliding_window, d.attn_scale = model_attention_scale(c), d.rope_dim = c.rotary_dim;
   return d;
 }
 

@@ -130,12 +130,13 @@ std::vector<std::string> split_commas(const std::string& text) {
 }
 
 // The [lora] table of CONFIG.toml (a recipe's, or a file holding just that table): r, alpha,
-// dropout, target_modules, adapter (relative to the file); merge is accepted and ignored here.
+// dropout, target_modules, target_parameters (a MoE layer's router and experts, PEFT's names),
+// adapter (relative to the file); merge is accepted and ignored here.
 LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
   LoraOptions o;
   o.r = 16;
   o.alpha = 32;
-  std::vector<std::string> targets = lora_target_names(kLoraAllTargets);
+  std::vector<std::string> targets = lora_target_names(kLoraAllTargets), parameters;
   if (!a.config.empty()) {
     toml::table t;
     try {
@@ -156,13 +157,14 @@ LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
       } else if (key == "dropout") {
         STRATA_CHECK(v.is_number(), a.config, ": lora.dropout must be a number in [0, 1)");
         o.dropout = v.is_integer() ? double(v.as_integer()->get()) : v.as_floating_point()->get();
-      } else if (key == "target_modules") {
-        targets.clear();
-        if (v.is_string()) targets = split_commas(v.as_string()->get());
+      } else if (key == "target_modules" || key == "target_parameters") {
+        std::vector<std::string>& names = key == "target_modules" ? targets : parameters;
+        names.clear();
+        if (v.is_string()) names = split_commas(v.as_string()->get());
         else if (const toml::array* arr = v.as_array())
           for (const toml::node& e : *arr) {
-            STRATA_CHECK(e.is_string(), a.config, ": lora.target_modules must be a list of strings");
-            targets.push_back(e.as_string()->get());
+            STRATA_CHECK(e.is_string(), a.config, ": lora.", key, " must be a list of strings");
+            names.push_back(e.as_string()->get());
           }
       } else if (key == "adapter") {
         STRATA_CHECK(v.is_string(), a.config, ": lora.adapter must be a path");
@@ -176,7 +178,7 @@ LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
         o.double_quant = v.as_boolean()->get();
       } else {
         STRATA_CHECK(key == "merge", a.config, ": unknown key lora.", key,
-                     " (r, alpha, dropout, target_modules, merge, adapter, base_dtype, double_quant)");
+                     " (r, alpha, dropout, target_modules, target_parameters, merge, adapter, base_dtype, double_quant)");
       }
     }
   }
@@ -188,6 +190,7 @@ LoraOptions lora_options_resolve(const LoraArgs& a, std::string* adapter) {
   if (!a.adapter.empty()) *adapter = a.adapter;
   STRATA_CHECK(o.r >= 1 && o.alpha > 0, "LoRA needs r >= 1 and alpha > 0 (got r ", o.r, ", alpha ", o.alpha, ")");
   STRATA_CHECK(o.dropout >= 0 && o.dropout < 1, "LoRA dropout must be in [0, 1) (got ", o.dropout, ")");
+  targets.insert(targets.end(), parameters.begin(), parameters.end());
   o.targets = lora_targets_parse(targets, "--lora-targets");
   return o;
 }
@@ -333,10 +336,17 @@ GrpoHead* grad_grpo_head(const GradArgs& a, Device& dev, Engine& engine, const G
 // --out: every parameter's gradient under its HF name, or with LoRA the adapters' alone.
 void grad_write(const std::string& out_path, Engine& engine, HostStore& store, LoraStore* lora) {
   std::vector<TensorToWrite> out;
+  std::vector<std::vector<float>> peft;  // the adapters' gradients in PEFT's layout (packed expert B reordered)
   if (lora) {
     engine.lora_collect_grads();
-    for (const TensorSpec& r : lora->layout().table.rows())
-      out.push_back(TensorToWrite{r.name, DType::f32, r.shape, static_cast<const void*>(lora->grad() + r.offset / 4)});
+    const LoraLayout& l = lora->layout();
+    peft.resize(l.table.size());
+    for (size_t i = 0; i < l.table.size(); ++i) {
+      const TensorSpec& r = l.table[i];
+      peft[i].resize(size_t(r.numel()));
+      lora_peft_tensor(l, i, lora->grad() + r.offset / 4, peft[i].data());
+      out.push_back(TensorToWrite{r.name, DType::f32, lora_peft_shape(l, i), static_cast<const void*>(peft[i].data())});
+    }
   }
   for (size_t i = 0; !lora && i < store.f32_table().size(); ++i) {
     const TensorSpec& r = store.f32_table()[i];

@@ -247,12 +247,12 @@ class CpuDevice final : public ArenaDevice {
     enqueue_op(s, OpKind::norm, [=] { cpu::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c); });
   }
   void rope_forward(float* out, const float* in, const int32_t* pos,
-                    const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
-    enqueue_op(s, OpKind::rope, [=] { cpu::rope_forward(out, in, pos, inv_freq, n, nh, d); });
+                    const float* inv_freq, int64_t n, int64_t nh, int64_t d, int64_t rot, Stream s) override {
+    enqueue_op(s, OpKind::rope, [=] { cpu::rope_forward(out, in, pos, inv_freq, n, nh, d, rot); });
   }
   void rope_backward(float* din, const float* dout, const int32_t* pos,
-                     const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
-    enqueue_op(s, OpKind::rope, [=] { cpu::rope_backward(din, dout, pos, inv_freq, n, nh, d); });
+                     const float* inv_freq, int64_t n, int64_t nh, int64_t d, int64_t rot, Stream s) override {
+    enqueue_op(s, OpKind::rope, [=] { cpu::rope_backward(din, dout, pos, inv_freq, n, nh, d, rot); });
   }
   void swiglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
     enqueue_op(s, OpKind::elementwise, [=] { cpu::swiglu_forward(out, gate, up, n); });

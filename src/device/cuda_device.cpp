@@ -375,14 +375,14 @@ class CudaDevice final : public ArenaDevice {
     cuda::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c, stream(s));
   }
   void rope_forward(float* out, const float* in, const int32_t* pos,
-                    const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
+                    const float* inv_freq, int64_t n, int64_t nh, int64_t d, int64_t rot, Stream s) override {
     const auto timed = time_op(s, OpKind::rope);
-    cuda::rope_forward(out, in, pos, inv_freq, n, nh, d, stream(s));
+    cuda::rope_forward(out, in, pos, inv_freq, n, nh, d, rot, stream(s));
   }
   void rope_backward(float* din, const float* dout, const int32_t* pos,
-                     const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) override {
+                     const float* inv_freq, int64_t n, int64_t nh, int64_t d, int64_t rot, Stream s) override {
     const auto timed = time_op(s, OpKind::rope);
-    cuda::rope_backward(din, dout, pos, inv_freq, n, nh, d, stream(s));
+    cuda::rope_backward(din, dout, pos, inv_freq, n, nh, d, rot, stream(s));
   }
   void swiglu_forward(float* out, const float* gate, const float* up, int64_t n, Stream s) override {
     const auto timed = time_op(s, OpKind::elementwise);

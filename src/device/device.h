@@ -142,10 +142,11 @@ class Device {
   virtual void rmsnorm_backward(float* din, float* dweight, const float* dout,
                                 const float* in, const float* weight, const float* rstd,
                                 int64_t n, int64_t c, Stream s) = 0;
+  // rot: the leading dims of each head that turn (even, <= d; partial_rotary_factor), the rest pass
   virtual void rope_forward(float* out, const float* in, const int32_t* pos,
-                            const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) = 0;
+                            const float* inv_freq, int64_t n, int64_t nh, int64_t d, int64_t rot, Stream s) = 0;
   virtual void rope_backward(float* din, const float* dout, const int32_t* pos,
-                             const float* inv_freq, int64_t n, int64_t nh, int64_t d, Stream s) = 0;
+                             const float* inv_freq, int64_t n, int64_t nh, int64_t d, int64_t rot, Stream s) = 0;
   virtual void swiglu_forward(float* out, const float* gate, const float* up,
                               int64_t n, Stream s) = 0;
   // The same, also writing out rounded to bf16 into out_b (as rmsnorm_forward_bf16).

@@ -312,7 +312,17 @@ void check_lora(const Recipe& rc, const Reader& r) {
                ": lora.base_dtype = \"nf4\" computes in bf16: set model.dtype = \"bf16\"");
   const std::set<std::string> modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                                          "qkv_proj", "gate_up_proj"};  // the last two: Phi-3's fused ones
-  STRATA_CHECK(!rc.lora_target_modules.empty(), r.where("lora.target_modules"), ": lora.target_modules is empty");
+  STRATA_CHECK(!rc.lora_target_modules.empty() || !rc.lora_target_parameters.empty(), r.where("lora.target_modules"),
+               ": lora.target_modules is empty (and so is lora.target_parameters)");
+  const std::set<std::string> parameters = {"mlp.gate.weight", "gate.weight", "mlp.experts.gate_up_proj",
+                                            "experts.gate_up_proj", "mlp.experts.down_proj", "experts.down_proj"};
+  for (const std::string& p : rc.lora_target_parameters)
+    STRATA_CHECK(parameters.count(p), r.where("lora.target_parameters"), ": lora.target_parameters names \"", p,
+                 "\"; PEFT's names of a mixture-of-experts layer's router and experts are mlp.gate.weight, "
+                 "mlp.experts.gate_up_proj and mlp.experts.down_proj");
+  STRATA_CHECK(rc.lora_dropout == 0.0 || rc.lora_target_parameters.empty(), r.where("lora.dropout"), ": lora.dropout = ",
+               rc.lora_dropout, " with lora.target_parameters: PEFT's ParamWrapper (the router and experts' adapters) "
+               "refuses dropout; set lora.dropout = 0");
   for (const std::string& m : rc.lora_target_modules)
     STRATA_CHECK(modules.count(m), r.where("lora.target_modules"), ": lora.target_modules names \"", m,
                  "\"; use PEFT's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, "

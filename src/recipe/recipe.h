@@ -91,6 +91,9 @@ struct Recipe {
   double lora_alpha = 32, lora_dropout = 0.0;
   std::vector<std::string> lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                   "gate_proj", "up_proj", "down_proj"};
+  // PEFT's target_parameters: a mixture-of-experts layer's router and packed experts
+  // ("mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+  std::vector<std::string> lora_target_parameters;
   bool lora_merge = false;
   std::string lora_adapter;  // a PEFT adapter dir to continue from
   std::string lora_base_dtype = "auto";  // "auto" (model.dtype) or "nf4" (offload/state/nf4_layout.h)

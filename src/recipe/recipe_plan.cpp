@@ -16,7 +16,9 @@ LoraOptions recipe_lora_options(const Recipe& rc) {
   o.alpha = rc.lora_alpha;
   o.dropout = rc.lora_dropout;
   o.seed = uint64_t(rc.seed);
-  o.targets = lora_targets_parse(rc.lora_target_modules, "lora.target_modules");
+  std::vector<std::string> names = rc.lora_target_modules;
+  names.insert(names.end(), rc.lora_target_parameters.begin(), rc.lora_target_parameters.end());
+  o.targets = lora_targets_parse(names, "lora.target_modules");
   o.base_nf4 = rc.lora_base_dtype == "nf4";
   o.double_quant = rc.lora_double_quant;
   return o;

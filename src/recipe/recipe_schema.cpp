@@ -205,6 +205,8 @@ constexpr RecipeKey kRecipeKeys[] = {
      "LoRA dropout on the adapter path's input, in [0, 1) (training passes only)"},
     {"lora.target_modules", "list", "[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]", &Recipe::lora_target_modules,
      "the linear layers that get adapters, in PEFT's names (a list, or one comma-separated string); the default is all seven (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj)"},
+    {"lora.target_parameters", "list", "[]", &Recipe::lora_target_parameters,
+     "PEFT's target_parameters: a mixture-of-experts layer's router (mlp.gate.weight) and experts (mlp.experts.gate_up_proj, mlp.experts.down_proj), one A and B per expert"},
     {"lora.merge", "bool", "false", &Recipe::lora_merge,
      "at the end also export a merged Hugging Face model (W + alpha/r B A) to output_dir/merged"},
     {"lora.adapter", "path", "", &Recipe::lora_adapter,

@@ -62,10 +62,9 @@ void copy_into(const std::string& from_dir, const char* name, const fs::path& to
 void save_hf_merged_nf4(const HostStore& store, const LoraStore& lora, const std::string& dir, DType dtype) {
   const ModelSpec& spec = store.spec();
   const LoraLayout& l = lora.layout();
-  std::vector<int64_t> a_row_of(spec.params.size(), kAbsent);  // parameter row -> its adapter's A row
-  for (size_t layer = 0; layer < spec.layers.size(); ++layer)
-    for (int t = 0; t < kLoraTargets; ++t)
-      if (l.a_row[layer][size_t(t)] != kAbsent) a_row_of[size_t(spec.layers[layer].linear_row(t))] = l.a_row[layer][size_t(t)];
+  const std::vector<LoraMergeTerm> terms = lora_merge_terms(spec, l);
+  std::vector<int64_t> term_of(spec.params.size(), kAbsent);  // parameter row -> its adapter's merge term
+  for (size_t i = 0; i < terms.size(); ++i) term_of[terms[i].param_row] = int64_t(i);
   std::error_code ec;
   fs::create_directories(dir, ec);
   STRATA_CHECK_IO(!ec, "cannot create output directory ", dir, ": ", ec.message());
@@ -79,9 +78,9 @@ void save_hf_merged_nf4(const HostStore& store, const LoraStore& lora, const std
       const TensorSpec& p = spec.params[i];
       values.resize(size_t(p.numel()));
       store.get_param(i, values.data());
-      if (const int64_t a = a_row_of[i]; a != kAbsent)
-        lora_merge_weight(values.data(), lora.master() + l.table[size_t(a)].offset / 4,
-                          lora.master() + l.table[size_t(a) + 1].offset / 4, p.shape[0], p.shape[1], l.r, l.scale);
+      if (const int64_t m = term_of[i]; m != kAbsent)
+        lora_merge_weight(values.data(), lora.master() + terms[size_t(m)].a, lora.master() + terms[size_t(m)].b,
+                          p.shape[0], p.shape[1], l.r, l.scale);
       converted.resize(values.size() * dtype_size(dtype));
       dtype_convert(converted.data(), dtype, values.data(), DType::f32, values.size());
       write(converted.data(), converted.size());

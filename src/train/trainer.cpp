@@ -258,9 +258,10 @@ class TrainRun {
 
 }  // namespace
 
-std::string lora_target_list(const std::vector<std::string>& names) {
+std::string lora_target_list(const std::vector<std::string>& names, const std::vector<std::string>& parameters) {
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  for (const std::string& n : parameters) out += (out.empty() ? "" : ", ") + n;
   return out;
 }
 
@@ -657,7 +658,7 @@ void TrainRun::load_weights() {
       else lora_->load_peft(rc_.lora_adapter);
       first_order_->lora_upload();
       std::fprintf(stderr, "strata train: LoRA r %ld, alpha %g on %s: %.3fM adapter parameters%s%s\n", long(rc_.lora_r),
-                   rc_.lora_alpha, lora_target_list(rc_.lora_target_modules).c_str(),
+                   rc_.lora_alpha, lora_target_list(rc_.lora_target_modules, rc_.lora_target_parameters).c_str(),
                    double(lora_->layout().parameter_count()) / 1e6, rc_.lora_adapter.empty() ? "" : " from ",
                    rc_.lora_adapter.c_str());
     }

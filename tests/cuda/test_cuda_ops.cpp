@@ -137,12 +137,41 @@ TEST_CASE("cuda rope forward and backward match the reference, in place", "[cuda
     Buffer<float> gx(*dev, x), gy(*dev, x);
     Buffer<int32_t> gpos(*dev, pos);
     Buffer<float> gf(*dev, inv_freq);
-    dev->rope_forward(gx, gx, gpos, gf, s.n, s.nh, s.d, Stream::compute);   // in place
-    dev->rope_backward(gy, gy, gpos, gf, s.n, s.nh, s.d, Stream::compute);  // in place
+    dev->rope_forward(gx, gx, gpos, gf, s.n, s.nh, s.d, s.d, Stream::compute);   // in place
+    dev->rope_backward(gy, gy, gpos, gf, s.n, s.nh, s.d, s.d, Stream::compute);  // in place
     // cosf/sinf of angles up to ~4e3 rad: a few ulp of the f32 angle's result.
     CHECK(max_rel_error(gx.download(), want) <= 1e-5);
     CHECK(max_rel_error(gy.download(), back) <= 1e-5);
   }
+}
+
+TEST_CASE("cuda rope with a partial rotary dim matches the CPU kernel, out of place and in place", "[cuda-emu][rope]") {
+  // partial_rotary_factor < 1 (Phi-4-mini's 0.75): the first rot dims turn, the rest pass (copied by
+  // rope_pass_kernel out of place)
+  auto dev = cuda_testing::test_device();
+  if (!dev) return;
+  const int64_t n = 19, nh = 3, d = 16, rot = 12, size = n * nh * d;
+  const std::vector<float> x = random_floats(size_t(size), 77, -2.f, 2.f);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t((i * 37) % 500);
+  std::vector<float> inv(size_t(rot / 2));
+  for (int64_t j = 0; j < rot / 2; ++j) inv[size_t(j)] = 1.f / std::pow(10000.f, float(2 * j) / float(rot));
+  std::vector<float> want(static_cast<size_t>(size)), back(static_cast<size_t>(size));
+  cpu::rope_forward(want.data(), x.data(), pos.data(), inv.data(), n, nh, d, rot);
+  cpu::rope_backward(back.data(), x.data(), pos.data(), inv.data(), n, nh, d, rot);
+  Buffer<float> gx(*dev, x), gout(*dev, std::vector<float>(size_t(size), -9.f)), gin(*dev, x);
+  Buffer<int32_t> gpos(*dev, pos);
+  Buffer<float> gf(*dev, inv);
+  dev->rope_forward(gout, gx, gpos, gf, n, nh, d, rot, Stream::compute);    // out of place
+  dev->rope_backward(gin, gin, gpos, gf, n, nh, d, rot, Stream::compute);   // in place
+  const std::vector<float> out = gout.download(), din = gin.download();
+  CHECK(max_rel_error(out, convert<double>(want)) <= 1e-5);
+  CHECK(max_rel_error(din, convert<double>(back)) <= 1e-5);
+  for (int64_t r = 0; r < n * nh; ++r)
+    for (int64_t j = rot; j < d; ++j) {
+      REQUIRE(out[size_t(r * d + j)] == x[size_t(r * d + j)]);
+      REQUIRE(din[size_t(r * d + j)] == x[size_t(r * d + j)]);
+    }
 }
 
 TEST_CASE("cuda swiglu, bias, add and casts match the reference", "[cuda-emu]") {

@@ -2,7 +2,7 @@
 // projections are row ranges of one tensor for the dense layer's kernels, LongRoPE a second RoPE
 // table), so end to end against the transformers goldens of tools/golden/make_phi3_goldens.py:
 // `strata grad`'s loss within 1e-5 relative and every gradient within 1e-4 relative L2, and greedy
-// generation token for token.
+// generation token for token; phi3_partial's partial rotary (12 of 16 dims) through the rope op's rot.
 #include <catch2/catch.hpp>
 #include <cstdio>
 
@@ -16,7 +16,7 @@ namespace {
 TEST_CASE("cuda strata grad matches transformers' float64 Phi-3 (LongRoPE short and long)", "[cuda-emu][phi3]") {
   auto dev = cuda_testing::test_device();
   if (!dev) return;
-  for (const char* name : {"phi3", "phi3_long"}) {
+  for (const char* name : {"phi3", "phi3_long", "phi3_partial"}) {
     INFO(name);
     const gemma_testing::GoldenCheck r = gemma_testing::check_golden(*dev, name, DType::f32, 1e-5, 1e-4);
     std::printf("cuda-emu golden %-10s f32: loss rel err %.2e, worst gradient rel L2 err %.2e (%s)\n", name,
@@ -27,7 +27,7 @@ TEST_CASE("cuda strata grad matches transformers' float64 Phi-3 (LongRoPE short 
 TEST_CASE("cuda greedy generation equals transformers' on Phi-3", "[cuda-emu][phi3]") {
   auto dev = cuda_testing::test_device();
   if (!dev) return;
-  for (const char* name : {"phi3", "phi3_long"}) {
+  for (const char* name : {"phi3", "phi3_long", "phi3_partial"}) {
     INFO(name);
     phi3_testing::check_generation_each(*dev, name);
   }

@@ -129,3 +129,48 @@ TEST_CASE("rope rejects an odd head dim", "[kernels]") {
   CHECK_THROWS_AS(strata::cpu::rope_forward(x.data(), x.data(), &pos, inv.data(), 1, 1, 3),
                   strata::Error);
 }
+
+TEST_CASE("rope with a partial rotary dim turns the leading dims and passes the rest", "[kernels][rope]") {
+  // Phi-4-mini's partial_rotary_factor 0.75: rot < d. The fast path against the fp64 twin, out of
+  // place (the passed dims copied) and in place (left as they are), and the twin against a whole-head
+  // rope on the first rot dims alone.
+  for (int64_t n : {1, 17}) {
+    for (int64_t d : {16, 130}) {
+      for (int64_t rot : {int64_t(2), d * 3 / 4 / 2 * 2, d - 2}) {
+        const int64_t nh = 3, size = n * nh * d;
+        INFO("n=" << n << " d=" << d << " rot=" << rot);
+        auto x = random_floats(size, 900 + n + d + rot);
+        auto inv = rope_inv_freq(rot);
+        auto pos = rope_positions(n, 64, 901 + n);
+        std::vector<float> out(size, -7.f), din(size, -7.f);
+        strata::cpu::rope_forward(out.data(), x.data(), pos.data(), inv.data(), n, nh, d, rot);
+        strata::cpu::rope_backward(din.data(), x.data(), pos.data(), inv.data(), n, nh, d, rot);
+        auto xd = convert<double>(x), invd = convert<double>(inv);
+        std::vector<double> ref_out(size), ref_din(size);
+        strata::ref::rope_forward(ref_out.data(), xd.data(), pos.data(), invd.data(), n, nh, d, rot);
+        strata::ref::rope_backward(ref_din.data(), xd.data(), pos.data(), invd.data(), n, nh, d, rot);
+        CHECK(std::max(max_rel_error(out, ref_out), max_rel_error(din, ref_din)) <= 1e-5);
+        // the twin: each head's first rot dims as a whole-head rope of dim rot, the rest x itself
+        std::vector<double> head(static_cast<size_t>(rot)), turned(static_cast<size_t>(rot));
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t h = 0; h < nh; ++h) {
+            const double* xh = xd.data() + (i * nh + h) * d;
+            std::copy(xh, xh + rot, head.begin());
+            strata::ref::rope_forward(turned.data(), head.data(), pos.data() + i, invd.data(), 1, 1, rot);
+            for (int64_t j = 0; j < d; ++j) {
+              const double want = j < rot ? turned[size_t(j)] : xh[j];
+              REQUIRE(ref_out[size_t((i * nh + h) * d + j)] == want);
+              if (j >= rot) REQUIRE(out[size_t((i * nh + h) * d + j)] == x[size_t((i * nh + h) * d + j)]);
+            }
+          }
+        std::vector<float> inplace = x;
+        strata::cpu::rope_forward(inplace.data(), inplace.data(), pos.data(), inv.data(), n, nh, d, rot);
+        CHECK(std::memcmp(inplace.data(), out.data(), size_t(size) * 4) == 0);
+      }
+    }
+  }
+  std::vector<float> x(8), inv(2);
+  int32_t pos = 0;
+  CHECK_THROWS_AS(strata::cpu::rope_forward(x.data(), x.data(), &pos, inv.data(), 1, 1, 8, 3), strata::Error);  // odd
+  CHECK_THROWS_AS(strata::cpu::rope_forward(x.data(), x.data(), &pos, inv.data(), 1, 1, 8, 10), strata::Error); // > d
+}

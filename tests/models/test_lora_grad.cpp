@@ -1,7 +1,8 @@
 // LoRA (offload/state/lora.h): `strata grad --lora` against fp64 torch goldens of PEFT's math written
 // by hand (tools/golden/make_lora_grad_goldens.py) for all four families, against PEFT itself on
 // Phi-3's fused projections (tools/golden/make_phi3_lora_goldens.py) and the MoE families' attention
-// (tools/golden/make_moe_lora_goldens.py; expert and router targets refused by name), the merged export
+// (tools/golden/make_moe_lora_goldens.py) and their router and experts through PEFT's target_parameters
+// (tools/golden/make_moe_expert_lora_goldens.py), the merged export
 // (lora_merge_into) against W + (alpha / r) B A computed here in fp64; with LoRA dropout too, the
 // masks rebuilt by the golden script.
 #include <catch2/catch.hpp>
@@ -32,16 +33,20 @@ struct LoraGolden {
   nlohmann::json expected;
   static LoraGolden load(const std::string& name) {
     LoraGolden g;
-    g.model = testing::source_path("tests/golden/" + name);
     const std::string dir = testing::source_path("tests/golden/lora_grad/" + name);
     g.adapter = dir + "/adapter";
     g.grads = dir + "/grads.safetensors";
     g.expected = nlohmann::json::parse(testing::read_file(dir + "/expected.json"));
+    g.model = testing::source_path("tests/golden/" + g.expected.value("model", name));  // the case's model
     return g;
   }
-  std::string targets() const {
+  // expected.json's targets, all (modules = -1), the module names (1) or the dotted parameter names (0)
+  std::string targets(int modules = -1) const {
     std::string out;
-    for (const auto& t : expected["targets"]) out += (out.empty() ? "" : ",") + t.get<std::string>();
+    for (const auto& t : expected["targets"]) {
+      const bool parameter = t.get<std::string>().find('.') != std::string::npos;
+      if (modules < 0 || parameter != bool(modules)) out += (out.empty() ? "" : ",") + t.get<std::string>();
+    }
     return out;
   }
 };
@@ -59,7 +64,8 @@ void check_lora_golden(testing::TempDir& tmp, const std::string& name, bool drop
   if (name == config_form) {
     const std::string cfg = tmp.file(name + ".toml", str_cat("[lora]\nr = ", g.expected["r"].get<int64_t>(), "\nalpha = ",
                                                              g.expected["alpha"].get<double>(), "\ndropout = ", p,
-                                                             "\ntarget_modules = \"", g.targets(), "\"\nadapter = \"",
+                                                             "\ntarget_modules = \"", g.targets(1),
+                                                             "\"\ntarget_parameters = \"", g.targets(0), "\"\nadapter = \"",
                                                              g.adapter, "\"\n"));
     lora_args = "--lora " + cfg;
   } else {
@@ -226,25 +232,43 @@ TEST_CASE("strata grad --lora on the MoE families' attention projections matches
   for (const char* name : {"qwen3_moe", "mixtral"}) check_lora_golden(tmp, name, false, "");
 }
 
-TEST_CASE("LoRA on a MoE router or experts is refused by name: exit 2", "[lora][moe]") {
-  // PEFT reaches transformers 5's packed experts and bare router only through target_parameters
+TEST_CASE("strata grad --lora on the MoE router and experts matches PEFT's target_parameters in float64",
+          "[golden][lora][moe]") {
+  // tools/golden/make_moe_expert_lora_goldens.py: PEFT's ParamWrapper on transformers 5's packed
+  // experts (one A and B per expert, B's columns interleaved by expert) and bare router, qwen3_moe
+  // with all three (the expert wrappers nested) plus q, o; mixtral with gate_up_proj and the router
+  // plus v. The adapted router moves the routing (the script keeps draws with a clear top-k margin).
+  // A B read without reordering, an expert's adapter applied to another's rows, or a router
+  // gradient missing the adapter's path is > 1e-2.
+  testing::TempDir tmp("lora_grad_moe_experts");
+  for (const char* name : {"qwen3_moe_experts", "mixtral_experts"}) check_lora_golden(tmp, name, false, "mixtral_experts");
+}
+
+TEST_CASE("LoRA names a MoE layer's router and experts as PEFT's target_parameters: bad uses exit 2", "[lora][moe]") {
   testing::TempDir tmp("lora_moe_refused");
   const std::string model = testing::source_path("tests/golden/qwen3_moe");
   const std::string base = str_cat("grad --model ", model, " --batch ", model, "/batch.json --out ",
                                    (tmp.path / "g.safetensors").string(), " --lora-r 2");
+  // module-style names of the parts transformers 5 keeps as parameters: named as PEFT's target_parameters
   for (const char* target : {"gate", "experts", "w1"}) {
     INFO(target);
     testing::check_run(testing::run_strata(str_cat(base, " --lora-targets q_proj,", target)), 2,
-                       {"lora.target_modules names", target, "target_parameters", "q_proj, k_proj, v_proj"});
+                       {"lora.target_modules names", target, "target_parameters", "mlp.experts.gate_up_proj"});
   }
-  // an adapter PEFT made with target_parameters: its expert tensors would be skipped, so refused
-  const std::string adapter = (tmp.path / "adapter").string();
-  std::filesystem::create_directories(adapter);
-  tmp.file("adapter/adapter_config.json",
-           R"({"peft_type": "LORA", "r": 2, "lora_alpha": 16, "target_modules": ["q_proj"],)"
-           R"( "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]})");
-  testing::check_run(testing::run_strata(str_cat(base, " --lora-alpha 16 --lora-targets q_proj --lora-adapter ", adapter)),
-                     2, {"target_parameters is", "mlp.experts.gate_up_proj", "not supported"});
+  // PEFT's ParamWrapper refuses dropout
+  testing::check_run(testing::run_strata(str_cat(base, " --lora-targets q_proj,mlp.experts.down_proj --lora-dropout 0.1")),
+                     2, {"lora.dropout", "ParamWrapper"});
+  // a dense model has no router or experts
+  const std::string dense = testing::source_path("tests/golden/qwen3");
+  testing::check_run(testing::run_strata(str_cat("grad --model ", dense, " --batch ", dense, "/batch.json --out ",
+                                                 (tmp.path / "d.safetensors").string(),
+                                                 " --lora-r 2 --lora-targets q_proj,experts.gate_up_proj")),
+                     2, {"mlp.experts.gate_up_proj", "has none"});
+  // an adapter whose target_parameters differ from the run's
+  const std::string adapter = testing::source_path("tests/golden/lora_grad/qwen3_moe_experts/adapter");
+  testing::check_run(testing::run_strata(str_cat(base, " --lora-alpha 5 --lora-targets q_proj,o_proj,mlp.gate.weight",
+                                                 " --lora-adapter ", adapter)),
+                     2, {"target_parameters", "differ", "mlp.experts.down_proj"});
 }
 
 }  // namespace strata

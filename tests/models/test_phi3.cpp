@@ -79,13 +79,31 @@ TEST_CASE("phi3 configs parse as transformers' Phi3Config reads them", "[phi3][h
   CHECK(s.sliding_layers == std::vector<uint8_t>{1, 1});
   CHECK(model_layer_kinds(s)[1] == &phi3_layer_kind(s, true));
 
-  // what strata does not implement, or a malformed table, is refused naming the key
+  // partial_rotary_factor (Phi-4-mini's 0.75): int(head_dim * factor) rotated dims, the factor lists
+  // that long / 2; an odd count, a factor out of (0, 1], or the key on another family is refused
+  CHECK(parse(phi3_json()).rotary_dim == 10);
   nlohmann::json partial = phi3_json();
-  partial["partial_rotary_factor"] = 0.75;
+  partial["partial_rotary_factor"] = 0.4;  // head_dim 10 -> 4 dims
+  partial["rope_scaling"]["short_factor"] = {1.0, 1.1};
+  partial["rope_scaling"]["long_factor"] = {2.0, 3.0};
+  // LongRoPE's attention_factor (here sqrt(1 + ln 4 / ln 64)) scales only the rotated dims in
+  // transformers: not built for a partial rotary, refused naming it; with factor 1 it is read
+  CHECK_THROWS_WITH(parse(partial), Catch::Contains("attention_factor"));
+  partial["max_position_embeddings"] = 64;
+  CHECK(parse(partial).rotary_dim == 4);
+  CHECK(model_rope_inv_freq(parse(partial)).size() == 2 * 2);  // the short table, then the long
+  partial["partial_rotary_factor"] = 0.5;                       // 5 dims: odd
   CHECK_THROWS_WITH(parse(partial), Catch::Contains("partial_rotary_factor"));
+  partial["partial_rotary_factor"] = 1.5;
+  CHECK_THROWS_WITH(parse(partial), Catch::Contains("(0, 1]"));
+  nlohmann::json llama_partial = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                                  {"hidden_size", 32}, {"intermediate_size", 40}, {"num_hidden_layers", 1},
+                                  {"num_attention_heads", 4}, {"vocab_size", 50}, {"partial_rotary_factor", 0.5}};
+  CHECK_THROWS_WITH(parse(llama_partial), Catch::Contains("only phi3"));
+  // a malformed table is refused naming the key
   nlohmann::json short_list = phi3_json();
   short_list["rope_scaling"]["long_factor"] = {1.0, 2.0};
-  CHECK_THROWS_WITH(parse(short_list), Catch::Contains("head_dim / 2 = 5"));
+  CHECK_THROWS_WITH(parse(short_list), Catch::Contains("rotary_dim / 2 = 5"));
   nlohmann::json yarn = phi3_json();  // yarn is longrope only on phi3
   yarn["model_type"] = "llama", yarn["architectures"] = {"LlamaForCausalLM"};
   yarn["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
@@ -122,8 +140,10 @@ TEST_CASE("LoRA on Phi-3 targets the fused projections by PEFT's names", "[phi3]
 
 TEST_CASE("strata grad matches transformers' float64 Phi-3 (LongRoPE short and long) on the CPU backend",
           "[phi3][golden][models]") {
+  // phi3_partial: partial_rotary_factor 0.75, 12 of 16 dims turned (rotating all 16, or 8, moves the
+  // loss by > 1e-4: tools/golden/make_phi3_goldens.py checks that it matters)
   auto dev = device_create(DeviceOptions{});
-  for (const char* name : {"phi3", "phi3_long"}) {
+  for (const char* name : {"phi3", "phi3_long", "phi3_partial"}) {
     INFO(name);
     const gemma_testing::GoldenCheck r = gemma_testing::check_golden(*dev, name, DType::f32, 1e-5, 1e-4);
     std::printf("golden %-10s f32 cpu: loss rel err %.2e, worst gradient rel L2 err %.2e (%s)\n", name, r.loss_error,
@@ -133,7 +153,7 @@ TEST_CASE("strata grad matches transformers' float64 Phi-3 (LongRoPE short and l
 
 TEST_CASE("Phi-3 in bf16 stays near transformers' float64 reference", "[phi3][golden][models]") {
   auto dev = device_create(DeviceOptions{});
-  for (const char* name : {"phi3", "phi3_long"}) {  // test_gemma.cpp's bf16 tolerances
+  for (const char* name : {"phi3", "phi3_long", "phi3_partial"}) {  // test_gemma.cpp's bf16 tolerances
     INFO(name);
     gemma_testing::check_golden(*dev, name, DType::bf16, 1e-2, 0.1);
   }
@@ -141,7 +161,7 @@ TEST_CASE("Phi-3 in bf16 stays near transformers' float64 reference", "[phi3][go
 
 TEST_CASE("greedy generation equals transformers' on Phi-3 with LongRoPE's short and long tables", "[phi3][generate]") {
   auto dev = device_create(DeviceOptions{});
-  for (const char* name : {"phi3", "phi3_long"}) {
+  for (const char* name : {"phi3", "phi3_long", "phi3_partial"}) {
     INFO(name);
     phi3_testing::check_generation_each(*dev, name);
   }

@@ -347,6 +347,7 @@ r = 8
 alpha = 16
 dropout = 0.05
 target_modules = ["q_proj", "v_proj"]
+target_parameters = []
 merge = true
 adapter = "/abs/adapter"
 base_dtype = "auto"

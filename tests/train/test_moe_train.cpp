@@ -4,6 +4,7 @@
 // qwen3_moe with the tiny chat tokenizer runs SFT, DPO and `strata generate` end to end.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -73,6 +74,38 @@ TEST_CASE("SFT on a tiny qwen3_moe lowers its held-out loss, and LoRA trains its
   REQUIRE(lora_loss.size() == 30);
   CHECK(lora_loss.back() < lora_loss.front() - 0.05);  // measured: 3.20 -> 3.08
   CHECK(fs::exists(root + "/lora/final/adapter/adapter_model.safetensors"));
+}
+
+TEST_CASE("LoRA on a tiny qwen3_moe's router and experts (target_parameters) lowers the loss", "[moe][train][lora]") {
+  // a briefly trained base (5 steps), then LoRA on the router and the experts alone (PEFT's
+  // target_parameters: one A and B per expert) with the attention frozen; the export is PEFT's
+  const std::string root = testing::fresh_path("strata_moe_train", "lora_experts");
+  const std::string config = tiny_moe_config(root + "/model");
+  const std::string common = " train.micro_batch_size=4 data.sequence_len=128 optim.warmup_steps=2 checkpoint.save_steps=0";
+  const testing::ProcessResult b = testing::run_strata("train " + testing::source_path("recipes/quickstart.toml") +
+                                                       " model.config=" + config + " train.max_steps=5" + common +
+                                                       " checkpoint.output_dir=" + root + "/base");
+  INFO(b.out);
+  REQUIRE(b.code == 0);
+  const testing::ProcessResult l = testing::run_strata(
+      "train " + testing::source_path("recipes/quickstart.toml") + " model.config= model.path=" + root +
+      "/base/final data.tokenizer=bytes train.max_steps=30" + common + " lora.r=4 lora.target_modules=[]" +
+      " lora.target_parameters=mlp.experts.gate_up_proj,mlp.experts.down_proj,mlp.gate.weight" +
+      " optim.learning_rate=1e-2 checkpoint.output_dir=" + root + "/lora");
+  INFO(l.out);
+  REQUIRE(l.code == 0);
+  const std::vector<double> loss = metric(root + "/lora", "loss");
+  REQUIRE(loss.size() == 30);
+  std::printf("moe lora on the router and experts: loss %.4f -> %.4f\n", loss.front(), loss.back());
+  CHECK(loss.back() < loss.front() - 0.05);
+  const nlohmann::json cfg = nlohmann::json::parse(testing::read_file(root + "/lora/final/adapter/adapter_config.json"));
+  CHECK(cfg["target_parameters"] ==
+        nlohmann::json({"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  const SafetensorsFile f = SafetensorsFile::open(root + "/lora/final/adapter/adapter_model.safetensors");
+  const SafetensorsEntry* b_up = f.find("base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight");
+  REQUIRE(b_up);
+  CHECK(b_up->shape == Shape{2 * 40, 8 * 4});  // (2I, E*r): PEFT's layout
+  CHECK(f.find("base_model.model.model.layers.1.mlp.gate.lora_A.weight"));
 }
 
 TEST_CASE("a qwen3_moe runs SFT, DPO and generate end to end through the CLI", "[moe][train][preference][generate]") {

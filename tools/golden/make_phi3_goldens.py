@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the golden fixtures of Phi-3 (tests/golden/phi3/, tests/golden/phi3_long/) from
+"""Writes the golden fixtures of Phi-3 (tests/golden/phi3/, phi3_long/, phi3_partial/) from
 transformers' own Phi3ForCausalLM run in float64.
 
 Each case is a tiny random model with odd sizes, written as a Hugging Face directory in shards
@@ -17,6 +17,11 @@ frequency, the attention factor from max_position_embeddings / original_max_posi
              sliding_window 6 < T on every layer (the window changes the loss: checked here)
   phi3_long  BF16 in two shards, tied embeddings, original_max_position_embeddings 8 < T = 11: the
              long factors in training, and in generation (prompts of 9..11 tokens)
+  phi3_partial  F32 in two shards, partial_rotary_factor 0.75 (Phi-4-mini's): RoPE turns the first
+             int(16 * 0.75) = 12 dims of each 16-dim head, the last 4 pass; the LongRoPE factor lists
+             hold 12 / 2 = 6 numbers (the short ones: original 64 > T); max_position_embeddings =
+             original, so attention_factor is 1 (transformers scales only the rotated dims by it,
+             which strata does not build yet: a factor != 1 with a partial rotary is refused)
 pad_token_id is null: transformers' embedding would keep a zero gradient on the padding row,
 which strata (like the Llama family's goldens) does not model.
 
@@ -127,6 +132,41 @@ CASES = [
             "vocab_size": 79,
         },
     },
+    {
+        "name": "phi3_partial",
+        "seed": 7007,
+        "disk_dtype": "F32",
+        "shards": 2,
+        "config": {
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "attention_dropout": 0.0,
+            "bos_token_id": 1,
+            "embd_pdrop": 0.0,
+            "eos_token_id": 2,
+            "hidden_act": "silu",
+            "hidden_size": 48,
+            "intermediate_size": 58,
+            "max_position_embeddings": 64,
+            "num_attention_heads": 3,
+            "num_hidden_layers": 2,
+            "num_key_value_heads": 1,
+            "original_max_position_embeddings": 64,
+            "pad_token_id": None,
+            "partial_rotary_factor": 0.75,
+            "resid_pdrop": 0.0,
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {"type": "longrope", "short_factor": factors(5, 6, 1.0, 1.5),
+                             "long_factor": factors(6, 6, 1.0, 6.0)},
+            "rope_theta": 10000.0,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            "transformers_version": transformers.__version__,
+            "use_cache": True,
+            "vocab_size": 71,
+        },
+    },
 ]
 
 
@@ -222,6 +262,16 @@ def write_case(case):
         print("  the %s factors are used (T %d vs original %d); the other table's loss differs by %.3e" % (
             which, SEQ, orig, abs(other - loss.item())))
         assert abs(other - loss.item()) > 1e-4, "the LongRoPE table does not change the loss"
+        if case["config"].get("partial_rotary_factor", 1.0) != 1.0:  # the rotated part matters: half of it
+            half = dict(case["config"]["rope_scaling"])
+            half["short_factor"], half["long_factor"] = half["short_factor"][:4], half["long_factor"][:4]
+            half["partial_rotary_factor"] = 0.5  # transformers 5 validates the lists against the rope dict's
+            _, hp = build(case, partial_rotary_factor=0.5, rope_scaling=half)
+            assert hp.model.rotary_emb.inv_freq.numel() == 4
+            assert model.model.rotary_emb.inv_freq.numel() == 6, "transformers rotates another part than 12 dims"
+            other = hp(input_ids=ids, labels=labels).loss.item()
+            print("  partial_rotary_factor 0.5 instead: the loss differs by %.3e" % abs(other - loss.item()))
+            assert abs(other - loss.item()) > 1e-4, "the rotary part does not change the loss"
 
     # float32 rerun of the same modeling code: what an f32 implementation reaches
     m32 = model.to(torch.float32)
@@ -290,8 +340,10 @@ def write_case(case):
 
 def main():
     torch.set_num_threads(1)
+    only = sys.argv[1:]  # case names to write (default: all)
     for case in CASES:
-        write_case(case)
+        if not only or case["name"] in only:
+            write_case(case)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,15 @@
 
 namespace strata::ref {
 
-// x (n, nh, d); pos (n); inv_freq (d/2). Each pair (x[j], x[j+d/2]) turned by sign * angle,
-// angle = pos * inv_freq[j]: out[j] = x[j] cos - x[j+d/2] s, out[j+d/2] = x[j+d/2] cos + x[j] s
-// with s = sign * sin. In-place allowed.
+// x (n, nh, d); pos (n); the first rot dims of each head turn (0: all d), the rest pass;
+// inv_freq (rot/2). Each pair (x[j], x[j+rot/2]) turned by sign * angle, angle = pos * inv_freq[j]:
+// out[j] = x[j] cos - x[j+rot/2] s, out[j+rot/2] = x[j+rot/2] cos + x[j] s with s = sign * sin.
+// In-place allowed.
 template <class T>
 void rope_rotate(T* out, const T* in, const int32_t* pos, const T* inv_freq, int64_t n, int64_t nh, int64_t d,
-                 T sign) {
-  int64_t half = d / 2;
+                 int64_t rot, T sign) {
+  if (rot == 0) rot = d;
+  int64_t half = rot / 2;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < nh; ++h) {
       const T* x = in + (i * nh + h) * d;
@@ -24,6 +26,7 @@ void rope_rotate(T* out, const T* in, const int32_t* pos, const T* inv_freq, int
         y[j] = x0 * cs - x1 * sn;
         y[j + half] = x1 * cs + x0 * sn;
       }
+      for (int64_t j = rot; j < d; ++j) y[j] = x[j];
     }
   }
 }
@@ -31,16 +34,16 @@ void rope_rotate(T* out, const T* in, const int32_t* pos, const T* inv_freq, int
 // out[j] = x[j] cos - x[j+d/2] sin, out[j+d/2] = x[j+d/2] cos + x[j] sin.
 template <class T>
 void rope_forward(T* out, const T* in, const int32_t* pos, const T* inv_freq, int64_t n,
-                  int64_t nh, int64_t d) {
-  rope_rotate(out, in, pos, inv_freq, n, nh, d, T(1));
+                  int64_t nh, int64_t d, int64_t rot = 0) {
+  rope_rotate(out, in, pos, inv_freq, n, nh, d, rot, T(1));
 }
 
 // The transpose of the rotation, a turn by -angle: din[j] = dout[j] cos + dout[j+d/2] sin,
 // din[j+d/2] = dout[j+d/2] cos - dout[j] sin. In-place allowed.
 template <class T>
 void rope_backward(T* din, const T* dout, const int32_t* pos, const T* inv_freq, int64_t n,
-                   int64_t nh, int64_t d) {
-  rope_rotate(din, dout, pos, inv_freq, n, nh, d, T(-1));
+                   int64_t nh, int64_t d, int64_t rot = 0) {
+  rope_rotate(din, dout, pos, inv_freq, n, nh, d, rot, T(-1));
 }
 
 }  // namespace strata::ref
