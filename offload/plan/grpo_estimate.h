@@ -15,7 +15,8 @@
 // Device memory: the generator's buffers (generator_device_bytes: weight slots or resident
 // weights, its KV cache for num_generations rows x (longest prompt + max_completion_length)) in
 // what the training plan leaves of the device, as GrpoTrainer builds it each step; the training
-// engine keeps its own buffers meanwhile, so the two add up (they do not take turns).
+// engine keeps its own buffers meanwhile, so the two add up (they do not take turns). The plan's
+// own row for these phases (placement_plan.h, PlanInputs::grpo) counts the generator at its least.
 // Legend: G generations (rows per pass), Tp longest prompt, Tc max_completion_length.
 #pragma once
 #include <cstdint>

@@ -8,6 +8,8 @@
 
 #include "offload/stream/engine_buffers.h"
 #include "offload/engine/engine_zo.h"
+#include "offload/engine/generator.h"
+#include "offload/engine/token_scorer.h"
 #include "offload/state/host_store.h"
 #include "offload/state/optimizer.h"
 #include "src/core/error.h"
@@ -284,6 +286,32 @@ void plan_transients(PlanParts& x) {
 
 }
 
+// -- GRPO's phases beside the engine (PlanInputs::grpo): one at a time, the tier holds the larger.
+// Counted after the engine's rows: the kept activations and logits are what the budget leaves the
+// engine (as Engine::device_bytes_left decides them at run time), so a budget they fill leaves the
+// phases no room, and the plan says so (or the search takes a variant that keeps fewer).
+// {sampling, reference} device bytes (0, 0 without GRPO).
+std::pair<size_t, size_t> grpo_phase_bytes(const ModelSpec& spec, const PlanInputs& in) {
+  if (!in.grpo) return {0, 0};
+  size_t gen = generator_min_device_bytes(spec, in.grpo_generator);
+  if (in.lora.enabled())
+    gen += Generator::lora_device_bytes(spec, in.grpo_generator, {in.lora.r, LoraLayout::of(spec, in.lora).bytes});
+  const size_t ref = in.grpo_reference_rows > 0
+                         ? token_scorer_device_bytes(spec, in.grpo_reference_rows, in.grpo_reference_tokens) : 0;
+  return {gen, ref};
+}
+
+void plan_grpo_phases(PlanParts& x) {
+  if (!x.in.grpo) return;
+  RunPlan& p = x.p;
+  const auto [gen, ref] = grpo_phase_bytes(x.spec, x.in);
+  p.transients.push_back({"GRPO sampling: the generator (weights streamed, KV cache spilled)", Tier::device, gen});
+  if (ref) p.transients.push_back({"GRPO reference pass: its buffers", Tier::device, ref});
+  p.grpo_phase_device_bytes = std::max(gen, ref);
+  x.add(str_cat("GRPO phases beside the engine (largest: ", gen >= ref ? "sampling" : "the reference pass", ")"),
+        Tier::device, p.grpo_phase_device_bytes);
+}
+
 // -- what does not fit.
 void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
   const auto& b = budgets;
@@ -351,6 +379,7 @@ RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t g
   plan_device(x, budgets);
   plan_host(x, choice);
   plan_transients(x);
+  plan_grpo_phases(x);
   for (const PlanState& s : p.states) p.tiers[int(s.tier)] += s.bytes;
   plan_problems(p, budgets);
   if (p.nvme_checkpoints > 0) p.checkpoints = CheckpointMode::nvme;  // what the plan spilled there

@@ -107,6 +107,13 @@ struct PlanInputs {
   // of the starting working weights (offload/engine/token_scorer.h: frozen_weights_copy), pinned host
   bool reference_copy = false;
   int router_aux_loss = -1;  // EngineOptions::router_aux_loss (train.router_aux_loss: -1 auto, 0, 1)
+  // train.objective = "grpo": the phases that use the device beside the training engine's buffers,
+  // one at a time (src/train/grpo_step.h): each step's generator (its least placement: weights
+  // streamed, the KV cache spilled as far as that saves) and, with grpo.beta > 0, the reference
+  // pass's buffers (offload/engine/token_scorer.h). The device tier holds the larger.
+  bool grpo = false;
+  GeneratorShape grpo_generator;                           // G rows, the longest prompt, its context
+  int64_t grpo_reference_rows = 0, grpo_reference_tokens = 0;  // the scorer's B, T (0: no reference pass)
 };
 
 struct PlanBudgets {
@@ -195,6 +202,7 @@ struct RunPlan {
   std::vector<std::string> problems;  // what does not fit (empty: it fits)
   std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
   double step_seconds = 0;            // the step estimate the search chose it by (0: not priced)
+  size_t grpo_phase_device_bytes = 0; // of tier(device): GRPO's larger phase beside the engine (PlanInputs::grpo)
 
   bool fits() const { return problems.empty(); }
   size_t tier(Tier t) const { return tiers[int(t)]; }

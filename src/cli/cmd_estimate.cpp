@@ -85,7 +85,7 @@ int cmd_estimate(const std::vector<std::string>& args) {
   // GRPO: its sampling (the generator in what the training plan leaves of the device) and reference pass
   std::optional<GrpoPhaseEstimate> grpo;
   if (recipe.objective == "grpo" && step) {
-    const size_t used_device = plan.tier(Tier::device);
+    const size_t used_device = plan.tier(Tier::device) - plan.grpo_phase_device_bytes;  // the engine's alone
     const size_t left = budgets.device_bytes == 0 ? SIZE_MAX / 4
                         : budgets.device_bytes > used_device ? budgets.device_bytes - used_device : 0;
     grpo = grpo_phase_estimate(spec, recipe_grpo_phase_shape(recipe, in.device_in_host_ram), left, rates.rates);

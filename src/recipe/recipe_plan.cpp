@@ -51,6 +51,12 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   // GRPO's step lands every gradient before its optimizer_step (src/train/grpo_step.cpp), as clipping does
   in.clip_grad = rc.max_grad_norm > 0 || rc.objective == "grpo";
   in.reference_copy = rc.objective == "grpo" && rc.grpo_beta > 0 && !in.lora.enabled();
+  if (rc.objective == "grpo") {  // the data keeps prompts of at most sequence_len - max_completion_length - 1
+    in.grpo = true;
+    const int64_t prompt = std::max<int64_t>(1, rc.sequence_len - rc.grpo_max_completion_length - 1);
+    in.grpo_generator = {rc.grpo_num_generations, prompt, prompt + rc.grpo_max_completion_length};
+    if (rc.grpo_beta > 0) in.grpo_reference_rows = rc.micro_batch_size, in.grpo_reference_tokens = rc.sequence_len;
+  }
   in.zo_perturbations = rc.zo_perturbations;
   in.save_dtype = dtype_parse(rc.save_dtype);
   in.load_from_dir = !rc.model_path.empty();

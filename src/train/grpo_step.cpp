@@ -163,6 +163,14 @@ GrpoStepOutcome GrpoStep::run(const std::vector<const GrpoPrompt*>& prompts, con
     ids[i].insert(ids[i].end(), comp.begin(), comp.end());
     mask[i].resize(ids[i].size(), m);
   }
+  // Every row padded to the step's longest (every rank's): the micro-batches of N ranks then hold
+  // the shapes one process gives them (the data-parallel reduction needs equal token counts, and a
+  // GEMM's sums depend on its shape); padding is id 0 with the mask off (grpo_micro_batch's own)
+  std::vector<double> longest(N, 0.0);
+  for (size_t i = 0; i < n; ++i) longest[size_t(ranks_.rank)] = std::max(longest[size_t(ranks_.rank)], double(ids[i].size()));
+  all_reduce(longest);
+  const size_t T_step = size_t(*std::max_element(longest.begin(), longest.end()));
+  for (size_t i = 0; i < n; ++i) ids[i].resize(T_step, 0), mask[i].resize(T_step, 0);
   const size_t rows = size_t(c_.micro_batch_rows), k = n / rows;
   std::vector<MicroBatch> mbs(k);
   std::vector<GrpoLayout> layouts(k);

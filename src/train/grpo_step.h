@@ -32,7 +32,8 @@
 // loss and clip/KL/entropy sums per micro-batch (summed in the one-process order), and the
 // completion tokens of the first log_prompts prompts (completions.jsonl, written by rank 0).
 // With micro_batch_rows a multiple of G the ranks hold exactly the micro-batches one process
-// with N times the accumulation would run, in the reduction's order: bit-identical to it.
+// with N times the accumulation would run, in the reduction's order: bit-identical to it. Every
+// micro-batch is padded to the step's longest row (every rank's), so they share one shape.
 // `strata train` runs it with train.objective = "grpo" (src/train/grpo_trainer.h).
 #pragma once
 #include <cstdint>

@@ -546,11 +546,13 @@ void TrainRun::check_allocations_against_plan() {
   const size_t device_checkpoints = engine_->device_checkpoints();
   const size_t kept_layers = engine_->kept_activation_layers();
   const size_t kept_chunks = engine_->kept_logit_chunks();
+  // (GRPO's phases, plan_.grpo_phase_device_bytes, come later: its generator, its reference pass)
   if (plan_in_.device_in_host_ram)
-    STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) && device_checkpoints == plan_.device_checkpoints &&
+    STRATA_ASSERT(dev_->used_bytes() == plan_.tier(Tier::device) - plan_.grpo_phase_device_bytes &&
+                      device_checkpoints == plan_.device_checkpoints &&
                       kept_layers == plan_.kept_activation_layers && kept_chunks == plan_.kept_logit_chunks,
                   "the placement plan and the device disagree: the device holds ", dev_->used_bytes(), " bytes (plan ",
-                  plan_.tier(Tier::device), "), ", device_checkpoints, " device checkpoints (plan ",
+                  plan_.tier(Tier::device) - plan_.grpo_phase_device_bytes, "), ", device_checkpoints, " device checkpoints (plan ",
                   plan_.device_checkpoints, "), kept activations of ", kept_layers, " layers (plan ",
                   plan_.kept_activation_layers, "), kept logits of ", kept_chunks, " lm_head chunks (plan ",
                   plan_.kept_logit_chunks, ")");

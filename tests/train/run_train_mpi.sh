@@ -48,7 +48,10 @@
 #               weights, bit for bit), with dapo + scale_rewards = "batch" + 2 updates per generation
 #               batch and with bnpo + beta (the reference pass); 1 process x 1 differs; micro-batches
 #               smaller than a group (each rank a block of prompts) run and sample step 1 as one
-#               process; groups that cannot stay whole on a rank are exit 2 naming num_generations
+#               process; after recipes/grpo-tiny's SFT stage (completions of different lengths: rows
+#               padded to the step's longest on every rank) 2 x 1 = 1 x 2 over 8 steps, and with LoRA
+#               (dropout, beta) over 6; groups that cannot stay whole on a rank are exit 2 naming
+#               num_generations
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason when mpirun cannot start processes here.
 set -u
 strata="$1"; scenario="$2"
@@ -474,6 +477,28 @@ grpo)
   train 1 "$work/g_s1" "${g[@]}" grpo.loss_type=dapo grpo.scale_rewards=batch grpo.num_iterations=2 train.gradient_accumulation_steps=1
   ! cmp -s "$work/g_s1/final/model.safetensors" "$work/g_d2_1/final/model.safetensors" ||
     fail "GRPO: 2 ranks x 1 equals 1 process x 1: the prompts were not split"
+  # completions of different lengths (recipes/grpo-tiny's SFT stage first: its answers stop at EOS
+  # early): every micro-batch padded to the step's longest row on every rank, 2 ranks x 1 = 1 x 2
+  timeout 300 "$strata" train "$here/recipes/grpo-tiny/sft.toml" $common checkpoint.output_dir="$work/g_sft" \
+    train.max_steps=150 >"$work/g_sft.log" 2>&1 || { cat "$work/g_sft.log"; fail "the SFT stage failed"; }
+  t=("model.path=$work/g_sft/final" train.max_steps=8 checkpoint.save_steps=8)
+  train 1 "$work/g_t2" "${t[@]}" train.gradient_accumulation_steps=2
+  train 2 "$work/g_d2" "${t[@]}" train.gradient_accumulation_steps=1
+  [ "$(grpo_metrics "$work/g_t2" | grep -c '"completions/min_length":[1-4][,.]')" -gt 0 ] ||
+    fail "the trained model's completions did not stop early: the lengths were not exercised"
+  [ "$(grpo_metrics "$work/g_t2")" = "$(grpo_metrics "$work/g_d2")" ] || fail "GRPO after SFT: metrics differ"
+  cmp "$work/g_t2/final/model.safetensors" "$work/g_d2/final/model.safetensors" || fail "GRPO after SFT: final weights differ"
+  cmp "$work/g_t2/completions.jsonl" "$work/g_d2/completions.jsonl" || fail "GRPO after SFT: completions.jsonl differ"
+  echo "bit-identical: GRPO after SFT, completions of different lengths: 2 ranks x 1 = 1 process x 2 (8 steps)"
+  # LoRA with dropout and beta (the reference: the base with the adapters off): the generator adds
+  # each rank's adapters, equal after every update
+  l=("${t[@]}" train.max_steps=6 checkpoint.save_steps=6 lora.r=8 lora.alpha=16 lora.dropout=0.1 grpo.beta=0.04)
+  train 1 "$work/g_l2" "${l[@]}" train.gradient_accumulation_steps=2
+  train 2 "$work/g_ld2" "${l[@]}" train.gradient_accumulation_steps=1
+  [ "$(grpo_metrics "$work/g_l2")" = "$(grpo_metrics "$work/g_ld2")" ] || fail "GRPO LoRA: metrics differ"
+  cmp "$work/g_l2/final/adapter/adapter_model.safetensors" "$work/g_ld2/final/adapter/adapter_model.safetensors" ||
+    fail "GRPO LoRA: exported adapters differ"
+  echo "bit-identical: GRPO with LoRA (dropout, beta): 2 ranks x 1 = 1 process x 2 (6 steps)"
   # micro-batches of 2 < num_generations: each rank a block of whole prompts; step 1 samples as one
   # process does (the same prompts, seeds and starting weights); later steps agree to rounding only
   train 2 "$work/g_blk" "${g[@]}" grpo.loss_type=dapo grpo.scale_rewards=batch grpo.num_iterations=2 \

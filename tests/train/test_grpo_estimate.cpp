@@ -6,7 +6,7 @@
 // whole KV cache on the device): every pass moves the weights; compute-bound (resident): the
 // forward's 2 FLOPs per matrix parameter and token and the head's 2 x V x C per sampled row.
 // And `strata estimate --json` on recipes/grpo-tiny shows the GRPO step as training + sampling +
-// the reference pass.
+// the reference pass, and the plan's device tier GRPO's larger phase beside the engine.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "io/hf_config.h"
+#include "offload/engine/token_scorer.h"
 #include "offload/plan/grpo_estimate.h"
 #include "tests/testing.h"
 
@@ -122,6 +123,15 @@ TEST_CASE("strata estimate shows a GRPO step as training plus sampling plus the 
   CHECK(g["reference_s"].get<double>() > 0);
   CHECK(std::abs(g["seconds"].get<double>() - (j["step"]["seconds"].get<double>() + g["sampling_s"].get<double>() +
                                               g["reference_s"].get<double>())) <= 1e-12 * g["seconds"].get<double>());
+  // the plan's device tier holds GRPO's larger phase beside the engine: the generator at its least
+  // (8 rows, prompts of 32 - 6 - 1 = 25 tokens, 31 positions) or the reference pass (16 x 32)
+  const ModelSpec spec = tiny_spec(2);
+  const size_t gen = generator_min_device_bytes(spec, {8, 25, 31}), ref = token_scorer_device_bytes(spec, 16, 32);
+  size_t row = 0;
+  for (const auto& st : j["states"])
+    if (st["kind"].get<std::string>().rfind("GRPO phases beside the engine", 0) == 0) row = st["bytes"].get<size_t>();
+  CHECK(row == std::max(gen, ref));
+  CHECK(row > 0);
   // the text report says it too
   const testing::ProcessResult r = testing::run_strata(
       "estimate " + testing::source_path("recipes/grpo-tiny/recipe.toml") + " model.path=" + model + " --gpu 'H100 SXM'",
