@@ -277,8 +277,11 @@ Shape lora_peft_shape(const LoraLayout& l, size_t row) {
   return packed_b ? Shape{t.shape[0] / E, E * l.r} : t.shape;
 }
 
-// strata's packed expert B (E, out, r) <-> PEFT's (out, r*E), whose column k*E + e is expert e's k.
-void lora_peft_tensor(const LoraLayout& l, size_t row, const float* in, float* out) {
+namespace {
+
+// strata's packed expert B (E, out, r) <-> PEFT's (out, r*E), whose column k*E + e is expert e's k;
+// any other row is the same in both layouts.
+void lora_peft_reorder(const LoraLayout& l, size_t row, const float* in, float* out, bool to_peft) {
   const TensorSpec& t = l.table[row];
   const Shape peft = lora_peft_shape(l, row);
   if (peft == t.shape) {
@@ -288,20 +291,20 @@ void lora_peft_tensor(const LoraLayout& l, size_t row, const float* in, float* o
   const int64_t E = l.experts[row], r = l.r, O = peft[0];
   for (int64_t e = 0; e < E; ++e)
     for (int64_t o = 0; o < O; ++o)
-      for (int64_t k = 0; k < r; ++k) out[o * r * E + k * E + e] = in[(e * O + o) * r + k];
+      for (int64_t k = 0; k < r; ++k) {
+        const int64_t ours = (e * O + o) * r + k, theirs = o * r * E + k * E + e;
+        out[to_peft ? theirs : ours] = in[to_peft ? ours : theirs];
+      }
+}
+
+}  // namespace
+
+void lora_peft_tensor(const LoraLayout& l, size_t row, const float* in, float* out) {
+  lora_peft_reorder(l, row, in, out, true);
 }
 
 void lora_from_peft_tensor(const LoraLayout& l, size_t row, const float* in, float* out) {
-  const TensorSpec& t = l.table[row];
-  const Shape peft = lora_peft_shape(l, row);
-  if (peft == t.shape) {
-    std::memcpy(out, in, size_t(t.numel()) * 4);
-    return;
-  }
-  const int64_t E = l.experts[row], r = l.r, O = peft[0];
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t k = 0; k < r; ++k) out[(e * O + o) * r + k] = in[o * r * E + k * E + e];
+  lora_peft_reorder(l, row, in, out, false);
 }
 
 std::vector<LoraMergeTerm> lora_merge_terms(const ModelSpec& spec, const LoraLayout& l) {

@@ -464,10 +464,7 @@ class CudaDevice final : public ArenaDevice {
                               const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                               int64_t vc, bool first, float* keep_logits, Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
-    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
-    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
-    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
-    checks_pending_[int(s)] = true;
+    void* ws = ce_chunk_workspace(wt, c, vc, s);
     cuda::lm_head_ce_chunk_stats(stats, h, w, wt == DType::bf16, targets, n, c, v, v0, vc, first,
                                  keep_logits, ws, ce_workspace_bytes_, error_word_, cublas(s), stream(s));
   }
@@ -475,10 +472,7 @@ class CudaDevice final : public ArenaDevice {
                                       const int32_t* targets, int64_t n, int64_t c, int64_t v, int64_t v0,
                                       int64_t vc, bool first, float* keep_logits, Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
-    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
-    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
-    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
-    checks_pending_[int(s)] = true;
+    void* ws = ce_chunk_workspace(wt, c, vc, s);
     cuda::lm_head_ce_chunk_stats_entropy(stats, ent, h, w, wt == DType::bf16, targets, n, c, v, v0, vc, first,
                                          keep_logits, ws, ce_workspace_bytes_, error_word_, cublas(s), stream(s));
   }
@@ -505,10 +499,7 @@ class CudaDevice final : public ArenaDevice {
                                           int64_t v0, int64_t vc, float grad_scale, float* kept_logits,
                                           Stream s) override {
     const auto timed = time_op(s, OpKind::cross_entropy);
-    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
-    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
-    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
-    checks_pending_[int(s)] = true;
+    void* ws = ce_chunk_workspace(wt, c, vc, s);
     cuda::lm_head_ce_chunk_backward(dh, dw_chunk, h, w, wt == DType::bf16, stats, targets, token_weight, n,
                                     c, v, v0, vc, grad_scale, kept_logits, ws, ce_workspace_bytes_, error_word_,
                                     cublas(s), stream(s));
@@ -661,6 +652,14 @@ class CudaDevice final : public ArenaDevice {
 
   // The lm_head_ce logits workspace, grown on demand. Growing waits for every stream, since
   // work already queued may still use the old one.
+  // An lm_head chunk op's checks and its workspace (the statistics passes and the weighted backward).
+  void* ce_chunk_workspace(DType wt, int64_t c, int64_t vc, Stream s) {
+    STRATA_ASSERT(wt == DType::f32 || wt == DType::bf16, "lm_head weights must be f32 or bf16");
+    STRATA_CHECK(c > 0 && vc > 0, "lm_head_ce chunk: sizes must be positive (got c=", c, " vc=", vc, ")");
+    void* ws = ce_workspace(cuda::lm_head_ce_workspace_bytes(c, vc));
+    checks_pending_[int(s)] = true;
+    return ws;
+  }
   void* ce_workspace(size_t bytes) {
     if (bytes > ce_workspace_bytes_) {
       if (ce_workspace_) {

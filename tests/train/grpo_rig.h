@@ -8,10 +8,12 @@
 // `dtype` (bf16 as recipes run it, or f32: the same dequantized bf16 weights widened) and
 // streams its weights, as QLoRA runs do.
 #pragma once
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "offload/engine/generator.h"
 #include "offload/state/lora.h"
 #include "offload/state/nf4_layout.h"
 #include "src/train/grpo_step.h"
@@ -145,5 +147,44 @@ struct GrpoRig {
     return std::vector<char>(store.working(), store.working() + bytes);
   }
 };
+
+// The generator with `rig`'s adapters unmerged (GeneratorLora, set_adapters) samples what a
+// generator over `merged` — the base with those adapters merged — samples, greedy and at T 0.8,
+// for the rig's prompts and a shorter one, and not what the base alone samples.
+inline void check_generator_adds_adapters(GrpoRig& rig, HostStore& merged) {
+  const GeneratorShape shape{4, 4, 4 + 8};
+  const GeneratorLora lora{rig.lora->layout().r, rig.lora->layout().bytes};
+  std::vector<std::vector<int32_t>> prompts;
+  for (const GrpoPrompt& p : rig.prompts) prompts.push_back(p.ids);
+  prompts.push_back({1, 7});  // a shorter prompt: right padding in the prefill
+  for (const double temperature : {0.0, 0.8}) {
+    SamplingOptions so;
+    so.max_new_tokens = 8;
+    so.temperature = temperature;
+    so.seed = 3;
+    std::vector<GenerateResult> with, as_merged, base;
+    {
+      Generator gen(*rig.dev, rig.store, shape, lora);
+      gen.set_adapters(rig.lora->layout(), rig.lora->image());
+      with = gen.generate(prompts, so, 0);
+    }
+    {
+      Generator gen(*rig.dev, merged, shape);
+      as_merged = gen.generate(prompts, so, 0);
+    }
+    {
+      Generator gen(*rig.dev, rig.store, shape);
+      base = gen.generate(prompts, so, 0);
+    }
+    size_t differ = 0;
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      INFO("temperature " << temperature << " row " << r);
+      CHECK(with[r].tokens.size() == 8);
+      CHECK(with[r].tokens == as_merged[r].tokens);
+      differ += with[r].tokens != base[r].tokens;
+    }
+    CHECK(differ > 0);  // the adapters change what is sampled
+  }
+}
 
 }  // namespace strata::testing

@@ -59,39 +59,7 @@ TEST_CASE("the generator adds unmerged LoRA adapters and samples what the merged
           "[grpo][lora][generate]") {
   GrpoRig rig(1, device_create(DeviceOptions{}), "llama", 1, kRank, /*lora_random_b=*/true);
   std::unique_ptr<HostStore> merged = merged_store(rig);
-  const GeneratorShape shape{4, 4, 4 + 8};
-  const GeneratorLora lora{kRank, rig.lora->layout().bytes};
-  std::vector<std::vector<int32_t>> prompts;
-  for (const GrpoPrompt& p : rig.prompts) prompts.push_back(p.ids);
-  prompts.push_back({1, 7});  // a shorter prompt: right padding in the prefill
-  for (const double temperature : {0.0, 0.8}) {
-    SamplingOptions so;
-    so.max_new_tokens = 8;
-    so.temperature = temperature;
-    so.seed = 3;
-    std::vector<GenerateResult> with, as_merged, base;
-    {
-      Generator gen(*rig.dev, rig.store, shape, lora);
-      gen.set_adapters(rig.lora->layout(), rig.lora->image());
-      with = gen.generate(prompts, so, 0);
-    }
-    {
-      Generator gen(*rig.dev, *merged, shape);
-      as_merged = gen.generate(prompts, so, 0);
-    }
-    {
-      Generator gen(*rig.dev, rig.store, shape);
-      base = gen.generate(prompts, so, 0);
-    }
-    size_t differ = 0;
-    for (size_t r = 0; r < prompts.size(); ++r) {
-      INFO("temperature " << temperature << " row " << r);
-      CHECK(with[r].tokens.size() == 8);
-      CHECK(with[r].tokens == as_merged[r].tokens);
-      differ += with[r].tokens != base[r].tokens;
-    }
-    CHECK(differ > 0);  // the adapters change what is sampled
-  }
+  testing::check_generator_adds_adapters(rig, *merged);
 }
 
 TEST_CASE("GRPO with LoRA trains the adapters and samples each step from them", "[grpo][grpo-step][lora]") {
