@@ -148,6 +148,34 @@ struct GrpoRig {
   }
 };
 
+// Each prompt's G = 4 completions as GrpoStep samples them at `step` (seed 17, temperature 0.8,
+// at most 6 tokens, EOS 2, first request prompt index x G), from `store` (with `lora`'s adapters
+// unmerged when given).
+inline std::vector<std::string> sample_like_step(GrpoRig& rig, HostStore& store, LoraStore* lora,
+                                                 const std::vector<int64_t>& which, int64_t step) {
+  Generator gen(*rig.dev, store, GeneratorShape{4, 4, 4 + 6},
+                lora ? GeneratorLora{lora->layout().r, lora->layout().bytes} : GeneratorLora{});
+  if (lora) gen.set_adapters(lora->layout(), lora->image());
+  SamplingOptions so;
+  so.max_new_tokens = 6;
+  so.temperature = 0.8;
+  so.seed = grpo_step_seed(17, step);
+  so.eos_ids = {2};
+  std::vector<std::string> out;
+  for (int64_t p : which) {
+    const std::vector<std::vector<int32_t>> rows(4, rig.prompts[size_t(p)].ids);
+    for (const GenerateResult& r : gen.generate(rows, so, uint64_t(p) * 4)) out.push_back(decode_ids(r.tokens));
+  }
+  return out;
+}
+
+// A step's completions as text, in order.
+inline std::vector<std::string> texts(const GrpoStepOutcome& o) {
+  std::vector<std::string> t;
+  for (const GrpoCompletion& c : o.completions) t.push_back(c.completion);
+  return t;
+}
+
 // The generator with `rig`'s adapters unmerged (GeneratorLora, set_adapters) samples what a
 // generator over `merged` — the base with those adapters merged — samples, greedy and at T 0.8,
 // for the rig's prompts and a shorter one, and not what the base alone samples.

@@ -15,6 +15,8 @@ namespace strata {
 namespace {
 
 using testing::GrpoRig;
+using testing::sample_like_step;
+using testing::texts;
 
 constexpr int64_t kRank = 4;
 
@@ -24,33 +26,6 @@ std::unique_ptr<HostStore> merged_store(GrpoRig& rig) {
   model_load_weights(*merged, rig.dir);
   lora_merge_into(*merged, *rig.lora);
   return merged;
-}
-
-// Each prompt's G = 4 completions as GrpoStep samples them at `step` (seed, temperature 0.8, at
-// most 6 tokens, EOS 2, first request prompt index x G), from `store` (with `lora`'s adapters
-// unmerged when given).
-std::vector<std::string> sample_like_step(GrpoRig& rig, HostStore& store, LoraStore* lora,
-                                          const std::vector<int64_t>& which, int64_t step) {
-  const GeneratorShape shape{4, 4, 4 + 6};
-  Generator gen(*rig.dev, store, shape, lora ? GeneratorLora{lora->layout().r, lora->layout().bytes} : GeneratorLora{});
-  if (lora) gen.set_adapters(lora->layout(), lora->image());
-  SamplingOptions so;
-  so.max_new_tokens = 6;
-  so.temperature = 0.8;
-  so.seed = grpo_step_seed(17, step);
-  so.eos_ids = {2};
-  std::vector<std::string> out;
-  for (int64_t p : which) {
-    const std::vector<std::vector<int32_t>> rows(4, rig.prompts[size_t(p)].ids);
-    for (const GenerateResult& r : gen.generate(rows, so, uint64_t(p) * 4)) out.push_back(testing::decode_ids(r.tokens));
-  }
-  return out;
-}
-
-std::vector<std::string> texts(const GrpoStepOutcome& o) {
-  std::vector<std::string> t;
-  for (const GrpoCompletion& c : o.completions) t.push_back(c.completion);
-  return t;
 }
 
 }  // namespace

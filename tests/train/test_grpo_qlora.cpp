@@ -23,6 +23,8 @@ namespace strata {
 namespace {
 
 using testing::GrpoRig;
+using testing::sample_like_step;
+using testing::texts;
 
 constexpr int64_t kRank = 4;
 
@@ -39,32 +41,6 @@ std::unique_ptr<HostStore> dequantized_store(GrpoRig& rig, DType dtype, const Lo
   }
   if (lora) lora_merge_into(*out, *lora);
   return out;
-}
-
-// Each prompt's G = 4 completions as GrpoStep samples them at `step` from `store` (with `lora`'s
-// adapters unmerged when given).
-std::vector<std::string> sample_like_step(GrpoRig& rig, HostStore& store, LoraStore* lora,
-                                          const std::vector<int64_t>& which, int64_t step) {
-  Generator gen(*rig.dev, store, GeneratorShape{4, 4, 4 + 6},
-                lora ? GeneratorLora{lora->layout().r, lora->layout().bytes} : GeneratorLora{});
-  if (lora) gen.set_adapters(lora->layout(), lora->image());
-  SamplingOptions so;
-  so.max_new_tokens = 6;
-  so.temperature = 0.8;
-  so.seed = grpo_step_seed(17, step);
-  so.eos_ids = {2};
-  std::vector<std::string> out;
-  for (int64_t p : which) {
-    const std::vector<std::vector<int32_t>> rows(4, rig.prompts[size_t(p)].ids);
-    for (const GenerateResult& r : gen.generate(rows, so, uint64_t(p) * 4)) out.push_back(testing::decode_ids(r.tokens));
-  }
-  return out;
-}
-
-std::vector<std::string> texts(const GrpoStepOutcome& o) {
-  std::vector<std::string> t;
-  for (const GrpoCompletion& c : o.completions) t.push_back(c.completion);
-  return t;
 }
 
 }  // namespace
