@@ -28,31 +28,6 @@ ByteRange shared_range(const HostStore& store, size_t layer, size_t* end_row = n
   return {0, store.working_table()[size_t(row)].offset - g.working_offset};
 }
 
-// An NF4 base: the rows [first_row, end_row) of `layer` decoded from the slot's packed copy into its
-// decoded part, as nf4_decode_layer decodes a whole layer (packed rows dequantized, the rest
-// copied), on stream s.
-void decode_rows(Device& dev, char* decoded, const char* packed, const HostStore& store, size_t layer, size_t end_row,
-                 Stream s) {
-  const ParamGroup& g = store.layer_group(layer);
-  const TensorTable &host = store.working_table(), &device = store.device_table();
-  const bool dq = store.spec().base_quant.double_quant;
-  for (size_t r = g.first_row; r < end_row; ++r) {
-    char* out = decoded + (device[r].offset - g.device_offset);
-    const size_t in = host[r].offset - g.working_offset;
-    if (host[r].dtype != DType::u8) {
-      dev.copy_d2d(out, packed + in, host[r].bytes(), s);
-      continue;
-    }
-    const int64_t n = device[r].numel();
-    const Nf4RowLayout l = Nf4RowLayout::of(n, dq);
-    float offset = 0;  // read from the host copy (a device read would wait for the upload)
-    if (dq) std::memcpy(&offset, store.working() + host[r].offset + l.offset, 4);
-    const auto* p = reinterpret_cast<const uint8_t*>(packed + in);
-    dev.nf4_dequantize(out, device[r].dtype, p, dq ? p + l.qabsmax : nullptr,
-                       reinterpret_cast<const float*>(p + l.absmax), offset, n, s);
-  }
-}
-
 // Expert x's parameters (per_expert consecutive rows) in layer `layer`'s block.
 ByteRange expert_range(const HostStore& store, size_t layer, const MoeExpertParams& e, int64_t x) {
   const ParamGroup& g = store.layer_group(layer);
@@ -124,7 +99,7 @@ const char* RoutedDecodeStream::acquire(size_t layer) {
   dev_.stream_wait_event(Stream::compute, *loaded_[s]);
   // in compute-stream order: after the upload, before the layer's reads (and, as the slot's next
   // shared upload waits for released[s], before that upload overwrites the packed copy)
-  if (decode) decode_rows(dev_, slots_[s], packed_slots_[s], store_, layer, end_row, Stream::compute);
+  if (decode) nf4_decode_rows(dev_, slots_[s], packed_slots_[s], store_, layer, end_row, Stream::compute);
   return slots_[s];
 }
 

@@ -119,11 +119,16 @@ LayerSlotBytes layer_slot_bytes(const HostStoreLayout& layout, size_t layers) {
 
 void nf4_decode_layer(Device& dev, char* decoded, const char* packed, const HostStore& store, size_t layer,
                       Stream s) {
+  nf4_decode_rows(dev, decoded, packed, store, layer, store.layer_group(layer).end_row, s);
+}
+
+void nf4_decode_rows(Device& dev, char* decoded, const char* packed, const HostStore& store, size_t layer,
+                     size_t end_row, Stream s) {
   const ParamGroup& g = store.layer_group(layer);
   const TensorTable &host = store.working_table(), &device = store.device_table();
   const char* host_block = store.working() + g.working_offset;
   const bool dq = store.spec().base_quant.double_quant;
-  for (size_t r = g.first_row; r < g.end_row; ++r) {
+  for (size_t r = g.first_row; r < end_row; ++r) {
     char* out = decoded + (device[r].offset - g.device_offset);
     const size_t in = host[r].offset - g.working_offset;
     if (host[r].dtype != DType::u8) {
@@ -132,7 +137,7 @@ void nf4_decode_layer(Device& dev, char* decoded, const char* packed, const Host
     }
     const int64_t n = device[r].numel();
     const Nf4RowLayout l = Nf4RowLayout::of(n, dq);
-    float offset = 0;
+    float offset = 0;  // read from the host copy (a device read would wait for the upload)
     if (dq) std::memcpy(&offset, host_block + in + l.offset, 4);
     const auto* p = reinterpret_cast<const uint8_t*>(packed + in);
     dev.nf4_dequantize(out, device[r].dtype, p, dq ? p + l.qabsmax : nullptr, reinterpret_cast<const float*>(p + l.absmax),

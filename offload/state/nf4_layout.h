@@ -77,5 +77,9 @@ LayerSlotBytes layer_slot_bytes_of(const HostStoreLayout& layout, size_t layer);
 // rows' offsets (f32 means) are read from the store's host copy.
 void nf4_decode_layer(Device& dev, char* decoded, const char* packed, const HostStore& store, size_t layer,
                       Stream s);
+// The same for the layer's rows [first_row, end_row) alone (the routed decode: the shared part
+// before the experts).
+void nf4_decode_rows(Device& dev, char* decoded, const char* packed, const HostStore& store, size_t layer,
+                     size_t end_row, Stream s);
 
 }  // namespace strata
