@@ -62,6 +62,23 @@ TEST_CASE("GRPO steps on the CUDA backend follow the CPU backend's", "[cuda-emu]
   CHECK(std::isfinite(on_cuda.step({1}, 2).grad_norm));
 }
 
+// A GRPO step with beta on the CUDA backend (a) against the CPU backend's (b): the same
+// completions and rewards, KL within 1e-3 relative (and not 0), the grad norm within 1e-5.
+static void check_step_follows_cpu(const GrpoStepOutcome& a, const GrpoStepOutcome& b, const char* what) {
+  REQUIRE(a.completions.size() == b.completions.size());
+  for (size_t i = 0; i < a.completions.size(); ++i) {
+    CHECK(a.completions[i].completion == b.completions[i].completion);
+    CHECK(a.completions[i].reward == b.completions[i].reward);
+  }
+  const double kl_cuda = a.metrics["kl"].get<double>(), kl_cpu = b.metrics["kl"].get<double>();
+  std::printf("cuda-emu grpo %s beta step grad norm %.9f (cpu %.9f) kl %.9g (cpu %.9g)\n", what, a.grad_norm, b.grad_norm,
+              kl_cuda, kl_cpu);
+  CHECK(kl_cpu > 1e-6);
+  CHECK(std::abs(kl_cuda - kl_cpu) <= 1e-3 * kl_cpu);
+  CHECK(b.grad_norm > 0);
+  CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm);
+}
+
 // LoRA with beta > 0: non-zero adapters from the start (B drawn, not PEFT's zeros), so the
 // generator's adapter path decides step 1's samples on both backends and the reference pass (the
 // base, adapters off: offload/engine/token_scorer.h) differs from the policy; the KL and the
@@ -72,22 +89,11 @@ TEST_CASE("GRPO steps with LoRA and beta on the CUDA backend follow the CPU back
   testing::GrpoRig on_cuda(1, std::move(cuda), "llama", 1, 4, true, 0.5),
       on_cpu(1, device_create(DeviceOptions{}), "llama", 1, 4, true, 0.5);
   const GrpoStepOutcome a = on_cuda.step({0, 2}, 1), b = on_cpu.step({0, 2}, 1);
-  REQUIRE(a.completions.size() == b.completions.size());
-  for (size_t i = 0; i < a.completions.size(); ++i) {
-    CHECK(a.completions[i].completion == b.completions[i].completion);
-    CHECK(a.completions[i].reward == b.completions[i].reward);
-  }
-  const double kl_cuda = a.metrics["kl"].get<double>(), kl_cpu = b.metrics["kl"].get<double>();
-  std::printf("cuda-emu grpo lora beta step grad norm %.9f (cpu %.9f) kl %.9g (cpu %.9g)\n", a.grad_norm, b.grad_norm,
-              kl_cuda, kl_cpu);
-  CHECK(kl_cpu > 1e-6);
-  CHECK(std::abs(kl_cuda - kl_cpu) <= 1e-3 * kl_cpu);
+  check_step_follows_cpu(a, b, "lora");
   for (size_t m = 0; m < a.layouts.size(); ++m)  // the reference pass's log-probs, backend against backend
     for (size_t i = 0; i < a.layouts[m].ref_logp.size(); ++i)
       if (!std::isnan(b.layouts[m].ref_logp[i]))
         CHECK(std::abs(a.layouts[m].ref_logp[i] - b.layouts[m].ref_logp[i]) <= 1e-5);
-  CHECK(b.grad_norm > 0);
-  CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm);
   CHECK(std::isfinite(on_cuda.step({1}, 2).grad_norm));
 }
 
@@ -103,18 +109,7 @@ TEST_CASE("GRPO steps with LoRA and beta on an NF4 base on the CUDA backend foll
   REQUIRE(on_cuda.store.packed());
   const std::vector<char> codes = on_cuda.weights();
   const GrpoStepOutcome a = on_cuda.step({0, 2}, 1), b = on_cpu.step({0, 2}, 1);
-  REQUIRE(a.completions.size() == b.completions.size());
-  for (size_t i = 0; i < a.completions.size(); ++i) {
-    CHECK(a.completions[i].completion == b.completions[i].completion);
-    CHECK(a.completions[i].reward == b.completions[i].reward);
-  }
-  const double kl_cuda = a.metrics["kl"].get<double>(), kl_cpu = b.metrics["kl"].get<double>();
-  std::printf("cuda-emu grpo qlora beta step grad norm %.9f (cpu %.9f) kl %.9g (cpu %.9g)\n", a.grad_norm, b.grad_norm,
-              kl_cuda, kl_cpu);
-  CHECK(kl_cpu > 1e-6);
-  CHECK(std::abs(kl_cuda - kl_cpu) <= 1e-3 * kl_cpu);
-  CHECK(b.grad_norm > 0);
-  CHECK(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm);
+  check_step_follows_cpu(a, b, "qlora");
   CHECK(std::isfinite(on_cuda.step({1}, 2).grad_norm));
   CHECK(on_cuda.weights() == codes);
 }
