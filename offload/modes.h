@@ -30,6 +30,11 @@ enum class SpeculateMode : uint8_t { automatic, on, off };
 // made from the fp32 master at each upload ("derived": 2 bytes a parameter less in RAM, the same
 // bits on the device, a host conversion per upload); auto: the plan's choice by the step model.
 enum class WorkingMode : uint8_t { automatic, stored, derived };
+// offload.norm_pass: with clipping at one pass a step, run the pass twice, the first for the
+// global norm alone (each gradient dropped as it lands), the second updating each group as it
+// lands, clipped: the gradient buffer shrinks to one slot for a second pass of compute and
+// transfers (engine.cpp, StepWork::norm_pass); auto: the plan's choice by the step model.
+enum class NormPassMode : uint8_t { automatic, on, off };
 
 // A mode's spellings: its recipe key and every value's name, in the order messages list them. One
 // table per enum, found by mode_table(E{}) (here, beside the enums elsewhere, and in
@@ -64,6 +69,8 @@ inline constexpr ModeSpelling<AccumulationMode> kAccumulationModes[] = {{Accumul
     {AccumulationMode::layer_major, "layer_major"}, {AccumulationMode::micro_batch, "micro_batch"}};
 inline constexpr ModeSpelling<SpeculateMode> kSpeculateModes[] = {
     {SpeculateMode::automatic, "auto"}, {SpeculateMode::on, "on"}, {SpeculateMode::off, "off"}};
+inline constexpr ModeSpelling<NormPassMode> kNormPassModes[] = {
+    {NormPassMode::automatic, "auto"}, {NormPassMode::on, "on"}, {NormPassMode::off, "off"}};
 inline constexpr ModeSpelling<WorkingMode> kWorkingModes[] = {
     {WorkingMode::automatic, "auto"}, {WorkingMode::stored, "stored"}, {WorkingMode::derived, "derived"}};
 
@@ -80,6 +87,7 @@ constexpr ModeTable<SpeculateMode> mode_table(SpeculateMode) {
   return mode_table_of("offload.speculative_update", kSpeculateModes);
 }
 constexpr ModeTable<WorkingMode> mode_table(WorkingMode) { return mode_table_of("offload.working_weights", kWorkingModes); }
+constexpr ModeTable<NormPassMode> mode_table(NormPassMode) { return mode_table_of("offload.norm_pass", kNormPassModes); }
 
 // The recipe's spelling of a value ("stream", "auto", "layer_major", ...), for messages.
 template <class E>

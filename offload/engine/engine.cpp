@@ -87,14 +87,18 @@ Engine::Engine(Device& dev, HostStore& store, const EngineOptions& opt, LoraStor
   const bool stream = shape_.weights == WeightsMode::stream;
   STRATA_CHECK_BUDGET(needed + dev_.used_bytes() <= dev_.budget_bytes(), "the device budget of ",
                       format_bytes(dev_.budget_bytes()), " is too small: this model and micro-batch need at least ",
-                      format_bytes(needed), " (", stream ? "two layer slots" : "every layer resident",
+                      format_bytes(needed), " (", !stream ? "every layer resident"
+                                                  : shape_.resident_layers ? str_cat(shape_.resident_layers, " resident layers and two layer slots")
+                                                                           : std::string("two layer slots"),
                       ", one layer's activations and workspace, the final norm and ",
                       stream ? "two lm_head chunks" : "the lm_head", "); raise [device] memory to at least ",
                       format_bytes(needed + (1 << 20)), ", or lower micro_batch_size / sequence_len",
-                      stream ? "" : ", or set offload.weights = \"stream\"");
+                      !stream ? ", or set offload.weights = \"stream\""
+                              : shape_.resident_layers ? ", or lower offload.resident_layers" : "");
   allocate(table_);
   LayerPassSlots slots;
   slots.layers = buf_.weight_slots;
+  slots.resident_layers = shape_.resident_layers;
   slots.head.assign(buf_.head_slots, buf_.head_slots + (buf_.lm_resident ? 0 : shape_.head_slots));
   slots.lm_resident = buf_.lm_resident;
   slots.final_norm = buf_.norm;
@@ -237,6 +241,12 @@ Engine::~Engine() {
 // ---- weights ---------------------------------------------------------------------------
 
 namespace {
+
+// Global-norm clipping's factor on the gradient (torch's clip_grad_norm_: max / (norm + 1e-6)
+// when the norm exceeds max; 1 without clipping).
+double clip_scale_for(double norm, double max_grad_norm) {
+  return max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
+}
 
 // A layer's adapters inside the adapter arena `base` (the weights or their gradients): A, then
 // B in the next row (offload/state/lora.h).
@@ -484,7 +494,8 @@ void Engine::head_backward(float grad_scale) {
   const DType lm_type = store_.working_table()[size_t(store_.spec().lm_head_row())].dtype;
   dev_.memset_zero(buf_.dhn, pass_.size() * act_floats() * sizeof(float), s);
   // gradients in flight share one slot: each group must be updated as it lands, before the next
-  STRATA_ASSERT(lora_ || !store_.options().grads_in_flight || (landed_.active && landed_.update && !landed_.speculate),
+  STRATA_ASSERT(lora_ || !store_.options().grads_in_flight ||
+                    (landed_.active && (landed_.update || landed_.drop) && !landed_.speculate),
                 "a backward that lands gradients without updating each group as it lands, on a store whose "
                 "gradients are in flight (HostStoreOptions::grads_in_flight)");
   float* lm_grad = lora_ ? nullptr : store_.grad_of(size_t(store_.spec().lm_head_row()));  // (V, C) host accumulation
@@ -768,7 +779,7 @@ double Engine::lora_optimizer_step(AdamWParams params, double max_grad_norm, dou
   });
   STRATA_CHECK(std::isfinite(norm), "the gradient norm is not finite (", norm,
                "); lower optim.learning_rate or check the data");
-  params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
+  params.clip_scale = clip_scale_for(norm, max_grad_norm);
   layer_pass_->optimizer_wait([&] { lora_->adamw(params, weight_decay); });
   dev_.copy_h2d(buf_.lora_weights, lora_->image(), shape_.lora_bytes, Stream::compute);
   return norm;
@@ -787,7 +798,7 @@ double Engine::optimizer_step(AdamWParams params, double max_grad_norm, double w
   group_sq_gathered_ = false;
   if (shared) reduction_->all_ranks_here();           // no rank zeroes a gradient another still reads
   const double norm = global_norm();
-  params.clip_scale = max_grad_norm > 0 && norm > max_grad_norm ? max_grad_norm / (norm + 1e-6) : 1.0;
+  params.clip_scale = clip_scale_for(norm, max_grad_norm);
   begin_optimizer_pass(false);
   for (size_t gi = 0; gi < store_.groups().size(); ++gi) {
     if (!reduction_->updates_group(gi)) continue;
@@ -831,6 +842,13 @@ void Engine::update_group_when_landed(size_t gi) {
     });
     return;
   }
+  if (!landed_.update && landed_.drop) {  // a norm pass: the square, and the gradient's room free again
+    layer_pass_->queue_update(gi, [this, gi] {
+      group_sq_[gi] = group_sum_of_squares(gi);
+      std::memset(store_.group_grad(gi), 0, store_.groups()[gi].f32_bytes);
+    });
+    return;
+  }
   if (!landed_.update) {  // a *_last pass: the square only; optimizer_step updates
     layer_pass_->host().enqueue([this, gi] { group_sq_[gi] = group_sum_of_squares(gi); });
     return;
@@ -860,9 +878,8 @@ std::vector<double> Engine::pass_update(const MicroBatch* mbs, size_t g, float g
     lora_landed_norm_ = lora_optimizer_step(params, 0.0, weight_decay);
     return losses;
   }
-  params.clip_scale = 1.0;
   begin_optimizer_pass(true);
-  std::vector<double> losses = landed_pass(mbs, g, grad_scale, {true, true, params, weight_decay});
+  std::vector<double> losses = landed_pass(mbs, g, grad_scale, {true, true, false, params, weight_decay});
   layer_pass_->mark_stale();
   return losses;
 }
@@ -876,7 +893,7 @@ std::vector<double> Engine::forward_backward_group_last(const std::vector<MicroB
                                                         const AdamWParams* speculate, double weight_decay) {
   if (lora_ || reduction_->shared_store())  // LoRA: the adapters' norm is lora_optimizer_step's
     return run_pass(mbs.data(), mbs.size(), StepKind::forward_backward, grad_scale);
-  LandedUpdate mode{true, false, {}, 0, false};
+  LandedUpdate mode{true, false, false, {}, 0, false};
   if (speculate && spec_.bytes > 0 && spec_.allowed) {
     mode.speculate = true;
     mode.params = *speculate;
@@ -888,6 +905,12 @@ std::vector<double> Engine::forward_backward_group_last(const std::vector<MicroB
   std::vector<double> losses = landed_pass(mbs.data(), mbs.size(), grad_scale, mode);
   group_sq_gathered_ = true;
   return losses;
+}
+
+std::vector<double> Engine::forward_backward_group_norm(const std::vector<MicroBatch>& mbs, float grad_scale) {
+  STRATA_CHECK(!lora_, "a norm pass is for full fine-tuning (LoRA's adapters take their norm in one piece)");
+  STRATA_ASSERT(!reduction_->shared_store() && reduction_->updates_group(0), "a norm pass runs on one rank");
+  return landed_pass(mbs.data(), mbs.size(), grad_scale, LandedUpdate{true, false, true, {}, 0, false});
 }
 
 // One forward_backward pass with landed_ = mode for its landings (then inactive again, also on a throw).
@@ -933,6 +956,16 @@ StepOutcome Engine::train_step(const StepWork& work) {
       out.losses.push_back(forward_backward_last(micro.back(), scale, &work.hyper, work.weight_decay));
     }
     out.grad_norm = optimizer_step(work.hyper, work.max_grad_norm, work.weight_decay);
+    return out;
+  }
+  if (work.norm_pass) {  // clipping in two passes: the norm first, then the same pass updating, clipped
+    STRATA_CHECK(layer_major || micro.size() == 1, "a norm pass needs one pass a step: layer-major accumulation, "
+                 "or one micro-batch a step");
+    forward_backward_group_norm(micro, scale);
+    AdamWParams hyper = work.hyper;
+    hyper.clip_scale = clip_scale_for(landed_update_norm(), work.max_grad_norm);
+    out.losses = forward_backward_group_update(micro, scale, hyper, work.weight_decay);
+    out.grad_norm = landed_update_norm();  // the same squares again
     return out;
   }
   // no clipping: the last micro-batch (layer-major: the whole pass) updates each group as its gradient lands

@@ -141,7 +141,14 @@ class Engine final : public StepEngine {
   // behind its one landing of the pass's gradient).
   std::vector<double> forward_backward_group_update(const std::vector<MicroBatch>& mbs, float grad_scale,
                                                     AdamWParams params, double weight_decay);
+  // params.clip_scale applies to those updates: a norm pass (below) gave the norm first.
   double landed_update_norm();
+  // Clipping in two passes (StepWork::norm_pass): the step's one pass run for the norm alone, each
+  // group's gradient squared and dropped as it lands (no update; the gradients may be in flight:
+  // HostStoreOptions::grads_in_flight). landed_update_norm() then returns the exact norm, and the
+  // same pass run again with forward_backward(_group)_update and the clip scale updates each group
+  // as it lands: bit-identical to the serial clipped step. Not with LoRA.
+  std::vector<double> forward_backward_group_norm(const std::vector<MicroBatch>& mbs, float grad_scale);
   void zero_grads();   // waits for pending accumulation, then zeroes store.grad()
   void synchronize() override;  // all queued device and host work finished
 
@@ -289,6 +296,7 @@ class Engine final : public StepEngine {
   struct LandedUpdate {
     bool active = false;
     bool update = true;                      // false: each landed group's sum of squares only (*_last)
+    bool drop = false;                       // with update false: the gradient zeroed after its square (a norm pass)
     AdamWParams params;
     double weight_decay = 0;
     bool speculate = false;                  // *_last: the speculated groups' updates start too

@@ -27,7 +27,7 @@ LayerPass::LayerPass(Device& dev, HostStore& store, const LayerPassSlots& slots,
     for (char*& p : upload_slots) p += packed_at;
     decoded_layer_.assign(decoded_.size(), -1);
   }
-  layers_.emplace(dev_, upload_slots, store.derived_staging_bytes());
+  layers_.emplace(dev_, upload_slots, store.derived_staging_bytes(), slots.resident_layers);
   head_.emplace(dev_, slots.head);
   norm_.emplace(dev_, reinterpret_cast<char*>(slots.final_norm));
   if (slots.lm_resident) lm_resident_.emplace(dev_, slots.lm_resident);

@@ -28,7 +28,8 @@ namespace strata {
 
 // Where a pass's weights live on the device (the engine's buffer table allocated them).
 struct LayerPassSlots {
-  std::vector<char*> layers;       // two streamed slots (one when L = 1), or one per layer (resident)
+  std::vector<char*> layers;       // one per resident layer, then two streamed slots (one when one layer streams)
+  size_t resident_layers = 0;      // layers [0, resident_layers) own slots [0, resident_layers)
   std::vector<char*> head;         // lm_head chunk slots (streamed: min(2, K); resident generator: K)
   char* lm_resident = nullptr;     // the whole lm_head, read in place chunk by chunk (none: null)
   float* final_norm = nullptr;     // (C) resident final norm

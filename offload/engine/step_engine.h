@@ -59,6 +59,10 @@ struct StepWork {
   // Every gradient lands before the update (clipping needs the global norm; a shared store needs
   // every rank's); false: each group updates as its last gradient lands.
   bool gradients_first = true;
+  // With clipping at one pass a step (layer-major, or one micro-batch): run the pass twice, the
+  // first for the global norm alone (each gradient dropped as it lands), the second updating each
+  // group as it lands, clipped (RunPlan::norm_pass: the gradients stay in flight). Bit-identical.
+  bool norm_pass = false;
 };
 
 struct StepOutcome {

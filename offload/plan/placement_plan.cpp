@@ -66,6 +66,9 @@ RunPlan plan_decisions(const PlanInputs& in, int64_t group, const PlanBudgets& b
   p.router_aux_loss = in.router_aux_loss;
   // the zeroth-order engine always streams (its weights change every step)
   p.weights = in.optimizer_kind == OptimizerKind::zo_sgd ? WeightsMode::stream : in.weights;
+  p.resident_layers = p.weights == WeightsMode::stream && in.optimizer_kind != OptimizerKind::zo_sgd
+                          ? size_t(std::max<int64_t>(0, in.resident_layers))
+                          : 0;
   p.checkpoints = in.checkpoints;
   p.recompute = in.recompute;
   p.moments = in.moments;
@@ -104,6 +107,13 @@ struct PlanParts {
   void add(std::string kind, Tier tier, size_t bytes) { p.states.push_back({std::move(kind), tier, bytes}); }
 };
 
+// The device bytes outside the engine's table a CUDA device takes: its own workspaces at the first
+// GEMM and loss; the engine leaves them free (Engine::device_bytes_left), so the plan counts them
+// before the checkpoints and kept rows.
+size_t device_outside_table(const PlanInputs& in, const EngineShape& shape) {
+  return in.device_is_cuda ? cuda_backend_workspace_bytes(shape.C, shape.head_rows) : 0;
+}
+
 // -- device: the engine's rows, then the checkpoints the engine keeps there, then kept activations
 // and logits from what the budget leaves. Fills x.ckpt.
 void plan_device(PlanParts& x, const PlanBudgets& budgets) {
@@ -119,10 +129,8 @@ void plan_device(PlanParts& x, const PlanBudgets& budgets) {
     if (it == device_rows.end()) device_rows.emplace_back(kind, 0), it = device_rows.end() - 1;
     it->second += Arena::footprint(b.bytes);
   }
-  // A CUDA device takes its own workspaces at the first GEMM and loss; the engine leaves them
-  // free (Engine::device_bytes_left), so the plan counts them before the checkpoints and kept rows.
-  const size_t backend_ws = x.in.device_is_cuda ? cuda_backend_workspace_bytes(shape.C, shape.head_rows) : 0;
-  if (backend_ws) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
+  const size_t backend_ws = device_outside_table(x.in, shape);
+  if (x.in.device_is_cuda) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
   if (x.in.device_reserve_bytes)
     device_rows.emplace_back("GPU context reserve (CUDA context, driver and library buffers)", x.in.device_reserve_bytes);
   const size_t device_fixed = engine_device_bytes(x.table) + backend_ws + x.in.device_reserve_bytes;
@@ -332,9 +340,20 @@ void plan_problems(RunPlan& p, const PlanBudgets& budgets) {
 }  // namespace
 
 
-bool placement_grads_in_flight(const PlanInputs& in, int64_t group) {
-  return in.optimizer_kind == OptimizerKind::adamw && !in.lora.enabled() && !in.clip_grad && in.ranks == 1 &&
-         group == std::max<int64_t>(1, in.accumulation_steps);
+bool placement_grads_in_flight(const PlanInputs& in, int64_t group, bool norm_pass) {
+  return in.optimizer_kind == OptimizerKind::adamw && !in.lora.enabled() && (!in.clip_grad || norm_pass) &&
+         in.ranks == 1 && group == std::max<int64_t>(1, in.accumulation_steps);
+}
+
+std::string placement_norm_pass_obstacle(const PlanInputs& in, int64_t group) {
+  if (!in.clip_grad) return "without clipping (optim.max_grad_norm = 0) every group updates as it lands already";
+  if (in.optimizer_kind != OptimizerKind::adamw) return "zo-sgd keeps no gradients";
+  if (in.lora.enabled()) return "LoRA's adapters take their norm in one piece (they are small)";
+  if (in.ranks > 1) return "several ranks reduce each micro-batch's gradients through the host store";
+  if (in.pair_rows > 1 || in.grpo) return "a preference or GRPO objective runs its own step";
+  if (group != std::max<int64_t>(1, in.accumulation_steps))
+    return "it needs one pass a step: offload.accumulation = \"layer_major\", or one micro-batch a step";
+  return "";
 }
 
 std::string placement_derived_working_obstacle(const ModelSpec& spec, const PlanInputs& in) {
@@ -368,7 +387,10 @@ RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t g
   }
   STRATA_ASSERT(!choice.derive_working || placement_derived_working_obstacle(spec, in).empty(),
                 "derived working weights where they do not apply: ", placement_derived_working_obstacle(spec, in));
-  p.grads_in_flight = placement_grads_in_flight(in, group);
+  STRATA_ASSERT(!choice.norm_pass || placement_norm_pass_obstacle(in, group).empty(),
+                "a norm pass where it does not apply: ", placement_norm_pass_obstacle(in, group));
+  p.norm_pass = choice.norm_pass;
+  p.grads_in_flight = placement_grads_in_flight(in, group, choice.norm_pass);
   PlanParts x{spec, in, p, HostStore::layout(spec), optimizer_state_needs(in.optimizer_kind)};
   x.zo = in.optimizer_kind == OptimizerKind::zo_sgd;
   x.shape = placement_engine_shape(spec, x.layout, in, group);
@@ -436,9 +458,32 @@ HostStoreOptions run_plan_store_options(const RunPlan& plan) {
   return so;
 }
 
+size_t placement_max_resident_layers(const ModelSpec& spec, const PlanInputs& in, int64_t group,
+                                     const PlanBudgets& budgets) {
+  PlanInputs s = in;
+  s.weights = WeightsMode::stream;
+  s.resident_layers = 0;
+  const HostStoreLayout layout = HostStore::layout(spec);
+  const EngineShape shape = placement_engine_shape(spec, layout, s, group);
+  if (budgets.device_bytes == 0) return shape.layers;
+  const size_t fixed = engine_device_bytes(engine_buffer_table(shape, nullptr)) + device_outside_table(s, shape) +
+                       s.device_reserve_bytes + kDeviceMargin;
+  size_t room = budgets.device_bytes > fixed ? budgets.device_bytes - fixed : 0, n = 0;
+  // a resident layer's slot is its own; the streamed ones keep min(2, the rest) shared slots
+  const size_t max_w = shape.slot_bytes.empty() ? 0 : shape.slot_bytes.front();
+  for (; n < shape.layers; ++n) {
+    size_t add = Arena::footprint(layout.packed ? max_w : layout.groups[1 + n].working_bytes);
+    if (shape.layers - n <= 2) add -= std::min(add, Arena::footprint(max_w));  // one shared slot fewer
+    if (add > room) break;
+    room -= add;
+  }
+  return n;
+}
+
 EngineOptions run_plan_engine_options(const RunPlan& plan) {
   EngineOptions eo;
   eo.weights = plan.weights;
+  eo.resident_layers = plan.weights == WeightsMode::stream ? plan.resident_layers : 0;
   eo.checkpoints = plan.checkpoints;
   eo.recompute = plan.recompute;
   eo.nvme_dir = plan.budgets.nvme_dir;

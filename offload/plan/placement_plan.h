@@ -44,6 +44,10 @@ namespace strata {
 // strings are parsed once, src/recipe/recipe_plan.h). `automatic` values are the plan's to decide.
 struct PlanInputs {
   WeightsMode weights = WeightsMode::stream;            // offload.weights (automatic: the plan resolves it)
+  // offload.resident_layers with weights stream (or automatic): the first N decoder layers keep
+  // their own device slot, the rest stream (EngineOptions::resident_layers); -1: none with
+  // stream, the search's choice with automatic.
+  int64_t resident_layers = -1;
   CheckpointMode checkpoints = CheckpointMode::automatic;  // offload.checkpoints
   RecomputeMode recompute = RecomputeMode::automatic;   // offload.recompute
   StateTier optimizer = StateTier::automatic;           // offload.optimizer (master + moments)
@@ -69,6 +73,9 @@ struct PlanInputs {
   // master at each upload (HostStoreOptions::derived_working); AdamW full fine-tuning in bf16 on
   // one rank only; automatic: where the step model finds it faster or it is what fits.
   WorkingMode working = WorkingMode::automatic;
+  // offload.norm_pass: clipping in two passes (placement_norm_pass_obstacle says where it applies);
+  // automatic: where the step model finds it faster or it is what fits.
+  NormPassMode norm_pass = NormPassMode::automatic;
   int ranks = 1;                     // data-parallel ranks (layer-major: one rank only)
   // optim.max_grad_norm > 0: the update waits for every gradient of the step (the global norm);
   // false: each group's update starts as its gradient lands in the last backward (trainer.cpp).
@@ -166,6 +173,7 @@ struct RunPlan {
   LoraOptions lora;                   // r > 0: LoRA-AdamW, the base frozen
   int router_aux_loss = -1;           // EngineOptions::router_aux_loss (train.router_aux_loss: -1 auto, 0, 1)
   WeightsMode weights = WeightsMode::stream;  // stream | device
+  size_t resident_layers = 0;         // stream: layers [0, resident_layers) keep a device slot of their own
   CheckpointMode checkpoints = CheckpointMode::automatic;  // nvme when the plan spilled them there
   RecomputeMode recompute = RecomputeMode::automatic;
   DType moments = DType::f32;
@@ -198,6 +206,9 @@ struct RunPlan {
   // each group's gradient consumed as it lands (placement_grads_in_flight): the fp32 gradient
   // buffer holds the embedding's and one slot (HostStoreOptions::grads_in_flight)
   bool grads_in_flight = false;
+  // offload.norm_pass: each clipped step runs its pass twice, the norm first (StepWork::norm_pass);
+  // the gradients are then in flight too
+  bool norm_pass = false;
   PlanBudgets budgets;                // and with them the NVMe directory and its budget
   std::vector<std::string> problems;  // what does not fit (empty: it fits)
   std::vector<PlanChange> changes;    // what to change, each with the bytes it saves
@@ -216,6 +227,12 @@ struct RunPlan {
 EngineShape placement_engine_shape(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in,
                                    int64_t group);
 
+// With the weights streamed (PlanInputs::resident_layers = 0): how many leading layers could keep
+// a device slot of their own in what the device budget leaves beside the engine's other rows
+// (before any checkpoint or kept activation); the layer count with no device budget.
+size_t placement_max_resident_layers(const ModelSpec& spec, const PlanInputs& in, int64_t group,
+                                     const PlanBudgets& budgets);
+
 // Where the optimizer state and the spilled checkpoints go: the plan's choices beyond the inputs.
 struct PlanChoice {
   bool optimizer_nvme = false;        // master + moments of groups >= optimizer_first_group on NVMe
@@ -226,13 +243,19 @@ struct PlanChoice {
   size_t speculate_first_group = 0, speculate_end_group = 0;
   // the decoder layers with RAM master make their working copy at upload (HostStoreOptions::derived_working)
   bool derive_working = false;
+  bool norm_pass = false;  // clipping in two passes (placement_norm_pass_obstacle empty)
 };
 
 // Whether a step's gradients are consumed group by group as they land (HostStoreOptions::
 // grads_in_flight): AdamW without LoRA, no clipping (each group updates as its gradient lands),
 // one rank, and one pass per step (`group` = the step's micro-batches: layer-major, or one
 // micro-batch a step), so that no group's gradient is added to twice.
-bool placement_grads_in_flight(const PlanInputs& in, int64_t group);
+bool placement_grads_in_flight(const PlanInputs& in, int64_t group, bool norm_pass = false);
+
+// Why a norm pass (offload.norm_pass) does not apply to these inputs at `group` micro-batches a
+// pass ("" when it does): no clipping, more than one pass a step, LoRA, ZO-SGD, several ranks, a
+// preference or GRPO objective (their steps are their own).
+std::string placement_norm_pass_obstacle(const PlanInputs& in, int64_t group);
 
 // Why derived working weights do not apply to these inputs ("" when they do): LoRA, ZO-SGD, f32
 // weights, several ranks.

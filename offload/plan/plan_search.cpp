@@ -34,6 +34,7 @@ PlanInputs plan_resolved_inputs(const PlanInputs& in, const RunPlan& p) {
   v.micro_batch = p.micro_batch;
   v.accumulation_steps = p.accumulation_steps;
   v.weights = p.weights;
+  v.resident_layers = int64_t(p.resident_layers);
   v.accumulation = p.group > 1 ? AccumulationMode::layer_major : AccumulationMode::micro_batch;
   if (p.nvme_checkpoints > 0) v.checkpoints = CheckpointMode::nvme;
   return v;
@@ -94,10 +95,11 @@ struct Search {
 
   // The optimizer state's tier for one candidate: RAM when it fits (or when NVMe cannot help),
   // else the fewest groups on NVMe that make the host fit (all of them when none does).
-  RunPlan with_optimizer(const PlanInputs& v, int64_t group, bool ckpt_nvme, bool derive) {
+  RunPlan with_optimizer(const PlanInputs& v, int64_t group, bool ckpt_nvme, bool derive, bool norm_pass) {
     PlanChoice c;
     c.checkpoints_nvme = ckpt_nvme;
     c.derive_working = derive;
+    c.norm_pass = norm_pass;
     if (v.optimizer == StateTier::nvme) {
       c.optimizer_nvme = true;
       return placement_plan_at(spec, v, group, budgets, c);
@@ -126,7 +128,7 @@ struct Search {
   // apply (no clipping, LoRA, ZO, several ranks), where the last group's state is on NVMe, or,
   // for "auto", on the CPU backend (the update and the backward share the same cores).
   std::optional<RunPlan> with_speculation(const PlanInputs& v, int64_t group, bool ckpt_nvme, const RunPlan& p) {
-    if (v.speculate == SpeculateMode::off || !v.clip_grad || v.optimizer_kind != OptimizerKind::adamw ||
+    if (v.speculate == SpeculateMode::off || !v.clip_grad || p.norm_pass || v.optimizer_kind != OptimizerKind::adamw ||
         v.lora.enabled() || v.ranks != 1 || !p.fits())
       return std::nullopt;
     if (v.speculate == SpeculateMode::automatic && v.device_in_host_ram) return std::nullopt;
@@ -176,11 +178,29 @@ struct Search {
     return best;
   }
 
+  // The weights' candidates at `group` micro-batches a pass: every layer resident, or streamed with
+  // the first n resident (offload.resident_layers; "auto": none, as many as the device has room
+  // for beside the engine's other rows, and half as many: what room the checkpoints and kept
+  // activations would have instead is the step model's to weigh).
+  struct Weights {
+    WeightsMode mode;
+    int64_t resident;
+  };
+  std::vector<Weights> weights_candidates(const PlanInputs& v, int64_t group) const {
+    const bool zo = v.optimizer_kind == OptimizerKind::zo_sgd;
+    if (v.weights == WeightsMode::device) return {{WeightsMode::device, 0}};
+    if (zo) return {{WeightsMode::stream, 0}};
+    if (v.resident_layers >= 0) return {{WeightsMode::stream, v.resident_layers}};
+    if (v.weights == WeightsMode::stream) return {{WeightsMode::stream, 0}};
+    std::vector<Weights> out = {{WeightsMode::device, 0}, {WeightsMode::stream, 0}};
+    const int64_t most = int64_t(placement_max_resident_layers(spec, v, group, budgets));
+    for (int64_t n : {most, most / 2})
+      if (n > 0 && std::none_of(out.begin(), out.end(), [&](const Weights& w) { return w.resident == n; }))
+        out.push_back({WeightsMode::stream, n});
+    return out;
+  }
+
   void split(PlanInputs v) {
-    std::vector<WeightsMode> weights = {v.weights};
-    if (v.weights == WeightsMode::automatic)
-      weights = v.optimizer_kind == OptimizerKind::zo_sgd ? std::vector<WeightsMode>{WeightsMode::stream}
-                                                          : std::vector<WeightsMode>{WeightsMode::device, WeightsMode::stream};
     const int64_t k = placement_layer_major_group(v);  // zo-sgd: its q x k perturbed pairs
     std::vector<int64_t> passes = {1};
     if (k > 1 && v.accumulation != AccumulationMode::micro_batch) {
@@ -202,26 +222,44 @@ struct Search {
     STRATA_CHECK(v.working != WorkingMode::derived || derive_obstacle.empty(), "offload.working_weights = \"derived\" "
                  "does not apply here: ", derive_obstacle, "; set offload.working_weights = \"stored\" or \"auto\"");
     if (v.working == WorkingMode::automatic && derive_obstacle.empty()) derive.push_back(true);
+    // clipping: the norm gathered as the gradients land (every gradient held), or a norm pass first
+    // (the gradients in flight, a second pass of work)
+    std::vector<bool> norm_passes = {v.norm_pass == NormPassMode::on};
+    if (v.norm_pass == NormPassMode::automatic) norm_passes.push_back(true);
     std::vector<Ckpt> ckpts = {{v.checkpoints, false}};
     if (v.checkpoints == CheckpointMode::automatic && v.optimizer_kind != OptimizerKind::zo_sgd) {
       ckpts.push_back({CheckpointMode::host, false});
       if (!budgets.nvme_dir.empty()) ckpts.push_back({CheckpointMode::automatic, true});
     }
-    for (WeightsMode w : weights)
+    if (v.norm_pass == NormPassMode::on) {  // only the schedules a norm pass applies to
+      std::string why;
+      std::vector<int64_t> one_pass;
       for (int64_t g : passes)
+        if (const std::string o = placement_norm_pass_obstacle(v, g); o.empty()) one_pass.push_back(g);
+        else why = o;
+      STRATA_CHECK(!one_pass.empty(), "offload.norm_pass = \"on\" does not apply here: ", why,
+                   "; set offload.norm_pass = \"off\" or \"auto\"");
+      passes = one_pass;
+    }
+    const PlanInputs asked = v;
+    for (int64_t g : passes)
+      for (const Weights& w : weights_candidates(asked, g))
         for (const Ckpt& c : ckpts)
-          for (bool d : derive) {
-            v.weights = w;
-            PlanInputs cv = v;
-            cv.checkpoints = c.mode;
-            RunPlan p = with_optimizer(cv, g, c.nvme, d);
-            // every layer's state on NVMe: nothing to derive, the same plan as stored (kept when forced)
-            if (d && p.derived_working_layers == 0 && derive.size() > 1) continue;
-            if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
-            std::optional<RunPlan> ahead = with_speculation(cv, g, c.nvme, p);
-            if (!ahead || cv.speculate != SpeculateMode::on) consider(cv, std::move(p));
-            if (ahead) consider(cv, std::move(*ahead));
-          }
+          for (bool d : derive)
+            for (bool np : norm_passes) {
+              if (np && !placement_norm_pass_obstacle(v, g).empty()) continue;
+              v.weights = w.mode;
+              v.resident_layers = w.resident;
+              PlanInputs cv = v;
+              cv.checkpoints = c.mode;
+              RunPlan p = with_optimizer(cv, g, c.nvme, d, np);
+              // every layer's state on NVMe: nothing to derive, the same plan as stored (kept when forced)
+              if (d && p.derived_working_layers == 0 && derive.size() > 1) continue;
+              if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
+              std::optional<RunPlan> ahead = with_speculation(cv, g, c.nvme, p);
+              if (!ahead || cv.speculate != SpeculateMode::on) consider(cv, std::move(p));
+              if (ahead) consider(cv, std::move(*ahead));
+            }
   }
 };
 
@@ -359,12 +397,19 @@ void memory_variants(Changes& x) {
     x.add("set offload.working_weights = \"derived\" (the layers' bf16 working copy made from the fp32 master at each "
           "upload: 2 bytes per parameter less in RAM)", {{"offload.working_weights", "derived"}},
           [](PlanInputs& v, PlanBudgets&) { v.working = WorkingMode::derived; });
+  if (host_over(p) && in.norm_pass == NormPassMode::off && placement_norm_pass_obstacle(in, p.group).empty())
+    x.add("set offload.norm_pass = \"on\" (clipping's norm from a first pass, each group updated as its gradient lands "
+          "in a second: the fp32 gradient buffer holds one group's instead of every one)", {{"offload.norm_pass", "on"}},
+          [](PlanInputs& v, PlanBudgets&) { v.norm_pass = NormPassMode::on; });
   if (host_over(p) && p.host_checkpoints && in.optimizer_kind != OptimizerKind::zo_sgd)
     x.add(str_cat("set offload.checkpoints = \"nvme\"", nvme_hint, " (spilled layer checkpoints move to NVMe)"),
           {{"offload.checkpoints", "nvme"}}, [&](PlanInputs& v, PlanBudgets& b) { v.checkpoints = CheckpointMode::nvme, nvme_dir(b); });
   if (device_over(p) && in.weights == WeightsMode::device)
     x.add("set offload.weights = \"stream\" (two layer slots on the device instead of every layer)",
           {{"offload.weights", "stream"}}, [](PlanInputs& v, PlanBudgets&) { v.weights = WeightsMode::stream; });
+  if (device_over(p) && p.weights == WeightsMode::stream && in.resident_layers > 0)
+    x.add("set offload.resident_layers = 0 (every layer streams through two slots)", {{"offload.resident_layers", 0}},
+          [](PlanInputs& v, PlanBudgets&) { v.resident_layers = 0; });
   if (device_over(p) && in.checkpoints == CheckpointMode::device)
     x.add("set offload.checkpoints = \"auto\" (checkpoints the device cannot hold spill to pinned host memory)",
           {{"offload.checkpoints", "auto"}}, [](PlanInputs& v, PlanBudgets&) { v.checkpoints = CheckpointMode::automatic; });

@@ -163,7 +163,7 @@ struct TransferWalk {
     stale = true;
   }
   void layer(size_t i) {
-    const size_t s = streamed() ? i % slot_layer.size() : i;
+    const size_t s = shape.layer_slot(i);
     if (slot_layer[s] == int64_t(i)) return;
     b.h2d += double(layout.groups[1 + i].working_bytes), slot_layer[s] = int64_t(i);
     if (i < derived) b.derived_h2d += double(layout.groups[1 + i].working_bytes);
@@ -260,11 +260,14 @@ FirstOrderTransfers first_order_transfers(const ModelSpec& spec, const PlanInput
     for (int64_t p = 0; p < passes; ++p) walk_pass(w, spec, in, plan, frozen, nullptr);
     w.b = StepBytes{};
   }
-  for (int64_t p = 0; p < passes; ++p) {
+  // a norm pass (plan.norm_pass) runs the step's one pass twice, no update between: the slots
+  // keep what the first left
+  const int64_t walked = passes + (plan.norm_pass ? 1 : 0);
+  for (int64_t p = 0; p < walked; ++p) {
     FirstOrderTransfers mark;
     walk_pass(w, spec, in, plan, frozen, &mark);
     if (p == 0) t.first_forward_h2d = mark.first_forward_h2d;
-    if (p + 1 == passes) t.last_backward_h2d = mark.last_backward_h2d, t.last_backward_d2h = mark.last_backward_d2h;
+    if (p + 1 == walked) t.last_backward_h2d = mark.last_backward_h2d, t.last_backward_d2h = mark.last_backward_d2h;
   }
   if (frozen) {  // the step's adapter gradients down (one process: accumulated on the device), the adapters up
     if (in.ranks <= 1) w.b.d2h += double(shape.lora_bytes);
@@ -507,8 +510,10 @@ UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPla
   PlanInputs priced = in;
   priced.lora = lora;
   u.rate = step_adamw_params_per_s(spec.matrix_dtype, priced, rates);
-  // without clipping each group's update first sums its gradient's squares (the norm reported)
-  const double per_param = 1 / u.rate + (in.clip_grad || lora.enabled() ? 0 : 4 / rates.host_bytes_per_s);
+  // without clipping (or after a norm pass) each group's update first sums its gradient's squares
+  // (the norm reported)
+  const bool gathered = in.clip_grad && !plan.norm_pass;
+  const double per_param = 1 / u.rate + (gathered || lora.enabled() ? 0 : 4 / rates.host_bytes_per_s);
   if (lora.enabled()) {
     u.params = lora_adapter_params(spec, lora, 0).first;
     u.ram = u.params * per_param;
@@ -536,7 +541,7 @@ UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPla
       u.commit += 4 * n / rates.host_bytes_per_s;
     }
   }
-  if (in.clip_grad) {
+  if (in.clip_grad) {  // gathered in the last backward, or in the norm pass
     u.norm = 4 * u.params / rates.host_bytes_per_s;
     u.norm_group0 = double(layout.groups[0].f32_bytes) / rates.host_bytes_per_s;
   }
@@ -612,17 +617,21 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   const LoraOptions& lora = plan.lora.enabled() ? plan.lora : in.lora;
   const double tokens = double(in.micro_batch) * double(in.sequence_len), k = double(grad_accum);
   const double passes = k / double(std::max<int64_t>(1, plan.group));
+  // a norm pass: the step's one pass run first for the norm (its gradients staged, added and
+  // squared on the host, nothing updated), then again with the updates as without clipping
+  const double run = passes + (plan.norm_pass ? 1 : 0);
+  const bool clip = in.clip_grad && !plan.norm_pass;
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
   const FirstOrderTransfers t = first_order_transfers(spec, in, plan, grad_accum);
   e.bytes = t.bytes;
   const PassWork work = first_order_work(spec, in, plan, lora);
-  e.compute_parts = work_seconds(work.pass * passes, rates);
+  e.compute_parts = work_seconds(work.pass * run, rates);
   StepParts p;
   p.link_bytes_per_s = rates.link_bytes_per_s;
-  p.compute = total_seconds(work.pass * passes, rates);
+  p.compute = total_seconds(work.pass * run, rates);
   p.forward = total_seconds(work.forward, rates);
-  p.backward = p.compute / passes - p.forward;
+  p.backward = p.compute / run - p.forward;
   // derived working weights: each upload's conversion (4 bytes read, 2 written per bf16 weight)
   // before its copy, on the host's memory bandwidth
   const double derive_s = 3 * e.bytes.derived_h2d / rates.host_bytes_per_s;
@@ -640,16 +649,23 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   // accumulate on the device); on the CPU backend the link's copies are memcpy on the same cores
   const double grad_params = lora.enabled() ? (in.ranks > 1 ? u.params : 0) : double(spec.parameter_count());
   p.accumulation_pass = 12 * grad_params / rates.host_bytes_per_s;
-  p.host = (passes * 12 + 4) * grad_params / rates.host_bytes_per_s;
+  p.host = (run * 12 + 4 * (plan.norm_pass ? 2 : 1)) * grad_params / rates.host_bytes_per_s;
   if (in.device_in_host_ram) p.host += 2 * e.bytes.link() / rates.host_bytes_per_s;
   p.host += derive_s;
   e.optimizer_params = u.params;
   e.optimizer_params_per_s = u.rate;
   if (in.device_in_host_ram)
-    e.seconds = cpu_step_seconds(p, u, e.bytes.checkpoint_read / passes / rates.nvme_read_bytes_per_s, in.clip_grad,
+    e.seconds = cpu_step_seconds(p, u, e.bytes.checkpoint_read / run / rates.nvme_read_bytes_per_s, clip,
                                  lora.enabled(), &e.optimizer_exposed_s);
   else
-    e.seconds = gpu_step_seconds(p, u, t, in.clip_grad, lora.enabled(), &e.optimizer_exposed_s);
+    e.seconds = gpu_step_seconds(p, u, t, clip, lora.enabled(), &e.optimizer_exposed_s);
+  if (plan.norm_pass && !in.device_in_host_ram) {
+    // the second pass starts once the norm is known: the norm pass's last landing (the
+    // embedding's accumulation and squares) shows; the other squares ride the host queue
+    const double tail = u.norm_group0 + 12 * double(HostStore::layout(spec).groups[0].f32_bytes / 4) / rates.host_bytes_per_s;
+    e.seconds += tail;
+    e.optimizer_exposed_s += tail;
+  }
   e.components = {{"compute", p.compute}, {"link", p.link}, {"nvme", p.nvme},
                   {"checksum", p.checkpoint_crc + u.state_crc}, {"optimizer", u.norm + u.update()}, {"host", p.host}};
   name_bottleneck(e);

@@ -63,12 +63,12 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   const size_t max_w = layer_slot_bytes(layout, s.layers).total();
   for (size_t i = 0; i < s.layers; ++i)
     if (!s.frozen()) s.layer_grad_bytes = std::max(s.layer_grad_bytes, layout.groups[1 + i].f32_bytes);
-  if (s.weights == WeightsMode::stream) {
-    s.slot_bytes.assign(std::min<size_t>(2, s.layers), max_w);
-  } else {
-    for (size_t i = 0; i < s.layers; ++i)
-      s.slot_bytes.push_back(layout.packed ? max_w : layout.groups[1 + i].working_bytes);
-  }
+  s.resident_layers = s.weights == WeightsMode::device ? s.layers : options.resident_layers;
+  STRATA_CHECK(s.resident_layers <= s.layers, "offload.resident_layers (", options.resident_layers,
+               ") is more than the model's ", s.layers, " layers");
+  for (size_t i = 0; i < s.resident_layers; ++i)
+    s.slot_bytes.push_back(layout.packed ? max_w : layout.groups[1 + i].working_bytes);
+  s.slot_bytes.insert(s.slot_bytes.end(), std::min<size_t>(2, s.layers - s.resident_layers), max_w);
   s.head_rows = engine_head_chunk_rows(spec, options);
   s.head_chunks = size_t((s.V + s.head_rows - 1) / s.head_rows);
   s.head_slots = std::min<size_t>(2, s.head_chunks);

@@ -31,6 +31,10 @@ constexpr size_t kSpillRing = 3;
 // from a RunPlan; tests set it directly).
 struct EngineOptions {
   WeightsMode weights = WeightsMode::stream;  // stream | device (never automatic here)
+  // offload.resident_layers with weights = stream: decoder layers [0, resident_layers) keep their
+  // own device slot (uploaded once after each update, as with "device"), the rest stream through
+  // two shared slots. Fewer than L; lm_head streams. 0: every layer streams.
+  size_t resident_layers = 0;
   CheckpointMode checkpoints = CheckpointMode::automatic;  // automatic (device while the budget
                                       // allows) | device | host | nvme (files under nvme_dir,
                                       // offload/stream/checkpoint_spill.h)
@@ -73,7 +77,10 @@ struct EngineShape {
   int64_t tokens = 0;                // N capacity
   LayerDims layer_capacity;          // B, T = max_batch, max_tokens: sizes the layer workspace
   std::vector<const LayerKind*> layer_kinds;  // the model's, each once: the workspace fits the largest
-  std::vector<size_t> slot_bytes;    // per layer weight slot: 2 (1 when L = 1) streamed, or L
+  // per layer weight slot: one per resident layer (all L with weights = device, the first
+  // resident_layers with stream), then min(2, the rest) shared by the streamed layers
+  std::vector<size_t> slot_bytes;
+  size_t resident_layers = 0;        // layers with their own slot (L with weights = device)
   size_t layer_grad_bytes = 0;       // the largest layer's f32 gradients
   int64_t head_rows = 0;             // R
   size_t head_chunks = 0;            // ceil(V / R)
@@ -87,6 +94,10 @@ struct EngineShape {
   size_t group = 1;                  // g: micro-batches per pass (EngineOptions::group)
 
   static EngineShape of(const ModelSpec& spec, const HostStoreLayout& layout, const EngineOptions& options);
+  // The slot layer i's weights are uploaded into (WeightStream::slot_of).
+  size_t layer_slot(size_t i) const {
+    return i < resident_layers ? i : resident_layers + (i - resident_layers) % (slot_bytes.size() - resident_layers);
+  }
   size_t activation_bytes() const { return bytes_of<float>(tokens * C); }  // one (N, C) f32
 };
 

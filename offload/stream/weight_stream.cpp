@@ -8,8 +8,9 @@
 
 namespace strata {
 
-WeightStream::WeightStream(Device& dev, std::vector<char*> slots, size_t staging_bytes)
-    : dev_(dev), slots_(std::move(slots)), held_(slots_.size(), -1) {
+WeightStream::WeightStream(Device& dev, std::vector<char*> slots, size_t staging_bytes, size_t resident)
+    : dev_(dev), slots_(std::move(slots)), resident_(resident), held_(slots_.size(), -1) {
+  STRATA_ASSERT(resident_ <= slots_.size(), "more resident blocks than slots");
   for (size_t s = 0; s < slots_.size(); ++s) {
     loaded_.push_back(dev_.event_create());
     released_.push_back(dev_.event_create());

@@ -41,13 +41,17 @@ class WeightStream {
   // slots: device buffers, each as large as the largest block (none when nothing streams).
   // staging_bytes > 0: the pinned staging of filled blocks, kDerivedStagingBuffers buffers of
   // staging_bytes / kDerivedStagingBuffers bytes (HostStore::derived_staging_bytes), allocated here.
-  WeightStream(Device& dev, std::vector<char*> slots, size_t staging_bytes = 0);
+  // resident: blocks [0, resident) have slots [0, resident) to themselves (uploaded once after each
+  // invalidate()); the other blocks take turns in the slots after them.
+  WeightStream(Device& dev, std::vector<char*> slots, size_t staging_bytes = 0, size_t resident = 0);
   ~WeightStream();
   WeightStream(const WeightStream&) = delete;
   WeightStream& operator=(const WeightStream&) = delete;
 
   size_t slot_count() const { return slots_.size(); }
-  size_t slot_of(size_t block) const { return block % slots_.size(); }
+  size_t slot_of(size_t block) const {
+    return block < resident_ ? block : resident_ + (block - resident_) % (slots_.size() - resident_);
+  }
 
   // Block number `block` (its host copy: `from`) in its slot, the compute stream waiting for it;
   // copied on the h2d stream only when the slot holds something else, after before_upload().
@@ -60,6 +64,7 @@ class WeightStream {
  private:
   Device& dev_;
   std::vector<char*> slots_;
+  size_t resident_ = 0;
   std::vector<int64_t> held_;  // the block each slot holds (-1: none, or stale)
   std::vector<std::unique_ptr<Event>> loaded_, released_;
   // filled blocks: staging buffer k is refilled only after the copy out of it (staged_[k]) landed

@@ -119,6 +119,9 @@ void estimate_print_json(const EstimateReport& r) {
   nlohmann::json j = placement_plan_json(plan);
   nlohmann::json out = {{"fits", plan.fits()}, {"tiers", j["tiers"]}, {"states", j["states"]},
                         {"accumulation", plan.group > 1 ? "layer_major" : "micro_batch"},
+                        {"weights", plan.weights == WeightsMode::device ? "device" : "stream"},
+                        {"resident_layers", plan.weights == WeightsMode::device ? plan.layers : plan.resident_layers},
+                        {"norm_pass", plan.norm_pass},
                         {"max_micro_batch_size", r.max_batch}, {"max_sequence_len", r.max_seq}};
   json_shape(r, out);
   out["micro_batch_size"] = plan.micro_batch / std::max<int64_t>(1, r.in.pair_rows);
@@ -171,8 +174,13 @@ void estimate_print_text(const EstimateReport& r) {
               long(in.micro_batch), long(in.sequence_len), long(plan.accumulation_steps),
               plan.group > 1 ? (resident ? "layer-major" : "layer-major: weights cross twice per step")
                              : "one micro-batch at a time",
-              resident ? "resident (they cross once per step, after the update)" : "streamed",
+              resident ? "resident (they cross once per step, after the update)"
+              : plan.resident_layers ? str_cat("streamed, the first ", plan.resident_layers, " of ", plan.layers,
+                                               " layers resident (they cross once per step)").c_str()
+                                     : "streamed",
               r.rates.device_text.c_str(), plan.fits() ? "yes" : "NO");
+  if (plan.norm_pass)
+    std::printf("clipping: a norm pass first (offload.norm_pass), then each group updated as its gradient lands\n");
   for (const std::string& p : plan.problems) std::printf("  %s\n", p.c_str());
   std::printf("%s", placement_plan_table(plan).c_str());
   std::printf("  (tokenized data rows are not read here: 16 bytes per token of the dataset come on top)\n");

@@ -444,6 +444,13 @@ void check_offload_device(Recipe& rc, const Reader& r) {
                  " = \"nvme\" needs offload.nvme_path: set it to a directory on a fast local disk");
   if (!rc.nvme_memory.empty())
     rc.nvme_memory_bytes = parse_bytes(rc.nvme_memory, r.where("offload.nvme_memory") + ": offload.nvme_memory");
+  STRATA_CHECK(rc.offload_resident_layers >= -1, r.where("offload.resident_layers"),
+               ": offload.resident_layers must be >= 0 (layers), or -1 for the planner's choice");
+  STRATA_CHECK(rc.offload_resident_layers < 0 || rc.modes.weights != WeightsMode::device, r.where("offload.resident_layers"),
+               ": offload.weights = \"device\" keeps every layer resident; offload.resident_layers applies to streamed "
+               "weights: set offload.weights = \"stream\" or \"auto\", or remove offload.resident_layers");
+  STRATA_CHECK(rc.offload_resident_layers <= 0 || rc.modes.optimizer != OptimizerKind::zo_sgd, r.where("offload.resident_layers"),
+               ": optim.type = \"zo-sgd\" always streams its weights (they change every step); remove offload.resident_layers");
   STRATA_CHECK(rc.device_cpu_threads >= 0, r.where("device.cpu_threads"), ": device.cpu_threads must be >= 0");
   STRATA_CHECK(rc.save_steps >= 0, r.where("checkpoint.save_steps"), ": checkpoint.save_steps must be >= 0");
   if (!rc.host_memory.empty())
@@ -468,6 +475,7 @@ RecipeModes recipe_modes_parse(const Recipe& t, const Reader& r) {
   m.accumulation = mode_parse<AccumulationMode>(t.offload_accumulation, where("offload.accumulation"));
   m.speculate = mode_parse<SpeculateMode>(t.offload_speculative_update, where("offload.speculative_update"));
   m.working = mode_parse<WorkingMode>(t.offload_working_weights, where("offload.working_weights"));
+  m.norm_pass = mode_parse<NormPassMode>(t.offload_norm_pass, where("offload.norm_pass"));
   m.device = mode_parse<DeviceBackend>(t.device_backend, where("device.backend"));
   m.distributed = mode_parse<CommBackend>(t.distributed_backend, where("distributed.backend"));
   m.shared_host_store = mode_parse<Toggle>(t.distributed_shared_host_store, where("distributed.shared_host_store"));

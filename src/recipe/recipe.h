@@ -66,11 +66,13 @@ struct Recipe {
   bool max_grad_norm_set = false;     // optim.max_grad_norm was given (zo-sgd warns it does not apply)
   // [offload]
   std::string offload_weights = "auto", offload_checkpoints = "auto";
+  int64_t offload_resident_layers = -1;  // with streamed weights: the first N layers resident (-1: the plan's)
   std::string offload_recompute = "auto";  // "auto" | "always" | "never" (offload/stream/engine_buffers.h)
   std::string host_memory;  // unset: the machine's available memory
   std::string offload_optimizer = "auto";  // "auto" | "host" | "nvme": where fp32 master and moments live
   std::string offload_accumulation = "auto";  // "auto" | "layer_major" | "micro_batch" (the schedule over a step's micro-batches)
   std::string offload_working_weights = "auto";  // "auto" | "stored" | "derived" (bf16 working copy made at upload)
+  std::string offload_norm_pass = "auto";  // "auto" | "on" | "off" (clipping in two passes, gradients in flight)
   std::string offload_speculative_update = "auto";  // "auto" | "on" | "off" (clipped updates started before the norm)
   std::string nvme_path;    // directory for NVMe-placed state (strata's own subfolder inside it)
   std::string nvme_memory;  // unset: the free space of nvme_path minus 10%

@@ -32,6 +32,7 @@ struct RecipeModes {
   AccumulationMode accumulation = AccumulationMode::automatic;
   SpeculateMode speculate = SpeculateMode::automatic;
   WorkingMode working = WorkingMode::automatic;
+  NormPassMode norm_pass = NormPassMode::automatic;
   DeviceBackend device{};                                // device.backend (0: cpu)
   CommBackend distributed{};                             // distributed.backend (0: auto)
   Toggle shared_host_store = Toggle::automatic;

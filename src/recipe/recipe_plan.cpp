@@ -29,6 +29,7 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.lora = recipe_lora_options(rc);
   in.router_aux_loss = rc.router_aux_loss == "auto" ? -1 : rc.router_aux_loss == "true" ? 1 : 0;
   in.weights = rc.modes.weights;
+  in.resident_layers = rc.offload_resident_layers;
   in.checkpoints = rc.modes.checkpoints;
   in.recompute = rc.modes.recompute;
   in.optimizer_kind = rc.modes.optimizer;  // which host arrays and which engine's device rows
@@ -42,6 +43,7 @@ PlanInputs recipe_plan_inputs(const Recipe& rc, int ranks) {
   in.accumulation = rc.modes.accumulation;
   in.speculate = rc.modes.speculate;
   in.working = rc.modes.working;
+  in.norm_pass = rc.modes.norm_pass;
   in.accumulation_steps = rc.gradient_accumulation_steps;
   in.pair_rows = rc.modes.preference ? 2 : 1;
   in.global_batch = rc.global_batch_size;

@@ -157,6 +157,8 @@ constexpr RecipeKey kRecipeKeys[] = {
     // [offload]
     {"offload.weights", "string", "\"auto\"", &Recipe::offload_weights,
      "\"stream\": layers cross to the device one at a time (two slots); \"device\": every layer resident; \"auto\": resident when the placement plan fits that way at no cost, else streamed"},
+    {"offload.resident_layers", "int", "-1", &Recipe::offload_resident_layers,
+     "with offload.weights = \"stream\" or \"auto\": the first N decoder layers keep a device slot of their own (uploaded once a step, after the update), the rest stream through two slots; -1: none with \"stream\", the planner's choice with \"auto\" (bit-identical either way)"},
     {"offload.checkpoints", "string", "\"auto\"", &Recipe::offload_checkpoints,
      "layer-input checkpoints: \"auto\" (on the device while the budget allows, then pinned host), \"device\", \"host\" or \"nvme\" (files under offload.nvme_path)"},
     {"offload.recompute", "string", "\"auto\"", &Recipe::offload_recompute,
@@ -165,6 +167,8 @@ constexpr RecipeKey kRecipeKeys[] = {
      "the schedule over a step's micro-batches: \"layer_major\" (every micro-batch through each layer while its weights are on the device: weights cross twice per step), \"micro_batch\" (one micro-batch at a time: twice per micro-batch) or \"auto\" (layer_major where it applies and fits); zo-sgd: the step's perturbations x micro-batches dual forwards, the weights once per step layer_major, once per dual forward micro_batch"},
     {"offload.speculative_update", "string", "\"auto\"", &Recipe::offload_speculative_update,
      "with optim.max_grad_norm > 0: \"on\" starts the AdamW of the last groups (head, last layers) as their gradients land in the last backward, before the global norm is known, their master and moments backed up in host RAM so a clipping norm redoes them exactly (bit-identical either way); as many groups as the host budget holds; \"auto\": where the step model finds it faster (never on the cpu backend); \"off\": never"},
+    {"offload.norm_pass", "string", "\"auto\"", &Recipe::offload_norm_pass,
+     "with optim.max_grad_norm > 0 at one pass a step (layer-major, or one micro-batch a step), full fine-tuning, one rank: \"on\" runs the pass twice, the first for the global norm alone, the second updating each group as its gradient lands, clipped, so the fp32 gradient buffer holds one slot instead of every gradient (4 bytes a parameter less) for a second forward and backward (bit-identical); \"auto\": where the step model finds it fastest of what fits; \"off\": never"},
     {"offload.working_weights", "string", "\"auto\"", &Recipe::offload_working_weights,
      "full fine-tuning in bf16 with AdamW: keep the decoder layers' bf16 working copy in RAM (\"stored\"), or make it from the fp32 master at each upload into a small pinned staging buffer (\"derived\": 2 bytes a parameter less in RAM, the same bits on the device, a host conversion per upload; layers whose state is on NVMe keep theirs); \"auto\": the placement plan's choice by the step model"},
     {"offload.host_memory", "size", "", &Recipe::host_memory,

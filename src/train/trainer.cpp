@@ -580,8 +580,10 @@ void TrainRun::say_speculation() const {
 // The leaner host state, said at start: gradients consumed as they land, derived working weights.
 void TrainRun::say_lean_state() const {
   if (plan_.grads_in_flight)
-    std::fprintf(stderr, "strata train: each group's gradient is consumed as it lands (no clipping, one pass a step): "
+    std::fprintf(stderr, "strata train: each group's gradient is consumed as it lands (%s, one pass a step): "
                  "the fp32 gradient buffer holds the embedding's and one group's, %s\n",
+                 plan_.norm_pass ? "offload.norm_pass: clipping's norm from a first pass, the updates in a second"
+                                 : "no clipping",
                  format_bytes(plan_.bytes_of("fp32 gradient accumulation")).c_str());
   if (plan_.derived_working_layers == 0) return;
   const size_t saved = derived_working_bytes(HostStore::layout(store_->spec()), plan_.derived_working_layers);
@@ -673,7 +675,9 @@ void TrainRun::load_weights() {
   std::fprintf(stderr, "strata train: %s, %.2fM parameters (%s), weights %s, %zu of %zu layer "
                "checkpoints on the device, %zu layers' activations and %zu lm_head chunks' logits kept (no recompute); device %s of %s, host %s (%s pinned); weights ready in %.1fs\n",
                cfg_.family.c_str(), double(ms.parameter_count()) / 1e6, rc_.model_dtype.c_str(),
-               plan_.weights == WeightsMode::device ? "resident" : "stream",
+               plan_.weights == WeightsMode::device ? "resident"
+               : plan_.resident_layers ? str_cat("stream (the first ", plan_.resident_layers, " layers resident)").c_str()
+                                       : "stream",
                engine_->device_checkpoints(), ms.layers.size(),
                engine_->kept_activation_layers(), engine_->kept_logit_chunks(), format_bytes(dev_->used_bytes()).c_str(), format_bytes(dev_->budget_bytes()).c_str(),
                format_bytes(host_bytes_).c_str(), format_bytes(store_->pinned_bytes()).c_str(), seconds_since(t0));
@@ -845,6 +849,8 @@ StepResult TrainRun::step(const StepBatch& batch) {
     w.max_grad_norm = rc_.max_grad_norm;
     w.weight_decay = rc_.weight_decay;
     w.gradients_first = rc_.max_grad_norm > 0 || shared_store_;  // clipping (or a shared store) needs every gradient first
+    w.norm_pass = plan_.norm_pass;  // ... or a first pass for the norm alone (offload.norm_pass)
+    if (w.norm_pass) w.gradients_first = false;
     StepOutcome o = engine_->train_step(w);
     losses = std::move(o.losses);
     global = o.global;

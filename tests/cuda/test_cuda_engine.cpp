@@ -12,6 +12,7 @@
 
 #include "tests/cuda/cuda_testing.h"
 #include "tests/seeded_inputs.h"
+#include "tests/offload/engine_step_rig.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -230,6 +231,63 @@ TEST_CASE("the CUDA backend: speculative updates equal the serial clipped step b
   const auto ahead = nvme_run(*cuda, true, 2, false, 3, true, 1e-3, 1);
   CHECK(ahead.first == serial.first);
   CHECK(std::memcmp(ahead.second.data(), serial.second.data(), serial.second.size() * 4) == 0);
+}
+
+// offload.resident_layers on the CUDA backend (tests/offload/engine_step_rig.h's three steps of a
+// 3-layer model, layer-major, derived working weights): the first 2 layers resident, the last one
+// streamed through the one shared slot it needs, against every layer streamed, bit for bit, its
+// weights' uploads fewer.
+TEST_CASE("the CUDA backend: layers resident and streamed in one run equal all streamed bit for bit", "[cuda-emu][resident]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  engine_step_rig::Options streamed;
+  streamed.layer_major = true;
+  streamed.store.derived_working = true;
+  streamed.device = cuda.get();
+  engine_step_rig::Options mixed = streamed;
+  mixed.resident_layers = 2;
+  const engine_step_rig::Result s = engine_step_rig::run(streamed, "cuda_rs"), m = engine_step_rig::run(mixed, "cuda_rm");
+  CHECK(m.losses == s.losses);
+  CHECK(m.norms == s.norms);
+  CHECK(engine_step_rig::same_bits(m.master, s.master));
+  CHECK(m.final_loss == s.final_loss);
+  // the layers' weights cross less (all link bytes also count checkpoints, which the third
+  // slot may push off this device's budget)
+  CHECK(m.stats.layer_upload_bytes < s.stats.layer_upload_bytes);
+}
+
+// offload.norm_pass on the CUDA backend (tests/offload/engine_step_rig.h's three steps, layer-major):
+// the norm from a first pass, the updates as the gradients land in a second, the gradients in
+// flight, against the serial clipped step on the same device, bit for bit; and the first step's
+// norm against the CPU backend's within 1e-4 relative.
+TEST_CASE("the CUDA backend: a norm pass trains bit for bit like the serial clipped step", "[cuda-emu][norm-pass]") {
+  auto cuda = cuda_testing::test_device();
+  if (!cuda) return;
+  for (double clip : {1e-3, 1e3}) {
+    INFO("max_grad_norm " << clip);
+    engine_step_rig::Options serial;
+    serial.layer_major = true;
+    serial.clip = clip;
+    serial.device = cuda.get();
+    engine_step_rig::Options two = serial;
+    two.norm_pass = true;
+    two.gradients_first = false;
+    two.store.grads_in_flight = true;
+    two.resident_layers = 1;  // and the first layer resident
+    const engine_step_rig::Result s = engine_step_rig::run(serial, "cuda_ns"), t = engine_step_rig::run(two, "cuda_nt");
+    CHECK(t.losses == s.losses);
+    CHECK(t.norms == s.norms);
+    CHECK(engine_step_rig::same_bits(t.master, s.master));
+    CHECK(t.m == s.m);
+    CHECK(t.v == s.v);
+    if (clip > 1) continue;
+    engine_step_rig::Options on_cpu = two;
+    on_cpu.device = nullptr;
+    const engine_step_rig::Result c = engine_step_rig::run(on_cpu, "cpu_nt");
+    // the first step's norm (later steps start from weights the backends' last bits already moved)
+    REQUIRE(c.norms.size() == t.norms.size());
+    CHECK(std::abs(t.norms[0] - c.norms[0]) <= 1e-4 * c.norms[0]);
+  }
 }
 
 TEST_CASE("the CUDA backend: layer-major accumulation equals the micro-batch schedule bit for bit", "[cuda-emu]") {

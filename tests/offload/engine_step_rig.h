@@ -5,6 +5,7 @@
 #pragma once
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -27,6 +28,9 @@ struct Options {
   size_t speculate_first = 0, speculate_end = 0;
   double clip = 1.0;
   bool gradients_first = true;  // the trainer's: every gradient before the update, when clipping
+  bool norm_pass = false;        // clipping's norm from a first pass (StepWork::norm_pass; layer-major)
+  size_t resident_layers = 0;    // with weights "stream": the first layers resident (EngineOptions)
+  Device* device = nullptr;      // null: a CPU backend of the rig's own
 };
 
 struct Result {
@@ -44,7 +48,8 @@ inline ModelSpec spec(DType matrices) {
 // The run; `after` reads whatever else a test compares from the store before it goes.
 inline Result run(const Options& o, const std::string& tag,
                   const std::function<void(const HostStore&)>& after = {}) {
-  auto dev = device_create(DeviceOptions{});
+  std::unique_ptr<Device> own = o.device ? nullptr : device_create(DeviceOptions{});
+  Device* dev = o.device ? o.device : own.get();
   testing::TempDir dir(tag + "_" + std::to_string(::getpid()));  // ctest runs cases side by side
   HostStoreOptions so = o.store;
   so.nvme_path = dir.path.string();
@@ -57,6 +62,7 @@ inline Result run(const Options& o, const std::string& tag,
   eo.max_batch = 2;
   eo.max_tokens = 17;
   eo.group = o.layer_major ? 2 : 1;
+  eo.resident_layers = o.resident_layers;
   eo.speculate_first_group = o.speculate_first;
   eo.speculate_end_group = o.speculate_end;
   Engine engine(*dev, store, eo);
@@ -73,6 +79,7 @@ inline Result run(const Options& o, const std::string& tag,
     w.max_grad_norm = o.clip;
     w.weight_decay = 0.01;
     w.gradients_first = o.gradients_first;
+    w.norm_pass = o.norm_pass;
     const StepOutcome out = engine.train_step(w);
     r.losses.insert(r.losses.end(), out.losses.begin(), out.losses.end());
     r.norms.push_back(out.grad_norm);

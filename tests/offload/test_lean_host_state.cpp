@@ -29,6 +29,8 @@ struct DerivedRun {
   const char* weights = "stream";
   size_t speculate_first = 0, speculate_end = 0;
   bool grads_in_flight = false;
+  bool norm_pass = false;       // clipping's norm from a first pass (offload.norm_pass)
+  size_t resident_layers = 0;   // with weights "stream": the first layers resident
 };
 
 struct Result : engine_step_rig::Result {
@@ -49,7 +51,10 @@ Result run(const DerivedRun& c, const std::string& tag) {
   o.speculate_first = c.speculate_first;
   o.speculate_end = c.speculate_end;
   o.clip = c.clip;
-  o.gradients_first = c.clip > 0;  // as the trainer: without clipping each group updates as it lands
+  o.gradients_first = c.clip > 0 && !c.norm_pass;  // as the trainer: without clipping (or after a norm
+                                                    // pass) each group updates as it lands
+  o.norm_pass = c.norm_pass;
+  o.resident_layers = c.resident_layers;
   Result r;
   static_cast<engine_step_rig::Result&>(r) = engine_step_rig::run(o, "derived_" + tag, [&](const HostStore& store) {
     for (size_t l = 0; l < size_t(kLayers); ++l) {
@@ -144,6 +149,71 @@ TEST_CASE("gradients in flight train bit for bit like the whole gradient buffer"
     CHECK(l.estimate_grads == lean_bytes);
     CHECK(f.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
     CHECK(lean_bytes < layout.f32.tier_bytes(Tier::host) / 2);
+  }
+}
+
+// offload.norm_pass: the step's one pass run first for the norm alone (each gradient squared and
+// dropped as it lands), then again updating each group as it lands with the clip known. Against the
+// serial clipped step (every gradient held, the norm gathered as they land): the same bits, with
+// the gradient buffer of the no-clipping path.
+TEST_CASE("a norm pass trains bit for bit like the serial clipped step, its gradients in flight", "[engine][norm-pass]") {
+  const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
+  size_t largest_other = 0;
+  for (size_t g = 1; g < layout.groups.size(); ++g) largest_other = std::max(largest_other, layout.groups[g].f32_bytes);
+  struct Case {
+    const char* what;
+    DerivedRun base;
+  };
+  const Case cases[] = {
+      {"layer-major, clipping every step", {false, 1e-3, true}},
+      {"layer-major, a norm that never clips", {false, 1e3, true}},
+      {"layer-major, resident weights", {false, 1e-3, true, 0, "device"}},
+      {"layer-major, the first 2 layers resident", {false, 1e-3, true, 0, "stream", 0, 0, false, false, 2}},
+      {"layer-major, NVMe state from layer 2 on", {false, 1e-3, true, 3}},
+      {"layer-major, derived working weights", {true, 1e-3, true}},
+  };
+  int n = 0;
+  for (const Case& k : cases) {
+    INFO(k.what);
+    DerivedRun serial = k.base, two = k.base;
+    two.norm_pass = true;
+    two.grads_in_flight = true;
+    const Result s = run(serial, "ns" + std::to_string(n)), t = run(two, "nt" + std::to_string(n));
+    ++n;
+    CHECK(t.losses == s.losses);
+    CHECK(t.norms == s.norms);
+    CHECK(same_bits(t.master, s.master));
+    CHECK(t.m == s.m);
+    CHECK(t.v == s.v);
+    CHECK(t.final_loss == s.final_loss);
+    CHECK(t.grad_floats * 4 == layout.groups[0].f32_bytes + largest_other);
+    CHECK(s.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
+    // a second pass: twice the device's work, and its transfers
+    CHECK(t.stats.link_bytes > s.stats.link_bytes * 3 / 2);
+  }
+  // the clip mattered: a clipping norm moved the weights less than one that never clips
+  const Result clipped = run({false, 1e-3, true, 0, "stream", 0, 0, true, true}, "nc");
+  const Result free = run({false, 1e3, true, 0, "stream", 0, 0, true, true}, "nf");
+  CHECK_FALSE(same_bits(clipped.master, free.master));
+  // one micro-batch at a time with two a step: two passes, no norm pass
+  CHECK_THROWS_WITH(run({false, 1e-3, false, 0, "stream", 0, 0, false, true}, "nm"),
+                    Catch::Contains("a norm pass needs one pass a step"));
+}
+
+// offload.resident_layers: the first layers keep a slot of their own, the rest stream; the same
+// bits as every layer streamed or resident, and fewer bytes over the link than streamed.
+TEST_CASE("layers resident and streamed in one run train bit for bit like either", "[engine][resident]") {
+  for (bool derived : {false, true}) {  // a derived layer's resident slot is filled from the master too
+    const Result streamed = run({derived, 1.0, true}, "rs"), resident = run({derived, 1.0, true, 0, "device"}, "rd");
+    for (size_t r : {size_t(1), size_t(2), size_t(3)}) {
+      INFO(r << " of " << kLayers << " layers resident" << (derived ? ", derived" : ""));
+      const Result mixed = run({derived, 1.0, true, 0, "stream", 0, 0, false, false, r}, "rm" + std::to_string(r));
+      CHECK(mixed.losses == streamed.losses);
+      CHECK(mixed.norms == streamed.norms);
+      CHECK(same_bits(mixed.master, streamed.master));
+      CHECK(mixed.final_loss == resident.final_loss);
+      CHECK(mixed.stats.link_bytes < streamed.stats.link_bytes);
+    }
   }
 }
 

@@ -116,8 +116,10 @@ PlanInputs plan_inputs(const std::string& checkpoints, const std::string& recomp
   in.recompute = recompute_mode_parse(recompute);
   in.optimizer = StateTier::host;
   // the working copy stays stored: these tests make the host short to see the other moves
-  // (derived working weights: tests/offload/test_derived_working.cpp)
+  // (derived working weights: tests/offload/test_derived_working.cpp), and so does every gradient
+  // of a clipped step (a norm pass: tests/offload/test_plan_search.cpp)
   in.working = WorkingMode::stored;
+  in.norm_pass = NormPassMode::off;
   in.micro_batch = 2;
   in.sequence_len = 16;
   return in;

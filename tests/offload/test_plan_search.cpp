@@ -11,6 +11,7 @@
 #include "offload/plan/step_estimate.h"
 #include "offload/state/host_store.h"
 #include "src/core/error.h"
+#include "src/device/arena.h"
 #include "tests/testing.h"
 
 namespace strata {
@@ -52,14 +53,19 @@ double step_of(const ModelSpec& spec, const PlanInputs& in, const RunPlan& p, co
 // Every combination of explicit overrides of the automatic keys.
 template <class F>
 void for_each_forced(const PlanInputs& in, F&& f) {
-  for (WeightsMode w : {WeightsMode::device, WeightsMode::stream})
+  // every layer resident, every layer streamed, the first 2 of 4 resident (offload.resident_layers)
+  const std::pair<WeightsMode, int64_t> weights[] = {{WeightsMode::device, -1}, {WeightsMode::stream, -1},
+                                                     {WeightsMode::stream, 2}};
+  for (const auto& [w, resident] : weights)
     for (AccumulationMode a : {AccumulationMode::micro_batch, AccumulationMode::layer_major})
       for (CheckpointMode c : {CheckpointMode::automatic, CheckpointMode::host, CheckpointMode::nvme})
-        for (StateTier o : {StateTier::host, StateTier::nvme}) {
-          PlanInputs v = in;
-          v.weights = w, v.accumulation = a, v.checkpoints = c, v.optimizer = o;
-          f(v);
-        }
+        for (StateTier o : {StateTier::host, StateTier::nvme})
+          for (NormPassMode n : {NormPassMode::off, NormPassMode::on}) {
+            PlanInputs v = in;
+            v.weights = w, v.resident_layers = resident, v.accumulation = a, v.checkpoints = c, v.optimizer = o;
+            v.norm_pass = n;
+            f(v);
+          }
 }
 
 }  // namespace
@@ -203,6 +209,7 @@ TEST_CASE("what to change: each entry applied alone saves what it says, and only
   PlanInputs in = auto_inputs();
   in.optimizer = StateTier::host;  // the state must stay in RAM: the plan cannot fit by itself
   in.working = WorkingMode::stored;  // and so must the working copy (derived would close the gap)
+  in.norm_pass = NormPassMode::off;  // and every gradient (a norm pass would close it too)
   const RunPlan ram = placement_plan(spec, in, PlanBudgets{}, rates);
   PlanBudgets b;
   b.host_bytes = ram.host_total() - (size_t(64) << 20);
@@ -306,6 +313,113 @@ TEST_CASE("zo-sgd: auto runs a step's q x k dual forwards layer-major where thei
   CHECK(placement_plan(spec, in, PlanBudgets{}, rates).group == 1);
   in.zo_perturbations = 3;  // three perturbations of one micro-batch: layer-major too
   CHECK(placement_plan(spec, in, PlanBudgets{}, rates).group == 3);
+}
+
+}  // namespace strata
+
+namespace strata {
+
+// offload.resident_layers: a device with room for some layers beside the engine's other rows, a
+// slow link: the search keeps as many resident as fit (each saves a crossing a pass), and the
+// step model prices the mix between all streamed and all resident.
+TEST_CASE("plan: the first layers resident where the device holds some but not all", "[plan][search][resident]") {
+  const ModelSpec spec = search_spec();
+  StepRates rates = gpu_rates();
+  rates.link_bytes_per_s = 1e9;
+  PlanInputs in = auto_inputs();
+  in.recompute = RecomputeMode::always;  // the device's room goes to weights or checkpoints alone
+  in.accumulation = AccumulationMode::micro_batch;
+  in.checkpoints = CheckpointMode::host;
+  PlanInputs streamed = in;
+  streamed.weights = WeightsMode::stream;
+  const RunPlan s = placement_plan(spec, streamed, PlanBudgets{}, rates);
+  const size_t layer = HostStore::layout(spec).groups[1].working_bytes;
+  PlanBudgets b;
+  // room for one layer and a half: one resident (with 2 of 4 left to stream, a third resident
+  // would cost nothing more: the shared slots shrink as it grows)
+  b.device_bytes = s.tier(Tier::device) + layer + layer / 2 + (size_t(2) << 20);
+  CHECK(placement_max_resident_layers(spec, in, 1, b) == 1);
+  PlanBudgets roomier = b;
+  roomier.device_bytes = s.tier(Tier::device) + 2 * layer + layer / 2 + (size_t(2) << 20);
+  CHECK(placement_max_resident_layers(spec, in, 1, roomier) == 4);
+  const RunPlan p = placement_plan(spec, in, b, rates);
+  INFO(placement_plan_table(p));
+  REQUIRE(p.fits());
+  CHECK(p.weights == WeightsMode::stream);
+  CHECK(p.resident_layers == 1);
+  CHECK(p.tier(Tier::device) == s.tier(Tier::device) + Arena::footprint(layer));
+  PlanInputs all = in;
+  all.weights = WeightsMode::device;
+  CHECK_FALSE(placement_plan(spec, all, b, rates).fits());
+  // the step is d2h-bound (each micro-batch's fp32 gradients): no slower, and fewer bytes moved
+  const RunPlan forced_stream = placement_plan(spec, streamed, b, rates);
+  CHECK(p.step_seconds <= forced_stream.step_seconds);
+  // the resident layer crosses once a step; the streamed ones as the two slots let them
+  const StepBytes mixed = step_bytes(spec, plan_resolved_inputs(in, p), p, 4);
+  const StepBytes none = step_bytes(spec, plan_resolved_inputs(streamed, forced_stream), forced_stream, 4);
+  CHECK(mixed.h2d < none.h2d);
+  CHECK(mixed.d2h == none.d2h);
+  const RunPlan wide = placement_plan(spec, in, roomier, rates);
+  CHECK(wide.resident_layers == 4);  // every layer its own slot, lm_head streamed
+  CHECK(step_bytes(spec, plan_resolved_inputs(in, wide), wide, 4).h2d < mixed.h2d);
+  // more than the model has: refused by name
+  PlanInputs too_many = in;
+  too_many.resident_layers = 5;
+  CHECK_THROWS_WITH(placement_plan(spec, too_many, b, rates), Catch::Contains("offload.resident_layers (5) is more than"));
+}
+
+// offload.norm_pass: with clipping the serial step holds every fp32 gradient; a host budget a
+// little short of that fits only with the norm from a first pass (the gradients in flight).
+TEST_CASE("plan: a norm pass where holding every gradient does not fit, priced as a second pass", "[plan][search][norm-pass]") {
+  const ModelSpec spec = search_spec();
+  const StepRates rates = gpu_rates();
+  PlanInputs in = auto_inputs();
+  in.accumulation = AccumulationMode::layer_major;
+  in.working = WorkingMode::stored;      // the gradients alone decide what fits
+  in.speculate = SpeculateMode::off;
+  in.norm_pass = NormPassMode::off;
+  const RunPlan serial = placement_plan(spec, in, PlanBudgets{}, rates);
+  REQUIRE_FALSE(serial.norm_pass);
+  const HostStoreLayout layout = HostStore::layout(spec);
+  const size_t saved = grad_buffer_bytes(layout, false) - grad_buffer_bytes(layout, true);
+  PlanBudgets b;
+  b.host_bytes = serial.host_total() - saved / 2;
+  CHECK_FALSE(placement_plan(spec, in, b, rates).fits());
+  in.norm_pass = NormPassMode::automatic;
+  const RunPlan p = placement_plan(spec, in, b, rates);
+  INFO(placement_plan_table(p));
+  REQUIRE(p.fits());
+  CHECK(p.norm_pass);
+  CHECK(p.grads_in_flight);
+  CHECK(p.host_total() == serial.host_total() - saved);
+  // unlimited, auto keeps the serial step: the norm pass costs a second pass
+  CHECK_FALSE(placement_plan(spec, in, PlanBudgets{}, rates).norm_pass);
+  // priced: the second pass's work, and the pass's transfers again (d2h exactly twice)
+  const StepEstimate two = step_estimate(spec, plan_resolved_inputs(in, p), p, 4, rates);
+  RunPlan once = p;
+  once.norm_pass = false;
+  PlanInputs no_clip = plan_resolved_inputs(in, p);
+  no_clip.clip_grad = false;
+  const StepEstimate one = step_estimate(spec, no_clip, once, 4, rates);
+  CHECK(two.bytes.d2h == Approx(2 * one.bytes.d2h).epsilon(1e-12));
+  CHECK(two.bytes.h2d > one.bytes.h2d);  // the second pass's tokens (resident weights cross once a step)
+  CHECK(two.compute_parts.at("matmul") == Approx(2 * one.compute_parts.at("matmul")).epsilon(1e-12));
+  CHECK(two.seconds > one.seconds * 1.5);
+  CHECK(p.step_seconds == Approx(two.seconds).epsilon(1e-12));
+  // "off" with that budget: what to change offers the norm pass, and it fits
+  in.norm_pass = NormPassMode::off;
+  const RunPlan off = placement_plan(spec, in, b, rates);
+  REQUIRE_FALSE(off.fits());
+  const auto it = std::find_if(off.changes.begin(), off.changes.end(),
+                               [](const PlanChange& c) { return c.set.contains("offload.norm_pass"); });
+  REQUIRE(it != off.changes.end());
+  CHECK(it->fits);
+  CHECK(it->saves_bytes == saved);
+  // "on" where it does not apply: refused, naming why
+  PlanInputs mb = in;
+  mb.norm_pass = NormPassMode::on;
+  mb.accumulation = AccumulationMode::micro_batch;
+  CHECK_THROWS_WITH(placement_plan(spec, mb, b, rates), Catch::Contains("it needs one pass a step"));
 }
 
 }  // namespace strata

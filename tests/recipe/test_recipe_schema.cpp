@@ -129,10 +129,12 @@ zo_perturbations = 2
 
 [offload]
 weights = "stream"
+resident_layers = 2
 checkpoints = "nvme"
 recompute = "always"
 accumulation = "layer_major"
 speculative_update = "on"
+norm_pass = "off"
 working_weights = "derived"
 host_memory = "12GiB"
 optimizer = "nvme"
@@ -235,10 +237,12 @@ zo_perturbations = 1
 
 [offload]
 weights = "auto"
+resident_layers = -1
 checkpoints = "auto"
 recompute = "auto"
 accumulation = "auto"
 speculative_update = "auto"
+norm_pass = "auto"
 working_weights = "auto"
 optimizer = "auto"
 
@@ -324,10 +328,12 @@ zo_perturbations = 1
 
 [offload]
 weights = "auto"
+resident_layers = -1
 checkpoints = "auto"
 recompute = "auto"
 accumulation = "auto"
 speculative_update = "auto"
+norm_pass = "auto"
 working_weights = "auto"
 optimizer = "auto"
 

@@ -230,6 +230,10 @@ TEST_CASE("strata estimate against real runs: device, host, NVMe and the bytes e
       {"qwen3 resident bf16 ckpt=auto optim=nvme",
        {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.weights=device", "offload.optimizer=nvme", on_nvme,
         "device.memory=\"97729104\""}},
+      // the first 3 of 6 layers resident, the rest streamed (offload.resident_layers), layer-major over 2
+      {"qwen3 stream bf16 resident=3 accum 2",
+       {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.weights=stream", "offload.resident_layers=3",
+        "train.gradient_accumulation_steps=2", "offload.accumulation=layer_major"}},
       // bf16 AdamW moments (optim.moments_dtype): in RAM, and on NVMe with the master
       {"llama stream bf16 moments=bf16", {"model.dtype=bf16", "offload.checkpoints=host", "optim.moments_dtype=bf16"}},
       {"qwen3 stream bf16 moments=bf16 optim=nvme",

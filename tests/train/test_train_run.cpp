@@ -102,6 +102,28 @@ TEST_CASE("streamed and resident runs give bit-identical losses and final weight
   CHECK(auto_link == resident_link);
   REQUIRE(streamed_link.size() == auto_link.size());
   for (size_t s = 1; s < auto_link.size(); ++s) CHECK(auto_link[s] < streamed_link[s]);
+  // offload.resident_layers: the first of the 4 layers keeps its own slot, the other 3 take turns
+  // in two shared slots. The same bits; per step (after the first) the link moves more than the
+  // resident run (the 3 cross again each micro-batch) and less than the streamed one. (With 2
+  // resident, 2 streamed layers would hold their 2 slots all step: the resident run's bytes.)
+  const std::string d = tmp_out("strata_train_mixed");
+  TrainSummary mixed = train_run(small_recipe(d, {"offload.weights=stream", "offload.resident_layers=1",
+                                                  "offload.checkpoints=device"}));
+  CHECK(mixed.losses == resident.losses);
+  require_same_weights(a + "/final", d + "/final");
+  const std::vector<double> mixed_link = link(d);
+  REQUIRE(mixed_link.size() == auto_link.size());
+  for (size_t s = 1; s < mixed_link.size(); ++s) {
+    CHECK(mixed_link[s] > resident_link[s]);
+    CHECK(mixed_link[s] < streamed_link[s]);
+  }
+  // more resident layers than the model has, or beside offload.weights = "device": refused by name
+  CHECK_THROWS_WITH(train_run(small_recipe(tmp_out("strata_train_toomany"), {"offload.weights=stream",
+                                                                             "offload.resident_layers=5"})),
+                    Catch::Contains("offload.resident_layers (5) is more than the model's 4 layers"));
+  CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_residentdevice"), {"offload.weights=device",
+                                                                          "offload.resident_layers=2"}),
+                    Catch::Contains("offload.resident_layers applies to streamed weights"));
   // an unknown mode is refused when the recipe is read, naming the three
   CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_badweights"), {"offload.weights=resident"}),
                     Catch::Contains("offload.weights must be \"auto\", \"stream\" or \"device\""));

@@ -52,7 +52,9 @@ std::vector<std::vector<std::string>> combinations(const std::vector<std::vector
 
 std::vector<Scenario> scenarios(const std::string& nvme) {
   const std::string on_nvme = "offload.nvme_path=" + nvme;
-  const std::vector<std::string> weights = {"offload.weights=device", "offload.weights=stream"};
+  // every layer resident, every layer streamed, and the first half resident (offload.resident_layers)
+  const std::vector<std::string> weights = {"offload.weights=device", "offload.weights=stream",
+                                            "offload.resident_layers=4"};
   const std::vector<std::string> schedule = {"offload.accumulation=layer_major", "offload.accumulation=micro_batch"};
   return {
       // the host budget at exactly what auto needs with no budget (a small model's state is smaller
