@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "offload/stream/engine_buffers.h"
 #include "offload/engine/engine_zo.h"
@@ -98,7 +99,7 @@ struct PlanParts {
   const ModelSpec& spec;
   const PlanInputs& in;
   RunPlan& p;
-  HostStoreLayout layout;
+  const HostStoreLayout& layout;
   OptimizerStateNeeds needs;
   bool zo = false;  // its own engine: forward passes only, no checkpoints
   EngineShape shape;
@@ -372,7 +373,9 @@ size_t speculation_backup_bytes(const HostStoreLayout& layout, DType moments, si
 }
 
 RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
-                          const PlanChoice& choice) {
+                          const PlanChoice& choice, const HostStoreLayout* layout) {
+  std::optional<HostStoreLayout> own;
+  if (!layout) layout = &own.emplace(HostStore::layout(spec));
   check_inputs(in, budgets);
   STRATA_ASSERT(in.weights != WeightsMode::automatic, "placement_plan_at needs the weights decided");
   RunPlan p = plan_decisions(in, group, budgets);
@@ -391,7 +394,7 @@ RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t g
                 "a norm pass where it does not apply: ", placement_norm_pass_obstacle(in, group));
   p.norm_pass = choice.norm_pass;
   p.grads_in_flight = placement_grads_in_flight(in, group, choice.norm_pass);
-  PlanParts x{spec, in, p, HostStore::layout(spec), optimizer_state_needs(in.optimizer_kind)};
+  PlanParts x{spec, in, p, *layout, optimizer_state_needs(in.optimizer_kind)};
   x.zo = in.optimizer_kind == OptimizerKind::zo_sgd;
   x.shape = placement_engine_shape(spec, x.layout, in, group);
   x.table = x.zo ? zo_buffer_table(x.shape, nullptr) : engine_buffer_table(x.shape, nullptr);

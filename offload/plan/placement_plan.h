@@ -273,8 +273,9 @@ inline constexpr const char* kSpeculationBackupKind = "speculative update backup
 // automatic), `group` micro-batches per engine pass and `choice`'s tiers; `problems` filled,
 // `changes` not. Bad plan inputs (an unknown mode, NVMe asked for without a directory) are
 // Error(input). The search over candidates, and `placement_plan` itself: offload/plan/plan_search.h.
+// `layout`: HostStore::layout(spec), when the caller has it (a search plans many candidates).
 RunPlan placement_plan_at(const ModelSpec& spec, const PlanInputs& in, int64_t group, const PlanBudgets& budgets,
-                          const PlanChoice& choice);
+                          const PlanChoice& choice, const HostStoreLayout* layout = nullptr);
 
 // The reserve of PlanInputs::device_reserve_bytes for a GPU priced at its nominal memory: a
 // CUDA 12/13 context on a Hopper card takes ~0.5 GiB, NCCL and the allocator's rounding more.

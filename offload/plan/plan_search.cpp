@@ -82,6 +82,7 @@ struct Search {
   HostStoreLayout layout;  // the store's groups (HostStore::layout)
   bool have_best = false;
   Priced best;
+  double last_link_share = 0;  // the last candidate considered: its link time over its step
 
   void consider(const PlanInputs& v, RunPlan plan) {
     Priced c{std::move(plan)};
@@ -90,6 +91,7 @@ struct Search {
     c.seconds = e.seconds;
     c.moved = e.bytes.link() + e.bytes.nvme_read() + e.bytes.nvme_write();
     c.plan.step_seconds = e.seconds;
+    last_link_share = e.seconds > 0 ? e.components.at("link") / e.seconds : 0;
     if (!have_best || better(c, best)) best = std::move(c), have_best = true;
   }
 
@@ -102,23 +104,23 @@ struct Search {
     c.norm_pass = norm_pass;
     if (v.optimizer == StateTier::nvme) {
       c.optimizer_nvme = true;
-      return placement_plan_at(spec, v, group, budgets, c);
+      return placement_plan_at(spec, v, group, budgets, c, &layout);
     }
-    RunPlan ram = placement_plan_at(spec, v, group, budgets, c);
+    RunPlan ram = placement_plan_at(spec, v, group, budgets, c, &layout);
     const bool may_split = v.optimizer == StateTier::automatic && !budgets.nvme_dir.empty() &&
                            optimizer_state_needs(v.optimizer_kind).moments && !v.lora.enabled();
     if (!may_split || !host_over(ram)) return ram;
     c.optimizer_nvme = true;
     c.optimizer_first_group = 0;
-    RunPlan all = placement_plan_at(spec, v, group, budgets, c);
+    RunPlan all = placement_plan_at(spec, v, group, budgets, c, &layout);
     if (host_over(all)) return all.host_total() < ram.host_total() ? all : ram;
     size_t lo = 0, hi = groups;  // fits with groups lo.. on NVMe; RAM (hi) does not
     while (hi - lo > 1) {
       c.optimizer_first_group = lo + (hi - lo) / 2;
-      (host_over(placement_plan_at(spec, v, group, budgets, c)) ? hi : lo) = c.optimizer_first_group;
+      (host_over(placement_plan_at(spec, v, group, budgets, c, &layout)) ? hi : lo) = c.optimizer_first_group;
     }
     c.optimizer_first_group = lo;
-    return lo == 0 ? all : placement_plan_at(spec, v, group, budgets, c);
+    return lo == 0 ? all : placement_plan_at(spec, v, group, budgets, c, &layout);
   }
 
   // The candidate with its updates speculated (offload.speculative_update): groups [first, end)
@@ -150,7 +152,7 @@ struct Search {
     c.derive_working = p.derived_working;
     c.speculate_first_group = first;
     c.speculate_end_group = end;
-    RunPlan s = placement_plan_at(spec, v, group, budgets, c);
+    RunPlan s = placement_plan_at(spec, v, group, budgets, c, &layout);
     if (!s.fits()) return std::nullopt;
     return s;
   }
@@ -242,24 +244,39 @@ struct Search {
       passes = one_pass;
     }
     const PlanInputs asked = v;
-    for (int64_t g : passes)
-      for (const Weights& w : weights_candidates(asked, g))
+    for (int64_t g : passes) {
+      // layers resident save link time alone: on a GPU they are priced where the streamed plans
+      // spend at least half their step on the link (on the CPU backend the link's copies take the
+      // cores: always)
+      double link_share = 0;
+      for (const Weights& w : weights_candidates(asked, g)) {
+        const bool mix = w.mode == WeightsMode::stream && w.resident > 0 && asked.resident_layers < 0;
+        if (mix && !v.device_in_host_ram && link_share < 0.5) continue;
         for (const Ckpt& c : ckpts)
-          for (bool d : derive)
+          for (bool d : derive) {
+            // a norm pass only adds work: it can be faster only where holding every gradient does
+            // not fit, or puts state on NVMe (its candidate is then priced; else it is skipped)
+            bool serial_lean = false;
             for (bool np : norm_passes) {
               if (np && !placement_norm_pass_obstacle(v, g).empty()) continue;
+              if (np && v.norm_pass == NormPassMode::automatic && serial_lean) continue;
               v.weights = w.mode;
               v.resident_layers = w.resident;
               PlanInputs cv = v;
               cv.checkpoints = c.mode;
               RunPlan p = with_optimizer(cv, g, c.nvme, d, np);
+              if (!np) serial_lean = p.fits() && p.tier(Tier::nvme) == 0;
               // every layer's state on NVMe: nothing to derive, the same plan as stored (kept when forced)
               if (d && p.derived_working_layers == 0 && derive.size() > 1) continue;
               if (c.nvme && p.nvme_checkpoints == 0) continue;  // nothing spilled: the same as without
               std::optional<RunPlan> ahead = with_speculation(cv, g, c.nvme, p);
               if (!ahead || cv.speculate != SpeculateMode::on) consider(cv, std::move(p));
+              if (w.mode == WeightsMode::stream && w.resident == 0) link_share = std::max(link_share, last_link_share);
               if (ahead) consider(cv, std::move(*ahead));
             }
+          }
+      }
+    }
   }
 };
 

@@ -245,9 +245,8 @@ double nvme_state_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPl
   return double(nvme_state_sizes(on_nvme, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared)).file_bytes);
 }
 
-FirstOrderTransfers first_order_transfers(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan,
-                                          int64_t grad_accum) {
-  const HostStoreLayout layout = HostStore::layout(spec);
+FirstOrderTransfers first_order_transfers(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in,
+                                          const RunPlan& plan, int64_t grad_accum) {
   const EngineShape shape = placement_engine_shape(spec, layout, in, plan.group);
   const bool frozen = shape.frozen();
   const int64_t passes = grad_accum / int64_t(shape.group);
@@ -306,7 +305,7 @@ StepBytes step_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPlan&
   if (in.optimizer_kind == OptimizerKind::zo_sgd)
     return zo_step_bytes(spec, in, grad_accum, std::max<int64_t>(1, in.zo_perturbations),
                          std::clamp<int64_t>(plan.group, 1, grad_accum * std::max<int64_t>(1, in.zo_perturbations)));
-  return first_order_transfers(spec, in, plan, grad_accum).bytes;
+  return first_order_transfers(spec, HostStore::layout(spec), in, plan, grad_accum).bytes;
 }
 
 double step_adamw_bytes_per_param(DType matrix_dtype, const PlanInputs& in) {
@@ -504,8 +503,8 @@ struct UpdateCost {
   double pipeline() const { return ram + std::max({nvme, state_io, state_crc}); }
 };
 
-UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, const StepBytes& bytes,
-                       const LoraOptions& lora, const StepRates& rates) {
+UpdateCost update_cost(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in, const RunPlan& plan,
+                       const StepBytes& bytes, const LoraOptions& lora, const StepRates& rates) {
   UpdateCost u;
   PlanInputs priced = in;
   priced.lora = lora;
@@ -526,7 +525,6 @@ UpdateCost update_cost(const ModelSpec& spec, const PlanInputs& in, const RunPla
   const double derived_per_param =
       rates.adamw_params_per_s > 0 ? per_param
                                    : per_param - double(dtype_size(spec.matrix_dtype)) / rates.host_bytes_per_s;
-  const HostStoreLayout layout = HostStore::layout(spec);
   const size_t first_nvme = plan.optimizer_on_nvme ? plan.optimizer_nvme_first_group : layout.groups.size();
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
     const double n = double(layout.groups[gi].f32_bytes) / 4;
@@ -623,7 +621,8 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   const bool clip = in.clip_grad && !plan.norm_pass;
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
-  const FirstOrderTransfers t = first_order_transfers(spec, in, plan, grad_accum);
+  const HostStoreLayout layout = HostStore::layout(spec);  // once: the search prices many candidates
+  const FirstOrderTransfers t = first_order_transfers(spec, layout, in, plan, grad_accum);
   e.bytes = t.bytes;
   const PassWork work = first_order_work(spec, in, plan, lora);
   e.compute_parts = work_seconds(work.pass * run, rates);
@@ -642,7 +641,7 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
                       e.bytes.checkpoint_write / rates.nvme_write_bytes_per_s;
   const double crc_bytes_per_s = rates.checksum_bytes_per_s * std::max(1, rates.checksum_threads);
   p.checkpoint_crc = (e.bytes.checkpoint_read + e.bytes.checkpoint_write) / crc_bytes_per_s;
-  const UpdateCost u = update_cost(spec, in, plan, e.bytes, lora, rates);
+  const UpdateCost u = update_cost(spec, layout, in, plan, e.bytes, lora, rates);
   p.nvme = p.checkpoint_disk + u.state_disk;
   // the host's accumulation: every f32 gradient staged, read and added (12 bytes per parameter
   // and pass), zeroed (4) once per step; LoRA on one process: none (the adapters' gradients
@@ -662,7 +661,7 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   if (plan.norm_pass && !in.device_in_host_ram) {
     // the second pass starts once the norm is known: the norm pass's last landing (the
     // embedding's accumulation and squares) shows; the other squares ride the host queue
-    const double tail = u.norm_group0 + 12 * double(HostStore::layout(spec).groups[0].f32_bytes / 4) / rates.host_bytes_per_s;
+    const double tail = u.norm_group0 * (1 + 3);  // its squares (4 bytes a parameter) and accumulation (12)
     e.seconds += tail;
     e.optimizer_exposed_s += tail;
   }
