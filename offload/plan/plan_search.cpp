@@ -29,6 +29,13 @@ StepRates plan_default_rates(const PlanInputs& in) {
   return r;
 }
 
+StepRates plan_run_rates(const PlanInputs& in, double cpu_peak_flops_per_s, double link_bytes_per_s) {
+  StepRates r = plan_default_rates(in);
+  if (in.device_in_host_ram) r.device_flops_per_s = cpu_peak_flops_per_s;
+  if (link_bytes_per_s > 0) r.link_bytes_per_s = link_bytes_per_s;
+  return r;
+}
+
 PlanInputs plan_resolved_inputs(const PlanInputs& in, const RunPlan& p) {
   PlanInputs v = in;
   v.micro_batch = p.micro_batch;
@@ -41,6 +48,12 @@ PlanInputs plan_resolved_inputs(const PlanInputs& in, const RunPlan& p) {
 }
 
 namespace {
+
+// `plan`'s step at `rates`.
+double step_at(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, const StepRates& rates) {
+  return step_estimate(spec, plan_resolved_inputs(in, plan), plan, plan.accumulation_steps, rates, in.zo_perturbations)
+      .seconds;
+}
 
 // Bytes over the budgets, summed over the tiers (0: it fits).
 size_t overflow(const RunPlan& p) {
@@ -340,6 +353,7 @@ struct Changes {
   const PlanBudgets& budgets;
   const StepRates& rates;
   const RunPlan& p;
+  const StepRates* priced_at = nullptr;  // the rates a change's step is reported at (null: `rates`)
   std::vector<Variant> variants;
 
   void add(std::string what, nlohmann::json set, std::function<void(PlanInputs&, PlanBudgets&)> apply) {
@@ -375,7 +389,7 @@ struct Changes {
     c.tier = most ? most->tier : Tier::host;
     c.saves_bytes = most ? size_t(most->bytes) : 0;
     c.fits = q.fits();
-    c.step_seconds = q.step_seconds;
+    c.step_seconds = priced_at ? step_at(spec, vi, q, *priced_at) : q.step_seconds;
     return c;
   }
 
@@ -570,8 +584,8 @@ std::optional<PlanChange> fewer_threads(const Changes& x) {
 }
 
 std::vector<PlanChange> plan_changes(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets,
-                                     const StepRates& rates, const RunPlan& p) {
-  Changes x{spec, in, budgets, rates, p};
+                                     const StepRates& rates, const RunPlan& p, const StepRates* priced_at) {
+  Changes x{spec, in, budgets, rates, p, priced_at};
   if (p.fits()) {
     faster_variants(x);
     return priced_changes(x);
@@ -589,9 +603,11 @@ std::vector<PlanChange> plan_changes(const ModelSpec& spec, const PlanInputs& in
 
 }  // namespace
 
-RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets, const StepRates& rates) {
+RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets, const StepRates& rates,
+                       const StepRates* priced_at) {
   RunPlan p = search(spec, in, budgets, rates);
-  p.changes = plan_changes(spec, in, budgets, rates, p);
+  if (priced_at) p.step_seconds = step_at(spec, in, p, *priced_at);
+  p.changes = plan_changes(spec, in, budgets, rates, p, priced_at);
   return p;
 }
 

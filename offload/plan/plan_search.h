@@ -28,13 +28,21 @@ namespace strata {
 // host memory speed. Only the order of the candidates depends on them.
 StepRates plan_default_rates(const PlanInputs& in);
 
+// The rates a training run plans with (the trainer, and `strata estimate` showing the run's plan):
+// the defaults above with, on the CPU backend, its measured GEMM peak (`cpu_peak_flops_per_s`), and
+// the recipe's device.link_bandwidth when set (`link_bytes_per_s` > 0).
+StepRates plan_run_rates(const PlanInputs& in, double cpu_peak_flops_per_s, double link_bytes_per_s);
+
 // The fastest plan that fits, searched as above. When nothing fits: the candidate closest to
 // fitting (least bytes over the budgets), with `problems` and `changes` (each applied alone as
 // recipe overrides and planned again). When it fits: `changes` lists the opt-ins that would make
 // its step faster (bf16 moments, train.global_batch_size). RunPlan::step_seconds is the
 // chosen plan's step at `rates`.
+// `priced_at`: the rates the chosen plan's step and each change's step are reported at, when they
+// are not the ones the search orders the candidates by (`strata estimate --measure` shows the plan
+// the run takes at its own rates, priced at every rate it measured).
 RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets,
-                       const StepRates& rates = {});
+                       const StepRates& rates = {}, const StepRates* priced_at = nullptr);
 
 // The inputs as `plan` resolved them (its split, weights, schedule, NVMe choices): what the step
 // estimate prices the plan with.

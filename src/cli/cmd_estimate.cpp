@@ -11,6 +11,7 @@
 #include "offload/plan/plan_search.h"
 #include "offload/state/nf4_layout.h"
 #include "src/cli/estimate.h"
+#include "src/device/peak_flops.h"
 #include "src/recipe/recipe_plan.h"
 
 namespace strata {
@@ -54,12 +55,20 @@ int cmd_estimate(const std::vector<std::string>& args) {
     estimate_measure(recipe, spec, probe, budgets, rates);
   }
   estimate_given_rates(a, rates);
-  // the fastest plan that fits at these rates (offload/plan/plan_search.h), as the trainer plans
-  RunPlan plan = placement_plan(spec, in, budgets, rates.rates);
+  // the fastest plan that fits at these rates (offload/plan/plan_search.h), as the trainer plans.
+  // On the CPU backend the run plans at its measured GEMM peak and its link (plan_run_rates): with
+  // --measure or --rates-from the plan shown is still that one, priced at every rate measured here
+  const bool run_plan = in.device_in_host_ram && a.gpu.empty() && (a.measure || !a.rates_from.empty());
+  const StepRates run_rates =
+      run_plan ? plan_run_rates(in, cpu_measured_peak(dtype).flops_per_s, recipe.device_link_bytes_per_s) : StepRates{};
+  auto plan_now = [&] {
+    return run_plan ? placement_plan(spec, in, budgets, run_rates, &rates.rates) : placement_plan(spec, in, budgets, rates.rates);
+  };
+  RunPlan plan = plan_now();
   if (!a.rates_from.empty()) {  // the run's own rates, then the plan again at them
     estimate_rates_from(a.rates_from, recipe, spec, plan_resolved_inputs(in, plan), plan, rates);
     estimate_given_rates(a, rates);
-    plan = placement_plan(spec, in, budgets, rates.rates);
+    plan = plan_now();
   }
   const PlanInputs used = plan_resolved_inputs(in, plan);  // its split, weights and schedule
   PlanInputs sized = in;  // the largest shapes: the plan's split, every "auto" still open

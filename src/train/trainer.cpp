@@ -448,10 +448,9 @@ void TrainRun::set_up_model() {
 // denominator, measured once per process) and the link's throttle or memcpy; on a GPU the
 // search's stated defaults (the device is not open yet: only the order of the plans matters).
 StepRates TrainRun::plan_rates() const {
-  StepRates r = plan_default_rates(plan_in_);
-  if (plan_in_.device_in_host_ram) r.device_flops_per_s = cpu_measured_peak(dtype_parse(rc_.model_dtype)).flops_per_s;
-  if (rc_.device_link_bytes_per_s > 0) r.link_bytes_per_s = rc_.device_link_bytes_per_s;
-  return r;
+  return plan_run_rates(plan_in_,
+                        plan_in_.device_in_host_ram ? cpu_measured_peak(dtype_parse(rc_.model_dtype)).flops_per_s : 0,
+                        rc_.device_link_bytes_per_s);
 }
 
 // train.global_batch_size on resume: the split the checkpoint's run chose is kept (the same

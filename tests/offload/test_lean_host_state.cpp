@@ -73,6 +73,24 @@ Result run(const DerivedRun& c, const std::string& tag) {
   return r;
 }
 
+// Two runs that must train to the same bits: losses, norms, master, m, v, a forward on the last weights.
+void check_same_training(const Result& a, const Result& b) {
+  CHECK(a.losses == b.losses);
+  CHECK(a.norms == b.norms);
+  CHECK(same_bits(a.master, b.master));
+  CHECK(a.m == b.m);
+  CHECK(a.v == b.v);
+  CHECK(a.final_loss == b.final_loss);
+}
+
+// The gradient buffer with the gradients in flight: the embedding's group and one slot as large as
+// the largest other group.
+size_t in_flight_grad_bytes(const HostStoreLayout& layout) {
+  size_t largest_other = 0;
+  for (size_t g = 1; g < layout.groups.size(); ++g) largest_other = std::max(largest_other, layout.groups[g].f32_bytes);
+  return layout.groups[0].f32_bytes + largest_other;
+}
+
 }  // namespace
 
 TEST_CASE("derived working weights train bit for bit like a stored working copy", "[engine][derived]") {
@@ -100,13 +118,8 @@ TEST_CASE("derived working weights train bit for bit like a stored working copy"
     ++n;
     CHECK(s.derived_layers == 0);
     CHECK(d.derived_layers == k.derived_layers);
-    CHECK(d.losses == s.losses);
-    CHECK(d.norms == s.norms);
-    CHECK(same_bits(d.master, s.master));
-    CHECK(d.m == s.m);
-    CHECK(d.v == s.v);
+    check_same_training(d, s);
     CHECK(d.layer_working == s.layer_working);  // what derive_working makes is the stored copy's bytes
-    CHECK(d.final_loss == s.final_loss);
     // the store holds what its estimate counts: less each derived layer's working bytes
     const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
     CHECK(d.estimate_working == s.estimate_working - derived_working_bytes(layout, k.derived_layers));
@@ -116,8 +129,6 @@ TEST_CASE("derived working weights train bit for bit like a stored working copy"
 
 TEST_CASE("gradients in flight train bit for bit like the whole gradient buffer", "[engine][lean-grads]") {
   const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
-  size_t largest_other = 0;
-  for (size_t g = 1; g < layout.groups.size(); ++g) largest_other = std::max(largest_other, layout.groups[g].f32_bytes);
   struct Case {
     const char* what;
     DerivedRun base;
@@ -138,13 +149,8 @@ TEST_CASE("gradients in flight train bit for bit like the whole gradient buffer"
     lean.grads_in_flight = true;
     const Result f = run(full, "gf" + std::to_string(n)), l = run(lean, "gl" + std::to_string(n));
     ++n;
-    CHECK(l.losses == f.losses);
-    CHECK(l.norms == f.norms);
-    CHECK(same_bits(l.master, f.master));
-    CHECK(l.m == f.m);
-    CHECK(l.v == f.v);
-    CHECK(l.final_loss == f.final_loss);
-    const size_t lean_bytes = layout.groups[0].f32_bytes + largest_other;
+    check_same_training(l, f);
+    const size_t lean_bytes = in_flight_grad_bytes(layout);
     CHECK(l.grad_floats * 4 == lean_bytes);
     CHECK(l.estimate_grads == lean_bytes);
     CHECK(f.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
@@ -158,8 +164,6 @@ TEST_CASE("gradients in flight train bit for bit like the whole gradient buffer"
 // the gradient buffer of the no-clipping path.
 TEST_CASE("a norm pass trains bit for bit like the serial clipped step, its gradients in flight", "[engine][norm-pass]") {
   const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
-  size_t largest_other = 0;
-  for (size_t g = 1; g < layout.groups.size(); ++g) largest_other = std::max(largest_other, layout.groups[g].f32_bytes);
   struct Case {
     const char* what;
     DerivedRun base;
@@ -180,13 +184,8 @@ TEST_CASE("a norm pass trains bit for bit like the serial clipped step, its grad
     two.grads_in_flight = true;
     const Result s = run(serial, "ns" + std::to_string(n)), t = run(two, "nt" + std::to_string(n));
     ++n;
-    CHECK(t.losses == s.losses);
-    CHECK(t.norms == s.norms);
-    CHECK(same_bits(t.master, s.master));
-    CHECK(t.m == s.m);
-    CHECK(t.v == s.v);
-    CHECK(t.final_loss == s.final_loss);
-    CHECK(t.grad_floats * 4 == layout.groups[0].f32_bytes + largest_other);
+    check_same_training(t, s);
+    CHECK(t.grad_floats * 4 == in_flight_grad_bytes(layout));
     CHECK(s.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
     // a second pass: twice the device's work, and its transfers
     CHECK(t.stats.link_bytes > s.stats.link_bytes * 3 / 2);
