@@ -131,7 +131,7 @@ void plan_device(PlanParts& x, const PlanBudgets& budgets) {
     it->second += Arena::footprint(b.bytes);
   }
   const size_t backend_ws = device_outside_table(x.in, shape);
-  if (x.in.device_is_cuda) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
+  if (backend_ws) device_rows.emplace_back("CUDA backend workspaces (cuBLAS, lm_head loss)", backend_ws);
   if (x.in.device_reserve_bytes)
     device_rows.emplace_back("GPU context reserve (CUDA context, driver and library buffers)", x.in.device_reserve_bytes);
   const size_t device_fixed = engine_device_bytes(x.table) + backend_ws + x.in.device_reserve_bytes;
@@ -472,10 +472,13 @@ size_t placement_max_resident_layers(const ModelSpec& spec, const PlanInputs& in
   const size_t fixed = engine_device_bytes(engine_buffer_table(shape, nullptr)) + device_outside_table(s, shape) +
                        s.device_reserve_bytes + kDeviceMargin;
   size_t room = budgets.device_bytes > fixed ? budgets.device_bytes - fixed : 0, n = 0;
-  // a resident layer's slot is its own; the streamed ones keep min(2, the rest) shared slots
+  // a resident layer's slot is its own (sized as the engine sizes it with every layer resident);
+  // the streamed ones keep min(2, the rest) shared slots
+  s.resident_layers = int64_t(shape.layers);
+  const EngineShape all = placement_engine_shape(spec, layout, s, group);
   const size_t max_w = shape.slot_bytes.empty() ? 0 : shape.slot_bytes.front();
   for (; n < shape.layers; ++n) {
-    size_t add = Arena::footprint(layout.packed ? max_w : layout.groups[1 + n].working_bytes);
+    size_t add = Arena::footprint(all.slot_bytes[n]);
     if (shape.layers - n <= 2) add -= std::min(add, Arena::footprint(max_w));  // one shared slot fewer
     if (add > room) break;
     room -= add;

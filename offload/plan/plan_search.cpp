@@ -49,10 +49,9 @@ PlanInputs plan_resolved_inputs(const PlanInputs& in, const RunPlan& p) {
 
 namespace {
 
-// `plan`'s step at `rates`.
-double step_at(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, const StepRates& rates) {
-  return step_estimate(spec, plan_resolved_inputs(in, plan), plan, plan.accumulation_steps, rates, in.zo_perturbations)
-      .seconds;
+// `plan`'s step at `rates`, its inputs resolved as it chose them.
+StepEstimate estimate_at(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, const StepRates& rates) {
+  return step_estimate(spec, plan_resolved_inputs(in, plan), plan, plan.accumulation_steps, rates, in.zo_perturbations);
 }
 
 // Bytes over the budgets, summed over the tiers (0: it fits).
@@ -99,8 +98,7 @@ struct Search {
 
   void consider(const PlanInputs& v, RunPlan plan) {
     Priced c{std::move(plan)};
-    const StepEstimate e =
-        step_estimate(spec, plan_resolved_inputs(v, c.plan), c.plan, v.accumulation_steps, rates, in.zo_perturbations);
+    const StepEstimate e = estimate_at(spec, v, c.plan, rates);
     c.seconds = e.seconds;
     c.moved = e.bytes.link() + e.bytes.nvme_read() + e.bytes.nvme_write();
     c.plan.step_seconds = e.seconds;
@@ -389,7 +387,7 @@ struct Changes {
     c.tier = most ? most->tier : Tier::host;
     c.saves_bytes = most ? size_t(most->bytes) : 0;
     c.fits = q.fits();
-    c.step_seconds = priced_at ? step_at(spec, vi, q, *priced_at) : q.step_seconds;
+    c.step_seconds = priced_at ? estimate_at(spec, vi, q, *priced_at).seconds : q.step_seconds;
     return c;
   }
 
@@ -606,7 +604,7 @@ std::vector<PlanChange> plan_changes(const ModelSpec& spec, const PlanInputs& in
 RunPlan placement_plan(const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets, const StepRates& rates,
                        const StepRates* priced_at) {
   RunPlan p = search(spec, in, budgets, rates);
-  if (priced_at) p.step_seconds = step_at(spec, in, p, *priced_at);
+  if (priced_at) p.step_seconds = estimate_at(spec, in, p, *priced_at).seconds;
   p.changes = plan_changes(spec, in, budgets, rates, p, priced_at);
   return p;
 }

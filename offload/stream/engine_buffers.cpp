@@ -2,6 +2,7 @@
 #include "offload/stream/engine_buffers.h"
 #include "offload/state/nf4_layout.h"
 #include "offload/stream/buffer_binding.h"
+#include "offload/stream/weight_stream.h"
 
 #include <algorithm>
 
@@ -76,6 +77,8 @@ EngineShape EngineShape::of(const ModelSpec& spec, const HostStoreLayout& layout
   s.rope_floats = model_rope_inv_freq(cfg).size();
   return s;
 }
+
+size_t EngineShape::layer_slot(size_t i) const { return weight_slot_of(i, resident_layers, slot_bytes.size()); }
 
 std::vector<EngineBuffer> engine_buffer_table(const EngineShape& s, EngineBuffers* into) {
   using B = EngineBuffers;

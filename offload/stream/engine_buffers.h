@@ -94,10 +94,8 @@ struct EngineShape {
   size_t group = 1;                  // g: micro-batches per pass (EngineOptions::group)
 
   static EngineShape of(const ModelSpec& spec, const HostStoreLayout& layout, const EngineOptions& options);
-  // The slot layer i's weights are uploaded into (WeightStream::slot_of).
-  size_t layer_slot(size_t i) const {
-    return i < resident_layers ? i : resident_layers + (i - resident_layers) % (slot_bytes.size() - resident_layers);
-  }
+  // The slot layer i's weights are uploaded into (weight_slot_of, as the engine's WeightStream).
+  size_t layer_slot(size_t i) const;
   size_t activation_bytes() const { return bytes_of<float>(tokens * C); }  // one (N, C) f32
 };
 

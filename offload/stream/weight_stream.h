@@ -24,6 +24,7 @@
 
 #include "models/layer_kind.h"
 #include "offload/state/host_store.h"
+#include "src/core/error.h"
 
 namespace strata {
 
@@ -35,6 +36,14 @@ struct HostBlock {
   size_t bytes = 0;
   std::function<void(char*)> fill;
 };
+
+// The slot of `block` when blocks [0, resident) have slots [0, resident) to themselves and the
+// others take turns in the `slots - resident` slots after them (offload.resident_layers).
+inline size_t weight_slot_of(size_t block, size_t resident, size_t slots) {
+  if (block < resident) return block;
+  STRATA_ASSERT(slots > resident, "block ", block, " streams, but every one of the ", slots, " slots is resident");
+  return resident + (block - resident) % (slots - resident);
+}
 
 class WeightStream {
  public:
@@ -49,9 +58,7 @@ class WeightStream {
   WeightStream& operator=(const WeightStream&) = delete;
 
   size_t slot_count() const { return slots_.size(); }
-  size_t slot_of(size_t block) const {
-    return block < resident_ ? block : resident_ + (block - resident_) % (slots_.size() - resident_);
-  }
+  size_t slot_of(size_t block) const { return weight_slot_of(block, resident_, slots_.size()); }
 
   // Block number `block` (its host copy: `from`) in its slot, the compute stream waiting for it;
   // copied on the h2d stream only when the slot holds something else, after before_upload().

@@ -394,21 +394,6 @@ TEST_CASE("strata estimate --rates-from a run prices that run's step from the ru
   }
 }
 
-// The trainer plans at its measured GEMM peak and its link (plan_run_rates); --measure probes more
-// rates. On the CPU backend the plan it shows is still the run's, priced at what it measured: the
-// same choices and device bytes as the estimate without --measure (which plans as the run does).
-TEST_CASE("strata estimate --measure shows the plan the run takes, priced at what it measured", "[estimate]") {
-  testing::TempDir dir("estimate_measure_plan");
-  write_small_run(dir.path);
-  const std::string args = (dir.path / "recipe.toml").string() + " model.config=" + (dir.path / "qwen3.json").string() +
-                           " model.dtype=bf16 train.gradient_accumulation_steps=3 device.link_bandwidth=1GB/s";
-  const nlohmann::json plain = estimate_json(args, 0), measured = estimate_json(args + " --measure", 0);
-  for (const char* key : {"weights", "resident_layers", "accumulation", "norm_pass", "micro_batch_size"})
-    CHECK(measured[key] == plain[key]);
-  CHECK(measured["tiers"]["device"] == plain["tiers"]["device"]);
-  CHECK(measured["step"]["rates"]["attention"]["source"].get<std::string>().find("measured") != std::string::npos);
-}
-
 TEST_CASE("strata estimate --measure measures CPU AdamW and NVMe through the io_uring engine, leaving nothing", "[estimate]") {
   testing::TempDir dir("estimate_measure");
   const testing::ProcessResult r =

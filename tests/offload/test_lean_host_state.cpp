@@ -91,6 +91,26 @@ size_t in_flight_grad_bytes(const HostStoreLayout& layout) {
   return layout.groups[0].f32_bytes + largest_other;
 }
 
+// A named configuration, and each case's pair of runs: `pair(a, b)` makes the two from its
+// configuration, they must train to the same bits, and `more(ra, rb)` checks the pair further.
+struct Case {
+  const char* what;
+  DerivedRun base;
+};
+template <class Pair, class More>
+void each_pair(std::initializer_list<Case> cases, const std::string& tag, Pair&& pair, More&& more) {
+  int n = 0;
+  for (const Case& k : cases) {
+    INFO(k.what);
+    DerivedRun a = k.base, b = k.base;
+    pair(a, b);
+    const Result ra = run(a, str_cat(tag, "a", n)), rb = run(b, str_cat(tag, "b", n));
+    ++n;
+    check_same_training(rb, ra);
+    more(ra, rb);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("derived working weights train bit for bit like a stored working copy", "[engine][derived]") {
@@ -129,33 +149,24 @@ TEST_CASE("derived working weights train bit for bit like a stored working copy"
 
 TEST_CASE("gradients in flight train bit for bit like the whole gradient buffer", "[engine][lean-grads]") {
   const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
-  struct Case {
-    const char* what;
-    DerivedRun base;
-  };
   // no clipping, one pass a step: micro-batch steps of one micro-batch are not what run() does
   // (two a step), so the micro-batch case here is layer-major's sibling with the same pass count
-  const Case cases[] = {
-      {"layer-major", {false, 0.0, true}},
-      {"layer-major, resident weights", {false, 0.0, true, 0, "device"}},
-      {"layer-major, NVMe state from layer 2 on", {false, 0.0, true, 3}},
-      {"layer-major, derived working weights too", {true, 0.0, true}},
-  };
-  int n = 0;
-  for (const Case& k : cases) {
-    INFO(k.what);
-    DerivedRun full = k.base, lean = k.base;
-    full.derived = false;
-    lean.grads_in_flight = true;
-    const Result f = run(full, "gf" + std::to_string(n)), l = run(lean, "gl" + std::to_string(n));
-    ++n;
-    check_same_training(l, f);
-    const size_t lean_bytes = in_flight_grad_bytes(layout);
-    CHECK(l.grad_floats * 4 == lean_bytes);
-    CHECK(l.estimate_grads == lean_bytes);
-    CHECK(f.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
-    CHECK(lean_bytes < layout.f32.tier_bytes(Tier::host) / 2);
-  }
+  each_pair({{"layer-major", {false, 0.0, true}},
+             {"layer-major, resident weights", {false, 0.0, true, 0, "device"}},
+             {"layer-major, NVMe state from layer 2 on", {false, 0.0, true, 3}},
+             {"layer-major, derived working weights too", {true, 0.0, true}}},
+            "g",
+            [](DerivedRun& full, DerivedRun& lean) {
+              full.derived = false;
+              lean.grads_in_flight = true;
+            },
+            [&](const Result& f, const Result& l) {
+              const size_t lean_bytes = in_flight_grad_bytes(layout);
+              CHECK(l.grad_floats * 4 == lean_bytes);
+              CHECK(l.estimate_grads == lean_bytes);
+              CHECK(f.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
+              CHECK(lean_bytes < layout.f32.tier_bytes(Tier::host) / 2);
+            });
 }
 
 // offload.norm_pass: the step's one pass run first for the norm alone (each gradient squared and
@@ -164,32 +175,23 @@ TEST_CASE("gradients in flight train bit for bit like the whole gradient buffer"
 // the gradient buffer of the no-clipping path.
 TEST_CASE("a norm pass trains bit for bit like the serial clipped step, its gradients in flight", "[engine][norm-pass]") {
   const HostStoreLayout layout = HostStore::layout(model_spec_build(config(), DType::bf16));
-  struct Case {
-    const char* what;
-    DerivedRun base;
-  };
-  const Case cases[] = {
-      {"layer-major, clipping every step", {false, 1e-3, true}},
-      {"layer-major, a norm that never clips", {false, 1e3, true}},
-      {"layer-major, resident weights", {false, 1e-3, true, 0, "device"}},
-      {"layer-major, the first 2 layers resident", {false, 1e-3, true, 0, "stream", 0, 0, false, false, 2}},
-      {"layer-major, NVMe state from layer 2 on", {false, 1e-3, true, 3}},
-      {"layer-major, derived working weights", {true, 1e-3, true}},
-  };
-  int n = 0;
-  for (const Case& k : cases) {
-    INFO(k.what);
-    DerivedRun serial = k.base, two = k.base;
-    two.norm_pass = true;
-    two.grads_in_flight = true;
-    const Result s = run(serial, "ns" + std::to_string(n)), t = run(two, "nt" + std::to_string(n));
-    ++n;
-    check_same_training(t, s);
-    CHECK(t.grad_floats * 4 == in_flight_grad_bytes(layout));
-    CHECK(s.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
-    // a second pass: twice the device's work, and its transfers
-    CHECK(t.stats.link_bytes > s.stats.link_bytes * 3 / 2);
-  }
+  each_pair({{"layer-major, clipping every step", {false, 1e-3, true}},
+             {"layer-major, a norm that never clips", {false, 1e3, true}},
+             {"layer-major, resident weights", {false, 1e-3, true, 0, "device"}},
+             {"layer-major, the first 2 layers resident", {false, 1e-3, true, 0, "stream", 0, 0, false, false, 2}},
+             {"layer-major, NVMe state from layer 2 on", {false, 1e-3, true, 3}},
+             {"layer-major, derived working weights", {true, 1e-3, true}}},
+            "n",
+            [](DerivedRun&, DerivedRun& two) {
+              two.norm_pass = true;
+              two.grads_in_flight = true;
+            },
+            [&](const Result& s, const Result& t) {
+              CHECK(t.grad_floats * 4 == in_flight_grad_bytes(layout));
+              CHECK(s.grad_floats * 4 == layout.f32.tier_bytes(Tier::host));
+              // a second pass: twice the device's work, and its transfers
+              CHECK(t.stats.link_bytes > s.stats.link_bytes * 3 / 2);
+            });
   // the clip mattered: a clipping norm moved the weights less than one that never clips
   const Result clipped = run({false, 1e-3, true, 0, "stream", 0, 0, true, true}, "nc");
   const Result free = run({false, 1e3, true, 0, "stream", 0, 0, true, true}, "nf");

@@ -423,3 +423,39 @@ TEST_CASE("plan: a norm pass where holding every gradient does not fit, priced a
 }
 
 }  // namespace strata
+
+namespace strata {
+
+// `strata estimate --measure` on the CPU backend (src/cli/cmd_estimate.cpp): the plan is searched at
+// the run's rates (plan_run_rates, as the trainer plans) and reported at the probed ones. With
+// priced_at the choices are exactly those of the search at the run's rates, the step and every
+// change's step are the step model's at the probed rates, and only the opt-ins faster there are listed.
+TEST_CASE("plan: priced_at keeps the plan the run's rates choose and prices it at other rates", "[plan][search]") {
+  const ModelSpec spec = search_spec();
+  PlanInputs in = auto_inputs();
+  in.device_is_cuda = false;
+  in.device_in_host_ram = true;
+  PlanBudgets b;
+  b.device_bytes = size_t(2) << 30;
+  const StepRates run = plan_run_rates(in, 1e12, 1e9);
+  CHECK(run.device_flops_per_s == 1e12);
+  CHECK(run.link_bytes_per_s == 1e9);
+  StepRates probed = run;
+  probed.device_flops_per_s = 5e10;
+  probed.attention_flops_per_s = 2e10;
+  probed.elementwise_bytes_per_s = 5e9;
+  const RunPlan at_run = placement_plan(spec, in, b, run);
+  const RunPlan shown = placement_plan(spec, in, b, run, &probed);
+  CHECK(shown.weights == at_run.weights);
+  CHECK(shown.resident_layers == at_run.resident_layers);
+  CHECK(shown.group == at_run.group);
+  CHECK(shown.norm_pass == at_run.norm_pass);
+  CHECK(shown.tier(Tier::device) == at_run.tier(Tier::device));
+  CHECK(shown.host_total() == at_run.host_total());
+  CHECK(shown.step_seconds == Approx(step_of(spec, in, at_run, probed)).epsilon(1e-12));
+  CHECK(shown.step_seconds > at_run.step_seconds);
+  // the opt-ins listed are those faster at the probed rates
+  for (const PlanChange& c : shown.changes) CHECK(c.step_seconds < 0.99 * shown.step_seconds);
+}
+
+}  // namespace strata

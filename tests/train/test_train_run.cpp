@@ -124,6 +124,12 @@ TEST_CASE("streamed and resident runs give bit-identical losses and final weight
   CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_residentdevice"), {"offload.weights=device",
                                                                           "offload.resident_layers=2"}),
                     Catch::Contains("offload.resident_layers applies to streamed weights"));
+  CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_residentneg"), {"offload.resident_layers=-2"}),
+                    Catch::Contains("offload.resident_layers must be >= 0 (layers), or -1 for the planner's choice"));
+  CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_residentzo"), {"optim.type=zo-sgd", "offload.resident_layers=2"}),
+                    Catch::Contains("optim.type = \"zo-sgd\" always streams its weights"));
+  CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_badnormpass"), {"offload.norm_pass=twice"}),
+                    Catch::Contains("offload.norm_pass must be \"auto\", \"on\" or \"off\" (not \"twice\")"));
   // an unknown mode is refused when the recipe is read, naming the three
   CHECK_THROWS_WITH(small_recipe(tmp_out("strata_train_badweights"), {"offload.weights=resident"}),
                     Catch::Contains("offload.weights must be \"auto\", \"stream\" or \"device\""));
