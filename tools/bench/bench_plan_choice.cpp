@@ -3,9 +3,13 @@
 // an NVMe path, gradient accumulation), `strata train` runs with every "auto" left to the planner
 // and with each combination of explicit offload.* overrides that fits, interleaved round by round
 // so that the machine's drift hits them alike; the median step after the first of each is
-// compared: auto against the fastest forced one. Beside it, what `strata estimate --measure`
-// predicted for auto's plan, and the plan's host total against the run's peak RSS. Wall time on a
-// shared machine is noise, so this is a benchmark, never a test.
+// compared: auto against the fastest forced one whose plan differs from auto's. A forced
+// combination whose runs took auto's own plan (the same states in the run's plan.json) is set
+// apart: it and auto's second run of each round (auto runs first and last in a round) show the
+// noise floor, what two runs of one plan differ by. Beside it, what
+// `strata estimate --measure` predicted for auto's plan (run once a round: its probes are
+// measurements too), and the plan's host total against the run's peak RSS. Wall time on a shared
+// machine is noise, so this is a benchmark, never a test.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -88,33 +92,60 @@ std::string quoted(const std::vector<std::string>& overrides) {
 }
 
 struct Arm {
+  Arm(std::string n, std::vector<std::string> o) : name(std::move(n)), overrides(std::move(o)) {}
   std::string name;
   std::vector<std::string> overrides;
-  std::vector<double> steps;  // step_s after the first, every round
+  std::vector<double> steps;        // step_s after the first, every run
+  std::vector<double> run_medians;  // each run's median step
+  std::vector<std::string> plans;   // each run's plan (plan_identity)
   double peak_rss = 0;
 };
 
-// Each arm's training run, `rounds` times round-robin: its steps after the first (saves
-// excluded) and its peak resident set.
-void run_arms(const std::string& strata, const std::string& recipe, const fs::path& out, int rounds,
-              const std::string& scenario, std::vector<Arm>& arms) {
+// What identifies a plan: every state's kind, tier and bytes as the run's plan.json (or
+// `strata estimate --json`) lists them, but the process baseline, which is measured, and the
+// tokenized rows, which the estimate does not read.
+std::string plan_identity(const nlohmann::json& j) {
+  nlohmann::json id = nlohmann::json::array();
+  for (const nlohmann::json& st : j.value("states", nlohmann::json::array())) {
+    const std::string kind = st.value("kind", std::string());
+    if (kind.rfind("process baseline", 0) != 0 && kind.rfind("tokenized data rows", 0) != 0) id.push_back(st);
+  }
+  return id.dump();
+}
+
+// The most frequent of `v` (the first of equals).
+std::string most_frequent(const std::vector<std::string>& v) {
+  std::map<std::string, int> n;
+  for (const std::string& x : v) ++n[x];
+  std::string best;
+  for (const std::string& x : v)
+    if (best.empty() || n[x] > n[best]) best = x;
+  return best;
+}
+
+// One training run of `a`: its steps after the first (saves excluded), its plan and its peak
+// resident set.
+void run_arm(const std::string& strata, const std::string& recipe, const fs::path& out, const std::string& scenario,
+             Arm& a) {
   std::error_code ec;
   int status = 0;
-  for (int r = 0; r < rounds; ++r)
-    for (Arm& a : arms) {
-      fs::remove_all(out, ec);
-      bench_run_capture(strata + " train" + recipe + quoted(a.overrides) + " 'checkpoint.output_dir=" + out.string() +
-                            "' >/dev/null 2>&1", &status);
-      STRATA_CHECK(status == 0, "strata train failed: ", a.name, " in ", scenario);
-      std::ifstream m(out / "metrics.jsonl");
-      for (std::string line; std::getline(m, line);) {
-        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded()) continue;
-        if (j.contains("host_rss_peak_bytes")) a.peak_rss = std::max(a.peak_rss, j["host_rss_peak_bytes"].get<double>());
-        if (!j.contains("step_s") || j["step"].get<int64_t>() < 2) continue;
-        a.steps.push_back(j["step_s"].get<double>() - j.value("save_s", 0.0));
-      }
-    }
+  fs::remove_all(out, ec);
+  bench_run_capture(strata + " train" + recipe + quoted(a.overrides) + " 'checkpoint.output_dir=" + out.string() +
+                        "' >/dev/null 2>&1", &status);
+  STRATA_CHECK(status == 0, "strata train failed: ", a.name, " in ", scenario);
+  std::ifstream m(out / "metrics.jsonl");
+  std::vector<double> run;
+  for (std::string line; std::getline(m, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    if (j.contains("host_rss_peak_bytes")) a.peak_rss = std::max(a.peak_rss, j["host_rss_peak_bytes"].get<double>());
+    if (!j.contains("step_s") || j["step"].get<int64_t>() < 2) continue;
+    run.push_back(j["step_s"].get<double>() - j.value("save_s", 0.0));
+  }
+  a.steps.insert(a.steps.end(), run.begin(), run.end());
+  a.run_medians.push_back(bench_median(run));
+  std::ifstream plan(out / "plan.json");
+  a.plans.push_back(plan_identity(nlohmann::json::parse(plan, nullptr, false)));
 }
 
 }  // namespace
@@ -145,47 +176,91 @@ int bench_plan_choice(const std::vector<std::string>& args) {
          "memory = \"2GiB\"\n[checkpoint]\nsave_steps = 100000\n";
   const std::string recipe = " '" + (root / "recipe.toml").string() + "'";
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-52s %9s %9s %9s %9s %9s %9s  %s\n", "scenario", "auto s", "best s", "auto/best", "est. s", "est/auto",
-              "host/rss", "best forced");
+  std::printf("%-52s %9s %9s %9s %9s %9s %9s %9s %9s  %s\n", "scenario", "auto s", "best s", "auto/best", "same/auto",
+              "noise", "est. s", "est/auto", "host/rss", "best forced (a plan other than auto's)");
   for (const Scenario& sc : scenarios(nvme)) {
     if (!only.empty() && sc.name.find(only) == std::string::npos) continue;
     std::vector<std::string> base = sc.overrides;
-    auto estimate = [&](const std::vector<std::string>& o, int* status) {
-      const std::string text = bench_run_capture(strata.string() + " estimate" + recipe + quoted(o) + " --json --measure", status);
+    auto estimate = [&](const std::vector<std::string>& o, int* status, bool measure) {
+      const std::string text = bench_run_capture(
+          strata.string() + " estimate" + recipe + quoted(o) + " --json" + (measure ? " --measure" : "") + " 2>/dev/null", status);
       return nlohmann::json::parse(text, nullptr, false);
     };
     int status = 0;
     if (sc.host_share > 0) {  // the budget: a share of what auto needs with no budget
-      const nlohmann::json j = estimate(base, &status);
+      const nlohmann::json j = estimate(base, &status, false);
       const double host = j["tiers"]["host"].get<double>() + j["tiers"]["host_pinned"].get<double>();
       base.push_back("offload.host_memory=" + std::to_string((size_t(host * sc.host_share) >> 20) + 8) + "MiB");
     }
-    std::vector<Arm> arms = {{"auto", base}};
+    const nlohmann::json planned = estimate(base, &status, false);
+    std::vector<Arm> arms = {Arm("auto", base)};
     for (const std::vector<std::string>& f : sc.forced) {
       std::vector<std::string> o = base;
       o.insert(o.end(), f.begin(), f.end());
-      estimate(o, &status);
+      estimate(o, &status, false);
       if (status != 0) continue;  // does not fit, or does not apply
       std::string name;
       for (const std::string& k : f) name += (name.empty() ? "" : ", ") + k.substr(k.find('.') + 1);
-      arms.push_back({name, o});
+      arms.emplace_back(name, o);
     }
-    const nlohmann::json predicted = estimate(base, &status);
-    run_arms(strata.string(), recipe, root / "run", rounds, sc.name, arms);
-    const double automatic = bench_median(arms[0].steps);
+    // round by round: auto's prediction, auto, every forced arm, auto again
+    std::vector<double> predicted;
+    std::vector<std::string> predicted_plans;
+    Arm again("auto, last in the round", base);
+    for (int r = 0; r < rounds; ++r) {
+      const nlohmann::json p = estimate(base, &status, true);
+      STRATA_CHECK(status == 0, "strata estimate --measure failed in ", sc.name);
+      predicted.push_back(p["step"]["seconds"].get<double>());
+      predicted_plans.push_back(plan_identity(p));
+      for (Arm& a : arms) run_arm(strata.string(), recipe, root / "run", sc.name, a);
+      run_arm(strata.string(), recipe, root / "run", sc.name, again);
+    }
+    Arm& automatic = arms[0];
+    const double auto_first = bench_median(automatic.steps), auto_last = bench_median(again.steps);
+    automatic.steps.insert(automatic.steps.end(), again.steps.begin(), again.steps.end());
+    automatic.plans.insert(automatic.plans.end(), again.plans.begin(), again.plans.end());
+    const std::string auto_plan = most_frequent(automatic.plans);
+    const double auto_s = bench_median(automatic.steps);
+    // the forced arms whose runs took auto's plan, and the fastest of the others
     const Arm* best = nullptr;
-    for (size_t i = 1; i < arms.size(); ++i)
-      if (!best || bench_median(arms[i].steps) < bench_median(best->steps)) best = &arms[i];
-    const double best_s = best ? bench_median(best->steps) : NAN, est = predicted["step"]["seconds"].get<double>();
-    const double host = predicted["tiers"]["host"].get<double>() + predicted["tiers"]["host_pinned"].get<double>();
-    std::printf("%-52s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f  %s\n", sc.name.c_str(), automatic, best_s, automatic / best_s,
-                est, est / automatic, arms[0].peak_rss > 0 ? host / arms[0].peak_rss : NAN,
-                best ? best->name.c_str() : "(none fits)");
+    std::vector<const Arm*> same;
+    for (size_t i = 1; i < arms.size(); ++i) {
+      if (most_frequent(arms[i].plans) == auto_plan) same.push_back(&arms[i]);
+      else if (!best || bench_median(arms[i].steps) < bench_median(best->steps)) best = &arms[i];
+    }
+    auto plan_name = [&](const std::string& id) {
+      for (size_t i = 1; i < arms.size(); ++i)
+        if (most_frequent(arms[i].plans) == id) return arms[i].name;
+      return std::string("a plan no forced arm ran");
+    };
+    std::map<std::string, int> auto_ran;
+    for (const std::string& id : automatic.plans) ++auto_ran[plan_name(id)];
+    std::string ran;
+    for (const auto& [name, n] : auto_ran) ran += (ran.empty() ? "" : "; ") + name + " x" + std::to_string(n);
+    int estimate_matches = 0;
+    for (const std::string& id : predicted_plans) estimate_matches += id == auto_plan;
+    const double best_s = best ? bench_median(best->steps) : NAN;
+    const double same_s = same.empty() ? NAN : bench_median(same.front()->steps);
+    const double est = bench_median(predicted);
+    const auto [est_lo, est_hi] = std::minmax_element(predicted.begin(), predicted.end());
+    const double host = planned["tiers"]["host"].get<double>() + planned["tiers"]["host_pinned"].get<double>();
+    const double noise = std::max(auto_first, auto_last) / std::min(auto_first, auto_last);
+    std::printf("%-52s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f  %s\n", sc.name.c_str(), auto_s, best_s,
+                auto_s / best_s, same_s / auto_s, noise, est, est / auto_s,
+                automatic.peak_rss > 0 ? host / automatic.peak_rss : NAN, best ? best->name.c_str() : "(none fits)");
+    std::printf("    auto ran: %s (%zu runs); the estimate's plan was auto's in %d of %d rounds; its step %.3f-%.3f s\n",
+                ran.c_str(), automatic.plans.size(), estimate_matches, rounds, *est_lo, *est_hi);
     nlohmann::json forced = nlohmann::json::array();
-    for (size_t i = 1; i < arms.size(); ++i) forced.push_back({{"arm", arms[i].name}, {"median_s", bench_median(arms[i].steps)}});
-    rows.push_back({{"scenario", sc.name}, {"auto_s", automatic}, {"best_forced_s", best_s}, {"auto_over_best", automatic / best_s},
-                    {"estimated_s", est}, {"estimated_over_auto", est / automatic}, {"forced", forced},
-                    {"plan_host_bytes", host}, {"peak_rss_bytes", arms[0].peak_rss}});
+    for (size_t i = 1; i < arms.size(); ++i)
+      forced.push_back({{"arm", arms[i].name}, {"median_s", bench_median(arms[i].steps)},
+                        {"auto_plan", most_frequent(arms[i].plans) == auto_plan}, {"run_medians_s", arms[i].run_medians}});
+    rows.push_back({{"scenario", sc.name}, {"auto_ran", ran}, {"auto_s", auto_s}, {"auto_first_in_round_s", auto_first},
+                    {"auto_last_in_round_s", auto_last}, {"auto_run_medians_s", automatic.run_medians},
+                    {"best_forced_s", best_s}, {"auto_over_best", auto_s / best_s},
+                    {"same_plan_forced_over_auto", same_s / auto_s}, {"noise_floor", noise}, {"estimated_s", est},
+                    {"estimated_runs_s", predicted}, {"estimated_plan_was_autos", estimate_matches},
+                    {"estimated_over_auto", est / auto_s}, {"forced", forced}, {"plan_host_bytes", host},
+                    {"peak_rss_bytes", automatic.peak_rss}});
     std::fflush(stdout);
   }
   fs::remove_all(nvme, ec);
