@@ -1027,6 +1027,10 @@ void TrainRun::record(const StepResult& r) {
 
 // The step model against this run (src/train/step_calibration.h), on rank 0 at the run's third step
 // (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
+// Past this ratio either way, the calibration line on the CPU backend says how to price the plan
+// at the run's own rates.
+constexpr double kStepModelBand = 1.25;
+
 void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   if (!metrics_ || (r.step != first_step_ + 2 && r.step != first_step_ + 9)) return;
   const StepRates rates = step_calibration_rates(peak_, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);
@@ -1046,7 +1050,12 @@ void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   m.nvme_s = r.e1.nvme_busy_s - r.e0.nvme_busy_s;
   m.optimizer_s = r.e1.optimizer_s - r.e0.optimizer_s;
   rec["step_model"] = step_calibration(e, rates, m);
-  progress_.message("strata train: " + step_calibration_line(rec["step_model"]));
+  std::string line = "strata train: " + step_calibration_line(rec["step_model"]);
+  const double ratio = rec["step_model"]["ratio"].get<double>();
+  if (plan_in_.device_in_host_ram && (ratio > kStepModelBand || ratio < 1 / kStepModelBand))
+    line += str_cat("; the run prices its plan at the square-GEMM peak for every op and stated defaults: `strata "
+                    "estimate RECIPE --rates-from ", rc_.output_dir, "` prices it at this run's own rates");
+  progress_.message(line);
 }
 
 // GRPO: the step's sampling and reference pass against offload/plan/grpo_estimate.h's model, at this

@@ -308,6 +308,13 @@ TEST_CASE("a training run logs the step model against its measured phases at its
   REQUIRE(r.code == 0);
   CHECK(r.out.find("strata train: step model at step 3: measured ") != std::string::npos);
   const std::map<int64_t, nlohmann::json> steps = run_steps(run);
+  {  // a ratio outside 1/1.25 .. 1.25 names --rates-from with this run's directory; one inside does not
+    const size_t at = r.out.find("strata train: step model at step 3: "), end = r.out.find('\n', at);
+    REQUIRE(steps.count(3));
+    const double ratio = steps.at(3)["step_model"]["ratio"].get<double>();
+    const bool hint = r.out.substr(at, end - at).find("--rates-from " + run.string() + "`") != std::string::npos;
+    CHECK(hint == (ratio > 1.25 || ratio < 1 / 1.25));
+  }
   REQUIRE(steps.size() == 12);
   for (const auto& [step, j] : steps) CHECK(j.contains("step_model") == (step == 3 || step == 10));
   const nlohmann::json& s3 = steps.at(3), &c = s3["step_model"];
