@@ -118,6 +118,14 @@ std::vector<KindWork> kinds_work(const ModelSpec& spec, int64_t B, int64_t T, si
 
 }  // namespace
 
+double pass_gradient_bytes(const ModelSpec& spec, int64_t group, bool lora) {
+  if (lora) return 0;  // the adapters' gradients: a few MiB
+  const double g = double(std::max<int64_t>(1, group));
+  const double untied_embedding =
+      spec.lm_head == kAbsent ? 0 : double(spec.config.vocab_size) * double(spec.config.hidden_size);
+  return (4 * g + 12 * (g - 1)) * (double(spec.parameter_count()) - untied_embedding);
+}
+
 DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers) {
   DeviceWork all;
   for (const KindWork& k : kinds_work(spec, B, T, kept_layers)) all += k.layer * k.layers;
@@ -455,7 +463,9 @@ PassWork first_order_work(const ModelSpec& spec, const PlanInputs& in, const Run
   }
   forward.head_flops = head_forward;
   layers += head;
-  return {layers * g, forward * g};
+  DeviceWork pass = layers * g;
+  pass.elementwise_bytes += pass_gradient_bytes(spec, plan.group, lora.enabled());
+  return {pass, forward * g};
 }
 
 // The share of the NVMe state's writes the update waits for. The file engine serves requests in

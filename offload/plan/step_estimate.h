@@ -109,6 +109,11 @@ DeviceWork layer_forward_work(const DeviceWork& layer);
 // Every layer's work, less the recompute of the `kept_layers` whose activations stay on the device
 // (offload.recompute, RunPlan::kept_activation_layers).
 DeviceWork layers_work(const ModelSpec& spec, int64_t B, int64_t T, size_t kept_layers);
+// The device's gradient bookkeeping in one pass of `group` micro-batches, in memory-bound bytes:
+// every group's gradient but an untied embedding's (the host adds its rows) zeroed for each
+// micro-batch (4 bytes a parameter) and, in a layer-major pass, each micro-batch's after the
+// first added into the pass's total (12: two read, one written; Engine::grad_share). 0 for LoRA.
+double pass_gradient_bytes(const ModelSpec& spec, int64_t group, bool lora);
 // Every layer's forward alone (one forward pass of the stack).
 DeviceWork layers_forward_work(const ModelSpec& spec, int64_t B, int64_t T);
 // The lm_head over `rows` vocab rows at N tokens.

@@ -84,6 +84,9 @@ std::vector<RunStepRates> rates_from_run(const std::string& path, const ModelSpe
   const int64_t N = in.micro_batch * in.sequence_len;
   RunStepWork work;
   work.device = layers_work(spec, in.micro_batch, in.sequence_len, plan.kept_activation_layers) * double(grad_accum);
+  const bool lora = plan.lora.enabled() || in.lora.enabled();  // as step_estimate's passes count them
+  work.device.elementwise_bytes += double(grad_accum) / double(std::max<int64_t>(1, plan.group)) *
+                                   pass_gradient_bytes(spec, plan.group, lora);
   work.head = head_work(spec, N, spec.config.vocab_size, int64_t(plan.kept_logit_rows)).head_flops * double(grad_accum);
   work.params = double(spec.parameter_count());  // as step_estimate prices AdamW
   work.optimizer_on_nvme = plan.optimizer_on_nvme;

@@ -492,7 +492,12 @@ TEST_CASE("the step roofline adds up the schedule: the engine's transfers, slot 
   CHECK(o.compute_parts.at("attention") == Approx(3 * attn_executed / 1e11).epsilon(1e-12));
   CHECK(o.compute_parts.at("head") == Approx(3 * 1024 * 8 * 32768.0 * 1024 / 5e11).epsilon(1e-12));
   CHECK(o.compute_parts.at("matmul") == Approx(3 * 1024 * 8 * 4 * layer_mm / 1e12).epsilon(1e-12));
-  CHECK(o.compute_parts.at("elementwise") == Approx(3 * 4 * 4 * (4 * f32_elems + 6 * cast_elems) / 1e10).epsilon(1e-12));
+  // and each micro-batch zeroes the gradient it computes into: the layers', the final norm's and
+  // the lm_head's (the untied embedding's rows are the host's), 4 bytes a parameter
+  REQUIRE(plan.group == 1);
+  const double device_grads = 4 * layer_g / 4 + 1024 + 32768.0 * 1024;
+  CHECK(o.compute_parts.at("elementwise") ==
+        Approx((3 * 4 * 4 * (4 * f32_elems + 6 * cast_elems) + 3 * 4 * device_grads) / 1e10).epsilon(1e-12));
   // offload.recompute: layers whose activations are kept are not run forward again (here 4 of 4,
   // then 1 of 4 under a device budget that holds one layer's activations beyond the rest)
   PlanInputs kept = in;

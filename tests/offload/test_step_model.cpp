@@ -90,6 +90,35 @@ TEST_CASE("step model: a layer-major pass hides the update behind its whole forw
   CHECK(four.seconds == Approx(four.components.at("compute")).epsilon(1e-6));
 }
 
+TEST_CASE("step model: the device's gradient zeroing and a layer-major pass's adds are memory-bound work", "[estimate][step-model]") {
+  // Engine::grad_share: every micro-batch zeroes the gradient it computes into (4 bytes a
+  // parameter); in a layer-major pass each after the first is added into the pass's total (12)
+  const ModelSpec spec = tiny_spec();
+  PlanInputs in = tiny_inputs();
+  in.accumulation_steps = 4;
+  StepRates rates = compute_rates();
+  rates.elementwise_bytes_per_s = 1e10;
+  // the layers' (4 x 1024^2 attention + 3 x 1024 x 4096 MLP + 2 norms), the final norm's and the
+  // untied lm_head's; the embedding's rows are added on the host
+  const double device_grads = 4 * (4.0 * 1024 * 1024 + 3.0 * 1024 * 4096 + 2 * 1024) + 1024 + 32768.0 * 1024;
+  const RunPlan one_plan = placement_plan(spec, in, PlanBudgets{});
+  REQUIRE(one_plan.group == 1);
+  const StepEstimate one = step_estimate(spec, in, one_plan, 4, rates);
+  in.accumulation = AccumulationMode::layer_major;
+  const RunPlan major = placement_plan(spec, in, PlanBudgets{});
+  REQUIRE(major.group == 4);
+  const StepEstimate four = step_estimate(spec, in, major, 4, rates);
+  // the same layers' and head's work per micro-batch, and the same zeroing: the adds are the difference
+  CHECK(four.compute_parts.at("elementwise") - one.compute_parts.at("elementwise") ==
+        Approx(3 * 12 * device_grads / 1e10).epsilon(1e-9));
+  CHECK(pass_gradient_bytes(spec, 1, false) == 4 * device_grads);
+  CHECK(pass_gradient_bytes(spec, 4, false) == (16 + 36) * device_grads);
+  CHECK(pass_gradient_bytes(spec, 4, true) == 0);  // LoRA: the adapters' own, a few MiB
+  // a tied lm_head is the embedding: its gradient is the device's (the head's chunks)
+  const ModelSpec tied = model_spec_build(testing::tiny_llama_config({1024, 4096, 4, 32768, 4096, true, 8, 8}), DType::bf16);
+  CHECK(pass_gradient_bytes(tied, 1, false) == 4 * double(tied.parameter_count()));
+}
+
 TEST_CASE("step model: LoRA prices the adapters' update, no base gradients, no base dW GEMMs", "[estimate][step-model][lora]") {
   // 405B (Llama-3.1 shape), r = 16 on all seven projections
   const ModelSpec big = model_spec_build(hf_config_load(testing::source_path("recipes/configs/llama-3.1-405b/config.json")), DType::bf16);
