@@ -121,8 +121,7 @@ std::vector<KindWork> kinds_work(const ModelSpec& spec, int64_t B, int64_t T, si
 double pass_gradient_bytes(const ModelSpec& spec, int64_t group, bool lora) {
   if (lora) return 0;  // the adapters' gradients: a few MiB
   const double g = double(std::max<int64_t>(1, group));
-  const double untied_embedding =
-      spec.lm_head == kAbsent ? 0 : double(spec.config.vocab_size) * double(spec.config.hidden_size);
+  const double untied_embedding = spec.lm_head == kAbsent ? 0 : double(spec.params[size_t(spec.embed)].numel());
   return (4 * g + 12 * (g - 1)) * (double(spec.parameter_count()) - untied_embedding);
 }
 

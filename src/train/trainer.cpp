@@ -1025,12 +1025,12 @@ void TrainRun::record(const StepResult& r) {
   if (metrics_) metrics_->write(rec);
 }
 
-// The step model against this run (src/train/step_calibration.h), on rank 0 at the run's third step
-// (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
 // Past this ratio either way, the calibration line on the CPU backend says how to price the plan
 // at the run's own rates.
 constexpr double kStepModelBand = 1.25;
 
+// The step model against this run (src/train/step_calibration.h), on rank 0 at the run's third step
+// (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
 void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   if (!metrics_ || (r.step != first_step_ + 2 && r.step != first_step_ + 9)) return;
   const StepRates rates = step_calibration_rates(peak_, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);

@@ -144,8 +144,10 @@ void run_arm(const std::string& strata, const std::string& recipe, const fs::pat
   }
   a.steps.insert(a.steps.end(), run.begin(), run.end());
   a.run_medians.push_back(bench_median(run));
-  std::ifstream plan(out / "plan.json");
-  a.plans.push_back(plan_identity(nlohmann::json::parse(plan, nullptr, false)));
+  std::ifstream plan_file(out / "plan.json");
+  const nlohmann::json plan = nlohmann::json::parse(plan_file, nullptr, false);
+  STRATA_CHECK(plan.is_object(), "strata train wrote no readable plan.json: ", a.name, " in ", scenario);
+  a.plans.push_back(plan_identity(plan));
 }
 
 }  // namespace
@@ -193,6 +195,7 @@ int bench_plan_choice(const std::vector<std::string>& args) {
       base.push_back("offload.host_memory=" + std::to_string((size_t(host * sc.host_share) >> 20) + 8) + "MiB");
     }
     const nlohmann::json planned = estimate(base, &status, false);
+    STRATA_CHECK(status == 0 && planned.is_object(), "strata estimate failed for auto's plan in ", sc.name);
     std::vector<Arm> arms = {Arm("auto", base)};
     for (const std::vector<std::string>& f : sc.forced) {
       std::vector<std::string> o = base;
@@ -221,16 +224,18 @@ int bench_plan_choice(const std::vector<std::string>& args) {
     automatic.plans.insert(automatic.plans.end(), again.plans.begin(), again.plans.end());
     const std::string auto_plan = most_frequent(automatic.plans);
     const double auto_s = bench_median(automatic.steps);
-    // the forced arms whose runs took auto's plan, and the fastest of the others
-    const Arm* best = nullptr;
-    std::vector<const Arm*> same;
+    // each forced arm's plan; one whose runs took auto's is set apart, the fastest of the others is "best"
+    std::vector<std::string> arm_plan(arms.size());
+    for (size_t i = 1; i < arms.size(); ++i) arm_plan[i] = most_frequent(arms[i].plans);
+    const Arm *best = nullptr, *same = nullptr;
     for (size_t i = 1; i < arms.size(); ++i) {
-      if (most_frequent(arms[i].plans) == auto_plan) same.push_back(&arms[i]);
-      else if (!best || bench_median(arms[i].steps) < bench_median(best->steps)) best = &arms[i];
+      if (arm_plan[i] == auto_plan) {
+        if (!same) same = &arms[i];
+      } else if (!best || bench_median(arms[i].steps) < bench_median(best->steps)) best = &arms[i];
     }
     auto plan_name = [&](const std::string& id) {
       for (size_t i = 1; i < arms.size(); ++i)
-        if (most_frequent(arms[i].plans) == id) return arms[i].name;
+        if (arm_plan[i] == id) return arms[i].name;
       return std::string("a plan no forced arm ran");
     };
     std::map<std::string, int> auto_ran;
@@ -240,7 +245,7 @@ int bench_plan_choice(const std::vector<std::string>& args) {
     int estimate_matches = 0;
     for (const std::string& id : predicted_plans) estimate_matches += id == auto_plan;
     const double best_s = best ? bench_median(best->steps) : NAN;
-    const double same_s = same.empty() ? NAN : bench_median(same.front()->steps);
+    const double same_s = same ? bench_median(same->steps) : NAN;
     const double est = bench_median(predicted);
     const auto [est_lo, est_hi] = std::minmax_element(predicted.begin(), predicted.end());
     const double host = planned["tiers"]["host"].get<double>() + planned["tiers"]["host_pinned"].get<double>();
@@ -253,7 +258,7 @@ int bench_plan_choice(const std::vector<std::string>& args) {
     nlohmann::json forced = nlohmann::json::array();
     for (size_t i = 1; i < arms.size(); ++i)
       forced.push_back({{"arm", arms[i].name}, {"median_s", bench_median(arms[i].steps)},
-                        {"auto_plan", most_frequent(arms[i].plans) == auto_plan}, {"run_medians_s", arms[i].run_medians}});
+                        {"auto_plan", arm_plan[i] == auto_plan}, {"run_medians_s", arms[i].run_medians}});
     rows.push_back({{"scenario", sc.name}, {"auto_ran", ran}, {"auto_s", auto_s}, {"auto_first_in_round_s", auto_first},
                     {"auto_last_in_round_s", auto_last}, {"auto_run_medians_s", automatic.run_medians},
                     {"best_forced_s", best_s}, {"auto_over_best", auto_s / best_s},
