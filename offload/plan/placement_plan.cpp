@@ -1,5 +1,7 @@
 #include "offload/plan/placement_plan.h"
 
+#include "offload/plan/layer_probe.h"
+
 #include "offload/stream/checkpoint_spill.h"
 #include "offload/state/nvme_state.h"
 
@@ -282,6 +284,9 @@ void plan_transients(PlanParts& x) {
     const size_t n2 = size_t(kCpuPeakGemmSize) * kCpuPeakGemmSize;
     p.transients.push_back({"measuring the CPU GEMM peak (3 matrices)", Tier::host,
                             n2 * 12 + (spec.matrix_dtype == DType::bf16 ? n2 * 4 : 0)});
+    // and its rates at the model's shapes, which the plan is priced at (offload/plan/layer_probe.h)
+    if (const size_t probe = LayerProbe::host_bytes(spec, in))
+      p.transients.push_back({"probing a layer's rates (one layer, one lm_head chunk)", Tier::host, probe});
   }
   const size_t export_bytes =
       tensor_f32 + (in.save_dtype == DType::f32 ? 0 : std::min(max_numel, kExportChunkElements) * dtype_size(in.save_dtype));

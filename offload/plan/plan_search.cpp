@@ -29,9 +29,18 @@ StepRates plan_default_rates(const PlanInputs& in) {
   return r;
 }
 
-StepRates plan_run_rates(const PlanInputs& in, double cpu_peak_flops_per_s, double link_bytes_per_s) {
+StepRates plan_run_rates(const PlanInputs& in, double cpu_peak_flops_per_s, const LayerRates& probe,
+                         double link_bytes_per_s) {
   StepRates r = plan_default_rates(in);
-  if (in.device_in_host_ram) r.device_flops_per_s = cpu_peak_flops_per_s;
+  if (in.device_in_host_ram) {
+    r.device_flops_per_s = r.mfu_peak_flops_per_s = cpu_peak_flops_per_s;
+    if (probe.measured()) {
+      r.device_flops_per_s = probe.matmul_flops_per_s;
+      r.attention_flops_per_s = probe.attention_flops_per_s;
+      r.elementwise_bytes_per_s = probe.elementwise_bytes_per_s;
+      r.head_flops_per_s = probe.head_flops_per_s;
+    }
+  }
   if (link_bytes_per_s > 0) r.link_bytes_per_s = link_bytes_per_s;
   return r;
 }

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstdint>
 
+#include "offload/plan/layer_probe.h"
 #include "offload/plan/placement_plan.h"
 #include "offload/plan/step_estimate.h"
 
@@ -29,9 +30,13 @@ namespace strata {
 StepRates plan_default_rates(const PlanInputs& in);
 
 // The rates a training run plans with (the trainer, and `strata estimate` showing the run's plan):
-// the defaults above with, on the CPU backend, its measured GEMM peak (`cpu_peak_flops_per_s`), and
-// the recipe's device.link_bandwidth when set (`link_bytes_per_s` > 0).
-StepRates plan_run_rates(const PlanInputs& in, double cpu_peak_flops_per_s, double link_bytes_per_s);
+// the defaults above with, on the CPU backend, its own device rates at the model's shapes
+// (`probe`, offload/plan/layer_probe.h: the GEMMs, attention, the memory-bound ops and the head
+// each at its rate) or, where no layer was probed, every op at the square-GEMM peak
+// (`cpu_peak_flops_per_s`, also MFU's denominator), and the recipe's device.link_bandwidth when
+// set (`link_bytes_per_s` > 0).
+StepRates plan_run_rates(const PlanInputs& in, double cpu_peak_flops_per_s, const LayerRates& probe,
+                         double link_bytes_per_s);
 
 // The fastest plan that fits, searched as above. When nothing fits: the candidate closest to
 // fitting (least bytes over the budgets), with `problems` and `changes` (each applied alone as

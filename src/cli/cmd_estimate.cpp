@@ -8,9 +8,11 @@
 #include <optional>
 
 #include "src/cli/commands.h"
+#include "offload/plan/layer_probe.h"
 #include "offload/plan/plan_search.h"
 #include "offload/state/nf4_layout.h"
 #include "src/cli/estimate.h"
+#include "src/core/threads.h"
 #include "src/device/peak_flops.h"
 #include "src/recipe/recipe_plan.h"
 
@@ -47,22 +49,33 @@ int cmd_estimate(const std::vector<std::string>& args) {
 
   // the device: a GPU of the table, or the recipe's (the CPU backend is measured here); a GPU's
   // nominal memory loses its context's share first
+  if (recipe.device_backend == "cpu" && a.gpu.empty()) {  // the kernels' thread count, as `strata train` sets it
+    cpu_threads_set(int(recipe.device_cpu_threads));
+    cpu_threads_apply();
+  }
   EstimateRates rates = estimate_device(a, recipe, dtype, in, budgets);
   if (in.device_is_cuda) in.device_reserve_bytes = kGpuContextReserve;
+  // On the CPU backend the run plans at one layer's rates probed at the model's shapes and at its
+  // link (plan_run_rates, as TrainRun::measure_cpu_rates does): the estimate plans at the same, and
+  // prices at them unless --measure or --rates-from measure more.
+  const bool cpu_run = in.device_in_host_ram && a.gpu.empty();
+  StepRates run_rates;
+  if (cpu_run) {
+    run_rates = plan_run_rates(in, rates.rates.device_flops_per_s, layer_probe_run_rates(spec, in),
+                               recipe.device_link_bytes_per_s);
+    estimate_run_rates(run_rates, rates);
+  }
   if (a.measure) {  // a layer and an lm_head chunk at the model's shapes: streamed or not, the same work
     PlanInputs probe = in;
     if (probe.weights == WeightsMode::automatic) probe.weights = WeightsMode::stream;
     estimate_measure(recipe, spec, probe, budgets, rates);
   }
   estimate_given_rates(a, rates);
-  // the fastest plan that fits at these rates (offload/plan/plan_search.h), as the trainer plans.
-  // On the CPU backend the run plans at its measured GEMM peak and its link (plan_run_rates): with
-  // --measure or --rates-from the plan shown is still that one, priced at every rate measured here
-  const bool run_plan = in.device_in_host_ram && a.gpu.empty() && (a.measure || !a.rates_from.empty());
-  const StepRates run_rates =
-      run_plan ? plan_run_rates(in, cpu_measured_peak(dtype).flops_per_s, recipe.device_link_bytes_per_s) : StepRates{};
+  // the fastest plan that fits at these rates (offload/plan/plan_search.h), as the trainer plans: on
+  // the CPU backend at the run's rates above, priced at every rate measured here (--measure,
+  // --rates-from) or given
   auto plan_now = [&] {
-    return run_plan ? placement_plan(spec, in, budgets, run_rates, &rates.rates) : placement_plan(spec, in, budgets, rates.rates);
+    return cpu_run ? placement_plan(spec, in, budgets, run_rates, &rates.rates) : placement_plan(spec, in, budgets, rates.rates);
   };
   RunPlan plan = plan_now();
   if (!a.rates_from.empty()) {  // the run's own rates, then the plan again at them

@@ -192,6 +192,18 @@ EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType
   return r;
 }
 
+void estimate_run_rates(const StepRates& run, EstimateRates& r) {
+  if (run.elementwise_bytes_per_s <= 0) return;  // no layer probed (past kLayerProbeMaxBytes): the peak prices every op
+  r.rates.mfu_peak_flops_per_s = r.rates.device_flops_per_s;
+  r.rates.device_flops_per_s = run.device_flops_per_s;
+  r.rates.attention_flops_per_s = run.attention_flops_per_s;
+  r.rates.elementwise_bytes_per_s = run.elementwise_bytes_per_s;
+  r.rates.head_flops_per_s = run.head_flops_per_s;
+  r.source["device"] = "measured here (a layer's GEMMs at this model's shapes, as the run plans)";
+  r.source["attention"] = r.source["elementwise"] = r.source["head"] =
+      "measured here (a layer and an lm_head chunk, as the run plans)";
+}
+
 std::string estimate_missing_speeds(const EstimateRates& r) {
   const bool device = r.rates.device_flops_per_s > 0, link = r.rates.link_bytes_per_s > 0;
   if (device && link) return "";

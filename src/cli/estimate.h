@@ -84,6 +84,9 @@ struct EstimateRates {
 // or a GPU given by its figures; sets the plan's device fields and budget (--gpu-memory wins).
 EstimateRates estimate_device(const EstimateArgs& a, const Recipe& recipe, DType dtype, PlanInputs& in,
                               PlanBudgets& budgets);
+// The CPU backend: the device rates a training run plans at (one layer's, probed: `run`, from
+// plan_run_rates) in place of the square-GEMM peak, with their sources; MFU stays against the peak.
+void estimate_run_rates(const StepRates& run, EstimateRates& r);
 // --measure: this host's AdamW, memory, checksum and (the CPU backend) device rates, and with an
 // NVMe directory its read and write bandwidth.
 void estimate_measure(const Recipe& recipe, const ModelSpec& spec, const PlanInputs& in, const PlanBudgets& budgets,

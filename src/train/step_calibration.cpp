@@ -6,9 +6,16 @@
 
 namespace strata {
 
-StepRates step_calibration_rates(const DevicePeak& peak, bool device_in_host_ram, double link_bytes_per_s) {
+StepRates step_calibration_rates(const DevicePeak& peak, const LayerRates& layer, bool device_in_host_ram,
+                                 double link_bytes_per_s) {
   StepRates r;  // NVMe, AdamW, host memory and checksums at their stated defaults
-  r.device_flops_per_s = peak.flops_per_s;
+  r.device_flops_per_s = r.mfu_peak_flops_per_s = peak.flops_per_s;
+  if (device_in_host_ram && layer.measured()) {  // as the run's plan was priced (plan_run_rates)
+    r.device_flops_per_s = layer.matmul_flops_per_s;
+    r.attention_flops_per_s = layer.attention_flops_per_s;
+    r.elementwise_bytes_per_s = layer.elementwise_bytes_per_s;
+    r.head_flops_per_s = layer.head_flops_per_s;
+  }
   r.link_bytes_per_s = link_bytes_per_s;
   if (r.link_bytes_per_s > 0) return r;
   if (device_in_host_ram) {
@@ -39,7 +46,10 @@ nlohmann::json step_calibration(const StepEstimate& e, const StepRates& rates, c
   c["rates"] = {{"device_flops_per_s", rates.device_flops_per_s}, {"link_bytes_per_s", rates.link_bytes_per_s},
                 {"nvme_read_bytes_per_s", rates.nvme_read_bytes_per_s},
                 {"nvme_write_bytes_per_s", rates.nvme_write_bytes_per_s},
-                {"adamw_params_per_s", rates.adamw_params_per_s}, {"host_bytes_per_s", rates.host_bytes_per_s}};
+                {"adamw_params_per_s", rates.adamw_params_per_s}, {"host_bytes_per_s", rates.host_bytes_per_s},
+                {"attention_flops_per_s", rates.attention_flops_per_s},
+                {"elementwise_bytes_per_s", rates.elementwise_bytes_per_s}, {"head_flops_per_s", rates.head_flops_per_s},
+                {"mfu_peak_flops_per_s", rates.mfu_peak_flops_per_s}};
   return c;
 }
 

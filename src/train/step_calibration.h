@@ -1,8 +1,8 @@
 // The step model against the run that it prices (DESIGN §11: calibrate the model from a run's own
 // phase times). After its first steps a training run prices its own step with
 // offload/plan/step_estimate.h — its plan, its inputs, and the rates it knows without measuring
-// anything more: the device's peak (the CPU backend's GEMM peak measured for MFU, a GPU's
-// datasheet), the link (device.link_bandwidth; else the host's memcpy on the CPU backend, 25 GB/s
+// anything more: the device's (on the CPU backend the layer's rates its plan was priced at,
+// offload/plan/layer_probe.h, or its GEMM peak where no layer was probed; a GPU's datasheet), the link (device.link_bandwidth; else the host's memcpy on the CPU backend, 25 GB/s
 // on a GPU: PCIe 4.0 x16 as pinned copies measure) and StepRates' stated defaults for the rest — and
 // compares each phase it measured with the model's: one stderr line, and metrics.jsonl's
 // "step_model". `strata estimate --rates-from RUN` then prices it again at the run's own rates.
@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "offload/plan/layer_probe.h"
 #include "offload/plan/step_estimate.h"
 #include "src/device/peak_flops.h"
 
@@ -27,7 +28,8 @@ struct StepPhases {
 };
 
 // The rates a run prices itself at (see the top); link_bytes_per_s is device.link_bandwidth (0: unset).
-StepRates step_calibration_rates(const DevicePeak& peak, bool device_in_host_ram, double link_bytes_per_s);
+StepRates step_calibration_rates(const DevicePeak& peak, const LayerRates& layer, bool device_in_host_ram,
+                                 double link_bytes_per_s);
 
 // The comparison, as metrics.jsonl's "step_model": {"step", "measured_s", "estimated_s", "ratio"
 // (measured / estimated), "bottleneck", "phases": {name: {"measured", "estimated"}}, "rates"}.

@@ -190,6 +190,7 @@ class TrainRun {
  private:
   void set_up_model();
   StepRates plan_rates() const;
+  void measure_cpu_rates(const ModelSpec& spec);
   void keep_resumed_split();
   void adopt_plan_split();
   void say_accumulation(const ModelSpec& spec) const;
@@ -241,6 +242,12 @@ class TrainRun {
   GrpoPromptData grpo_data_;                        // its prompts, until grpo_ holds them
   std::unique_ptr<MetricsWriter> metrics_;
   DevicePeak peak_;
+  // the CPU backend's rates the plan is priced at (measure_cpu_rates), rank 0's on every rank
+  struct CpuRates {
+    LayerRates layer;  // a layer and an lm_head chunk at the model's shapes (offload/plan/layer_probe.h)
+    double square_gemm_peak = 0;
+  } cpu_rates_;
+  bool cpu_rates_measured_ = false;
   double flops_per_token_ = 0;
   bool mfu_capped_ = false;
   size_t host_bytes_ = 0;
@@ -391,6 +398,7 @@ void TrainRun::set_up_model() {
   cpu_threads_start();  // before anything opens a parallel region (the tokenizer too): exit 3 if they cannot exist
 
   budgets_ = recipe_plan_budgets(rc_);
+  if (plan_in_.device_in_host_ram && !cpu_rates_measured_) measure_cpu_rates(spec);
   // every "auto" resolved: the fastest plan that fits (offload/plan/plan_search.h)
   const StepRates rates = plan_rates();
   plan_ = placement_plan(spec, plan_in_, budgets_, rates);
@@ -444,13 +452,24 @@ void TrainRun::set_up_model() {
   check_allocations_against_plan();
 }
 
-// What the search prices plans with: on the CPU backend its measured GEMM peak (the MFU
-// denominator, measured once per process) and the link's throttle or memcpy; on a GPU the
-// search's stated defaults (the device is not open yet: only the order of the plans matters).
+// What the search prices plans with: on the CPU backend its own rates at the model's shapes
+// (measure_cpu_rates) and the link's throttle or memcpy; on a GPU the search's stated defaults
+// (the device is not open yet: only the order of the plans matters).
 StepRates TrainRun::plan_rates() const {
-  return plan_run_rates(plan_in_,
-                        plan_in_.device_in_host_ram ? cpu_measured_peak(dtype_parse(rc_.model_dtype)).flops_per_s : 0,
-                        rc_.device_link_bytes_per_s);
+  return plan_run_rates(plan_in_, cpu_rates_.square_gemm_peak, cpu_rates_.layer, rc_.device_link_bytes_per_s);
+}
+
+// The CPU backend's rates, before the first plan: a few rounds of one layer's forward and backward
+// and one lm_head chunk at the model's shapes, so that the search sees the attention, the memory-
+// bound ops (a layer-major pass's gradient adds among them) and the head at what they cost here,
+// not every op at the square-GEMM peak. Measured once, on rank 0: every rank plans alike.
+void TrainRun::measure_cpu_rates(const ModelSpec& spec) {
+  if (dist_.primary()) {
+    cpu_rates_.layer = layer_probe_run_rates(spec, plan_in_);
+    cpu_rates_.square_gemm_peak = cpu_measured_peak(dtype_parse(rc_.model_dtype)).flops_per_s;
+  }
+  if (dist_.size() > 1) dist_.comm().broadcast(&cpu_rates_, sizeof cpu_rates_, 0).wait();
+  cpu_rates_measured_ = true;
 }
 
 // train.global_batch_size on resume: the split the checkpoint's run chose is kept (the same
@@ -1033,7 +1052,8 @@ constexpr double kStepModelBand = 1.25;
 // (the first two warm caches and pages) and its tenth: the stderr line and rec["step_model"].
 void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   if (!metrics_ || (r.step != first_step_ + 2 && r.step != first_step_ + 9)) return;
-  const StepRates rates = step_calibration_rates(peak_, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);
+  const StepRates rates =
+      step_calibration_rates(peak_, cpu_rates_.layer, plan_in_.device_in_host_ram, rc_.device_link_bytes_per_s);
   if (grpo_) {
     check_grpo_phases(r, rates, rec);
     return;
@@ -1053,8 +1073,9 @@ void TrainRun::check_step_model(const StepResult& r, nlohmann::json& rec) {
   std::string line = "strata train: " + step_calibration_line(rec["step_model"]);
   const double ratio = rec["step_model"]["ratio"].get<double>();
   if (plan_in_.device_in_host_ram && (ratio > kStepModelBand || ratio < 1 / kStepModelBand))
-    line += str_cat("; the run prices its plan at the square-GEMM peak for every op and stated defaults: `strata "
-                    "estimate RECIPE --rates-from ", rc_.output_dir, "` prices it at this run's own rates");
+    line += str_cat("; the run prices its plan at ", cpu_rates_.layer.measured() ? "one layer's rates probed before it "
+                    "started" : "the square-GEMM peak for every op", " and stated defaults: `strata estimate RECIPE "
+                    "--rates-from ", rc_.output_dir, "` prices it at this run's own rates");
   progress_.message(line);
 }
 

@@ -328,9 +328,12 @@ TEST_CASE("a training run logs the step model against its measured phases at its
   CHECK(c["phases"]["link"]["measured"].get<double>() > 0);
   CHECK(c["phases"]["nvme"]["measured"] == 0);
   for (const char* p : {"compute", "link", "optimizer+host"}) CHECK(c["phases"][p]["estimated"].get<double>() > 0);
-  // the run's own rates: its link throttle, its MFU peak, the stated defaults
+  // the rates the run planned at: its link throttle, its layer probe's (offload/plan/layer_probe.h:
+  // every kind of work priced, the memory-bound ops too), MFU's peak beside them, the stated defaults
   CHECK(c["rates"]["link_bytes_per_s"] == 2e9);
-  CHECK(c["rates"]["device_flops_per_s"].get<double>() > 0);
+  for (const char* rate : {"device_flops_per_s", "attention_flops_per_s", "elementwise_bytes_per_s", "head_flops_per_s",
+                           "mfu_peak_flops_per_s"})
+    CHECK(c["rates"][rate].get<double>() > 0);
   CHECK(c["rates"]["adamw_params_per_s"] == StepRates{}.adamw_params_per_s);
   // the link's estimate is its bytes at that throttle: the slower direction's
   CHECK(c["phases"]["link"]["estimated"].get<double>() < s3["link_bytes"].get<double>() / 2e9);

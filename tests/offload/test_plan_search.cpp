@@ -437,7 +437,7 @@ TEST_CASE("plan: priced_at keeps the plan the run's rates choose and prices it a
   in.device_in_host_ram = true;
   PlanBudgets b;
   b.device_bytes = size_t(2) << 30;
-  const StepRates run = plan_run_rates(in, 1e12, 1e9);
+  const StepRates run = plan_run_rates(in, 1e12, LayerRates{}, 1e9);
   CHECK(run.device_flops_per_s == 1e12);
   CHECK(run.link_bytes_per_s == 1e9);
   StepRates probed = run;
@@ -456,6 +456,62 @@ TEST_CASE("plan: priced_at keeps the plan the run's rates choose and prices it a
   CHECK(shown.step_seconds > at_run.step_seconds);
   // the opt-ins listed are those faster at the probed rates
   for (const PlanChange& c : shown.changes) CHECK(c.step_seconds < 0.99 * shown.step_seconds);
+}
+
+// The trainer's rates on the CPU backend: with a layer probed, every kind of work at its own rate
+// and MFU against the square-GEMM peak; without one (a layer past kLayerProbeMaxBytes), every op at
+// the peak and the memory-bound ones unpriced.
+TEST_CASE("plan: the CPU backend's run rates are the probed layer's, the peak where none was probed",
+          "[plan][search]") {
+  PlanInputs in = auto_inputs();
+  in.device_is_cuda = false;
+  in.device_in_host_ram = true;
+  const LayerRates probe{3e11, 8e10, 6e9, 2e11};
+  const StepRates r = plan_run_rates(in, 5e11, probe, 0);
+  CHECK(r.device_flops_per_s == 3e11);
+  CHECK(r.attention_flops_per_s == 8e10);
+  CHECK(r.elementwise_bytes_per_s == 6e9);
+  CHECK(r.head_flops_per_s == 2e11);
+  CHECK(r.mfu_peak_flops_per_s == 5e11);
+  CHECK(r.link_bytes_per_s == r.host_bytes_per_s);  // no throttle: memcpy
+  const StepRates peak = plan_run_rates(in, 5e11, LayerRates{}, 2e9);
+  CHECK(peak.device_flops_per_s == 5e11);
+  CHECK(peak.elementwise_bytes_per_s == 0);
+  CHECK(peak.link_bytes_per_s == 2e9);
+  // a GPU plans at the defaults whatever the CPU measured
+  in.device_in_host_ram = false;
+  in.device_is_cuda = true;
+  CHECK(plan_run_rates(in, 5e11, probe, 0).device_flops_per_s == plan_default_rates(in).device_flops_per_s);
+}
+
+// Why the probe: a layer-major pass saves link bytes (one gradient d2h per pass) but adds every
+// micro-batch's gradient after the first on the device (Engine::grad_share_add). Priced at the
+// square-GEMM peak with the memory-bound ops unpriced, a throttled link makes layer-major win; with
+// the device's memory-bound rate as slow as a CPU's, the adds cost more than the link saves and the
+// search takes one micro-batch at a time.
+TEST_CASE("plan: on the CPU backend the search weighs layer-major's gradient adds at the probed rate",
+          "[plan][search]") {
+  const ModelSpec spec = search_spec();
+  PlanInputs in = auto_inputs();
+  in.device_is_cuda = false;
+  in.device_in_host_ram = true;
+  in.weights = WeightsMode::device;
+  in.optimizer = StateTier::host;
+  PlanBudgets b;
+  b.device_bytes = size_t(8) << 30;
+  const double link = 2.5e8;  // a micro-batch's gradient d2h (f32, 93M parameters) takes 1.5 s
+  const RunPlan at_peak = placement_plan(spec, in, b, plan_run_rates(in, 1e12, LayerRates{}, link));
+  CHECK(at_peak.group == 4);  // layer-major
+  const LayerRates slow_memory{1e12, 1e12, 2e9, 1e12};
+  const StepRates probed = plan_run_rates(in, 1e12, slow_memory, link);
+  const RunPlan at_probe = placement_plan(spec, in, b, probed);
+  CHECK(at_probe.group == 1);  // one micro-batch at a time
+  // and it is the faster of the two at those rates, by the adds' bytes at least
+  PlanInputs major = in;
+  major.accumulation = AccumulationMode::layer_major;
+  const RunPlan forced = placement_plan(spec, major, b, probed);
+  REQUIRE(forced.group == 4);
+  CHECK(at_probe.step_seconds < forced.step_seconds);
 }
 
 }  // namespace strata
