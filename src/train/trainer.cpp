@@ -504,10 +504,18 @@ void TrainRun::adopt_plan_split() {
 // layer-major schedule does not fit, what does not fit.
 void TrainRun::say_accumulation(const ModelSpec& spec) const {
   const char* asked = rc_.offload_accumulation.c_str();
-  if (rc_.gradient_accumulation_steps > 1 && plan_.optimizer_kind == OptimizerKind::adamw)
-    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s\n", asked,
-                 plan_.group > 1 ? "layer-major, each layer's weights cross twice per optimizer step"
-                                 : "one micro-batch at a time, each layer's weights cross twice per micro-batch");
+  if (rc_.gradient_accumulation_steps > 1 && plan_.optimizer_kind == OptimizerKind::adamw) {
+    // what crosses the link: resident layers once a step (after the update), streamed ones twice a pass
+    const size_t L = spec.layers.size();
+    const size_t resident = plan_.weights == WeightsMode::device ? L : std::min(plan_.resident_layers, L);
+    const char* pass = plan_.group > 1 ? "optimizer step" : "micro-batch";
+    const std::string weights =
+        resident == L ? "the weights stay on the device (they cross once per step, after the update)"
+        : resident > 0 ? str_cat("the first ", resident, " layers' weights stay on the device, the other layers' cross twice per ", pass)
+                       : str_cat("each layer's weights cross twice per ", pass);
+    std::fprintf(stderr, "strata train: offload.accumulation = \"%s\": %s, %s\n", asked,
+                 plan_.group > 1 ? "layer-major" : "one micro-batch at a time", weights.c_str());
+  }
   const int64_t pairs = rc_.gradient_accumulation_steps * rc_.zo_perturbations;
   if (plan_.optimizer_kind != OptimizerKind::zo_sgd || pairs <= 1 || !dist_.primary()) return;
   if (plan_.group > 1) {

@@ -201,10 +201,13 @@ TEST_CASE("auto takes micro_batch when the tokenized data leaves no room for lay
   // holds 1 checkpoint per layer, not 4), an explicit "layer_major" exits 3. Separate processes:
   // the plan counts the process's resident set, which a fresh process measures alike each time.
   const std::string args = testing::source_path("recipes/quickstart.toml") + " model.config=" + untied_config() +
-                           " train.max_steps=2 train.micro_batch_size=8 data.sequence_len=256"
+                           " train.max_steps=2 train.micro_batch_size=4 data.sequence_len=256"
                            " train.gradient_accumulation_steps=4 optim.warmup_steps=1 train.log_steps=100"
                            " offload.checkpoints=host offload.recompute=always checkpoint.save_steps=0"
-                           " offload.norm_pass=off";  // every gradient held: a norm pass would make room too
+                           " offload.norm_pass=off"  // every gradient held: a norm pass would make room too
+                           // streamed weights over a slow link: layer-major saves more link time than its
+                           // gradient adds cost, so "auto" takes it wherever it fits
+                           " offload.weights=stream device.link_bandwidth=10MB/s";
   const std::string a = testing::fresh_path("strata_layer_major_train", "room_layer"),
                     b = testing::fresh_path("strata_layer_major_train", "room_auto"),
                     c = testing::fresh_path("strata_layer_major_train", "room_explicit"),
