@@ -60,19 +60,30 @@ double layer_probe_median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+LayerProbe::Shape LayerProbe::shape_of(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in) {
+  const EngineShape engine = placement_engine_shape(spec, layout, probe_inputs(in), 1);
+  Shape sh;
+  sh.d = engine.layer_capacity;
+  sh.d.max_pos = int32_t(sh.d.T - 1);  // fill's positions: 0 .. T-1 per row
+  sh.N = sh.d.N(), sh.C = sh.d.C, sh.V = engine.V, sh.R = engine.head_rows;
+  sh.lm_type = layout.working[size_t(spec.lm_head_row())].dtype;
+  const ParamGroup& g = layout.groups[1];
+  const size_t act = bytes_of<float>(sh.N * sh.C), chunk = size_t(sh.R * sh.C) * dtype_size(sh.lm_type);
+  sh.sizes = {g.device_bytes, g.f32_bytes, spec.layers[0].kind->bytes(LayerBuffer::workspace, sh.d), act, act, act, act,
+              act, chunk, bytes_of<float>(sh.R * sh.C), size_t(sh.N) * 3 * sizeof(double),
+              size_t(sh.N) * sizeof(int32_t) * 2, bytes_of<float>(sh.d.D), sizeof(double)};
+  for (size_t b : sh.sizes) sh.total_bytes += (b + 4095) / 4096 * 4096 + 4096;
+  return sh;
+}
+
 LayerProbe::LayerProbe(const ModelSpec& spec, const PlanInputs& in)
     : layout_(HostStore::layout(spec)), kind_(spec.layers[0].kind) {
-  const EngineShape shape = placement_engine_shape(spec, layout_, probe_inputs(in), 1);
-  d_ = shape.layer_capacity;
-  d_.max_pos = int32_t(d_.T - 1);  // fill's positions: 0 .. T-1 per row
-  N_ = d_.N(), C_ = d_.C, V_ = shape.V, R_ = shape.head_rows;
-  lm_type_ = layout_.working[size_t(spec.lm_head_row())].dtype;
-  const ParamGroup& g = layout_.groups[1];
-  const size_t act = bytes_of<float>(N_ * C_), chunk = size_t(R_ * C_) * dtype_size(lm_type_);
-  sizes_ = {g.device_bytes, g.f32_bytes, kind_->bytes(LayerBuffer::workspace, d_), act, act, act, act, act,
-            chunk, bytes_of<float>(R_ * C_), size_t(N_) * 3 * sizeof(double),
-            size_t(N_) * sizeof(int32_t) * 2, bytes_of<float>(d_.D), sizeof(double)};
-  for (size_t b : sizes_) total_bytes_ += (b + 4095) / 4096 * 4096 + 4096;
+  const Shape sh = shape_of(spec, layout_, in);
+  d_ = sh.d;
+  N_ = sh.N, C_ = sh.C, V_ = sh.V, R_ = sh.R;
+  lm_type_ = sh.lm_type;
+  sizes_ = sh.sizes;
+  total_bytes_ = sh.total_bytes;
 }
 
 std::unique_ptr<LayerProbe> LayerProbe::create(const ModelSpec& spec, const PlanInputs& in) {
@@ -82,10 +93,10 @@ std::unique_ptr<LayerProbe> LayerProbe::create(const ModelSpec& spec, const Plan
   return probe;
 }
 
-size_t LayerProbe::host_bytes(const ModelSpec& spec, const PlanInputs& in) {
-  const LayerProbe probe(spec, in);  // sizes only: nothing is allocated until allocate()
-  if (probe.total_bytes_ > kLayerProbeMaxBytes) return 0;
-  return probe.total_bytes_ + kArenaSlack + *std::max_element(probe.sizes_.begin(), probe.sizes_.end());
+size_t LayerProbe::host_bytes(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in) {
+  const Shape sh = shape_of(spec, layout, in);
+  if (sh.total_bytes > kLayerProbeMaxBytes) return 0;
+  return sh.total_bytes + kArenaSlack + *std::max_element(sh.sizes.begin(), sh.sizes.end());
 }
 
 void LayerProbe::allocate(const ModelSpec& spec) {

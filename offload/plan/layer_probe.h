@@ -34,14 +34,24 @@ class LayerProbe {
   // nullptr when the layer and the chunk need more than kLayerProbeMaxBytes.
   static std::unique_ptr<LayerProbe> create(const ModelSpec& spec, const PlanInputs& in);
   // The host memory a probe takes while it runs (its device arena, and the host copy its largest
-  // buffer is filled from); 0 when create gives no probe. `in.weights` may still be "auto".
-  static size_t host_bytes(const ModelSpec& spec, const PlanInputs& in);
+  // buffer is filled from); 0 when create gives no probe. `in.weights` may still be "auto";
+  // `layout` is the model's (HostStore::layout: the plan builds it once for every candidate).
+  static size_t host_bytes(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in);
 
   void round();  // one timed round: a layer (after an untimed one), then a chunk
   LayerRates rates(const ModelSpec& spec) const;  // the median of the rounds
 
  private:
   enum Buffer : size_t;
+  // the probe's shape and buffer sizes, nothing allocated
+  struct Shape {
+    LayerDims d;
+    int64_t N = 0, C = 0, V = 0, R = 0;
+    DType lm_type = DType::f32;
+    std::vector<size_t> sizes;  // by Buffer
+    size_t total_bytes = 0;     // the device arena's share of them, page-aligned
+  };
+  static Shape shape_of(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in);
   LayerProbe(const ModelSpec& spec, const PlanInputs& in);
   void allocate(const ModelSpec& spec);
   void fill(const ModelSpec& spec);

@@ -285,7 +285,7 @@ void plan_transients(PlanParts& x) {
     p.transients.push_back({"measuring the CPU GEMM peak (3 matrices)", Tier::host,
                             n2 * 12 + (spec.matrix_dtype == DType::bf16 ? n2 * 4 : 0)});
     // and its rates at the model's shapes, which the plan is priced at (offload/plan/layer_probe.h)
-    if (const size_t probe = LayerProbe::host_bytes(spec, in))
+    if (const size_t probe = LayerProbe::host_bytes(spec, x.layout, in))
       p.transients.push_back({"probing a layer's rates (one layer, one lm_head chunk)", Tier::host, probe});
   }
   const size_t export_bytes =

@@ -41,9 +41,9 @@ TEST_CASE("layer probe: every kind of a layer's work gets a finite positive rate
 TEST_CASE("layer probe: the plan counts the probe's memory as a transient of the CPU backend only", "[plan][probe]") {
   const ModelSpec spec = model_spec_build(testing::tiny_llama_config({256, 704, 2, 4096, 128, false, 4, 2}), DType::bf16);
   PlanInputs in = probe_inputs_cpu();
-  const size_t probe = LayerProbe::host_bytes(spec, in);
-  // at least the layer's weights and f32 gradient slot, its activations and one lm_head chunk
   const HostStoreLayout layout = HostStore::layout(spec);
+  const size_t probe = LayerProbe::host_bytes(spec, layout, in);
+  // at least the layer's weights and f32 gradient slot, its activations and one lm_head chunk
   CHECK(probe > layout.groups[1].device_bytes + layout.groups[1].f32_bytes + size_t(4 * 2 * 64 * 256));
   auto probe_transient = [](const RunPlan& p) -> size_t {
     for (const PlanState& t : p.transients)
@@ -61,7 +61,7 @@ TEST_CASE("layer probe: a layer past 2 GiB is not probed and its run plans at th
   const ModelSpec spec =
       model_spec_build(testing::tiny_llama_config({16384, 53248, 2, 128256, 256, false, 128, 8}), DType::bf16);
   const PlanInputs in = probe_inputs_cpu();
-  CHECK(LayerProbe::host_bytes(spec, in) == 0);
+  CHECK(LayerProbe::host_bytes(spec, HostStore::layout(spec), in) == 0);
   CHECK(LayerProbe::create(spec, in) == nullptr);
   const LayerRates none = layer_probe_run_rates(spec, in);
   CHECK_FALSE(none.measured());
