@@ -9,6 +9,7 @@
 #include "offload/stream/layer_views.h"
 #include "src/core/bf16.h"
 #include "src/core/error.h"
+#include "src/device/peak_flops.h"
 
 namespace strata {
 
@@ -52,13 +53,6 @@ enum LayerProbe::Buffer : size_t {
   kLoss,       // one double
   kBuffers
 };
-
-double layer_probe_median(std::vector<double> v) {
-  STRATA_ASSERT(!v.empty(), "a probe without rounds");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 LayerProbe::Shape LayerProbe::shape_of(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in) {
   const EngineShape engine = placement_engine_shape(spec, layout, probe_inputs(in), 1);
@@ -177,10 +171,10 @@ void LayerProbe::round() {
 LayerRates LayerProbe::rates(const ModelSpec& spec) const {
   const DeviceWork work = layer_work(spec, 0, d_.B, d_.T), chunk = head_work(spec, N_, R_, 0);
   LayerRates r;
-  r.matmul_flops_per_s = work.matmul_flops / layer_probe_median(mm_s_);
-  r.attention_flops_per_s = work.attention_flops / layer_probe_median(attn_s_);
-  r.elementwise_bytes_per_s = work.elementwise_bytes / layer_probe_median(rest_s_);
-  r.head_flops_per_s = chunk.head_flops / layer_probe_median(head_s_);
+  r.matmul_flops_per_s = work.matmul_flops / median_seconds(mm_s_);
+  r.attention_flops_per_s = work.attention_flops / median_seconds(attn_s_);
+  r.elementwise_bytes_per_s = work.elementwise_bytes / median_seconds(rest_s_);
+  r.head_flops_per_s = chunk.head_flops / median_seconds(head_s_);
   return r;
 }
 

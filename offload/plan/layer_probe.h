@@ -83,7 +83,4 @@ class LayerProbe {
 inline constexpr int kLayerProbeRunRounds = 3;
 LayerRates layer_probe_run_rates(const ModelSpec& spec, const PlanInputs& in);
 
-// The median of a probe's rounds.
-double layer_probe_median(std::vector<double> v);
-
 }  // namespace strata

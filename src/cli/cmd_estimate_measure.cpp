@@ -16,6 +16,7 @@
 #include "offload/plan/layer_probe.h"
 #include "offload/state/adamw.h"
 #include "src/cli/estimate.h"
+#include "src/device/peak_flops.h"
 #include "src/core/bf16.h"
 #include "src/core/error.h"
 #include "src/core/threads.h"
@@ -31,7 +32,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // The median of a probe's rounds: the step it is compared with is a median too (strata-bench
 // estimate and the validation test take the median step), so the rates stand for the same
 // machine, busy as it usually is, rather than for its quietest moment.
-double median_of(const std::vector<double>& v) { return layer_probe_median(v); }
+double median_of(const std::vector<double>& v) { return median_seconds(v); }
 
 // The rounds of --measure: at least kProbeRounds, and on until kProbeWindow seconds have passed.
 // Every round runs every probe once, interleaved, so a burst of other work on a shared machine
