@@ -107,12 +107,33 @@ __attribute__((target("avx512f"))) inline __m512i interleave16(const uint16_t* x
   return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xFFFF, hi, 16));
 }
 
+// dst[r * 16 + w] = word r of x[w], r and w in 0..15: a 16 x 16 transpose of 32-bit words in
+// registers (unpacks within 128-bit lanes, then a 4 x 4 transpose of the lanes). The maskz forms
+// with every lane set are the plain ones; GCC 12 warns of the plain ones' undefined operand.
+__attribute__((target("avx512f"))) inline void store_transposed16(uint32_t* dst, const __m512i x[16]) {
+  __m512i u[16];  // u[4g + e], lane L: words 4L + e of x[4g .. 4g + 3]
+  for (int g = 0; g < 4; ++g) {
+    const __m512i t0 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[4 * g], x[4 * g + 1]), t1 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[4 * g], x[4 * g + 1]);
+    const __m512i t2 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[4 * g + 2], x[4 * g + 3]), t3 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[4 * g + 2], x[4 * g + 3]);
+    u[4 * g] = _mm512_maskz_unpacklo_epi64(0xFF, t0, t2);
+    u[4 * g + 1] = _mm512_maskz_unpackhi_epi64(0xFF, t0, t2);
+    u[4 * g + 2] = _mm512_maskz_unpacklo_epi64(0xFF, t1, t3);
+    u[4 * g + 3] = _mm512_maskz_unpackhi_epi64(0xFF, t1, t3);
+  }
+  for (int e = 0; e < 4; ++e) {  // row 4L + e gathers lane L of u[e], u[4 + e], u[8 + e], u[12 + e]
+    const __m512i v0 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[e], u[4 + e], 0x44), v1 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[e], u[4 + e], 0xEE);
+    const __m512i v2 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[8 + e], u[12 + e], 0x44), v3 = _mm512_maskz_shuffle_i32x4(0xFFFF, u[8 + e], u[12 + e], 0xEE);
+    _mm512_storeu_si512(dst + e * 16, _mm512_maskz_shuffle_i32x4(0xFFFF, v0, v2, 0x88));
+    _mm512_storeu_si512(dst + (4 + e) * 16, _mm512_maskz_shuffle_i32x4(0xFFFF, v0, v2, 0xDD));
+    _mm512_storeu_si512(dst + (8 + e) * 16, _mm512_maskz_shuffle_i32x4(0xFFFF, v1, v3, 0x88));
+    _mm512_storeu_si512(dst + (12 + e) * 16, _mm512_maskz_shuffle_i32x4(0xFFFF, v1, v3, 0xDD));
+  }
+}
+
 // The vector packers: whole 32-row (32-column) blocks and K a multiple of 32 only.
 __attribute__((target("avx512f"))) void pack_a_fast(uint32_t* dst, const uint16_t* v, int64_t lda, bool trans_a,
                                                     int64_t i0, int64_t tm, int64_t k) {
   const int64_t chunks = k / kChunk, blocks = tm / 16;
-  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(16));
   for (int64_t rb = 0; rb < blocks; ++rb) {
     const int64_t i = i0 + rb * 16;
     if (!trans_a) {  // rows of a are already pairs along K: each row read straight along, 64 bytes a tile
@@ -124,11 +145,10 @@ __attribute__((target("avx512f"))) void pack_a_fast(uint32_t* dst, const uint16_
       continue;
     }
     for (int64_t q = 0; q < chunks; ++q) {  // pair w of rows i..i+15 from a's rows k0 + 2w, k0 + 2w + 1
-      uint32_t* tile = dst + (rb * chunks + q) * kTileWords;
       const int64_t k0 = q * kChunk;
-      for (int64_t w = 0; w < 16; ++w)  // the tile's column w
-        _mm512_i32scatter_epi32(tile + w, column,
-                                interleave16(v + (k0 + 2 * w) * lda + i, v + (k0 + 2 * w + 1) * lda + i), 4);
+      __m512i x[16];
+      for (int64_t w = 0; w < 16; ++w) x[w] = interleave16(v + (k0 + 2 * w) * lda + i, v + (k0 + 2 * w + 1) * lda + i);
+      store_transposed16(dst + (rb * chunks + q) * kTileWords, x);
     }
   }
 }
@@ -136,18 +156,18 @@ __attribute__((target("avx512f"))) void pack_a_fast(uint32_t* dst, const uint16_
 __attribute__((target("avx512f"))) void pack_b_fast(uint32_t* dst, const uint16_t* v, int64_t ldb, bool trans_b,
                                                     int64_t j0, int64_t tn, int64_t k) {
   const int64_t chunks = k / kChunk, panels = tn / 16;
-  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(int32_t(ldb)));
   for (int64_t pb = 0; pb < panels; ++pb)
     for (int64_t q = 0; q < chunks; ++q) {
       uint32_t* tile = dst + (pb * chunks + q) * kTileWords;
       const int64_t j = j0 + pb * 16, k0 = q * kChunk;
-      for (int64_t p = 0; p < 16; ++p) {
-        const __m512i words =
-            trans_b ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xFFFF, rows, v + j * ldb + k0 + 2 * p, 2)  // b's rows j..j+15, pair p
-                    : interleave16(v + (k0 + 2 * p) * ldb + j, v + (k0 + 2 * p + 1) * ldb + j);
-        _mm512_storeu_si512(tile + p * 16, words);
+      if (trans_b) {  // b's rows j..j+15 hold 16 pairs each along K: the tile is their transpose
+        __m512i x[16];
+        for (int64_t r = 0; r < 16; ++r) x[r] = _mm512_loadu_si512(v + (j + r) * ldb + k0);
+        store_transposed16(tile, x);
+        continue;
       }
+      for (int64_t p = 0; p < 16; ++p)
+        _mm512_storeu_si512(tile + p * 16, interleave16(v + (k0 + 2 * p) * ldb + j, v + (k0 + 2 * p + 1) * ldb + j));
     }
 }
 
@@ -167,8 +187,7 @@ void gemm_amx_pack_b(uint32_t* dst, const bf16* b, int64_t ldb, bool trans_b, in
                      int64_t k) {
   const auto* v = reinterpret_cast<const uint16_t*>(b);
   static const bool vector = __builtin_cpu_supports("avx512f");
-  // the gather's offsets (16 rows of b) must fit in 32 bits
-  if (vector && k % kChunk == 0 && tn % kBlock == 0 && (!trans_b || ldb * 16 < (int64_t(1) << 30)))
+  if (vector && k % kChunk == 0 && tn % kBlock == 0)
     pack_b_fast(dst, v, ldb, trans_b, j0, tn, k);
   else
     pack_scalar(dst, v, ldb, !trans_b, j0, tn, k, true);
