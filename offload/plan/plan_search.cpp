@@ -58,9 +58,11 @@ PlanInputs plan_resolved_inputs(const PlanInputs& in, const RunPlan& p) {
 
 namespace {
 
-// `plan`'s step at `rates`, its inputs resolved as it chose them.
-StepEstimate estimate_at(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, const StepRates& rates) {
-  return step_estimate(spec, plan_resolved_inputs(in, plan), plan, plan.accumulation_steps, rates, in.zo_perturbations);
+// `plan`'s step at `rates`, its inputs resolved as it chose them (layout: the store's, when built).
+StepEstimate estimate_at(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, const StepRates& rates,
+                         const HostStoreLayout* layout = nullptr) {
+  return step_estimate(spec, plan_resolved_inputs(in, plan), plan, plan.accumulation_steps, rates, in.zo_perturbations,
+                       layout);
 }
 
 // Bytes over the budgets, summed over the tiers (0: it fits).
@@ -107,7 +109,7 @@ struct Search {
 
   void consider(const PlanInputs& v, RunPlan plan) {
     Priced c{std::move(plan)};
-    const StepEstimate e = estimate_at(spec, v, c.plan, rates);
+    const StepEstimate e = estimate_at(spec, v, c.plan, rates, &layout);
     c.seconds = e.seconds;
     c.moved = e.bytes.link() + e.bytes.nvme_read() + e.bytes.nvme_write();
     c.plan.step_seconds = e.seconds;
@@ -185,7 +187,7 @@ struct Search {
     const PlanInputs resolved = plan_resolved_inputs(v, p);
     auto seconds = [&](size_t first) {
       trial.speculate_first_group = first;
-      return step_estimate(spec, resolved, trial, v.accumulation_steps, rates, in.zo_perturbations).seconds;
+      return step_estimate(spec, resolved, trial, v.accumulation_steps, rates, in.zo_perturbations, &layout).seconds;
     };
     const size_t stride = std::max<size_t>(1, (end - lo) / 16);
     size_t best = end - 1;

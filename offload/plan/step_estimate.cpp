@@ -1,6 +1,7 @@
 #include "offload/plan/step_estimate.h"
 
 #include <algorithm>
+#include <optional>
 #include <cctype>
 #include <cmath>
 
@@ -242,14 +243,13 @@ void walk_pass(TransferWalk& w, const ModelSpec& spec, const PlanInputs& in, con
 // (offload/state/nvme_state.h): those groups' file bytes, read once and written once per step.
 double nvme_state_bytes(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, const HostStoreLayout& layout) {
   if (!plan.optimizer_on_nvme || plan.lora.enabled() || in.lora.enabled()) return 0;
-  HostStoreLayout on_nvme = layout;  // only the groups on NVMe: their files alone
-  const size_t first = std::min(plan.optimizer_nvme_first_group, layout.groups.size());
-  on_nvme.groups.assign(layout.groups.begin() + long(first), layout.groups.end());
-  if (on_nvme.groups.empty()) return 0;
+  const size_t first = plan.optimizer_nvme_first_group;  // only the groups on NVMe: their files alone
+  if (first >= layout.groups.size()) return 0;
   HostStoreOptions so;
   so.state_on_nvme = true;
+  so.nvme_first_group = first;
   so.moments = in.moments;  // bf16 m, v: half the bytes
-  return double(nvme_state_sizes(on_nvme, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared)).file_bytes);
+  return double(nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared)).file_bytes);
 }
 
 FirstOrderTransfers first_order_transfers(const ModelSpec& spec, const HostStoreLayout& layout, const PlanInputs& in,
@@ -475,16 +475,15 @@ PassWork first_order_work(const ModelSpec& spec, const PlanInputs& in, const Run
 // rest of the step. ~1 for a large model (a 32B one has ~2000 ranges of 64 MiB), less for few.
 double nvme_state_write_share(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan,
                               const HostStoreLayout& layout) {
-  HostStoreLayout on_nvme = layout;
-  on_nvme.groups.assign(layout.groups.begin() + long(std::min(plan.optimizer_nvme_first_group, layout.groups.size())),
-                        layout.groups.end());
-  if (on_nvme.groups.empty()) return 0;
+  const size_t first = plan.optimizer_nvme_first_group;
+  if (first >= layout.groups.size()) return 0;
   HostStoreOptions so;
   so.state_on_nvme = true;
+  so.nvme_first_group = first;
   so.moments = in.moments;
-  const size_t chunk = nvme_state_sizes(on_nvme, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared)).chunk_bytes;
+  const size_t chunk = nvme_state_sizes(layout, so, !(spec.matrix_dtype == DType::f32 && in.f32_master_shared)).chunk_bytes;
   double ranges = 0;
-  for (const ParamGroup& g : on_nvme.groups) ranges += std::ceil(double(g.f32_bytes) / double(chunk));
+  for (size_t gi = first; gi < layout.groups.size(); ++gi) ranges += std::ceil(double(layout.groups[gi].f32_bytes) / double(chunk));
   const double ahead = double(std::max(so.nvme_window, 3) - 1);  // reads issued before the first write
   return ranges > 0 ? std::max(0.0, ranges - ahead) / ranges : 0;
 }
@@ -615,7 +614,7 @@ double cpu_step_seconds(const StepParts& p, const UpdateCost& u, double checkpoi
 }  // namespace
 
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, int64_t grad_accum,
-                           const StepRates& rates, int64_t zo_perturbations) {
+                           const StepRates& rates, int64_t zo_perturbations, const HostStoreLayout* store_layout) {
   STRATA_CHECK(rates.device_flops_per_s > 0 && rates.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
                "and the link's bandwidth (--gpu NAME, or the recipe's device)");
   if (in.optimizer_kind == OptimizerKind::zo_sgd)
@@ -630,7 +629,8 @@ StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const Ru
   const bool clip = in.clip_grad && !plan.norm_pass;
   StepEstimate e;
   e.model_flops_per_token = model_flops_per_token(spec, in.sequence_len);
-  const HostStoreLayout layout = HostStore::layout(spec);  // once: the search prices many candidates
+  std::optional<HostStoreLayout> own;  // the caller's when it has one: the search prices many candidates
+  const HostStoreLayout& layout = store_layout ? *store_layout : own.emplace(HostStore::layout(spec));
   const FirstOrderTransfers t = first_order_transfers(spec, layout, in, plan, grad_accum);
   e.bytes = t.bytes;
   const PassWork work = first_order_work(spec, in, plan, lora);

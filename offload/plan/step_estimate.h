@@ -200,7 +200,9 @@ double model_flops_per_token(const ModelSpec& spec, int64_t T);
 // zo_perturbations and in.zo_perturbations, both optim.zo_perturbations): q x grad_accum dual
 // forwards in runs of plan.group, each run max(its forward passes, its transfers), plus the host
 // ZO-SGD update beyond what one run hides (on the CPU backend all of it).
+// store_layout: HostStore::layout(spec), when the caller has built it (else it is built here).
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan,
-                           int64_t grad_accum, const StepRates& rates, int64_t zo_perturbations = 1);
+                           int64_t grad_accum, const StepRates& rates, int64_t zo_perturbations = 1,
+                           const HostStoreLayout* store_layout = nullptr);
 
 }  // namespace strata

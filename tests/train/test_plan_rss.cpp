@@ -235,9 +235,10 @@ TEST_CASE("strata estimate against real runs: device, host, NVMe and the bytes e
        {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.weights=stream", "offload.resident_layers=3",
         "train.gradient_accumulation_steps=2", "offload.accumulation=layer_major"}},
       // bf16 AdamW moments (optim.moments_dtype): in RAM, and on NVMe with the master
-      {"llama stream bf16 moments=bf16", {"model.dtype=bf16", "offload.checkpoints=host", "optim.moments_dtype=bf16"}},
+      {"llama stream bf16 moments=bf16", {"model.dtype=bf16", "offload.weights=stream", "offload.checkpoints=host", "optim.moments_dtype=bf16"}},
       {"qwen3 stream bf16 moments=bf16 optim=nvme",
-       {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.optimizer=nvme", on_nvme, "optim.moments_dtype=bf16"}},
+       {"model.config=" + root + "/qwen3.json", "model.dtype=bf16", "offload.weights=stream", "offload.optimizer=nvme",
+        on_nvme, "optim.moments_dtype=bf16"}},
   });
   std::printf("estimate-validation | figure | configuration | estimated | measured | error |\n");
   for (const Config& c : configs) {
