@@ -45,7 +45,7 @@ AttentionScratch& attention_scratch() {
   return scratch;
 }
 
-AttentionInput attention_input(const float* x, int64_t n, std::vector<bf16>& storage) {
+AttentionInput attention_input(const float* x, int64_t n, LineVector<bf16>& storage) {
   bf16* dst = scratch_grow(storage, size_t(n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(x[i]);
@@ -57,7 +57,7 @@ namespace {
 // x (B, T, nh, D) head-major into `storage` (B, nh, T, D), with bf16 dots rounded to bf16 (kept
 // as f32).
 const float* attention_head_major(const float* x, int64_t nh, const AttentionShape& s,
-                                  std::vector<float>& storage) {
+                                  LineVector<float>& storage) {
   const int64_t d = s.d;
   float* xh = scratch_grow(storage, size_t(s.b * s.t * nh * d));
 #pragma omp parallel for collapse(2) schedule(static)

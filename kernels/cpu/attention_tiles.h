@@ -44,6 +44,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/scratch.h"
+
 #include "kernels/cpu/ops.h"
 
 namespace strata::cpu {
@@ -74,20 +76,20 @@ inline int64_t attention_query_first_key(const int32_t* doc_start, int64_t bi, i
 
 // Per-thread tiles. The names say the layout: *_rows are (tile, D).
 struct AttentionWorkspace {
-  std::vector<float> v_rows;           // (kTileK, D) with dpbf16: the widened bf16 values
-  std::vector<float> scores, dscores;  // (kTileQ, kTileK)
-  std::vector<float> acc, acc2;        // (max tile, D)
-  std::vector<float> row_a, row_b;     // (kTileQ)
+  LineVector<float> v_rows;           // (kTileK, D) with dpbf16: the widened bf16 values
+  LineVector<float> scores, dscores;  // (kTileQ, kTileK)
+  LineVector<float> acc, acc2;        // (max tile, D)
+  LineVector<float> row_a, row_b;     // (kTileQ)
   std::vector<int64_t> first, last;    // (kTileQ) visible key range of each query
   std::vector<int64_t> key_lo, key_hi;     // (kTileK) range of the queries that see each key
-  std::vector<bf16> q_bf, do_bf;           // (kTileQ, dp) with dpbf16: bf16 rows, zero-padded
-  std::vector<uint32_t> k_pairs, v_pairs;  // (dp/2, kTileK) with dpbf16: bf16 pairs (e, e+1)
+  LineVector<bf16> q_bf, do_bf;           // (kTileQ, dp) with dpbf16: bf16 rows, zero-padded
+  LineVector<uint32_t> k_pairs, v_pairs;  // (dp/2, kTileK) with dpbf16: bf16 pairs (e, e+1)
   // With dpbf16, the operands of the products summed over tokens: row pairs (tile/2, da) hold
   // tokens 2p (low half) and 2p + 1 (high half) of one column; weight pairs hold P or dS rounded
   // to bf16, two keys per word in a row (tile, kTileK/2) or two queries per word in a column
   // (kTileQ/2, kTileK).
-  std::vector<uint32_t> x_rpairs, y_rpairs;  // (max tile / 2, da)
-  std::vector<uint32_t> w_pairs, w2_pairs;   // (kTileQ * kTileK / 2)
+  LineVector<uint32_t> x_rpairs, y_rpairs;  // (max tile / 2, da)
+  LineVector<uint32_t> w_pairs, w2_pairs;   // (kTileQ * kTileK / 2)
   explicit AttentionWorkspace(const AttentionShape& s)
       : AttentionWorkspace(s.d, s.da) {
     if (!s.dpbf16) return;
@@ -178,10 +180,10 @@ inline void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_sta
 // time cost ~15% of the forward and ~7% of the backward at B4 T512 H8/4 D64. They only grow, to
 // the largest call's.
 struct AttentionScratch {
-  std::vector<bf16> inputs[4];      // q, k, v, dout (dpbf16)
-  std::vector<float> inputs_f32[4];  // q, k, v, dout head-major (portable)
-  std::vector<float> kt, vt;        // AttentionFloats::kt, vt (portable)
-  std::vector<uint32_t> ds_words;   // AttentionStoredDs::words
+  LineVector<bf16> inputs[4];      // q, k, v, dout (dpbf16)
+  LineVector<float> inputs_f32[4];  // q, k, v, dout head-major (portable)
+  LineVector<float> kt, vt;        // AttentionFloats::kt, vt (portable)
+  LineVector<uint32_t> ds_words;   // AttentionStoredDs::words
 };
 
 AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
@@ -193,7 +195,7 @@ std::vector<int32_t> attention_tile_first_keys(const AttentionShape& s, const in
 AttentionScratch& attention_scratch();
 // With dpbf16, the input as the tiles read it: its bf16 rounding, made once into `storage`
 // (n elements).
-AttentionInput attention_input(const float* x, int64_t n, std::vector<bf16>& storage);
+AttentionInput attention_input(const float* x, int64_t n, LineVector<bf16>& storage);
 // The portable kernel's inputs for one call, in the calling thread's scratch: the forward (dout
 // null) reads the values in place and needs no vt.
 AttentionFloats attention_floats(const float* q, const float* k, const float* v, const float* dout,

@@ -160,8 +160,8 @@ namespace {
 // the same call and row (a) or column (b) of tiles: call is the matmul call's number, -1 when
 // nothing is packed.
 struct MatmulScratch {
-  std::vector<float> a, b, c;
-  std::vector<float> shared;  // a call's whole packed a or b, shared by its threads (matmul_run_own)
+  LineVector<float> a, b, c;  // on 64-byte lines: the AMX tile's loads read whole lines
+  LineVector<float> shared;   // a call's whole packed a or b, shared by its threads (matmul_run_own)
   int64_t a_call = -1, a_tile = -1, b_call = -1, b_tile = -1;
 };
 MatmulScratch& matmul_scratch() {
