@@ -44,9 +44,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/scratch.h"
-
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/scratch.h"
 
 namespace strata::cpu {
 
@@ -180,10 +179,10 @@ inline void attention_tile_ranges(AttentionWorkspace& ws, const int32_t* doc_sta
 // time cost ~15% of the forward and ~7% of the backward at B4 T512 H8/4 D64. They only grow, to
 // the largest call's.
 struct AttentionScratch {
-  LineVector<bf16> inputs[4];      // q, k, v, dout (dpbf16)
+  LineVector<bf16> inputs[4];       // q, k, v, dout (dpbf16)
   LineVector<float> inputs_f32[4];  // q, k, v, dout head-major (portable)
-  LineVector<float> kt, vt;        // AttentionFloats::kt, vt (portable)
-  LineVector<uint32_t> ds_words;   // AttentionStoredDs::words
+  LineVector<float> kt, vt;         // AttentionFloats::kt, vt (portable)
+  LineVector<uint32_t> ds_words;    // AttentionStoredDs::words
 };
 
 AttentionShape attention_shape(int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,

@@ -3,10 +3,12 @@
 // after calls of a shape is what attention_scratch_bytes and lm_head_ce_scratch_bytes say, the
 // figures the placement plan counts (src/device/device.h, cpu_backend_scratch_bytes).
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/scratch.h"
 #include "tests/seeded_inputs.h"
 
 using namespace strata;
@@ -96,4 +98,22 @@ TEST_CASE("the CPU kernels keep the scratch they say they keep, sized by the lar
   const bool portable = cpu::attention_isa_active() == cpu::AttentionIsa::portable;
   CHECK(cpu::attention_scratch_bytes(1, 512, 8, 8, 64, DType::bf16, cpu::attention_isa_active(), 0) ==
         (portable ? size_t(2 * 512 * 16 * 64) * 4 + size_t(2 * 8 * 64 * (512 + 16)) * 4 : size_t(2 * 512 * 16 * 64) * 2));
+}
+
+// The scratch the AMX kernels pack into starts on a 64-byte line whatever malloc would do, and
+// stays on one as scratch_grow grows it (kernels/cpu/scratch.h: tile rows straddling two lines
+// ran the AMX GEMM tile at half its rate). Sizes that malloc would place 16 bytes past a line
+// (large blocks come from mmap with a 16-byte header) and small ones from the heap.
+TEST_CASE("LineVector scratch starts on a 64-byte line, before and after it grows", "[kernels][scratch]") {
+  for (const size_t n : {size_t(1), size_t(3), size_t(17), size_t(1000), size_t(1) << 16, size_t(1) << 20}) {
+    cpu::LineVector<uint32_t> words;
+    const uint32_t* p = cpu::scratch_grow(words, n);
+    CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0);
+    CHECK(words.size() == n);
+    p = cpu::scratch_grow(words, 3 * n + 5);  // a grown block: a new allocation
+    CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0);
+    CHECK(words.size() == 3 * n + 5);
+    cpu::LineVector<float> floats(n + 1);
+    CHECK(reinterpret_cast<uintptr_t>(floats.data()) % 64 == 0);
+  }
 }
