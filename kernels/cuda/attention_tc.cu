@@ -26,9 +26,15 @@
 //             -> P (bf16), alpha; each warp rescales its O tiles by alpha and adds P V.
 //   backward: pass 1, block per (key tile, kv head, batch row): dK, dV over the heads of the
 //             group and the query tiles that can see the keys; pass 2, block per (query tile,
-//             head, batch row): dQ. D_i = rowsum(dO * O) is recomputed per query tile.
-// Not yet done, and not yet timed on a GPU: loads are synchronous (no cp.async / bulk-copy
-// double buffering), scores take a round trip through shared memory, and sm_90 runs the same
+//             head, batch row): dQ. D_i = rowsum(bf16(dO) * O) is computed once, before both,
+//             by a warp per (token, head), and staged in dq's first column.
+// On an H200 (B 1, H 32 / 8, D 128; strata-bench attention, 2026-12-01) forward + backward ran
+// 16.3 TFLOP/s at T 4096 before the batched tile loads, the staged D_i and the shared-memory
+// pointers (below) and 24.6 after (SDPA: 219): ncu puts every kernel at 12% occupancy (2 blocks
+// of 4 warps an SM, by registers and shared memory) issuing 1.3-1.5 instructions a cycle, bound
+// by instruction count and latency, not by the tensor cores. Not yet done: loads are synchronous
+// (no cp.async / bulk-copy double buffering), scores take a round trip through shared memory,
+// most wmma.load_matrix_sync calls still compile to generic loads, and sm_90 runs the same
 // m16n16k16 HMMA path as sm_80 (wgmma needs sm_90a and a fragment layout WMMA does not expose).
 // Longer than a leaf (three kernels, their tile tables and launchers), as attention.cu is.
 #include <cuda_bf16.h>
@@ -52,14 +58,22 @@ using FragC = wmma::fragment<wmma::accumulator, kTc, kTc, kTc, float>;
 // Carves a block's dynamic shared memory into arrays, each 128-byte aligned (load_matrix_sync
 // wants 32); with base null it only measures, and the measure includes the up to 112 bytes the
 // first array may skip to align a 16-byte aligned base, so the launcher's byte count comes from
-// the same code as the kernel's pointers.
+// the same code as the kernel's pointers. The arrays are offsets from base by pointer arithmetic,
+// never through an integer: then the compiler still sees shared memory and emits shared loads and
+// stores (ld.shared, wmma.load.shared); a pointer made from an integer is generic, and every
+// access of the kernels went through generic loads and stores (PTX of sm_90, counted).
 struct SmemCarver {
-  uintptr_t base, at;
+  unsigned char* base;
+  size_t at;
   __host__ __device__ explicit SmemCarver(void* p)
-      : base(reinterpret_cast<uintptr_t>(p)), at(p ? (base + 127) / 128 * 128 : 112) {}
+      : base(static_cast<unsigned char*>(p)), at(p ? (128 - reinterpret_cast<uintptr_t>(p) % 128) % 128 : 112) {}
   template <class T>
   __host__ __device__ T* take(size_t n) {
-    T* r = reinterpret_cast<T*>(at);
+#ifdef __CUDA_ARCH__
+    T* r = reinterpret_cast<T*>(base + at);  // a kernel's carve (base is never null): no select with null,
+#else                                        // which would make the pointer generic again
+    T* r = base ? reinterpret_cast<T*>(base + at) : nullptr;
+#endif
     at += (n * sizeof(T) + 127) / 128 * 128;
     return r;
   }
@@ -91,7 +105,7 @@ struct FwdTiles {
     row_of = c.take<float>(kTc * kTc);
     stage = c.take<float>(kWarps * kTc * kTc);
     first = c.take<int64_t>(kRows);
-    return c.at - c.base;
+    return c.at;
   }
 };
 
@@ -117,7 +131,7 @@ struct BwdKvTiles {
     di = c.take<float>(kRows);
     stage = c.take<float>(kWarps * kTc * kTc);
     first = c.take<int64_t>(kRows);
-    return c.at - c.base;
+    return c.at;
   }
 };
 
@@ -142,38 +156,51 @@ struct BwdQTiles {
     di = c.take<float>(kRows);
     stage = c.take<float>(kWarps * kTc * kTc);
     first = c.take<int64_t>(kRows);
-    return c.at - c.base;
+    return c.at;
   }
 };
 
-// rows (n_rows, kD) bf16 at row stride kLdx <- head `head` of x (B,T,nh,d) from token t0; zero
-// past t and past d. Four columns a thread (one 16-byte load where d and x allow).
-template <int kD, int kThreads>
-__device__ __forceinline__ void tc_load_tile(bf16* rows, int n_rows, const float* x, int64_t bi,
-                                             int64_t t, int64_t t0, int64_t head, int64_t nh,
-                                             int64_t d) {
-  constexpr int kLdx = kTcLdx<kD>, kQuads = kD / 4;
+// rows (kN, kD) bf16 at row stride kLdx <- head `head` of x (B,T,nh,d) from token t0; zero past
+// t and past d. Four columns a thread and iteration, in groups of up to 4 iterations whose loads
+// are all issued before the group's first store: the stores go through generic pointers into
+// shared memory, which the compiler cannot tell from x, so a plain load-store loop waits out a
+// global load's latency per iteration. Groups of 8 spilled the kD 128 and 256 kernels' registers
+// (ptxas, sm_90); groups of 4 spill none. Each four bf16 go out as one 8-byte store.
+template <int kD, int kThreads, int kN>
+__device__ __forceinline__ void tc_load_tile(bf16* rows, const float* __restrict__ x, int64_t bi, int64_t t,
+                                             int64_t t0, int64_t head, int64_t nh, int64_t d) {
+  constexpr int kLdx = kTcLdx<kD>, kQuads = kD / 4, kCount = kN * kQuads;
+  constexpr int kIters = (kCount + kThreads - 1) / kThreads, kGroup = kIters < 4 ? kIters : 4;
   const bool vec = d % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  for (int e = int(threadIdx.x); e < n_rows * kQuads; e += kThreads) {
-    const int r = e / kQuads, col = e % kQuads * 4;
-    const int64_t tok = t0 + r;
-    float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (tok < t && col < d) {
-      const float* src = x + ((bi * t + tok) * nh + head) * d + col;
-      if (vec) {
-        f = *reinterpret_cast<const float4*>(src);
-      } else {
-        f.x = src[0];
-        f.y = col + 1 < d ? src[1] : 0.f;
-        f.z = col + 2 < d ? src[2] : 0.f;
-        f.w = col + 3 < d ? src[3] : 0.f;
+  const auto bits = [](float lo, float hi) {
+    return uint32_t(__bfloat16_as_ushort(bf16_from(lo))) | uint32_t(__bfloat16_as_ushort(bf16_from(hi))) << 16;
+  };
+#pragma unroll
+  for (int i0 = 0; i0 < kIters; i0 += kGroup) {
+    float4 f[kGroup];
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int e = int(threadIdx.x) + (i0 + i) * kThreads, r = e / kQuads, col = e % kQuads * 4;
+      const int64_t tok = t0 + r;
+      f[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i0 + i < kIters && e < kCount && tok < t && col < d) {
+        const float* src = x + ((bi * t + tok) * nh + head) * d + col;
+        if (vec) {
+          f[i] = __ldg(reinterpret_cast<const float4*>(src));
+        } else {
+          f[i].x = __ldg(src);
+          f[i].y = col + 1 < d ? __ldg(src + 1) : 0.f;
+          f[i].z = col + 2 < d ? __ldg(src + 2) : 0.f;
+          f[i].w = col + 3 < d ? __ldg(src + 3) : 0.f;
+        }
       }
     }
-    bf16* dst = rows + r * kLdx + col;
-    dst[0] = bf16_from(f.x);
-    dst[1] = bf16_from(f.y);
-    dst[2] = bf16_from(f.z);
-    dst[3] = bf16_from(f.w);
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int e = int(threadIdx.x) + (i0 + i) * kThreads, r = e / kQuads, col = e % kQuads * 4;
+      if (i0 + i < kIters && e < kCount)
+        *reinterpret_cast<uint2*>(rows + r * kLdx + col) = make_uint2(bits(f[i].x, f[i].y), bits(f[i].z, f[i].w));
+    }
   }
 }
 
@@ -246,7 +273,7 @@ attention_tc_forward_kernel(float* out, float* lse, const float* q, const float*
   const int64_t g = hi / (h / hk);
   const int nq = int(t - t0 < kRows ? t - t0 : kRows);
 
-  tc_load_tile<kD, kThreads>(sh.q, kRows, q, bi, t, t0, hi, h, d);
+  tc_load_tile<kD, kThreads, kRows>(sh.q, q, bi, t, t0, hi, h, d);
   for (int r = tid; r < kRows; r += kThreads) {
     sh.m[r] = -INFINITY;
     sh.l[r] = 0.f;
@@ -263,8 +290,8 @@ attention_tc_forward_kernel(float* out, float* lse, const float* q, const float*
   const int64_t first_key = attention_tile_first_key(doc_start, bi, t, t0, nq, window);
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     __syncthreads();  // the previous tile's K, V and P are consumed
-    tc_load_tile<kD, kThreads>(sh.k, kKeys, k, bi, t, s0, g, hk, d);
-    tc_load_tile<kD, kThreads>(sh.v, kKeys, v, bi, t, s0, g, hk, d);
+    tc_load_tile<kD, kThreads, kKeys>(sh.k, k, bi, t, s0, g, hk, d);
+    tc_load_tile<kD, kThreads, kKeys>(sh.v, v, bi, t, s0, g, hk, d);
     __syncthreads();
     // S = Q K^T, 16x16 tiles round-robin over warps; tiles wholly after their queries skipped.
     for (int job = warp; job < kRows / kTc * (kKeys / kTc); job += kWarps) {
@@ -338,29 +365,37 @@ attention_tc_forward_kernel(float* out, float* lse, const float* q, const float*
 }
 
 // ---- backward -----------------------------------------------------------------------------------
-// Per query step of both passes: lse, D_i = rowsum(bf16(dO) * O) and the first visible key of
-// rows [0, nq) of the step (warp per row), zeros past nq.
-template <int kRows, int kWarps>
-__device__ __forceinline__ void tc_row_stats(float* s_lse, float* s_di, int64_t* s_first,
-                                             const float* dout, const float* out,
-                                             const float* lse, const int32_t* doc_start,
-                                             int64_t bi, int64_t t, int64_t t0, int nq,
-                                             int64_t hi, int64_t h, int64_t d, int64_t window,
-                                             int* error_word) {
-  const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
-  for (int r = warp; r < kRows; r += kWarps) {
-    float di = 0.f;
-    if (r < nq) {
-      const int64_t row = (bi * t + t0 + r) * h + hi;
-      for (int64_t e = lane; e < d; e += kWarp)
-        di += bf16_load_rounded(dout[row * d + e]) * out[row * d + e];
-      di = warp_sum(di);
-    }
-    if (lane == 0) {
-      s_di[r] = di;
-      s_lse[r] = r < nq ? lse[(bi * t + t0 + r) * h + hi] : 0.f;
-      s_first[r] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, window, error_word) : t;
-    }
+// D_i = rowsum(bf16(dO) * O) of every (token, head), once per backward, into dq's first column
+// (dq[row, 0]): both passes read it from there, and pass 2 reads a query tile's values before it
+// writes that tile's dq. A warp per (token, head), columns strided over lanes. grid ceil(B T H / 8),
+// block 256.
+constexpr int kDiWarps = 8;
+__global__ void __launch_bounds__(kDiWarps * kWarp)
+attention_tc_di_kernel(float* dq, const float* __restrict__ dout, const float* __restrict__ out, int64_t rows,
+                       int64_t d) {
+  const int lane = int(threadIdx.x) % kWarp;
+  const int64_t row = int64_t(blockIdx.x) * kDiWarps + int(threadIdx.x) / kWarp;
+  if (row >= rows) return;  // warp-uniform
+  float di = 0.f;
+  for (int64_t e = lane; e < d; e += kWarp)
+    di += bf16_load_rounded(__ldg(dout + row * d + e)) * __ldg(out + row * d + e);
+  di = warp_sum(di);
+  if (lane == 0) dq[row * d] = di;
+}
+
+// Per query step of both passes: lse, D_i (staged in dq by attention_tc_di_kernel) and the first
+// visible key of rows [0, nq) of the step (a thread per row, the loads of all rows at once), zeros
+// past nq.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void tc_row_stats(float* s_lse, float* s_di, int64_t* s_first, const float* dq_di,
+                                             const float* lse, const int32_t* doc_start, int64_t bi,
+                                             int64_t t, int64_t t0, int nq, int64_t hi, int64_t h,
+                                             int64_t d, int64_t window, int* error_word) {
+  for (int r = int(threadIdx.x); r < kRows; r += kThreads) {
+    const int64_t row = (bi * t + t0 + r) * h + hi;
+    s_di[r] = r < nq ? dq_di[row * d] : 0.f;
+    s_lse[r] = r < nq ? lse[row] : 0.f;
+    s_first[r] = r < nq ? attention_first_key(doc_start, bi, t, t0 + r, window, error_word) : t;
   }
 }
 
@@ -404,7 +439,7 @@ __device__ __forceinline__ void tc_probs_step(bf16* s_p, bf16* s_ds, float* s_s,
 template <int kD>
 __global__ void __launch_bounds__(BwdKvTiles<kD>::kWarps * kWarp)
 attention_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q,
-                                const float* k, const float* v, const float* out,
+                                const float* k, const float* v, const float* di,
                                 const float* lse, const int32_t* doc_start, int64_t t, int64_t h,
                                 int64_t hk, int64_t d, float scale, int64_t window,
                                 int* error_word) {
@@ -423,8 +458,8 @@ attention_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const f
   const int64_t last_key = s0 + nk - 1;
   // Queries that can see a key of the tile: from the tile on, and within the window of its last.
   const int64_t t_end = window > 0 && last_key + window < t ? last_key + window : t;
-  tc_load_tile<kD, kThreads>(sh.k, kKeys, k, bi, t, s0, g, hk, d);
-  tc_load_tile<kD, kThreads>(sh.v, kKeys, v, bi, t, s0, g, hk, d);
+  tc_load_tile<kD, kThreads, kKeys>(sh.k, k, bi, t, s0, g, hk, d);
+  tc_load_tile<kD, kThreads, kKeys>(sh.v, v, bi, t, s0, g, hk, d);
 
   FragC acc[kPerWarp];  // tiles warp + kWarps j: dV (keys, D) then dK (keys, D)
 #pragma unroll
@@ -435,10 +470,10 @@ attention_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const f
       const int nq = int(t - t0 < kRows ? t - t0 : kRows);
       if (attention_tile_first_key(doc_start, bi, t, t0, nq, window) > last_key) continue;  // uniform
       __syncthreads();  // the previous step's tiles are consumed
-      tc_load_tile<kD, kThreads>(sh.q, kRows, q, bi, t, t0, hi, h, d);
-      tc_load_tile<kD, kThreads>(sh.dout, kRows, dout, bi, t, t0, hi, h, d);
-      tc_row_stats<kRows, kWarps>(sh.lse, sh.di, sh.first, dout, out, lse, doc_start, bi, t, t0,
-                                  nq, hi, h, d, window, error_word);
+      tc_load_tile<kD, kThreads, kRows>(sh.q, q, bi, t, t0, hi, h, d);
+      tc_load_tile<kD, kThreads, kRows>(sh.dout, dout, bi, t, t0, hi, h, d);
+      tc_row_stats<kRows, kThreads>(sh.lse, sh.di, sh.first, di, lse, doc_start, bi, t, t0, nq, hi, h, d,
+                                    window, error_word);
       __syncthreads();
       tc_probs_step<kD, kRows, kKeys, kWarps, true>(sh.p, sh.ds, sh.s, sh.dp, sh.q, sh.dout, sh.k,
                                                     sh.v, sh.lse, sh.di, sh.first, t0, nq, s0, nk,
@@ -485,7 +520,7 @@ attention_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const f
 template <int kD>
 __global__ void __launch_bounds__(BwdQTiles<kD>::kWarps * kWarp)
 attention_tc_backward_q_kernel(float* dq, const float* dout, const float* q, const float* k,
-                               const float* v, const float* out, const float* lse,
+                               const float* v, const float* lse,
                                const int32_t* doc_start, int64_t t, int64_t h, int64_t hk,
                                int64_t d, float scale, int64_t window, int* error_word) {
   using Tiles = BwdQTiles<kD>;
@@ -500,10 +535,10 @@ attention_tc_backward_q_kernel(float* dq, const float* dout, const float* q, con
   const int64_t t0 = int64_t(blockIdx.x) * kRows, hi = blockIdx.y, bi = blockIdx.z;
   const int64_t g = hi / (h / hk);
   const int nq = int(t - t0 < kRows ? t - t0 : kRows);
-  tc_load_tile<kD, kThreads>(sh.q, kRows, q, bi, t, t0, hi, h, d);
-  tc_load_tile<kD, kThreads>(sh.dout, kRows, dout, bi, t, t0, hi, h, d);
-  tc_row_stats<kRows, kWarps>(sh.lse, sh.di, sh.first, dout, out, lse, doc_start, bi, t, t0, nq,
-                              hi, h, d, window, error_word);
+  tc_load_tile<kD, kThreads, kRows>(sh.q, q, bi, t, t0, hi, h, d);
+  tc_load_tile<kD, kThreads, kRows>(sh.dout, dout, bi, t, t0, hi, h, d);
+  tc_row_stats<kRows, kThreads>(sh.lse, sh.di, sh.first, dq, lse, doc_start, bi, t, t0, nq, hi, h, d,
+                                window, error_word);
 
   FragC acc[kPerWarp];  // dQ tiles warp + kWarps j of the (rows, D) block
 #pragma unroll
@@ -513,8 +548,8 @@ attention_tc_backward_q_kernel(float* dq, const float* dout, const float* q, con
   for (int64_t s0 = first_key / kKeys * kKeys; s0 < t0 + nq; s0 += kKeys) {
     const int nk = int(t - s0 < kKeys ? t - s0 : kKeys);
     __syncthreads();  // the previous step's K, V and dS are consumed (and the stats written)
-    tc_load_tile<kD, kThreads>(sh.k, kKeys, k, bi, t, s0, g, hk, d);
-    tc_load_tile<kD, kThreads>(sh.v, kKeys, v, bi, t, s0, g, hk, d);
+    tc_load_tile<kD, kThreads, kKeys>(sh.k, k, bi, t, s0, g, hk, d);
+    tc_load_tile<kD, kThreads, kKeys>(sh.v, v, bi, t, s0, g, hk, d);
     __syncthreads();
     tc_probs_step<kD, kRows, kKeys, kWarps, false>(nullptr, sh.ds, sh.s, sh.dp, sh.q, sh.dout,
                                                    sh.k, sh.v, sh.lse, sh.di, sh.first, t0, nq,
@@ -589,21 +624,24 @@ void attention_tc_backward_launch(float* dq, float* dk, float* dv, const float* 
                                   int64_t b, int64_t t, int64_t h, int64_t hk, int64_t d,
                                   float scale, int64_t window, int* error_word,
                                   cudaStream_t stream) {
+  STRATA_LAUNCH(attention_tc_di_kernel, unsigned((b * t * h + kDiWarps - 1) / kDiWarps), kDiWarps * kWarp, 0, stream,
+                dq, dout, out, b * t * h, d);
+  STRATA_CUDA_CHECK_LAUNCH("attention_tc_backward D_i");
   using KvTiles = BwdKvTiles<kD>;
   auto* kv_kernel = attention_tc_backward_kv_kernel<kD>;
   const size_t kv_smem = KvTiles().carve(nullptr);
   attention_tc_allow_smem(kv_kernel, kv_smem);
   const dim3 kv_grid(unsigned((t + KvTiles::kKeys - 1) / KvTiles::kKeys), unsigned(hk), unsigned(b));
   STRATA_LAUNCH(kv_kernel, kv_grid, KvTiles::kWarps * kWarp, kv_smem, stream, dk, dv, dout, q, k,
-                v, out, lse, doc_start, t, h, hk, d, scale, window, error_word);
+                v, dq, lse, doc_start, t, h, hk, d, scale, window, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_tc_backward dk dv");
   using QTiles = BwdQTiles<kD>;
   auto* q_kernel = attention_tc_backward_q_kernel<kD>;
   const size_t q_smem = QTiles().carve(nullptr);
   attention_tc_allow_smem(q_kernel, q_smem);
   const dim3 q_grid(unsigned((t + QTiles::kRows - 1) / QTiles::kRows), unsigned(h), unsigned(b));
-  STRATA_LAUNCH(q_kernel, q_grid, QTiles::kWarps * kWarp, q_smem, stream, dq, dout, q, k, v, out,
-                lse, doc_start, t, h, hk, d, scale, window, error_word);
+  STRATA_LAUNCH(q_kernel, q_grid, QTiles::kWarps * kWarp, q_smem, stream, dq, dout, q, k, v, lse,
+                doc_start, t, h, hk, d, scale, window, error_word);
   STRATA_CUDA_CHECK_LAUNCH("attention_tc_backward dq");
 }
 
