@@ -48,6 +48,10 @@ __attribute__((target("amx-tile"))) void amx_configure(int64_t rows, int64_t tai
     cfg.rows[7] = static_cast<uint8_t>(tail);
     cfg.colsb[7] = 64;
   }
+  // GCC 12 without -march=native (STRATA_NATIVE=OFF) drops the stores above as dead: it sees
+  // ldtilecfg read only the first 16 bytes, and the tile unit faults on the stale rest. The empty
+  // asm that may read all of cfg keeps them.
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 
