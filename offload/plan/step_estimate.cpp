@@ -366,6 +366,13 @@ double total_seconds(const DeviceWork& w, const StepRates& rates) {
 
 double step_work_seconds(const DeviceWork& w, const StepRates& rates) { return total_seconds(w, rates); }
 
+StepRates step_device_rates(const ModelSpec& spec, const PlanInputs& in, const StepRates& rates) {
+  StepRates r = rates;
+  if (in.device_is_cuda && !in.device_in_host_ram && spec.matrix_dtype == DType::bf16 && r.attention_flops_per_s <= 0)
+    r.attention_flops_per_s = kCudaAttentionGemmFraction * r.device_flops_per_s;
+  return r;
+}
+
 namespace {
 
 // The zeroth-order step (offload/engine/engine_zo.h): q x grad_accum dual forwards, each two
@@ -375,7 +382,8 @@ namespace {
 // group, which the next step's first run follows group by group: what of it exceeds one run
 // shows (on the CPU backend it shares the cores: all of it).
 StepEstimate zo_step_estimate(const ModelSpec& spec, const PlanInputs& in, int64_t grad_accum, int64_t q,
-                              int64_t group, const StepRates& rates) {
+                              int64_t group, const StepRates& given) {
+  const StepRates rates = step_device_rates(spec, in, given);
   const double tokens = double(in.micro_batch) * double(in.sequence_len);
   const double passes = double(grad_accum) * double(q);
   const int64_t pairs = grad_accum * q;
@@ -614,12 +622,13 @@ double cpu_step_seconds(const StepParts& p, const UpdateCost& u, double checkpoi
 }  // namespace
 
 StepEstimate step_estimate(const ModelSpec& spec, const PlanInputs& in, const RunPlan& plan, int64_t grad_accum,
-                           const StepRates& rates, int64_t zo_perturbations, const HostStoreLayout* store_layout) {
-  STRATA_CHECK(rates.device_flops_per_s > 0 && rates.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
+                           const StepRates& given, int64_t zo_perturbations, const HostStoreLayout* store_layout) {
+  STRATA_CHECK(given.device_flops_per_s > 0 && given.link_bytes_per_s > 0, "the estimate needs the device's FLOP/s "
                "and the link's bandwidth (--gpu NAME, or the recipe's device)");
   if (in.optimizer_kind == OptimizerKind::zo_sgd)
     return zo_step_estimate(spec, in, grad_accum, std::max<int64_t>({1, zo_perturbations, in.zo_perturbations}),
-                            plan.group, rates);
+                            plan.group, given);
+  const StepRates rates = step_device_rates(spec, in, given);
   const LoraOptions& lora = plan.lora.enabled() ? plan.lora : in.lora;
   const double tokens = double(in.micro_batch) * double(in.sequence_len), k = double(grad_accum);
   const double passes = k / double(std::max<int64_t>(1, plan.group));

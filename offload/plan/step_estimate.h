@@ -146,10 +146,24 @@ struct StepRates {
   // layer's forward and backward and an lm_head chunk on a CPU device): device_flops_per_s is then
   // its GEMMs' rate. 0: attention and the head at device_flops_per_s, memory-bound ops unpriced
   // (on a GPU they are small beside the GEMMs).
+  // On a CUDA device with bf16 weights 0 prices attention at kCudaAttentionGemmFraction of the
+  // GEMM rate instead (step_device_rates).
   double attention_flops_per_s = 0;
   double head_flops_per_s = 0;
   double elementwise_bytes_per_s = 0;
 };
+
+// strata's CUDA tensor-core attention (kernels/cuda/attention_tc.cu) against the GEMMs of the same
+// GPU, in this step model's attention FLOPs: on an H200, 1.99e14 of them in the 3B scale check's
+// step took 7.30 s (27.3 TFLOP/s) where an 8192^3 bf16 GEMM ran 800 TFLOP/s (docs/benchmarks.md,
+// "On a GPU (H200)", 2026-12-01). Priced at the GEMM rate, attention looked 30x cheaper than it is
+// and the estimate of that step was 3.2 s against 11.0 measured. f32 attention runs on CUDA
+// cores, like f32 GEMMs, and stays at the GEMM rate.
+constexpr double kCudaAttentionGemmFraction = 0.034;
+
+// `rates` as the step model prices them for this device: on a CUDA device with bf16 weights and no
+// attention rate of its own, attention at kCudaAttentionGemmFraction of device_flops_per_s.
+StepRates step_device_rates(const ModelSpec& spec, const PlanInputs& in, const StepRates& rates);
 
 // What one optimizer step moves, in bytes (the engine's counters: metrics.jsonl's link_bytes =
 // h2d + d2h, nvme_read_bytes, nvme_write_bytes).

@@ -71,6 +71,16 @@ int cmd_estimate(const std::vector<std::string>& args) {
     estimate_measure(recipe, spec, probe, budgets, rates);
   }
   estimate_given_rates(a, rates);
+  // a CUDA device with bf16 weights: attention at its measured share of the GEMM rate, which the
+  // step model would apply anyway (step_device_rates), stated beside the other rates
+  if (rates.rates.device_flops_per_s > 0 && rates.rates.attention_flops_per_s <= 0) {
+    const StepRates priced = step_device_rates(spec, in, rates.rates);
+    if (priced.attention_flops_per_s > 0) {
+      rates.rates.attention_flops_per_s = priced.attention_flops_per_s;
+      rates.source["attention"] = str_cat(kCudaAttentionGemmFraction, " of the device's GEMM rate (strata's tensor-core "
+                                          "attention as measured on an H200)");
+    }
+  }
   // the fastest plan that fits at these rates (offload/plan/plan_search.h), as the trainer plans: on
   // the CPU backend at the run's rates above, priced at every rate measured here (--measure,
   // --rates-from) or given

@@ -142,6 +142,8 @@ std::map<std::string, double> EstimateRates::values() const {
   if (rates.elementwise_bytes_per_s > 0)  // the CPU backend's own, measured
     v.insert({{"attention", rates.attention_flops_per_s}, {"elementwise", rates.elementwise_bytes_per_s},
               {"head", rates.head_flops_per_s}});
+  else if (rates.attention_flops_per_s > 0)  // a CUDA device's bf16 attention (step_device_rates)
+    v.insert({"attention", rates.attention_flops_per_s});
   return v;
 }
 

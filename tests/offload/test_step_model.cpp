@@ -323,3 +323,38 @@ TEST_CASE("step model: a GPU's GEMMs at the table's efficiency, MFU against the 
 }
 
 }  // namespace strata
+
+namespace strata {
+
+TEST_CASE("step model: a CUDA device's bf16 attention at its measured share of the GEMM rate", "[estimate][step-model]") {
+  const ModelSpec spec = tiny_spec();  // bf16
+  PlanInputs in = tiny_inputs();
+  const RunPlan plan = placement_plan(spec, in, PlanBudgets{});
+  const StepRates rates = step_model_fixtures::compute_rates();
+  const StepEstimate host = step_estimate(spec, in, plan, 3, rates);  // not a CUDA device: the GEMM rate
+  in.device_is_cuda = true;
+  const StepEstimate cuda = step_estimate(spec, in, plan, 3, rates);
+  REQUIRE(host.compute_parts.at("attention") > 0);
+  CHECK(cuda.compute_parts.at("attention") ==
+        Approx(host.compute_parts.at("attention") / kCudaAttentionGemmFraction).epsilon(1e-12));
+  CHECK(cuda.compute_parts.at("matmul") == host.compute_parts.at("matmul"));
+  CHECK(cuda.compute_parts.at("head") == host.compute_parts.at("head"));
+  CHECK(cuda.components.at("compute") ==
+        Approx(host.components.at("compute") + cuda.compute_parts.at("attention") - host.compute_parts.at("attention"))
+            .epsilon(1e-12));
+  // an attention rate of its own (measured, given) is kept
+  StepRates own = rates;
+  own.attention_flops_per_s = 5e11;
+  CHECK(step_device_rates(spec, in, own).attention_flops_per_s == 5e11);
+  // f32 weights: attention on CUDA cores, like the GEMMs: at the GEMM rate
+  const ModelSpec f32 = model_spec_build(testing::tiny_llama_config({1024, 4096, 4, 32768, 4096, false, 8, 8}), DType::f32);
+  CHECK(step_device_rates(f32, in, rates).attention_flops_per_s == 0);
+  // strata estimate --gpu: the rate stated beside the others, the attention priced at it
+  const std::string config = testing::source_path("recipes/configs/llama-3.1-8b/config.json");
+  const nlohmann::json e = testing::estimate_json("--model " + config + " model.dtype=bf16 --gpu H200 --host-memory 2TiB");
+  const double device = e["step"]["rates"]["device"]["value"].get<double>();
+  CHECK(e["step"]["rates"]["attention"]["value"].get<double>() == Approx(kCudaAttentionGemmFraction * device).epsilon(1e-12));
+  CHECK(e["step"]["rates"]["attention"]["source"].get<std::string>().find("H200") != std::string::npos);
+}
+
+}  // namespace strata
