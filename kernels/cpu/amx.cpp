@@ -21,17 +21,8 @@ constexpr long kXfeatureXtileData = 18;     // the AMX tile data component
 constexpr int64_t kPairsPerChunk = 16;      // a tile row is 64 bytes: 16 words
 constexpr int64_t kTileRows = 16;
 
-// The 64-byte operand of ldtilecfg (palette 1).
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};  // bytes per row of each tile
-  uint8_t rows[16] = {};
-};
-
 // Tiles for a block of `rows` rows of c whose sum ends in a chunk of `tail` pairs (0: none).
-__attribute__((target("amx-tile"))) void amx_configure(int64_t rows, int64_t tail) {
+void amx_configure(int64_t rows, int64_t tail) {
   AmxTileConfig cfg;
   const auto r = static_cast<uint8_t>(rows);
   for (int t = 0; t < 4; ++t) {
@@ -48,11 +39,7 @@ __attribute__((target("amx-tile"))) void amx_configure(int64_t rows, int64_t tai
     cfg.rows[7] = static_cast<uint8_t>(tail);
     cfg.colsb[7] = 64;
   }
-  // GCC 12 without -march=native (STRATA_NATIVE=OFF) drops the stores above as dead: it sees
-  // ldtilecfg read only the first 16 bytes, and the tile unit faults on the stale rest. The empty
-  // asm that may read all of cfg keeps them.
-  __asm__ volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
+  amx_load_tile_config(cfg);
 }
 
 // One block: rows of c (as configured) by kC 16-column accumulators, summed over np pairs.
@@ -120,6 +107,11 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(float* c, int64_t ld
 __attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 
 }  // namespace
+
+__attribute__((target("amx-tile"))) void amx_load_tile_config(const AmxTileConfig& cfg) {
+  __asm__ volatile("" : : "r"(&cfg) : "memory");  // every store to cfg happens before this point
+  _tile_loadconfig(&cfg);
+}
 
 bool amx_bf16_available() {
   static const bool available = [] {

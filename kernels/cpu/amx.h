@@ -20,6 +20,21 @@ namespace strata::cpu {
 // process the tile data permission (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once).
 bool amx_bf16_available();
 
+// The 64-byte operand of ldtilecfg (palette 1): rows and bytes per row of each of the 8 tiles.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes per row of each tile
+  uint8_t rows[16] = {};
+};
+
+// Configures this thread's tiles with cfg (ldtilecfg). Requires amx_bf16_available(). Every AMX
+// kernel configures through here: GCC 12 without -march=native (STRATA_NATIVE=OFF) dropped a
+// config's stores as dead where _tile_loadconfig followed them in the same function (it models
+// ldtilecfg as reading 16 of the 64 bytes), and the tile unit faulted on the stale rest.
+void amx_load_tile_config(const AmxTileConfig& cfg);
+
 // c (m, 16 nv; row stride ldc floats) = (accumulate ? c : 0) + a · b, where a is (m, np) words
 // with row stride lda and b is (np, 16 nv) words with row stride ldb (both in words). Any m, np,
 // nv >= 0. Requires amx_bf16_available().

@@ -24,25 +24,13 @@ int64_t blocks16_of(int64_t count) { return (count + kBlock - 1) / kBlock * 2; }
 
 uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-__attribute__((target("amx-tile"))) void configure_tiles() {
-  TileConfig cfg;
+void configure_tiles() {
+  AmxTileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  // GCC 12 without -march=native (STRATA_NATIVE=OFF) drops the stores above as dead: it sees
-  // ldtilecfg read only the first 16 bytes, and the tile unit faults on the stale rest. The empty
-  // asm that may read all of cfg keeps them.
-  __asm__ volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
+  amx_load_tile_config(cfg);
 }
 
 // One 32 x 32 block of c into out (row stride ldo floats) over `chunks` chunks.

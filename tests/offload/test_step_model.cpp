@@ -322,10 +322,6 @@ TEST_CASE("step model: a GPU's GEMMs at the table's efficiency, MFU against the 
         Approx(given["step"]["tokens_per_s"].get<double>() * per_token / 989e12).epsilon(1e-9));
 }
 
-}  // namespace strata
-
-namespace strata {
-
 TEST_CASE("step model: a CUDA device's bf16 attention at its measured share of the GEMM rate", "[estimate][step-model]") {
   const ModelSpec spec = tiny_spec();  // bf16
   PlanInputs in = tiny_inputs();

@@ -1,7 +1,8 @@
 // The AMX kernels built without -march=native (as STRATA_NATIVE=OFF builds them), checked on the
 // CPU the suite runs on: GCC 12 then dropped the tile configuration's stores as dead, and the first
-// ldtilecfg faulted (kernels/cpu/amx.cpp, gemm_amx.cpp). Runs gemm_amx_tile and amx_pairs_gemm on
-// small random operands against a double-precision sum; exits 77 (ctest: skipped) without AMX.
+// ldtilecfg faulted (amx_load_tile_config, kernels/cpu/amx.h). Runs gemm_amx_tile and
+// amx_pairs_gemm on small random operands against the fp64 twin (kernels/cpu/ref/matmul.h); exits
+// 77 (ctest: skipped) without AMX.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +11,7 @@
 
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/gemm_amx.h"
+#include "kernels/cpu/ref/matmul.h"
 #include "src/core/bf16.h"
 
 using strata::bf16;
@@ -37,11 +39,10 @@ int main() {
   std::vector<bf16> a(m * k), b(k * n);  // a (M, K), b (K, N)
   for (auto& x : a) x = strata::f32_to_bf16(uni(rng));
   for (auto& x : b) x = strata::f32_to_bf16(uni(rng));
-  std::vector<double> want(m * n, 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p)
-        want[i * n + j] += double(strata::bf16_to_f32(a[i * k + p])) * double(strata::bf16_to_f32(b[p * n + j]));
+  std::vector<double> a64(a.size()), b64(b.size()), want(m * n);
+  for (size_t i = 0; i < a.size(); ++i) a64[i] = strata::bf16_to_f32(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b64[i] = strata::bf16_to_f32(b[i]);
+  strata::ref::matmul(want.data(), a64.data(), b64.data(), m, n, k, false, false, 0.0);
 
   std::vector<uint32_t> pa(strata::cpu::gemm_amx_packed_words(m, k)), pb(strata::cpu::gemm_amx_packed_words(n, k));
   strata::cpu::gemm_amx_pack_a(pa.data(), a.data(), k, false, 0, m, k);
