@@ -162,9 +162,10 @@ struct BwdQTiles {
 
 // rows (kN, kD) bf16 at row stride kLdx <- head `head` of x (B,T,nh,d) from token t0; zero past
 // t and past d. Four columns a thread and iteration, in groups of up to 4 iterations whose loads
-// are all issued before the group's first store: the stores go through generic pointers into
-// shared memory, which the compiler cannot tell from x, so a plain load-store loop waits out a
-// global load's latency per iteration. Groups of 8 spilled the kD 128 and 256 kernels' registers
+// are all issued before the group's first store. A plain load-store loop waited out a global
+// load's latency per iteration: its stores went through generic pointers (SmemCarver's, before
+// they were shared ones) that the compiler could not tell from x. The groups keep the loads in
+// flight whatever the compiler proves. Groups of 8 spilled the kD 128 and 256 kernels' registers
 // (ptxas, sm_90); groups of 4 spill none. Each four bf16 go out as one 8-byte store.
 template <int kD, int kThreads, int kN>
 __device__ __forceinline__ void tc_load_tile(bf16* rows, const float* __restrict__ x, int64_t bi, int64_t t,
@@ -668,6 +669,17 @@ void attention_tc_backward(float* dq, float* dk, float* dv, const float* dout, c
                            cudaStream_t stream) {
   attention_tc_check(b, t, h, hk, d);
   if (b == 0 || t == 0) return;
+  // dq stages D_i before the dK dV pass reads its inputs, so it must share no bytes with them
+  const int64_t nq = b * t * h * d, nk = b * t * hk * d;
+  const auto apart = [&](const float* x, int64_t n) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(dq), hi = lo + uintptr_t(nq) * 4;
+    const uintptr_t xlo = reinterpret_cast<uintptr_t>(x), xhi = xlo + uintptr_t(n) * 4;
+    return hi <= xlo || xhi <= lo;
+  };
+  STRATA_CHECK(apart(dout, nq) && apart(q, nq) && apart(k, nk) && apart(v, nk) && apart(out, nq) &&
+                   apart(lse, b * t * h),
+               "attention (tensor cores): dq overlaps an input of the backward (dout, q, k, v, out or lse); the "
+               "backward stages D_i in dq, so give dq a buffer of its own");
   switch (attention_tc_padded_dim(d)) {
     case 64: attention_tc_backward_launch<64>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, window, error_word, stream); break;
     case 80: attention_tc_backward_launch<80>(dq, dk, dv, dout, q, k, v, out, lse, doc_start, b, t, h, hk, d, scale, window, error_word, stream); break;

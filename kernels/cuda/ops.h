@@ -93,7 +93,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 // The same op on tensor cores for bf16 dots (kernels/cuda/attention_tc.cu, WMMA): q, k, v and
 // dout f32 in memory, rounded to bf16 as they are loaded; products summed in f32; P rounded to
 // bf16 where it weights V in the forward too (FlashAttention-2), P and dS in the backward as
-// above. Head dim d <= kAttentionTcMaxHeadDim; window as above. Deterministic.
+// above. Head dim d <= kAttentionTcMaxHeadDim; window as above. Deterministic. The backward stages
+// D_i in dq, so dq may share no bytes with its inputs (checked: an error, nothing launched).
 constexpr int64_t kAttentionTcMaxHeadDim = 256;
 void attention_tc_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                           const int32_t* doc_start, int64_t b, int64_t t, int64_t h, int64_t hk,

@@ -120,5 +120,25 @@ TEST_CASE("cuda tensor-core attention matches the fp64 twin at bf16 tolerances",
   CHECK(error_word.download() == std::vector<int>{0});
 }
 
+
+// The backward stages D_i in dq before its dK dV pass reads the inputs: a dq that overlaps one of
+// them is refused with an error naming the cause, before anything runs.
+TEST_CASE("cuda tensor-core attention's backward refuses a dq that overlaps its inputs", "[cuda-emu][attention]") {
+  auto dev = cuda_testing::test_device(size_t(16) << 20);
+  if (!dev) return;
+  const int64_t b = 1, t = 8, h = 2, hk = 1, d = 64, nq = b * t * h * d, nk = b * t * hk * d;
+  const std::vector<float> before = random_floats(size_t(nq), 5);
+  Buffer<float> q(*dev, before), k(*dev, size_t(nk)), v(*dev, size_t(nk)), dout(*dev, size_t(nq));
+  Buffer<float> out(*dev, size_t(nq)), lse(*dev, size_t(b * t * h)), dk(*dev, size_t(nk)), dv(*dev, size_t(nk));
+  Buffer<int> error_word(*dev, std::vector<int>{0});
+  CHECK_THROWS_WITH(cuda::attention_tc_backward(q, dk, dv, dout, q, k, v, out, lse, nullptr, b, t, h, hk, d, 0.125f,
+                                                0, error_word, nullptr),
+                    Catch::Contains("dq overlaps an input"));
+  CHECK_THROWS_WITH(cuda::attention_tc_backward(out.get() + 1, dk, dv, dout, q, k, v, out, lse, nullptr, b, t, h, hk,
+                                                d, 0.125f, 0, error_word, nullptr),
+                    Catch::Contains("dq overlaps an input"));
+  CHECK(q.download() == before);  // nothing ran: the D_i kernel would have written q's first columns
+}
+
 }  // namespace
 }  // namespace strata
